@@ -1,0 +1,52 @@
+"""The ``cellcal`` command line: one entry point, one module per subcommand.
+
+Subcommand modules are imported only when used, so ``cellcal solve`` does not pay for
+ZeroMQ or CAN imports. Each module exposes ``add_arguments(parser)`` and ``run(args) -> int``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+# name -> (module, one-line help). Modules are imported lazily.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "solve": ("cellcal.daemon.cmd_solve", "solve a calibration from a station file"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="cellcal", description="robot-cell calibration")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module, help_text) in COMMANDS.items():
+        p = sub.add_parser(name, help=help_text, description=help_text)
+        p.set_defaults(_module=module)
+        importlib.import_module(module).add_arguments(p)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    # Build only the subparser needed when a command is named, so one broken optional
+    # import (say, CAN support) never breaks every other command.
+    if argv and argv[0] in COMMANDS:
+        module = importlib.import_module(COMMANDS[argv[0]][0])
+        parser = argparse.ArgumentParser(prog=f"cellcal {argv[0]}", description=COMMANDS[argv[0]][1])
+        module.add_arguments(parser)
+        args = parser.parse_args(argv[1:])
+        return int(module.run(args) or 0)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        from importlib.metadata import version
+
+        print(version("cellcal"))
+        return 0
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""The shared world state of the simulated cell.
+
+One ``World`` holds the hidden truth that every simulated device reads: where the robot base
+sits in the cell (with drift events applied at their simulated time), the target on the
+flange, and the robot's *true* flange pose, which the simulated robot writes as it moves and
+the simulated tracker reads when it measures. Devices never see each other, only the world,
+so the tracker observes exactly what the robot did.
+
+Time is simulated seconds: ``now_s() = (clock() - t0) * time_scale``. A scale above 1 runs
+the cell faster than the wall clock so CI stays quick; every code path stays the real one.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from cellcal.solver.se3 import check_transform
+
+__all__ = ["World", "DriftEvent"]
+
+
+class DriftEvent:
+    """A rigid change of ``cell_T_base`` at simulated time ``at_s``.
+
+    ``cell_T_base`` becomes ``cell_delta @ cell_T_base`` from ``at_s`` on (the delta is
+    expressed in the cell frame: a base that slid 1 mm along cell x has a delta of
+    translation (0.001, 0, 0)).
+    """
+
+    __slots__ = ("at_s", "cell_delta")
+
+    def __init__(self, at_s: float, cell_delta: np.ndarray) -> None:
+        self.at_s = float(at_s)
+        self.cell_delta = check_transform(cell_delta, "drift event delta").copy()
+
+
+class World:
+    """Thread-safe shared truth of one simulated cell.
+
+    Parameters
+    ----------
+    cell_T_base : (4, 4) array
+        True base pose in the cell at time 0.
+    flange_T_target : (4, 4) array
+        True target offset on the flange.
+    base_T_flange : (4, 4) array
+        Initial true flange pose (the robot at rest before anything moves it).
+    time_scale : float
+        Simulated seconds per wall second (> 0).
+    drift_events : sequence of DriftEvent
+        Applied in time order once ``now_s()`` passes their ``at_s``.
+    clock : callable returning seconds
+        Monotonic wall clock; ``time.monotonic`` unless a test injects another.
+    """
+
+    def __init__(
+        self,
+        *,
+        cell_T_base: np.ndarray,
+        flange_T_target: np.ndarray,
+        base_T_flange: np.ndarray | None = None,
+        time_scale: float = 1.0,
+        drift_events: Sequence[DriftEvent] = (),
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
+        self._lock = threading.Lock()
+        self._cell_T_base0 = check_transform(cell_T_base, "cell_T_base").copy()
+        self._flange_T_target = check_transform(flange_T_target, "flange_T_target").copy()
+        self._base_T_flange = (
+            np.eye(4) if base_T_flange is None else check_transform(base_T_flange).copy()
+        )
+        self._lin_speed_m_s = 0.0
+        self._ang_speed_rad_s = 0.0
+        self._drift = sorted(drift_events, key=lambda e: e.at_s)
+        self.time_scale = float(time_scale)
+        self._clock = clock
+        self._t0 = clock()
+
+    # -- time --------------------------------------------------------------------------
+    def now_s(self) -> float:
+        """Simulated seconds since the world was created."""
+        return (self._clock() - self._t0) * self.time_scale
+
+    def wall_s(self, sim_s: float) -> float:
+        """Wall-clock seconds that ``sim_s`` simulated seconds take."""
+        return sim_s / self.time_scale
+
+    def sleep(self, sim_s: float) -> None:
+        """Sleep for ``sim_s`` simulated seconds."""
+        if sim_s > 0:
+            time.sleep(sim_s / self.time_scale)
+
+    # -- the robot writes, everyone reads ---------------------------------------------
+    def set_flange(
+        self, base_T_flange: np.ndarray, lin_speed_m_s: float = 0.0, ang_speed_rad_s: float = 0.0
+    ) -> None:
+        """Set the true flange pose and its current speeds (written by the robot sim)."""
+        with self._lock:
+            self._base_T_flange[...] = base_T_flange
+            self._lin_speed_m_s = float(lin_speed_m_s)
+            self._ang_speed_rad_s = float(ang_speed_rad_s)
+
+    def base_T_flange(self) -> np.ndarray:
+        """True flange pose in the base frame (a copy)."""
+        with self._lock:
+            return self._base_T_flange.copy()
+
+    def flange_speed(self) -> tuple[float, float]:
+        """True flange speeds ``(linear m/s, angular rad/s)`` in simulated time."""
+        with self._lock:
+            return self._lin_speed_m_s, self._ang_speed_rad_s
+
+    # -- truth --------------------------------------------------------------------------
+    def cell_T_base(self, t_s: float | None = None) -> np.ndarray:
+        """True base pose at simulated time ``t_s`` (now if omitted), drift applied."""
+        t = self.now_s() if t_s is None else t_s
+        T = self._cell_T_base0.copy()
+        for ev in self._drift:
+            if ev.at_s <= t:
+                T = ev.cell_delta @ T
+        return T
+
+    def flange_T_target(self) -> np.ndarray:
+        """True target offset on the flange (a copy)."""
+        return self._flange_T_target.copy()
+
+    def cell_T_target(self, t_s: float | None = None) -> np.ndarray:
+        """True target pose in the cell now: ``cell_T_base @ base_T_flange @ flange_T_target``."""
+        return self.cell_T_base(t_s) @ self.base_T_flange() @ self._flange_T_target
