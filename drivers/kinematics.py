@@ -1,0 +1,334 @@
+"""Serial-arm kinematics: standard DH forward kinematics, Jacobian, numerical IK, joint scaling.
+
+Conventions
+-----------
+* Standard (distal) Denavit-Hartenberg: link ``i`` is
+  ``T_i(q_i) = Rz(q_i + theta_offset_i) @ Tz(d_i) @ Tx(a_i) @ Rx(alpha_i)`` and
+  ``base_T_flange = T_1 @ T_2 @ ... @ T_n``. Lengths in metres, angles in radians.
+* The Universal Robots e-series parameter sets below are the ones UR publishes
+  ("DH parameters for calculations of kinematics and dynamics"); with them, FK of the
+  joint angles a UR controller reports gives the flange pose its ``actual_TCP_pose`` shows
+  when the TCP offset is zero.
+* Jacobians are geometric, in the base frame, rows ``(v, w)``: linear velocity of the flange
+  origin (m/s) first, angular velocity (rad/s) second.
+
+Joint counts (CiA 402 drives) map to joint radians with :class:`JointScaling`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cellcal.solver.se3 import so3_log
+
+__all__ = [
+    "DHModel",
+    "UR_MODELS",
+    "dh_model",
+    "dh_model_from_table",
+    "JointScaling",
+    "UnreachablePose",
+]
+
+_HALF_PI = 0.5 * math.pi
+
+
+class UnreachablePose(ValueError):
+    """Inverse kinematics found no joint vector reaching the pose (outside the workspace)."""
+
+
+@dataclass(frozen=True)
+class DHModel:
+    """Standard DH parameters of an n-joint serial arm.
+
+    Parameters
+    ----------
+    name : str
+        Model name (``"ur5e"``, or ``"custom"`` for user parameters).
+    d_m, a_m, alpha_rad, theta_offset_rad : array_like, shape (n,)
+        Link offset along z (m), link length along x (m), link twist about x (rad) and the
+        joint zero offset added to each joint angle (rad).
+    """
+
+    name: str
+    d_m: np.ndarray
+    a_m: np.ndarray
+    alpha_rad: np.ndarray
+    theta_offset_rad: np.ndarray = field(default=None)  # type: ignore[assignment]
+
+    def __post_init__(self) -> None:
+        arrays = {}
+        for key in ("d_m", "a_m", "alpha_rad", "theta_offset_rad"):
+            value = getattr(self, key)
+            if value is None:
+                value = np.zeros(len(self.d_m))
+            arr = np.array(value, dtype=float).reshape(-1)
+            arr.setflags(write=False)
+            arrays[key] = arr
+        n = len(arrays["d_m"])
+        for key, arr in arrays.items():
+            if len(arr) != n or n == 0:
+                raise ValueError(f"DH {key}: expected {n} values, got {len(arr)}")
+            if not np.all(np.isfinite(arr)):
+                raise ValueError(f"DH {key}: contains NaN or inf")
+            object.__setattr__(self, key, arr)
+
+    @property
+    def n_joints(self) -> int:
+        """Number of joints."""
+        return len(self.d_m)
+
+    def with_joint_offsets(self, offsets_rad: Sequence[float], name: str | None = None) -> DHModel:
+        """The same arm with ``offsets_rad`` (n,) added to each joint's zero offset."""
+        off = np.asarray(offsets_rad, dtype=float).reshape(-1)
+        if off.shape != (self.n_joints,):
+            raise ValueError(f"joint offsets: expected {self.n_joints} values, got {off.shape}")
+        return DHModel(
+            name or self.name, self.d_m, self.a_m, self.alpha_rad, self.theta_offset_rad + off
+        )
+
+    def _check_q(self, q_rad: Any) -> np.ndarray:
+        q = np.asarray(q_rad, dtype=float).reshape(-1)
+        if q.shape != (self.n_joints,):
+            raise ValueError(f"q_rad: expected shape ({self.n_joints},), got {np.shape(q_rad)}")
+        if not np.all(np.isfinite(q)):
+            raise ValueError("q_rad: contains NaN or inf")
+        return q
+
+    def link_transforms(self, q_rad: Any) -> np.ndarray:
+        """Per-link transforms ``T_i`` (n, 4, 4) so that ``base_T_flange = T_1 @ ... @ T_n``."""
+        q = self._check_q(q_rad) + self.theta_offset_rad
+        ct, st = np.cos(q), np.sin(q)
+        ca, sa = np.cos(self.alpha_rad), np.sin(self.alpha_rad)
+        T = np.zeros((self.n_joints, 4, 4))
+        T[:, 0, 0] = ct
+        T[:, 0, 1] = -st * ca
+        T[:, 0, 2] = st * sa
+        T[:, 0, 3] = self.a_m * ct
+        T[:, 1, 0] = st
+        T[:, 1, 1] = ct * ca
+        T[:, 1, 2] = -ct * sa
+        T[:, 1, 3] = self.a_m * st
+        T[:, 2, 1] = sa
+        T[:, 2, 2] = ca
+        T[:, 2, 3] = self.d_m
+        T[:, 3, 3] = 1.0
+        return T
+
+    def forward(self, q_rad: Any) -> np.ndarray:
+        """Flange pose ``base_T_flange`` (4, 4) for joint angles ``q_rad`` (n,) in radians."""
+        out = np.eye(4)
+        for Ti in self.link_transforms(q_rad):
+            out = out @ Ti
+        return out
+
+    def jacobian(self, q_rad: Any) -> np.ndarray:
+        """Geometric Jacobian (6, n) in the base frame, rows ``(v_m_s, w_rad_s)`` per rad/s."""
+        links = self.link_transforms(q_rad)
+        frames = np.empty((self.n_joints + 1, 4, 4))
+        frames[0] = np.eye(4)
+        for i, Ti in enumerate(links):
+            frames[i + 1] = frames[i] @ Ti
+        p_end = frames[-1][:3, 3]
+        J = np.empty((6, self.n_joints))
+        for i in range(self.n_joints):
+            z = frames[i][:3, 2]
+            J[:3, i] = np.cross(z, p_end - frames[i][:3, 3])
+            J[3:, i] = z
+        return J
+
+    def flange_speed(self, q_rad: Any, qd_rad_s: Any) -> tuple[float, float]:
+        """Flange speeds ``(linear m/s, angular rad/s)`` in the base frame from ``J(q) qd``."""
+        qd = np.asarray(qd_rad_s, dtype=float).reshape(-1)
+        twist = self.jacobian(q_rad) @ qd
+        return float(np.linalg.norm(twist[:3])), float(np.linalg.norm(twist[3:]))
+
+    def inverse(
+        self,
+        base_T_flange: np.ndarray,
+        q_seed_rad: Any,
+        *,
+        tol_m: float = 1e-9,
+        tol_rad: float = 1e-9,
+        max_iter: int = 200,
+    ) -> np.ndarray:
+        """Joint angles (n,) reaching ``base_T_flange``, found from ``q_seed_rad``.
+
+        Damped least squares on the pose error ``(p* - p, log(R* R^T))`` in the base frame.
+        The solution returned is the one the iteration reaches from the seed, i.e. normally
+        the branch nearest the seed (no jumps between elbow/wrist configurations).
+
+        Raises
+        ------
+        UnreachablePose
+            If the iteration does not converge (pose outside the workspace or at a
+            singularity the damping cannot cross).
+        """
+        target = np.asarray(base_T_flange, dtype=float)
+        q = self._check_q(q_seed_rad).copy()
+        lam2 = 1e-6
+        err_norm = math.inf
+        for _ in range(max_iter):
+            T = self.forward(q)
+            e = np.concatenate([target[:3, 3] - T[:3, 3], so3_log(target[:3, :3] @ T[:3, :3].T)])
+            if np.linalg.norm(e[:3]) < tol_m and np.linalg.norm(e[3:]) < tol_rad:
+                return _wrap_near(q, self._check_q(q_seed_rad))
+            J = self.jacobian(q)
+            new_norm = float(np.linalg.norm(e))
+            # Levenberg-Marquardt style damping: shrink when improving, grow when not.
+            lam2 = max(lam2 * 0.3, 1e-12) if new_norm < err_norm else min(lam2 * 10.0, 1.0)
+            err_norm = new_norm
+            step = J.T @ np.linalg.solve(J @ J.T + lam2 * np.eye(6), e)
+            n = float(np.linalg.norm(step))
+            if n > 0.5:  # bound the step so the linearisation stays meaningful
+                step *= 0.5 / n
+            q = q + step
+        raise UnreachablePose(
+            f"{self.name}: inverse kinematics did not converge (pose error {err_norm:.3g})"
+        )
+
+
+def _wrap_near(q: np.ndarray, ref: np.ndarray) -> np.ndarray:
+    """Each angle of ``q`` shifted by multiples of 2 pi to lie within pi of ``ref``."""
+    return ref + (q - ref + math.pi) % (2.0 * math.pi) - math.pi
+
+
+def _ur(name: str, d: Sequence[float], a: Sequence[float]) -> DHModel:
+    return DHModel(name, d, a, (_HALF_PI, 0.0, 0.0, _HALF_PI, -_HALF_PI, 0.0))
+
+
+#: Universal Robots e-series nominal DH parameters (metres, radians).
+UR_MODELS: Mapping[str, DHModel] = {
+    "ur3e": _ur("ur3e", (0.15185, 0, 0, 0.13105, 0.08535, 0.0921), (0, -0.24355, -0.2132, 0, 0, 0)),
+    "ur5e": _ur("ur5e", (0.1625, 0, 0, 0.1333, 0.0997, 0.0996), (0, -0.425, -0.3922, 0, 0, 0)),
+    "ur10e": _ur(
+        "ur10e", (0.1807, 0, 0, 0.17415, 0.11985, 0.11655), (0, -0.6127, -0.57155, 0, 0, 0)
+    ),
+}
+
+
+def dh_model(name: str) -> DHModel:
+    """The named nominal model (``ur3e``, ``ur5e``, ``ur10e``; case-insensitive)."""
+    try:
+        return UR_MODELS[name.lower()]
+    except KeyError:
+        raise ValueError(
+            f"unknown robot model {name!r}; known: {', '.join(sorted(UR_MODELS))} "
+            "(or give user DH parameters)"
+        ) from None
+
+
+_DH_KEYS = {"d_m", "a_m", "alpha_rad", "alpha_deg", "theta_offset_rad", "theta_offset_deg"}
+
+
+def dh_model_from_table(table: Mapping[str, Any], path: str = "dh") -> DHModel:
+    """A user DH model from a config table.
+
+    Keys: ``d_m``, ``a_m`` (lists, metres), ``alpha_rad`` or ``alpha_deg``, and optionally
+    ``theta_offset_rad`` or ``theta_offset_deg`` (lists of the same length).
+
+    Raises
+    ------
+    ValueError
+        Naming the dotted path of an unknown, missing or malformed key.
+    """
+    unknown = set(table) - _DH_KEYS
+    if unknown:
+        raise ValueError(f"{path}.{sorted(unknown)[0]}: unknown key (allowed: {sorted(_DH_KEYS)})")
+    for key in ("d_m", "a_m"):
+        if key not in table:
+            raise ValueError(f"{path}.{key}: required")
+    if ("alpha_rad" in table) == ("alpha_deg" in table):
+        raise ValueError(f"{path}.alpha_rad: give exactly one of alpha_rad / alpha_deg")
+    if "theta_offset_rad" in table and "theta_offset_deg" in table:
+        raise ValueError(f"{path}.theta_offset_rad: give at most one of theta_offset_rad/_deg")
+
+    def arr(key: str, scale: float = 1.0) -> np.ndarray:
+        try:
+            return np.asarray(table[key], dtype=float).reshape(-1) * scale
+        except (TypeError, ValueError) as exc:
+            raise ValueError(f"{path}.{key}: expected a list of numbers ({exc})") from None
+
+    alpha = arr("alpha_rad") if "alpha_rad" in table else arr("alpha_deg", math.pi / 180)
+    if "theta_offset_rad" in table:
+        theta = arr("theta_offset_rad")
+    elif "theta_offset_deg" in table:
+        theta = arr("theta_offset_deg", math.pi / 180)
+    else:
+        theta = None
+    try:
+        return DHModel("custom", arr("d_m"), arr("a_m"), alpha, theta)
+    except ValueError as exc:
+        raise ValueError(f"{path}: {exc}") from None
+
+
+@dataclass(frozen=True)
+class JointScaling:
+    """Drive position counts to joint radians, per joint.
+
+    ``q_rad = sign * 2 pi * (counts - offset_counts) / (counts_per_rev * gear_ratio)``
+
+    Parameters
+    ----------
+    counts_per_rev : array_like, shape (n,)
+        Encoder counts per motor revolution (> 0).
+    gear_ratio : array_like, shape (n,)
+        Motor revolutions per joint revolution (> 0; 1 for a direct drive or an encoder on
+        the output side).
+    sign : array_like, shape (n,)
+        +1 or -1: the drive's positive direction relative to the kinematic joint axis.
+    offset_counts : array_like, shape (n,)
+        Count value at the kinematic zero of the joint.
+    """
+
+    counts_per_rev: np.ndarray
+    gear_ratio: np.ndarray
+    sign: np.ndarray
+    offset_counts: np.ndarray
+
+    def __post_init__(self) -> None:
+        n = len(np.atleast_1d(self.counts_per_rev))
+        for key in ("counts_per_rev", "gear_ratio", "sign", "offset_counts"):
+            arr = np.array(getattr(self, key), dtype=float).reshape(-1)
+            if arr.shape != (n,):
+                raise ValueError(f"joint scaling {key}: expected {n} values, got {arr.shape}")
+            if not np.all(np.isfinite(arr)):
+                raise ValueError(f"joint scaling {key}: contains NaN or inf")
+            arr.setflags(write=False)
+            object.__setattr__(self, key, arr)
+        if np.any(self.counts_per_rev <= 0) or np.any(self.gear_ratio <= 0):
+            raise ValueError("joint scaling: counts_per_rev and gear_ratio must be > 0")
+        if not np.all(np.isin(self.sign, (-1.0, 1.0))):
+            raise ValueError(f"joint scaling sign: each must be +1 or -1, got {self.sign}")
+
+    @classmethod
+    def uniform(
+        cls,
+        n: int,
+        counts_per_rev: float,
+        gear_ratio: float = 1.0,
+        sign: float = 1.0,
+        offset_counts: float = 0.0,
+    ) -> JointScaling:
+        """The same scaling on ``n`` joints."""
+        return cls(*(np.full(n, float(v)) for v in (counts_per_rev, gear_ratio, sign, offset_counts)))
+
+    @property
+    def rad_per_count(self) -> np.ndarray:
+        """Joint radians per count (n,), signed."""
+        return self.sign * 2.0 * math.pi / (self.counts_per_rev * self.gear_ratio)
+
+    def to_rad(self, counts: Any) -> np.ndarray:
+        """Joint angles (n,) in radians from position counts (n,)."""
+        c = np.asarray(counts, dtype=float)
+        return (c - self.offset_counts) * self.rad_per_count
+
+    def to_counts(self, q_rad: Any) -> np.ndarray:
+        """Nearest integer position counts (n,) for joint angles (n,) in radians."""
+        q = np.asarray(q_rad, dtype=float)
+        return np.rint(q / self.rad_per_count + self.offset_counts).astype(np.int64)
