@@ -1,0 +1,47 @@
+"""cellcal's calibration solver: pure numpy, no I/O.
+
+Public API (DESIGN.md section 3)::
+
+    calibrate_base_frame(base_T_flange, cell_T_target, *, workspace=None) -> BaseFrameResult
+    calibrate_hand_eye(base_T_flange, camera_T_target, *, workspace=None) -> HandEyeResult
+    calibrate_tool_point(base_T_flange, *, workspace=None) -> ToolPointResult
+
+plus :class:`Workspace`, the error tree (:class:`CellcalError`, :class:`CalibrationError`,
+:class:`NotEnoughSamples`, :class:`DegenerateGeometry`) and the SE(3) helpers in
+:mod:`cellcal.solver.se3`.
+"""
+
+from cellcal.solver.calibrate import (
+    DEFAULT_MIN_AXIS_SPREAD,
+    DEFAULT_MIN_ROTATION_RAD,
+    MIN_STATIONS,
+    BaseFrameResult,
+    CalibrationResult,
+    HandEyeResult,
+    Residuals,
+    ToolPointResult,
+    calibrate_base_frame,
+    calibrate_hand_eye,
+    calibrate_tool_point,
+)
+from cellcal.solver.errors import CalibrationError, CellcalError, DegenerateGeometry, NotEnoughSamples
+from cellcal.solver.workspace import Workspace
+
+__all__ = [
+    "calibrate_base_frame",
+    "calibrate_hand_eye",
+    "calibrate_tool_point",
+    "BaseFrameResult",
+    "HandEyeResult",
+    "ToolPointResult",
+    "CalibrationResult",
+    "Residuals",
+    "Workspace",
+    "CellcalError",
+    "CalibrationError",
+    "NotEnoughSamples",
+    "DegenerateGeometry",
+    "DEFAULT_MIN_AXIS_SPREAD",
+    "DEFAULT_MIN_ROTATION_RAD",
+    "MIN_STATIONS",
+]

@@ -1,0 +1,753 @@
+"""Batch kernels shared by every calibration: validation, relative motions, quaternions,
+the quaternion-linear AX=XB rotation solve, the 3x3 translation solve, observability and
+the recovery of the constant edge with its per-station closure.
+
+Everything here writes into :class:`~cellcal.solver.workspace.Workspace` buffers with
+``out=`` arguments, so a solve allocates nothing that grows with N. Fixed-size linear
+algebra (3x3, 4x4) runs on Python floats or fixed workspace buffers. Callers validate
+once at the API edge (:func:`validate_stack`); the kernels do not re-check.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from cellcal.solver.workspace import Workspace
+
+# --- constants ---------------------------------------------------------------------------
+
+#: Most squarings the eigenvector kernel performs. Each squaring doubles the power, so 64
+#: covers any eigen-gap down to 2**-60 relative to the shift: the work is bounded even
+#: when the gap is tiny, and the result is still the dominant eigenvector to rounding.
+MAX_SQUARINGS = 64
+
+
+def _quat_left(q: tuple[float, float, float, float]) -> np.ndarray:
+    w, x, y, z = q
+    return np.array([[w, -x, -y, -z], [x, w, -z, y], [y, z, w, -x], [z, -y, x, w]])
+
+
+def _quat_right(q: tuple[float, float, float, float]) -> np.ndarray:
+    w, x, y, z = q
+    return np.array([[w, -x, -y, -z], [x, w, z, -y], [y, -z, w, x], [z, y, -x, w]])
+
+
+def _build_ltr() -> np.ndarray:
+    """Constant tensor with ``vec(L(a)^T R(b)) = vec(a b^T) @ _LTR`` (both bilinear)."""
+    out = np.zeros((16, 16))
+    eye = np.eye(4)
+    for i in range(4):
+        for j in range(4):
+            out[4 * i + j] = (_quat_left(tuple(eye[i])).T @ _quat_right(tuple(eye[j]))).ravel()
+    return out
+
+
+_LTR = _build_ltr()
+
+#: ``L(e_a)^T`` and ``R(e_a)`` / ``R(e_a)^T`` for the unit quaternions ``e_a`` (4, 4, 4):
+#: ``L`` and ``R`` are linear, so ``L(q) = sum_a q_a L(e_a)``.
+_LT = np.stack([_quat_left(tuple(e)).T for e in np.eye(4)])
+_RB = np.stack([_quat_right(tuple(e)) for e in np.eye(4)])
+_RT = np.ascontiguousarray(_RB.transpose(0, 2, 1))
+#: ``vec(g p^T) @ _QPROD == g ⊗ p`` (Hamilton product as a (16, 4) map).
+_QPROD = np.stack([_quat_left(tuple(e)) for e in np.eye(4)]).transpose(0, 2, 1).reshape(16, 4)
+_CONJ = np.array([1.0, -1.0, -1.0, -1.0])
+
+#: Levi-Civita symbol as a (9, 3) map: ``cross(a, b) = vec(a b^T) @ _EPS93``.
+_EPS93 = np.zeros((9, 3))
+for _i, _j, _k in ((0, 1, 2), (1, 2, 0), (2, 0, 1)):
+    _EPS93[3 * _i + _j, _k] = 1.0
+    _EPS93[3 * _j + _i, _k] = -1.0
+
+
+# --- validation --------------------------------------------------------------------------
+
+
+def as_stack(T: np.ndarray, name: str) -> np.ndarray:
+    """Return ``T`` as a float64 (N, 4, 4) array (no copy when it already is one)."""
+    a = np.asarray(T, dtype=np.float64)
+    if a.ndim != 3 or a.shape[1:] != (4, 4):
+        raise ValueError(f"{name}: expected shape (N, 4, 4), got {a.shape}")
+    return a
+
+
+def validate_stack(a: np.ndarray, name: str, ws: Workspace, *, tol: float = 1e-6) -> None:
+    """Check every station of a (N, 4, 4) stack; ``ValueError`` names the first bad index.
+
+    Checks, in order: finite values, last row ``0 0 0 1``, rotation orthonormal
+    (``max |R^T R - I| <= tol``) with determinant +1.
+    """
+    n = a.shape[0]
+    # Fast path: a NaN or inf anywhere makes the sum non-finite. Only then look per station.
+    if not math.isfinite(float(np.add.reduce(a, axis=None))):
+        fin = ws.b16[:n]
+        np.isfinite(a, out=fin)
+        ok = ws.ball[:n]
+        np.logical_and.reduce(fin.reshape(n, 16), axis=1, out=ok)
+        if not ok.all():
+            i = int(np.argmin(ok))
+            raise ValueError(f"{name}[{i}]: contains NaN or inf")
+    d = ws.v3a[:n]
+    err = ws.s1[:n]
+    tmp4 = ws.onehot[:n]
+    np.subtract(a[:, 3, :], ws.lastrow, out=tmp4)
+    np.abs(tmp4, out=tmp4)
+    np.max(tmp4, axis=1, out=err)
+    if float(err.max()) > 1e-9:
+        i = int(np.argmax(err))
+        raise ValueError(f"{name}[{i}]: last row must be [0, 0, 0, 1], got {a[i, 3].tolist()}")
+    R = a[:, :3, :3]
+    RtR = ws.M33[:n]
+    np.matmul(R.transpose(0, 2, 1), R, out=RtR)
+    np.subtract(RtR, ws.eye3, out=RtR)
+    np.abs(RtR, out=RtR)
+    np.max(RtR.reshape(n, 9), axis=1, out=err)
+    worst = float(err.max())
+    if worst > tol:
+        i = int(np.argmax(err))
+        raise ValueError(
+            f"{name}[{i}]: rotation is not orthonormal (max |R^T R - I| = {float(err[i]):.3g}, "
+            f"tolerance {tol:g})"
+        )
+    # det(R) = (c0 x c1) . c2; orthonormal already, so only its sign matters. The cross
+    # product is the outer product c0 c1^T contracted with the Levi-Civita symbol.
+    outer = ws.M33[:n]
+    np.matmul(R[:, :, 0:1], R[:, :, 1].reshape(n, 1, 3), out=outer)
+    np.matmul(outer.reshape(n, 9), _EPS93, out=d)
+    det = ws.s2[:n]
+    np.einsum("ij,ij->i", d, R[:, :, 2], out=det)
+    if float(det.min()) <= 0.0:
+        i = int(np.argmin(det))
+        raise ValueError(f"{name}[{i}]: rotation has determinant {float(det[i]):.3g}, expected +1")
+
+
+# --- motion pairs ------------------------------------------------------------------------
+
+PAIR_SCHEMES = ("ring", "consecutive", "star")
+
+
+def ring_stride(n: int) -> int:
+    """Stride ``h`` nearest ``n/2`` with ``gcd(h, n) == 1``: the pairs ``(i, i+h mod n)``
+    form one cycle through every station, each station in exactly two far-apart pairs."""
+    if n <= 3:
+        return 1
+    best = 1
+    for h in range(n // 2, 0, -1):
+        if math.gcd(h, n) == 1:
+            best = h
+            break
+    return best
+
+
+def make_pairs(n: int, scheme: str, ws: Workspace) -> int:
+    """Fill ``ws.pi``/``ws.pj`` with motion pairs; return the number of pairs ``m <= n``.
+
+    ``ring`` (default, ADR 0003): the cycle ``(i, i + h mod n)`` with ``h`` from
+    :func:`ring_stride`. ``consecutive``: ``(i, i + 1)``. ``star``: ``(0, i)``.
+    """
+    pi, pj = ws.pi, ws.pj
+    if scheme == "ring":
+        h = ring_stride(n)
+        pi[:n] = ws_arange(ws, n)
+        np.add(pi[:n], h, out=pj[:n])
+        np.remainder(pj[:n], n, out=pj[:n])
+        return n
+    if scheme == "consecutive":
+        pi[: n - 1] = ws_arange(ws, n - 1)
+        np.add(pi[: n - 1], 1, out=pj[: n - 1])
+        return n - 1
+    if scheme == "star":
+        pi[: n - 1] = 0
+        pj[: n - 1] = ws_arange(ws, n - 1)
+        np.add(pj[: n - 1], 1, out=pj[: n - 1])
+        return n - 1
+    raise ValueError(f"unknown pair scheme {scheme!r}; expected one of {PAIR_SCHEMES}")
+
+
+def ws_arange(ws: Workspace, n: int) -> np.ndarray:
+    """``arange(n)`` into the workspace's index buffer (no allocation)."""
+    idx = ws.idx[:n]
+    idx[0:1] = 0
+    if n > 1:
+        idx[1:] = 1
+        np.cumsum(idx, out=idx)
+    return idx
+
+
+def relative_motions(
+    T: np.ndarray, side: str, m: int, ws: Workspace, R_out: np.ndarray, t_out: np.ndarray
+) -> None:
+    """Relative motions of the pairs ``(ws.pi, ws.pj)`` of a (N, 4, 4) stack.
+
+    ``side="left"``: ``T_j @ inv(T_i)`` (a motion seen in the parent frame);
+    ``side="right"``: ``inv(T_j) @ T_i`` (seen in the child frame).
+    """
+    Ti, Tj = ws.T44a[:m], ws.T44b[:m]
+    np.take(T, ws.pi[:m], axis=0, out=Ti, mode="clip")
+    np.take(T, ws.pj[:m], axis=0, out=Tj, mode="clip")
+    Ri, ti = Ti[:, :3, :3], Ti[:, :3, 3]
+    Rj, tj = Tj[:, :3, :3], Tj[:, :3, 3]
+    R, t = R_out[:m], t_out[:m]
+    if side == "left":
+        np.matmul(Rj, Ri.transpose(0, 2, 1), out=R)
+        np.matmul(R, ti[:, :, None], out=ws.v3c[:m, :, None])
+        np.subtract(tj, ws.v3c[:m], out=t)
+    else:
+        np.matmul(Rj.transpose(0, 2, 1), Ri, out=R)
+        np.subtract(ti, tj, out=ws.v3c[:m])
+        np.matmul(Rj.transpose(0, 2, 1), ws.v3c[:m, :, None], out=t[:, :, None])
+
+
+# --- quaternions -------------------------------------------------------------------------
+
+
+def _build_davenport_map() -> tuple[np.ndarray, np.ndarray]:
+    """Constant (9, 16) map and (16,) diagonal with ``vec(K) = vec(R) @ map + s * diag``."""
+    lin = np.zeros((9, 16))
+
+    def put(a: int, b: int, terms: tuple[tuple[int, int, float], ...]) -> None:
+        for i, j, c in terms:
+            lin[3 * i + j, 4 * a + b] += c
+            if a != b:
+                lin[3 * i + j, 4 * b + a] += c
+
+    put(0, 0, ((0, 0, 1), (1, 1, 1), (2, 2, 1)))
+    put(1, 1, ((0, 0, 1), (1, 1, -1), (2, 2, -1)))
+    put(2, 2, ((0, 0, -1), (1, 1, 1), (2, 2, -1)))
+    put(3, 3, ((0, 0, -1), (1, 1, -1), (2, 2, 1)))
+    put(0, 1, ((2, 1, 1), (1, 2, -1)))
+    put(0, 2, ((0, 2, 1), (2, 0, -1)))
+    put(0, 3, ((1, 0, 1), (0, 1, -1)))
+    put(1, 2, ((0, 1, 1), (1, 0, 1)))
+    put(1, 3, ((0, 2, 1), (2, 0, 1)))
+    put(2, 3, ((1, 2, 1), (2, 1, 1)))
+    return lin, np.eye(4).reshape(16)
+
+
+_DAV_LIN, _DAV_DIAG = _build_davenport_map()
+
+
+def _fill_davenport(R: np.ndarray, K: np.ndarray, shift: float) -> None:
+    """Batch ``K`` (m, 4, 4) with ``q^T K q = tr(R(q)^T R) + shift`` for every ``R`` (m, 3, 3).
+
+    For a rotation matrix with ``shift = 1`` this is Shepperd's ``4 q q^T``; for a sum of
+    rotations it is Davenport's matrix, whose dominant eigenvector is the chordal mean.
+    ``K`` is linear in ``R``: one (m, 9) x (9, 16) product. ``R`` and ``K`` are contiguous.
+    """
+    m = R.shape[0]
+    K16 = K.reshape(m, 16)
+    np.matmul(R.reshape(m, 9), _DAV_LIN, out=K16)
+    if shift:
+        K16 += shift * _DAV_DIAG
+
+
+def quats_from_rotations(R: np.ndarray, q_out: np.ndarray, ws: Workspace) -> None:
+    """Unit quaternions ``(w, x, y, z)``, ``w >= 0``, of a batch of rotations (Shepperd).
+
+    Each column of ``4 q q^T`` is ``q`` scaled by ``4 q_k``; the column with the largest
+    diagonal is the best-conditioned one for every rotation, 180 degrees included.
+    """
+    m = R.shape[0]
+    K = ws.K44[:m]
+    _fill_davenport(R, K, 1.0)
+    idx = ws.idx[:m]
+    np.argmax(np.diagonal(K, 0, 1, 2), axis=1, out=idx)
+    np.equal(ws.ar4, idx[:, None], out=ws.b16[:m, 0, :])
+    diag = ws.onehot[:m]
+    np.copyto(diag, ws.b16[:m, 0, :])
+    np.matmul(K, diag[:, :, None], out=q_out[:, :, None])
+    nrm = ws.s1[:m]
+    np.einsum("ij,ij->i", q_out, q_out, out=nrm)
+    np.sqrt(nrm, out=nrm)
+    np.copysign(nrm, q_out[:, 0], out=nrm)  # divide by -|q| where w < 0: w >= 0 after
+    np.divide(q_out, nrm[:, None], out=q_out)
+
+
+# --- fixed-size eigen kernel ---------------------------------------------------------------
+
+
+def _trace(P: np.ndarray) -> float:
+    # Summing the diagonal by index is several times cheaper than ndarray.trace() at k <= 4.
+    t = 0.0
+    for i in range(P.shape[0]):
+        t += P[i, i]
+    return float(t)
+
+
+def dominant_eigvec(P: np.ndarray, Q: np.ndarray) -> np.ndarray:
+    """Dominant eigenvector of a symmetric positive semi-definite ``P`` (k x k), in place.
+
+    Power iteration by repeated squaring: after s squarings ``P`` holds ``P^(2^s)``, which
+    tends to ``c v v^T`` at rate ``(mu2/mu1)^(2^s)``, so even a tiny eigen-gap needs only
+    ``log2`` as many steps as plain power iteration. Squarings run in pairs between
+    normalisations to unit trace (a unit-trace PSD matrix squared twice keeps its trace
+    above ``k^-3``: no underflow). Once ``1 - ||P||_F < 1e-9`` (the unwanted components
+    are below 1e-9 relative) one more squaring takes them below 1e-18, under rounding.
+    The work is bounded by :data:`MAX_SQUARINGS`. ``P`` and ``Q`` are overwritten; the
+    returned unit vector is a view into ``Q``.
+    """
+    tr = _trace(P)
+    if not tr > 0.0:
+        raise FloatingPointError("eigen kernel: matrix is zero or not positive semi-definite")
+    np.multiply(P, 1.0 / tr, out=P)
+    for _ in range(MAX_SQUARINGS // 2):
+        np.matmul(P, P, out=Q)
+        np.matmul(Q, Q, out=P)
+        np.multiply(P, 1.0 / _trace(P), out=P)
+        if 1.0 - math.sqrt(float(np.vdot(P, P))) < 1e-9:
+            np.matmul(P, P, out=Q)
+            np.multiply(Q, 1.0 / _trace(Q), out=P)
+            break
+    k = int(np.argmax(np.diagonal(P)))
+    v = Q[:, 0]
+    np.multiply(P[:, k], 1.0 / math.sqrt(float(P[k, k])), out=v)
+    # One power step with the converged matrix removes the column-choice rounding.
+    np.matmul(P, v, out=Q[:, 1])
+    np.multiply(Q[:, 1], 1.0 / math.sqrt(float(np.vdot(Q[:, 1], Q[:, 1]))), out=v)
+    return v
+
+
+def null_vector(S: np.ndarray, P: np.ndarray, Q: np.ndarray) -> tuple[np.ndarray, float]:
+    """Eigenvector of the smallest eigenvalue of a PSD ``S`` by the shifted power method.
+
+    The shift ``sigma = ||S||_F >= lambda_max`` turns ``S``'s smallest eigenvalue into the
+    dominant one of ``sigma I - S`` (still PSD). Returns ``(v, lambda_min)``; ``v`` is a
+    view into ``Q``.
+    """
+    sigma = math.sqrt(float(np.vdot(S, S)))
+    if sigma == 0.0:
+        raise FloatingPointError("null_vector: zero matrix")
+    np.negative(S, out=P)
+    k = S.shape[0]
+    for i in range(k):
+        P[i, i] += sigma
+    v = dominant_eigvec(P, Q)
+    np.matmul(S, v, out=Q[:, 2])
+    return v, float(np.vdot(v, Q[:, 2]))
+
+
+def chordal_mean_quat(Rsum: np.ndarray, ws: Workspace) -> tuple[float, float, float, float]:
+    """Quaternion of the rotation nearest (Frobenius) a sum of rotation matrices."""
+    K = ws.c44
+    _fill_davenport(Rsum.reshape(1, 3, 3), K.reshape(1, 4, 4), 0.0)
+    sigma = math.sqrt(float(np.vdot(K, K)))
+    P = ws.P4
+    np.copyto(P, K)
+    for i in range(4):
+        P[i, i] += sigma
+    v = dominant_eigvec(P, ws.Q4)
+    w, x, y, z = (float(c) for c in v)
+    if w < 0.0:
+        w, x, y, z = -w, -x, -y, -z
+    return w, x, y, z
+
+
+def rot_from_quat_into(q: tuple[float, float, float, float], out: np.ndarray) -> np.ndarray:
+    """Write the rotation matrix of a unit quaternion into ``out`` (3, 3)."""
+    w, x, y, z = q
+    n = math.sqrt(w * w + x * x + y * y + z * z)
+    w, x, y, z = w / n, x / n, y / n, z / n
+    out[0, 0] = 1 - 2 * (y * y + z * z)
+    out[0, 1] = 2 * (x * y - w * z)
+    out[0, 2] = 2 * (x * z + w * y)
+    out[1, 0] = 2 * (x * y + w * z)
+    out[1, 1] = 1 - 2 * (x * x + z * z)
+    out[1, 2] = 2 * (y * z - w * x)
+    out[2, 0] = 2 * (x * z - w * y)
+    out[2, 1] = 2 * (y * z + w * x)
+    out[2, 2] = 1 - 2 * (x * x + y * y)
+    return out
+
+
+# --- small dense solves on Python floats ----------------------------------------------------
+
+
+def solve_spd3(A: np.ndarray, b: np.ndarray) -> tuple[float, float, float]:
+    """Solve a symmetric positive-definite 3x3 system by Cholesky on Python floats."""
+    a00, a01, a02 = float(A[0, 0]), float(A[0, 1]), float(A[0, 2])
+    a11, a12, a22 = float(A[1, 1]), float(A[1, 2]), float(A[2, 2])
+    if not a00 > 0.0:
+        raise np.linalg.LinAlgError("matrix is not positive definite")
+    l00 = math.sqrt(a00)
+    l10 = a01 / l00
+    l20 = a02 / l00
+    d1 = a11 - l10 * l10
+    if not d1 > 0.0:
+        raise np.linalg.LinAlgError("matrix is not positive definite")
+    l11 = math.sqrt(d1)
+    l21 = (a12 - l20 * l10) / l11
+    d2 = a22 - l20 * l20 - l21 * l21
+    if not d2 > 0.0:
+        raise np.linalg.LinAlgError("matrix is not positive definite")
+    l22 = math.sqrt(d2)
+    y0 = float(b[0]) / l00
+    y1 = (float(b[1]) - l10 * y0) / l11
+    y2 = (float(b[2]) - l20 * y0 - l21 * y1) / l22
+    x2 = y2 / l22
+    x1 = (y1 - l21 * x2) / l11
+    x0 = (y0 - l10 * x1 - l20 * x2) / l00
+    return x0, x1, x2
+
+
+# --- observability ---------------------------------------------------------------------------
+
+
+class Observability:
+    """Figures of the motions' rotation axes (see ADR 0002).
+
+    ``C = sum_k (R_k - I)^T (R_k - I) = sum_k 2 (1 - cos th_k) (I - a_k a_k^T)``;
+    ``axis_spread = 3 lambda_min(C) / trace(C)`` in [0, 1]: 0 when every axis is
+    parallel, 1 for an isotropic spread, 0.75 for two equally weighted perpendicular axes.
+    ``axis`` is the eigenvector of ``lambda_min`` (the weakest direction).
+    """
+
+    __slots__ = ("axis_spread", "axis", "max_rotation_rad", "trace")
+
+    def __init__(self, axis_spread: float, axis: np.ndarray, max_rotation_rad: float, trace: float):
+        self.axis_spread = axis_spread
+        self.axis = axis
+        self.max_rotation_rad = max_rotation_rad
+        self.trace = trace
+
+
+def observability(Rsum: np.ndarray, n: int, side: str, Rpairs: np.ndarray, ws: Workspace) -> Observability:
+    """Observability of ALL ordered station pairs, in O(N).
+
+    For relative rotations ``R_ij = R_j R_i^T`` (``side="left"``) the sum over all ordered
+    pairs is ``sum_ij R_ij = S S^T`` with ``S = sum_i R_i`` (``S^T S`` for ``side="right"``,
+    ``R_ij = R_j^T R_i``), so ``C = sum_ij (R_ij - I)^T (R_ij - I) = 2 (n^2 I - S S^T)``
+    costs one 3x3 product and does not depend on the order of the stations. ``Rsum`` is
+    ``S`` (3, 3); ``Rpairs`` are the solve's own motion pairs, used only for
+    ``max_rotation_rad``.
+    """
+    m = Rpairs.shape[0]
+    C = ws.S3
+    if side == "left":
+        np.matmul(Rsum, Rsum.T, out=C)
+    else:
+        np.matmul(Rsum.T, Rsum, out=C)
+    np.multiply(C, -2.0, out=C)
+    for i in range(3):
+        C[i, i] += 2.0 * n * n
+    trace = float(np.trace(C))
+    tr = ws.s1[:m]
+    np.einsum("kii->k", Rpairs, out=tr)
+    # cos(theta) = (tr - 1) / 2; the largest rotation has the smallest trace.
+    cmin = max(-1.0, min(1.0, 0.5 * (float(tr.min()) - 1.0)))
+    max_rot = math.acos(cmin)
+    axis = np.zeros(3)
+    if trace <= 1e-300:
+        axis[2] = 1.0
+        return Observability(0.0, axis, max_rot, trace)
+    lam, v = sym3_min_eig(C)
+    axis[:] = v
+    j = int(np.argmax(np.abs(axis)))
+    if axis[j] < 0:
+        axis *= -1.0
+    spread = max(0.0, min(1.0, 3.0 * lam / trace))
+    return Observability(spread, axis, max_rot, trace)
+
+
+def sym3_min_eig(A: np.ndarray) -> tuple[float, tuple[float, float, float]]:
+    """Smallest eigenvalue and its unit eigenvector of a symmetric 3x3 matrix.
+
+    Closed form (trigonometric solution of the characteristic cubic), then the eigenvector
+    as the largest cross product of two rows of ``A - lambda I``. Accurate to about
+    ``1e-8`` relative on the vector, ample for an observability figure; never used for the
+    calibration itself.
+    """
+    a00, a01, a02 = float(A[0, 0]), float(A[0, 1]), float(A[0, 2])
+    a11, a12, a22 = float(A[1, 1]), float(A[1, 2]), float(A[2, 2])
+    p1 = a01 * a01 + a02 * a02 + a12 * a12
+    q = (a00 + a11 + a22) / 3.0
+    p2 = (a00 - q) ** 2 + (a11 - q) ** 2 + (a22 - q) ** 2 + 2.0 * p1
+    p = math.sqrt(p2 / 6.0)
+    if p < 1e-300:  # a multiple of the identity: every direction is an eigenvector
+        return q, (0.0, 0.0, 1.0)
+    b00, b11, b22 = (a00 - q) / p, (a11 - q) / p, (a22 - q) / p
+    b01, b02, b12 = a01 / p, a02 / p, a12 / p
+    r = 0.5 * (b00 * (b11 * b22 - b12 * b12) - b01 * (b01 * b22 - b12 * b02) + b02 * (b01 * b12 - b11 * b02))
+    r = max(-1.0, min(1.0, r))
+    phi = math.acos(r) / 3.0
+    lam = q + 2.0 * p * math.cos(phi + 2.0 * math.pi / 3.0)  # the smallest root
+    rows = ((a00 - lam, a01, a02), (a01, a11 - lam, a12), (a02, a12, a22 - lam))
+    best, bn = (0.0, 0.0, 1.0), 0.0
+    for (x0, y0, z0), (x1, y1, z1) in ((rows[0], rows[1]), (rows[0], rows[2]), (rows[1], rows[2])):
+        c = (y0 * z1 - z0 * y1, z0 * x1 - x0 * z1, x0 * y1 - y0 * x1)
+        cn = c[0] * c[0] + c[1] * c[1] + c[2] * c[2]
+        if cn > bn:
+            best, bn = c, cn
+    if bn <= 0.0:
+        return lam, (0.0, 0.0, 1.0)
+    s = 1.0 / math.sqrt(bn)
+    return lam, (best[0] * s, best[1] * s, best[2] * s)
+
+
+# --- the shared AX = XB solve -------------------------------------------------------------------
+
+
+def rotation_normal_matrix(qA: np.ndarray, qB: np.ndarray, w: np.ndarray, ws: Workspace) -> np.ndarray:
+    """``S = sum_k w_k K_k^T K_k`` with ``K_k = L(qA_k) - R(qB_k)`` (4x4, into ``ws.N4``).
+
+    For unit quaternions ``K^T K = 2 I - (L(a)^T R(b) + its transpose)`` and ``L(a)^T R(b)``
+    is bilinear in ``a, b``, so the whole sum needs only ``C = sum w a b^T`` (one 4xm by
+    mx4 product) and a constant 16x16 map.
+    """
+    m = qA.shape[0]
+    C = ws.c44
+    Aw = ws.onehot[:m]
+    np.multiply(qA, w[:, None], out=Aw)
+    np.matmul(Aw.T, qB, out=C)
+    return normal_from_outer(C, float(w.sum()), ws)
+
+
+def normal_from_outer(C: np.ndarray, wsum: float, ws: Workspace) -> np.ndarray:
+    """``S = 2 wsum I - (M + M^T)`` with ``vec(M) = vec(C) @ _LTR`` (into ``ws.N4``)."""
+    M = ws.Q4
+    np.matmul(C.reshape(16), _LTR, out=ws.C16)
+    np.copyto(M, ws.C16.reshape(4, 4))
+    S = ws.N4
+    np.add(M, M.T, out=S)
+    np.negative(S, out=S)
+    for i in range(4):
+        S[i, i] += 2.0 * wsum
+    return S
+
+
+def all_pairs_outer(Pq: np.ndarray, side_A: str, Qq: np.ndarray, ws: Workspace) -> np.ndarray:
+    """``C = sum over ALL ordered pairs (i, j) of a_ij b_ij^T`` in O(N) (into ``ws.c44``).
+
+    ``Pq``, ``Qq`` (n, 4) are the station quaternions of the A side and the B side, with
+    signs aligned (:func:`align_signs`); ``b_ij = q_j ⊗ q_i*`` (B left-relative) and
+    ``a_ij = p_j ⊗ p_i*`` (``side_A="left"``) or ``p_j* ⊗ p_i`` (``"right"``). Both
+    factors are linear in their two stations, so with ``E = sum_i p_i q_i^T``:
+
+    * left:  ``C = sum_ab E_ab R(e_a)^T E R(e_b)``
+    * right: ``C = sum_ab L(e_a)^T E[:, b] E[a, :] R(e_b)``
+
+    and the N^2 pairs cost one 4xN by Nx4 product (ADR 0003).
+    """
+    E = ws.P4
+    np.matmul(Pq.T, Qq, out=E)
+    U = ws.U444
+    V = ws.V444
+    C = ws.c44
+    if side_A == "left":
+        np.matmul(_RT, E, out=U)  # U_a = R_a^T E
+        np.einsum("ab,aij->bij", E, U, out=V)  # V_b = sum_a E_ab U_a
+        np.einsum("bij,bjk->ik", V, _RB, out=C)
+    else:
+        np.einsum("ac,bcd->abd", E, _RB, out=U)  # U[a, b, :] = E[a, :] R_b
+        np.matmul(E, U, out=V)  # V_a = E @ U[a]  (= sum_b E[:, b] U[a, b, :])
+        np.einsum("aij,ajk->ik", _LT, V, out=C)  # sum_a L_a^T V_a
+    return C
+
+
+def align_signs(Pq: np.ndarray, side_A: str, Qq: np.ndarray, qX: tuple, ws: Workspace) -> None:
+    """Flip rows of ``Qq`` so every station implies the same sign of the constant edge.
+
+    Base frame (A left): ``p_i = qX ⊗ q_i ⊗ qY`` so ``y_i = q_i* ⊗ qX* ⊗ p_i = ±qY``.
+    Hand-eye (A right): ``p_i ⊗ qX ⊗ q_i = ±qZ``. Each station's estimate is compared with
+    station 0's; the estimates are near-equal unit quaternions, so the dot product is near
+    ±1 and the sign is never ambiguous (unlike a per-pair sign near 180 degrees).
+    """
+    n = Pq.shape[0]
+    w, x, y, z = qX
+    y4 = ws.v4b[:n]
+    outer = ws.K44[:n]
+    if side_A == "left":
+        Lxc = _quat_left((w, -x, -y, -z))
+        t = ws.v4a[:n]
+        np.matmul(Pq, Lxc.T, out=t)  # qX* ⊗ p_i
+        qc = ws.onehot[:n]
+        np.multiply(Qq, _CONJ, out=qc)
+        np.matmul(qc[:, :, None], t[:, None, :], out=outer)
+    else:
+        Rx = _quat_right((w, x, y, z))
+        t = ws.v4a[:n]
+        np.matmul(Pq, Rx.T, out=t)  # p_i ⊗ qX
+        np.matmul(t[:, :, None], Qq[:, None, :], out=outer)
+    np.matmul(outer.reshape(n, 16), _QPROD, out=y4)
+    dot = ws.s2[:n]
+    np.matmul(y4, y4[0], out=dot)
+    np.copysign(1.0, dot, out=dot)
+    np.multiply(Qq, dot[:, None], out=Qq)
+
+
+def _rotate_vec_part_sign(qA: np.ndarray, qB: np.ndarray, qX: tuple, ws: Workspace) -> int:
+    """Flip ``qB`` rows so each agrees in sign with ``qX^-1 ⊗ qA ⊗ qX``; return flips.
+
+    ``A X = X B`` means ``qA ⊗ qX = ±qX ⊗ qB``. Away from 180 degrees ``w >= 0`` on both
+    sides fixes the sign; near 180 degrees ``w ~ 0`` and noise can flip either, so the
+    sign is taken from the first-pass ``X``: ``qA · (qX ⊗ qB ⊗ qX*) >= 0``.
+    """
+    m = qA.shape[0]
+    Rx = rot_from_quat_into(qX, ws.R3)
+    vb = ws.v3a[:m]
+    np.matmul(qB[:, 1:], Rx.T, out=vb)  # R_X vec(b)
+    dot = ws.s2[:m]
+    np.einsum("ij,ij->i", qA[:, 1:], vb, out=dot)
+    t = ws.s3[:m]
+    np.multiply(qA[:, 0], qB[:, 0], out=t)
+    np.add(dot, t, out=dot)
+    np.less(dot, 0.0, out=ws.ball[:m])
+    flips = int(np.count_nonzero(ws.ball[:m]))
+    if flips:
+        np.copysign(1.0, dot, out=t)
+        np.multiply(qB, t[:, None], out=qB)
+    return flips
+
+
+#: Pairs whose quaternion scalar part (cos of half the angle) is below this on either side
+#: are left out of the first pass (their sign is ambiguous under noise) and sign-fixed
+#: against the first-pass X in the second pass. 0.05 is a motion of about 174 degrees.
+NEAR_PI_W = 0.05
+
+
+def solve_rotation(m: int, ws: Workspace) -> tuple[float, float, float, float]:
+    """Quaternion of ``X`` from the pair quaternions in ``ws.qA[:m]``, ``ws.qB[:m]``."""
+    qA, qB = ws.qA[:m], ws.qB[:m]
+    w = ws.w[:m]
+    np.minimum(qA[:, 0], qB[:, 0], out=w)
+    near_pi = float(w.min()) < NEAR_PI_W
+    if near_pi:
+        np.greater_equal(w, NEAR_PI_W, out=ws.ball[:m])
+        np.copyto(w, ws.ball[:m])
+        if float(w.sum()) < 2.0:  # too few clean pairs for a first pass: use them all
+            w.fill(1.0)
+    else:
+        w.fill(1.0)
+    S = rotation_normal_matrix(qA, qB, w, ws)
+    v, _ = null_vector(S, ws.P4, ws.Q4)
+    qX = _canon(v)
+    if near_pi:
+        _rotate_vec_part_sign(qA, qB, qX, ws)
+        w.fill(1.0)
+        S = rotation_normal_matrix(qA, qB, w, ws)
+        v, _ = null_vector(S, ws.P4, ws.Q4)
+        qX = _canon(v)
+    return qX
+
+
+def solve_rotation_all_pairs(
+    RP: np.ndarray, side_A: str, RQ: np.ndarray, qX0: tuple, ws: Workspace
+) -> tuple[float, float, float, float]:
+    """Rotation of ``X`` from every ordered station pair at O(N) cost.
+
+    ``RP``/``RQ`` (n, 3, 3) are the station rotations of the A and B sides; ``qX0`` is a
+    first estimate (from a few pairs) used only to align station quaternion signs.
+    """
+    n = RP.shape[0]
+    Pq, Qq = ws.qA[:n], ws.qB[:n]
+    quats_from_rotations(RP, Pq, ws)
+    quats_from_rotations(RQ, Qq, ws)
+    align_signs(Pq, side_A, Qq, qX0, ws)
+    C = all_pairs_outer(Pq, side_A, Qq, ws)
+    S = normal_from_outer(C, float(n * n), ws)
+    v, _ = null_vector(S, ws.P4, ws.Q4)
+    return _canon(v)
+
+
+def _canon(v: np.ndarray) -> tuple[float, float, float, float]:
+    w, x, y, z = (float(c) for c in v)
+    n = math.sqrt(w * w + x * x + y * y + z * z)
+    s = 1.0 / n if w >= 0.0 else -1.0 / n
+    return w * s, x * s, y * s, z * s
+
+
+def solve_translation(m: int, Rx: np.ndarray, ws: Workspace) -> tuple[float, float, float]:
+    """``t_X`` from ``sum D^T D t = sum D^T (R_X t_B - t_A)``, ``D = R_A - I`` (3x3)."""
+    RA, tA, tB = ws.RA[:m], ws.tA[:m], ws.tB[:m]
+    lhs = ws.S3
+    Rs = ws.R3
+    np.sum(RA, axis=0, out=Rs)
+    np.add(Rs, Rs.T, out=lhs)
+    np.negative(lhs, out=lhs)
+    for i in range(3):
+        lhs[i, i] += 2.0 * m
+    v = ws.v3a[:m]
+    np.matmul(tB, Rx.T, out=v)  # R_X t_B
+    np.subtract(v, tA, out=v)
+    rhs = ws.t3
+    np.einsum("kji,kj->i", RA, v, out=rhs)  # sum R_A^T v
+    np.subtract(rhs, v.sum(axis=0, out=ws.u3), out=rhs)
+    return solve_spd3(lhs, rhs)
+
+
+# --- constant edge, the pivot kernel and closure ------------------------------------------------
+
+
+def pivot_solve(R: np.ndarray, t: np.ndarray, ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
+    """Least squares ``R_i p + t_i = c`` for fixed ``p`` and ``c`` (each (3,)).
+
+    The normal equations of ``[R_i  -I] [p; c] = -t_i`` are a fixed 6x6 system; eliminating
+    ``c = mean(R_i p + t_i)`` leaves the 3x3 SPD system
+    ``(n I - S^T S / n) p = S^T T / n - sum R_i^T t_i`` with ``S = sum R_i``, ``T = sum t_i``.
+    This one kernel is the tool-point calibration and the translation step of the base-frame
+    and hand-eye calibrations (ADR 0003). The per-station residual ``|R_i p + t_i - c|`` goes
+    to ``ws.res_t``. Raises ``numpy.linalg.LinAlgError`` if the system is singular.
+    """
+    n = R.shape[0]
+    Rs = ws.R3
+    np.sum(R, axis=0, out=Rs)
+    ts = ws.u3
+    np.sum(t, axis=0, out=ts)
+    lhs = ws.S3
+    np.matmul(Rs.T, Rs, out=lhs)
+    np.multiply(lhs, -1.0 / n, out=lhs)
+    for i in range(3):
+        lhs[i, i] += n
+    rhs = ws.t3
+    np.einsum("kji,kj->i", R, t, out=rhs)  # sum R_i^T t_i
+    np.negative(rhs, out=rhs)
+    rhs += (Rs.T @ ts) / n
+    p = np.array(solve_spd3(lhs, rhs))
+    c = (ts + Rs @ p) / n
+    d = ws.v3b[:n]
+    np.matmul(R, p, out=d)
+    np.add(d, t, out=d)
+    np.subtract(d, c, out=d)
+    rt = ws.res_t[:n]
+    np.einsum("ij,ij->i", d, d, out=rt)
+    np.sqrt(rt, out=rt)
+    return p, c
+
+
+def rotation_edge(RZ: np.ndarray, ws: Workspace) -> np.ndarray:
+    """Chordal mean of per-station rotations ``RZ`` (n, 3, 3) of a constant edge, and the
+    angle of each against it into ``ws.res_r``. Returns the mean (3, 3) as a new array."""
+    n = RZ.shape[0]
+    Rsum = ws.R3
+    np.sum(RZ, axis=0, out=Rsum)
+    Rm = rot_from_quat_into(chordal_mean_quat(Rsum, ws), np.empty((3, 3)))
+    # Angle of E_i = Rm^T RZ_i by atan2(|vee(E - E^T)|/2, (tr E - 1)/2): accurate at 0,
+    # where arccos would lose half the digits.
+    E = ws.M33[:n]
+    np.matmul(Rm.T, RZ, out=E)
+    s = ws.v3c[:n]
+    np.subtract(E[:, 2, 1], E[:, 1, 2], out=s[:, 0])
+    np.subtract(E[:, 0, 2], E[:, 2, 0], out=s[:, 1])
+    np.subtract(E[:, 1, 0], E[:, 0, 1], out=s[:, 2])
+    sn = ws.s1[:n]
+    np.einsum("ij,ij->i", s, s, out=sn)
+    np.sqrt(sn, out=sn)
+    np.multiply(sn, 0.5, out=sn)
+    c = ws.s2[:n]
+    np.einsum("kii->k", E, out=c)
+    np.subtract(c, 1.0, out=c)
+    np.multiply(c, 0.5, out=c)
+    np.arctan2(sn, c, out=ws.res_r[:n])
+    return Rm
+
+
+def closure_stats(n: int, ws: Workspace) -> tuple[float, float, float, float]:
+    """``(rms_t, max_t, rms_r, max_r)`` of the residuals in ``ws.res_t`` / ``ws.res_r``."""
+    rt, rr = ws.res_t[:n], ws.res_r[:n]
+    return (
+        math.sqrt(float(np.vdot(rt, rt)) / n),
+        float(rt.max()),
+        math.sqrt(float(np.vdot(rr, rr)) / n),
+        float(rr.max()),
+    )
