@@ -1,0 +1,411 @@
+"""Map a device clock to the host's ``time.monotonic_ns()``.
+
+Two ways a device tells us its time, one model each, sharing one line fit:
+
+* :class:`ExchangeClockModel` -- request/response exchanges (the tracker's PING/PONG): the
+  four NTP timestamps ``t1`` host send, ``t2`` device receive, ``t3`` device send, ``t4``
+  host receive. The round-trip delay ``(t4 - t1) - (t3 - t2)`` bounds how wrong one
+  exchange can be (half of it, whatever the asymmetry), so the model keeps the
+  lowest-delay exchanges of its window and fits a line through their midpoints.
+* :class:`StreamClockModel` -- streamed packets stamped by the device (RTDE): only the host
+  receive time is known, and the receive delay is never negative, so every point lies on
+  one side of the true mapping; the model fits the envelope (the supporting line of the
+  points' convex hull closest to all of them on average).
+
+The mapping is a line ``device_s = d_ref + rate * (host_ns - h_ref) * 1e-9``, anchored at
+the newest sample so that float64 keeps sub-nanosecond resolution whatever the absolute
+clock values are.
+
+Conventions
+-----------
+``skew`` is a dimensionless ratio: ``rate - 1``, where ``rate`` is device seconds per host
+second (``5e-5`` = the device clock runs 50 ppm fast); ``skew_ppm`` is the same in ppm.
+``offset_ns`` is host time minus device time, in nanoseconds, at the newest sample.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+
+import numpy as np
+
+__all__ = ["ExchangeClockModel", "StreamClockModel", "ClockNotReady"]
+
+_NS_PER_S = 1_000_000_000
+_S_PER_NS = 1e-9
+
+
+class ClockNotReady(RuntimeError):
+    """A mapping was asked of a model that has no sample yet."""
+
+
+class _LineClockModel:
+    """Shared state and fit of both models: a window of (host, device) points and a line.
+
+    Subclasses choose which points define the line (:meth:`_select_and_fit`).
+
+    Parameters
+    ----------
+    window : int
+        Newest samples kept.
+    min_samples : int
+        Samples needed before :attr:`ready`.
+    min_skew_span_s : float
+        Host-time span the points defining the line must cover before the rate is fitted;
+        below it the rate is ``nominal_rate`` (a slope from a few milliseconds of jittery
+        points is worse than assuming the nominal rate).
+    nominal_rate : float
+        Device seconds per host second assumed until the rate can be fitted.
+    """
+
+    def __init__(
+        self,
+        window: int,
+        *,
+        min_samples: int,
+        min_skew_span_s: float,
+        nominal_rate: float = 1.0,
+    ) -> None:
+        if window < 2:
+            raise ValueError(f"window must be >= 2, got {window}")
+        if not nominal_rate > 0:
+            raise ValueError(f"nominal_rate must be > 0, got {nominal_rate}")
+        self.window = int(window)
+        self.min_samples = int(min_samples)
+        self.min_skew_span_s = float(min_skew_span_s)
+        self.nominal_rate = float(nominal_rate)
+        self._host_ns: deque[int] = deque(maxlen=self.window)
+        self._dev_s: deque[float] = deque(maxlen=self.window)
+        self._delay_ns: deque[float] = deque(maxlen=self.window)
+        self._dirty = False
+        # fitted line and its quality
+        self._h_ref = 0
+        self._d_ref = 0.0
+        self._rate = self.nominal_rate
+        self._rate_fitted = False
+        self._scatter_ns = 0.0
+        self._delay_term_ns = 0.0
+
+    # -- shared API ------------------------------------------------------------------------
+    @property
+    def n_samples(self) -> int:
+        """Samples currently in the window."""
+        return len(self._host_ns)
+
+    @property
+    def ready(self) -> bool:
+        """True once ``min_samples`` samples are in the window."""
+        return len(self._host_ns) >= self.min_samples
+
+    @property
+    def rate(self) -> float:
+        """Device seconds per host second."""
+        self._ensure_fit()
+        return self._rate
+
+    @property
+    def skew(self) -> float:
+        """Fractional rate error ``rate - 1`` (dimensionless; 5e-5 = 50 ppm fast)."""
+        return self.rate - 1.0
+
+    @property
+    def skew_ppm(self) -> float:
+        """:attr:`skew` in parts per million."""
+        return self.skew * 1e6
+
+    @property
+    def rate_fitted(self) -> bool:
+        """Whether :attr:`rate` was fitted (else it is ``nominal_rate``)."""
+        self._ensure_fit()
+        return self._rate_fitted
+
+    @property
+    def offset_ns(self) -> int:
+        """Host time minus device time (ns) at the newest sample."""
+        self._ensure_fit()
+        return self._h_ref - round(self._d_ref * _NS_PER_S)
+
+    @property
+    def uncertainty_ns(self) -> float:
+        """Bound on the mapping error near the window (ns); see the subclass for its terms.
+
+        Extrapolating far beyond the window adds ``|rate error| * distance``, not included.
+        """
+        self._ensure_fit()
+        return self._delay_term_ns + self._scatter_ns
+
+    def to_host_ns(self, t_device_s: float) -> int:
+        """Host ``monotonic_ns`` at which the device clock read ``t_device_s``."""
+        self._ensure_fit()
+        return self._h_ref + round((float(t_device_s) - self._d_ref) / self._rate * _NS_PER_S)
+
+    def to_device_s(self, t_host_ns: int) -> float:
+        """Device clock reading (s) at host ``monotonic_ns`` ``t_host_ns``."""
+        self._ensure_fit()
+        return self._d_ref + self._rate * ((int(t_host_ns) - self._h_ref) * _S_PER_NS)
+
+    def reset(self) -> None:
+        """Forget every sample (after the device rebooted or was replaced)."""
+        self._host_ns.clear()
+        self._dev_s.clear()
+        self._delay_ns.clear()
+        self._rate = self.nominal_rate
+        self._rate_fitted = False
+        self._dirty = False
+
+    # -- internals ------------------------------------------------------------------------
+    def _append(self, host_ns: int, dev_s: float, delay_ns: float) -> None:
+        if not math.isfinite(dev_s):
+            raise ValueError(f"device time must be finite, got {dev_s!r}")
+        self._host_ns.append(int(host_ns))
+        self._dev_s.append(float(dev_s))
+        self._delay_ns.append(float(delay_ns))
+        self._dirty = True
+
+    def _ensure_fit(self) -> None:
+        if not self._host_ns:
+            raise ClockNotReady("no clock sample yet")
+        if self._dirty:
+            self._refit()
+            self._dirty = False
+
+    def _refit(self) -> None:
+        # Work relative to the newest sample so float64 keeps its resolution.
+        h_ref = self._host_ns[-1]
+        d_ref = self._dev_s[-1]
+        x = np.fromiter((h - h_ref for h in self._host_ns), float, len(self._host_ns)) * _S_PER_NS
+        y = np.fromiter(self._dev_s, float, len(self._dev_s)) - d_ref
+        delay = np.fromiter(self._delay_ns, float, len(self._delay_ns))
+        idx, intercept, rate, fitted = self._select_and_fit(x, y, delay)
+        self._h_ref = h_ref
+        self._d_ref = d_ref + intercept  # line value at x = 0 (host time h_ref)
+        self._rate = rate
+        self._rate_fitted = fitted
+        resid_s = y[idx] - (intercept + rate * x[idx])
+        self._scatter_ns = self._scatter(resid_s / rate * _NS_PER_S)
+        self._delay_term_ns = self._delay_term(delay[idx])
+
+    def _fit_line(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float, bool]:
+        """Least-squares ``y = a + b x``; ``b`` is the nominal rate if ``x`` spans too little."""
+        if x.size >= 2 and float(np.ptp(x)) >= self.min_skew_span_s:
+            xm, ym = float(x.mean()), float(y.mean())
+            dx = x - xm
+            b = float(dx @ (y - ym)) / float(dx @ dx)
+            if b > 0:
+                return ym - b * xm, b, True
+        b = self._rate if self._rate_fitted else self.nominal_rate
+        return float(np.mean(y - b * x)), b, False
+
+    # subclass hooks
+    def _select_and_fit(self, x, y, delay):  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _scatter(self, resid_ns: np.ndarray) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def _delay_term(self, delay_ns: np.ndarray) -> float:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+
+class ExchangeClockModel(_LineClockModel):
+    """Device clock from request/response exchanges (NTP's four timestamps).
+
+    Parameters
+    ----------
+    window : int
+        Newest exchanges kept.
+    keep_fraction : float
+        Share of the window's exchanges, lowest round-trip delay first, that define the
+        line (at least ``min(3, n)``). Delays are one-sided and heavy-tailed (a busy host,
+        a UART FIFO), so the fastest exchanges are the truthful ones.
+    min_samples, min_skew_span_s, nominal_rate
+        See :class:`_LineClockModel`; the rate is fitted once the kept exchanges span
+        ``min_skew_span_s`` (default 0.5 s) of host time.
+
+    Notes
+    -----
+    Each exchange gives the point (host midpoint ``(t1 + t4) / 2``, device midpoint
+    ``(t2 + t3) / 2``), which is wrong by at most half its round-trip delay whatever the
+    path asymmetry. :attr:`uncertainty_ns` is therefore half the largest round-trip delay
+    among the exchanges used, plus the largest residual of those exchanges from the line.
+    """
+
+    def __init__(
+        self,
+        window: int = 64,
+        *,
+        keep_fraction: float = 0.25,
+        min_samples: int = 4,
+        min_skew_span_s: float = 0.5,
+        nominal_rate: float = 1.0,
+    ) -> None:
+        super().__init__(
+            window, min_samples=min_samples, min_skew_span_s=min_skew_span_s,
+            nominal_rate=nominal_rate,
+        )
+        if not 0 < keep_fraction <= 1:
+            raise ValueError(f"keep_fraction must be in (0, 1], got {keep_fraction}")
+        self.keep_fraction = float(keep_fraction)
+
+    def add_exchange(
+        self, t1_host_ns: int, t2_device_s: float, t3_device_s: float, t4_host_ns: int
+    ) -> float:
+        """Add one exchange; returns its round-trip delay in ns.
+
+        Raises
+        ------
+        ValueError
+            If the host or device stamps run backwards (``t4 < t1`` or ``t3 < t2``).
+        """
+        t1, t4 = int(t1_host_ns), int(t4_host_ns)
+        t2, t3 = float(t2_device_s), float(t3_device_s)
+        if t4 < t1 or not t3 >= t2:
+            raise ValueError(f"exchange stamps run backwards: t1={t1} t2={t2} t3={t3} t4={t4}")
+        rate = self._rate if self._rate_fitted else self.nominal_rate
+        # Device processing time in host nanoseconds; a delay below zero means stamps that
+        # cannot both be right, counted as zero delay rather than trusted more than others.
+        delay_ns = max(0.0, (t4 - t1) - (t3 - t2) / rate * _NS_PER_S)
+        # Midpoints: store the host midpoint in integer ns (rounding costs 0.5 ns).
+        self._append((t1 + t4) // 2, 0.5 * (t2 + t3), delay_ns)
+        return delay_ns
+
+    @property
+    def min_delay_ns(self) -> float:
+        """Smallest round-trip delay in the window (ns)."""
+        if not self._delay_ns:
+            raise ClockNotReady("no clock sample yet")
+        return min(self._delay_ns)
+
+    def _select_and_fit(self, x, y, delay):
+        n = x.size
+        k = min(n, max(3, math.ceil(self.keep_fraction * n)))
+        idx = np.argsort(delay, kind="stable")[:k]
+        a, b, fitted = self._fit_line(x[idx], y[idx])
+        return idx, a, b, fitted
+
+    def _scatter(self, resid_ns):
+        return float(np.max(np.abs(resid_ns))) if resid_ns.size else 0.0
+
+    def _delay_term(self, delay_ns):
+        return 0.5 * float(np.max(delay_ns))
+
+
+class StreamClockModel(_LineClockModel):
+    """Device clock from packets the device stamps and streams (RTDE ``timestamp``).
+
+    Parameters
+    ----------
+    window : int
+        Newest packets kept.
+    latency_ns : int
+        Known constant transport latency to subtract. A stream cannot observe its own
+        minimum latency: without this, :meth:`to_host_ns` returns the host time at which a
+        packet sent at that device time would have *arrived* with the smallest delay seen.
+    min_samples, min_skew_span_s, nominal_rate
+        See :class:`_LineClockModel` (defaults: 16 samples, 0.5 s).
+    refit_every : int
+        Refit at most once per this many new packets (a hull of a few hundred points per
+        packet at 500 Hz would cost more than the robot driver's whole loop).
+
+    Notes
+    -----
+    The receive delay is never negative, so with ``x`` host receive time and ``y`` device
+    stamp every point lies on or below the true line. The fit is the edge of the upper
+    convex hull above the points' mean host time: the line that touches the points from
+    above with the smallest mean gap to them. :attr:`uncertainty_ns` is the 5th percentile
+    of the gaps (how far the envelope may sit from the true minimum-delay line when only a
+    few packets reach it), plus the residual of the hull points from the line (zero
+    unless the rate could not be fitted).
+    """
+
+    def __init__(
+        self,
+        window: int = 512,
+        *,
+        latency_ns: int = 0,
+        min_samples: int = 16,
+        min_skew_span_s: float = 0.5,
+        nominal_rate: float = 1.0,
+        refit_every: int = 8,
+    ) -> None:
+        super().__init__(
+            window, min_samples=min_samples, min_skew_span_s=min_skew_span_s,
+            nominal_rate=nominal_rate,
+        )
+        self.latency_ns = int(latency_ns)
+        self.refit_every = max(1, int(refit_every))
+        self._since_fit = 0
+        self._gap_term_ns = 0.0
+
+    def add(self, t_device_s: float, t_recv_host_ns: int) -> None:
+        """Add one packet: its device stamp (s) and the host time it was received."""
+        self._append(int(t_recv_host_ns) - self.latency_ns, float(t_device_s), 0.0)
+        self._since_fit += 1
+
+    def _ensure_fit(self) -> None:
+        # Throttle: a fit is reused for up to refit_every packets once the model is ready.
+        if self._dirty and self.ready and self._since_fit < self.refit_every and self._fitted_once:
+            return
+        super()._ensure_fit()
+        self._since_fit = 0
+        self._fitted_once = True
+
+    _fitted_once = False
+
+    def reset(self) -> None:
+        super().reset()
+        self._fitted_once = False
+        self._since_fit = 0
+
+    def _select_and_fit(self, x, y, delay):
+        order = np.argsort(x, kind="stable")
+        hull = _upper_hull(x[order], y[order])
+        hx, hy = x[order][hull], y[order][hull]
+        fitted = False
+        if hx.size >= 2 and float(hx[-1] - hx[0]) >= self.min_skew_span_s:
+            xm = float(x.mean())
+            j = int(np.searchsorted(hx, xm, side="right"))
+            j = min(max(j, 1), hx.size - 1)
+            b = float((hy[j] - hy[j - 1]) / (hx[j] - hx[j - 1]))
+            if b > 0:
+                a = float(hy[j] - b * hx[j])
+                idx = order[hull][j - 1 : j + 1]
+                fitted = True
+        if not fitted:
+            # Too short to fit the rate: the envelope with the known rate touches the
+            # highest point of y - b x.
+            b = self._rate if self._rate_fitted else self.nominal_rate
+            k = int(np.argmax(y - b * x))
+            a = float(y[k] - b * x[k])
+            idx = np.array([k])
+        gaps_ns = (a + b * x - y) / b * _NS_PER_S
+        self._gap_term_ns = float(np.percentile(gaps_ns, 5)) if gaps_ns.size > 1 else 0.0
+        return idx, a, b, fitted
+
+    def _scatter(self, resid_ns):
+        return float(np.max(np.abs(resid_ns))) if resid_ns.size else 0.0
+
+    def _delay_term(self, delay_ns):
+        return self._gap_term_ns
+
+
+def _upper_hull(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+    """Indices (into x sorted ascending) of the upper convex hull, left to right."""
+    hull: list[int] = []
+    for i in range(x.size):
+        xi, yi = x[i], y[i]
+        while len(hull) >= 2:
+            o, a = hull[-2], hull[-1]
+            # cross((a - o), (i - o)) >= 0: a lies on or below segment o-i; drop it
+            if (x[a] - x[o]) * (yi - y[o]) - (y[a] - y[o]) * (xi - x[o]) >= 0:
+                hull.pop()
+            else:
+                break
+        if hull and x[hull[-1]] == xi:
+            # same host time: keep the higher (smaller-delay) point
+            if yi > y[hull[-1]]:
+                hull[-1] = i
+            continue
+        hull.append(i)
+    return np.asarray(hull, dtype=int)
