@@ -125,7 +125,7 @@ def validate_stack(a: np.ndarray, name: str, ws: Workspace, *, tol: float = 1e-6
 
 # --- motion pairs ------------------------------------------------------------------------
 
-PAIR_SCHEMES = ("ring", "consecutive", "star")
+PAIR_SCHEMES = ("all", "ring", "consecutive", "star")
 
 
 def ring_stride(n: int) -> int:
@@ -164,6 +164,12 @@ def make_pairs(n: int, scheme: str, ws: Workspace) -> int:
         np.add(pj[: n - 1], 1, out=pj[: n - 1])
         return n - 1
     raise ValueError(f"unknown pair scheme {scheme!r}; expected one of {PAIR_SCHEMES}")
+
+
+def check_pair_scheme(scheme: str) -> None:
+    """``ValueError`` for a pair scheme name we do not know."""
+    if scheme not in PAIR_SCHEMES:
+        raise ValueError(f"unknown pair scheme {scheme!r}; expected one of {PAIR_SCHEMES}")
 
 
 def ws_arange(ws: Workspace, n: int) -> np.ndarray:
@@ -412,17 +418,16 @@ class Observability:
         self.trace = trace
 
 
-def observability(Rsum: np.ndarray, n: int, side: str, Rpairs: np.ndarray, ws: Workspace) -> Observability:
+def observability(Rsum: np.ndarray, n: int, side: str, R: np.ndarray, ws: Workspace) -> Observability:
     """Observability of ALL ordered station pairs, in O(N).
 
     For relative rotations ``R_ij = R_j R_i^T`` (``side="left"``) the sum over all ordered
     pairs is ``sum_ij R_ij = S S^T`` with ``S = sum_i R_i`` (``S^T S`` for ``side="right"``,
     ``R_ij = R_j^T R_i``), so ``C = sum_ij (R_ij - I)^T (R_ij - I) = 2 (n^2 I - S S^T)``
     costs one 3x3 product and does not depend on the order of the stations. ``Rsum`` is
-    ``S`` (3, 3); ``Rpairs`` are the solve's own motion pairs, used only for
-    ``max_rotation_rad``.
+    ``S`` (3, 3); ``R`` (n, 3, 3) are the station rotations of that side, used only for
+    ``max_rotation_rad``: the largest rotation of any station relative to station 0.
     """
-    m = Rpairs.shape[0]
     C = ws.S3
     if side == "left":
         np.matmul(Rsum, Rsum.T, out=C)
@@ -432,8 +437,8 @@ def observability(Rsum: np.ndarray, n: int, side: str, Rpairs: np.ndarray, ws: W
     for i in range(3):
         C[i, i] += 2.0 * n * n
     trace = float(np.trace(C))
-    tr = ws.s1[:m]
-    np.einsum("kii->k", Rpairs, out=tr)
+    tr = ws.s1[:n]
+    np.einsum("ab,kab->k", R[0], R, out=tr)  # tr(R_0^T R_k)
     # cos(theta) = (tr - 1) / 2; the largest rotation has the smallest trace.
     cmin = max(-1.0, min(1.0, 0.5 * (float(tr.min()) - 1.0)))
     max_rot = math.acos(cmin)
@@ -600,35 +605,60 @@ def _rotate_vec_part_sign(qA: np.ndarray, qB: np.ndarray, qX: tuple, ws: Workspa
     return flips
 
 
-#: Pairs whose quaternion scalar part (cos of half the angle) is below this on either side
-#: are left out of the first pass (their sign is ambiguous under noise) and sign-fixed
-#: against the first-pass X in the second pass. 0.05 is a motion of about 174 degrees.
-NEAR_PI_W = 0.05
+def _det3(A: np.ndarray) -> float:
+    a, b, c = float(A[0, 0]), float(A[0, 1]), float(A[0, 2])
+    d, e, f = float(A[1, 0]), float(A[1, 1]), float(A[1, 2])
+    g, h, i = float(A[2, 0]), float(A[2, 1]), float(A[2, 2])
+    return a * (e * i - f * h) - b * (d * i - f * g) + c * (d * h - e * g)
 
 
-def solve_rotation(m: int, ws: Workspace) -> tuple[float, float, float, float]:
-    """Quaternion of ``X`` from the pair quaternions in ``ws.qA[:m]``, ``ws.qB[:m]``."""
+def kronecker_estimate(RP: np.ndarray, side_A: str, RQ: np.ndarray, ws: Workspace) -> tuple:
+    """Sign-free first estimate of ``R_X`` from ALL ordered station pairs, in O(N).
+
+    ``R_A R_X = R_X R_B`` is linear in the entries of ``R_X`` (row-major ``x``):
+    ``(R_A ⊗ I - I ⊗ R_B^T) x = 0``, and over every ordered pair the normal matrix is
+    ``2 n^2 I - (W + W^T)`` with ``W = sum_ij R_A,ij ⊗ R_B,ij = K K^T`` and
+    ``K = sum_i P_i' ⊗ Q_i`` (``P' = P`` for left-relative A, ``P^T`` for right-relative).
+    Rotation matrices carry no sign, so this estimate is safe for motions at 180 degrees,
+    where quaternion signs are ambiguous; it is used only to align quaternion signs, the
+    answer itself comes from the quaternion-linear solve. Returns a quaternion.
+    """
+    n = RP.shape[0]
+    Pc, Qc = ws.M33[:n], ws.M33b[:n]
+    np.copyto(Pc, RP)
+    np.copyto(Qc, RQ)
+    C = ws.C99
+    np.matmul(Pc.reshape(n, 9).T, Qc.reshape(n, 9), out=C)  # [(a, b), (r, s)] sums
+    C4 = C.reshape(3, 3, 3, 3)
+    K = ws.K99
+    np.copyto(K.reshape(3, 3, 3, 3), C4.transpose(0, 2, 1, 3) if side_A == "left" else C4.transpose(1, 2, 0, 3))
+    S = ws.S99
+    np.matmul(K, K.T, out=S)
+    np.add(S, S.T, out=ws.P99)
+    np.negative(ws.P99, out=S)
+    for i in range(9):
+        S[i, i] += 2.0 * n * n
+    v, _ = null_vector(S, ws.P99, ws.Q99)
+    R0 = ws.R3
+    np.copyto(R0, v.reshape(3, 3))
+    if _det3(R0) < 0.0:  # the null vector's sign is arbitrary; a rotation has det > 0
+        np.negative(R0, out=R0)
+    return chordal_mean_quat(R0, ws)
+
+
+def solve_rotation(m: int, qX0: tuple, ws: Workspace) -> tuple[float, float, float, float]:
+    """Quaternion of ``X`` from the pair quaternions in ``ws.qA[:m]``, ``ws.qB[:m]``.
+
+    ``qX0`` (from :func:`kronecker_estimate`) fixes each pair's relative sign, so motions
+    at and near 180 degrees enter with the right sign.
+    """
     qA, qB = ws.qA[:m], ws.qB[:m]
+    _rotate_vec_part_sign(qA, qB, qX0, ws)
     w = ws.w[:m]
-    np.minimum(qA[:, 0], qB[:, 0], out=w)
-    near_pi = float(w.min()) < NEAR_PI_W
-    if near_pi:
-        np.greater_equal(w, NEAR_PI_W, out=ws.ball[:m])
-        np.copyto(w, ws.ball[:m])
-        if float(w.sum()) < 2.0:  # too few clean pairs for a first pass: use them all
-            w.fill(1.0)
-    else:
-        w.fill(1.0)
+    w.fill(1.0)
     S = rotation_normal_matrix(qA, qB, w, ws)
     v, _ = null_vector(S, ws.P4, ws.Q4)
-    qX = _canon(v)
-    if near_pi:
-        _rotate_vec_part_sign(qA, qB, qX, ws)
-        w.fill(1.0)
-        S = rotation_normal_matrix(qA, qB, w, ws)
-        v, _ = null_vector(S, ws.P4, ws.Q4)
-        qX = _canon(v)
-    return qX
+    return _canon(v)
 
 
 def solve_rotation_all_pairs(
@@ -641,8 +671,11 @@ def solve_rotation_all_pairs(
     """
     n = RP.shape[0]
     Pq, Qq = ws.qA[:n], ws.qB[:n]
-    quats_from_rotations(RP, Pq, ws)
-    quats_from_rotations(RQ, Qq, ws)
+    Rc = ws.M33[:n]  # contiguous copies: the batch kernels reshape without copying
+    np.copyto(Rc, RP)
+    quats_from_rotations(Rc, Pq, ws)
+    np.copyto(Rc, RQ)
+    quats_from_rotations(Rc, Qq, ws)
     align_signs(Pq, side_A, Qq, qX0, ws)
     C = all_pairs_outer(Pq, side_A, Qq, ws)
     S = normal_from_outer(C, float(n * n), ws)

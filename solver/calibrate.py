@@ -245,7 +245,6 @@ def _solve_axxb(
     TA: np.ndarray, side_A: str, TB: np.ndarray, side_B: str, n: int, ws: Workspace, pairs: str,
     *, frame: str, problem: str, what_rot: str, what_trans: str,
     min_axis_spread: float, min_rotation_rad: float, pair_translation: bool,
-    all_pairs: bool = True,
 ) -> tuple[np.ndarray, np.ndarray | None, int, _core.Observability]:
     """The shared solve: pairs, relative motions, observability gate, rotation of ``X``.
 
@@ -254,27 +253,34 @@ def _solve_axxb(
     the caller with :func:`cellcal.solver._core.pivot_solve`, because which per-station
     terms enter it depends on the problem.
     """
-    m = _core.make_pairs(n, pairs, ws)
-    _core.relative_motions(TA, side_A, m, ws, ws.RA, ws.tA)
-    _core.relative_motions(TB, side_B, m, ws, ws.RB, ws.tB)
-    RP = TA[:, :3, :3]
+    RP, RQ = TA[:, :3, :3], TB[:, :3, :3]
     np.sum(RP, axis=0, out=ws.R3)
-    obs = _core.observability(ws.R3, n, side_A, ws.RA[:m], ws)
+    obs = _core.observability(ws.R3, n, side_A, RP, ws)
     _check_observable(
         obs, frame=frame, problem=problem, what_rot=what_rot, what_trans=what_trans,
         min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
     )
-    _core.quats_from_rotations(ws.RA[:m], ws.qA[:m], ws)
-    _core.quats_from_rotations(ws.RB[:m], ws.qB[:m], ws)
-    qX = _core.solve_rotation(m, ws)
-    if all_pairs:
-        qX = _core.solve_rotation_all_pairs(RP, side_A, TB[:, :3, :3], qX, ws)
+    # Explicit subsets are solved from their own pairs; "all" needs no pair list (the O(N)
+    # identity) unless the pairwise translation system asks for one (then the ring).
+    m = n * (n - 1) // 2
+    if pairs != "all" or pair_translation:
+        m = _core.make_pairs(n, "ring" if pairs == "all" else pairs, ws)
+        _core.relative_motions(TA, side_A, m, ws, ws.RA, ws.tA)
+        _core.relative_motions(TB, side_B, m, ws, ws.RB, ws.tB)
+    qX0 = _core.kronecker_estimate(RP, side_A, RQ, ws)
+    if pairs == "all":
+        qX = _core.solve_rotation_all_pairs(RP, side_A, RQ, qX0, ws)
+    else:
+        _core.quats_from_rotations(ws.RA[:m], ws.qA[:m], ws)
+        _core.quats_from_rotations(ws.RB[:m], ws.qB[:m], ws)
+        qX = _core.solve_rotation(m, qX0, ws)
     Rx = _core.rot_from_quat_into(qX, np.empty((3, 3)))
     tx = np.array(_core.solve_translation(m, Rx, ws)) if pair_translation else None
     return Rx, tx, m, obs
 
 
-def _check_translation_mode(translation: str) -> bool:
+def _check_translation_mode(translation: str, pairs: str) -> bool:
+    _core.check_pair_scheme(pairs)
     if translation not in TRANSLATION_MODES:
         raise ValueError(f"translation must be one of {TRANSLATION_MODES}, got {translation!r}")
     return translation == "pairs"
@@ -307,7 +313,7 @@ def calibrate_base_frame(
     cell_T_target: np.ndarray,
     *,
     workspace: Workspace | None = None,
-    pairs: str = "ring",
+    pairs: str = "all",
     translation: str = "stations",
     min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
     min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
@@ -323,8 +329,9 @@ def calibrate_base_frame(
     workspace : Workspace, optional
         Preallocated buffers (capacity >= N). With one, a warmed-up solve allocates nothing
         that grows with N, and ``residuals`` are views into it.
-    pairs : {"ring", "consecutive", "star"}
-        Motion pairs for the AX=XB rotation solve (ADR 0003). ``"ring"`` is the measured best.
+    pairs : {"all", "ring", "consecutive", "star"}
+        Motion pairs for the AX=XB rotation solve (ADR 0003). ``"all"`` (default) uses every
+        ordered station pair at O(N) cost; the others are explicit O(N) subsets.
     translation : {"stations", "pairs"}
         ``"stations"`` (default) solves the translations of both unknowns from the
         stations in the fixed 6x6 (Schur 3x3) pivot form; ``"pairs"`` uses DESIGN.md's
@@ -354,7 +361,7 @@ def calibrate_base_frame(
         base's rotation about it and its translation along it are undetermined.
     """
     problem = "base-frame calibration"
-    pair_t = _check_translation_mode(translation)
+    pair_t = _check_translation_mode(translation, pairs)
     (G, M), n, ws = _prepare(
         [(base_T_flange, "base_T_flange"), (cell_T_target, "cell_T_target")], workspace, problem
     )
@@ -401,7 +408,7 @@ def calibrate_hand_eye(
     camera_T_target: np.ndarray,
     *,
     workspace: Workspace | None = None,
-    pairs: str = "ring",
+    pairs: str = "all",
     translation: str = "stations",
     min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
     min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
@@ -430,7 +437,7 @@ def calibrate_hand_eye(
         frame (the camera's rotation about it and translation along it are undetermined).
     """
     problem = "hand-eye calibration"
-    pair_t = _check_translation_mode(translation)
+    pair_t = _check_translation_mode(translation, pairs)
     (G, O), n, ws = _prepare(
         [(base_T_flange, "base_T_flange"), (camera_T_target, "camera_T_target")], workspace, problem
     )
@@ -474,7 +481,7 @@ def calibrate_tool_point(
     base_T_flange: np.ndarray,
     *,
     workspace: Workspace | None = None,
-    pairs: str = "ring",
+    pairs: str = "all",
     min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
     min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
 ) -> ToolPointResult:
@@ -506,11 +513,10 @@ def calibrate_tool_point(
         cannot be recovered.
     """
     problem = "tool-point calibration"
+    _core.check_pair_scheme(pairs)
     (G,), n, ws = _prepare([(base_T_flange, "base_T_flange")], workspace, problem)
-    m = _core.make_pairs(n, pairs, ws)
-    _core.relative_motions(G, "right", m, ws, ws.RA, ws.tA)
     np.sum(G[:, :3, :3], axis=0, out=ws.R3)
-    obs = _core.observability(ws.R3, n, "right", ws.RA[:m], ws)
+    obs = _core.observability(ws.R3, n, "right", G[:, :3, :3], ws)
     _check_observable(
         obs, frame="flange", problem=problem, what_rot="(nothing:) the flange",
         what_trans="tip position", min_axis_spread=min_axis_spread,

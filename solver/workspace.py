@@ -47,6 +47,7 @@ class Workspace:
         self.K44 = np.empty((n, 4, 4), f8)  # Shepperd matrices 4 q q^T
         self.onehot = np.empty((n, 4), f8)
         self.M33 = np.empty((n, 3, 3), f8)  # scratch rotations
+        self.M33b = np.empty((n, 3, 3), f8)
         self.v3a = np.empty((n, 3), f8)
         self.v3b = np.empty((n, 3), f8)
         self.v3c = np.empty((n, 3), f8)
@@ -72,6 +73,11 @@ class Workspace:
         self.S3 = np.empty((3, 3), f8)
         self.t3 = np.empty(3, f8)
         self.u3 = np.empty(3, f8)
+        self.C99 = np.empty((9, 9), f8)
+        self.K99 = np.empty((9, 9), f8)
+        self.S99 = np.empty((9, 9), f8)
+        self.P99 = np.empty((9, 9), f8)
+        self.Q99 = np.empty((9, 9), f8)
         self.U444 = np.empty((4, 4, 4), f8)
         self.V444 = np.empty((4, 4, 4), f8)
         self.v4a = np.empty((n, 4), f8)
