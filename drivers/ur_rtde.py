@@ -1,0 +1,740 @@
+"""Universal Robots controller over RTDE (state) and URScript on port 30002 (moves).
+
+``rtde://host[:port]?frequency_hz=125&model=ur5e&urscript_port=30002&tcp_offset=...``
+
+Connection (see ``docs/protocols/robot.md``): request protocol version 2, fall back to 1;
+read the controller version; set up the output recipe :data:`RECIPE` (a ``NOT_FOUND``
+answer raises :class:`RecipeFieldNotFound` naming the field); start. A receiver thread
+decodes data packages into :class:`~cellcal.drivers.robot.RobotState`; text messages are
+logged (never data); unknown packet types are skipped by their size; a malformed data
+package is counted and dropped. If the link drops (EOF, reset, no data for
+``stream_timeout_s``, an unframeable header) :meth:`read_state` raises
+:class:`~cellcal.drivers.errors.DeviceGoneError` while the thread reconnects with
+exponential backoff and repeats the handshake. A drop is always reported once, to the next
+``read_state`` call, even when the link is already back by then: a consumer never misses
+that the stream had a hole.
+
+TCP offset rule: ``actual_TCP_pose`` is the pose of the controller's *TCP*. The flange is
+``base_T_tcp @ inv(flange_T_tcp)`` with ``flange_T_tcp`` from the ``tcp_offset`` option
+(UR's ``p[x, y, z, rx, ry, rz]``, m and rad). Leave the pendant's TCP at zero, or set
+``tcp_offset`` to exactly what the pendant has. At open, the driver compares forward
+kinematics of ``actual_q`` (nominal model) with the reported flange and refuses to start if
+they differ by more than ``tcp_check_mm`` (a forgotten TCP, or the wrong ``model``).
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from cellcal.drivers import rtde_codec as rc
+from cellcal.drivers.errors import (
+    DeviceError,
+    DeviceGoneError,
+    DriverInitError,
+    DriverTimeoutError,
+    ProtocolError,
+)
+from cellcal.drivers.kinematics import DHModel, dh_model
+from cellcal.drivers.robot import (
+    N_JOINTS,
+    OptionSpec,
+    ProtectiveStop,
+    RobotDriver,
+    RobotMode,
+    RobotState,
+    RobotUrl,
+    merge_options,
+    opt_float,
+    opt_int,
+    opt_str,
+    opt_vector,
+)
+from cellcal.solver.se3 import make_transform, se3_inverse, so3_exp, so3_log
+
+__all__ = [
+    "UrRtdeDriver",
+    "RecipeFieldNotFound",
+    "UrRobotMode",
+    "UrSafetyMode",
+    "UrRuntimeState",
+    "RECIPE",
+    "RECIPE_TYPES",
+    "RtdeStream",
+    "DEFAULT_RTDE_PORT",
+    "DEFAULT_URSCRIPT_PORT",
+    "pose_to_transform",
+    "transform_to_pose",
+    "ur_mode",
+]
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RTDE_PORT = 30004
+DEFAULT_URSCRIPT_PORT = 30002
+
+#: The output recipe this driver subscribes to.
+RECIPE = (
+    "timestamp",
+    "actual_q",
+    "actual_qd",
+    "actual_TCP_pose",
+    "robot_mode",
+    "safety_mode",
+    "runtime_state",
+)
+RECIPE_TYPES = tuple(rc.OUTPUT_FIELDS[n] for n in RECIPE)
+
+
+class RecipeFieldNotFound(DriverInitError):
+    """The controller answered ``NOT_FOUND`` for output fields this driver needs.
+
+    Attributes
+    ----------
+    fields : tuple of str
+        The names the controller does not know.
+    """
+
+    def __init__(self, fields: tuple[str, ...]) -> None:
+        self.fields = tuple(fields)
+        super().__init__(
+            f"RTDE controller does not provide output field(s) {', '.join(self.fields)} "
+            "(NOT_FOUND): controller software too old for this recipe?"
+        )
+
+
+class UrRobotMode(enum.IntEnum):
+    """UR ``robot_mode`` values."""
+
+    NO_CONTROLLER = -1
+    DISCONNECTED = 0
+    CONFIRM_SAFETY = 1
+    BOOTING = 2
+    POWER_OFF = 3
+    POWER_ON = 4
+    IDLE = 5
+    BACKDRIVE = 6
+    RUNNING = 7
+    UPDATING_FIRMWARE = 8
+
+
+class UrSafetyMode(enum.IntEnum):
+    """UR ``safety_mode`` values."""
+
+    NORMAL = 1
+    REDUCED = 2
+    PROTECTIVE_STOP = 3
+    RECOVERY = 4
+    SAFEGUARD_STOP = 5
+    SYSTEM_EMERGENCY_STOP = 6
+    ROBOT_EMERGENCY_STOP = 7
+    VIOLATION = 8
+    FAULT = 9
+    VALIDATE_JOINT_ID = 10
+    UNDEFINED_SAFETY_MODE = 11
+    AUTOMATIC_MODE_SAFEGUARD_STOP = 12
+    SYSTEM_THREE_POSITION_ENABLING_STOP = 13
+
+
+class UrRuntimeState(enum.IntEnum):
+    """UR ``runtime_state`` values (program execution)."""
+
+    STOPPING = 0
+    STOPPED = 1
+    PLAYING = 2
+    PAUSING = 3
+    PAUSED = 4
+    RESUMING = 5
+
+
+_SAFETY_TO_MODE = {
+    UrSafetyMode.PROTECTIVE_STOP: RobotMode.PROTECTIVE_STOP,
+    UrSafetyMode.SAFEGUARD_STOP: RobotMode.PROTECTIVE_STOP,
+    UrSafetyMode.AUTOMATIC_MODE_SAFEGUARD_STOP: RobotMode.PROTECTIVE_STOP,
+    UrSafetyMode.SYSTEM_THREE_POSITION_ENABLING_STOP: RobotMode.PROTECTIVE_STOP,
+    UrSafetyMode.SYSTEM_EMERGENCY_STOP: RobotMode.EMERGENCY_STOP,
+    UrSafetyMode.ROBOT_EMERGENCY_STOP: RobotMode.EMERGENCY_STOP,
+    UrSafetyMode.VIOLATION: RobotMode.FAULT,
+    UrSafetyMode.FAULT: RobotMode.FAULT,
+}
+_ROBOT_TO_MODE = {
+    UrRobotMode.NO_CONTROLLER: RobotMode.DISCONNECTED,
+    UrRobotMode.DISCONNECTED: RobotMode.DISCONNECTED,
+    UrRobotMode.CONFIRM_SAFETY: RobotMode.IDLE,
+    UrRobotMode.BOOTING: RobotMode.BOOTING,
+    UrRobotMode.POWER_OFF: RobotMode.POWER_OFF,
+    UrRobotMode.POWER_ON: RobotMode.IDLE,
+    UrRobotMode.IDLE: RobotMode.IDLE,
+    UrRobotMode.BACKDRIVE: RobotMode.IDLE,
+    UrRobotMode.RUNNING: RobotMode.RUNNING,
+    UrRobotMode.UPDATING_FIRMWARE: RobotMode.BOOTING,
+}
+
+
+def ur_mode(robot_mode: int, safety_mode: int) -> RobotMode:
+    """Our :class:`RobotMode` from UR ``robot_mode`` and ``safety_mode`` codes."""
+    try:
+        m = _SAFETY_TO_MODE.get(UrSafetyMode(safety_mode))
+    except ValueError:
+        m = None
+    if m is not None:
+        return m
+    try:
+        return _ROBOT_TO_MODE[UrRobotMode(robot_mode)]
+    except ValueError:
+        return RobotMode.UNKNOWN
+
+
+def pose_to_transform(pose: Any) -> np.ndarray:
+    """4x4 transform of a UR pose ``(x, y, z, rx, ry, rz)`` (m, rotation vector in rad)."""
+    p = np.asarray(pose, dtype=float)
+    return make_transform(so3_exp(p[3:6]), p[:3])
+
+
+def transform_to_pose(T: np.ndarray) -> np.ndarray:
+    """UR pose ``(x, y, z, rx, ry, rz)`` (6,) of a 4x4 transform."""
+    return np.concatenate([T[:3, 3], so3_log(T[:3, :3])])
+
+
+class RtdeStream:
+    """Data packages out of an RTDE byte stream, after the handshake (no I/O).
+
+    ``feed(bytes)`` returns the field dicts of every well-formed data package for
+    ``recipe``, in order. Text messages are logged, other and unknown packet types skipped
+    by their size, and malformed data packages (wrong size, wrong recipe id, non-finite
+    values) counted in :attr:`bad_packets` and dropped. Only a header that cannot be framed
+    raises :class:`ProtocolError` (the connection must then be dropped).
+    """
+
+    def __init__(self, recipe: rc.Recipe, protocol: int) -> None:
+        self.recipe = recipe
+        self.protocol = protocol
+        self._reader = rc.PacketReader()
+        self.bad_packets = 0
+        self.text_messages = 0
+        self.skipped_packets = 0
+
+    def feed(self, data: bytes) -> list[dict[str, Any]]:
+        self._reader.feed(data)
+        out: list[dict[str, Any]] = []
+        for ptype, payload in self._reader.packets():
+            if ptype == rc.PacketType.DATA_PACKAGE:
+                try:
+                    fields = self.recipe.decode(payload)
+                    _check_finite(fields)
+                except ProtocolError as exc:
+                    self.bad_packets += 1
+                    log.debug("RTDE: dropped data package: %s", exc)
+                    continue
+                out.append(fields)
+            elif ptype == rc.PacketType.TEXT_MESSAGE:
+                self.text_messages += 1
+                _log_text(payload, self.protocol)
+            else:
+                self.skipped_packets += 1
+                log.debug("RTDE: skipped packet type %d (%d bytes)", ptype, len(payload))
+        return out
+
+
+def _check_finite(fields: Mapping[str, Any]) -> None:
+    for name, v in fields.items():
+        vals = v if isinstance(v, tuple) else (v,)
+        for x in vals:
+            if isinstance(x, float) and not math.isfinite(x):
+                raise ProtocolError(f"RTDE data package: {name} is not finite")
+
+
+def _log_text(payload: bytes, protocol: int) -> None:
+    try:
+        msg = rc.decode_text_message(payload, protocol)
+    except ProtocolError as exc:
+        log.warning("RTDE: malformed text message: %s", exc)
+        return
+    level = {
+        rc.TextLevel.EXCEPTION: logging.ERROR,
+        rc.TextLevel.ERROR: logging.ERROR,
+        rc.TextLevel.WARNING: logging.WARNING,
+    }.get(msg.level, logging.INFO)
+    log.log(level, "RTDE controller message [%s]: %s", msg.source or "-", msg.message)
+
+
+def _opt_host_port(target: str) -> tuple[str, int]:
+    host, port = target, DEFAULT_RTDE_PORT
+    if target.startswith("["):  # [ipv6]:port
+        host, _, rest = target[1:].partition("]")
+        if rest.startswith(":"):
+            port = int(rest[1:])
+    elif target.count(":") == 1:
+        host, p = target.split(":")
+        port = int(p)
+    if not host or not 0 < port < 65536:
+        raise ValueError(f"rtde URL target {target!r}: expected host[:port]")
+    return host, port
+
+
+OPTIONS: dict[str, OptionSpec] = {
+    "frequency_hz": OptionSpec(opt_float(1.0, 500.0), 125.0, "output stream rate requested (Hz)"),
+    "model": OptionSpec(opt_str, "ur5e", "nominal DH model for flange speed and the TCP check"),
+    "urscript_port": OptionSpec(opt_int(1, 65535), DEFAULT_URSCRIPT_PORT, "URScript port"),
+    "tcp_offset": OptionSpec(opt_vector(6), np.zeros(6), "controller TCP p[x,y,z,rx,ry,rz] (m, rad)"),
+    "tcp_check_mm": OptionSpec(opt_float(0.0), 20.0, "max |FK - reported flange| at open; 0 off"),
+    "timeout_s": OptionSpec(opt_float(positive=True), 1.0, "read_state timeout (s)"),
+    "connect_timeout_s": OptionSpec(opt_float(positive=True), 3.0, "TCP connect + handshake (s)"),
+    "stream_timeout_s": OptionSpec(opt_float(positive=True), 1.0, "no data this long = link lost"),
+    "max_age_s": OptionSpec(opt_float(positive=True), 0.1, "newest sample accepted if this fresh"),
+    "reconnect_max_s": OptionSpec(opt_float(positive=True), 2.0, "backoff ceiling (s)"),
+    "max_joint_speed_rad_s": OptionSpec(opt_float(positive=True), 1.05, "movej v at speed=1"),
+    "max_joint_accel_rad_s2": OptionSpec(opt_float(positive=True), 1.4, "movej a at speed=1"),
+    "max_tcp_speed_m_s": OptionSpec(opt_float(positive=True), 0.25, "movel v at speed=1"),
+    "max_tcp_accel_m_s2": OptionSpec(opt_float(positive=True), 1.2, "movel a at speed=1"),
+    "moving_threshold_rad_s": OptionSpec(opt_float(positive=True), 0.005, "max|qd| above = moving"),
+    "move_timeout_s": OptionSpec(opt_float(positive=True), 120.0, "move_to(wait=True) timeout"),
+    "protocol_version": OptionSpec(opt_int(1, 2), 2, "highest RTDE protocol version to request"),
+}
+
+
+class UrRtdeDriver(RobotDriver):
+    """RTDE client backend; build with :func:`~cellcal.drivers.robot.connect_robot`.
+
+    Parameters
+    ----------
+    host : str
+        Controller address.
+    port : int
+        RTDE port (30004 on a real controller).
+    options : mapping
+        Parsed :data:`OPTIONS` (see ``docs/protocols/robot.md``).
+    """
+
+    scheme = "rtde"
+
+    def __init__(self, host: str, port: int = DEFAULT_RTDE_PORT, **options: Any) -> None:
+        opts = merge_options(OPTIONS, {}, options, "rtde")
+        model = opts["model"] if isinstance(opts["model"], DHModel) else dh_model(opts["model"])
+        super().__init__(
+            model=model,
+            timeout_s=opts["timeout_s"],
+            max_age_s=opts["max_age_s"],
+            move_timeout_s=opts["move_timeout_s"],
+        )
+        self.host = host
+        self.port = int(port)
+        self.opts = opts
+        self.flange_T_tcp = pose_to_transform(opts["tcp_offset"])
+        self._tcp_T_flange = se3_inverse(self.flange_T_tcp)
+        self.protocol: int = 0
+        self.controller_version: rc.ControllerVersion | None = None
+        self._cond = threading.Condition()
+        self._latest: RobotState | None = None
+        self._link_error: DeviceGoneError | None = None
+        self._unreported_loss: DeviceGoneError | None = None
+        self._sock: socket.socket | None = None
+        self._stream: RtdeStream | None = None
+        self._stop_evt = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seq = 0
+        self.reconnects = 0
+        self.clock: Any = None  # StreamClockModel once cellcal.drivers.clock is available
+
+    @classmethod
+    def from_url(cls, url: RobotUrl, options: Mapping[str, Any]) -> UrRtdeDriver:
+        host, port = _opt_host_port(url.target)
+        opts = merge_options(OPTIONS, url.query, options, f"rtde://{url.target}")
+        return cls(host, port, **opts)
+
+    def __repr__(self) -> str:
+        return f"UrRtdeDriver(rtde://{self.host}:{self.port})"
+
+    @property
+    def bad_packets(self) -> int:
+        """Malformed data packages dropped on the current connection."""
+        return self._stream.bad_packets if self._stream else 0
+
+    # -- connection -----------------------------------------------------------------------
+    def _open_internal(self) -> None:
+        sock, stream = self._connect()
+        try:
+            first = self._first_samples(sock, stream)
+            now = time.monotonic_ns()
+            states = [(self._to_state(f, now), f) for f in first]
+            self._check_tcp(states[-1][0])
+        except BaseException:
+            sock.close()
+            raise
+        with self._cond:
+            self._sock, self._stream = sock, stream
+            for state, f in states:
+                self._publish(state, now, int(f["runtime_state"]))
+        self._thread = threading.Thread(target=self._run, name=f"rtde-{self.host}", daemon=True)
+        self._thread.start()
+
+    def _connect(self) -> tuple[socket.socket, RtdeStream]:
+        timeout = self.opts["connect_timeout_s"]
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=timeout)
+        except OSError as exc:
+            raise DriverInitError(f"{self!r}: cannot connect: {exc}") from exc
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            return sock, self._handshake(sock, time.monotonic() + timeout)
+        except BaseException:
+            sock.close()
+            raise
+
+    def _handshake(self, sock: socket.socket, deadline: float) -> RtdeStream:
+        reader = rc.PacketReader()
+        P = rc.PacketType
+
+        def request(packet: bytes, expect: P) -> bytes:
+            sock.sendall(packet)
+            while True:
+                for ptype, payload in reader.packets():
+                    if ptype == expect:
+                        return payload
+                    if ptype == P.TEXT_MESSAGE:
+                        _log_text(payload, self.protocol or rc.PROTOCOL_V2)
+                    else:
+                        log.debug("RTDE handshake: skipped packet type %d", ptype)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DriverInitError(f"{self!r}: no {expect.name} reply in time")
+                sock.settimeout(remaining)
+                try:
+                    data = sock.recv(65536)
+                except socket.timeout:
+                    raise DriverInitError(f"{self!r}: no {expect.name} reply in time") from None
+                if not data:
+                    raise DriverInitError(f"{self!r}: controller closed the connection during setup")
+                reader.feed(data)
+
+        try:
+            protocol = 0
+            for version in range(self.opts["protocol_version"], 0, -1):
+                reply = request(rc.encode_protocol_version_request(version), P.REQUEST_PROTOCOL_VERSION)
+                if rc.decode_accepted(reply, "protocol version reply"):
+                    protocol = version
+                    break
+                log.info("%r: protocol version %d refused", self, version)
+            if not protocol:
+                raise DriverInitError(f"{self!r}: controller accepts neither RTDE protocol 2 nor 1")
+            self.protocol = protocol
+            reply = request(rc.encode_packet(P.GET_URCONTROL_VERSION), P.GET_URCONTROL_VERSION)
+            self.controller_version = rc.decode_controller_version(reply)
+            reply = request(
+                rc.encode_setup_outputs_request(RECIPE, self.opts["frequency_hz"], protocol),
+                P.CONTROL_PACKAGE_SETUP_OUTPUTS,
+            )
+            recipe_id, types = rc.decode_setup_reply(reply, P.CONTROL_PACKAGE_SETUP_OUTPUTS, protocol)
+            missing = tuple(n for n, t in zip(RECIPE, types) if t == rc.NOT_FOUND)
+            if missing:
+                raise RecipeFieldNotFound(missing)
+            expected = [t.name for t in RECIPE_TYPES]
+            if types != expected:
+                raise DriverInitError(
+                    f"{self!r}: controller typed the recipe {types}, expected {expected}"
+                )
+            recipe = rc.Recipe(RECIPE, RECIPE_TYPES, recipe_id, protocol)
+            reply = request(rc.encode_packet(P.CONTROL_PACKAGE_START), P.CONTROL_PACKAGE_START)
+            if not rc.decode_accepted(reply, "start reply"):
+                raise DriverInitError(f"{self!r}: controller refused to start the stream")
+        except ProtocolError as exc:
+            raise DriverInitError(f"{self!r}: bad reply during setup: {exc}") from exc
+        except OSError as exc:
+            raise DriverInitError(f"{self!r}: connection failed during setup: {exc}") from exc
+        stream = RtdeStream(recipe, protocol)
+        # bytes that arrived behind the start reply are data already
+        leftover = bytearray()
+        for ptype, payload in reader.packets():
+            leftover += rc.encode_packet(ptype, payload)
+        if leftover:
+            self._pending = stream.feed(bytes(leftover))
+        else:
+            self._pending = []
+        log.info(
+            "%r: RTDE v%d, controller %s, recipe %d at %.0f Hz",
+            self, protocol, self.controller_version, recipe_id, self.opts["frequency_hz"],
+        )
+        return stream
+
+    def _first_samples(self, sock: socket.socket, stream: RtdeStream) -> list[dict[str, Any]]:
+        deadline = time.monotonic() + self.opts["connect_timeout_s"]
+        pending = self._pending
+        while not pending:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise DriverInitError(f"{self!r}: no data package after start")
+            sock.settimeout(remaining)
+            try:
+                data = sock.recv(65536)
+            except socket.timeout:
+                continue
+            except OSError as exc:
+                raise DriverInitError(f"{self!r}: {exc}") from exc
+            if not data:
+                raise DriverInitError(f"{self!r}: controller closed the stream after start")
+            try:
+                pending = stream.feed(data)
+            except ProtocolError as exc:
+                raise DriverInitError(f"{self!r}: {exc}") from exc
+        return pending
+
+    def _check_tcp(self, state: RobotState) -> None:
+        limit_m = self.opts["tcp_check_mm"] * 1e-3
+        if limit_m <= 0:
+            return
+        fk = self.model.forward(state.q_rad)
+        err = float(np.linalg.norm(fk[:3, 3] - state.base_T_flange[:3, 3]))
+        if err > limit_m:
+            raise DriverInitError(
+                f"{self!r}: flange from actual_TCP_pose is {err * 1e3:.1f} mm from "
+                f"{self.model.name} FK of actual_q: the controller's TCP offset is not zero "
+                "and not given as tcp_offset=, or model= is wrong (see docs/protocols/robot.md)"
+            )
+
+    # -- receiving ---------------------------------------------------------------------
+    def _to_state(self, f: Mapping[str, Any], recv_ns: int) -> RobotState:
+        q = np.array(f["actual_q"], dtype=float)
+        qd = np.array(f["actual_qd"], dtype=float)
+        base_T_flange = pose_to_transform(f["actual_TCP_pose"]) @ self._tcp_T_flange
+        lin, ang = self.model.flange_speed(q, qd)
+        t_dev = float(f["timestamp"])
+        t_host = recv_ns
+        if self.clock is not None:
+            self.clock.add(t_dev, recv_ns)
+            if self.clock.ready:
+                t_host = int(self.clock.to_host_ns(t_dev))
+        self._seq += 1
+        return RobotState(
+            q_rad=q,
+            qd_rad_s=qd,
+            base_T_flange=base_T_flange,
+            t_device_s=t_dev,
+            t_host_ns=t_host,
+            moving=bool(np.max(np.abs(qd)) > self.opts["moving_threshold_rad_s"]),
+            mode=ur_mode(int(f["robot_mode"]), int(f["safety_mode"])),
+            flange_speed_m_s=lin,
+            flange_ang_speed_rad_s=ang,
+            target_reached=None,
+            t_recv_host_ns=recv_ns,
+            seq=self._seq,
+        )
+
+    def runtime_state(self) -> UrRuntimeState | None:
+        """Program state of the latest sample (``None`` before the first)."""
+        with self._cond:
+            return self._runtime
+
+    def _publish(self, state: RobotState, recv_ns: int, runtime: int | None = None) -> None:
+        # caller holds self._cond
+        self._latest = state
+        self._link_error = None
+        if runtime is not None:
+            try:
+                self._runtime = UrRuntimeState(runtime)
+            except ValueError:
+                self._runtime = None
+        self._cond.notify_all()
+
+    _runtime: UrRuntimeState | None = None
+
+    def _run(self) -> None:
+        backoff0 = 0.05
+        backoff = backoff0
+        while not self._stop_evt.is_set():
+            sock = self._sock
+            if sock is None:
+                try:
+                    sock, stream = self._connect()
+                except DriverInitError as exc:
+                    self._set_link_error(exc, reconnecting=True)
+                    self._stop_evt.wait(backoff)
+                    backoff = min(2 * backoff, self.opts["reconnect_max_s"])
+                    continue
+                with self._cond:
+                    if self._stop_evt.is_set():
+                        sock.close()
+                        return
+                    self._sock, self._stream = sock, stream
+                    self.reconnects += 1
+                for f in self._pending:
+                    self._deliver(f, time.monotonic_ns())
+                log.info("%r: reconnected", self)
+                backoff = backoff0
+            try:
+                self._pump(sock)
+            except (OSError, ProtocolError, DeviceGoneError) as exc:
+                if self._stop_evt.is_set():
+                    return
+                log.warning("%r: link lost: %s", self, exc)
+                gone = exc if isinstance(exc, DeviceGoneError) else DeviceGoneError(
+                    f"{self!r}: link lost ({exc}); reconnecting"
+                )
+                self._set_link_error(gone, reconnecting=False)
+                with self._cond:
+                    self._sock = None
+                try:
+                    sock.close()
+                except OSError:
+                    pass
+
+    def _set_link_error(self, exc: Exception, reconnecting: bool) -> None:
+        if not isinstance(exc, DeviceGoneError):
+            exc = DeviceGoneError(f"{self!r}: reconnect failed ({exc}); retrying")
+        with self._cond:
+            self._link_error = exc
+            if not reconnecting:
+                # a drop is reported to the next reader even if the link is back by then
+                self._unreported_loss = exc
+            self._cond.notify_all()
+
+    def _deliver(self, fields: Mapping[str, Any], recv_ns: int) -> None:
+        state = self._to_state(fields, recv_ns)
+        with self._cond:
+            self._publish(state, recv_ns, int(fields["runtime_state"]))
+
+    def _pump(self, sock: socket.socket) -> None:
+        stream = self._stream
+        assert stream is not None
+        sock.settimeout(0.05)
+        last_data = time.monotonic()
+        limit = self.opts["stream_timeout_s"]
+        while not self._stop_evt.is_set():
+            try:
+                data = sock.recv(65536)
+            except socket.timeout:
+                if time.monotonic() - last_data > limit:
+                    raise DeviceGoneError(f"{self!r}: no RTDE data for {limit:.3g} s") from None
+                continue
+            recv_ns = time.monotonic_ns()
+            if not data:
+                raise DeviceGoneError(f"{self!r}: controller closed the connection")
+            fields_list = stream.feed(data)
+            if fields_list:
+                last_data = time.monotonic()
+                # several packages in one read: all but the last are already superseded,
+                # but each one is a sample for the clock model and the settle detector
+                for fields in fields_list:
+                    self._deliver(fields, recv_ns)
+
+    def _close_internal(self) -> None:
+        self._stop_evt.set()
+        with self._cond:
+            sock = self._sock
+            self._sock = None
+            self._link_error = DeviceGoneError(f"{self!r}: closed")
+            self._cond.notify_all()
+        if sock is not None:
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+
+    def _read_state_internal(self, deadline_ns: int) -> RobotState | None:
+        max_age_ns = int(self.max_age_s * 1e9)
+        with self._cond:
+            while True:
+                if self._unreported_loss is not None:
+                    exc, self._unreported_loss = self._unreported_loss, None
+                    raise exc
+                if self._link_error is not None:
+                    raise self._link_error
+                now = time.monotonic_ns()
+                s = self._latest
+                if s is not None and now - s.t_recv_host_ns <= max_age_ns:
+                    return s
+                if now >= deadline_ns:
+                    return None
+                self._cond.wait((deadline_ns - now) * 1e-9)
+
+    def wait_for_sample_after(self, seq: int, timeout_s: float) -> RobotState:
+        """Block until a sample with ``seq`` greater than the given one arrives."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                if self._link_error is not None:
+                    raise self._link_error
+                s = self._latest
+                if s is not None and s.seq > seq:
+                    return s
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DriverTimeoutError(f"{self!r}: no new sample within {timeout_s:.3g} s")
+                self._cond.wait(remaining)
+
+    # -- moves (URScript on the secondary interface) -------------------------------------
+    def send_script(self, script: str) -> None:
+        """Send URScript text to ``urscript_port`` (a fresh connection per script)."""
+        if not script.endswith("\n"):
+            script += "\n"
+        try:
+            with socket.create_connection(
+                (self.host, self.opts["urscript_port"]), timeout=self.opts["connect_timeout_s"]
+            ) as s:
+                s.sendall(script.encode("ascii"))
+                s.shutdown(socket.SHUT_WR)
+        except OSError as exc:
+            raise DeviceGoneError(f"{self!r}: URScript port {self.opts['urscript_port']}: {exc}") from exc
+
+    def _move_internal(self, q_rad, base_T_flange, speed, wait, deadline_ns) -> None:
+        o = self.opts
+        if q_rad is not None:
+            args = ", ".join(f"{x:.9f}" for x in q_rad)
+            script = (
+                f"movej([{args}], a={speed * o['max_joint_accel_rad_s2']:.6g}, "
+                f"v={speed * o['max_joint_speed_rad_s']:.6g})"
+            )
+        else:
+            pose = transform_to_pose(base_T_flange @ self.flange_T_tcp)
+            args = ", ".join(f"{x:.9f}" for x in pose)
+            script = (
+                f"movel(p[{args}], a={speed * o['max_tcp_accel_m_s2']:.6g}, "
+                f"v={speed * o['max_tcp_speed_m_s']:.6g})"
+            )
+        before = self.read_state()
+        if before.mode == RobotMode.PROTECTIVE_STOP:
+            raise ProtectiveStop(f"{self!r}: robot is in a protective stop; not moving")
+        self.send_script(script)
+        if wait:
+            self._wait_move(q_rad, base_T_flange, before.seq, deadline_ns)
+
+    def _wait_move(self, q_target, pose_target, seq0, deadline_ns) -> None:
+        """Wait until the program has run and the robot is at the target."""
+        seq = seq0
+        saw_playing = False
+        while True:
+            remaining = (deadline_ns - time.monotonic_ns()) * 1e-9
+            if remaining <= 0:
+                raise DriverTimeoutError(f"{self!r}: move did not finish in time")
+            s = self.wait_for_sample_after(seq, min(remaining, max(self.timeout_s, 0.1)))
+            seq = s.seq
+            if s.mode == RobotMode.PROTECTIVE_STOP:
+                raise ProtectiveStop(f"{self!r}: protective stop during the move")
+            if s.mode in (RobotMode.EMERGENCY_STOP, RobotMode.FAULT):
+                raise DeviceError(f"{self!r}: robot {s.mode.name} during the move", s.mode.name)
+            runtime = self.runtime_state()
+            if runtime == UrRuntimeState.PLAYING:
+                saw_playing = True
+                continue
+            if q_target is not None:
+                at = float(np.max(np.abs(s.q_rad - q_target))) < 2e-3
+            else:
+                d = se3_inverse(pose_target) @ s.base_T_flange
+                at = float(np.linalg.norm(d[:3, 3])) < 2e-3 and float(
+                    np.linalg.norm(so3_log(d[:3, :3]))
+                ) < 2e-3
+            if at and (saw_playing or not s.moving):
+                return
+
+    def _stop_internal(self) -> None:
+        self.send_script(f"stopj({self.opts['max_joint_accel_rad_s2']:.6g})")

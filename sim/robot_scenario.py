@@ -1,0 +1,291 @@
+"""The scenario's ``[robot]`` table: keys, defaults, validation.
+
+``cellcal.sim.scenario`` hands the raw table over as ``scenario.robot: dict``;
+:func:`parse_robot_table` turns it into a frozen :class:`RobotScenario` in SI units,
+rejecting unknown keys by their dotted path. ``docs/simulation-robot.md`` documents every key.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from cellcal.drivers.kinematics import DHModel, dh_model, dh_model_from_table
+
+__all__ = [
+    "RobotScenario",
+    "CanScenario",
+    "FaultSpec",
+    "FAULT_KINDS",
+    "parse_robot_table",
+    "DEFAULT_INITIAL_Q_DEG",
+]
+
+DEFAULT_INITIAL_Q_DEG = (0.0, -90.0, 90.0, -90.0, -90.0, 0.0)
+
+#: Fault kinds the simulated robot knows.
+FAULT_KINDS = ("disconnect", "never_settles", "protective_stop", "silent_node")
+
+_DEG = math.pi / 180.0
+
+
+@dataclass(frozen=True)
+class FaultSpec:
+    """One scheduled fault.
+
+    Attributes
+    ----------
+    kind : str
+        ``disconnect`` (RTDE: connections dropped and refused; CAN: every drive silent),
+        ``never_settles`` (a persistent oscillation of ``ringing_amplitude``),
+        ``protective_stop`` (motion frozen, safety mode PROTECTIVE_STOP / CiA 402 quick
+        stop, commands refused), ``silent_node`` (CAN: drive ``node`` stops heartbeat, PDO
+        and SDO).
+    at_s : float
+        Simulated time the fault starts (s).
+    duration_s : float
+        How long it lasts (s); ``inf`` (the default) for the rest of the run.
+    node : int
+        CAN node id for ``silent_node`` (0 otherwise).
+    """
+
+    kind: str
+    at_s: float
+    duration_s: float = math.inf
+    node: int = 0
+
+    def active(self, t_s: float) -> bool:
+        return self.at_s <= t_s < self.at_s + self.duration_s
+
+
+@dataclass(frozen=True)
+class CanScenario:
+    """``[robot.can]``: how the simulated CiA 402 drives count and talk."""
+
+    counts_per_rev: np.ndarray = field(default_factory=lambda: np.full(6, 2.0**20))
+    gear_ratio: np.ndarray = field(default_factory=lambda: np.ones(6))
+    sign: np.ndarray = field(default_factory=lambda: np.ones(6))
+    offset_counts: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    heartbeat_ms: int = 100
+    position_window_counts: int = 200
+    position_window_time_ms: int = 20
+    profile_velocity_deg_s: float = 60.0
+
+
+@dataclass(frozen=True)
+class RobotScenario:
+    """Parsed ``[robot]`` table, SI units (see ``docs/simulation-robot.md``)."""
+
+    model: DHModel = field(default_factory=lambda: dh_model("ur5e"))
+    initial_q_rad: np.ndarray = field(default_factory=lambda: np.deg2rad(DEFAULT_INITIAL_Q_DEG))
+    max_joint_speed_rad_s: float = 60.0 * _DEG
+    max_joint_accel_rad_s2: float = 80.0 * _DEG
+    min_move_time_s: float = 0.2
+    settle_time_constant_s: float = 0.25
+    ringing_amplitude_rad: float = 0.02 * _DEG
+    ringing_frequency_hz: float = 4.0
+    encoder_noise_rad: float = 0.0
+    velocity_noise_rad_s: float = 0.0
+    joint_zero_offsets_rad: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    tcp_offset: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    controller_version: tuple[int, int, int, int] = (5, 23, 0, 0)
+    rtde_max_protocol: int = 2
+    max_stream_rate_hz: float = 500.0
+    clock_offset_s: float = 1000.0
+    clock_skew_ppm: float = 0.0
+    update_rate_hz: float = 250.0
+    seed: int = 0
+    can: CanScenario = field(default_factory=CanScenario)
+    faults: tuple[FaultSpec, ...] = ()
+
+    @property
+    def true_model(self) -> DHModel:
+        """The arm as it really is: the nominal model with the joint zero offsets."""
+        return self.model.with_joint_offsets(self.joint_zero_offsets_rad, self.model.name + "-true")
+
+
+# -- parsing ---------------------------------------------------------------------------------
+def _num(v: Any, path: str, *, positive: bool = False, nonneg: bool = False) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+        raise ValueError(f"{path}: expected a finite number, got {v!r}")
+    if positive and not v > 0:
+        raise ValueError(f"{path}: must be > 0, got {v!r}")
+    if nonneg and v < 0:
+        raise ValueError(f"{path}: must be >= 0, got {v!r}")
+    return float(v)
+
+
+def _int(v: Any, path: str, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
+        raise ValueError(f"{path}: expected an integer in [{lo}, {hi}], got {v!r}")
+    return int(v)
+
+
+def _vec(v: Any, path: str, n: int, scale: float = 1.0, *, positive: bool = False) -> np.ndarray:
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+        v = [v] * n
+    if not isinstance(v, Sequence) or isinstance(v, str) or len(v) != n:
+        raise ValueError(f"{path}: expected {n} numbers, got {v!r}")
+    out = np.array([_num(x, f"{path}[{i}]", positive=positive) for i, x in enumerate(v)])
+    return out * scale
+
+
+def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], path: str) -> None:
+    if not isinstance(table, Mapping):
+        raise ValueError(f"{path}: expected a table, got {type(table).__name__}")
+    for key in table:
+        if key not in allowed:
+            raise ValueError(f"{path}.{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
+
+
+_SCALARS: dict[str, tuple[str, float, dict[str, bool]]] = {
+    # key: (field, scale to SI, checks)
+    "max_joint_speed_deg_s": ("max_joint_speed_rad_s", _DEG, {"positive": True}),
+    "max_joint_accel_deg_s2": ("max_joint_accel_rad_s2", _DEG, {"positive": True}),
+    "min_move_time_s": ("min_move_time_s", 1.0, {"positive": True}),
+    "settle_time_constant_s": ("settle_time_constant_s", 1.0, {"positive": True}),
+    "ringing_amplitude_deg": ("ringing_amplitude_rad", _DEG, {"nonneg": True}),
+    "ringing_frequency_hz": ("ringing_frequency_hz", 1.0, {"positive": True}),
+    "encoder_noise_deg": ("encoder_noise_rad", _DEG, {"nonneg": True}),
+    "velocity_noise_deg_s": ("velocity_noise_rad_s", _DEG, {"nonneg": True}),
+    "max_stream_rate_hz": ("max_stream_rate_hz", 1.0, {"positive": True}),
+    "clock_offset_s": ("clock_offset_s", 1.0, {"nonneg": True}),
+    "clock_skew_ppm": ("clock_skew_ppm", 1.0, {}),
+    "update_rate_hz": ("update_rate_hz", 1.0, {"positive": True}),
+}
+_OTHER = (
+    "model",
+    "dh",
+    "initial_q_deg",
+    "joint_zero_offsets_deg",
+    "tcp_offset",
+    "controller_version",
+    "rtde_max_protocol",
+    "seed",
+    "can",
+    "faults",
+)
+_CAN_KEYS = (
+    "counts_per_rev",
+    "gear_ratio",
+    "sign",
+    "offset_counts",
+    "heartbeat_ms",
+    "position_window_counts",
+    "position_window_time_ms",
+    "profile_velocity_deg_s",
+)
+_FAULT_KEYS = ("kind", "at_s", "duration_s", "node")
+
+
+def _parse_can(t: Mapping[str, Any], path: str) -> CanScenario:
+    _check_keys(t, _CAN_KEYS, path)
+    kw: dict[str, Any] = {}
+    if "counts_per_rev" in t:
+        kw["counts_per_rev"] = _vec(t["counts_per_rev"], f"{path}.counts_per_rev", 6, positive=True)
+    if "gear_ratio" in t:
+        kw["gear_ratio"] = _vec(t["gear_ratio"], f"{path}.gear_ratio", 6, positive=True)
+    if "sign" in t:
+        s = _vec(t["sign"], f"{path}.sign", 6)
+        if not np.all(np.isin(s, (-1.0, 1.0))):
+            raise ValueError(f"{path}.sign: each must be 1 or -1")
+        kw["sign"] = s
+    if "offset_counts" in t:
+        kw["offset_counts"] = _vec(t["offset_counts"], f"{path}.offset_counts", 6)
+    if "heartbeat_ms" in t:
+        kw["heartbeat_ms"] = _int(t["heartbeat_ms"], f"{path}.heartbeat_ms", 1, 65535)
+    if "position_window_counts" in t:
+        kw["position_window_counts"] = _int(
+            t["position_window_counts"], f"{path}.position_window_counts", 0, 2**32 - 1
+        )
+    if "position_window_time_ms" in t:
+        kw["position_window_time_ms"] = _int(
+            t["position_window_time_ms"], f"{path}.position_window_time_ms", 0, 65535
+        )
+    if "profile_velocity_deg_s" in t:
+        kw["profile_velocity_deg_s"] = _num(
+            t["profile_velocity_deg_s"], f"{path}.profile_velocity_deg_s", positive=True
+        )
+    return CanScenario(**kw)
+
+
+def _parse_faults(v: Any, path: str) -> tuple[FaultSpec, ...]:
+    if not isinstance(v, Sequence) or isinstance(v, str):
+        raise ValueError(f"{path}: expected an array of tables ([[robot.faults]])")
+    out = []
+    for i, t in enumerate(v):
+        p = f"{path}[{i}]"
+        _check_keys(t, _FAULT_KEYS, p)
+        kind = t.get("kind")
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"{p}.kind: expected one of {', '.join(FAULT_KINDS)}, got {kind!r}")
+        if "at_s" not in t:
+            raise ValueError(f"{p}.at_s: required")
+        at = _num(t["at_s"], f"{p}.at_s", nonneg=True)
+        dur = _num(t["duration_s"], f"{p}.duration_s", positive=True) if "duration_s" in t else math.inf
+        node = 0
+        if kind == "silent_node":
+            if "node" not in t:
+                raise ValueError(f"{p}.node: required for silent_node")
+            node = _int(t["node"], f"{p}.node", 1, 127)
+        elif "node" in t:
+            raise ValueError(f"{p}.node: only for kind = \"silent_node\"")
+        out.append(FaultSpec(kind, at, dur, node))
+    return tuple(out)
+
+
+def parse_robot_table(table: Mapping[str, Any] | None, path: str = "robot") -> RobotScenario:
+    """Validate the raw ``[robot]`` table and return a :class:`RobotScenario`.
+
+    Raises
+    ------
+    ValueError
+        Naming the dotted path (``robot.can.heartbeat_ms``, ``robot.faults[1].kind``) of the
+        first unknown key or bad value.
+    """
+    table = {} if table is None else table
+    _check_keys(table, (*_SCALARS, *_OTHER), path)
+    kw: dict[str, Any] = {}
+    for key, (fname, scale, checks) in _SCALARS.items():
+        if key in table:
+            kw[fname] = _num(table[key], f"{path}.{key}", **checks) * scale
+    if "model" in table:
+        if not isinstance(table["model"], str):
+            raise ValueError(f"{path}.model: expected a model name")
+        try:
+            kw["model"] = dh_model(table["model"])
+        except ValueError as exc:
+            raise ValueError(f"{path}.model: {exc}") from None
+    if "dh" in table:
+        if "model" in table:
+            raise ValueError(f"{path}.dh: give either model or dh, not both")
+        kw["model"] = dh_model_from_table(table["dh"], f"{path}.dh")
+        if kw["model"].n_joints != 6:
+            raise ValueError(f"{path}.dh: the simulated robot has 6 joints")
+    if "initial_q_deg" in table:
+        kw["initial_q_rad"] = _vec(table["initial_q_deg"], f"{path}.initial_q_deg", 6, _DEG)
+    if "joint_zero_offsets_deg" in table:
+        kw["joint_zero_offsets_rad"] = _vec(
+            table["joint_zero_offsets_deg"], f"{path}.joint_zero_offsets_deg", 6, _DEG
+        )
+    if "tcp_offset" in table:
+        kw["tcp_offset"] = _vec(table["tcp_offset"], f"{path}.tcp_offset", 6)
+    if "controller_version" in table:
+        v = table["controller_version"]
+        parts = v.split(".") if isinstance(v, str) else []
+        if len(parts) != 4 or not all(p.isdigit() for p in parts):
+            raise ValueError(f"{path}.controller_version: expected \"major.minor.bugfix.build\"")
+        kw["controller_version"] = tuple(int(p) for p in parts)
+    if "rtde_max_protocol" in table:
+        kw["rtde_max_protocol"] = _int(table["rtde_max_protocol"], f"{path}.rtde_max_protocol", 1, 2)
+    if "seed" in table:
+        kw["seed"] = _int(table["seed"], f"{path}.seed", 0, 2**63 - 1)
+    if "can" in table:
+        kw["can"] = _parse_can(table["can"], f"{path}.can")
+    if "faults" in table:
+        kw["faults"] = _parse_faults(table["faults"], f"{path}.faults")
+    return RobotScenario(**kw)

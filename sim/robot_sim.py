@@ -1,0 +1,441 @@
+"""The simulated robot: a kinematic arm that moves the true flange in the shared world.
+
+Model
+-----
+* The *controller* works in encoder coordinates ``q_ctrl`` (what it reports, without
+  noise). A move is a quintic (minimum-jerk when starting from rest) from the current
+  position and velocity to the target, with duration
+  ``max(min_move_time_s, 1.875 |dq|max / v, sqrt(5.77 |dq|max / a))`` (the peak speed and
+  acceleration of a minimum-jerk profile).
+* On arrival the arm *rings*: each joint gets
+  ``A_j exp(-s / tau) sin(2 pi f s)``, ``s`` the time since arrival, ``A_j`` the scenario
+  amplitude scaled by that joint's share of the move. The ``never_settles`` fault adds a
+  persistent oscillation of the same amplitude on every joint.
+* The *physical* joints are ``q_ctrl + joint_zero_offsets``; the true flange written to
+  the world is forward kinematics of the physical joints with the nominal DH, so the
+  controller's FK (nominal model, encoder angles) is off by the zero offsets, as a real
+  robot's is by its calibration errors.
+* Reported joints carry Gaussian encoder noise (``encoder_noise_deg``), reported speeds
+  ``velocity_noise_deg_s``; the reported TCP pose is the controller's FK of the *reported*
+  joints times the controller's TCP offset.
+
+Everything is a function of simulated time (``world.now_s()``), so a sample taken at any
+moment is exact; a small thread writes the true flange into the world at
+``update_rate_hz`` (wall) so the simulated tracker sees the arm move with nobody polling it.
+
+:func:`start_sim_robot` serves the arm as an RTDE controller or as CiA 402 drives.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cellcal.drivers.kinematics import UnreachablePose
+from cellcal.sim.robot_scenario import FaultSpec, RobotScenario, parse_robot_table
+from cellcal.sim.world import World
+from cellcal.solver.se3 import make_transform, so3_exp, so3_log
+
+__all__ = ["SimRobot", "SimSample", "SimRefused", "SimRobotHandle", "start_sim_robot"]
+
+log = logging.getLogger(__name__)
+
+# UR codes the simulated controller reports (names mirror cellcal.drivers.ur_rtde)
+UR_ROBOT_MODE_RUNNING = 7
+UR_SAFETY_NORMAL = 1
+UR_SAFETY_PROTECTIVE_STOP = 3
+UR_RUNTIME_STOPPED = 1
+UR_RUNTIME_PLAYING = 2
+
+
+class SimRefused(Exception):
+    """The simulated controller refused a command (protective stop, unreachable pose)."""
+
+
+@dataclass(frozen=True)
+class SimSample:
+    """What the simulated controller knows at one instant.
+
+    Attributes
+    ----------
+    t_sim_s : float
+        World time (s).
+    timestamp_s : float
+        Controller clock (s): ``(clock_offset_s + t_sim_s) * (1 + skew)``.
+    q_rad, qd_rad_s : (6,) arrays
+        Reported joints (with encoder noise) and speeds (with velocity noise).
+    q_ctrl_rad : (6,) array
+        Noise-free controller joints (what the drives' position really is, in encoder
+        coordinates).
+    target_q_rad : (6,) array
+        Current commanded target.
+    tcp_pose : (6,) array
+        Reported ``actual_TCP_pose`` ``(x, y, z, rx, ry, rz)`` (m, rad).
+    moving : bool
+        A trajectory segment is in progress.
+    protective_stop : bool
+        The protective-stop fault is active.
+    """
+
+    t_sim_s: float
+    timestamp_s: float
+    q_rad: np.ndarray
+    qd_rad_s: np.ndarray
+    q_ctrl_rad: np.ndarray
+    qd_ctrl_rad_s: np.ndarray
+    target_q_rad: np.ndarray
+    tcp_pose: np.ndarray
+    moving: bool
+    protective_stop: bool
+
+    @property
+    def robot_mode(self) -> int:
+        return UR_ROBOT_MODE_RUNNING
+
+    @property
+    def safety_mode(self) -> int:
+        return UR_SAFETY_PROTECTIVE_STOP if self.protective_stop else UR_SAFETY_NORMAL
+
+    @property
+    def runtime_state(self) -> int:
+        return UR_RUNTIME_PLAYING if self.moving else UR_RUNTIME_STOPPED
+
+
+class _Segment:
+    """Quintic from (q0, v0, acc 0) at t0 to (q1, 0, 0) at t0 + T, then ringing."""
+
+    def __init__(self, t0: float, q0: np.ndarray, v0: np.ndarray, q1: np.ndarray, T: float,
+                 ring_amp: np.ndarray) -> None:
+        self.t0, self.T = t0, max(T, 1e-9)
+        h = q1 - q0
+        vT = v0 * self.T
+        self.c = np.stack([q0, vT, np.zeros_like(q0), 10 * h - 6 * vT, -15 * h + 8 * vT, 6 * h - 3 * vT])
+        self.q1 = q1.copy()
+        self.ring_amp = ring_amp
+
+    @property
+    def t_end(self) -> float:
+        return self.t0 + self.T
+
+    def eval(self, t: float, tau: float, f_hz: float) -> tuple[np.ndarray, np.ndarray]:
+        s = (t - self.t0) / self.T
+        if s < 1.0:
+            s = max(s, 0.0)
+            c = self.c
+            q = c[0] + s * (c[1] + s * (c[2] + s * (c[3] + s * (c[4] + s * c[5]))))
+            dq = (c[1] + s * (2 * c[2] + s * (3 * c[3] + s * (4 * c[4] + s * 5 * c[5])))) / self.T
+            return q, dq
+        r = t - self.t_end
+        w = 2 * math.pi * f_hz
+        e = math.exp(-r / tau)
+        q = self.q1 + self.ring_amp * e * math.sin(w * r)
+        dq = self.ring_amp * e * (w * math.cos(w * r) - math.sin(w * r) / tau)
+        return q, dq
+
+
+class SimRobot:
+    """A simulated 6-joint arm moving the world's true flange.
+
+    Parameters
+    ----------
+    world : World
+        Shared truth; the robot writes ``base_T_flange`` and flange speeds into it.
+    scenario : RobotScenario or dict
+        The parsed ``[robot]`` table (a raw dict is parsed with
+        :func:`~cellcal.sim.robot_scenario.parse_robot_table`).
+    """
+
+    def __init__(self, world: World, scenario: RobotScenario | dict[str, Any] | None = None) -> None:
+        if not isinstance(scenario, RobotScenario):
+            scenario = parse_robot_table(scenario)
+        self.world = world
+        self.scenario = scenario
+        self.model = scenario.model  # the controller's nominal model
+        self.true_model = scenario.true_model
+        self.flange_T_tcp = make_transform(so3_exp(scenario.tcp_offset[3:]), scenario.tcp_offset[:3])
+        self._lock = threading.Lock()
+        self._rng = np.random.default_rng(scenario.seed)
+        q0 = scenario.initial_q_rad.copy()
+        self._seg = _Segment(world.now_s(), q0, np.zeros(6), q0, 1e-9, np.zeros(6))
+        self._faults: list[FaultSpec] = list(scenario.faults)
+        self._pstop_was_active = False
+        self._stop_evt = threading.Event()
+        self._thread: threading.Thread | None = None
+        self.moves = 0
+        self._write_world(world.now_s())
+
+    # -- lifecycle -------------------------------------------------------------------------
+    def start(self) -> SimRobot:
+        """Start writing the true flange into the world (idempotent)."""
+        if self._thread is None:
+            self._stop_evt.clear()
+            self._thread = threading.Thread(target=self._run, name="sim-robot", daemon=True)
+            self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop the world-update thread (idempotent)."""
+        self._stop_evt.set()
+        if self._thread is not None:
+            self._thread.join(timeout=2.0)
+            self._thread = None
+
+    def __enter__(self) -> SimRobot:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def _run(self) -> None:
+        period = 1.0 / self.scenario.update_rate_hz
+        while not self._stop_evt.wait(period):
+            self._write_world(self.world.now_s())
+
+    # -- faults ----------------------------------------------------------------------------
+    def inject(self, kind: str, duration_s: float = math.inf, node: int = 0) -> None:
+        """Start a fault now (simulated time) for ``duration_s``."""
+        from cellcal.sim.robot_scenario import FAULT_KINDS
+
+        if kind not in FAULT_KINDS:
+            raise ValueError(f"unknown fault kind {kind!r}")
+        with self._lock:
+            self._faults.append(FaultSpec(kind, self.world.now_s(), duration_s, node))
+
+    def clear(self, kind: str) -> None:
+        """End every active fault of ``kind`` now (e.g. an operator unlocks a protective stop)."""
+        now = self.world.now_s()
+        with self._lock:
+            self._faults = [
+                f if f.kind != kind or not f.active(now)
+                else FaultSpec(f.kind, f.at_s, max(now - f.at_s, 1e-9), f.node)
+                for f in self._faults
+            ]
+
+    def fault_active(self, kind: str, t_s: float | None = None, node: int | None = None) -> bool:
+        """Is a fault of ``kind`` (for ``node``, if given) active at ``t_s`` (default now)?"""
+        t = self.world.now_s() if t_s is None else t_s
+        with self._lock:
+            return any(
+                f.kind == kind and f.active(t) and (node is None or f.node == node)
+                for f in self._faults
+            )
+
+    # -- state -----------------------------------------------------------------------------
+    def _ctrl(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        """Noise-free controller joints and speeds at time ``t``; applies a pending stop."""
+        sc = self.scenario
+        pstop = self.fault_active("protective_stop", t)
+        with self._lock:
+            if pstop and not self._pstop_was_active:
+                # freeze where the arm is (a protective stop is a category-2 stop; the sim
+                # makes it instantaneous)
+                q, _ = self._seg.eval(t, sc.settle_time_constant_s, sc.ringing_frequency_hz)
+                self._seg = _Segment(t, q, np.zeros(6), q, 1e-9, np.zeros(6))
+            self._pstop_was_active = pstop
+            q, qd = self._seg.eval(t, sc.settle_time_constant_s, sc.ringing_frequency_hz)
+        if self.fault_active("never_settles", t):
+            w = 2 * math.pi * sc.ringing_frequency_hz
+            amp = max(sc.ringing_amplitude_rad, math.radians(0.01))
+            q = q + amp * math.sin(w * t)
+            qd = qd + amp * w * math.cos(w * t)
+        return q, qd
+
+    def _write_world(self, t: float) -> None:
+        q, qd = self._ctrl(t)
+        q_phys = q  # true_model already adds the zero offsets
+        T = self.true_model.forward(q_phys)
+        lin, ang = self.true_model.flange_speed(q_phys, qd)
+        self.world.set_flange(T, lin, ang)
+
+    def sample(self, t_s: float | None = None) -> SimSample:
+        """The controller's view now (or at world time ``t_s``), with noise."""
+        sc = self.scenario
+        t = self.world.now_s() if t_s is None else t_s
+        q, qd = self._ctrl(t)
+        with self._lock:
+            noise_q = self._rng.normal(0.0, sc.encoder_noise_rad, 6) if sc.encoder_noise_rad else 0.0
+            noise_qd = self._rng.normal(0.0, sc.velocity_noise_rad_s, 6) if sc.velocity_noise_rad_s else 0.0
+            seg = self._seg
+        q_rep = q + noise_q
+        qd_rep = qd + noise_qd
+        T_tcp = self.model.forward(q_rep) @ self.flange_T_tcp
+        pose = np.concatenate([T_tcp[:3, 3], so3_log(T_tcp[:3, :3])])
+        return SimSample(
+            t_sim_s=t,
+            timestamp_s=self.controller_time(t),
+            q_rad=q_rep,
+            qd_rad_s=qd_rep,
+            q_ctrl_rad=q,
+            qd_ctrl_rad_s=qd,
+            target_q_rad=seg.q1.copy(),
+            tcp_pose=pose,
+            moving=t < seg.t_end,
+            protective_stop=self.fault_active("protective_stop", t),
+        )
+
+    def controller_time(self, t_sim_s: float) -> float:
+        """The controller clock at world time ``t_sim_s`` (offset and skew applied)."""
+        sc = self.scenario
+        return (sc.clock_offset_s + t_sim_s) * (1.0 + sc.clock_skew_ppm * 1e-6)
+
+    # -- commands --------------------------------------------------------------------------
+    def command_joints(
+        self,
+        q_target_rad: np.ndarray,
+        max_speed_rad_s: float | None = None,
+        max_accel_rad_s2: float | None = None,
+    ) -> float:
+        """Start a joint move to ``q_target_rad`` (6,); returns its duration (simulated s).
+
+        Raises
+        ------
+        SimRefused
+            During a protective stop.
+        """
+        sc = self.scenario
+        q1 = np.asarray(q_target_rad, dtype=float).reshape(6)
+        if not np.all(np.isfinite(q1)):
+            raise SimRefused("target contains NaN or inf")
+        t = self.world.now_s()
+        if self.fault_active("protective_stop", t):
+            raise SimRefused("protective stop active")
+        v = min(max_speed_rad_s or sc.max_joint_speed_rad_s, sc.max_joint_speed_rad_s)
+        a = min(max_accel_rad_s2 or sc.max_joint_accel_rad_s2, sc.max_joint_accel_rad_s2)
+        q0, v0 = self._ctrl(t)
+        h = float(np.max(np.abs(q1 - q0)))
+        T = max(sc.min_move_time_s, 1.875 * h / v, math.sqrt(5.774 * h / a))
+        share = (q1 - q0) / h if h > 0 else np.zeros(6)
+        with self._lock:
+            self._seg = _Segment(t, q0, v0, q1, T, sc.ringing_amplitude_rad * share)
+            self.moves += 1
+        log.debug("sim robot: move %.3g rad in %.3g s", h, T)
+        return T
+
+    def command_pose(
+        self, base_T_tcp: np.ndarray, max_tcp_speed_m_s: float | None = None, max_tcp_accel_m_s2: float | None = None
+    ) -> float:
+        """Move the TCP to ``base_T_tcp`` (controller's IK from the current joints).
+
+        The path is a joint-space quintic, not a straight line (a documented simplification).
+        """
+        target_flange = np.asarray(base_T_tcp, dtype=float) @ np.linalg.inv(self.flange_T_tcp)
+        t = self.world.now_s()
+        q0, _ = self._ctrl(t)
+        try:
+            q1 = self.model.inverse(target_flange, q0)
+        except UnreachablePose as exc:
+            raise SimRefused(str(exc)) from exc
+        v_j = None
+        if max_tcp_speed_m_s:
+            dist = float(np.linalg.norm(target_flange[:3, 3] - self.model.forward(q0)[:3, 3]))
+            h = float(np.max(np.abs(q1 - q0)))
+            if dist > 0 and h > 0:
+                v_j = h * max_tcp_speed_m_s / dist
+        return self.command_joints(q1, v_j)
+
+    def stop(self, decel_rad_s2: float | None = None) -> None:
+        """Decelerate to rest from the current motion."""
+        sc = self.scenario
+        a = decel_rad_s2 or sc.max_joint_accel_rad_s2
+        t = self.world.now_s()
+        q0, v0 = self._ctrl(t)
+        q1 = q0 + v0 * np.abs(v0) / (2 * a)
+        T = max(float(np.max(np.abs(v0))) / a * 1.875, 1e-3)
+        with self._lock:
+            self._seg = _Segment(t, q0, v0, q1, T, np.zeros(6))
+
+
+# -- serving ---------------------------------------------------------------------------------
+class SimRobotHandle:
+    """A running simulated robot and the server(s) exposing it.
+
+    Attributes
+    ----------
+    url : str
+        What :func:`cellcal.drivers.connect_robot` should open.
+    robot : SimRobot
+        The motion model (inject faults with ``robot.inject(kind)``).
+    server : object
+        The RTDE server or the CiA 402 drive set.
+    """
+
+    def __init__(self, url: str, robot: SimRobot, server: Any) -> None:
+        self.url = url
+        self.robot = robot
+        self.server = server
+        self._closed = False
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.server.close()
+        self.robot.close()
+
+    def __enter__(self) -> SimRobotHandle:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_sim_robot(
+    world: World,
+    robot_table: dict[str, Any] | RobotScenario | None,
+    *,
+    transport: str = "rtde",
+    host: str = "127.0.0.1",
+    rtde_port: int = 0,
+    urscript_port: int = 0,
+    can_channel: str = "cellcal-sim",
+    can_interface: str = "virtual",
+) -> SimRobotHandle:
+    """Start the simulated robot and serve it.
+
+    Parameters
+    ----------
+    world : World
+        Shared truth.
+    robot_table : dict
+        The scenario's raw ``[robot]`` table (``scenario.robot``).
+    transport : {"rtde", "canopen"}
+        RTDE server (+ URScript port) on ``host``, or six CiA 402 drives on a python-can
+        bus.
+    rtde_port, urscript_port : int
+        TCP ports (0: the OS picks free ones).
+    can_channel, can_interface : str
+        python-can channel and interface (``virtual`` in one process, ``udp_multicast``
+        across processes).
+
+    Returns
+    -------
+    SimRobotHandle
+        ``handle.url`` e.g. ``rtde://127.0.0.1:40123?urscript_port=40124`` or
+        ``canopen://cellcal-sim?interface=virtual&nodes=1-6&model=ur5e&...``.
+    """
+    scenario = robot_table if isinstance(robot_table, RobotScenario) else parse_robot_table(robot_table)
+    robot = SimRobot(world, scenario).start()
+    try:
+        if transport == "rtde":
+            from cellcal.sim.rtde_server import RtdeServer
+
+            server = RtdeServer(robot, host=host, port=rtde_port, urscript_port=urscript_port)
+            server.start()
+            url = server.url
+        elif transport == "canopen":
+            from cellcal.sim.canopen_sim import CanopenSimDrives
+
+            server = CanopenSimDrives(robot, channel=can_channel, interface=can_interface)
+            server.start()
+            url = server.url
+        else:
+            raise ValueError(f"transport must be 'rtde' or 'canopen', got {transport!r}")
+    except BaseException:
+        robot.close()
+        raise
+    return SimRobotHandle(url, robot, server)
