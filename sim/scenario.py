@@ -1,0 +1,483 @@
+"""Simulated cell scenarios: the hidden truth and the imperfections, read from TOML.
+
+A scenario file (documented key by key in ``docs/simulation.md``) is loaded with
+``tomllib`` into frozen dataclasses. Every key is checked: unknown keys, wrong types and
+bad values raise :class:`ScenarioError` naming the dotted path (``tracker.faults[2].kind``).
+The ``[robot]`` table belongs to the simulated robot and is kept raw (``Scenario.robot``)
+for its own loader to validate.
+
+Units are in the key names; inside, everything is SI (m, rad, s) and transforms are 4x4
+``a_T_b`` arrays, built with :func:`cellcal.solver.se3.transform_from_xyz_quat`.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cellcal.sim.world import DriftEvent, World
+from cellcal.solver.errors import CellcalError
+from cellcal.solver.se3 import make_transform, so3_exp, transform_from_xyz_quat
+
+__all__ = [
+    "ScenarioError",
+    "FaultKind",
+    "FaultConfig",
+    "TrackerConfig",
+    "TruthConfig",
+    "DriftConfig",
+    "Scenario",
+    "load_scenario",
+    "parse_scenario",
+]
+
+#: Largest |norm - 1| accepted for a quaternion written in a scenario.
+_QUAT_NORM_TOL = 1e-6
+_MM_TO_M = 1e-3
+
+#: Flange rest pose used when the scenario gives none: 0.4 m out, 0.4 m up, facing down.
+DEFAULT_BASE_T_FLANGE_XYZ_M = (0.4, 0.0, 0.4)
+DEFAULT_BASE_T_FLANGE_QUAT_WXYZ = (0.0, 1.0, 0.0, 0.0)
+
+
+class ScenarioError(CellcalError, ValueError):
+    """A scenario file is invalid; the message starts with the dotted path of the key."""
+
+
+class FaultKind(str, enum.Enum):
+    """Faults the simulated tracker can be scheduled to show."""
+
+    BEAM_BREAK = "beam_break"  # beam interrupted: MEAS -> NAK BEAM_BROKEN
+    NO_TARGET = "no_target"  # no target in the beam: MEAS -> NAK NO_TARGET
+    NOT_STABLE = "not_stable"  # target unsteady: MEAS -> NAK NOT_STABLE
+    DISCONNECT = "disconnect"  # link down: silence on a pty, connection closed on TCP
+    GARBAGE = "garbage"  # random bytes before replies, some replies corrupted
+    TRICKLE = "trickle"  # replies sent one byte at a time
+
+
+# kind -> extra keys it accepts, with defaults
+_FAULT_EXTRA: dict[FaultKind, dict[str, Any]] = {
+    FaultKind.BEAM_BREAK: {},
+    FaultKind.NO_TARGET: {},
+    FaultKind.NOT_STABLE: {},
+    FaultKind.DISCONNECT: {},
+    FaultKind.GARBAGE: {"burst_bytes": 32, "corrupt_probability": 0.5},
+    FaultKind.TRICKLE: {"byte_interval_ms": 5.0},
+}
+
+
+@dataclass(frozen=True)
+class FaultConfig:
+    """One scheduled fault, active for simulated time ``[start_s, start_s + duration_s)``.
+
+    ``burst_bytes`` and ``corrupt_probability`` apply to ``garbage``; ``byte_interval_ms``
+    (device milliseconds between bytes) to ``trickle``.
+    """
+
+    kind: FaultKind
+    start_s: float
+    duration_s: float
+    burst_bytes: int = 32
+    corrupt_probability: float = 0.5
+    byte_interval_ms: float = 5.0
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + self.duration_s
+
+    def active(self, t_s: float) -> bool:
+        """Whether the fault is active at simulated time ``t_s``."""
+        return self.start_s <= t_s < self.end_s
+
+    def overlaps(self, t0_s: float, t1_s: float) -> bool:
+        """Whether the fault is active at any time in ``[t0_s, t1_s]``."""
+        return self.start_s <= t1_s and t0_s < self.end_s
+
+
+@dataclass(frozen=True)
+class TrackerConfig:
+    """The simulated tracker: its noise, clock, limits, identity and fault schedule.
+
+    Attributes
+    ----------
+    noise_m : numpy.ndarray, shape (3,)
+        1-sigma noise of one sample along cell x, y, z, metres (scenario ``noise_mm``).
+    noise_rad : numpy.ndarray, shape (3,)
+        1-sigma orientation noise of one sample about the target's x, y, z axes, radians
+        (scenario ``noise_deg``).
+    sample_rate_hz : float
+        Raw samples per device second; an average over ``T`` s uses
+        ``max(1, round(T * rate))`` samples, dividing the noise by their square root.
+    clock_offset_s, clock_skew_ppm : float
+        Device clock: ``offset + (1 + skew) * (wall seconds since start)``.
+    latency_ms : float
+        Device processing time before each reply, device milliseconds.
+    warmup_s : float
+        Simulated seconds after start during which MEAS is refused (NOT_WARMED_UP).
+    min_range_m, max_range_m : float
+        Target distances outside which MEAS is refused (OUT_OF_RANGE).
+    stable_speed_m_s, stable_speed_rad_s : float
+        Flange speeds (from the world) above which the target is not stable.
+    model, serial, firmware : str
+        What HELLO reports.
+    faults : tuple of FaultConfig
+    """
+
+    noise_m: np.ndarray
+    noise_rad: np.ndarray
+    sample_rate_hz: float = 1000.0
+    clock_offset_s: float = 1000.0
+    clock_skew_ppm: float = 0.0
+    latency_ms: float = 1.0
+    warmup_s: float = 0.0
+    min_range_m: float = 0.5
+    max_range_m: float = 40.0
+    stable_speed_m_s: float = 1e-4
+    stable_speed_rad_s: float = 1e-3
+    model: str = "CELLCAL-SIM-T1"
+    serial: str = "SIM-0001"
+    firmware: str = "1.0.0"
+    faults: tuple[FaultConfig, ...] = ()
+
+    def active_faults(self, t_s: float) -> list[FaultConfig]:
+        """Faults active at simulated time ``t_s``."""
+        return [f for f in self.faults if f.active(t_s)]
+
+
+@dataclass(frozen=True)
+class TruthConfig:
+    """The hidden truth: transforms (4, 4), metres."""
+
+    cell_T_base: np.ndarray
+    flange_T_target: np.ndarray
+    base_T_flange: np.ndarray
+
+
+@dataclass(frozen=True)
+class DriftConfig:
+    """A rigid shift of the base at simulated time ``at_s``: ``cell_T_base <- delta @ cell_T_base``."""
+
+    at_s: float
+    cell_delta: np.ndarray  # (4, 4), expressed in the cell frame
+
+    def to_event(self) -> DriftEvent:
+        return DriftEvent(self.at_s, self.cell_delta)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """A whole simulated cell.
+
+    Attributes
+    ----------
+    name : str
+    seed : int
+        Seeds every random generator of the simulation (noise, garbage).
+    time_scale : float
+        Simulated seconds per wall second (``[time] scale``).
+    truth : TruthConfig
+    tracker : TrackerConfig
+    drift : tuple of DriftConfig
+    robot : dict
+        The raw ``[robot]`` table (and its sub-tables), validated by the robot simulator.
+    source : str
+        Where the scenario came from (a path or ``"<string>"``).
+    """
+
+    name: str
+    seed: int
+    time_scale: float
+    truth: TruthConfig
+    tracker: TrackerConfig
+    drift: tuple[DriftConfig, ...] = ()
+    robot: dict = field(default_factory=dict)
+    source: str = "<string>"
+
+    def make_world(self, clock: Callable[[], float] = time.monotonic) -> World:
+        """A fresh :class:`~cellcal.sim.world.World` holding this scenario's truth."""
+        return World(
+            cell_T_base=self.truth.cell_T_base,
+            flange_T_target=self.truth.flange_T_target,
+            base_T_flange=self.truth.base_T_flange,
+            time_scale=self.time_scale,
+            drift_events=[d.to_event() for d in self.drift],
+            clock=clock,
+        )
+
+
+# -- loading --------------------------------------------------------------------------------
+
+
+def load_scenario(path: str | Path) -> Scenario:
+    """Read and validate a scenario TOML file.
+
+    Raises
+    ------
+    ScenarioError
+        If the file is not valid TOML or any key is missing, unknown or invalid.
+    OSError
+        If the file cannot be read.
+    """
+    path = Path(path)
+    with open(path, "rb") as f:
+        try:
+            data = tomllib.load(f)
+        except tomllib.TOMLDecodeError as exc:
+            raise ScenarioError(f"{path}: not valid TOML: {exc}") from exc
+    return parse_scenario(data, source=str(path))
+
+
+def parse_scenario(data: Mapping[str, Any] | str, *, source: str = "<string>") -> Scenario:
+    """Validate a parsed scenario (a mapping, or TOML text) into a :class:`Scenario`."""
+    if isinstance(data, str):
+        try:
+            data = tomllib.loads(data)
+        except tomllib.TOMLDecodeError as exc:
+            raise ScenarioError(f"{source}: not valid TOML: {exc}") from exc
+    top = _Table(data, "")
+    name = top.take("name", _string, default=Path(source).stem)
+    top.take("description", _string, default="")
+    seed = top.take("seed", _int_range(0, 2**63 - 1), default=0)
+    robot = top.take("robot", _raw_table, default={})
+
+    t = top.table("time")
+    scale = t.take("scale", _positive)
+    t.finish()
+
+    tr = top.table("truth")
+    truth = TruthConfig(
+        cell_T_base=_pose(tr, "cell_T_base"),
+        flange_T_target=_pose(tr, "flange_T_target"),
+        base_T_flange=_pose(
+            tr, "base_T_flange", DEFAULT_BASE_T_FLANGE_XYZ_M, DEFAULT_BASE_T_FLANGE_QUAT_WXYZ
+        ),
+    )
+    tr.finish()
+
+    tracker = _tracker(top.table("tracker"))
+    drift = tuple(_drift(d) for d in top.array_of_tables("drift"))
+    top.finish()
+    return Scenario(
+        name=name, seed=seed, time_scale=scale, truth=truth, tracker=tracker,
+        drift=drift, robot=robot, source=source,
+    )
+
+
+def _tracker(t: "_Table") -> TrackerConfig:
+    noise_m = t.take("noise_mm", _vec3_nonneg) * _MM_TO_M
+    noise_rad = np.radians(t.take("noise_deg", _vec3_nonneg))
+    defaults = TrackerConfig(noise_m=noise_m, noise_rad=noise_rad)
+    kw: dict[str, Any] = {}
+    for key, conv in (
+        ("sample_rate_hz", _positive),
+        ("clock_offset_s", _nonneg),
+        ("clock_skew_ppm", _float_range(-1000.0, 1000.0)),
+        ("latency_ms", _nonneg),
+        ("warmup_s", _nonneg),
+        ("min_range_m", _nonneg),
+        ("max_range_m", _positive),
+        ("stable_speed_m_s", _positive),
+        ("stable_speed_rad_s", _positive),
+        ("model", _wire_text),
+        ("serial", _wire_text),
+        ("firmware", _wire_text),
+    ):
+        kw[key] = t.take(key, conv, default=getattr(defaults, key))
+    if kw["min_range_m"] >= kw["max_range_m"]:
+        raise ScenarioError(f"{t.path}.min_range_m: must be below max_range_m")
+    faults = tuple(_fault(f) for f in t.array_of_tables("faults"))
+    t.finish()
+    return TrackerConfig(noise_m=noise_m, noise_rad=noise_rad, faults=faults, **kw)
+
+
+def _fault(t: "_Table") -> FaultConfig:
+    kind = t.take("kind", _enum(FaultKind))
+    kw: dict[str, Any] = {
+        "kind": kind,
+        "start_s": t.take("start_s", _nonneg),
+        "duration_s": t.take("duration_s", _positive),
+    }
+    extra = _FAULT_EXTRA[kind]
+    convs = {
+        "burst_bytes": _int_range(0, 4096),
+        "corrupt_probability": _float_range(0.0, 1.0),
+        "byte_interval_ms": _positive,
+    }
+    for key, default in extra.items():
+        kw[key] = t.take(key, convs[key], default=default)
+    t.finish(hint=f"keys for kind {kind.value!r}: kind, start_s, duration_s"
+             + "".join(f", {k}" for k in extra))
+    return FaultConfig(**kw)
+
+
+def _drift(t: "_Table") -> DriftConfig:
+    at_s = t.take("at_s", _nonneg)
+    xyz = t.take("delta_xyz_m", _vec3, default=np.zeros(3))
+    rotvec = np.radians(t.take("delta_rotvec_deg", _vec3, default=np.zeros(3)))
+    t.finish()
+    return DriftConfig(at_s=at_s, cell_delta=make_transform(so3_exp(rotvec), xyz))
+
+
+def _pose(t: "_Table", name: str, default_xyz=None, default_quat=None) -> np.ndarray:
+    req = default_xyz is None
+    xyz = t.take(f"{name}_xyz_m", _vec3, default=None if req else np.array(default_xyz))
+    quat = t.take(f"{name}_quat_wxyz", _quat, default=None if req else np.array(default_quat))
+    return transform_from_xyz_quat(xyz, quat)
+
+
+# -- a tiny checked reader --------------------------------------------------------------------
+
+_REQUIRED = object()
+
+
+class _Table:
+    """One TOML table being read: ``take`` keys, then ``finish`` rejects any left over."""
+
+    def __init__(self, data: Any, path: str) -> None:
+        if not isinstance(data, Mapping):
+            raise ScenarioError(f"{path or '<top>'}: expected a table, got {type(data).__name__}")
+        self.data = dict(data)
+        self.path = path
+        self._seen: set[str] = set()
+
+    def _dotted(self, key: str) -> str:
+        return f"{self.path}.{key}" if self.path else key
+
+    def take(self, key: str, conv: Callable[[Any], Any], *, default: Any = _REQUIRED) -> Any:
+        self._seen.add(key)
+        if key not in self.data:
+            if default is _REQUIRED or default is None:
+                raise ScenarioError(f"{self._dotted(key)}: required key missing")
+            return default
+        try:
+            return conv(self.data[key])
+        except (TypeError, ValueError) as exc:
+            raise ScenarioError(f"{self._dotted(key)}: {exc}") from None
+
+    def table(self, key: str) -> "_Table":
+        self._seen.add(key)
+        if key not in self.data:
+            raise ScenarioError(f"{self._dotted(key)}: required table missing")
+        return _Table(self.data[key], self._dotted(key))
+
+    def array_of_tables(self, key: str) -> list["_Table"]:
+        self._seen.add(key)
+        items = self.data.get(key, [])
+        if not isinstance(items, list):
+            raise ScenarioError(f"{self._dotted(key)}: expected an array of tables ([[{self._dotted(key)}]])")
+        return [_Table(item, f"{self._dotted(key)}[{i}]") for i, item in enumerate(items)]
+
+    def finish(self, hint: str = "") -> None:
+        unknown = sorted(set(self.data) - self._seen)
+        if unknown:
+            extra = f" ({hint})" if hint else ""
+            raise ScenarioError(f"{self._dotted(unknown[0])}: unknown key{extra}")
+
+
+def _number(v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise ValueError(f"expected a number, got {v!r}")
+    x = float(v)
+    if not math.isfinite(x):
+        raise ValueError(f"expected a finite number, got {v!r}")
+    return x
+
+
+def _positive(v: Any) -> float:
+    x = _number(v)
+    if not x > 0:
+        raise ValueError(f"must be > 0, got {v!r}")
+    return x
+
+
+def _nonneg(v: Any) -> float:
+    x = _number(v)
+    if x < 0:
+        raise ValueError(f"must be >= 0, got {v!r}")
+    return x
+
+
+def _float_range(lo: float, hi: float) -> Callable[[Any], float]:
+    def conv(v: Any) -> float:
+        x = _number(v)
+        if not lo <= x <= hi:
+            raise ValueError(f"must be in [{lo}, {hi}], got {v!r}")
+        return x
+
+    return conv
+
+
+def _int_range(lo: int, hi: int) -> Callable[[Any], int]:
+    def conv(v: Any) -> int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ValueError(f"expected an integer, got {v!r}")
+        if not lo <= v <= hi:
+            raise ValueError(f"must be in [{lo}, {hi}], got {v!r}")
+        return v
+
+    return conv
+
+
+def _string(v: Any) -> str:
+    if not isinstance(v, str):
+        raise ValueError(f"expected a string, got {v!r}")
+    return v
+
+
+def _wire_text(v: Any) -> str:
+    s = _string(v)
+    if not (1 <= len(s) <= 32 and s.isascii() and s.isprintable() and s == s.strip()
+            and not set(s) & set("$*,")):
+        raise ValueError(f"must be 1-32 printable ASCII characters without '$', '*', ',': {v!r}")
+    return s
+
+
+def _vec(n: int, v: Any) -> np.ndarray:
+    if not isinstance(v, list) or len(v) != n:
+        raise ValueError(f"expected a list of {n} numbers, got {v!r}")
+    return np.array([_number(x) for x in v])
+
+
+def _vec3(v: Any) -> np.ndarray:
+    return _vec(3, v)
+
+
+def _vec3_nonneg(v: Any) -> np.ndarray:
+    """A scalar (same for every axis) or a 3-list, each >= 0."""
+    a = np.full(3, _number(v)) if not isinstance(v, list) else _vec(3, v)
+    if np.any(a < 0):
+        raise ValueError(f"must be >= 0, got {v!r}")
+    return a
+
+
+def _quat(v: Any) -> np.ndarray:
+    q = _vec(4, v)
+    n = float(np.linalg.norm(q))
+    if abs(n - 1.0) > _QUAT_NORM_TOL:
+        raise ValueError(f"quaternion (w, x, y, z) must have unit norm, got norm {n:.9g}")
+    return q / n
+
+
+def _enum(cls: type[enum.Enum]) -> Callable[[Any], Any]:
+    def conv(v: Any):
+        try:
+            return cls(v)
+        except ValueError:
+            names = ", ".join(repr(m.value) for m in cls)
+            raise ValueError(f"must be one of {names}, got {v!r}") from None
+
+    return conv
+
+
+def _raw_table(v: Any) -> dict:
+    if not isinstance(v, Mapping):
+        raise ValueError(f"expected a table, got {type(v).__name__}")
+    return dict(v)
