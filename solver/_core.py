@@ -10,6 +10,7 @@ once at the API edge (:func:`validate_stack`); the kernels do not re-check.
 
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -62,6 +63,31 @@ for _i, _j, _k in ((0, 1, 2), (1, 2, 0), (2, 0, 1)):
     _EPS93[3 * _j + _i, _k] = -1.0
 
 
+# --- bounded ufunc scratch --------------------------------------------------------------
+
+#: numpy buffers a binary ufunc whose operand is broadcast or strided, in blocks of
+#: ``bufsize`` elements per operand (8192 by default: 64 KiB each). Inside a solve we set
+#: it to this, so that scratch is at most ~4 KiB whatever N is (ADR 0003, allocation).
+UFUNC_BUFSIZE = 256
+
+
+def bounded_buffers(fn):
+    """Run ``fn`` with numpy's ufunc buffer size at :data:`UFUNC_BUFSIZE` (restored after).
+
+    NumPy keeps the setting in a context variable, so this is thread- and task-local.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        old = np.setbufsize(UFUNC_BUFSIZE)
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            np.setbufsize(old)
+
+    return wrapper
+
+
 # --- validation --------------------------------------------------------------------------
 
 
@@ -92,7 +118,9 @@ def validate_stack(a: np.ndarray, name: str, ws: Workspace, *, tol: float = 1e-6
     d = ws.v3a[:n]
     err = ws.s1[:n]
     tmp4 = ws.onehot[:n]
-    np.subtract(a[:, 3, :], ws.lastrow, out=tmp4)
+    # Binary ufuncs on strided views buffer up to 2 x 64 KiB: copy to contiguous first.
+    np.copyto(tmp4, a[:, 3, :])
+    np.subtract(tmp4, ws.lastrow, out=tmp4)
     np.abs(tmp4, out=tmp4)
     np.max(tmp4, axis=1, out=err)
     if float(err.max()) > 1e-9:
@@ -196,13 +224,18 @@ def relative_motions(
     Ri, ti = Ti[:, :3, :3], Ti[:, :3, 3]
     Rj, tj = Tj[:, :3, :3], Tj[:, :3, 3]
     R, t = R_out[:m], t_out[:m]
+    # ti/tj are strided views: copied to contiguous buffers before any binary ufunc,
+    # which would otherwise buffer up to 2 x 64 KiB (an allocation that grows with N).
     if side == "left":
         np.matmul(Rj, Ri.transpose(0, 2, 1), out=R)
         np.matmul(R, ti[:, :, None], out=ws.v3c[:m, :, None])
-        np.subtract(tj, ws.v3c[:m], out=t)
+        np.copyto(t, tj)
+        np.subtract(t, ws.v3c[:m], out=t)
     else:
         np.matmul(Rj.transpose(0, 2, 1), Ri, out=R)
-        np.subtract(ti, tj, out=ws.v3c[:m])
+        np.copyto(ws.v3c[:m], ti)
+        np.copyto(t, tj)
+        np.subtract(ws.v3c[:m], t, out=ws.v3c[:m])
         np.matmul(Rj.transpose(0, 2, 1), ws.v3c[:m, :, None], out=t[:, :, None])
 
 
@@ -259,9 +292,10 @@ def quats_from_rotations(R: np.ndarray, q_out: np.ndarray, ws: Workspace) -> Non
     K = ws.K44[:m]
     _fill_davenport(R, K, 1.0)
     idx = ws.idx[:m]
-    np.argmax(np.diagonal(K, 0, 1, 2), axis=1, out=idx)
-    np.equal(ws.ar4, idx[:, None], out=ws.b16[:m, 0, :])
     diag = ws.onehot[:m]
+    np.copyto(diag, np.diagonal(K, 0, 1, 2))  # argmax on the strided view would copy it
+    np.argmax(diag, axis=1, out=idx)
+    np.equal(ws.ar4, idx[:, None], out=ws.b16[:m, 0, :])
     np.copyto(diag, ws.b16[:m, 0, :])
     np.matmul(K, diag[:, :, None], out=q_out[:, :, None])
     nrm = ws.s1[:m]
@@ -723,8 +757,11 @@ def pivot_solve(R: np.ndarray, t: np.ndarray, ws: Workspace) -> tuple[np.ndarray
     to ``ws.res_t``. Raises ``numpy.linalg.LinAlgError`` if the system is singular.
     """
     n = R.shape[0]
+    if not t.flags.c_contiguous:  # binary ufuncs on strided views buffer 2 x 64 KiB
+        np.copyto(ws.v3d[:n], t)
+        t = ws.v3d[:n]
     Rs = ws.R3
-    np.sum(R, axis=0, out=Rs)
+    np.einsum("kij->ij", R, out=Rs)  # a strided np.sum would buffer 64 KiB
     ts = ws.u3
     np.sum(t, axis=0, out=ts)
     lhs = ws.S3

@@ -254,7 +254,7 @@ def _solve_axxb(
     terms enter it depends on the problem.
     """
     RP, RQ = TA[:, :3, :3], TB[:, :3, :3]
-    np.sum(RP, axis=0, out=ws.R3)
+    np.einsum("kij->ij", RP, out=ws.R3)  # strided np.sum would buffer 64 KiB
     obs = _core.observability(ws.R3, n, side_A, RP, ws)
     _check_observable(
         obs, frame=frame, problem=problem, what_rot=what_rot, what_trans=what_trans,
@@ -298,6 +298,13 @@ def _mean_translation_closure(tZ: np.ndarray, ws: Workspace) -> np.ndarray:
     return mean
 
 
+def _contiguous(a: np.ndarray, buf: np.ndarray) -> np.ndarray:
+    """``a`` in a contiguous workspace buffer: binary ufuncs on strided views buffer up to
+    2 x 64 KiB internally, an allocation that grows with N until it hits that cap."""
+    np.copyto(buf, a)
+    return buf
+
+
 def _transform(R: np.ndarray, t: np.ndarray) -> np.ndarray:
     T = np.eye(4)
     T[:3, :3] = R
@@ -308,6 +315,7 @@ def _transform(R: np.ndarray, t: np.ndarray) -> np.ndarray:
 # --- public API ------------------------------------------------------------------------------------
 
 
+@_core.bounded_buffers
 def calibrate_base_frame(
     base_T_flange: np.ndarray,
     cell_T_target: np.ndarray,
@@ -378,6 +386,7 @@ def calibrate_base_frame(
     Ry = _core.rotation_edge(ws.RA[:n], ws)
     u = ws.v3a[:n]
     np.matmul(tM, Rx, out=u)  # rows R_X^T t_M
+    tG = _contiguous(tG, ws.v3d[:n])
     if tx is None:
         # M_i = X G_i Y in translation, times R_X^T: R_G t_Y + (t_G - R_X^T t_M) = -R_X^T t_X,
         # the pivot form; its residual is the cell-frame position closure.
@@ -403,6 +412,7 @@ def calibrate_base_frame(
     )
 
 
+@_core.bounded_buffers
 def calibrate_hand_eye(
     base_T_flange: np.ndarray,
     camera_T_target: np.ndarray,
@@ -454,6 +464,7 @@ def calibrate_hand_eye(
     Rz = _core.rotation_edge(ws.RA[:n], ws)
     u = ws.v3a[:n]
     np.matmul(tO, Rx.T, out=u)  # rows R_X t_O
+    tG = _contiguous(tG, ws.v3d[:n])
     if tx is None:
         # G_i X O_i = Z in translation: R_G t_X + (t_G + R_G R_X t_O) = t_Z, the pivot form.
         np.matmul(RG, u[:, :, None], out=ws.tA[:n, :, None])
@@ -477,6 +488,7 @@ def calibrate_hand_eye(
     )
 
 
+@_core.bounded_buffers
 def calibrate_tool_point(
     base_T_flange: np.ndarray,
     *,
@@ -515,7 +527,7 @@ def calibrate_tool_point(
     problem = "tool-point calibration"
     _core.check_pair_scheme(pairs)
     (G,), n, ws = _prepare([(base_T_flange, "base_T_flange")], workspace, problem)
-    np.sum(G[:, :3, :3], axis=0, out=ws.R3)
+    np.einsum("kij->ij", G[:, :3, :3], out=ws.R3)
     obs = _core.observability(ws.R3, n, "right", G[:, :3, :3], ws)
     _check_observable(
         obs, frame="flange", problem=problem, what_rot="(nothing:) the flange",

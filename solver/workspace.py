@@ -51,6 +51,7 @@ class Workspace:
         self.v3a = np.empty((n, 3), f8)
         self.v3b = np.empty((n, 3), f8)
         self.v3c = np.empty((n, 3), f8)
+        self.v3d = np.empty((n, 3), f8)
         self.s1 = np.empty(n, f8)
         self.s2 = np.empty(n, f8)
         self.s3 = np.empty(n, f8)
