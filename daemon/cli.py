@@ -13,6 +13,7 @@ import sys
 # name -> (module, one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
     "solve": ("cellcal.daemon.cmd_solve", "solve a calibration from a station file"),
+    "sim": ("cellcal.sim.cli", "serve the simulated cell's devices (tracker) until SIGTERM"),
 }
 
 

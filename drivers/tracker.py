@@ -18,6 +18,7 @@ from __future__ import annotations
 import abc
 import logging
 import math
+import socket
 import threading
 import time
 from dataclasses import dataclass
@@ -672,8 +673,22 @@ class SerialTrackerDriver(TrackerDriver):
 
     def _close_internal(self) -> None:
         port, self._port = self._port, None
-        if port is not None:
-            port.close()
+        if port is None:
+            return
+        from serial.urlhandler import protocol_socket
+
+        if isinstance(port, protocol_socket.Serial) and port._socket is not None:
+            # pyserial's socket close() sleeps 0.3 s "in case of quick reconnects", which
+            # would eat a reconnecting call's whole deadline; close the socket ourselves
+            # (pyserial 3.5 attributes) and let close() find nothing left to do.
+            sock, port._socket = port._socket, None
+            try:
+                sock.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            sock.close()
+            port.is_open = False
+        port.close()
 
     def _identify_internal(self, deadline: float) -> TrackerInfo:
         version = "%d.%d" % codec.PROTOCOL_VERSION

@@ -1,0 +1,102 @@
+"""``cellcal sim``: serve the simulated cell's devices until SIGTERM or SIGINT.
+
+Prints exactly one JSON line on stdout once every device is listening, mapping device
+names to the URL a driver connects to (``null`` for a device this build does not
+simulate), e.g.::
+
+    {"tracker": "/dev/pts/5", "robot": null}
+
+then serves until SIGTERM or SIGINT and exits 0. Logs go to stderr.
+
+Adding a device is one entry in :data:`DEVICE_STARTERS`: a function taking the parsed
+arguments, the scenario and the shared world, returning a started context manager with a
+``url`` attribute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import logging
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from cellcal.sim.scenario import Scenario, ScenarioError, load_scenario
+from cellcal.sim.tracker_sim import SimTracker, Transport
+from cellcal.sim.world import World
+
+log = logging.getLogger("cellcal.sim")
+
+
+def _start_tracker(args: argparse.Namespace, scenario: Scenario, world: World) -> Any:
+    sim = SimTracker(
+        world,
+        scenario.tracker,
+        transport=args.tracker_transport,
+        seed=scenario.seed,
+        port=args.tracker_port,
+    )
+    return sim.start()
+
+
+#: device name -> starter, in start order; ``None`` prints ``null`` (not simulated yet).
+DEVICE_STARTERS: dict[str, Callable[[argparse.Namespace, Scenario, World], Any] | None] = {
+    "tracker": _start_tracker,
+    "robot": None,
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--scenario", required=True, help="scenario TOML (see docs/simulation.md)")
+    parser.add_argument(
+        "--tracker-transport",
+        choices=Transport.ALL,
+        default=Transport.PTY,
+        help="serve the tracker on a pty (default) or on loopback TCP",
+    )
+    parser.add_argument(
+        "--tracker-port", type=int, default=0, help="TCP port for --tracker-transport tcp (0: any free port)"
+    )
+    parser.add_argument("--log-level", default="WARNING", help="stderr log level (default WARNING)")
+
+
+def run(args: argparse.Namespace) -> int:
+    # The CLI is an application edge: configuring logging here is the caller's choice.
+    logging.basicConfig(level=args.log_level.upper(), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        scenario = load_scenario(args.scenario)
+    except (ScenarioError, OSError) as exc:
+        print(f"cellcal sim: {exc}", file=sys.stderr)
+        return 2
+
+    stop = threading.Event()
+
+    def on_signal(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping", signum)
+        stop.set()
+
+    previous = {s: signal.signal(s, on_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        with contextlib.ExitStack() as stack:
+            world = scenario.make_world()
+            urls: dict[str, str | None] = {}
+            for name, starter in DEVICE_STARTERS.items():
+                if starter is None:
+                    urls[name] = None
+                    continue
+                device = starter(args, scenario, world)
+                stack.callback(device.close)
+                urls[name] = device.url
+            sys.stdout.write(json.dumps(urls) + "\n")
+            sys.stdout.flush()
+            while not stop.wait(0.5):
+                pass
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+    return 0
