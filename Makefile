@@ -15,14 +15,15 @@ $(STAMP)-%: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e ".[$*]"
 	touch $@
 
+# Until the daemon lands: a seeded synthetic calibration through `cellcal solve`.
 demo: $(STAMP)-test
-	$(VENV)/bin/cellcal demo
+	$(VENV)/bin/cellcal solve --synthetic 20 --noise-mm 0.2 --noise-deg 0.1
 
 test: $(STAMP)-test
 	$(PY) -m pytest -q
 
 bench: $(STAMP)-test,bench
-	$(PY) bench/solver_bench.py
+	for f in bench/*_bench.py; do $(PY) $$f || exit 1; done
 
 clean:
 	rm -rf $(VENV) build *.egg-info
