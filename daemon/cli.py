@@ -14,6 +14,7 @@ import sys
 COMMANDS: dict[str, tuple[str, str]] = {
     "solve": ("cellcal.daemon.cmd_solve", "solve a calibration from a station file"),
     "sim": ("cellcal.sim.cli", "serve the simulated cell's devices (tracker) until SIGTERM"),
+    "check-config": ("cellcal.daemon.cmd_check_config", "validate a configuration file"),
 }
 
 

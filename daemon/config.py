@@ -1,0 +1,444 @@
+"""Daemon configuration: TOML (``tomllib``) into frozen dataclasses.
+
+Rules (issue 5, DESIGN.md section 5):
+
+* Unknown keys are rejected; every error is a :class:`ConfigError` naming the dotted path
+  (``capture.sync_window_s``) and what was expected.
+* Keys carry their unit in the name (``_mm``, ``_deg``, ``_s``, ``_mm_s``, ``_deg_s``); values
+  are converted to SI on load, and the dataclass fields carry the SI unit in *their* name
+  (``settle.max_flange_speed_mm_s`` -> ``RobotSettle.max_flange_speed_m_s``).
+* ``config_version`` is required and must be a version this build understands.
+* Device options (``[robot.options]``, ``[tracker.options]``) are passed to the drivers'
+  ``connect_*`` functions; :func:`check_devices` builds the drivers (constructors do no I/O)
+  so a misspelt option is reported at load time with its dotted path.
+
+The example files in ``config/`` are the reference for every key; ``cellcal check-config
+FILE`` loads one and prints it back in SI units.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import math
+import tomllib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, get_args, get_origin, get_type_hints
+
+from cellcal.solver.errors import CellcalError
+
+__all__ = [
+    "ConfigError",
+    "Config",
+    "load_config",
+    "load_config_text",
+    "check_devices",
+    "SUPPORTED_CONFIG_VERSIONS",
+]
+
+SUPPORTED_CONFIG_VERSIONS = (1,)
+
+_MM = 1e-3
+_DEG = math.pi / 180.0
+
+
+class ConfigError(CellcalError, ValueError):
+    """A configuration file that cannot be used; ``.path`` is the dotted key path."""
+
+    def __init__(self, path: str, message: str, *, file: str | None = None) -> None:
+        self.path = path
+        self.file = file
+        where = f"{file}: " if file else ""
+        super().__init__(f"{where}{path}: {message}" if path else f"{where}{message}")
+
+
+def key(name: str, scale: float = 1.0, doc: str = "") -> dict[str, Any]:
+    """Field metadata: the TOML key (with its unit) and the factor to SI."""
+    return {"key": name, "scale": scale, "doc": doc}
+
+
+def _f(default: Any, name: str, scale: float = 1.0, doc: str = "", **kw: Any) -> Any:
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=key(name, scale, doc), **kw)
+    return field(default=default, metadata=key(name, scale, doc), **kw)
+
+
+# --- the schema ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Service:
+    """``[service]``: where the daemon keeps things."""
+
+    name: str = _f("cell", "name", doc="cell name, in every message and result")
+    state_dir: str = _f("/var/lib/cellcal", "state_dir", doc="SQLite store and exports")
+    runtime_dir: str = _f("/run/cellcal", "runtime_dir", doc="ipc sockets")
+    log_level: str = _f("info", "log_level")
+    fault_retry_min_s: float = _f(1.0, "fault_retry_min_s", doc="first retry after a device fault")
+    fault_retry_max_s: float = _f(60.0, "fault_retry_max_s", doc="backoff ceiling")
+
+
+@dataclass(frozen=True)
+class RobotSettle:
+    """``[robot.settle]``: when the robot counts as at rest."""
+
+    max_joint_speed_rad_s: float = _f(math.radians(0.05), "max_joint_speed_deg_s", _DEG)
+    max_flange_speed_m_s: float = _f(0.1e-3, "max_flange_speed_mm_s", _MM)
+    dwell_s: float = _f(0.5, "dwell_s", doc="both under threshold for this long")
+    require_target_reached: bool = _f(True, "require_target_reached", doc="CiA 402 statusword bit 10")
+
+
+@dataclass(frozen=True)
+class Robot:
+    """``[robot]``: the controller."""
+
+    url: str = _f("", "url", doc="rtde://host[:port] or canopen://channel?...")
+    read_timeout_s: float = _f(1.0, "read_timeout_s")
+    settle: RobotSettle = field(default_factory=RobotSettle, metadata=key("settle"))
+    options: dict = _f({}, "options", doc="passed to cellcal.drivers.connect_robot")
+
+
+@dataclass(frozen=True)
+class TrackerSettle:
+    """``[tracker.settle]``: when a tracker measurement counts as settled."""
+
+    max_std_translation_m: float = _f(0.05e-3, "max_std_mm", _MM)
+    max_std_rotation_rad: float = _f(math.radians(0.01), "max_std_deg", _DEG)
+    agree_translation_m: float = _f(0.05e-3, "agree_mm", _MM, doc="consecutive averages agree within")
+    agree_rotation_rad: float = _f(math.radians(0.01), "agree_deg", _DEG)
+
+
+@dataclass(frozen=True)
+class Tracker:
+    """``[tracker]``: the laser tracker."""
+
+    url: str = _f("", "url", doc="device path, socket://host:port or pty path")
+    measure: str = _f("pose", "measure", doc="pose (6-DoF target) or point (3-DoF reflector)")
+    average_s: float = _f(0.5, "average_s")
+    settle: TrackerSettle = field(default_factory=TrackerSettle, metadata=key("settle"))
+    options: dict = _f({}, "options", doc="passed to cellcal.drivers.connect_tracker")
+
+
+@dataclass(frozen=True)
+class Capture:
+    """``[capture]``: how stations are taken."""
+
+    motion_mode: str = _f("command", "motion_mode", doc="command (we move) or observe (cell moves)")
+    move_speed: float = _f(0.25, "move_speed", doc="fraction of the robot's nominal speed, (0, 1]")
+    sync_window_s: float = _f(0.2, "sync_window_s", doc="rest windows must overlap by at least this")
+    station_timeout_s: float = _f(60.0, "station_timeout_s", doc="move + settle + measure budget")
+    max_attempts_per_station: int = _f(3, "max_attempts_per_station")
+    max_consecutive_rejections: int = _f(8, "max_consecutive_rejections", doc="then the run aborts")
+    min_pose_change_m: float = _f(5e-3, "min_pose_change_mm", _MM, doc="observe mode: a new pose")
+    min_pose_change_rad: float = _f(math.radians(2.0), "min_pose_change_deg", _DEG)
+
+
+@dataclass(frozen=True)
+class PlanStation:
+    """One explicit station: joints, or a flange pose in the base frame."""
+
+    q_rad: list = _f([], "q_deg", _DEG)
+    flange_xyz_m: list = _f([], "flange_xyz_mm", _MM)
+    flange_quat_wxyz: list = _f([], "flange_quat_wxyz")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """``[plan]``: which stations a run visits."""
+
+    kind: str = _f("generated", "kind", doc="generated or explicit")
+    n_stations: int = _f(20, "n_stations")
+    workspace_min_m: list = _f([0.3, -0.4, 0.2], "workspace_min_mm", _MM, doc="box in the base frame")
+    workspace_max_m: list = _f([0.7, 0.4, 0.6], "workspace_max_mm", _MM)
+    max_tilt_rad: float = _f(math.radians(40.0), "max_tilt_deg", _DEG, doc="from tool-down")
+    seed: int = _f(0, "seed")
+    stations: list = _f([], "stations", doc="explicit: [[plan.stations]] tables")
+
+
+@dataclass(frozen=True)
+class Solve:
+    """``[solve]``: the calibration and its acceptance gates."""
+
+    kind: str = _f("base_frame", "kind", doc="base_frame, tool_point or hand_eye")
+    min_axis_spread: float = _f(1e-4, "min_axis_spread")
+    max_rms_translation_m: float = _f(0.5e-3, "max_rms_mm", _MM, doc="acceptance gate")
+    max_rms_rotation_rad: float = _f(math.radians(0.1), "max_rms_deg", _DEG)
+
+
+@dataclass(frozen=True)
+class Drift:
+    """``[drift]``: heartbeat drift checks after a calibration."""
+
+    enabled: bool = _f(True, "enabled")
+    interval_s: float = _f(600.0, "interval_s")
+    check_stations: int = _f(3, "check_stations")
+    warn_translation_m: float = _f(0.1e-3, "warn_mm", _MM)
+    fail_translation_m: float = _f(0.3e-3, "fail_mm", _MM)
+    warn_rotation_rad: float = _f(math.radians(0.02), "warn_deg", _DEG)
+    fail_rotation_rad: float = _f(math.radians(0.05), "fail_deg", _DEG)
+    cusum_k_m: float = _f(0.05e-3, "cusum_k_mm", _MM, doc="CUSUM slack per check")
+    cusum_h_m: float = _f(0.3e-3, "cusum_h_mm", _MM, doc="CUSUM alarm level")
+    on_drift: str = _f("mark", "on_drift", doc="mark (suspect only) or recalibrate")
+
+
+@dataclass(frozen=True)
+class ZmqClient:
+    """One ``[[zmq.clients]]`` entry: a CURVE public key and its role."""
+
+    name: str = _f("", "name")
+    public_key: str = _f("", "public_key", doc="Z85, 40 characters")
+    role: str = _f("observer", "role", doc="observer or operator")
+
+
+@dataclass(frozen=True)
+class Zmq:
+    """``[zmq]``: the client interface."""
+
+    pub_endpoint: str = _f("ipc:///run/cellcal/pub.sock", "pub_endpoint")
+    cmd_endpoint: str = _f("ipc:///run/cellcal/cmd.sock", "cmd_endpoint")
+    heartbeat_s: float = _f(1.0, "heartbeat_s")
+    republish_s: float = _f(60.0, "republish_s", doc="retained result cadence")
+    sndhwm: int = _f(1000, "sndhwm")
+    max_msg_bytes: int = _f(1 << 20, "max_msg_bytes")
+    curve: bool = _f(False, "curve")
+    server_secret_key_file: str = _f("", "server_secret_key_file")
+    clients: list = _f([], "clients", doc="[[zmq.clients]] tables")
+
+
+@dataclass(frozen=True)
+class Config:
+    """The whole configuration, SI units. ``sha256`` is the hash of the file's bytes."""
+
+    config_version: int = _f(1, "config_version")
+    service: Service = field(default_factory=Service, metadata=key("service"))
+    robot: Robot = field(default_factory=Robot, metadata=key("robot"))
+    tracker: Tracker = field(default_factory=Tracker, metadata=key("tracker"))
+    capture: Capture = field(default_factory=Capture, metadata=key("capture"))
+    plan: Plan = field(default_factory=Plan, metadata=key("plan"))
+    solve: Solve = field(default_factory=Solve, metadata=key("solve"))
+    drift: Drift = field(default_factory=Drift, metadata=key("drift"))
+    zmq: Zmq = field(default_factory=Zmq, metadata=key("zmq"))
+    sha256: str = field(default="", metadata={"internal": True})
+    source: str = field(default="", metadata={"internal": True})
+
+
+# Element types of list fields that hold tables.
+_LIST_OF = {(Plan, "stations"): PlanStation, (Zmq, "clients"): ZmqClient}
+_CHOICES = {
+    (Tracker, "measure"): ("pose", "point"),
+    (Capture, "motion_mode"): ("command", "observe"),
+    (Plan, "kind"): ("generated", "explicit"),
+    (Solve, "kind"): ("base_frame", "tool_point", "hand_eye"),
+    (Drift, "on_drift"): ("mark", "recalibrate"),
+    (ZmqClient, "role"): ("observer", "operator"),
+    (Service, "log_level"): ("debug", "info", "warning", "error"),
+}
+
+
+# --- loading -------------------------------------------------------------------------------------
+
+
+def _typename(t: Any) -> str:
+    return {float: "a number", int: "an integer", str: "a string", bool: "true or false",
+            list: "an array", dict: "a table"}.get(t, getattr(t, "__name__", str(t)))
+
+
+def _convert(cls: type, fname: str, ftype: Any, value: Any, scale: float, path: str) -> Any:
+    if dataclasses.is_dataclass(ftype):
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"expected a table, got {type(value).__name__}")
+        return _build(ftype, value, path)
+    if ftype is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(path, f"expected true or false, got {value!r}")
+        return value
+    if ftype is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(path, f"expected an integer, got {value!r}")
+        return value
+    if ftype is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise ConfigError(path, f"expected a finite number, got {value!r}")
+        return float(value) * scale
+    if ftype is str:
+        if not isinstance(value, str):
+            raise ConfigError(path, f"expected a string, got {value!r}")
+        choices = _CHOICES.get((cls, fname))
+        if choices and value not in choices:
+            raise ConfigError(path, f"expected one of {', '.join(choices)}, got {value!r}")
+        return value
+    if ftype is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(path, f"expected a table, got {value!r}")
+        return dict(value)
+    if ftype is list:
+        if not isinstance(value, list):
+            raise ConfigError(path, f"expected an array, got {value!r}")
+        elem = _LIST_OF.get((cls, fname))
+        if elem is not None:
+            return [_convert(cls, fname, elem, v, 1.0, f"{path}[{i}]") for i, v in enumerate(value)]
+        out = []
+        for i, v in enumerate(value):
+            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
+                raise ConfigError(f"{path}[{i}]", f"expected a finite number, got {v!r}")
+            out.append(float(v) * scale)
+        return out
+    raise ConfigError(path, f"unsupported type {ftype!r}")  # a schema bug, not a user error
+
+
+def _build(cls: type, table: dict, prefix: str) -> Any:
+    hints = get_type_hints(cls)
+    by_key = {f.metadata["key"]: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
+    kwargs = {}
+    for k, v in table.items():
+        path = f"{prefix}.{k}" if prefix else k
+        f = by_key.get(k)
+        if f is None:
+            hint = _near(k, by_key)
+            raise ConfigError(path, "unknown key" + (f" (did you mean {hint!r}?)" if hint else ""))
+        kwargs[f.name] = _convert(cls, f.name, hints[f.name], v, f.metadata.get("scale", 1.0), path)
+    return cls(**kwargs)
+
+
+def _near(k: str, known: dict) -> str | None:
+    import difflib
+
+    m = difflib.get_close_matches(k, list(known), n=1, cutoff=0.6)
+    return m[0] if m else None
+
+
+def load_config_text(text: str, *, source: str = "<string>") -> Config:
+    """Parse and validate TOML text into a :class:`Config` (SI units)."""
+    try:
+        raw = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError("", f"not valid TOML: {exc}", file=source) from exc
+    if "config_version" not in raw:
+        raise ConfigError("config_version", f"missing (this build reads {SUPPORTED_CONFIG_VERSIONS})", file=source)
+    try:
+        cfg = _build(Config, raw, "")
+        _validate(cfg)
+    except ConfigError as exc:
+        raise ConfigError(exc.path, str(exc).split(": ", 1)[1] if exc.path else str(exc), file=source) from None
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+    return dataclasses.replace(cfg, sha256=digest, source=source)
+
+
+def load_config(path: str | Path) -> Config:
+    """Read a TOML file; errors name the file and the dotted key path."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ConfigError("", f"cannot read: {exc}", file=str(path)) from exc
+    return load_config_text(text, source=str(path))
+
+
+def _positive(path: str, v: float) -> None:
+    if not v > 0:
+        raise ConfigError(path, f"must be > 0, got {v!r}")
+
+
+def _validate(c: Config) -> None:
+    """Cross-field and range checks that the types alone do not express."""
+    if c.config_version not in SUPPORTED_CONFIG_VERSIONS:
+        raise ConfigError("config_version", f"version {c.config_version} not supported (this build reads {SUPPORTED_CONFIG_VERSIONS})")
+    for path, v in (
+        ("robot.read_timeout_s", c.robot.read_timeout_s),
+        ("robot.settle.max_joint_speed_deg_s", c.robot.settle.max_joint_speed_rad_s),
+        ("robot.settle.max_flange_speed_mm_s", c.robot.settle.max_flange_speed_m_s),
+        ("tracker.settle.max_std_mm", c.tracker.settle.max_std_translation_m),
+        ("tracker.settle.agree_mm", c.tracker.settle.agree_translation_m),
+        ("capture.station_timeout_s", c.capture.station_timeout_s),
+        ("zmq.heartbeat_s", c.zmq.heartbeat_s),
+        ("zmq.republish_s", c.zmq.republish_s),
+        ("drift.interval_s", c.drift.interval_s),
+        ("service.fault_retry_min_s", c.service.fault_retry_min_s),
+    ):
+        _positive(path, v)
+    if c.robot.settle.dwell_s < 0:
+        raise ConfigError("robot.settle.dwell_s", "must be >= 0")
+    if not 0 < c.capture.move_speed <= 1:
+        raise ConfigError("capture.move_speed", f"must be in (0, 1], got {c.capture.move_speed}")
+    if not 0 <= c.tracker.average_s <= 60:
+        raise ConfigError("tracker.average_s", f"must be in [0, 60], got {c.tracker.average_s}")
+    if c.capture.sync_window_s < 0:
+        raise ConfigError("capture.sync_window_s", "must be >= 0")
+    if c.capture.max_attempts_per_station < 1:
+        raise ConfigError("capture.max_attempts_per_station", "must be >= 1")
+    if c.capture.max_consecutive_rejections < 1:
+        raise ConfigError("capture.max_consecutive_rejections", "must be >= 1")
+    if c.service.fault_retry_max_s < c.service.fault_retry_min_s:
+        raise ConfigError("service.fault_retry_max_s", "must be >= fault_retry_min_s")
+    p = c.plan
+    for name, vec in (("workspace_min_mm", p.workspace_min_m), ("workspace_max_mm", p.workspace_max_m)):
+        if len(vec) != 3:
+            raise ConfigError(f"plan.{name}", f"expected 3 numbers (x, y, z), got {len(vec)}")
+    if any(lo >= hi for lo, hi in zip(p.workspace_min_m, p.workspace_max_m)):
+        raise ConfigError("plan.workspace_max_mm", "every component must exceed workspace_min_mm")
+    if p.kind == "generated" and p.n_stations < 3:
+        raise ConfigError("plan.n_stations", f"at least 3 stations are needed, got {p.n_stations}")
+    if p.kind == "explicit":
+        if len(p.stations) < 3:
+            raise ConfigError("plan.stations", f"an explicit plan needs at least 3 stations, got {len(p.stations)}")
+        for i, st in enumerate(p.stations):
+            where = f"plan.stations[{i}]"
+            has_q = bool(st.q_rad)
+            has_pose = bool(st.flange_xyz_m) or bool(st.flange_quat_wxyz)
+            if has_q == has_pose:
+                raise ConfigError(where, "give either q_deg or flange_xyz_mm + flange_quat_wxyz")
+            if has_pose and (len(st.flange_xyz_m) != 3 or len(st.flange_quat_wxyz) != 4):
+                raise ConfigError(where, "flange_xyz_mm needs 3 numbers and flange_quat_wxyz 4")
+            if has_pose and abs(math.sqrt(sum(x * x for x in st.flange_quat_wxyz)) - 1) > 1e-3:
+                raise ConfigError(f"{where}.flange_quat_wxyz", "quaternion must have unit norm")
+    d = c.drift
+    if d.fail_translation_m < d.warn_translation_m:
+        raise ConfigError("drift.fail_mm", "must be >= warn_mm")
+    if d.fail_rotation_rad < d.warn_rotation_rad:
+        raise ConfigError("drift.fail_deg", "must be >= warn_deg")
+    if d.check_stations < 1:
+        raise ConfigError("drift.check_stations", "must be >= 1")
+    for i, cl in enumerate(c.zmq.clients):
+        if len(cl.public_key) != 40:
+            raise ConfigError(f"zmq.clients[{i}].public_key", "expected a 40-character Z85 CURVE public key")
+    if c.zmq.curve and not c.zmq.server_secret_key_file:
+        raise ConfigError("zmq.server_secret_key_file", "required when curve = true")
+    for name in ("pub_endpoint", "cmd_endpoint"):
+        ep = getattr(c.zmq, name)
+        if not ep.startswith(("tcp://", "ipc://", "inproc://")):
+            raise ConfigError(f"zmq.{name}", f"expected tcp://, ipc:// or inproc://, got {ep!r}")
+
+
+def check_devices(cfg: Config) -> None:
+    """Build (but do not open) the configured drivers, so bad URLs or options are reported
+    with their dotted path. Constructors do no I/O, so this touches no device."""
+    from cellcal.drivers import connect_robot, connect_tracker
+
+    for section, url, options, connect in (
+        ("robot", cfg.robot.url, cfg.robot.options, connect_robot),
+        ("tracker", cfg.tracker.url, cfg.tracker.options, connect_tracker),
+    ):
+        if not url:
+            raise ConfigError(f"{section}.url", "missing")
+        try:
+            connect(url, **options)
+        except TypeError as exc:
+            raise ConfigError(f"{section}.options", f"not accepted by the driver: {exc}") from None
+        except ValueError as exc:
+            raise ConfigError(f"{section}.url", str(exc)) from None
+
+
+def as_toml_dict(obj: Any) -> dict:
+    """The dataclass as a plain dict of SI values (for ``check-config`` to print)."""
+    out = {}
+    for f in dataclasses.fields(obj):
+        if f.metadata.get("internal"):
+            continue
+        v = getattr(obj, f.name)
+        if dataclasses.is_dataclass(v):
+            v = as_toml_dict(v)
+        elif isinstance(v, list):
+            v = [as_toml_dict(x) if dataclasses.is_dataclass(x) else x for x in v]
+        out[f.name] = v
+    return out
