@@ -211,7 +211,13 @@ def _uint(lo: int, hi: int):
             raise ValueError(f"{v} outside [{lo}, {hi}]")
         return str(v)
 
-    return parse, fmt
+    def fast(s: str) -> int:
+        v = int(s)
+        if not lo <= v <= hi:
+            raise ValueError
+        return v
+
+    return parse, fmt, r"(0|[1-9][0-9]{0,15})", fast
 
 
 def _decimal(places: int, signed: bool):
@@ -235,7 +241,9 @@ def _decimal(places: int, signed: bool):
             raise ValueError(f"{v!r} does not fit the wire format")
         return out
 
-    return parse, fmt
+    pattern = r"(-?(?:0|[1-9][0-9]{0,8})(?:\.[0-9]{1,12})?)" if signed else \
+        r"((?:0|[1-9][0-9]{0,8})(?:\.[0-9]{1,12})?)"
+    return parse, fmt, pattern, float
 
 
 def _regex_text(regex: re.Pattern[str], what: str):
@@ -247,7 +255,8 @@ def _regex_text(regex: re.Pattern[str], what: str):
     def fmt(v: str) -> str:
         return parse(str(v))
 
-    return parse, fmt
+    # inner groups made non-capturing so the body regex has one group per field
+    return parse, fmt, "(" + regex.pattern.replace("(", "(?:") + ")", str
 
 
 def _text():
@@ -256,7 +265,8 @@ def _text():
             raise ValueError(f"bad text field: {s!r}")
         return s
 
-    return parse, lambda v: parse(str(v))
+    # 1-32 printable characters, no ',' and no space at either end
+    return parse, lambda v: parse(str(v)), r"([!-+\--~](?:[ -+\--~]{0,30}[!-+\--~])?)", str
 
 
 def _enum(cls):
@@ -266,7 +276,8 @@ def _enum(cls):
         except ValueError:
             raise ValueError(f"bad {cls.__name__}: {s!r}") from None
 
-    return parse, lambda v: cls(v).value
+    pattern = "(" + "|".join(re.escape(m.value) for m in cls) + ")"
+    return parse, lambda v: cls(v).value, pattern, cls
 
 
 def _flags(cls):
@@ -281,7 +292,7 @@ def _flags(cls):
             raise ValueError(f"flags out of range: {v}")
         return f"{v:04X}"
 
-    return parse, fmt
+    return parse, fmt, r"([0-9A-F]{4})", lambda s: cls(int(s, 16))
 
 
 _K_SEQ = _uint(0, SEQ_MAX)
@@ -321,6 +332,12 @@ def _record(type_: str, *kinds):
         assert len(names) == len(kinds) + 1 and names[0] == "seq", cls
         cls.TYPE = type_
         cls.KINDS = (_K_SEQ, *kinds)
+        # Fast path: one regex for the whole body checks every field's syntax at once;
+        # the per-field parsers run only to name what is wrong in a rejected frame.
+        cls._BODY_RE = re.compile(
+            re.escape(type_) + "".join("," + k[2] for k in cls.KINDS)
+        )
+        cls._FAST = tuple(k[3] for k in cls.KINDS)
         return cls
 
     return wrap
@@ -500,8 +517,8 @@ def encode(record: Record) -> bytes:
     """
     values = [getattr(record, f.name) for f in fields(record)]
     parts = [record.TYPE]
-    for (_, fmt), v in zip(record.KINDS, values):
-        parts.append(fmt(v))
+    for kind, v in zip(record.KINDS, values):
+        parts.append(kind[1](v))
     body = ",".join(parts).encode("ascii")
     frame = b"$" + body + b"*%04X\r\n" % crc16(body)
     if len(frame) > MAX_FRAME_BYTES:
@@ -652,12 +669,21 @@ class Decoder:
             return TrackerProtocolError(
                 FrameFault.BAD_CRC, f"CRC {got:04X} != computed {want:04X}", frame
             )
-        parts = body.decode("ascii").split(",")
-        type_ = parts[0]
+        text = body.decode("ascii")
+        type_ = text.split(",", 1)[0]
+        cls = self._types.get(type_)
+        if cls is not None:
+            m = cls._BODY_RE.fullmatch(text)
+            if m is not None:
+                try:
+                    return cls(*[conv(g) for conv, g in zip(cls._FAST, m.groups())])
+                except ValueError:
+                    pass  # a range check failed: the slow path below says which
+        parts = text.split(",")
         seq = None
         if len(parts) > 1:
             try:
-                seq = _K_SEQ[0](parts[1])
+                seq = _K_SEQ[0](parts[1])  # (parse, fmt, pattern, fast)
             except ValueError:
                 seq = None
         cls = self._types.get(type_)
@@ -673,7 +699,7 @@ class Decoder:
                 frame, seq=seq, msg_type=type_,
             )
         try:
-            values = [parse(s) for (parse, _), s in zip(cls.KINDS, parts[1:])]
+            values = [k[0](s) for k, s in zip(cls.KINDS, parts[1:])]
         except ValueError as exc:
             return TrackerProtocolError(
                 FrameFault.BAD_FIELDS, f"{type_}: {exc}", frame, seq=seq, msg_type=type_

@@ -224,7 +224,7 @@ def test_disconnect_on_pty_times_out_then_recovers():
         with pytest.raises(DriverError) as info:
             tr.measure("point")
         assert isinstance(info.value, trk.TrackerTimeoutError)
-        assert time.monotonic() - t0 < 0.2 + 0.15
+        assert time.monotonic() - t0 < 0.2 + 0.25
         wait_until(world, 0.72)
         tr.measure("point")
 
@@ -240,7 +240,7 @@ def test_disconnect_on_tcp_is_device_gone_then_reconnects():
         with pytest.raises(DriverError) as info:
             tr.measure("point")
         assert isinstance(info.value, (trk.TrackerGoneError, trk.TrackerTimeoutError))
-        assert time.monotonic() - t0 < 0.2 + 0.15
+        assert time.monotonic() - t0 < 0.2 + 0.25
         # while the link is down, reconnecting fails with a typed error, quickly
         with pytest.raises(DriverError):
             tr.measure("point")
@@ -263,7 +263,7 @@ def test_sim_closing_is_device_gone_and_a_new_device_is_found():
             t0 = time.monotonic()
             with pytest.raises(DriverError):
                 tr.measure("point")
-            assert time.monotonic() - t0 < 0.3 + 0.15
+            assert time.monotonic() - t0 < 0.3 + 0.25
             sim = SimTracker(world, sc.tracker, transport="tcp", port=port, seed=sc.seed).start()
             m = tr.measure("point")
             assert m.sample_count == 1 and tr.info.serial == "SIM-0001"
@@ -282,7 +282,7 @@ def test_pty_closed_under_the_driver_is_a_driver_error():
             t0 = time.monotonic()
             with pytest.raises(DriverError):
                 tr.measure("point")
-            assert time.monotonic() - t0 < 0.3 + 0.15
+            assert time.monotonic() - t0 < 0.3 + 0.25
     finally:
         sim.close()
 
