@@ -1,0 +1,1387 @@
+"""The daemon's durable state: runs, stations, results and drift checks in SQLite.
+
+One SQLite file, ``cellcal.sqlite3``, in the state directory (systemd's
+``StateDirectory``). Promises (DESIGN.md sections 5 and 7):
+
+* **No accepted station is ever lost.** ``add_station`` is one ``BEGIN IMMEDIATE ...
+  COMMIT`` in WAL mode with ``synchronous=FULL``: when it returns, the station is in the
+  fsynced WAL and survives ``kill -9`` or power loss; when the process dies before it
+  returns, the station is either wholly there or wholly absent, never half written.
+* **None is duplicated.** ``(run_id, plan_index)`` is unique. After a crash the daemon may
+  not know whether the station it was storing got committed; re-adding it raises the typed
+  :class:`DuplicateStation` instead of writing a second row, so "resume from what I last
+  saw" is safe. :meth:`Store.station_indices` says exactly what is committed.
+* **Resources fail loudly and leave data intact.** A full disk raises
+  :class:`StoreFullError`, a read-only directory or database :class:`StoreReadOnlyError`;
+  the failed transaction is rolled back, committed data stays readable, and the same open
+  store works again once space is freed.
+
+Schema (version 1; ``schema_version`` records every migration applied)::
+
+    schema_version(version PK, description, applied_utc)
+    store_meta(key PK, value)                      -- created_utc, last_opened_utc
+    runs(id PK, kind, status, status_reason, plan_json, config_sha256, devices_json,
+         parent_result_id -> results, created_utc, updated_utc)
+    stations(id PK, run_id -> runs, plan_index, UNIQUE(run_id, plan_index),
+         base_T_flange BLOB(128), q_rad BLOB(8n), cell_T_target BLOB(128)?, cell_p_target BLOB(24)?,
+         tracker_std_translation_m, tracker_std_rotation_rad?, sample_count,
+         robot_t_device_s, robot_t_host_ns, tracker_t_device_s, tracker_t_host_ns,
+         settle_json, raw_json, accepted_host_ns, stored_utc)
+    rejections(id PK, run_id -> runs, plan_index, reason, detail_json, recorded_utc)
+    results(id PK, run_id -> runs?, kind, result_json, provenance_json,
+         parent_result_id -> results?, valid_from_utc, created_utc,
+         active 0/1 (partial UNIQUE index: at most one row has active = 1),
+         suspect 0/1, suspect_reason, suspect_utc)
+    activations(id PK, result_id -> results, previous_result_id?, reason, activated_utc)
+    drift_checks(id PK, result_id -> results, record_json, recorded_utc)
+
+Storage choices, and why:
+
+* Arrays are little-endian float64 bytes: bit-exact (NaN payloads, ``-0.0``, subnormals)
+  and 128 bytes per pose.
+* Scalar float columns have no declared type (BLOB affinity): a ``REAL`` column stores
+  integral values as integers and gives ``-0.0`` back as ``0.0``. A ``CHECK (typeof(...))``
+  keeps them floats.
+* Dicts are JSON (``allow_nan=False``: NaN is not JSON, clients parse this); Python writes
+  floats with ``repr``, so they round-trip exactly. Keys must be strings to round-trip.
+* Wall-clock UTC stamps (``*_utc``, ISO 8601) are for people and provenance only; device
+  and host times are the monotonic stamps the capture engine supplies.
+
+Thread safety: one connection opened with ``check_same_thread=False`` and every call under
+one re-entrant lock, so a second thread (the ZeroMQ command handler) may read or write.
+Another process may open the same file (WAL lets readers run beside the writer), e.g. with
+``Store(dir, read_only=True)``.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import math
+import os
+import sqlite3
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from enum import StrEnum
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from cellcal.solver.errors import CellcalError
+
+__all__ = [
+    "DB_FILENAME",
+    "SCHEMA_VERSION",
+    "MIGRATIONS",
+    "FRAME_CONVENTION",
+    "RunStatus",
+    "Store",
+    "RunRecord",
+    "StationRecord",
+    "RejectionRecord",
+    "ResultRecord",
+    "DriftCheckRecord",
+    "ActivationRecord",
+    "StoreError",
+    "StoreFullError",
+    "StoreReadOnlyError",
+    "StoreCorruptError",
+    "DuplicateStation",
+    "UnknownRecord",
+    "RunClosed",
+    "migrate",
+]
+
+DB_FILENAME = "cellcal.sqlite3"
+
+# The convention every stored transform follows (ADR 0001); a provenance default, so a result
+# read years later still says what its matrices mean.
+FRAME_CONVENTION = "a_T_b maps coordinates in frame b to frame a; SI units; quaternion w,x,y,z with w >= 0"
+
+# Seconds a writer waits for another process's write lock before SQLITE_BUSY.
+_BUSY_TIMEOUT_S = 10.0
+
+
+# --------------------------------------------------------------------------------------
+# Errors
+
+
+class StoreError(CellcalError):
+    """The store could not do what was asked.
+
+    Attributes
+    ----------
+    state_dir : pathlib.Path or None
+        The state directory the store lives in (also named in the message).
+    """
+
+    def __init__(self, message: str, *, state_dir: Path | None = None) -> None:
+        self.state_dir = state_dir
+        super().__init__(message)
+
+
+class StoreFullError(StoreError):
+    """The disk (or the database's size limit) is full; the write was rolled back."""
+
+
+class StoreReadOnlyError(StoreError):
+    """The state directory or the database cannot be written; nothing was changed."""
+
+
+class StoreCorruptError(StoreError):
+    """The file is not a cellcal database or SQLite found it damaged."""
+
+
+class DuplicateStation(StoreError):
+    """The run already holds a station for this plan index (committed before a crash).
+
+    Attributes
+    ----------
+    run_id, plan_index : int
+    """
+
+    def __init__(self, message: str, *, run_id: int, plan_index: int, state_dir: Path | None = None) -> None:
+        self.run_id = run_id
+        self.plan_index = plan_index
+        super().__init__(message, state_dir=state_dir)
+
+
+class UnknownRecord(StoreError, LookupError):
+    """No run, result or station with the id given.
+
+    Attributes
+    ----------
+    table : str
+        ``"run"`` or ``"result"``.
+    record_id : int
+    """
+
+    def __init__(self, table: str, record_id: int, *, state_dir: Path | None = None) -> None:
+        self.table = table
+        self.record_id = record_id
+        super().__init__(f"no {table} with id {record_id} in the store in {state_dir}", state_dir=state_dir)
+
+
+class RunClosed(StoreError):
+    """The run has finished (done, failed or aborted) and takes no more stations or status changes."""
+
+
+# --------------------------------------------------------------------------------------
+# Records
+
+
+class RunStatus(StrEnum):
+    """Life cycle of a run. ``capturing``/``solving`` are open (resumed after a crash)."""
+
+    CAPTURING = "capturing"
+    SOLVING = "solving"
+    DONE = "done"
+    FAILED = "failed"
+    ABORTED = "aborted"
+
+
+_OPEN_STATUSES = (RunStatus.CAPTURING, RunStatus.SOLVING)
+
+
+@dataclass(frozen=True)
+class RunRecord:
+    """One calibration (or check) run.
+
+    Attributes
+    ----------
+    id : int
+    kind : str
+        ``"base_frame"``, ``"tool_point"``, ``"hand_eye"``, ...
+    status : RunStatus
+    status_reason : str
+        Why the run ended (or "" while it is open).
+    plan : dict
+        The station plan as the capture engine gave it.
+    config_sha256 : str
+    devices : dict
+        Device identities (model, serial, firmware) at the start of the run.
+    parent_result_id : int or None
+        The result this run recalibrates, if any.
+    created_utc, updated_utc : str
+        ISO 8601 UTC wall-clock stamps (for people, not for timing).
+    n_stations : int
+        Stations committed so far.
+    """
+
+    id: int
+    kind: str
+    status: RunStatus
+    status_reason: str
+    plan: dict[str, Any]
+    config_sha256: str
+    devices: dict[str, Any]
+    parent_result_id: int | None
+    created_utc: str
+    updated_utc: str
+    n_stations: int
+
+    @property
+    def is_open(self) -> bool:
+        """True while capturing or solving (a run to resume after a crash)."""
+        return self.status in _OPEN_STATUSES
+
+
+def _frozen_array(value: Any, name: str, shape: tuple[int, ...] | None, plan_index: Any) -> np.ndarray:
+    a = np.array(value, dtype=np.float64)  # a copy: the caller may reuse its buffer
+    if shape is not None and a.shape != shape:
+        raise ValueError(f"station {plan_index}: {name} must have shape {shape}, got {a.shape}")
+    if shape is None and a.ndim != 1:
+        raise ValueError(f"station {plan_index}: {name} must be 1-D, got shape {a.shape}")
+    if not np.all(np.isfinite(a)):
+        raise ValueError(f"station {plan_index}: {name} contains NaN or inf")
+    a.flags.writeable = False
+    return a
+
+
+def _finite_float(value: Any, name: str, plan_index: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"station {plan_index}: {name} must be a number, got {value!r}")
+    f = float(value)
+    if not math.isfinite(f):
+        raise ValueError(f"station {plan_index}: {name} must be finite, got {f!r}")
+    return f
+
+
+def _int(value: Any, name: str, plan_index: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"station {plan_index}: {name} must be an integer, got {value!r}")
+    i = int(value)
+    if not -(2**63) <= i < 2**63:
+        raise ValueError(f"station {plan_index}: {name} does not fit in 64 bits: {i}")
+    return i
+
+
+@dataclass(frozen=True, eq=False)
+class StationRecord:
+    """One accepted station: the robot state and the tracker measurement taken at rest.
+
+    Arrays are copied to float64 and made read-only on construction; every field is
+    validated here so a bad station fails where it is built, naming its plan index.
+
+    Attributes
+    ----------
+    plan_index : int
+        Position in the run's station plan (in ``observe`` mode: the capture sequence number).
+    base_T_flange : numpy.ndarray, shape (4, 4)
+        Flange pose from the controller's forward kinematics, metres.
+    q_rad : numpy.ndarray, shape (n,)
+        Joint angles, radians.
+    cell_T_target : numpy.ndarray, shape (4, 4), or None
+        6-DoF tracker measurement, metres (None for a 3-DoF tracker).
+    cell_p_target : numpy.ndarray, shape (3,), or None
+        3-DoF tracker measurement, metres (None if only the pose was measured).
+    tracker_std_translation_m : float
+    tracker_std_rotation_rad : float or None
+    sample_count : int
+        Tracker samples averaged into the measurement.
+    robot_t_device_s, tracker_t_device_s : float
+        Raw device clock stamps, seconds.
+    robot_t_host_ns, tracker_t_host_ns : int
+        The same instants mapped to host ``time.monotonic_ns()``.
+    settle : dict
+        Settle figures (dwell, max joint speed, TCP speed, thresholds ...), SI units.
+    raw : dict
+        Raw samples, JSON-serialisable (string keys, finite floats).
+    accepted_host_ns : int
+        Host ``time.monotonic_ns()`` when the capture engine accepted the station.
+    """
+
+    plan_index: int
+    base_T_flange: np.ndarray
+    q_rad: np.ndarray
+    cell_T_target: np.ndarray | None
+    cell_p_target: np.ndarray | None
+    tracker_std_translation_m: float
+    tracker_std_rotation_rad: float | None
+    sample_count: int
+    robot_t_device_s: float
+    robot_t_host_ns: int
+    tracker_t_device_s: float
+    tracker_t_host_ns: int
+    settle: dict[str, Any]
+    raw: dict[str, Any]
+    accepted_host_ns: int
+
+    def __post_init__(self) -> None:
+        idx = self.plan_index
+        s = object.__setattr__
+        s(self, "plan_index", _int(idx, "plan_index", idx))
+        if self.plan_index < 0:
+            raise ValueError(f"station {idx}: plan_index must be >= 0")
+        s(self, "base_T_flange", _frozen_array(self.base_T_flange, "base_T_flange", (4, 4), idx))
+        s(self, "q_rad", _frozen_array(self.q_rad, "q_rad", None, idx))
+        if self.cell_T_target is None and self.cell_p_target is None:
+            raise ValueError(f"station {idx}: needs cell_T_target or cell_p_target (the tracker measurement)")
+        if self.cell_T_target is not None:
+            s(self, "cell_T_target", _frozen_array(self.cell_T_target, "cell_T_target", (4, 4), idx))
+        if self.cell_p_target is not None:
+            s(self, "cell_p_target", _frozen_array(self.cell_p_target, "cell_p_target", (3,), idx))
+        s(self, "tracker_std_translation_m", _finite_float(self.tracker_std_translation_m, "tracker_std_translation_m", idx))
+        if self.tracker_std_rotation_rad is not None:
+            s(self, "tracker_std_rotation_rad", _finite_float(self.tracker_std_rotation_rad, "tracker_std_rotation_rad", idx))
+        for name in ("tracker_std_translation_m", "tracker_std_rotation_rad"):
+            if (getattr(self, name) or 0.0) < 0.0:
+                raise ValueError(f"station {idx}: {name} must be >= 0, got {getattr(self, name)!r}")
+        s(self, "sample_count", _int(self.sample_count, "sample_count", idx))
+        if self.sample_count < 1:
+            raise ValueError(f"station {idx}: sample_count must be >= 1, got {self.sample_count}")
+        for name in ("robot_t_device_s", "tracker_t_device_s"):
+            s(self, name, _finite_float(getattr(self, name), name, idx))
+        for name in ("robot_t_host_ns", "tracker_t_host_ns", "accepted_host_ns"):
+            s(self, name, _int(getattr(self, name), name, idx))
+        for name in ("settle", "raw"):
+            if not isinstance(getattr(self, name), dict):
+                raise ValueError(f"station {idx}: {name} must be a dict, got {type(getattr(self, name)).__name__}")
+
+
+@dataclass(frozen=True)
+class RejectionRecord:
+    """A capture the engine refused, with its reason (``not_settled``, ``tracker_std``, ...)."""
+
+    id: int
+    run_id: int
+    plan_index: int
+    reason: str
+    detail: dict[str, Any]
+    recorded_utc: str
+
+
+@dataclass(frozen=True)
+class ResultRecord:
+    """One stored calibration result (versioned by ``id``).
+
+    Attributes
+    ----------
+    id : int
+    run_id : int or None
+    kind : str
+    result : dict
+        The JSON-ready wire dict (``cellcal.daemon.report.result_to_wire``).
+    provenance : dict
+        ``config_sha256``, ``devices``, ``cellcal_version``, ``solver``,
+        ``frame_convention``, ``valid_from`` (ISO 8601 UTC), ``parent_result_id``,
+        ``run_id``, plus whatever the caller added.
+    parent_result_id : int or None
+    valid_from_utc, created_utc : str
+    active : bool
+        True for the one result clients use (at most one is active).
+    suspect : bool
+    suspect_reason : str
+    suspect_utc : str or None
+    """
+
+    id: int
+    run_id: int | None
+    kind: str
+    result: dict[str, Any]
+    provenance: dict[str, Any]
+    parent_result_id: int | None
+    valid_from_utc: str
+    created_utc: str
+    active: bool
+    suspect: bool
+    suspect_reason: str
+    suspect_utc: str | None
+
+    def to_export_dict(self) -> dict[str, Any]:
+        """The result file's content: id, kind, the wire result, provenance and status."""
+        return {
+            "result_id": self.id,
+            "kind": self.kind,
+            **self.result,
+            "provenance": self.provenance,
+            "active": self.active,
+            "suspect": self.suspect,
+            "suspect_reason": self.suspect_reason,
+        }
+
+
+@dataclass(frozen=True)
+class DriftCheckRecord:
+    """One heartbeat drift check of a result (deviation, thresholds, CUSUM ...)."""
+
+    id: int
+    result_id: int
+    record: dict[str, Any]
+    recorded_utc: str
+
+
+@dataclass(frozen=True)
+class ActivationRecord:
+    """One change of the active result (for audit and roll back)."""
+
+    id: int
+    result_id: int
+    previous_result_id: int | None
+    reason: str
+    activated_utc: str
+
+
+# --------------------------------------------------------------------------------------
+# Schema and migrations
+
+SCHEMA_VERSION = 1
+
+# version -> (description, statements). A migration runs in one transaction with the
+# version row it inserts, so a crash mid-migration leaves the previous version intact.
+# Never edit a released step: add the next one.
+MIGRATIONS: dict[int, tuple[str, tuple[str, ...]]] = {
+    1: (
+        "initial schema: runs, stations, rejections, results, activations, drift checks",
+        (
+            """CREATE TABLE store_meta (
+                key   TEXT PRIMARY KEY,
+                value TEXT NOT NULL
+            )""",
+            """CREATE TABLE runs (
+                id               INTEGER PRIMARY KEY,
+                kind             TEXT NOT NULL CHECK (kind <> ''),
+                status           TEXT NOT NULL
+                                 CHECK (status IN ('capturing', 'solving', 'done', 'failed', 'aborted')),
+                status_reason    TEXT NOT NULL DEFAULT '',
+                plan_json        TEXT NOT NULL,
+                config_sha256    TEXT NOT NULL,
+                devices_json     TEXT NOT NULL,
+                parent_result_id INTEGER REFERENCES results(id),
+                created_utc      TEXT NOT NULL,
+                updated_utc      TEXT NOT NULL
+            )""",
+            # Scalar floats have no declared type on purpose: see the module docstring.
+            """CREATE TABLE stations (
+                id                        INTEGER PRIMARY KEY,
+                run_id                    INTEGER NOT NULL REFERENCES runs(id),
+                plan_index                INTEGER NOT NULL CHECK (plan_index >= 0),
+                base_T_flange             BLOB NOT NULL CHECK (length(base_T_flange) = 128),
+                q_rad                     BLOB NOT NULL CHECK (length(q_rad) % 8 = 0),
+                cell_T_target             BLOB CHECK (cell_T_target IS NULL OR length(cell_T_target) = 128),
+                cell_p_target             BLOB CHECK (cell_p_target IS NULL OR length(cell_p_target) = 24),
+                tracker_std_translation_m NOT NULL CHECK (typeof(tracker_std_translation_m) = 'real'),
+                tracker_std_rotation_rad  CHECK (tracker_std_rotation_rad IS NULL
+                                                 OR typeof(tracker_std_rotation_rad) = 'real'),
+                sample_count              INTEGER NOT NULL,
+                robot_t_device_s          NOT NULL CHECK (typeof(robot_t_device_s) = 'real'),
+                robot_t_host_ns           INTEGER NOT NULL,
+                tracker_t_device_s        NOT NULL CHECK (typeof(tracker_t_device_s) = 'real'),
+                tracker_t_host_ns         INTEGER NOT NULL,
+                settle_json               TEXT NOT NULL,
+                raw_json                  TEXT NOT NULL,
+                accepted_host_ns          INTEGER NOT NULL,
+                stored_utc                TEXT NOT NULL,
+                UNIQUE (run_id, plan_index)
+            )""",
+            """CREATE TABLE rejections (
+                id           INTEGER PRIMARY KEY,
+                run_id       INTEGER NOT NULL REFERENCES runs(id),
+                plan_index   INTEGER NOT NULL,
+                reason       TEXT NOT NULL CHECK (reason <> ''),
+                detail_json  TEXT NOT NULL,
+                recorded_utc TEXT NOT NULL
+            )""",
+            "CREATE INDEX rejections_by_run ON rejections(run_id, id)",
+            """CREATE TABLE results (
+                id               INTEGER PRIMARY KEY,
+                run_id           INTEGER REFERENCES runs(id),
+                kind             TEXT NOT NULL CHECK (kind <> ''),
+                result_json      TEXT NOT NULL,
+                provenance_json  TEXT NOT NULL,
+                parent_result_id INTEGER REFERENCES results(id),
+                valid_from_utc   TEXT NOT NULL,
+                created_utc      TEXT NOT NULL,
+                active           INTEGER NOT NULL DEFAULT 0 CHECK (active IN (0, 1)),
+                suspect          INTEGER NOT NULL DEFAULT 0 CHECK (suspect IN (0, 1)),
+                suspect_reason   TEXT NOT NULL DEFAULT '',
+                suspect_utc      TEXT
+            )""",
+            # At most one active result, enforced by the database, not by care.
+            "CREATE UNIQUE INDEX results_one_active ON results(active) WHERE active = 1",
+            """CREATE TABLE activations (
+                id                 INTEGER PRIMARY KEY,
+                result_id          INTEGER NOT NULL REFERENCES results(id),
+                previous_result_id INTEGER REFERENCES results(id),
+                reason             TEXT NOT NULL DEFAULT '',
+                activated_utc      TEXT NOT NULL
+            )""",
+            """CREATE TABLE drift_checks (
+                id           INTEGER PRIMARY KEY,
+                result_id    INTEGER NOT NULL REFERENCES results(id),
+                record_json  TEXT NOT NULL,
+                recorded_utc TEXT NOT NULL
+            )""",
+            "CREATE INDEX drift_checks_by_result ON drift_checks(result_id, id)",
+        ),
+    ),
+}
+
+
+def _utc_now() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+
+
+def migrate(conn: sqlite3.Connection, migrations: dict[int, tuple[str, Sequence[str]]] | None = None) -> int:
+    """Bring the schema of an open connection up to the newest of ``migrations``.
+
+    All missing steps run in one ``BEGIN IMMEDIATE`` transaction together with their
+    ``schema_version`` rows: a failure or a crash leaves the database at its old version.
+
+    Parameters
+    ----------
+    conn : sqlite3.Connection
+        Opened with ``isolation_level=None`` (explicit transactions).
+    migrations : dict, optional
+        ``version -> (description, statements)``; default :data:`MIGRATIONS`.
+
+    Returns
+    -------
+    int
+        The schema version now in the database.
+
+    Raises
+    ------
+    StoreError
+        The database is newer than every migration known here (a downgrade).
+    sqlite3.Error
+        From a failing statement (the transaction is rolled back first).
+    """
+    migrations = MIGRATIONS if migrations is None else migrations
+    target = max(migrations)
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        conn.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version ("
+            " version INTEGER PRIMARY KEY, description TEXT NOT NULL, applied_utc TEXT NOT NULL)"
+        )
+        (current,) = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
+        if current > target:
+            raise StoreError(
+                f"database schema version {current} is newer than this cellcal knows ({target}); "
+                "refusing to use it (install the newer cellcal, or restore a backup)"
+            )
+        for version in sorted(v for v in migrations if v > current):
+            description, statements = migrations[version]
+            for sql in statements:
+                conn.execute(sql)
+            conn.execute(
+                "INSERT INTO schema_version(version, description, applied_utc) VALUES (?, ?, ?)",
+                (version, description, _utc_now()),
+            )
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.execute("ROLLBACK")
+        raise
+    return max(current, target)
+
+
+# --------------------------------------------------------------------------------------
+# Encoding
+
+
+def _json_default(obj: Any) -> Any:
+    # numpy scalars and arrays appear in settle figures and raw samples; write them as the
+    # plain numbers they are (float(np.float64) is exact, so the round trip stays exact).
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, np.floating):
+        return float(obj)
+    if isinstance(obj, np.integer):
+        return int(obj)
+    if isinstance(obj, np.bool_):
+        return bool(obj)
+    raise TypeError(f"{type(obj).__name__} is not JSON-serialisable")
+
+
+def _to_json(obj: Any, what: str) -> str:
+    try:
+        return json.dumps(obj, allow_nan=False, separators=(",", ":"), default=_json_default)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{what}: not storable as JSON ({exc})") from exc
+
+
+def _blob(a: np.ndarray | None) -> bytes | None:
+    return None if a is None else np.ascontiguousarray(a, dtype="<f8").tobytes()
+
+
+def _array(b: bytes | None, shape: tuple[int, ...] | None) -> np.ndarray | None:
+    if b is None:
+        return None
+    a = np.frombuffer(b, dtype="<f8").astype(np.float64)  # astype: a writable native copy
+    return a if shape is None else a.reshape(shape)
+
+
+# --------------------------------------------------------------------------------------
+# The store
+
+_STATION_COLUMNS = (
+    "plan_index, base_T_flange, q_rad, cell_T_target, cell_p_target, tracker_std_translation_m,"
+    " tracker_std_rotation_rad, sample_count, robot_t_device_s, robot_t_host_ns, tracker_t_device_s,"
+    " tracker_t_host_ns, settle_json, raw_json, accepted_host_ns"
+)
+_RUN_COLUMNS = (
+    "id, kind, status, status_reason, plan_json, config_sha256, devices_json, parent_result_id,"
+    " created_utc, updated_utc, (SELECT count(*) FROM stations s WHERE s.run_id = runs.id)"
+)
+_RESULT_COLUMNS = (
+    "id, run_id, kind, result_json, provenance_json, parent_result_id, valid_from_utc, created_utc,"
+    " active, suspect, suspect_reason, suspect_utc"
+)
+
+# Primary SQLite result codes (the low byte of an extended code).
+_SQLITE_PERM, _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT = 3, 8, 10, 11
+_SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_AUTH, _SQLITE_NOTADB = 13, 14, 23, 26
+
+
+def _cellcal_version() -> str:
+    try:
+        from importlib.metadata import version
+
+        return version("cellcal")
+    except Exception:  # not installed (running from a bare checkout): say so, do not fail
+        return "unknown"
+
+
+def _check_limit(limit: int) -> int:
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+        raise ValueError(f"limit must be a positive integer, got {limit!r}")
+    return limit
+
+
+def _check_id(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise ValueError(f"{name} must be an integer id, got {value!r}")
+    return int(value)
+
+
+def _iso_utc(value: datetime | str | None) -> str:
+    if value is None:
+        return _utc_now()
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError as exc:
+            raise ValueError(f"valid_from must be ISO 8601 with a UTC offset, got {value!r}") from exc
+    if not isinstance(value, datetime) or value.tzinfo is None:
+        raise ValueError(f"valid_from must be a timezone-aware datetime or ISO 8601 string, got {value!r}")
+    return value.astimezone(timezone.utc).isoformat(timespec="microseconds")
+
+
+class Store:
+    """cellcal's SQLite store in a state directory.
+
+    Construction does no I/O; :meth:`open` creates the directory and the database, applies
+    migrations and checks the store can be written (so a read-only state directory fails at
+    start-up, not at the first accepted station). Use as a context manager or call
+    :meth:`open`/:meth:`close` (both idempotent).
+
+    Parameters
+    ----------
+    state_dir : str or pathlib.Path
+        Directory holding ``cellcal.sqlite3`` (created by :meth:`open` if missing).
+    read_only : bool, optional
+        Open an existing database with ``mode=ro`` and ``PRAGMA query_only`` (for tools that
+        read while the daemon runs); every write raises :class:`StoreReadOnlyError`.
+
+    Examples
+    --------
+    >>> with Store(tmp) as store:                                       # doctest: +SKIP
+    ...     run = store.create_run("base_frame", plan, config_sha256=h, devices=d)
+    ...     store.add_station(run, station)
+    """
+
+    def __init__(self, state_dir: str | os.PathLike[str], *, read_only: bool = False) -> None:
+        self.state_dir = Path(state_dir)
+        self.path = self.state_dir / DB_FILENAME
+        self.read_only = bool(read_only)
+        self._conn: sqlite3.Connection | None = None
+        # Re-entrant: public methods call each other (add_result -> get_run) under the lock.
+        self._lock = threading.RLock()
+
+    def __repr__(self) -> str:
+        state = "open" if self._conn is not None else "closed"
+        return f"Store({str(self.state_dir)!r}, {state}{', read-only' if self.read_only else ''})"
+
+    # ---- life cycle ------------------------------------------------------------------
+
+    @property
+    def is_open(self) -> bool:
+        """True between :meth:`open` and :meth:`close`."""
+        return self._conn is not None
+
+    def open(self) -> Store:
+        """Create or open the database, migrate it, and prove it is writable.
+
+        Returns
+        -------
+        Store
+            ``self``, so ``store = Store(d).open()`` works.
+
+        Raises
+        ------
+        StoreReadOnlyError
+            The directory or the database cannot be written (or, with ``read_only``, there
+            is no database to read).
+        StoreFullError
+            No space to create or migrate the database.
+        StoreError
+            Anything else, e.g. a schema newer than this cellcal.
+        """
+        with self._lock:
+            if self._conn is not None:
+                return self
+            if self.read_only:
+                if not self.path.exists():
+                    raise StoreError(f"no cellcal database at {self.path}", state_dir=self.state_dir)
+            else:
+                try:
+                    self.state_dir.mkdir(parents=True, exist_ok=True)
+                except OSError as exc:
+                    raise self._os_error(exc, "creating the state directory") from exc
+            conn: sqlite3.Connection | None = None
+            try:
+                if self.read_only:
+                    conn = sqlite3.connect(
+                        self.path.resolve().as_uri() + "?mode=ro",
+                        uri=True,
+                        isolation_level=None,
+                        check_same_thread=False,
+                        timeout=_BUSY_TIMEOUT_S,
+                    )
+                    conn.execute("PRAGMA query_only = ON")
+                    (version,) = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
+                    if version > SCHEMA_VERSION:
+                        raise StoreError(
+                            f"database schema version {version} is newer than this cellcal knows "
+                            f"({SCHEMA_VERSION})",
+                            state_dir=self.state_dir,
+                        )
+                else:
+                    conn = sqlite3.connect(
+                        str(self.path), isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S
+                    )
+                    # WAL: a commit appends to one file and one fsync makes it durable;
+                    # readers in other processes never block the writer.
+                    (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
+                    if str(mode).lower() != "wal":
+                        raise StoreError(
+                            f"could not switch {self.path} to WAL mode (got {mode!r}); the file "
+                            "system may lack shared-memory support",
+                            state_dir=self.state_dir,
+                        )
+                    # FULL: fsync the WAL at every commit, so a returned add_station survives
+                    # power loss, not just a process crash (NORMAL would only promise the latter).
+                    conn.execute("PRAGMA synchronous = FULL")
+                conn.execute("PRAGMA foreign_keys = ON")
+                if not self.read_only:
+                    try:
+                        migrate(conn)
+                    except StoreError as exc:
+                        raise StoreError(f"{exc} [state directory {self.state_dir}]", state_dir=self.state_dir) from exc
+                    # A real write on every open: a read-only file or directory fails here,
+                    # at start-up, with a clear error, instead of at the first station.
+                    now = _utc_now()
+                    conn.execute("BEGIN IMMEDIATE")
+                    conn.execute("INSERT OR IGNORE INTO store_meta(key, value) VALUES ('created_utc', ?)", (now,))
+                    conn.execute("INSERT OR REPLACE INTO store_meta(key, value) VALUES ('last_opened_utc', ?)", (now,))
+                    conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn is not None:
+                    try:
+                        conn.close()
+                    except sqlite3.Error:
+                        pass
+                if isinstance(exc, sqlite3.Error):
+                    raise self._translate(exc, "opening the database") from exc
+                raise
+            self._conn = conn
+            return self
+
+    def close(self) -> None:
+        """Close the database (idempotent). Committed data is already durable."""
+        with self._lock:
+            conn, self._conn = self._conn, None
+            if conn is None:
+                return
+            try:
+                conn.close()
+            except sqlite3.Error as exc:
+                raise self._translate(exc, "closing the database") from exc
+
+    def __enter__(self) -> Store:
+        return self.open()
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def settings(self) -> dict[str, Any]:
+        """The connection's durability settings and schema version, as SQLite reports them.
+
+        Returns
+        -------
+        dict
+            ``journal_mode`` (``"wal"``), ``synchronous`` (2 = FULL), ``foreign_keys`` (1),
+            ``schema_version``, ``integrity_check`` (``"ok"``).
+        """
+        with self._read("reading settings") as conn:
+            out: dict[str, Any] = {}
+            for name in ("journal_mode", "synchronous", "foreign_keys"):
+                (out[name],) = conn.execute(f"PRAGMA {name}").fetchone()
+            (out["schema_version"],) = conn.execute("SELECT max(version) FROM schema_version").fetchone()
+            out["integrity_check"] = "; ".join(r[0] for r in conn.execute("PRAGMA integrity_check"))
+            return out
+
+    # ---- runs ------------------------------------------------------------------------
+
+    def create_run(
+        self,
+        kind: str,
+        plan: dict[str, Any],
+        *,
+        config_sha256: str,
+        devices: dict[str, Any],
+        parent_result_id: int | None = None,
+    ) -> int:
+        """Start a run in status ``capturing``.
+
+        Parameters
+        ----------
+        kind : str
+            ``"base_frame"``, ``"tool_point"``, ``"hand_eye"``, ...
+        plan : dict
+            The station plan (JSON-serialisable).
+        config_sha256 : str
+            Hash of the configuration file the daemon runs with.
+        devices : dict
+            Device identities (model, serial, firmware).
+        parent_result_id : int, optional
+            The result this run recalibrates.
+
+        Returns
+        -------
+        int
+            The new run id.
+        """
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"run kind must be a non-empty string, got {kind!r}")
+        if not isinstance(config_sha256, str):
+            raise ValueError(f"config_sha256 must be a string, got {config_sha256!r}")
+        plan_json = _to_json(plan, "run plan")
+        devices_json = _to_json(devices, "run devices")
+        with self._write("creating a run") as conn:
+            if parent_result_id is not None:
+                self._require(conn, "result", _check_id(parent_result_id, "parent_result_id"))
+            now = _utc_now()
+            cur = conn.execute(
+                "INSERT INTO runs(kind, status, plan_json, config_sha256, devices_json, parent_result_id,"
+                " created_utc, updated_utc) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+                (kind, RunStatus.CAPTURING.value, plan_json, config_sha256, devices_json, parent_result_id, now, now),
+            )
+            return int(cur.lastrowid)
+
+    def get_run(self, run_id: int) -> RunRecord:
+        """The run with id ``run_id``; :class:`UnknownRecord` if there is none."""
+        run_id = _check_id(run_id, "run_id")
+        with self._read("reading a run") as conn:
+            row = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs WHERE id = ?", (run_id,)).fetchone()
+            if row is None:
+                raise UnknownRecord("run", run_id, state_dir=self.state_dir)
+            return self._run(row)
+
+    def list_runs(self, limit: int = 50) -> list[RunRecord]:
+        """The ``limit`` most recent runs, newest first."""
+        limit = _check_limit(limit)
+        with self._read("listing runs") as conn:
+            rows = conn.execute(f"SELECT {_RUN_COLUMNS} FROM runs ORDER BY id DESC LIMIT ?", (limit,))
+            return [self._run(r) for r in rows]
+
+    def unfinished_runs(self) -> list[RunRecord]:
+        """Runs still ``capturing`` or ``solving`` (interrupted by a crash), oldest first."""
+        with self._read("listing unfinished runs") as conn:
+            rows = conn.execute(
+                f"SELECT {_RUN_COLUMNS} FROM runs WHERE status IN (?, ?) ORDER BY id",
+                tuple(s.value for s in _OPEN_STATUSES),
+            )
+            return [self._run(r) for r in rows]
+
+    def set_run_status(self, run_id: int, status: str | RunStatus, reason: str = "") -> None:
+        """Move a run to ``status``.
+
+        ``capturing`` and ``solving`` may follow each other freely; ``done``, ``failed`` and
+        ``aborted`` are final.
+
+        Raises
+        ------
+        ValueError
+            ``status`` is not one of :class:`RunStatus`.
+        UnknownRecord
+            No such run.
+        RunClosed
+            The run already finished.
+        """
+        run_id = _check_id(run_id, "run_id")
+        try:
+            new = RunStatus(status)
+        except ValueError:
+            raise ValueError(
+                f"run status must be one of {', '.join(s.value for s in RunStatus)}; got {status!r}"
+            ) from None
+        if not isinstance(reason, str):
+            raise ValueError(f"reason must be a string, got {reason!r}")
+        with self._write(f"setting the status of run {run_id}") as conn:
+            self._require_open_run(conn, run_id, f"cannot set status {new.value!r}")
+            conn.execute(
+                "UPDATE runs SET status = ?, status_reason = ?, updated_utc = ? WHERE id = ?",
+                (new.value, reason, _utc_now(), run_id),
+            )
+
+    # ---- stations --------------------------------------------------------------------
+
+    def add_station(self, run_id: int, st: StationRecord) -> int:
+        """Commit one accepted station in one transaction (durable when this returns).
+
+        Returns
+        -------
+        int
+            The station's row id.
+
+        Raises
+        ------
+        DuplicateStation
+            The run already has a station at ``st.plan_index`` (e.g. it was committed just
+            before a crash); nothing was written.
+        UnknownRecord, RunClosed
+            No such run, or it has finished.
+        StoreFullError, StoreReadOnlyError
+            Nothing was written; earlier stations are intact.
+        """
+        run_id = _check_id(run_id, "run_id")
+        if not isinstance(st, StationRecord):
+            raise TypeError(f"add_station needs a StationRecord, got {type(st).__name__}")
+        # Encode before taking the write lock: a bad dict fails without touching the file.
+        settle_json = _to_json(st.settle, f"station {st.plan_index} settle")
+        raw_json = _to_json(st.raw, f"station {st.plan_index} raw")
+        with self._write(f"adding station {st.plan_index} to run {run_id}") as conn:
+            self._require_open_run(conn, run_id, f"cannot add station {st.plan_index}")
+            if conn.execute(
+                "SELECT 1 FROM stations WHERE run_id = ? AND plan_index = ?", (run_id, st.plan_index)
+            ).fetchone():
+                raise DuplicateStation(
+                    f"run {run_id} already has station {st.plan_index} (state directory {self.state_dir})",
+                    run_id=run_id,
+                    plan_index=st.plan_index,
+                    state_dir=self.state_dir,
+                )
+            cur = conn.execute(
+                f"INSERT INTO stations(run_id, {_STATION_COLUMNS}, stored_utc)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    run_id,
+                    st.plan_index,
+                    _blob(st.base_T_flange),
+                    _blob(st.q_rad),
+                    _blob(st.cell_T_target),
+                    _blob(st.cell_p_target),
+                    st.tracker_std_translation_m,
+                    st.tracker_std_rotation_rad,
+                    st.sample_count,
+                    st.robot_t_device_s,
+                    st.robot_t_host_ns,
+                    st.tracker_t_device_s,
+                    st.tracker_t_host_ns,
+                    settle_json,
+                    raw_json,
+                    st.accepted_host_ns,
+                    _utc_now(),
+                ),
+            )
+            conn.execute("UPDATE runs SET updated_utc = ? WHERE id = ?", (_utc_now(), run_id))
+            return int(cur.lastrowid)
+
+    def stations(self, run_id: int) -> list[StationRecord]:
+        """Every committed station of a run, in plan order."""
+        run_id = _check_id(run_id, "run_id")
+        with self._read(f"reading the stations of run {run_id}") as conn:
+            self._require(conn, "run", run_id)
+            rows = conn.execute(
+                f"SELECT {_STATION_COLUMNS} FROM stations WHERE run_id = ? ORDER BY plan_index", (run_id,)
+            ).fetchall()
+        return [
+            StationRecord(
+                plan_index=r[0],
+                base_T_flange=_array(r[1], (4, 4)),
+                q_rad=_array(r[2], None),
+                cell_T_target=_array(r[3], (4, 4)),
+                cell_p_target=_array(r[4], (3,)),
+                tracker_std_translation_m=r[5],
+                tracker_std_rotation_rad=r[6],
+                sample_count=r[7],
+                robot_t_device_s=r[8],
+                robot_t_host_ns=r[9],
+                tracker_t_device_s=r[10],
+                tracker_t_host_ns=r[11],
+                settle=json.loads(r[12]),
+                raw=json.loads(r[13]),
+                accepted_host_ns=r[14],
+            )
+            for r in rows
+        ]
+
+    def station_indices(self, run_id: int) -> list[int]:
+        """Plan indices committed for a run, ascending (cheap: for resuming after a crash)."""
+        run_id = _check_id(run_id, "run_id")
+        with self._read(f"reading the station indices of run {run_id}") as conn:
+            self._require(conn, "run", run_id)
+            rows = conn.execute("SELECT plan_index FROM stations WHERE run_id = ? ORDER BY plan_index", (run_id,))
+            return [r[0] for r in rows]
+
+    def add_rejection(self, run_id: int, plan_index: int, reason: str, detail: dict[str, Any]) -> int:
+        """Record a refused capture and why (``detail``: the figures behind the reason).
+
+        Raises
+        ------
+        UnknownRecord, RunClosed
+        """
+        run_id = _check_id(run_id, "run_id")
+        plan_index = _check_id(plan_index, "plan_index")
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"rejection reason must be a non-empty string, got {reason!r}")
+        detail_json = _to_json(detail, f"rejection detail of station {plan_index}")
+        with self._write(f"recording a rejection in run {run_id}") as conn:
+            self._require_open_run(conn, run_id, f"cannot record a rejection of station {plan_index}")
+            cur = conn.execute(
+                "INSERT INTO rejections(run_id, plan_index, reason, detail_json, recorded_utc) VALUES (?, ?, ?, ?, ?)",
+                (run_id, plan_index, reason, detail_json, _utc_now()),
+            )
+            return int(cur.lastrowid)
+
+    def rejections(self, run_id: int) -> list[RejectionRecord]:
+        """Every rejection of a run, in the order recorded."""
+        run_id = _check_id(run_id, "run_id")
+        with self._read(f"reading the rejections of run {run_id}") as conn:
+            self._require(conn, "run", run_id)
+            rows = conn.execute(
+                "SELECT id, run_id, plan_index, reason, detail_json, recorded_utc FROM rejections"
+                " WHERE run_id = ? ORDER BY id",
+                (run_id,),
+            ).fetchall()
+        return [RejectionRecord(r[0], r[1], r[2], r[3], json.loads(r[4]), r[5]) for r in rows]
+
+    # ---- results ---------------------------------------------------------------------
+
+    def add_result(
+        self,
+        run_id: int | None,
+        kind: str,
+        result: dict[str, Any],
+        provenance: dict[str, Any],
+        *,
+        parent_result_id: int | None = None,
+        activate: bool = False,
+        valid_from: datetime | str | None = None,
+    ) -> int:
+        """Store a new result version, optionally making it the active one.
+
+        Provenance keys the caller leaves out are filled in: ``run_id``,
+        ``parent_result_id``, ``config_sha256`` and ``devices`` (from the run),
+        ``cellcal_version``, ``solver`` and ``frame_convention`` (from ``result`` or
+        :data:`FRAME_CONVENTION`), ``valid_from`` (``valid_from``, else
+        ``provenance["valid_from"]``, else now, as ISO 8601 UTC).
+
+        Parameters
+        ----------
+        run_id : int or None
+            The run that produced it (None for a result imported from elsewhere).
+        kind : str
+        result : dict
+            JSON-ready wire dict (``result_to_wire``).
+        provenance : dict
+        parent_result_id : int, optional
+            The result this one supersedes.
+        activate : bool, optional
+            Make it the active result in the same transaction.
+        valid_from : datetime or str, optional
+            Timezone-aware; default now (wall clock, a human-facing stamp).
+
+        Returns
+        -------
+        int
+            The result id (its version).
+        """
+        if not isinstance(kind, str) or not kind:
+            raise ValueError(f"result kind must be a non-empty string, got {kind!r}")
+        if not isinstance(result, dict) or not isinstance(provenance, dict):
+            raise ValueError("result and provenance must be dicts")
+        prov = dict(provenance)
+        if "parent_result_id" in prov and prov["parent_result_id"] != parent_result_id:
+            raise ValueError(
+                f"provenance names parent result {prov['parent_result_id']!r} but parent_result_id is "
+                f"{parent_result_id!r}"
+            )
+        vf = _iso_utc(valid_from if valid_from is not None else prov.get("valid_from"))
+        result_json = _to_json(result, "result")
+        with self._write("adding a result") as conn:
+            if run_id is not None:
+                run_id = _check_id(run_id, "run_id")
+                run = conn.execute("SELECT config_sha256, devices_json FROM runs WHERE id = ?", (run_id,)).fetchone()
+                if run is None:
+                    raise UnknownRecord("run", run_id, state_dir=self.state_dir)
+                prov.setdefault("config_sha256", run[0])
+                prov.setdefault("devices", json.loads(run[1]))
+            if parent_result_id is not None:
+                parent_result_id = _check_id(parent_result_id, "parent_result_id")
+                self._require(conn, "result", parent_result_id)
+            prov["run_id"] = run_id
+            prov["parent_result_id"] = parent_result_id
+            prov["valid_from"] = vf
+            prov.setdefault("cellcal_version", _cellcal_version())
+            prov.setdefault("solver", result.get("solver", "unknown"))
+            prov.setdefault("frame_convention", result.get("frame_convention", FRAME_CONVENTION))
+            provenance_json = _to_json(prov, "result provenance")
+            cur = conn.execute(
+                "INSERT INTO results(run_id, kind, result_json, provenance_json, parent_result_id, valid_from_utc,"
+                " created_utc) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (run_id, kind, result_json, provenance_json, parent_result_id, vf, _utc_now()),
+            )
+            result_id = int(cur.lastrowid)
+            if activate:
+                self._activate(conn, result_id, "activated on creation")
+            return result_id
+
+    def get_result(self, result_id: int) -> ResultRecord:
+        """The result with id ``result_id``; :class:`UnknownRecord` if there is none."""
+        result_id = _check_id(result_id, "result_id")
+        with self._read("reading a result") as conn:
+            row = conn.execute(f"SELECT {_RESULT_COLUMNS} FROM results WHERE id = ?", (result_id,)).fetchone()
+            if row is None:
+                raise UnknownRecord("result", result_id, state_dir=self.state_dir)
+            return self._result(row)
+
+    def active_result(self) -> ResultRecord | None:
+        """The result clients use now, or None before the first activation."""
+        with self._read("reading the active result") as conn:
+            row = conn.execute(f"SELECT {_RESULT_COLUMNS} FROM results WHERE active = 1").fetchone()
+            return None if row is None else self._result(row)
+
+    def activate_result(self, result_id: int, reason: str = "") -> None:
+        """Make ``result_id`` the one active result (roll back or forward) and log it.
+
+        Raises
+        ------
+        UnknownRecord
+            No such result; the active result is unchanged.
+        """
+        result_id = _check_id(result_id, "result_id")
+        with self._write(f"activating result {result_id}") as conn:
+            self._require(conn, "result", result_id)
+            self._activate(conn, result_id, reason)
+
+    def list_results(self, limit: int = 50) -> list[ResultRecord]:
+        """The ``limit`` most recent results, newest first."""
+        limit = _check_limit(limit)
+        with self._read("listing results") as conn:
+            rows = conn.execute(f"SELECT {_RESULT_COLUMNS} FROM results ORDER BY id DESC LIMIT ?", (limit,))
+            return [self._result(r) for r in rows]
+
+    def mark_suspect(self, result_id: int, reason: str) -> None:
+        """Flag a result as suspect (a failed drift check); it stays active until replaced."""
+        result_id = _check_id(result_id, "result_id")
+        if not isinstance(reason, str) or not reason:
+            raise ValueError(f"suspect reason must be a non-empty string, got {reason!r}")
+        with self._write(f"marking result {result_id} suspect") as conn:
+            self._require(conn, "result", result_id)
+            conn.execute(
+                "UPDATE results SET suspect = 1, suspect_reason = ?, suspect_utc = ? WHERE id = ?",
+                (reason, _utc_now(), result_id),
+            )
+
+    def activation_history(self, limit: int = 50) -> list[ActivationRecord]:
+        """The ``limit`` most recent changes of the active result, newest first."""
+        limit = _check_limit(limit)
+        with self._read("reading the activation history") as conn:
+            rows = conn.execute(
+                "SELECT id, result_id, previous_result_id, reason, activated_utc FROM activations"
+                " ORDER BY id DESC LIMIT ?",
+                (limit,),
+            )
+            return [ActivationRecord(*r) for r in rows]
+
+    # ---- drift checks ----------------------------------------------------------------
+
+    def add_drift_check(self, result_id: int, record: dict[str, Any]) -> int:
+        """Store one drift check of a result (deviation, thresholds, verdict, CUSUM ...)."""
+        result_id = _check_id(result_id, "result_id")
+        record_json = _to_json(record, "drift check record")
+        with self._write(f"adding a drift check of result {result_id}") as conn:
+            self._require(conn, "result", result_id)
+            cur = conn.execute(
+                "INSERT INTO drift_checks(result_id, record_json, recorded_utc) VALUES (?, ?, ?)",
+                (result_id, record_json, _utc_now()),
+            )
+            return int(cur.lastrowid)
+
+    def drift_checks(self, result_id: int, limit: int = 100) -> list[DriftCheckRecord]:
+        """The ``limit`` most recent drift checks of a result, oldest first (CUSUM order)."""
+        result_id = _check_id(result_id, "result_id")
+        limit = _check_limit(limit)
+        with self._read(f"reading the drift checks of result {result_id}") as conn:
+            self._require(conn, "result", result_id)
+            rows = conn.execute(
+                "SELECT id, result_id, record_json, recorded_utc FROM drift_checks WHERE result_id = ?"
+                " ORDER BY id DESC LIMIT ?",
+                (result_id, limit),
+            ).fetchall()
+        return [DriftCheckRecord(r[0], r[1], json.loads(r[2]), r[3]) for r in reversed(rows)]
+
+    # ---- internals -------------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._conn is None:
+            raise StoreError(f"store in {self.state_dir} is not open (call open() first)", state_dir=self.state_dir)
+        return self._conn
+
+    @contextmanager
+    def _read(self, action: str) -> Iterator[sqlite3.Connection]:
+        with self._lock:
+            conn = self._connection()
+            try:
+                yield conn
+            except sqlite3.Error as exc:
+                raise self._translate(exc, action) from exc
+
+    @contextmanager
+    def _write(self, action: str) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE ... COMMIT``; rolled back on any exception."""
+        with self._lock:
+            conn = self._connection()
+            try:
+                # IMMEDIATE takes the write lock up front, so another process cannot make
+                # this transaction fail half-way with SQLITE_BUSY.
+                conn.execute("BEGIN IMMEDIATE")
+                yield conn
+                conn.execute("COMMIT")
+            except BaseException as exc:
+                if conn.in_transaction:
+                    try:
+                        conn.execute("ROLLBACK")
+                    except sqlite3.Error:
+                        pass  # SQLite already rolled back (it does on SQLITE_FULL); the cause is what matters
+                if isinstance(exc, sqlite3.Error):
+                    raise self._translate(exc, action) from exc
+                raise
+
+    def _require(self, conn: sqlite3.Connection, table: str, record_id: int) -> None:
+        sql = {"run": "SELECT 1 FROM runs WHERE id = ?", "result": "SELECT 1 FROM results WHERE id = ?"}[table]
+        if conn.execute(sql, (record_id,)).fetchone() is None:
+            raise UnknownRecord(table, record_id, state_dir=self.state_dir)
+
+    def _require_open_run(self, conn: sqlite3.Connection, run_id: int, what: str) -> None:
+        row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise UnknownRecord("run", run_id, state_dir=self.state_dir)
+        if RunStatus(row[0]) not in _OPEN_STATUSES:
+            raise RunClosed(
+                f"run {run_id} is {row[0]}: {what} (state directory {self.state_dir})", state_dir=self.state_dir
+            )
+
+    def _activate(self, conn: sqlite3.Connection, result_id: int, reason: str) -> None:
+        prev = conn.execute("SELECT id FROM results WHERE active = 1").fetchone()
+        previous = None if prev is None else prev[0]
+        # Clear first: the partial unique index forbids two active rows even for an instant.
+        conn.execute("UPDATE results SET active = 0 WHERE active = 1")
+        conn.execute("UPDATE results SET active = 1 WHERE id = ?", (result_id,))
+        conn.execute(
+            "INSERT INTO activations(result_id, previous_result_id, reason, activated_utc) VALUES (?, ?, ?, ?)",
+            (result_id, previous, str(reason), _utc_now()),
+        )
+
+    @staticmethod
+    def _run(r: Sequence[Any]) -> RunRecord:
+        return RunRecord(
+            id=r[0],
+            kind=r[1],
+            status=RunStatus(r[2]),
+            status_reason=r[3],
+            plan=json.loads(r[4]),
+            config_sha256=r[5],
+            devices=json.loads(r[6]),
+            parent_result_id=r[7],
+            created_utc=r[8],
+            updated_utc=r[9],
+            n_stations=r[10],
+        )
+
+    @staticmethod
+    def _result(r: Sequence[Any]) -> ResultRecord:
+        return ResultRecord(
+            id=r[0],
+            run_id=r[1],
+            kind=r[2],
+            result=json.loads(r[3]),
+            provenance=json.loads(r[4]),
+            parent_result_id=r[5],
+            valid_from_utc=r[6],
+            created_utc=r[7],
+            active=bool(r[8]),
+            suspect=bool(r[9]),
+            suspect_reason=r[10],
+            suspect_utc=r[11],
+        )
+
+    def _dir_is_read_only(self) -> bool:
+        d = self.state_dir if self.state_dir.exists() else self.state_dir.parent
+        try:
+            if os.statvfs(d).f_flag & os.ST_RDONLY:
+                return True
+        except OSError:
+            return False
+        return not os.access(d, os.W_OK)
+
+    def _dir_is_full(self) -> bool:
+        try:
+            st = os.statvfs(self.state_dir)
+        except OSError:
+            return False
+        return st.f_bavail == 0 or (st.f_files > 0 and st.f_favail == 0)
+
+    def _translate(self, exc: sqlite3.Error, action: str) -> StoreError:
+        """The typed error for a SQLite failure, naming the state directory."""
+        code = getattr(exc, "sqlite_errorcode", None)
+        name = getattr(exc, "sqlite_errorname", None) or type(exc).__name__
+        primary = None if code is None else code & 0xFF
+        where = f"state directory {self.state_dir}"
+        if primary == _SQLITE_FULL or (primary == _SQLITE_IOERR and self._dir_is_full()):
+            return StoreFullError(
+                f"{where}: disk or database full while {action} ({name}: {exc}); the transaction was rolled "
+                "back and earlier data is intact; free space and retry",
+                state_dir=self.state_dir,
+            )
+        if primary in (_SQLITE_READONLY, _SQLITE_PERM, _SQLITE_AUTH) or (
+            primary in (_SQLITE_CANTOPEN, _SQLITE_IOERR) and self._dir_is_read_only()
+        ):
+            return StoreReadOnlyError(
+                f"{where}: cannot write while {action} ({name}: {exc}); the directory or {DB_FILENAME} is "
+                "read-only (check the mount, permissions, and StateDirectory=); nothing was changed",
+                state_dir=self.state_dir,
+            )
+        if primary in (_SQLITE_CORRUPT, _SQLITE_NOTADB):
+            return StoreCorruptError(
+                f"{where}: {self.path.name} is damaged or not a cellcal database while {action} ({name}: {exc})",
+                state_dir=self.state_dir,
+            )
+        return StoreError(f"{where}: {action} failed ({name}: {exc})", state_dir=self.state_dir)
+
+    def _os_error(self, exc: OSError, action: str) -> StoreError:
+        where = f"state directory {self.state_dir}"
+        if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+            return StoreFullError(f"{where}: disk full while {action} ({exc})", state_dir=self.state_dir)
+        if exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            return StoreReadOnlyError(f"{where}: read-only while {action} ({exc})", state_dir=self.state_dir)
+        return StoreError(f"{where}: {action} failed ({exc})", state_dir=self.state_dir)
+
