@@ -204,8 +204,8 @@ class TrackerMeasurement:
 
     Attributes
     ----------
-    kind : MeasKind
-        ``POSE`` (6-DoF) or ``POINT`` (3-DoF).
+    kind : str
+        ``"pose"`` (6-DoF) or ``"point"`` (3-DoF), as passed to ``measure()``.
     cell_T_target : numpy.ndarray, shape (4, 4), or None
         Target pose in the cell frame, metres (``POSE`` only; read-only array).
     cell_p_target : numpy.ndarray, shape (3,)
@@ -229,7 +229,7 @@ class TrackerMeasurement:
         Informational flags from the device.
     """
 
-    kind: MeasKind
+    kind: str
     cell_T_target: np.ndarray | None
     cell_p_target: np.ndarray
     std_translation_m: np.ndarray
@@ -595,7 +595,7 @@ class TrackerDriver(abc.ABC):
             cell_T_target = _frozen_array(transform_from_xyz_quat(xyz, q / norm))
             std_r = _frozen_array(std_r)
         return TrackerMeasurement(
-            kind=raw.kind,
+            kind=raw.kind.value.lower(),
             cell_T_target=cell_T_target,
             cell_p_target=_frozen_array(xyz),
             std_translation_m=_frozen_array(std_t),

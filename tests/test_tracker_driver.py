@@ -189,7 +189,7 @@ def test_measure_pose():
         with _driver(dev.url) as drv:
             m = drv.measure("pose", average_s=0.25)
         dev.assert_done()
-    assert m.kind is MeasKind.POSE and m.sample_count == 250 and m.average_s == 0.25
+    assert m.kind == "pose" and m.sample_count == 250 and m.average_s == 0.25
     np.testing.assert_allclose(m.cell_p_target, [1.50025, -0.2005, 0.030125], atol=1e-12)
     np.testing.assert_allclose(m.cell_T_target[:3, 3], m.cell_p_target)
     np.testing.assert_allclose(m.cell_T_target[:3, :3], matrix_from_quat(q), atol=1e-12)
@@ -209,7 +209,7 @@ def test_measure_point():
         with _driver(dev.url) as drv:
             m = drv.measure("point")
         dev.assert_done()
-    assert m.kind is MeasKind.POINT and m.cell_T_target is None and m.std_rotation_rad is None
+    assert m.kind == "point" and m.cell_T_target is None and m.std_rotation_rad is None
     np.testing.assert_allclose(m.cell_p_target, [-0.001, 0.002, 3.0])
     np.testing.assert_allclose(m.std_translation_m, [1e-5, 2e-5, 3e-5])
 
