@@ -245,6 +245,22 @@ class SimRobot:
             qd = qd + amp * w * math.cos(w * t)
         return q, qd
 
+    def ctrl_track(self, ts: np.ndarray) -> np.ndarray:
+        """Noise-free controller joints (k, 6) at world times ``ts`` (k,) under the current
+        segment, without side effects (the CiA 402 drives check their position window on it
+        between two evaluations, as a drive's firmware does at its control rate)."""
+        sc = self.scenario
+        ts = np.asarray(ts, dtype=float)
+        with self._lock:
+            seg = self._seg
+        q = np.array([seg.eval(float(t), sc.settle_time_constant_s, sc.ringing_frequency_hz)[0] for t in ts])
+        ns = np.array([self.fault_active("never_settles", float(t)) for t in ts])
+        if np.any(ns):
+            w = 2 * math.pi * sc.ringing_frequency_hz
+            amp = max(sc.ringing_amplitude_rad, math.radians(0.01))
+            q = q + (ns * amp * np.sin(w * ts))[:, None]
+        return q
+
     def _write_world(self, t: float) -> None:
         q, qd = self._ctrl(t)
         q_phys = q  # true_model already adds the zero offsets
