@@ -102,7 +102,10 @@ class RobotState:
         Sample time on the device clock (RTDE ``timestamp``: seconds since controller
         start; CiA 402: the SYNC instant, see ``docs/protocols/robot.md``).
     t_host_ns : int
-        Sample time mapped to host ``time.monotonic_ns()``.
+        Sample time on host ``time.monotonic_ns()``. RTDE: ``timestamp`` mapped through a
+        :class:`~cellcal.drivers.clock.StreamClockModel` (the lower envelope of arrival
+        times, so it includes the smallest transport delay seen; the receive time until the
+        model has its first samples). CiA 402: the host's own stamp of the SYNC.
     moving : bool
         The robot is moving (a joint faster than the backend's ``moving`` threshold, or a
         move in progress).

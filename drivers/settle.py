@@ -197,10 +197,13 @@ class SettleDetector:
             and (t - self._last_ns) * 1e-9 > self.config.max_sample_gap_s
         )
         self._last_ns = t
-        if reason or gap:
+        if reason:
             self.reset()
             self._last_ns = t
-            return SettleStatus(False, 0, 0, 0.0, 0.0, 0.0, 0.0, 0, reason or "sample gap")
+            return SettleStatus(False, 0, 0, 0.0, 0.0, 0.0, 0.0, 0, reason)
+        if gap:  # nothing is known about the hole: a new window starts at this sample
+            self.reset()
+            self._last_ns = t
         if self._n == 0:
             self._start_ns = t
         self._n += 1

@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from cellcal.drivers import rtde_codec as rc
+from cellcal.drivers.clock import StreamClockModel
 from cellcal.drivers.errors import (
     DeviceError,
     DeviceGoneError,
@@ -342,7 +343,9 @@ class UrRtdeDriver(RobotDriver):
         self._thread: threading.Thread | None = None
         self._seq = 0
         self.reconnects = 0
-        self.clock: Any = None  # StreamClockModel once cellcal.drivers.clock is available
+        #: controller clock (RTDE ``timestamp``) -> host ``monotonic_ns``
+        self.clock = StreamClockModel(window=512)
+        self._last_t_dev = -math.inf
 
     @classmethod
     def from_url(cls, url: RobotUrl, options: Mapping[str, Any]) -> UrRtdeDriver:
@@ -506,11 +509,12 @@ class UrRtdeDriver(RobotDriver):
         base_T_flange = pose_to_transform(f["actual_TCP_pose"]) @ self._tcp_T_flange
         lin, ang = self.model.flange_speed(q, qd)
         t_dev = float(f["timestamp"])
-        t_host = recv_ns
-        if self.clock is not None:
-            self.clock.add(t_dev, recv_ns)
-            if self.clock.ready:
-                t_host = int(self.clock.to_host_ns(t_dev))
+        if t_dev < self._last_t_dev:
+            log.warning("%r: controller clock went backwards (restart?): clock model reset", self)
+            self.clock.reset()
+        self._last_t_dev = t_dev
+        self.clock.add(t_dev, recv_ns)
+        t_host = int(self.clock.to_host_ns(t_dev)) if self.clock.ready else recv_ns
         self._seq += 1
         return RobotState(
             q_rad=q,

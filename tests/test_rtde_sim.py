@@ -65,6 +65,22 @@ def test_v2_handshake_and_state(sim):
         assert s2.t_device_s > s.t_device_s and s2.t_host_ns >= s.t_host_ns
 
 
+def test_controller_clock_maps_to_host_time():
+    world = make_world(scale=1.0)
+    with start_sim_robot(world, {"clock_skew_ppm": 300.0, "clock_offset_s": 5000.0}) as h:
+        with connect_robot(h.url, frequency_hz=250) as robot:
+            time.sleep(0.8)
+            s = robot.read_state()
+            assert robot.clock.ready and robot.clock.n_samples > 100
+            # mapped sample time: at or before arrival, by no more than loopback jitter
+            assert -1e6 < s.t_recv_host_ns - s.t_host_ns < 20e6
+            # host minus device offset: the device clock reads ~5000 s more than host time
+            # since the world started
+            assert robot.clock.to_device_s(s.t_host_ns) == pytest.approx(s.t_device_s, abs=0.02)
+            later = robot.wait_for_sample_after(s.seq, 1.0)
+            assert later.t_host_ns > s.t_host_ns
+
+
 def test_v1_fallback_against_sim():
     world = make_world()
     with start_sim_robot(world, {"rtde_max_protocol": 1}) as h, connect_robot(h.url) as robot:
