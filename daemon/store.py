@@ -747,8 +747,17 @@ class Store:
             conn: sqlite3.Connection | None = None
             try:
                 if self.read_only:
+                    uri = self.path.resolve().as_uri() + "?mode=ro"
+                    # On a read-only file system SQLite cannot create the -shm file a WAL
+                    # reader needs. With no -wal file there is nothing beyond the main file
+                    # to read and nobody can write, so "immutable" is exact; with a -wal
+                    # file left by a crash, SQLite reads it read-only (3.22+) and we must not
+                    # skip it.
+                    wal = self.path.with_name(self.path.name + "-wal")
+                    if self._fs_is_read_only() and not wal.exists():
+                        uri += "&immutable=1"
                     conn = sqlite3.connect(
-                        self.path.resolve().as_uri() + "?mode=ro",
+                        uri,
                         uri=True,
                         isolation_level=None,
                         check_same_thread=False,
@@ -1334,14 +1343,18 @@ class Store:
             suspect_utc=r[11],
         )
 
-    def _dir_is_read_only(self) -> bool:
+    def _fs_is_read_only(self) -> bool:
+        # Only a read-only *mount* is a promise that no process can write the file; a
+        # directory we merely lack permission on may still be written by the daemon's user.
         d = self.state_dir if self.state_dir.exists() else self.state_dir.parent
         try:
-            if os.statvfs(d).f_flag & os.ST_RDONLY:
-                return True
+            return bool(os.statvfs(d).f_flag & os.ST_RDONLY)
         except OSError:
             return False
-        return not os.access(d, os.W_OK)
+
+    def _dir_is_read_only(self) -> bool:
+        d = self.state_dir if self.state_dir.exists() else self.state_dir.parent
+        return self._fs_is_read_only() or not os.access(d, os.W_OK)
 
     def _dir_is_full(self) -> bool:
         try:
