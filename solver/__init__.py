@@ -6,9 +6,16 @@ Public API (DESIGN.md section 3)::
     calibrate_hand_eye(base_T_flange, camera_T_target, *, workspace=None) -> HandEyeResult
     calibrate_tool_point(base_T_flange, *, workspace=None) -> ToolPointResult
 
-plus :class:`Workspace`, the error tree (:class:`CellcalError`, :class:`CalibrationError`,
-:class:`NotEnoughSamples`, :class:`DegenerateGeometry`) and the SE(3) helpers in
-:mod:`cellcal.solver.se3`.
+and (issue 7, ADR 0004)::
+
+    calibrate_eye_to_hand(base_T_flange, camera_T_target, *, workspace=None) -> EyeToHandResult
+    calibrate_base_frame_points(base_T_flange, cell_p_target, *, workspace=None) -> PointBaseFrameResult
+    planning.plan_stations(...), planning.suggest_next_station(...)
+
+Every result carries its covariance, 1-sigma figures, ``predicted_error_at(...)`` and a
+held-out closure (:class:`HoldoutClosure`). Plus :class:`Workspace`, the error tree
+(:class:`CellcalError`, :class:`CalibrationError`, :class:`NotEnoughSamples`,
+:class:`DegenerateGeometry`) and the SE(3) helpers in :mod:`cellcal.solver.se3`.
 """
 
 from cellcal.solver.calibrate import (
@@ -17,23 +24,32 @@ from cellcal.solver.calibrate import (
     MIN_STATIONS,
     BaseFrameResult,
     CalibrationResult,
+    EyeToHandResult,
     HandEyeResult,
     Residuals,
     ToolPointResult,
     calibrate_base_frame,
+    calibrate_eye_to_hand,
     calibrate_hand_eye,
     calibrate_tool_point,
 )
 from cellcal.solver.errors import CalibrationError, CellcalError, DegenerateGeometry, NotEnoughSamples
+from cellcal.solver.uncertainty import PredictedError
+from cellcal.solver.validation import Agreement, HoldoutClosure
 from cellcal.solver.workspace import Workspace
 
 __all__ = [
     "calibrate_base_frame",
     "calibrate_hand_eye",
     "calibrate_tool_point",
+    "calibrate_eye_to_hand",
     "BaseFrameResult",
     "HandEyeResult",
+    "EyeToHandResult",
     "ToolPointResult",
+    "HoldoutClosure",
+    "Agreement",
+    "PredictedError",
     "CalibrationResult",
     "Residuals",
     "Workspace",

@@ -6,12 +6,21 @@
 * :func:`calibrate_hand_eye` (eye-in-hand): ``base_T_flange_i @ flange_T_camera @
   camera_T_target_i = base_T_target``. Motions ``A = G_j^-1 G_i`` (flange frame),
   ``B = O_j O_i^-1`` (camera frame), ``A X = X B`` with ``X = flange_T_camera``.
+* :func:`calibrate_eye_to_hand` (camera fixed in the cell, target on the flange):
+  ``base_T_camera @ camera_T_target_i = base_T_flange_i @ flange_T_target``, i.e. the base
+  frame's absolute form with the robot on the measured side: motions ``A = G_j G_i^-1``
+  (base frame), ``B = O_j O_i^-1`` (camera frame), ``A X = X B`` with ``X = base_T_camera``.
 * :func:`calibrate_tool_point` (pivot): ``R_i p_tip + t_i = p_pivot``, solved through the
   Schur complement of its fixed 6x6 normal equations.
 
-The first two differ only in which side each relative motion is taken on and in how the
-constant edge is recovered afterwards; both run :func:`_solve_axxb`. The pivot shares the
-workspace, the validation and the observability test. Every failure follows ADR 0002.
+The AX=XB problems differ only in which side each relative motion is taken on and in how
+the constant edge is recovered afterwards; all run :func:`_solve_axxb`. The pivot shares
+the workspace, the validation and the observability test. Every failure follows ADR 0002.
+
+By default the linear answer then seeds the maximum-likelihood refinement of
+:mod:`cellcal.solver.refine` (ADR 0004), and every result carries its covariance, 1-sigma
+figures, held-out closure (:mod:`cellcal.solver.validation`) and, when refined, its
+agreement with the linear answer. ``refine=False`` returns the linear answer unchanged.
 """
 
 from __future__ import annotations
@@ -22,7 +31,19 @@ from dataclasses import dataclass
 import numpy as np
 
 from cellcal.solver import _core
-from cellcal.solver.errors import DegenerateGeometry, NotEnoughSamples
+from cellcal.solver import refine as _refine
+from cellcal.solver import validation as _validation
+from cellcal.solver.errors import CalibrationError, DegenerateGeometry, NotEnoughSamples
+from cellcal.solver.refine import DEFAULT_MAX_ITERATIONS
+from cellcal.solver.se3 import se3_inverse
+from cellcal.solver.uncertainty import (
+    PredictedError,
+    covariance_point_error,
+    inverse_covariance_map,
+    point_error,
+    sigma_figures,
+)
+from cellcal.solver.validation import Agreement, HoldoutClosure
 from cellcal.solver.workspace import Workspace
 
 __all__ = [
@@ -30,9 +51,11 @@ __all__ = [
     "CalibrationResult",
     "BaseFrameResult",
     "HandEyeResult",
+    "EyeToHandResult",
     "ToolPointResult",
     "calibrate_base_frame",
     "calibrate_hand_eye",
+    "calibrate_eye_to_hand",
     "calibrate_tool_point",
     "DEFAULT_MIN_AXIS_SPREAD",
     "DEFAULT_MIN_ROTATION_RAD",
@@ -106,6 +129,38 @@ class CalibrationResult:
         Per-station closure.
     solver : str
         Which solve produced the result, for provenance.
+    covariance : numpy.ndarray, shape (k, k)
+        Joint covariance of every estimated parameter (order given by each result class).
+        Transforms are perturbed on the right, ``T_true = T @ se3_exp(xi)`` with the twist
+        ``xi = (rho, phi)`` (m, rad) in the transform's *child* frame; points additively
+        (m). It is the inverse Fisher information of the measurement model at the answer
+        (ADR 0004): the covariance of the refined estimate, a lower bound for a linear one
+        (``refined`` False).
+    sigma_translation_mm, sigma_rotation_deg : float
+        1-sigma of the primary unknown (the first transform or point of the result): RMS
+        length of its translation error (mm) and rotation error (deg), i.e. the square
+        roots of the traces of the covariance blocks.
+    noise_translation_m, noise_rotation_rad : float
+        Per-axis measurement 1-sigma the fit used (estimated or given, see
+        ``noise_source``; RMS of the per-station figures when those were given; rotation
+        NaN where the measurement has none).
+    noise_source : str
+        Where those figures came from.
+    chi2, dof : float, int
+        Sum of squared whitened residuals and its degrees of freedom (observations minus
+        parameters). With given noise, ``chi2 / dof`` far from 1 says the noise figures do
+        not describe these data; with estimated noise it is 1 by construction.
+    refined : bool
+        True if the answer is the maximum-likelihood refinement.
+    iterations : int
+        Gauss-Newton iterations taken (0 for a linear answer).
+    downweighted : numpy.ndarray of int
+        Stations the Huber loss down-weighted, ascending (empty without ``huber``; a
+        read-only view into the workspace when one was given).
+    holdout : HoldoutClosure or None
+        Closure of stations held out of the fit (None when disabled or N < 4).
+    linear_agreement : Agreement or None
+        Linear answer against the refined one (None when not refined).
     """
 
     n_stations: int
@@ -120,6 +175,19 @@ class CalibrationResult:
     max_motion_rad: float
     residuals: Residuals
     solver: str
+    covariance: np.ndarray = None  # type: ignore[assignment]
+    sigma_translation_mm: float = math.nan
+    sigma_rotation_deg: float = math.nan
+    noise_translation_m: float = math.nan
+    noise_rotation_rad: float = math.nan
+    noise_source: str = ""
+    chi2: float = math.nan
+    dof: int = 0
+    refined: bool = False
+    iterations: int = 0
+    downweighted: np.ndarray = None  # type: ignore[assignment]
+    holdout: HoldoutClosure | None = None
+    linear_agreement: Agreement | None = None
 
 
 @dataclass(frozen=True)
@@ -132,10 +200,35 @@ class BaseFrameResult(CalibrationResult):
         Robot base in the cell (tracker) frame, metres.
     flange_T_target : numpy.ndarray, shape (4, 4)
         Tracker target on the flange, metres.
+    cell_T_base_covariance, flange_T_target_covariance : numpy.ndarray, shape (6, 6)
+        Their covariances (right perturbation, twist ``(rho, phi)``, m and rad);
+        ``covariance`` (12, 12) is the joint one, ordered ``[cell_T_base, flange_T_target]``.
     """
 
     cell_T_base: np.ndarray = None  # type: ignore[assignment]
     flange_T_target: np.ndarray = None  # type: ignore[assignment]
+    cell_T_base_covariance: np.ndarray = None  # type: ignore[assignment]
+    flange_T_target_covariance: np.ndarray = None  # type: ignore[assignment]
+
+    def predicted_error_at(self, cell_p_task) -> PredictedError:
+        """Error of a cell-frame task point expressed in the robot base with this result.
+
+        Parameters
+        ----------
+        cell_p_task : array_like, shape (3,)
+            The task point in the cell frame, m.
+
+        Returns
+        -------
+        PredictedError
+            ``base_p = inv(cell_T_base) @ cell_p`` is off by ``-(rho + phi x base_p)``:
+            its covariance in the base frame, with the lever arm ``|base_p|`` (seed 001
+            section 06). Only the calibration's error is included, not the tracker's.
+        """
+        X = self.cell_T_base
+        p = np.asarray(cell_p_task, dtype=float).reshape(3)
+        pb = X[:3, :3].T @ (p - X[:3, 3])
+        return point_error(np.eye(4), self.cell_T_base_covariance, pb, "base")
 
 
 @dataclass(frozen=True)
@@ -148,10 +241,68 @@ class HandEyeResult(CalibrationResult):
         Camera on the flange, metres.
     base_T_target : numpy.ndarray, shape (4, 4)
         The static calibration target in the robot base frame, metres.
+    flange_T_camera_covariance, base_T_target_covariance : numpy.ndarray, shape (6, 6)
+        Their covariances (right perturbation, ``(rho, phi)``); ``covariance`` (12, 12)
+        is the joint one, ordered ``[flange_T_camera, base_T_target]``.
     """
 
     flange_T_camera: np.ndarray = None  # type: ignore[assignment]
     base_T_target: np.ndarray = None  # type: ignore[assignment]
+    flange_T_camera_covariance: np.ndarray = None  # type: ignore[assignment]
+    base_T_target_covariance: np.ndarray = None  # type: ignore[assignment]
+
+    def predicted_error_at(self, camera_p_task) -> PredictedError:
+        """Error of a point seen by the camera, mapped to the flange with this result.
+
+        Parameters
+        ----------
+        camera_p_task : array_like, shape (3,)
+            The point in the camera frame, m (e.g. an object the camera locates).
+
+        Returns
+        -------
+        PredictedError
+            Covariance of ``flange_T_camera @ camera_p`` in the flange frame; the lever arm
+            is ``|camera_p|``. Only the calibration's error is included.
+        """
+        return point_error(self.flange_T_camera, self.flange_T_camera_covariance, camera_p_task, "flange")
+
+
+@dataclass(frozen=True)
+class EyeToHandResult(CalibrationResult):
+    """Result of :func:`calibrate_eye_to_hand` (camera fixed in the cell, target on the flange).
+
+    Attributes
+    ----------
+    base_T_camera : numpy.ndarray, shape (4, 4)
+        The fixed camera in the robot base frame, metres.
+    flange_T_target : numpy.ndarray, shape (4, 4)
+        The calibration target on the flange, metres.
+    base_T_camera_covariance, flange_T_target_covariance : numpy.ndarray, shape (6, 6)
+        Their covariances (right perturbation, ``(rho, phi)``); ``covariance`` (12, 12) is
+        the joint one, ordered ``[base_T_camera, flange_T_target]``.
+    """
+
+    base_T_camera: np.ndarray = None  # type: ignore[assignment]
+    flange_T_target: np.ndarray = None  # type: ignore[assignment]
+    base_T_camera_covariance: np.ndarray = None  # type: ignore[assignment]
+    flange_T_target_covariance: np.ndarray = None  # type: ignore[assignment]
+
+    def predicted_error_at(self, camera_p_task) -> PredictedError:
+        """Error of a point seen by the camera, mapped to the robot base with this result.
+
+        Parameters
+        ----------
+        camera_p_task : array_like, shape (3,)
+            The point in the camera frame, m.
+
+        Returns
+        -------
+        PredictedError
+            Covariance of ``base_T_camera @ camera_p`` in the base frame; the lever arm is
+            ``|camera_p|`` (the camera's distance to the task).
+        """
+        return point_error(self.base_T_camera, self.base_T_camera_covariance, camera_p_task, "base")
 
 
 @dataclass(frozen=True)
@@ -164,10 +315,27 @@ class ToolPointResult(CalibrationResult):
         Tool tip in the flange frame, metres.
     base_p_pivot : numpy.ndarray, shape (3,)
         The fixed pivot point in the base frame, metres.
+    flange_p_tip_covariance : numpy.ndarray, shape (3, 3)
+        Covariance of the tip, m^2 (flange frame); ``covariance`` (6, 6) is the joint one
+        of ``[flange_p_tip, base_p_pivot]``.
     """
 
     flange_p_tip: np.ndarray = None  # type: ignore[assignment]
     base_p_pivot: np.ndarray = None  # type: ignore[assignment]
+    flange_p_tip_covariance: np.ndarray = None  # type: ignore[assignment]
+
+    def predicted_error_at(self) -> PredictedError:
+        """Error of the tool tip itself (the only point a pivot calibration estimates).
+
+        Returns
+        -------
+        PredictedError
+            Covariance of ``flange_p_tip`` in the flange frame (lever arm: its distance
+            from the flange origin, for reference; a pivot has no rotation to multiply).
+        """
+        return covariance_point_error(
+            self.flange_p_tip_covariance, "flange", float(np.linalg.norm(self.flange_p_tip))
+        )
 
 
 # --- shared plumbing ----------------------------------------------------------------------------
@@ -312,6 +480,186 @@ def _transform(R: np.ndarray, t: np.ndarray) -> np.ndarray:
     return T
 
 
+def _absolute_linear(
+    G: np.ndarray, M: np.ndarray, n: int, ws: Workspace, pairs: str, pair_t: bool,
+    min_axis_spread: float, min_rotation_rad: float, *,
+    problem: str = "base-frame calibration", frame: str = "cell",
+    what_rot: str = "base rotation", what_trans: str = "base translation",
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, _core.Observability]:
+    """Linear solve of ``M_i = X G_i Y`` (the base frame; eye-to-hand with the roles of the
+    robot and the camera swapped). Returns ``(R_X, t_X, R_Y, t_Y, n_motions, observability)``
+    and leaves the closure of each station in ``ws.res_t`` / ``ws.res_r``."""
+    Rx, tx, m, obs = _solve_axxb(
+        M, "left", G, "left", n, ws, pairs, frame=frame, problem=problem,
+        what_rot=what_rot, what_trans=what_trans,
+        min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
+        pair_translation=pair_t,
+    )
+    RG, tG, RM, tM = G[:, :3, :3], G[:, :3, 3], M[:, :3, :3], M[:, :3, 3]
+    # Rotation of flange_T_target_i = R_G^T R_X^T R_M, chordal mean, rotation closure.
+    np.matmul(Rx.T, RM, out=ws.RB[:n])
+    np.matmul(RG.transpose(0, 2, 1), ws.RB[:n], out=ws.RA[:n])
+    Ry = _core.rotation_edge(ws.RA[:n], ws)
+    u = ws.v3a[:n]
+    np.matmul(tM, Rx, out=u)  # rows R_X^T t_M
+    tG = _contiguous(tG, ws.v3d[:n])
+    if tx is None:
+        # M_i = X G_i Y in translation, times R_X^T: R_G t_Y + (t_G - R_X^T t_M) = -R_X^T t_X,
+        # the pivot form; its residual is the cell-frame position closure.
+        np.subtract(tG, u, out=u)
+        ty, c = _core.pivot_solve(RG, u, ws)
+        tx = -(Rx @ c)
+    else:
+        # t_Y_i = R_G^T (R_X^T (t_M - t_X) - t_G); closure = scatter about their mean.
+        np.subtract(u, Rx.T @ tx, out=u)
+        np.subtract(u, tG, out=u)
+        np.matmul(RG.transpose(0, 2, 1), u[:, :, None], out=ws.tA[:n, :, None])
+        ty = _mean_translation_closure(ws.tA[:n], ws)
+    return Rx, tx, Ry, ty, m, obs
+
+
+def _hand_eye_linear(
+    G: np.ndarray, O: np.ndarray, n: int, ws: Workspace, pairs: str, pair_t: bool,
+    min_axis_spread: float, min_rotation_rad: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, _core.Observability]:
+    """Linear eye-in-hand solve of ``G_i X O_i = Z``. Returns ``(R_X, t_X, R_Z, t_Z,
+    n_motions, observability)`` with the closure in ``ws.res_t`` / ``ws.res_r``."""
+    Rx, tx, m, obs = _solve_axxb(
+        G, "right", O, "left", n, ws, pairs, frame="flange", problem="hand-eye calibration",
+        what_rot="camera rotation", what_trans="camera translation",
+        min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
+        pair_translation=pair_t,
+    )
+    RG, tG, RO, tO = G[:, :3, :3], G[:, :3, 3], O[:, :3, :3], O[:, :3, 3]
+    # Rotation of base_T_target_i = R_G R_X R_O, chordal mean, rotation closure.
+    np.matmul(Rx, RO, out=ws.RB[:n])
+    np.matmul(RG, ws.RB[:n], out=ws.RA[:n])
+    Rz = _core.rotation_edge(ws.RA[:n], ws)
+    u = ws.v3a[:n]
+    np.matmul(tO, Rx.T, out=u)  # rows R_X t_O
+    tG = _contiguous(tG, ws.v3d[:n])
+    if tx is None:
+        # G_i X O_i = Z in translation: R_G t_X + (t_G + R_G R_X t_O) = t_Z, the pivot form.
+        np.matmul(RG, u[:, :, None], out=ws.tA[:n, :, None])
+        np.add(ws.tA[:n], tG, out=ws.tA[:n])
+        tx, tz = _core.pivot_solve(RG, ws.tA[:n], ws)
+    else:
+        np.add(u, tx, out=u)
+        np.matmul(RG, u[:, :, None], out=ws.tA[:n, :, None])
+        np.add(ws.tA[:n], tG, out=ws.tA[:n])
+        tz = _mean_translation_closure(ws.tA[:n], ws)
+    return Rx, tx, Rz, tz, m, obs
+
+
+class _PoseOutcome:
+    """What :func:`_pose_finish` hands back to the public functions (model form)."""
+
+    __slots__ = ("A", "B", "cov", "stats", "fit", "holdout", "refined", "noise")
+
+    def __init__(self, A, B, cov, stats, fit, holdout, refined, noise):
+        self.A, self.B, self.cov, self.stats = A, B, cov, stats
+        self.fit, self.holdout, self.refined, self.noise = fit, holdout, refined, noise
+
+
+def _pose_finish(
+    *, M: np.ndarray, G: np.ndarray, A0: np.ndarray, B0: np.ndarray, n: int, ws: Workspace,
+    owned: bool, refine: bool, holdout: bool, noise: _refine.Noise, huber: float | None,
+    max_iterations: int, fit_subset, stats: tuple, measurement_residuals: bool,
+) -> _PoseOutcome:
+    """Refinement (or the covariance at the linear answer), residuals and hold-out closure
+    of the pose model ``M_i = A G_i B`` started from the linear ``(A0, B0)``.
+
+    ``fit_subset(idx, m)`` re-runs the linear solve on a subset (k-fold closure of a linear
+    answer). ``measurement_residuals`` makes a linear answer report the model's own
+    measurement-space residuals instead of the linear solve's closure.
+    """
+    model = _refine.PoseModel(M, G, n, ws)
+    refined = False
+    if refine:
+        fit = _refine.refine(model, (A0, B0), noise, huber=huber, max_iterations=max_iterations)
+        refined = fit.ok
+    else:
+        fit = _refine.covariance_at(model, (A0, B0), noise, huber=huber)
+    if refined or measurement_residuals:
+        model.norms(ws.res_t[:n], ws.res_r[:n])
+        stats = _core.closure_stats(n, ws)
+    ho = _holdout(model, fit, refined, holdout, fit_subset, n, ws, owned, stats[0])
+    A, B = fit.state if refined else (A0, B0)
+    return _PoseOutcome(A, B, fit.covariance, stats, fit, ho, refined, noise)
+
+
+def _holdout(model, fit, refined, holdout, fit_subset, n, ws, owned, rms_t):
+    if not holdout or n < _validation.MIN_HOLDOUT_STATIONS:
+        return None
+    if refined:
+        _validation.loo_linearised(model, n, ws, fit.covariance)
+        return _validation.closure_from_buffers("linearised leave-one-out", n, n, ws, owned, rms_t)
+    # The fold solves reuse the residual buffers: keep the answer's residuals aside.
+    np.copyto(ws.bk_t[:n], ws.res_t[:n])
+    np.copyto(ws.bk_r[:n], ws.res_r[:n])
+    k = _validation.kfold_refit(model, fit_subset, n, ws)
+    np.copyto(ws.res_t[:n], ws.bk_t[:n])
+    np.copyto(ws.res_r[:n], ws.bk_r[:n])
+    return _validation.closure_from_buffers("k-fold refit", k, n, ws, owned, rms_t)
+
+
+def _readonly(a: np.ndarray, owned: bool) -> np.ndarray:
+    if owned:
+        return a
+    v = a.view()
+    v.flags.writeable = False
+    return v
+
+
+def _uncertainty_fields(out: _PoseOutcome, covX: np.ndarray, owned: bool) -> dict:
+    st, sr = sigma_figures(covX)
+    nz, fit = out.noise, out.fit
+    return dict(
+        covariance=out.cov, sigma_translation_mm=st, sigma_rotation_deg=sr,
+        noise_translation_m=nz.sigma_t, noise_rotation_rad=nz.sigma_r,
+        noise_source=nz.describe(), chi2=fit.chi2, dof=fit.dof, refined=out.refined,
+        iterations=fit.iterations if out.refined else 0,
+        downweighted=_readonly(fit.downweighted, owned),
+        holdout=out.holdout,
+    )
+
+
+def _solver_text(linear: str, out: _PoseOutcome, huber: float | None) -> str:
+    if out.refined:
+        h = f", Huber {huber:g} sigma" if huber is not None else ""
+        return (f"{linear}; maximum-likelihood Gauss-Newton refinement of the absolute model "
+                f"({out.fit.iterations} iterations{h})")
+    if out.fit.message:
+        return f"{linear} ({out.fit.message})"
+    return linear
+
+
+def _stats_fields(stats: tuple) -> dict:
+    rms_t, max_t, rms_r, max_r = stats
+    return dict(rms_translation_m=rms_t, max_translation_m=max_t,
+                rms_rotation_rad=rms_r, max_rotation_rad=max_r)
+
+
+def _invert_first(cov: np.ndarray, A: np.ndarray) -> np.ndarray:
+    """Joint covariance of ``[inv(A), B]`` from that of ``[A, B]`` (right perturbations)."""
+    T = np.eye(12)
+    T[:6, :6] = inverse_covariance_map(A)
+    return T @ cov @ T.T
+
+
+def _inverse_stack(G: np.ndarray, out: np.ndarray, ws: Workspace) -> np.ndarray:
+    """Rigid inverses of a (n, 4, 4) stack into ``out`` without allocating."""
+    n = G.shape[0]
+    RT = G[:, :3, :3].transpose(0, 2, 1)
+    np.copyto(out[:, :3, :3], RT)
+    t = ws.tp[:n]
+    np.matmul(RT, G[:, :3, 3:4], out=t[:, :, None])
+    np.negative(t, out=t)
+    np.copyto(out[:, :3, 3], t)
+    np.copyto(out[:, 3, :], ws.lastrow)
+    return out
+
+
 # --- public API ------------------------------------------------------------------------------------
 
 
@@ -325,6 +673,13 @@ def calibrate_base_frame(
     translation: str = "stations",
     min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
     min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
+    refine: bool = True,
+    holdout: bool = True,
+    noise_translation_m: float | None = None,
+    noise_rotation_rad: float | None = None,
+    cell_T_target_std: np.ndarray | None = None,
+    huber: float | None = None,
+    max_iterations: int = DEFAULT_MAX_ITERATIONS,
 ) -> BaseFrameResult:
     """Where the robot base sits in the cell, from paired robot and tracker stations.
 
@@ -349,19 +704,43 @@ def calibrate_base_frame(
         Refuse motions whose ``axis_spread`` is below this (ADR 0002).
     min_rotation_rad : float
         Refuse data in which no motion rotates more than this.
+    refine : bool
+        Refine the linear answer to the maximum-likelihood fit of the absolute station
+        model (ADR 0004; default True). ``False`` returns the linear answer exactly as the
+        linear solve gives it; its covariance is then the inverse Fisher information at
+        that answer, a lower bound for the linear estimate's own error.
+    holdout : bool
+        Compute the held-out station closure (default True; needs N >= 4): linearised
+        leave-one-out for a refined answer, k-fold refits (k = min(N, 10)) of the linear
+        solve otherwise. Disable on hot paths.
+    noise_translation_m, noise_rotation_rad : float, optional
+        Per-axis 1-sigma of the measurement's position (m, along the axes of its parent
+        frame) and orientation (rad, about the axes of its child frame). Each one not
+        given is estimated from the residuals (variance components, starting from 0.1 mm
+        and 0.05 deg); their ratio weighs positions against orientations.
+    cell_T_target_std : array_like, shape (N, 6), optional
+        Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
+        in rad, as above. Excludes the scalar figures.
+    huber : float, optional
+        Huber threshold in sigmas on each station's whitened residual length (e.g. 4.1,
+        the 99% point of a 6-D Gaussian's length); stations beyond it are down-weighted
+        and listed in ``downweighted``. None (default): plain least squares.
+    max_iterations : int
+        Gauss-Newton iterations at most (default 20; 2-4 are typical).
 
     Returns
     -------
     BaseFrameResult
         ``cell_T_base`` and ``flange_T_target`` with the closure figures; residuals are the
         closure of each ``cell_T_target[i]`` against ``cell_T_base @ base_T_flange[i] @
-        flange_T_target``.
+        flange_T_target``; covariances, held-out closure and linear agreement as described
+        on :class:`CalibrationResult`.
 
     Raises
     ------
     ValueError
         Wrong shape, N mismatch, NaN/inf, a non-orthonormal rotation or a bad last row
-        (the message names the array and station index).
+        (the message names the array and station index); bad noise figures.
     NotEnoughSamples
         N < 3.
     DegenerateGeometry
@@ -373,42 +752,40 @@ def calibrate_base_frame(
     (G, M), n, ws = _prepare(
         [(base_T_flange, "base_T_flange"), (cell_T_target, "cell_T_target")], workspace, problem
     )
-    Rx, tx, m, obs = _solve_axxb(
-        M, "left", G, "left", n, ws, pairs, frame="cell", problem=problem,
-        what_rot="base rotation", what_trans="base translation",
-        min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
-        pair_translation=pair_t,
+    noise = _refine.prepare_noise(
+        cell_T_target_std, "cell_T_target_std", noise_translation_m, noise_rotation_rad, n, ws, 6
     )
-    RG, tG, RM, tM = G[:, :3, :3], G[:, :3, 3], M[:, :3, :3], M[:, :3, 3]
-    # Rotation of flange_T_target_i = R_G^T R_X^T R_M, chordal mean, rotation closure.
-    np.matmul(Rx.T, RM, out=ws.RB[:n])
-    np.matmul(RG.transpose(0, 2, 1), ws.RB[:n], out=ws.RA[:n])
-    Ry = _core.rotation_edge(ws.RA[:n], ws)
-    u = ws.v3a[:n]
-    np.matmul(tM, Rx, out=u)  # rows R_X^T t_M
-    tG = _contiguous(tG, ws.v3d[:n])
-    if tx is None:
-        # M_i = X G_i Y in translation, times R_X^T: R_G t_Y + (t_G - R_X^T t_M) = -R_X^T t_X,
-        # the pivot form; its residual is the cell-frame position closure.
-        np.subtract(tG, u, out=u)
-        ty, c = _core.pivot_solve(RG, u, ws)
-        tx = -(Rx @ c)
-    else:
-        # t_Y_i = R_G^T (R_X^T (t_M - t_X) - t_G); closure = scatter about their mean.
-        np.subtract(u, Rx.T @ tx, out=u)
-        np.subtract(u, tG, out=u)
-        np.matmul(RG.transpose(0, 2, 1), u[:, :, None], out=ws.tA[:n, :, None])
-        ty = _mean_translation_closure(ws.tA[:n], ws)
-    rms_t, max_t, rms_r, max_r = _core.closure_stats(n, ws)
+    Rx, tx, Ry, ty, m, obs = _absolute_linear(G, M, n, ws, pairs, pair_t, min_axis_spread, min_rotation_rad)
+    X, Y = _transform(Rx, tx), _transform(Ry, ty)
+    stats = _core.closure_stats(n, ws)
+
+    def fit_subset(idx, k):
+        Gs, Ms = ws.Gx[:k], ws.Gy[:k]
+        np.take(G, idx, axis=0, out=Gs, mode="clip")  # "raise" copies through a buffer
+        np.take(M, idx, axis=0, out=Ms, mode="clip")
+        try:
+            r = _absolute_linear(Gs, Ms, k, ws, pairs, pair_t, min_axis_spread, min_rotation_rad)
+        except (CalibrationError, np.linalg.LinAlgError, FloatingPointError):
+            return None
+        return _transform(r[0], r[1]), _transform(r[2], r[3])
+
+    out = _pose_finish(
+        M=M, G=G, A0=X, B0=Y, n=n, ws=ws, owned=workspace is None, refine=refine,
+        holdout=holdout, noise=noise, huber=huber, max_iterations=max_iterations,
+        fit_subset=fit_subset, stats=stats, measurement_residuals=False,
+    )
+    covX, covY = out.cov[:6, :6].copy(), out.cov[6:, 6:].copy()
+    linear = f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation"
     return BaseFrameResult(
-        n_stations=n, n_motions=m,
-        rms_translation_m=rms_t, max_translation_m=max_t,
-        rms_rotation_rad=rms_r, max_rotation_rad=max_r,
+        n_stations=n, n_motions=m, **_stats_fields(out.stats),
         axis_spread=obs.axis_spread, weakest_axis=obs.axis.copy(), axis_frame="cell",
         max_motion_rad=obs.max_rotation_rad,
         residuals=_residuals(ws, n, workspace is None),
-        solver=f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation",
-        cell_T_base=_transform(Rx, tx), flange_T_target=_transform(Ry, ty),
+        solver=_solver_text(linear, out, huber),
+        cell_T_base=out.A, flange_T_target=out.B,
+        cell_T_base_covariance=covX, flange_T_target_covariance=covY,
+        linear_agreement=_validation.agreement(X, out.A, covX) if out.refined else None,
+        **_uncertainty_fields(out, covX, workspace is None),
     )
 
 
@@ -422,6 +799,13 @@ def calibrate_hand_eye(
     translation: str = "stations",
     min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
     min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
+    refine: bool = True,
+    holdout: bool = True,
+    noise_translation_m: float | None = None,
+    noise_rotation_rad: float | None = None,
+    camera_T_target_std: np.ndarray | None = None,
+    huber: float | None = None,
+    max_iterations: int = DEFAULT_MAX_ITERATIONS,
 ) -> HandEyeResult:
     """Eye-in-hand calibration: the camera on the flange, from views of a static target.
 
@@ -431,14 +815,38 @@ def calibrate_hand_eye(
         Flange poses in the robot base frame, m.
     camera_T_target : array_like, shape (N, 4, 4)
         The static target as the camera sees it at each station, m.
-    workspace, pairs, min_axis_spread, min_rotation_rad
+    workspace, pairs, translation, min_axis_spread, min_rotation_rad
         As for :func:`calibrate_base_frame`.
+    refine : bool
+        Refine the linear answer to the maximum-likelihood fit of the absolute station
+        model (ADR 0004; default True). ``False`` returns the linear answer exactly as the
+        linear solve gives it; its covariance is then the inverse Fisher information at
+        that answer, a lower bound for the linear estimate's own error.
+    holdout : bool
+        Compute the held-out station closure (default True; needs N >= 4): linearised
+        leave-one-out for a refined answer, k-fold refits (k = min(N, 10)) of the linear
+        solve otherwise. Disable on hot paths.
+    noise_translation_m, noise_rotation_rad : float, optional
+        Per-axis 1-sigma of the measurement's position (m, along the axes of its parent
+        frame) and orientation (rad, about the axes of its child frame). Each one not
+        given is estimated from the residuals (variance components, starting from 0.1 mm
+        and 0.05 deg); their ratio weighs positions against orientations.
+    camera_T_target_std : array_like, shape (N, 6), optional
+        Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
+        in rad, as above. Excludes the scalar figures.
+    huber : float, optional
+        Huber threshold in sigmas on each station's whitened residual length (e.g. 4.1,
+        the 99% point of a 6-D Gaussian's length); stations beyond it are down-weighted
+        and listed in ``downweighted``. None (default): plain least squares.
+    max_iterations : int
+        Gauss-Newton iterations at most (default 20; 2-4 are typical).
 
     Returns
     -------
     HandEyeResult
         ``flange_T_camera`` and ``base_T_target``; residuals are the closure of each
-        ``base_T_flange[i] @ flange_T_camera @ camera_T_target[i]`` against ``base_T_target``.
+        ``base_T_flange[i] @ flange_T_camera @ camera_T_target[i]`` against ``base_T_target``
+        (the same lengths as ``camera_T_target[i]`` against its prediction).
 
     Raises
     ------
@@ -451,40 +859,172 @@ def calibrate_hand_eye(
     (G, O), n, ws = _prepare(
         [(base_T_flange, "base_T_flange"), (camera_T_target, "camera_T_target")], workspace, problem
     )
-    Rx, tx, m, obs = _solve_axxb(
-        G, "right", O, "left", n, ws, pairs, frame="flange", problem=problem,
-        what_rot="camera rotation", what_trans="camera translation",
-        min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
-        pair_translation=pair_t,
+    noise = _refine.prepare_noise(
+        camera_T_target_std, "camera_T_target_std", noise_translation_m, noise_rotation_rad, n, ws, 6
     )
-    RG, tG, RO, tO = G[:, :3, :3], G[:, :3, 3], O[:, :3, :3], O[:, :3, 3]
-    # Rotation of base_T_target_i = R_G R_X R_O, chordal mean, rotation closure.
-    np.matmul(Rx, RO, out=ws.RB[:n])
-    np.matmul(RG, ws.RB[:n], out=ws.RA[:n])
-    Rz = _core.rotation_edge(ws.RA[:n], ws)
-    u = ws.v3a[:n]
-    np.matmul(tO, Rx.T, out=u)  # rows R_X t_O
-    tG = _contiguous(tG, ws.v3d[:n])
-    if tx is None:
-        # G_i X O_i = Z in translation: R_G t_X + (t_G + R_G R_X t_O) = t_Z, the pivot form.
-        np.matmul(RG, u[:, :, None], out=ws.tA[:n, :, None])
-        np.add(ws.tA[:n], tG, out=ws.tA[:n])
-        tx, tz = _core.pivot_solve(RG, ws.tA[:n], ws)
-    else:
-        np.add(u, tx, out=u)
-        np.matmul(RG, u[:, :, None], out=ws.tA[:n, :, None])
-        np.add(ws.tA[:n], tG, out=ws.tA[:n])
-        tz = _mean_translation_closure(ws.tA[:n], ws)
-    rms_t, max_t, rms_r, max_r = _core.closure_stats(n, ws)
+    Rx, tx, Rz, tz, m, obs = _hand_eye_linear(G, O, n, ws, pairs, pair_t, min_axis_spread, min_rotation_rad)
+    X, Z = _transform(Rx, tx), _transform(Rz, tz)
+    stats = _core.closure_stats(n, ws)
+    # Model form: O_i = inv(X) inv(G_i) Z, the camera's own measurement space.
+    Ginv = _inverse_stack(G, ws.Gz[:n], ws)
+
+    def fit_subset(idx, k):
+        Gs, Os = ws.Gx[:k], ws.Gy[:k]
+        np.take(G, idx, axis=0, out=Gs, mode="clip")  # "raise" copies through a buffer
+        np.take(O, idx, axis=0, out=Os, mode="clip")
+        try:
+            r = _hand_eye_linear(Gs, Os, k, ws, pairs, pair_t, min_axis_spread, min_rotation_rad)
+        except (CalibrationError, np.linalg.LinAlgError, FloatingPointError):
+            return None
+        return se3_inverse(_transform(r[0], r[1])), _transform(r[2], r[3])
+
+    out = _pose_finish(
+        M=O, G=Ginv, A0=se3_inverse(X), B0=Z, n=n, ws=ws, owned=workspace is None,
+        refine=refine, holdout=holdout, noise=noise, huber=huber,
+        max_iterations=max_iterations, fit_subset=fit_subset, stats=stats,
+        measurement_residuals=False,
+    )
+    Xo = X if not out.refined else se3_inverse(out.A)
+    cov = _invert_first(out.cov, out.A)
+    out.cov = cov
+    covX, covZ = cov[:6, :6].copy(), cov[6:, 6:].copy()
+    linear = f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation"
     return HandEyeResult(
-        n_stations=n, n_motions=m,
-        rms_translation_m=rms_t, max_translation_m=max_t,
-        rms_rotation_rad=rms_r, max_rotation_rad=max_r,
+        n_stations=n, n_motions=m, **_stats_fields(out.stats),
         axis_spread=obs.axis_spread, weakest_axis=obs.axis.copy(), axis_frame="flange",
         max_motion_rad=obs.max_rotation_rad,
         residuals=_residuals(ws, n, workspace is None),
-        solver=f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation",
-        flange_T_camera=_transform(Rx, tx), base_T_target=_transform(Rz, tz),
+        solver=_solver_text(linear, out, huber),
+        flange_T_camera=Xo, base_T_target=out.B,
+        flange_T_camera_covariance=covX, base_T_target_covariance=covZ,
+        linear_agreement=_validation.agreement(X, Xo, covX) if out.refined else None,
+        **_uncertainty_fields(out, covX, workspace is None),
+    )
+
+
+@_core.bounded_buffers
+def calibrate_eye_to_hand(
+    base_T_flange: np.ndarray,
+    camera_T_target: np.ndarray,
+    *,
+    workspace: Workspace | None = None,
+    pairs: str = "all",
+    translation: str = "stations",
+    min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
+    min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
+    refine: bool = True,
+    holdout: bool = True,
+    noise_translation_m: float | None = None,
+    noise_rotation_rad: float | None = None,
+    camera_T_target_std: np.ndarray | None = None,
+    huber: float | None = None,
+    max_iterations: int = DEFAULT_MAX_ITERATIONS,
+) -> EyeToHandResult:
+    """Eye-to-hand (robot-world / hand-eye) calibration: a camera fixed in the cell sees a
+    target carried on the flange (seed 001 section 02).
+
+    Model ``base_T_camera @ camera_T_target_i = base_T_flange_i @ flange_T_target``
+    (``X O_i = G_i Y``): both constant edges are unknown. It is the base frame's absolute
+    form with the robot on the measured side, so the same shared AX=XB solve runs on the
+    motions ``G_j G_i^-1`` (base frame) and ``O_j O_i^-1`` (camera frame); the refinement
+    then fits ``camera_T_target_i = inv(base_T_camera) @ base_T_flange_i @ flange_T_target``
+    in the camera's measurement space.
+
+    Parameters
+    ----------
+    base_T_flange : array_like, shape (N, 4, 4)
+        Flange poses in the robot base frame, m.
+    camera_T_target : array_like, shape (N, 4, 4)
+        The flange-mounted target as the fixed camera sees it at each station, m.
+    workspace, pairs, translation, min_axis_spread, min_rotation_rad
+        As for :func:`calibrate_base_frame`.
+    refine : bool
+        Refine the linear answer to the maximum-likelihood fit of the absolute station
+        model (ADR 0004; default True). ``False`` returns the linear answer exactly as the
+        linear solve gives it; its covariance is then the inverse Fisher information at
+        that answer, a lower bound for the linear estimate's own error.
+    holdout : bool
+        Compute the held-out station closure (default True; needs N >= 4): linearised
+        leave-one-out for a refined answer, k-fold refits (k = min(N, 10)) of the linear
+        solve otherwise. Disable on hot paths.
+    noise_translation_m, noise_rotation_rad : float, optional
+        Per-axis 1-sigma of the measurement's position (m, along the axes of its parent
+        frame) and orientation (rad, about the axes of its child frame). Each one not
+        given is estimated from the residuals (variance components, starting from 0.1 mm
+        and 0.05 deg); their ratio weighs positions against orientations.
+    camera_T_target_std : array_like, shape (N, 6), optional
+        Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
+        in rad, as above. Excludes the scalar figures.
+    huber : float, optional
+        Huber threshold in sigmas on each station's whitened residual length (e.g. 4.1,
+        the 99% point of a 6-D Gaussian's length); stations beyond it are down-weighted
+        and listed in ``downweighted``. None (default): plain least squares.
+    max_iterations : int
+        Gauss-Newton iterations at most (default 20; 2-4 are typical).
+
+    Returns
+    -------
+    EyeToHandResult
+        ``base_T_camera`` and ``flange_T_target``; residuals are the closure of each
+        ``camera_T_target[i]`` against ``inv(base_T_camera) @ base_T_flange[i] @
+        flange_T_target`` (camera frame), for the linear answer too.
+
+    Raises
+    ------
+    ValueError, NotEnoughSamples
+        As for :func:`calibrate_base_frame`.
+    DegenerateGeometry
+        No rotation, or all the flange's rotation axes parallel: ``.axis`` is in the robot
+        base frame; the camera's rotation about it and its translation along it are
+        undetermined.
+    """
+    problem = "eye-to-hand calibration"
+    pair_t = _check_translation_mode(translation, pairs)
+    (G, O), n, ws = _prepare(
+        [(base_T_flange, "base_T_flange"), (camera_T_target, "camera_T_target")], workspace, problem
+    )
+    noise = _refine.prepare_noise(
+        camera_T_target_std, "camera_T_target_std", noise_translation_m, noise_rotation_rad, n, ws, 6
+    )
+    labels = dict(problem=problem, frame="base", what_rot="camera rotation", what_trans="camera translation")
+    # G_i = X O_i inv(Y): the base frame's form with G measured and O as the "robot".
+    Rx, tx, Ryi, tyi, m, obs = _absolute_linear(
+        O, G, n, ws, pairs, pair_t, min_axis_spread, min_rotation_rad, **labels
+    )
+    X, Y = _transform(Rx, tx), se3_inverse(_transform(Ryi, tyi))
+    stats = _core.closure_stats(n, ws)
+
+    def fit_subset(idx, k):
+        Gs, Os = ws.Gx[:k], ws.Gy[:k]
+        np.take(G, idx, axis=0, out=Gs, mode="clip")  # "raise" copies through a buffer
+        np.take(O, idx, axis=0, out=Os, mode="clip")
+        try:
+            r = _absolute_linear(Os, Gs, k, ws, pairs, pair_t, min_axis_spread, min_rotation_rad, **labels)
+        except (CalibrationError, np.linalg.LinAlgError, FloatingPointError):
+            return None
+        return se3_inverse(_transform(r[0], r[1])), se3_inverse(_transform(r[2], r[3]))
+
+    out = _pose_finish(
+        M=O, G=G, A0=se3_inverse(X), B0=Y, n=n, ws=ws, owned=workspace is None,
+        refine=refine, holdout=holdout, noise=noise, huber=huber,
+        max_iterations=max_iterations, fit_subset=fit_subset, stats=stats,
+        measurement_residuals=True,
+    )
+    Xo = X if not out.refined else se3_inverse(out.A)
+    cov = _invert_first(out.cov, out.A)
+    out.cov = cov
+    covX, covY = cov[:6, :6].copy(), cov[6:, 6:].copy()
+    linear = f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation"
+    return EyeToHandResult(
+        n_stations=n, n_motions=m, **_stats_fields(out.stats),
+        axis_spread=obs.axis_spread, weakest_axis=obs.axis.copy(), axis_frame="base",
+        max_motion_rad=obs.max_rotation_rad,
+        residuals=_residuals(ws, n, workspace is None),
+        solver=_solver_text(linear, out, huber),
+        base_T_camera=Xo, flange_T_target=out.B,
+        base_T_camera_covariance=covX, flange_T_target_covariance=covY,
+        linear_agreement=_validation.agreement(X, Xo, covX) if out.refined else None,
+        **_uncertainty_fields(out, covX, workspace is None),
     )
 
 
@@ -496,6 +1036,8 @@ def calibrate_tool_point(
     pairs: str = "all",
     min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
     min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
+    holdout: bool = True,
+    noise_translation_m: float | None = None,
 ) -> ToolPointResult:
     """Pivot calibration: the tool tip on the flange, held at one point while the flange turns.
 
@@ -509,12 +1051,20 @@ def calibrate_tool_point(
     workspace, pairs, min_axis_spread, min_rotation_rad
         As for :func:`calibrate_base_frame`; ``pairs`` picks the relative rotations the
         observability test looks at.
+    holdout : bool
+        Compute the held-out closure (default True, N >= 4). The pivot is linear least
+        squares, so its leave-one-out through the hat matrix is exact, not linearised.
+    noise_translation_m : float, optional
+        Per-axis 1-sigma of the tip's position scatter (m); estimated from the residuals
+        (``sum |r|^2 / (3N - 6)``) when not given. The least-squares answer does not
+        depend on it, only the covariance does.
 
     Returns
     -------
     ToolPointResult
         ``flange_p_tip`` and ``base_p_pivot``; residuals are the tip position scatter
-        ``|R_i p_tip + t_i - p_pivot|`` (rotation residuals are zero).
+        ``|R_i p_tip + t_i - p_pivot|`` (rotation residuals are zero); covariance
+        ``sigma^2 (A^T A)^-1`` of ``[p_tip; p_pivot]`` with ``A_i = [R_i, -I]``.
 
     Raises
     ------
@@ -534,9 +1084,33 @@ def calibrate_tool_point(
         what_trans="tip position", min_axis_spread=min_axis_spread,
         min_rotation_rad=min_rotation_rad,
     )
+    sigma_given = _refine._check_sigma(noise_translation_m, "noise_translation_m")
     p_tip, p_pivot = _core.pivot_solve(G[:, :3, :3], G[:, :3, 3], ws)
     ws.res_r[:n] = 0.0
     rms_t, max_t, _, _ = _core.closure_stats(n, ws)
+    # pivot_solve leaves R_i p + t_i - c in ws.v3b: the residual vectors.
+    dof = 3 * n - 6
+    chi = float(np.vdot(ws.res_t[:n], ws.res_t[:n]))
+    if sigma_given is not None:
+        sigma, source = sigma_given, "translation given"
+    else:
+        sigma = max(math.sqrt(chi / dof), _refine.NOISE_FLOOR_M)
+        source = "translation estimated from the residuals"
+    model = _refine.PivotModel(G[:, :3, :3], ws.v3b[:n], sigma, n, ws)
+    H = ws.H12[:6, :6]
+    J2 = ws.Jw[: n * 18].reshape(3 * n, 6)
+    np.matmul(J2.T, J2, out=H)
+    try:
+        cov = np.linalg.inv(H)
+    except np.linalg.LinAlgError:  # excluded by the observability gate; kept for safety
+        cov = np.full((6, 6), np.inf)
+    ho = None
+    if holdout and n >= _validation.MIN_HOLDOUT_STATIONS and np.all(np.isfinite(cov)):
+        _validation.loo_linearised(model, n, ws, cov)
+        ho = _validation.closure_from_buffers("leave-one-out (exact, linear model)", n, n, ws,
+                                              workspace is None, rms_t)
+    tip_cov = cov[:3, :3].copy()
+    tr = float(np.trace(tip_cov))
     return ToolPointResult(
         n_stations=n, n_motions=0,
         rms_translation_m=rms_t, max_translation_m=max_t,
@@ -546,4 +1120,9 @@ def calibrate_tool_point(
         residuals=_residuals(ws, n, workspace is None),
         solver="pivot least squares (6x6 normal equations, Schur complement)",
         flange_p_tip=p_tip, base_p_pivot=p_pivot,
+        covariance=cov, flange_p_tip_covariance=tip_cov,
+        sigma_translation_mm=1e3 * math.sqrt(tr) if math.isfinite(tr) else math.inf,
+        sigma_rotation_deg=0.0, noise_translation_m=sigma, noise_rotation_rad=math.nan,
+        noise_source=source, chi2=chi / (sigma * sigma), dof=dof, refined=False,
+        holdout=ho,
     )

@@ -24,8 +24,9 @@ class Workspace:
 
     Notes
     -----
-    Memory is about ``capacity * 1.2`` KiB. Motion pairs never outnumber stations (ADR
-    0003), so every per-pair buffer has ``capacity`` rows too.
+    Memory is about ``capacity * 4.5`` KiB (1.2 KiB for the linear solve, the rest for the
+    refinement, covariance and hold-out closure of ADR 0004). Motion pairs never outnumber
+    stations (ADR 0003), so every per-pair buffer has ``capacity`` rows too.
     """
 
     def __init__(self, capacity: int) -> None:
@@ -84,6 +85,53 @@ class Workspace:
         self.v4a = np.empty((n, 4), f8)
         self.v4b = np.empty((n, 4), f8)
         self.ar4 = np.arange(4, dtype=np.intp)
+        # --- refinement, covariance and hold-out closure (ADR 0004) ---
+        # Flat per-station blocks, viewed (n, 6, 12) by the pose model and (n, 3, 9) /
+        # (n, 3, 6) by the point and pivot models: one allocation serves all three.
+        self.Jraw = np.zeros(n * 72, f8)  # Jacobian of the raw residual
+        self.Jw = np.zeros(n * 72, f8)  # whitened (and Huber-weighted) Jacobian
+        self.KJ = np.empty(n * 72, f8)  # Jw @ H^-1
+        self.L36 = np.empty(n * 36, f8)  # leverage blocks, then I - leverage
+        self.T36 = np.empty(n * 36, f8)  # elimination scratch
+        self.et = np.empty((n, 3), f8)  # translation residual, m (measurement parent frame)
+        self.er = np.empty((n, 3), f8)  # rotation residual, rad (measurement child frame)
+        self.ew = np.empty(n * 6, f8)  # whitened residual
+        self.ewh = np.empty(n * 6, f8)  # whitened, Huber-weighted residual
+        self.wsig = np.empty(n * 6, f8)  # 1 / sigma per residual component
+        self.wrow = np.empty(n * 6, f8)  # whitening times sqrt(Huber weight)
+        self.f6 = np.empty(n * 6, f8)  # elimination multipliers
+        self.b6 = np.empty(n * 6, f8)  # leave-one-out right-hand sides / solutions
+        self.tb6 = np.empty(n * 6, f8)
+        self.b6b = np.empty(n * 6, f8)
+        self.down = np.empty(n + 1, np.intp)  # indices of down-weighted stations
+        self.ipos = np.empty(n, np.intp)
+        self.itmp = np.empty(n, np.intp)
+        self.meas3 = np.empty((n, 3), f8)  # measured positions, contiguous
+        self.q4 = np.empty((n, 4), f8)  # target origin in the station's parent frame
+        self.tp = np.empty((n, 3), f8)  # predicted positions
+        self.rC = np.empty((n, 3, 3), f8)
+        self.rP = np.empty((n, 3, 3), f8)
+        self.rE = np.empty((n, 3, 3), f8)
+        self.rEE = np.empty((n, 3, 3), f8)
+        self.rJi = np.empty((n, 3, 3), f8)  # minus the inverse left Jacobian of SO(3)
+        self.rv = np.empty((n, 3), f8)
+        self.r9 = np.empty((n, 9), f8)
+        self.rs = np.empty((6, n), f8)  # per-station scalars
+        self.hw = np.empty(n, f8)  # Huber weights
+        self.hsw = np.empty(n, f8)  # their square roots
+        self.Gx = np.empty((n, 4, 4), f8)  # derived stacks: inverses, k-fold subsets
+        self.Gy = np.empty((n, 4, 4), f8)
+        self.Gz = np.empty((n, 4, 4), f8)
+        self.kidx = np.empty(n, np.intp)
+        self.iota = np.arange(n, dtype=np.intp)
+        self.ho_t = np.empty(n, f8)  # held-out closure per station
+        self.ho_r = np.empty(n, f8)
+        self.bk_t = np.empty(n, f8)  # residuals kept aside while folds are refitted
+        self.bk_r = np.empty(n, f8)
+        self.srt = np.empty(n, f8)  # percentile scratch
+        self.H12 = np.empty((12, 12), f8)
+        self.g12 = np.empty(12, f8)
+        self.Hd12 = np.empty((12, 12), f8)
         self.eye3 = np.eye(3)
         self.lastrow = np.array([0.0, 0.0, 0.0, 1.0])
 
