@@ -1,0 +1,708 @@
+"""The daemon's ZeroMQ transport: PUB for topics, ROUTER for commands, CURVE for who may do what.
+
+The wire format is :mod:`cellcal.daemon.protocol`; this module moves it.
+
+Threads
+-------
+ZeroMQ sockets are not thread-safe, so ONE I/O thread owns the PUB and ROUTER sockets.
+Other threads reach it through a queue and a wake-up pipe the I/O thread polls alongside
+the ROUTER: :meth:`ZmqServer.publish` is safe from any thread and never blocks. Commands
+are validated and authorised on the I/O thread, then run by ONE command thread that calls
+``handler.handle`` (so a slow handler delays other commands but never publishing or
+snapshots, and the daemon never sees two commands at once). ``get_snapshot`` is answered by
+the I/O thread itself from the latest message of every topic, so its ``seq`` is exactly
+the last message that left before the reply.
+
+Back-pressure
+-------------
+PUB drops messages for a subscriber whose queue holds ``[zmq] sndhwm`` messages (ZeroMQ's
+PUB never blocks); that subscriber sees a ``seq`` gap and re-snapshots. The ROUTER drops a
+reply to a client that does not read its replies, refuses commands with ``E_BUSY`` when
+``max_queued_commands`` wait for the handler, and ZeroMQ drops (and disconnects) any
+message above ``[zmq] max_msg_bytes``.
+
+Security
+--------
+With ``[zmq] curve = true`` both sockets are CURVE servers; a ZAP handler
+(``zmq.auth.thread.ThreadAuthenticator``) admits only the public keys listed in
+``[[zmq.clients]]``, each with a role; other keys fail the handshake and reach nothing.
+Without CURVE every client gets ``[zmq] null_role`` (``observer`` unless configured), and
+a ``tcp://`` endpoint on anything but a loopback address is refused at construction
+(:class:`SecurityError`): an unauthenticated client may watch, never change the cell,
+unless an operator explicitly grants it on loopback or ipc.
+"""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+import logging
+import os
+import queue
+import threading
+import time
+from collections.abc import Iterable, Mapping
+from typing import Any
+
+import zmq
+import zmq.auth
+from zmq.auth.thread import ThreadAuthenticator
+from zmq.utils import z85
+
+from cellcal.daemon import protocol as P
+from cellcal.daemon.config import ConfigError
+from cellcal.solver.errors import CellcalError
+
+__all__ = ["ZmqServer", "SecurityError", "BindError", "is_local_endpoint", "check_security", "ZAP_DOMAIN"]
+
+ZAP_DOMAIN = "cellcal"
+STOP_TIMEOUT_S = 5.0
+_ROUTER_BATCH = 512          # messages per poll round, so publishing is never starved
+_BAD_LOG_EVERY_S = 10.0      # malformed requests: one summary warning per period at most
+_REFUSED_KEY_LOG_EVERY_S = 60.0
+
+
+class SecurityError(ConfigError):
+    """The ``[zmq]`` section would expose the daemon: a network endpoint without CURVE, bad keys."""
+
+
+class BindError(CellcalError, OSError):
+    """An endpoint could not be bound (address in use, bad interface, unwritable ipc path)."""
+
+
+def is_local_endpoint(endpoint: str) -> bool:
+    """True for ``ipc://``, ``inproc://`` and ``tcp://`` on a loopback address.
+
+    Interface names, ``*``, host names and every non-loopback address count as reachable
+    from other hosts.
+    """
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    if not endpoint.startswith("tcp://"):
+        return False
+    host = endpoint[len("tcp://"):].rpartition(":")[0].strip("[]")
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _null_role(cfg: Any) -> str:
+    # `null_role` is not yet a field of config.Zmq; read it where it may appear.
+    return getattr(cfg, "null_role", P.ROLE_OBSERVER)
+
+
+def check_security(cfg: Any) -> dict[str, tuple[str, str]]:
+    """Validate the security of a ``[zmq]`` section (no I/O); return the CURVE allow-list.
+
+    Returns
+    -------
+    dict
+        Z85 public key -> (role, name), for every ``[[zmq.clients]]`` entry.
+
+    Raises
+    ------
+    SecurityError
+        A non-loopback ``tcp://`` endpoint without CURVE, an invalid or duplicate key, an
+        unknown role.
+    """
+    curve = bool(cfg.curve)
+    for name in ("pub_endpoint", "cmd_endpoint"):
+        ep = getattr(cfg, name)
+        if not curve and not is_local_endpoint(ep):
+            raise SecurityError(
+                f"zmq.{name}",
+                f"{ep} is reachable from other hosts and zmq.curve is false; bind tcp://127.0.0.1 or "
+                f"ipc://, or set curve = true with [[zmq.clients]] keys",
+            )
+    null_role = _null_role(cfg)
+    if null_role not in P.ROLES:
+        raise SecurityError("zmq.null_role", f"expected one of {', '.join(P.ROLES)}, got {null_role!r}")
+    allow: dict[str, tuple[str, str]] = {}
+    for i, cl in enumerate(cfg.clients or ()):
+        path = f"zmq.clients[{i}]"
+        try:
+            raw = z85.decode(cl.public_key.encode("ascii"))
+        except (ValueError, UnicodeEncodeError):
+            raw = b""
+        if len(raw) != 32:
+            raise SecurityError(f"{path}.public_key", "not a Z85 CURVE public key (40 characters)")
+        if cl.role not in P.ROLES:
+            raise SecurityError(f"{path}.role", f"expected one of {', '.join(P.ROLES)}, got {cl.role!r}")
+        if cl.public_key in allow:
+            raise SecurityError(f"{path}.public_key", f"duplicate key (also {allow[cl.public_key][1]!r})")
+        allow[cl.public_key] = (cl.role, cl.name or cl.public_key[:8])
+    if curve and not allow:
+        raise SecurityError("zmq.clients", "curve = true but no [[zmq.clients]]: nobody could connect")
+    if curve and not cfg.server_secret_key_file:
+        raise SecurityError("zmq.server_secret_key_file", "required when curve = true")
+    return allow
+
+
+class _AllowList:
+    """ZAP credentials provider: admits exactly the configured keys (runs on the auth thread)."""
+
+    def __init__(self, allow: Mapping[str, tuple[str, str]], log: logging.Logger) -> None:
+        self._allow = dict(allow)
+        self._log = log
+        self._last_refusal: dict[bytes, float] = {}
+
+    def callback(self, domain: str, key: bytes) -> bool:
+        try:
+            ok = key.decode("ascii") in self._allow
+            if not ok:
+                # A refused client reconnects every few hundred ms: say it once a minute.
+                now = time.monotonic()
+                if now - self._last_refusal.get(key, -1e9) > _REFUSED_KEY_LOG_EVERY_S:
+                    if len(self._last_refusal) > 1000:
+                        self._last_refusal.clear()
+                    self._last_refusal[key] = now
+                    self._log.warning("refused CURVE key %s (not in [[zmq.clients]])", key[:8].decode("ascii", "replace"))
+            return ok
+        except Exception:  # never let the ZAP thread die: without it libzmq would admit any key
+            self._log.exception("ZAP callback failed; refusing")
+            return False
+
+
+class _ReplyCache:
+    """Replies by (key, routing id, request id), bounded in entries and bytes, least recent out."""
+
+    def __init__(self, max_entries: int, max_bytes: int) -> None:
+        self._d: collections.OrderedDict[tuple, bytes] = collections.OrderedDict()
+        self._bytes = 0
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+
+    def get(self, key: tuple) -> bytes | None:
+        reply = self._d.get(key)
+        if reply is not None:
+            self._d.move_to_end(key)
+        return reply
+
+    def put(self, key: tuple, reply: bytes) -> None:
+        if key in self._d:
+            self._bytes -= len(self._d.pop(key))
+        self._d[key] = reply
+        self._bytes += len(reply)
+        while self._d and (len(self._d) > self.max_entries or self._bytes > self.max_bytes):
+            _k, old = self._d.popitem(last=False)
+            self._bytes -= len(old)
+
+    def __len__(self) -> int:
+        return len(self._d)
+
+
+class ZmqServer:
+    """PUB + ROUTER endpoints of the daemon. The constructor does no I/O; :meth:`start` binds.
+
+    Parameters
+    ----------
+    config_zmq : cellcal.daemon.config.Zmq
+        The ``[zmq]`` section (endpoints, ``sndhwm``, ``max_msg_bytes``, ``republish_s``,
+        ``curve``, ``server_secret_key_file``, ``clients``; ``null_role`` if present).
+        Endpoints may use port ``*`` (tests); :attr:`pub_endpoint` tells the bound one.
+    handler : protocol.Handler or None
+        Runs commands (see :class:`cellcal.daemon.protocol.Handler`). ``None``: every
+        command but ``get_snapshot`` gets ``E_UNAVAILABLE`` (the daemon is not ready yet).
+    context : zmq.Context, optional
+        Default: a private context, terminated by :meth:`stop`. A context can host one
+        CURVE authenticator only (ZAP binds a fixed inproc address).
+    log : logging.Logger, optional
+        Default ``cellcal.daemon.zmq``; commands go to its child ``audit``.
+    boot_id : str, optional
+        Default: random (:func:`protocol.new_boot_id`).
+    republish_topics : iterable of str
+        Topics whose latest message is republished with ``retained: true`` every
+        ``republish_s`` (default: the result topic, which carries the active result).
+    validate_bodies : bool
+        Check every published body against its TypedDict (:func:`protocol.check_body`)
+        and raise ``ValueError`` at the publisher; for tests of the daemon.
+    """
+
+    def __init__(
+        self,
+        config_zmq: Any,
+        handler: P.Handler | None,
+        *,
+        context: zmq.Context | None = None,
+        log: logging.Logger | None = None,
+        boot_id: str | None = None,
+        republish_topics: Iterable[str] = (P.TOPIC_RESULT,),
+        validate_bodies: bool = False,
+        dedup_entries: int = 4096,
+        dedup_bytes: int = 16 << 20,
+        max_queued_commands: int = 64,
+    ) -> None:
+        self._allow = check_security(config_zmq)
+        self._cfg = config_zmq
+        self._curve = bool(config_zmq.curve)
+        self._handler = handler
+        self._null_caller = P.Caller("null", _null_role(config_zmq), "anonymous")
+        self.boot_id = boot_id or P.new_boot_id()
+        self._log = log or logging.getLogger("cellcal.daemon.zmq")
+        self._audit = logging.getLogger(self._log.name + ".audit")
+        self._given_context = context
+        self._republish_topics = tuple(republish_topics)
+        for t in self._republish_topics:
+            if t not in P.TOPICS:
+                raise ValueError(f"republish_topics: unknown topic {t!r}")
+        self._validate_bodies = validate_bodies
+        self._max_queued = max_queued_commands
+
+        self._lock = threading.Lock()  # state changes and the wake pipe's lifetime
+        self._state = "new"
+        self._outbox: collections.deque[tuple] = collections.deque()
+        self._wake_r: int | None = None
+        self._wake_w: int | None = None
+        self._ctx: zmq.Context | None = None
+        self._auth: ThreadAuthenticator | None = None
+        self._io: threading.Thread | None = None
+        self._worker: threading.Thread | None = None
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._ready = threading.Event()
+        self._start_error: BaseException | None = None
+        self._pub_ep = config_zmq.pub_endpoint
+        self._cmd_ep = config_zmq.cmd_endpoint
+
+        # I/O-thread state.
+        self._seq = 0
+        self._latest: dict[str, tuple[int, int, bytes, bytes]] = {}  # topic -> seq, ts_ns, body, envelope
+        self._inflight: dict[tuple, list[tuple[bytes, ...]]] = {}
+        self._queued = 0
+        self._replies = _ReplyCache(dedup_entries, dedup_bytes)
+        self._bad_since_log = 0
+        self._bad_last_log = time.monotonic()
+        self._stats = collections.Counter()
+
+    # --- properties --------------------------------------------------------------------------
+
+    @property
+    def pub_endpoint(self) -> str:
+        """The bound PUB endpoint (the resolved port after :meth:`start`)."""
+        return self._pub_ep
+
+    @property
+    def cmd_endpoint(self) -> str:
+        """The bound ROUTER endpoint (the resolved port after :meth:`start`)."""
+        return self._cmd_ep
+
+    @property
+    def seq(self) -> int:
+        """Seq of the last message published (0 before the first)."""
+        return self._seq
+
+    @property
+    def running(self) -> bool:
+        return self._state == "running"
+
+    def stats(self) -> dict[str, int]:
+        """Counters: published, requests, bad_requests, forbidden, busy, dedup_hits, replies, ..."""
+        return dict(self._stats)
+
+    def latest(self, topic: str) -> dict[str, Any] | None:
+        """The latest envelope published on ``topic`` (decoded), or ``None``."""
+        item = self._latest.get(topic)
+        return P.unpack(item[3], max_array=1 << 24, max_map=1 << 20) if item else None
+
+    # --- lifecycle ---------------------------------------------------------------------------
+
+    def start(self) -> ZmqServer:
+        """Load keys, start the authenticator, bind both sockets, start the threads.
+
+        Raises
+        ------
+        SecurityError
+            The server key file is missing or holds no secret key.
+        BindError
+            An endpoint cannot be bound.
+        """
+        with self._lock:
+            if self._state != "new":
+                raise RuntimeError(f"ZmqServer.start(): already {self._state}")
+            self._state = "starting"
+        try:
+            keys = self._load_server_key() if self._curve else None
+            self._ctx = self._given_context or zmq.Context()
+            if self._curve:
+                self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger(self._log.name + ".zap"))
+                self._auth.start()
+                self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_AllowList(self._allow, self._log))
+            r, w = os.pipe()
+            os.set_blocking(r, False)
+            os.set_blocking(w, False)
+            self._wake_r, self._wake_w = r, w
+            self._io = threading.Thread(target=self._run_io, args=(keys,), name="cellcal-zmq-io", daemon=True)
+            self._io.start()
+            self._ready.wait()
+            if self._start_error is not None:
+                raise self._start_error
+            self._worker = threading.Thread(target=self._run_worker, name="cellcal-zmq-cmd", daemon=True)
+            self._worker.start()
+        except BaseException:
+            self._teardown()
+            with self._lock:
+                self._state = "stopped"
+            raise
+        with self._lock:
+            self._state = "running"
+        self._log.info("zmq: PUB %s, ROUTER %s, %s, boot_id %s", self._pub_ep, self._cmd_ep,
+                       f"CURVE with {len(self._allow)} client key(s)" if self._curve
+                       else f"no CURVE (every client is {self._null_caller.role})", self.boot_id)
+        return self
+
+    def stop(self) -> None:
+        """Close both sockets (linger 0), stop the threads and the authenticator. Idempotent."""
+        with self._lock:
+            if self._state in ("stopped", "new"):
+                self._state = "stopped"
+                return
+            self._state = "stopping"
+        self._post(("stop",))
+        if self._io is not None:
+            self._io.join(STOP_TIMEOUT_S)
+            if self._io.is_alive():
+                self._log.error("zmq I/O thread did not stop within %.0f s", STOP_TIMEOUT_S)
+        self._jobs.put(None)
+        if self._worker is not None:
+            self._worker.join(STOP_TIMEOUT_S)
+            if self._worker.is_alive():
+                self._log.warning("a command handler is still running after %.0f s; not waiting", STOP_TIMEOUT_S)
+        self._teardown()
+        with self._lock:
+            self._state = "stopped"
+
+    def _teardown(self) -> None:
+        if self._auth is not None:
+            self._auth.stop()
+            self._auth = None
+        with self._lock:
+            for fd in (self._wake_r, self._wake_w):
+                if fd is not None:
+                    os.close(fd)
+            self._wake_r = self._wake_w = None
+        if self._ctx is not None and self._given_context is None:
+            if self._io is None or not self._io.is_alive():
+                self._ctx.term()
+        self._ctx = None
+
+    def __enter__(self) -> ZmqServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _load_server_key(self) -> tuple[bytes, bytes]:
+        path = self._cfg.server_secret_key_file
+        try:
+            public, secret = zmq.auth.load_certificate(path)
+        except (OSError, ValueError) as exc:
+            raise SecurityError("zmq.server_secret_key_file", f"cannot load {path}: {exc}") from None
+        if not secret:
+            raise SecurityError("zmq.server_secret_key_file", f"{path} holds no secret-key (use the .key_secret file)")
+        try:
+            if os.stat(path).st_mode & 0o077:
+                self._log.warning("%s is readable by group or others; chmod 600 it", path)
+        except OSError:
+            pass
+        return public, secret
+
+    # --- the API for the daemon (any thread) -------------------------------------------------
+
+    def publish(self, topic: str, body: Mapping[str, Any], *, retained: bool = False) -> None:
+        """Queue one message for the PUB socket; never blocks. Safe from any thread.
+
+        The envelope (seq, boot_id, ts_ns) is added here and on the I/O thread; ``ts_ns`` is
+        the time of this call. On the result topic the body's ``retained`` is set to
+        ``retained``; on other topics it is added only when true.
+
+        Raises
+        ------
+        ValueError
+            Unknown topic (or, with ``validate_bodies``, a body that does not conform).
+        TypeError
+            A body that msgpack cannot encode.
+        """
+        if topic not in P.TOPICS:
+            raise ValueError(f"unknown topic {topic!r} (known: {', '.join(P.TOPICS)})")
+        if not isinstance(body, Mapping):
+            raise TypeError(f"body must be a mapping, got {type(body).__name__}")
+        body = dict(body)
+        if topic == P.TOPIC_RESULT or retained:
+            body["retained"] = bool(retained)
+        if self._validate_bodies:
+            problems = P.check_body(topic, P.unpack(P.pack(body), max_array=1 << 24, max_map=1 << 20))
+            if problems:
+                raise ValueError(f"{topic} body does not conform: " + "; ".join(problems[:5]))
+        packed = P.pack(body)  # here, so a bad body fails in the caller's thread
+        self._post(("pub", topic, time.time_ns(), packed))
+
+    def republish_retained(self, topic: str) -> None:
+        """Publish the latest body of ``topic`` again with ``retained: true`` (new seq, ts_ns)."""
+        if topic not in P.TOPICS:
+            raise ValueError(f"unknown topic {topic!r}")
+        self._post(("republish", topic))
+
+    # --- plumbing ----------------------------------------------------------------------------
+
+    def _post(self, item: tuple) -> None:
+        if self._state in ("stopped", "stopping") and item[0] != "stop":
+            return  # shutting down: the daemon's last messages have nowhere to go
+        self._outbox.append(item)
+        with self._lock:
+            if self._wake_w is not None:
+                try:
+                    os.write(self._wake_w, b"\x01")
+                except BlockingIOError:
+                    pass  # the pipe is full, so a wake-up is already pending
+
+    def _run_io(self, keys: tuple[bytes, bytes] | None) -> None:
+        ctx = self._ctx
+        assert ctx is not None
+        pub = router = None
+        try:
+            pub = ctx.socket(zmq.PUB)
+            router = ctx.socket(zmq.ROUTER)
+            for s in (pub, router):
+                s.linger = 0
+                if keys is not None:
+                    s.curve_server = True
+                    s.curve_publickey, s.curve_secretkey = keys
+                    s.zap_domain = ZAP_DOMAIN.encode()
+            pub.sndhwm = int(self._cfg.sndhwm)
+            router.maxmsgsize = int(self._cfg.max_msg_bytes)
+            # A client that reconnects with the same routing id (Lazy Pirate) takes over the
+            # old route, so the reply to its retry reaches it.
+            router.router_handover = 1
+            for sock, ep in ((pub, self._cfg.pub_endpoint), (router, self._cfg.cmd_endpoint)):
+                _prepare_ipc_dir(ep)
+                try:
+                    sock.bind(ep)
+                except zmq.ZMQError as exc:
+                    raise BindError(f"cannot bind {ep}: {exc}") from None
+            self._pub_ep = pub.last_endpoint.decode()
+            self._cmd_ep = router.last_endpoint.decode()
+        except BaseException as exc:
+            self._start_error = exc if isinstance(exc, (BindError, CellcalError)) else BindError(str(exc))
+            for s in (pub, router):
+                if s is not None:
+                    s.close(linger=0)
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop(pub, router)
+        except Exception:
+            self._log.exception("zmq I/O thread failed")
+        finally:
+            pub.close(linger=0)
+            router.close(linger=0)
+
+    def _loop(self, pub: zmq.Socket, router: zmq.Socket) -> None:
+        poller = zmq.Poller()
+        poller.register(router, zmq.POLLIN)
+        poller.register(self._wake_r, zmq.POLLIN)
+        period = float(self._cfg.republish_s)
+        next_republish = time.monotonic() + period
+        # Messages published before start() were queued without a wake-up byte.
+        if self._drain_outbox(pub, router):
+            return
+        while True:
+            timeout_ms = max(0.0, next_republish - time.monotonic()) * 1000.0
+            events = dict(poller.poll(timeout_ms))
+            if self._wake_r in events:
+                try:
+                    while os.read(self._wake_r, 4096):
+                        pass
+                except BlockingIOError:
+                    pass
+            if self._drain_outbox(pub, router):
+                return
+            if router in events:
+                self._serve(router)
+            now = time.monotonic()
+            if now >= next_republish:
+                for topic in self._republish_topics:
+                    self._republish(pub, topic)
+                next_republish = max(next_republish + period, now)
+
+    def _drain_outbox(self, pub: zmq.Socket, router: zmq.Socket) -> bool:
+        while self._outbox:
+            item = self._outbox.popleft()
+            kind = item[0]
+            if kind == "pub":
+                _, topic, ts_ns, packed = item
+                self._send_pub(pub, topic, ts_ns, packed)
+            elif kind == "reply":
+                _, key, reply, outcome = item
+                self._queued -= 1
+                self._stats["commands"] += 1
+                if outcome == P.E_INTERNAL:
+                    self._stats["internal_errors"] += 1
+                self._replies.put(key, reply)
+                for prefix in self._inflight.pop(key, ()):
+                    self._send_reply(router, prefix, reply)
+            elif kind == "republish":
+                self._republish(pub, item[1])
+            elif kind == "stop":
+                return True
+        return False
+
+    def _send_pub(self, pub: zmq.Socket, topic: str, ts_ns: int, packed: bytes) -> None:
+        self._seq += 1
+        env = P.pack_envelope(self._seq, self.boot_id, ts_ns, packed)
+        self._latest[topic] = (self._seq, ts_ns, packed, env)
+        try:
+            pub.send_multipart([topic.encode("ascii"), env], flags=zmq.NOBLOCK)
+        except zmq.Again:  # PUB drops rather than blocks; belt and braces
+            pass
+        self._stats["published"] += 1
+
+    def _republish(self, pub: zmq.Socket, topic: str) -> None:
+        item = self._latest.get(topic)
+        if item is None:
+            return
+        body = P.unpack(item[2], max_array=1 << 24, max_map=1 << 20)
+        body["retained"] = True
+        self._send_pub(pub, topic, time.time_ns(), P.pack(body))
+        self._stats["republished"] += 1
+
+    @staticmethod
+    def _send_reply(router: zmq.Socket, prefix: tuple[bytes, ...], reply: bytes) -> None:
+        try:
+            router.send_multipart([*prefix, reply], flags=zmq.NOBLOCK)
+        except zmq.Again:
+            pass  # the client's queue is full (it does not read): its loss, not ours
+
+    def _caller(self, frame: zmq.Frame) -> tuple[P.Caller, str]:
+        if not self._curve:
+            return self._null_caller, "null"
+        try:
+            key = frame.get("User-Id")
+        except zmq.ZMQError:
+            key = ""
+        role, name = self._allow.get(key, ("", "unknown"))
+        # An empty role (a key ZAP did not vouch for) passes no role check: defence in depth.
+        return P.Caller(key[:8] or "unknown", role, name), key
+
+    def _serve(self, router: zmq.Socket) -> None:
+        for _ in range(_ROUTER_BATCH):
+            try:
+                frames = router.recv_multipart(flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                return
+            self._stats["requests"] += 1
+            try:
+                self._on_request(router, frames)
+            except Exception:  # a bug here must cost one request, never the I/O thread
+                self._log.exception("zmq: failed to handle a request")
+                self._stats["internal_errors"] += 1
+
+    def _on_request(self, router: zmq.Socket, frames: list[zmq.Frame]) -> None:
+        identity = frames[0].bytes
+        if len(frames) >= 3 and len(frames[1]) == 0:  # REQ client: [id, "", payload]
+            prefix, payload = (identity, b""), frames[2:]
+        else:  # DEALER client: [id, payload]
+            prefix, payload = (identity,), frames[1:]
+        caller, key = self._caller(frames[-1])
+        if len(payload) != 1:
+            self._bad(router, prefix, None, f"expected one payload frame, got {len(payload)}", caller)
+            return
+        try:
+            req = P.parse_request(payload[0].bytes)
+        except P.BadRequest as exc:
+            self._bad(router, prefix, exc.request_id, exc.message, caller)
+            return
+        spec = P.COMMANDS[req.cmd]
+        if not P.role_allows(caller.role, spec.role):
+            self._stats["forbidden"] += 1
+            msg = f"{req.cmd} needs role {spec.role}; key {caller.key_id} has {caller.role or 'no role'}"
+            self._audit.warning("cmd %s id=%r key=%s role=%s name=%s -> E_FORBIDDEN",
+                                req.cmd, req.id, caller.key_id, caller.role, caller.name)
+            self._send_reply(router, prefix, P.pack_error(req.id, P.E_FORBIDDEN, msg))
+            return
+        try:
+            args = P.validate_args(req.cmd, req.args)
+        except P.CommandError as exc:
+            self._bad(router, prefix, req.id, exc.message, caller)
+            return
+        if req.cmd == "get_snapshot":
+            self._send_reply(router, prefix, self._snapshot_reply(req.id))
+            self._audit.debug("cmd get_snapshot id=%r key=%s -> ok (seq %d)", req.id, caller.key_id, self._seq)
+            return
+        dedup_key = (key, identity, type(req.id).__name__, req.id)
+        cached = self._replies.get(dedup_key)
+        if cached is not None:
+            self._stats["dedup_hits"] += 1
+            self._audit.info("cmd %s id=%r key=%s role=%s name=%s -> repeat, stored reply",
+                             req.cmd, req.id, caller.key_id, caller.role, caller.name)
+            self._send_reply(router, prefix, cached)
+            return
+        if dedup_key in self._inflight:  # a retry while the first attempt still runs
+            self._stats["dedup_hits"] += 1
+            if prefix not in self._inflight[dedup_key]:
+                self._inflight[dedup_key].append(prefix)
+            return
+        if self._handler is None:
+            self._send_reply(router, prefix, P.pack_error(req.id, P.E_UNAVAILABLE, "the daemon is starting; retry"))
+            return
+        if self._queued >= self._max_queued:
+            self._stats["busy"] += 1
+            self._send_reply(router, prefix, P.pack_error(
+                req.id, P.E_BUSY, f"{self._queued} commands are waiting for the daemon; retry later"))
+            return
+        self._inflight[dedup_key] = [prefix]
+        self._queued += 1
+        self._jobs.put((dedup_key, req.id, req.cmd, args, caller, time.monotonic()))
+
+    def _bad(self, router: zmq.Socket, prefix: tuple[bytes, ...], rid: Any, message: str, caller: P.Caller) -> None:
+        self._stats["bad_requests"] += 1
+        self._send_reply(router, prefix, P.pack_error(rid, P.E_BAD_REQUEST, message))
+        # Garbage is logged in summary: a flood of it must not become a flood of log lines.
+        self._audit.debug("bad request id=%r key=%s: %s", rid, caller.key_id, message)
+        self._bad_since_log += 1
+        now = time.monotonic()
+        if now - self._bad_last_log >= _BAD_LOG_EVERY_S:
+            self._audit.warning("%d malformed request(s) in the last %.0f s; latest from key %s: %s",
+                                self._bad_since_log, now - self._bad_last_log, caller.key_id, message)
+            self._bad_since_log = 0
+            self._bad_last_log = now
+
+    def _snapshot_reply(self, rid: Any) -> bytes:
+        messages = P.packed_map([(t, item[3]) for t, item in self._latest.items()])
+        result = P.packed_map([("seq", P.pack(self._seq)), ("boot_id", P.pack(self.boot_id)), ("messages", messages)])
+        return P.packed_map([("id", P.pack(rid)), ("ok", P.pack(True)), ("result", result)])
+
+    # --- the command thread ------------------------------------------------------------------
+
+    def _run_worker(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            dedup_key, rid, cmd, args, caller, t0 = job
+            try:
+                result = self._handler.handle(cmd, args, caller)  # type: ignore[union-attr]
+                reply = P.pack_ok(rid, result)
+                outcome = "ok"
+            except P.CommandError as exc:
+                reply = P.pack_error(rid, exc.code, exc.message)
+                outcome = exc.code
+            except Exception as exc:
+                self._log.exception("command %s id=%r from key %s failed", cmd, rid, caller.key_id)
+                reply = P.pack_error(rid, P.E_INTERNAL, f"{cmd} failed inside the daemon ({type(exc).__name__}); see its log")
+                outcome = P.E_INTERNAL
+            level = logging.INFO if P.COMMANDS[cmd].role == P.ROLE_OPERATOR or outcome != "ok" else logging.DEBUG
+            self._audit.log(level, "cmd %s id=%r key=%s role=%s name=%s -> %s (%.1f ms)", cmd, rid,
+                            caller.key_id, caller.role, caller.name, outcome, (time.monotonic() - t0) * 1e3)
+            self._post(("reply", dedup_key, reply, outcome))
+
+
+def _prepare_ipc_dir(endpoint: str) -> None:
+    # ipc sockets live in the runtime directory; systemd creates it (RuntimeDirectory=), the
+    # demo and tests may not have. Abstract sockets (ipc://@name) have no directory.
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        d = os.path.dirname(endpoint[len("ipc://"):])
+        if d:
+            os.makedirs(d, mode=0o750, exist_ok=True)
