@@ -757,25 +757,41 @@ class Cia402Driver(RobotDriver):
         return RobotMode.IDLE
 
     def _sync_loop(self) -> None:
+        """SYNC, collect the six TPDOs, repeat.
+
+        The next SYNC goes out only once the current cycle is complete or its period is
+        over, so a TPDO can never be counted in a later cycle than the SYNC it answers.
+        After an incomplete cycle the loop stays silent for one more period and drops
+        whatever arrives in it (late frames of the abandoned cycle).
+        """
         period_ns = int(self.opts["sync_period_ms"] * 1e6)
-        next_ns = time.monotonic_ns()
         while not self._stop_evt.is_set():
+            tick = time.monotonic_ns()
+            complete = True
             if self._use_pdo:
-                stamp = time.monotonic_ns()
+                cyc = _Cycle(time.monotonic_ns())
                 with self._lock:
-                    if self._cycle is not None and self._cycle.got:
-                        self.incomplete_cycles += 1
-                    self._cycle = _Cycle(stamp)
+                    self._cycle = cyc
                 try:
                     self.network.sync.transmit()
                 except Exception as exc:  # noqa: BLE001 - a send error must not kill sampling
                     log.warning("%r: SYNC send failed: %s", self, exc)
+                deadline = tick + period_ns
+                with self._lock:
+                    while self._cycle is cyc and not self._stop_evt.is_set():
+                        now = time.monotonic_ns()
+                        if now >= deadline:
+                            break
+                        self._lock.wait((deadline - now) * 1e-9)
+                    if self._cycle is cyc:
+                        complete = False
+                        self._cycle = None
+                        if cyc.got:
+                            self.incomplete_cycles += 1
             self._check_heartbeats()
-            next_ns += period_ns
-            now = time.monotonic_ns()
-            if next_ns < now:
-                next_ns = now
-            self._stop_evt.wait((next_ns - now) * 1e-9)
+            wait_ns = tick + period_ns * (1 if complete else 2) - time.monotonic_ns()
+            if wait_ns > 0:
+                self._stop_evt.wait(wait_ns * 1e-9)
 
     def _heartbeat_fault(self) -> DeviceGoneError | None:
         with self._lock:

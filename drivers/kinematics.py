@@ -171,6 +171,12 @@ class DHModel:
         """
         target = np.asarray(base_T_flange, dtype=float)
         q = self._check_q(q_seed_rad).copy()
+        reach = float(np.sum(np.abs(self.a_m)) + np.sum(np.abs(self.d_m)))
+        if float(np.linalg.norm(target[:3, 3])) > reach:
+            raise UnreachablePose(
+                f"{self.name}: target {np.linalg.norm(target[:3, 3]):.3f} m from the base, "
+                f"beyond the {reach:.3f} m the links can span"
+            )
         lam2 = 1e-6
         err_norm = math.inf
         for _ in range(max_iter):

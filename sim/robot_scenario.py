@@ -45,7 +45,7 @@ class FaultSpec:
         ``protective_stop`` (motion frozen, safety mode PROTECTIVE_STOP / CiA 402 quick
         stop, commands refused), ``silent_node`` (CAN: drive ``node`` stops heartbeat, PDO
         and SDO).
-    at_s : float
+    start_s : float
         Simulated time the fault starts (s).
     duration_s : float
         How long it lasts (s); ``inf`` (the default) for the rest of the run.
@@ -54,12 +54,12 @@ class FaultSpec:
     """
 
     kind: str
-    at_s: float
+    start_s: float
     duration_s: float = math.inf
     node: int = 0
 
     def active(self, t_s: float) -> bool:
-        return self.at_s <= t_s < self.at_s + self.duration_s
+        return self.start_s <= t_s < self.start_s + self.duration_s
 
 
 @dataclass(frozen=True)
@@ -81,7 +81,8 @@ class RobotScenario:
     """Parsed ``[robot]`` table, SI units (see ``docs/simulation-robot.md``)."""
 
     model: DHModel = field(default_factory=lambda: dh_model("ur5e"))
-    initial_q_rad: np.ndarray = field(default_factory=lambda: np.deg2rad(DEFAULT_INITIAL_Q_DEG))
+    #: None: start where the world's flange is (the scenario's ``truth.base_T_flange``)
+    initial_q_rad: np.ndarray | None = None
     max_joint_speed_rad_s: float = 60.0 * _DEG
     max_joint_accel_rad_s2: float = 80.0 * _DEG
     min_move_time_s: float = 0.2
@@ -179,7 +180,7 @@ _CAN_KEYS = (
     "position_window_time_ms",
     "profile_velocity_deg_s",
 )
-_FAULT_KEYS = ("kind", "at_s", "duration_s", "node")
+_FAULT_KEYS = ("kind", "start_s", "duration_s", "node")
 
 
 def _parse_can(t: Mapping[str, Any], path: str) -> CanScenario:
@@ -223,9 +224,9 @@ def _parse_faults(v: Any, path: str) -> tuple[FaultSpec, ...]:
         kind = t.get("kind")
         if kind not in FAULT_KINDS:
             raise ValueError(f"{p}.kind: expected one of {', '.join(FAULT_KINDS)}, got {kind!r}")
-        if "at_s" not in t:
-            raise ValueError(f"{p}.at_s: required")
-        at = _num(t["at_s"], f"{p}.at_s", nonneg=True)
+        if "start_s" not in t:
+            raise ValueError(f"{p}.start_s: required")
+        at = _num(t["start_s"], f"{p}.start_s", nonneg=True)
         dur = _num(t["duration_s"], f"{p}.duration_s", positive=True) if "duration_s" in t else math.inf
         node = 0
         if kind == "silent_node":

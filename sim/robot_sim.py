@@ -37,7 +37,12 @@ from typing import Any
 import numpy as np
 
 from cellcal.drivers.kinematics import UnreachablePose
-from cellcal.sim.robot_scenario import FaultSpec, RobotScenario, parse_robot_table
+from cellcal.sim.robot_scenario import (
+    DEFAULT_INITIAL_Q_DEG,
+    FaultSpec,
+    RobotScenario,
+    parse_robot_table,
+)
 from cellcal.sim.world import World
 from cellcal.solver.se3 import make_transform, so3_exp, so3_log
 
@@ -160,7 +165,7 @@ class SimRobot:
         self.flange_T_tcp = make_transform(so3_exp(scenario.tcp_offset[3:]), scenario.tcp_offset[:3])
         self._lock = threading.Lock()
         self._rng = np.random.default_rng(scenario.seed)
-        q0 = scenario.initial_q_rad.copy()
+        q0 = self._initial_joints(world, scenario)
         self._seg = _Segment(world.now_s(), q0, np.zeros(6), q0, 1e-9, np.zeros(6))
         self._faults: list[FaultSpec] = list(scenario.faults)
         self._pstop_was_active = False
@@ -168,6 +173,30 @@ class SimRobot:
         self._thread: threading.Thread | None = None
         self.moves = 0
         self._write_world(world.now_s())
+
+    def _initial_joints(self, world: World, sc: RobotScenario) -> np.ndarray:
+        """The scenario's initial joints, or else joints putting the true flange where the
+        world has it (so starting the robot does not move the flange): inverse kinematics
+        from a few seeds, keeping the posture closest to the default home posture."""
+        home = np.deg2rad(DEFAULT_INITIAL_Q_DEG)
+        if sc.initial_q_rad is not None:
+            return sc.initial_q_rad.copy()
+        target = world.base_T_flange()
+        best, best_cost = None, math.inf
+        for base_deg in (0.0, 180.0, 90.0, -90.0):
+            seed = home + np.deg2rad([base_deg, 0, 0, 0, 0, 0])
+            try:
+                q = self.true_model.inverse(target, seed)
+            except UnreachablePose:
+                continue
+            d = (q - home + math.pi) % (2 * math.pi) - math.pi
+            cost = float(np.linalg.norm(d[1:5]))  # posture: ignore base and wrist roll
+            if cost < best_cost:
+                best, best_cost = q, cost
+        if best is None:
+            log.warning("sim robot: world flange unreachable; starting at the home posture")
+            return home
+        return best
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> SimRobot:
@@ -212,7 +241,7 @@ class SimRobot:
         with self._lock:
             self._faults = [
                 f if f.kind != kind or not f.active(now)
-                else FaultSpec(f.kind, f.at_s, max(now - f.at_s, 1e-9), f.node)
+                else FaultSpec(f.kind, f.start_s, max(now - f.start_s, 1e-9), f.node)
                 for f in self._faults
             ]
 

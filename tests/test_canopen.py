@@ -31,13 +31,14 @@ from cellcal.sim.robot_sim import start_sim_robot
 from cellcal.sim.world import World
 
 UR5E = dh_model("ur5e")
+HOME_FLANGE = UR5E.forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))
 Q_HOME = np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0])
 HB_MS = 40
 _channels = itertools.count()
 
 
 def make_sim(table=None, scale=5.0):
-    world = World(cell_T_base=np.eye(4), flange_T_target=np.eye(4), time_scale=scale)
+    world = World(cell_T_base=np.eye(4), flange_T_target=np.eye(4), base_T_flange=HOME_FLANGE, time_scale=scale)
     t = {"can": {"heartbeat_ms": HB_MS}, **(table or {})}
     return start_sim_robot(world, t, transport="canopen", can_channel=f"test-can-{next(_channels)}")
 
@@ -209,7 +210,7 @@ def test_protective_stop_is_quick_stop_and_needs_reenable(sim):
 
 
 def test_ringing_beyond_the_window_never_reaches_target():
-    h = make_sim({"faults": [{"kind": "never_settles", "at_s": 0.0}], "ringing_amplitude_deg": 0.5})
+    h = make_sim({"faults": [{"kind": "never_settles", "start_s": 0.0}], "ringing_amplitude_deg": 0.5})
     try:
         with connect_robot(h.url) as robot:
             with pytest.raises(DriverTimeoutError, match="target not reached"):
@@ -241,7 +242,7 @@ def test_gear_ratio_sign_and_offset_scaling():
 
 # -- across processes on udp_multicast -------------------------------------------------------
 def _serve_drives(group: str, conn) -> None:
-    world = World(cell_T_base=np.eye(4), flange_T_target=np.eye(4), time_scale=5.0)
+    world = World(cell_T_base=np.eye(4), flange_T_target=np.eye(4), base_T_flange=HOME_FLANGE, time_scale=5.0)
     with start_sim_robot(world, {"can": {"heartbeat_ms": HB_MS}}, transport="canopen",
                          can_channel=group, can_interface="udp_multicast") as h:
         conn.send(h.url)

@@ -25,12 +25,13 @@ from cellcal.sim.world import World
 from cellcal.solver.se3 import se3_inverse, so3_log
 
 UR5E = dh_model("ur5e")
+HOME_FLANGE = UR5E.forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))
 P = rc.PacketType
 Q_HOME = np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0])
 
 
 def make_world(scale: float = 10.0) -> World:
-    return World(cell_T_base=np.eye(4), flange_T_target=np.eye(4), time_scale=scale)
+    return World(cell_T_base=np.eye(4), flange_T_target=np.eye(4), base_T_flange=HOME_FLANGE, time_scale=scale)
 
 
 @pytest.fixture
@@ -222,7 +223,7 @@ def test_kinematic_error_makes_fk_imperfect():
 
 def test_never_settles_times_out():
     world = make_world()
-    with start_sim_robot(world, {"faults": [{"kind": "never_settles", "at_s": 0.0}]}) as h:
+    with start_sim_robot(world, {"faults": [{"kind": "never_settles", "start_s": 0.0}]}) as h:
         with connect_robot(h.url) as robot:
             with pytest.raises(DriverTimeoutError, match="not settled"):
                 robot.wait_settled(SettleConfig(dwell_s=0.2), timeout_s=1.0)
@@ -297,7 +298,9 @@ class ScriptedController:
                     return
                 conn.sendall(reply)
             conn.sendall(self.tail)
-            time.sleep(1.0)
+            conn.settimeout(3.0)
+            while conn.recv(4096):  # hold the connection until the client closes it
+                pass
         except OSError as exc:
             self.error = str(exc)
         finally:

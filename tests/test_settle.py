@@ -17,6 +17,7 @@ from cellcal.sim.world import World
 from cellcal.solver.se3 import se3_inverse, so3_log
 
 UR5E = dh_model("ur5e")
+HOME_FLANGE = UR5E.forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))
 Q_REST = np.deg2rad([10.0, -80.0, 95.0, -100.0, -90.0, 20.0])
 DIRECTION = np.array([1.0, -0.6, 0.8, 0.5, -0.3, 0.2])  # ringing share per joint
 
@@ -146,7 +147,7 @@ def test_config_from_table_converts_units_and_names_bad_keys():
 def test_simulated_ringing_robot_settles_at_its_rest_pose():
     # Over RTDE: a big ringing (0.3 deg, tau 0.3 s) after a move; the capture must be at the
     # rest pose, both as the controller reports it and as the world truly is.
-    world = World(cell_T_base=np.eye(4), flange_T_target=np.eye(4), time_scale=2.0)
+    world = World(cell_T_base=np.eye(4), flange_T_target=np.eye(4), base_T_flange=HOME_FLANGE, time_scale=2.0)
     table = {"ringing_amplitude_deg": 0.3, "settle_time_constant_s": 0.3, "ringing_frequency_hz": 4.0}
     cfg = SettleConfig(max_joint_speed_rad_s=math.radians(0.02), max_flange_speed_m_s=0.2e-3,
                        max_flange_ang_speed_rad_s=math.radians(0.02), dwell_s=0.15)

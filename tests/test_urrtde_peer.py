@@ -23,9 +23,11 @@ def _serve(conn) -> None:
     """Child process: the sim controller on 30004, recording every published package."""
     from cellcal.sim.robot_sim import SimRobot
     from cellcal.sim.rtde_server import RtdeServer
+    from cellcal.drivers.kinematics import dh_model
     from cellcal.sim.world import World
 
-    world = World(cell_T_base=np.eye(4), flange_T_target=np.eye(4))
+    home = dh_model("ur5e").forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))
+    world = World(cell_T_base=np.eye(4), flange_T_target=np.eye(4), base_T_flange=home)
     robot = SimRobot(world, {"encoder_noise_deg": 0.001, "seed": 7}).start()
     published: dict[float, tuple[tuple[float, ...], tuple[float, ...]]] = {}
     fields_asked: list[list[str]] = []
