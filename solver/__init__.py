@@ -34,6 +34,8 @@ from cellcal.solver.calibrate import (
     calibrate_tool_point,
 )
 from cellcal.solver.errors import CalibrationError, CellcalError, DegenerateGeometry, NotEnoughSamples
+from cellcal.solver.planning import NextStation, StationPlan, plan_stations, suggest_next_station
+from cellcal.solver.points import PointBaseFrameResult, calibrate_base_frame_points
 from cellcal.solver.uncertainty import PredictedError
 from cellcal.solver.validation import Agreement, HoldoutClosure
 from cellcal.solver.workspace import Workspace
@@ -43,6 +45,12 @@ __all__ = [
     "calibrate_hand_eye",
     "calibrate_tool_point",
     "calibrate_eye_to_hand",
+    "calibrate_base_frame_points",
+    "plan_stations",
+    "suggest_next_station",
+    "StationPlan",
+    "NextStation",
+    "PointBaseFrameResult",
     "BaseFrameResult",
     "HandEyeResult",
     "EyeToHandResult",

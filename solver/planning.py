@@ -1,0 +1,551 @@
+"""Observability planning: which robot stations determine the calibration best.
+
+The Fisher information of the stations (:mod:`cellcal.solver.refine`, evaluated at an
+approximate ``cell_T_base`` and ``flange_T_target`` and the tracker's noise) says how well
+every combination of the unknowns is determined; its smallest eigenvalue is the worst one.
+The planner samples joint vectors, keeps those whose flange lies in the workspace box and
+whose target the tracker can see, and picks N of them greedily to maximise that smallest
+eigenvalue (E-optimal design), then improves the set by single exchanges.
+
+What is maximised (``focus``): by default the information about ``cell_T_base`` alone, with
+the target mount marginalised out (the Schur complement ``F_XX - F_XY F_YY^-1 F_YX``):
+the mount's rotation is measured directly at every station and would otherwise set the
+smallest eigenvalue whatever the stations are. ``focus="all"`` uses the full matrix.
+
+Candidates: uniform joint vectors within the limits; a box and a cone usually leave few of
+them, so the feasible ones then seed random walks in joint space (0.4 rad steps) until
+enough candidates are feasible or the sampling budget is spent.
+
+Units: the unknowns are ``[rho_X, phi_X, rho_Y, phi_Y]`` (pose tracker; ``X = cell_T_base``,
+``Y = flange_T_target``, right perturbations) or ``[rho_X, phi_X, y]`` (point tracker,
+``y = flange_p_target``). Rotations are scaled by ``lever_arm_m`` so that every
+parameter is a length (a rotation counts as the displacement it causes at that distance).
+An eigenvalue ``lambda`` of the scaled information is then in 1/m^2 and ``1 / sqrt(lambda)``
+is the 1-sigma, in metres, of the corresponding combination: :attr:`StationPlan.worst_sigma_m`.
+
+Line of sight (the cone): the target has a facing direction ``target_axis`` (unit vector in
+the target frame; +z by default: the axis a 6-DoF probe or a reflector's opening looks
+along). A station is visible when the angle between that direction, expressed in the cell
+frame, and the direction from the target to the tracker is at most ``cone_deg``:
+``dot(R_cell_target @ target_axis, unit(tracker - p_target)) >= cos(cone_deg)``. Typical
+acceptance half-angles: about 30 deg for a 1.5" corner-cube reflector, 45 deg or more for
+6-DoF probes. Occlusion by the robot itself is not modelled.
+
+The robot model is a callable ``fk(q) -> base_T_flange`` so that the solver imports nothing
+of ours (``cellcal.drivers.kinematics.DHModel.forward`` fits).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+
+from cellcal.solver.refine import fisher_information_point, fisher_information_pose
+
+__all__ = [
+    "StationPlan",
+    "NextStation",
+    "DEFAULT_CONE_DEG",
+    "plan_stations",
+    "suggest_next_station",
+    "visible",
+    "information",
+]
+
+#: Default acceptance half-angle of the target's line of sight.
+DEFAULT_CONE_DEG = 45.0
+#: Default noise for the planning information: a laser tracker's 6-DoF measurement.
+DEFAULT_PLAN_NOISE_M = 2.0e-5
+DEFAULT_PLAN_NOISE_RAD = math.radians(0.01)
+
+_PARAM_NAMES = {
+    "pose": (("cell_T_base translation", "base"), ("cell_T_base rotation", "base"),
+             ("flange_T_target translation", "target"), ("flange_T_target rotation", "target")),
+    "point": (("cell_T_base translation", "base"), ("cell_T_base rotation", "base"),
+              ("flange_p_target", "flange")),
+}
+
+
+@dataclass(frozen=True)
+class StationPlan:
+    """Planned stations and what they determine.
+
+    Attributes
+    ----------
+    q_rad : numpy.ndarray, shape (N, n_joints)
+        Joint vectors, radians.
+    base_T_flange : numpy.ndarray, shape (N, 4, 4)
+        Their flange poses (``fk(q)``), metres.
+    information : numpy.ndarray, shape (p, p)
+        Scaled Fisher information (module docstring), 1/m^2; p = 12 (pose) or 9 (point).
+    min_eigenvalue : float
+        Its smallest eigenvalue, 1/m^2.
+    worst_sigma_m : float
+        ``1 / sqrt(min_eigenvalue)``: 1-sigma of the worst-determined combination, m.
+    weakest_direction : numpy.ndarray, shape (p,)
+        The eigenvector of ``min_eigenvalue`` (unit, scaled parameters).
+    weakest_description : str
+        Which unknown that direction mostly moves, in words.
+    predicted_sigma_translation_mm, predicted_sigma_rotation_deg : float
+        Predicted 1-sigma (root of the trace) of ``cell_T_base`` from these stations with
+        the planning noise, as the refined calibration would report it.
+    n_candidates, n_feasible : int
+        Joint vectors sampled, and those in the box and in line of sight.
+    measurement : str
+        ``"pose"`` or ``"point"``.
+    """
+
+    q_rad: np.ndarray
+    base_T_flange: np.ndarray
+    information: np.ndarray
+    min_eigenvalue: float
+    worst_sigma_m: float
+    weakest_direction: np.ndarray
+    weakest_description: str
+    predicted_sigma_translation_mm: float
+    predicted_sigma_rotation_deg: float
+    n_candidates: int
+    n_feasible: int
+    measurement: str
+
+
+@dataclass(frozen=True)
+class NextStation:
+    """The station :func:`suggest_next_station` recommends.
+
+    Attributes
+    ----------
+    q_rad : numpy.ndarray, shape (n_joints,)
+        Its joint vector, radians.
+    base_T_flange : numpy.ndarray, shape (4, 4)
+        Its flange pose, metres.
+    weakest_direction : numpy.ndarray, shape (p,)
+        The weakest direction of the *current* stations (scaled parameters).
+    weakest_description : str
+        That direction in words (e.g. "cell_T_base rotation about [0, 0, 1] (base frame)").
+    min_eigenvalue_before, min_eigenvalue_after : float
+        Smallest eigenvalue of the information without and with the station, 1/m^2.
+    worst_sigma_before_m, worst_sigma_after_m : float
+        The corresponding worst 1-sigma, m (inf while something is undetermined).
+    """
+
+    q_rad: np.ndarray
+    base_T_flange: np.ndarray
+    weakest_direction: np.ndarray
+    weakest_description: str
+    min_eigenvalue_before: float
+    min_eigenvalue_after: float
+    worst_sigma_before_m: float
+    worst_sigma_after_m: float
+
+
+# --- model pieces -----------------------------------------------------------------------------------
+
+
+def visible(
+    cell_T_target: np.ndarray, tracker_cell_p, *, target_axis=(0.0, 0.0, 1.0), cone_deg: float = DEFAULT_CONE_DEG
+) -> np.ndarray:
+    """Line-of-sight test of the module docstring for a stack (N, 4, 4); bool (N,)."""
+    T = np.asarray(cell_T_target, float).reshape(-1, 4, 4)
+    a = np.asarray(target_axis, float)
+    a = a / np.linalg.norm(a)
+    facing = T[:, :3, :3] @ a
+    d = np.asarray(tracker_cell_p, float) - T[:, :3, 3]
+    dist = np.linalg.norm(d, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        c = np.einsum("ij,ij->i", facing, d) / dist
+    return np.nan_to_num(c, nan=-1.0) >= math.cos(math.radians(cone_deg))
+
+
+def _scale(measurement: str, lever_arm_m: float) -> np.ndarray:
+    L = float(lever_arm_m)
+    if measurement == "pose":
+        return np.array([1, 1, 1, L, L, L, 1, 1, 1, L, L, L], float)
+    return np.array([1, 1, 1, L, L, L, 1, 1, 1], float)
+
+
+def information(
+    base_T_flange: np.ndarray,
+    cell_T_base: np.ndarray,
+    *,
+    flange_T_target: np.ndarray | None = None,
+    measurement: str = "pose",
+    noise_translation_m: float = DEFAULT_PLAN_NOISE_M,
+    noise_rotation_rad: float = DEFAULT_PLAN_NOISE_RAD,
+    lever_arm_m: float = 1.0,
+    per_station: bool = False,
+) -> np.ndarray:
+    """Scaled Fisher information of stations (module docstring): (p, p), or (N, p, p).
+
+    Parameters
+    ----------
+    base_T_flange : array_like, shape (N, 4, 4)
+        Flange poses, m.
+    cell_T_base : array_like, shape (4, 4)
+        Approximate base pose in the cell (the information depends on it only through the
+        geometry; centimetres and degrees of error do not matter).
+    flange_T_target : array_like, shape (4, 4), optional
+        Approximate target mount (identity by default); for ``measurement="point"`` only
+        its translation is used (the reflector's centre).
+    measurement : {"pose", "point"}
+        6-DoF or 3-DoF tracker.
+    noise_translation_m, noise_rotation_rad : float
+        Tracker 1-sigma per axis (planning figures; only their ratio changes the design).
+    lever_arm_m : float
+        Distance at which a rotation counts as a displacement (the task's lever arm).
+    per_station : bool
+        Return each station's contribution instead of the sum.
+    """
+    if measurement not in ("pose", "point"):
+        raise ValueError(f"measurement must be 'pose' or 'point', got {measurement!r}")
+    G = np.asarray(base_T_flange, float).reshape(-1, 4, 4)
+    X = np.asarray(cell_T_base, float)
+    Y = np.eye(4) if flange_T_target is None else np.asarray(flange_T_target, float)
+    if measurement == "pose":
+        F = fisher_information_pose(G, X, Y, noise_translation_m, noise_rotation_rad)
+    else:
+        F = fisher_information_point(G, X, Y[:3, 3], noise_translation_m)
+    s = 1.0 / _scale(measurement, lever_arm_m)
+    F = F * s[None, :, None] * s[None, None, :]
+    return F if per_station else F.sum(axis=0)
+
+
+def _describe(v: np.ndarray, measurement: str) -> str:
+    names = _PARAM_NAMES[measurement]
+    blocks = [v[3 * k: 3 * k + 3] for k in range(len(names))]
+    k = int(np.argmax([np.linalg.norm(b) for b in blocks]))
+    b = blocks[k] / max(np.linalg.norm(blocks[k]), 1e-300)
+    j = int(np.argmax(np.abs(b)))
+    if b[j] < 0:
+        b = -b
+    name, frame = names[k]
+    how = "about" if "rotation" in name else "along"
+    return f"{name} {how} [{b[0]:.2f}, {b[1]:.2f}, {b[2]:.2f}] ({frame} frame)"
+
+
+def _eig_min(F: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    w, V = np.linalg.eigh(F)
+    return w[..., 0], V[..., :, 0]
+
+
+def _predicted_sigmas(F: np.ndarray, measurement: str, lever_arm_m: float) -> tuple[float, float]:
+    s = _scale(measurement, lever_arm_m)
+    try:
+        C = np.linalg.inv(F)
+    except np.linalg.LinAlgError:
+        return math.inf, math.inf
+    C = C / s[:, None] / s[None, :]  # back to m and rad
+    tt, rr = float(np.trace(C[:3, :3])), float(np.trace(C[3:6, 3:6]))
+    if not (tt >= 0 and rr >= 0 and math.isfinite(tt + rr)):
+        return math.inf, math.inf
+    return 1e3 * math.sqrt(tt), math.degrees(math.sqrt(rr))
+
+
+# --- candidates ---------------------------------------------------------------------------------------
+
+
+#: Random-walk step in joint space when growing the candidate set from feasible seeds.
+_WALK_RAD = 0.4
+#: FK evaluations at most, as a multiple of ``n_candidates``.
+_BUDGET = 8
+
+
+def _candidates(
+    fk: Callable, joint_limits_rad, box, tracker_cell_p, cell_T_base, flange_T_target,
+    target_axis, cone_deg, n_candidates: int, rng: np.random.Generator,
+) -> tuple[np.ndarray, np.ndarray, int]:
+    """Feasible joint vectors and their flange poses; returns ``(Q, G, n_evaluated)``."""
+    lim = np.asarray(joint_limits_rad, float)
+    if lim.ndim != 2 or lim.shape[1] != 2 or not np.all(lim[:, 1] > lim[:, 0]):
+        raise ValueError(f"joint_limits_rad must be (n_joints, 2) rows of [low, high], got {lim.tolist()}")
+    lo, hi = workspace_box(box)
+    X = np.asarray(cell_T_base, float)
+    Y = np.eye(4) if flange_T_target is None else np.asarray(flange_T_target, float)
+
+    def feasible(Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        G = np.array([np.asarray(fk(q), float) for q in Q])
+        if G.shape[1:] != (4, 4):
+            raise ValueError(f"fk must return a (4, 4) base_T_flange, got shape {G.shape[1:]}")
+        p = G[:, :3, 3]
+        ok = np.all((p >= lo) & (p <= hi), axis=1)
+        ok &= visible(X @ G @ Y, tracker_cell_p, target_axis=target_axis, cone_deg=cone_deg)
+        return Q[ok], G[ok]
+
+    want = int(n_candidates)
+    Q, G = feasible(rng.uniform(lim[:, 0], lim[:, 1], size=(want, lim.shape[0])))
+    evaluated = want
+    budget = _BUDGET * want
+    batch = max(64, want // 4)
+    while len(Q) < want // 2 and evaluated < budget:
+        if len(Q):
+            seeds = Q[rng.integers(0, len(Q), size=batch)]
+            Qn = np.clip(seeds + rng.normal(scale=_WALK_RAD, size=seeds.shape), lim[:, 0], lim[:, 1])
+        else:
+            Qn = rng.uniform(lim[:, 0], lim[:, 1], size=(batch, lim.shape[0]))
+        Qa, Ga = feasible(Qn)
+        evaluated += batch
+        if len(Qa):
+            Q, G = np.concatenate([Q, Qa]), np.concatenate([G, Ga])
+    return Q, G, evaluated
+
+
+def workspace_box(box) -> tuple[np.ndarray, np.ndarray]:
+    """Validate ``(lower corner, upper corner)`` of a box, m."""
+    try:
+        lo, hi = (np.asarray(b, float).reshape(3) for b in box)
+    except (TypeError, ValueError):
+        raise ValueError(f"workspace box must be ([xmin, ymin, zmin], [xmax, ymax, zmax]), got {box!r}") from None
+    if not np.all(hi > lo):
+        raise ValueError(f"workspace box must be ([xmin, ymin, zmin], [xmax, ymax, zmax]), got {box!r}")
+    return lo, hi
+
+
+def _focus(F: np.ndarray, focus: str) -> np.ndarray:
+    """The matrix whose eigenvalues are optimised: ``F`` or the marginal information of
+    ``cell_T_base`` (Schur complement; a tiny ridge keeps it defined while the nuisance
+    block is still singular)."""
+    if focus == "all":
+        return F
+    A, B, D = F[..., :6, :6], F[..., :6, 6:], F[..., 6:, 6:]
+    k = D.shape[-1]
+    ridge = 1e-12 * (np.trace(D, axis1=-2, axis2=-1)[..., None, None] + 1e-300) * np.eye(k)
+    return A - B @ np.linalg.solve(D + ridge, np.swapaxes(B, -1, -2))
+
+
+def _gain_scores(F: np.ndarray, Fc: np.ndarray, eps: float, focus: str) -> np.ndarray:
+    """Score of adding each candidate: smallest eigenvalue of the focus matrix of
+    ``F + Fc``, and while that is (near) zero for every candidate, minus the trace of the
+    regularised inverse (an A-optimal surrogate that still ranks candidates when one
+    station cannot complete the rank)."""
+    Ff = _focus(F[None] + Fc, focus)
+    lam = np.linalg.eigvalsh(Ff)[:, 0]
+    if lam.max() > eps:
+        return lam
+    p = F.shape[0]
+    inv = np.linalg.inv(F[None] + Fc + eps * np.eye(p)[None])
+    return -np.trace(inv, axis1=1, axis2=2)
+
+
+# --- public API ---------------------------------------------------------------------------------------
+
+_FOCI = ("cell_T_base", "all")
+
+
+def _check_common(measurement: str, focus: str) -> None:
+    if measurement not in ("pose", "point"):
+        raise ValueError(f"measurement must be 'pose' or 'point', got {measurement!r}")
+    if focus not in _FOCI:
+        raise ValueError(f"focus must be one of {_FOCI}, got {focus!r}")
+
+
+def _min_eig(F: np.ndarray, focus: str) -> tuple[float, np.ndarray]:
+    w, V = np.linalg.eigh(_focus(F, focus))
+    return float(w[0]), V[:, 0]
+
+
+def plan_stations(
+    fk: Callable,
+    joint_limits_rad,
+    workspace_box_m,
+    tracker_cell_p,
+    cell_T_base,
+    n_stations: int,
+    *,
+    flange_T_target=None,
+    measurement: str = "pose",
+    focus: str = "cell_T_base",
+    target_axis=(0.0, 0.0, 1.0),
+    cone_deg: float = DEFAULT_CONE_DEG,
+    noise_translation_m: float = DEFAULT_PLAN_NOISE_M,
+    noise_rotation_rad: float = DEFAULT_PLAN_NOISE_RAD,
+    lever_arm_m: float = 1.0,
+    n_candidates: int = 1000,
+    exchange_passes: int = 2,
+    rng: np.random.Generator | int | None = 0,
+) -> StationPlan:
+    """N stations that maximise the smallest eigenvalue of the information matrix.
+
+    Parameters
+    ----------
+    fk : callable
+        ``fk(q_rad (n_joints,)) -> base_T_flange (4, 4)`` in metres.
+    joint_limits_rad : array_like, shape (n_joints, 2)
+        ``[low, high]`` per joint, radians.
+    workspace_box_m : pair of array_like, each (3,)
+        ``(lower corner, upper corner)`` in the robot base frame, m: the flange origin of
+        every station must lie inside.
+    tracker_cell_p : array_like, shape (3,)
+        Tracker position in the cell frame, m.
+    cell_T_base : array_like, shape (4, 4)
+        Approximate base pose in the cell (a rough survey or a previous calibration).
+    n_stations : int
+        Stations to plan (>= 3).
+    flange_T_target : array_like, shape (4, 4), optional
+        Approximate target mount (identity: the tracker sees the flange itself).
+    measurement : {"pose", "point"}
+        6-DoF or 3-DoF tracker.
+    focus : {"cell_T_base", "all"}
+        Maximise the marginal information of ``cell_T_base`` (default) or of every unknown.
+    target_axis, cone_deg
+        Line-of-sight cone (module docstring).
+    noise_translation_m, noise_rotation_rad, lever_arm_m
+        Units of the information (module docstring).
+    n_candidates : int
+        Feasible candidates aimed for (and uniform samples drawn first).
+    exchange_passes : int
+        Passes of single-station exchanges after the greedy choice.
+    rng : numpy.random.Generator or int or None
+        Sampling seed (0 by default: the same inputs give the same plan).
+
+    Returns
+    -------
+    StationPlan
+
+    Raises
+    ------
+    ValueError
+        Bad limits or box, or fewer feasible candidates (in the box and in sight) than
+        ``n_stations``.
+    """
+    _check_common(measurement, focus)
+    if int(n_stations) < 3:
+        raise ValueError(f"n_stations must be >= 3, got {n_stations}")
+    n = int(n_stations)
+    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    Q, G, n_cand = _candidates(fk, joint_limits_rad, workspace_box_m, tracker_cell_p, cell_T_base,
+                               flange_T_target, target_axis, cone_deg, n_candidates, rng)
+    if len(Q) < n:
+        raise ValueError(
+            f"only {len(Q)} of {n_cand} sampled joint vectors put the flange in the workspace box "
+            f"with the target in the tracker's line of sight (cone {cone_deg:g} deg); "
+            f"{n} stations were asked for: widen the box or the cone, or sample more"
+        )
+    info_kw = dict(flange_T_target=flange_T_target, measurement=measurement,
+                   noise_translation_m=noise_translation_m, noise_rotation_rad=noise_rotation_rad,
+                   lever_arm_m=lever_arm_m)
+    Fc = information(G, cell_T_base, per_station=True, **info_kw)
+    eps = 1e-9 * float(np.mean(np.trace(Fc, axis1=1, axis2=2)))
+    p = Fc.shape[1]
+    chosen: list[int] = []
+    F = np.zeros((p, p))
+    free = np.ones(len(Q), bool)
+    for _ in range(n):
+        idx = np.flatnonzero(free)
+        k = int(idx[np.argmax(_gain_scores(F, Fc[idx], eps, focus))])
+        chosen.append(k)
+        free[k] = False
+        F = F + Fc[k]
+    # Exchanges: replace a station by the candidate that raises the smallest eigenvalue most.
+    for _ in range(int(exchange_passes)):
+        improved = False
+        for pos in range(n):
+            base = F - Fc[chosen[pos]]
+            idx = np.flatnonzero(free)
+            lam = np.linalg.eigvalsh(_focus(base[None] + Fc[idx], focus))[:, 0]
+            j = int(np.argmax(lam))
+            if lam[j] > _min_eig(F, focus)[0] * (1.0 + 1e-6):
+                free[chosen[pos]] = True
+                free[idx[j]] = False
+                chosen[pos] = int(idx[j])
+                F = base + Fc[idx[j]]
+                improved = True
+        if not improved:
+            break
+    lam, v = _min_eig(F, focus)
+    st, sr = _predicted_sigmas(F, measurement, lever_arm_m)
+    sel = np.array(chosen)
+    return StationPlan(
+        q_rad=Q[sel], base_T_flange=G[sel], information=F, min_eigenvalue=lam,
+        worst_sigma_m=1.0 / math.sqrt(lam) if lam > 0 else math.inf,
+        weakest_direction=v, weakest_description=_describe(v, measurement),
+        predicted_sigma_translation_mm=st, predicted_sigma_rotation_deg=sr,
+        n_candidates=n_cand, n_feasible=len(Q), measurement=measurement,
+    )
+
+
+def suggest_next_station(
+    stations,
+    fk: Callable,
+    joint_limits_rad,
+    workspace_box_m,
+    tracker_cell_p,
+    cell_T_base,
+    *,
+    flange_T_target=None,
+    measurement: str = "pose",
+    focus: str = "cell_T_base",
+    target_axis=(0.0, 0.0, 1.0),
+    cone_deg: float = DEFAULT_CONE_DEG,
+    noise_translation_m: float = DEFAULT_PLAN_NOISE_M,
+    noise_rotation_rad: float = DEFAULT_PLAN_NOISE_RAD,
+    lever_arm_m: float = 1.0,
+    n_candidates: int = 1000,
+    rng: np.random.Generator | int | None = 0,
+) -> NextStation:
+    """The reachable, visible station that best fixes the current stations' weakest direction.
+
+    It maximises the smallest eigenvalue (of the ``focus`` information) with the station
+    added; if no single station lifts it off zero (two or more are missing, e.g. too few
+    stations so far), it maximises the information gained along the null directions.
+
+    Parameters
+    ----------
+    stations : array_like, shape (N, 4, 4), or StationPlan
+        The stations measured (or planned) so far: ``base_T_flange`` (N may be 0).
+    fk, joint_limits_rad, workspace_box_m, tracker_cell_p, cell_T_base, ...
+        As for :func:`plan_stations`.
+
+    Returns
+    -------
+    NextStation
+
+    Raises
+    ------
+    ValueError
+        Bad limits or box, or no sampled joint vector is feasible.
+    """
+    _check_common(measurement, focus)
+    if isinstance(stations, StationPlan):
+        stations = stations.base_T_flange
+    S = np.asarray(stations, float).reshape(-1, 4, 4)
+    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    Q, G, n_cand = _candidates(fk, joint_limits_rad, workspace_box_m, tracker_cell_p, cell_T_base,
+                               flange_T_target, target_axis, cone_deg, n_candidates, rng)
+    if len(Q) == 0:
+        raise ValueError(
+            f"none of {n_cand} sampled joint vectors puts the flange in the workspace box with the "
+            f"target in the tracker's line of sight (cone {cone_deg:g} deg)"
+        )
+    info_kw = dict(flange_T_target=flange_T_target, measurement=measurement,
+                   noise_translation_m=noise_translation_m, noise_rotation_rad=noise_rotation_rad,
+                   lever_arm_m=lever_arm_m)
+    Fc = information(G, cell_T_base, per_station=True, **info_kw)
+    p = Fc.shape[1]
+    F = information(S, cell_T_base, **info_kw) if len(S) else np.zeros((p, p))
+    Ff = _focus(F, focus)
+    w, V = np.linalg.eigh(Ff)
+    lam0, v0 = float(w[0]), V[:, 0]
+    eps = 1e-9 * float(np.mean(np.trace(Fc, axis1=1, axis2=2)))
+    after = np.linalg.eigvalsh(_focus(F[None] + Fc, focus))[:, 0]
+    if after.max() > eps:
+        k = int(np.argmax(after))
+    else:
+        # Gain along the null directions of the full matrix (the focus one is not defined
+        # yet when the nuisance block is singular).
+        wf, Vf = np.linalg.eigh(F)
+        null = Vf[:, wf <= max(eps, 1e-9 * max(float(wf[-1]), 0.0))]
+        gain = np.einsum("ia,nij,ja->n", null, Fc, null)
+        k = int(np.argmax(gain))
+
+    def sig(lam: float) -> float:
+        return 1.0 / math.sqrt(lam) if lam > eps else math.inf
+
+    return NextStation(
+        q_rad=Q[k], base_T_flange=G[k], weakest_direction=v0,
+        weakest_description=_describe(v0, measurement),
+        min_eigenvalue_before=lam0, min_eigenvalue_after=float(after[k]),
+        worst_sigma_before_m=sig(lam0), worst_sigma_after_m=sig(float(after[k])),
+    )

@@ -1,0 +1,349 @@
+"""Point-based base-frame calibration for 3-DoF trackers (one reflector on the flange).
+
+Model: ``cell_p_target_i = cell_T_base @ base_T_flange_i @ flange_p_target``; unknown
+``X = cell_T_base`` (6 DoF) and ``y = flange_p_target`` (3), 3 equations per station.
+
+Linear initialisation: block coordinate descent on the least-squares cost, each block in
+closed form. Given ``y`` the target positions in the base frame ``q_i = R_G_i y + t_G_i``
+are known and ``X`` is a rigid registration of ``q`` onto ``p`` (Horn/Kabsch, here the
+chordal mean of the cross-covariance through the shared eigen kernel); given ``R_X`` the
+model is the pivot form ``R_G_i y + t_G_i - R_X^T p_i = -R_X^T t_X`` (the tool-point kernel,
+fixed 6x6 normal equations). Starting from ``y = 0`` (the flange origin), a few rounds land
+close enough for the Gauss-Newton refinement (:mod:`cellcal.solver.refine`), which then
+weights by the tracker's noise and gives the covariance. ``refine=False`` runs the
+alternation to convergence: the unweighted least-squares answer.
+
+Observability (both are refused with :class:`DegenerateGeometry`, ADR 0002):
+
+* **Rotation of the flange about 2+ axes.** If every flange rotation is about one axis
+  ``a`` (flange frame), ``R_G_i a`` is the same for all stations, so the target offset along
+  ``a`` moves every modelled point by the same vector: it trades against the base
+  translation and cannot be recovered. Same figure as the tool point (``axis_spread``).
+* **Spread of target positions.** If the measured points lie on a line, the base's rotation
+  about that line changes no modelled point. ``point_spread = lambda_2 / lambda_1`` of the
+  points' scatter matrix (middle over largest eigenvalue, in [0, 1]; 0 for collinear points,
+  1 for an isotropic cloud; coplanar points are fine).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from cellcal.solver import _core
+from cellcal.solver import refine as _refine
+from cellcal.solver import validation as _validation
+from cellcal.solver.calibrate import (
+    DEFAULT_MIN_AXIS_SPREAD,
+    DEFAULT_MIN_ROTATION_RAD,
+    MIN_STATIONS,
+    CalibrationResult,
+    _readonly,
+    _residuals,
+    _transform,
+)
+from cellcal.solver.errors import CalibrationError, DegenerateGeometry, NotEnoughSamples
+from cellcal.solver.refine import DEFAULT_MAX_ITERATIONS
+from cellcal.solver.uncertainty import PredictedError, point_error, sigma_figures
+from cellcal.solver.workspace import Workspace
+
+__all__ = ["PointBaseFrameResult", "calibrate_base_frame_points", "DEFAULT_MIN_POINT_SPREAD"]
+
+#: Refuse target positions whose ``point_spread`` is below this: the points' extent across
+#: their main line is under 1 % of their extent along it.
+DEFAULT_MIN_POINT_SPREAD = 1e-4
+#: Alternation rounds before the refinement takes over, and the cap for ``refine=False``.
+_INIT_ROUNDS = 4
+_MAX_ROUNDS = 200
+
+
+@dataclass(frozen=True)
+class PointBaseFrameResult(CalibrationResult):
+    """Result of :func:`calibrate_base_frame_points`.
+
+    Attributes
+    ----------
+    cell_T_base : numpy.ndarray, shape (4, 4)
+        Robot base in the cell (tracker) frame, metres.
+    flange_p_target : numpy.ndarray, shape (3,)
+        The reflector's centre in the flange frame, metres.
+    cell_T_base_covariance : numpy.ndarray, shape (6, 6)
+        Right perturbation, twist ``(rho, phi)`` (m, rad).
+    flange_p_target_covariance : numpy.ndarray, shape (3, 3)
+        m^2, flange frame. ``covariance`` (9, 9) is the joint one, ordered
+        ``[cell_T_base (rho, phi), flange_p_target]``.
+    point_spread : float
+        ``lambda_2 / lambda_1`` of the measured points' scatter (module docstring).
+    """
+
+    cell_T_base: np.ndarray = None  # type: ignore[assignment]
+    flange_p_target: np.ndarray = None  # type: ignore[assignment]
+    cell_T_base_covariance: np.ndarray = None  # type: ignore[assignment]
+    flange_p_target_covariance: np.ndarray = None  # type: ignore[assignment]
+    point_spread: float = math.nan
+
+    def predicted_error_at(self, cell_p_task) -> PredictedError:
+        """Error of a cell-frame task point expressed in the robot base with this result
+        (as :meth:`cellcal.solver.BaseFrameResult.predicted_error_at`)."""
+        X = self.cell_T_base
+        p = np.asarray(cell_p_task, dtype=float).reshape(3)
+        pb = X[:3, :3].T @ (p - X[:3, 3])
+        return point_error(np.eye(4), self.cell_T_base_covariance, pb, "base")
+
+
+def _validate_points(p: object, n: int, ws: Workspace) -> np.ndarray:
+    a = np.asarray(p, dtype=np.float64)
+    if a.ndim != 2 or a.shape[1] != 3:
+        raise ValueError(f"cell_p_target: expected shape (N, 3), got {a.shape}")
+    if a.shape[0] != n:
+        raise ValueError(f"base_T_flange has {n} stations but cell_p_target has {a.shape[0]}: they must pair up")
+    if not math.isfinite(float(np.add.reduce(a, axis=None))):
+        ok = ws.ball[:n]
+        np.isfinite(a[:, 0], out=ok)
+        for j in (1, 2):
+            np.logical_and(ok, np.isfinite(a[:, j], out=ws.b16[:n, 0, 0]), out=ok)
+        i = int(np.argmin(ok))
+        raise ValueError(f"cell_p_target[{i}]: contains NaN or inf")
+    return a
+
+
+def _point_spread(p: np.ndarray, n: int, ws: Workspace) -> tuple[float, np.ndarray]:
+    """``(lambda_2 / lambda_1, main direction)`` of the scatter of points ``p`` (n, 3)."""
+    S = ws.S3
+    np.matmul(p.T, p, out=S)
+    m = ws.u3
+    np.einsum("ij->j", p, out=m)
+    m /= n
+    S -= n * np.outer(m, m)
+    w, V = np.linalg.eigh(S)
+    axis = V[:, 2].copy()
+    j = int(np.argmax(np.abs(axis)))
+    if axis[j] < 0:
+        axis = -axis
+    if not w[2] > 0.0:
+        return 0.0, axis
+    return max(0.0, float(w[1] / w[2])), axis
+
+
+def _alternate(G: np.ndarray, p: np.ndarray, n: int, ws: Workspace, rounds: int, y0: np.ndarray | None = None):
+    """Kabsch / pivot alternation from ``y0`` (default the flange origin).
+
+    Returns ``(R_X, t_X, y)``; leaves the position closure of the last pivot step in
+    ``ws.res_t``. Stops early once a round changes ``y`` by less than 1e-13 m.
+    """
+    RG = G[:, :3, :3]
+    y4 = np.ones(4)
+    y4[:3] = 0.0 if y0 is None else y0
+    Rx = np.eye(3)
+    y = y4[:3].copy()
+    tx = np.zeros(3)
+    pc = ws.meas3[:n]  # contiguous copy of the points, made by the caller
+    psum = np.empty(3)  # not ws.t3 / ws.u3: pivot_solve uses those
+    np.einsum("ij->j", pc, out=psum)
+    qs = np.empty(3)
+    u = ws.v3a[:n]
+    tGc = ws.v3d[:n]
+    np.copyto(tGc, G[:, :3, 3])
+    for _ in range(rounds):
+        q4 = ws.q4[:n]
+        np.matmul(G, y4, out=q4)
+        q = q4[:, :3]
+        K = ws.R3
+        np.matmul(pc.T, q, out=K)  # sum p q^T
+        np.einsum("ij->j", q, out=qs)
+        K -= np.outer(psum, qs) / n  # centred cross-covariance
+        Rx = _core.rot_from_quat_into(_core.chordal_mean_quat(K, ws), np.empty((3, 3)))
+        # Pivot form: R_G y + (t_G - R_X^T p) = -R_X^T t_X.
+        np.matmul(pc, Rx, out=u)  # rows R_X^T p
+        np.subtract(tGc, u, out=u)
+        y_new, c = _core.pivot_solve(RG, u, ws)
+        tx = -(Rx @ c)
+        step = float(np.max(np.abs(y_new - y)))
+        y = y_new
+        y4[:3] = y
+        if step < 1e-13:
+            break
+    return Rx, tx, y
+
+
+@_core.bounded_buffers
+def calibrate_base_frame_points(
+    base_T_flange: np.ndarray,
+    cell_p_target: np.ndarray,
+    *,
+    workspace: Workspace | None = None,
+    min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
+    min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
+    min_point_spread: float = DEFAULT_MIN_POINT_SPREAD,
+    refine: bool = True,
+    holdout: bool = True,
+    noise_m: float | None = None,
+    cell_p_target_std: np.ndarray | None = None,
+    huber: float | None = None,
+    max_iterations: int = DEFAULT_MAX_ITERATIONS,
+) -> PointBaseFrameResult:
+    """Where the robot base sits in the cell, from a 3-DoF tracker's points.
+
+    Parameters
+    ----------
+    base_T_flange : array_like, shape (N, 4, 4)
+        Flange poses in the robot base frame, m.
+    cell_p_target : array_like, shape (N, 3)
+        The reflector's centre measured by the tracker at each station, cell frame, m.
+    workspace : Workspace, optional
+        Preallocated buffers (capacity >= N); with one, a warmed-up solve allocates
+        nothing that grows with N and the per-station arrays are views into it.
+    min_axis_spread, min_rotation_rad : float
+        Refusal thresholds on the flange's rotations (ADR 0002), as for the tool point.
+    min_point_spread : float
+        Refuse target positions whose ``point_spread`` is below this.
+    refine : bool
+        Refine to the (weighted) maximum-likelihood fit (default True); ``False`` returns
+        the converged alternation (unweighted least squares).
+    holdout : bool
+        Held-out closure (default True, N >= 4): linearised leave-one-out when refined,
+        k-fold refits of the alternation otherwise.
+    noise_m : float, optional
+        Per-axis 1-sigma of the measured points, m; estimated from the residuals
+        (``sum |r|^2 / (3N - 9)``) when not given.
+    cell_p_target_std : array_like, shape (N, 3) or (N,), optional
+        Per-station 1-sigma from the tracker (per cell axis, or isotropic), m.
+    huber : float, optional
+        Huber threshold in sigmas on each station's whitened residual length.
+    max_iterations : int
+        Gauss-Newton iterations at most.
+
+    Returns
+    -------
+    PointBaseFrameResult
+        ``cell_T_base``, ``flange_p_target``, residuals ``|p_i - X G_i y|`` (rotation
+        residuals are zero), covariances and held-out closure.
+
+    Raises
+    ------
+    ValueError
+        Bad shapes, N mismatch, NaN/inf (naming the station), a bad pose, bad noise.
+    NotEnoughSamples
+        N < 3.
+    DegenerateGeometry
+        The flange rotates about fewer than two axes (``.frame == "flange"``: the target
+        offset along ``.axis`` is undetermined), or the target positions are collinear
+        (``.frame == "cell"``: the base's rotation about that line is undetermined).
+    """
+    problem = "point base-frame calibration"
+    G = _core.as_stack(base_T_flange, "base_T_flange")
+    n = G.shape[0]
+    p_shape = np.shape(cell_p_target)
+    if len(p_shape) == 2 and p_shape[0] != n:
+        raise ValueError(f"base_T_flange has {n} stations but cell_p_target has {p_shape[0]}: they must pair up")
+    if n < MIN_STATIONS:
+        raise NotEnoughSamples(n, MIN_STATIONS, problem)
+    ws = Workspace(n) if workspace is None else workspace
+    ws.check(n)
+    _core.validate_stack(G, "base_T_flange", ws)
+    p = _validate_points(cell_p_target, n, ws)
+    noise = _refine.prepare_noise(cell_p_target_std, "cell_p_target_std", noise_m, None, n, ws, 3)
+
+    # Observability of the flange rotations (the tool point's test: same unknown kind).
+    np.einsum("kij->ij", G[:, :3, :3], out=ws.R3)
+    obs = _core.observability(ws.R3, n, "right", G[:, :3, :3], ws)
+    if obs.max_rotation_rad < min_rotation_rad or obs.axis_spread < min_axis_spread:
+        a = obs.axis
+        none = obs.max_rotation_rad < min_rotation_rad
+        raise DegenerateGeometry(
+            f"{problem}: " + (
+                f"the flange never rotates more than {math.degrees(obs.max_rotation_rad):.4g} deg: "
+                "the target offset on the flange cannot be recovered"
+                if none else
+                f"every flange rotation is about (nearly) the same axis [{a[0]:.4f}, {a[1]:.4f}, "
+                f"{a[2]:.4f}] in the flange frame (axis_spread {obs.axis_spread:.3g} < "
+                f"{min_axis_spread:.3g}): the target offset along that axis trades against the "
+                "base translation and cannot be recovered; add stations that turn the flange "
+                "about a different axis"
+            ),
+            axis=a, frame="flange", axis_spread=obs.axis_spread,
+            unrecoverable=(("target offset along every axis",) if none else
+                           ("target offset along axis", "base translation along its image")),
+            max_rotation_rad=obs.max_rotation_rad,
+        )
+    np.copyto(ws.meas3[:n], p)
+    spread, line = _point_spread(ws.meas3[:n], n, ws)
+    if spread < min_point_spread:
+        raise DegenerateGeometry(
+            f"{problem}: the measured target positions lie on (nearly) one line "
+            f"[{line[0]:.4f}, {line[1]:.4f}, {line[2]:.4f}] in the cell frame (point_spread "
+            f"{spread:.3g} < {min_point_spread:.3g}): the base's rotation about that line cannot "
+            "be recovered; add stations off that line",
+            axis=line, frame="cell", axis_spread=spread,
+            unrecoverable=("base rotation about the line of target positions",),
+            max_rotation_rad=obs.max_rotation_rad,
+        )
+
+    Rx, tx, y = _alternate(G, p, n, ws, _MAX_ROUNDS if not refine else _INIT_ROUNDS)
+    X0 = _transform(Rx, tx)
+    ws.res_r[:n] = 0.0
+    stats = _core.closure_stats(n, ws)
+
+    def fit_subset(idx, k):
+        Gs = ws.Gx[:k]
+        np.take(G, idx, axis=0, out=Gs, mode="clip")
+        np.take(p, idx, axis=0, out=ws.meas3[:k], mode="clip")
+        try:
+            R, t, yy = _alternate(Gs, ws.meas3[:k], k, ws, _MAX_ROUNDS)
+        except (CalibrationError, np.linalg.LinAlgError, FloatingPointError):
+            return None
+        finally:
+            np.copyto(ws.meas3[:n], p)  # the model's contiguous copy of every station
+        return _transform(R, t), yy
+
+    model = _refine.PointModel(p, G, n, ws)
+    refined = False
+    if refine:
+        fit = _refine.refine(model, (X0, y), noise, huber=huber, max_iterations=max_iterations)
+        refined = fit.ok
+    else:
+        fit = _refine.covariance_at(model, (X0, y), noise, huber=huber)
+    if refined:
+        model.norms(ws.res_t[:n], ws.res_r[:n])
+        stats = _core.closure_stats(n, ws)
+    ho = None
+    if holdout and n >= _validation.MIN_HOLDOUT_STATIONS:
+        if refined:
+            _validation.loo_linearised(model, n, ws, fit.covariance)
+            ho = _validation.closure_from_buffers("linearised leave-one-out", n, n, ws, workspace is None, stats[0])
+        else:
+            np.copyto(ws.bk_t[:n], ws.res_t[:n])
+            k = _validation.kfold_refit(model, fit_subset, n, ws)
+            np.copyto(ws.res_t[:n], ws.bk_t[:n])
+            ws.res_r[:n] = 0.0
+            ho = _validation.closure_from_buffers("k-fold refit", k, n, ws, workspace is None, stats[0])
+    X, yo = fit.state if refined else (X0, y)
+    cov = fit.covariance
+    covX = cov[:6, :6].copy()
+    st, sr = sigma_figures(covX)
+    rms_t, max_t, _, _ = stats
+    solver = f"Kabsch/pivot alternation ({'converged' if not refine else f'{_INIT_ROUNDS} rounds'})"
+    if refined:
+        h = f", Huber {huber:g} sigma" if huber is not None else ""
+        solver += f"; maximum-likelihood Gauss-Newton refinement ({fit.iterations} iterations{h})"
+    elif fit.message:
+        solver += f" ({fit.message})"
+    return PointBaseFrameResult(
+        n_stations=n, n_motions=0,
+        rms_translation_m=rms_t, max_translation_m=max_t, rms_rotation_rad=0.0, max_rotation_rad=0.0,
+        axis_spread=obs.axis_spread, weakest_axis=obs.axis.copy(), axis_frame="flange",
+        max_motion_rad=obs.max_rotation_rad,
+        residuals=_residuals(ws, n, workspace is None),
+        solver=solver,
+        covariance=cov, sigma_translation_mm=st, sigma_rotation_deg=sr,
+        noise_translation_m=noise.sigma_t, noise_rotation_rad=math.nan, noise_source=noise.describe(),
+        chi2=fit.chi2, dof=fit.dof, refined=refined, iterations=fit.iterations if refined else 0,
+        downweighted=_readonly(fit.downweighted, workspace is None),
+        holdout=ho,
+        linear_agreement=_validation.agreement(X0, X, covX) if refined else None,
+        cell_T_base=X, flange_p_target=np.array(yo, dtype=float),
+        cell_T_base_covariance=covX, flange_p_target_covariance=cov[6:, 6:].copy(),
+        point_spread=spread,
+    )
