@@ -34,7 +34,7 @@ from cellcal.daemon.exports import (
     write_json_result,
 )
 from cellcal.daemon.report import result_to_wire
-from cellcal.daemon.store import Store, StoreError, StoreFullError, StoreReadOnlyError
+from cellcal.daemon.store import Store, StoreFullError, StoreReadOnlyError
 from cellcal.solver import calibrate_base_frame, calibrate_tool_point
 from cellcal.solver.se3 import make_transform, matrix_from_quat, quat_from_matrix, so3_exp
 from cellcal.solver.synthetic import base_frame_scene, pivot_scene
