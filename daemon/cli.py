@@ -15,6 +15,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "solve": ("cellcal.daemon.cmd_solve", "solve a calibration from a station file"),
     "sim": ("cellcal.sim.cli", "serve the simulated cell's devices (tracker) until SIGTERM"),
     "check-config": ("cellcal.daemon.cmd_check_config", "validate a configuration file"),
+    "run": ("cellcal.daemon.cmd_run", "run the calibration service (what systemd starts)"),
+    "demo": ("cellcal.daemon.cmd_demo", "calibrate the simulated cell end to end and print the report"),
     "keys": ("cellcal.daemon.cmd_keys", "generate a CURVE key pair for the daemon or a client"),
     "watch": ("cellcal.daemon.cmd_watch", "live view of heartbeat, stations, results and drift"),
     "ctl": ("cellcal.daemon.cmd_ctl", "send one command to the daemon"),

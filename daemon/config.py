@@ -84,8 +84,10 @@ class RobotSettle:
     """``[robot.settle]``: when the robot counts as at rest."""
 
     max_joint_speed_rad_s: float = _f(math.radians(0.05), "max_joint_speed_deg_s", _DEG)
-    max_flange_speed_m_s: float = _f(0.1e-3, "max_flange_speed_mm_s", _MM)
-    dwell_s: float = _f(0.5, "dwell_s", doc="both under threshold for this long")
+    max_flange_speed_m_s: float = _f(0.5e-3, "max_flange_speed_mm_s", _MM)
+    max_flange_ang_speed_rad_s: float = _f(math.radians(0.05), "max_flange_ang_speed_deg_s", _DEG)
+    dwell_s: float = _f(0.5, "dwell_s", doc="every condition holds for this long")
+    max_sample_gap_s: float = _f(0.25, "max_sample_gap_s", doc="a longer gap restarts the window")
     require_target_reached: bool = _f(True, "require_target_reached", doc="CiA 402 statusword bit 10")
 
 
@@ -149,9 +151,12 @@ class Plan:
 
     kind: str = _f("generated", "kind", doc="generated or explicit")
     n_stations: int = _f(20, "n_stations")
-    workspace_min_m: list = _f([0.3, -0.4, 0.2], "workspace_min_mm", _MM, doc="box in the base frame")
-    workspace_max_m: list = _f([0.7, 0.4, 0.6], "workspace_max_mm", _MM)
-    max_tilt_rad: float = _f(math.radians(40.0), "max_tilt_deg", _DEG, doc="from tool-down")
+    workspace_min_m: list = _f([-0.65, -0.35, 0.2], "workspace_min_mm", _MM, doc="box in the base frame")
+    workspace_max_m: list = _f([-0.35, 0.15, 0.55], "workspace_max_mm", _MM)
+    max_tilt_rad: float = _f(math.radians(35.0), "max_tilt_deg", _DEG, doc="from the home orientation")
+    home_q_rad: list = _f([0.0, -math.pi / 2, math.pi / 2, -math.pi / 2, -math.pi / 2, 0.0], "home_q_deg", _DEG)
+    joint_min_rad: list = _f([-2 * math.pi] * 6, "joint_min_deg", _DEG)
+    joint_max_rad: list = _f([2 * math.pi] * 6, "joint_max_deg", _DEG)
     seed: int = _f(0, "seed")
     stations: list = _f([], "stations", doc="explicit: [[plan.stations]] tables")
 
@@ -346,6 +351,8 @@ def _validate(c: Config) -> None:
         raise ConfigError("config_version", f"version {c.config_version} not supported (this build reads {SUPPORTED_CONFIG_VERSIONS})")
     for path, v in (
         ("robot.read_timeout_s", c.robot.read_timeout_s),
+        ("robot.settle.max_flange_ang_speed_deg_s", c.robot.settle.max_flange_ang_speed_rad_s),
+        ("robot.settle.max_sample_gap_s", c.robot.settle.max_sample_gap_s),
         ("robot.settle.max_joint_speed_deg_s", c.robot.settle.max_joint_speed_rad_s),
         ("robot.settle.max_flange_speed_mm_s", c.robot.settle.max_flange_speed_m_s),
         ("tracker.settle.max_std_mm", c.tracker.settle.max_std_translation_m),
@@ -375,6 +382,13 @@ def _validate(c: Config) -> None:
     for name, vec in (("workspace_min_mm", p.workspace_min_m), ("workspace_max_mm", p.workspace_max_m)):
         if len(vec) != 3:
             raise ConfigError(f"plan.{name}", f"expected 3 numbers (x, y, z), got {len(vec)}")
+    for name, vec in (("home_q_deg", p.home_q_rad), ("joint_min_deg", p.joint_min_rad), ("joint_max_deg", p.joint_max_rad)):
+        if len(vec) != 6:
+            raise ConfigError(f"plan.{name}", f"expected 6 numbers (one per joint), got {len(vec)}")
+    if any(lo >= hi for lo, hi in zip(p.joint_min_rad, p.joint_max_rad)):
+        raise ConfigError("plan.joint_max_deg", "every joint's maximum must exceed its minimum")
+    if any(not lo <= h <= hi for lo, h, hi in zip(p.joint_min_rad, p.home_q_rad, p.joint_max_rad)):
+        raise ConfigError("plan.home_q_deg", "the home configuration is outside the joint limits")
     if any(lo >= hi for lo, hi in zip(p.workspace_min_m, p.workspace_max_m)):
         raise ConfigError("plan.workspace_max_mm", "every component must exceed workspace_min_mm")
     if p.kind == "generated" and p.n_stations < 3:

@@ -16,13 +16,13 @@ CONFIG_DIR = Path(__file__).resolve().parents[1] / "config"
 def test_units_convert_to_si():
     c = load_config_text(
         "config_version = 1\n[robot.settle]\nmax_flange_speed_mm_s = 0.2\nmax_joint_speed_deg_s = 1.0\n"
-        "[tracker.settle]\nmax_std_mm = 0.03\nmax_std_deg = 0.5\n[plan]\nworkspace_min_mm=[100, -200, 50]\n"
+        "[tracker.settle]\nmax_std_mm = 0.03\nmax_std_deg = 0.5\n[plan]\nworkspace_min_mm=[-1000, -200, 50]\n"
     )
     assert c.robot.settle.max_flange_speed_m_s == pytest.approx(0.2e-3)
     assert c.robot.settle.max_joint_speed_rad_s == pytest.approx(math.radians(1.0))
     assert c.tracker.settle.max_std_translation_m == pytest.approx(0.03e-3)
     assert c.tracker.settle.max_std_rotation_rad == pytest.approx(math.radians(0.5))
-    assert c.plan.workspace_min_m == pytest.approx([0.1, -0.2, 0.05])
+    assert c.plan.workspace_min_m == pytest.approx([-1.0, -0.2, 0.05])
     assert len(c.sha256) == 64
 
 

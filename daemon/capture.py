@@ -1,0 +1,394 @@
+"""The capture engine: settled robot + settled tracker -> one timestamped station pair.
+
+A station is accepted only when
+
+1. the robot is at rest: joint speeds, flange speeds (and, on CiA 402, target reached) under
+   their thresholds for the dwell time (:class:`cellcal.drivers.settle.SettleDetector`, fed
+   by a :class:`RobotMonitor` that reads every robot sample in a thread);
+2. the tracker is at rest: the averaging window is split in two halves measured back to
+   back; each half's standard uncertainty is under ``max_std`` and the two halves agree
+   within ``agree`` (a target still ringing shows up as disagreement);
+3. the robot's rest window covers the tracker's averaging window in host time (both clocks
+   mapped onto ``time.monotonic_ns()``), within ``sync_window_s`` for the clock mapping's
+   uncertainty;
+4. the pose is new: no accepted station of the run is within ``min_pose_change``.
+
+Otherwise a :class:`StationRejected` names the reason (:class:`RejectReason`) and carries the
+figures. Link failures are not rejections: they raise :class:`DeviceFault` and the service
+goes to FAULT, reconnects with backoff and retries the same station.
+"""
+
+from __future__ import annotations
+
+import collections
+import enum
+import logging
+import math
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from cellcal.drivers.errors import DeviceError, DeviceGoneError, DriverError, DriverTimeoutError, ProtocolError
+from cellcal.drivers.settle import SettleConfig, SettleDetector, SettleStatus
+from cellcal.solver.errors import CellcalError
+from cellcal.solver.se3 import rotation_angle
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RejectReason", "StationRejected", "DeviceFault", "RobotMonitor", "CaptureEngine", "Capture"]
+
+
+class RejectReason(str, enum.Enum):
+    """Why a station was not accepted (stored and published by name)."""
+
+    NOT_SETTLED = "not_settled"
+    TRACKER_STD = "tracker_std_too_high"
+    TRACKER_DISAGREE = "tracker_averages_disagree"
+    BEAM_BROKEN = "beam_broken"
+    TRACKER_REFUSED = "tracker_refused"
+    SYNC_WINDOW = "outside_sync_window"
+    DUPLICATE_POSE = "duplicate_pose"
+    PROTECTIVE_STOP = "protective_stop"
+    MOVE_FAILED = "move_failed"
+
+
+class StationRejected(CellcalError):
+    """A station that was not accepted; ``reason`` and ``detail`` say why."""
+
+    def __init__(self, reason: RejectReason, message: str, detail: dict | None = None) -> None:
+        self.reason = reason
+        self.detail = detail or {}
+        super().__init__(f"{reason.value}: {message}")
+
+
+class DeviceFault(CellcalError):
+    """A device link failed (gone, timed out, unreadable); ``device`` is robot or tracker."""
+
+    def __init__(self, device: str, cause: BaseException) -> None:
+        self.device = device
+        self.cause = cause
+        super().__init__(f"{device}: {cause}")
+
+
+def settle_config(cfg_settle: Any) -> SettleConfig:
+    """The driver-side settle thresholds from the daemon's ``[robot.settle]`` (SI)."""
+    return SettleConfig(
+        max_joint_speed_rad_s=cfg_settle.max_joint_speed_rad_s,
+        max_flange_speed_m_s=cfg_settle.max_flange_speed_m_s,
+        max_flange_ang_speed_rad_s=cfg_settle.max_flange_ang_speed_rad_s,
+        dwell_s=cfg_settle.dwell_s,
+        require_target_reached=cfg_settle.require_target_reached,
+        max_sample_gap_s=cfg_settle.max_sample_gap_s,
+    )
+
+
+class RobotMonitor:
+    """Reads every robot sample in a thread, keeps the recent ones and the settle status.
+
+    Parameters
+    ----------
+    robot : RobotDriver
+        An open driver.
+    settle : SettleConfig
+        Thresholds.
+    history_s : float
+        How much sample history to keep (covers an averaging window plus margins).
+    """
+
+    def __init__(self, robot: Any, settle: SettleConfig, *, history_s: float = 30.0) -> None:
+        self.robot = robot
+        self.detector = SettleDetector(settle)
+        self.history_ns = int(history_s * 1e9)
+        self._samples: collections.deque = collections.deque()
+        self._status: SettleStatus | None = None
+        self._latest: Any = None
+        self._error: BaseException | None = None
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_seq = -1
+
+    def start(self) -> RobotMonitor:
+        self._thread = threading.Thread(target=self._loop, name="cellcal-robot-monitor", daemon=True)
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                st = self.robot.read_state()
+            except (DriverError, ValueError) as exc:  # the link or the controller failed
+                with self._cond:
+                    self._error = exc
+                    self._cond.notify_all()
+                return
+            if st.seq == self._last_seq:
+                time.sleep(0.002)  # no new sample yet
+                continue
+            self._last_seq = st.seq
+            with self._cond:
+                status = self.detector.update(st)
+                self._samples.append(st)
+                horizon = st.t_host_ns - self.history_ns
+                while self._samples and self._samples[0].t_host_ns < horizon:
+                    self._samples.popleft()
+                self._status, self._latest = status, st
+                self._cond.notify_all()
+
+    def _check(self) -> None:
+        if self._error is not None:
+            raise DeviceFault("robot", self._error)
+
+    def restart_window(self) -> None:
+        """Forget the current rest window (after commanding a move)."""
+        with self._cond:
+            self.detector.reset()
+            self._status = None
+
+    def status(self) -> tuple[Any, SettleStatus | None]:
+        """``(latest state, its settle status)``."""
+        with self._cond:
+            self._check()
+            return self._latest, self._status
+
+    def wait_settled(self, timeout_s: float, abort: threading.Event | None = None) -> tuple[Any, SettleStatus]:
+        """Block until the robot is settled; ``StationRejected(NOT_SETTLED)`` after the timeout."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                self._check()
+                if self._status is not None and self._status.settled:
+                    return self._latest, self._status
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (abort is not None and abort.is_set()):
+                    reason = self._status.reason if self._status is not None else "no samples"
+                    raise StationRejected(
+                        RejectReason.NOT_SETTLED,
+                        f"robot not settled within {timeout_s:.3g} s ({reason or 'still in dwell'})",
+                        {"last_reason": reason, "timeout_s": timeout_s},
+                    )
+                self._cond.wait(min(remaining, 0.05))
+
+    def wait_sample_after(self, t_host_ns: int, timeout_s: float) -> None:
+        """Block until a sample stamped after ``t_host_ns`` has been seen."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while self._latest is None or self._latest.t_host_ns <= t_host_ns:
+                self._check()
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise DeviceFault("robot", DriverTimeoutError("no robot sample after the tracker window"))
+                self._cond.wait(min(remaining, 0.05))
+
+    def samples_between(self, t0_ns: int, t1_ns: int) -> list:
+        with self._cond:
+            return [s for s in self._samples if t0_ns <= s.t_host_ns <= t1_ns]
+
+
+@dataclass(frozen=True)
+class Capture:
+    """What the engine measured for one station (the store's ``StationRecord`` is built from it)."""
+
+    base_T_flange: np.ndarray
+    q_rad: np.ndarray
+    cell_T_target: np.ndarray | None
+    cell_p_target: np.ndarray
+    tracker_std_translation_m: float
+    tracker_std_rotation_rad: float | None
+    sample_count: int
+    robot_t_device_s: float
+    robot_t_host_ns: int
+    tracker_t_device_s: float
+    tracker_t_host_ns: int
+    settle: dict
+    raw: dict
+
+
+def _mean_pose(Ts: list[np.ndarray]) -> np.ndarray:
+    """Mean of nearby rigid transforms: mean translation, chordal mean rotation."""
+    A = np.array(Ts)
+    out = np.eye(4)
+    out[:3, 3] = A[:, :3, 3].mean(axis=0)
+    U, _, Vt = np.linalg.svd(A[:, :3, :3].sum(axis=0))
+    D = np.diag([1.0, 1.0, np.sign(np.linalg.det(U @ Vt))])
+    out[:3, :3] = U @ D @ Vt
+    return out
+
+
+class CaptureEngine:
+    """Takes station pairs with a robot monitor and a tracker driver.
+
+    Parameters
+    ----------
+    monitor : RobotMonitor
+        Running monitor of an open robot driver.
+    tracker : TrackerDriver
+        Open tracker driver.
+    cfg : Config
+        The daemon configuration (``tracker``, ``capture`` sections are used).
+    """
+
+    def __init__(self, monitor: RobotMonitor, tracker: Any, cfg: Any) -> None:
+        self.monitor = monitor
+        self.robot = monitor.robot
+        self.tracker = tracker
+        self.cfg = cfg
+
+    # -- moving ------------------------------------------------------------------------------
+    def move_to(self, planned: Any) -> None:
+        """Command mode: move to a planned station (joints when known)."""
+        speed = self.cfg.capture.move_speed
+        self.monitor.restart_window()
+        try:
+            if planned.q_rad is not None:
+                self.robot.move_to(q_rad=planned.q_rad, speed=speed, wait=True, timeout_s=self.cfg.capture.station_timeout_s)
+            else:
+                self.robot.move_to(base_T_flange=planned.base_T_flange, speed=speed, wait=True, timeout_s=self.cfg.capture.station_timeout_s)
+        except DeviceGoneError as exc:
+            raise DeviceFault("robot", exc) from exc
+        except DeviceError as exc:  # protective stop and friends: the cell said no
+            raise StationRejected(RejectReason.PROTECTIVE_STOP, str(exc), {"code": getattr(exc, "code", "")}) from exc
+        except DriverTimeoutError as exc:
+            raise StationRejected(RejectReason.MOVE_FAILED, str(exc)) from exc
+        except ValueError as exc:  # unreachable pose, bad target
+            raise StationRejected(RejectReason.MOVE_FAILED, str(exc)) from exc
+        self.monitor.restart_window()
+
+    # -- measuring ------------------------------------------------------------------------------
+    def _measure_half(self, kind: str, average_s: float) -> Any:
+        try:
+            return self.tracker.measure(kind, average_s)
+        except DeviceError as exc:
+            from cellcal.drivers.tracker import BeamBrokenError, TrackerBusyError
+
+            if isinstance(exc, BeamBrokenError):
+                raise StationRejected(RejectReason.BEAM_BROKEN, str(exc), {"code": exc.code}) from exc
+            if isinstance(exc, TrackerBusyError):
+                raise StationRejected(RejectReason.TRACKER_REFUSED, str(exc), {"code": exc.code}) from exc
+            raise StationRejected(RejectReason.TRACKER_REFUSED, str(exc), {"code": getattr(exc, "code", "")}) from exc
+        except (DeviceGoneError, DriverTimeoutError, ProtocolError) as exc:
+            raise DeviceFault("tracker", exc) from exc
+        except DriverError as exc:
+            raise DeviceFault("tracker", exc) from exc
+
+    def capture(self, accepted_poses: list[np.ndarray], abort: threading.Event | None = None) -> Capture:
+        """Wait for rest, measure, check the windows; return the station or raise.
+
+        ``accepted_poses`` are the run's accepted ``base_T_flange`` (for the duplicate test).
+        """
+        c, tc = self.cfg.capture, self.cfg.tracker
+        state, status = self.monitor.wait_settled(c.station_timeout_s, abort)
+        kind = tc.measure
+        half = tc.average_s / 2.0
+        m1 = self._measure_half(kind, half)
+        m2 = self._measure_half(kind, half)
+        # The tracker's averaging window in host time: each half is centred on its t_host_ns.
+        half_ns = int(half * 0.5e9)
+        t0 = m1.t_host_ns - half_ns
+        t1 = m2.t_host_ns + half_ns
+        tol_ns = int(c.sync_window_s * 1e9 + max(m1.t_host_uncertainty_ns, m2.t_host_uncertainty_ns))
+        self.monitor.wait_sample_after(t1, timeout_s=2.0 + c.sync_window_s)
+        latest, st_now = self.monitor.status()
+        # 1-2. tracker settle: each half precise enough, the halves agree.
+        s = tc.settle
+        std_t = max(float(np.max(m1.std_translation_m)), float(np.max(m2.std_translation_m)))
+        std_r = None
+        if kind == "pose":
+            std_r = max(float(np.max(m1.std_rotation_rad)), float(np.max(m2.std_rotation_rad)))
+        figures = {
+            "robot_quiet_s": st_now.quiet_s if st_now else 0.0,
+            "robot_max_joint_speed_rad_s": st_now.max_joint_speed_rad_s if st_now else None,
+            "robot_max_flange_speed_m_s": st_now.max_flange_speed_m_s if st_now else None,
+            "robot_max_flange_ang_speed_rad_s": st_now.max_flange_ang_speed_rad_s if st_now else None,
+            "robot_dwell_samples": st_now.n_samples if st_now else 0,
+            "tracker_std_translation_m": std_t,
+            "tracker_std_rotation_rad": std_r,
+            "tracker_window_s": (t1 - t0) * 1e-9,
+        }
+        if std_t > s.max_std_translation_m or (std_r is not None and std_r > s.max_std_rotation_rad):
+            raise StationRejected(RejectReason.TRACKER_STD, f"tracker std {std_t * 1e3:.4f} mm too high", figures)
+        d_t = float(np.linalg.norm(m1.cell_p_target - m2.cell_p_target))
+        d_r = rotation_angle(m1.cell_T_target[:3, :3].T @ m2.cell_T_target[:3, :3]) if kind == "pose" else 0.0
+        figures.update(tracker_halves_delta_m=d_t, tracker_halves_delta_rad=d_r)
+        if d_t > s.agree_translation_m or d_r > s.agree_rotation_rad:
+            raise StationRejected(
+                RejectReason.TRACKER_DISAGREE,
+                f"tracker halves differ by {d_t * 1e3:.4f} mm / {math.degrees(d_r):.4f} deg",
+                figures,
+            )
+        # 3. the robot's rest window covers the tracker's window (within the sync tolerance).
+        if st_now is None or not st_now.settled or st_now.window_start_ns > t0 + tol_ns:
+            figures.update(robot_window_start_ns=st_now.window_start_ns if st_now else 0, tracker_window_start_ns=t0)
+            raise StationRejected(
+                RejectReason.SYNC_WINDOW,
+                "the robot did not rest through the tracker's averaging window",
+                figures,
+            )
+        samples = self.monitor.samples_between(t0 - tol_ns, t1 + tol_ns) or [latest]
+        G = _mean_pose([smp.base_T_flange for smp in samples])
+        q = np.mean([smp.q_rad for smp in samples], axis=0)
+        mid = samples[len(samples) // 2]
+        # 4. a new pose.
+        for j, Ga in enumerate(accepted_poses):
+            dt = float(np.linalg.norm(Ga[:3, 3] - G[:3, 3]))
+            dr = rotation_angle(Ga[:3, :3].T @ G[:3, :3])
+            if dt < c.min_pose_change_m and dr < c.min_pose_change_rad:
+                figures.update(duplicate_of=j, distance_m=dt, angle_rad=dr)
+                raise StationRejected(RejectReason.DUPLICATE_POSE, f"same pose as accepted station {j}", figures)
+        # The station's tracker value: the two halves pooled (weighted by their samples).
+        w1, w2 = m1.sample_count, m2.sample_count
+        wsum = max(w1 + w2, 1)
+        p = (w1 * m1.cell_p_target + w2 * m2.cell_p_target) / wsum
+        M = None
+        if kind == "pose":
+            M = _mean_pose([m1.cell_T_target, m2.cell_T_target])
+            M[:3, 3] = p
+        std_pooled = float(math.sqrt(0.5 * (np.max(m1.std_translation_m) ** 2 + np.max(m2.std_translation_m) ** 2) / 2.0))
+        raw = {
+            "tracker_halves": [_meas_raw(m) for m in (m1, m2)],
+            "robot_samples": len(samples),
+            "robot_q_std_rad": [float(v) for v in np.std([smp.q_rad for smp in samples], axis=0)],
+            "robot_window_ns": [int(samples[0].t_host_ns), int(samples[-1].t_host_ns)],
+        }
+        return Capture(
+            base_T_flange=G,
+            q_rad=q,
+            cell_T_target=M,
+            cell_p_target=p,
+            tracker_std_translation_m=std_pooled,
+            tracker_std_rotation_rad=None if std_r is None else std_r / math.sqrt(2.0),
+            sample_count=int(w1 + w2),
+            robot_t_device_s=float(mid.t_device_s),
+            robot_t_host_ns=int(mid.t_host_ns),
+            tracker_t_device_s=0.5 * (m1.t_device_s + m2.t_device_s),
+            tracker_t_host_ns=(m1.t_host_ns + m2.t_host_ns) // 2,
+            settle=figures,
+            raw=raw,
+        )
+
+
+def _meas_raw(m: Any) -> dict:
+    return {
+        "cell_p_target_m": [float(v) for v in m.cell_p_target],
+        "quat_wxyz": None if m.cell_T_target is None else _quat(m.cell_T_target),
+        "std_translation_m": [float(v) for v in m.std_translation_m],
+        "std_rotation_rad": None if m.std_rotation_rad is None else [float(v) for v in m.std_rotation_rad],
+        "t_device_s": float(m.t_device_s),
+        "t_host_ns": int(m.t_host_ns),
+        "sample_count": int(m.sample_count),
+    }
+
+
+def _quat(T: np.ndarray) -> list[float]:
+    from cellcal.solver.se3 import quat_from_matrix
+
+    return [float(v) for v in quat_from_matrix(T[:3, :3])]
