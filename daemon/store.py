@@ -276,13 +276,15 @@ class StationRecord:
     q_rad : numpy.ndarray, shape (n,)
         Joint angles, radians.
     cell_T_target : numpy.ndarray, shape (4, 4), or None
-        6-DoF tracker measurement, metres (None for a 3-DoF tracker).
+        6-DoF tracker measurement, metres (None for a 3-DoF tracker, or for a robot-only
+        station such as a pivot/tool-point run).
     cell_p_target : numpy.ndarray, shape (3,), or None
-        3-DoF tracker measurement, metres (None if only the pose was measured).
+        3-DoF tracker measurement, metres (None if only the pose was measured, or for a
+        robot-only station).
     tracker_std_translation_m : float
     tracker_std_rotation_rad : float or None
     sample_count : int
-        Tracker samples averaged into the measurement.
+        Tracker samples averaged into the measurement (0 for a robot-only station).
     robot_t_device_s, tracker_t_device_s : float
         Raw device clock stamps, seconds.
     robot_t_host_ns, tracker_t_host_ns : int
@@ -319,8 +321,6 @@ class StationRecord:
             raise ValueError(f"station {idx}: plan_index must be >= 0")
         s(self, "base_T_flange", _frozen_array(self.base_T_flange, "base_T_flange", (4, 4), idx))
         s(self, "q_rad", _frozen_array(self.q_rad, "q_rad", None, idx))
-        if self.cell_T_target is None and self.cell_p_target is None:
-            raise ValueError(f"station {idx}: needs cell_T_target or cell_p_target (the tracker measurement)")
         if self.cell_T_target is not None:
             s(self, "cell_T_target", _frozen_array(self.cell_T_target, "cell_T_target", (4, 4), idx))
         if self.cell_p_target is not None:
@@ -332,8 +332,8 @@ class StationRecord:
             if (getattr(self, name) or 0.0) < 0.0:
                 raise ValueError(f"station {idx}: {name} must be >= 0, got {getattr(self, name)!r}")
         s(self, "sample_count", _int(self.sample_count, "sample_count", idx))
-        if self.sample_count < 1:
-            raise ValueError(f"station {idx}: sample_count must be >= 1, got {self.sample_count}")
+        if self.sample_count < 0:
+            raise ValueError(f"station {idx}: sample_count must be >= 0, got {self.sample_count}")
         for name in ("robot_t_device_s", "tracker_t_device_s"):
             s(self, name, _finite_float(getattr(self, name), name, idx))
         for name in ("robot_t_host_ns", "tracker_t_host_ns", "accepted_host_ns"):

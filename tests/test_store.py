@@ -192,6 +192,13 @@ def test_station_round_trip_is_bit_exact_including_awkward_floats(store):
     assert [s.plan_index for s in got] == [0, 1, 2, 3]  # plan order, not insertion order
     assert all(same_station(g, make_station(g.plan_index)) for g in got[1:])
     assert store.station_indices(run) == [0, 1, 2, 3] and store.get_run(run).n_stations == 4
+    # A robot-only station (tool point: no tracker measurement) keeps its Nones.
+    fields = {k: getattr(make_station(4), k) for k in StationRecord.__dataclass_fields__}
+    robot_only = StationRecord(**{**fields, "cell_T_target": None, "cell_p_target": None, "sample_count": 0,
+                                  "tracker_std_rotation_rad": None})
+    store.add_station(run, robot_only)
+    got = store.stations(run)[-1]
+    assert same_station(got, robot_only) and got.cell_T_target is None and got.cell_p_target is None
 
 
 def test_station_record_validates_where_it_is_built():
@@ -200,10 +207,9 @@ def test_station_record_validates_where_it_is_built():
     cases = [
         ({"base_T_flange": np.eye(3)}, r"station 0: base_T_flange must have shape \(4, 4\)"),
         ({"q_rad": np.array([0.0, np.nan])}, "q_rad contains NaN"),
-        ({"cell_T_target": None, "cell_p_target": None}, "needs cell_T_target or cell_p_target"),
         ({"tracker_std_translation_m": -1e-6}, "must be >= 0"),
         ({"robot_t_device_s": float("inf")}, "must be finite"),
-        ({"sample_count": 0}, "sample_count must be >= 1"),
+        ({"sample_count": -1}, "sample_count must be >= 0"),
         ({"robot_t_host_ns": 1.5}, "must be an integer"),
         ({"plan_index": -1}, "plan_index must be >= 0"),
         ({"raw": [1, 2]}, "raw must be a dict"),
@@ -211,6 +217,10 @@ def test_station_record_validates_where_it_is_built():
     for change, message in cases:
         with pytest.raises(ValueError, match=message):
             StationRecord(**{**fields, **change})
+    # A robot-only station (tool point: no tracker) is valid and round-trips its Nones.
+    robot_only = StationRecord(**{**fields, "cell_T_target": None, "cell_p_target": None, "sample_count": 0,
+                                  "tracker_std_rotation_rad": None, "raw": {}})
+    assert robot_only.cell_T_target is None and robot_only.sample_count == 0
     # Arrays are private copies and read-only: the caller's buffer reuse cannot alter them.
     G = np.eye(4)
     st = StationRecord(**{**fields, "base_T_flange": G})
