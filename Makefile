@@ -15,9 +15,10 @@ $(STAMP)-%: pyproject.toml | $(PY)
 	$(PY) -m pip install --quiet -e ".[$*]"
 	touch $@
 
-# Until the daemon lands: a seeded synthetic calibration through `cellcal solve`.
+# The simulated cell end to end: sim robot (RTDE) + sim tracker + daemon, a full
+# base-frame calibration, the report and one drift check.
 demo: $(STAMP)-test
-	$(VENV)/bin/cellcal solve --synthetic 20 --noise-mm 0.2 --noise-deg 0.1
+	$(VENV)/bin/cellcal demo
 
 test: $(STAMP)-test
 	$(PY) -m pytest -q

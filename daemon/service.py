@@ -165,6 +165,11 @@ class Service:
         """Open and replay the store, queue unfinished runs, start the worker."""
         Path(self.cfg.service.runtime_dir).mkdir(parents=True, exist_ok=True)
         self.store.open()
+        from cellcal.daemon.exports import remove_stale_temporaries
+
+        exports = Path(self.cfg.service.state_dir) / "exports"
+        if exports.is_dir():
+            remove_stale_temporaries(exports)  # a kill mid-write leaves a temp file, never a torn one
         for run in self.store.unfinished_runs():
             log.info("resuming run %d (%s), %d stations committed", run.id, run.kind, run.n_stations)
             self._jobs.put(_Job("run", run.id, "resume"))
@@ -443,7 +448,10 @@ class Service:
                     self._execute_drift(job.reason)
             except _Abort:
                 if job.kind == "run" and not self._stop.is_set():
-                    self.store.set_run_status(job.run_id, "aborted", "aborted by request")
+                    # Stopping leaves the run open so it resumes on the next start; an abort
+                    # closes it (unless it already ended, e.g. in the same instant).
+                    if self.store.get_run(job.run_id).status.value in ("capturing", "solving"):
+                        self.store.set_run_status(job.run_id, "aborted", "aborted by request")
                     self._emit("cellcal/v1/state", {"state": self.state.value, "detail": f"run {job.run_id} aborted"})
             except StoreError as exc:
                 # The store cannot take writes (disk full, read-only): a fault, never a crash;

@@ -105,7 +105,7 @@ offsets_rad = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0]
 
 def test_demo_scenario_loads_and_builds_the_world():
     sc = load_scenario(DEMO)
-    assert sc.name == "demo" and sc.time_scale == 1.0 and sc.source == str(DEMO)
+    assert sc.name == "demo" and sc.time_scale == 5.0 and sc.source == str(DEMO)
     w = sc.make_world(clock=lambda: 0.0)
     expected = sc.truth.cell_T_base @ sc.truth.base_T_flange @ sc.truth.flange_T_target
     np.testing.assert_allclose(w.cell_T_target(0.0), expected)

@@ -1,0 +1,168 @@
+"""``cellcal demo``: the simulated cell calibrated end to end (what ``make demo`` runs).
+
+Starts the simulated cell of ``config/demo-scenario.toml`` (a UR5e-like robot served over
+RTDE on loopback with its URScript port, and a laser tracker on loopback TCP, both moving
+in one shared world), starts the daemon on ``config/demo.toml`` pointed at them, runs a
+base-frame calibration in command mode with one progress line per station on stderr,
+prints the report (``cell_T_base`` in mm and deg, residuals, axis_spread and the error
+against the scenario's hidden truth), runs one drift check, and shuts everything down.
+
+With ``--json`` stdout carries exactly one JSON object at the end: the result as the
+daemon publishes it on ``cellcal/v1/result``, plus ``truth_error`` and ``drift_check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _default(name: str) -> str:
+    # Installed from a source tree (editable), the examples sit next to the package folders.
+    return str(ROOT / "config" / name)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--scenario", default=_default("demo-scenario.toml"), help="simulated cell (TOML)")
+    p.add_argument("--config", default=_default("demo.toml"), help="daemon configuration (TOML)")
+    p.add_argument("--state-dir", default=None, help="keep the store here (default: a fresh temporary directory)")
+    p.add_argument("--stations", type=int, default=None, help="override plan.n_stations")
+    p.add_argument("--timeout-s", type=float, default=300.0, help="give up after this long (wall clock)")
+    p.add_argument("--json", action="store_true", help="print the published result as one JSON object")
+    p.add_argument("--no-drift-check", action="store_true", help="skip the drift check after the calibration")
+
+
+def _say(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    from cellcal.daemon.cmd_run import build_service
+    from cellcal.daemon.config import ConfigError, load_config
+    from cellcal.daemon.report import transform_from_wire
+    from cellcal.sim.robot_sim import start_sim_robot
+    from cellcal.sim.scenario import load_scenario
+    from cellcal.sim.tracker_sim import SimTracker
+    from cellcal.solver.errors import CellcalError
+    from cellcal.solver.se3 import rotation_angle, so3_log
+
+    try:
+        scenario = load_scenario(args.scenario)
+        cfg = load_config(args.config)
+    except (ConfigError, CellcalError, ValueError) as exc:
+        print(f"cellcal demo: {exc}", file=sys.stderr)
+        return 2
+    t0 = time.monotonic()
+    tmp = None
+    state_dir = args.state_dir
+    if state_dir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="cellcal-demo-")
+        state_dir = tmp.name
+    world = scenario.make_world()
+    robot_sim = start_sim_robot(world, scenario.robot, transport="rtde")
+    tracker_sim = SimTracker(world, scenario.tracker, transport="tcp", seed=scenario.seed)
+    tracker_sim.__enter__()
+    svc = server = None
+    try:
+        plan = cfg.plan if args.stations is None else dataclasses.replace(cfg.plan, n_stations=args.stations)
+        cfg = dataclasses.replace(
+            cfg,
+            robot=dataclasses.replace(cfg.robot, url=robot_sim.url),
+            tracker=dataclasses.replace(cfg.tracker, url=tracker_sim.url),
+            service=dataclasses.replace(cfg.service, state_dir=str(Path(state_dir) / "state"), runtime_dir=str(Path(state_dir) / "run")),
+            plan=plan,
+        )
+        _say(f"cellcal demo: simulated robot {robot_sim.url}, tracker {tracker_sim.url}, time x{scenario.time_scale:g}")
+        svc, server = build_service(cfg)
+        done = threading.Event()
+        outcome: dict = {}
+
+        def on_event(topic: str, body: dict) -> None:
+            el = time.monotonic() - t0
+            if topic == "cellcal/v1/station":
+                if body.get("accepted"):
+                    s = body.get("settle", {})
+                    _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: accepted "
+                         f"(tracker std {1e3 * (s.get('tracker_std_translation_m') or 0):.4f} mm, robot quiet {s.get('robot_quiet_s', 0):.2f} s)")
+                else:
+                    _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: rejected, {body['reason']} (attempt {body.get('attempt')}), retrying")
+            elif topic == "cellcal/v1/result":
+                outcome["result"] = body
+                done.set()
+            elif topic == "cellcal/v1/drift":
+                outcome["drift"] = body
+                done.set()
+            elif topic == "cellcal/v1/fault":
+                _say(f"[{el:6.1f} s] fault: {body.get('message')}")
+            elif topic == "cellcal/v1/state" and body.get("state") in ("SOLVING", "CHECKING"):
+                _say(f"[{el:6.1f} s] {body['state'].lower()} {body.get('detail', '')}")
+
+        svc.add_listener(on_event)
+        svc.start()
+        if server is not None:
+            server.start()
+        loop = threading.Thread(target=svc.serve, name="cellcal-demo-supervisor", daemon=True)
+        loop.start()
+        svc.start_run("base_frame", reason="demo")
+        deadline = t0 + args.timeout_s
+        while "result" not in outcome and time.monotonic() < deadline:
+            done.wait(0.1)
+        if "result" not in outcome:
+            _say("cellcal demo: no result before the timeout")
+            return 1
+        result = outcome["result"]
+        if result.get("ok") is False:
+            _say(f"cellcal demo: calibration failed: {result.get('error')}")
+            return 1
+        truth = world.cell_T_base()
+        X = transform_from_wire(result["transforms"]["cell_T_base"])
+        err_t = float(np.linalg.norm(X[:3, 3] - truth[:3, 3]))
+        err_r = rotation_angle(truth[:3, :3].T @ X[:3, :3])
+        if not args.no_drift_check and svc.store.active_result() is not None:
+            done.clear()
+            svc.request_drift_check("demo")
+            while "drift" not in outcome and time.monotonic() < deadline:
+                done.wait(0.1)
+        el = time.monotonic() - t0
+        if args.json:
+            out = dict(result)
+            out["truth_error"] = {"translation_m": err_t, "rotation_rad": err_r}
+            out["drift_check"] = outcome.get("drift")
+            print(json.dumps(out))
+        else:
+            t = X[:3, 3] * 1e3
+            rv = np.degrees(so3_log(X[:3, :3]))
+            q = result["transforms"]["cell_T_base"]["quaternion"]
+            print(f"cellcal demo: base-frame calibration of the simulated cell ({result['n_stations']} stations, {el:.1f} s)")
+            print(f"  cell_T_base translation_mm [{t[0]:10.3f} {t[1]:10.3f} {t[2]:10.3f}]")
+            print(f"  cell_T_base rotvec_deg     [{rv[0]:10.4f} {rv[1]:10.4f} {rv[2]:10.4f}]  "
+                  f"quat_wxyz [{q['w']:.6f} {q['x']:.6f} {q['y']:.6f} {q['z']:.6f}]")
+            print(f"  residual translation: RMS {result['rms_translation_m'] * 1e3:.4f} mm, worst {result['max_translation_m'] * 1e3:.4f} mm")
+            print(f"  residual rotation:    RMS {math.degrees(result['rms_rotation_rad']):.5f} deg, worst {math.degrees(result['max_rotation_rad']):.5f} deg")
+            print(f"  axis_spread {result['axis_spread']:.4f}; gates {'passed' if result.get('gates', {}).get('passed') else 'FAILED: ' + '; '.join(result.get('gates', {}).get('failed', []))}")
+            print(f"  error against the scenario's truth: {err_t * 1e3:.4f} mm, {math.degrees(err_r):.5f} deg")
+            d = outcome.get("drift")
+            if d:
+                print(f"  drift check: {d['status']} ({d['deviation_mm']:.4f} mm, {d['deviation_deg']:.5f} deg; warn {d['warn_mm']:.3f} mm, fail {d['fail_mm']:.3f} mm)")
+        return 0
+    finally:
+        if svc is not None:
+            svc.request_stop()
+            svc.shutdown()
+        if server is not None:
+            server.stop()
+        tracker_sim.__exit__(None, None, None)
+        robot_sim.close()
+        if tmp is not None:
+            tmp.cleanup()
