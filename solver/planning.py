@@ -310,8 +310,10 @@ def _focus(F: np.ndarray, focus: str) -> np.ndarray:
     if focus == "all":
         return F
     A, B, D = F[..., :6, :6], F[..., :6, 6:], F[..., 6:, 6:]
-    k = D.shape[-1]
-    ridge = 1e-12 * (np.trace(D, axis1=-2, axis2=-1)[..., None, None] + 1e-300) * np.eye(k)
+    p, k = F.shape[-1], D.shape[-1]
+    # Relative to the whole matrix (D alone may be zero), floored so 1/ridge stays finite.
+    scale = np.trace(F, axis1=-2, axis2=-1)[..., None, None] / p
+    ridge = (1e-10 * scale + 1e-30) * np.eye(k)
     return A - B @ np.linalg.solve(D + ridge, np.swapaxes(B, -1, -2))
 
 

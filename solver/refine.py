@@ -410,10 +410,10 @@ def _neg_inv_left_jacobian(er: np.ndarray, n: int, ws: Workspace) -> np.ndarray:
     """``-Jl^-1(e)`` for a batch of rotation vectors, into ``ws.rJi`` (n, 3, 3).
 
     ``Jl^-1(e) = I - [e]x / 2 + c(th) [e]x^2``, ``[e]x^2 = e e^T - th^2 I``,
-    ``c = 1/th^2 - (1 + cos th) / (2 th sin th) = 1/12 + th^2/720 + th^4/30240 + th^6/1209600
-    + ...``; the series is exact to 1e-9 for residual angles below 1 rad (larger ones are
-    outliers, and only the step direction, not the fixed point, depends on it). Needs the
-    angle in ``ws.rs[2]`` from :func:`_batch_log`.
+    ``c = 1/th^2 - cot(th/2) / (2 th) = 1/12 + th^2/720 + th^4/30240 + th^6/1209600 + ...``;
+    the series (exact to 1e-13 below 0.5 rad, where residuals live) runs always, and the
+    closed form replaces it only for stations beyond 0.5 rad (outliers). Needs the angle in
+    ``ws.rs[2]`` from :func:`_batch_log`.
     """
     th2 = ws.rs[3, :n]
     np.multiply(ws.rs[2, :n], ws.rs[2, :n], out=th2)
@@ -424,6 +424,22 @@ def _neg_inv_left_jacobian(er: np.ndarray, n: int, ws: Workspace) -> np.ndarray:
     np.add(c, 1.0 / 720.0, out=c)
     np.multiply(c, th2, out=c)
     np.add(c, 1.0 / 12.0, out=c)
+    th = ws.rs[2, :n]
+    if float(th.max()) > 0.5:
+        big = ws.ball[:n]
+        np.greater(th, 0.5, out=big)
+        ex = ws.rs[5, :n]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            np.multiply(th, 0.5, out=ex)
+            np.tan(ex, out=ex)
+            np.multiply(ex, th, out=ex)
+            np.multiply(ex, 2.0, out=ex)  # 2 th tan(th/2)
+            np.divide(1.0, ex, out=ex)
+            # c = 1/th^2 - 1 / (2 th tan(th/2))
+            d2 = ws.rs[1, :n]
+            np.divide(1.0, th2, out=d2)
+            np.subtract(d2, ex, out=ex)
+        np.copyto(c, ex, where=big)
     EE = ws.rEE[:n]
     np.matmul(er[:, :, None], er[:, None, :], out=EE)  # e e^T
     nJi = ws.rJi[:n]
