@@ -456,6 +456,7 @@ class Cia402Driver(RobotDriver):
             opts["counts_per_rev"], opts["gear_ratio"], opts["sign"], opts["offset_counts"]
         )
         self.clock = StreamClockModel(window=256)
+        self._last_clock_feed_ns = 0
         self.network: Any = None
         self._remote: dict[int, Any] = {}
         self._lock = threading.Condition()
@@ -705,7 +706,9 @@ class Cia402Driver(RobotDriver):
                 self._cycle = None
                 counts = np.array([cyc.got[n][0] for n in self.nodes], dtype=float)
                 sws = np.array([cyc.got[n][1] for n in self.nodes], dtype=np.int64)
-                self.clock.add(cyc.stamp_ns * 1e-9, recv_ns)
+                if cyc.stamp_ns - self._last_clock_feed_ns >= 20_000_000:  # 50 Hz: refits are costly
+                    self.clock.add(cyc.stamp_ns * 1e-9, recv_ns)
+                    self._last_clock_feed_ns = cyc.stamp_ns
                 self._publish(counts, sws, cyc.stamp_ns, recv_ns)
 
     def _publish(self, counts: np.ndarray, sws: np.ndarray, t_ns: int, recv_ns: int) -> None:

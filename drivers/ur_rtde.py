@@ -299,6 +299,7 @@ OPTIONS: dict[str, OptionSpec] = {
     "moving_threshold_rad_s": OptionSpec(opt_float(positive=True), 0.005, "max|qd| above = moving"),
     "move_timeout_s": OptionSpec(opt_float(positive=True), 120.0, "move_to(wait=True) timeout"),
     "protocol_version": OptionSpec(opt_int(1, 2), 2, "highest RTDE protocol version to request"),
+    "clock_feed_hz": OptionSpec(opt_float(positive=True), 50.0, "samples/s fed to the clock model"),
 }
 
 
@@ -344,8 +345,9 @@ class UrRtdeDriver(RobotDriver):
         self._seq = 0
         self.reconnects = 0
         #: controller clock (RTDE ``timestamp``) -> host ``monotonic_ns``
-        self.clock = StreamClockModel(window=512)
+        self.clock = StreamClockModel(window=256)
         self._last_t_dev = -math.inf
+        self._last_clock_feed = -math.inf
 
     @classmethod
     def from_url(cls, url: RobotUrl, options: Mapping[str, Any]) -> UrRtdeDriver:
@@ -512,8 +514,13 @@ class UrRtdeDriver(RobotDriver):
         if t_dev < self._last_t_dev:
             log.warning("%r: controller clock went backwards (restart?): clock model reset", self)
             self.clock.reset()
+            self._last_clock_feed = -math.inf
         self._last_t_dev = t_dev
-        self.clock.add(t_dev, recv_ns)
+        # A refit of the envelope costs milliseconds at a full window: feed the model at
+        # most clock_feed_hz (the mapping itself is cheap and applies to every sample).
+        if t_dev - self._last_clock_feed >= 1.0 / self.opts["clock_feed_hz"]:
+            self.clock.add(t_dev, recv_ns)
+            self._last_clock_feed = t_dev
         t_host = int(self.clock.to_host_ns(t_dev)) if self.clock.ready else recv_ns
         self._seq += 1
         return RobotState(

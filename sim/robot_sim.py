@@ -196,7 +196,7 @@ class SimRobot:
         if best is None:
             log.warning("sim robot: world flange unreachable; starting at the home posture")
             return home
-        return best
+        return (best + math.pi) % (2 * math.pi) - math.pi  # each joint in [-180, 180) deg
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> SimRobot:

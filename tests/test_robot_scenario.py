@@ -104,14 +104,16 @@ def test_scenario_file_to_moving_world():
         robot.wait_settled(timeout_s=10)
         true_q = q_target + np.deg2rad([0.02, -0.01, 0.0, 0.03, 0.0, 0.0])
         truth = dh_model("ur5e").forward(true_q)
-        np.testing.assert_allclose(world.base_T_flange(), truth, atol=2e-6)
+        # settled with the default 0.05 deg/s: residual ringing below 0.05 / (2 pi 4 Hz) deg
+        tol = math.radians(0.05) / (2 * math.pi * 4.0)
+        np.testing.assert_allclose(world.base_T_flange(), truth, atol=tol)
         # the tracker sees the target where the true flange is
         np.testing.assert_allclose(
-            world.cell_T_target(), world.cell_T_base() @ truth @ world.flange_T_target(), atol=2e-6
+            world.cell_T_target(), world.cell_T_base() @ truth @ world.flange_T_target(), atol=tol
         )
         # and the controller's FK is off by the zero offsets (here ~0.25 mm)
         err = np.linalg.norm(robot.read_state().base_T_flange[:3, 3] - truth[:3, 3])
-        assert 5e-5 < err < 2e-3
+        assert 1e-4 < err < 2e-3
 
 
 def test_scheduled_fault_windows():

@@ -72,12 +72,12 @@ def test_controller_clock_maps_to_host_time():
         with connect_robot(h.url, frequency_hz=250) as robot:
             time.sleep(0.8)
             s = robot.read_state()
-            assert robot.clock.ready and robot.clock.n_samples > 100
+            assert robot.clock.ready and robot.clock.n_samples > 30  # fed at clock_feed_hz = 50
             # mapped sample time: at or before arrival, by no more than loopback jitter
             assert -1e6 < s.t_recv_host_ns - s.t_host_ns < 20e6
-            # host minus device offset: the device clock reads ~5000 s more than host time
-            # since the world started
+            # the mapping inverts: back from host time to the controller's own stamp
             assert robot.clock.to_device_s(s.t_host_ns) == pytest.approx(s.t_device_s, abs=0.02)
+            assert s.t_device_s > 5000.0
             later = robot.wait_for_sample_after(s.seq, 1.0)
             assert later.t_host_ns > s.t_host_ns
 
