@@ -343,6 +343,8 @@ class UrRtdeDriver(RobotDriver):
         self._stop_evt = threading.Event()
         self._thread: threading.Thread | None = None
         self._seq = 0
+        self._pending: list[dict[str, Any]] = []  # data packages that came with the start reply
+        self._runtime: UrRuntimeState | None = None
         self.reconnects = 0
         #: controller clock (RTDE ``timestamp``) -> host ``monotonic_ns``
         self.clock = StreamClockModel(window=256)
@@ -455,14 +457,12 @@ class UrRtdeDriver(RobotDriver):
         except OSError as exc:
             raise DriverInitError(f"{self!r}: connection failed during setup: {exc}") from exc
         stream = RtdeStream(recipe, protocol)
-        # bytes that arrived behind the start reply are data already
-        leftover = bytearray()
-        for ptype, payload in reader.packets():
-            leftover += rc.encode_packet(ptype, payload)
-        if leftover:
-            self._pending = stream.feed(bytes(leftover))
-        else:
-            self._pending = []
+        # packets that arrived behind the start reply are data already
+        try:
+            leftover = b"".join(rc.encode_packet(t, p) for t, p in reader.packets())
+            self._pending = stream.feed(leftover) if leftover else []
+        except ProtocolError as exc:
+            raise DriverInitError(f"{self!r}: bad stream right after start: {exc}") from exc
         log.info(
             "%r: RTDE v%d, controller %s, recipe %d at %.0f Hz",
             self, protocol, self.controller_version, recipe_id, self.opts["frequency_hz"],
@@ -553,8 +553,6 @@ class UrRtdeDriver(RobotDriver):
             except ValueError:
                 self._runtime = None
         self._cond.notify_all()
-
-    _runtime: UrRuntimeState | None = None
 
     def _run(self) -> None:
         backoff0 = 0.05

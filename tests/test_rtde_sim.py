@@ -262,9 +262,10 @@ class ScriptedController:
     """A one-connection peer that checks each request against an expected packet and
     answers with scripted bytes, then streams ``tail`` bytes."""
 
-    def __init__(self, script: list[tuple[bytes, bytes]], tail: bytes = b"") -> None:
+    def __init__(self, script: list[tuple[bytes, bytes]], tail: bytes = b"", tail2: bytes = b"") -> None:
         self.script = script
         self.tail = tail
+        self.tail2 = tail2  # sent 0.2 s after tail
         self.received: list[bytes] = []
         self.error: str | None = None
         self.sock = socket.create_server(("127.0.0.1", 0))
@@ -298,6 +299,9 @@ class ScriptedController:
                     return
                 conn.sendall(reply)
             conn.sendall(self.tail)
+            if self.tail2:
+                time.sleep(0.2)
+                conn.sendall(self.tail2)
             conn.settimeout(3.0)
             while conn.recv(4096):  # hold the connection until the client closes it
                 pass
@@ -390,6 +394,41 @@ def test_scripted_stream_with_unknown_types_text_and_bad_packages():
             assert s.seq == 2  # exactly the two good packages became states
             assert robot.bad_packets == 2
         assert peer.error is None, peer.error
+    finally:
+        peer.close()
+
+
+def test_unframeable_bytes_after_start_drop_the_link_not_the_client():
+    recipe = rc.Recipe(RECIPE, RECIPE_TYPES, 2)
+    vals = {"timestamp": 1.0, "actual_q": Q_HOME, "actual_qd": (0,) * 6,
+            "actual_TCP_pose": np.concatenate([UR5E.forward(Q_HOME)[:3, 3], so3_log(UR5E.forward(Q_HOME)[:3, :3])]),
+            "robot_mode": 7, "safety_mode": 1, "runtime_state": 1}
+    script = [
+        (b"\x00\x05V\x00\x02", rc.encode_accepted(P.REQUEST_PROTOCOL_VERSION, True)),
+        (b"\x00\x03v", rc.encode_controller_version(rc.ControllerVersion(5, 23, 0, 0))),
+        (rc.encode_setup_outputs_request(RECIPE, 125.0),
+         rc.encode_setup_reply(P.CONTROL_PACKAGE_SETUP_OUTPUTS, 2, TYPES)),
+        (b"\x00\x03S", rc.encode_accepted(P.CONTROL_PACKAGE_START, True)),
+    ]
+    bad = b"\x00\x01U" + recipe.encode({**vals, "timestamp": 2.0})  # size 1 < 3: unframeable
+    # right behind the start reply: the open fails, typed
+    peer = ScriptedController(script, tail=recipe.encode(vals) + bad)
+    try:
+        with pytest.raises(DriverInitError, match="stream"):
+            connect_robot(f"rtde://127.0.0.1:{peer.port}")
+    finally:
+        peer.close()
+    # later, on a running link: the link is dropped (typed), the client lives on
+    peer = ScriptedController(script, tail=recipe.encode(vals), tail2=bad)
+    try:
+        with pytest.raises(DeviceGoneError):
+            with connect_robot(f"rtde://127.0.0.1:{peer.port}", stream_timeout_s=5.0,
+                               reconnect_max_s=5.0) as robot:
+                deadline = time.monotonic() + 3.0
+                while time.monotonic() < deadline:
+                    s = robot.read_state(timeout_s=1.0)
+                    assert s.t_device_s == 1.0  # the package behind the bad header never arrives
+                    time.sleep(0.01)
     finally:
         peer.close()
 
