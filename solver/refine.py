@@ -45,7 +45,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from cellcal.solver.se3 import se3_exp
 from cellcal.solver.workspace import Workspace
 
 __all__ = [
@@ -95,6 +94,38 @@ _HALF_HAT39 = 0.5 * _HAT39
 _NEG_I3 = -np.eye(3)
 
 
+# --- small SE(3) kernel on Python floats ------------------------------------------------------------
+
+
+def se3_exp_right(T: np.ndarray, xi: np.ndarray) -> np.ndarray:
+    """``T @ se3_exp(xi)`` for one twist ``(rho, phi)``, on Python floats.
+
+    The same group exponential as :func:`cellcal.solver.se3.se3_exp` (series below
+    1e-4 rad), without its intermediate arrays: the retraction runs once per iteration and
+    the generic helper costs more than the rest of a small step.
+    """
+    rx, ry, rz, wx, wy, wz = (float(v) for v in xi)
+    th2 = wx * wx + wy * wy + wz * wz
+    if th2 < 1e-8:
+        a, b, c = 1.0 - th2 / 6.0, 0.5 - th2 / 24.0, 1.0 / 6.0 - th2 / 120.0
+    else:
+        th = math.sqrt(th2)
+        sn, cs = math.sin(th), math.cos(th)
+        a, b, c = sn / th, (1.0 - cs) / th2, (th - sn) / (th2 * th)
+    # K^2 = w w^T - th^2 I; R = I + a K + b K^2, V = I + b K + c K^2, t = V rho.
+    xx, yy, zz = wx * wx - th2, wy * wy - th2, wz * wz - th2
+    xy, xz, yz = wx * wy, wx * wz, wy * wz
+    E = np.empty((4, 4))
+    E[0, 0], E[0, 1], E[0, 2] = 1.0 + b * xx, -a * wz + b * xy, a * wy + b * xz
+    E[1, 0], E[1, 1], E[1, 2] = a * wz + b * xy, 1.0 + b * yy, -a * wx + b * yz
+    E[2, 0], E[2, 1], E[2, 2] = -a * wy + b * xz, a * wx + b * yz, 1.0 + b * zz
+    E[0, 3] = (1.0 + c * xx) * rx + (-b * wz + c * xy) * ry + (b * wy + c * xz) * rz
+    E[1, 3] = (b * wz + c * xy) * rx + (1.0 + c * yy) * ry + (-b * wx + c * yz) * rz
+    E[2, 3] = (-b * wy + c * xz) * rx + (b * wx + c * yz) * ry + (1.0 + c * zz) * rz
+    E[3, 0], E[3, 1], E[3, 2], E[3, 3] = 0.0, 0.0, 0.0, 1.0
+    return T @ E
+
+
 # --- noise ------------------------------------------------------------------------------------
 
 
@@ -114,6 +145,7 @@ class Noise:
     per_station: bool
     rows: int  # residual components per station: 6 (pose) or 3 (point)
     source: str = ""
+    diag: np.ndarray | None = None  # diag(1/sigma) (rows, rows) when the figures are scalar
 
     def describe(self) -> str:
         if self.per_station:
@@ -205,6 +237,11 @@ def fill_whitening(nz: Noise, n: int, ws: Workspace) -> None:
     w[:, :3] = 1.0 / nz.sigma_t
     if nz.rows == 6:
         w[:, 3:] = 1.0 / nz.sigma_r
+    # The same weights as a constant diagonal: whitening is then one broadcast matmul.
+    if nz.diag is None:
+        nz.diag = np.zeros((nz.rows, nz.rows))
+    for i in range(nz.rows):
+        nz.diag[i, i] = 1.0 / (nz.sigma_t if i < 3 else nz.sigma_r)
 
 
 # --- models -----------------------------------------------------------------------------------
@@ -236,7 +273,7 @@ class PoseModel:
     @staticmethod
     def retract(state, d: np.ndarray):
         A, B = state
-        return A @ se3_exp(d[:6]), B @ se3_exp(d[6:])
+        return se3_exp_right(A, d[:6]), se3_exp_right(B, d[6:])
 
     def residuals(self, state) -> None:
         """Raw residuals into ``ws.et`` (m) and ``ws.er`` (rad), plus the intermediates
@@ -279,10 +316,14 @@ class PoseModel:
         np.matmul(nJi, C.transpose(0, 2, 1), out=J[:, 3:6, 3:6])  # d e_r / d phi_A = -Jl^-1 C^T
         np.copyto(J[:, 3:6, 9:12], nJi)  # d e_r / d phi_B = -Jl^-1
 
-    def whiten(self) -> None:
-        """Whitened residual ``ws.ew`` from ``ws.et``/``ws.er`` and ``ws.wsig``."""
+    def whiten(self, nz: Noise) -> None:
+        """Whitened residual ``ws.ew`` from ``ws.et``/``ws.er`` and the noise figures."""
         n, ws = self.n, self.ws
         ew = ws.ew[: n * 6].reshape(n, 6)
+        if nz.diag is not None:
+            np.matmul(ws.et[:n], nz.diag[:3, :3], out=ew[:, :3])
+            np.matmul(ws.er[:n], nz.diag[3:, 3:], out=ew[:, 3:])
+            return
         w = ws.wsig[: n * 6].reshape(n, 6)
         np.einsum("ij,ij->ij", ws.et[:n], w[:, :3], out=ew[:, :3])
         np.einsum("ij,ij->ij", ws.er[:n], w[:, 3:], out=ew[:, 3:])
@@ -290,10 +331,8 @@ class PoseModel:
     def norms(self, out_t: np.ndarray, out_r: np.ndarray) -> None:
         """Per-station translation (m) and rotation (rad) residual lengths."""
         n, ws = self.n, self.ws
-        np.einsum("ij,ij->i", ws.et[:n], ws.et[:n], out=out_t)
-        np.sqrt(out_t, out=out_t)
-        np.einsum("ij,ij->i", ws.er[:n], ws.er[:n], out=out_r)
-        np.sqrt(out_r, out=out_r)
+        _rownorm(ws.et[:n], out_t)
+        _rownorm(ws.er[:n], out_r)
 
 
 class PointModel:
@@ -318,7 +357,7 @@ class PointModel:
     @staticmethod
     def retract(state, d: np.ndarray):
         A, y = state
-        return A @ se3_exp(d[:6]), y + d[6:]
+        return se3_exp_right(A, d[:6]), y + d[6:]
 
     def residuals(self, state) -> None:
         A, y = state
@@ -346,14 +385,13 @@ class PointModel:
         np.matmul(RA, hq.reshape(n, 3, 3), out=J[:, :, 3:6])  # d e / d phi_A = R_A [q]x
         np.matmul(negRA, self.G[:, :3, :3], out=J[:, :, 6:9])  # d e / d y = -R_A R_G
 
-    def whiten(self) -> None:
+    def whiten(self, nz: Noise) -> None:
         n, ws = self.n, self.ws
         np.multiply(ws.et[:n], ws.wsig[: n * 3].reshape(n, 3), out=ws.ew[: n * 3].reshape(n, 3))
 
     def norms(self, out_t: np.ndarray, out_r: np.ndarray) -> None:
         n, ws = self.n, self.ws
-        np.einsum("ij,ij->i", ws.et[:n], ws.et[:n], out=out_t)
-        np.sqrt(out_t, out=out_t)
+        _rownorm(ws.et[:n], out_t)
         out_r.fill(0.0)
 
 
@@ -382,6 +420,24 @@ class PivotModel:
 # --- batch SO(3) kernels -------------------------------------------------------------------------
 
 
+def _rowdot(a: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = a[i] . a[i]`` for (n, k) ``a``: a batched 1xk @ kx1 matmul, several times
+    cheaper than ``einsum`` at small n."""
+    np.matmul(a[:, None, :], a[:, :, None], out=out[:, None, None])
+
+
+def _rownorm(a: np.ndarray, out: np.ndarray) -> None:
+    _rowdot(a, out)
+    np.sqrt(out, out=out)
+
+
+def _rowscale(s: np.ndarray, a: np.ndarray, out: np.ndarray) -> None:
+    """``out[i] = s[i] * a[i]`` for (n,) ``s`` and (n, ...) ``a`` (a matmul: a broadcasting
+    ufunc would buffer)."""
+    n = a.shape[0]
+    np.matmul(s[:, None, None], a.reshape(n, 1, -1), out=out.reshape(n, 1, -1))
+
+
 def _batch_log(E: np.ndarray, out: np.ndarray, n: int, ws: Workspace) -> None:
     """Rotation vectors of a batch of rotations ``E`` (n, 3, 3) into ``out`` (n, 3).
 
@@ -394,16 +450,16 @@ def _batch_log(E: np.ndarray, out: np.ndarray, n: int, ws: Workspace) -> None:
     np.subtract(E[:, 0, 2], E[:, 2, 0], out=v[:, 1])
     np.subtract(E[:, 1, 0], E[:, 0, 1], out=v[:, 2])
     s = ws.rs[0, :n]
-    np.einsum("ij,ij->i", v, v, out=s)
-    np.sqrt(s, out=s)  # 2 sin(th)
+    _rownorm(v, s)  # 2 sin(th)
     c = ws.rs[1, :n]
-    np.einsum("kii->k", E, out=c)
+    np.add(E[:, 0, 0], E[:, 1, 1], out=c)
+    np.add(c, E[:, 2, 2], out=c)
     np.subtract(c, 1.0, out=c)  # 2 cos(th)
     th = ws.rs[2, :n]
     np.arctan2(s, c, out=th)
     np.maximum(s, 1e-300, out=s)
     np.divide(th, s, out=s)  # th / (2 sin th); 0 at th = 0 where v = 0 too
-    np.einsum("ij,i->ij", v, s, out=out)
+    _rowscale(s, v, out)
 
 
 def _neg_inv_left_jacobian(er: np.ndarray, n: int, ws: Workspace) -> np.ndarray:
@@ -444,7 +500,7 @@ def _neg_inv_left_jacobian(er: np.ndarray, n: int, ws: Workspace) -> np.ndarray:
     np.matmul(er[:, :, None], er[:, None, :], out=EE)  # e e^T
     nJi = ws.rJi[:n]
     np.negative(c, out=ws.rs[5, :n])
-    np.einsum("nij,n->nij", EE, ws.rs[5, :n], out=nJi)  # -c e e^T
+    _rowscale(ws.rs[5, :n], EE, nJi)  # -c e e^T
     d = ws.rs[1, :n]
     np.multiply(c, th2, out=d)
     np.subtract(d, 1.0, out=d)  # diagonal: c th^2 - 1
@@ -476,17 +532,20 @@ class Fit:
     message: str = ""
 
 
-def _weigh(model, n: int, ws: Workspace, huber: float | None) -> float:
+def _weigh(model, n: int, ws: Workspace, huber: float | None, nz: Noise) -> float:
     """Whiten, apply Huber weights; fill ``ws.Jw``/``ws.ewh``; return the robust cost."""
     rows, p = model.rows, model.nparam
-    model.whiten()
+    model.whiten(nz)
     Jw, ew, ewh = model.views()
     Jraw = ws.Jraw[: n * rows * p].reshape(n, rows, p)
     w = ws.wsig[: n * rows].reshape(n, rows)
     r2 = ws.hw[:n]
-    np.einsum("ij,ij->i", ew, ew, out=r2)
+    _rowdot(ew, r2)
     if huber is None:
-        np.einsum("nrk,nr->nrk", Jraw, w, out=Jw)
+        if nz.diag is not None:
+            np.matmul(nz.diag, Jraw, out=Jw)  # diag(1/sigma) J_i for every station
+        else:
+            np.einsum("nrk,nr->nrk", Jraw, w, out=Jw)
         np.copyto(ewh, ew)
         return float(r2.sum())
     # Station-level Huber on the whitened residual length r: weight min(1, k / r); the
@@ -503,9 +562,9 @@ def _weigh(model, n: int, ws: Workspace, huber: float | None) -> float:
     np.copyto(r2, sw)  # keep w in ws.hw
     np.sqrt(sw, out=sw)
     wr = ws.wrow[: n * rows].reshape(n, rows)
-    np.einsum("nr,n->nr", w, sw, out=wr)
-    np.einsum("nrk,nr->nrk", Jraw, wr, out=Jw)
-    np.einsum("nr,n->nr", ew, sw, out=ewh)
+    _rowscale(sw, w, wr)
+    np.matmul(wr[:, :, None, None], Jraw[:, :, None, :], out=Jw[:, :, None, :])
+    _rowscale(sw, ew, ewh)
     return cost
 
 
@@ -520,9 +579,9 @@ def _normal(model, n: int, ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
     return H, g
 
 
-def _eval(model, state, n, ws, huber) -> float:
+def _eval(model, state, n, ws, huber, nz) -> float:
     model.evaluate(state)
-    return _weigh(model, n, ws, huber)
+    return _weigh(model, n, ws, huber, nz)
 
 
 def _vce(model, n: int, ws: Workspace, nz: Noise, Hinv: np.ndarray) -> bool:
@@ -610,7 +669,7 @@ def refine(
         raise ValueError(f"huber must be a positive threshold in sigmas, got {huber!r}")
     estimating = nz.estimate_t or nz.estimate_r
     start = state
-    cost = _eval(model, state, n, ws, huber)
+    cost = _eval(model, state, n, ws, huber, nz)
     H, g = _normal(model, n, ws)
     lam = 0.0
     it = 0
@@ -629,7 +688,7 @@ def refine(
                     vce_rounds += 1
                     if _vce(model, n, ws, nz, np.linalg.inv(H)):
                         fill_whitening(nz, n, ws)
-                        cost = _weigh(model, n, ws, huber)  # same state, new weights
+                        cost = _weigh(model, n, ws, huber, nz)  # same state, new weights
                         H, g = _normal(model, n, ws)
                         lam = 0.0
                         continue
@@ -637,7 +696,7 @@ def refine(
                 break
             it += 1
             trial = model.retract(state, d)
-            c1 = _eval(model, trial, n, ws, huber)
+            c1 = _eval(model, trial, n, ws, huber, nz)
             if c1 <= cost:
                 state, cost = trial, c1
                 H, g = _normal(model, n, ws)
@@ -652,13 +711,13 @@ def refine(
                     break
                 lam = max(lam * 10.0, 1e-6)
         if stale:
-            cost = _eval(model, state, n, ws, huber)
+            cost = _eval(model, state, n, ws, huber, nz)
             H, g = _normal(model, n, ws)
         cov = np.linalg.inv(H)
         if not np.all(np.isfinite(cov)):
             raise np.linalg.LinAlgError("singular information matrix")
     except np.linalg.LinAlgError as exc:
-        cost = _eval(model, start, n, ws, huber)
+        cost = _eval(model, start, n, ws, huber, nz)
         H, g = _normal(model, n, ws)
         p = model.nparam
         return Fit(start, np.full((p, p), np.inf), cost, cost, n * model.rows - p, it, False,
@@ -677,7 +736,7 @@ def covariance_at(model, state, nz: Noise, *, huber: float | None = None) -> Fit
     figures marked for estimation are estimated from the residuals at ``state``.
     """
     n, ws = model.n, model.ws
-    cost = _eval(model, state, n, ws, huber)
+    cost = _eval(model, state, n, ws, huber, nz)
     H, _ = _normal(model, n, ws)
     p = model.nparam
     try:
@@ -685,7 +744,7 @@ def covariance_at(model, state, nz: Noise, *, huber: float | None = None) -> Fit
             if not _vce(model, n, ws, nz, np.linalg.inv(H)):
                 break
             fill_whitening(nz, n, ws)
-            cost = _weigh(model, n, ws, huber)
+            cost = _weigh(model, n, ws, huber, nz)
             H, _ = _normal(model, n, ws)
         cov = np.linalg.inv(H)
         ok = bool(np.all(np.isfinite(cov)))

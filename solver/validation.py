@@ -176,20 +176,49 @@ def loo_linearised(model, n: int, ws: Workspace, Hinv: np.ndarray) -> None:
     for i in range(r):
         np.add(S[:, i, i], 1.0, out=S[:, i, i])
     b = ws.b6[: n * r].reshape(n, r)
-    np.copyto(b, ew)
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        batched_solve(S, b, n, r, ws)
+        _chunked_solve(S, ew, b, n, r, ws)
         np.divide(b, ws.wsig[: n * r].reshape(n, r), out=b)  # back to metres / radians
     ht, hr = ws.ho_t[:n], ws.ho_r[:n]
-    np.einsum("ij,ij->i", b[:, :3], b[:, :3], out=ht)
+    np.matmul(b[:, None, :3], b[:, :3, None], out=ht[:, None, None])
     np.sqrt(ht, out=ht)
     if r == 6:
-        np.einsum("ij,ij->i", b[:, 3:], b[:, 3:], out=hr)
+        np.matmul(b[:, None, 3:], b[:, 3:, None], out=hr[:, None, None])
         np.sqrt(hr, out=hr)
     else:
         hr.fill(0.0)
     _nan_to_inf(ht, n, ws)
     _nan_to_inf(hr, n, ws)
+
+
+#: Stations per LAPACK call in the leave-one-out solves: ``np.linalg.solve`` allocates its
+#: output and per-call scratch, so it runs on fixed-size chunks (bounded scratch, ~2 KiB,
+#: whatever N is) and the result is copied into the workspace.
+LOO_CHUNK = 32
+
+
+def _chunked_solve(S: np.ndarray, e: np.ndarray, out: np.ndarray, n: int, r: int, ws: Workspace) -> None:
+    """``out_i = S_i^-1 e_i`` for the (n, r, r) systems ``I - P_i``.
+
+    LAPACK in fixed chunks; a chunk holding an exactly singular system (leverage 1: the
+    station is the only one determining some direction) falls back to the in-place
+    elimination of :func:`batched_solve`, which leaves inf/nan there (reported as inf).
+    """
+    for a in range(0, n, LOO_CHUNK):
+        b = min(n, a + LOO_CHUNK)
+        try:
+            x = np.linalg.solve(S[a:b], e[a:b, :, None])
+            np.copyto(out[a:b], x[:, :, 0])
+        except np.linalg.LinAlgError:
+            np.copyto(out[a:b], e[a:b])
+            batched_solve(S[a:b], out[a:b], b - a, r, _Sub(ws, a))
+
+
+class _Sub:
+    """Scratch of :func:`batched_solve` for a chunk (views of the workspace buffers)."""
+
+    def __init__(self, ws: Workspace, a: int) -> None:
+        self.f6, self.T36, self.tb6, self.b6b, self.rs = ws.f6, ws.T36, ws.tb6, ws.b6b, ws.rs
 
 
 def _nan_to_inf(a: np.ndarray, n: int, ws: Workspace) -> None:

@@ -86,6 +86,14 @@ def test_point_jacobian_matches_central_differences():
         assert np.max(np.abs(J[:, :, k] - num)) < 1e-7
 
 
+def test_fast_retraction_is_the_group_exponential():
+    rng = np.random.default_rng(6)
+    T = make_transform(random_rotation(rng), rng.uniform(-1, 1, 3))
+    for scale in (0.0, 1e-9, 1e-5, 1e-3, 0.3, 2.5):
+        xi = rng.normal(size=6) * scale
+        assert np.allclose(R.se3_exp_right(T, xi), T @ se3_exp(xi), rtol=0, atol=1e-15)
+
+
 # --- recovery -----------------------------------------------------------------------------------------
 
 
