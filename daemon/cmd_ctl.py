@@ -83,6 +83,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("args", nargs="*", metavar="key=value", help="arguments (values parsed as JSON when they can be)")
     p.add_argument("--json-args", help="arguments as one JSON object")
     add_connection_arguments(p, pub=False)
+    # key=value pairs may follow options (`ctl to_base --endpoint X point_m=[1,0,0]`); plain
+    # parse_args stops filling a nargs="*" positional at the first option. cli.main calls
+    # parser.parse_args, so this parser answers it with the intermixed parse.
+    p.parse_args = p.parse_intermixed_args  # type: ignore[method-assign]
 
 
 def parse_args_list(pairs: list[str], json_args: str | None) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def _describe(name: str, b: dict[str, Any]) -> str:
     if name == "heartbeat":
         devs = b.get("devices") or {}
         dev = " ".join(f"{k}={'up' if (v or {}).get('connected') else 'DOWN'}" for k, v in sorted(devs.items()))
-        return (f"{b.get('state', '?')} up={b.get('uptime_s', 0):.0f}s active={b.get('active_result_id') or '-'}"
+        return (f"state={b.get('state', '?')} up={b.get('uptime_s', 0):.0f}s active={b.get('active_result_id') or '-'}"
                 f"{' SUSPECT' if b.get('suspect') else ''} run={b.get('run_id') or '-'} {dev}").rstrip()
     if name == "state":
         return f"{b.get('previous') or '-'} -> {b.get('state', '?')} run={b.get('run_id') or '-'}: {b.get('reason', '')}"
