@@ -288,8 +288,8 @@ def opt_vector(n: int, *, positive: bool = False):
 
 # -- the device abstraction ------------------------------------------------------------------
 class RobotDriver(abc.ABC):
-    """A robot controller. Construct cheaply (no I/O), then :meth:`open` (``connect_robot``
-    does both), use, and :meth:`close` (or use it as a context manager).
+    """A robot controller. Construct cheaply (no I/O; :func:`connect_robot` builds one from a
+    URL), then :meth:`open`, use, and :meth:`close` (or use it as a context manager).
 
     Parameters
     ----------
@@ -515,7 +515,9 @@ def _backend(scheme: str) -> type[RobotDriver]:
 
 
 def connect_robot(url: str, **options: Any) -> RobotDriver:
-    """Open a robot controller by URL.
+    """A robot driver for ``url``, not yet connected (no I/O until ``open()`` / ``with``),
+    like :func:`cellcal.drivers.connect_tracker`; so building one also validates a
+    configuration without touching the robot.
 
     Parameters
     ----------
@@ -527,20 +529,17 @@ def connect_robot(url: str, **options: Any) -> RobotDriver:
     Returns
     -------
     RobotDriver
-        Open and streaming; close it (or use ``with``).
+        Call ``open()`` (or use ``with``), then ``close()``.
 
     Raises
     ------
     ValueError
         Unknown scheme or option, or a malformed value (named).
-    DriverInitError
-        The device could not be reached or configured.
+
+    Examples
+    --------
+    >>> with connect_robot("rtde://192.168.1.10") as robot:  # doctest: +SKIP
+    ...     state = robot.read_state()
     """
     parsed = parse_robot_url(url)
-    driver = _backend(parsed.scheme).from_url(parsed, options)  # type: ignore[attr-defined]
-    try:
-        driver.open()
-    except BaseException:
-        driver.close()
-        raise
-    return driver
+    return _backend(parsed.scheme).from_url(parsed, options)  # type: ignore[attr-defined]

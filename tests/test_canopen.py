@@ -161,7 +161,7 @@ def test_missing_node_at_open_is_named():
     try:
         url = h.url.replace("nodes=1,2,3,4,5,6", "nodes=1,2,3,4,5,9")
         with pytest.raises(DriverInitError, match=r"\[9\]"):
-            connect_robot(url, boot_timeout_s=0.3)
+            connect_robot(url, boot_timeout_s=0.3).open()
     finally:
         h.close()
 

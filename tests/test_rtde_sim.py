@@ -203,7 +203,7 @@ def test_tcp_offset_must_be_declared():
             np.testing.assert_allclose(s.base_T_flange, UR5E.forward(s.q_rad), atol=1e-9)
         bare = h.url.split("&tcp_offset=")[0]
         with pytest.raises(DriverInitError, match="TCP offset"):
-            connect_robot(bare)
+            connect_robot(bare).open()
         with connect_robot(bare, tcp_check_mm=0) as robot:  # check off: TCP taken for flange
             s = robot.read_state()
             np.testing.assert_allclose(
@@ -237,7 +237,7 @@ def test_url_and_option_errors_are_named(sim):
     with pytest.raises(ValueError, match="scheme"):
         connect_robot("modbus://1.2.3.4")
     with pytest.raises(DriverInitError, match="cannot connect"):
-        connect_robot("rtde://127.0.0.1:1", connect_timeout_s=0.5)
+        connect_robot("rtde://127.0.0.1:1", connect_timeout_s=0.5).open()
     u = parse_robot_url("canopen://[ff15::1]?interface=udp_multicast")
     assert u.target == "[ff15::1]" and u.query == {"interface": "udp_multicast"}
 
@@ -250,7 +250,12 @@ def test_driver_lifecycle_no_io_in_constructor_and_idempotent_close(sim):
         d.read_state()
     d.close()
     d.close()
-    robot = connect_robot(sim.url)
+    robot = connect_robot(sim.url)  # built, not connected
+    with pytest.raises(Exception, match="not open"):
+        robot.read_state()
+    robot.open()
+    robot.open()  # idempotent
+    robot.read_state()
     robot.close()
     robot.close()
     with pytest.raises(Exception, match="closed"):
@@ -357,7 +362,7 @@ def test_scripted_not_found_names_the_field():
     )
     try:
         with pytest.raises(RecipeFieldNotFound, match="actual_qd") as ei:
-            connect_robot(f"rtde://127.0.0.1:{peer.port}")
+            connect_robot(f"rtde://127.0.0.1:{peer.port}").open()
         assert ei.value.fields == ("actual_qd",)
         assert peer.error is None, peer.error
     finally:
@@ -415,7 +420,7 @@ def test_unframeable_bytes_after_start_drop_the_link_not_the_client():
     peer = ScriptedController(script, tail=recipe.encode(vals) + bad)
     try:
         with pytest.raises(DriverInitError, match="stream"):
-            connect_robot(f"rtde://127.0.0.1:{peer.port}")
+            connect_robot(f"rtde://127.0.0.1:{peer.port}").open()
     finally:
         peer.close()
     # later, on a running link: the link is dropped (typed), the client lives on
