@@ -148,6 +148,16 @@ def test_reader_reassembles_split_packets_and_rejects_bad_header():
     assert r.pending == 0
 
 
+def test_oversized_announcement_waits_without_yielding():
+    # a header announcing 65535 bytes followed by 100: nothing is a packet yet, nothing crashes
+    dec = RtdeStream(RECIPE_V2, rc.PROTOCOL_V2)
+    assert dec.feed(b"\xff\xffU" + b"\x00" * 100) == []
+    assert dec._reader.pending == 103
+    # once complete it is one wrong-size data package: counted and dropped
+    assert dec.feed(b"\x00" * (65535 - 103)) == []
+    assert dec.bad_packets == 1
+
+
 def test_encode_packet_refuses_oversized_payload():
     with pytest.raises(ValueError, match="uint16"):
         rc.encode_packet(P.TEXT_MESSAGE, b"x" * 65533)
