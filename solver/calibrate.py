@@ -1124,5 +1124,5 @@ def calibrate_tool_point(
         sigma_translation_mm=1e3 * math.sqrt(tr) if math.isfinite(tr) else math.inf,
         sigma_rotation_deg=0.0, noise_translation_m=sigma, noise_rotation_rad=math.nan,
         noise_source=source, chi2=chi / (sigma * sigma), dof=dof, refined=False,
-        holdout=ho,
+        downweighted=_readonly(ws.down[:0], workspace is None), holdout=ho,
     )
