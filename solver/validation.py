@@ -211,14 +211,7 @@ def _chunked_solve(S: np.ndarray, e: np.ndarray, out: np.ndarray, n: int, r: int
             np.copyto(out[a:b], x[:, :, 0])
         except np.linalg.LinAlgError:
             np.copyto(out[a:b], e[a:b])
-            batched_solve(S[a:b], out[a:b], b - a, r, _Sub(ws, a))
-
-
-class _Sub:
-    """Scratch of :func:`batched_solve` for a chunk (views of the workspace buffers)."""
-
-    def __init__(self, ws: Workspace, a: int) -> None:
-        self.f6, self.T36, self.tb6, self.b6b, self.rs = ws.f6, ws.T36, ws.tb6, ws.b6b, ws.rs
+            batched_solve(S[a:b], out[a:b], b - a, r, ws)  # scratch from the start of ws buffers
 
 
 def _nan_to_inf(a: np.ndarray, n: int, ws: Workspace) -> None:
