@@ -37,6 +37,7 @@ from typing import Any
 
 import zmq
 import zmq.auth
+from zmq.utils.monitor import recv_monitor_message
 
 from cellcal.daemon import protocol as P
 from cellcal.solver.errors import CellcalError
@@ -46,6 +47,9 @@ __all__ = ["Client", "Subscription", "ClientError", "CommandFailed", "ClientTime
 
 _BIG = {"max_array": 1 << 24, "max_map": 1 << 20}  # replies and envelopes can be large (residuals)
 _SNAPSHOT_BACKOFF_S = (0.2, 5.0)
+_HANDSHAKE_WAIT_S = 0.5
+_HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
+                     | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _BUFFER_MAX = 100_000
 
 
@@ -325,6 +329,9 @@ class Subscription:
         SUB sockets reopened after ``silence_timeout_s`` without a message.
     bad_messages : int
         Messages that were not a well-formed v1 envelope (dropped).
+    handshake_failures : int
+        Refused ZeroMQ handshakes seen while connecting (a CURVE key the daemon does not
+        allow, or the wrong server key).
     boot_id, last_seq
         Where the stream stands.
     """
@@ -348,6 +355,7 @@ class Subscription:
         self._on_restart = on_restart
         self.silence_timeout_s = float(silence_timeout_s)
         self.gaps = self.restarts = self.snapshots = self.reconnects = self.bad_messages = 0
+        self.handshake_failures = 0
         self.boot_id: str | None = None
         self.last_seq: int | None = None
         self._delivered: dict[str, int] = {}
@@ -363,12 +371,34 @@ class Subscription:
     def _open(self) -> None:
         s = self._client._socket(zmq.SUB)
         s.rcvhwm = self._client.sub_rcvhwm
-        s.connect(self._client.pub_endpoint)
-        # The whole prefix, whatever the caller wants: seq is global, so only the full
-        # stream shows gaps. Unwanted topics are filtered here, after the seq check.
-        s.setsockopt(zmq.SUBSCRIBE, P.TOPIC_PREFIX.encode())
+        monitor = s.get_monitor_socket(_HANDSHAKE_EVENTS)
+        try:
+            s.connect(self._client.pub_endpoint)
+            # The whole prefix, whatever the caller wants: seq is global, so only the full
+            # stream shows gaps. Unwanted topics are filtered here, after the seq check.
+            s.setsockopt(zmq.SUBSCRIBE, P.TOPIC_PREFIX.encode())
+            self._await_handshake(monitor)
+        finally:
+            s.disable_monitor()
+            monitor.close(linger=0)
         self._sock = s
         self._last_live = time.monotonic()
+
+    def _await_handshake(self, monitor: zmq.Socket) -> None:
+        # A message published between the snapshot and the moment our subscription reaches
+        # the daemon is missed (and repaired only when the next message shows the gap), so
+        # wait until the connection is up before the first snapshot: the window shrinks from
+        # a connection set-up to one subscription message. It also tells a refused key.
+        deadline = time.monotonic() + min(_HANDSHAKE_WAIT_S, self._client.timeout_s)
+        while (remaining := deadline - time.monotonic()) > 0 and monitor.poll(remaining * 1000.0):
+            event = recv_monitor_message(monitor)["event"]
+            if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                return
+            self.handshake_failures += 1
+            if self.handshake_failures == 1:
+                self._client._log.warning(
+                    "%s refused the handshake (%s): wrong server key, or our key is not allowed",
+                    self._client.pub_endpoint, "authentication" if event == zmq.EVENT_HANDSHAKE_FAILED_AUTH else "protocol")
 
     def _reconnect(self) -> None:
         if self._sock is not None:

@@ -88,11 +88,15 @@ __all__ = [
     "ROLE_OBSERVER", "ROLE_OPERATOR", "ROLES", "role_allows",
     "STATES", "RUN_KINDS", "DRIFT_STATUSES",
     "Caller", "CommandError", "Handler", "Arg", "Command", "COMMANDS",
-    "Request", "parse_request", "validate_args",
-    "pack", "unpack", "new_boot_id", "make_envelope", "pack_envelope", "check_envelope",
+    "Request", "BadRequest", "parse_request", "validate_args", "MOTION_MODES", "DRIFT_ACTIONS",
+    "pack", "unpack", "new_boot_id", "make_envelope", "pack_envelope", "packed_map", "check_envelope",
     "ok_reply", "error_reply", "pack_ok", "pack_error",
     "check_body", "check_result", "BODY_TYPES", "RESULT_TYPES",
     "pose_from_wire", "to_base_reply",
+    "HeartbeatBody", "DeviceStatus", "StateBody", "StationBody", "SettleFigures", "ResultBody", "Transform",
+    "Quaternion", "Residuals", "Provenance", "DriftBody", "DriftStation", "Cusum", "FaultBody",
+    "StatusResult", "SnapshotResult", "ResultSummary", "ListResultsResult", "ToBasePointResult",
+    "ToBasePoseResult", "StartRunResult", "AbortResult", "DriftCheckResult", "ActivateResult",
 ]
 
 # --- schema, topics ------------------------------------------------------------------------------
@@ -454,6 +458,8 @@ def pack(obj: Any) -> bytes:
 
 
 def _no_ext(code: int, data: bytes) -> Any:
+    # (msgpack's timestamp, type -1, is decoded before this hook; as an argument it fails
+    # the type checks like any other wrong value.)
     raise ValueError(f"msgpack extension type {code} is not used by cellcal")
 
 
@@ -469,7 +475,7 @@ def unpack(data: bytes, *, max_array: int = MAX_REQUEST_ARRAY, max_map: int = MA
         return msgpack.unpackb(
             data, raw=False, strict_map_key=True, use_list=True, ext_hook=_no_ext,
             max_str_len=len(data), max_bin_len=len(data), max_array_len=max_array,
-            max_map_len=max_map, max_ext_len=0,
+            max_map_len=max_map, max_ext_len=len(data),
         )
     except ValueError:
         raise

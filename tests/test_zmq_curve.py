@@ -76,6 +76,7 @@ def test_unknown_key_executes_nothing_and_hears_nothing(curve):
         sub = c.subscribe()
         daemon.publish_heartbeat()
         assert sub.recv(0.5) is None
+        assert sub.handshake_failures >= 1  # the client can tell "refused" from "absent"
     assert daemon.calls == []
 
 
