@@ -43,10 +43,24 @@ def _start_tracker(args: argparse.Namespace, scenario: Scenario, world: World) -
     return sim.start()
 
 
-#: device name -> starter, in start order; ``None`` prints ``null`` (not simulated yet).
+def _start_robot(args: argparse.Namespace, scenario: Scenario, world: World) -> Any:
+    from cellcal.sim.robot_sim import start_sim_robot
+
+    return start_sim_robot(
+        world,
+        scenario.robot,
+        transport=args.robot_transport,
+        rtde_port=args.robot_port,
+        urscript_port=args.urscript_port,
+        can_channel=args.can_channel,
+        can_interface=args.can_interface,
+    )
+
+
+#: device name -> starter, in start order; ``None`` prints ``null`` (not simulated).
 DEVICE_STARTERS: dict[str, Callable[[argparse.Namespace, Scenario, World], Any] | None] = {
     "tracker": _start_tracker,
-    "robot": None,
+    "robot": _start_robot,
 }
 
 
@@ -61,6 +75,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--tracker-port", type=int, default=0, help="TCP port for --tracker-transport tcp (0: any free port)"
     )
+    parser.add_argument(
+        "--robot-transport", choices=("rtde", "canopen"), default="rtde",
+        help="serve the robot as a UR RTDE controller (default) or as six CiA 402 drives on CAN",
+    )
+    parser.add_argument("--robot-port", type=int, default=0, help="RTDE TCP port (0: any free port)")
+    parser.add_argument("--urscript-port", type=int, default=0, help="URScript TCP port (0: any free port)")
+    parser.add_argument(
+        "--can-interface", default="udp_multicast",
+        help="python-can interface for --robot-transport canopen (udp_multicast reaches other processes)",
+    )
+    parser.add_argument("--can-channel", default="239.74.163.2", help="python-can channel for the drives")
     parser.add_argument("--log-level", default="WARNING", help="stderr log level (default WARNING)")
 
 

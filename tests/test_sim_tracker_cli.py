@@ -9,9 +9,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
-from cellcal.drivers import connect_tracker
+from cellcal.drivers import connect_robot, connect_tracker
+from cellcal.sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "config" / "demo-scenario.toml"
@@ -43,11 +45,18 @@ def test_sim_prints_urls_serves_and_stops(transport, sig):
     proc = _start("--scenario", str(DEMO), "--tracker-transport", transport)
     try:
         urls = json.loads(_first_line(proc))
-        assert set(urls) == {"tracker", "robot"} and urls["robot"] is None
+        assert set(urls) == {"tracker", "robot"} and urls["robot"].startswith("rtde://127.0.0.1:")
         with connect_tracker(urls["tracker"], timeout_s=2.0) as tracker:
             assert tracker.identify().model == "CELLCAL-SIM-T1"
             m = tracker.measure("pose", average_s=0.01)
             assert m.cell_T_target.shape == (4, 4)
+        with connect_robot(urls["robot"]) as robot:
+            st = robot.read_state(timeout_s=2.0)
+            # The robot and the tracker share one world: the tracker sees the flange the robot
+            # reports, through the scenario's hidden cell_T_base and flange_T_target.
+            scenario = load_scenario(DEMO)
+            predicted = scenario.truth.cell_T_base @ st.base_T_flange @ scenario.truth.flange_T_target
+            assert np.linalg.norm(predicted[:3, 3] - m.cell_p_target) < 2e-3
         proc.send_signal(sig)
         out, err = proc.communicate(timeout=STOP_TIMEOUT_S)
     finally:
