@@ -176,8 +176,16 @@ def loo_linearised(model, n: int, ws: Workspace, Hinv: np.ndarray) -> None:
     for i in range(r):
         np.add(S[:, i, i], 1.0, out=S[:, i, i])
     b = ws.b6[: n * r].reshape(n, r)
+    amp = ws.rs[2, :n]
+    ne = ws.rs[3, :n]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
         _chunked_solve(S, ew, b, n, r, ws)
+        # |(I - P)^-1 e| / |e| <= 1 / (1 - leverage): beyond 1e8 the station's leverage is 1
+        # to rounding (nothing else determines some direction), reported as infinite.
+        np.matmul(b[:, None, :], b[:, :, None], out=amp[:, None, None])
+        np.matmul(ew[:, None, :], ew[:, :, None], out=ne[:, None, None])
+        np.add(ne, 1e-300, out=ne)
+        np.divide(amp, ne, out=amp)
         np.divide(b, ws.wsig[: n * r].reshape(n, r), out=b)  # back to metres / radians
     ht, hr = ws.ho_t[:n], ws.ho_r[:n]
     np.matmul(b[:, None, :3], b[:, :3, None], out=ht[:, None, None])
@@ -189,6 +197,11 @@ def loo_linearised(model, n: int, ws: Workspace, Hinv: np.ndarray) -> None:
         hr.fill(0.0)
     _nan_to_inf(ht, n, ws)
     _nan_to_inf(hr, n, ws)
+    singular = ws.ball[:n]
+    np.greater(amp, 1e16, out=singular)
+    if singular.any():
+        np.copyto(ht, np.inf, where=singular)
+        np.copyto(hr, np.inf, where=singular)
 
 
 #: Stations per LAPACK call in the leave-one-out solves: ``np.linalg.solve`` allocates its

@@ -129,6 +129,9 @@ def test_a_fold_that_cannot_be_solved_gets_infinite_closure():
     assert np.all(np.isfinite(lin.holdout.translation_m[:3]))
     ref = calibrate_base_frame(G, M)
     assert ref.holdout.translation_m[3] > 100 * ref.holdout.p50_translation_m
+    # Noise-free, that station's leverage is 1 to rounding: reported as infinite.
+    exact = calibrate_base_frame(G, np.array([X @ g @ Y for g in G]))
+    assert math.isinf(exact.holdout.translation_m[3])
 
 
 def test_every_problem_reports_holdout():
@@ -151,3 +154,30 @@ def test_every_problem_reports_holdout():
     p = (bs.X @ bs.base_T_flange @ np.array([0.0, 0.0, 0.1, 1.0]))[:, :3] + rng.normal(scale=3e-5, size=(12, 3))
     pt = calibrate_base_frame_points(bs.base_T_flange, p)
     assert pt.holdout.p50_translation_m > 0 and np.all(pt.holdout.rotation_rad == 0)
+
+
+def test_singular_leave_one_out_systems_give_infinite_closure_not_an_error():
+    from cellcal.solver.validation import LOO_CHUNK, _chunked_solve
+
+    n, r = LOO_CHUNK + 5, 6
+    ws = Workspace(n)
+    rng = np.random.default_rng(27)
+    S = np.empty((n, r, r))
+    for i in range(n):
+        Q, _ = np.linalg.qr(rng.normal(size=(r, r)))
+        lev = rng.uniform(0.0, 0.6, r)
+        if i == 3:
+            lev[2] = 1.0  # station 3 alone determines one direction
+        S[i] = np.eye(r) - Q @ np.diag(lev) @ Q.T
+    e = rng.normal(size=(n, r))
+    expect = np.array([np.linalg.solve(S[i], e[i]) if i != 3 else np.full(r, np.nan) for i in range(n)])
+    out = np.empty((n, r))
+    with np.errstate(all="ignore"):
+        _chunked_solve(S.copy(), e, out, n, r, ws)
+    ok = np.arange(n) != 3
+    assert np.allclose(out[ok], expect[ok], rtol=1e-9, atol=1e-9)
+    # Exactly singular in exact arithmetic: LAPACK may or may not notice, but the solution
+    # is amplified far beyond any real leverage (1 / (1 - 0.6) here), which the closure
+    # reports as infinite.
+    amp = np.linalg.norm(out, axis=1) / np.linalg.norm(e, axis=1)
+    assert amp[3] > 1e8 and np.all(amp[ok] < 1 / (1 - 0.6) + 1e-9)
