@@ -94,7 +94,7 @@ def run(args: argparse.Namespace) -> int:
                 if body.get("accepted"):
                     s = body.get("settle", {})
                     _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: accepted "
-                         f"(tracker std {1e3 * (s.get('tracker_std_translation_m') or 0):.4f} mm, robot quiet {s.get('robot_quiet_s', 0):.2f} s)")
+                         f"(tracker std {1e3 * (s.get('tracker_std_translation_m') or 0):.4f} mm, robot at rest {s.get('robot_rest_s', 0):.2f} s)")
                 else:
                     _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: rejected, {body['reason']} (attempt {body.get('attempt')}), retrying")
             elif topic == "cellcal/v1/result":
@@ -154,7 +154,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"  error against the scenario's truth: {err_t * 1e3:.4f} mm, {math.degrees(err_r):.5f} deg")
             d = outcome.get("drift")
             if d:
-                print(f"  drift check: {d['status']} ({d['deviation_mm']:.4f} mm, {d['deviation_deg']:.5f} deg; warn {d['warn_mm']:.3f} mm, fail {d['fail_mm']:.3f} mm)")
+                print(f"  drift check: {d['status']} ({d['deviation_translation_m'] * 1e3:.4f} mm, "
+                      f"{math.degrees(d['deviation_rotation_rad']):.5f} deg; warn {d['warn_translation_m'] * 1e3:.3f} mm, "
+                      f"fail {d['fail_translation_m'] * 1e3:.3f} mm)")
         return 0
     finally:
         if svc is not None:

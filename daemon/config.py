@@ -207,6 +207,7 @@ class Zmq:
     sndhwm: int = _f(1000, "sndhwm")
     max_msg_bytes: int = _f(1 << 20, "max_msg_bytes")
     curve: bool = _f(False, "curve")
+    null_role: str = _f("observer", "null_role", doc="role of clients without CURVE (loopback/ipc only)")
     server_secret_key_file: str = _f("", "server_secret_key_file")
     clients: list = _f([], "clients", doc="[[zmq.clients]] tables")
 
@@ -237,6 +238,7 @@ _CHOICES = {
     (Solve, "kind"): ("base_frame", "tool_point", "hand_eye"),
     (Drift, "on_drift"): ("mark", "recalibrate"),
     (ZmqClient, "role"): ("observer", "operator"),
+    (Zmq, "null_role"): ("observer", "operator"),
     (Service, "log_level"): ("debug", "info", "warning", "error"),
 }
 

@@ -126,6 +126,8 @@ class Service:
             "tracker": {"connected": False, "url": cfg.tracker.url, "identity": {}},
         }
         self._cusum = 0.0
+        self._current_kind: str | None = None
+        self._checks_of: dict[int, int] = {}
         self._last_drift: dict | None = None
         self._next_drift_s: float | None = None
         self.fatal: BaseException | None = None
@@ -149,11 +151,18 @@ class Service:
 
     def _set_state(self, state: State, detail: str = "") -> None:
         with self._lock:
+            previous = self.state
             changed = state != self.state or detail != self.state_detail
             self.state, self.state_detail = state, detail
         if changed:
             log.info("state %s %s", state.value, detail)
-            self._emit("cellcal/v1/state", {"state": state.value, "detail": detail})
+            job = self._current
+            self._emit("cellcal/v1/state", {
+                "state": state.value, "previous": previous.value, "reason": detail,
+                "run_id": str(job.run_id) if job is not None and job.run_id is not None else None,
+                "kind": self._current_kind if state in (State.CAPTURING, State.SOLVING) else None,
+                "motion_mode": self.cfg.capture.motion_mode, "detail": detail,
+            })
             if self.notifier is not None:
                 self.notifier.status(f"{state.value} {detail}".strip())
 
@@ -235,17 +244,21 @@ class Service:
 
     # ---- public requests (thread-safe) -----------------------------------------------------------
     def heartbeat(self) -> dict:
+        """The ``cellcal/v1/heartbeat`` body (``protocol.HeartbeatBody``)."""
         active = self._active_result_safe()
+        job = self._current
         return {
+            "cell": self.cfg.service.name,
             "state": self.state.value,
             "detail": self.state_detail,
             "uptime_s": time.monotonic() - self._t_start,
-            "devices": {k: dict(v) for k, v in self.devices.items()},
-            "active_result_id": active.id if active else None,
+            "heartbeat_s": self.cfg.zmq.heartbeat_s,
+            "devices": {k: {"connected": bool(v["connected"]), "url": v["url"], "identity": v.get("identity_text")}
+                        for k, v in self.devices.items()},
+            "active_result_id": str(active.id) if active else None,
             "suspect": bool(active.suspect) if active else False,
+            "run_id": (str(job.run_id) if job.run_id is not None else f"check-{id(job):x}") if job else None,
             "version": cellcal_version(),
-            "name": self.cfg.service.name,
-            "run_id": self._current.run_id if self._current else None,
         }
 
     def status(self) -> dict:
@@ -322,18 +335,54 @@ class Service:
             return None
 
     def result_body(self, rec: Any, *, retained: bool = False) -> dict:
+        """The ``cellcal/v1/result`` body (``protocol.ResultBody``) of a stored result."""
         body = dict(rec.result)
+        prov = dict(rec.provenance)
+        devices = prov.get("devices") or {}
         body.update(
-            result_id=rec.id, run_id=rec.run_id, kind=rec.kind, active=rec.active, suspect=rec.suspect,
-            suspect_reason=rec.suspect_reason, provenance=rec.provenance, valid_from=rec.valid_from_utc,
-            retained=retained,
+            result_id=str(rec.id), run_id=None if rec.run_id is None else str(rec.run_id), kind=rec.kind,
+            cell=self.cfg.service.name, created_ns=_iso_ns(rec.created_utc), active=bool(rec.active),
+            suspect=bool(rec.suspect), suspect_reason=rec.suspect_reason, retained=retained,
+            valid_from=rec.valid_from_utc,
+            provenance={
+                "config_sha256": prov.get("config_sha256", ""),
+                "device_serials": {k: str((devices.get(k) or {}).get("serial", "") or (devices.get(k) or {}).get("driver", ""))
+                                   for k in ("robot", "tracker")},
+                "solver": prov.get("solver", ""),
+                "frame_convention": prov.get("frame_convention", ""),
+                "valid_from_ns": _iso_ns(rec.valid_from_utc),
+                "cellcal_version": prov.get("cellcal_version", ""),
+                "devices": devices,
+                "parent_result_id": None if rec.parent_result_id is None else str(rec.parent_result_id),
+                "valid_from": rec.valid_from_utc,
+            },
         )
+        body.setdefault("transforms", {})
         return body
 
+    def result_summary(self, rec: Any) -> dict:
+        r = rec.result
+        return {
+            "result_id": str(rec.id), "run_id": None if rec.run_id is None else str(rec.run_id), "kind": rec.kind,
+            "created_ns": _iso_ns(rec.created_utc), "active": bool(rec.active), "suspect": bool(rec.suspect),
+            "accepted": bool(r.get("gates", {}).get("passed", True)), "n_stations": int(r.get("n_stations", 0)),
+            "rms_translation_m": float(r.get("rms_translation_m", 0.0)), "rms_rotation_rad": float(r.get("rms_rotation_rad", 0.0)),
+        }
+
     def republish_result(self) -> None:
+        """The active result again, marked ``retained`` (every ``[zmq] republish_s``)."""
         rec = self._active_result_safe()
         if rec is not None:
             self._emit("cellcal/v1/result", self.result_body(rec, retained=True), retained=True)
+
+    def republish_result_now(self) -> None:
+        """The active result after it changed (activation, suspect): not ``retained``."""
+        rec = self._active_result_safe()
+        if rec is not None:
+            self._emit("cellcal/v1/result", self.result_body(rec))
+
+    def set_publisher(self, publish: Callable[..., None]) -> None:
+        self._publish_fn = publish
 
     def to_base(self, *, point_m: Any = None, matrix: Any = None, result_id: int | None = None) -> dict:
         """Express a cell-frame point or pose in the base frame with a calibration."""
@@ -373,7 +422,8 @@ class Service:
                 raise
             self._robot = robot
             self._monitor = cap.RobotMonitor(robot, cap.settle_config(self.cfg.robot.settle)).start()
-            self.devices["robot"].update(connected=True, identity={"driver": repr(robot), "model": getattr(robot.model, "name", "")})
+            ident = {"driver": type(robot).__name__, "model": getattr(robot.model, "name", "")}
+            self.devices["robot"].update(connected=True, identity=ident, identity_text=f"{ident['driver']} {ident['model']}")
         if need_tracker and self._tracker is None:
             tracker = connect_tracker(self.cfg.tracker.url, **self.cfg.tracker.options)
             try:
@@ -386,7 +436,7 @@ class Service:
             self.devices["tracker"].update(connected=True, identity={
                 "model": info.model, "serial": info.serial, "firmware": info.firmware,
                 "protocol": str(getattr(info, "protocol_version", "")),
-            })
+            }, identity_text=f"{info.model} {info.serial} fw {info.firmware}")
         self._engine = cap.CaptureEngine(self._monitor, self._tracker, self.cfg) if self._monitor else None
 
     def _close_devices(self) -> None:
@@ -418,14 +468,19 @@ class Service:
                 return
             except (CellcalError, OSError, ValueError) as exc:
                 self._close_devices()
-                self._fault(f"cannot open devices: {exc}", exc)
+                dev = "tracker" if self._robot is not None or "tracker" in str(exc).lower() else "robot"
+                self._fault(f"cannot open devices: {exc}", exc, device=dev, retry_in_s=delay)
                 if self._stop.wait(delay) or self._abort.is_set():
                     self._check_abort()
                 delay = min(delay * 2.0, self.cfg.service.fault_retry_max_s)
 
-    def _fault(self, message: str, exc: BaseException | None = None) -> None:
+    def _fault(self, message: str, exc: BaseException | None = None, *, device: str | None = None,
+               code: str = "E_DEVICE", retry_in_s: float | None = None) -> None:
         self._set_state(State.FAULT, message)
-        self._emit("cellcal/v1/fault", {"message": message, "type": type(exc).__name__ if exc else "", "state": "FAULT"})
+        self._emit("cellcal/v1/fault", {
+            "code": code, "device": device, "message": message, "state": State.FAULT.value, "active": True,
+            "retry_in_s": retry_in_s, "type": type(exc).__name__ if exc else "",
+        })
 
     def _check_abort(self) -> None:
         if self._abort.is_set() or self._stop.is_set():
@@ -456,10 +511,10 @@ class Service:
             except StoreError as exc:
                 # The store cannot take writes (disk full, read-only): a fault, never a crash;
                 # what was committed stays, the run stays resumable.
-                self._fault(f"store: {exc}", exc)
+                self._fault(f"store: {exc}", exc, code="E_STATE")
             except Exception as exc:  # noqa: BLE001 - the worker must survive any job
                 log.exception("job %s failed", job.kind)
-                self._fault(f"{job.kind} failed: {exc}", exc)
+                self._fault(f"{job.kind} failed: {exc}", exc, code="E_INTERNAL")
             finally:
                 self._current = None
                 job.done.set()
@@ -470,6 +525,7 @@ class Service:
 
     def _execute_run(self, run_id: int) -> None:
         run = self.store.get_run(run_id)
+        self._current_kind = run.kind
         if "given" in run.plan:
             return self._solve_given(run)
         plan = plan_from_dict(run.plan)
@@ -483,10 +539,12 @@ class Service:
         consecutive = 0
         observe = c.motion_mode == "observe"
         todo = [ps for ps in plan if ps.index not in committed]
+        n_planned = len(plan)
         if observe:
             n_target = max(len(plan), self.cfg.plan.n_stations)
             next_index = max(committed, default=-1) + 1
             todo = [PlannedStation(i, None, None) for i in range(next_index, n_target)]
+            n_planned = n_target
         for ps in todo:
             attempts = 0
             while True:
@@ -505,8 +563,9 @@ class Service:
                     consecutive += 1
                     self.store.add_rejection(run_id, ps.index, rej.reason.value, _jsonable(rej.detail))
                     self._emit("cellcal/v1/station", {
-                        "run_id": run_id, "index": ps.index, "planned": len(plan) or len(todo), "accepted": False,
-                        "reason": rej.reason.value, "message": str(rej), "attempt": attempts, "settle": _jsonable(rej.detail),
+                        "run_id": str(run_id), "index": ps.index, "planned": n_planned, "attempt": attempts,
+                        "accepted": False, "reason": rej.reason.value, "message": str(rej),
+                        "accepted_count": len(accepted), "settle": _settle_body(rej.detail),
                     })
                     self._progress()
                     if consecutive >= c.max_consecutive_rejections:
@@ -519,7 +578,7 @@ class Service:
                     continue
                 except cap.DeviceFault as df:
                     self._close_devices()
-                    self._fault(str(df), df.cause)
+                    self._fault(str(df), df.cause, device=df.device)
                     self._ensure_devices(need_tracker)
                     self._set_state(State.CAPTURING, f"run {run_id}")
                     continue
@@ -528,8 +587,8 @@ class Service:
                 consecutive = 0
                 self._progress()
                 self._emit("cellcal/v1/station", {
-                    "run_id": run_id, "index": ps.index, "planned": len(plan) or len(todo), "accepted": True,
-                    "reason": "", "settle": _jsonable(rec.settle), "n_accepted": len(accepted),
+                    "run_id": str(run_id), "index": ps.index, "planned": n_planned, "attempt": attempts + 1,
+                    "accepted": True, "reason": None, "accepted_count": len(accepted), "settle": _settle_body(rec.settle),
                 })
                 break
         self._check_abort()
@@ -687,7 +746,7 @@ class Service:
                     log.info("drift station %d rejected: %s", ps.index, rej)
                 except cap.DeviceFault as df:
                     self._close_devices()
-                    self._fault(str(df), df.cause)
+                    self._fault(str(df), df.cause, device=df.device)
                     self._ensure_devices(True)
                     self._set_state(State.CHECKING, f"result {rec.id}")
             else:
@@ -697,7 +756,7 @@ class Service:
             er = rotation_angle(model[:3, :3].T @ got.cell_T_target[:3, :3]) if got.cell_T_target is not None else 0.0
             dev_t.append(et)
             dev_r.append(er)
-            per.append({"plan_index": ps.index, "deviation_m": et, "deviation_rad": er})
+            per.append({"index": ps.index, "translation_m": et, "rotation_rad": er})
             self._progress()
         if not dev_t:
             self._fault("drift check: no check station could be measured")
@@ -709,18 +768,29 @@ class Service:
             status = "warn"
         if t > d.fail_translation_m or r > d.fail_rotation_rad or self._cusum > d.cusum_h_m:
             status = "fail"
+        self._checks_of[rec.id] = self._checks_of.get(rec.id, 0) + 1
+        alarm = self._cusum > d.cusum_h_m
+        action = "none"
+        if status == "fail":
+            action = "recalibrating" if d.on_drift == "recalibrate" else "marked_suspect"
         record = {
-            "result_id": rec.id, "deviation_mm": t * 1e3, "deviation_deg": math.degrees(r),
-            "deviation_m": t, "deviation_rad": r, "warn_mm": d.warn_translation_m * 1e3, "fail_mm": d.fail_translation_m * 1e3,
-            "warn_deg": math.degrees(d.warn_rotation_rad), "fail_deg": math.degrees(d.fail_rotation_rad),
-            "cusum_mm": self._cusum * 1e3, "cusum_h_mm": d.cusum_h_m * 1e3, "status": status, "stations": per, "reason": reason,
+            "result_id": str(rec.id), "check_id": self._checks_of[rec.id],
+            "deviation_translation_m": t, "deviation_rotation_rad": r,
+            "warn_translation_m": d.warn_translation_m, "fail_translation_m": d.fail_translation_m,
+            "warn_rotation_rad": d.warn_rotation_rad, "fail_rotation_rad": d.fail_rotation_rad,
+            "cusum": {"value_m": self._cusum, "k_m": d.cusum_k_m, "h_m": d.cusum_h_m, "alarm": alarm},
+            "status": status, "suspect": status == "fail" or bool(rec.suspect), "action": action,
+            "stations": per, "reason": reason,
+            # the same in edge units, for people reading logs and `cellcal watch`
+            "deviation_mm": t * 1e3, "deviation_deg": math.degrees(r),
         }
         self.store.add_drift_check(rec.id, record)
         self._last_drift = record
-        self._emit("cellcal/v1/drift", record)
         if status == "fail":
             self.store.mark_suspect(rec.id, f"drift check: {t * 1e3:.3f} mm / {math.degrees(r):.4f} deg")
-            self.republish_result()
+        self._emit("cellcal/v1/drift", record)
+        if status == "fail":
+            self.republish_result_now()
             if d.on_drift == "recalibrate":
                 self._jobs.put(_Job("run", self.start_run_internal(rec.id), "recalibrate after drift"))
                 return
@@ -732,6 +802,32 @@ class Service:
             self.cfg.solve.kind, plan_to_dict(self.make_plan()), config_sha256=self.cfg.sha256,
             devices={k: v.get("identity", {}) for k, v in self.devices.items()}, parent_result_id=parent_result_id,
         )
+
+
+def _iso_ns(text: str | None) -> int:
+    """Wall-clock UTC nanoseconds of an ISO 8601 stamp (0 when missing)."""
+    if not text:
+        return 0
+    from datetime import datetime
+
+    dt = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    return int(round(dt.timestamp() * 1e9))
+
+
+def _settle_body(fig: dict) -> dict:
+    """``protocol.SettleFigures`` from the capture engine's figures (0 where not measured)."""
+    def num(key: str, default: float | None = 0.0) -> float | None:
+        v = fig.get(key)
+        return default if v is None else float(v)
+
+    return {
+        "robot_rest_s": num("robot_quiet_s") or num("quiet_s"),
+        "max_joint_speed_rad_s": num("robot_max_joint_speed_rad_s") or num("max_joint_speed_rad_s"),
+        "max_flange_speed_m_s": num("robot_max_flange_speed_m_s"),
+        "tracker_std_translation_m": num("tracker_std_translation_m"),
+        "tracker_std_rotation_rad": num("tracker_std_rotation_rad", None),
+        "overlap_s": num("tracker_window_s"),
+    }
 
 
 def _jsonable(obj: Any) -> Any:
