@@ -80,6 +80,49 @@ def result_to_wire(result: CalibrationResult) -> dict[str, Any]:
         solver=result.solver,
         frame_convention="a_T_b maps coordinates in frame b to frame a; SI units; quaternion w,x,y,z with w >= 0",
     )
+    out.update(_uncertainty_to_wire(result))
+    return out
+
+
+def _f(v: Any) -> float | None:
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _uncertainty_to_wire(result: CalibrationResult) -> dict[str, Any]:
+    """Covariance, held-out closure and linear/refined agreement, where the result has them."""
+    out: dict[str, Any] = {}
+    covs = {}
+    for name in list(transforms_of(result)) + ["flange_p_tip"]:
+        C = getattr(result, f"{name}_covariance", None)
+        if C is not None:
+            covs[name] = {"shape": list(np.shape(C)), "values": [float(v) for v in np.asarray(C).reshape(-1)]}
+    if covs or getattr(result, "sigma_translation_mm", None) is not None:
+        out["uncertainty"] = {
+            "convention": "right perturbation T exp(xi), xi = (rho [m], phi [rad]); 6x6 row-major per transform",
+            "covariance": covs,
+            "sigma_translation_m": _f(result.sigma_translation_mm * 1e-3) if getattr(result, "sigma_translation_mm", None) is not None else None,
+            "sigma_rotation_rad": _f(math.radians(result.sigma_rotation_deg)) if getattr(result, "sigma_rotation_deg", None) is not None else None,
+            "noise_translation_m": _f(getattr(result, "noise_translation_m", float("nan"))),
+            "noise_rotation_rad": _f(getattr(result, "noise_rotation_rad", float("nan"))),
+            "noise_source": getattr(result, "noise_source", ""),
+            "chi2": _f(getattr(result, "chi2", float("nan"))),
+            "dof": int(getattr(result, "dof", 0) or 0),
+            "refined": bool(getattr(result, "refined", False)),
+            "downweighted_stations": [int(i) for i in np.asarray(getattr(result, "downweighted", []), dtype=int).reshape(-1)],
+        }
+    h = getattr(result, "holdout", None)
+    if h is not None:
+        out["holdout"] = {
+            "method": h.method, "folds": int(h.folds),
+            "p50_translation_m": _f(h.p50_translation_m), "p90_translation_m": _f(h.p90_translation_m),
+            "max_translation_m": _f(h.max_translation_m), "p50_rotation_rad": _f(h.p50_rotation_rad),
+            "p90_rotation_rad": _f(h.p90_rotation_rad), "max_rotation_rad": _f(h.max_rotation_rad),
+            "translation_m": [_f(v) for v in h.translation_m], "rotation_rad": [_f(v) for v in h.rotation_rad],
+        }
+    a = getattr(result, "linear_agreement", None)
+    if a is not None:
+        out["linear_agreement"] = {"translation_m": _f(a.translation_m), "rotation_rad": _f(a.rotation_rad), "sigmas": _f(a.sigmas)}
     return out
 
 
@@ -116,6 +159,24 @@ def format_report(result: CalibrationResult, *, station_names: list[str] | None 
         f"  residual rotation:    RMS {math.degrees(result.rms_rotation_rad):.5f} deg, worst "
         f"{math.degrees(result.max_rotation_rad):.5f} deg",
     ]
+    if getattr(result, "sigma_translation_mm", None) is not None:
+        lines.append(
+            f"  uncertainty (1 sigma): {result.sigma_translation_mm:.4f} mm, {result.sigma_rotation_deg:.5f} deg"
+            f" ({'refined' if getattr(result, 'refined', False) else 'linear'}; noise {result.noise_source})"
+        )
+    h = getattr(result, "holdout", None)
+    if h is not None:
+        lines.append(
+            f"  held-out closure ({h.method}): translation P50 {h.p50_translation_m * 1e3:.4f} / P90 "
+            f"{h.p90_translation_m * 1e3:.4f} / max {h.max_translation_m * 1e3:.4f} mm; rotation P50 "
+            f"{math.degrees(h.p50_rotation_rad):.5f} / P90 {math.degrees(h.p90_rotation_rad):.5f} / max "
+            f"{math.degrees(h.max_rotation_rad):.5f} deg"
+        )
+    a = getattr(result, "linear_agreement", None)
+    if a is not None:
+        lines.append(
+            f"  linear vs refined: {a.translation_m * 1e3:.4f} mm, {math.degrees(a.rotation_rad):.5f} deg ({a.sigmas:.1f} sigma)"
+        )
     if worst > 0:
         lines.append("  worst-fitting stations:")
         for i in result.residuals.worst(worst):
