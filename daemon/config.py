@@ -157,6 +157,7 @@ class Plan:
     home_q_rad: list = _f([0.0, -math.pi / 2, math.pi / 2, -math.pi / 2, -math.pi / 2, 0.0], "home_q_deg", _DEG)
     joint_min_rad: list = _f([-2 * math.pi] * 6, "joint_min_deg", _DEG)
     joint_max_rad: list = _f([2 * math.pi] * 6, "joint_max_deg", _DEG)
+    max_extra_stations: int = _f(4, "max_extra_stations", doc="planner stations added when the motions are degenerate")
     seed: int = _f(0, "seed")
     stations: list = _f([], "stations", doc="explicit: [[plan.stations]] tables")
 

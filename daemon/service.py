@@ -42,7 +42,7 @@ from cellcal.daemon.config import Config
 from cellcal.daemon.plan import PlannedStation, explicit_plan, generate_plan, plan_from_dict, plan_to_dict
 from cellcal.daemon.report import result_to_wire, transform_from_wire, transform_to_wire
 from cellcal.daemon.store import StationRecord, Store, StoreError
-from cellcal.solver import CalibrationError, calibrate_base_frame, calibrate_tool_point
+from cellcal.solver import CalibrationError, DegenerateGeometry, calibrate_base_frame, calibrate_tool_point
 from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import rotation_angle, se3_inverse
 
@@ -620,22 +620,76 @@ class Service:
 
     # ---- solving -----------------------------------------------------------------------------------------
     def _solve_run(self, run_id: int, kind: str) -> int | None:
-        self._set_state(State.SOLVING, f"run {run_id}")
-        stations = self.store.stations(run_id)
-        G = np.array([s.base_T_flange for s in stations]) if stations else np.zeros((0, 4, 4))
-        try:
-            if kind == "base_frame":
-                M = np.array([s.cell_T_target for s in stations]) if stations else np.zeros((0, 4, 4))
-                result = calibrate_base_frame(G, M, min_axis_spread=self.cfg.solve.min_axis_spread)
-            else:
-                result = calibrate_tool_point(G, min_axis_spread=self.cfg.solve.min_axis_spread)
-        except CalibrationError as exc:
-            msg = f"{type(exc).__name__}: {exc}"
-            self.store.set_run_status(run_id, "failed", msg)
-            self._emit("cellcal/v1/result", {"run_id": run_id, "kind": kind, "ok": False, "error": msg, "retained": False})
-            self._fault(msg, exc)
-            return None
+        extra = 0
+        while True:
+            self._set_state(State.SOLVING, f"run {run_id}")
+            stations = self.store.stations(run_id)
+            G = np.array([s.base_T_flange for s in stations]) if stations else np.zeros((0, 4, 4))
+            M = np.array([s.cell_T_target for s in stations]) if kind == "base_frame" and stations else None
+            try:
+                if kind == "base_frame":
+                    result = calibrate_base_frame(G, M if M is not None else np.zeros((0, 4, 4)),
+                                                  min_axis_spread=self.cfg.solve.min_axis_spread)
+                else:
+                    result = calibrate_tool_point(G, min_axis_spread=self.cfg.solve.min_axis_spread)
+                break
+            except DegenerateGeometry as exc:
+                # Issue 7's planner names the pose that best fixes the weakest direction; in
+                # command mode we go and measure it instead of ending the run.
+                if (kind != "base_frame" or self.cfg.capture.motion_mode != "command"
+                        or extra >= self.cfg.plan.max_extra_stations or self._engine is None):
+                    return self._solve_failed(run_id, kind, exc)
+                extra += 1
+                nxt = self._suggest_station(G, M)
+                if nxt is None:
+                    return self._solve_failed(run_id, kind, exc)
+                index = max((s.plan_index for s in stations), default=-1) + 1
+                log.info("run %d: %s; measuring a suggested station %d", run_id, exc, index)
+                self._set_state(State.CAPTURING, f"run {run_id} (extra station for {exc.frame} axis)")
+                self._capture_extra(run_id, PlannedStation(index, nxt.q_rad, nxt.base_T_flange), G)
+            except CalibrationError as exc:
+                return self._solve_failed(run_id, kind, exc)
         return self._store_result(run_id, kind, result, stations)
+
+    def _suggest_station(self, G: np.ndarray, M: np.ndarray | None) -> Any:
+        from cellcal.solver.planning import suggest_next_station
+
+        p = self.cfg.plan
+        try:
+            # A rough cell_T_base for the line-of-sight test: the degenerate data still fix it
+            # but for one rotation; the tracker sits at the cell origin.
+            X0 = calibrate_base_frame(G, M, min_axis_spread=0.0, refine=False, holdout=False).cell_T_base
+        except (CalibrationError, ValueError):
+            X0 = np.eye(4)
+        try:
+            return suggest_next_station(
+                G, self._model().forward, np.column_stack([p.joint_min_rad, p.joint_max_rad]),
+                (np.array(p.workspace_min_m), np.array(p.workspace_max_m)), np.zeros(3), X0, rng=p.seed,
+            )
+        except ValueError as exc:
+            log.warning("no station suggestion: %s", exc)
+            return None
+
+    def _capture_extra(self, run_id: int, ps: PlannedStation, G: np.ndarray) -> None:
+        accepted = list(G)
+        for _attempt in range(self.cfg.capture.max_attempts_per_station):
+            self._check_abort()
+            try:
+                self._engine.move_to(ps)
+                got = self._engine.capture(accepted, self._abort)
+            except cap.StationRejected as rej:
+                self.store.add_rejection(run_id, ps.index, rej.reason.value, _jsonable(rej.detail))
+                continue
+            self.store.add_station(run_id, self._station_record(ps.index, got))
+            self._progress()
+            return
+
+    def _solve_failed(self, run_id: int, kind: str, exc: BaseException) -> None:
+        msg = f"{type(exc).__name__}: {exc}"
+        self.store.set_run_status(run_id, "failed", msg)
+        self._emit("cellcal/v1/result", {"run_id": str(run_id), "kind": kind, "ok": False, "error": msg, "retained": False})
+        self._fault(msg, exc, code="E_STATE")
+        return None
 
     def _gates(self, result: Any) -> list[str]:
         s = self.cfg.solve

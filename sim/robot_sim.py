@@ -71,7 +71,7 @@ class SimSample:
     t_sim_s : float
         World time (s).
     timestamp_s : float
-        Controller clock (s): ``(clock_offset_s + t_sim_s) * (1 + skew)``.
+        Controller clock (s): ``(clock_offset_s + t_sim_s / time_scale) * (1 + skew)``.
     q_rad, qd_rad_s : (6,) arrays
         Reported joints (with encoder noise) and speeds (with velocity noise).
     q_ctrl_rad : (6,) array
@@ -307,7 +307,9 @@ class SimRobot:
             noise_qd = self._rng.normal(0.0, sc.velocity_noise_rad_s, 6) if sc.velocity_noise_rad_s else 0.0
             seg = self._seg
         q_rep = q + noise_q
-        qd_rep = qd + noise_qd
+        # Speeds per second of the controller's clock, which runs on wall time (see
+        # controller_time): at a time scale s the joints move s times faster per wall second.
+        qd_rep = qd * self.world.time_scale + noise_qd
         T_tcp = self.model.forward(q_rep) @ self.flange_T_tcp
         pose = np.concatenate([T_tcp[:3, 3], so3_log(T_tcp[:3, :3])])
         return SimSample(
@@ -324,9 +326,15 @@ class SimRobot:
         )
 
     def controller_time(self, t_sim_s: float) -> float:
-        """The controller clock at world time ``t_sim_s`` (offset and skew applied)."""
+        """The controller clock at world time ``t_sim_s`` (offset and skew applied).
+
+        Like the simulated tracker's, the controller's oscillator runs on wall time: at a
+        time scale above 1 the physics runs faster, but a clock is still a clock, so the
+        drivers' clock mapping and every host-time window (settle dwell, the tracker's
+        averaging window) stay real.
+        """
         sc = self.scenario
-        return (sc.clock_offset_s + t_sim_s) * (1.0 + sc.clock_skew_ppm * 1e-6)
+        return (sc.clock_offset_s + self.world.wall_s(t_sim_s)) * (1.0 + sc.clock_skew_ppm * 1e-6)
 
     # -- commands --------------------------------------------------------------------------
     def command_joints(
