@@ -365,7 +365,8 @@ class ZmqServer:
             if self._io.is_alive():
                 self._log.error("zmq I/O thread did not stop within %.0f s", STOP_TIMEOUT_S)
         self._jobs.put(None)
-        if self._worker is not None:
+        # (stop() may come from a command handler, i.e. the command thread itself.)
+        if self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(STOP_TIMEOUT_S)
             if self._worker.is_alive():
                 self._log.warning("a command handler is still running after %.0f s; not waiting", STOP_TIMEOUT_S)

@@ -2,20 +2,18 @@
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import stat
 import subprocess
 import sys
-import threading
 
 import pytest
 import zmq
 import zmq.auth
 
 from cellcal.daemon import protocol as P
-from test_zmq_support import curve_config, curve_setup, serving, short_tmpdir, zctx, zmq_config
+from test_zmq_support import curve_config, curve_setup, heartbeating, serving, short_tmpdir, zctx, zmq_config
 
 TIMEOUT_S = 20.0
 
@@ -23,24 +21,6 @@ TIMEOUT_S = 20.0
 def cellcal(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "cellcal.daemon.cli", *args], capture_output=True, text=True,
                           timeout=TIMEOUT_S, stdin=subprocess.DEVNULL)
-
-
-@contextlib.contextmanager
-def heartbeating(daemon, period_s: float = 0.05):
-    """Publish heartbeats as the daemon would (faster), until the block ends."""
-    stop = threading.Event()
-
-    def beat():
-        while not stop.wait(period_s):
-            daemon.publish_heartbeat()
-
-    t = threading.Thread(target=beat, daemon=True)
-    t.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        t.join(5)
 
 
 # --- keys ----------------------------------------------------------------------------------------

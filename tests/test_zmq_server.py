@@ -18,7 +18,7 @@ from cellcal.daemon.client import Client, ClientTimeout, CommandFailed
 from cellcal.daemon.zmq_server import BindError, SecurityError, ZmqServer, is_local_endpoint
 from cellcal.solver.se3 import se3_inverse
 from test_zmq_support import (
-    CELL_T_BASE, MemoryDaemon, dealer, pose, rpc, serving, short_tmpdir, wait_until, zctx, zmq_config,
+    CELL_T_BASE, MemoryDaemon, dealer, heartbeating, pose, rpc, serving, short_tmpdir, wait_until, zctx, zmq_config,
 )
 
 
@@ -148,9 +148,9 @@ def test_client_detects_seq_gap_and_resynchronises():
         cfg = zmq_config(pub_endpoint=f"ipc://{d}/pub", cmd_endpoint=f"ipc://{d}/cmd", sndhwm=10)
         with serving(cfg) as (srv, daemon), Client(srv.cmd_endpoint, srv.pub_endpoint, sub_rcvhwm=10) as c:
             gaps = []
-            sub = c.subscribe(on_gap=lambda expected, got: gaps.append((expected, got)))
             daemon.publish_heartbeat()
-            assert sub.recv(2.0) is not None  # synced and live
+            sub = c.subscribe(on_gap=lambda expected, got: gaps.append((expected, got)))
+            assert sub.recv(2.0) is not None  # synced (the heartbeat came with the snapshot)
             last = srv.seq + 3001  # seq is assigned on the I/O thread: count ahead
             pad = "x" * 8192
             for i in range(3000):  # ~25 MB while nobody reads
@@ -537,7 +537,10 @@ def test_activate_result_rolls_back_and_publishes():
         assert sub.recv(1.0)[1]["body"]["result_id"] == r2
         out = c.call("activate_result", result_id=r1)
         assert out == {"active_result_id": r1, "previous_result_id": r2}
-        msg = sub.recv(1.0)
+        # A message published within ~1 ms of the join may precede the subscription; the
+        # next heartbeat then shows the gap and a snapshot repairs it. Beat as the daemon does.
+        with heartbeating(daemon):
+            msg = sub.recv(2.0)
         assert msg[1]["body"]["result_id"] == r1 and msg[1]["body"]["active"] is True
         listed = c.call("list_results")
         assert listed["active_result_id"] == r1 and [r["result_id"] for r in listed["results"]] == [r2, r1]

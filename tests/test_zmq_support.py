@@ -32,16 +32,18 @@ RECV_TIMEOUT_MS = 2000
 
 
 def zmq_config(**over: Any) -> Any:
-    """A ``[zmq]`` section on loopback with random ports; ``null_role`` as an extra attribute.
+    """A ``[zmq]`` section on loopback with random ports.
 
-    ``null_role`` is not a field of ``config.Zmq`` yet; the server reads it with getattr.
+    ``null_role`` is passed to ``config.Zmq`` when it has the field, else added as an
+    attribute (the server reads it with getattr), so these tests do not depend on it.
     """
     null_role = over.pop("null_role", None)
     base = {"pub_endpoint": "tcp://127.0.0.1:*", "cmd_endpoint": "tcp://127.0.0.1:*"}
     base.update(over)
+    has_field = any(f.name == "null_role" for f in dataclasses.fields(Zmq))
+    if null_role is None or has_field:
+        return Zmq(**base, **({"null_role": null_role} if null_role is not None else {}))
     cfg = Zmq(**base)
-    if null_role is None:
-        return cfg
     return types.SimpleNamespace(**{f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg)}, null_role=null_role)
 
 
@@ -241,6 +243,24 @@ def serving(cfg: Any = None, daemon: MemoryDaemon | None = None, **server_kw: An
         yield srv, daemon
     finally:
         srv.stop()
+
+
+@contextlib.contextmanager
+def heartbeating(daemon: MemoryDaemon, period_s: float = 0.05):
+    """Publish heartbeats as the daemon does (faster), until the block ends."""
+    stop = threading.Event()
+
+    def beat():
+        while not stop.wait(period_s):
+            daemon.publish_heartbeat()
+
+    t = threading.Thread(target=beat, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        t.join(5)
 
 
 @contextlib.contextmanager
