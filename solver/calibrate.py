@@ -564,6 +564,7 @@ class _PoseOutcome:
 def _pose_finish(
     *, M: np.ndarray, G: np.ndarray, A0: np.ndarray, B0: np.ndarray, n: int, ws: Workspace,
     owned: bool, refine: bool, holdout: bool, noise: _refine.Noise, huber: float | None,
+    uncertainty: bool = True,
     max_iterations: int, fit_subset, stats: tuple, measurement_residuals: bool,
 ) -> _PoseOutcome:
     """Refinement (or the covariance at the linear answer), residuals and hold-out closure
@@ -578,8 +579,12 @@ def _pose_finish(
     if refine:
         fit = _refine.refine(model, (A0, B0), noise, huber=huber, max_iterations=max_iterations)
         refined = fit.ok
-    else:
+    elif uncertainty:
         fit = _refine.covariance_at(model, (A0, B0), noise, huber=huber)
+    else:
+        p = model.nparam
+        fit = _refine.Fit((A0, B0), np.full((p, p), np.nan), math.nan, math.nan, 0, 0, False,
+                          ws.down[:0], noise, ok=False, message="uncertainty not computed")
     if refined or measurement_residuals:
         model.norms(ws.res_t[:n], ws.res_r[:n])
         stats = _core.closure_stats(n, ws)
@@ -675,6 +680,7 @@ def calibrate_base_frame(
     min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
     refine: bool = True,
     holdout: bool = True,
+    uncertainty: bool = True,
     noise_translation_m: float | None = None,
     noise_rotation_rad: float | None = None,
     cell_T_target_std: np.ndarray | None = None,
@@ -713,6 +719,10 @@ def calibrate_base_frame(
         Compute the held-out station closure (default True; needs N >= 4): linearised
         leave-one-out for a refined answer, k-fold refits (k = min(N, 10)) of the linear
         solve otherwise. Disable on hot paths.
+    uncertainty : bool
+        With ``refine=False``, also evaluate the covariance at the linear answer (default
+        True). ``False`` skips it for the fastest linear solve: covariance and sigma
+        figures are then not finite. A refined answer always has its covariance.
     noise_translation_m, noise_rotation_rad : float, optional
         Per-axis 1-sigma of the measurement's position (m, along the axes of its parent
         frame) and orientation (rad, about the axes of its child frame). Each one not
@@ -771,7 +781,7 @@ def calibrate_base_frame(
 
     out = _pose_finish(
         M=M, G=G, A0=X, B0=Y, n=n, ws=ws, owned=workspace is None, refine=refine,
-        holdout=holdout, noise=noise, huber=huber, max_iterations=max_iterations,
+        holdout=holdout, uncertainty=uncertainty, noise=noise, huber=huber, max_iterations=max_iterations,
         fit_subset=fit_subset, stats=stats, measurement_residuals=False,
     )
     covX, covY = out.cov[:6, :6].copy(), out.cov[6:, 6:].copy()
@@ -801,6 +811,7 @@ def calibrate_hand_eye(
     min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
     refine: bool = True,
     holdout: bool = True,
+    uncertainty: bool = True,
     noise_translation_m: float | None = None,
     noise_rotation_rad: float | None = None,
     camera_T_target_std: np.ndarray | None = None,
@@ -826,6 +837,10 @@ def calibrate_hand_eye(
         Compute the held-out station closure (default True; needs N >= 4): linearised
         leave-one-out for a refined answer, k-fold refits (k = min(N, 10)) of the linear
         solve otherwise. Disable on hot paths.
+    uncertainty : bool
+        With ``refine=False``, also evaluate the covariance at the linear answer (default
+        True). ``False`` skips it for the fastest linear solve: covariance and sigma
+        figures are then not finite. A refined answer always has its covariance.
     noise_translation_m, noise_rotation_rad : float, optional
         Per-axis 1-sigma of the measurement's position (m, along the axes of its parent
         frame) and orientation (rad, about the axes of its child frame). Each one not
@@ -880,7 +895,7 @@ def calibrate_hand_eye(
 
     out = _pose_finish(
         M=O, G=Ginv, A0=se3_inverse(X), B0=Z, n=n, ws=ws, owned=workspace is None,
-        refine=refine, holdout=holdout, noise=noise, huber=huber,
+        refine=refine, holdout=holdout, uncertainty=uncertainty, noise=noise, huber=huber,
         max_iterations=max_iterations, fit_subset=fit_subset, stats=stats,
         measurement_residuals=False,
     )
@@ -914,6 +929,7 @@ def calibrate_eye_to_hand(
     min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
     refine: bool = True,
     holdout: bool = True,
+    uncertainty: bool = True,
     noise_translation_m: float | None = None,
     noise_rotation_rad: float | None = None,
     camera_T_target_std: np.ndarray | None = None,
@@ -947,6 +963,10 @@ def calibrate_eye_to_hand(
         Compute the held-out station closure (default True; needs N >= 4): linearised
         leave-one-out for a refined answer, k-fold refits (k = min(N, 10)) of the linear
         solve otherwise. Disable on hot paths.
+    uncertainty : bool
+        With ``refine=False``, also evaluate the covariance at the linear answer (default
+        True). ``False`` skips it for the fastest linear solve: covariance and sigma
+        figures are then not finite. A refined answer always has its covariance.
     noise_translation_m, noise_rotation_rad : float, optional
         Per-axis 1-sigma of the measurement's position (m, along the axes of its parent
         frame) and orientation (rad, about the axes of its child frame). Each one not
@@ -1006,7 +1026,7 @@ def calibrate_eye_to_hand(
 
     out = _pose_finish(
         M=O, G=G, A0=se3_inverse(X), B0=Y, n=n, ws=ws, owned=workspace is None,
-        refine=refine, holdout=holdout, noise=noise, huber=huber,
+        refine=refine, holdout=holdout, uncertainty=uncertainty, noise=noise, huber=huber,
         max_iterations=max_iterations, fit_subset=fit_subset, stats=stats,
         measurement_residuals=True,
     )

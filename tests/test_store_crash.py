@@ -129,7 +129,9 @@ def test_kill_9_during_capture_loses_and_duplicates_nothing_then_resumes(tmp_pat
           f"{len(committed)} stations committed before the final resume")
     assert mid_loop_kills >= KILLS // 2, "most kills should land inside the capture loop"
     assert in_flight_kills >= KILLS // 4, "kills should land inside add_station"
-    assert dup_seen >= 1 and 0 < len(committed) < PLAN_LEN
+    # On a fast disk a child killed late in its start-up window can finish the whole plan;
+    # the resume below must then find every station committed and add nothing.
+    assert dup_seen >= 1 and 0 < len(committed) <= PLAN_LEN
 
     # Resume to the end without a kill.
     proc = _spawn("add", str(state), str(run), str(max(0, confirmed_next - 1)), str(PLAN_LEN))
