@@ -333,7 +333,11 @@ class CaptureEngine:
                 "the robot did not rest through the tracker's averaging window",
                 figures,
             )
-        samples = self.monitor.samples_between(t0 - tol_ns, t1 + tol_ns) or [latest]
+        # The robot pose: samples of the rest window only. The sync tolerance widens the
+        # tracker's window for the clock mapping's uncertainty, but reaching further back
+        # than the rest window's start would average in the end of the move and the ringing
+        # (whenever sync_window_s exceeds the dwell): a pose off by the ringing amplitude.
+        samples = self.monitor.samples_between(max(t0 - tol_ns, st_now.window_start_ns), t1 + tol_ns) or [latest]
         G = _mean_pose([smp.base_T_flange for smp in samples])
         q = np.mean([smp.q_rad for smp in samples], axis=0)
         mid = samples[len(samples) // 2]
