@@ -526,12 +526,20 @@ class Service:
     def _execute_run(self, run_id: int) -> None:
         run = self.store.get_run(run_id)
         self._current_kind = run.kind
+        # Killed between storing the result and closing the run (two transactions): the run
+        # is complete; close it with that result instead of solving and storing a second one.
+        prior = next((r for r in self.store.list_results(limit=10) if r.run_id == run_id), None)
+        if prior is not None:
+            failed = prior.result.get("gates", {}).get("failed", [])
+            self.store.set_run_status(run_id, "failed" if failed else "done", "; ".join(failed))
+            self._export(prior.id)
+            if not failed:
+                self._emit("cellcal/v1/result", self.result_body(prior))
+            return None
         if "given" in run.plan:
             return self._solve_given(run)
         plan = plan_from_dict(run.plan)
         need_tracker = run.kind == "base_frame"
-        self._set_state(State.CAPTURING, f"run {run_id}")
-        self._ensure_devices(need_tracker)
         self._set_state(State.CAPTURING, f"run {run_id}")
         c = self.cfg.capture
         committed = {s.plan_index: s for s in self.store.stations(run_id)}
@@ -545,6 +553,9 @@ class Service:
             next_index = max(committed, default=-1) + 1
             todo = [PlannedStation(i, None, None) for i in range(next_index, n_target)]
             n_planned = n_target
+        if todo:  # a run resumed after its last station is solved without the devices
+            self._ensure_devices(need_tracker)
+            self._set_state(State.CAPTURING, f"run {run_id}")
         for ps in todo:
             attempts = 0
             while True:
