@@ -178,6 +178,45 @@ class RobotMonitor:
                     )
                 self._cond.wait(min(remaining, 0.05))
 
+    def wait_quiet(
+        self, timeout_s: float, abort: threading.Event | None = None, min_quiet_s: float = 0.0
+    ) -> tuple[Any, SettleStatus]:
+        """Block until the robot has been quiet for ``min_quiet_s`` (the dwell may still run)."""
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                self._check()
+                if self._status is not None and self._status.n_samples > 0 and self._status.quiet_s >= min_quiet_s:
+                    return self._latest, self._status
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or (abort is not None and abort.is_set()):
+                    reason = self._status.reason if self._status is not None else "no samples"
+                    raise StationRejected(
+                        RejectReason.NOT_SETTLED,
+                        f"robot not at rest within {timeout_s:.3g} s ({reason})",
+                        {"last_reason": reason, "timeout_s": timeout_s},
+                    )
+                self._cond.wait(min(remaining, 0.05))
+
+    def wait_window_settled(self, window_start_ns: int, timeout_s: float) -> SettleStatus | None:
+        """Wait until the rest window that began at ``window_start_ns`` has lasted the dwell.
+
+        Returns its status, or None as soon as that window ended (the robot moved).
+        """
+        deadline = time.monotonic() + timeout_s
+        with self._cond:
+            while True:
+                self._check()
+                st = self._status
+                if st is None or st.n_samples == 0 or st.window_start_ns != window_start_ns:
+                    return None
+                if st.settled:
+                    return st
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    return None
+                self._cond.wait(min(remaining, 0.05))
+
     def wait_sample_after(self, t_host_ns: int, timeout_s: float) -> None:
         """Block until a sample stamped after ``t_host_ns`` has been seen."""
         deadline = time.monotonic() + timeout_s
@@ -284,9 +323,31 @@ class CaptureEngine:
         """Wait for rest, measure, check the windows; return the station or raise.
 
         ``accepted_poses`` are the run's accepted ``base_T_flange`` (for the duplicate test).
+        A tracker that says its target is not stable yet (the arm still settling) is asked
+        again until the station's timeout, as an operator would; only then is it a rejection.
         """
+        from cellcal.drivers.tracker import NotStableError
+
+        deadline = time.monotonic() + self.cfg.capture.station_timeout_s
+        while True:
+            try:
+                return self._capture_once(accepted_poses, abort)
+            except StationRejected as rej:
+                unstable = isinstance(rej.__cause__, NotStableError)
+                if not unstable or time.monotonic() > deadline or (abort is not None and abort.is_set()):
+                    raise
+                time.sleep(0.02)
+
+    def _capture_once(self, accepted_poses: list[np.ndarray], abort: threading.Event | None) -> Capture:
         c, tc = self.cfg.capture, self.cfg.tracker
-        state, status = self.monitor.wait_settled(c.station_timeout_s, abort)
+        # Measure as soon as the robot is quiet, and confirm the dwell afterwards: the dwell
+        # and the tracker's averaging then overlap instead of adding up (recalibration
+        # downtime, bench/downtime_bench.py). A robot that rings is still never accepted
+        # early: its rest window restarts when it moves again, and the station is refused.
+        # Half the dwell first: a ringing arm's speed crosses zero briefly, and a measurement
+        # started on such a crossing would only be refused afterwards.
+        state, status = self.monitor.wait_quiet(c.station_timeout_s, abort, self.cfg.robot.settle.dwell_s / 2.0)
+        window_start = status.window_start_ns
         kind = tc.measure
         half = tc.average_s / 2.0
         m1 = self._measure_half(kind, half)
@@ -297,7 +358,10 @@ class CaptureEngine:
         t1 = m2.t_host_ns + half_ns
         tol_ns = int(c.sync_window_s * 1e9 + max(m1.t_host_uncertainty_ns, m2.t_host_uncertainty_ns))
         self.monitor.wait_sample_after(t1, timeout_s=2.0 + c.sync_window_s)
-        latest, st_now = self.monitor.status()
+        st_now = self.monitor.wait_window_settled(window_start, self.cfg.robot.settle.dwell_s + 2.0)
+        latest, st_latest = self.monitor.status()
+        if st_now is None:
+            st_now = st_latest
         # 1-2. tracker settle: each half precise enough, the halves agree.
         s = tc.settle
         std_t = max(float(np.max(m1.std_translation_m)), float(np.max(m2.std_translation_m)))
@@ -326,7 +390,8 @@ class CaptureEngine:
                 figures,
             )
         # 3. the robot's rest window covers the tracker's window (within the sync tolerance).
-        if st_now is None or not st_now.settled or st_now.window_start_ns > t0 + tol_ns:
+        if (st_now is None or not st_now.settled or st_now.window_start_ns != window_start
+                or st_now.window_start_ns > t0 + tol_ns):
             figures.update(robot_window_start_ns=st_now.window_start_ns if st_now else 0, tracker_window_start_ns=t0)
             raise StationRejected(
                 RejectReason.SYNC_WINDOW,

@@ -114,17 +114,19 @@ def run(args: argparse.Namespace) -> int:
             server.start()
         loop = threading.Thread(target=svc.serve, name="cellcal-demo-supervisor", daemon=True)
         loop.start()
-        svc.start_run("base_frame", reason="demo")
+        run_id = svc.start_run("base_frame", reason="demo")
         deadline = t0 + args.timeout_s
-        while "result" not in outcome and time.monotonic() < deadline:
+        status = "capturing"
+        while time.monotonic() < deadline:
+            status = svc.store.get_run(run_id).status.value
+            if status in ("done", "failed", "aborted") and svc.wait_idle(0.0):
+                break
             done.wait(0.1)
-        if "result" not in outcome:
-            _say("cellcal demo: no result before the timeout")
+        run = svc.store.get_run(run_id)
+        if status != "done" or "result" not in outcome:
+            _say(f"cellcal demo: run {run_id} ended {status}: {run.status_reason or 'no result before the timeout'}")
             return 1
         result = outcome["result"]
-        if result.get("ok") is False:
-            _say(f"cellcal demo: calibration failed: {result.get('error')}")
-            return 1
         truth = world.cell_T_base()
         X = transform_from_wire(result["transforms"]["cell_T_base"])
         err_t = float(np.linalg.norm(X[:3, 3] - truth[:3, 3]))

@@ -303,11 +303,12 @@ class Service:
     def wait_idle(self, timeout_s: float) -> bool:
         """Block until no job is queued or running (tests and the demo)."""
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        while True:
             if self._current is None and self._jobs.empty():
                 return True
+            if time.monotonic() >= deadline:
+                return False
             time.sleep(0.02)
-        return False
 
     def make_plan(self) -> list[PlannedStation]:
         p = self.cfg.plan
@@ -698,8 +699,9 @@ class Service:
     def _solve_failed(self, run_id: int, kind: str, exc: BaseException) -> None:
         msg = f"{type(exc).__name__}: {exc}"
         self.store.set_run_status(run_id, "failed", msg)
-        self._emit("cellcal/v1/result", {"run_id": str(run_id), "kind": kind, "ok": False, "error": msg, "retained": False})
-        self._fault(msg, exc, code="E_STATE")
+        # The result topic carries only calibrations a client may use; a failed run is told
+        # on the state and fault topics (and stays visible in list_results / the store).
+        self._fault(f"run {run_id} failed: {msg}", exc, code="E_STATE")
         return None
 
     def _gates(self, result: Any) -> list[str]:
@@ -726,7 +728,14 @@ class Service:
         self.store.set_run_status(run_id, "done" if not failed else "failed", "; ".join(failed))
         self._export(rid)
         rec = self.store.get_result(rid)
-        self._emit("cellcal/v1/result", self.result_body(rec))
+        if failed:
+            self._emit("cellcal/v1/state", {
+                "state": self.state.value, "previous": self.state.value, "run_id": str(run_id), "kind": kind,
+                "motion_mode": self.cfg.capture.motion_mode,
+                "reason": f"run {run_id}: result {rid} failed its acceptance gates ({'; '.join(failed)}); not activated",
+            })
+        else:
+            self._emit("cellcal/v1/result", self.result_body(rec))
         if not failed:
             self._cusum = 0.0
             if self.cfg.drift.enabled and self.cfg.capture.motion_mode == "command":
@@ -779,9 +788,7 @@ class Service:
             else:
                 result = calibrate_tool_point(G, min_axis_spread=self.cfg.solve.min_axis_spread)
         except (KeyError, TypeError, ValueError, CalibrationError) as exc:
-            msg = f"{type(exc).__name__}: {exc}"
-            self.store.set_run_status(run.id, "failed", msg)
-            self._emit("cellcal/v1/result", {"run_id": run.id, "kind": run.kind, "ok": False, "error": msg, "retained": False})
+            self._solve_failed(run.id, run.kind, exc)
             return
         self._store_result(run.id, run.kind, result, [])
 
