@@ -88,7 +88,7 @@ HE_METHODS = {
 
 _PARAMS = inspect.signature(calibrate_base_frame).parameters
 #: Keywords that switch ours to the linear solve, for those that exist in this checkout.
-LINEAR_KW = {k: False for k in ("refine", "holdout") if k in _PARAMS}
+LINEAR_KW = {k: False for k in ("refine", "holdout", "uncertainty") if k in _PARAMS}
 #: True if a plain call is not the linear solve (some switch exists and does not default off).
 DEFAULT_DIFFERS = any(_PARAMS[k].default is not False for k in LINEAR_KW)
 _LINEAR_KW_TEXT = ", ".join(f"{k}=False" for k in LINEAR_KW)

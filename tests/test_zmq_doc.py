@@ -133,8 +133,10 @@ def _have_cpp() -> bool:
 
 @pytest.fixture(scope="module")
 def cpp_client(tmp_path_factory):
-    if not _have_cpp():
-        pytest.skip("needs g++, cppzmq and msgpack-c headers (apt install g++ libzmq3-dev cppzmq-dev libmsgpack-cxx-dev)")
+    # The document's C++ client must build and run: install the toolchain if it is missing.
+    from _apt import ensure_debian_packages
+
+    ensure_debian_packages(["g++", "libzmq3-dev", "cppzmq-dev", "libmsgpack-cxx-dev"], _have_cpp)
     d = tmp_path_factory.mktemp("cpp")
     (src,) = [body for _name, body in _blocks("cpp")]
     (d / "cellcal_client.cpp").write_text(src)
