@@ -344,9 +344,11 @@ class CaptureEngine:
         # and the tracker's averaging then overlap instead of adding up (recalibration
         # downtime, bench/downtime_bench.py). A robot that rings is still never accepted
         # early: its rest window restarts when it moves again, and the station is refused.
-        # Half the dwell first: a ringing arm's speed crosses zero briefly, and a measurement
-        # started on such a crossing would only be refused afterwards.
-        state, status = self.monitor.wait_quiet(c.station_timeout_s, abort, self.cfg.robot.settle.dwell_s / 2.0)
+        # A little quiet first (half the dwell, at most 50 ms): a ringing arm's speed crosses
+        # zero briefly, and a measurement started on such a crossing would only be refused.
+        state, status = self.monitor.wait_quiet(
+            c.station_timeout_s, abort, min(self.cfg.robot.settle.dwell_s / 2.0, 0.05)
+        )
         window_start = status.window_start_ns
         kind = tc.measure
         half = tc.average_s / 2.0
