@@ -131,6 +131,7 @@ class Service:
         self._last_drift: dict | None = None
         self._next_drift_s: float | None = None
         self.fatal: BaseException | None = None
+        self._last_fault: dict | None = None  # the fault body to clear when FAULT ends
 
     # ---- events ----------------------------------------------------------------------------
     def add_listener(self, fn: Callable[[str, dict], None]) -> None:
@@ -165,6 +166,15 @@ class Service:
             })
             if self.notifier is not None:
                 self.notifier.status(f"{state.value} {detail}".strip())
+            fault = self._last_fault
+            if previous == State.FAULT and state != State.FAULT and fault is not None:
+                # The fault topic is raised *and cleared* (protocol.FaultBody.active): without
+                # this, its latest message (what a late joiner's snapshot shows) stays an
+                # active fault after the service recovered.
+                self._last_fault = None
+                self._emit("cellcal/v1/fault", dict(
+                    fault, active=False, state=state.value, retry_in_s=None,
+                    message=f"cleared, now {state.value}: {fault['message']}"))
 
     def _progress(self) -> None:
         self._progress_ns = time.monotonic_ns()
@@ -478,10 +488,12 @@ class Service:
     def _fault(self, message: str, exc: BaseException | None = None, *, device: str | None = None,
                code: str = "E_DEVICE", retry_in_s: float | None = None) -> None:
         self._set_state(State.FAULT, message)
-        self._emit("cellcal/v1/fault", {
+        body = {
             "code": code, "device": device, "message": message, "state": State.FAULT.value, "active": True,
             "retry_in_s": retry_in_s, "type": type(exc).__name__ if exc else "",
-        })
+        }
+        self._last_fault = body
+        self._emit("cellcal/v1/fault", body)
 
     def _check_abort(self) -> None:
         if self._abort.is_set() or self._stop.is_set():
