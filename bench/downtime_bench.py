@@ -63,6 +63,7 @@ def main() -> int:
     tracker.__enter__()
     tmp = tempfile.TemporaryDirectory()
     accepted_wall: list[float] = []
+    rest_s: list[float] = []
     rejected = 0
     try:
         cfg = dataclasses.replace(
@@ -81,6 +82,7 @@ def main() -> int:
             if topic == "cellcal/v1/station":
                 if body["accepted"]:
                     accepted_wall.append(time.monotonic())
+                    rest_s.append(body["settle"]["robot_rest_s"])
                 else:
                     rejected += 1
 
@@ -106,6 +108,7 @@ def main() -> int:
     tau, f = rsc.settle_time_constant_s, rsc.ringing_frequency_hz
     st = cfg.robot.settle
     thr = st.max_joint_speed_rad_s
+    trk = scenario.tracker
 
     def rest_after_end(sim, seg) -> float:
         """Simulated seconds from the end of a move until the settle thresholds hold for good.
@@ -121,8 +124,11 @@ def main() -> int:
             _q, dq = seg.eval(seg.t_end + r, tau, f)
             v = dq * args.scale  # per wall second, as the controller reports it
             tw = J @ v
+            tw_sim = J @ dq  # per simulated second, as the world (and the tracker) sees it
             if (np.max(np.abs(v)) > thr or np.linalg.norm(tw[:3]) > st.max_flange_speed_m_s
-                    or np.linalg.norm(tw[3:]) > st.max_flange_ang_speed_rad_s):
+                    or np.linalg.norm(tw[3:]) > st.max_flange_ang_speed_rad_s
+                    or np.linalg.norm(tw_sim[:3]) > trk.stable_speed_m_s
+                    or np.linalg.norm(tw_sim[3:]) > trk.stable_speed_rad_s):
                 last_bad = r
             r += step
         return last_bad + step
@@ -144,7 +150,9 @@ def main() -> int:
         f"move speed {cfg.capture.move_speed:g}). The oracle needs each commanded move's duration plus the time its "
         f"ringing (tau {tau:g} s, {f:g} Hz, simulated) takes to fall for good under the daemon's own rest thresholds "
         f"(joint {math.degrees(thr):.3g} deg/s, flange {st.max_flange_speed_m_s * 1e3:.3g} mm/s and "
-        f"{math.degrees(st.max_flange_ang_speed_rad_s):.3g} deg/s), evaluated on the simulator's true motion; the "
+        f"{math.degrees(st.max_flange_ang_speed_rad_s):.3g} deg/s) and under the simulated tracker's own stability "
+        f"limit ({trk.stable_speed_m_s * 1e3:.3g} mm/s, {math.degrees(trk.stable_speed_rad_s):.3g} deg/s: it refuses to "
+        "measure a moving target), evaluated on the simulator's true motion; the "
         "daemon's time runs from the first move to the last committed station.",
         "",
         "| stations accepted | rejected (retried) | moves | daemon wall time | oracle | ratio | target |",
@@ -157,10 +165,13 @@ def main() -> int:
     rest = [world._t0 + r / args.scale for r in rest_sim]
     dispatch = sorted(starts[i + 1] - accepted_wall[i] for i in range(min(len(accepted_wall), len(starts)) - 1))
     capture = sorted(accepted_wall[i] - rest[i] for i in range(min(len(accepted_wall), len(rest))))
+    detect = sorted(accepted_wall[i] - rest_s[i] - rest[i] for i in range(min(len(accepted_wall), len(rest))))
     if dispatch and capture:
         md += ["", f"Per station (median): committed -> next move starts {dispatch[len(dispatch) // 2] * 1e3:.0f} ms; "
                f"oracle's rest -> station committed {capture[len(capture) // 2] * 1e3:.0f} ms "
-               f"(the measurement itself is {cfg.tracker.average_s * 1e3:.0f} ms of tracker averaging)."]
+               f"(the measurement itself is {cfg.tracker.average_s * 1e3:.0f} ms of tracker averaging); the robot's "
+               f"rest window began {detect[len(detect) // 2] * 1e3:+.0f} ms from the oracle's moment of rest (negative: "
+               "the robot was still before the tracker's stability limit allowed a measurement)."]
     text = "\n".join(md)
     print(text)
     if not args.no_write:
