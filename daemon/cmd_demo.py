@@ -29,8 +29,12 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _default(name: str) -> str:
-    # Installed from a source tree (editable), the examples sit next to the package folders.
-    return str(ROOT / "config" / name)
+    # The example files live in the repository's config/: next to the package folders for an
+    # editable install, or in the working directory (a checkout) for a regular install.
+    for base in (ROOT, Path.cwd()):
+        if (base / "config" / name).exists():
+            return str(base / "config" / name)
+    return str(Path("config") / name)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
