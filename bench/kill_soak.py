@@ -440,6 +440,7 @@ class Instance:
     killed_s: float | None = None
     accepted: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (run_id, index)
     state_at_kill: str | None = None
+    committed: int = 0  # stations the store gained while this instance ran
 
 
 @dataclasses.dataclass
@@ -554,7 +555,11 @@ def soak(
         rejections = 0
         run_id: int | None = None
         n_kills = 0
+        n_committed = 0
         while n_kills < kills:
+            # Every message of the new instance counts, also those that came in before its
+            # first heartbeat reached us (the first one can fall in ZeroMQ's join window).
+            cursor = len(rec.messages)
             daemon = DaemonProcess(conf, kdir / "daemon.log").start()
             inst = Instance(None, time.monotonic() - t0)
             instances.append(inst)
@@ -571,7 +576,9 @@ def soak(
             deadline = time.monotonic() + per_step_timeout_s
             kill_at = None
             while True:
-                for topic, env in rec.pump(0.02):
+                rec.pump(0.02)
+                new, cursor = rec.messages[cursor:], len(rec.messages)
+                for topic, env in new:
                     if env["boot_id"] != inst.boot_id:
                         continue
                     b = env["body"]
@@ -611,13 +618,16 @@ def soak(
             n_kills += 1
             by_accepted[len(inst.accepted)] = by_accepted.get(len(inst.accepted), 0) + 1
             # Everything this instance published must be in the store already.
-            missing = set(inst.accepted) - set(map(tuple, audit_store(state_dir)["stations"]))
+            now_stored = set(map(tuple, audit_store(state_dir)["stations"]))
+            inst.committed, n_committed = len(now_stored) - n_committed, len(now_stored)
+            missing = set(inst.accepted) - now_stored
             if missing:
                 raise SoakError(f"stations published as accepted but not in the store after kill {n_kills}: {sorted(missing)}")
             if n_kills % 10 == 0:
                 log(f"{n_kills} kills, {len(published)} stations published so far")
 
         # A last instance finishes the open run; SIGTERM stops it cleanly.
+        cursor = len(rec.messages)
         daemon = DaemonProcess(conf, kdir / "daemon.log").start()
         inst = Instance(None, time.monotonic() - t0)
         instances.append(inst)
@@ -625,7 +635,9 @@ def soak(
         if run_status(state_dir, run_id) in ("capturing", "solving"):
             deadline = time.monotonic() + per_step_timeout_s * 2
             while run_status(state_dir, run_id) in ("capturing", "solving"):
-                for topic, env in rec.pump(0.05):
+                rec.pump(0.05)
+                new, cursor = rec.messages[cursor:], len(rec.messages)
+                for topic, env in new:
                     if topic == "cellcal/v1/station" and env["boot_id"] == inst.boot_id and env["body"]["accepted"]:
                         published.add((int(env["body"]["run_id"]), int(env["body"]["index"])))
                 if not daemon.alive():

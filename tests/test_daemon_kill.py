@@ -1,6 +1,6 @@
 """kill -9 of the daemon during capture (issue 5 item 6; DESIGN.md section 7).
 
-``test_kill_9_during_capture`` runs :func:`bench.kill_soak.soak` with 22 SIGKILLs of a real
+``test_kill_9_during_capture`` runs :func:`bench.kill_soak.soak` with 24 SIGKILLs of a real
 ``cellcal run`` process at random moments of its capture (after 0-2 accepted stations plus
 0-0.6 s: moving, settling, measuring or committing), restarting it on the same state
 directory each time while ``cellcal sim`` stays up. ``bench/kill_soak.py --kills 200`` is
@@ -26,13 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from bench.kill_soak import K_SIGMA, soak  # noqa: E402
+from bench.kill_soak import K_SIGMA, daemon_config, free_port, soak, to_toml  # noqa: E402
 from cellcal.daemon.config import load_config_text  # noqa: E402
 from cellcal.daemon.plan import PlannedStation, plan_to_dict  # noqa: E402
 from cellcal.daemon.service import Service, State  # noqa: E402
 from cellcal.daemon.store import Store  # noqa: E402
-
-from bench.kill_soak import daemon_config, free_port, to_toml  # noqa: E402  (isort: after the others)
 from storetest_support import make_station  # noqa: E402
 
 KILLS = 24

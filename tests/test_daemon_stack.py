@@ -20,10 +20,7 @@ and, in case the covariance itself were inflated, within 30 um and 3 mdeg outrig
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import os
-import signal
 import sys
 import threading
 import time

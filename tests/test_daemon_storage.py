@@ -28,7 +28,7 @@ from bench.kill_soak import DaemonProcess, audit_store, daemon_config, free_port
 from cellcal.daemon import protocol as P  # noqa: E402
 from cellcal.daemon.config import load_config_text  # noqa: E402
 from cellcal.daemon.service import Service, State  # noqa: E402
-from cellcal.daemon.store import Store, StoreFullError, StoreReadOnlyError  # noqa: E402
+from cellcal.daemon.store import Store, StoreReadOnlyError  # noqa: E402
 from storetest_support import fill_filesystem, make_station, remount, small_tmpfs  # noqa: E402
 from test_daemon_stack import assert_bodies_conform, inprocess_cell  # noqa: E402
 
