@@ -284,8 +284,18 @@ class Service:
         kind = kind or self.cfg.solve.kind
         if kind not in ("base_frame", "tool_point", "hand_eye"):
             raise ServiceError("E_BAD_REQUEST", f"kind must be base_frame, tool_point or hand_eye, got {kind!r}")
-        if self._current is not None and self._current.kind == "run":
-            raise ServiceError("E_BUSY", f"run {self._current.run_id} is in progress")
+        current = self._current
+        # A run closed in the store is over (its result is already published); only its job
+        # is winding down, and a client reacting to the result must not be told it is busy.
+        if current is not None and current.kind == "run" and (
+                current.run_id is None or self.store.get_run(current.run_id).is_open):
+            raise ServiceError("E_BUSY", f"run {current.run_id} is in progress")
+        if kind == "hand_eye" and stations is None:
+            # Hand-eye needs camera views of a target; this daemon drives a robot and a tracker.
+            raise ServiceError(
+                "E_STATE", "hand_eye needs camera observations, and this cell has no camera device: "
+                "solve them with `cellcal solve --kind hand_eye` (or the solver API)",
+            )
         if stations is not None:
             plan_dict = {"stations": [], "given": stations}
         else:
