@@ -18,6 +18,7 @@ up in the audit, not only in this bound.
 from __future__ import annotations
 
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -57,6 +58,45 @@ def test_kill_9_during_capture_loses_and_duplicates_nothing(tmp_path):
     assert rep.runs_done and all(v["status"] == "done" for v in rep.audit["runs"].values())
     assert rep.worst_sigma <= K_SIGMA
     print(rep.summary())
+
+
+def test_start_run_as_soon_as_the_result_is_published(tmp_path):
+    """A client that starts the next run the moment it sees a run's result (the soak does)
+    must not be told ``E_BUSY: run N is in progress``: the run is closed in the store before
+    its result goes out, only its job is still winding down. The listener runs inside the
+    worker's emit, i.e. in exactly that window. Client-supplied stations: no devices needed."""
+    from cellcal.solver.se3 import make_transform, so3_exp
+
+    rng = np.random.default_rng(5)
+    X = make_transform(so3_exp(np.array([0.0, 0.0, 0.8])), np.array([2.5, -0.8, 0.1]))
+    Y = make_transform(np.eye(3), np.array([0.0, 0.03, 0.05]))
+    given = []
+    for _ in range(6):
+        G = make_transform(so3_exp(rng.normal(scale=0.5, size=3)), rng.uniform(-0.5, 0.5, 3))
+        given.append({"base_T_flange": G.reshape(16).tolist(), "cell_T_target": (X @ G @ Y).reshape(16).tolist()})
+    cfgd = daemon_config(robot_url=f"rtde://127.0.0.1:{free_port()}?model=ur5e",
+                         tracker_url=f"socket://127.0.0.1:{free_port()}", workdir=tmp_path)
+    svc = Service(load_config_text(to_toml(cfgd)))
+    started: list[object] = []
+
+    def on_event(topic: str, body: dict) -> None:
+        if topic == "cellcal/v1/result" and not started:
+            try:
+                started.append(svc.start_run("base_frame", stations=given))
+            except Exception as exc:  # noqa: BLE001 - recorded for the assertion
+                started.append(exc)
+
+    svc.add_listener(on_event)
+    try:
+        svc.start()
+        first = svc.start_run("base_frame", stations=given)
+        deadline = time.monotonic() + 10.0
+        while not (started and svc.wait_idle(0.1)):
+            assert time.monotonic() < deadline, "no result"
+        assert isinstance(started[0], int) and started[0] > first, started
+        assert svc.store.get_run(started[0]).status.value == "done"
+    finally:
+        svc.shutdown(timeout_s=10.0)
 
 
 def test_crash_between_storing_the_result_and_closing_the_run(tmp_path):

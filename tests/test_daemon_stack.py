@@ -21,6 +21,7 @@ and, in case the covariance itself were inflated, within 30 um and 3 mdeg outrig
 from __future__ import annotations
 
 import math
+import os
 import sys
 import threading
 import time
@@ -125,8 +126,9 @@ def assert_matches(result: dict, truth_X: np.ndarray) -> None:
 
 @contextmanager
 def inprocess_cell(workdir: Path, *, scenario: Path = FAST_SCENARIO, n_stations: int = 6, overrides=None,
-                   state_dir: Path | None = None):
-    """Sim world + RTDE robot + pty tracker + Service with its ZeroMQ server (loopback TCP)."""
+                   state_dir: Path | None = None, robot_transport: str = "rtde"):
+    """Sim world + robot (RTDE on loopback, or CiA 402 drives on python-can's virtual bus) +
+    pty tracker + Service with its ZeroMQ server (loopback TCP)."""
     from cellcal.daemon.cmd_run import build_service
     from cellcal.sim.robot_sim import start_sim_robot
     from cellcal.sim.tracker_sim import SimTracker
@@ -135,7 +137,12 @@ def inprocess_cell(workdir: Path, *, scenario: Path = FAST_SCENARIO, n_stations:
     world = sc.make_world()
     robot = tracker = svc = server = loop = None
     try:
-        robot = start_sim_robot(world, sc.robot, transport="rtde")
+        if robot_transport == "canopen":
+            # A channel of its own: the virtual bus is process-wide, and tests run in one process.
+            robot = start_sim_robot(world, sc.robot, transport="canopen", can_interface="virtual",
+                                    can_channel=f"cellcal-test-{os.getpid()}-{time.monotonic_ns()}")
+        else:
+            robot = start_sim_robot(world, sc.robot, transport="rtde")
         tracker = SimTracker(world, sc.tracker, transport="pty", seed=sc.seed).start()
         cfgd = daemon_config(robot_url=robot.url, tracker_url=tracker.url, workdir=workdir, n_stations=n_stations,
                              overrides=overrides)
@@ -195,6 +202,19 @@ def test_full_stack_in_process_calibrates_the_cell(tmp_path):
         assert cell.svc.wait_idle(10.0)
         topics = {top for _t, top, _b in cell.events}
         assert {P.TOPIC_HEARTBEAT, P.TOPIC_STATE, P.TOPIC_STATION, P.TOPIC_RESULT, P.TOPIC_DRIFT} <= topics
+        assert_bodies_conform(cell.events)
+
+
+def test_full_stack_in_process_over_canopen(tmp_path):
+    """The same cell with the robot as six CiA 402 drives on python-can's virtual bus (the
+    daemon's canopen:// driver: SYNC-coherent joint vectors, target-reached bit)."""
+    with inprocess_cell(tmp_path, n_stations=6, robot_transport="canopen") as cell:
+        assert cell.cfg.robot.url.startswith("canopen://")
+        run_id = cell.svc.start_run("base_frame")
+        body = cell.wait_result(run_id, timeout_s=60.0)
+        assert [s.plan_index for s in cell.svc.store.stations(run_id)] == list(range(6))
+        assert body["gates"]["passed"] and body["active"]
+        assert_matches(body, cell.world.cell_T_base())
         assert_bodies_conform(cell.events)
 
 
