@@ -719,13 +719,67 @@ def solve_rotation(m: int, qX0: tuple, ws: Workspace) -> tuple[float, float, flo
     return _canon(v)
 
 
+#: A relative rotation whose quaternion scalar part is below this on either side is within
+#: about 23 degrees of 180 from the reference station: its sign is not trusted from the dot
+#: product (noise of tenths of a degree is far below this margin).
+SIGN_MARGIN = 0.2
+#: Reference stations tried before the sign-free Kronecker estimate takes over.
+MAX_SIGN_REFERENCES = 8
+
+
+def align_signs_by_reference(Pq: np.ndarray, Qq: np.ndarray, ws: Workspace) -> bool:
+    """Align station quaternion signs from scalar parts alone; False if some stay ambiguous.
+
+    For stations i and r the scalar part of the relative quaternion is ``p_r . p_i`` on the
+    A side and ``q_r . q_i`` on the B side (either composition order), and both describe
+    the same angle: with consistent signs they are equal, so ``sign(p_r.p_i) sign(q_r.q_i)``
+    is the relative sign of station i. Only near 180 degrees from the reference (scalar
+    part ~ 0) is it ambiguous; those stations are tried against further references.
+    """
+    n = Pq.shape[0]
+    sgn = ws.w[:n]
+    sgn.fill(0.0)  # 0: not aligned yet
+    dp, dq, prod = ws.s1[:n], ws.s2[:n], ws.s3[:n]
+    ok = ws.ball[:n]
+    ref = 0
+    sgn[0] = 1.0
+    for _ in range(MAX_SIGN_REFERENCES):
+        np.matmul(Pq, Pq[ref], out=dp)
+        np.matmul(Qq, Qq[ref], out=dq)
+        np.multiply(dp, dq, out=prod)
+        np.abs(dp, out=dp)
+        np.abs(dq, out=dq)
+        np.minimum(dp, dq, out=dp)
+        np.greater_equal(dp, SIGN_MARGIN, out=ok)
+        np.copysign(1.0, prod, out=prod)
+        np.multiply(prod, sgn[ref], out=prod)
+        # Take the sign from this reference where it is trusted and not yet set.
+        np.equal(sgn, 0.0, out=ws.b16[:n, 0, 0])
+        np.logical_and(ok, ws.b16[:n, 0, 0], out=ok)
+        np.copyto(sgn, prod, where=ok)
+        if bool(np.all(sgn)):
+            np.multiply(Qq, sgn[:, None], out=Qq)
+            return True
+        # Next reference: the next aligned station after this one (workspace buffers only).
+        if ref + 1 >= n:
+            return False
+        rest = ws.ball[ref + 1 : n]
+        np.not_equal(sgn[ref + 1 :], 0.0, out=rest)
+        if not bool(rest.any()):
+            return False
+        ref = ref + 1 + int(np.argmax(rest))
+    return False
+
+
 def solve_rotation_all_pairs(
-    RP: np.ndarray, side_A: str, RQ: np.ndarray, qX0: tuple, ws: Workspace
+    RP: np.ndarray, side_A: str, RQ: np.ndarray, ws: Workspace, qX0: tuple | None = None
 ) -> tuple[float, float, float, float]:
     """Rotation of ``X`` from every ordered station pair at O(N) cost.
 
-    ``RP``/``RQ`` (n, 3, 3) are the station rotations of the A and B sides; ``qX0`` is a
-    first estimate (from a few pairs) used only to align station quaternion signs.
+    ``RP``/``RQ`` (n, 3, 3) are the station rotations of the A and B sides. Station
+    quaternion signs are aligned from their scalar parts (:func:`align_signs_by_reference`);
+    where that stays ambiguous (stations near 180 degrees from every reference tried), a
+    sign-free first estimate of ``X`` (:func:`kronecker_estimate`, or ``qX0``) decides.
     """
     n = RP.shape[0]
     Pq, Qq = ws.qA[:n], ws.qB[:n]
@@ -734,7 +788,10 @@ def solve_rotation_all_pairs(
     quats_from_rotations(Rc, Pq, ws)
     np.copyto(Rc, RQ)
     quats_from_rotations(Rc, Qq, ws)
-    align_signs(Pq, side_A, Qq, qX0, ws)
+    if not align_signs_by_reference(Pq, Qq, ws):
+        if qX0 is None:
+            qX0 = kronecker_estimate(RP, side_A, RQ, ws)
+        align_signs(Pq, side_A, Qq, qX0, ws)
     C = all_pairs_outer(Pq, side_A, Qq, ws)
     S = normal_from_outer(C, float(n * n), ws)
     v, _ = null_vector(S, ws.P4, ws.Q4)

@@ -435,10 +435,10 @@ def _solve_axxb(
         m = _core.make_pairs(n, "ring" if pairs == "all" else pairs, ws)
         _core.relative_motions(TA, side_A, m, ws, ws.RA, ws.tA)
         _core.relative_motions(TB, side_B, m, ws, ws.RB, ws.tB)
-    qX0 = _core.kronecker_estimate(RP, side_A, RQ, ws)
     if pairs == "all":
-        qX = _core.solve_rotation_all_pairs(RP, side_A, RQ, qX0, ws)
+        qX = _core.solve_rotation_all_pairs(RP, side_A, RQ, ws)
     else:
+        qX0 = _core.kronecker_estimate(RP, side_A, RQ, ws)
         _core.quats_from_rotations(ws.RA[:m], ws.qA[:m], ws)
         _core.quats_from_rotations(ws.RB[:m], ws.qB[:m], ws)
         qX = _core.solve_rotation(m, qX0, ws)

@@ -317,3 +317,23 @@ def test_workspace_too_small_and_reuse():
         a.residuals.translation_m[0] = 1.0  # views into the workspace are read-only
     b = calibrate_base_frame(G, M)
     assert np.allclose(a.cell_T_base, b.cell_T_base, atol=1e-15)
+
+
+def test_every_station_at_180_degrees_from_station_0():
+    # Station signs cannot be read against station 0 (every scalar part ~ 0): they must be
+    # resolved against other stations, with tracker noise on top.
+    from cellcal.solver.synthetic import perturb
+
+    rng = np.random.default_rng(5)
+    X = make_transform(so3_exp([0.3, 0.1, -0.4]), [2.0, 0.0, 0.0])
+    Y = make_transform(so3_exp([0.1, 0.0, 0.0]), [0.0, 0.0, 0.1])
+    for _ in range(10):
+        G = [np.eye(4)]
+        for _k in range(9):
+            a = rng.normal(size=3)
+            a /= np.linalg.norm(a)
+            G.append(make_transform(so3_exp(a * (math.pi - 1e-3)), rng.uniform(-0.3, 0.3, 3)))
+        G = np.array(G)
+        M = np.array([perturb(X @ g @ Y, rng, 0.02, 0.01) for g in G])
+        r = calibrate_base_frame(G, M, refine=False, holdout=False)
+        assert r_err(r.cell_T_base, X) < math.radians(0.05)
