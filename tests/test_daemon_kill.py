@@ -56,6 +56,7 @@ def test_kill_9_during_capture_loses_and_duplicates_nothing(tmp_path):
     states = [i.state_at_kill for i in rep.instances if i.killed_s is not None]
     assert states.count("CAPTURING") >= 20 and set(states) <= {"CAPTURING", "SOLVING"}, states
     assert rep.runs_done and all(v["status"] == "done" for v in rep.audit["runs"].values())
+    assert rep.runs_resumed >= 2  # runs that a kill interrupted finished after a restart
     assert rep.worst_sigma <= K_SIGMA
     print(rep.summary())
 
