@@ -828,33 +828,11 @@ def calibrate_hand_eye(
         The static target as the camera sees it at each station, m.
     workspace, pairs, translation, min_axis_spread, min_rotation_rad
         As for :func:`calibrate_base_frame`.
-    refine : bool
-        Refine the linear answer to the maximum-likelihood fit of the absolute station
-        model (ADR 0004; default True). ``False`` returns the linear answer exactly as the
-        linear solve gives it; its covariance is then the inverse Fisher information at
-        that answer, a lower bound for the linear estimate's own error.
-    holdout : bool
-        Compute the held-out station closure (default True; needs N >= 4): linearised
-        leave-one-out for a refined answer, k-fold refits (k = min(N, 10)) of the linear
-        solve otherwise. Disable on hot paths.
-    uncertainty : bool
-        With ``refine=False``, also evaluate the covariance at the linear answer (default
-        True). ``False`` skips it for the fastest linear solve: covariance and sigma
-        figures are then not finite. A refined answer always has its covariance.
-    noise_translation_m, noise_rotation_rad : float, optional
-        Per-axis 1-sigma of the measurement's position (m, along the axes of its parent
-        frame) and orientation (rad, about the axes of its child frame). Each one not
-        given is estimated from the residuals (variance components, starting from 0.1 mm
-        and 0.05 deg); their ratio weighs positions against orientations.
+    refine, holdout, uncertainty, noise_translation_m, noise_rotation_rad, huber, max_iterations
+        As for :func:`calibrate_base_frame`.
     camera_T_target_std : array_like, shape (N, 6), optional
         Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
-        in rad, as above. Excludes the scalar figures.
-    huber : float, optional
-        Huber threshold in sigmas on each station's whitened residual length (e.g. 4.1,
-        the 99% point of a 6-D Gaussian's length); stations beyond it are down-weighted
-        and listed in ``downweighted``. None (default): plain least squares.
-    max_iterations : int
-        Gauss-Newton iterations at most (default 20; 2-4 are typical).
+        in rad. Excludes the scalar figures.
 
     Returns
     -------
@@ -954,33 +932,11 @@ def calibrate_eye_to_hand(
         The flange-mounted target as the fixed camera sees it at each station, m.
     workspace, pairs, translation, min_axis_spread, min_rotation_rad
         As for :func:`calibrate_base_frame`.
-    refine : bool
-        Refine the linear answer to the maximum-likelihood fit of the absolute station
-        model (ADR 0004; default True). ``False`` returns the linear answer exactly as the
-        linear solve gives it; its covariance is then the inverse Fisher information at
-        that answer, a lower bound for the linear estimate's own error.
-    holdout : bool
-        Compute the held-out station closure (default True; needs N >= 4): linearised
-        leave-one-out for a refined answer, k-fold refits (k = min(N, 10)) of the linear
-        solve otherwise. Disable on hot paths.
-    uncertainty : bool
-        With ``refine=False``, also evaluate the covariance at the linear answer (default
-        True). ``False`` skips it for the fastest linear solve: covariance and sigma
-        figures are then not finite. A refined answer always has its covariance.
-    noise_translation_m, noise_rotation_rad : float, optional
-        Per-axis 1-sigma of the measurement's position (m, along the axes of its parent
-        frame) and orientation (rad, about the axes of its child frame). Each one not
-        given is estimated from the residuals (variance components, starting from 0.1 mm
-        and 0.05 deg); their ratio weighs positions against orientations.
+    refine, holdout, uncertainty, noise_translation_m, noise_rotation_rad, huber, max_iterations
+        As for :func:`calibrate_base_frame`.
     camera_T_target_std : array_like, shape (N, 6), optional
         Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
-        in rad, as above. Excludes the scalar figures.
-    huber : float, optional
-        Huber threshold in sigmas on each station's whitened residual length (e.g. 4.1,
-        the 99% point of a 6-D Gaussian's length); stations beyond it are down-weighted
-        and listed in ``downweighted``. None (default): plain least squares.
-    max_iterations : int
-        Gauss-Newton iterations at most (default 20; 2-4 are typical).
+        in rad. Excludes the scalar figures.
 
     Returns
     -------
