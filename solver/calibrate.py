@@ -639,6 +639,24 @@ def _solver_text(linear: str, out: _PoseOutcome, huber: float | None) -> str:
     return linear
 
 
+def _inverted_first_outcome(out, X, n, m, obs, frame, pairs, translation, huber, ws, owned):
+    """Hand-eye and eye-to-hand fit the model with the first unknown inverted: map the
+    answer and its covariance back, and build the fields both results share."""
+    Xo = X if not out.refined else se3_inverse(out.A)
+    out.cov = _invert_first(out.cov, out.A)
+    covX, covY = out.cov[:6, :6].copy(), out.cov[6:, 6:].copy()
+    linear = f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation"
+    common = dict(
+        n_stations=n, n_motions=m, **_stats_fields(out.stats),
+        axis_spread=obs.axis_spread, weakest_axis=obs.axis.copy(), axis_frame=frame,
+        max_motion_rad=obs.max_rotation_rad, residuals=_residuals(ws, n, owned),
+        solver=_solver_text(linear, out, huber),
+        linear_agreement=_validation.agreement(X, Xo, covX) if out.refined else None,
+        **_uncertainty_fields(out, covX, owned),
+    )
+    return Xo, covX, covY, common
+
+
 def _stats_fields(stats: tuple) -> dict:
     rms_t, max_t, rms_r, max_r = stats
     return dict(rms_translation_m=rms_t, max_translation_m=max_t,
@@ -877,21 +895,12 @@ def calibrate_hand_eye(
         max_iterations=max_iterations, fit_subset=fit_subset, stats=stats,
         measurement_residuals=False,
     )
-    Xo = X if not out.refined else se3_inverse(out.A)
-    cov = _invert_first(out.cov, out.A)
-    out.cov = cov
-    covX, covZ = cov[:6, :6].copy(), cov[6:, 6:].copy()
-    linear = f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation"
+    Xo, covX, covZ, common = _inverted_first_outcome(
+        out, X, n, m, obs, "flange", pairs, translation, huber, ws, workspace is None
+    )
     return HandEyeResult(
-        n_stations=n, n_motions=m, **_stats_fields(out.stats),
-        axis_spread=obs.axis_spread, weakest_axis=obs.axis.copy(), axis_frame="flange",
-        max_motion_rad=obs.max_rotation_rad,
-        residuals=_residuals(ws, n, workspace is None),
-        solver=_solver_text(linear, out, huber),
-        flange_T_camera=Xo, base_T_target=out.B,
+        **common, flange_T_camera=Xo, base_T_target=out.B,
         flange_T_camera_covariance=covX, base_T_target_covariance=covZ,
-        linear_agreement=_validation.agreement(X, Xo, covX) if out.refined else None,
-        **_uncertainty_fields(out, covX, workspace is None),
     )
 
 
@@ -986,21 +995,12 @@ def calibrate_eye_to_hand(
         max_iterations=max_iterations, fit_subset=fit_subset, stats=stats,
         measurement_residuals=True,
     )
-    Xo = X if not out.refined else se3_inverse(out.A)
-    cov = _invert_first(out.cov, out.A)
-    out.cov = cov
-    covX, covY = cov[:6, :6].copy(), cov[6:, 6:].copy()
-    linear = f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation"
+    Xo, covX, covY, common = _inverted_first_outcome(
+        out, X, n, m, obs, "base", pairs, translation, huber, ws, workspace is None
+    )
     return EyeToHandResult(
-        n_stations=n, n_motions=m, **_stats_fields(out.stats),
-        axis_spread=obs.axis_spread, weakest_axis=obs.axis.copy(), axis_frame="base",
-        max_motion_rad=obs.max_rotation_rad,
-        residuals=_residuals(ws, n, workspace is None),
-        solver=_solver_text(linear, out, huber),
-        base_T_camera=Xo, flange_T_target=out.B,
+        **common, base_T_camera=Xo, flange_T_target=out.B,
         base_T_camera_covariance=covX, flange_T_target_covariance=covY,
-        linear_agreement=_validation.agreement(X, Xo, covX) if out.refined else None,
-        **_uncertainty_fields(out, covX, workspace is None),
     )
 
 
