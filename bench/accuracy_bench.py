@@ -27,7 +27,6 @@ from __future__ import annotations
 import gc
 import math
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -38,6 +37,7 @@ if str(_ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from bench._common import git_state, inv_stack, pose_error  # noqa: E402
 from bench._results import machine_line, write_section  # noqa: E402
 
 try:
@@ -86,16 +86,6 @@ ROWS = OURS + OPENCV
 # --- helpers --------------------------------------------------------------------------------------
 
 
-def inv_stack(T: np.ndarray) -> np.ndarray:
-    """Rigid inverse of an (N, 4, 4) stack."""
-    out = np.zeros_like(T)
-    Rt = T[:, :3, :3].transpose(0, 2, 1)
-    out[:, :3, :3] = Rt
-    out[:, :3, 3] = -np.einsum("nij,nj->ni", Rt, T[:, :3, 3])
-    out[:, 3, 3] = 1.0
-    return out
-
-
 def opencv_solutions(G: np.ndarray, M: np.ndarray) -> dict[str, tuple[np.ndarray, np.ndarray]]:
     """``{row name: (R, t)}`` of ``cell_T_base`` from every OpenCV method."""
     Mi, Gi = inv_stack(M), inv_stack(G)
@@ -111,30 +101,6 @@ def opencv_solutions(G: np.ndarray, M: np.ndarray) -> dict[str, tuple[np.ndarray
             R_target2cam=list(G[:, :3, :3]), t_target2cam=list(G[:, :3, 3:4]), method=m)
         out[f"OpenCV HE {name}"] = (R, t.ravel())
     return out
-
-
-def pose_error(R, t, X) -> tuple[float, float]:
-    """(rotation error deg, translation error mm) of (R, t) against the 4x4 truth ``X``."""
-    R = np.asarray(R, float)
-    t = np.asarray(t, float).ravel()
-    if not (np.all(np.isfinite(R)) and np.all(np.isfinite(t))):
-        return math.inf, math.inf
-    E = X[:3, :3].T @ R
-    s = math.hypot(E[2, 1] - E[1, 2], E[0, 2] - E[2, 0], E[1, 0] - E[0, 1]) / 2.0
-    ang = math.degrees(math.atan2(s, (np.trace(E) - 1.0) / 2.0))
-    return ang, float(np.linalg.norm(t - X[:3, 3]) * 1e3)
-
-
-def git_state() -> str:
-    try:
-        head = subprocess.run(["git", "log", "-1", "--format=%h", "--", "solver"], cwd=_ROOT,
-                              text=True, capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "solver"], cwd=_ROOT,
-                               text=True, capture_output=True, check=True).stdout.split("\n")
-    except (OSError, subprocess.CalledProcessError):
-        return "git state unknown"
-    dirty = [ln[3:] for ln in dirty if ln.strip()]
-    return f"solver/ at {head}" + (f" plus uncommitted changes to {', '.join(dirty)}" if dirty else ", clean")
 
 
 def fmt(x: float) -> str:

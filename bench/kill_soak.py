@@ -767,7 +767,7 @@ def main(argv: list[str] | None = None) -> int:
         f"| runs interrupted by a kill and resumed | {rep.runs_resumed} |",
         f"| stations committed | {len(rep.audit['stations'])} |",
         f"| stations seen published as accepted | {len(rep.published_accepted)} (all in the store) |",
-        f"| stations lost / duplicated | 0 / 0 |",
+        "| stations lost / duplicated | 0 / 0 |",
         f"| `PRAGMA integrity_check` | {rep.audit['integrity'][0]} |",
         f"| kills by stations the instance had accepted | {dist} |",
         f"| daemon state at the kill | {states} |",

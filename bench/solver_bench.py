@@ -28,7 +28,6 @@ import gc
 import inspect
 import math
 import os
-import subprocess
 import sys
 import time
 import tracemalloc
@@ -40,6 +39,7 @@ if str(_ROOT) not in sys.path:
 
 import numpy as np  # noqa: E402
 
+from bench._common import git_state, inv_stack, pose_error  # noqa: E402
 from bench._results import machine_line, write_section  # noqa: E402
 
 try:
@@ -101,32 +101,7 @@ TRANSLATIONS = tuple(dict.fromkeys((DEFAULT_TRANSLATION, "stations", "pairs")))
 DEFAULTS_LABEL = f"ours linear, {DEFAULT_PAIRS}, {DEFAULT_TRANSLATION} (defaults)"
 
 
-def git_state() -> str:
-    """Commit and whether the solver differs from it (benchmarks of uncommitted code say so)."""
-    try:
-        head = subprocess.run(["git", "log", "-1", "--format=%h", "--", "solver"], cwd=_ROOT,
-                              text=True, capture_output=True, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--", "solver"], cwd=_ROOT,
-                               text=True, capture_output=True, check=True).stdout.split("\n")
-        dirty = [ln[3:] for ln in dirty if ln.strip()]
-    except (OSError, subprocess.CalledProcessError):
-        return "git state unknown"
-    if dirty:
-        return f"solver/ at {head} plus uncommitted changes to {', '.join(dirty)}"
-    return f"solver/ at {head} (last commit touching it), no local changes"
-
-
 # --- helpers -----------------------------------------------------------------------------------
-
-
-def inv_stack(T: np.ndarray) -> np.ndarray:
-    """Rigid inverse of an (N, 4, 4) stack."""
-    out = np.zeros_like(T)
-    Rt = T[:, :3, :3].transpose(0, 2, 1)
-    out[:, :3, :3] = Rt
-    out[:, :3, 3] = -np.einsum("nij,nj->ni", Rt, T[:, :3, 3])
-    out[:, 3, 3] = 1.0
-    return out
 
 
 def prep_rwhe(G: np.ndarray, M: np.ndarray) -> dict:
@@ -167,18 +142,6 @@ def run_ours(G, M, ws, kw: dict, pairs: str | None = None, translation: str | No
     r = calibrate_base_frame(G, M, workspace=ws, **kw)
     T = r.cell_T_base
     return T[:3, :3], T[:3, 3]
-
-
-def pose_error(R, t, X) -> tuple[float, float]:
-    """(rotation error deg, translation error mm) of (R, t) against the 4x4 truth ``X``."""
-    R = np.asarray(R, float)
-    t = np.asarray(t, float).ravel()
-    if not (np.all(np.isfinite(R)) and np.all(np.isfinite(t))):
-        return math.inf, math.inf
-    E = X[:3, :3].T @ R
-    s = math.hypot(E[2, 1] - E[1, 2], E[0, 2] - E[2, 0], E[1, 0] - E[0, 1]) / 2.0
-    ang = math.degrees(math.atan2(s, (np.trace(E) - 1.0) / 2.0))  # accurate near 0 and pi
-    return ang, float(np.linalg.norm(t - X[:3, 3]) * 1e3)
 
 
 def median_time(fn, *, reps: int | None = None, warm: bool = True) -> tuple[float, int]:

@@ -110,7 +110,6 @@ def generate_plan(
     draws = 0
     limit = max_draws if max_draws is not None else 20 * n
     while len(stations) < n and draws < limit:
-        k = len(stations)
         draws += 1
         u = np.array([(_halton(draws, b) + s) % 1.0 for b, s in zip((2, 3, 5), shift)])
         p = box_min_m + u * (box_max_m - box_min_m)
@@ -133,7 +132,6 @@ def generate_plan(
         if np.any(q < lo) or np.any(q > hi):
             continue
         stations.append((q, T))
-        del k
     if len(stations) < n:
         raise PlanError(
             f"only {len(stations)} of {n} stations reachable in {draws} draws: widen the "

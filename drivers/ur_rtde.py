@@ -46,7 +46,6 @@ from cellcal.drivers.errors import (
 )
 from cellcal.drivers.kinematics import DHModel, dh_model
 from cellcal.drivers.robot import (
-    N_JOINTS,
     OptionSpec,
     ProtectiveStop,
     RobotDriver,
