@@ -47,6 +47,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-drift-check", action="store_true", help="skip the drift check after the calibration")
 
 
+def _free_if_taken(endpoint: str) -> str:
+    """``endpoint`` if its loopback TCP port can be bound now, else the same host on a free port."""
+    import re
+    import socket
+
+    m = re.fullmatch(r"tcp://(127\.0\.0\.1|localhost):(\d+)", endpoint)
+    if not m:
+        return endpoint
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", int(m.group(2))))
+            return endpoint
+        except OSError:
+            s.bind(("127.0.0.1", 0))
+            return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+
+
 def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
@@ -80,14 +97,20 @@ def run(args: argparse.Namespace) -> int:
     svc = server = None
     try:
         plan = cfg.plan if args.stations is None else dataclasses.replace(cfg.plan, n_stations=args.stations)
+        # The demo's loopback ports may be taken (another demo, another program): use free
+        # ones then, and say which, so `cellcal watch` can still follow it.
+        zcfg = dataclasses.replace(cfg.zmq, pub_endpoint=_free_if_taken(cfg.zmq.pub_endpoint),
+                                   cmd_endpoint=_free_if_taken(cfg.zmq.cmd_endpoint))
         cfg = dataclasses.replace(
             cfg,
             robot=dataclasses.replace(cfg.robot, url=robot_sim.url),
             tracker=dataclasses.replace(cfg.tracker, url=tracker_sim.url),
             service=dataclasses.replace(cfg.service, state_dir=str(Path(state_dir) / "state"), runtime_dir=str(Path(state_dir) / "run")),
             plan=plan,
+            zmq=zcfg,
         )
         _say(f"cellcal demo: simulated robot {robot_sim.url}, tracker {tracker_sim.url}, time x{scenario.time_scale:g}")
+        _say(f"cellcal demo: ZeroMQ PUB {zcfg.pub_endpoint}, commands {zcfg.cmd_endpoint}")
         svc, server = build_service(cfg)
         done = threading.Event()
         outcome: dict = {}
