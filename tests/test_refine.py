@@ -2,7 +2,6 @@
 noise estimation, the refine=False contract and allocation."""
 
 import math
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -22,6 +21,8 @@ from cellcal.solver import refine as R
 from cellcal.solver.calibrate import _absolute_linear
 from cellcal.solver.se3 import make_transform, rotation_angle, se3_exp, se3_inverse, so3_exp, so3_log
 from cellcal.solver.synthetic import base_frame_scene, hand_eye_scene, perturb, pivot_scene, random_rotation
+
+from _alloc import peak_bytes
 
 
 def t_err(A, B):
@@ -252,18 +253,7 @@ def test_huber_reports_and_resists_outlier_stations():
 # --- allocation of the refined path ------------------------------------------------------------------------
 
 
-def _peak(fn) -> int:
-    fn()
-    fn()
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        base, _ = tracemalloc.get_traced_memory()
-        fn()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    return peak - base
+_peak = peak_bytes
 
 
 def _solve_fn(kind, n, kw):

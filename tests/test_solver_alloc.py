@@ -6,7 +6,6 @@ N=5,000, and small in absolute terms: only fixed-size scratch (a few 3x3/4x4 arr
 the result's own 4x4 transforms) may appear.
 """
 
-import tracemalloc
 
 import numpy as np
 import pytest
@@ -14,21 +13,12 @@ import pytest
 from cellcal.solver import Workspace, calibrate_base_frame, calibrate_hand_eye, calibrate_tool_point
 from cellcal.solver.synthetic import base_frame_scene, hand_eye_scene, pivot_scene
 
+from _alloc import peak_bytes
+
 ABS_BOUND_BYTES = 32 * 1024
 
 
-def _peak(fn) -> int:
-    fn()  # warm-up: first calls may import or cache
-    fn()
-    tracemalloc.start()
-    try:
-        tracemalloc.reset_peak()
-        base, _ = tracemalloc.get_traced_memory()
-        fn()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        tracemalloc.stop()
-    return peak - base
+_peak = peak_bytes
 
 
 def _kwargs(fn):
