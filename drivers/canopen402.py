@@ -895,7 +895,7 @@ class Cia402Driver(RobotDriver):
             try:
                 q_rad = self.model.inverse(base_T_flange, now.q_rad)
             except UnreachablePose as exc:
-                raise ValueError(f"move_to: {exc}") from exc
+                raise UnreachablePose(f"move_to: {exc}") from exc
         self._enable_all()
         counts = self.scaling.to_counts(q_rad)
         dq = np.abs(np.asarray(q_rad) - now.q_rad)
