@@ -46,10 +46,11 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
+from cellcal.drivers.base import remaining_s
 from cellcal.drivers.clock import StreamClockModel
 from cellcal.drivers.errors import (
     DeviceError,
@@ -437,7 +438,7 @@ class Cia402Driver(RobotDriver):
         See :data:`OPTIONS` / ``docs/protocols/robot.md``.
     """
 
-    scheme = "canopen"
+    backend = "canopen"
 
     def __init__(self, channel: str, **options: Any) -> None:
         opts = merge_options(OPTIONS, {}, options, "canopen")
@@ -478,7 +479,7 @@ class Cia402Driver(RobotDriver):
         self._halted = False
 
     @classmethod
-    def from_url(cls, url: RobotUrl, options: Mapping[str, Any]) -> Cia402Driver:
+    def _from_url_internal(cls, url: RobotUrl, options: Mapping[str, Any]) -> Self:
         channel = url.target
         if channel.startswith("[") and channel.endswith("]"):
             channel = channel[1:-1]
@@ -819,7 +820,7 @@ class Cia402Driver(RobotDriver):
         elif fault is None:
             self._hb_logged = False
 
-    def _read_state_internal(self, deadline_ns: int) -> RobotState | None:
+    def _read_state_internal(self, deadline: float) -> RobotState | None:
         fault = self._heartbeat_fault()
         if fault is not None:
             raise fault
@@ -828,13 +829,13 @@ class Cia402Driver(RobotDriver):
         max_age_ns = int(self.max_age_s * 1e9)
         with self._lock:
             while True:
-                now = time.monotonic_ns()
                 s = self._latest
-                if s is not None and now - s.t_recv_host_ns <= max_age_ns:
+                if s is not None and time.monotonic_ns() - s.t_recv_host_ns <= max_age_ns:
                     return s
-                if now >= deadline_ns or self._closed:
+                remaining = remaining_s(deadline)
+                if remaining <= 0 or self._closed:
                     return None
-                self._lock.wait(min((deadline_ns - now) * 1e-9, self._hb_period_s or 0.1))
+                self._lock.wait(min(remaining, self._hb_period_s or 0.1))
                 if self._heartbeat_fault() is not None:
                     break
         fault = self._heartbeat_fault()
@@ -884,7 +885,7 @@ class Cia402Driver(RobotDriver):
         for n in self.nodes:
             self._enable(n)
 
-    def _move_internal(self, q_rad, base_T_flange, speed, wait, deadline_ns) -> None:
+    def _move_internal(self, q_rad, base_T_flange, speed, wait, deadline: float) -> None:
         o = self.opts
         if self.opts["enable"] == "never":
             raise DriverInitError(f"{self!r}: enable=never; this driver may not move the robot")
@@ -920,14 +921,14 @@ class Cia402Driver(RobotDriver):
         self._halted = False
         acked_ns = time.monotonic_ns()
         if wait:
-            self._wait_target(acked_ns, deadline_ns)
+            self._wait_target(acked_ns, deadline)
 
-    def _wait_target(self, acked_ns: int, deadline_ns: int) -> None:
+    def _wait_target(self, acked_ns: int, deadline: float) -> None:
         """Wait for a sample taken after every set-point was acknowledged with all drives
         reporting target reached."""
         seq = -1
         while True:
-            remaining = (deadline_ns - time.monotonic_ns()) * 1e-9
+            remaining = remaining_s(deadline)
             if remaining <= 0:
                 raise DriverTimeoutError(f"{self!r}: target not reached in time")
             s = self.read_state(timeout_s=min(remaining, max(self.timeout_s, 0.1)))
