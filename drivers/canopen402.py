@@ -93,6 +93,7 @@ __all__ = [
     "TPDO1_COB_BASE",
     "HEARTBEAT_COB_BASE",
     "SDO_ABORT_CODES",
+    "sdo_abort_text",
 ]
 
 log = logging.getLogger(__name__)
@@ -224,27 +225,24 @@ class NmtCommand(enum.IntEnum):
 
 MODE_PROFILE_POSITION = 1
 
-#: CiA 301 SDO abort codes by value (the names in error messages).
-SDO_ABORT_CODES: Mapping[int, str] = {
-    0x05030000: "toggle bit not alternated",
-    0x05040000: "SDO protocol timed out",
-    0x05040001: "command specifier not valid or unknown",
-    0x06010000: "unsupported access to an object",
-    0x06010001: "attempt to read a write only object",
-    0x06010002: "attempt to write a read only object",
-    0x06020000: "object does not exist in the object dictionary",
-    0x06040041: "object cannot be mapped to the PDO",
-    0x06040042: "number and length of objects to be mapped exceeds PDO length",
-    0x06060000: "access failed due to a hardware error",
-    0x06070010: "data type does not match, length of service parameter does not match",
-    0x06090011: "sub-index does not exist",
-    0x06090030: "invalid value for parameter",
-    0x060A0023: "resource not available",
-    0x08000000: "general error",
-    0x08000020: "data cannot be transferred or stored to the application",
-    0x08000021: "data cannot be transferred or stored because of local control",
-    0x08000022: "data cannot be transferred or stored because of the present device state",
-}
+def sdo_abort_text(abort_code: int) -> str:
+    """The CiA 301 meaning of an SDO abort code, from ``canopen``'s table
+    (``canopen.sdo.exceptions.SdoAbortedError.CODES``; also :data:`SDO_ABORT_CODES`)."""
+    return _sdo_abort_codes().get(int(abort_code), "unknown abort code")
+
+
+def _sdo_abort_codes() -> Mapping[int, str]:
+    from canopen.sdo.exceptions import SdoAbortedError
+
+    return SdoAbortedError.CODES
+
+
+def __getattr__(name: str) -> Any:
+    # SDO_ABORT_CODES is canopen's own table, imported when first asked for like the rest
+    # of canopen, so importing this module stays cheap.
+    if name == "SDO_ABORT_CODES":
+        return _sdo_abort_codes()
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 class SdoAbortError(DeviceError):
@@ -253,7 +251,8 @@ class SdoAbortError(DeviceError):
     Attributes
     ----------
     abort_code : int
-        The CiA 301 32-bit abort code (e.g. ``0x06020000``: object does not exist).
+        The CiA 301 32-bit abort code (e.g. ``0x06020000``: object does not exist); the
+        message gives its meaning from ``canopen``'s table (:func:`sdo_abort_text`).
     node_id, index, subindex : int
         Where.
     """
@@ -263,7 +262,7 @@ class SdoAbortError(DeviceError):
         self.node_id = node_id
         self.index = index
         self.subindex = subindex
-        text = SDO_ABORT_CODES.get(self.abort_code, "unknown abort code")
+        text = sdo_abort_text(self.abort_code)
         super().__init__(
             f"node {node_id}: SDO {op} 0x{index:04X}:{subindex:02X} aborted with 0x{self.abort_code:08X} ({text})",
             code=f"0x{self.abort_code:08X}",

@@ -69,3 +69,16 @@ def test_names_stay_importable_where_they_were():
     from cellcal.sim.scenario import ScenarioError
 
     assert SimRefused is R2 and ScenarioError is S2
+
+
+def test_sdo_abort_text_is_canopens_table():
+    from canopen.sdo.exceptions import SdoAbortedError
+
+    from cellcal.drivers import canopen402
+
+    assert canopen402.SDO_ABORT_CODES is SdoAbortedError.CODES
+    e = canopen402.SdoAbortError(3, 0x6064, 0, 0x06090011, "read")
+    assert e.abort_code == 0x06090011 and e.code == "0x06090011"
+    assert SdoAbortedError.CODES[0x06090011] in str(e) and "node 3" in str(e) and "0x6064:00" in str(e)
+    assert canopen402.sdo_abort_text(0x0BADC0DE) == "unknown abort code"
+    assert isinstance(e, CellcalError)
