@@ -49,6 +49,7 @@ from collections.abc import Mapping
 from typing import Any, Self
 
 import numpy as np
+from canopen.sdo.exceptions import SdoAbortedError, SdoCommunicationError
 
 from cellcal.drivers.base import remaining_s
 from cellcal.drivers.clock import StreamClockModel
@@ -225,24 +226,14 @@ class NmtCommand(enum.IntEnum):
 
 MODE_PROFILE_POSITION = 1
 
+#: CiA 301 SDO abort code -> its meaning: ``canopen``'s own table.
+SDO_ABORT_CODES: Mapping[int, str] = SdoAbortedError.CODES
+
+
 def sdo_abort_text(abort_code: int) -> str:
     """The CiA 301 meaning of an SDO abort code, from ``canopen``'s table
-    (``canopen.sdo.exceptions.SdoAbortedError.CODES``; also :data:`SDO_ABORT_CODES`)."""
-    return _sdo_abort_codes().get(int(abort_code), "unknown abort code")
-
-
-def _sdo_abort_codes() -> Mapping[int, str]:
-    from canopen.sdo.exceptions import SdoAbortedError
-
-    return SdoAbortedError.CODES
-
-
-def __getattr__(name: str) -> Any:
-    # SDO_ABORT_CODES is canopen's own table, imported when first asked for like the rest
-    # of canopen, so importing this module stays cheap.
-    if name == "SDO_ABORT_CODES":
-        return _sdo_abort_codes()
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    (``canopen.sdo.exceptions.SdoAbortedError.CODES``, also :data:`SDO_ABORT_CODES`)."""
+    return SDO_ABORT_CODES.get(int(abort_code), "unknown abort code")
 
 
 class SdoAbortError(DeviceError):
@@ -503,8 +494,6 @@ class Cia402Driver(RobotDriver):
     # -- SDO helpers ---------------------------------------------------------------------
     def sdo_read(self, node_id: int, index: int, subindex: int = 0) -> bytes:
         """Raw SDO upload. Raises :class:`SdoAbortError` or ``DriverTimeoutError``."""
-        from canopen.sdo.exceptions import SdoAbortedError, SdoCommunicationError
-
         node = self._remote[node_id]
         try:
             return bytes(node.sdo.upload(index, subindex))
@@ -515,8 +504,6 @@ class Cia402Driver(RobotDriver):
 
     def sdo_write(self, node_id: int, index: int, subindex: int, data: bytes) -> None:
         """Raw SDO download (expedited for up to 4 bytes)."""
-        from canopen.sdo.exceptions import SdoAbortedError, SdoCommunicationError
-
         node = self._remote[node_id]
         try:
             node.sdo.download(index, subindex, bytes(data))

@@ -159,18 +159,21 @@ class Estimate:
         ValueError
             A name of neither form, or a value or covariance of the wrong shape for it.
         """
-        for sep, kind, shape, cov_shape in (("_T_", "transform", (4, 4), (6, 6)), ("_p_", "point", (3,), (3, 3))):
-            parent, found, child = name.partition(sep)
-            if found and parent and child:
-                break
-        else:
+        sep = "_T_" if "_T_" in name else "_p_"
+        parent, found, child = name.partition(sep)
+        if not (found and parent and child):
             raise ValueError(f"estimate name must look like parent_T_child or frame_p_point, got {name!r}")
+        kind, shape, cov_shape = _ESTIMATE_KINDS[sep]
         if np.shape(value) != shape or np.shape(covariance) != cov_shape:
             raise ValueError(
                 f"{name}: a {kind} needs a value of shape {shape} and a covariance of shape {cov_shape}, "
                 f"got {np.shape(value)} and {np.shape(covariance)}"
             )
         return cls(name=name, kind=kind, value=value, covariance=covariance, parent_frame=parent, child_frame=child)
+
+
+#: name separator -> (kind, value shape, covariance shape)
+_ESTIMATE_KINDS = {"_T_": ("transform", (4, 4), (6, 6)), "_p_": ("point", (3,), (3, 3))}
 
 
 def _estimates(*items: tuple[str, np.ndarray, np.ndarray]) -> dict[str, Estimate]:
