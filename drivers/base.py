@@ -46,13 +46,14 @@ def remaining_s(deadline: float) -> float:
     return deadline - time.monotonic()
 
 
-def load_backend(backends: Mapping[str, str], name: str, what: str) -> type[Any]:
+def load_backend(backends: Mapping[str, str | type[Any]], name: str, what: str) -> type[Any]:
     """The backend class registered as ``name``, importing its module on first use.
 
     Parameters
     ----------
     backends : mapping
-        The kind's registry, name -> ``"module:Class"``.
+        The kind's registry, name -> ``"module:Class"`` (or the class itself, for a backend
+        that is imported anyway).
     name : str
         Backend name (a robot URL's scheme, the tracker's ``backend=``).
     what : str
@@ -66,6 +67,8 @@ def load_backend(backends: Mapping[str, str], name: str, what: str) -> type[Any]
     spec = backends.get(name)
     if spec is None:
         raise ValueError(f"{what} {name!r} unknown; known: {', '.join(sorted(backends))}")
+    if isinstance(spec, type):  # registered already imported
+        return spec
     module, _, cls = spec.partition(":")
     return getattr(importlib.import_module(module), cls)
 
@@ -82,7 +85,7 @@ class DeviceDriver(abc.ABC):
 
     @classmethod
     @abc.abstractmethod
-    def from_url(cls, url: Any, **options: Any) -> Self:
+    def from_url(cls, url: Any, /, **options: Any) -> Self:
         """A driver for ``url`` with ``options``, not connected (no I/O).
 
         Raises

@@ -330,11 +330,12 @@ class RobotDriver(DeviceDriver):
 
     # -- construction and lifecycle ------------------------------------------------------
     @classmethod
-    def from_url(cls, url: str | RobotUrl, **options: Any) -> Self:
+    def from_url(cls, url: str | RobotUrl, options: Mapping[str, Any] | None = None, /, **kw: Any) -> Self:
         """A driver of this backend for ``url`` (``scheme://target?query``), not connected.
 
-        Query keys and keyword ``options`` are the backend's options (keywords win); the
-        scheme must be this backend's.
+        Query keys and keyword options are the backend's options (keywords win); the scheme
+        must be this backend's. ``options`` (a mapping, positional) is the older spelling of
+        the keywords and is merged under them.
 
         Raises
         ------
@@ -344,7 +345,7 @@ class RobotDriver(DeviceDriver):
         parsed = url if isinstance(url, RobotUrl) else parse_robot_url(url)
         if parsed.scheme != cls.backend:
             raise ValueError(f"robot URL scheme {parsed.scheme!r} is not {cls.__name__}'s {cls.backend!r}")
-        return cls._from_url_internal(parsed, options)
+        return cls._from_url_internal(parsed, {**(options or {}), **kw})
 
     def open(self) -> Self:
         """Connect and configure the device (idempotent); returns the driver itself.
@@ -502,10 +503,11 @@ class RobotDriver(DeviceDriver):
 
     # -- backend hooks -------------------------------------------------------------------
     @classmethod
-    @abc.abstractmethod
     def _from_url_internal(cls, url: RobotUrl, options: Mapping[str, Any]) -> Self:
         """Build the driver from a parsed URL of this backend's scheme and the keyword
-        options (merge them with :func:`merge_options`); no I/O."""
+        options (merge them with :func:`merge_options`); no I/O. Every registered backend
+        implements it; a driver built only by its constructor need not."""
+        raise NotImplementedError(f"{cls.__name__} cannot be built from a URL")
 
     @abc.abstractmethod
     def _open_internal(self) -> None:

@@ -313,7 +313,7 @@ class TrackerDriver(DeviceDriver):
 
     # -- construction and lifecycle ------------------------------------------------------------
     @classmethod
-    def from_url(cls, url: str, **options: Any) -> Self:
+    def from_url(cls, url: str, /, **options: Any) -> Self:
         """A driver of this backend for ``url`` (a pyserial URL or device path), not connected.
 
         Raises
@@ -454,9 +454,10 @@ class TrackerDriver(DeviceDriver):
     # -- backend hooks ---------------------------------------------------------------------------
     # Every ``deadline`` is absolute, ``time.monotonic()`` seconds.
     @classmethod
-    @abc.abstractmethod
     def _from_url_internal(cls, url: str, options: Mapping[str, Any]) -> Self:
-        """Build the driver for ``url`` with the keyword ``options``; no I/O."""
+        """Build the driver for ``url`` with the keyword ``options``; no I/O. Every registered
+        backend implements it; a driver built only by its constructor need not."""
+        raise NotImplementedError(f"{cls.__name__} cannot be built from a URL")
 
     @abc.abstractmethod
     def _open_internal(self, deadline: float) -> None:

@@ -116,6 +116,12 @@ def test_a_backend_is_one_registry_entry(monkeypatch):
     assert isinstance(r, ProbeRobot) and r.target == "arm-1" and r.timeout_s == 0.25
     with pytest.raises(ValueError, match="'rtde' is not ProbeRobot's 'probe'"):
         ProbeRobot.from_url("rtde://10.0.0.1")
+    # the older spelling, a parsed URL and an options mapping, still builds the same driver
+    from cellcal.drivers.ur_rtde import UrRtdeDriver
+
+    old = UrRtdeDriver.from_url(rob.parse_robot_url("rtde://127.0.0.1:1"), {"timeout_s": 0.5})
+    new = UrRtdeDriver.from_url("rtde://127.0.0.1:1?timeout_s=0.5")
+    assert (old.host, old.port, old.timeout_s) == (new.host, new.port, new.timeout_s) == ("127.0.0.1", 1, 0.5)
 
 
 def test_hooks_get_absolute_monotonic_deadlines_in_seconds():
