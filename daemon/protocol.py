@@ -97,6 +97,7 @@ __all__ = [
     "Quaternion", "Residuals", "Provenance", "DriftBody", "DriftStation", "Cusum", "FaultBody",
     "StatusResult", "SnapshotResult", "ResultSummary", "ListResultsResult", "ToBasePointResult",
     "ToBasePoseResult", "StartRunResult", "AbortResult", "DriftCheckResult", "ActivateResult",
+    "Point", "WeakestAxis", "Covariance", "JointCovariance", "Uncertainty", "Holdout", "LinearAgreement",
 ]
 
 # --- schema, topics ------------------------------------------------------------------------------
@@ -689,6 +690,11 @@ class Transform(TypedDict):
     quaternion: Quaternion        # w >= 0
 
 
+class Point(TypedDict):
+    frame: str                    # the frame the coordinates are in (a of a_p_x)
+    position_m: list[float]       # 3
+
+
 class Residuals(TypedDict):
     translation_m: list[float]    # per station
     rotation_rad: list[float]
@@ -703,7 +709,59 @@ class Provenance(TypedDict):
     cellcal_version: str
 
 
-class ResultBody(TypedDict):
+class WeakestAxis(TypedDict):
+    frame: str                    # frame of the unit vector
+    unit: list[float]             # 3, the direction the data determine least well
+
+
+class Covariance(TypedDict):
+    shape: list[int]              # [6, 6] for a transform, [3, 3] for a point
+    values: list[float | None]    # row-major; None where not computed
+
+
+class JointCovariance(TypedDict):
+    order: list[str]              # estimate names, one block each (6 per transform, 3 per point)
+    shape: list[int]              # [k, k]
+    values: list[float | None]    # row-major
+
+
+class Uncertainty(TypedDict):
+    convention: str               # right perturbation T exp(xi), xi = (rho [m], phi [rad]); points m^2
+    covariance: dict[str, Covariance]  # every transform and point of the result, by name
+    joint: JointCovariance
+    sigma_translation_m: float | None   # 1-sigma (root of the trace) of the first estimate
+    sigma_rotation_rad: float | None
+    noise_translation_m: float | None   # per-axis measurement 1-sigma the fit used
+    noise_rotation_rad: float | None    # None for point measurements
+    noise_source: str
+    chi2: float | None
+    dof: int
+    refined: bool                 # maximum-likelihood refinement (False: the linear answer)
+    iterations: int
+    downweighted_stations: list[int]
+
+
+class Holdout(TypedDict):
+    method: str                   # "linearised leave-one-out", "k-fold refit", ...
+    folds: int
+    p50_translation_m: float | None     # None: not determinable without some station
+    p90_translation_m: float | None
+    max_translation_m: float | None
+    p50_rotation_rad: float | None
+    p90_rotation_rad: float | None
+    max_rotation_rad: float | None
+    inflation: float | None       # RMS held-out over RMS in-sample closure
+    translation_m: list[float | None]   # per station
+    rotation_rad: list[float | None]
+
+
+class LinearAgreement(TypedDict):
+    translation_m: float | None
+    rotation_rad: float | None
+    sigmas: float | None          # Mahalanobis length under the refined covariance
+
+
+class _ResultBodyV1(TypedDict):
     result_id: str
     run_id: str | None
     kind: Literal["base_frame", "tool_point", "hand_eye"]
@@ -712,7 +770,7 @@ class ResultBody(TypedDict):
     active: bool
     suspect: bool
     retained: bool                # True when republished unchanged (every [zmq] republish_s)
-    transforms: dict[str, Transform]  # cell_T_base, flange_T_target / flange_T_camera, base_T_target
+    transforms: dict[str, Transform]  # every transform the result estimated, by name
     n_stations: int
     rms_translation_m: float
     max_translation_m: float
@@ -721,6 +779,26 @@ class ResultBody(TypedDict):
     axis_spread: float            # 0 = parallel rotation axes ... 1 = isotropic
     residuals: Residuals
     provenance: Provenance
+
+
+class ResultBody(_ResultBodyV1, total=False):
+    """A calibration result (``cellcal/v1/result``, ``get_result``).
+
+    The keys declared here were added within v1: every result this version solves has them
+    (``cellcal.daemon.report.result_to_wire`` writes them for every result type), results
+    stored by earlier versions may lack them. ``holdout`` and ``linear_agreement`` are
+    ``None`` when the result has none.
+    """
+
+    points: dict[str, Point]      # every point the result estimated, by name (may be empty)
+    n_motions: int
+    weakest_axis: WeakestAxis
+    max_motion_rad: float
+    solver: str
+    frame_convention: str
+    uncertainty: Uncertainty
+    holdout: Holdout | None
+    linear_agreement: LinearAgreement | None
 
 
 class DriftStation(TypedDict):

@@ -1,12 +1,26 @@
-"""Results as people and clients read them: the wire form of transforms, and the report.
+"""Results as people and clients read them: the wire form of a result, and the text report.
 
-The wire form (DESIGN.md section 5) of a transform named ``a_T_b``::
+Both are written once for every result type: they walk ``result.transforms()`` (name ->
+:class:`cellcal.solver.Estimate`), so a base frame, hand-eye, eye-to-hand, point base frame
+and tool point result all publish every transform and point they estimated, each with its
+covariance. ``docs/protocols/zeromq.md`` (the result body and "Frames and units") is the
+contract; ``cellcal.daemon.protocol.ResultBody`` its checked form.
+
+The wire form of a transform named ``a_T_b``::
 
     {"parent_frame": "a", "child_frame": "b", "matrix": [16 floats, row-major],
      "translation_m": [x, y, z], "quaternion": {"w": .., "x": .., "y": .., "z": ..}}
 
-with SI units and ``w >= 0``. The human report uses mm and degrees, with the unit in every
-label.
+with SI units and ``w >= 0``; of a point named ``a_p_x``::
+
+    {"frame": "a", "position_m": [x, y, z]}
+
+Covariances go under ``uncertainty.covariance`` by the same names (6x6 twist ``(rho, phi)``
+in m and rad for a transform, 3x3 in m^2 for a point, row-major), and the joint one under
+``uncertainty.joint`` with the order of its blocks. Numbers that are not finite (a figure
+the solve did not compute, an undetermined held-out closure) are ``None`` on the wire.
+
+The human report uses mm and degrees, with the unit in every label.
 """
 
 from __future__ import annotations
@@ -16,10 +30,27 @@ from typing import Any
 
 import numpy as np
 
-from cellcal.solver.calibrate import BaseFrameResult, CalibrationResult, HandEyeResult, ToolPointResult
+from cellcal.solver.calibrate import CalibrationResult, Estimate
 from cellcal.solver.se3 import quat_from_matrix, so3_log
 
-__all__ = ["transform_to_wire", "transform_from_wire", "result_to_wire", "format_report", "transforms_of"]
+__all__ = [
+    "transform_to_wire",
+    "transform_from_wire",
+    "point_to_wire",
+    "result_to_wire",
+    "format_report",
+    "transforms_of",
+    "FRAME_CONVENTION",
+    "UNCERTAINTY_CONVENTION",
+]
+
+#: The ``frame_convention`` every result carries (ADR 0001).
+FRAME_CONVENTION = "a_T_b maps coordinates in frame b to frame a; SI units; quaternion w,x,y,z with w >= 0"
+#: The ``uncertainty.convention`` every result carries (ADR 0004).
+UNCERTAINTY_CONVENTION = (
+    "right perturbation T exp(xi), xi = (rho [m], phi [rad]); 6x6 row-major per transform, "
+    "3x3 [m^2] in the point's frame per point; joint: blocks in the order given"
+)
 
 
 def transform_to_wire(name: str, T: np.ndarray) -> dict[str, Any]:
@@ -46,42 +77,17 @@ def transform_from_wire(obj: dict[str, Any]) -> np.ndarray:
     return m.reshape(4, 4)
 
 
+def point_to_wire(frame: str, p: np.ndarray) -> dict[str, Any]:
+    """Wire form of a point given in ``frame``: ``{"frame", "position_m"}``."""
+    return {"frame": frame, "position_m": [float(v) for v in np.asarray(p, dtype=float).reshape(3)]}
+
+
 def transforms_of(result: CalibrationResult) -> dict[str, np.ndarray]:
-    """The named transforms (or points) a result carries."""
-    if isinstance(result, BaseFrameResult):
-        return {"cell_T_base": result.cell_T_base, "flange_T_target": result.flange_T_target}
-    if isinstance(result, HandEyeResult):
-        return {"flange_T_camera": result.flange_T_camera, "base_T_target": result.base_T_target}
-    return {}
+    """The named transforms and points a result carries: name -> (4, 4) or (3,) value.
 
-
-def result_to_wire(result: CalibrationResult) -> dict[str, Any]:
-    """JSON-ready dict of a calibration result: transforms, figures, per-station residuals."""
-    out: dict[str, Any] = {"transforms": {k: transform_to_wire(k, T) for k, T in transforms_of(result).items()}}
-    if isinstance(result, ToolPointResult):
-        out["points"] = {
-            "flange_p_tip": {"frame": "flange", "position_m": [float(v) for v in result.flange_p_tip]},
-            "base_p_pivot": {"frame": "base", "position_m": [float(v) for v in result.base_p_pivot]},
-        }
-    out.update(
-        n_stations=result.n_stations,
-        n_motions=result.n_motions,
-        rms_translation_m=result.rms_translation_m,
-        max_translation_m=result.max_translation_m,
-        rms_rotation_rad=result.rms_rotation_rad,
-        max_rotation_rad=result.max_rotation_rad,
-        axis_spread=result.axis_spread,
-        weakest_axis={"frame": result.axis_frame, "unit": [float(v) for v in result.weakest_axis]},
-        max_motion_rad=result.max_motion_rad,
-        residuals={
-            "translation_m": [float(v) for v in result.residuals.translation_m],
-            "rotation_rad": [float(v) for v in result.residuals.rotation_rad],
-        },
-        solver=result.solver,
-        frame_convention="a_T_b maps coordinates in frame b to frame a; SI units; quaternion w,x,y,z with w >= 0",
-    )
-    out.update(_uncertainty_to_wire(result))
-    return out
+    The values of ``result.transforms()``, for callers that need no covariance.
+    """
+    return {name: e.value for name, e in result.transforms().items()}
 
 
 def _f(v: Any) -> float | None:
@@ -89,65 +95,118 @@ def _f(v: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _uncertainty_to_wire(result: CalibrationResult) -> dict[str, Any]:
-    """Covariance, held-out closure and linear/refined agreement, where the result has them."""
-    out: dict[str, Any] = {}
-    covs = {}
-    for name in list(transforms_of(result)) + ["flange_p_tip"]:
-        C = getattr(result, f"{name}_covariance", None)
-        if C is not None:
-            covs[name] = {"shape": list(np.shape(C)), "values": [float(v) for v in np.asarray(C).reshape(-1)]}
-    if covs or getattr(result, "sigma_translation_mm", None) is not None:
-        out["uncertainty"] = {
-            "convention": "right perturbation T exp(xi), xi = (rho [m], phi [rad]); 6x6 row-major per transform",
-            "covariance": covs,
-            "sigma_translation_m": _f(result.sigma_translation_mm * 1e-3) if getattr(result, "sigma_translation_mm", None) is not None else None,
-            "sigma_rotation_rad": _f(math.radians(result.sigma_rotation_deg)) if getattr(result, "sigma_rotation_deg", None) is not None else None,
-            "noise_translation_m": _f(getattr(result, "noise_translation_m", float("nan"))),
-            "noise_rotation_rad": _f(getattr(result, "noise_rotation_rad", float("nan"))),
-            "noise_source": getattr(result, "noise_source", ""),
-            "chi2": _f(getattr(result, "chi2", float("nan"))),
-            "dof": int(getattr(result, "dof", 0) or 0),
-            "refined": bool(getattr(result, "refined", False)),
-            "downweighted_stations": [int(i) for i in np.asarray(getattr(result, "downweighted", []), dtype=int).reshape(-1)],
-        }
-    h = getattr(result, "holdout", None)
+def _matrix_to_wire(C: np.ndarray) -> dict[str, Any]:
+    C = np.asarray(C, dtype=float)
+    return {"shape": list(C.shape), "values": [_f(v) for v in C.reshape(-1)]}
+
+
+def result_to_wire(result: CalibrationResult) -> dict[str, Any]:
+    """JSON-ready dict of a calibration result of any type.
+
+    Fields: ``transforms`` (name -> transform) and ``points`` (name -> point), both always
+    present and together every estimate of ``result.transforms()``; the closure figures,
+    ``weakest_axis``, per-station ``residuals``, ``solver``, ``frame_convention``;
+    ``uncertainty`` (per-estimate and joint covariance, noise, chi2); ``holdout`` and
+    ``linear_agreement`` (``None`` when the result has none). ``docs/protocols/zeromq.md``
+    documents every field.
+    """
+    estimates = result.transforms()
+    out: dict[str, Any] = {
+        "transforms": {k: transform_to_wire(k, e.value) for k, e in estimates.items() if not e.is_point},
+        "points": {k: point_to_wire(e.frame, e.value) for k, e in estimates.items() if e.is_point},
+        "n_stations": result.n_stations,
+        "n_motions": result.n_motions,
+        "rms_translation_m": result.rms_translation_m,
+        "max_translation_m": result.max_translation_m,
+        "rms_rotation_rad": result.rms_rotation_rad,
+        "max_rotation_rad": result.max_rotation_rad,
+        "axis_spread": result.axis_spread,
+        "weakest_axis": {"frame": result.axis_frame, "unit": [float(v) for v in result.weakest_axis]},
+        "max_motion_rad": result.max_motion_rad,
+        "residuals": {
+            "translation_m": [float(v) for v in result.residuals.translation_m],
+            "rotation_rad": [float(v) for v in result.residuals.rotation_rad],
+        },
+        "solver": result.solver,
+        "frame_convention": FRAME_CONVENTION,
+        "uncertainty": _uncertainty_to_wire(result, estimates),
+        "holdout": None,
+        "linear_agreement": None,
+    }
+    h = result.holdout
     if h is not None:
         out["holdout"] = {
             "method": h.method, "folds": int(h.folds),
             "p50_translation_m": _f(h.p50_translation_m), "p90_translation_m": _f(h.p90_translation_m),
             "max_translation_m": _f(h.max_translation_m), "p50_rotation_rad": _f(h.p50_rotation_rad),
             "p90_rotation_rad": _f(h.p90_rotation_rad), "max_rotation_rad": _f(h.max_rotation_rad),
+            "inflation": _f(h.inflation),
             "translation_m": [_f(v) for v in h.translation_m], "rotation_rad": [_f(v) for v in h.rotation_rad],
         }
-    a = getattr(result, "linear_agreement", None)
+    a = result.linear_agreement
     if a is not None:
-        out["linear_agreement"] = {"translation_m": _f(a.translation_m), "rotation_rad": _f(a.rotation_rad), "sigmas": _f(a.sigmas)}
+        out["linear_agreement"] = {
+            "translation_m": _f(a.translation_m), "rotation_rad": _f(a.rotation_rad), "sigmas": _f(a.sigmas),
+        }
     return out
 
 
-def _pose_line(name: str, T: np.ndarray) -> str:
+def _uncertainty_to_wire(result: CalibrationResult, estimates: dict[str, Estimate]) -> dict[str, Any]:
+    """Covariances (per estimate and joint), the primary's 1-sigma, the noise the fit used."""
+    return {
+        "convention": UNCERTAINTY_CONVENTION,
+        "covariance": {name: _matrix_to_wire(e.covariance) for name, e in estimates.items()},
+        "joint": {"order": list(estimates), **_matrix_to_wire(result.covariance)},
+        "sigma_translation_m": _f(result.sigma_translation_mm * 1e-3),
+        "sigma_rotation_rad": _f(math.radians(result.sigma_rotation_deg)),
+        "noise_translation_m": _f(result.noise_translation_m),
+        "noise_rotation_rad": _f(result.noise_rotation_rad),
+        "noise_source": result.noise_source,
+        "chi2": _f(result.chi2),
+        "dof": int(result.dof),
+        "refined": bool(result.refined),
+        "iterations": int(result.iterations),
+        "downweighted_stations": [int(i) for i in np.asarray(result.downweighted, dtype=int).reshape(-1)],
+    }
+
+
+def _sigma_text(e: Estimate) -> str:
+    """1-sigma (root of the covariance trace) of an estimate, mm and deg."""
+    C = np.asarray(e.covariance, dtype=float)
+    t = float(np.trace(C[:3, :3]))
+    if not math.isfinite(t):
+        return "not computed"
+    text = f"{1e3 * math.sqrt(max(t, 0.0)):.4f} mm"
+    if not e.is_point:
+        r = float(np.trace(C[3:, 3:]))
+        text += f", {math.degrees(math.sqrt(max(r, 0.0))):.5f} deg"
+    return text
+
+
+def _estimate_lines(e: Estimate) -> str:
+    if e.is_point:
+        p = np.asarray(e.value, dtype=float) * 1e3
+        return (f"  {e.name}_mm  [{p[0]:10.3f} {p[1]:10.3f} {p[2]:10.3f}]\n"
+                f"    sigma           {_sigma_text(e)}")
+    T = np.asarray(e.value, dtype=float)
     t = T[:3, 3] * 1e3
     rv = np.degrees(so3_log(T[:3, :3]))
     q = quat_from_matrix(T[:3, :3])
     return (
-        f"  {name}:\n"
+        f"  {e.name}:\n"
         f"    translation_mm  [{t[0]:10.3f} {t[1]:10.3f} {t[2]:10.3f}]\n"
         f"    rotvec_deg      [{rv[0]:10.4f} {rv[1]:10.4f} {rv[2]:10.4f}]   "
         f"(angle {math.degrees(np.linalg.norm(so3_log(T[:3, :3]))):.4f} deg)\n"
-        f"    quat_wxyz       [{q[0]:.8f} {q[1]:.8f} {q[2]:.8f} {q[3]:.8f}]"
+        f"    quat_wxyz       [{q[0]:.8f} {q[1]:.8f} {q[2]:.8f} {q[3]:.8f}]\n"
+        f"    sigma           {_sigma_text(e)}"
     )
 
 
 def format_report(result: CalibrationResult, *, station_names: list[str] | None = None, worst: int = 3) -> str:
-    """Human-readable report: transforms in mm/deg, spread, RMS and worst residuals."""
+    """Human-readable report: every transform and point in mm/deg with its 1-sigma, the
+    axis spread, RMS and worst residuals, uncertainty, held-out closure."""
     lines = [f"cellcal {type(result).__name__.removesuffix('Result')} calibration ({result.solver})"]
-    for name, T in transforms_of(result).items():
-        lines.append(_pose_line(name, T))
-    if isinstance(result, ToolPointResult):
-        p, c = result.flange_p_tip * 1e3, result.base_p_pivot * 1e3
-        lines.append(f"  flange_p_tip_mm  [{p[0]:10.3f} {p[1]:10.3f} {p[2]:10.3f}]")
-        lines.append(f"  base_p_pivot_mm  [{c[0]:10.3f} {c[1]:10.3f} {c[2]:10.3f}]")
+    lines += [_estimate_lines(e) for e in result.transforms().values()]
     a = result.weakest_axis
     lines += [
         f"  stations {result.n_stations}, motions {result.n_motions}, largest motion "
@@ -158,13 +217,10 @@ def format_report(result: CalibrationResult, *, station_names: list[str] | None 
         f"{result.max_translation_m * 1e3:.4f} mm",
         f"  residual rotation:    RMS {math.degrees(result.rms_rotation_rad):.5f} deg, worst "
         f"{math.degrees(result.max_rotation_rad):.5f} deg",
+        f"  uncertainty (1 sigma): {result.sigma_translation_mm:.4f} mm, {result.sigma_rotation_deg:.5f} deg"
+        f" ({'refined' if result.refined else 'linear'}; noise {result.noise_source})",
     ]
-    if getattr(result, "sigma_translation_mm", None) is not None:
-        lines.append(
-            f"  uncertainty (1 sigma): {result.sigma_translation_mm:.4f} mm, {result.sigma_rotation_deg:.5f} deg"
-            f" ({'refined' if getattr(result, 'refined', False) else 'linear'}; noise {result.noise_source})"
-        )
-    h = getattr(result, "holdout", None)
+    h = result.holdout
     if h is not None:
         lines.append(
             f"  held-out closure ({h.method}): translation P50 {h.p50_translation_m * 1e3:.4f} / P90 "
@@ -172,10 +228,11 @@ def format_report(result: CalibrationResult, *, station_names: list[str] | None 
             f"{math.degrees(h.p50_rotation_rad):.5f} / P90 {math.degrees(h.p90_rotation_rad):.5f} / max "
             f"{math.degrees(h.max_rotation_rad):.5f} deg"
         )
-    a = getattr(result, "linear_agreement", None)
-    if a is not None:
+    la = result.linear_agreement
+    if la is not None:
         lines.append(
-            f"  linear vs refined: {a.translation_m * 1e3:.4f} mm, {math.degrees(a.rotation_rad):.5f} deg ({a.sigmas:.1f} sigma)"
+            f"  linear vs refined: {la.translation_m * 1e3:.4f} mm, {math.degrees(la.rotation_rad):.5f} deg"
+            f" ({la.sigmas:.1f} sigma)"
         )
     if worst > 0:
         lines.append("  worst-fitting stations:")

@@ -46,10 +46,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
+from canopen.sdo.exceptions import SdoAbortedError, SdoCommunicationError
 
+from cellcal.drivers.base import remaining_s
 from cellcal.drivers.clock import StreamClockModel
 from cellcal.drivers.errors import (
     DeviceError,
@@ -92,6 +94,7 @@ __all__ = [
     "TPDO1_COB_BASE",
     "HEARTBEAT_COB_BASE",
     "SDO_ABORT_CODES",
+    "sdo_abort_text",
 ]
 
 log = logging.getLogger(__name__)
@@ -223,27 +226,14 @@ class NmtCommand(enum.IntEnum):
 
 MODE_PROFILE_POSITION = 1
 
-#: CiA 301 SDO abort codes by value (the names in error messages).
-SDO_ABORT_CODES: Mapping[int, str] = {
-    0x05030000: "toggle bit not alternated",
-    0x05040000: "SDO protocol timed out",
-    0x05040001: "command specifier not valid or unknown",
-    0x06010000: "unsupported access to an object",
-    0x06010001: "attempt to read a write only object",
-    0x06010002: "attempt to write a read only object",
-    0x06020000: "object does not exist in the object dictionary",
-    0x06040041: "object cannot be mapped to the PDO",
-    0x06040042: "number and length of objects to be mapped exceeds PDO length",
-    0x06060000: "access failed due to a hardware error",
-    0x06070010: "data type does not match, length of service parameter does not match",
-    0x06090011: "sub-index does not exist",
-    0x06090030: "invalid value for parameter",
-    0x060A0023: "resource not available",
-    0x08000000: "general error",
-    0x08000020: "data cannot be transferred or stored to the application",
-    0x08000021: "data cannot be transferred or stored because of local control",
-    0x08000022: "data cannot be transferred or stored because of the present device state",
-}
+#: CiA 301 SDO abort code -> its meaning: ``canopen``'s own table.
+SDO_ABORT_CODES: Mapping[int, str] = SdoAbortedError.CODES
+
+
+def sdo_abort_text(abort_code: int) -> str:
+    """The CiA 301 meaning of an SDO abort code, from ``canopen``'s table
+    (``canopen.sdo.exceptions.SdoAbortedError.CODES``, also :data:`SDO_ABORT_CODES`)."""
+    return SDO_ABORT_CODES.get(int(abort_code), "unknown abort code")
 
 
 class SdoAbortError(DeviceError):
@@ -252,7 +242,8 @@ class SdoAbortError(DeviceError):
     Attributes
     ----------
     abort_code : int
-        The CiA 301 32-bit abort code (e.g. ``0x06020000``: object does not exist).
+        The CiA 301 32-bit abort code (e.g. ``0x06020000``: object does not exist); the
+        message gives its meaning from ``canopen``'s table (:func:`sdo_abort_text`).
     node_id, index, subindex : int
         Where.
     """
@@ -262,7 +253,7 @@ class SdoAbortError(DeviceError):
         self.node_id = node_id
         self.index = index
         self.subindex = subindex
-        text = SDO_ABORT_CODES.get(self.abort_code, "unknown abort code")
+        text = sdo_abort_text(self.abort_code)
         super().__init__(
             f"node {node_id}: SDO {op} 0x{index:04X}:{subindex:02X} aborted with 0x{self.abort_code:08X} ({text})",
             code=f"0x{self.abort_code:08X}",
@@ -437,7 +428,7 @@ class Cia402Driver(RobotDriver):
         See :data:`OPTIONS` / ``docs/protocols/robot.md``.
     """
 
-    scheme = "canopen"
+    backend = "canopen"
 
     def __init__(self, channel: str, **options: Any) -> None:
         opts = merge_options(OPTIONS, {}, options, "canopen")
@@ -478,7 +469,7 @@ class Cia402Driver(RobotDriver):
         self._halted = False
 
     @classmethod
-    def from_url(cls, url: RobotUrl, options: Mapping[str, Any]) -> Cia402Driver:
+    def _from_url_internal(cls, url: RobotUrl, options: Mapping[str, Any]) -> Self:
         channel = url.target
         if channel.startswith("[") and channel.endswith("]"):
             channel = channel[1:-1]
@@ -503,8 +494,6 @@ class Cia402Driver(RobotDriver):
     # -- SDO helpers ---------------------------------------------------------------------
     def sdo_read(self, node_id: int, index: int, subindex: int = 0) -> bytes:
         """Raw SDO upload. Raises :class:`SdoAbortError` or ``DriverTimeoutError``."""
-        from canopen.sdo.exceptions import SdoAbortedError, SdoCommunicationError
-
         node = self._remote[node_id]
         try:
             return bytes(node.sdo.upload(index, subindex))
@@ -515,8 +504,6 @@ class Cia402Driver(RobotDriver):
 
     def sdo_write(self, node_id: int, index: int, subindex: int, data: bytes) -> None:
         """Raw SDO download (expedited for up to 4 bytes)."""
-        from canopen.sdo.exceptions import SdoAbortedError, SdoCommunicationError
-
         node = self._remote[node_id]
         try:
             node.sdo.download(index, subindex, bytes(data))
@@ -819,7 +806,7 @@ class Cia402Driver(RobotDriver):
         elif fault is None:
             self._hb_logged = False
 
-    def _read_state_internal(self, deadline_ns: int) -> RobotState | None:
+    def _read_state_internal(self, deadline: float) -> RobotState | None:
         fault = self._heartbeat_fault()
         if fault is not None:
             raise fault
@@ -828,13 +815,13 @@ class Cia402Driver(RobotDriver):
         max_age_ns = int(self.max_age_s * 1e9)
         with self._lock:
             while True:
-                now = time.monotonic_ns()
                 s = self._latest
-                if s is not None and now - s.t_recv_host_ns <= max_age_ns:
+                if s is not None and time.monotonic_ns() - s.t_recv_host_ns <= max_age_ns:
                     return s
-                if now >= deadline_ns or self._closed:
+                remaining = remaining_s(deadline)
+                if remaining <= 0 or self._closed:
                     return None
-                self._lock.wait(min((deadline_ns - now) * 1e-9, self._hb_period_s or 0.1))
+                self._lock.wait(min(remaining, self._hb_period_s or 0.1))
                 if self._heartbeat_fault() is not None:
                     break
         fault = self._heartbeat_fault()
@@ -884,7 +871,7 @@ class Cia402Driver(RobotDriver):
         for n in self.nodes:
             self._enable(n)
 
-    def _move_internal(self, q_rad, base_T_flange, speed, wait, deadline_ns) -> None:
+    def _move_internal(self, q_rad, base_T_flange, speed, wait, deadline: float) -> None:
         o = self.opts
         if self.opts["enable"] == "never":
             raise DriverInitError(f"{self!r}: enable=never; this driver may not move the robot")
@@ -895,7 +882,7 @@ class Cia402Driver(RobotDriver):
             try:
                 q_rad = self.model.inverse(base_T_flange, now.q_rad)
             except UnreachablePose as exc:
-                raise ValueError(f"move_to: {exc}") from exc
+                raise UnreachablePose(f"move_to: {exc}") from exc
         self._enable_all()
         counts = self.scaling.to_counts(q_rad)
         dq = np.abs(np.asarray(q_rad) - now.q_rad)
@@ -920,14 +907,14 @@ class Cia402Driver(RobotDriver):
         self._halted = False
         acked_ns = time.monotonic_ns()
         if wait:
-            self._wait_target(acked_ns, deadline_ns)
+            self._wait_target(acked_ns, deadline)
 
-    def _wait_target(self, acked_ns: int, deadline_ns: int) -> None:
+    def _wait_target(self, acked_ns: int, deadline: float) -> None:
         """Wait for a sample taken after every set-point was acknowledged with all drives
         reporting target reached."""
         seq = -1
         while True:
-            remaining = (deadline_ns - time.monotonic_ns()) * 1e-9
+            remaining = remaining_s(deadline)
             if remaining <= 0:
                 raise DriverTimeoutError(f"{self!r}: target not reached in time")
             s = self.read_state(timeout_s=min(remaining, max(self.timeout_s, 0.1)))

@@ -30,14 +30,16 @@ from collections import deque
 
 import numpy as np
 
+from cellcal.drivers.errors import DriverError
+
 __all__ = ["ExchangeClockModel", "StreamClockModel", "ClockNotReady"]
 
 _NS_PER_S = 1_000_000_000
 _S_PER_NS = 1e-9
 
 
-class ClockNotReady(RuntimeError):
-    """A mapping was asked of a model that has no sample yet."""
+class ClockNotReady(DriverError, RuntimeError):
+    """A mapping was asked of a model that has no sample yet (also a ``RuntimeError``)."""
 
 
 class _LineClockModel:

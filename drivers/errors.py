@@ -1,14 +1,11 @@
-"""Driver errors: one branch of the ``CellcalError`` tree.
+"""Driver errors: the ``DriverError`` branch of the one exception tree.
 
-``DriverError``
-    ``DriverInitError``      the device could not be opened or identified.
-    ``DriverTimeoutError``   no (complete) answer in time; also a builtin ``TimeoutError``.
-    ``ProtocolError``        bytes that do not parse: bad CRC, bad length, bad field. The
-                             codec raises it per bad frame and carries on decoding.
-    ``DeviceGoneError``      the link dropped (port closed, socket reset, bus silent).
-    ``DeviceError``          the device answered with an error condition; ``code`` is the
-                             device's code (a name), device-kind modules subclass it
-                             (tracker: no target, beam broken, ...; CANopen: SDO abort).
+The whole tree, with every subclass the device modules add, is documented in one place:
+:mod:`cellcal.solver.errors`. The classes here are the ones a caller catches by kind:
+``DriverInitError`` (could not open or identify), ``DriverTimeoutError`` (also a builtin
+``TimeoutError``), ``ProtocolError`` (bytes that do not parse: the codecs raise it per bad
+frame and carry on decoding), ``DeviceGoneError`` (the link dropped) and ``DeviceError``
+(the device answered with an error; ``code`` is the device's code, by name).
 """
 
 from __future__ import annotations

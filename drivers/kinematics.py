@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import so3_log
 
 __all__ = [
@@ -38,8 +39,11 @@ __all__ = [
 _HALF_PI = 0.5 * math.pi
 
 
-class UnreachablePose(ValueError):
-    """Inverse kinematics found no joint vector reaching the pose (outside the workspace)."""
+class UnreachablePose(CellcalError, ValueError):
+    """Inverse kinematics found no joint vector reaching the pose (outside the workspace).
+
+    Also a ``ValueError``: the pose asked for is a bad argument, not a device failure.
+    """
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,7 @@
 """Robot controllers: the device abstraction every backend implements, and ``connect_robot``.
 
-``connect_robot(url, **options)`` picks a backend by the URL scheme (imported lazily, so a
-cell on RTDE never imports ``canopen``):
+``connect_robot(url, **options)`` picks a backend by the URL scheme from :data:`BACKENDS`
+(imported lazily, so a cell on RTDE never imports ``canopen``):
 
 * ``rtde://host[:port][?key=value&...]``: a Universal Robots controller over RTDE
   (:mod:`cellcal.drivers.ur_rtde`);
@@ -13,24 +13,26 @@ keys are rejected by name. ``docs/protocols/robot.md`` lists every key.
 
 The public methods of :class:`RobotDriver` own timeouts, validation and logging; backends
 implement the ``_..._internal`` hooks only, as python-can's ``BusABC.recv`` /
-``_recv_internal`` do.
+``_recv_internal`` do. The conventions the robot and tracker bases share (absolute
+``time.monotonic()`` deadlines for the hooks, ``open()`` returning the driver, the backend
+registry, ``from_url``) are in :mod:`cellcal.drivers.base` (ADR 0008).
 """
 
 from __future__ import annotations
 
 import abc
 import enum
-import importlib
 import logging
 import math
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, Self
 from urllib.parse import parse_qsl, unquote
 
 import numpy as np
 
+from cellcal.drivers.base import DeviceDriver, deadline_after, load_backend
 from cellcal.drivers.errors import DeviceError, DriverError, DriverTimeoutError
 from cellcal.drivers.kinematics import DHModel
 from cellcal.drivers.settle import SettleConfig, SettleDetector, SettleStatus
@@ -40,6 +42,7 @@ __all__ = [
     "RobotState",
     "RobotDriver",
     "RobotUrl",
+    "BACKENDS",
     "connect_robot",
     "parse_robot_url",
     "OptionSpec",
@@ -50,7 +53,8 @@ log = logging.getLogger(__name__)
 
 N_JOINTS = 6
 
-#: scheme -> "module:Class" of the backend, imported on first use.
+#: URL scheme -> ``"module:Class"`` of the backend, imported on first use
+#: (:func:`cellcal.drivers.base.load_backend`). Register another backend by adding it here.
 BACKENDS: dict[str, str] = {
     "rtde": "cellcal.drivers.ur_rtde:UrRtdeDriver",
     "canopen": "cellcal.drivers.canopen402:Cia402Driver",
@@ -287,9 +291,13 @@ def opt_vector(n: int, *, positive: bool = False):
 
 
 # -- the device abstraction ------------------------------------------------------------------
-class RobotDriver(abc.ABC):
+class RobotDriver(DeviceDriver):
     """A robot controller. Construct cheaply (no I/O; :func:`connect_robot` builds one from a
     URL), then :meth:`open`, use, and :meth:`close` (or use it as a context manager).
+
+    A backend sets :attr:`backend` to its URL scheme and implements
+    :meth:`_from_url_internal` and the ``_..._internal`` hooks; every hook that may wait
+    gets an absolute ``deadline``, ``time.monotonic()`` seconds (ADR 0008).
 
     Parameters
     ----------
@@ -304,8 +312,6 @@ class RobotDriver(abc.ABC):
     move_timeout_s : float
         Default timeout of :meth:`move_to` with ``wait=True`` (s).
     """
-
-    scheme: ClassVar[str] = ""
 
     def __init__(
         self,
@@ -322,16 +328,43 @@ class RobotDriver(abc.ABC):
         self._opened = False
         self._closed = False
 
-    # -- lifecycle ---------------------------------------------------------------------
-    def open(self) -> None:
-        """Connect and configure the device (idempotent)."""
+    # -- construction and lifecycle ------------------------------------------------------
+    @classmethod
+    def from_url(cls, url: str | RobotUrl, options: Mapping[str, Any] | None = None, /, **kw: Any) -> Self:
+        """A driver of this backend for ``url`` (``scheme://target?query``), not connected.
+
+        Query keys and keyword options are the backend's options (keywords win); the scheme
+        must be this backend's. ``options`` (a mapping, positional) is the older spelling of
+        the keywords and is merged under them.
+
+        Raises
+        ------
+        ValueError
+            A malformed URL, another backend's scheme, an unknown or malformed option.
+        """
+        parsed = url if isinstance(url, RobotUrl) else parse_robot_url(url)
+        if parsed.scheme != cls.backend:
+            raise ValueError(f"robot URL scheme {parsed.scheme!r} is not {cls.__name__}'s {cls.backend!r}")
+        return cls._from_url_internal(parsed, {**(options or {}), **kw})
+
+    def open(self) -> Self:
+        """Connect and configure the device (idempotent); returns the driver itself.
+
+        Raises
+        ------
+        DriverInitError
+            The controller could not be reached, or refused the set-up.
+        DriverError
+            The driver was closed (a closed robot driver is not reopened; make a new one).
+        """
         if self._closed:
             raise DriverError(f"{self!r}: closed; create a new driver")
         if self._opened:
-            return
+            return self
         self._open_internal()
         self._opened = True
         log.info("%r: open", self)
+        return self
 
     def close(self) -> None:
         """Stop background threads and release the device (idempotent, never raises)."""
@@ -343,13 +376,6 @@ class RobotDriver(abc.ABC):
         except Exception:  # noqa: BLE001 - close must not raise
             log.exception("%r: error while closing", self)
         log.info("%r: closed", self)
-
-    def __enter__(self) -> RobotDriver:
-        self.open()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def _check_open(self) -> None:
         if self._closed:
@@ -375,8 +401,7 @@ class RobotDriver(abc.ABC):
         """
         self._check_open()
         timeout = self.timeout_s if timeout_s is None else float(timeout_s)
-        deadline_ns = time.monotonic_ns() + int(timeout * 1e9)
-        state = self._read_state_internal(deadline_ns)
+        state = self._read_state_internal(deadline_after(timeout))
         if state is None:
             raise DriverTimeoutError(f"{self!r}: no robot state within {timeout:.3g} s")
         return _validate_state(state)
@@ -433,7 +458,7 @@ class RobotDriver(abc.ABC):
             pose = check_transform(base_T_flange, "move_to: base_T_flange")
         timeout = self.move_timeout_s if timeout_s is None else float(timeout_s)
         log.info("%r: move_to %s speed=%.3g", self, "q" if q is not None else "pose", speed)
-        self._move_internal(q, pose, float(speed), wait, time.monotonic_ns() + int(timeout * 1e9))
+        self._move_internal(q, pose, float(speed), wait, deadline_after(timeout))
 
     def stop(self) -> None:
         """Stop any motion now (decelerating), keeping the connection."""
@@ -477,6 +502,13 @@ class RobotDriver(abc.ABC):
                 return state, status
 
     # -- backend hooks -------------------------------------------------------------------
+    @classmethod
+    def _from_url_internal(cls, url: RobotUrl, options: Mapping[str, Any]) -> Self:
+        """Build the driver from a parsed URL of this backend's scheme and the keyword
+        options (merge them with :func:`merge_options`); no I/O. Every registered backend
+        implements it; a driver built only by its constructor need not."""
+        raise NotImplementedError(f"{cls.__name__} cannot be built from a URL")
+
     @abc.abstractmethod
     def _open_internal(self) -> None:
         """Connect, handshake, configure; raise ``DriverInitError`` on failure."""
@@ -486,9 +518,9 @@ class RobotDriver(abc.ABC):
         """Stop threads, close sockets/buses. Called once."""
 
     @abc.abstractmethod
-    def _read_state_internal(self, deadline_ns: int) -> RobotState | None:
-        """A sample no older than ``max_age_s``, waiting until ``deadline_ns``; ``None`` on
-        timeout. Raise typed errors for a lost link or a device error."""
+    def _read_state_internal(self, deadline: float) -> RobotState | None:
+        """A sample no older than ``max_age_s``, waiting until ``deadline`` (``time.monotonic()``
+        seconds); ``None`` on timeout. Raise typed errors for a lost link or a device error."""
 
     @abc.abstractmethod
     def _move_internal(
@@ -497,21 +529,14 @@ class RobotDriver(abc.ABC):
         base_T_flange: np.ndarray | None,
         speed: float,
         wait: bool,
-        deadline_ns: int,
+        deadline: float,
     ) -> None:
-        """Start (and with ``wait`` finish) a move to exactly one of the targets."""
+        """Start (and with ``wait`` finish, by ``deadline``, ``time.monotonic()`` seconds) a
+        move to exactly one of the targets."""
 
     @abc.abstractmethod
     def _stop_internal(self) -> None:
         """Decelerate to a stop."""
-
-
-def _backend(scheme: str) -> type[RobotDriver]:
-    spec = BACKENDS.get(scheme)
-    if spec is None:
-        raise ValueError(f"robot URL scheme {scheme!r} unknown; known: {', '.join(sorted(BACKENDS))}")
-    module, cls = spec.split(":")
-    return getattr(importlib.import_module(module), cls)
 
 
 def connect_robot(url: str, **options: Any) -> RobotDriver:
@@ -534,7 +559,8 @@ def connect_robot(url: str, **options: Any) -> RobotDriver:
     Raises
     ------
     ValueError
-        Unknown scheme or option, or a malformed value (named).
+        Unknown scheme (the message lists the known ones) or option, or a malformed value
+        (named).
 
     Examples
     --------
@@ -542,4 +568,5 @@ def connect_robot(url: str, **options: Any) -> RobotDriver:
     ...     state = robot.read_state()
     """
     parsed = parse_robot_url(url)
-    return _backend(parsed.scheme).from_url(parsed, options)  # type: ignore[attr-defined]
+    cls: type[RobotDriver] = load_backend(BACKENDS, parsed.scheme, "robot URL scheme")
+    return cls.from_url(parsed, **options)

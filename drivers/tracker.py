@@ -1,9 +1,12 @@
 """Laser tracker driver: the device abstraction, its typed errors and the serial backend.
 
 Layout follows python-can's ``BusABC``: :class:`TrackerDriver` owns everything a caller
-relies on -- timeouts (``time.monotonic``), argument and reply validation, retries of
-corrupted exchanges, reconnection, clock mapping, logging -- and a backend implements only
-the ``_..._internal`` hooks that talk to its device. :class:`SerialTrackerDriver` speaks the
+relies on -- timeouts, argument and reply validation, retries of corrupted exchanges,
+reconnection, clock mapping, logging -- and a backend implements only the ``_..._internal``
+hooks that talk to its device, each given an absolute deadline in ``time.monotonic()``
+seconds. The conventions the robot and tracker bases share (deadlines, ``open()``
+returning the driver, the backend registry :data:`BACKENDS`, ``from_url``) are in
+:mod:`cellcal.drivers.base` (ADR 0008). :class:`SerialTrackerDriver` speaks the
 cellcal tracker protocol (``docs/protocols/tracker.md``) over any port
 ``serial.serial_for_url`` opens: a device path, ``socket://host:port`` (a
 serial-to-Ethernet bridge or a tracker on TCP), a pty, or ``spy://`` for field debugging.
@@ -21,12 +24,14 @@ import math
 import socket
 import threading
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
 from cellcal.drivers import tracker_codec as codec
+from cellcal.drivers.base import DeviceDriver, deadline_after, load_backend
 from cellcal.drivers.clock import ExchangeClockModel
 from cellcal.drivers.errors import (
     DeviceError,
@@ -259,7 +264,7 @@ class RawMeasurement:
 # -- the abstract driver -----------------------------------------------------------------------
 
 
-class TrackerDriver(abc.ABC):
+class TrackerDriver(DeviceDriver):
     """A laser tracker; backends implement the ``_..._internal`` hooks.
 
     Constructing a driver does no I/O: :meth:`open` (or entering the context manager)
@@ -306,9 +311,23 @@ class TrackerDriver(abc.ABC):
         self._info: TrackerInfo | None = None
         self._last_sync = -math.inf
 
-    # -- lifecycle ---------------------------------------------------------------------------
-    def open(self) -> "TrackerDriver":
-        """Connect, identify the device and synchronise its clock (idempotent).
+    # -- construction and lifecycle ------------------------------------------------------------
+    @classmethod
+    def from_url(cls, url: str, /, **options: Any) -> Self:
+        """A driver of this backend for ``url`` (a pyserial URL or device path), not connected.
+
+        Raises
+        ------
+        ValueError
+            An empty URL, or an unknown or malformed option.
+        """
+        if not isinstance(url, str) or not url:
+            raise ValueError(f"tracker URL must be a non-empty string, got {url!r}")
+        return cls._from_url_internal(url, options)
+
+    def open(self) -> Self:
+        """Connect, identify the device and synchronise its clock (idempotent); returns the
+        driver itself.
 
         Raises
         ------
@@ -318,7 +337,7 @@ class TrackerDriver(abc.ABC):
         with self._lock:
             if self._open:
                 return self
-            self._connect(time.monotonic() + self.timeout_s * (2 + self.clock_sync_count))
+            self._connect(deadline_after(self.timeout_s * (2 + self.clock_sync_count)))
             return self
 
     def close(self) -> None:
@@ -330,12 +349,6 @@ class TrackerDriver(abc.ABC):
                     self._close_internal()
                 except Exception:  # noqa: BLE001 - close must not raise; say what happened
                     log.warning("%s: error while closing", self, exc_info=True)
-
-    def __enter__(self) -> "TrackerDriver":
-        return self.open()
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     @property
     def is_open(self) -> bool:
@@ -439,6 +452,13 @@ class TrackerDriver(abc.ABC):
             return self._sync(n, deadline)
 
     # -- backend hooks ---------------------------------------------------------------------------
+    # Every ``deadline`` is absolute, ``time.monotonic()`` seconds.
+    @classmethod
+    def _from_url_internal(cls, url: str, options: Mapping[str, Any]) -> Self:
+        """Build the driver for ``url`` with the keyword ``options``; no I/O. Every registered
+        backend implements it; a driver built only by its constructor need not."""
+        raise NotImplementedError(f"{cls.__name__} cannot be built from a URL")
+
     @abc.abstractmethod
     def _open_internal(self, deadline: float) -> None:
         """Open the link (raise :class:`DriverInitError` on failure)."""
@@ -476,7 +496,7 @@ class TrackerDriver(abc.ABC):
         t = self.timeout_s if timeout_s is None else float(timeout_s)
         if not t > 0:
             raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
-        return time.monotonic() + t + extra_s
+        return deadline_after(t + extra_s)
 
     def _connect(self, deadline: float) -> None:
         try:
@@ -645,6 +665,12 @@ class SerialTrackerDriver(TrackerDriver):
         self._restart_seen = False
         self.corrupt_frames = 0  # frames and garbage runs discarded (diagnostics)
 
+    backend = "serial"
+
+    @classmethod
+    def _from_url_internal(cls, url: str, options: Mapping[str, Any]) -> Self:
+        return cls(url, **options)
+
     def __repr__(self) -> str:
         return f"SerialTrackerDriver({self.url!r})"
 
@@ -812,9 +838,10 @@ class SerialTrackerDriver(TrackerDriver):
 
 # -- factory -------------------------------------------------------------------------------------
 
-#: Backend name -> class. Every URL form goes through the serial backend; the registry is
-#: where another protocol (e.g. Leica GeoCOM) plugs in.
-BACKENDS: dict[str, type[TrackerDriver]] = {"serial": SerialTrackerDriver}
+#: Backend name -> ``"module:Class"``, imported on first use
+#: (:func:`cellcal.drivers.base.load_backend`). Every URL form goes through the serial
+#: backend; the registry is where another protocol (e.g. Leica GeoCOM) plugs in.
+BACKENDS: dict[str, str] = {"serial": "cellcal.drivers.tracker:SerialTrackerDriver"}
 
 
 def connect_tracker(url: str, *, backend: str = "serial", **options: Any) -> TrackerDriver:
@@ -835,8 +862,5 @@ def connect_tracker(url: str, *, backend: str = "serial", **options: Any) -> Tra
     >>> with connect_tracker("socket://127.0.0.1:4000") as tracker:  # doctest: +SKIP
     ...     m = tracker.measure("pose", average_s=0.5)
     """
-    try:
-        cls = BACKENDS[backend]
-    except KeyError:
-        raise ValueError(f"unknown tracker backend {backend!r}; known: {sorted(BACKENDS)}") from None
-    return cls(url, **options)
+    cls: type[TrackerDriver] = load_backend(BACKENDS, backend, "tracker backend")
+    return cls.from_url(url, **options)

@@ -31,11 +31,12 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
 from cellcal.drivers import rtde_codec as rc
+from cellcal.drivers.base import remaining_s
 from cellcal.drivers.clock import StreamClockModel
 from cellcal.drivers.errors import (
     DeviceError,
@@ -315,7 +316,7 @@ class UrRtdeDriver(RobotDriver):
         Parsed :data:`OPTIONS` (see ``docs/protocols/robot.md``).
     """
 
-    scheme = "rtde"
+    backend = "rtde"
 
     def __init__(self, host: str, port: int = DEFAULT_RTDE_PORT, **options: Any) -> None:
         opts = merge_options(OPTIONS, {}, options, "rtde")
@@ -351,7 +352,7 @@ class UrRtdeDriver(RobotDriver):
         self._last_clock_feed = -math.inf
 
     @classmethod
-    def from_url(cls, url: RobotUrl, options: Mapping[str, Any]) -> UrRtdeDriver:
+    def _from_url_internal(cls, url: RobotUrl, options: Mapping[str, Any]) -> Self:
         host, port = _opt_host_port(url.target)
         opts = merge_options(OPTIONS, url.query, options, f"rtde://{url.target}")
         return cls(host, port, **opts)
@@ -648,7 +649,7 @@ class UrRtdeDriver(RobotDriver):
         if self._thread is not None:
             self._thread.join(timeout=2.0)
 
-    def _read_state_internal(self, deadline_ns: int) -> RobotState | None:
+    def _read_state_internal(self, deadline: float) -> RobotState | None:
         max_age_ns = int(self.max_age_s * 1e9)
         with self._cond:
             while True:
@@ -657,13 +658,13 @@ class UrRtdeDriver(RobotDriver):
                     raise exc
                 if self._link_error is not None:
                     raise self._link_error
-                now = time.monotonic_ns()
                 s = self._latest
-                if s is not None and now - s.t_recv_host_ns <= max_age_ns:
+                if s is not None and time.monotonic_ns() - s.t_recv_host_ns <= max_age_ns:
                     return s
-                if now >= deadline_ns:
+                remaining = remaining_s(deadline)
+                if remaining <= 0:
                     return None
-                self._cond.wait((deadline_ns - now) * 1e-9)
+                self._cond.wait(remaining)
 
     def wait_for_sample_after(self, seq: int, timeout_s: float) -> RobotState:
         """Block until a sample with ``seq`` greater than the given one arrives."""
@@ -694,7 +695,7 @@ class UrRtdeDriver(RobotDriver):
         except OSError as exc:
             raise DeviceGoneError(f"{self!r}: URScript port {self.opts['urscript_port']}: {exc}") from exc
 
-    def _move_internal(self, q_rad, base_T_flange, speed, wait, deadline_ns) -> None:
+    def _move_internal(self, q_rad, base_T_flange, speed, wait, deadline: float) -> None:
         o = self.opts
         if q_rad is not None:
             args = ", ".join(f"{x:.9f}" for x in q_rad)
@@ -714,14 +715,14 @@ class UrRtdeDriver(RobotDriver):
             raise ProtectiveStop(f"{self!r}: robot is in a protective stop; not moving")
         self.send_script(script)
         if wait:
-            self._wait_move(q_rad, base_T_flange, before.seq, deadline_ns)
+            self._wait_move(q_rad, base_T_flange, before.seq, deadline)
 
-    def _wait_move(self, q_target, pose_target, seq0, deadline_ns) -> None:
+    def _wait_move(self, q_target, pose_target, seq0, deadline: float) -> None:
         """Wait until the program has run and the robot is at the target."""
         seq = seq0
         saw_playing = False
         while True:
-            remaining = (deadline_ns - time.monotonic_ns()) * 1e-9
+            remaining = remaining_s(deadline)
             if remaining <= 0:
                 raise DriverTimeoutError(f"{self!r}: move did not finish in time")
             s = self.wait_for_sample_after(seq, min(remaining, max(self.timeout_s, 0.1)))

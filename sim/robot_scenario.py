@@ -2,7 +2,8 @@
 
 ``cellcal.sim.scenario`` hands the raw table over as ``scenario.robot: dict``;
 :func:`parse_robot_table` turns it into a frozen :class:`RobotScenario` in SI units,
-rejecting unknown keys by their dotted path. ``docs/simulation-robot.md`` documents every key.
+rejecting unknown keys and bad values with a :class:`~cellcal.sim.errors.ScenarioError`
+(a ``ValueError``) naming the dotted path. ``docs/simulation-robot.md`` documents every key.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from cellcal.drivers.kinematics import DHModel, dh_model, dh_model_from_table
+from cellcal.sim.errors import ScenarioError
 
 __all__ = [
     "RobotScenario",
@@ -112,17 +114,17 @@ class RobotScenario:
 # -- parsing ---------------------------------------------------------------------------------
 def _num(v: Any, path: str, *, positive: bool = False, nonneg: bool = False) -> float:
     if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-        raise ValueError(f"{path}: expected a finite number, got {v!r}")
+        raise ScenarioError(f"{path}: expected a finite number, got {v!r}")
     if positive and not v > 0:
-        raise ValueError(f"{path}: must be > 0, got {v!r}")
+        raise ScenarioError(f"{path}: must be > 0, got {v!r}")
     if nonneg and v < 0:
-        raise ValueError(f"{path}: must be >= 0, got {v!r}")
+        raise ScenarioError(f"{path}: must be >= 0, got {v!r}")
     return float(v)
 
 
 def _int(v: Any, path: str, lo: int, hi: int) -> int:
     if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
-        raise ValueError(f"{path}: expected an integer in [{lo}, {hi}], got {v!r}")
+        raise ScenarioError(f"{path}: expected an integer in [{lo}, {hi}], got {v!r}")
     return int(v)
 
 
@@ -130,17 +132,17 @@ def _vec(v: Any, path: str, n: int, scale: float = 1.0, *, positive: bool = Fals
     if isinstance(v, (int, float)) and not isinstance(v, bool):
         v = [v] * n
     if not isinstance(v, Sequence) or isinstance(v, str) or len(v) != n:
-        raise ValueError(f"{path}: expected {n} numbers, got {v!r}")
+        raise ScenarioError(f"{path}: expected {n} numbers, got {v!r}")
     out = np.array([_num(x, f"{path}[{i}]", positive=positive) for i, x in enumerate(v)])
     return out * scale
 
 
 def _check_keys(table: Mapping[str, Any], allowed: Sequence[str], path: str) -> None:
     if not isinstance(table, Mapping):
-        raise ValueError(f"{path}: expected a table, got {type(table).__name__}")
+        raise ScenarioError(f"{path}: expected a table, got {type(table).__name__}")
     for key in table:
         if key not in allowed:
-            raise ValueError(f"{path}.{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
+            raise ScenarioError(f"{path}.{key}: unknown key (allowed: {', '.join(sorted(allowed))})")
 
 
 _SCALARS: dict[str, tuple[str, float, dict[str, bool]]] = {
@@ -193,7 +195,7 @@ def _parse_can(t: Mapping[str, Any], path: str) -> CanScenario:
     if "sign" in t:
         s = _vec(t["sign"], f"{path}.sign", 6)
         if not np.all(np.isin(s, (-1.0, 1.0))):
-            raise ValueError(f"{path}.sign: each must be 1 or -1")
+            raise ScenarioError(f"{path}.sign: each must be 1 or -1")
         kw["sign"] = s
     if "offset_counts" in t:
         kw["offset_counts"] = _vec(t["offset_counts"], f"{path}.offset_counts", 6)
@@ -216,25 +218,25 @@ def _parse_can(t: Mapping[str, Any], path: str) -> CanScenario:
 
 def _parse_faults(v: Any, path: str) -> tuple[FaultSpec, ...]:
     if not isinstance(v, Sequence) or isinstance(v, str):
-        raise ValueError(f"{path}: expected an array of tables ([[robot.faults]])")
+        raise ScenarioError(f"{path}: expected an array of tables ([[robot.faults]])")
     out = []
     for i, t in enumerate(v):
         p = f"{path}[{i}]"
         _check_keys(t, _FAULT_KEYS, p)
         kind = t.get("kind")
         if kind not in FAULT_KINDS:
-            raise ValueError(f"{p}.kind: expected one of {', '.join(FAULT_KINDS)}, got {kind!r}")
+            raise ScenarioError(f"{p}.kind: expected one of {', '.join(FAULT_KINDS)}, got {kind!r}")
         if "start_s" not in t:
-            raise ValueError(f"{p}.start_s: required")
+            raise ScenarioError(f"{p}.start_s: required")
         at = _num(t["start_s"], f"{p}.start_s", nonneg=True)
         dur = _num(t["duration_s"], f"{p}.duration_s", positive=True) if "duration_s" in t else math.inf
         node = 0
         if kind == "silent_node":
             if "node" not in t:
-                raise ValueError(f"{p}.node: required for silent_node")
+                raise ScenarioError(f"{p}.node: required for silent_node")
             node = _int(t["node"], f"{p}.node", 1, 127)
         elif "node" in t:
-            raise ValueError(f"{p}.node: only for kind = \"silent_node\"")
+            raise ScenarioError(f"{p}.node: only for kind = \"silent_node\"")
         out.append(FaultSpec(kind, at, dur, node))
     return tuple(out)
 
@@ -256,17 +258,17 @@ def parse_robot_table(table: Mapping[str, Any] | None, path: str = "robot") -> R
             kw[fname] = _num(table[key], f"{path}.{key}", **checks) * scale
     if "model" in table:
         if not isinstance(table["model"], str):
-            raise ValueError(f"{path}.model: expected a model name")
+            raise ScenarioError(f"{path}.model: expected a model name")
         try:
             kw["model"] = dh_model(table["model"])
         except ValueError as exc:
-            raise ValueError(f"{path}.model: {exc}") from None
+            raise ScenarioError(f"{path}.model: {exc}") from None
     if "dh" in table:
         if "model" in table:
-            raise ValueError(f"{path}.dh: give either model or dh, not both")
+            raise ScenarioError(f"{path}.dh: give either model or dh, not both")
         kw["model"] = dh_model_from_table(table["dh"], f"{path}.dh")
         if kw["model"].n_joints != 6:
-            raise ValueError(f"{path}.dh: the simulated robot has 6 joints")
+            raise ScenarioError(f"{path}.dh: the simulated robot has 6 joints")
     if "initial_q_deg" in table:
         kw["initial_q_rad"] = _vec(table["initial_q_deg"], f"{path}.initial_q_deg", 6, _DEG)
     if "joint_zero_offsets_deg" in table:
@@ -279,7 +281,7 @@ def parse_robot_table(table: Mapping[str, Any] | None, path: str = "robot") -> R
         v = table["controller_version"]
         parts = v.split(".") if isinstance(v, str) else []
         if len(parts) != 4 or not all(p.isdigit() for p in parts):
-            raise ValueError(f"{path}.controller_version: expected \"major.minor.bugfix.build\"")
+            raise ScenarioError(f"{path}.controller_version: expected \"major.minor.bugfix.build\"")
         kw["controller_version"] = tuple(int(p) for p in parts)
     if "rtde_max_protocol" in table:
         kw["rtde_max_protocol"] = _int(table["rtde_max_protocol"], f"{path}.rtde_max_protocol", 1, 2)

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from cellcal.drivers.kinematics import UnreachablePose
+from cellcal.sim.errors import SimRefused
 from cellcal.sim.robot_scenario import (
     DEFAULT_INITIAL_Q_DEG,
     FaultSpec,
@@ -56,10 +57,6 @@ UR_SAFETY_NORMAL = 1
 UR_SAFETY_PROTECTIVE_STOP = 3
 UR_RUNTIME_STOPPED = 1
 UR_RUNTIME_PLAYING = 2
-
-
-class SimRefused(Exception):
-    """The simulated controller refused a command (protective stop, unreachable pose)."""
 
 
 @dataclass(frozen=True)

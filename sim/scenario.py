@@ -23,8 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from cellcal.sim.errors import ScenarioError
 from cellcal.sim.world import DriftEvent, World
-from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import make_transform, so3_exp, transform_from_xyz_quat
 
 __all__ = [
@@ -46,10 +46,6 @@ _MM_TO_M = 1e-3
 #: Flange rest pose used when the scenario gives none: 0.4 m out, 0.4 m up, facing down.
 DEFAULT_BASE_T_FLANGE_XYZ_M = (0.4, 0.0, 0.4)
 DEFAULT_BASE_T_FLANGE_QUAT_WXYZ = (0.0, 1.0, 0.0, 0.0)
-
-
-class ScenarioError(CellcalError, ValueError):
-    """A scenario file is invalid; the message starts with the dotted path of the key."""
 
 
 class FaultKind(str, enum.Enum):

@@ -13,7 +13,8 @@ and (issue 7, ADR 0004)::
     planning.plan_stations(...), planning.suggest_next_station(...)
 
 Every result carries its covariance, 1-sigma figures, ``predicted_error_at(...)`` and a
-held-out closure (:class:`HoldoutClosure`). Plus :class:`Workspace`, the error tree
+held-out closure (:class:`HoldoutClosure`), and lists what it estimated with
+``transforms()``: name -> :class:`Estimate` (value, covariance, parent and child frame). Plus :class:`Workspace`, the error tree
 (:class:`CellcalError`, :class:`CalibrationError`, :class:`NotEnoughSamples`,
 :class:`DegenerateGeometry`) and the SE(3) helpers in :mod:`cellcal.solver.se3`.
 """
@@ -24,6 +25,7 @@ from cellcal.solver.calibrate import (
     MIN_STATIONS,
     BaseFrameResult,
     CalibrationResult,
+    Estimate,
     EyeToHandResult,
     HandEyeResult,
     Residuals,
@@ -59,6 +61,7 @@ __all__ = [
     "Agreement",
     "PredictedError",
     "CalibrationResult",
+    "Estimate",
     "Residuals",
     "Workspace",
     "CellcalError",

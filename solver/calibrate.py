@@ -25,6 +25,7 @@ agreement with the linear answer. ``refine=False`` returns the linear answer unc
 
 from __future__ import annotations
 
+import abc
 import math
 from dataclasses import dataclass
 
@@ -48,6 +49,7 @@ from cellcal.solver.workspace import Workspace
 
 __all__ = [
     "Residuals",
+    "Estimate",
     "CalibrationResult",
     "BaseFrameResult",
     "HandEyeResult",
@@ -72,7 +74,7 @@ DEFAULT_MIN_ROTATION_RAD = 1e-3
 MIN_STATIONS = 3
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Residuals:
     """Per-station closure of the fitted model.
 
@@ -102,8 +104,84 @@ class Residuals:
         return [int(i) for i in np.argsort(self.translation_m)[::-1][:k]]
 
 
-@dataclass(frozen=True)
-class CalibrationResult:
+@dataclass(frozen=True, kw_only=True)
+class Estimate:
+    """One unknown a calibration estimated: a transform or a point, with its covariance.
+
+    Every result lists its estimates with :meth:`CalibrationResult.transforms`, so code that
+    reports, exports or publishes a result needs no knowledge of the result's type.
+
+    Attributes
+    ----------
+    name : str
+        The ADR 0001 name: ``parent_T_child`` for a transform (``"cell_T_base"``),
+        ``frame_p_point`` for a point (``"flange_p_tip"``).
+    kind : {"transform", "point"}
+        Which of the two it is.
+    value : numpy.ndarray, shape (4, 4) or (3,)
+        The transform (metres) or the point's coordinates in ``parent_frame`` (metres).
+    covariance : numpy.ndarray, shape (6, 6) or (3, 3)
+        A transform's: right perturbation ``T_true = T @ se3_exp(xi)``, twist
+        ``xi = (rho, phi)`` (m, rad) in the *child* frame (ADR 0004). A point's: additive,
+        m^2, in ``parent_frame``. Not finite where the solve did not compute it
+        (``refine=False, uncertainty=False``).
+    parent_frame : str
+        A transform's ``parent``; for a point, the frame its coordinates are in (``flange``
+        of ``flange_p_tip``).
+    child_frame : str
+        A transform's ``child``; for a point, the point's own name (``tip`` of
+        ``flange_p_tip``): exports place a frame of that name at the point, with
+        ``parent_frame``'s orientation.
+    """
+
+    name: str
+    kind: str
+    value: np.ndarray
+    covariance: np.ndarray
+    parent_frame: str
+    child_frame: str
+
+    @property
+    def frame(self) -> str:
+        """The frame the value's coordinates are expressed in (``parent_frame``)."""
+        return self.parent_frame
+
+    @property
+    def is_point(self) -> bool:
+        return self.kind == "point"
+
+    @classmethod
+    def of(cls, name: str, value: np.ndarray, covariance: np.ndarray) -> Estimate:
+        """The estimate called ``name`` (``a_T_b`` or ``a_p_x``), frames taken from the name.
+
+        Raises
+        ------
+        ValueError
+            A name of neither form, or a value or covariance of the wrong shape for it.
+        """
+        sep = "_T_" if "_T_" in name else "_p_"
+        parent, found, child = name.partition(sep)
+        if not (found and parent and child):
+            raise ValueError(f"estimate name must look like parent_T_child or frame_p_point, got {name!r}")
+        kind, shape, cov_shape = _ESTIMATE_KINDS[sep]
+        if np.shape(value) != shape or np.shape(covariance) != cov_shape:
+            raise ValueError(
+                f"{name}: a {kind} needs a value of shape {shape} and a covariance of shape {cov_shape}, "
+                f"got {np.shape(value)} and {np.shape(covariance)}"
+            )
+        return cls(name=name, kind=kind, value=value, covariance=covariance, parent_frame=parent, child_frame=child)
+
+
+#: name separator -> (kind, value shape, covariance shape)
+_ESTIMATE_KINDS = {"_T_": ("transform", (4, 4), (6, 6)), "_p_": ("point", (3,), (3, 3))}
+
+
+def _estimates(*items: tuple[str, np.ndarray, np.ndarray]) -> dict[str, Estimate]:
+    return {name: Estimate.of(name, value, cov) for name, value, cov in items}
+
+
+@dataclass(frozen=True, kw_only=True)
+class CalibrationResult(abc.ABC):
     """Figures every calibration reports.
 
     Attributes
@@ -130,12 +208,13 @@ class CalibrationResult:
     solver : str
         Which solve produced the result, for provenance.
     covariance : numpy.ndarray, shape (k, k)
-        Joint covariance of every estimated parameter (order given by each result class).
+        Joint covariance of every estimated parameter, in blocks ordered as
+        :meth:`transforms` lists the estimates (6 per transform, 3 per point).
         Transforms are perturbed on the right, ``T_true = T @ se3_exp(xi)`` with the twist
         ``xi = (rho, phi)`` (m, rad) in the transform's *child* frame; points additively
         (m). It is the inverse Fisher information of the measurement model at the answer
         (ADR 0004): the covariance of the refined estimate, a lower bound for a linear one
-        (``refined`` False).
+        (``refined`` False). Not finite when the solve skipped it (``uncertainty=False``).
     sigma_translation_mm, sigma_rotation_deg : float
         1-sigma of the primary unknown (the first transform or point of the result): RMS
         length of its translation error (mm) and rotation error (deg), i.e. the square
@@ -161,6 +240,12 @@ class CalibrationResult:
         Closure of stations held out of the fit (None when disabled or N < 4).
     linear_agreement : Agreement or None
         Linear answer against the refined one (None when not refined).
+
+    Notes
+    -----
+    Every field is a keyword; all but ``holdout`` and ``linear_agreement`` are required.
+    Subclasses add their transforms and points under their ADR 0001 names, each with a
+    ``<name>_covariance``, and list them in :meth:`transforms`.
     """
 
     n_stations: int
@@ -175,22 +260,34 @@ class CalibrationResult:
     max_motion_rad: float
     residuals: Residuals
     solver: str
-    covariance: np.ndarray = None  # type: ignore[assignment]
-    sigma_translation_mm: float = math.nan
-    sigma_rotation_deg: float = math.nan
-    noise_translation_m: float = math.nan
-    noise_rotation_rad: float = math.nan
-    noise_source: str = ""
-    chi2: float = math.nan
-    dof: int = 0
-    refined: bool = False
-    iterations: int = 0
-    downweighted: np.ndarray = None  # type: ignore[assignment]
+    covariance: np.ndarray
+    sigma_translation_mm: float
+    sigma_rotation_deg: float
+    noise_translation_m: float
+    noise_rotation_rad: float
+    noise_source: str
+    chi2: float
+    dof: int
+    refined: bool
+    iterations: int
+    downweighted: np.ndarray
     holdout: HoldoutClosure | None = None
     linear_agreement: Agreement | None = None
 
+    @abc.abstractmethod
+    def transforms(self) -> dict[str, Estimate]:
+        """Every transform and point this result estimated, by name, with its covariance.
 
-@dataclass(frozen=True)
+        Returns
+        -------
+        dict of str to Estimate
+            A new dict, in the order of the blocks of :attr:`covariance`; the first entry is
+            the primary unknown the sigma figures describe. The values are the result's own
+            arrays (not copies).
+        """
+
+
+@dataclass(frozen=True, kw_only=True)
 class BaseFrameResult(CalibrationResult):
     """Result of :func:`calibrate_base_frame`.
 
@@ -205,10 +302,17 @@ class BaseFrameResult(CalibrationResult):
         ``covariance`` (12, 12) is the joint one, ordered ``[cell_T_base, flange_T_target]``.
     """
 
-    cell_T_base: np.ndarray = None  # type: ignore[assignment]
-    flange_T_target: np.ndarray = None  # type: ignore[assignment]
-    cell_T_base_covariance: np.ndarray = None  # type: ignore[assignment]
-    flange_T_target_covariance: np.ndarray = None  # type: ignore[assignment]
+    cell_T_base: np.ndarray
+    flange_T_target: np.ndarray
+    cell_T_base_covariance: np.ndarray
+    flange_T_target_covariance: np.ndarray
+
+    def transforms(self) -> dict[str, Estimate]:
+        """``cell_T_base``, ``flange_T_target`` (see :meth:`CalibrationResult.transforms`)."""
+        return _estimates(
+            ("cell_T_base", self.cell_T_base, self.cell_T_base_covariance),
+            ("flange_T_target", self.flange_T_target, self.flange_T_target_covariance),
+        )
 
     def predicted_error_at(self, cell_p_task) -> PredictedError:
         """Error of a cell-frame task point expressed in the robot base with this result.
@@ -222,8 +326,9 @@ class BaseFrameResult(CalibrationResult):
         -------
         PredictedError
             ``base_p = inv(cell_T_base) @ cell_p`` is off by ``-(rho + phi x base_p)``:
-            its covariance in the base frame, with the lever arm ``|base_p|`` (seed 001
-            section 06). Only the calibration's error is included, not the tracker's.
+            its covariance in the base frame, with the lever arm ``|base_p|`` (the rotation
+            error times the distance from the base origin). Only the calibration's error is
+            included, not the tracker's.
         """
         X = self.cell_T_base
         p = np.asarray(cell_p_task, dtype=float).reshape(3)
@@ -231,7 +336,7 @@ class BaseFrameResult(CalibrationResult):
         return point_error(np.eye(4), self.cell_T_base_covariance, pb, "base")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HandEyeResult(CalibrationResult):
     """Result of :func:`calibrate_hand_eye` (eye-in-hand).
 
@@ -246,10 +351,17 @@ class HandEyeResult(CalibrationResult):
         is the joint one, ordered ``[flange_T_camera, base_T_target]``.
     """
 
-    flange_T_camera: np.ndarray = None  # type: ignore[assignment]
-    base_T_target: np.ndarray = None  # type: ignore[assignment]
-    flange_T_camera_covariance: np.ndarray = None  # type: ignore[assignment]
-    base_T_target_covariance: np.ndarray = None  # type: ignore[assignment]
+    flange_T_camera: np.ndarray
+    base_T_target: np.ndarray
+    flange_T_camera_covariance: np.ndarray
+    base_T_target_covariance: np.ndarray
+
+    def transforms(self) -> dict[str, Estimate]:
+        """``flange_T_camera``, ``base_T_target`` (see :meth:`CalibrationResult.transforms`)."""
+        return _estimates(
+            ("flange_T_camera", self.flange_T_camera, self.flange_T_camera_covariance),
+            ("base_T_target", self.base_T_target, self.base_T_target_covariance),
+        )
 
     def predicted_error_at(self, camera_p_task) -> PredictedError:
         """Error of a point seen by the camera, mapped to the flange with this result.
@@ -268,7 +380,7 @@ class HandEyeResult(CalibrationResult):
         return point_error(self.flange_T_camera, self.flange_T_camera_covariance, camera_p_task, "flange")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class EyeToHandResult(CalibrationResult):
     """Result of :func:`calibrate_eye_to_hand` (camera fixed in the cell, target on the flange).
 
@@ -283,10 +395,17 @@ class EyeToHandResult(CalibrationResult):
         the joint one, ordered ``[base_T_camera, flange_T_target]``.
     """
 
-    base_T_camera: np.ndarray = None  # type: ignore[assignment]
-    flange_T_target: np.ndarray = None  # type: ignore[assignment]
-    base_T_camera_covariance: np.ndarray = None  # type: ignore[assignment]
-    flange_T_target_covariance: np.ndarray = None  # type: ignore[assignment]
+    base_T_camera: np.ndarray
+    flange_T_target: np.ndarray
+    base_T_camera_covariance: np.ndarray
+    flange_T_target_covariance: np.ndarray
+
+    def transforms(self) -> dict[str, Estimate]:
+        """``base_T_camera``, ``flange_T_target`` (see :meth:`CalibrationResult.transforms`)."""
+        return _estimates(
+            ("base_T_camera", self.base_T_camera, self.base_T_camera_covariance),
+            ("flange_T_target", self.flange_T_target, self.flange_T_target_covariance),
+        )
 
     def predicted_error_at(self, camera_p_task) -> PredictedError:
         """Error of a point seen by the camera, mapped to the robot base with this result.
@@ -305,7 +424,7 @@ class EyeToHandResult(CalibrationResult):
         return point_error(self.base_T_camera, self.base_T_camera_covariance, camera_p_task, "base")
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class ToolPointResult(CalibrationResult):
     """Result of :func:`calibrate_tool_point` (pivot).
 
@@ -315,14 +434,22 @@ class ToolPointResult(CalibrationResult):
         Tool tip in the flange frame, metres.
     base_p_pivot : numpy.ndarray, shape (3,)
         The fixed pivot point in the base frame, metres.
-    flange_p_tip_covariance : numpy.ndarray, shape (3, 3)
-        Covariance of the tip, m^2 (flange frame); ``covariance`` (6, 6) is the joint one
-        of ``[flange_p_tip, base_p_pivot]``.
+    flange_p_tip_covariance, base_p_pivot_covariance : numpy.ndarray, shape (3, 3)
+        Covariance of the tip (m^2, flange frame) and of the pivot (m^2, base frame);
+        ``covariance`` (6, 6) is the joint one of ``[flange_p_tip, base_p_pivot]``.
     """
 
-    flange_p_tip: np.ndarray = None  # type: ignore[assignment]
-    base_p_pivot: np.ndarray = None  # type: ignore[assignment]
-    flange_p_tip_covariance: np.ndarray = None  # type: ignore[assignment]
+    flange_p_tip: np.ndarray
+    base_p_pivot: np.ndarray
+    flange_p_tip_covariance: np.ndarray
+    base_p_pivot_covariance: np.ndarray
+
+    def transforms(self) -> dict[str, Estimate]:
+        """``flange_p_tip``, ``base_p_pivot`` (see :meth:`CalibrationResult.transforms`)."""
+        return _estimates(
+            ("flange_p_tip", self.flange_p_tip, self.flange_p_tip_covariance),
+            ("base_p_pivot", self.base_p_pivot, self.base_p_pivot_covariance),
+        )
 
     def predicted_error_at(self) -> PredictedError:
         """Error of the tool tip itself (the only point a pivot calibration estimates).
@@ -403,7 +530,7 @@ def _residuals(ws: Workspace, n: int, owned: bool) -> Residuals:
         rt, rr = rt.view(), rr.view()
         rt.flags.writeable = False
         rr.flags.writeable = False
-    return Residuals(rt, rr)
+    return Residuals(translation_m=rt, rotation_rad=rr)
 
 
 TRANSLATION_MODES = ("stations", "pairs")
@@ -585,6 +712,9 @@ def _pose_finish(
         p = model.nparam
         fit = _refine.Fit((A0, B0), np.full((p, p), np.nan), math.nan, math.nan, 0, 0, False,
                           ws.down[:0], noise, ok=False, message="uncertainty not computed")
+        if measurement_residuals:
+            # Nothing evaluated the model yet: its residual buffers hold no answer's residuals.
+            model.residuals((A0, B0))
     if refined or measurement_residuals:
         model.norms(ws.res_t[:n], ws.res_r[:n])
         stats = _core.closure_stats(n, ws)
@@ -1096,9 +1226,9 @@ def calibrate_tool_point(
         residuals=_residuals(ws, n, workspace is None),
         solver="pivot least squares (6x6 normal equations, Schur complement)",
         flange_p_tip=p_tip, base_p_pivot=p_pivot,
-        covariance=cov, flange_p_tip_covariance=tip_cov,
+        covariance=cov, flange_p_tip_covariance=tip_cov, base_p_pivot_covariance=cov[3:, 3:].copy(),
         sigma_translation_mm=1e3 * math.sqrt(tr) if math.isfinite(tr) else math.inf,
         sigma_rotation_deg=0.0, noise_translation_m=sigma, noise_rotation_rad=math.nan,
-        noise_source=source, chi2=chi / (sigma * sigma), dof=dof, refined=False,
+        noise_source=source, chi2=chi / (sigma * sigma), dof=dof, refined=False, iterations=0,
         downweighted=_readonly(ws.down[:0], workspace is None), holdout=ho,
     )

@@ -1,16 +1,70 @@
-"""The one exception tree every cellcal package shares.
+"""The one exception tree every cellcal package shares, documented here in full.
 
-The root lives in the solver (the lowest floor) so drivers, sim and daemon can all derive
-from it without importing upwards.
+The root lives in the solver (the lowest floor), so drivers, sim and daemon all derive from
+it without importing upwards; each branch is defined in the module named beside it. Catch
+``CellcalError`` for "anything cellcal raised on purpose"; a builtin in parentheses is a
+second base, so callers that catch it keep working (every timeout is also a
+``TimeoutError``; bad input that is the caller's mistake is also a ``ValueError``).
 
-``CellcalError``
-    ``CalibrationError``: a calibration could not be determined from the data given.
-        ``NotEnoughSamples``: fewer stations than the problem needs.
-        ``DegenerateGeometry``: enough stations, but the motions cannot determine every
-        degree of freedom (parallel rotation axes, or no rotation at all).
+::
+
+    CellcalError
+    +-- CalibrationError                 cellcal.solver.errors: the data cannot determine
+    |   |                                the calibration asked for (ADR 0002)
+    |   +-- NotEnoughSamples             fewer stations than the problem needs
+    |   +-- DegenerateGeometry           the motions leave degrees of freedom undetermined
+    |                                    (parallel rotation axes, no rotation, collinear points)
+    +-- DriverError                      cellcal.drivers.errors: talking to a device failed
+    |   +-- DriverInitError              the device could not be opened, identified, configured
+    |   |   +-- RecipeFieldNotFound      drivers.ur_rtde: the controller lacks an RTDE field
+    |   +-- DriverTimeoutError (TimeoutError)   no (complete) answer in time
+    |   |   +-- TrackerTimeoutError      drivers.tracker
+    |   +-- ProtocolError                bytes that do not form a valid message
+    |   |   +-- TrackerProtocolError     drivers.tracker_codec: one bad frame, with its fault
+    |   +-- DeviceGoneError              the link dropped (port closed, socket reset, bus silent)
+    |   |   +-- TrackerGoneError         drivers.tracker
+    |   |   +-- HeartbeatLost            drivers.canopen402: a drive stopped beating
+    |   |   +-- NodeRebooted             drivers.canopen402: a drive rebooted after set-up
+    |   +-- DeviceError                  the device answered with an error; ``code`` names it
+    |   |   +-- ProtectiveStop           drivers.robot: safety stop, needs an operator
+    |   |   +-- SdoAbortError            drivers.canopen402: SDO abort, ``abort_code``
+    |   |   +-- TrackerDeviceError       drivers.tracker: a NAK, ``code`` the protocol's
+    |   |       +-- NoTargetError, BeamBrokenError, NotStableError, NotWarmedUpError,
+    |   |           OutOfRangeError, TrackerBusyError, MeasurementAbortedError,
+    |   |           RequestRejectedError
+    |   +-- ClockNotReady (RuntimeError) drivers.clock: a clock mapping asked of a model
+    |                                    that has no sample yet
+    +-- UnreachablePose (ValueError)     drivers.kinematics: no joint vector reaches the pose
+    +-- SimError                         cellcal.sim.errors: the simulator
+    |   +-- ScenarioError (ValueError)   sim.scenario: a scenario file is invalid (dotted path)
+    |   +-- SimRefused                   sim.robot_sim: the simulated controller said no
+    +-- ConfigError (ValueError)         cellcal.daemon.config: invalid configuration (dotted path)
+    |   +-- SecurityError                daemon.zmq_server: ``[zmq]`` would expose the daemon
+    |                                    (a network endpoint without CURVE, bad keys)
+    +-- StationFileError (ValueError)    daemon.stations_io: a station file that cannot be read
+    +-- PlanError (ValueError)           daemon.plan: no station plan from the settings given
+    +-- UsageError                       daemon.cmd_ctl: bad command line (exit status 2)
+    +-- ServiceError                     daemon.service: a request the service cannot honour
+    |                                    now (``code``: its E_* code)
+    +-- StationRejected                  daemon.capture: a station not accepted (``reason``)
+    +-- DeviceFault                      daemon.capture: a device link failed (``device``)
+    +-- StoreError                       daemon.store: the SQLite store
+    |   +-- StoreFullError, StoreReadOnlyError, StoreCorruptError, DuplicateStation,
+    |       UnknownRecord (LookupError), RunClosed
+    +-- CommandError                     daemon.protocol: a command failed, ``code`` is its
+    |   |                                E_* error code on the wire
+    |   +-- BadRequest                   a malformed request (E_BAD_REQUEST)
+    +-- ClientError                      daemon.client: the ZeroMQ client
+    |   +-- CommandFailed                the daemon answered ``ok: false`` (``code``)
+    |   +-- ClientTimeout (TimeoutError) no reply in time
+    +-- BindError (OSError)              daemon.zmq_server: an endpoint could not be bound
+
+Errors from a dependency (pyserial, python-can, canopen, pyzmq, sqlite3) are re-raised as
+the matching cellcal error ``from`` the original, so the cause stays in the traceback.
 
 Bad arguments (wrong shapes, NaN, non-orthonormal rotations) raise the builtin
-``ValueError`` instead: they are the caller's bug, not a property of the cell.
+``ValueError`` naming the argument and station: they are the caller's bug, not a property
+of the cell.
 """
 
 from __future__ import annotations

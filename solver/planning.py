@@ -69,7 +69,7 @@ _PARAM_NAMES = {
 }
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class StationPlan:
     """Planned stations and what they determine.
 
@@ -112,7 +112,7 @@ class StationPlan:
     measurement: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class NextStation:
     """The station :func:`suggest_next_station` recommends.
 

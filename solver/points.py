@@ -39,6 +39,8 @@ from cellcal.solver.calibrate import (
     DEFAULT_MIN_AXIS_SPREAD,
     DEFAULT_MIN_ROTATION_RAD,
     CalibrationResult,
+    Estimate,
+    _estimates,
     _readonly,
     _residuals,
     _transform,
@@ -66,7 +68,7 @@ _FINAL_TOL_M = 1e-13
 MIN_POINT_STATIONS = 4
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class PointBaseFrameResult(CalibrationResult):
     """Result of :func:`calibrate_base_frame_points`.
 
@@ -85,11 +87,18 @@ class PointBaseFrameResult(CalibrationResult):
         ``lambda_2 / lambda_1`` of the measured points' scatter (module docstring).
     """
 
-    cell_T_base: np.ndarray = None  # type: ignore[assignment]
-    flange_p_target: np.ndarray = None  # type: ignore[assignment]
-    cell_T_base_covariance: np.ndarray = None  # type: ignore[assignment]
-    flange_p_target_covariance: np.ndarray = None  # type: ignore[assignment]
-    point_spread: float = math.nan
+    cell_T_base: np.ndarray
+    flange_p_target: np.ndarray
+    cell_T_base_covariance: np.ndarray
+    flange_p_target_covariance: np.ndarray
+    point_spread: float
+
+    def transforms(self) -> dict[str, Estimate]:
+        """``cell_T_base``, ``flange_p_target`` (see :meth:`CalibrationResult.transforms`)."""
+        return _estimates(
+            ("cell_T_base", self.cell_T_base, self.cell_T_base_covariance),
+            ("flange_p_target", self.flange_p_target, self.flange_p_target_covariance),
+        )
 
     def predicted_error_at(self, cell_p_task) -> PredictedError:
         """Error of a cell-frame task point expressed in the robot base with this result

@@ -39,7 +39,7 @@ MIN_HOLDOUT_STATIONS = 4
 MAX_FOLDS = 10
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class HoldoutClosure:
     """Closure of each station against the model fitted *without* it.
 
@@ -82,7 +82,7 @@ class HoldoutClosure:
     inflation: float
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, kw_only=True)
 class Agreement:
     """How far the linear answer lies from the refined one (validation ladder level 3).
 
@@ -118,7 +118,7 @@ def agreement(X_lin: np.ndarray, X_ref: np.ndarray, cov6: np.ndarray) -> Agreeme
         sig = math.sqrt(max(m2, 0.0)) if math.isfinite(m2) else math.inf
     except np.linalg.LinAlgError:
         sig = math.inf
-    return Agreement(dt, dr, sig)
+    return Agreement(translation_m=dt, rotation_rad=dr, sigmas=sig)
 
 
 # --- kernels --------------------------------------------------------------------------------------
@@ -266,7 +266,11 @@ def closure_from_buffers(
         ht, hr = ht.view(), hr.view()
         ht.flags.writeable = False
         hr.flags.writeable = False
-    return HoldoutClosure(method, folds, ht, hr, t50, t90, tmax, r50, r90, rmax, inflation)
+    return HoldoutClosure(
+        method=method, folds=folds, translation_m=ht, rotation_rad=hr,
+        p50_translation_m=t50, p90_translation_m=t90, max_translation_m=tmax,
+        p50_rotation_rad=r50, p90_rotation_rad=r90, max_rotation_rad=rmax, inflation=inflation,
+    )
 
 
 def kfold_indices(n: int, k: int, f: int, ws: Workspace) -> int:

@@ -132,3 +132,16 @@ def test_workspace_reuse_and_read_only_views():
     assert np.allclose(a.base_T_camera, b.base_T_camera, atol=1e-14)
     assert a.base_T_camera_covariance.shape == (6, 6) and a.covariance.shape == (12, 12)
     assert a.sigma_rotation_deg < math.degrees(1e-3)
+
+
+def test_linear_answer_without_uncertainty_still_reports_its_residuals():
+    # The linear eye-to-hand answer reports the model's residuals in the camera frame; they
+    # must not depend on whether the covariance was evaluated too.
+    X, Y, G, O = scene(12, np.random.default_rng(7), 0.02, 0.01)
+    fast = calibrate_eye_to_hand(G, O, refine=False, holdout=False, uncertainty=False)
+    full = calibrate_eye_to_hand(G, O, refine=False, holdout=False)
+    assert np.array_equal(fast.base_T_camera, full.base_T_camera)
+    assert np.allclose(fast.residuals.translation_m, full.residuals.translation_m, rtol=1e-12, atol=0)
+    assert np.allclose(fast.residuals.rotation_rad, full.residuals.rotation_rad, rtol=1e-12, atol=0)
+    assert fast.rms_translation_m == pytest.approx(full.rms_translation_m, rel=1e-12)
+    assert not np.any(np.isfinite(fast.covariance))
