@@ -63,7 +63,7 @@ class DHModel:
     d_m: np.ndarray
     a_m: np.ndarray
     alpha_rad: np.ndarray
-    theta_offset_rad: np.ndarray = field(default=None)  # type: ignore[assignment]
+    theta_offset_rad: np.ndarray = field(default=None)  # type: ignore[arg-type]  # None: zeros (__post_init__)
 
     def __post_init__(self) -> None:
         arrays = {}
@@ -87,7 +87,7 @@ class DHModel:
         """Number of joints."""
         return len(self.d_m)
 
-    def with_joint_offsets(self, offsets_rad: Sequence[float], name: str | None = None) -> DHModel:
+    def with_joint_offsets(self, offsets_rad: Sequence[float] | np.ndarray, name: str | None = None) -> DHModel:
         """The same arm with ``offsets_rad`` (n,) added to each joint's zero offset."""
         off = np.asarray(offsets_rad, dtype=float).reshape(-1)
         if off.shape != (self.n_joints,):
@@ -209,7 +209,7 @@ def _wrap_near(q: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 
 def _ur(name: str, d: Sequence[float], a: Sequence[float]) -> DHModel:
-    return DHModel(name, d, a, (_HALF_PI, 0.0, 0.0, _HALF_PI, -_HALF_PI, 0.0))
+    return DHModel(name, np.asarray(d), np.asarray(a), np.array([_HALF_PI, 0.0, 0.0, _HALF_PI, -_HALF_PI, 0.0]))
 
 
 #: Universal Robots e-series nominal DH parameters (metres, radians).
@@ -272,7 +272,7 @@ def dh_model_from_table(table: Mapping[str, Any], path: str = "dh") -> DHModel:
     else:
         theta = None
     try:
-        return DHModel("custom", arr("d_m"), arr("a_m"), alpha, theta)
+        return DHModel("custom", arr("d_m"), arr("a_m"), alpha, theta)  # type: ignore[arg-type]  # None: zeros
     except ValueError as exc:
         raise ValueError(f"{path}: {exc}") from None
 

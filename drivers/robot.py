@@ -455,7 +455,7 @@ class RobotDriver(DeviceDriver):
         else:
             from cellcal.solver.se3 import check_transform
 
-            pose = check_transform(base_T_flange, "move_to: base_T_flange")
+            pose = check_transform(np.asarray(base_T_flange), "move_to: base_T_flange")
         timeout = self.move_timeout_s if timeout_s is None else float(timeout_s)
         log.info("%r: move_to %s speed=%.3g", self, "q" if q is not None else "pose", speed)
         self._move_internal(q, pose, float(speed), wait, deadline_after(timeout))

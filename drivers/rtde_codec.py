@@ -450,7 +450,7 @@ class Recipe:
         if len(names) != len(types):
             raise ValueError(f"recipe: {len(names)} names but {len(types)} types")
         ftypes = []
-        for name, t in zip(names, types):
+        for name, t in zip(names, types, strict=True):
             try:
                 ftypes.append(t if isinstance(t, FieldType) else FieldType[t])
             except KeyError:
@@ -471,7 +471,7 @@ class Recipe:
     def encode(self, values: Mapping[str, Any]) -> bytes:
         """A complete ``U`` packet from ``values`` (a missing name encodes as zero)."""
         flat: list[Any] = [self.recipe_id] if self._with_id else []
-        for name, t in zip(self.names, self.types):
+        for name, t in zip(self.names, self.types, strict=True):
             v = values.get(name)
             if v is None:
                 flat.extend([0.0 if t.is_float else 0] * t.count)
@@ -504,7 +504,7 @@ class Recipe:
                 raise ProtocolError(f"RTDE data package for recipe {flat[0]}, expected {self.recipe_id}")
             i = 1
         out: dict[str, Any] = {}
-        for name, t in zip(self.names, self.types):
+        for name, t in zip(self.names, self.types, strict=True):
             n = t.count
             out[name] = flat[i] if n == 1 else tuple(flat[i : i + n])
             i += n

@@ -658,7 +658,7 @@ class SerialTrackerDriver(TrackerDriver):
         super().__init__(**options)
         self.url = str(url)
         self.baudrate = int(baudrate)
-        self._port = None
+        self._port: Any = None
         self._decoder = codec.Decoder(accept=codec.REPLY_TYPES)
         self._seq = 0
         self._last_ts_us: int | None = None
@@ -703,11 +703,11 @@ class SerialTrackerDriver(TrackerDriver):
             return
         from serial.urlhandler import protocol_socket
 
-        if isinstance(port, protocol_socket.Serial) and port._socket is not None:
+        if isinstance(port, protocol_socket.Serial) and port._socket is not None:  # type: ignore[attr-defined]
             # pyserial's socket close() sleeps 0.3 s "in case of quick reconnects", which
             # would eat a reconnecting call's whole deadline; close the socket ourselves
             # (pyserial 3.5 attributes) and let close() find nothing left to do.
-            sock, port._socket = port._socket, None
+            sock, port._socket = port._socket, None  # type: ignore[attr-defined]
             try:
                 sock.shutdown(socket.SHUT_RDWR)
             except OSError:
@@ -717,7 +717,7 @@ class SerialTrackerDriver(TrackerDriver):
         port.close()
 
     def _identify_internal(self, deadline: float) -> TrackerInfo:
-        version = "%d.%d" % codec.PROTOCOL_VERSION
+        version = "{}.{}".format(*codec.PROTOCOL_VERSION)
         rec, _ = self._transact(codec.Hello(self._next_seq(), version), codec.Ident, deadline)
         return TrackerInfo(rec.model, rec.serial, rec.firmware, rec.version, rec.units)
 
@@ -729,7 +729,7 @@ class SerialTrackerDriver(TrackerDriver):
         quat = std_rot = None
         if kind is MeasKind.POSE:
             quat = (rec.qw, rec.qx, rec.qy, rec.qz)
-            std_rot = tuple(math.radians(v) for v in (rec.std_rx_deg, rec.std_ry_deg, rec.std_rz_deg))
+            std_rot = (math.radians(rec.std_rx_deg), math.radians(rec.std_ry_deg), math.radians(rec.std_rz_deg))
         return RawMeasurement(
             kind, xyz, quat, std, std_rot, rec.t_us * _US_TO_S, rec.sample_count, rec.flags
         )
@@ -755,7 +755,7 @@ class SerialTrackerDriver(TrackerDriver):
         self._seq = self._seq % codec.SEQ_MAX + 1
         return self._seq
 
-    def _transact(self, request, expect: type, deadline: float):
+    def _transact(self, request, expect: type[codec._Record], deadline: float):
         """Send ``request``; return ``(reply, (t_sent_ns, t_received_ns))``.
 
         Replies to other sequence numbers (late answers to a request that timed out) are

@@ -24,9 +24,9 @@ import binascii
 import enum
 import re
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
-from typing import ClassVar, Union
+from typing import Any, ClassVar, TypeVar, dataclass_transform
 
 from cellcal.drivers.errors import ProtocolError
 
@@ -190,7 +190,7 @@ class TrackerProtocolError(ProtocolError):
 _UINT_RE = re.compile(r"0|[1-9][0-9]{0,15}")
 _DEC_RE = re.compile(r"-?(0|[1-9][0-9]{0,8})(\.[0-9]{1,12})?")
 _UDEC_RE = re.compile(r"(0|[1-9][0-9]{0,8})(\.[0-9]{1,12})?")
-_TEXT_RE = re.compile(r"[\x20-\x7e]{1,%d}" % MAX_TEXT_CHARS)
+_TEXT_RE = re.compile(rf"[\x20-\x7e]{{1,{MAX_TEXT_CHARS}}}")
 _VERSION_RE = re.compile(r"(0|[1-9][0-9]{0,2})\.(0|[1-9][0-9]{0,2})")
 _CODE_RE = re.compile(r"[A-Z][A-Z0-9_]{0,23}")
 _FLAGS_RE = re.compile(r"[0-9A-F]{4}")
@@ -322,11 +322,17 @@ class _Record:
 
     TYPE: ClassVar[str]
     KINDS: ClassVar[tuple]
+    _BODY_RE: ClassVar[re.Pattern[str]]
+    _FAST: ClassVar[tuple]
     seq: int
 
 
-def _record(type_: str, *kinds):
-    def wrap(cls):
+_R = TypeVar("_R", bound=type)
+
+
+@dataclass_transform(frozen_default=True)
+def _record(type_: str, *kinds: tuple) -> Callable[[_R], _R]:
+    def wrap(cls: Any) -> Any:
         cls = dataclass(frozen=True, slots=True)(cls)
         names = [f.name for f in fields(cls)]
         assert len(names) == len(kinds) + 1 and names[0] == "seq", cls
@@ -500,10 +506,10 @@ class Nak(_Record):
     code: str
 
 
-Record = Union[Hello, Ping, Meas, Stat, Stop, Ident, Pong, PointReply, PoseReply, Status, Ack, Nak]
+Record = Hello | Ping | Meas | Stat | Stop | Ident | Pong | PointReply | PoseReply | Status | Ack | Nak
 
-REQUEST_TYPES: tuple[type, ...] = (Hello, Ping, Meas, Stat, Stop)
-REPLY_TYPES: tuple[type, ...] = (Ident, Pong, PointReply, PoseReply, Status, Ack, Nak)
+REQUEST_TYPES: tuple[type[_Record], ...] = (Hello, Ping, Meas, Stat, Stop)
+REPLY_TYPES: tuple[type[_Record], ...] = (Ident, Pong, PointReply, PoseReply, Status, Ack, Nak)
 
 
 def encode(record: Record) -> bytes:
@@ -517,7 +523,7 @@ def encode(record: Record) -> bytes:
     """
     values = [getattr(record, f.name) for f in fields(record)]
     parts = [record.TYPE]
-    for kind, v in zip(record.KINDS, values):
+    for kind, v in zip(record.KINDS, values, strict=True):
         parts.append(kind[1](v))
     body = ",".join(parts).encode("ascii")
     frame = b"$" + body + b"*%04X\r\n" % crc16(body)
@@ -546,7 +552,7 @@ class Decoder:
     counted, not stored (only its first 64 bytes are kept for the error).
     """
 
-    def __init__(self, accept: Iterable[type] = REQUEST_TYPES + REPLY_TYPES) -> None:
+    def __init__(self, accept: Iterable[type[_Record]] = REQUEST_TYPES + REPLY_TYPES) -> None:
         self._types = {cls.TYPE: cls for cls in accept}
         self._frame = bytearray()  # the frame in progress, starting with '$'
         self._in_frame = False
@@ -673,10 +679,10 @@ class Decoder:
         type_ = text.split(",", 1)[0]
         cls = self._types.get(type_)
         if cls is not None:
-            m = cls._BODY_RE.fullmatch(text)
-            if m is not None:
+            mt = cls._BODY_RE.fullmatch(text)
+            if mt is not None:
                 try:
-                    return cls(*[conv(g) for conv, g in zip(cls._FAST, m.groups())])
+                    return cls(*[conv(g) for conv, g in zip(cls._FAST, mt.groups(), strict=True)])  # type: ignore[return-value]
                 except ValueError:
                     pass  # a range check failed: the slow path below says which
         parts = text.split(",")
@@ -699,9 +705,9 @@ class Decoder:
                 frame, seq=seq, msg_type=type_,
             )
         try:
-            values = [k[0](s) for k, s in zip(cls.KINDS, parts[1:])]
+            values = [k[0](s) for k, s in zip(cls.KINDS, parts[1:], strict=True)]
         except ValueError as exc:
             return TrackerProtocolError(
                 FrameFault.BAD_FIELDS, f"{type_}: {exc}", frame, seq=seq, msg_type=type_
             )
-        return cls(*values)
+        return cls(*values)  # type: ignore[return-value]

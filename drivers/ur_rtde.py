@@ -400,7 +400,7 @@ class UrRtdeDriver(RobotDriver):
         reader = rc.PacketReader()
         P = rc.PacketType
 
-        def request(packet: bytes, expect: P) -> bytes:
+        def request(packet: bytes, expect: rc.PacketType) -> bytes:
             sock.sendall(packet)
             while True:
                 for ptype, payload in reader.packets():
@@ -416,7 +416,7 @@ class UrRtdeDriver(RobotDriver):
                 sock.settimeout(remaining)
                 try:
                     data = sock.recv(65536)
-                except socket.timeout:
+                except TimeoutError:
                     raise DriverInitError(f"{self!r}: no {expect.name} reply in time") from None
                 if not data:
                     raise DriverInitError(f"{self!r}: controller closed the connection during setup")
@@ -440,7 +440,7 @@ class UrRtdeDriver(RobotDriver):
                 P.CONTROL_PACKAGE_SETUP_OUTPUTS,
             )
             recipe_id, types = rc.decode_setup_reply(reply, P.CONTROL_PACKAGE_SETUP_OUTPUTS, protocol)
-            missing = tuple(n for n, t in zip(RECIPE, types) if t == rc.NOT_FOUND)
+            missing = tuple(n for n, t in zip(RECIPE, types, strict=False) if t == rc.NOT_FOUND)
             if missing:
                 raise RecipeFieldNotFound(missing)
             expected = [t.name for t in RECIPE_TYPES]
@@ -479,7 +479,7 @@ class UrRtdeDriver(RobotDriver):
             sock.settimeout(remaining)
             try:
                 data = sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError as exc:
                 raise DriverInitError(f"{self!r}: {exc}") from exc
@@ -618,7 +618,7 @@ class UrRtdeDriver(RobotDriver):
         while not self._stop_evt.is_set():
             try:
                 data = sock.recv(65536)
-            except socket.timeout:
+            except TimeoutError:
                 if time.monotonic() - last_data > limit:
                     raise DeviceGoneError(f"{self!r}: no RTDE data for {limit:.3g} s") from None
                 continue

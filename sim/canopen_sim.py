@@ -172,7 +172,7 @@ class CanopenSimDrives:
             d.node = node
             d.target = int(q_counts[d.joint])
             # boot: boot-up message, then pre-operational with heartbeats running
-            net.send_message(HEARTBEAT_COB_BASE + d.node_id, [0])
+            net.send_message(HEARTBEAT_COB_BASE + d.node_id, bytes([0]))
             node.nmt.send_command(NmtCommand.ENTER_PRE_OPERATIONAL)
         net.subscribe(SYNC_COB_ID, self._on_sync)
         self._monitor = threading.Thread(target=self._watch_faults, name="canopen-sim-faults", daemon=True)

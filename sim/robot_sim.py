@@ -474,7 +474,7 @@ def start_sim_robot(
         if transport == "rtde":
             from cellcal.sim.rtde_server import RtdeServer
 
-            server = RtdeServer(robot, host=host, port=rtde_port, urscript_port=urscript_port)
+            server: Any = RtdeServer(robot, host=host, port=rtde_port, urscript_port=urscript_port)
             server.start()
             url = server.url
         elif transport == "canopen":

@@ -233,7 +233,7 @@ class RtdeServer:
         while not self._stop.is_set():
             try:
                 conn, _ = ls.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -252,7 +252,7 @@ class RtdeServer:
             while not self._stop.is_set() and time.monotonic() < deadline and len(buf) < 65536:
                 try:
                     data = conn.recv(4096)
-                except socket.timeout:
+                except TimeoutError:
                     if buf.endswith(b"\n") and _script_complete(buf):
                         break
                     continue
@@ -271,16 +271,19 @@ class RtdeServer:
         try:
             cmd = parse_urscript(text)
             robot = self.robot
+            target = cmd.target
             if cmd.name in ("stopj", "stopl"):
                 robot.stop(cmd.a if cmd.name == "stopj" else None)
+            elif target is None:
+                raise ValueError(f"{cmd.name} needs a target")
             elif cmd.is_pose:
-                T = make_transform(so3_exp(cmd.target[3:]), cmd.target[:3])
+                T = make_transform(so3_exp(target[3:]), target[:3])
                 if cmd.name == "movel":
                     robot.command_pose(T, cmd.v)
                 else:
                     robot.command_pose(T)
             else:
-                robot.command_joints(cmd.target, cmd.v, cmd.a)
+                robot.command_joints(target, cmd.v, cmd.a)
             self.scripts_run += 1
         except (ValueError, SimRefused) as exc:
             log.info("sim URScript rejected: %s", exc)

@@ -267,7 +267,7 @@ def parse_scenario(data: Mapping[str, Any] | str, *, source: str = "<string>") -
     )
 
 
-def _tracker(t: "_Table") -> TrackerConfig:
+def _tracker(t: _Table) -> TrackerConfig:
     noise_m = t.take("noise_mm", _vec3_nonneg) * _MM_TO_M
     noise_rad = np.radians(t.take("noise_deg", _vec3_nonneg))
     defaults = TrackerConfig(noise_m=noise_m, noise_rad=noise_rad)
@@ -294,7 +294,7 @@ def _tracker(t: "_Table") -> TrackerConfig:
     return TrackerConfig(noise_m=noise_m, noise_rad=noise_rad, faults=faults, **kw)
 
 
-def _fault(t: "_Table") -> FaultConfig:
+def _fault(t: _Table) -> FaultConfig:
     kind = t.take("kind", _enum(FaultKind))
     kw: dict[str, Any] = {
         "kind": kind,
@@ -314,7 +314,7 @@ def _fault(t: "_Table") -> FaultConfig:
     return FaultConfig(**kw)
 
 
-def _drift(t: "_Table") -> DriftConfig:
+def _drift(t: _Table) -> DriftConfig:
     at_s = t.take("at_s", _nonneg)
     xyz = t.take("delta_xyz_m", _vec3, default=np.zeros(3))
     rotvec = np.radians(t.take("delta_rotvec_deg", _vec3, default=np.zeros(3)))
@@ -322,7 +322,7 @@ def _drift(t: "_Table") -> DriftConfig:
     return DriftConfig(at_s=at_s, cell_delta=make_transform(so3_exp(rotvec), xyz))
 
 
-def _pose(t: "_Table", name: str, default_xyz=None, default_quat=None) -> np.ndarray:
+def _pose(t: _Table, name: str, default_xyz=None, default_quat=None) -> np.ndarray:
     req = default_xyz is None
     xyz = t.take(f"{name}_xyz_m", _vec3, default=None if req else np.array(default_xyz))
     quat = t.take(f"{name}_quat_wxyz", _quat, default=None if req else np.array(default_quat))
@@ -358,13 +358,13 @@ class _Table:
         except (TypeError, ValueError) as exc:
             raise ScenarioError(f"{self._dotted(key)}: {exc}") from None
 
-    def table(self, key: str) -> "_Table":
+    def table(self, key: str) -> _Table:
         self._seen.add(key)
         if key not in self.data:
             raise ScenarioError(f"{self._dotted(key)}: required table missing")
         return _Table(self.data[key], self._dotted(key))
 
-    def array_of_tables(self, key: str) -> list["_Table"]:
+    def array_of_tables(self, key: str) -> list[_Table]:
         self._seen.add(key)
         items = self.data.get(key, [])
         if not isinstance(items, list):

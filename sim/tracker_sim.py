@@ -30,6 +30,7 @@ import tty
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -264,8 +265,9 @@ class TrackerDevice:
         T_meas[:3, :3] = R
         _, q = xyz_quat_from_transform(T_meas)
         srx, sry, srz = np.degrees(std_rad)
+        qw, qx, qy, qz = (float(v) for v in q)
         return codec.PoseReply(
-            m.seq, 0, t_mid_us, m.n, x, y, z, *q, sx, sy, sz, srx, sry, srz, flags
+            m.seq, 0, t_mid_us, m.n, x, y, z, qw, qx, qy, qz, sx, sy, sz, srx, sry, srz, flags
         )
 
 
@@ -319,7 +321,7 @@ class SimTracker:
         self._decoder = codec.Decoder(accept=codec.REQUEST_TYPES)
         # outgoing: (wall time to send at, bytes); trickle splits frames into bytes
         self._out: deque[tuple[float, bytes]] = deque()
-        self._pending: deque[tuple[float, object]] = deque()  # (send at, record)
+        self._pending: deque[tuple[float, Any]] = deque()  # (send at, record)
         self._was_disconnected = False
         self.frames_in = 0
         self.frames_out = 0
@@ -332,7 +334,7 @@ class SimTracker:
             raise RuntimeError("SimTracker not started")
         return self._url
 
-    def start(self) -> "SimTracker":
+    def start(self) -> SimTracker:
         if self._thread is not None:
             return self
         self._wake_r, self._wake_w = os.pipe()
@@ -383,7 +385,7 @@ class SimTracker:
                 s.close()
                 setattr(self, sock_name, None)
 
-    def __enter__(self) -> "SimTracker":
+    def __enter__(self) -> SimTracker:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -415,7 +417,7 @@ class SimTracker:
             log.info("sim tracker: link down (scheduled) at t=%.3f s", t_sim)
             self._drop_link()
         self._was_disconnected = down
-        rlist = [self._wake_r]
+        rlist: list[Any] = [self._wake_r]
         if self._master >= 0:
             rlist.append(self._master)
         if self._listen is not None:
@@ -443,6 +445,7 @@ class SimTracker:
 
     def _accept(self, down: bool) -> None:
         try:
+            assert self._listen is not None
             conn, _ = self._listen.accept()
         except (BlockingIOError, InterruptedError):
             return

@@ -28,6 +28,7 @@ from __future__ import annotations
 import abc
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -468,10 +469,10 @@ class ToolPointResult(CalibrationResult):
 # --- shared plumbing ----------------------------------------------------------------------------
 
 
-def _prepare(stacks: list[tuple[object, str]], workspace: Workspace | None, problem: str):
+def _prepare(stacks: list[tuple[Any, str]], workspace: Workspace | None, problem: str):
     arrays = [_core.as_stack(a, name) for a, name in stacks]
     n = arrays[0].shape[0]
-    for a, (_, name) in zip(arrays[1:], stacks[1:]):
+    for a, (_, name) in zip(arrays[1:], stacks[1:], strict=True):
         if a.shape[0] != n:
             raise ValueError(
                 f"{stacks[0][1]} has {n} stations but {name} has {a.shape[0]}: they must pair up"
@@ -480,7 +481,7 @@ def _prepare(stacks: list[tuple[object, str]], workspace: Workspace | None, prob
         raise NotEnoughSamples(n, MIN_STATIONS, problem)
     ws = Workspace(n) if workspace is None else workspace
     ws.check(n)
-    for a, (_, name) in zip(arrays, stacks):
+    for a, (_, name) in zip(arrays, stacks, strict=True):
         _core.validate_stack(a, name, ws)
     return arrays, n, ws
 

@@ -446,9 +446,9 @@ def plan_stations(
         for pos in range(n):
             base = F - Fc[chosen[pos]]
             idx = np.flatnonzero(free)
-            lam = np.linalg.eigvalsh(_focus(base[None] + Fc[idx], focus))[:, 0]
-            j = int(np.argmax(lam))
-            if lam[j] > _min_eig(F, focus)[0] * (1.0 + 1e-6):
+            lam_c = np.linalg.eigvalsh(_focus(base[None] + Fc[idx], focus))[:, 0]
+            j = int(np.argmax(lam_c))
+            if lam_c[j] > _min_eig(F, focus)[0] * (1.0 + 1e-6):
                 free[chosen[pos]] = True
                 free[idx[j]] = False
                 chosen[pos] = int(idx[j])

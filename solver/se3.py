@@ -140,14 +140,14 @@ def quat_from_matrix(R: np.ndarray) -> np.ndarray:
     cand = (1.0 + tr, 1.0 + m00 - m11 - m22, 1.0 - m00 + m11 - m22, 1.0 - m00 - m11 + m22)
     k = max(range(4), key=cand.__getitem__)
     if k == 0:
-        q = (cand[0], R[2, 1] - R[1, 2], R[0, 2] - R[2, 0], R[1, 0] - R[0, 1])
+        parts = (cand[0], R[2, 1] - R[1, 2], R[0, 2] - R[2, 0], R[1, 0] - R[0, 1])
     elif k == 1:
-        q = (R[2, 1] - R[1, 2], cand[1], R[0, 1] + R[1, 0], R[0, 2] + R[2, 0])
+        parts = (R[2, 1] - R[1, 2], cand[1], R[0, 1] + R[1, 0], R[0, 2] + R[2, 0])
     elif k == 2:
-        q = (R[0, 2] - R[2, 0], R[0, 1] + R[1, 0], cand[2], R[1, 2] + R[2, 1])
+        parts = (R[0, 2] - R[2, 0], R[0, 1] + R[1, 0], cand[2], R[1, 2] + R[2, 1])
     else:
-        q = (R[1, 0] - R[0, 1], R[0, 2] + R[2, 0], R[1, 2] + R[2, 1], cand[3])
-    q = np.array(q, dtype=float)
+        parts = (R[1, 0] - R[0, 1], R[0, 2] + R[2, 0], R[1, 2] + R[2, 1], cand[3])
+    q = np.array(parts, dtype=float)
     q /= np.linalg.norm(q)
     if q[0] < 0.0:
         q = -q
