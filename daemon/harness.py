@@ -43,13 +43,16 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.store import RunStatus
 from cellcal.solver.errors import CellcalError
+
+if TYPE_CHECKING:
+    from cellcal.sim.scenario import Scenario
 
 __all__ = [
     "FAST_SCENARIO", "CELLCAL", "K_SIGMA", "HarnessError", "SoakError", "free_port", "to_toml", "daemon_config",
@@ -272,18 +275,20 @@ class SimProcess:
 
 def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
     """One line of ``proc``'s stdout, or SoakError after ``timeout_s`` (never blocks longer)."""
+    if proc.stdout is None:
+        raise HarnessError(f"{proc.args!r}: started without a stdout pipe")
     fd = proc.stdout.fileno()
     buf = b""
     deadline = time.monotonic() + timeout_s
     while b"\n" not in buf:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
-            raise SoakError(f"no line from {proc.args} within {timeout_s} s (got {buf!r})")
+            raise SoakError(f"no line from {proc.args!r} within {timeout_s} s (got {buf!r})")
         ready, _, _ = select.select([fd], [], [], min(remaining, 0.2))
         if ready:
             chunk = os.read(fd, 4096)
             if not chunk:
-                raise SoakError(f"{proc.args} exited with {proc.wait()} before printing a line")
+                raise SoakError(f"{proc.args!r} exited with {proc.wait()} before printing a line")
             buf += chunk
     return buf.split(b"\n", 1)[0].decode()
 
@@ -307,28 +312,40 @@ class DaemonProcess:
         return self
 
     @property
+    def started(self) -> subprocess.Popen:
+        """The child process (HarnessError before :meth:`start`)."""
+        if self.proc is None:
+            raise HarnessError(f"cellcal run ({self.config_path}) was not started")
+        return self.proc
+
+    @property
     def pid(self) -> int:
-        return self.proc.pid
+        return self.started.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.returncode
 
     def alive(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
     def kill9(self, timeout_s: float = 5.0) -> int:
-        self.proc.send_signal(signal.SIGKILL)
-        return self.proc.wait(timeout=timeout_s)
+        self.started.send_signal(signal.SIGKILL)
+        return self.started.wait(timeout=timeout_s)
 
     def terminate(self, timeout_s: float = 20.0) -> int:
         """SIGTERM and wait; the daemon finishes its transaction and exits (0 expected)."""
-        self.proc.send_signal(signal.SIGTERM)
+        proc = self.started
+        proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=timeout_s)
+            return proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(timeout=5.0)
+            proc.kill()
+            proc.wait(timeout=5.0)
             raise SoakError(f"cellcal run did not exit within {timeout_s} s of SIGTERM ({self.log_path})") from None
 
     def wait(self, timeout_s: float) -> int:
-        return self.proc.wait(timeout=timeout_s)
+        return self.started.wait(timeout=timeout_s)
 
     def stop(self) -> int | None:
         return stop_process(self.proc)
@@ -514,7 +531,7 @@ def _wait_heartbeat(rec: Recorder, daemon: DaemonProcess, known_boots: set[str],
             if topic == P.TOPIC_HEARTBEAT and env["boot_id"] not in known_boots:
                 return env["boot_id"], env["body"]["state"]
         if not daemon.alive():
-            raise SoakError(f"cellcal run exited with {daemon.proc.returncode}:\n{daemon.log_tail()}")
+            raise SoakError(f"cellcal run exited with {daemon.returncode}:\n{daemon.log_tail()}")
     raise SoakError(f"no heartbeat from the new daemon within {timeout_s} s:\n{daemon.log_tail()}")
 
 
@@ -597,7 +614,8 @@ def soak(
             daemon = DaemonProcess(conf, kdir / "daemon.log").start()
             inst = Instance(None, time.monotonic() - t0)
             instances.append(inst)
-            inst.boot_id, state = _wait_heartbeat(rec, daemon, boots, per_step_timeout_s)
+            inst.boot_id, first_state = _wait_heartbeat(rec, daemon, boots, per_step_timeout_s)
+            state: str | None = first_state
             boots.add(inst.boot_id)
             if run_id is None or run_status(state_dir, run_id) not in _OPEN:
                 # The previous run finished (maybe just before the last kill): start the next.
@@ -652,7 +670,7 @@ def soak(
                 if kill_at is not None and time.monotonic() >= kill_at:
                     break
                 if not daemon.alive():
-                    raise SoakError(f"cellcal run exited by itself ({daemon.proc.returncode}):\n{daemon.log_tail()}")
+                    raise SoakError(f"cellcal run exited by itself ({daemon.returncode}):\n{daemon.log_tail()}")
                 if time.monotonic() > deadline:
                     raise SoakError(f"instance {len(instances)} did not capture within {per_step_timeout_s} s:\n"
                                     f"{daemon.log_tail()}")
@@ -679,6 +697,7 @@ def soak(
         inst = Instance(None, time.monotonic() - t0)
         instances.append(inst)
         inst.boot_id, _state = _wait_heartbeat(rec, daemon, boots, per_step_timeout_s)
+        assert run_id is not None  # every kill happened during a run
         if run_status(state_dir, run_id) in _OPEN:
             deadline = time.monotonic() + per_step_timeout_s * 2
             while run_status(state_dir, run_id) in _OPEN:
@@ -835,7 +854,7 @@ class InProcessCell:
 def inprocess_cell(
     workdir: Path,
     *,
-    scenario: Path | Any = None,
+    scenario: str | os.PathLike[str] | Scenario | None = None,
     n_stations: int | None = 6,
     overrides: Mapping[str, Any] | None = None,
     base_config: str | os.PathLike[str] | None = None,
@@ -866,10 +885,10 @@ def inprocess_cell(
     from cellcal.daemon.app import App
     from cellcal.daemon.config import load_config_text
     from cellcal.sim.robot_sim import start_sim_robot
-    from cellcal.sim.scenario import load_scenario
+    from cellcal.sim.scenario import Scenario, load_scenario
     from cellcal.sim.tracker_sim import SimTracker
 
-    sc = load_scenario(FAST_SCENARIO if scenario is None else scenario) if not hasattr(scenario, "make_world") else scenario
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(FAST_SCENARIO if scenario is None else scenario)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     world = sc.make_world()

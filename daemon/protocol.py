@@ -381,7 +381,7 @@ def v_stations(v: Any) -> list[dict[str, Any]]:
     """Explicit stations: ``[{q_rad: [n]}]`` or ``[{base_T_flange: pose}]``."""
     if not isinstance(v, (list, tuple)) or not 1 <= len(v) <= MAX_STATIONS:
         raise _ArgError(f"expected an array of 1..{MAX_STATIONS} stations, got {_what(v)}")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, st in enumerate(v):
         try:
             if isinstance(st, dict) and set(st) == {"q_rad"}:
@@ -601,7 +601,7 @@ def parse_request(data: bytes) -> Request:
         args = {}
     if not isinstance(args, dict):
         raise BadRequest(f"args: expected a map, got {_what(args)}", rid)
-    return Request(rid, cmd, args)
+    return Request(typing.cast("str | int", rid), cmd, args)
 
 
 def ok_reply(request_id: str | int | None, result: Any) -> dict[str, Any]:

@@ -625,18 +625,21 @@ class Service:
                 engine = self._devices.engine
                 if (kind != P.KIND_BASE_FRAME or self._motion_mode != P.MOTION_COMMAND
                         or extra >= self.cfg.plan.max_extra_stations or engine is None):
-                    return self._solve_failed(run_id, exc)
+                    self._solve_failed(run_id, exc)
+                    return None
                 extra += 1
                 G, M = solve.station_arrays(stations)
                 nxt = solve.suggest_station(G, M, self._devices.model, self.cfg.plan)
                 if nxt is None:
-                    return self._solve_failed(run_id, exc)
+                    self._solve_failed(run_id, exc)
+                    return None
                 index = max((s.plan_index for s in stations), default=-1) + 1
                 log.info("run %d: %s; measuring a suggested station %d", run_id, exc, index)
                 self._set_state(State.CAPTURING, f"run {run_id} (extra station for {exc.frame} axis)")
                 self._capture_extra(engine, run_id, PlannedStation(index, nxt.q_rad, nxt.base_T_flange), G)
             except CalibrationError as exc:
-                return self._solve_failed(run_id, exc)
+                self._solve_failed(run_id, exc)
+                return None
         return self._store_result(run_id, kind, result, stations)
 
     def _capture_extra(self, engine: cap.CaptureEngine, run_id: int, ps: PlannedStation, G: np.ndarray) -> None:
@@ -659,7 +662,6 @@ class Service:
         # The result topic carries only calibrations a client may use; a failed run is told
         # on the state and fault topics (and stays visible in list_results / the store).
         self._fault(f"run {run_id} failed: {msg}", exc, code=P.E_STATE)
-        return None
 
     def _store_result(self, run_id: int, kind: str, result: Any, stations: list[StationRecord]) -> int:
         run = self.store.get_run(run_id)

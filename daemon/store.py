@@ -57,7 +57,6 @@ from __future__ import annotations
 
 import dataclasses
 import errno
-import functools
 import json
 import math
 import os
@@ -65,7 +64,7 @@ import sqlite3
 import threading
 import types
 import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -465,13 +464,18 @@ def _column_kind(tp: Any) -> tuple[str, bool]:
     return kinds[origin], nullable
 
 
-@functools.cache
+_COLUMNS: dict[type, tuple[StationColumn, ...]] = {}
+
+
 def station_columns(cls: type = StationRecord) -> tuple[StationColumn, ...]:
     """The ``stations`` columns of a station record class, in field order.
 
     Every dataclass field of ``cls`` is one column (see :class:`StationColumn`); the table
     also has ``id``, ``run_id`` and ``stored_utc``, which are the store's, not the station's.
     """
+    cached = _COLUMNS.get(cls)
+    if cached is not None:
+        return cached
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
@@ -480,7 +484,8 @@ def station_columns(cls: type = StationRecord) -> tuple[StationColumn, ...]:
             name=f.name, column=f"{f.name}_json" if kind == "json" else f.name, kind=kind, nullable=nullable,
             shape=f.metadata.get("shape"), minimum=f.metadata.get("min"),
         ))
-    return tuple(out)
+    _COLUMNS[cls] = tuple(out)
+    return _COLUMNS[cls]
 
 
 def station_column_ddl(cls: type, name: str) -> str:
@@ -590,7 +595,7 @@ SCHEMA_VERSION = 1
 # version -> (description, statements). A migration runs in one transaction with the
 # version row it inserts, so a crash mid-migration leaves the previous version intact.
 # Never edit a released step: add the next one.
-MIGRATIONS: dict[int, tuple[str, tuple[str, ...]]] = {
+MIGRATIONS: dict[int, tuple[str, Sequence[str]]] = {
     1: (
         "initial schema: runs, stations, rejections, results, activations, drift checks",
         (
@@ -707,8 +712,8 @@ def migrate(conn: sqlite3.Connection, migrations: dict[int, tuple[str, Sequence[
     sqlite3.Error
         From a failing statement (the transaction is rolled back first).
     """
-    migrations = MIGRATIONS if migrations is None else migrations
-    target = max(migrations)
+    steps: Mapping[int, tuple[str, Sequence[str]]] = MIGRATIONS if migrations is None else migrations
+    target = max(steps)
     conn.execute("BEGIN IMMEDIATE")
     try:
         conn.execute(
@@ -721,8 +726,8 @@ def migrate(conn: sqlite3.Connection, migrations: dict[int, tuple[str, Sequence[
                 f"database schema version {current} is newer than this cellcal knows ({target}); "
                 "refusing to use it (install the newer cellcal, or restore a backup)"
             )
-        for version in sorted(v for v in migrations if v > current):
-            description, statements = migrations[version]
+        for version in sorted(v for v in steps if v > current):
+            description, statements = steps[version]
             for sql in statements:
                 conn.execute(sql)
             conn.execute(
@@ -799,6 +804,13 @@ def _cellcal_version() -> str:
         return "unknown"
 
 
+def _rowid(cur: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just wrote."""
+    if cur.lastrowid is None:  # pragma: no cover - only after a statement that inserted nothing
+        raise StoreError("INSERT wrote no row")
+    return int(cur.lastrowid)
+
+
 def _check_limit(limit: int) -> int:
     if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
         raise ValueError(f"limit must be a positive integer, got {limit!r}")
@@ -861,7 +873,7 @@ class Store:
         self.path = self.state_dir / DB_FILENAME
         self.read_only = bool(read_only)
         self.station_type = station_type
-        self._migrations = MIGRATIONS if migrations is None else dict(migrations)
+        self._migrations: dict[int, tuple[str, Sequence[str]]] = dict(MIGRATIONS if migrations is None else migrations)
         self._station_cols = station_columns(station_type)
         names = ", ".join(c.column for c in self._station_cols)
         self._station_select = f"SELECT {names} FROM stations WHERE run_id = ? ORDER BY plan_index"
@@ -1060,7 +1072,7 @@ class Store:
                 " created_utc, updated_utc) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (kind, RunStatus.CAPTURING.value, plan_json, config_sha256, devices_json, parent_result_id, now, now),
             )
-            return int(cur.lastrowid)
+            return _rowid(cur)
 
     def get_run(self, run_id: int) -> RunRecord:
         """The run with id ``run_id``; :class:`UnknownRecord` if there is none."""
@@ -1158,7 +1170,7 @@ class Store:
                 )
             cur = conn.execute(self._station_insert, (run_id, *values, _utc_now()))
             conn.execute("UPDATE runs SET updated_utc = ? WHERE id = ?", (_utc_now(), run_id))
-            return int(cur.lastrowid)
+            return _rowid(cur)
 
     def stations(self, run_id: int) -> list[StationRecord]:
         """Every committed station of a run, in plan order."""
@@ -1195,7 +1207,7 @@ class Store:
                 "INSERT INTO rejections(run_id, plan_index, reason, detail_json, recorded_utc) VALUES (?, ?, ?, ?, ?)",
                 (run_id, plan_index, reason, detail_json, _utc_now()),
             )
-            return int(cur.lastrowid)
+            return _rowid(cur)
 
     def rejections(self, run_id: int) -> list[RejectionRecord]:
         """Every rejection of a run, in the order recorded."""
@@ -1285,7 +1297,7 @@ class Store:
                 " created_utc) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (run_id, kind, result_json, provenance_json, parent_result_id, vf, _utc_now()),
             )
-            result_id = int(cur.lastrowid)
+            result_id = _rowid(cur)
             if activate:
                 self._activate(conn, result_id, "activated on creation")
             return result_id
@@ -1360,7 +1372,7 @@ class Store:
                 "INSERT INTO drift_checks(result_id, record_json, recorded_utc) VALUES (?, ?, ?)",
                 (result_id, record_json, _utc_now()),
             )
-            return int(cur.lastrowid)
+            return _rowid(cur)
 
     def last_drift_check_id(self, result_id: int) -> int:
         """The highest ``check_id`` among the stored drift checks of a result (0 if none).
