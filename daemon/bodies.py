@@ -60,7 +60,7 @@ def _device(status: Mapping[str, Any]) -> P.DeviceStatus:
 
 
 def heartbeat(*, cell: str, state: P.StateName, detail: str, uptime_s: float, heartbeat_s: float,
-              devices: Mapping[str, Mapping[str, Any]], active_result_id: int | None, suspect: bool,
+              devices: Mapping[str, Mapping[str, Any]], active_result_id: int | str | None, suspect: bool,
               run_id: str | None, version: str) -> P.HeartbeatBody:
     """``cellcal/v1/heartbeat`` (and ``get_status``); ``devices``: ``CellDevices.status``."""
     body = P.HeartbeatBody(
@@ -80,7 +80,7 @@ def status(hb: P.HeartbeatBody, *, queued_jobs: int, last_drift: Mapping[str, An
 # --- state ---------------------------------------------------------------------------------------
 
 
-def state(state: P.StateName, *, previous: P.StateName | None, reason: str, run_id: int | None,
+def state(state: P.StateName, *, previous: P.StateName | None, reason: str, run_id: int | str | None,
           kind: P.RunKind | None, motion_mode: P.MotionMode) -> P.StateBody:
     """``cellcal/v1/state``: a transition, or (``state == previous``) an event of a run that
     ends without one (aborted, failed its gates), named in ``reason``."""
@@ -113,7 +113,7 @@ def settle_figures(fig: Mapping[str, Any]) -> P.SettleFigures:
     )
 
 
-def station(*, run_id: int, index: int, planned: int, attempt: int, accepted_count: int,
+def station(*, run_id: int | str, index: int, planned: int, attempt: int, accepted_count: int,
             figures: Mapping[str, Any], rejected: str | None = None, message: str | None = None) -> P.StationBody:
     """``cellcal/v1/station``: one capture attempt, accepted (``rejected`` None) or rejected
     with the reason's name (``capture.RejectReason`` value) and ``message`` for people."""
@@ -148,7 +148,7 @@ def drift_station(index: int, translation_m: float, rotation_rad: float | None) 
                           rotation_rad=None if rotation_rad is None else float(rotation_rad))
 
 
-def drift(*, result_id: int, check_id: int, verdict: Any, cfg: Any, stations: list[P.DriftStation],
+def drift(*, result_id: int | str, check_id: int, verdict: Any, cfg: Any, stations: list[P.DriftStation],
           suspect: bool, reason: str) -> P.DriftBody:
     """``cellcal/v1/drift`` (also what the store keeps of the check): ``verdict`` is a
     ``drift.Verdict``, ``cfg`` the ``[drift]`` section."""
@@ -216,24 +216,24 @@ def result_summary(rec: Any) -> P.ResultSummary:
     )
 
 
-def list_results(recs: Iterable[Any], active_result_id: int | None) -> P.ListResultsResult:
+def list_results(recs: Iterable[Any], active_result_id: int | str | None) -> P.ListResultsResult:
     return P.ListResultsResult(results=[result_summary(r) for r in recs], active_result_id=_id(active_result_id))
 
 
 # --- command results -----------------------------------------------------------------------------
 
 
-def start_run_reply(run_id: int, kind: P.RunKind, planned: int) -> P.StartRunResult:
+def start_run_reply(run_id: int | str, kind: P.RunKind, planned: int) -> P.StartRunResult:
     return P.StartRunResult(run_id=str(run_id), kind=kind, planned=int(planned))
 
 
-def abort_reply(aborted: bool, run_id: int | None) -> P.AbortResult:
+def abort_reply(aborted: bool, run_id: int | str | None) -> P.AbortResult:
     return P.AbortResult(aborted=bool(aborted), run_id=_id(run_id))
 
 
-def drift_check_reply(result_id: int, check_id: int) -> P.DriftCheckResult:
+def drift_check_reply(result_id: int | str, check_id: int) -> P.DriftCheckResult:
     return P.DriftCheckResult(result_id=str(result_id), check_id=int(check_id))
 
 
-def activate_reply(result_id: int, previous_result_id: int | None) -> P.ActivateResult:
+def activate_reply(result_id: int | str, previous_result_id: int | str | None) -> P.ActivateResult:
     return P.ActivateResult(active_result_id=str(result_id), previous_result_id=_id(previous_result_id))
