@@ -272,7 +272,8 @@ class Handler(Protocol):
 
 
 class _ArgError(ValueError):
-    pass
+    """Private: a validator's complaint, turned into ``CommandError(E_BAD_REQUEST)`` naming
+    the argument by :func:`validate_args`; never leaves this module."""
 
 
 def _what(v: Any) -> str:
