@@ -4,8 +4,10 @@ Each gate is one function in :data:`GATES`: it takes the solver's result and the
 configuration and returns a :class:`GateCheck` (its name, the value measured, the limit,
 whether it passed and a sentence for people), or None when it does not apply to that
 result. :func:`check_gates` runs them all; the :class:`GateReport` is stored in the result
-record (``result["gates"]``, :meth:`GateReport.to_wire`) and the failed gates' sentences
-are the run's failure reason. A new gate is one function appended to :data:`GATES`.
+record (``result["gates"]``, :meth:`GateReport.to_wire`), and the failed gates, each by
+name and sentence, are the run's failure reason (the run's ``status_reason`` and the
+``state`` message saying the result was not activated). A new gate is one function
+appended to :data:`GATES`.
 
 Wire form of ``result["gates"]`` (the ``passed`` and ``failed`` keys are what clients and
 older stores have; ``checks`` names every gate)::
@@ -70,8 +72,8 @@ class GateReport:
         return [c for c in self.checks if not c.passed]
 
     def reason(self) -> str:
-        """The failed gates' sentences, ``"; "``-joined ("" when every gate passed)."""
-        return "; ".join(c.message for c in self.failed)
+        """Each failed gate by name with its sentence, ``"; "``-joined ("" when every gate passed)."""
+        return "; ".join(f"{c.name}: {c.message}" for c in self.failed)
 
     def to_wire(self) -> dict[str, Any]:
         return {"passed": self.passed, "failed": [c.message for c in self.failed],
@@ -114,5 +116,9 @@ def gates_passed(wire_result: Mapping[str, Any]) -> bool:
 
 
 def gates_failed(wire_result: Mapping[str, Any]) -> list[str]:
-    """The failed gates' sentences of a stored result."""
-    return [str(m) for m in wire_result.get("gates", {}).get("failed", [])]
+    """The failed gates of a stored result, each ``"name: sentence"`` (a result stored
+    before gates had names: the sentence alone)."""
+    g = wire_result.get("gates", {})
+    if "checks" in g:
+        return [f"{c['name']}: {c['message']}" for c in g["checks"] if not c["passed"]]
+    return [str(m) for m in g.get("failed", [])]

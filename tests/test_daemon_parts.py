@@ -35,12 +35,14 @@ def test_gates_name_each_check_and_keep_the_failure_sentences():
     assert [c.name for c in ok.checks] == ["rms_translation", "rms_rotation"] and len(GATES) == 2
     bad = check_gates(_result(0.612e-3, math.radians(0.2)), solve)
     assert not bad.passed and [c.name for c in bad.failed] == ["rms_translation", "rms_rotation"]
-    assert bad.reason() == "rms translation 0.612 mm > 0.500 mm; rms rotation 0.2000 deg > 0.1000 deg"
+    assert bad.reason() == ("rms_translation: rms translation 0.612 mm > 0.500 mm; "
+                            "rms_rotation: rms rotation 0.2000 deg > 0.1000 deg")
     wire = bad.to_wire()
     assert wire["passed"] is False and wire["failed"] == [c.message for c in bad.failed]
     assert wire["checks"][0] == {"name": "rms_translation", "value": 0.612e-3, "limit": 0.5e-3, "unit": "m",
                                  "passed": False, "message": "rms translation 0.612 mm > 0.500 mm"}
-    assert not gates_passed({"gates": wire}) and gates_failed({"gates": wire}) == wire["failed"]
+    assert not gates_passed({"gates": wire}) and gates_failed({"gates": wire}) == bad.reason().split("; ")
+    assert gates_failed({"gates": {"passed": False, "failed": ["rms too high"]}}) == ["rms too high"]  # older store
     assert gates_passed({}) and gates_failed({}) == []  # a result stored without gates (imported)
     # One more gate is one more function.
     extra = check_gates(_result(0.1e-3, 0.0), solve, (*GATES, lambda r, s: None))
@@ -134,3 +136,45 @@ def test_a_device_that_fails_to_open_is_named_by_which_one_raised(tmp_path):
         finally:
             devs.close()
         assert devs.robot is None and not devs.status[P.DEVICE_ROBOT]["connected"] and not devs.stop_robot()
+
+
+def test_a_result_that_fails_its_gates_is_stored_not_activated_and_its_gates_named(tmp_path):
+    """Client-supplied stations with 0.1 mm of noise against a 0.001 mm gate: the result is
+    stored with every gate's outcome, not activated, not published on the result topic; the
+    run fails with the failed gates by name, told on the state topic (state == previous)."""
+    from cellcal.daemon.harness import nonconforming_bodies
+    from cellcal.daemon.service import Service
+    from cellcal.daemon.store import RunStatus
+
+    rng = np.random.default_rng(3)
+    X = make_transform(so3_exp(np.array([0.0, 0.0, 0.8])), np.array([2.5, -0.8, 0.1]))
+    Y = make_transform(np.eye(3), np.array([0.0, 0.03, 0.05]))
+    given = []
+    for _ in range(8):
+        G = make_transform(so3_exp(rng.normal(scale=0.5, size=3)), rng.uniform(-0.5, 0.5, 3))
+        M = X @ G @ Y
+        M[:3, 3] += rng.normal(scale=1e-4, size=3)
+        given.append({"base_T_flange": G.reshape(16).tolist(), "cell_T_target": M.reshape(16).tolist()})
+    cfgd = daemon_config(robot_url=f"rtde://127.0.0.1:{free_port()}?model=ur5e",
+                         tracker_url=f"socket://127.0.0.1:{free_port()}", workdir=tmp_path,
+                         overrides={"solve": {"max_rms_mm": 0.001}})
+    svc = Service(load_config_text(to_toml(cfgd)))
+    events: list = []
+    svc.add_listener(lambda topic, body: events.append((0.0, topic, body)))
+    try:
+        svc.start()
+        run_id = svc.start_run(P.KIND_BASE_FRAME, stations=given)
+        assert svc.wait_idle(30.0)
+        run = svc.store.get_run(run_id)
+        assert run.status == RunStatus.FAILED and run.status_reason.startswith("rms_translation: rms translation")
+        (rec,) = svc.store.list_results()
+        assert not rec.active and svc.store.active_result() is None
+        assert [c["name"] for c in rec.result["gates"]["checks"] if not c["passed"]] == ["rms_translation"]
+        assert not svc.result_summary(rec)["accepted"]
+        told = [b for _t, topic, b in events if topic == P.TOPIC_STATE and "acceptance gates" in b["reason"]]
+        assert len(told) == 1 and told[0]["state"] == told[0]["previous"] and told[0]["run_id"] == str(run_id)
+        assert "rms_translation:" in told[0]["reason"] and "not activated" in told[0]["reason"]
+        assert not [b for _t, topic, b in events if topic == P.TOPIC_RESULT]
+        assert nonconforming_bodies(events) == []
+    finally:
+        svc.shutdown(timeout_s=10.0)
