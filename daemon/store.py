@@ -35,6 +35,11 @@ Schema (version 1; ``schema_version`` records every migration applied)::
     activations(id PK, result_id -> results, previous_result_id?, reason, activated_utc)
     drift_checks(id PK, result_id -> results, record_json, recorded_utc)
 
+The ``stations`` columns are :class:`StationRecord`'s fields (what the capture engine
+returns is what is stored): the column list, the INSERT and the row decoder are derived from
+the field types by :func:`station_columns`, so a new field is one edit of the record plus a
+migration (:func:`station_column_ddl`); the CREATE TABLE of migration 1 stays as released.
+
 Storage choices, and why:
 
 * Arrays are little-endian float64 bytes: bit-exact (NaN payloads, ``-0.0``, subnormals)
