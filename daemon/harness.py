@@ -402,10 +402,25 @@ class Recorder:
         self.messages.extend(got)
         return got
 
+    def mark(self) -> int:
+        """A position in :attr:`messages` (receive what is there first): ``wait_for(since=...)``."""
+        self.pump(0.0)
+        return len(self.messages)
+
     def wait_for(self, pred: Callable[[str, dict], bool], timeout_s: float, *,
-                 alive: Callable[[], bool] | None = None, what: str = "message") -> tuple[str, dict]:
-        """Pump until a message satisfies ``pred(topic, body)``; SoakError on timeout."""
+                 alive: Callable[[], bool] | None = None, what: str = "message",
+                 since: int | None = None) -> tuple[str, dict]:
+        """Pump until a message satisfies ``pred(topic, body)``; SoakError on timeout.
+
+        By default only messages received from now on count; ``since`` (a :meth:`mark`) also
+        looks at those received after that mark, so several waits after one action cannot
+        miss a message that came in the same batch as an earlier one.
+        """
         deadline = time.monotonic() + timeout_s
+        if since is not None:
+            for topic, env in self.messages[since:]:
+                if pred(topic, env["body"]):
+                    return topic, env
         while True:
             for topic, env in self.pump(0.05):
                 if pred(topic, env["body"]):

@@ -112,11 +112,13 @@ def test_every_command_and_every_published_body_of_a_session_conform(tmp_path):
             cmds.error("start_run", P.E_BAD_REQUEST, kind="hand_eye", motion_mode="dance")
             assert cmds.ok("abort") == {"aborted": False, "run_id": None}
 
-            # A run to its result.
+            # A run to its result. (Every wait looks from a mark set before the action, so a
+            # message that came in one batch with an earlier one is not missed.)
+            mark = rec.mark()
             started = cmds.ok("start_run", kind=P.KIND_BASE_FRAME)
             assert started["kind"] == P.KIND_BASE_FRAME and started["planned"] == 6
             _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_RESULT and b["run_id"] == started["run_id"], WAIT_S,
-                                   what="the first run's result")
+                                   what="the first run's result", since=mark)
             result = env["body"]
             assert result["active"] and not result["retained"] and result["gates"]["passed"]
             assert [c["name"] for c in result["gates"]["checks"]] == ["rms_translation", "rms_rotation"]
@@ -135,35 +137,40 @@ def test_every_command_and_every_published_body_of_a_session_conform(tmp_path):
             _check_snapshot(cmds.ok("get_snapshot"))
 
             # A drift check: the reply names the check the drift topic then reports.
+            mark = rec.mark()
             check = cmds.ok("run_drift_check")
             assert check["result_id"] == result["result_id"] and check["check_id"] >= 1
-            _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_DRIFT, WAIT_S, what="the drift check")
+            _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_DRIFT, WAIT_S, what="the drift check", since=mark)
             drift = env["body"]
             assert (drift["result_id"], drift["check_id"]) == (check["result_id"], check["check_id"])
             assert drift["status"] in P.DRIFT_STATUSES and drift["action"] in P.DRIFT_ACTIONS
 
             # A second run, aborted while it captures; a drift check meanwhile is refused.
             assert cell.svc.wait_idle(WAIT_S)
+            mark = rec.mark()
             run2 = cmds.ok("start_run", kind=P.KIND_BASE_FRAME)["run_id"]
             rec.wait_for(lambda t, b: t == P.TOPIC_STATION and b["run_id"] == run2 and b["accepted"], WAIT_S,
-                         what="a station of the second run")
+                         what="a station of the second run", since=mark)
             cmds.error("run_drift_check", P.E_BUSY)
             cmds.error("start_run", P.E_BUSY, kind=P.KIND_BASE_FRAME)
             cmds.error("abort", P.E_STATE, run_id="12345")
+            mark = rec.mark()
             assert cmds.ok("abort", run_id=run2) == {"aborted": True, "run_id": run2}
             _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_STATE and b["reason"] == f"run {run2} aborted", WAIT_S,
-                                   what="the abort's state message")
+                                   what="the abort's state message", since=mark)
             aborted = env["body"]
             assert aborted["run_id"] == run2 and aborted["kind"] == P.KIND_BASE_FRAME
             assert aborted["state"] == aborted["previous"] and aborted["motion_mode"] == P.MOTION_COMMAND
-            rec.wait_for(lambda t, b: t == P.TOPIC_STATE and b["state"] == P.STATE_IDLE, WAIT_S, what="IDLE again")
+            rec.wait_for(lambda t, b: t == P.TOPIC_STATE and b["state"] == P.STATE_IDLE, WAIT_S, what="IDLE again",
+                         since=mark)
             assert cell.svc.store.get_run(int(run2)).status == RunStatus.ABORTED
 
             # Activation (the same result again: roll forward to itself) is published.
+            mark = rec.mark()
             act = cmds.ok("activate_result", result_id=result["result_id"])
             assert act == {"active_result_id": result["result_id"], "previous_result_id": result["result_id"]}
             rec.wait_for(lambda t, b: t == P.TOPIC_RESULT and b["result_id"] == result["result_id"] and b["active"]
-                         and not b["retained"], WAIT_S, what="the activation")
+                         and not b["retained"], WAIT_S, what="the activation", since=mark)
             rec.wait_for(lambda t, b: t == P.TOPIC_HEARTBEAT, WAIT_S, what="a heartbeat")
 
             assert not cmds.problems, cmds.problems[:3]
@@ -189,8 +196,10 @@ def test_a_device_fault_is_attributed_published_and_cleared(tmp_path):
         cmds = Commands(z.cmd_endpoint)
         tracker = None
         try:
+            mark = rec.mark()
             run_id = cmds.ok("start_run", kind=P.KIND_BASE_FRAME)["run_id"]
-            _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_FAULT and b["active"], WAIT_S, what="the fault")
+            _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_FAULT and b["active"], WAIT_S, what="the fault",
+                                   since=mark)
             fault = env["body"]
             assert fault["device"] == P.DEVICE_TRACKER and fault["code"] == P.E_DEVICE
             assert fault["state"] == P.STATE_FAULT and fault["retry_in_s"] > 0
@@ -203,9 +212,10 @@ def test_a_device_fault_is_attributed_published_and_cleared(tmp_path):
             tracker = SimTracker(cell.world, cell.scenario.tracker, transport="tcp", port=port,
                                  seed=cell.scenario.seed).start()
             _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_FAULT and not b["active"], WAIT_S,
-                                   what="the cleared fault")
+                                   what="the cleared fault", since=mark)
             assert env["body"]["device"] == P.DEVICE_TRACKER and env["body"]["state"] != P.STATE_FAULT
-            rec.wait_for(lambda t, b: t == P.TOPIC_RESULT and b["run_id"] == run_id, WAIT_S, what="the run's result")
+            rec.wait_for(lambda t, b: t == P.TOPIC_RESULT and b["run_id"] == run_id, WAIT_S, what="the run's result",
+                         since=mark)
             assert not cmds.problems, cmds.problems[:3]
             seen = _check_wire(rec)
             assert {P.TOPIC_FAULT, P.TOPIC_RESULT, P.TOPIC_STATE} <= seen

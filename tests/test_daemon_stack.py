@@ -245,14 +245,15 @@ def test_devices_offline_at_start_fault_with_backoff_then_recover(tmp_path):
             status = client.call("get_status")
             assert status["state"] == "FAULT" and not status["devices"]["robot"]["connected"]
             assert daemon.alive()
+            mark = rec.mark()
             sim.start()  # the devices appear
             # The fault topic says the fault cleared (docs/protocols/zeromq.md: "when a fault
             # is raised or cleared"), so a late joiner's snapshot does not show a stale one.
             _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_FAULT and b["active"] is False, 30.0,
-                                   alive=daemon.alive, what="the cleared fault")
+                                   alive=daemon.alive, what="the cleared fault", since=mark)
             assert P.check_body(P.TOPIC_FAULT, env["body"]) == [] and env["body"]["state"] != "FAULT"
             _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_RESULT and b.get("run_id") == run_id, 60.0,
-                                   alive=daemon.alive, what="the result after the devices appeared")
+                                   alive=daemon.alive, what="the result after the devices appeared", since=mark)
             assert env["body"]["gates"]["passed"]
             status = client.call("get_status")
             assert status["state"] == "IDLE" and status["devices"]["robot"]["connected"] and status["devices"]["tracker"]["connected"]
