@@ -1184,7 +1184,7 @@ class Store:
             self._require(conn, "run", run_id)
             rows = conn.execute(self._station_select, (run_id,)).fetchall()
         cols, cls = self._station_cols, self.station_type
-        return [cls(**{c.name: c.decode(v) for c, v in zip(cols, r)}) for r in rows]
+        return [cls(**{c.name: c.decode(v) for c, v in zip(cols, r, strict=True)}) for r in rows]
 
     def station_indices(self, run_id: int) -> list[int]:
         """Plan indices committed for a run, ascending (cheap: for resuming after a crash)."""
