@@ -387,15 +387,19 @@ class Service:
         Raises
         ------
         ServiceError
-            ``E_NO_CALIBRATION``: no active result, or one without ``cell_T_base``;
+            ``E_NO_CALIBRATION``: no active result, or one without ``cell_T_base`` and
+            ``flange_T_target``;
             ``E_BUSY``: a calibration run is in progress (its result will replace the one
             the check would measure).
         """
         rec = self._active_result_safe()
         if rec is None:
             raise ServiceError(P.E_NO_CALIBRATION, "no active calibration to check")
-        if "cell_T_base" not in rec.result.get("transforms", {}):
-            raise ServiceError(P.E_NO_CALIBRATION, f"result {rec.id} ({rec.kind}) has no cell_T_base to check")
+        missing = {"cell_T_base", "flange_T_target"} - set(rec.result.get("transforms", {}))
+        if missing:
+            # The model X G Y a tracker pose is compared with needs both transforms.
+            raise ServiceError(P.E_NO_CALIBRATION,
+                               f"result {rec.id} ({rec.kind}) has no {' and '.join(sorted(missing))} to check")
         busy = self._run_in_progress()
         if busy is not None:
             raise ServiceError(P.E_BUSY, f"run {None if busy < 0 else busy} is in progress")
