@@ -17,12 +17,11 @@ import argparse
 import dataclasses
 import math
 import sys
-
-import numpy as np
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -37,16 +36,15 @@ def main() -> int:
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
 
-    from cellcal.daemon.cmd_run import build_service
-    from cellcal.daemon.config import load_config
+    from cellcal.daemon import protocol as P
+    from cellcal.daemon.harness import inprocess_cell
+    from cellcal.daemon.store import RunStatus
     from cellcal.sim import robot_sim
     from cellcal.sim.scenario import load_scenario
-    from cellcal.sim.tracker_sim import SimTracker
 
     scenario = load_scenario(ROOT / "config" / "demo-scenario.toml")
     scenario = dataclasses.replace(scenario, time_scale=args.scale, drift=(),
                                    tracker=dataclasses.replace(scenario.tracker, faults=()))
-    cfg = load_config(ROOT / "config" / "demo.toml")
     # Record every commanded segment (start, duration, ringing amplitude) from the simulator.
     segments: list = []
     original = robot_sim.SimRobot.command_joints
@@ -57,50 +55,32 @@ def main() -> int:
         return out
 
     robot_sim.SimRobot.command_joints = recording
-    world = scenario.make_world()
-    robot = robot_sim.start_sim_robot(world, scenario.robot, transport="rtde")
-    tracker = SimTracker(world, scenario.tracker, transport="pty", seed=scenario.seed)
-    tracker.__enter__()
-    tmp = tempfile.TemporaryDirectory()
     accepted_wall: list[float] = []
     rest_s: list[float] = []
     rejected = 0
+
+    def on_event(topic: str, body: dict) -> None:
+        nonlocal rejected
+        if topic == P.TOPIC_STATION:
+            if body["accepted"]:
+                accepted_wall.append(time.monotonic())
+                rest_s.append(body["settle"]["robot_rest_s"])
+            else:
+                rejected += 1
+
     try:
-        cfg = dataclasses.replace(
-            cfg,
-            robot=dataclasses.replace(cfg.robot, url=robot.url),
-            tracker=dataclasses.replace(cfg.tracker, url=tracker.url),
-            service=dataclasses.replace(cfg.service, state_dir=f"{tmp.name}/s", runtime_dir=f"{tmp.name}/r"),
-            plan=dataclasses.replace(cfg.plan, n_stations=args.stations),
-            zmq=dataclasses.replace(cfg.zmq, pub_endpoint="inproc://downtime-pub", cmd_endpoint="inproc://downtime-cmd"),
-            drift=dataclasses.replace(cfg.drift, enabled=False),
-        )
-        svc, server = build_service(cfg)
-
-        def on_event(topic: str, body: dict) -> None:
-            nonlocal rejected
-            if topic == "cellcal/v1/station":
-                if body["accepted"]:
-                    accepted_wall.append(time.monotonic())
-                    rest_s.append(body["settle"]["robot_rest_s"])
-                else:
-                    rejected += 1
-
-        svc.add_listener(on_event)
-        svc.start()
-        loop = threading.Thread(target=svc.serve, daemon=True)
-        loop.start()
-        run_id = svc.start_run("base_frame")
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and svc.store.get_run(run_id).status.value == "capturing":
-            time.sleep(0.05)
-        svc.request_stop()
-        svc.shutdown()
+        # No ZeroMQ: nobody listens to this run, and the figure is the capture's alone.
+        with tempfile.TemporaryDirectory() as tmp, inprocess_cell(
+                Path(tmp), scenario=scenario, base_config=ROOT / "config" / "demo.toml", n_stations=args.stations,
+                overrides={"drift": {"enabled": False}}, zmq=False) as cell:
+            world, cfg = cell.world, cell.cfg
+            cell.svc.add_listener(on_event)
+            run_id = cell.svc.start_run(P.KIND_BASE_FRAME)
+            deadline = time.monotonic() + 600
+            while time.monotonic() < deadline and cell.svc.store.get_run(run_id).status == RunStatus.CAPTURING:
+                time.sleep(0.05)
     finally:
         robot_sim.SimRobot.command_joints = original
-        tracker.__exit__(None, None, None)
-        robot.close()
-        tmp.cleanup()
 
     from cellcal.sim.robot_scenario import parse_robot_table
 

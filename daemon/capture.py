@@ -16,6 +16,10 @@ A station is accepted only when
 Otherwise a :class:`StationRejected` names the reason (:class:`RejectReason`) and carries the
 figures. Link failures are not rejections: they raise :class:`DeviceFault` and the service
 goes to FAULT, reconnects with backoff and retries the same station.
+
+This is where a station is born: :meth:`CaptureEngine.capture` (robot + tracker) and
+:meth:`CaptureEngine.capture_robot_only` (a tool-point run: the robot alone) return the
+:class:`~cellcal.daemon.store.StationRecord` that ``Store.add_station`` commits as it is.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ import logging
 import math
 import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
+from cellcal.daemon import protocol as P
+from cellcal.daemon.store import StationRecord
 from cellcal.drivers.errors import DeviceError, DeviceGoneError, DriverError, DriverTimeoutError, ProtocolError
 from cellcal.drivers.settle import SettleConfig, SettleDetector, SettleStatus
 from cellcal.solver.errors import CellcalError
@@ -38,7 +43,11 @@ from cellcal.solver.se3 import rotation_angle
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RejectReason", "StationRejected", "DeviceFault", "RobotMonitor", "CaptureEngine", "Capture"]
+__all__ = ["RejectReason", "StationRejected", "DeviceFault", "RobotMonitor", "CaptureEngine", "Capture",
+           "jsonable"]
+
+#: What the engine returns for one station is the record the store persists (one definition).
+Capture = StationRecord
 
 
 class RejectReason(str, enum.Enum):
@@ -65,9 +74,10 @@ class StationRejected(CellcalError):
 
 
 class DeviceFault(CellcalError):
-    """A device link failed (gone, timed out, unreadable); ``device`` is robot or tracker."""
+    """A device link failed (gone, timed out, unreadable); ``device`` is ``protocol.DEVICE_ROBOT``
+    or ``protocol.DEVICE_TRACKER``, ``cause`` the driver's error."""
 
-    def __init__(self, device: str, cause: BaseException) -> None:
+    def __init__(self, device: P.DeviceName, cause: BaseException) -> None:
         self.device = device
         self.cause = cause
         super().__init__(f"{device}: {cause}")
@@ -146,7 +156,7 @@ class RobotMonitor:
 
     def _check(self) -> None:
         if self._error is not None:
-            raise DeviceFault("robot", self._error)
+            raise DeviceFault(P.DEVICE_ROBOT, self._error)
 
     def restart_window(self) -> None:
         """Forget the current rest window (after commanding a move)."""
@@ -225,31 +235,12 @@ class RobotMonitor:
                 self._check()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
-                    raise DeviceFault("robot", DriverTimeoutError("no robot sample after the tracker window"))
+                    raise DeviceFault(P.DEVICE_ROBOT, DriverTimeoutError("no robot sample after the tracker window"))
                 self._cond.wait(min(remaining, 0.05))
 
     def samples_between(self, t0_ns: int, t1_ns: int) -> list:
         with self._cond:
             return [s for s in self._samples if t0_ns <= s.t_host_ns <= t1_ns]
-
-
-@dataclass(frozen=True)
-class Capture:
-    """What the engine measured for one station (the store's ``StationRecord`` is built from it)."""
-
-    base_T_flange: np.ndarray
-    q_rad: np.ndarray
-    cell_T_target: np.ndarray | None
-    cell_p_target: np.ndarray
-    tracker_std_translation_m: float
-    tracker_std_rotation_rad: float | None
-    sample_count: int
-    robot_t_device_s: float
-    robot_t_host_ns: int
-    tracker_t_device_s: float
-    tracker_t_host_ns: int
-    settle: dict
-    raw: dict
 
 
 def _mean_pose(Ts: list[np.ndarray]) -> np.ndarray:
@@ -293,7 +284,7 @@ class CaptureEngine:
             else:
                 self.robot.move_to(base_T_flange=planned.base_T_flange, speed=speed, wait=True, timeout_s=self.cfg.capture.station_timeout_s)
         except DeviceGoneError as exc:
-            raise DeviceFault("robot", exc) from exc
+            raise DeviceFault(P.DEVICE_ROBOT, exc) from exc
         except DeviceError as exc:  # protective stop and friends: the cell said no
             raise StationRejected(RejectReason.PROTECTIVE_STOP, str(exc), {"code": getattr(exc, "code", "")}) from exc
         except DriverTimeoutError as exc:
@@ -315,13 +306,15 @@ class CaptureEngine:
                 raise StationRejected(RejectReason.TRACKER_REFUSED, str(exc), {"code": exc.code}) from exc
             raise StationRejected(RejectReason.TRACKER_REFUSED, str(exc), {"code": getattr(exc, "code", "")}) from exc
         except (DeviceGoneError, DriverTimeoutError, ProtocolError) as exc:
-            raise DeviceFault("tracker", exc) from exc
+            raise DeviceFault(P.DEVICE_TRACKER, exc) from exc
         except DriverError as exc:
-            raise DeviceFault("tracker", exc) from exc
+            raise DeviceFault(P.DEVICE_TRACKER, exc) from exc
 
-    def capture(self, accepted_poses: list[np.ndarray], abort: threading.Event | None = None) -> Capture:
+    def capture(self, plan_index: int, accepted_poses: list[np.ndarray],
+                abort: threading.Event | None = None) -> StationRecord:
         """Wait for rest, measure, check the windows; return the station or raise.
 
+        ``plan_index`` is the station's place in the plan (the record's ``plan_index``);
         ``accepted_poses`` are the run's accepted ``base_T_flange`` (for the duplicate test).
         A tracker that says its target is not stable yet (the arm still settling) is asked
         again until the station's timeout, as an operator would; only then is it a rejection.
@@ -331,14 +324,38 @@ class CaptureEngine:
         deadline = time.monotonic() + self.cfg.capture.station_timeout_s
         while True:
             try:
-                return self._capture_once(accepted_poses, abort)
+                return self._capture_once(plan_index, accepted_poses, abort)
             except StationRejected as rej:
                 unstable = isinstance(rej.__cause__, NotStableError)
                 if not unstable or time.monotonic() > deadline or (abort is not None and abort.is_set()):
                     raise
                 time.sleep(0.02)
 
-    def _capture_once(self, accepted_poses: list[np.ndarray], abort: threading.Event | None) -> Capture:
+    def capture_robot_only(self, plan_index: int, accepted_poses: list[np.ndarray],
+                           abort: threading.Event | None = None) -> StationRecord:
+        """A station without the tracker (a tool-point run): the robot at rest, nothing measured.
+
+        ``StationRejected(NOT_SETTLED)`` after the station timeout, ``DUPLICATE_POSE`` when
+        the pose is one of ``accepted_poses``.
+        """
+        c = self.cfg.capture
+        state, status = self.monitor.wait_settled(c.station_timeout_s, abort)
+        G = state.base_T_flange
+        for j, Ga in enumerate(accepted_poses):
+            if (np.linalg.norm(Ga[:3, 3] - G[:3, 3]) < c.min_pose_change_m
+                    and rotation_angle(Ga[:3, :3].T @ G[:3, :3]) < c.min_pose_change_rad):
+                raise StationRejected(RejectReason.DUPLICATE_POSE, f"same pose as accepted station {j}")
+        return StationRecord(
+            plan_index=plan_index, base_T_flange=G, q_rad=state.q_rad, cell_T_target=None,
+            cell_p_target=None, tracker_std_translation_m=0.0, tracker_std_rotation_rad=None, sample_count=0,
+            robot_t_device_s=state.t_device_s, robot_t_host_ns=state.t_host_ns, tracker_t_device_s=0.0,
+            tracker_t_host_ns=0,
+            settle=jsonable({"quiet_s": status.quiet_s, "max_joint_speed_rad_s": status.max_joint_speed_rad_s}),
+            raw={}, accepted_host_ns=time.monotonic_ns(),
+        )
+
+    def _capture_once(self, plan_index: int, accepted_poses: list[np.ndarray],
+                      abort: threading.Event | None) -> StationRecord:
         c, tc = self.cfg.capture, self.cfg.tracker
         # Measure as soon as the robot is quiet, and confirm the dwell afterwards: the dwell
         # and the tracker's averaging then overlap instead of adding up (recalibration
@@ -430,7 +447,8 @@ class CaptureEngine:
             "robot_q_std_rad": [float(v) for v in np.std([smp.q_rad for smp in samples], axis=0)],
             "robot_window_ns": [int(samples[0].t_host_ns), int(samples[-1].t_host_ns)],
         }
-        return Capture(
+        return StationRecord(
+            plan_index=plan_index,
             base_T_flange=G,
             q_rad=q,
             cell_T_target=M,
@@ -442,8 +460,9 @@ class CaptureEngine:
             robot_t_host_ns=int(mid.t_host_ns),
             tracker_t_device_s=0.5 * (m1.t_device_s + m2.t_device_s),
             tracker_t_host_ns=(m1.t_host_ns + m2.t_host_ns) // 2,
-            settle=figures,
-            raw=raw,
+            settle=jsonable(figures),
+            raw=jsonable(raw),
+            accepted_host_ns=time.monotonic_ns(),
         )
 
 
@@ -463,3 +482,21 @@ def _quat(T: np.ndarray) -> list[float]:
     from cellcal.solver.se3 import quat_from_matrix
 
     return [float(v) for v in quat_from_matrix(T[:3, :3])]
+
+
+def jsonable(obj: Any) -> Any:
+    """Plain JSON types (numpy scalars and arrays become floats and lists; NaN/inf -> None)."""
+    if isinstance(obj, dict):
+        return {str(k): jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [jsonable(v) for v in obj]
+    if isinstance(obj, np.ndarray):
+        return jsonable(obj.tolist())
+    if isinstance(obj, (np.floating, float)):
+        v = float(obj)
+        return v if math.isfinite(v) else None
+    if isinstance(obj, (np.integer,)):
+        return int(obj)
+    if isinstance(obj, enum.Enum):
+        return obj.value
+    return obj

@@ -22,9 +22,10 @@ from typing import Any
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.client import Client, ClientTimeout, load_keypair, load_public_key
+from cellcal.solver.errors import CellcalError
 
 
-class UsageError(Exception):
+class UsageError(CellcalError):
     """Bad command line or configuration: exit 2."""
 
 

@@ -69,9 +69,11 @@ def _say(msg: str) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cellcal.daemon.cmd_run import build_service
+    from cellcal.daemon import protocol as P
+    from cellcal.daemon.app import App
     from cellcal.daemon.config import ConfigError, load_config
     from cellcal.daemon.report import transform_from_wire
+    from cellcal.daemon.store import RunStatus
     from cellcal.sim.robot_sim import start_sim_robot
     from cellcal.sim.scenario import load_scenario
     from cellcal.sim.tracker_sim import SimTracker
@@ -94,7 +96,7 @@ def run(args: argparse.Namespace) -> int:
     robot_sim = start_sim_robot(world, scenario.robot, transport="rtde")
     tracker_sim = SimTracker(world, scenario.tracker, transport="tcp", seed=scenario.seed)
     tracker_sim.__enter__()
-    svc = server = None
+    app = None
     try:
         plan = cfg.plan if args.stations is None else dataclasses.replace(cfg.plan, n_stations=args.stations)
         # The demo's loopback ports may be taken (another demo, another program): use free
@@ -111,47 +113,41 @@ def run(args: argparse.Namespace) -> int:
         )
         _say(f"cellcal demo: simulated robot {robot_sim.url}, tracker {tracker_sim.url}, time x{scenario.time_scale:g}")
         _say(f"cellcal demo: ZeroMQ PUB {zcfg.pub_endpoint}, commands {zcfg.cmd_endpoint}")
-        svc, server = build_service(cfg)
         done = threading.Event()
         outcome: dict = {}
 
         def on_event(topic: str, body: dict) -> None:
             el = time.monotonic() - t0
-            if topic == "cellcal/v1/station":
+            if topic == P.TOPIC_STATION:
                 if body.get("accepted"):
                     s = body.get("settle", {})
                     _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: accepted "
                          f"(tracker std {1e3 * (s.get('tracker_std_translation_m') or 0):.4f} mm, robot at rest {s.get('robot_rest_s', 0):.2f} s)")
                 else:
                     _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: rejected, {body['reason']} (attempt {body.get('attempt')}), retrying")
-            elif topic == "cellcal/v1/result":
+            elif topic == P.TOPIC_RESULT:
                 outcome["result"] = body
                 done.set()
-            elif topic == "cellcal/v1/drift":
+            elif topic == P.TOPIC_DRIFT:
                 outcome["drift"] = body
                 done.set()
-            elif topic == "cellcal/v1/fault":
+            elif topic == P.TOPIC_FAULT:
                 _say(f"[{el:6.1f} s] fault: {body.get('message')}")
-            elif topic == "cellcal/v1/state" and body.get("state") in ("SOLVING", "CHECKING"):
+            elif topic == P.TOPIC_STATE and body.get("state") in (P.STATE_SOLVING, P.STATE_CHECKING):
                 _say(f"[{el:6.1f} s] {body['state'].lower()} {body.get('detail', '')}")
 
-        svc.add_listener(on_event)
-        svc.start()
-        if server is not None:
-            server.start()
-        loop = threading.Thread(target=svc.serve, name="cellcal-demo-supervisor", daemon=True)
-        loop.start()
-        run_id = svc.start_run("base_frame", reason="demo")
+        app = App(cfg, listeners=[on_event], supervise=True).open()
+        svc = app.service
+        run_id = svc.start_run(P.KIND_BASE_FRAME, reason="demo")
         deadline = t0 + args.timeout_s
-        status = "capturing"
+        run = svc.store.get_run(run_id)
         while time.monotonic() < deadline:
-            status = svc.store.get_run(run_id).status.value
-            if status in ("done", "failed", "aborted") and svc.wait_idle(0.0):
+            run = svc.store.get_run(run_id)
+            if not run.is_open and svc.wait_idle(0.0):
                 break
             done.wait(0.1)
-        run = svc.store.get_run(run_id)
-        if status != "done" or "result" not in outcome:
-            _say(f"cellcal demo: run {run_id} ended {status}: {run.status_reason or 'no result before the timeout'}")
+        if run.status != RunStatus.DONE or "result" not in outcome:
+            _say(f"cellcal demo: run {run_id} ended {run.status.value}: {run.status_reason or 'no result before the timeout'}")
             return 1
         result = outcome["result"]
         truth = world.cell_T_base()
@@ -188,11 +184,8 @@ def run(args: argparse.Namespace) -> int:
                       f"fail {d['fail_translation_m'] * 1e3:.3f} mm)")
         return 0
     finally:
-        if svc is not None:
-            svc.request_stop()
-            svc.shutdown()
-        if server is not None:
-            server.stop()
+        if app is not None:
+            app.close()
         tracker_sim.__exit__(None, None, None)
         robot_sim.close()
         if tmp is not None:

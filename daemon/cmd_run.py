@@ -1,8 +1,9 @@
 """``cellcal run --config FILE``: the long-running service (what systemd starts).
 
-Start-up order (sd_notify READY only after all of it): configuration valid, store opened
-and unfinished runs queued for resumption, ZeroMQ sockets bound. Then the supervising loop
-runs until SIGTERM/SIGINT, which finishes the current transaction and exits 0.
+Start-up order (sd_notify READY only after all of it; ``cellcal.daemon.app.App``):
+configuration valid, store opened and unfinished runs queued for resumption, ZeroMQ sockets
+bound. Then the supervising loop runs until SIGTERM/SIGINT, which finishes the current
+transaction and exits 0.
 
 Exit codes: 0 clean stop; 2 bad configuration; 1 the service could not start (the message
 says why: store not writable, endpoint refused, ...).
@@ -11,6 +12,7 @@ says why: store not writable, endpoint refused, ...).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import faulthandler
 import logging
 import sys
@@ -22,21 +24,6 @@ from cellcal.solver.errors import CellcalError
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help="TOML configuration file")
     p.add_argument("--log-level", default=None, help="override service.log_level")
-
-
-def build_service(cfg, *, notifier=None):
-    """The service with its ZeroMQ server (when the transport is available)."""
-    from cellcal.daemon.service import Service
-
-    svc = Service(cfg, notifier=notifier)
-    server = None
-    try:
-        from cellcal.daemon import zmq_glue
-    except ImportError:  # ZeroMQ transport not installed in this build
-        zmq_glue = None
-    if zmq_glue is not None:
-        server = zmq_glue.attach(svc, cfg)
-    return svc, server
 
 
 def run(args: argparse.Namespace) -> int:
@@ -54,20 +41,16 @@ def run(args: argparse.Namespace) -> int:
     from cellcal.daemon.sdnotify import Notifier
 
     notifier = Notifier()
+    from cellcal.daemon.app import App
+
     try:
-        svc, server = build_service(cfg, notifier=notifier)
-        svc.install_signal_handlers()
-        svc.start()
-        if server is not None:
-            server.start()
+        app = App(cfg, notifier=notifier)  # no I/O, but refuses an insecure [zmq] section
+        app.service.install_signal_handlers()
+        app.open()
     except (CellcalError, OSError) as exc:
         print(f"cellcal run: cannot start: {exc}", file=sys.stderr)
         return 1
-    svc.ready()
-    try:
-        svc.serve()
-    finally:
-        svc.shutdown()
-        if server is not None:
-            server.stop()
+    with contextlib.closing(app):
+        app.service.ready()
+        app.service.serve()
     return 0

@@ -21,12 +21,13 @@ from typing import Any
 
 import numpy as np
 
+from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import make_transform, matrix_from_quat, so3_exp
 
 __all__ = ["PlannedStation", "PlanError", "generate_plan", "explicit_plan", "plan_to_dict", "plan_from_dict"]
 
 
-class PlanError(ValueError):
+class PlanError(CellcalError, ValueError):
     """No plan can be made from the settings given (say which and why)."""
 
 

@@ -74,7 +74,7 @@ import types
 import typing
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol, TypedDict, Union
+from typing import Any, Final, Literal, Protocol, TypedDict, Union
 
 import msgpack
 
@@ -86,7 +86,12 @@ __all__ = [
     "E_BAD_REQUEST", "E_FORBIDDEN", "E_NOT_FOUND", "E_BUSY", "E_STATE", "E_NO_CALIBRATION",
     "E_DEVICE", "E_UNAVAILABLE", "E_INTERNAL", "ERROR_CODES",
     "ROLE_OBSERVER", "ROLE_OPERATOR", "ROLES", "role_allows",
-    "STATES", "RUN_KINDS", "DRIFT_STATUSES",
+    "STATES", "RUN_KINDS", "DRIFT_STATUSES", "DEVICES",
+    "StateName", "RunKind", "MotionMode", "DriftStatus", "DriftAction", "DeviceName", "ErrorCode",
+    "STATE_IDLE", "STATE_CAPTURING", "STATE_SOLVING", "STATE_CHECKING", "STATE_FAULT",
+    "KIND_BASE_FRAME", "KIND_TOOL_POINT", "KIND_HAND_EYE", "MOTION_COMMAND", "MOTION_OBSERVE",
+    "DRIFT_OK", "DRIFT_WARN", "DRIFT_FAIL", "ACTION_NONE", "ACTION_MARKED_SUSPECT", "ACTION_RECALIBRATING",
+    "DEVICE_ROBOT", "DEVICE_TRACKER", "check_reply", "Devices",
     "Caller", "CommandError", "Handler", "Arg", "Command", "COMMANDS",
     "Request", "BadRequest", "parse_request", "validate_args", "MOTION_MODES", "DRIFT_ACTIONS",
     "pack", "unpack", "new_boot_id", "make_envelope", "pack_envelope", "packed_map", "check_envelope",
@@ -136,18 +141,70 @@ E_INTERNAL = "E_INTERNAL"              # a bug: the daemon logged the exception
 ERROR_CODES = (E_BAD_REQUEST, E_FORBIDDEN, E_NOT_FOUND, E_BUSY, E_STATE, E_NO_CALIBRATION,
                E_DEVICE, E_UNAVAILABLE, E_INTERNAL)
 
-# --- roles, states -------------------------------------------------------------------------------
+# --- roles, states, kinds, modes ----------------------------------------------------------------
+# Each vocabulary is written once, as the ``Literal`` type the bodies below use; the tuple
+# of its values and one named constant per value (what the daemon's code uses instead of
+# string literals) are derived from it and checked against it at import.
 
 ROLE_OBSERVER = "observer"
 ROLE_OPERATOR = "operator"
 ROLES = (ROLE_OBSERVER, ROLE_OPERATOR)
 _ROLE_RANK = {ROLE_OBSERVER: 0, ROLE_OPERATOR: 1}
 
-STATES = ("IDLE", "CAPTURING", "SOLVING", "CHECKING", "FAULT")
-RUN_KINDS = ("base_frame", "tool_point", "hand_eye")
-MOTION_MODES = ("command", "observe")
-DRIFT_STATUSES = ("ok", "warn", "fail")
-DRIFT_ACTIONS = ("none", "marked_suspect", "recalibrating")
+StateName = Literal["IDLE", "CAPTURING", "SOLVING", "CHECKING", "FAULT"]
+STATE_IDLE: Final = "IDLE"
+STATE_CAPTURING: Final = "CAPTURING"
+STATE_SOLVING: Final = "SOLVING"
+STATE_CHECKING: Final = "CHECKING"
+STATE_FAULT: Final = "FAULT"
+STATES: tuple[str, ...] = typing.get_args(StateName)
+
+RunKind = Literal["base_frame", "tool_point", "hand_eye"]
+KIND_BASE_FRAME: Final = "base_frame"
+KIND_TOOL_POINT: Final = "tool_point"
+KIND_HAND_EYE: Final = "hand_eye"
+RUN_KINDS: tuple[str, ...] = typing.get_args(RunKind)
+
+MotionMode = Literal["command", "observe"]
+MOTION_COMMAND: Final = "command"   # the daemon moves the robot through the plan
+MOTION_OBSERVE: Final = "observe"   # the cell's own program moves it; the daemon captures at rest
+MOTION_MODES: tuple[str, ...] = typing.get_args(MotionMode)
+
+DriftStatus = Literal["ok", "warn", "fail"]
+DRIFT_OK: Final = "ok"
+DRIFT_WARN: Final = "warn"
+DRIFT_FAIL: Final = "fail"
+DRIFT_STATUSES: tuple[str, ...] = typing.get_args(DriftStatus)
+
+DriftAction = Literal["none", "marked_suspect", "recalibrating"]
+ACTION_NONE: Final = "none"
+ACTION_MARKED_SUSPECT: Final = "marked_suspect"
+ACTION_RECALIBRATING: Final = "recalibrating"
+DRIFT_ACTIONS: tuple[str, ...] = typing.get_args(DriftAction)
+
+DeviceName = Literal["robot", "tracker"]
+DEVICE_ROBOT: Final = "robot"
+DEVICE_TRACKER: Final = "tracker"
+DEVICES: tuple[str, ...] = typing.get_args(DeviceName)
+
+ErrorCode = Literal["E_BAD_REQUEST", "E_FORBIDDEN", "E_NOT_FOUND", "E_BUSY", "E_STATE", "E_NO_CALIBRATION",
+                    "E_DEVICE", "E_UNAVAILABLE", "E_INTERNAL"]
+
+
+def _check_vocabularies() -> None:
+    # A constant that drifts from its Literal would make the daemon publish what the schema
+    # refuses (or the reverse); fail at import, where the mistake is made.
+    g = globals()
+    for prefix, values in (("STATE_", STATES), ("KIND_", RUN_KINDS), ("MOTION_", MOTION_MODES),
+                           ("DRIFT_", DRIFT_STATUSES), ("ACTION_", DRIFT_ACTIONS), ("DEVICE_", DEVICES)):
+        named = {v for k, v in g.items() if k.startswith(prefix) and k.isupper() and isinstance(v, str)}
+        if named != set(values):
+            raise AssertionError(f"protocol: {prefix}* constants {sorted(named)} != Literal values {sorted(values)}")
+    if set(typing.get_args(ErrorCode)) != set(ERROR_CODES):
+        raise AssertionError("protocol: ErrorCode and ERROR_CODES disagree")
+
+
+_check_vocabularies()
 
 
 def role_allows(role: str, required: str) -> bool:
@@ -216,7 +273,8 @@ class Handler(Protocol):
 
 
 class _ArgError(ValueError):
-    pass
+    """Private: a validator's complaint, turned into ``CommandError(E_BAD_REQUEST)`` naming
+    the argument by :func:`validate_args`; never leaves this module."""
 
 
 def _what(v: Any) -> str:
@@ -325,7 +383,7 @@ def v_stations(v: Any) -> list[dict[str, Any]]:
     """Explicit stations: ``[{q_rad: [n]}]`` or ``[{base_T_flange: pose}]``."""
     if not isinstance(v, (list, tuple)) or not 1 <= len(v) <= MAX_STATIONS:
         raise _ArgError(f"expected an array of 1..{MAX_STATIONS} stations, got {_what(v)}")
-    out = []
+    out: list[dict[str, Any]] = []
     for i, st in enumerate(v):
         try:
             if isinstance(st, dict) and set(st) == {"q_rad"}:
@@ -545,7 +603,7 @@ def parse_request(data: bytes) -> Request:
         args = {}
     if not isinstance(args, dict):
         raise BadRequest(f"args: expected a map, got {_what(args)}", rid)
-    return Request(rid, cmd, args)
+    return Request(typing.cast("str | int", rid), cmd, args)
 
 
 def ok_reply(request_id: str | int | None, result: Any) -> dict[str, Any]:
@@ -631,12 +689,17 @@ class DeviceStatus(TypedDict):
     identity: str | None          # model and serial the device reported; None if never connected
 
 
+class Devices(TypedDict):
+    robot: DeviceStatus
+    tracker: DeviceStatus
+
+
 class HeartbeatBody(TypedDict):
     cell: str                     # [service] name
-    state: Literal["IDLE", "CAPTURING", "SOLVING", "CHECKING", "FAULT"]
+    state: StateName
     uptime_s: float               # since the daemon started (monotonic)
     heartbeat_s: float            # the heartbeat period; silence for 3 periods means trouble
-    devices: dict[str, DeviceStatus]  # keys "robot" and "tracker"
+    devices: Devices              # "robot" and "tracker"
     active_result_id: str | None
     suspect: bool                 # the active result failed a drift check
     run_id: str | None            # run or drift check in progress
@@ -647,12 +710,12 @@ StatusResult = HeartbeatBody  # get_status returns the heartbeat body, fresh
 
 
 class StateBody(TypedDict):
-    state: Literal["IDLE", "CAPTURING", "SOLVING", "CHECKING", "FAULT"]
-    previous: str | None          # state before this transition (None at start)
+    state: StateName
+    previous: StateName | None    # state before this transition (None at start)
     reason: str                   # why, for people ("run r-12 started by ops (3f9a1c2e)")
     run_id: str | None
-    kind: str | None              # run kind while CAPTURING/SOLVING
-    motion_mode: Literal["command", "observe"]
+    kind: RunKind | None          # run kind while CAPTURING/SOLVING
+    motion_mode: MotionMode
 
 
 class SettleFigures(TypedDict):
@@ -824,17 +887,17 @@ class DriftBody(TypedDict):
     warn_rotation_rad: float
     fail_rotation_rad: float
     cusum: Cusum
-    status: Literal["ok", "warn", "fail"]
+    status: DriftStatus
     suspect: bool                 # the result is now marked suspect
-    action: Literal["none", "marked_suspect", "recalibrating"]
+    action: DriftAction
     stations: list[DriftStation]
 
 
 class FaultBody(TypedDict):
-    code: str                     # an error code (E_DEVICE, E_INTERNAL, ...)
-    device: str | None            # "robot", "tracker" or None (the daemon itself)
+    code: ErrorCode               # an error code (E_DEVICE, E_INTERNAL, ...)
+    device: DeviceName | None     # "robot", "tracker" or None (the daemon itself)
     message: str
-    state: str                    # daemon state after the fault
+    state: StateName              # daemon state after the fault
     active: bool                  # True when raised, False when cleared
     retry_in_s: float | None      # next reconnection attempt
 
@@ -878,7 +941,7 @@ class ToBasePoseResult(TypedDict):
 
 class StartRunResult(TypedDict):
     run_id: str
-    kind: str
+    kind: RunKind
     planned: int
 
 
@@ -888,8 +951,8 @@ class AbortResult(TypedDict):
 
 
 class DriftCheckResult(TypedDict):
-    result_id: str
-    check_id: int
+    result_id: str                # the calibration the queued check will measure
+    check_id: int                 # the check_id its cellcal/v1/drift message will carry (ADR 0008)
 
 
 class ActivateResult(TypedDict):
@@ -967,6 +1030,34 @@ def check_result(cmd: str, result: Any) -> list[str]:
     if cmd not in RESULT_TYPES:
         return [f"unknown command {cmd!r}"]
     return _problems(result, RESULT_TYPES[cmd], "result")
+
+
+def check_reply(cmd: str, reply: Any, request_id: str | int | None = None) -> list[str]:
+    """What is wrong with a whole reply to ``cmd``: ``{id, ok, result}`` or ``{id, ok: false, error}``.
+
+    ``request_id``, when given, must be echoed. An ``ok`` reply's ``result`` is checked with
+    :func:`check_result`; an error's ``code`` must be one of ``ERROR_CODES``.
+    """
+    if not isinstance(reply, dict):
+        return [f"reply: expected a map, got {_what(reply)}"]
+    out = []
+    if request_id is not None and (reply.get("id") != request_id or type(reply.get("id")) is not type(request_id)):
+        out.append(f"reply.id: expected {request_id!r}, got {reply.get('id')!r}")
+    ok = reply.get("ok")
+    if not isinstance(ok, bool):
+        return out + [f"reply.ok: expected a boolean, got {_what(ok)}"]
+    if ok:
+        if "result" not in reply:
+            return out + ["reply.result: missing"]
+        return out + check_result(cmd, reply["result"])
+    err = reply.get("error")
+    if not isinstance(err, dict):
+        return out + [f"reply.error: expected a map, got {_what(err)}"]
+    if err.get("code") not in ERROR_CODES:
+        out.append(f"reply.error.code: expected one of {ERROR_CODES}, got {_what(err.get('code'))}")
+    if not isinstance(err.get("message"), str) or not err.get("message"):
+        out.append(f"reply.error.message: expected a non-empty string, got {_what(err.get('message'))}")
+    return out
 
 
 # --- to_base -------------------------------------------------------------------------------------

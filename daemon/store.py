@@ -35,6 +35,11 @@ Schema (version 1; ``schema_version`` records every migration applied)::
     activations(id PK, result_id -> results, previous_result_id?, reason, activated_utc)
     drift_checks(id PK, result_id -> results, record_json, recorded_utc)
 
+The ``stations`` columns are :class:`StationRecord`'s fields (what the capture engine
+returns is what is stored): the column list, the INSERT and the row decoder are derived from
+the field types by :func:`station_columns`, so a new field is one edit of the record plus a
+migration (:func:`station_column_ddl`); the CREATE TABLE of migration 1 stays as released.
+
 Storage choices, and why:
 
 * Arrays are little-endian float64 bytes: bit-exact (NaN payloads, ``-0.0``, subnormals)
@@ -55,15 +60,18 @@ Another process may open the same file (WAL lets readers run beside the writer),
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import math
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+import types
+import typing
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from enum import StrEnum
 from pathlib import Path
@@ -82,6 +90,9 @@ __all__ = [
     "Store",
     "RunRecord",
     "StationRecord",
+    "StationColumn",
+    "station_columns",
+    "station_column_ddl",
     "RejectionRecord",
     "ResultRecord",
     "DriftCheckRecord",
@@ -260,9 +271,22 @@ def _int(value: Any, name: str, plan_index: Any) -> int:
     return i
 
 
+def _field(*, shape: tuple[int, ...] | None = None, minimum: float | None = None, **kw: Any) -> Any:
+    """A station field with what its codec needs: an array's ``shape`` (None: 1-D of any
+    length), a number's ``minimum``."""
+    return field(metadata={"shape": shape, "min": minimum}, **kw)
+
+
 @dataclass(frozen=True, eq=False)
 class StationRecord:
     """One accepted station: the robot state and the tracker measurement taken at rest.
+
+    The capture engine (``cellcal.daemon.capture``) returns it, the store persists it as it
+    is: this class is the one definition of a station. Its fields *are* the ``stations``
+    table's columns (:func:`station_columns`): the column list, the INSERT and the row
+    decoder are derived from the field types (arrays as float64 little-endian blobs, floats
+    with a ``typeof = 'real'`` check, ints, JSON dicts in ``<name>_json``). Adding a field is
+    one edit here plus a migration (:func:`station_column_ddl` writes its ``ALTER TABLE``).
 
     Arrays are copied to float64 and made read-only on construction; every field is
     validated here so a bad station fails where it is built, naming its plan index.
@@ -297,50 +321,192 @@ class StationRecord:
         Host ``time.monotonic_ns()`` when the capture engine accepted the station.
     """
 
-    plan_index: int
-    base_T_flange: np.ndarray
-    q_rad: np.ndarray
-    cell_T_target: np.ndarray | None
-    cell_p_target: np.ndarray | None
-    tracker_std_translation_m: float
-    tracker_std_rotation_rad: float | None
-    sample_count: int
-    robot_t_device_s: float
-    robot_t_host_ns: int
-    tracker_t_device_s: float
-    tracker_t_host_ns: int
-    settle: dict[str, Any]
-    raw: dict[str, Any]
-    accepted_host_ns: int
+    plan_index: int = _field(minimum=0)
+    base_T_flange: np.ndarray = _field(shape=(4, 4))
+    q_rad: np.ndarray = _field(shape=None)
+    cell_T_target: np.ndarray | None = _field(shape=(4, 4))
+    cell_p_target: np.ndarray | None = _field(shape=(3,))
+    tracker_std_translation_m: float = _field(minimum=0.0)
+    tracker_std_rotation_rad: float | None = _field(minimum=0.0)
+    sample_count: int = _field(minimum=0)
+    robot_t_device_s: float = _field()
+    robot_t_host_ns: int = _field()
+    tracker_t_device_s: float = _field()
+    tracker_t_host_ns: int = _field()
+    settle: dict[str, Any] = _field()
+    raw: dict[str, Any] = _field()
+    accepted_host_ns: int = _field()
 
     def __post_init__(self) -> None:
         idx = self.plan_index
-        s = object.__setattr__
-        s(self, "plan_index", _int(idx, "plan_index", idx))
-        if self.plan_index < 0:
-            raise ValueError(f"station {idx}: plan_index must be >= 0")
-        s(self, "base_T_flange", _frozen_array(self.base_T_flange, "base_T_flange", (4, 4), idx))
-        s(self, "q_rad", _frozen_array(self.q_rad, "q_rad", None, idx))
-        if self.cell_T_target is not None:
-            s(self, "cell_T_target", _frozen_array(self.cell_T_target, "cell_T_target", (4, 4), idx))
-        if self.cell_p_target is not None:
-            s(self, "cell_p_target", _frozen_array(self.cell_p_target, "cell_p_target", (3,), idx))
-        s(self, "tracker_std_translation_m", _finite_float(self.tracker_std_translation_m, "tracker_std_translation_m", idx))
-        if self.tracker_std_rotation_rad is not None:
-            s(self, "tracker_std_rotation_rad", _finite_float(self.tracker_std_rotation_rad, "tracker_std_rotation_rad", idx))
-        for name in ("tracker_std_translation_m", "tracker_std_rotation_rad"):
-            if (getattr(self, name) or 0.0) < 0.0:
-                raise ValueError(f"station {idx}: {name} must be >= 0, got {getattr(self, name)!r}")
-        s(self, "sample_count", _int(self.sample_count, "sample_count", idx))
-        if self.sample_count < 0:
-            raise ValueError(f"station {idx}: sample_count must be >= 0, got {self.sample_count}")
-        for name in ("robot_t_device_s", "tracker_t_device_s"):
-            s(self, name, _finite_float(getattr(self, name), name, idx))
-        for name in ("robot_t_host_ns", "tracker_t_host_ns", "accepted_host_ns"):
-            s(self, name, _int(getattr(self, name), name, idx))
-        for name in ("settle", "raw"):
-            if not isinstance(getattr(self, name), dict):
-                raise ValueError(f"station {idx}: {name} must be a dict, got {type(getattr(self, name)).__name__}")
+        for col in station_columns(type(self)):
+            object.__setattr__(self, col.name, col.validate(getattr(self, col.name), idx))
+
+
+# --------------------------------------------------------------------------------------
+# The station codec: field type -> column
+
+
+@dataclass(frozen=True)
+class StationColumn:
+    """How one :class:`StationRecord` field is validated, stored and read back.
+
+    Attributes
+    ----------
+    name : str
+        The dataclass field.
+    column : str
+        The ``stations`` column (``name``, or ``name_json`` for a dict).
+    kind : str
+        ``"int"``, ``"float"``, ``"str"``, ``"array"`` or ``"json"``.
+    nullable : bool
+        The annotation is ``X | None``.
+    shape : tuple or None
+        Arrays: the required shape (None: 1-D of any length).
+    minimum : float or None
+        Numbers: the smallest value allowed.
+    """
+
+    name: str
+    column: str
+    kind: str
+    nullable: bool
+    shape: tuple[int, ...] | None = None
+    minimum: float | None = None
+
+    def validate(self, value: Any, plan_index: Any) -> Any:
+        """The value as stored (arrays: read-only float64 copies); ``ValueError`` naming the station."""
+        if value is None:
+            if self.nullable:
+                return None
+            raise ValueError(f"station {plan_index}: {self.name} must not be None")
+        if self.kind == "int":
+            out: Any = _int(value, self.name, plan_index)
+        elif self.kind == "float":
+            out = _finite_float(value, self.name, plan_index)
+        elif self.kind == "array":
+            return _frozen_array(value, self.name, self.shape, plan_index)
+        elif self.kind == "json":
+            if not isinstance(value, dict):
+                raise ValueError(f"station {plan_index}: {self.name} must be a dict, got {type(value).__name__}")
+            return value
+        else:
+            if not isinstance(value, str):
+                raise ValueError(f"station {plan_index}: {self.name} must be a string, got {value!r}")
+            return value
+        if self.minimum is not None and out < self.minimum:
+            raise ValueError(f"station {plan_index}: {self.name} must be >= {self.minimum:g}, got {out!r}")
+        return out
+
+    def encode(self, value: Any, plan_index: Any) -> Any:
+        """The SQLite value of an already validated field."""
+        if value is None:
+            return None
+        if self.kind == "array":
+            return _blob(value)
+        if self.kind == "json":
+            return _to_json(value, f"station {plan_index} {self.name}")
+        return value
+
+    def decode(self, value: Any) -> Any:
+        """The field value of a column read back (validated again by the record)."""
+        if value is None:
+            return None
+        if self.kind == "array":
+            return _array(value, self.shape)
+        if self.kind == "json":
+            return json.loads(value)
+        return value
+
+    def ddl(self, default: Any = None) -> str:
+        """The column definition (type, NOT NULL, CHECK) as migration 1 writes it."""
+        c = self.column
+        sql_type = {"int": "INTEGER", "float": "", "str": "TEXT", "array": "BLOB", "json": "TEXT"}[self.kind]
+        checks = []
+        if self.kind == "float":
+            checks.append(f"typeof({c}) = 'real'")
+        if self.kind == "array" and self.shape is not None:
+            checks.append(f"length({c}) = {8 * math.prod(self.shape)}")
+        elif self.kind == "array":
+            checks.append(f"length({c}) % 8 = 0")
+        parts = [c] + ([sql_type] if sql_type else [])
+        if not self.nullable:
+            parts.append("NOT NULL")
+        if default is not None:
+            parts.append(f"DEFAULT {_sql_literal(default)}")
+        if checks:
+            cond = " AND ".join(checks)
+            parts.append(f"CHECK ({c} IS NULL OR {cond})" if self.nullable else f"CHECK ({cond})")
+        return " ".join(parts)
+
+
+def _sql_literal(v: Any) -> str:
+    if isinstance(v, bool) or not isinstance(v, (int, float, str)):
+        raise ValueError(f"no SQL literal for a default of {v!r}")
+    if isinstance(v, str):
+        return "'" + v.replace("'", "''") + "'"
+    if isinstance(v, float) and not math.isfinite(v):
+        raise ValueError(f"a float column's default must be finite, got {v!r}")
+    return repr(float(v)) if isinstance(v, float) else str(int(v))
+
+
+def _column_kind(tp: Any) -> tuple[str, bool]:
+    """``(kind, nullable)`` of a field annotation."""
+    args = typing.get_args(tp)
+    nullable = False
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        rest = [a for a in args if a is not type(None)]
+        nullable = len(rest) < len(args)
+        if len(rest) != 1:
+            raise TypeError(f"no station column for {tp!r}")
+        tp = rest[0]
+    origin = typing.get_origin(tp) or tp
+    if origin is bool:
+        raise TypeError("no station column for bool (store an int)")
+    kinds = {int: "int", float: "float", str: "str", np.ndarray: "array", dict: "json"}
+    if origin not in kinds:
+        raise TypeError(f"no station column for {tp!r}")
+    return kinds[origin], nullable
+
+
+_COLUMNS: dict[type, tuple[StationColumn, ...]] = {}
+
+
+def station_columns(cls: type = StationRecord) -> tuple[StationColumn, ...]:
+    """The ``stations`` columns of a station record class, in field order.
+
+    Every dataclass field of ``cls`` is one column (see :class:`StationColumn`); the table
+    also has ``id``, ``run_id`` and ``stored_utc``, which are the store's, not the station's.
+    """
+    cached = _COLUMNS.get(cls)
+    if cached is not None:
+        return cached
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        kind, nullable = _column_kind(hints[f.name])
+        out.append(StationColumn(
+            name=f.name, column=f"{f.name}_json" if kind == "json" else f.name, kind=kind, nullable=nullable,
+            shape=f.metadata.get("shape"), minimum=f.metadata.get("min"),
+        ))
+    _COLUMNS[cls] = tuple(out)
+    return _COLUMNS[cls]
+
+
+def station_column_ddl(cls: type, name: str) -> str:
+    """The ``ALTER TABLE stations ADD COLUMN ...`` that a migration adding field ``name`` runs.
+
+    A new column must be nullable (``X | None``) or have a scalar default, so the stations
+    already stored get a value.
+    """
+    col = next((c for c in station_columns(cls) if c.name == name), None)
+    if col is None:
+        raise ValueError(f"{cls.__name__} has no field {name!r}")
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    default = None if f.default is dataclasses.MISSING else f.default
+    if not col.nullable and default is None:
+        raise ValueError(f"{cls.__name__}.{name}: a column added to a table with rows must be nullable or have a default")
+    return f"ALTER TABLE stations ADD COLUMN {col.ddl(default)}"
 
 
 @dataclass(frozen=True)
@@ -434,7 +600,7 @@ SCHEMA_VERSION = 1
 # version -> (description, statements). A migration runs in one transaction with the
 # version row it inserts, so a crash mid-migration leaves the previous version intact.
 # Never edit a released step: add the next one.
-MIGRATIONS: dict[int, tuple[str, tuple[str, ...]]] = {
+MIGRATIONS: dict[int, tuple[str, Sequence[str]]] = {
     1: (
         "initial schema: runs, stations, rejections, results, activations, drift checks",
         (
@@ -551,8 +717,8 @@ def migrate(conn: sqlite3.Connection, migrations: dict[int, tuple[str, Sequence[
     sqlite3.Error
         From a failing statement (the transaction is rolled back first).
     """
-    migrations = MIGRATIONS if migrations is None else migrations
-    target = max(migrations)
+    steps: Mapping[int, tuple[str, Sequence[str]]] = MIGRATIONS if migrations is None else migrations
+    target = max(steps)
     conn.execute("BEGIN IMMEDIATE")
     try:
         conn.execute(
@@ -565,8 +731,8 @@ def migrate(conn: sqlite3.Connection, migrations: dict[int, tuple[str, Sequence[
                 f"database schema version {current} is newer than this cellcal knows ({target}); "
                 "refusing to use it (install the newer cellcal, or restore a backup)"
             )
-        for version in sorted(v for v in migrations if v > current):
-            description, statements = migrations[version]
+        for version in sorted(v for v in steps if v > current):
+            description, statements = steps[version]
             for sql in statements:
                 conn.execute(sql)
             conn.execute(
@@ -620,11 +786,6 @@ def _array(b: bytes | None, shape: tuple[int, ...] | None) -> np.ndarray | None:
 # --------------------------------------------------------------------------------------
 # The store
 
-_STATION_COLUMNS = (
-    "plan_index, base_T_flange, q_rad, cell_T_target, cell_p_target, tracker_std_translation_m,"
-    " tracker_std_rotation_rad, sample_count, robot_t_device_s, robot_t_host_ns, tracker_t_device_s,"
-    " tracker_t_host_ns, settle_json, raw_json, accepted_host_ns"
-)
 _RUN_COLUMNS = (
     "id, kind, status, status_reason, plan_json, config_sha256, devices_json, parent_result_id,"
     " created_utc, updated_utc, (SELECT count(*) FROM stations s WHERE s.run_id = runs.id)"
@@ -646,6 +807,13 @@ def _cellcal_version() -> str:
         return version("cellcal")
     except Exception:  # not installed (running from a bare checkout): say so, do not fail
         return "unknown"
+
+
+def _rowid(cur: sqlite3.Cursor) -> int:
+    """The id of the row an INSERT just wrote."""
+    if cur.lastrowid is None:  # pragma: no cover - only after a statement that inserted nothing
+        raise StoreError("INSERT wrote no row")
+    return int(cur.lastrowid)
 
 
 def _check_limit(limit: int) -> int:
@@ -696,10 +864,27 @@ class Store:
     ...     store.add_station(run, station)
     """
 
-    def __init__(self, state_dir: str | os.PathLike[str], *, read_only: bool = False) -> None:
+    def __init__(
+        self,
+        state_dir: str | os.PathLike[str],
+        *,
+        read_only: bool = False,
+        station_type: type[StationRecord] = StationRecord,
+        migrations: dict[int, tuple[str, Sequence[str]]] | None = None,
+    ) -> None:
+        if not (isinstance(station_type, type) and issubclass(station_type, StationRecord)):
+            raise TypeError(f"station_type must be StationRecord or a subclass, got {station_type!r}")
         self.state_dir = Path(state_dir)
         self.path = self.state_dir / DB_FILENAME
         self.read_only = bool(read_only)
+        self.station_type = station_type
+        self._migrations: dict[int, tuple[str, Sequence[str]]] = dict(MIGRATIONS if migrations is None else migrations)
+        self._station_cols = station_columns(station_type)
+        names = ", ".join(c.column for c in self._station_cols)
+        self._station_select = f"SELECT {names} FROM stations WHERE run_id = ? ORDER BY plan_index"
+        self._station_insert = (
+            f"INSERT INTO stations(run_id, {names}, stored_utc) VALUES ({', '.join('?' * (len(self._station_cols) + 2))})"
+        )
         self._conn: sqlite3.Connection | None = None
         # Re-entrant: public methods call each other (add_result -> get_run) under the lock.
         self._lock = threading.RLock()
@@ -765,10 +950,10 @@ class Store:
                     )
                     conn.execute("PRAGMA query_only = ON")
                     (version,) = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
-                    if version > SCHEMA_VERSION:
+                    if version > max(self._migrations):
                         raise StoreError(
                             f"database schema version {version} is newer than this cellcal knows "
-                            f"({SCHEMA_VERSION})",
+                            f"({max(self._migrations)})",
                             state_dir=self.state_dir,
                         )
                 else:
@@ -790,7 +975,7 @@ class Store:
                 conn.execute("PRAGMA foreign_keys = ON")
                 if not self.read_only:
                     try:
-                        migrate(conn)
+                        migrate(conn, self._migrations)
                     except StoreError as exc:
                         raise StoreError(f"{exc} [state directory {self.state_dir}]", state_dir=self.state_dir) from exc
                     # A real write on every open: a read-only file or directory fails here,
@@ -892,7 +1077,7 @@ class Store:
                 " created_utc, updated_utc) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
                 (kind, RunStatus.CAPTURING.value, plan_json, config_sha256, devices_json, parent_result_id, now, now),
             )
-            return int(cur.lastrowid)
+            return _rowid(cur)
 
     def get_run(self, run_id: int) -> RunRecord:
         """The run with id ``run_id``; :class:`UnknownRecord` if there is none."""
@@ -973,9 +1158,10 @@ class Store:
         run_id = _check_id(run_id, "run_id")
         if not isinstance(st, StationRecord):
             raise TypeError(f"add_station needs a StationRecord, got {type(st).__name__}")
+        if not isinstance(st, self.station_type):
+            raise TypeError(f"this store holds {self.station_type.__name__} stations, got {type(st).__name__}")
         # Encode before taking the write lock: a bad dict fails without touching the file.
-        settle_json = _to_json(st.settle, f"station {st.plan_index} settle")
-        raw_json = _to_json(st.raw, f"station {st.plan_index} raw")
+        values = [c.encode(getattr(st, c.name), st.plan_index) for c in self._station_cols]
         with self._write(f"adding station {st.plan_index} to run {run_id}") as conn:
             self._require_open_run(conn, run_id, f"cannot add station {st.plan_index}")
             if conn.execute(
@@ -987,60 +1173,18 @@ class Store:
                     plan_index=st.plan_index,
                     state_dir=self.state_dir,
                 )
-            cur = conn.execute(
-                f"INSERT INTO stations(run_id, {_STATION_COLUMNS}, stored_utc)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                (
-                    run_id,
-                    st.plan_index,
-                    _blob(st.base_T_flange),
-                    _blob(st.q_rad),
-                    _blob(st.cell_T_target),
-                    _blob(st.cell_p_target),
-                    st.tracker_std_translation_m,
-                    st.tracker_std_rotation_rad,
-                    st.sample_count,
-                    st.robot_t_device_s,
-                    st.robot_t_host_ns,
-                    st.tracker_t_device_s,
-                    st.tracker_t_host_ns,
-                    settle_json,
-                    raw_json,
-                    st.accepted_host_ns,
-                    _utc_now(),
-                ),
-            )
+            cur = conn.execute(self._station_insert, (run_id, *values, _utc_now()))
             conn.execute("UPDATE runs SET updated_utc = ? WHERE id = ?", (_utc_now(), run_id))
-            return int(cur.lastrowid)
+            return _rowid(cur)
 
     def stations(self, run_id: int) -> list[StationRecord]:
         """Every committed station of a run, in plan order."""
         run_id = _check_id(run_id, "run_id")
         with self._read(f"reading the stations of run {run_id}") as conn:
             self._require(conn, "run", run_id)
-            rows = conn.execute(
-                f"SELECT {_STATION_COLUMNS} FROM stations WHERE run_id = ? ORDER BY plan_index", (run_id,)
-            ).fetchall()
-        return [
-            StationRecord(
-                plan_index=r[0],
-                base_T_flange=_array(r[1], (4, 4)),
-                q_rad=_array(r[2], None),
-                cell_T_target=_array(r[3], (4, 4)),
-                cell_p_target=_array(r[4], (3,)),
-                tracker_std_translation_m=r[5],
-                tracker_std_rotation_rad=r[6],
-                sample_count=r[7],
-                robot_t_device_s=r[8],
-                robot_t_host_ns=r[9],
-                tracker_t_device_s=r[10],
-                tracker_t_host_ns=r[11],
-                settle=json.loads(r[12]),
-                raw=json.loads(r[13]),
-                accepted_host_ns=r[14],
-            )
-            for r in rows
-        ]
+            rows = conn.execute(self._station_select, (run_id,)).fetchall()
+        cols, cls = self._station_cols, self.station_type
+        return [cls(**{c.name: c.decode(v) for c, v in zip(cols, r, strict=True)}) for r in rows]
 
     def station_indices(self, run_id: int) -> list[int]:
         """Plan indices committed for a run, ascending (cheap: for resuming after a crash)."""
@@ -1068,7 +1212,7 @@ class Store:
                 "INSERT INTO rejections(run_id, plan_index, reason, detail_json, recorded_utc) VALUES (?, ?, ?, ?, ?)",
                 (run_id, plan_index, reason, detail_json, _utc_now()),
             )
-            return int(cur.lastrowid)
+            return _rowid(cur)
 
     def rejections(self, run_id: int) -> list[RejectionRecord]:
         """Every rejection of a run, in the order recorded."""
@@ -1158,7 +1302,7 @@ class Store:
                 " created_utc) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (run_id, kind, result_json, provenance_json, parent_result_id, vf, _utc_now()),
             )
-            result_id = int(cur.lastrowid)
+            result_id = _rowid(cur)
             if activate:
                 self._activate(conn, result_id, "activated on creation")
             return result_id
@@ -1233,7 +1377,24 @@ class Store:
                 "INSERT INTO drift_checks(result_id, record_json, recorded_utc) VALUES (?, ?, ?)",
                 (result_id, record_json, _utc_now()),
             )
-            return int(cur.lastrowid)
+            return _rowid(cur)
+
+    def last_drift_check_id(self, result_id: int) -> int:
+        """The highest ``check_id`` among the stored drift checks of a result (0 if none).
+
+        Records without a ``check_id`` count by position, so the answer is never below the
+        number of checks stored.
+        """
+        result_id = _check_id(result_id, "result_id")
+        with self._read(f"reading the drift check ids of result {result_id}") as conn:
+            self._require(conn, "result", result_id)
+            rows = conn.execute("SELECT record_json FROM drift_checks WHERE result_id = ?", (result_id,)).fetchall()
+        best = len(rows)
+        for (text,) in rows:
+            cid = json.loads(text).get("check_id")
+            if isinstance(cid, int) and not isinstance(cid, bool):
+                best = max(best, cid)
+        return best
 
     def drift_checks(self, result_id: int, limit: int = 100) -> list[DriftCheckRecord]:
         """The ``limit`` most recent drift checks of a result, oldest first (CUSUM order)."""

@@ -13,10 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from cellcal.daemon import bodies
 from cellcal.daemon import protocol as P
+from cellcal.daemon.gates import gates_passed
 from cellcal.daemon.report import transform_from_wire
 from cellcal.daemon.service import Service, ServiceError
-from cellcal.daemon.store import StoreError, UnknownRecord
+from cellcal.daemon.store import ResultRecord, StoreError, UnknownRecord
+from cellcal.daemon.zmq_server import ZmqServer
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +37,11 @@ def _id(text: str, what: str) -> int:
 
 
 class DaemonHandler:
-    """Implements every command of ``protocol.COMMANDS`` but ``get_snapshot`` (the server's)."""
+    """Implements every command of ``protocol.COMMANDS`` but ``get_snapshot`` (the server's).
+
+    It reads the service only through its public methods and its store; every result is
+    built by ``cellcal.daemon.bodies``.
+    """
 
     def __init__(self, svc: Service) -> None:
         self.svc = svc
@@ -49,41 +56,38 @@ class DaemonHandler:
         except StoreError as exc:
             raise P.CommandError(P.E_STATE, f"store: {exc}") from None
 
+    def _result(self, args: dict) -> ResultRecord:
+        """The result named by ``args["result_id"]``, else the active one."""
+        if "result_id" in args:
+            return self.svc.store.get_result(_id(args["result_id"], "result"))
+        rec = self.svc.store.active_result()
+        if rec is None:
+            raise P.CommandError(P.E_NO_CALIBRATION, "no active calibration")
+        return rec
+
     # -- observer ---------------------------------------------------------------------------------
-    def _cmd_get_status(self, args: dict, caller: P.Caller) -> dict:
+    def _cmd_get_status(self, args: dict, caller: P.Caller) -> P.StatusResult:
         return self.svc.heartbeat()
 
-    def _cmd_get_result(self, args: dict, caller: P.Caller) -> dict:
-        if "result_id" in args:
-            rec = self.svc.store.get_result(_id(args["result_id"], "result"))
-        else:
-            rec = self.svc.store.active_result()
-            if rec is None:
-                raise P.CommandError(P.E_NO_CALIBRATION, "no active calibration")
-        return self.svc.result_body(rec)
+    def _cmd_get_result(self, args: dict, caller: P.Caller) -> dict[str, Any]:
+        return self.svc.result_body(self._result(args))
 
-    def _cmd_list_results(self, args: dict, caller: P.Caller) -> dict:
+    def _cmd_list_results(self, args: dict, caller: P.Caller) -> P.ListResultsResult:
         recs = self.svc.store.list_results(limit=args.get("limit", 50))
         if "kind" in args:
             recs = [r for r in recs if r.kind == args["kind"]]
         active = self.svc.store.active_result()
-        return {"results": [self.svc.result_summary(r) for r in recs],
-                "active_result_id": str(active.id) if active else None}
+        return bodies.list_results(recs, active.id if active else None)
 
-    def _cmd_to_base(self, args: dict, caller: P.Caller) -> dict:
-        if "result_id" in args:
-            rec = self.svc.store.get_result(_id(args["result_id"], "result"))
-        else:
-            rec = self.svc.store.active_result()
-            if rec is None:
-                raise P.CommandError(P.E_NO_CALIBRATION, "no active calibration")
+    def _cmd_to_base(self, args: dict, caller: P.Caller) -> dict[str, Any]:
+        rec = self._result(args)
         tr = rec.result.get("transforms", {})
         if "cell_T_base" not in tr:
             raise P.CommandError(P.E_NO_CALIBRATION, f"result {rec.id} ({rec.kind}) has no cell_T_base")
         return P.to_base_reply(transform_from_wire(tr["cell_T_base"]), args, result_id=str(rec.id), suspect=bool(rec.suspect))
 
     # -- operator ---------------------------------------------------------------------------------
-    def _cmd_start_run(self, args: dict, caller: P.Caller) -> dict:
+    def _cmd_start_run(self, args: dict, caller: P.Caller) -> P.StartRunResult:
         kind = args["kind"]
         log.info("start_run %s by %s (%s)", kind, caller.name, caller.key_id)
         if "plan" in args and args["plan"] not in ("default", "configured"):
@@ -102,42 +106,39 @@ class DaemonHandler:
                     plan.append(PlannedStation(i, None, P.pose_from_wire(st["base_T_flange"])))
         run_id = self.svc.start_run(kind, plan=plan, reason=f"requested by {caller.name} ({caller.key_id})")
         planned = len(plan) if plan is not None else len(self.svc.store.get_run(run_id).plan.get("stations", []))
-        return {"run_id": str(run_id), "kind": kind, "planned": planned}
+        return bodies.start_run_reply(run_id, kind, planned)
 
-    def _cmd_abort(self, args: dict, caller: P.Caller) -> dict:
-        job = self.svc._current
-        current = str(job.run_id) if job is not None and job.run_id is not None else None
-        if "run_id" in args and args["run_id"] != current:
+    def _cmd_abort(self, args: dict, caller: P.Caller) -> P.AbortResult:
+        current = self.svc.current_run_id()
+        if "run_id" in args and args["run_id"] != (None if current is None else str(current)):
             raise P.CommandError(P.E_STATE, f"run {args['run_id']} is not the one in progress ({current})")
-        busy = self.svc.abort()
-        if busy and self.svc._robot is not None:
-            try:
-                self.svc._robot.stop()
-            except Exception:  # noqa: BLE001 - the abort stands even if the stop command fails
-                log.warning("stop after abort failed", exc_info=True)
-        return {"aborted": busy, "run_id": current}
+        log.info("abort by %s (%s): run %s", caller.name, caller.key_id, current)
+        return bodies.abort_reply(self.svc.abort(), current)
 
-    def _cmd_run_drift_check(self, args: dict, caller: P.Caller) -> dict:
-        self.svc.request_drift_check(f"requested by {caller.name} ({caller.key_id})")
-        return {"queued": True}
+    def _cmd_run_drift_check(self, args: dict, caller: P.Caller) -> P.DriftCheckResult:
+        result_id, check_id = self.svc.request_drift_check(f"requested by {caller.name} ({caller.key_id})")
+        return bodies.drift_check_reply(result_id, check_id)
 
-    def _cmd_activate_result(self, args: dict, caller: P.Caller) -> dict:
+    def _cmd_activate_result(self, args: dict, caller: P.Caller) -> P.ActivateResult:
         rid = _id(args["result_id"], "result")
         rec = self.svc.store.get_result(rid)
-        if not rec.result.get("gates", {}).get("passed", True):
+        if not gates_passed(rec.result):
             raise P.CommandError(P.E_STATE, f"result {rid} failed its acceptance gates and cannot be activated")
         prev = self.svc.store.active_result()
         self.svc.store.activate_result(rid, reason=f"by {caller.name} ({caller.key_id})")
         self.svc.republish_result_now()
-        return {"active_result_id": str(rid), "previous_result_id": str(prev.id) if prev else None}
+        return bodies.activate_reply(rid, prev.id if prev else None)
 
 
-def attach(svc: Service, cfg: Any) -> Any:
-    """Build the ZeroMQ server for ``svc`` (not started) and route the service's events to it."""
-    from cellcal.daemon.zmq_server import ZmqServer
+def attach(svc: Service, cfg: Any, *, validate_bodies: bool = False) -> ZmqServer:
+    """Build the ZeroMQ server for ``svc`` (not started) and route the service's events to it.
 
+    ``validate_bodies``: the server checks every published body against the protocol and
+    raises at the publisher (tests of the daemon).
+    """
     # The service republishes the *active* result itself (the latest message on the result
     # topic may be a failed run's), so the server's own republishing is off.
-    server = ZmqServer(cfg.zmq, DaemonHandler(svc), boot_id=svc.boot_id, republish_topics=())
+    server = ZmqServer(cfg.zmq, DaemonHandler(svc), boot_id=svc.boot_id, republish_topics=(),
+                       validate_bodies=validate_bodies)
     svc.set_publisher(server.publish)
     return server

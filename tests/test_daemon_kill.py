@@ -1,6 +1,6 @@
 """kill -9 of the daemon during capture (issue 5 item 6; DESIGN.md section 7).
 
-``test_kill_9_during_capture`` runs :func:`bench.kill_soak.soak` with 24 SIGKILLs of a real
+``test_kill_9_during_capture`` runs :func:`cellcal.daemon.harness.soak` with 24 SIGKILLs of a real
 ``cellcal run`` process at random moments of its capture (after 0-2 accepted stations plus
 0-0.6 s: moving, settling, measuring or committing), restarting it on the same state
 directory each time while ``cellcal sim`` stays up. ``bench/kill_soak.py --kills 200`` is
@@ -17,22 +17,17 @@ up in the audit, not only in this bound.
 
 from __future__ import annotations
 
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.kill_soak import K_SIGMA, daemon_config, free_port, soak, to_toml  # noqa: E402
-from cellcal.daemon.config import load_config_text  # noqa: E402
-from cellcal.daemon.plan import PlannedStation, plan_to_dict  # noqa: E402
-from cellcal.daemon.service import Service, State  # noqa: E402
-from cellcal.daemon.store import Store  # noqa: E402
-from storetest_support import make_station  # noqa: E402
+from cellcal.daemon import protocol as P
+from cellcal.daemon.config import load_config_text
+from cellcal.daemon.harness import K_SIGMA, daemon_config, free_port, soak, to_toml
+from cellcal.daemon.plan import PlannedStation, plan_to_dict
+from cellcal.daemon.service import Service, State
+from cellcal.daemon.store import Store
+from storetest_support import make_station
 
 KILLS = 24
 
@@ -81,7 +76,7 @@ def test_start_run_as_soon_as_the_result_is_published(tmp_path):
     started: list[object] = []
 
     def on_event(topic: str, body: dict) -> None:
-        if topic == "cellcal/v1/result" and not started:
+        if topic == P.TOPIC_RESULT and not started:
             try:
                 started.append(svc.start_run("base_frame", stations=given))
             except Exception as exc:  # noqa: BLE001 - recorded for the assertion

@@ -1,13 +1,14 @@
 """The daemon end to end (issue 5 item 6): real simulated devices, real sockets, real SQLite.
 
-In-process tests wire the sim world, the sim robot (RTDE on loopback), the sim tracker (a
-pty) and the :class:`~cellcal.daemon.service.Service` with its ZeroMQ server exactly as
-``cellcal demo`` does; subprocess tests run ``cellcal sim`` and ``cellcal run`` as child
-processes and drive them over ZeroMQ with :class:`~cellcal.daemon.client.Client`. Nothing
-is mocked. Every wait has a deadline and every child process is killed in ``finally``.
+In-process tests run the cell of :func:`cellcal.daemon.harness.inprocess_cell`: the sim
+world, the sim robot (RTDE on loopback), the sim tracker (a pty) and the daemon's
+:class:`~cellcal.daemon.app.App` (store + service + ZeroMQ server), as ``cellcal demo``
+does; subprocess tests run ``cellcal sim`` and ``cellcal run`` as child processes and drive
+them over ZeroMQ with :class:`~cellcal.daemon.client.Client`. Nothing is mocked. Every
+wait has a deadline and every child process is killed in ``finally``.
 
-The cell is ``tests/data/daemon_fast_scenario.toml`` (the demo's truth at time x10) with
-the daemon settings of ``bench.kill_soak.daemon_config``. Accuracy bound, from the noise:
+The cell is ``harness.FAST_SCENARIO`` (the demo's truth at time x10) with the daemon
+settings of ``harness.daemon_config``. Accuracy bound, from the noise:
 the tracker's raw samples have 10/10/15 um and 0.002 deg (1 sigma) of noise; a station
 averages 40 of them (``average_s`` 0.04 at 1 kHz), so 1.6-2.4 um and 0.3 mdeg per station,
 and the solver propagates that into a covariance of ``cell_T_base`` (estimated from the
@@ -21,21 +22,14 @@ and, in case the covariance itself were inflated, within 30 um and 3 mdeg outrig
 from __future__ import annotations
 
 import math
-import os
-import sys
-import threading
 import time
-from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
-import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.kill_soak import (  # noqa: E402
+from cellcal.daemon import protocol as P
+from cellcal.daemon.client import Client
+from cellcal.daemon.harness import (
     FAST_SCENARIO,
     K_SIGMA,
     DaemonProcess,
@@ -45,74 +39,23 @@ from bench.kill_soak import (  # noqa: E402
     daemon_config,
     deviation_sigmas,
     free_port,
+    inprocess_cell,
+    nonconforming_bodies,
     scenario_with,
-    to_toml,
     transform_and_cov,
     write_config,
 )
-from cellcal.daemon import protocol as P  # noqa: E402
-from cellcal.daemon.client import Client  # noqa: E402
-from cellcal.daemon.config import load_config_text  # noqa: E402
-from cellcal.daemon.service import State  # noqa: E402
-from cellcal.daemon.store import Store  # noqa: E402
-from cellcal.sim.scenario import load_scenario  # noqa: E402
+from cellcal.daemon.service import State
+from cellcal.daemon.store import Store
+from cellcal.sim.scenario import load_scenario
 
 MAX_ERR_T_M = 30e-6
 MAX_ERR_R_RAD = math.radians(0.003)
 
 
-# ---- the in-process cell ----------------------------------------------------------------------
-
-
-class Cell:
-    """A running in-process cell: sims, service, ZeroMQ server, and every event emitted."""
-
-    def __init__(self, scenario, world, robot, tracker, cfg, svc, server) -> None:
-        self.scenario, self.world, self.robot, self.tracker = scenario, world, robot, tracker
-        self.cfg, self.svc, self.server = cfg, svc, server
-        self.events: list[tuple[float, str, dict]] = []
-        self._lock = threading.Lock()
-        self.t0 = time.monotonic()
-
-    def on_event(self, topic: str, body: dict) -> None:
-        with self._lock:
-            self.events.append((time.monotonic() - self.t0, topic, body))
-
-    def bodies(self, topic: str) -> list[dict]:
-        with self._lock:
-            return [b for _t, top, b in self.events if top == topic]
-
-    def wait_for(self, pred, timeout_s: float, what: str) -> dict:
-        """The first event body (from the start) with ``pred(topic, body)``; fail after the timeout."""
-        deadline = time.monotonic() + timeout_s
-        i = 0
-        while True:
-            with self._lock:
-                new = self.events[i:]
-                i = len(self.events)
-            for _t, topic, body in new:
-                if pred(topic, body):
-                    return body
-            if time.monotonic() > deadline:
-                pytest.fail(f"no {what} within {timeout_s} s; state {self.svc.state.value} {self.svc.state_detail!r}; "
-                            f"last events: {[(round(t, 2), top, str(b)[:120]) for t, top, b in self.events[-8:]]}")
-            time.sleep(0.02)
-
-    def wait_result(self, run_id: int, timeout_s: float = 40.0) -> dict:
-        return self.wait_for(lambda t, b: t == P.TOPIC_RESULT and b.get("run_id") == str(run_id) and not b.get("retained"),
-                             timeout_s, f"result of run {run_id}")
-
-
 def assert_bodies_conform(events) -> None:
     """Every body the service emitted conforms to its topic's TypedDict (protocol.check_body)."""
-    bad = []
-    for _t, topic, body in events:
-        # The ZeroMQ server sets ``retained`` on the result topic; the listener sees the body
-        # before that, so check what the wire carries.
-        wire = dict(body, retained=bool(body.get("retained", False))) if topic == P.TOPIC_RESULT else body
-        problems = P.check_body(topic, P.unpack(P.pack(wire), max_array=1 << 24, max_map=1 << 20))
-        if problems:
-            bad.append((topic, problems[:3], str(body)[:200]))
+    bad = nonconforming_bodies(events)
     assert not bad, f"{len(bad)} non-conforming bodies, e.g. {bad[:3]}"
 
 
@@ -122,53 +65,6 @@ def assert_matches(result: dict, truth_X: np.ndarray) -> None:
     xi, sig = deviation_sigmas(truth_X, np.zeros((6, 6)), X, C)
     assert sig.max() <= K_SIGMA, f"error {xi} is {sig} sigma of the result's own covariance"
     assert np.linalg.norm(xi[:3]) <= MAX_ERR_T_M and np.linalg.norm(xi[3:]) <= MAX_ERR_R_RAD, xi
-
-
-@contextmanager
-def inprocess_cell(workdir: Path, *, scenario: Path = FAST_SCENARIO, n_stations: int = 6, overrides=None,
-                   state_dir: Path | None = None, robot_transport: str = "rtde"):
-    """Sim world + robot (RTDE on loopback, or CiA 402 drives on python-can's virtual bus) +
-    pty tracker + Service with its ZeroMQ server (loopback TCP)."""
-    from cellcal.daemon.cmd_run import build_service
-    from cellcal.sim.robot_sim import start_sim_robot
-    from cellcal.sim.tracker_sim import SimTracker
-
-    sc = load_scenario(scenario)
-    world = sc.make_world()
-    robot = tracker = svc = server = loop = None
-    try:
-        if robot_transport == "canopen":
-            # A channel of its own: the virtual bus is process-wide, and tests run in one process.
-            robot = start_sim_robot(world, sc.robot, transport="canopen", can_interface="virtual",
-                                    can_channel=f"cellcal-test-{os.getpid()}-{time.monotonic_ns()}")
-        else:
-            robot = start_sim_robot(world, sc.robot, transport="rtde")
-        tracker = SimTracker(world, sc.tracker, transport="pty", seed=sc.seed).start()
-        cfgd = daemon_config(robot_url=robot.url, tracker_url=tracker.url, workdir=workdir, n_stations=n_stations,
-                             overrides=overrides)
-        if state_dir is not None:
-            cfgd["service"]["state_dir"] = str(state_dir)
-        cfg = load_config_text(to_toml(cfgd), source=str(workdir / "cellcal.toml"))
-        svc, server = build_service(cfg)
-        cell = Cell(sc, world, robot, tracker, cfg, svc, server)
-        svc.add_listener(cell.on_event)
-        svc.start()
-        server.start()
-        loop = threading.Thread(target=svc.serve, name="test-supervisor", daemon=True)
-        loop.start()
-        yield cell
-    finally:
-        if svc is not None:
-            svc.request_stop()
-            if loop is not None:
-                loop.join(timeout=10.0)
-            svc.shutdown(timeout_s=15.0)
-        if server is not None:
-            server.stop()
-        if tracker is not None:
-            tracker.close()
-        if robot is not None:
-            robot.close()
 
 
 def _stations_of(events, run_id: int, accepted: bool | None = None) -> list[dict]:
@@ -349,14 +245,15 @@ def test_devices_offline_at_start_fault_with_backoff_then_recover(tmp_path):
             status = client.call("get_status")
             assert status["state"] == "FAULT" and not status["devices"]["robot"]["connected"]
             assert daemon.alive()
+            mark = rec.mark()
             sim.start()  # the devices appear
             # The fault topic says the fault cleared (docs/protocols/zeromq.md: "when a fault
             # is raised or cleared"), so a late joiner's snapshot does not show a stale one.
             _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_FAULT and b["active"] is False, 30.0,
-                                   alive=daemon.alive, what="the cleared fault")
+                                   alive=daemon.alive, what="the cleared fault", since=mark)
             assert P.check_body(P.TOPIC_FAULT, env["body"]) == [] and env["body"]["state"] != "FAULT"
             _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_RESULT and b.get("run_id") == run_id, 60.0,
-                                   alive=daemon.alive, what="the result after the devices appeared")
+                                   alive=daemon.alive, what="the result after the devices appeared", since=mark)
             assert env["body"]["gates"]["passed"]
             status = client.call("get_status")
             assert status["state"] == "IDLE" and status["devices"]["robot"]["connected"] and status["devices"]["tracker"]["connected"]

@@ -13,24 +13,27 @@ directory to chmod 0555 (binding for a non-root user only; root without mount ri
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
-from bench.kill_soak import DaemonProcess, audit_store, daemon_config, free_port, to_toml, write_config  # noqa: E402
-from cellcal.daemon import protocol as P  # noqa: E402
-from cellcal.daemon.config import load_config_text  # noqa: E402
-from cellcal.daemon.service import Service, State  # noqa: E402
-from cellcal.daemon.store import Store, StoreReadOnlyError  # noqa: E402
-from storetest_support import fill_filesystem, make_station, remount, small_tmpfs  # noqa: E402
-from test_daemon_stack import assert_bodies_conform, inprocess_cell  # noqa: E402
+from cellcal.daemon import protocol as P
+from cellcal.daemon.config import load_config_text
+from cellcal.daemon.harness import (
+    DaemonProcess,
+    audit_store,
+    daemon_config,
+    free_port,
+    inprocess_cell,
+    nonconforming_bodies,
+    to_toml,
+    write_config,
+)
+from cellcal.daemon.service import Service, State
+from cellcal.daemon.store import Store, StoreReadOnlyError
+from storetest_support import fill_filesystem, make_station, remount, small_tmpfs
 
 
 def _exports(state: Path) -> dict[str, bytes]:
@@ -84,7 +87,7 @@ def test_full_disk_during_a_run_faults_and_keeps_the_previous_result(tmp_path):
             assert cell.svc.store.get_run(run2).status.value == "capturing"
             assert _exports(state) == exports_before
             assert not [b for b in cell.bodies(P.TOPIC_RESULT) if b.get("run_id") == str(run2)]
-            assert_bodies_conform(cell.events)
+            assert nonconforming_bodies(cell.events) == []
         if mnt is not None:
             (mnt / "filler.bin").unlink()
         audit = audit_store(state)

@@ -8,9 +8,7 @@ that know only the protocol.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
-import socket
 import tempfile
 import time
 from pathlib import Path
@@ -20,13 +18,10 @@ import pytest
 import zmq
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.client import Client, CommandFailed, ClientTimeout
-from cellcal.daemon.cmd_run import build_service
-from cellcal.daemon.config import load_config
+from cellcal.daemon.client import Client, ClientTimeout, CommandFailed
+from cellcal.daemon.harness import inprocess_cell
 from cellcal.daemon.report import transform_from_wire
-from cellcal.sim.robot_sim import start_sim_robot
 from cellcal.sim.scenario import parse_scenario
-from cellcal.sim.tracker_sim import SimTracker
 from cellcal.solver.se3 import rotation_angle, se3_inverse
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,55 +46,21 @@ settle_time_constant_s = 0.1
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def cell(*, drift: str = "", zmq_overrides: dict | None = None, plan_overrides: dict | None = None,
          drift_overrides: dict | None = None, n_stations: int = 8):
-    """The simulated cell and the daemon serving ZeroMQ; yields (svc, world, endpoints)."""
-    scenario = parse_scenario(SCENARIO + drift)
-    world = scenario.make_world()
-    robot = start_sim_robot(world, scenario.robot, transport="rtde")
-    tracker = SimTracker(world, scenario.tracker, transport="pty", seed=scenario.seed)
-    tracker.__enter__()
-    tmp = tempfile.TemporaryDirectory(prefix="cellcal-zmq-")
-    svc = server = None
-    try:
-        cfg = load_config(ROOT / "config" / "demo.toml")
-        pub, cmd = f"tcp://127.0.0.1:{free_port()}", f"tcp://127.0.0.1:{free_port()}"
-        cfg = dataclasses.replace(
-            cfg,
-            robot=dataclasses.replace(cfg.robot, url=robot.url,
-                                      settle=dataclasses.replace(cfg.robot.settle, dwell_s=0.15)),
-            tracker=dataclasses.replace(cfg.tracker, url=tracker.url, average_s=0.1),
-            service=dataclasses.replace(cfg.service, state_dir=f"{tmp.name}/state", runtime_dir=f"{tmp.name}/run"),
-            capture=dataclasses.replace(cfg.capture, move_speed=1.0),
-            plan=dataclasses.replace(cfg.plan, n_stations=n_stations, **(plan_overrides or {})),
-            drift=dataclasses.replace(cfg.drift, **(drift_overrides or {})),
-            zmq=dataclasses.replace(cfg.zmq, pub_endpoint=pub, cmd_endpoint=cmd, heartbeat_s=0.2,
-                                    **(zmq_overrides or {})),
-        )
-        svc, server = build_service(cfg)
-        svc.start()
-        server.start()
-        import threading
-
-        loop = threading.Thread(target=svc.serve, daemon=True)
-        loop.start()
-        yield svc, world, (cmd, pub)
-    finally:
-        if svc is not None:
-            svc.request_stop()
-            svc.shutdown()
-        if server is not None:
-            server.stop()
-        tracker.__exit__(None, None, None)
-        robot.close()
-        tmp.cleanup()
+    """The simulated cell and the daemon serving ZeroMQ, on ``config/demo.toml`` made faster
+    (harness.inprocess_cell); yields (svc, world, (cmd_endpoint, pub_endpoint)). Overrides
+    are TOML keys."""
+    overrides = {
+        "robot": {"settle": {"dwell_s": 0.15}}, "tracker": {"average_s": 0.1}, "capture": {"move_speed": 1.0},
+        "plan": dict(plan_overrides or {}), "drift": dict(drift_overrides or {}),
+        "zmq": {"heartbeat_s": 0.2, **(zmq_overrides or {})},
+    }
+    with tempfile.TemporaryDirectory(prefix="cellcal-zmq-") as tmp, inprocess_cell(
+            Path(tmp), scenario=parse_scenario(SCENARIO + drift), base_config=ROOT / "config" / "demo.toml",
+            n_stations=n_stations, overrides=overrides) as c:
+        yield c.svc, c.world, (c.cfg.zmq.cmd_endpoint, c.cfg.zmq.pub_endpoint)
 
 
 def wait_for(sub, topic: str, pred, timeout_s: float):
@@ -172,9 +133,8 @@ def test_curve_roles_at_the_daemon(tmp_path):
         f'    public-key = "{server_pub.decode()}"\n    secret-key = "{server_sec.decode()}"\n'
     )
     keyfile.chmod(0o600)
-    from cellcal.daemon.config import ZmqClient
-
-    clients = [ZmqClient("watcher", obs_pub.decode(), "observer"), ZmqClient("ops", op_pub.decode(), "operator")]
+    clients = [{"name": "watcher", "public_key": obs_pub.decode(), "role": "observer"},
+               {"name": "ops", "public_key": op_pub.decode(), "role": "operator"}]
     with cell(zmq_overrides={"curve": True, "server_secret_key_file": str(keyfile), "clients": clients,
                              "null_role": "observer"}) as (svc, world, (cmd, pub)):
         handled = []
@@ -235,10 +195,8 @@ def test_degenerate_plan_is_completed_by_the_planner():
     # Every planned station differs only in the wrist's last joint: all motions share one
     # axis, so the solve alone would end in DegenerateGeometry. The daemon measures the
     # stations the planner suggests instead, and the run completes.
-    from cellcal.daemon.config import PlanStation
-
     home = [0.0, -90.0, 90.0, -90.0, -90.0]
-    stations = [PlanStation(q_rad=[math.radians(v) for v in home + [a]]) for a in (-40.0, -10.0, 20.0, 50.0)]
+    stations = [{"q_deg": home + [a]} for a in (-40.0, -10.0, 20.0, 50.0)]
     with cell(plan_overrides={"kind": "explicit", "stations": stations}) as (svc, world, (cmd, pub)):
         with Client(cmd, pub, timeout_s=3.0) as c:
             sub = c.subscribe([P.TOPIC_RESULT])

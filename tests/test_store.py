@@ -7,6 +7,7 @@ back to otherwise. The kill -9 tests are in test_store_crash.py.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -33,6 +34,8 @@ from cellcal.daemon.store import (
     StoreReadOnlyError,
     UnknownRecord,
     migrate,
+    station_column_ddl,
+    station_columns,
 )
 from cellcal.solver import calibrate_base_frame
 from cellcal.solver.errors import CellcalError
@@ -228,6 +231,58 @@ def test_station_record_validates_where_it_is_built():
     assert st.base_T_flange[0, 3] == 0.0
     with pytest.raises(ValueError):
         st.base_T_flange[0, 0] = 2.0
+
+
+def test_the_stations_table_is_the_station_record(store):
+    """The table's columns (but the store's own id, run_id, stored_utc) are StationRecord's
+    fields in order, with the types and NOT NULLs the codec derives from the field types:
+    the INSERT and the decoder built from the fields fit the schema migration 1 created."""
+    cols = station_columns()
+    assert [c.name for c in cols] == [f.name for f in dataclasses.fields(StationRecord)]
+    info = {r[1]: r for r in store._connection().execute("PRAGMA table_info(stations)")}
+    assert [n for n in info if n not in ("id", "run_id", "stored_utc")] == [c.column for c in cols]
+    for c in cols:
+        _cid, _name, decl, notnull, _default, _pk = info[c.column]
+        assert decl == {"int": "INTEGER", "float": "", "array": "BLOB", "json": "TEXT"}[c.kind], c
+        assert bool(notnull) == (not c.nullable), c
+    assert {c.name: c.kind for c in cols if c.kind == "json"} == {"settle": "json", "raw": "json"}
+    assert [c.name for c in cols if c.nullable] == ["cell_T_target", "cell_p_target", "tracker_std_rotation_rad"]
+
+
+@dataclasses.dataclass(frozen=True, eq=False)
+class StationWithHumidity(StationRecord):
+    """A test-only station with one more field: the edit a new field needs."""
+
+    humidity_pct: float | None = None
+
+
+def test_a_new_station_field_is_one_edit_and_a_migration(tmp_path):
+    """A store written by today's code opens with a record class that has one more field and
+    the one migration :func:`station_column_ddl` writes for it: old stations read back with
+    the field None, new ones round-trip it, and the column keeps the float rule (typeof)."""
+    d = tmp_path / "state"
+    with Store(d) as s:
+        run = new_run(s)
+        s.add_station(run, make_station(0))
+    ddl = station_column_ddl(StationWithHumidity, "humidity_pct")
+    assert ddl == ("ALTER TABLE stations ADD COLUMN humidity_pct "
+                   "CHECK (humidity_pct IS NULL OR typeof(humidity_pct) = 'real')")
+    migrations = {**MIGRATIONS, 2: ("stations: humidity_pct", (ddl,))}
+    fields = {k: getattr(make_station(1), k) for k in StationRecord.__dataclass_fields__}
+    with Store(d, station_type=StationWithHumidity, migrations=migrations) as s:
+        assert s.settings()["schema_version"] == 2
+        s.add_station(run, StationWithHumidity(**fields, humidity_pct=41.5))
+        old, new = s.stations(run)
+        assert isinstance(old, StationWithHumidity) and old.humidity_pct is None
+        assert same_station(old, make_station(0)) and new.humidity_pct == 41.5
+        with pytest.raises(sqlite3.IntegrityError, match="CHECK"):
+            s._connection().execute("UPDATE stations SET humidity_pct = 40 WHERE plan_index = 1")
+        with pytest.raises(TypeError, match="StationWithHumidity"):
+            s.add_station(run, make_station(2))
+    with pytest.raises(ValueError, match="humidity_pct must be a number"):
+        StationWithHumidity(**fields, humidity_pct="humid")
+    with pytest.raises(StoreError, match="newer than this cellcal"):  # today's code refuses the newer store
+        Store(d).open()
 
 
 def test_duplicate_station_is_typed_and_writes_nothing(store):

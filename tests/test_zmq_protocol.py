@@ -152,10 +152,20 @@ def test_pack_converts_numpy_and_refuses_the_rest():
     assert P.unpack(P.pack({"s": "é", "b": b"\x00"})) == {"s": "é", "b": b"\x00"}
 
 
+def _heartbeat() -> dict:
+    """A heartbeat as the daemon builds it (cellcal.daemon.bodies)."""
+    from cellcal.daemon import bodies
+
+    dev = {"connected": True, "url": "rtde://127.0.0.1:30004", "identity_text": "UR5e 1"}
+    return dict(bodies.heartbeat(cell="c", state=P.STATE_IDLE, detail="", uptime_s=1.0, heartbeat_s=1.0,
+                                 devices={P.DEVICE_ROBOT: dev, P.DEVICE_TRACKER: dict(dev, identity_text=None)},
+                                 active_result_id=3, suspect=False, run_id=None, version="0"))
+
+
 def test_body_checker_finds_missing_and_mistyped_fields():
     d = MemoryDaemon()
-    assert P.check_body(P.TOPIC_HEARTBEAT, d.heartbeat_body()) == []
-    body = d.heartbeat_body()
+    assert P.check_body(P.TOPIC_HEARTBEAT, _heartbeat()) == []
+    body = _heartbeat()
     del body["suspect"]
     body["uptime_s"] = "long"
     body["devices"]["robot"]["connected"] = 1

@@ -4,6 +4,12 @@
 (:class:`cellcal.daemon.protocol.Handler`): results in memory, a state, no devices. The
 tests run it behind a real :class:`ZmqServer` on loopback TCP with random ports or ipc in
 short temporary directories; every socket has linger 0 and every receive a timeout.
+
+It is a double for testing the *transport* (the server, the clients, the CLI, the C++
+example): its heartbeat, state and drift bodies and its command results are built by the
+daemon's own ``cellcal.daemon.bodies``, so they cannot drift from what the daemon sends,
+but what the daemon itself publishes and replies is tested against the real service in
+``tests/test_contract.py``.
 """
 
 from __future__ import annotations
@@ -22,8 +28,10 @@ import numpy as np
 import pytest
 import zmq
 
+from cellcal.daemon import bodies
 from cellcal.daemon import protocol as P
-from cellcal.daemon.config import Zmq, ZmqClient
+from cellcal.daemon.config import Drift, Zmq, ZmqClient
+from cellcal.daemon.drift import Verdict
 from cellcal.daemon.report import transform_to_wire
 from cellcal.daemon.zmq_server import ZmqServer
 from cellcal.solver.se3 import so3_exp
@@ -92,10 +100,11 @@ class MemoryDaemon:
     # --- bodies ------------------------------------------------------------------------------
 
     def heartbeat_body(self) -> dict[str, Any]:
-        dev = {"connected": True, "url": "sim://", "identity": "SIM 1"}
-        return {"cell": self.cell, "state": self.state, "uptime_s": time.monotonic() - self.t0, "heartbeat_s": 1.0,
-                "devices": {"robot": dev, "tracker": dict(dev)}, "active_result_id": self.active,
-                "suspect": self.suspect, "run_id": self.run_id, "version": "0.1.0"}
+        dev = {"connected": True, "url": "sim://", "identity_text": "SIM 1"}
+        return dict(bodies.heartbeat(
+            cell=self.cell, state=self.state, detail="", uptime_s=time.monotonic() - self.t0, heartbeat_s=1.0,
+            devices={P.DEVICE_ROBOT: dev, P.DEVICE_TRACKER: dict(dev)}, active_result_id=self.active,
+            suspect=self.suspect, run_id=self.run_id, version="0.1.0"))
 
     def make_result(self, cell_T_base: np.ndarray, *, kind: str = "base_frame", n: int = 12) -> dict[str, Any]:
         rid = f"r-{len(self.results) + 1:04d}"
@@ -203,33 +212,31 @@ class MemoryDaemon:
             self.run_id = f"run-{self.runs}"
             self.state = "CAPTURING"
         if self.server is not None:
-            self.server.publish(P.TOPIC_STATE, {"state": "CAPTURING", "previous": "IDLE", "run_id": self.run_id,
-                                                "reason": f"started by {caller.name} ({caller.key_id})",
-                                                "kind": args["kind"], "motion_mode": "command"})
-        return {"run_id": self.run_id, "kind": args["kind"], "planned": len(args.get("stations", [])) or 20}
+            self.server.publish(P.TOPIC_STATE, bodies.state(
+                P.STATE_CAPTURING, previous=P.STATE_IDLE, reason=f"started by {caller.name} ({caller.key_id})",
+                run_id=self.run_id, kind=args["kind"], motion_mode=P.MOTION_COMMAND))
+        return bodies.start_run_reply(self.run_id, args["kind"], len(args.get("stations", [])) or 20)
 
     def _cmd_abort(self, args, caller):
         with self._lock:
-            rid, self.run_id, self.state = self.run_id, None, "IDLE"
-        return {"aborted": rid is not None, "run_id": rid}
+            rid, self.run_id, self.state = self.run_id, None, P.STATE_IDLE
+        return bodies.abort_reply(rid is not None, rid)
 
     def _cmd_run_drift_check(self, args, caller):
         r = self._result(None)
         self.checks += 1
         if self.server is not None:
-            self.server.publish(P.TOPIC_DRIFT, {
-                "result_id": r["result_id"], "check_id": self.checks, "deviation_translation_m": 2e-5,
-                "deviation_rotation_rad": 1e-5, "warn_translation_m": 1e-4, "fail_translation_m": 3e-4,
-                "warn_rotation_rad": 3.5e-4, "fail_rotation_rad": 8.7e-4,
-                "cusum": {"value_m": 0.0, "k_m": 5e-5, "h_m": 3e-4, "alarm": False},
-                "status": "ok", "suspect": False, "action": "none",
-                "stations": [{"index": 0, "translation_m": 2e-5, "rotation_rad": 1e-5}]})
-        return {"result_id": r["result_id"], "check_id": self.checks}
+            verdict = Verdict(deviation_translation_m=2e-5, deviation_rotation_rad=1e-5, cusum_m=0.0, alarm=False,
+                              status=P.DRIFT_OK, action=P.ACTION_NONE)
+            self.server.publish(P.TOPIC_DRIFT, bodies.drift(
+                result_id=r["result_id"], check_id=self.checks, verdict=verdict, cfg=Drift(),
+                stations=[bodies.drift_station(0, 2e-5, 1e-5)], suspect=False, reason="test"))
+        return bodies.drift_check_reply(r["result_id"], self.checks)
 
     def _cmd_activate_result(self, args, caller):
         self._result(args["result_id"])
         prev = self._activate(args["result_id"])
-        return {"active_result_id": args["result_id"], "previous_result_id": prev}
+        return bodies.activate_reply(args["result_id"], prev)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,196 @@
+"""The cell's devices as the service's worker holds them: opening, identities, closing, backoff.
+
+:class:`CellDevices` opens the robot and the tracker *separately*, so a failure is
+attributed by which one raised (:class:`DeviceOpenError` carries ``device``), never by
+reading an error message. Opening the robot also starts its
+:class:`~cellcal.daemon.capture.RobotMonitor`; with both open, :attr:`CellDevices.engine` is
+the :class:`~cellcal.daemon.capture.CaptureEngine` that takes stations.
+
+Only the worker thread opens, uses and closes the devices. The one exception is
+:meth:`CellDevices.stop_robot`, which an abort calls from the command thread: a stop must
+not wait for the worker.
+
+:class:`Backoff` is the reconnection schedule of a device fault: ``fault_retry_min_s``,
+doubling up to ``fault_retry_max_s``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from cellcal.daemon import capture as cap
+from cellcal.daemon import protocol as P
+from cellcal.solver.errors import CellcalError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["DeviceOpenError", "CellDevices", "Backoff", "OPEN_ERRORS"]
+
+#: What opening a device may raise that is the device's (or its URL's) fault, not a bug.
+OPEN_ERRORS: tuple[type[BaseException], ...] = (CellcalError, OSError, ValueError)
+
+
+class DeviceOpenError(CellcalError):
+    """A device could not be opened.
+
+    Attributes
+    ----------
+    device : str
+        ``protocol.DEVICE_ROBOT`` or ``protocol.DEVICE_TRACKER``: the one that raised.
+    cause : BaseException
+        The driver's error (also ``__cause__``).
+    """
+
+    def __init__(self, device: P.DeviceName, cause: BaseException) -> None:
+        self.device = device
+        self.cause = cause
+        super().__init__(f"{device}: {cause}")
+
+
+class Backoff:
+    """Reconnection delays: ``min_s``, then doubling, at most ``max_s`` (seconds)."""
+
+    def __init__(self, min_s: float, max_s: float) -> None:
+        self.min_s = float(min_s)
+        self.max_s = float(max_s)
+        self._next = self.min_s
+
+    def next_delay(self) -> float:
+        """The delay to wait now; the one after it is twice as long (up to ``max_s``)."""
+        delay = self._next
+        self._next = min(delay * 2.0, self.max_s)
+        return delay
+
+    def reset(self) -> None:
+        self._next = self.min_s
+
+
+class CellDevices:
+    """The robot, its monitor, the tracker and the capture engine, opened on demand.
+
+    Parameters
+    ----------
+    cfg : Config
+        The daemon configuration (``robot``, ``tracker``, ``capture`` sections).
+
+    Attributes
+    ----------
+    status : dict
+        Per device (``robot``, ``tracker``): ``connected``, ``url``, ``identity`` (a dict:
+        driver, model, serial, firmware ...) and ``identity_text`` (for people); the
+        heartbeat's ``devices`` are built from it.
+    """
+
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.robot: Any = None
+        self.tracker: Any = None
+        self.monitor: cap.RobotMonitor | None = None
+        self.engine: cap.CaptureEngine | None = None
+        self._stop_lock = threading.Lock()
+        self.status: dict[str, dict[str, Any]] = {
+            P.DEVICE_ROBOT: {"connected": False, "url": cfg.robot.url, "identity": {}, "identity_text": None},
+            P.DEVICE_TRACKER: {"connected": False, "url": cfg.tracker.url, "identity": {}, "identity_text": None},
+        }
+
+    @property
+    def model(self) -> Any:
+        """The robot's kinematic model (the configured one while the robot is not open)."""
+        if self.robot is not None:
+            return self.robot.model
+        from cellcal.drivers.kinematics import dh_model
+
+        name = self.cfg.robot.options.get("model", "ur5e")
+        return dh_model(name if isinstance(name, str) else "ur5e")
+
+    def identities(self) -> dict[str, dict[str, Any]]:
+        """Device identities as known now (stored with each run)."""
+        return {k: dict(v.get("identity") or {}) for k, v in self.status.items()}
+
+    def open(self, need_tracker: bool) -> None:
+        """Open what is not open yet: the robot (and its monitor), and the tracker if needed.
+
+        Raises
+        ------
+        DeviceOpenError
+            Naming the device that failed. What was opened before stays open; the caller
+            decides (the service closes everything and retries with :class:`Backoff`).
+        """
+        if self.robot is None:
+            self._open_robot()
+        if need_tracker and self.tracker is None:
+            self._open_tracker()
+        self.engine = cap.CaptureEngine(self.monitor, self.tracker, self.cfg) if self.monitor is not None else None
+
+    def _open_robot(self) -> None:
+        from cellcal.drivers import connect_robot
+
+        try:
+            robot = connect_robot(self.cfg.robot.url, **self.cfg.robot.options)
+        except OPEN_ERRORS as exc:
+            raise DeviceOpenError(P.DEVICE_ROBOT, exc) from exc
+        try:
+            robot.open()
+            monitor = cap.RobotMonitor(robot, cap.settle_config(self.cfg.robot.settle)).start()
+        except BaseException as exc:
+            robot.close()
+            if isinstance(exc, OPEN_ERRORS):
+                raise DeviceOpenError(P.DEVICE_ROBOT, exc) from exc
+            raise
+        self.robot, self.monitor = robot, monitor
+        ident = {"driver": type(robot).__name__, "model": robot.model.name}
+        self.status[P.DEVICE_ROBOT].update(connected=True, identity=ident,
+                                           identity_text=f"{ident['driver']} {ident['model']}")
+
+    def _open_tracker(self) -> None:
+        from cellcal.drivers import connect_tracker
+
+        try:
+            tracker = connect_tracker(self.cfg.tracker.url, **self.cfg.tracker.options)
+        except OPEN_ERRORS as exc:
+            raise DeviceOpenError(P.DEVICE_TRACKER, exc) from exc
+        try:
+            tracker.open()
+            info = tracker.identify()
+        except BaseException as exc:
+            tracker.close()
+            if isinstance(exc, OPEN_ERRORS):
+                raise DeviceOpenError(P.DEVICE_TRACKER, exc) from exc
+            raise
+        self.tracker = tracker
+        self.status[P.DEVICE_TRACKER].update(connected=True, identity={
+            "model": info.model, "serial": info.serial, "firmware": info.firmware,
+            "protocol": str(info.protocol_version),
+        }, identity_text=f"{info.model} {info.serial} fw {info.firmware}")
+
+    def close(self) -> None:
+        """Close everything (idempotent; a device that fails to close is logged, not raised)."""
+        if self.monitor is not None:
+            self.monitor.close()
+            self.monitor = None
+        with self._stop_lock:
+            devices, self.robot, self.tracker = ((P.DEVICE_ROBOT, self.robot), (P.DEVICE_TRACKER, self.tracker)), None, None
+        for name, dev in devices:
+            if dev is not None:
+                try:
+                    dev.close()
+                except Exception:  # noqa: BLE001 - closing a broken device must not raise
+                    log.warning("closing the %s failed", name, exc_info=True)
+        for d in self.status.values():
+            d["connected"] = False
+        self.engine = None
+
+    def stop_robot(self) -> bool:
+        """Stop the robot now (an abort; any thread). False when no robot is open or it refused."""
+        with self._stop_lock:
+            robot = self.robot
+            if robot is None:
+                return False
+            try:
+                robot.stop()
+            except Exception:  # noqa: BLE001 - an abort stands even if the stop command fails
+                log.warning("stopping the robot after an abort failed", exc_info=True)
+                return False
+        return True

@@ -1,0 +1,124 @@
+"""Where a run is solved: its stored stations -> the solver -> the result record to store.
+
+``cellcal.solver`` does the mathematics; this module picks the calibration for a run's
+kind, turns the stored :class:`~cellcal.daemon.store.StationRecord` list (or the stations a
+client supplied) into the solver's arrays, and assembles what the store keeps of a result:
+the solver's wire form (``report.result_to_wire``), the acceptance gates
+(``cellcal.daemon.gates``), the drift check stations (``cellcal.daemon.drift``) and the
+provenance. The service (``cellcal.daemon.service``) calls it from its worker and stores
+and publishes what comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from cellcal.daemon import protocol as P
+from cellcal.daemon.report import result_to_wire
+from cellcal.solver import CalibrationError, calibrate_base_frame, calibrate_hand_eye, calibrate_tool_point
+
+log = logging.getLogger(__name__)
+
+__all__ = ["station_arrays", "solve_stations", "solve_given", "suggest_station", "wire_result", "provenance"]
+
+
+def station_arrays(stations: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
+    """``(base_T_flange (N, 4, 4), cell_T_target (N, 4, 4) or None)`` of stored stations.
+
+    ``cell_T_target`` is None when a station has no 6-DoF measurement (a robot-only run).
+    """
+    if not stations:
+        return np.zeros((0, 4, 4)), np.zeros((0, 4, 4))
+    G = np.array([s.base_T_flange for s in stations])
+    if any(s.cell_T_target is None for s in stations):
+        return G, None
+    return G, np.array([s.cell_T_target for s in stations])
+
+
+def solve_stations(kind: str, stations: Sequence[Any], solve_cfg: Any) -> Any:
+    """Calibrate ``kind`` from a run's stored stations (base frame: robot + tracker poses;
+    tool point: the robot alone).
+
+    Raises
+    ------
+    CalibrationError
+        ``NotEnoughSamples``, ``DegenerateGeometry`` (the daemon may then add stations).
+    ValueError
+        A kind this cell cannot capture (hand-eye needs camera views: given stations only).
+    """
+    G, M = station_arrays(stations)
+    spread = solve_cfg.min_axis_spread
+    if kind == P.KIND_BASE_FRAME:
+        return calibrate_base_frame(G, M if M is not None else np.zeros((0, 4, 4)), min_axis_spread=spread)
+    if kind == P.KIND_TOOL_POINT:
+        return calibrate_tool_point(G, min_axis_spread=spread)
+    raise ValueError(f"a {kind} run is solved from client-supplied stations only")
+
+
+def _poses(given: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
+    return np.array([np.asarray(s[key], dtype=float).reshape(4, 4) for s in given])
+
+
+def solve_given(kind: str, given: Sequence[Mapping[str, Any]], solve_cfg: Any) -> Any:
+    """Calibrate ``kind`` from stations a client supplied (``{base_T_flange, cell_T_target |
+    camera_T_target}`` as 16 row-major numbers each).
+
+    Raises
+    ------
+    KeyError, TypeError, ValueError
+        A station without the poses the kind needs, or malformed ones.
+    CalibrationError
+    """
+    spread = solve_cfg.min_axis_spread
+    G = _poses(given, "base_T_flange")
+    if kind == P.KIND_HAND_EYE:
+        return calibrate_hand_eye(G, _poses(given, "camera_T_target"), min_axis_spread=spread)
+    if kind == P.KIND_BASE_FRAME:
+        return calibrate_base_frame(G, _poses(given, "cell_T_target"), min_axis_spread=spread)
+    return calibrate_tool_point(G, min_axis_spread=spread)
+
+
+def suggest_station(G: np.ndarray, M: np.ndarray | None, model: Any, plan_cfg: Any) -> Any:
+    """The planner's next station for degenerate base-frame data, or None when it has none.
+
+    ``model``: the robot's kinematics (``forward``); ``plan_cfg``: ``[plan]`` (joint limits,
+    workspace box, seed). Returns ``cellcal.solver.planning.NextStation``.
+    """
+    from cellcal.solver.planning import suggest_next_station
+
+    try:
+        # A rough cell_T_base for the line-of-sight test: the degenerate data still fix it
+        # but for one rotation; the tracker sits at the cell origin.
+        X0 = calibrate_base_frame(G, M, min_axis_spread=0.0, refine=False, holdout=False).cell_T_base
+    except (CalibrationError, ValueError):
+        X0 = np.eye(4)
+    p = plan_cfg
+    try:
+        return suggest_next_station(
+            G, model.forward, np.column_stack([p.joint_min_rad, p.joint_max_rad]),
+            (np.array(p.workspace_min_m), np.array(p.workspace_max_m)), np.zeros(3), X0, rng=p.seed,
+        )
+    except ValueError as exc:
+        log.warning("no station suggestion: %s", exc)
+        return None
+
+
+def wire_result(result: Any, gates: Any, check_stations: list[dict[str, Any]]) -> dict[str, Any]:
+    """What the store keeps as ``ResultRecord.result``: the solver's wire form, the gate
+    report (``gates.GateReport``) and the check stations."""
+    wire = result_to_wire(result)
+    wire["gates"] = gates.to_wire()
+    wire["check_stations"] = check_stations
+    return wire
+
+
+def provenance(cfg: Any, run: Any, result: Any, version: str) -> dict[str, Any]:
+    """Where a result came from (the store fills in run id, parent, valid_from)."""
+    return {
+        "config_sha256": cfg.sha256, "devices": run.devices, "cellcal_version": version,
+        "solver": result.solver, "cell": cfg.service.name,
+    }
