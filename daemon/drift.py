@@ -13,7 +13,7 @@ model ``X G Y`` (``X = cell_T_base``, ``Y = flange_T_target``, ``G`` the robot's
   CUSUM alarm; on ``fail`` the result is marked suspect and, with ``on_drift =
   "recalibrate"``, a new run starts (action ``recalibrating``, else ``marked_suspect``).
 
-Check ids (ADR 0008): a check gets its id when it is requested (the ``run_drift_check``
+Check ids (ADR 0009): a check gets its id when it is requested (the ``run_drift_check``
 reply names it) from :class:`CheckIds`, 1, 2, 3, ... per result, continuing after a
 restart from what the store holds. The worker (``cellcal.daemon.service``) moves and
 measures; this module has no I/O besides the store read of :class:`CheckIds`.
@@ -159,7 +159,7 @@ class CheckIds:
     The first allocation for a result continues from the highest ``check_id`` the store
     holds for it, so ids do not repeat across daemon restarts. An id allocated for a check
     that then ends without a drift message (aborted, no station measurable, result no
-    longer active) is not reused: ids increase but may skip (ADR 0008). Thread-safe.
+    longer active) is not reused: ids increase but may skip (ADR 0009). Thread-safe.
     """
 
     def __init__(self, store: Any) -> None:

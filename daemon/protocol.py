@@ -952,7 +952,7 @@ class AbortResult(TypedDict):
 
 class DriftCheckResult(TypedDict):
     result_id: str                # the calibration the queued check will measure
-    check_id: int                 # the check_id its cellcal/v1/drift message will carry (ADR 0008)
+    check_id: int                 # the check_id its cellcal/v1/drift message will carry (ADR 0009)
 
 
 class ActivateResult(TypedDict):

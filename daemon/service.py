@@ -381,7 +381,7 @@ class Service:
     def request_drift_check(self, reason: str = "requested") -> tuple[int, int]:
         """Queue a drift check of the active result; returns ``(result_id, check_id)``.
 
-        The check id is allocated now (ADR 0008): the ``cellcal/v1/drift`` message of this
+        The check id is allocated now (ADR 0009): the ``cellcal/v1/drift`` message of this
         check carries it.
 
         Raises
@@ -717,7 +717,7 @@ class Service:
         active = self._active_result_safe()
         if active is None or active.id != rec.id:
             # Another result became active after this check was requested: its figures
-            # would describe a calibration nobody uses (ADR 0008).
+            # would describe a calibration nobody uses (ADR 0009).
             log.warning("drift check %d of result %d skipped: result %s is active now", job.check_id, rec.id,
                         active.id if active else None)
             return

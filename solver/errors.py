@@ -48,6 +48,8 @@ second base, so callers that catch it keep working (every timeout is also a
     |                                    now (``code``: its E_* code)
     +-- StationRejected                  daemon.capture: a station not accepted (``reason``)
     +-- DeviceFault                      daemon.capture: a device link failed (``device``)
+    +-- DeviceOpenError                  daemon.devices: a device could not be opened
+    |                                    (``device`` names which one)
     +-- StoreError                       daemon.store: the SQLite store
     |   +-- StoreFullError, StoreReadOnlyError, StoreCorruptError, DuplicateStation,
     |       UnknownRecord (LookupError), RunClosed
@@ -58,6 +60,8 @@ second base, so callers that catch it keep working (every timeout is also a
     |   +-- CommandFailed                the daemon answered ``ok: false`` (``code``)
     |   +-- ClientTimeout (TimeoutError) no reply in time
     +-- BindError (OSError)              daemon.zmq_server: an endpoint could not be bound
+    +-- HarnessError (AssertionError)    daemon.harness: the simulated test cell misbehaved
+        +-- SoakError                    the daemon broke a promise during the kill -9 soak
 
 Errors from a dependency (pyserial, python-can, canopen, pyzmq, sqlite3) are re-raised as
 the matching cellcal error ``from`` the original, so the cause stays in the traceback.
