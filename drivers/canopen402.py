@@ -1172,7 +1172,10 @@ class Cia402Driver(RobotDriver):
                 sw = self._read_u16(n, Od.STATUSWORD)
             finally:
                 restore = requested if requested not in (None, MODE_HOMING) else MODE_PROFILE_POSITION
-                self._try(self.sdo_write, n, Od.MODES_OF_OPERATION, 0, struct.pack("<b", restore))
+                try:
+                    self.sdo_write(n, Od.MODES_OF_OPERATION, 0, struct.pack("<b", restore))
+                except SdoAbortError:
+                    self._try(self.sdo_write, n, Od.MODES_OF_OPERATION, 0, struct.pack("<b", MODE_PROFILE_POSITION))
         else:
             sw = self._read_u16(n, Od.STATUSWORD)
         if sw & Statusword.HOMING_ERROR:
