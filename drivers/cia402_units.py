@@ -379,7 +379,7 @@ def plan_sync_move(
     d_lim = np.broadcast_to(np.asarray(decel_rad_s2, dtype=float), (n,))
     if not (np.all(np.isfinite(h)) and np.all(v_lim > 0) and np.all(a_lim > 0) and np.all(d_lim > 0)):
         raise ValueError("plan_sync_move: finite distances and positive limits required")
-    moving = h > 0
+    moving = h > 1e-12  # below a picoradian a joint does not move (and 1/h would overflow)
     zeros = np.zeros(n)
     if not np.any(moving):
         return SyncMove(0.0, 0.0, 0.0, 0.0, zeros, zeros.copy(), zeros.copy())
