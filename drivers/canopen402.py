@@ -1418,8 +1418,7 @@ class Cia402Driver(RobotDriver):
         with self._lock:
             rt = self._rt[node]
             rt.seen_ns = recv_ns
-            if rt.supervision == "sdo" or rt.nmt is None:
-                rt.nmt = NmtState.OPERATIONAL  # only an operational node sends PDOs
+            rt.nmt = NmtState.OPERATIONAL  # CiA 301: only an operational node sends PDOs
             if self.sampling == SAMPLING_EVENT:
                 self._async.setdefault(node, {}).update(values)
                 self._async_recv[node] = recv_ns

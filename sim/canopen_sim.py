@@ -91,7 +91,7 @@ _FIXED_TPDOS = {
     2: (1, (0x606C0020,)),
 }
 # the event-driven TPDOs of extra_tpdos = true (their entries, type 255, event timer 100 ms)
-_EXTRA_TPDOS = {2: (0x60410010,), 3: (0x60610008,), 4: (0x606C0020,)}
+_EXTRA_TPDOS = {2: (0x60410010,), 3: (0x60610008,), 4: (0x60640020, 0x606C0020)}
 
 
 class _Drive:
