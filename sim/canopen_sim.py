@@ -380,14 +380,22 @@ class CanopenSimDrives:
     def _update_all(self, t_s: float) -> None:
         """Drive bookkeeping up to world time ``t_s``: quick stop, target following, and the
         position window checked on the noise-free track since the previous evaluation (at
-        most 1 ms apart), so an oscillation through the window never counts as inside."""
+        most 1 ms apart), so an oscillation through the window never counts as inside.
+
+        After a long pause (the host was busy) only the last 0.2 s are checked and the
+        time inside the window restarts there: what happened before is not assumed."""
         t0 = min(self._last_eval_t, t_s)
-        k = int(min(200, max(2, math.ceil((t_s - t0) / 1e-3) + 1)))
+        truncated = t_s - t0 > 0.2
+        if truncated:
+            t0 = t_s - 0.2
+        k = int(max(2, math.ceil((t_s - t0) / 1e-3) + 1))
         ts = np.linspace(t0, t_s, k)
         track = self._position_counts(self.robot.ctrl_track(ts))
         self._last_eval_t = t_s
         pstop = self.robot.fault_active("protective_stop", t_s)
         for d in self.drives:
+            if truncated:
+                d.inside_since = None
             self._update(d, ts, track[:, d.joint], pstop)
 
     def _update(self, d: _Drive, ts: np.ndarray, counts: np.ndarray, pstop: bool) -> None:

@@ -116,9 +116,9 @@ def _raises(robot, cls):
 
 def test_heartbeat_ms_is_written_before_the_driver_waits_for_heartbeats(factory_drives):
     fd, url = factory_drives(Factory(increments_per_rev=INC_PER_REV, heartbeat_ms=0))
-    with connect_robot(url(heartbeat_ms=40)) as robot:
+    with connect_robot(url(heartbeat_ms=100)) as robot:
         assert robot.supervision == {n: "heartbeat" for n in NODES}
-        assert all(_u16(robot, n, Od.PRODUCER_HEARTBEAT_TIME) == 40 for n in NODES)
+        assert all(_u16(robot, n, Od.PRODUCER_HEARTBEAT_TIME) == 100 for n in NODES)
         robot.read_state()
         fd.silence(2)
         exc = _wait(lambda: _raises(robot, HeartbeatLost), 5.0, "HeartbeatLost")
