@@ -229,7 +229,6 @@ class CanopenSimDrives:
     def start(self) -> CanopenSimDrives:
         import canopen
 
-        sc = self.can
         net = canopen.Network()
         net.NOTIFIER_CYCLE = 0.05  # bounds how long close() waits for the receive thread
         net.connect(channel=self.channel, interface=self.interface)

@@ -640,7 +640,7 @@ class SlcanBridge:
         while not self.stopping:
             try:
                 conn, peer = self._listen.accept()
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 self._reap()
                 continue
             except OSError:

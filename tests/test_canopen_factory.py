@@ -19,13 +19,13 @@ import can
 import canopen
 import numpy as np
 import pytest
+from cia402_drive import FAULT_CODE, Factory, FactoryDrives
 
 from cellcal.drivers import connect_robot
 from cellcal.drivers.canopen402 import HeartbeatLost, Od
 from cellcal.drivers.errors import DeviceError, DriverInitError
 from cellcal.drivers.robot import RobotMode
 from cellcal.drivers.settle import SettleConfig
-from cia402_drive import FAULT_CODE, Factory, FactoryDrives
 
 INC_PER_REV = 131072
 GEAR = 101.0
@@ -177,7 +177,7 @@ def test_small_factory_deceleration_is_overwritten_and_joints_arrive_together(fa
     with connect_robot(url()) as robot:
         robot.move_to(q_rad=target, speed=1.0, timeout_s=20)
         np.testing.assert_allclose(robot.read_state().q_rad, target, atol=1e-5)
-        for j, n in enumerate(NODES):
+        for n in NODES:
             rec = fd[n].moves[-1]
             assert rec.written_deceleration > 1000 * 100  # the driver wrote 6084h
             # deceleration = acceleration (max_joint_decel defaults to max_joint_accel), both scaled by |dq|
