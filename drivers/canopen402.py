@@ -770,6 +770,8 @@ class Cia402Driver(RobotDriver):
         self._sdo_velocity: bool | None = None  # does the drive have 0x606C?
         self._use_drive_velocity = np.zeros(N_JOINTS, dtype=bool)
         self._hb_logged = False
+        #: SYNC cycles given up without a complete vector (all of them / those with some frames)
+        self.abandoned_cycles = 0
         self.incomplete_cycles = 0
         self.bad_frames = 0
         self.emergencies: deque[tuple[int, int, int]] = deque(maxlen=64)  # (node, code, register)
@@ -1393,6 +1395,8 @@ class Cia402Driver(RobotDriver):
     def _on_sync_frame(self, can_id: int, data: bytearray, timestamp: float) -> None:
         """A SYNC on the bus that this driver did not send."""
         if self.opts["sync_producer"]:
+            if self.opts["receive_own_messages"]:
+                return  # our own SYNC, echoed
             if not self._foreign_sync_logged:
                 self._foreign_sync_logged = True
                 log.warning("%r: another SYNC producer is on the bus (COB-ID 0x%03X); with two the "
@@ -1401,8 +1405,10 @@ class Cia402Driver(RobotDriver):
         stamp = time.monotonic_ns()
         with self._lock:
             cyc = self._cycle
-            if cyc is not None and cyc.got:
-                self.incomplete_cycles += 1
+            if cyc is not None:
+                self.abandoned_cycles += 1
+                if cyc.got:
+                    self.incomplete_cycles += 1
             self._cycle = _Cycle(stamp)
 
     def _on_tpdo(self, can_id: int, data: bytearray, timestamp: float) -> None:
@@ -1560,6 +1566,7 @@ class Cia402Driver(RobotDriver):
                     if self._cycle is cyc:
                         complete = False
                         self._cycle = None
+                        self.abandoned_cycles += 1
                         if cyc.got:
                             self.incomplete_cycles += 1
             elif self.sampling == SAMPLING_SDO:

@@ -91,12 +91,19 @@ def test_sdo_read_matches_pdo(sim):
 def test_pdo_on_sync_gives_one_vector_per_sync(sim):
     with connect_robot(sim.url, sync_period_ms=5) as robot:
         first = robot.read_state()
-        time.sleep(0.3)
-        last = robot.read_state()
+        syncs0, abandoned0 = sim.server.syncs, robot.abandoned_cycles
+        deadline = time.monotonic() + 20.0
+        while (last := robot.read_state()).seq < first.seq + 40:
+            assert time.monotonic() < deadline, "fewer than 40 joint vectors in 20 s"
+            time.sleep(0.005)
         n = last.seq - first.seq
-        # every SYNC in 0.3 s answered by all six drives (allow scheduling jitter)
-        assert 30 <= n <= 70
-        assert robot.incomplete_cycles <= 2
+        syncs = sim.server.syncs - syncs0
+        dropped = robot.abandoned_cycles - abandoned0
+        # every SYNC the drives saw became exactly one vector, unless its cycle was abandoned
+        # (late frames under load; one cycle may be in flight at either end of the window)
+        assert syncs - dropped - 2 <= n <= syncs + 1
+        assert dropped <= n
+        assert last.t_host_ns - first.t_host_ns >= n * 5e6 * 0.9  # never two vectors per period
         assert last.t_host_ns > first.t_host_ns and last.t_device_s == last.t_host_ns * 1e-9
         assert 0 < robot.bus_latency_ns < 20e6
 
