@@ -640,7 +640,7 @@ OPTIONS: dict[str, OptionSpec] = {
     "remap_pdos": OptionSpec(opt_bool, True, "map TPDO1 (false: use the drive's mapping)"),
     "sync_period_ms": OptionSpec(opt_float(1.0, 1000.0), 10.0, "SYNC period (ms)"),
     "pdo": OptionSpec(_opt_pdo, "auto", "auto: SDO fallback if TPDOs fail; on; off"),
-    "sdo_timeout_s": OptionSpec(opt_float(positive=True), 0.3, "per SDO response"),
+    "sdo_timeout_s": OptionSpec(opt_float(positive=True), 0.5, "per SDO response"),
     "position_window_counts": OptionSpec(opt_int(-1, 2**32 - 1), -1, "write 0x6067 (-1: keep)"),
     "position_window_time_ms": OptionSpec(opt_int(-1, 65535), -1, "write 0x6068 (-1: keep)"),
     "max_joint_speed_rad_s": OptionSpec(_POSITIVE6, np.full(N_JOINTS, 1.05), "joint speed at speed=1"),
@@ -1339,7 +1339,7 @@ class Cia402Driver(RobotDriver):
         period = self.opts["sync_period_ms"] * 1e-3
         if not self.opts["sync_producer"] or self.sampling == SAMPLING_EVENT:
             period = max(period, 0.1)  # someone else's rate
-        return max(0.3, 10 * period)
+        return max(1.0, 10 * period)  # a busy host or a slow adapter must not force SDO polling for good
 
     def _wait_first_sample(self) -> bool:
         deadline = time.monotonic() + self._first_sample_timeout_s()
