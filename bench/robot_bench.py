@@ -11,8 +11,9 @@ Run as ``.venv/bin/python bench/robot_bench.py``; writes the ``robot`` section o
 * **CAN**: joint-vector latency = from the SYNC stamp (taken just before the SYNC is sent)
   to the arrival of the sixth TPDO answering it, i.e. how old a coherent joint vector is
   when the driver has it. On python-can's ``virtual`` bus (drives in the same process)
-  and on ``udp_multicast`` (drives in another process), plus the SDO fallback (12
-  expedited uploads per vector).
+  and through the simulator's loopback SLCAN bridge (drives in another process, python-can's
+  ``slcan`` interface on ``socket://127.0.0.1:PORT``), plus the SDO fallback (18 expedited
+  uploads per vector: position, statusword and velocity actual value of six drives).
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def _can_drives(channel: str, conn) -> None:
     from cellcal.sim.robot_sim import start_sim_robot
 
     with start_sim_robot(_world(), {"encoder_noise_deg": 0.0005}, transport="canopen",
-                         can_channel=channel, can_interface="udp_multicast") as h:
+                         can_channel=channel, can_bridge="tcp") as h:
         conn.send(h.url)
         conn.poll(300.0)
 
@@ -152,20 +153,20 @@ def bench_can(n: int = 1000) -> list[str]:
                     lat.append(time.perf_counter_ns() - t0)
         if period_ms == 10.0:
             p50, p99, mx = _pct(np.array(lat))
-            rows.append(f"| CiA 402 SDO fallback, 12 uploads per vector (`virtual`) | 200 | {p50:.0f} | {p99:.0f} | {mx:.0f} |")
+            rows.append("| CiA 402 SDO fallback, 18 uploads per vector: 0x6064, 0x6041, 0x606C (`virtual`) "
+                        f"| 200 | {p50:.0f} | {p99:.0f} | {mx:.0f} |")
         notes.append(f"SYNC {period_ms:g} ms: {incomplete} incomplete cycle(s) dropped")
 
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    group = "239.74.163.77"
-    proc = ctx.Process(target=_can_drives, args=(group, child), daemon=True)
+    proc = ctx.Process(target=_can_drives, args=("bench-slcan", child), daemon=True)
     proc.start()
     try:
         url = parent.recv()
         with connect_robot(url) as robot:
             lat = _can_latencies(robot, n)
             p50, p99, mx = _pct(lat)
-            rows.append(f"| CiA 402 joint vector, SYNC to 6th TPDO (`udp_multicast`, SYNC 10 ms, "
+            rows.append(f"| CiA 402 joint vector, SYNC to 6th TPDO (SLCAN bridge on 127.0.0.1, SYNC 10 ms, "
                         f"drives in another process) | {len(lat)} | {p50:.0f} | {p99:.0f} | {mx:.0f} |")
     finally:
         parent.send("stop")

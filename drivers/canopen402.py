@@ -2,38 +2,48 @@
 
 ``canopen://<channel>?interface=socketcan&nodes=1-6&model=ur5e[&...]``
 
-What the driver does (``docs/protocols/robot.md`` has every key and object):
+The driver is written against CiA 301 and CiA 402, not against one drive family: it works
+with drives as they come from the factory (heartbeat off, their own units and PDO mapping,
+a late set-point acknowledge, powered up in FAULT) and can share a bus with another master.
+``docs/protocols/robot.md`` section 3 lists what it requires of a drive, every object it
+writes at open in order, and every URL key; ADR 0010 says why the defaults are what they are.
 
-* **Open**: connect the bus; wait for each node's heartbeat (a node that never beats is
-  a :class:`~cellcal.drivers.errors.DriverInitError` naming it); NMT pre-operational;
-  configure TPDO1 of every drive by SDO to carry position actual value ``0x6064`` and
-  statusword ``0x6041``, transmission type 1 (synchronous, every SYNC); optionally write
-  the heartbeat time ``0x1017`` and the position window ``0x6067`` / ``0x6068``; NMT start.
-* **Sampling**: a thread sends SYNC every ``sync_period_ms`` and stamps it with
-  ``time.monotonic_ns()`` just before sending; the six TPDOs answering one SYNC form one
-  coherent joint vector sampled at that instant. If the TPDOs do not come (``pdo=auto``),
-  the driver falls back to SDO reads of ``0x6064``/``0x6041`` (not coherent: the joints
-  are read one after another; ``RobotState.t_host_ns`` is the middle of the reads).
-* **Clock**: drives carry no clock in their PDOs; the sample instant *is* the SYNC, which
-  the host stamps. ``t_device_s`` is that stamp in seconds and ``t_host_ns`` the same in
-  ns. A :class:`~cellcal.drivers.clock.StreamClockModel` fed with (SYNC stamp, arrival of
-  the cycle's last TPDO) measures the bus latency (:attr:`Cia402Driver.bus_latency_ns`).
+* **Open**: connect the bus; as NMT master (``nmt_master=true``) put the nodes in
+  pre-operational; every node must answer an SDO read of its device type 0x1000 (the
+  liveness probe; a node that does not is named in the
+  :class:`~cellcal.drivers.errors.DriverInitError`); read the identity 0x1018 (and the
+  optional name and versions 0x1008-0x100A) into :attr:`Cia402Driver.drives`; write the
+  heartbeat time 0x1017 when ``heartbeat_ms`` is set, *then* wait for the heartbeats;
+  resolve each drive's units (0x60A9, factor group) and check the configured limits against
+  them (:mod:`cellcal.drivers.cia402_units`); with ``homing_required`` read the homing
+  state; set up sampling (remap TPDO1 to 0x6064 + 0x6041 on SYNC and disable TPDO2-4, or
+  with ``remap_pdos=false`` use the drive's own mapping); write the position window if
+  configured; NMT start.
+* **Supervision**: a drive with heartbeats is lost when silent for
+  ``heartbeat_timeout_factor`` periods; a drive without (0x1017 = 0 and no ``heartbeat_ms``)
+  is supervised by SDO: polled (statusword) whenever nothing was heard from it for
+  ``liveness_period_ms``. Either way :meth:`read_state` then raises :class:`HeartbeatLost`;
+  a boot-up message after open raises :class:`NodeRebooted`.
+* **Sampling**: on SYNC (this driver's, or another master's with ``sync_producer=false``)
+  the drives' synchronous TPDOs form one coherent joint vector stamped at the SYNC; with
+  event-driven TPDOs the joints are not sampled together; without usable TPDOs the driver
+  polls by SDO. The log says which, and :attr:`Cia402Driver.sampling` tells.
 * **Counts to radians** per joint with :class:`~cellcal.drivers.kinematics.JointScaling`,
-  then standard-DH forward kinematics to ``base_T_flange``; joint speeds are the slope of
-  a line fitted to the last ``velocity_window`` samples.
-* **Heartbeat supervision**: a node silent for ``heartbeat_timeout_factor`` (default 2)
-  heartbeat periods makes :meth:`read_state` raise :class:`HeartbeatLost` (so within 3
-  periods of going silent); a boot-up message after open (the drive rebooted and lost its
-  configuration) raises :class:`NodeRebooted`.
-* **Moves** (profile position, mode 1): enable each drive through the CiA 402 state
-  machine (fault reset, shutdown, switch on, enable operation), set the profile velocity
-  ``0x6081`` so all joints arrive together, write the target ``0x607A`` and toggle the
-  controlword's new-set-point bit (with change-set-immediately), check the set-point
-  acknowledge, then wait for *target reached* (statusword bit 10, which the drive sets when
-  within ``0x6067`` counts for ``0x6068`` ms) on every drive.
-* **Errors**: SDO aborts raise :class:`SdoAbortError` carrying the 32-bit abort code;
-  quick stop active raises :class:`~cellcal.drivers.robot.ProtectiveStop`; a drive in
-  FAULT a :class:`~cellcal.drivers.errors.DeviceError`.
+  then standard-DH forward kinematics; joint speeds are the slope of a line through the last
+  ``velocity_window`` samples (and where the drive's velocity actual value 0x606C is sampled
+  and fine enough, the larger of the two).
+* **Moves** (profile position): enable through the CiA 402 power state machine; plan a
+  synchronised trapezoid (every joint arrives together) and write profile velocity 0x6081,
+  acceleration 0x6083 and deceleration 0x6084 in the drive's units, never above the
+  configured limits; write 0x607A, raise new-set-point and poll the set-point acknowledge
+  (statusword bit 12) until ``setpoint_timeout_s``; wait for target reached (bit 10).
+* **Observe**: for drives cellcal does not command (``enable=never``, or not moved yet, or
+  no longer OPERATION ENABLED) ``RobotState.target_reached`` is ``None``, so settling is
+  judged from positions and velocities alone.
+* **Errors**: SDO aborts raise :class:`SdoAbortError` with the 32-bit abort code; quick
+  stop :class:`~cellcal.drivers.robot.ProtectiveStop`; a drive fault, a refused or
+  unacknowledged set-point, an unhomed joint with ``homing_required`` a
+  :class:`~cellcal.drivers.errors.DeviceError` with its ``code``.
 """
 
 from __future__ import annotations
@@ -45,13 +55,26 @@ import struct
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
 from typing import Any, Self
 
 import numpy as np
 from canopen.sdo.exceptions import SdoAbortedError, SdoCommunicationError
 
 from cellcal.drivers.base import remaining_s
+from cellcal.drivers.cia402_units import (
+    ACCEL_UNITS,
+    VELOCITY_UNITS,
+    DriveUnitObjects,
+    JointLimits,
+    JointUnits,
+    check_joint_limits,
+    parse_unit_tokens,
+    plan_sync_move,
+    resolve_joint_units,
+    to_drive_units,
+)
 from cellcal.drivers.clock import StreamClockModel
 from cellcal.drivers.errors import (
     DeviceError,
@@ -78,6 +101,9 @@ from cellcal.drivers.robot import (
 
 __all__ = [
     "Cia402Driver",
+    "DriveIdentity",
+    "TpdoConfig",
+    "TpdoUse",
     "SdoAbortError",
     "HeartbeatLost",
     "NodeRebooted",
@@ -90,21 +116,33 @@ __all__ = [
     "cia402_state",
     "build_object_dictionary",
     "parse_nodes",
+    "find_tpdo_layout",
     "SYNC_COB_ID",
     "TPDO1_COB_BASE",
     "HEARTBEAT_COB_BASE",
     "SDO_ABORT_CODES",
     "sdo_abort_text",
+    "OPTIONS",
 ]
 
 log = logging.getLogger(__name__)
 
 SYNC_COB_ID = 0x080
+EMCY_COB_BASE = 0x080
 TPDO1_COB_BASE = 0x180
+SDO_TX_COB_BASE = 0x580
 HEARTBEAT_COB_BASE = 0x700
 PDO_NOT_VALID = 1 << 31
+PDO_EXTENDED_ID = 1 << 29
 TRANSMISSION_SYNC_EVERY = 1  # TPDO transmission type: synchronous, every SYNC
-_TPDO1 = struct.Struct("<iH")  # position actual value (INT32), statusword (UINT16)
+N_TPDOS = 4  # TPDO1..4: the predefined connection set
+
+# sampling modes (Cia402Driver.sampling)
+SAMPLING_SYNC = "sync"  # synchronous TPDOs: one coherent vector per SYNC
+SAMPLING_EVENT = "event"  # event-driven TPDOs: per-joint values as they come
+SAMPLING_SDO = "sdo"  # SDO polling on read_state
+
+ABORT_OBJECT_MISSING = 0x06020000
 
 
 class Od(enum.IntEnum):
@@ -112,10 +150,21 @@ class Od(enum.IntEnum):
 
     DEVICE_TYPE = 0x1000
     ERROR_REGISTER = 0x1001
+    COB_ID_SYNC = 0x1005
+    DEVICE_NAME = 0x1008
+    HARDWARE_VERSION = 0x1009
+    SOFTWARE_VERSION = 0x100A
     PRODUCER_HEARTBEAT_TIME = 0x1017
     IDENTITY = 0x1018
     TPDO1_COMMUNICATION = 0x1800
+    TPDO2_COMMUNICATION = 0x1801
+    TPDO3_COMMUNICATION = 0x1802
+    TPDO4_COMMUNICATION = 0x1803
     TPDO1_MAPPING = 0x1A00
+    TPDO2_MAPPING = 0x1A01
+    TPDO3_MAPPING = 0x1A02
+    TPDO4_MAPPING = 0x1A03
+    ERROR_CODE = 0x603F
     CONTROLWORD = 0x6040
     STATUSWORD = 0x6041
     MODES_OF_OPERATION = 0x6060
@@ -125,13 +174,28 @@ class Od(enum.IntEnum):
     POSITION_WINDOW_TIME = 0x6068
     VELOCITY_ACTUAL_VALUE = 0x606C
     TARGET_POSITION = 0x607A
+    MAX_PROFILE_VELOCITY = 0x607F
     PROFILE_VELOCITY = 0x6081
     PROFILE_ACCELERATION = 0x6083
     PROFILE_DECELERATION = 0x6084
+    MOTION_PROFILE_TYPE = 0x6086
+    POSITION_ENCODER_RESOLUTION = 0x608F
+    GEAR_RATIO = 0x6091
+    POSITION_FACTOR = 0x6093
+    VELOCITY_ENCODER_FACTOR = 0x6094
+    ACCELERATION_FACTOR = 0x6097
+    HOMING_METHOD = 0x6098
+    SI_UNIT_VELOCITY = 0x60A9
+    MAX_ACCELERATION = 0x60C5
+    MAX_DECELERATION = 0x60C6
 
 
 class Statusword(enum.IntFlag):
-    """CiA 402 statusword (0x6041) bits."""
+    """CiA 402 statusword (0x6041) bits.
+
+    Bits 12 and 13 mean what the mode of operation says: in profile position mode set-point
+    acknowledge and following error, in homing mode homing attained and homing error.
+    """
 
     READY_TO_SWITCH_ON = 1 << 0
     SWITCHED_ON = 1 << 1
@@ -146,6 +210,8 @@ class Statusword(enum.IntFlag):
     INTERNAL_LIMIT_ACTIVE = 1 << 11
     SET_POINT_ACKNOWLEDGE = 1 << 12
     FOLLOWING_ERROR = 1 << 13
+    HOMING_ATTAINED = 1 << 12  # homing mode
+    HOMING_ERROR = 1 << 13  # homing mode
 
 
 class Controlword(enum.IntFlag):
@@ -225,6 +291,7 @@ class NmtCommand(enum.IntEnum):
 
 
 MODE_PROFILE_POSITION = 1
+MODE_HOMING = 6
 
 #: CiA 301 SDO abort code -> its meaning: ``canopen``'s own table.
 SDO_ABORT_CODES: Mapping[int, str] = SdoAbortedError.CODES
@@ -261,14 +328,19 @@ class SdoAbortError(DeviceError):
 
 
 class HeartbeatLost(DeviceGoneError):
-    """A drive's heartbeat stopped (node ``node_id``, silent for ``silent_s``)."""
+    """A drive stopped answering its supervision (node ``node_id``, silent for ``silent_s``).
 
-    def __init__(self, node_id: int, silent_s: float, period_s: float) -> None:
+    ``via`` is ``"heartbeat"`` (its heartbeats stopped) or ``"sdo"`` (a drive without
+    heartbeats stopped answering the liveness SDO reads).
+    """
+
+    def __init__(self, node_id: int, silent_s: float, period_s: float, via: str = "heartbeat") -> None:
         self.node_id = node_id
         self.silent_s = silent_s
+        self.via = via
+        what = "no heartbeat" if via == "heartbeat" else "no answer to SDO liveness reads (heartbeats off)"
         super().__init__(
-            f"node {node_id}: no heartbeat for {silent_s * 1e3:.0f} ms "
-            f"(period {period_s * 1e3:.0f} ms)"
+            f"node {node_id}: {what} for {silent_s * 1e3:.0f} ms (period {period_s * 1e3:.0f} ms)"
         )
 
 
@@ -280,11 +352,160 @@ class NodeRebooted(DeviceGoneError):
         super().__init__(f"node {node_id}: rebooted (boot-up message); reopen the driver")
 
 
+# -- identity and PDO layout ------------------------------------------------------------------
+@dataclass(frozen=True)
+class DriveIdentity:
+    """What a drive says it is (CiA 301 0x1000, 0x1018, 0x1008-0x100A).
+
+    Attributes
+    ----------
+    node_id : int
+    device_type : int
+        0x1000: the low 16 bits are the device profile (402), the high 16 bits its details.
+    vendor_id, product_code, revision, serial : int or None
+        0x1018:1..4 (sub-indices 2-4 are optional in CiA 301: ``None`` when absent).
+    device_name, hardware_version, software_version : str or None
+        0x1008, 0x1009, 0x100A (optional).
+    """
+
+    node_id: int
+    device_type: int
+    vendor_id: int | None = None
+    product_code: int | None = None
+    revision: int | None = None
+    serial: int | None = None
+    device_name: str | None = None
+    hardware_version: str | None = None
+    software_version: str | None = None
+
+    @property
+    def profile(self) -> int:
+        """The device profile number (402 for a drive)."""
+        return self.device_type & 0xFFFF
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready: integers stay integers, absent values ``None``."""
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class TpdoConfig:
+    """One TPDO as a drive has it configured (read at open).
+
+    Attributes
+    ----------
+    number : int
+        1..4.
+    cob_id : int
+        0x1800+k:1 raw (bit 31: not valid, bit 29: 29-bit id).
+    transmission_type : int
+        0x1800+k:2 (1..240 synchronous every n-th SYNC, 0 acyclic synchronous, 252/253 on
+        request only, 254/255 event-driven).
+    mapping : tuple of int
+        0x1A00+k:1..n entries (``index << 16 | subindex << 8 | bits``).
+    """
+
+    number: int
+    cob_id: int
+    transmission_type: int
+    mapping: tuple[int, ...]
+
+    @property
+    def valid(self) -> bool:
+        return not self.cob_id & PDO_NOT_VALID and not self.cob_id & PDO_EXTENDED_ID
+
+    @property
+    def can_id(self) -> int:
+        return self.cob_id & 0x7FF
+
+    def describe(self) -> str:
+        objs = ", ".join(f"0x{e >> 16:04X}:{(e >> 8) & 0xFF:02X}/{e & 0xFF}" for e in self.mapping) or "empty"
+        state = f"COB-ID 0x{self.can_id:03X}, type {self.transmission_type}" if self.valid else "disabled"
+        return f"TPDO{self.number} ({state}): {objs}"
+
+
+#: the objects the driver decodes from a TPDO: name -> (index, bits, signed)
+_FIELDS = {
+    "position": (Od.POSITION_ACTUAL_VALUE, 32, True),
+    "statusword": (Od.STATUSWORD, 16, False),
+    "velocity": (Od.VELOCITY_ACTUAL_VALUE, 32, True),
+}
+
+
+@dataclass(frozen=True)
+class TpdoUse:
+    """A TPDO the driver decodes: where in its data each wanted object sits.
+
+    Attributes
+    ----------
+    number, can_id, transmission_type : int
+    fields : tuple of (name, byte offset, byte size, signed)
+        ``name`` is ``position`` (0x6064), ``statusword`` (0x6041) or ``velocity`` (0x606C).
+    """
+
+    number: int
+    can_id: int
+    transmission_type: int
+    fields: tuple[tuple[str, int, int, bool], ...]
+
+    @property
+    def synchronous(self) -> bool:
+        return 1 <= self.transmission_type <= 240
+
+    def decode(self, data: bytes) -> dict[str, int] | None:
+        """The fields of one frame (``None`` if the frame is too short)."""
+        out = {}
+        for name, off, size, signed in self.fields:
+            if off + size > len(data):
+                return None
+            out[name] = int.from_bytes(data[off : off + size], "little", signed=signed)
+        return out
+
+
+def _tpdo_use(cfg: TpdoConfig) -> TpdoUse | None:
+    """Which wanted objects a TPDO carries (``None`` if none, or if not byte-aligned)."""
+    if not cfg.valid or cfg.transmission_type in (252, 253):
+        return None  # disabled, 29-bit, or only on request (this driver sends no RTR)
+    fields = []
+    bit = 0
+    for entry in cfg.mapping:
+        index, bits = entry >> 16, entry & 0xFF
+        for name, (want, want_bits, signed) in _FIELDS.items():
+            if index == want and (entry >> 8) & 0xFF == 0 and bits == want_bits and bit % 8 == 0:
+                fields.append((name, bit // 8, bits // 8, signed))
+        bit += bits
+    if bit > 64 or not fields:
+        return None
+    return TpdoUse(cfg.number, cfg.can_id, cfg.transmission_type, tuple(fields))
+
+
+def find_tpdo_layout(configs: Iterable[TpdoConfig]) -> tuple[TpdoUse, ...] | None:
+    """The TPDOs of one drive that together carry 0x6064 and 0x6041 (and 0x606C if mapped).
+
+    Synchronous TPDOs are preferred; each object is taken from the first TPDO that has it.
+    ``None`` when position and statusword are not both available.
+    """
+    uses = [u for u in (_tpdo_use(c) for c in configs) if u is not None]
+    uses.sort(key=lambda u: (not u.synchronous, u.number))
+    chosen: list[TpdoUse] = []
+    have: set[str] = set()
+    for u in uses:
+        new = {f[0] for f in u.fields} - have
+        if new:
+            keep = tuple(f for f in u.fields if f[0] in new)
+            chosen.append(TpdoUse(u.number, u.can_id, u.transmission_type, keep))
+            have |= new
+    if not {"position", "statusword"} <= have:
+        return None
+    return tuple(sorted(chosen, key=lambda u: u.number))
+
+
 # -- object dictionary ----------------------------------------------------------------------
 def build_object_dictionary() -> Any:
-    """The object dictionary of one of our CiA 402 joint drives (master and simulator).
+    """The object dictionary of one of the project's simulated CiA 402 joint drives.
 
-    Only the objects this driver uses; a real drive's EDS is a superset of it.
+    Only the objects this driver uses; a real drive's EDS is a superset of it. The driver
+    itself reads and writes by index (raw SDO) and needs no EDS.
     """
     from canopen import objectdictionary as odm
 
@@ -306,19 +527,23 @@ def build_object_dictionary() -> Any:
     for sub, name in enumerate(("Vendor-ID", "Product code", "Revision number", "Serial number"), 1):
         ident.add_member(var(name, Od.IDENTITY, odm.UNSIGNED32, "ro", 0, sub))
     od.add_object(ident)
-    com = odm.ODRecord("Transmit PDO 1 communication parameter", Od.TPDO1_COMMUNICATION)
-    com.add_member(var("Highest sub-index supported", Od.TPDO1_COMMUNICATION, odm.UNSIGNED8, "const", 6, 0))
-    com.add_member(var("COB-ID", Od.TPDO1_COMMUNICATION, odm.UNSIGNED32, "rw", PDO_NOT_VALID, 1))
-    com.add_member(var("Transmission type", Od.TPDO1_COMMUNICATION, odm.UNSIGNED8, "rw", 0xFF, 2))
-    com.add_member(var("Inhibit time", Od.TPDO1_COMMUNICATION, odm.UNSIGNED16, "rw", 0, 3))
-    com.add_member(var("Event timer", Od.TPDO1_COMMUNICATION, odm.UNSIGNED16, "rw", 0, 5))
-    com.add_member(var("SYNC start value", Od.TPDO1_COMMUNICATION, odm.UNSIGNED8, "rw", 0, 6))
-    od.add_object(com)
-    mapping = odm.ODRecord("Transmit PDO 1 mapping parameter", Od.TPDO1_MAPPING)
-    mapping.add_member(var("Number of mapped objects", Od.TPDO1_MAPPING, odm.UNSIGNED8, "rw", 0, 0))
-    for sub in range(1, 9):
-        mapping.add_member(var(f"Mapped object {sub}", Od.TPDO1_MAPPING, odm.UNSIGNED32, "rw", 0, sub))
-    od.add_object(mapping)
+    for k in range(N_TPDOS):
+        com = odm.ODRecord(f"Transmit PDO {k + 1} communication parameter", Od.TPDO1_COMMUNICATION + k)
+        idx = Od.TPDO1_COMMUNICATION + k
+        com.add_member(var("Highest sub-index supported", idx, odm.UNSIGNED8, "const", 6, 0))
+        com.add_member(var("COB-ID", idx, odm.UNSIGNED32, "rw", PDO_NOT_VALID | (0x180 + 0x100 * k), 1))
+        com.add_member(var("Transmission type", idx, odm.UNSIGNED8, "rw", 0xFF, 2))
+        com.add_member(var("Inhibit time", idx, odm.UNSIGNED16, "rw", 0, 3))
+        com.add_member(var("Event timer", idx, odm.UNSIGNED16, "rw", 0, 5))
+        com.add_member(var("SYNC start value", idx, odm.UNSIGNED8, "rw", 0, 6))
+        od.add_object(com)
+        midx = Od.TPDO1_MAPPING + k
+        mapping = odm.ODRecord(f"Transmit PDO {k + 1} mapping parameter", midx)
+        mapping.add_member(var("Number of mapped objects", midx, odm.UNSIGNED8, "rw", 0, 0))
+        for sub in range(1, 9):
+            mapping.add_member(var(f"Mapped object {sub}", midx, odm.UNSIGNED32, "rw", 0, sub))
+        od.add_object(mapping)
+    od.add_object(var("Error code", Od.ERROR_CODE, odm.UNSIGNED16, "ro", 0))
     od.add_object(var("Controlword", Od.CONTROLWORD, odm.UNSIGNED16, "rw", 0))
     od.add_object(var("Statusword", Od.STATUSWORD, odm.UNSIGNED16, "ro", 0))
     od.add_object(var("Modes of operation", Od.MODES_OF_OPERATION, odm.INTEGER8, "rw", 0))
@@ -331,6 +556,7 @@ def build_object_dictionary() -> Any:
     od.add_object(var("Profile velocity", Od.PROFILE_VELOCITY, odm.UNSIGNED32, "rw", 100000))
     od.add_object(var("Profile acceleration", Od.PROFILE_ACCELERATION, odm.UNSIGNED32, "rw", 1000000))
     od.add_object(var("Profile deceleration", Od.PROFILE_DECELERATION, odm.UNSIGNED32, "rw", 1000000))
+    od.add_object(var("Homing method", Od.HOMING_METHOD, odm.INTEGER8, "rw", 35))
     return od
 
 
@@ -365,10 +591,13 @@ def _opt_pdo(v: Any) -> str:
     return s
 
 
-def _opt_enable(v: Any) -> str:
-    if v not in ("on_move", "open", "never"):
-        raise ValueError("expected on_move, open or never")
-    return v
+def _opt_choice(*choices: str):
+    def parse(v: Any) -> str:
+        if v not in choices:
+            raise ValueError(f"expected {', '.join(choices)}")
+        return str(v)
+
+    return parse
 
 
 def _opt_model(v: Any) -> DHModel:
@@ -379,42 +608,83 @@ def _opt_model(v: Any) -> DHModel:
     return dh_model(opt_str(v))
 
 
+def _opt_optional_float(v: Any) -> float | None:
+    if v is None or (isinstance(v, str) and v.lower() in ("", "none", "default")):
+        return None
+    return opt_float(lo=0.0)(v)
+
+
+_POSITIVE6 = opt_vector(N_JOINTS, positive=True)
+
 OPTIONS: dict[str, OptionSpec] = {
     "interface": OptionSpec(opt_str, "socketcan", "python-can interface"),
     "bitrate": OptionSpec(opt_int(0, 8_000_000), 0, "bus bitrate (0: the interface's)"),
+    "sleep_after_open_s": OptionSpec(_opt_optional_float, None, "slcan: wait after opening the port"),
     "nodes": OptionSpec(parse_nodes, (1, 2, 3, 4, 5, 6), "node ids in joint order"),
     "model": OptionSpec(_opt_model, dh_model("ur5e"), "DH model name, or a DHModel / dh table"),
-    "counts_per_rev": OptionSpec(opt_vector(N_JOINTS, positive=True), np.full(N_JOINTS, 2.0**20), ""),
-    "gear_ratio": OptionSpec(opt_vector(N_JOINTS, positive=True), np.ones(N_JOINTS), ""),
+    "counts_per_rev": OptionSpec(_POSITIVE6, np.full(N_JOINTS, 2.0**20), "position units per motor rev"),
+    "gear_ratio": OptionSpec(_POSITIVE6, np.ones(N_JOINTS), "motor revs per joint rev"),
     "sign": OptionSpec(opt_vector(N_JOINTS), np.ones(N_JOINTS), "+1/-1 per joint"),
     "offset_counts": OptionSpec(opt_vector(N_JOINTS), np.zeros(N_JOINTS), "counts at q = 0"),
-    "heartbeat_ms": OptionSpec(opt_int(0, 65535), 0, "write 0x1017 (0: use the drives' value)"),
+    "velocity_units": OptionSpec(parse_unit_tokens(VELOCITY_UNITS, N_JOINTS), ("auto",) * N_JOINTS,
+                                 "0x6081/0x606C units"),
+    "velocity_factor": OptionSpec(_POSITIVE6, np.ones(N_JOINTS), "multiplier of velocity_units"),
+    "accel_units": OptionSpec(parse_unit_tokens(ACCEL_UNITS, N_JOINTS), ("auto",) * N_JOINTS,
+                              "0x6083/0x6084 units"),
+    "accel_factor": OptionSpec(_POSITIVE6, np.ones(N_JOINTS), "multiplier of accel_units"),
+    "heartbeat_ms": OptionSpec(opt_int(0, 65535), 0, "write 0x1017 (0: keep the drives' value)"),
     "heartbeat_timeout_factor": OptionSpec(opt_float(1.0, 2.9), 2.0, "silent periods = lost"),
+    "liveness_period_ms": OptionSpec(opt_float(5.0, 10000.0), 100.0, "SDO liveness poll (no heartbeat)"),
+    "nmt_master": OptionSpec(opt_bool, True, "send NMT pre-operational/start"),
+    "sync_producer": OptionSpec(opt_bool, True, "send SYNC (false: consume another master's)"),
+    "remap_pdos": OptionSpec(opt_bool, True, "map TPDO1 (false: use the drive's mapping)"),
     "sync_period_ms": OptionSpec(opt_float(1.0, 1000.0), 10.0, "SYNC period (ms)"),
     "pdo": OptionSpec(_opt_pdo, "auto", "auto: SDO fallback if TPDOs fail; on; off"),
-    "sdo_timeout_s": OptionSpec(opt_float(positive=True), 0.3, "per SDO response"),
+    "sdo_timeout_s": OptionSpec(opt_float(positive=True), 0.5, "per SDO response"),
     "position_window_counts": OptionSpec(opt_int(-1, 2**32 - 1), -1, "write 0x6067 (-1: keep)"),
     "position_window_time_ms": OptionSpec(opt_int(-1, 65535), -1, "write 0x6068 (-1: keep)"),
-    "max_joint_speed_rad_s": OptionSpec(opt_float(positive=True), 1.05, "profile velocity at speed=1"),
-    "max_joint_accel_rad_s2": OptionSpec(opt_float(positive=True), 1.4, "profile acceleration"),
-    "enable": OptionSpec(_opt_enable, "on_move", "when to enable the drives"),
+    "max_joint_speed_rad_s": OptionSpec(_POSITIVE6, np.full(N_JOINTS, 1.05), "joint speed at speed=1"),
+    "max_joint_accel_rad_s2": OptionSpec(_POSITIVE6, np.full(N_JOINTS, 1.4), "joint acceleration at speed=1"),
+    "max_joint_decel_rad_s2": OptionSpec(lambda v: None if v is None else _POSITIVE6(v), None,
+                                         "joint deceleration at speed=1 (default: the acceleration)"),
+    "setpoint_timeout_s": OptionSpec(opt_float(positive=True), 0.5, "wait for set-point acknowledge"),
+    "enable": OptionSpec(_opt_choice("on_move", "open", "never"), "on_move", "when to enable the drives"),
+    "fault_reset": OptionSpec(opt_bool, True, "reset a drive fault when enabling"),
+    "homing_required": OptionSpec(opt_bool, False, "refuse to move an unhomed joint"),
+    "check_device_type": OptionSpec(opt_bool, True, "0x1000 must say CiA 402"),
     "velocity_window": OptionSpec(opt_int(2, 100), 10, "samples in the joint-speed fit"),
     "moving_threshold_rad_s": OptionSpec(opt_float(positive=True), 0.005, "max|qd| above = moving"),
     "timeout_s": OptionSpec(opt_float(positive=True), 1.0, "read_state timeout"),
     "max_age_s": OptionSpec(opt_float(positive=True), 0.1, "newest sample accepted if this fresh"),
     "move_timeout_s": OptionSpec(opt_float(positive=True), 120.0, "move_to(wait=True) timeout"),
-    "boot_timeout_s": OptionSpec(opt_float(positive=True), 3.0, "wait for first heartbeats"),
+    "boot_timeout_s": OptionSpec(opt_float(positive=True), 3.0, "wait for every node at open"),
     "receive_own_messages": OptionSpec(opt_bool, False, "python-can bus option"),
 }
 
 
 class _Cycle:
+    """The TPDO values answering one SYNC."""
+
     __slots__ = ("stamp_ns", "got", "last_recv_ns")
 
     def __init__(self, stamp_ns: int) -> None:
         self.stamp_ns = stamp_ns
-        self.got: dict[int, tuple[int, int]] = {}
+        self.got: dict[int, dict[str, int]] = {}
         self.last_recv_ns = 0
+
+
+@dataclass
+class _NodeRuntime:
+    """Per-node bookkeeping shared by the receive, supervision and caller threads."""
+
+    seen_ns: int = 0  # last frame of any kind from the node
+    hb_ns: int = 0  # last heartbeat
+    nmt: int | None = None  # from heartbeats, our own commands, or PDO traffic
+    supervision: str = "heartbeat"
+    hb_period_s: float = 0.0
+    liveness_fail_since_ns: int = 0
+    sdo_lock: threading.Lock = field(default_factory=threading.Lock)
+    written: dict[int, bytes] = field(default_factory=dict)  # profile objects last written
 
 
 class Cia402Driver(RobotDriver):
@@ -423,9 +693,25 @@ class Cia402Driver(RobotDriver):
     Parameters
     ----------
     channel : str
-        python-can channel (``can0``, a ``virtual`` channel name, a multicast group).
+        python-can channel (``can0``, a ``virtual`` channel name, an slcan port such as
+        ``socket://127.0.0.1:PORT`` or ``/dev/ttyACM0``).
     **options
         See :data:`OPTIONS` / ``docs/protocols/robot.md``.
+
+    Attributes (after :meth:`open`)
+    -------------------------------
+    drives : tuple of DriveIdentity
+        What each node reported (joint order).
+    units : tuple of JointUnits
+        Each drive's resolved units.
+    limits : JointLimits
+        The joint limits moves are planned with.
+    homed : tuple of (bool or None)
+        Homing state per joint (``None``: not checked or not known).
+    sampling : str
+        ``"sync"``, ``"event"`` or ``"sdo"``.
+    tpdo_layout : dict
+        node -> the :class:`TpdoUse` decoded.
     """
 
     backend = "canopen"
@@ -440,6 +726,20 @@ class Cia402Driver(RobotDriver):
         )
         if self.model.n_joints != N_JOINTS:
             raise ValueError(f"canopen: model has {self.model.n_joints} joints, expected {N_JOINTS}")
+        if opts["remap_pdos"] and not opts["nmt_master"] and opts["pdo"] != "off":
+            raise ValueError(
+                "canopen: remap_pdos=true needs nmt_master=true (a PDO mapping is changed in "
+                "pre-operational); on a bus with another master use remap_pdos=false"
+            )
+        if opts["sleep_after_open_s"] is not None and opts["interface"] != "slcan":
+            raise ValueError("canopen: sleep_after_open_s is an option of interface=slcan only")
+        if opts["max_joint_decel_rad_s2"] is None:
+            opts["max_joint_decel_rad_s2"] = np.array(opts["max_joint_accel_rad_s2"], dtype=float)
+        for key in ("velocity_units", "accel_units"):
+            for j, (unit, fac) in enumerate(zip(opts[key], opts[key.replace("units", "factor")], strict=True)):
+                if unit == "auto" and fac != 1.0:
+                    raise ValueError(f"canopen: joint {j + 1}: {key.replace('units', 'factor')} needs an "
+                                     f"explicit {key}")
         self.channel = channel
         self.opts = opts
         self.nodes: tuple[int, ...] = opts["nodes"]
@@ -450,23 +750,39 @@ class Cia402Driver(RobotDriver):
         self._last_clock_feed_ns = 0
         self.network: Any = None
         self._remote: dict[int, Any] = {}
+        self._rt: dict[int, _NodeRuntime] = {n: _NodeRuntime() for n in self.nodes}
         self._lock = threading.Condition()
         self._cycle: _Cycle | None = None
+        self._async: dict[int, dict[str, int]] = {}
+        self._async_recv: dict[int, int] = {}
         self._latest: RobotState | None = None
         self._history: deque[tuple[float, np.ndarray]] = deque(maxlen=opts["velocity_window"])
-        self._hb_ns: dict[int, int] = {}
-        self._nmt: dict[int, int] = {}
         self._rebooted: set[int] = set()
-        self._hb_period_s = 0.0
         self._configured = False
-        self._use_pdo = opts["pdo"] != "off"
         self._stop_evt = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
         self._seq = 0
+        self._commanded: set[int] = set()
+        self._left_enabled: set[int] = set()
+        self._foreign_sync_logged = False
+        self._sync_cob = SYNC_COB_ID
+        self._cob_uses: dict[int, tuple[int, TpdoUse]] = {}
+        self._sdo_velocity: bool | None = None  # does the drive have 0x606C?
+        self._use_drive_velocity = np.zeros(N_JOINTS, dtype=bool)
+        self._hb_logged = False
+        #: SYNC cycles given up without a complete vector (all of them / those with some frames)
+        self.abandoned_cycles = 0
         self.incomplete_cycles = 0
         self.bad_frames = 0
+        self.emergencies: deque[tuple[int, int, int]] = deque(maxlen=64)  # (node, code, register)
+        self.drives: tuple[DriveIdentity, ...] = ()
+        self.units: tuple[JointUnits, ...] = ()
+        self.limits: JointLimits | None = None
+        self.homed: tuple[bool | None, ...] = (None,) * N_JOINTS
+        self.sampling = SAMPLING_SDO if opts["pdo"] == "off" else SAMPLING_SYNC
+        self.tpdo_layout: dict[int, tuple[TpdoUse, ...]] = {}
+        self.tpdo_configs: dict[int, tuple[TpdoConfig, ...]] = {}
         self._statuswords = np.zeros(N_JOINTS, dtype=np.int64)
-        self._halted = False
 
     @classmethod
     def _from_url_internal(cls, url: RobotUrl, options: Mapping[str, Any]) -> Self:
@@ -479,6 +795,7 @@ class Cia402Driver(RobotDriver):
     def __repr__(self) -> str:
         return f"Cia402Driver(canopen://{self.channel}?interface={self.opts['interface']})"
 
+    # -- what the driver found --------------------------------------------------------------
     @property
     def bus_latency_ns(self) -> float:
         """Smallest SYNC-to-last-TPDO delay seen in the clock window (ns); nan before data."""
@@ -488,40 +805,110 @@ class Cia402Driver(RobotDriver):
 
     @property
     def using_pdo(self) -> bool:
-        """Whether samples come from TPDOs on SYNC (else SDO polling)."""
-        return self._use_pdo
+        """Whether samples come from TPDOs (else SDO polling)."""
+        return self.sampling != SAMPLING_SDO
+
+    @property
+    def supervision(self) -> dict[int, str]:
+        """node -> ``"heartbeat"`` or ``"sdo"`` (how the driver knows the node is alive)."""
+        return {n: self._rt[n].supervision for n in self.nodes}
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """The drives' identity for provenance (JSON-ready).
+
+        ``{"driver", "backend", "model", "bus", "drives": [DriveIdentity.as_dict()...],
+        "serials": [...], "homed": [...]}``; empty ``drives`` before :meth:`open`.
+        """
+        return {
+            "driver": type(self).__name__,
+            "backend": self.backend,
+            "model": self.model.name,
+            "bus": f"canopen://{self.channel}?interface={self.opts['interface']}",
+            "drives": [d.as_dict() for d in self.drives],
+            "serials": [d.serial for d in self.drives],
+            "homed": list(self.homed),
+        }
+
+    @property
+    def bus_report(self) -> dict[str, Any]:
+        """How the driver uses the bus (sampling, supervision, mapping, units), JSON-ready."""
+        return {
+            "nmt_master": self.opts["nmt_master"],
+            "sync_producer": self.opts["sync_producer"],
+            "remap_pdos": self.opts["remap_pdos"],
+            "sampling": self.sampling,
+            "supervision": {str(n): s for n, s in self.supervision.items()},
+            "tpdos": {str(n): [f"TPDO{u.number} 0x{u.can_id:03X} type {u.transmission_type}: "
+                               + ", ".join(f[0] for f in u.fields) for u in uses]
+                      for n, uses in self.tpdo_layout.items()},
+            "units": [{"velocity": u.velocity_source, "accel": u.accel_source} for u in self.units],
+        }
 
     # -- SDO helpers ---------------------------------------------------------------------
     def sdo_read(self, node_id: int, index: int, subindex: int = 0) -> bytes:
         """Raw SDO upload. Raises :class:`SdoAbortError` or ``DriverTimeoutError``."""
         node = self._remote[node_id]
-        try:
-            return bytes(node.sdo.upload(index, subindex))
-        except SdoAbortedError as exc:
-            raise SdoAbortError(node_id, index, subindex, exc.code, "read") from exc
-        except SdoCommunicationError as exc:
-            raise DriverTimeoutError(f"node {node_id}: SDO read 0x{index:04X}:{subindex:02X}: {exc}") from exc
+        rt = self._rt[node_id]
+        with rt.sdo_lock:
+            try:
+                data = bytes(node.sdo.upload(index, subindex))
+            except SdoAbortedError as exc:
+                rt.seen_ns = time.monotonic_ns()
+                raise SdoAbortError(node_id, index, subindex, exc.code, "read") from exc
+            except SdoCommunicationError as exc:
+                raise DriverTimeoutError(
+                    f"node {node_id}: SDO read 0x{index:04X}:{subindex:02X}: {exc}"
+                ) from exc
+        rt.seen_ns = time.monotonic_ns()
+        return data
 
     def sdo_write(self, node_id: int, index: int, subindex: int, data: bytes) -> None:
         """Raw SDO download (expedited for up to 4 bytes)."""
         node = self._remote[node_id]
+        rt = self._rt[node_id]
+        with rt.sdo_lock:
+            try:
+                node.sdo.download(index, subindex, bytes(data))
+            except SdoAbortedError as exc:
+                rt.seen_ns = time.monotonic_ns()
+                raise SdoAbortError(node_id, index, subindex, exc.code, "write") from exc
+            except SdoCommunicationError as exc:
+                raise DriverTimeoutError(
+                    f"node {node_id}: SDO write 0x{index:04X}:{subindex:02X}: {exc}"
+                ) from exc
+        rt.seen_ns = time.monotonic_ns()
+
+    def _read_u8(self, node_id: int, index: int, sub: int = 0) -> int:
+        return self.sdo_read(node_id, index, sub)[0]
+
+    def _read_u16(self, node_id: int, index: int, sub: int = 0) -> int:
+        return struct.unpack("<H", self.sdo_read(node_id, index, sub)[:2])[0]
+
+    def _read_u32(self, node_id: int, index: int, sub: int = 0) -> int:
+        return struct.unpack("<I", self.sdo_read(node_id, index, sub)[:4].ljust(4, b"\0"))[0]
+
+    def _read_i32(self, node_id: int, index: int, sub: int = 0) -> int:
+        return struct.unpack("<i", self.sdo_read(node_id, index, sub)[:4])[0]
+
+    def _read_i8(self, node_id: int, index: int, sub: int = 0) -> int:
+        return struct.unpack("<b", self.sdo_read(node_id, index, sub)[:1])[0]
+
+    def _try(self, fn, *args: Any) -> Any:
+        """``fn(*args)``, or ``None`` when the drive aborts (an optional object it lacks)."""
         try:
-            node.sdo.download(index, subindex, bytes(data))
-        except SdoAbortedError as exc:
-            raise SdoAbortError(node_id, index, subindex, exc.code, "write") from exc
-        except SdoCommunicationError as exc:
-            raise DriverTimeoutError(f"node {node_id}: SDO write 0x{index:04X}:{subindex:02X}: {exc}") from exc
+            return fn(*args)
+        except SdoAbortError:
+            return None
 
-    def _read_u16(self, node_id: int, index: int) -> int:
-        return struct.unpack("<H", self.sdo_read(node_id, index)[:2])[0]
-
-    def _read_i32(self, node_id: int, index: int) -> int:
-        return struct.unpack("<i", self.sdo_read(node_id, index)[:4])[0]
+    def _write_u32(self, n: int, index: int, sub: int, value: int) -> None:
+        self.sdo_write(n, index, sub, struct.pack("<I", int(value) & 0xFFFFFFFF))
 
     def nmt_state(self, node_id: int) -> NmtState | None:
-        """NMT state from the node's latest heartbeat (``None`` before one)."""
+        """NMT state from the node's latest heartbeat (or, without heartbeats, what the
+        driver commanded or PDO traffic shows); ``None`` when unknown."""
         with self._lock:
-            s = self._nmt.get(node_id)
+            s = self._rt[node_id].nmt
         try:
             return None if s is None else NmtState(s)
         except ValueError:
@@ -540,93 +927,394 @@ class Cia402Driver(RobotDriver):
             bus_kwargs["bitrate"] = o["bitrate"]
         if o["receive_own_messages"]:
             bus_kwargs["receive_own_messages"] = True
+        if o["sleep_after_open_s"] is not None:
+            bus_kwargs["sleep_after_open"] = o["sleep_after_open_s"]
         for node_id in self.nodes:
             node = canopen.RemoteNode(node_id, build_object_dictionary())
             node.sdo.RESPONSE_TIMEOUT = o["sdo_timeout_s"]
             net.add_node(node)
             self._remote[node_id] = node
             net.subscribe(HEARTBEAT_COB_BASE + node_id, self._on_heartbeat)
-            net.subscribe(TPDO1_COB_BASE + node_id, self._on_tpdo)
+            net.subscribe(EMCY_COB_BASE + node_id, self._on_emcy)
+        net.subscribe(SYNC_COB_ID, self._on_sync_frame)
         try:
             net.connect(**bus_kwargs)
         except (can.CanError, OSError, ValueError, ImportError) as exc:
             raise DriverInitError(f"{self!r}: cannot open the CAN bus: {exc}") from exc
         self.network = net
         try:
-            self._configure()
-        except (SdoAbortError, DriverTimeoutError) as exc:
-            raise DriverInitError(f"{self!r}: configuration failed: {exc}") from exc
-        self._thread = threading.Thread(target=self._sync_loop, name="canopen-sync", daemon=True)
-        self._thread.start()
-        if self._use_pdo and not self._wait_first_cycle():
-            if o["pdo"] == "on":
-                raise DriverInitError(f"{self!r}: no TPDO answered SYNC (pdo=on)")
-            log.warning("%r: no TPDO answered SYNC; falling back to SDO reads", self)
-            self._use_pdo = False
-        if o["enable"] == "open":
-            self._enable_all()
+            try:
+                self._configure()
+            except (SdoAbortError, DriverTimeoutError) as exc:
+                raise DriverInitError(f"{self!r}: configuration failed: {exc}") from exc
+            self._start_threads()
+            if self.sampling != SAMPLING_SDO and not self._wait_first_sample():
+                if o["pdo"] == "on":
+                    raise DriverInitError(f"{self!r}: no TPDO sample within "
+                                          f"{self._first_sample_timeout_s():.2g} s (pdo=on)")
+                log.warning("%r: no TPDO sample came (%s sampling, %s); falling back to SDO polling: "
+                            "joints read one after another, not sampled together", self, self.sampling,
+                            "SYNC from another master" if not o["sync_producer"] else "our SYNC")
+                self.sampling = SAMPLING_SDO
+            if o["enable"] == "open":
+                self._enable_all()
+        except BaseException:
+            self._close_internal()
+            raise
 
     def _configure(self) -> None:
         o = self.opts
-        # 1. every node alive?
-        deadline = time.monotonic() + o["boot_timeout_s"]
-        while time.monotonic() < deadline:
+        # 0. pre-operational: SDO and PDO set-up allowed; a STOPPED node answers no SDO
+        if o["nmt_master"]:
+            for n in self.nodes:
+                self._nmt_command(n, NmtCommand.ENTER_PRE_OPERATIONAL)
+        # 1. every node answers (liveness probe), 2. identity
+        self._probe_nodes()
+        self.drives = tuple(self._read_identity(n) for n in self.nodes)
+        for d in self.drives:
+            log.info("%r: node %d: profile %d, vendor 0x%s, product 0x%s, revision 0x%s, serial %s%s",
+                     self, d.node_id, d.profile, _hex(d.vendor_id), _hex(d.product_code), _hex(d.revision),
+                     d.serial, f", {d.device_name!r}" if d.device_name else "")
+        # 3. heartbeat time: configured ones written *before* any heartbeat is awaited
+        self._setup_supervision()
+        # 4. units and limits
+        self._setup_units()
+        # 5. homing state
+        if o["homing_required"]:
+            self.homed = tuple(self._homing_state(n) for n in self.nodes)
+            missing = [j + 1 for j, h in enumerate(self.homed) if not h]
+            if missing:
+                log.warning("%r: joint(s) %s not homed (homing_required=true): moves will be refused", self, missing)
+        # 6. sampling: PDOs
+        if o["pdo"] != "off":
+            self._setup_pdos()
+        for n in self.nodes:
+            if o["position_window_counts"] >= 0:
+                self._write_u32(n, Od.POSITION_WINDOW, 0, o["position_window_counts"])
+            if o["position_window_time_ms"] >= 0:
+                self.sdo_write(n, Od.POSITION_WINDOW_TIME, 0, struct.pack("<H", o["position_window_time_ms"]))
+        # 7. operational, confirmed by the next heartbeat of every beating node
+        if o["nmt_master"]:
             with self._lock:
-                missing = [n for n in self.nodes if n not in self._hb_ns]
-            if not missing:
-                break
-            time.sleep(0.005)
-        else:
+                for n in self.nodes:
+                    if self._rt[n].supervision == "heartbeat":
+                        self._rt[n].nmt = None
+            for n in self.nodes:
+                self._nmt_command(n, NmtCommand.START)
+            beating = [n for n in self.nodes if self._rt[n].supervision == "heartbeat"]
+            period = max((self._rt[n].hb_period_s for n in beating), default=0.0)
+            deadline = time.monotonic() + 3 * period + 0.05
+            with self._lock:
+                while True:
+                    pending = [n for n in beating if self._rt[n].nmt != NmtState.OPERATIONAL]
+                    if not pending:
+                        break
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:
+                        states = {n: self._rt[n].nmt for n in pending}
+                        raise DriverInitError(f"{self!r}: node(s) did not enter OPERATIONAL: {states}")
+                    self._lock.wait(remaining)
+        with self._lock:
+            self._configured = True
+            now = time.monotonic_ns()
+            for rt in self._rt.values():
+                rt.seen_ns = max(rt.seen_ns, now)  # supervision starts now
+
+    def _nmt_command(self, n: int, cmd: NmtCommand) -> None:
+        self._remote[n].nmt.send_command(int(cmd))
+        with self._lock:
+            rt = self._rt[n]
+            if rt.supervision != "heartbeat" or not rt.hb_period_s:
+                rt.nmt = {NmtCommand.START: NmtState.OPERATIONAL, NmtCommand.STOP: NmtState.STOPPED,
+                          NmtCommand.ENTER_PRE_OPERATIONAL: NmtState.PRE_OPERATIONAL}.get(cmd)
+
+    def _probe_nodes(self) -> None:
+        """Every node must answer an SDO read of 0x1000 within ``boot_timeout_s``."""
+        o = self.opts
+        deadline = time.monotonic() + o["boot_timeout_s"]
+        pending = list(self.nodes)
+        while True:
+            for n in list(pending):
+                try:
+                    self.sdo_read(n, Od.DEVICE_TYPE)
+                    pending.remove(n)
+                except DriverTimeoutError:
+                    pass
+                except SdoAbortError:
+                    pending.remove(n)  # it answered: alive (0x1000 is mandatory; say so below)
+            if not pending:
+                return
+            if time.monotonic() >= deadline:
+                raise DriverInitError(
+                    f"{self!r}: no SDO answer from node(s) {pending} within {o['boot_timeout_s']} s "
+                    "(not powered, wrong node id or bitrate, or NMT stopped)"
+                )
+            time.sleep(0.01)
+
+    def _read_identity(self, n: int) -> DriveIdentity:
+        try:
+            device_type = self._read_u32(n, Od.DEVICE_TYPE)
+        except SdoAbortError as exc:
+            raise DriverInitError(f"{self!r}: node {n}: no device type 0x1000 (mandatory in CiA 301): {exc}") from exc
+        if self.opts["check_device_type"] and device_type & 0xFFFF != 402:
             raise DriverInitError(
-                f"{self!r}: no heartbeat from node(s) {missing} within {o['boot_timeout_s']} s"
+                f"{self!r}: node {n}: device type 0x1000 = 0x{device_type:08X} is profile "
+                f"{device_type & 0xFFFF}, not a CiA 402 drive (wrong node id? check_device_type=false skips this)"
             )
-        # 2. heartbeat period: configure or read
-        periods = []
+        vals = [self._try(self._read_u32, n, Od.IDENTITY, sub) for sub in (1, 2, 3, 4)]
+        strings = []
+        for idx in (Od.DEVICE_NAME, Od.HARDWARE_VERSION, Od.SOFTWARE_VERSION):
+            raw = self._try(self.sdo_read, n, idx, 0)
+            strings.append(None if raw is None else raw.rstrip(b"\0").decode("latin-1", "replace").strip())
+        return DriveIdentity(n, device_type, *vals, *strings)
+
+    def _setup_supervision(self) -> None:
+        o = self.opts
+        t_written = time.monotonic_ns()
         for n in self.nodes:
             if o["heartbeat_ms"]:
                 self.sdo_write(n, Od.PRODUCER_HEARTBEAT_TIME, 0, struct.pack("<H", o["heartbeat_ms"]))
-                periods.append(o["heartbeat_ms"])
-            else:
-                periods.append(self._read_u16(n, Od.PRODUCER_HEARTBEAT_TIME))
-        if min(periods) == 0:
-            raise DriverInitError(f"{self!r}: a drive has heartbeats off (0x1017 = 0); set heartbeat_ms")
-        self._hb_period_s = max(periods) * 1e-3
-        # 3. PDO mapping in pre-operational
         for n in self.nodes:
-            self._remote[n].nmt.send_command(NmtCommand.ENTER_PRE_OPERATIONAL)
-        if self._use_pdo:
+            period_ms = self._read_u16(n, Od.PRODUCER_HEARTBEAT_TIME)
+            rt = self._rt[n]
+            rt.hb_period_s = period_ms * 1e-3
+            rt.supervision = "heartbeat" if period_ms else "sdo"
+        silent = [n for n in self.nodes if self._rt[n].supervision == "sdo"]
+        if silent:
+            log.info("%r: node(s) %s have heartbeats off (0x1017 = 0) and heartbeat_ms is not set: "
+                     "supervising them by SDO (statusword read when silent for %.0f ms)",
+                     self, silent, o["liveness_period_ms"])
+        beating = [n for n in self.nodes if n not in silent]
+        if not beating:
+            return
+        longest = max(self._rt[n].hb_period_s for n in beating)
+        deadline = time.monotonic() + 2.5 * longest + 0.1
+        with self._lock:
+            while True:
+                missing = [n for n in beating if self._rt[n].hb_ns <= t_written]
+                if not missing:
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    periods = {n: int(self._rt[n].hb_period_s * 1e3) for n in missing}
+                    raise DriverInitError(f"{self!r}: node(s) {missing}: heartbeat time (ms) {periods} "
+                                          f"but no heartbeat within {(2.5 * longest + 0.1) * 1e3:.0f} ms")
+                self._lock.wait(remaining)
+
+    def _read_pair(self, n: int, index: int) -> tuple[int, int] | None:
+        a = self._try(self._read_u32, n, index, 1)
+        if a is None:
+            return None
+        b = self._try(self._read_u32, n, index, 2)
+        return None if b is None else (a, b)
+
+    def _setup_units(self) -> None:
+        o = self.opts
+        units, vmax, amax, dmax, profile_types = [], [], [], [], []
+        for j, n in enumerate(self.nodes):
+            objs = DriveUnitObjects(
+                si_velocity=self._try(self._read_u32, n, Od.SI_UNIT_VELOCITY, 0),
+                position_factor=self._read_pair(n, Od.POSITION_FACTOR),
+                velocity_encoder_factor=self._read_pair(n, Od.VELOCITY_ENCODER_FACTOR),
+                acceleration_factor=self._read_pair(n, Od.ACCELERATION_FACTOR),
+                encoder_resolution=self._read_pair(n, Od.POSITION_ENCODER_RESOLUTION),
+            )
+            try:
+                u = resolve_joint_units(
+                    counts_per_rev=float(o["counts_per_rev"][j]), gear_ratio=float(o["gear_ratio"][j]),
+                    velocity_units=o["velocity_units"][j], velocity_factor=float(o["velocity_factor"][j]),
+                    accel_units=o["accel_units"][j], accel_factor=float(o["accel_factor"][j]), drive=objs,
+                )
+            except ValueError as exc:
+                raise DriverInitError(f"{self!r}: joint {j + 1} (node {n}): {exc}") from None
+            units.append(u)
+            vmax.append(self._try(self._read_u32, n, Od.MAX_PROFILE_VELOCITY, 0))
+            amax.append(self._try(self._read_u32, n, Od.MAX_ACCELERATION, 0))
+            dmax.append(self._try(self._read_u32, n, Od.MAX_DECELERATION, 0))
+            profile_types.append(self._try(self._read_u16, n, Od.MOTION_PROFILE_TYPE, 0))
+        try:
+            self.limits = check_joint_limits(
+                units, o["max_joint_speed_rad_s"], o["max_joint_accel_rad_s2"], o["max_joint_decel_rad_s2"],
+                drive_max_velocity=vmax, drive_max_accel=amax, drive_max_decel=dmax,
+                names=[f"joint {j + 1} (node {n})" for j, n in enumerate(self.nodes)],
+            )
+        except ValueError as exc:
+            raise DriverInitError(f"{self!r}: {exc}") from None
+        self.units = tuple(units)
+        for j, u in enumerate(units):
+            log.info("%r: joint %d (node %d): velocity unit %s, acceleration unit %s", self, j + 1,
+                     self.nodes[j], u.velocity_source, u.accel_source)
+        for note in self.limits.notes:
+            log.warning("%r: %s", self, note)
+        known = {p for p in profile_types if p is not None}
+        if len(known) > 1:
+            log.warning("%r: the drives use different motion profile types 0x6086 %s: joints will not "
+                        "arrive together", self, profile_types)
+        # the drive's own velocity estimate is worth reading only if one unit resolves motion
+        self._use_drive_velocity = np.array(
+            [u.rad_s_per_velocity_unit <= o["moving_threshold_rad_s"] for u in units], dtype=bool
+        )
+
+    def _homing_state(self, n: int) -> bool | None:
+        """Homed? Statusword bit 12 is *homing attained* only in homing mode (6), so read it
+        there, restoring the mode afterwards; ``None`` if the drive cannot tell."""
+        display = self._try(self._read_i8, n, Od.MODES_OF_OPERATION_DISPLAY, 0)
+        if display != MODE_HOMING:
+            if self.opts["enable"] == "never":
+                return None  # switching modes would disturb whoever commands the drive
+            requested = self._try(self._read_i8, n, Od.MODES_OF_OPERATION, 0)
+            try:
+                self.sdo_write(n, Od.MODES_OF_OPERATION, 0, struct.pack("<b", MODE_HOMING))
+            except SdoAbortError as exc:
+                log.warning("%r: node %d has no homing mode (%s): homing state unknown", self, n, exc)
+                return None
+            try:
+                if not self._wait_mode(n, MODE_HOMING, 0.5):
+                    return None
+                sw = self._read_u16(n, Od.STATUSWORD)
+            finally:
+                restore = requested if requested not in (None, MODE_HOMING) else MODE_PROFILE_POSITION
+                try:
+                    self.sdo_write(n, Od.MODES_OF_OPERATION, 0, struct.pack("<b", restore))
+                except SdoAbortError:
+                    self._try(self.sdo_write, n, Od.MODES_OF_OPERATION, 0, struct.pack("<b", MODE_PROFILE_POSITION))
+        else:
+            sw = self._read_u16(n, Od.STATUSWORD)
+        if sw & Statusword.HOMING_ERROR:
+            log.warning("%r: node %d reports a homing error (statusword 0x%04X)", self, n, sw)
+            return False
+        return bool(sw & Statusword.HOMING_ATTAINED)
+
+    def _wait_mode(self, n: int, mode: int, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self._try(self._read_i8, n, Od.MODES_OF_OPERATION_DISPLAY, 0) == mode:
+                return True
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(0.002)
+
+    def _read_tpdos(self, n: int) -> tuple[TpdoConfig, ...]:
+        out = []
+        for k in range(N_TPDOS):
+            cob = self._try(self._read_u32, n, Od.TPDO1_COMMUNICATION + k, 1)
+            if cob is None:
+                continue  # the drive has fewer TPDOs
+            ttype = self._try(self._read_u8, n, Od.TPDO1_COMMUNICATION + k, 2)
+            count = self._try(self._read_u8, n, Od.TPDO1_MAPPING + k, 0) or 0
+            entries = []
+            for sub in range(1, min(count, 8) + 1):
+                e = self._try(self._read_u32, n, Od.TPDO1_MAPPING + k, sub)
+                if e is not None:
+                    entries.append(e)
+            out.append(TpdoConfig(k + 1, cob, 0xFF if ttype is None else ttype, tuple(entries)))
+        return tuple(out)
+
+    def _setup_pdos(self) -> None:
+        o = self.opts
+        self.tpdo_configs = {n: self._read_tpdos(n) for n in self.nodes}
+        for n, cfgs in self.tpdo_configs.items():
+            log.debug("%r: node %d as found: %s", self, n, "; ".join(c.describe() for c in cfgs))
+        layout: dict[int, tuple[TpdoUse, ...]] = {}
+        refused: SdoAbortError | None = None
+        if o["remap_pdos"]:
             for n in self.nodes:
                 try:
                     self._map_tpdo1(n)
                 except SdoAbortError as exc:
-                    if o["pdo"] == "on":
-                        raise
-                    log.warning("%r: TPDO mapping refused (%s); using SDO reads", self, exc)
-                    self._use_pdo = False
+                    refused = exc
+                    first = next((c for c in self.tpdo_configs[n] if c.number == 1), None)
+                    if first is not None:  # put TPDO1 back as it was
+                        self._try(self._write_u32, n, Od.TPDO1_COMMUNICATION, 1, first.cob_id)
                     break
+                layout[n] = (TpdoUse(1, TPDO1_COB_BASE + n, TRANSMISSION_SYNC_EVERY,
+                                     (("position", 0, 4, True), ("statusword", 4, 2, False))),)
+            if refused is not None:
+                if o["pdo"] == "on" and not self._existing_layout():
+                    raise refused
+                log.warning("%r: TPDO1 mapping refused (%s); looking at the drives' own mapping", self, refused)
+                layout = self._existing_layout() or {}
+                if layout:
+                    self._restore_tpdo1_others(refused.node_id)
+        else:
+            layout = self._existing_layout() or {}
+        if o["remap_pdos"]:
+            self._disable_unused_tpdos(layout)
+        if len(layout) != len(self.nodes):
+            missing = [n for n in self.nodes if n not in layout]
+            if o["pdo"] == "on":
+                raise DriverInitError(f"{self!r}: node(s) {missing}: no TPDO carries 0x6064 and 0x6041 (pdo=on); "
+                                      + "; ".join(c.describe() for n in missing for c in self.tpdo_configs[n]))
+            log.warning(
+                "%r: node(s) %s: no usable TPDO carries 0x6064 and 0x6041 (%s); sampling by SDO polling: "
+                "joints read one after another (2-3 SDO round trips per joint per sample), not together",
+                self, missing, "; ".join(c.describe() for c in self.tpdo_configs.get(missing[0], ())) or "no TPDOs")
+            self.sampling = SAMPLING_SDO
+            self.tpdo_layout = {}
+            return
+        self.tpdo_layout = layout
+        self._cob_uses = {u.can_id: (n, u) for n, uses in layout.items() for u in uses}
+        synchronous = all(u.synchronous for uses in layout.values() for u in uses)
+        self.sampling = SAMPLING_SYNC if synchronous else SAMPLING_EVENT
+        for can_id in self._cob_uses:
+            self.network.subscribe(can_id, self._on_tpdo)
+        where = "remapped TPDO1" if o["remap_pdos"] and refused is None else "the drives' own mapping"
+        desc = "; ".join(f"node {n}: " + ", ".join(
+            f"TPDO{u.number} 0x{u.can_id:03X} type {u.transmission_type} [{', '.join(f[0] for f in u.fields)}]"
+            for u in uses) for n, uses in layout.items())
+        if synchronous:
+            log.info("%r: sampling on SYNC (%s, %s): one coherent joint vector per SYNC; %s", self, where,
+                     "our SYNC" if o["sync_producer"] else "another master's SYNC", desc)
+        else:
+            log.warning("%r: sampling from event-driven TPDOs (%s): joints are NOT sampled together (each "
+                        "joint's value is as of its own frame; t_host_ns is the mean arrival); %s", self, where, desc)
+        if not o["sync_producer"]:
+            cob = self._try(self._read_u32, self.nodes[0], Od.COB_ID_SYNC, 0)
+            if cob is not None and cob & 0x7FF != SYNC_COB_ID:
+                self.network.unsubscribe(SYNC_COB_ID, self._on_sync_frame)
+                self._sync_cob = cob & 0x7FF
+                self.network.subscribe(self._sync_cob, self._on_sync_frame)
+                log.info("%r: SYNC COB-ID 0x%03X (0x1005 of node %d)", self, self._sync_cob, self.nodes[0])
+
+    def _existing_layout(self) -> dict[int, tuple[TpdoUse, ...]] | None:
+        out = {}
         for n in self.nodes:
-            if o["position_window_counts"] >= 0:
-                self.sdo_write(n, Od.POSITION_WINDOW, 0, struct.pack("<I", o["position_window_counts"]))
-            if o["position_window_time_ms"] >= 0:
-                self.sdo_write(n, Od.POSITION_WINDOW_TIME, 0, struct.pack("<H", o["position_window_time_ms"]))
-        # 4. operational, confirmed by each node's next heartbeat
-        with self._lock:
-            for n in self.nodes:
-                self._nmt.pop(n, None)
+            found = find_tpdo_layout(self.tpdo_configs.get(n, ()))
+            if found is None:
+                return None
+            out[n] = found
+        return out
+
+    def _restore_tpdo1_others(self, refused_node: int) -> None:
+        """TPDO1 was remapped on the nodes before the one that refused: give them back the
+        mapping they had (they are used as found)."""
         for n in self.nodes:
-            self._remote[n].nmt.send_command(NmtCommand.START)
-        deadline = time.monotonic() + 3 * self._hb_period_s + 0.05
-        with self._lock:
-            while True:
-                pending = [n for n in self.nodes if self._nmt.get(n) != NmtState.OPERATIONAL]
-                if not pending:
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    states = {n: self._nmt.get(n) for n in pending}
-                    raise DriverInitError(f"{self!r}: node(s) did not enter OPERATIONAL: {states}")
-                self._lock.wait(remaining)
-            self._configured = True
+            if n == refused_node:
+                break
+            first = next((c for c in self.tpdo_configs[n] if c.number == 1), None)
+            if first is None:
+                continue
+            self._try(self._write_u32, n, Od.TPDO1_COMMUNICATION, 1, first.cob_id | PDO_NOT_VALID)
+            self._try(self.sdo_write, n, Od.TPDO1_COMMUNICATION, 2, bytes([first.transmission_type]))
+            self._try(self.sdo_write, n, Od.TPDO1_MAPPING, 0, b"\x00")
+            for sub, e in enumerate(first.mapping, 1):
+                self._try(self._write_u32, n, Od.TPDO1_MAPPING, sub, e)
+            self._try(self.sdo_write, n, Od.TPDO1_MAPPING, 0, bytes([len(first.mapping)]))
+            self._try(self._write_u32, n, Od.TPDO1_COMMUNICATION, 1, first.cob_id)
+
+    def _disable_unused_tpdos(self, layout: Mapping[int, tuple[TpdoUse, ...]]) -> None:
+        """Set bit 31 (not valid) of every valid TPDO the driver does not decode, so factory
+        event-driven TPDOs stop loading the bus."""
+        for n in self.nodes:
+            used = {u.number for u in layout.get(n, ())}
+            for cfg in self.tpdo_configs.get(n, ()):
+                if cfg.number in used or not cfg.valid:
+                    continue
+                try:
+                    self._write_u32(n, Od.TPDO1_COMMUNICATION + cfg.number - 1, 1, cfg.cob_id | PDO_NOT_VALID)
+                    log.info("%r: node %d: TPDO%d disabled (unused)", self, n, cfg.number)
+                except SdoAbortError as exc:
+                    log.warning("%r: node %d: TPDO%d cannot be disabled: %s", self, n, cfg.number, exc)
 
     def _map_tpdo1(self, n: int) -> None:
         """TPDO1 := [0x6064 (32 bit), 0x6041 (16 bit)], synchronous every SYNC, by SDO."""
@@ -640,8 +1328,21 @@ class Cia402Driver(RobotDriver):
         w(n, Od.TPDO1_MAPPING, 0, b"\x02")
         w(n, Od.TPDO1_COMMUNICATION, 1, struct.pack("<I", cob))
 
-    def _wait_first_cycle(self) -> bool:
-        deadline = time.monotonic() + max(0.2, 10 * self.opts["sync_period_ms"] * 1e-3)
+    def _start_threads(self) -> None:
+        if self.sampling != SAMPLING_SDO and self.opts["sync_producer"]:
+            self._threads.append(threading.Thread(target=self._sync_loop, name="canopen-sync", daemon=True))
+        self._threads.append(threading.Thread(target=self._supervise_loop, name="canopen-supervise", daemon=True))
+        for t in self._threads:
+            t.start()
+
+    def _first_sample_timeout_s(self) -> float:
+        period = self.opts["sync_period_ms"] * 1e-3
+        if not self.opts["sync_producer"] or self.sampling == SAMPLING_EVENT:
+            period = max(period, 0.1)  # someone else's rate
+        return max(1.0, 10 * period)  # a busy host or a slow adapter must not force SDO polling for good
+
+    def _wait_first_sample(self) -> bool:
+        deadline = time.monotonic() + self._first_sample_timeout_s()
         with self._lock:
             while self._latest is None:
                 remaining = deadline - time.monotonic()
@@ -652,8 +1353,9 @@ class Cia402Driver(RobotDriver):
 
     def _close_internal(self) -> None:
         self._stop_evt.set()
-        if self._thread is not None:
-            self._thread.join(timeout=2.0)
+        for t in self._threads:
+            t.join(timeout=2.0)
+        self._threads = []
         with self._lock:
             self._lock.notify_all()
         if self.network is not None:
@@ -669,36 +1371,109 @@ class Cia402Driver(RobotDriver):
             return
         node = can_id - HEARTBEAT_COB_BASE
         state = data[0] & 0x7F
+        now = time.monotonic_ns()
         with self._lock:
-            self._hb_ns[node] = time.monotonic_ns()
-            self._nmt[node] = state
+            rt = self._rt[node]
+            rt.hb_ns = rt.seen_ns = now
+            rt.nmt = state
             if state == NmtState.BOOT_UP and self._configured:
                 self._rebooted.add(node)
             self._lock.notify_all()
 
-    def _on_tpdo(self, can_id: int, data: bytearray, timestamp: float) -> None:
-        recv_ns = time.monotonic_ns()
-        node = can_id - TPDO1_COB_BASE
-        if len(data) < _TPDO1.size:
-            self.bad_frames += 1
+    def _on_emcy(self, can_id: int, data: bytearray, timestamp: float) -> None:
+        node = can_id - EMCY_COB_BASE
+        if len(data) < 3:
             return
-        pos, sw = _TPDO1.unpack_from(data)
+        code, register = struct.unpack_from("<HB", data)
+        self._rt[node].seen_ns = time.monotonic_ns()
+        self.emergencies.append((node, code, register))
+        if code:
+            log.warning("%r: node %d EMCY: error code 0x%04X, error register 0x%02X", self, node, code, register)
+        else:
+            log.info("%r: node %d EMCY: error reset", self, node)
+
+    def _on_sync_frame(self, can_id: int, data: bytearray, timestamp: float) -> None:
+        """A SYNC on the bus that this driver did not send."""
+        if self.opts["sync_producer"]:
+            if self.opts["receive_own_messages"]:
+                return  # our own SYNC, echoed
+            if not self._foreign_sync_logged:
+                self._foreign_sync_logged = True
+                log.warning("%r: another SYNC producer is on the bus (COB-ID 0x%03X); with two the "
+                            "samples are not coherent -- set sync_producer=false", self, can_id)
+            return
+        stamp = time.monotonic_ns()
         with self._lock:
             cyc = self._cycle
-            if cyc is None or node in cyc.got:
+            if cyc is not None:
+                self.abandoned_cycles += 1
+                if cyc.got:
+                    self.incomplete_cycles += 1
+            self._cycle = _Cycle(stamp)
+
+    def _on_tpdo(self, can_id: int, data: bytearray, timestamp: float) -> None:
+        recv_ns = time.monotonic_ns()
+        entry = self._cob_uses.get(can_id)
+        if entry is None:
+            return
+        node, use = entry
+        values = use.decode(bytes(data))
+        if values is None:
+            self.bad_frames += 1
+            return
+        with self._lock:
+            rt = self._rt[node]
+            rt.seen_ns = recv_ns
+            rt.nmt = NmtState.OPERATIONAL  # CiA 301: only an operational node sends PDOs
+            if self.sampling == SAMPLING_EVENT:
+                self._async.setdefault(node, {}).update(values)
+                self._async_recv[node] = recv_ns
+                self._publish_async()
                 return
-            cyc.got[node] = (pos, sw)
+            cyc = self._cycle
+            if cyc is None:
+                return
+            got = cyc.got.setdefault(node, {})
+            if any(k in got for k in values):
+                return  # a second frame of the same TPDO in one cycle
+            got.update(values)
             cyc.last_recv_ns = recv_ns
-            if len(cyc.got) == N_JOINTS:
+            if len(cyc.got) == N_JOINTS and all(self._node_complete(n, cyc.got[n]) for n in self.nodes):
                 self._cycle = None
-                counts = np.array([cyc.got[n][0] for n in self.nodes], dtype=float)
-                sws = np.array([cyc.got[n][1] for n in self.nodes], dtype=np.int64)
                 if cyc.stamp_ns - self._last_clock_feed_ns >= 20_000_000:  # 50 Hz: refits are costly
                     self.clock.add(cyc.stamp_ns * 1e-9, recv_ns)
                     self._last_clock_feed_ns = cyc.stamp_ns
-                self._publish(counts, sws, cyc.stamp_ns, recv_ns)
+                self._publish_values(cyc.got, cyc.stamp_ns, recv_ns)
 
-    def _publish(self, counts: np.ndarray, sws: np.ndarray, t_ns: int, recv_ns: int) -> None:
+    def _node_complete(self, n: int, got: Mapping[str, int]) -> bool:
+        want = {f[0] for u in self.tpdo_layout.get(n, ()) for f in u.fields}
+        return want <= got.keys()
+
+    def _publish_async(self) -> None:
+        # caller holds self._lock; a vector once every node has sent since the last one
+        if len(self._async_recv) < N_JOINTS or not all(
+            {"position", "statusword"} <= self._async.get(n, {}).keys() for n in self.nodes
+        ):
+            return
+        arrivals = np.array([self._async_recv[n] for n in self.nodes], dtype=np.int64)
+        got = {n: dict(self._async[n]) for n in self.nodes}
+        self._async_recv.clear()
+        self._publish_values(got, int(arrivals.mean()), int(arrivals.max()))
+
+    def _publish_values(self, got: Mapping[int, Mapping[str, int]], t_ns: int, recv_ns: int) -> None:
+        counts = np.array([got[n]["position"] for n in self.nodes], dtype=float)
+        sws = np.array([got[n]["statusword"] for n in self.nodes], dtype=np.int64)
+        vel = None
+        if all("velocity" in got[n] for n in self.nodes):
+            vel = np.array([got[n]["velocity"] for n in self.nodes], dtype=float)
+        self._publish(counts, sws, vel, t_ns, recv_ns)
+
+    def _drive_velocity_rad_s(self, vel_units: np.ndarray) -> np.ndarray:
+        per_unit = np.array([u.velocity_unit_counts_s for u in self.units]) if self.units else np.ones(N_JOINTS)
+        return vel_units * per_unit * self.scaling.rad_per_count
+
+    def _publish(self, counts: np.ndarray, sws: np.ndarray, vel: np.ndarray | None, t_ns: int,
+                 recv_ns: int) -> None:
         # caller holds self._lock
         q = self.scaling.to_rad(counts)
         t_s = t_ns * 1e-9
@@ -711,8 +1486,21 @@ class Cia402Driver(RobotDriver):
             denom = float(dt @ dt)
             if denom > 0:
                 qd = dt @ (qs - qs.mean(axis=0)) / denom
+        if vel is not None and np.any(self._use_drive_velocity):
+            # the drive's own estimate at the sample instant (the fit lags by half its window)
+            v_drive = self._drive_velocity_rad_s(vel)
+            take = self._use_drive_velocity & (np.abs(v_drive) > np.abs(qd))
+            qd = np.where(take, v_drive, qd)
         self._statuswords = sws
-        reached = bool(np.all(sws & Statusword.TARGET_REACHED))
+        states = [cia402_state(int(s)) for s in sws]
+        for j, n in enumerate(self.nodes):
+            if n in self._commanded and states[j] is not Cia402State.OPERATION_ENABLED:
+                self._commanded.discard(n)  # no longer executing what cellcal commanded
+                self._left_enabled.add(n)
+        commanded = [j for j, n in enumerate(self.nodes) if n in self._commanded]
+        reached: bool | None = None
+        if commanded:
+            reached = bool(all(sws[j] & Statusword.TARGET_REACHED for j in commanded))
         lin, ang = self.model.flange_speed(q, qd)
         self._seq += 1
         self._latest = RobotState(
@@ -721,8 +1509,8 @@ class Cia402Driver(RobotDriver):
             base_T_flange=self.model.forward(q),
             t_device_s=t_s,
             t_host_ns=t_ns,
-            moving=bool(np.max(np.abs(qd)) > self.opts["moving_threshold_rad_s"]) or not reached,
-            mode=self._mode(sws),
+            moving=bool(np.max(np.abs(qd)) > self.opts["moving_threshold_rad_s"]) or reached is False,
+            mode=self._mode(states),
             flange_speed_m_s=lin,
             flange_ang_speed_rad_s=ang,
             target_reached=reached,
@@ -731,14 +1519,15 @@ class Cia402Driver(RobotDriver):
         )
         self._lock.notify_all()
 
-    def _mode(self, sws: np.ndarray) -> RobotMode:
-        states = [cia402_state(int(s)) for s in sws]
-        nmt = [self._nmt.get(n) for n in self.nodes]
+    def _mode(self, states: Sequence[Cia402State | None]) -> RobotMode:
+        nmt = [self._rt[n].nmt for n in self.nodes]
         if any(s in (Cia402State.FAULT, Cia402State.FAULT_REACTION_ACTIVE) for s in states):
             return RobotMode.FAULT
         if any(s is Cia402State.QUICK_STOP_ACTIVE for s in states):
             return RobotMode.PROTECTIVE_STOP
-        if any(x != NmtState.OPERATIONAL for x in nmt):
+        if any(x is not None and x != NmtState.OPERATIONAL for x in nmt) and self.sampling != SAMPLING_SDO:
+            return RobotMode.BOOTING
+        if any(x in (NmtState.BOOT_UP, NmtState.STOPPED) for x in nmt):
             return RobotMode.BOOTING
         if all(s is Cia402State.OPERATION_ENABLED for s in states):
             return RobotMode.RUNNING
@@ -746,8 +1535,9 @@ class Cia402Driver(RobotDriver):
             return RobotMode.UNKNOWN
         return RobotMode.IDLE
 
+    # -- SYNC production and supervision ------------------------------------------------
     def _sync_loop(self) -> None:
-        """SYNC, collect the six TPDOs, repeat.
+        """SYNC, collect the six nodes' TPDOs, repeat.
 
         The next SYNC goes out only once the current cycle is complete or its period is
         over, so a TPDO can never be counted in a later cycle than the SYNC it answers.
@@ -758,14 +1548,14 @@ class Cia402Driver(RobotDriver):
         while not self._stop_evt.is_set():
             tick = time.monotonic_ns()
             complete = True
-            if self._use_pdo:
-                cyc = _Cycle(time.monotonic_ns())
-                with self._lock:
-                    self._cycle = cyc
-                try:
-                    self.network.sync.transmit()
-                except Exception as exc:  # noqa: BLE001 - a send error must not kill sampling
-                    log.warning("%r: SYNC send failed: %s", self, exc)
+            cyc = _Cycle(time.monotonic_ns())
+            with self._lock:
+                self._cycle = cyc if self.sampling == SAMPLING_SYNC else None
+            try:
+                self.network.send_message(SYNC_COB_ID, b"")
+            except Exception as exc:  # noqa: BLE001 - a send error must not kill sampling
+                log.warning("%r: SYNC send failed: %s", self, exc)
+            if self.sampling == SAMPLING_SYNC:
                 deadline = tick + period_ns
                 with self._lock:
                     while self._cycle is cyc and not self._stop_evt.is_set():
@@ -776,12 +1566,39 @@ class Cia402Driver(RobotDriver):
                     if self._cycle is cyc:
                         complete = False
                         self._cycle = None
+                        self.abandoned_cycles += 1
                         if cyc.got:
                             self.incomplete_cycles += 1
-            self._check_heartbeats()
+            elif self.sampling == SAMPLING_SDO:
+                return
             wait_ns = tick + period_ns * (1 if complete else 2) - time.monotonic_ns()
             if wait_ns > 0:
                 self._stop_evt.wait(wait_ns * 1e-9)
+
+    def _supervise_loop(self) -> None:
+        """Log a lost node once; poll silent heartbeat-less nodes by SDO."""
+        period_s = self.opts["liveness_period_ms"] * 1e-3
+        tick = min(period_s, 0.05)
+        while not self._stop_evt.wait(tick):
+            now = time.monotonic_ns()
+            for n in self.nodes:
+                rt = self._rt[n]
+                if rt.supervision != "sdo" or (now - rt.seen_ns) * 1e-9 < period_s:
+                    continue
+                try:
+                    self.sdo_read(n, Od.STATUSWORD)
+                    rt.liveness_fail_since_ns = 0
+                except (DriverTimeoutError, SdoAbortError):
+                    if not rt.liveness_fail_since_ns:
+                        rt.liveness_fail_since_ns = now
+                except Exception:  # noqa: BLE001 - e.g. closing: the loop ends at the next wait
+                    pass
+            fault = self._heartbeat_fault()
+            if fault is not None and not self._hb_logged:
+                log.error("%r: %s", self, fault)
+                self._hb_logged = True
+            elif fault is None:
+                self._hb_logged = False
 
     def _heartbeat_fault(self) -> DeviceGoneError | None:
         with self._lock:
@@ -790,27 +1607,27 @@ class Cia402Driver(RobotDriver):
             for n in self.nodes:
                 if n in self._rebooted:
                     return NodeRebooted(n)
-            limit = self.opts["heartbeat_timeout_factor"] * self._hb_period_s
             now = time.monotonic_ns()
+            factor = self.opts["heartbeat_timeout_factor"]
             for n in self.nodes:
-                silent = (now - self._hb_ns.get(n, now)) * 1e-9
-                if silent > limit:
-                    return HeartbeatLost(n, silent, self._hb_period_s)
+                rt = self._rt[n]
+                if rt.supervision == "heartbeat":
+                    silent = (now - rt.hb_ns) * 1e-9 if rt.hb_ns else 0.0
+                    if silent > factor * rt.hb_period_s:
+                        return HeartbeatLost(n, silent, rt.hb_period_s)
+                else:
+                    period = self.opts["liveness_period_ms"] * 1e-3
+                    silent = (now - rt.seen_ns) * 1e-9
+                    limit = factor * period + self.opts["sdo_timeout_s"]
+                    if rt.liveness_fail_since_ns and silent > limit:
+                        return HeartbeatLost(n, silent, period, via="sdo")
         return None
-
-    def _check_heartbeats(self) -> None:
-        fault = self._heartbeat_fault()
-        if fault is not None and not getattr(self, "_hb_logged", False):
-            log.error("%r: %s", self, fault)
-            self._hb_logged = True
-        elif fault is None:
-            self._hb_logged = False
 
     def _read_state_internal(self, deadline: float) -> RobotState | None:
         fault = self._heartbeat_fault()
         if fault is not None:
             raise fault
-        if not self._use_pdo:
+        if self.sampling == SAMPLING_SDO:
             return self._read_state_sdo()
         max_age_ns = int(self.max_age_s * 1e9)
         with self._lock:
@@ -821,7 +1638,7 @@ class Cia402Driver(RobotDriver):
                 remaining = remaining_s(deadline)
                 if remaining <= 0 or self._closed:
                     return None
-                self._lock.wait(min(remaining, self._hb_period_s or 0.1))
+                self._lock.wait(min(remaining, 0.05))
                 if self._heartbeat_fault() is not None:
                     break
         fault = self._heartbeat_fault()
@@ -831,33 +1648,61 @@ class Cia402Driver(RobotDriver):
 
     def _read_state_sdo(self) -> RobotState:
         t0 = time.monotonic_ns()
-        counts = np.array([self._read_i32(n, Od.POSITION_ACTUAL_VALUE) for n in self.nodes], dtype=float)
-        sws = np.array([self._read_u16(n, Od.STATUSWORD) for n in self.nodes], dtype=np.int64)
+        got: dict[int, dict[str, int]] = {}
+        read_vel = bool(np.any(self._use_drive_velocity)) and self._sdo_velocity is not False
+        for n in self.nodes:
+            got[n] = {"position": self._read_i32(n, Od.POSITION_ACTUAL_VALUE),
+                      "statusword": self._read_u16(n, Od.STATUSWORD)}
+            if read_vel:
+                try:
+                    got[n]["velocity"] = self._read_i32(n, Od.VELOCITY_ACTUAL_VALUE)
+                    self._sdo_velocity = True
+                except SdoAbortError:
+                    self._sdo_velocity = read_vel = False  # the drive has no 0x606C
         t1 = time.monotonic_ns()
+        if not read_vel:
+            for g in got.values():
+                g.pop("velocity", None)
         with self._lock:
-            self._publish(counts, sws, (t0 + t1) // 2, t1)
+            self._publish_values(got, (t0 + t1) // 2, t1)
             return self._latest  # type: ignore[return-value]
 
     # -- CiA 402 control ------------------------------------------------------------------
     def _controlword(self, n: int, cw: int) -> None:
         self.sdo_write(n, Od.CONTROLWORD, 0, struct.pack("<H", int(cw)))
 
+    def _fault_text(self, n: int) -> str:
+        code = self._try(self._read_u16, n, Od.ERROR_CODE, 0)
+        return "" if code is None else f" (error code 0x603F = 0x{code:04X})"
+
     def _enable(self, n: int, timeout_s: float = 1.0) -> None:
         """Walk node ``n`` to OPERATION ENABLED in profile-position mode."""
-        self.sdo_write(n, Od.MODES_OF_OPERATION, 0, struct.pack("<b", MODE_PROFILE_POSITION))
+        if self._try(self._read_i8, n, Od.MODES_OF_OPERATION_DISPLAY, 0) != MODE_PROFILE_POSITION:
+            self.sdo_write(n, Od.MODES_OF_OPERATION, 0, struct.pack("<b", MODE_PROFILE_POSITION))
+            if not self._wait_mode(n, MODE_PROFILE_POSITION, timeout_s):
+                raise DeviceError(f"node {n}: did not switch to profile position mode (0x6061 != 1)", "MODE")
         deadline = time.monotonic() + timeout_s
+        reset_sent = False
         while True:
             sw = self._read_u16(n, Od.STATUSWORD)
             state = cia402_state(sw)
             if state is Cia402State.OPERATION_ENABLED:
                 return
             if time.monotonic() > deadline:
-                raise DeviceError(f"node {n}: stuck in CiA 402 state {state} (statusword 0x{sw:04X})", "ENABLE")
+                raise DeviceError(f"node {n}: stuck in CiA 402 state {state} (statusword 0x{sw:04X})"
+                                  f"{self._fault_text(n) if state is Cia402State.FAULT else ''}", "ENABLE")
             if state is Cia402State.QUICK_STOP_ACTIVE:
                 raise ProtectiveStop(f"node {n}: quick stop active; acknowledge it before moving")
             if state in (Cia402State.FAULT, Cia402State.FAULT_REACTION_ACTIVE):
-                self._controlword(n, CW_DISABLE_VOLTAGE)
-                self._controlword(n, CW_FAULT_RESET)
+                if not self.opts["fault_reset"]:
+                    raise DeviceError(f"node {n}: drive in FAULT{self._fault_text(n)}; fault_reset=false", "FAULT")
+                if state is Cia402State.FAULT:
+                    if not reset_sent:
+                        log.warning("%r: node %d in FAULT%s: fault reset", self, n, self._fault_text(n))
+                    self._controlword(n, CW_DISABLE_VOLTAGE)
+                    self._controlword(n, CW_FAULT_RESET)  # the rising edge of bit 7
+                    reset_sent = True
+                time.sleep(0.002)
             elif state is Cia402State.SWITCH_ON_DISABLED:
                 self._controlword(n, CW_SHUTDOWN)
             elif state is Cia402State.READY_TO_SWITCH_ON:
@@ -871,8 +1716,30 @@ class Cia402Driver(RobotDriver):
         for n in self.nodes:
             self._enable(n)
 
+    def _check_homed(self) -> None:
+        if not self.opts["homing_required"]:
+            return
+        if not all(self.homed):
+            self.homed = tuple(h if h else self._homing_state(n) for h, n in zip(self.homed, self.nodes, strict=True))
+        bad = [(j + 1, n) for j, (h, n) in enumerate(zip(self.homed, self.nodes, strict=True)) if not h]
+        if bad:
+            joints = ", ".join(f"joint {j} (node {n}: {'not homed' if self.homed[j - 1] is False else 'homing state unknown'})"
+                               for j, n in bad)
+            raise DeviceError(
+                f"{self!r}: refusing to move: {joints}; home the joint(s) with the drive's own tools "
+                "(homing mode 6), or set homing_required=false for drives with absolute encoders",
+                "NOT_HOMED",
+            )
+
+    def _write_profile(self, n: int, index: int, value: int) -> None:
+        data = struct.pack("<I", value)
+        rt = self._rt[n]
+        if rt.written.get(index) == data:
+            return
+        self.sdo_write(n, index, 0, data)
+        rt.written[index] = data
+
     def _move_internal(self, q_rad, base_T_flange, speed, wait, deadline: float) -> None:
-        o = self.opts
         if self.opts["enable"] == "never":
             raise DriverInitError(f"{self!r}: enable=never; this driver may not move the robot")
         now = self.read_state()
@@ -883,31 +1750,54 @@ class Cia402Driver(RobotDriver):
                 q_rad = self.model.inverse(base_T_flange, now.q_rad)
             except UnreachablePose as exc:
                 raise UnreachablePose(f"move_to: {exc}") from exc
+        self._check_homed()
         self._enable_all()
+        assert self.limits is not None
         counts = self.scaling.to_counts(q_rad)
-        dq = np.abs(np.asarray(q_rad) - now.q_rad)
-        h = float(np.max(dq)) or 1.0
-        v_max = speed * o["max_joint_speed_rad_s"]
-        a_max = speed * o["max_joint_accel_rad_s2"]
-        rad_per_count = np.abs(self.scaling.rad_per_count)
+        dq = np.asarray(q_rad, dtype=float) - now.q_rad
+        plan = plan_sync_move(dq, speed * self.limits.speed_rad_s, speed * self.limits.accel_rad_s2,
+                              speed * self.limits.decel_rad_s2)
+        profile = to_drive_units(plan, self.units)
+        log.debug("%r: move %.3g s (accel %.3g s, decel %.3g s); profile %s", self, plan.duration_s,
+                  plan.t_accel_s, plan.t_decel_s, profile)
         for j, n in enumerate(self.nodes):
-            v = max(v_max * dq[j] / h, 1e-3 * v_max) / rad_per_count[j]  # counts/s, joints in step
-            a = a_max / rad_per_count[j]
-            self.sdo_write(n, Od.PROFILE_VELOCITY, 0, struct.pack("<I", min(int(v) + 1, 2**32 - 1)))
-            self.sdo_write(n, Od.PROFILE_ACCELERATION, 0, struct.pack("<I", min(int(a) + 1, 2**32 - 1)))
+            v, a, d = profile[j]
+            self._write_profile(n, Od.PROFILE_VELOCITY, v)
+            self._write_profile(n, Od.PROFILE_ACCELERATION, a)
+            self._write_profile(n, Od.PROFILE_DECELERATION, d)
             self.sdo_write(n, Od.TARGET_POSITION, 0, struct.pack("<i", int(counts[j])))
         cw = CW_ENABLE_OPERATION | Controlword.CHANGE_SET_IMMEDIATELY
+        with self._lock:
+            self._left_enabled.clear()
         for n in self.nodes:
             self._controlword(n, cw | Controlword.NEW_SET_POINT)
+        ack_deadline = time.monotonic() + self.opts["setpoint_timeout_s"]
         for n in self.nodes:
-            sw = self._read_u16(n, Od.STATUSWORD)
-            if not sw & Statusword.SET_POINT_ACKNOWLEDGE:
-                raise DeviceError(f"node {n}: set-point not acknowledged (statusword 0x{sw:04X})", "SETPOINT")
+            self._await_ack(n, ack_deadline)
             self._controlword(n, cw)
-        self._halted = False
         acked_ns = time.monotonic_ns()
+        with self._lock:
+            self._commanded = set(self.nodes)
         if wait:
             self._wait_target(acked_ns, deadline)
+
+    def _await_ack(self, n: int, deadline: float) -> None:
+        """Poll the statusword until set-point acknowledge (bit 12) or the deadline: a drive
+        takes its set-point in its next control cycle, which may be milliseconds away."""
+        while True:
+            sw = self._read_u16(n, Od.STATUSWORD)
+            if sw & Statusword.SET_POINT_ACKNOWLEDGE:
+                return
+            state = cia402_state(sw)
+            if state is Cia402State.QUICK_STOP_ACTIVE:
+                raise ProtectiveStop(f"node {n}: quick stop while taking the set-point")
+            if state in (Cia402State.FAULT, Cia402State.FAULT_REACTION_ACTIVE):
+                raise DeviceError(f"node {n}: fault while taking the set-point{self._fault_text(n)}", "FAULT")
+            if time.monotonic() > deadline:
+                raise DeviceError(
+                    f"node {n}: set-point not acknowledged within {self.opts['setpoint_timeout_s']:.3g} s "
+                    f"(statusword 0x{sw:04X})", "SETPOINT")
+            time.sleep(0.001)
 
     def _wait_target(self, acked_ns: int, deadline: float) -> None:
         """Wait for a sample taken after every set-point was acknowledged with all drives
@@ -926,10 +1816,22 @@ class Cia402Driver(RobotDriver):
                 raise ProtectiveStop(f"{self!r}: quick stop during the move")
             if s.mode is RobotMode.FAULT:
                 raise DeviceError(f"{self!r}: drive fault during the move", "FAULT")
+            with self._lock:
+                left = sorted(self._left_enabled)
+            if left:
+                raise DeviceError(f"{self!r}: node(s) {left} left OPERATION ENABLED during the move", "DISABLED")
             if s.target_reached and s.t_host_ns > acked_ns:
                 return
 
     def _stop_internal(self) -> None:
-        for n in self.nodes:
+        with self._lock:
+            commanded = [n for n in self.nodes if n in self._commanded]
+        if self.opts["enable"] == "never":
+            log.info("%r: stop: enable=never, cellcal commands no drive", self)
+            return
+        for n in commanded or self.nodes:
             self._controlword(n, CW_ENABLE_OPERATION | Controlword.HALT)
-        self._halted = True
+
+
+def _hex(v: int | None) -> str:
+    return "?" if v is None else f"{v:08X}"

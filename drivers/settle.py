@@ -6,7 +6,8 @@ A robot is *settled* when, for every sample of a window at least ``dwell_s`` lon
 * the flange linear speed is at most ``max_flange_speed_m_s`` and its angular speed at most
   ``max_flange_ang_speed_rad_s``,
 * the backend's *target reached* flag is set where it has one (CiA 402 statusword bit 10,
-  which the drive derives from its position window 0x6067/0x6068),
+  which the drive derives from its position window 0x6067/0x6068; ``None`` for drives the
+  driver does not command, whose rest is then judged from the motion alone),
 * the robot is in a mode where it holds position (``RUNNING`` or ``IDLE``), and
 * no two consecutive samples are further apart than ``max_sample_gap_s`` (a gap in the
   stream restarts the window: what happened in it is unknown).

@@ -5,23 +5,32 @@ Each drive is a ``canopen.LocalNode`` with the object dictionary of
 heartbeat producer are canopen's own). On top of it this module adds what a drive's
 firmware does:
 
-* **SYNC**: every drive that is NMT operational and has a valid synchronous TPDO1
-  (0x1800:1 valid, transmission type 1..240) answers each (N-th) SYNC with the objects
-  mapped in 0x1A00, whatever mapping the master wrote, sampled once per SYNC for all six.
+* **TPDOs**: TPDO1-4 as the communication (0x1800-0x1803) and mapping (0x1A00-0x1A03)
+  objects say, whatever the master wrote: synchronous ones (type 1..240) answer every n-th
+  SYNC while NMT operational, event-driven ones (254/255) go out on their event timer;
+  values are sampled once per SYNC for all six.
 * **Dynamic objects**: position actual value 0x6064 (the robot's reported joints, with
-  encoder noise, in counts), velocity actual value 0x606C, statusword 0x6041, mode
-  display 0x6061.
+  encoder noise, in counts), velocity actual value 0x606C (in the drive's velocity unit),
+  statusword 0x6041, mode display 0x6061.
 * **CiA 402 power state machine** on controlword writes (shutdown, switch on, enable
   operation, disable voltage, quick stop, fault reset) and **profile position**: a rising
-  new-set-point bit takes 0x607A (absolute) and acknowledges it (statusword bit 12);
-  *target reached* (bit 10) is set once the position has stayed within the position
-  window 0x6067 for the window time 0x6068 (simulated ms); halt (bit 8) stops.
+  new-set-point bit takes 0x607A (absolute) and acknowledges it (statusword bit 12), after
+  ``ack_delay_ms``; the arm moves at the leading joint's profile velocity 0x6081 and the
+  smaller of its acceleration 0x6083 and deceleration 0x6084; *target reached* (bit 10) is
+  set once the position has stayed within the position window 0x6067 for the window time
+  0x6068 (simulated ms); halt (bit 8) stops. **Homing mode** (6) shows *homing attained*
+  in bit 12; a new-set-point edge in homing mode homes the drive.
+* **Factory behaviours** (``[robot.can]`` keys, ``docs/simulation-robot.md``): heartbeats
+  off, a late set-point acknowledge, small profile deceleration, velocity in motor rpm
+  (with or without 0x60A9), a fixed read-only PDO mapping, event-driven TPDO2-4 enabled,
+  power-up in FAULT, target-reached clear while disabled, not homed.
 * **Faults**: ``disconnect`` silences every drive and ``silent_node`` one drive (no
   heartbeat, PDO, SDO or NMT answers); ``protective_stop`` forces QUICK STOP ACTIVE and
   refuses set-points with SDO abort 0x08000022 (after it clears the drive is in SWITCH ON
   DISABLED and must be re-enabled).
 
-``virtual`` works within one process; ``udp_multicast`` across processes.
+The bus is python-can's in-process ``virtual`` one; other processes reach it through the
+loopback SLCAN bridge (:mod:`cellcal.sim.slcan_bridge`, ``bridge="tcp"`` or ``"pty"``).
 """
 
 from __future__ import annotations
@@ -30,6 +39,7 @@ import logging
 import math
 import struct
 import threading
+import time
 from typing import Any
 
 import numpy as np
@@ -37,7 +47,9 @@ import numpy as np
 from cellcal.drivers.canopen402 import (
     CW_DISABLE_VOLTAGE,
     HEARTBEAT_COB_BASE,
+    MODE_HOMING,
     MODE_PROFILE_POSITION,
+    N_TPDOS,
     PDO_NOT_VALID,
     SYNC_COB_ID,
     Cia402State,
@@ -50,13 +62,19 @@ from cellcal.drivers.canopen402 import (
 from cellcal.drivers.kinematics import JointScaling
 from cellcal.sim.robot_sim import SimRefused, SimRobot
 
-__all__ = ["CanopenSimDrives"]
+__all__ = ["CanopenSimDrives", "SI_UNIT_RPM_VALUE", "POWER_UP_FAULT_CODE"]
 
 log = logging.getLogger(__name__)
 
 ABORT_INVALID_VALUE = 0x06090030
 ABORT_CANNOT_MAP = 0x06040041
+ABORT_READ_ONLY = 0x06010002
 ABORT_DEVICE_STATE = 0x08000022
+SI_UNIT_RPM_VALUE = 0x00B44700  # 0x60A9: revolutions per minute, prefix 0
+POWER_UP_FAULT_CODE = 0x3220  # CiA 301 emergency error code: DC link undervoltage
+POWER_UP_ERROR_REGISTER = 0x05  # generic error + voltage
+EVENT_TIMER_MS = 100
+EMCY_COB_BASE = 0x080
 
 _BASE_STATUS = {
     Cia402State.SWITCH_ON_DISABLED: 0x0040,
@@ -66,7 +84,14 @@ _BASE_STATUS = {
     Cia402State.QUICK_STOP_ACTIVE: 0x0017,
     Cia402State.FAULT: 0x0008,
 }
-_NMT_CODE = {"INITIALISING": 0, "STOPPED": 4, "OPERATIONAL": 5, "PRE-OPERATIONAL": 127}
+_MODES = (MODE_PROFILE_POSITION, MODE_HOMING)
+# the fixed mapping of pdo_mapping = "fixed": TPDO number -> (transmission type, entries)
+_FIXED_TPDOS = {
+    1: (1, (0x60410010, 0x60640020)),  # statusword first: the driver must read the layout
+    2: (1, (0x606C0020,)),
+}
+# the event-driven TPDOs of extra_tpdos = true (their entries, type 255, event timer 100 ms)
+_EXTRA_TPDOS = {2: (0x60410010,), 3: (0x60610008,), 4: (0x60640020, 0x606C0020)}
 
 
 class _Drive:
@@ -78,12 +103,17 @@ class _Drive:
         self.mode = 0
         self.target = 0
         self.cw_prev = 0
+        self.cw = 0  # the controlword being processed (cw_prev: the one before)
         self.ack = False
+        self.pending: tuple[float, int] | None = None  # (wall time it is taken, target)
         self.halt = False
         self.inside_since: float | None = None
         self.reached = True
-        self.sync_count = 0
+        self.sync_count = [0] * N_TPDOS
+        self.next_event = [0.0] * N_TPDOS
         self.silent = False
+        self.homed = True
+        self.fault_code = 0
 
 
 class CanopenSimDrives:
@@ -92,14 +122,19 @@ class CanopenSimDrives:
     Parameters
     ----------
     robot : SimRobot
-        The arm; its ``scenario.can`` gives counts per revolution, gear ratio, sign, offset,
-        heartbeat period and position window.
+        The arm; its ``scenario.can`` gives the scaling, timing and factory behaviours.
     channel : str
-        python-can channel.
+        python-can channel of the drives' bus.
     interface : str
-        python-can interface (``virtual``, ``udp_multicast``, ``socketcan`` on a vcan).
+        python-can interface (``virtual``; ``socketcan`` on a vcan also works).
+        ``udp_multicast`` is refused: it leaves the loopback.
     node_ids : sequence of int
         Node ids in joint order.
+    bridge : {None, "tcp", "pty"}
+        Also serve the bus as an SLCAN adapter on ``socket://127.0.0.1:PORT`` or a pty
+        (:class:`~cellcal.sim.slcan_bridge.SlcanBridge`); :attr:`url` then names it.
+    bridge_port : int
+        TCP port of the bridge (0: a free one).
     """
 
     def __init__(
@@ -108,12 +143,28 @@ class CanopenSimDrives:
         channel: str = "cellcal-sim",
         interface: str = "virtual",
         node_ids: tuple[int, ...] = (1, 2, 3, 4, 5, 6),
+        *,
+        bridge: str | None = None,
+        bridge_port: int = 0,
     ) -> None:
+        if interface == "udp_multicast":
+            raise ValueError("CanopenSimDrives: udp_multicast leaves the loopback; serve the virtual bus "
+                             "through the SLCAN bridge instead (bridge='tcp' or 'pty')")
+        if bridge not in (None, "tcp", "pty"):
+            raise ValueError(f"CanopenSimDrives: bridge must be None, 'tcp' or 'pty', got {bridge!r}")
         self.robot = robot
         self.channel = channel
         self.interface = interface
-        can_sc = robot.scenario.can
-        self.scaling = JointScaling(can_sc.counts_per_rev, can_sc.gear_ratio, can_sc.sign, can_sc.offset_counts)
+        sc = robot.scenario.can
+        self.can = sc
+        self.scaling = JointScaling(sc.counts_per_rev, sc.gear_ratio, sc.sign, sc.offset_counts)
+        counts_per_rad = np.abs(1.0 / self.scaling.rad_per_count)
+        if sc.velocity_units == "rpm":
+            unit_counts_s = np.asarray(sc.counts_per_rev, dtype=float) / 60.0  # one motor rpm
+        else:
+            unit_counts_s = np.ones(len(node_ids))
+        #: joint rad/s of one velocity unit (and rad/s² of one acceleration unit)
+        self.rad_s_per_unit = unit_counts_s / counts_per_rad
         self.drives = [_Drive(n, j) for j, n in enumerate(node_ids)]
         self._by_id = {d.node_id: d for d in self.drives}
         self.network: Any = None
@@ -121,19 +172,29 @@ class CanopenSimDrives:
         self._stop = threading.Event()
         self._monitor: threading.Thread | None = None
         self._last_eval_t = robot.world.now_s()
+        self._bridge_kind = bridge
+        self._bridge_port = bridge_port
+        self.bridge: Any = None
         self.syncs = 0
+        #: (profile velocity rad/s, acceleration rad/s²) of the last move the drives made
+        self.last_move: tuple[float, float] | None = None
 
     @property
     def url(self) -> str:
-        """``canopen://channel?interface=...&nodes=...&model=...`` plus the count scaling."""
+        """``canopen://channel?interface=...&nodes=...&model=...`` plus the count scaling
+        (through the bridge: ``canopen://socket://127.0.0.1:PORT?interface=slcan&...``)."""
         def vec(a: np.ndarray) -> str:
             return repr(float(a[0])) if np.all(a == a[0]) else ",".join(repr(float(x)) for x in a)
 
-        sc = self.robot.scenario.can
-        ch = f"[{self.channel}]" if ":" in self.channel else self.channel
+        sc = self.can
+        if self.bridge is not None:
+            ch, interface = self.bridge.channel_url, "slcan"
+        else:
+            ch = f"[{self.channel}]" if ":" in self.channel else self.channel
+            interface = self.interface
         ids = [d.node_id for d in self.drives]
         q = [
-            f"interface={self.interface}",
+            f"interface={interface}",
             "nodes=" + ",".join(str(i) for i in ids),
             f"counts_per_rev={vec(sc.counts_per_rev)}",
             f"gear_ratio={vec(sc.gear_ratio)}",
@@ -142,47 +203,119 @@ class CanopenSimDrives:
         ]
         if self.robot.model.name in ("ur3e", "ur5e", "ur10e"):
             q.insert(2, f"model={self.robot.model.name}")
+        if sc.velocity_units == "rpm" and not sc.announce_units:
+            q.append("velocity_units=rpm")  # the drive does not say so itself
+        if interface == "slcan":
+            q.append("sleep_after_open_s=0")  # no adapter to reset: python-can waits 2 s otherwise
         return f"canopen://{ch}?" + "&".join(q)
 
     # -- lifecycle -------------------------------------------------------------------------
+    def _object_dictionary(self) -> Any:
+        from canopen import objectdictionary as odm
+
+        od = build_object_dictionary()
+
+        def add(name: str, index: int, dtype: int, default: Any) -> None:
+            v = odm.ODVariable(name, index, 0)
+            v.data_type, v.access_type, v.default = dtype, "ro", default
+            od.add_object(v)
+
+        add("Manufacturer device name", Od.DEVICE_NAME, odm.VISIBLE_STRING, "cellcal sim drive")
+        add("Manufacturer software version", Od.SOFTWARE_VERSION, odm.VISIBLE_STRING, "sim 1.0")
+        if self.can.velocity_units == "rpm" and self.can.announce_units:
+            add("SI unit velocity", Od.SI_UNIT_VELOCITY, odm.UNSIGNED32, SI_UNIT_RPM_VALUE)
+        return od
+
     def start(self) -> CanopenSimDrives:
         import canopen
 
-        sc = self.robot.scenario.can
         net = canopen.Network()
         net.NOTIFIER_CYCLE = 0.05  # bounds how long close() waits for the receive thread
         net.connect(channel=self.channel, interface=self.interface)
         self.network = net
         q_counts = self.scaling.to_counts(self.robot.sample().q_ctrl_rad)
-        for d in self.drives:
-            node = canopen.LocalNode(d.node_id, build_object_dictionary())
-            net.add_node(node)
-            # route SDO and NMT through the silence filter
-            net.unsubscribe(0x600 + d.node_id, node.sdo.on_request)
-            net.unsubscribe(0, node.nmt.on_command)
-            net.subscribe(0x600 + d.node_id, self._filtered(d, node.sdo.on_request))
-            net.subscribe(0, self._filtered(d, node.nmt.on_command))
-            node.add_read_callback(self._reader(d))
-            node.add_write_callback(self._writer(d))
-            node.data_store.setdefault(Od.PRODUCER_HEARTBEAT_TIME, {})[0] = struct.pack("<H", sc.heartbeat_ms)
-            node.data_store.setdefault(Od.POSITION_WINDOW, {})[0] = struct.pack("<I", sc.position_window_counts)
-            node.data_store.setdefault(Od.POSITION_WINDOW_TIME, {})[0] = struct.pack("<H", sc.position_window_time_ms)
-            vel = math.radians(sc.profile_velocity_deg_s) / abs(float(self.scaling.rad_per_count[d.joint]))
-            node.data_store.setdefault(Od.PROFILE_VELOCITY, {})[0] = struct.pack("<I", int(vel))
-            d.node = node
-            d.target = int(q_counts[d.joint])
-            # boot: boot-up message, then pre-operational with heartbeats running
-            net.send_message(HEARTBEAT_COB_BASE + d.node_id, bytes([0]))
-            node.nmt.send_command(NmtCommand.ENTER_PRE_OPERATIONAL)
-        net.subscribe(SYNC_COB_ID, self._on_sync)
-        self._monitor = threading.Thread(target=self._watch_faults, name="canopen-sim-faults", daemon=True)
-        self._monitor.start()
+        try:
+            for d in self.drives:
+                node = canopen.LocalNode(d.node_id, self._object_dictionary())
+                net.add_node(node)
+                # route SDO and NMT through the silence filter
+                net.unsubscribe(0x600 + d.node_id, node.sdo.on_request)
+                net.unsubscribe(0, node.nmt.on_command)
+                net.subscribe(0x600 + d.node_id, self._filtered(d, node.sdo.on_request, sdo=True))
+                net.subscribe(0, self._filtered(d, node.nmt.on_command))
+                node.add_read_callback(self._reader(d))
+                node.add_write_callback(self._writer(d))
+                d.node = node
+                self._power_up(d, int(q_counts[d.joint]))
+                # boot: boot-up message, then pre-operational with heartbeats running (if any)
+                net.send_message(HEARTBEAT_COB_BASE + d.node_id, bytes([0]))
+                node.nmt.send_command(NmtCommand.ENTER_PRE_OPERATIONAL)
+                if d.state is Cia402State.FAULT:
+                    net.send_message(EMCY_COB_BASE + d.node_id,
+                                     struct.pack("<HB5x", POWER_UP_FAULT_CODE, POWER_UP_ERROR_REGISTER))
+            net.subscribe(SYNC_COB_ID, self._on_sync)
+            self._monitor = threading.Thread(target=self._watch, name="canopen-sim", daemon=True)
+            self._monitor.start()
+            if self._bridge_kind is not None:
+                from cellcal.sim.slcan_bridge import SlcanBridge
+
+                self.bridge = SlcanBridge(self.channel, self.interface, transport=self._bridge_kind,
+                                          port=self._bridge_port).start()
+        except BaseException:
+            self.close()
+            raise
         log.info("sim CiA 402 drives %s on %s/%s", [d.node_id for d in self.drives], self.interface, self.channel)
         return self
 
+    def _power_up(self, d: _Drive, counts: int) -> None:
+        sc = self.can
+        store = d.node.data_store
+
+        def put(index: int, sub: int, data: bytes) -> None:
+            store.setdefault(index, {})[sub] = data
+
+        j = d.joint
+        unit = float(self.rad_s_per_unit[j])
+        put(Od.PRODUCER_HEARTBEAT_TIME, 0, struct.pack("<H", sc.heartbeat_ms))
+        put(Od.POSITION_WINDOW, 0, struct.pack("<I", sc.position_window_counts))
+        put(Od.POSITION_WINDOW_TIME, 0, struct.pack("<H", sc.position_window_time_ms))
+        for index, deg in ((Od.PROFILE_VELOCITY, sc.profile_velocity_deg_s),
+                           (Od.PROFILE_ACCELERATION, sc.profile_acceleration_deg_s2),
+                           (Od.PROFILE_DECELERATION, sc.profile_deceleration_deg_s2)):
+            put(index, 0, struct.pack("<I", max(1, int(math.radians(deg) / unit))))
+        for sub, value in enumerate((sc.vendor_id, sc.product_code, sc.revision,
+                                     (sc.serial_base + d.node_id) & 0xFFFFFFFF), 1):
+            put(Od.IDENTITY, sub, struct.pack("<I", value))
+        for k in range(N_TPDOS):
+            put(Od.TPDO1_COMMUNICATION + k, 1, struct.pack("<I", PDO_NOT_VALID | (0x180 + 0x100 * k + d.node_id)))
+            put(Od.TPDO1_COMMUNICATION + k, 2, b"\xff")
+            put(Od.TPDO1_MAPPING + k, 0, b"\x00")
+        tpdos: dict[int, tuple[int, tuple[int, ...]]] = {}
+        if sc.pdo_mapping == "fixed":
+            tpdos.update(_FIXED_TPDOS)
+        if sc.extra_tpdos:
+            tpdos.update({k: (0xFF, e) for k, e in _EXTRA_TPDOS.items() if k not in tpdos})
+        for number, (ttype, entries) in tpdos.items():
+            k = number - 1
+            put(Od.TPDO1_COMMUNICATION + k, 1, struct.pack("<I", 0x180 + 0x100 * k + d.node_id))
+            put(Od.TPDO1_COMMUNICATION + k, 2, bytes([ttype]))
+            if ttype >= 254:
+                put(Od.TPDO1_COMMUNICATION + k, 5, struct.pack("<H", EVENT_TIMER_MS))
+            for sub, e in enumerate(entries, 1):
+                put(Od.TPDO1_MAPPING + k, sub, struct.pack("<I", e))
+            put(Od.TPDO1_MAPPING + k, 0, bytes([len(entries)]))
+        d.target = counts
+        d.homed = sc.homed
+        if sc.power_up_state == "fault":
+            d.state = Cia402State.FAULT
+            d.fault_code = POWER_UP_FAULT_CODE
+
     def close(self) -> None:
-        """Stop heartbeats and threads, shut the bus down (idempotent)."""
+        """Stop heartbeats, threads and the bridge, shut the bus down (idempotent)."""
         self._stop.set()
+        if self.bridge is not None:
+            self.bridge.close()
+            self.bridge = None
         if self._monitor is not None:
             self._monitor.join(timeout=2.0)
             self._monitor = None
@@ -202,12 +335,12 @@ class CanopenSimDrives:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    # -- faults ----------------------------------------------------------------------------
+    # -- faults and timers -----------------------------------------------------------------
     def _is_silent(self, d: _Drive) -> bool:
         r = self.robot
         return r.fault_active("disconnect") or r.fault_active("silent_node", node=d.node_id)
 
-    def _watch_faults(self) -> None:
+    def _watch(self) -> None:
         while not self._stop.wait(0.002):
             for d in self.drives:
                 silent = self._is_silent(d)
@@ -222,12 +355,20 @@ class CanopenSimDrives:
                         hb = struct.unpack("<H", d.node.get_data(Od.PRODUCER_HEARTBEAT_TIME, 0))[0]
                         d.node.nmt.start_heartbeat(hb)
                         log.info("sim drive %d: back", d.node_id)
+            now = time.monotonic()
+            with self._lock:
+                for d in self.drives:
+                    self._take_pending(d, now)
+            self._event_tpdos(now)
 
-    def _filtered(self, d: _Drive, fn):
+    def _filtered(self, d: _Drive, fn, sdo: bool = False):
         def handler(can_id: int, data: bytearray, timestamp: float) -> None:
-            if not d.silent and not self._is_silent(d):
-                with self._lock:
-                    fn(can_id, data, timestamp)
+            if d.silent or self._is_silent(d):
+                return
+            if sdo and d.node.nmt.state == "STOPPED":
+                return  # CiA 301: no SDO in STOPPED
+            with self._lock:
+                fn(can_id, data, timestamp)
 
         return handler
 
@@ -238,14 +379,22 @@ class CanopenSimDrives:
     def _update_all(self, t_s: float) -> None:
         """Drive bookkeeping up to world time ``t_s``: quick stop, target following, and the
         position window checked on the noise-free track since the previous evaluation (at
-        most 1 ms apart), so an oscillation through the window never counts as inside."""
+        most 1 ms apart), so an oscillation through the window never counts as inside.
+
+        After a long pause (the host was busy) only the last 0.2 s are checked and the
+        time inside the window restarts there: what happened before is not assumed."""
         t0 = min(self._last_eval_t, t_s)
-        k = int(min(200, max(2, math.ceil((t_s - t0) / 1e-3) + 1)))
+        truncated = t_s - t0 > 0.2
+        if truncated:
+            t0 = t_s - 0.2
+        k = int(max(2, math.ceil((t_s - t0) / 1e-3) + 1))
         ts = np.linspace(t0, t_s, k)
         track = self._position_counts(self.robot.ctrl_track(ts))
         self._last_eval_t = t_s
         pstop = self.robot.fault_active("protective_stop", t_s)
         for d in self.drives:
+            if truncated:
+                d.inside_since = None
             self._update(d, ts, track[:, d.joint], pstop)
 
     def _update(self, d: _Drive, ts: np.ndarray, counts: np.ndarray, pstop: bool) -> None:
@@ -255,13 +404,14 @@ class CanopenSimDrives:
             d.state = Cia402State.SWITCH_ON_DISABLED
         if d.state is not Cia402State.OPERATION_ENABLED:
             d.target = int(counts[-1])
-            d.reached = True
+            d.reached = self.can.target_reached_when_disabled
             d.inside_since = None
+            d.pending = None
             return
         window = struct.unpack("<I", d.node.get_data(Od.POSITION_WINDOW, 0))[0]
         window_ms = struct.unpack("<H", d.node.get_data(Od.POSITION_WINDOW_TIME, 0))[0]
         inside = np.abs(counts - d.target) <= window
-        if not inside[-1]:
+        if not inside[-1] or d.pending is not None:
             d.inside_since = None
             d.reached = False
             return
@@ -274,29 +424,42 @@ class CanopenSimDrives:
 
     def _statusword(self, d: _Drive) -> int:
         sw = _BASE_STATUS.get(d.state, 0) | Statusword.REMOTE
-        if d.reached:
-            sw |= Statusword.TARGET_REACHED
-        if d.ack:
-            sw |= Statusword.SET_POINT_ACKNOWLEDGE
+        if d.mode == MODE_HOMING:
+            sw |= Statusword.TARGET_REACHED  # homing completed, or not started
+            if d.homed:
+                sw |= Statusword.HOMING_ATTAINED
+        else:
+            if d.reached:
+                sw |= Statusword.TARGET_REACHED
+            if d.ack:
+                sw |= Statusword.SET_POINT_ACKNOWLEDGE
         return int(sw)
 
     def _reader(self, d: _Drive):
         def read(index: int, subindex: int, od: Any) -> Any:
+            if index == Od.ERROR_CODE:
+                return d.fault_code
+            if index == Od.ERROR_REGISTER:
+                return POWER_UP_ERROR_REGISTER if d.fault_code else 0
             if index not in (Od.POSITION_ACTUAL_VALUE, Od.STATUSWORD, Od.VELOCITY_ACTUAL_VALUE,
                              Od.MODES_OF_OPERATION_DISPLAY):
                 return None
             s = self.robot.sample()
-            pos = int(self._position_counts(s.q_rad)[d.joint])
+            self._take_pending(d, time.monotonic())
             self._update_all(s.t_sim_s)
             if index == Od.POSITION_ACTUAL_VALUE:
-                return pos
+                return int(self._position_counts(s.q_rad)[d.joint])
             if index == Od.VELOCITY_ACTUAL_VALUE:
-                return int(s.qd_rad_s[d.joint] / self.scaling.rad_per_count[d.joint])
+                return self._velocity_units(d, s.qd_rad_s)
             if index == Od.MODES_OF_OPERATION_DISPLAY:
                 return d.mode
             return self._statusword(d)
 
         return read
+
+    def _velocity_units(self, d: _Drive, qd_rad_s: np.ndarray) -> int:
+        sign = float(self.scaling.sign[d.joint])
+        return int(sign * qd_rad_s[d.joint] / self.rad_s_per_unit[d.joint])
 
     def _writer(self, d: _Drive):
         from canopen.sdo.exceptions import SdoAbortedError
@@ -306,15 +469,21 @@ class CanopenSimDrives:
                 self._controlword(d, struct.unpack("<H", bytes(data[:2]))[0])
             elif index == Od.MODES_OF_OPERATION:
                 mode = struct.unpack("<b", bytes(data[:1]))[0]
-                if mode != MODE_PROFILE_POSITION:
+                if mode not in _MODES:
                     raise SdoAbortedError(ABORT_INVALID_VALUE)
                 d.mode = mode
-            elif index == Od.TPDO1_MAPPING and subindex > 0:
-                entry = struct.unpack("<I", bytes(data[:4]))[0]
-                idx, sub = entry >> 16, (entry >> 8) & 0xFF
-                if entry and (idx not in d.node.object_dictionary or
-                              not d.node.object_dictionary.get_variable(idx, sub).pdo_mappable):
-                    raise SdoAbortedError(ABORT_CANNOT_MAP)
+            elif Od.TPDO1_MAPPING <= index < Od.TPDO1_MAPPING + N_TPDOS:
+                if self.can.pdo_mapping == "fixed":
+                    raise SdoAbortedError(ABORT_READ_ONLY)
+                if subindex > 0:
+                    entry = struct.unpack("<I", bytes(data[:4]))[0]
+                    idx, sub = entry >> 16, (entry >> 8) & 0xFF
+                    if entry and (idx not in d.node.object_dictionary or
+                                  not d.node.object_dictionary.get_variable(idx, sub).pdo_mappable):
+                        raise SdoAbortedError(ABORT_CANNOT_MAP)
+            elif Od.TPDO1_COMMUNICATION <= index < Od.TPDO1_COMMUNICATION + N_TPDOS and subindex == 1:
+                k = index - Od.TPDO1_COMMUNICATION
+                d.next_event[k] = 0.0
 
         return write
 
@@ -325,6 +494,7 @@ class CanopenSimDrives:
         pos = int(self._position_counts(s.q_ctrl_rad)[d.joint])
         self._update_all(s.t_sim_s)
         st = d.state
+        d.cw = cw
         # CiA 402 device control commands (bit patterns of bits 7, 3, 2, 1, 0)
         if d.state is Cia402State.QUICK_STOP_ACTIVE:
             if cw & Controlword.NEW_SET_POINT:
@@ -332,6 +502,11 @@ class CanopenSimDrives:
         elif cw & Controlword.FAULT_RESET:
             if st is Cia402State.FAULT and not d.cw_prev & Controlword.FAULT_RESET:
                 d.state = Cia402State.SWITCH_ON_DISABLED
+                if d.fault_code:
+                    d.fault_code = 0
+                    self.network.send_message(EMCY_COB_BASE + d.node_id, bytes(8))  # error reset
+        elif st is Cia402State.FAULT:
+            pass  # only a fault reset leaves FAULT
         elif cw & 0x02 == 0x00:  # disable voltage: x x x 0 x
             d.state = Cia402State.SWITCH_ON_DISABLED
         elif cw & 0x06 == 0x02:  # quick stop: x 0 1 x
@@ -350,7 +525,7 @@ class CanopenSimDrives:
                 d.target = pos
             if d.state is Cia402State.OPERATION_ENABLED:
                 self._profile_position(d, cw)
-        if not cw & Controlword.NEW_SET_POINT:
+        if not cw & Controlword.NEW_SET_POINT and d.pending is None:
             d.ack = False
         d.cw_prev = cw
 
@@ -361,63 +536,137 @@ class CanopenSimDrives:
         if halt and not d.halt:
             self.robot.stop()
             d.target = int(self._position_counts(self.robot.sample().target_q_rad)[d.joint])
+            d.pending = None
         d.halt = halt
         rising = cw & Controlword.NEW_SET_POINT and not d.cw_prev & Controlword.NEW_SET_POINT
         if not rising or halt:
             return
+        if d.mode == MODE_HOMING:
+            d.homed = True  # homing start: the simulated drive references at once
+            return
         if d.mode != MODE_PROFILE_POSITION:
+            raise SdoAbortedError(ABORT_DEVICE_STATE)
+        if self.robot.fault_active("protective_stop"):
             raise SdoAbortedError(ABORT_DEVICE_STATE)
         target = struct.unpack("<i", d.node.get_data(Od.TARGET_POSITION, 0))[0]
         if cw & Controlword.ABS_REL:
             target += d.target
-        d.target = target
-        d.ack = True
+        d.pending = (time.monotonic() + self.can.ack_delay_ms * 1e-3, target)
         d.reached = False
         d.inside_since = None
-        targets = np.array([x.target for x in self.drives], dtype=float)
-        vel_counts = np.array(
-            [struct.unpack("<I", x.node.get_data(Od.PROFILE_VELOCITY, 0))[0] for x in self.drives], dtype=float
-        )
-        v_rad = float(np.max(vel_counts * np.abs(self.scaling.rad_per_count)))
-        try:
-            self.robot.command_joints(self.scaling.to_rad(targets), v_rad)
-        except SimRefused as exc:
-            d.ack = False
-            raise SdoAbortedError(ABORT_DEVICE_STATE) from exc
+        self._take_pending(d, time.monotonic())
 
-    def _on_sync(self, can_id: int, data: bytearray, timestamp: float) -> None:
+    def _take_pending(self, d: _Drive, now: float) -> None:
+        """The drive's control cycle takes a pending set-point once its delay is over."""
+        if d.pending is None or now < d.pending[0]:
+            return
+        from canopen.sdo.exceptions import SdoAbortedError
+
+        d.target = d.pending[1]
+        d.pending = None
+        d.ack = bool(d.cw & Controlword.NEW_SET_POINT)  # until the master drops bit 4
+        try:
+            self._command_robot()
+        except SdoAbortedError:
+            d.ack = False
+
+    def _unit(self, d: _Drive, index: int) -> float:
+        return struct.unpack("<I", d.node.get_data(index, 0))[0] * float(self.rad_s_per_unit[d.joint])
+
+    def _command_robot(self) -> None:
+        """Move the arm to every drive's target, at the leading joint's profile."""
+        from canopen.sdo.exceptions import SdoAbortedError
+
+        targets = self.scaling.to_rad(np.array([x.target for x in self.drives], dtype=float))
+        q_now = self.robot.sample().q_ctrl_rad
+        lead = self.drives[int(np.argmax(np.abs(targets - q_now)))]
+        v = self._unit(lead, Od.PROFILE_VELOCITY)
+        a = min(self._unit(lead, Od.PROFILE_ACCELERATION), self._unit(lead, Od.PROFILE_DECELERATION))
+        try:
+            self.robot.command_joints(targets, v, a)
+        except SimRefused as exc:
+            raise SdoAbortedError(ABORT_DEVICE_STATE) from exc
+        self.last_move = (v, a)
+
+    def _tpdo_payload(self, d: _Drive, k: int, counts: np.ndarray, vel: np.ndarray) -> bytes:
+        node = d.node
+        payload = bytearray()
+        n_map = node.get_data(Od.TPDO1_MAPPING + k, 0)[0]
+        for sub in range(1, n_map + 1):
+            entry = struct.unpack("<I", node.get_data(Od.TPDO1_MAPPING + k, sub))[0]
+            idx, bits = entry >> 16, entry & 0xFF
+            if idx == Od.POSITION_ACTUAL_VALUE:
+                raw = struct.pack("<i", int(counts[d.joint]))
+            elif idx == Od.STATUSWORD:
+                raw = struct.pack("<H", self._statusword(d))
+            elif idx == Od.VELOCITY_ACTUAL_VALUE:
+                raw = struct.pack("<i", int(vel[d.joint]))
+            elif idx == Od.MODES_OF_OPERATION_DISPLAY:
+                raw = struct.pack("<b", d.mode)
+            else:
+                raw = node.get_data(idx, (entry >> 8) & 0xFF)
+            payload += raw[: bits // 8]
+        return bytes(payload[:8])
+
+    def _tpdo(self, d: _Drive, k: int) -> tuple[int, int] | None:
+        """(COB-ID, transmission type) of a valid TPDO ``k`` (0-based), else None."""
+        cob = struct.unpack("<I", d.node.get_data(Od.TPDO1_COMMUNICATION + k, 1))[0]
+        if cob & PDO_NOT_VALID:
+            return None
+        return cob & 0x7FF, d.node.get_data(Od.TPDO1_COMMUNICATION + k, 2)[0]
+
+    def _sample_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         s = self.robot.sample()
         counts = self._position_counts(s.q_rad)
-        self.syncs += 1
+        vel = np.array([self._velocity_units(d, s.qd_rad_s) for d in self.drives], dtype=float)
+        self._update_all(s.t_sim_s)
+        return counts, vel
+
+    def _on_sync(self, can_id: int, data: bytearray, timestamp: float) -> None:
+        now = time.monotonic()
         with self._lock:
-            self._update_all(s.t_sim_s)
+            for d in self.drives:
+                self._take_pending(d, now)
+            counts, vel = self._sample_arrays()
+        self.syncs += 1
+        out = []
         for d in self.drives:
             if d.silent or self._is_silent(d):
                 continue
             with self._lock:
-                node = d.node
-                if node.nmt.state != "OPERATIONAL":
+                if d.node.nmt.state != "OPERATIONAL":
                     continue
-                cob = struct.unpack("<I", node.get_data(Od.TPDO1_COMMUNICATION, 1))[0]
-                ttype = node.get_data(Od.TPDO1_COMMUNICATION, 2)[0]
-                if cob & PDO_NOT_VALID or not 1 <= ttype <= 240:
+                for k in range(N_TPDOS):
+                    t = self._tpdo(d, k)
+                    if t is None or not 1 <= t[1] <= 240:
+                        continue
+                    d.sync_count[k] += 1
+                    if d.sync_count[k] % t[1]:
+                        continue
+                    out.append((t[0], self._tpdo_payload(d, k, counts, vel)))
+        for cob, payload in out:
+            self.network.send_message(cob, payload)
+
+    def _event_tpdos(self, now: float) -> None:
+        out = []
+        with self._lock:
+            arrays = None
+            for d in self.drives:
+                if d.silent or self._is_silent(d) or d.node.nmt.state != "OPERATIONAL":
                     continue
-                d.sync_count += 1
-                if d.sync_count % ttype:
-                    continue
-                payload = bytearray()
-                n_map = node.get_data(Od.TPDO1_MAPPING, 0)[0]
-                for sub in range(1, n_map + 1):
-                    entry = struct.unpack("<I", node.get_data(Od.TPDO1_MAPPING, sub))[0]
-                    idx, bits = entry >> 16, entry & 0xFF
-                    if idx == Od.POSITION_ACTUAL_VALUE:
-                        raw = struct.pack("<i", int(counts[d.joint]))
-                    elif idx == Od.STATUSWORD:
-                        raw = struct.pack("<H", self._statusword(d))
-                    else:
-                        raw = node.get_data(idx, (entry >> 8) & 0xFF)
-                    payload += raw[: bits // 8]
-            self.network.send_message(cob & 0x7FF, bytes(payload[:8]))
+                for k in range(N_TPDOS):
+                    t = self._tpdo(d, k)
+                    if t is None or t[1] < 254:
+                        continue
+                    timer_ms = struct.unpack("<H", d.node.get_data(Od.TPDO1_COMMUNICATION + k, 5))[0]
+                    if not timer_ms or now < d.next_event[k]:
+                        continue
+                    d.next_event[k] = now + timer_ms * 1e-3
+                    if arrays is None:
+                        arrays = self._sample_arrays()
+                    out.append((t[0], self._tpdo_payload(d, k, *arrays)))
+        for cob, payload in out:
+            self.network.send_message(cob, payload)
 
     # -- test hooks --------------------------------------------------------------------------
     def drive_state(self, node_id: int) -> Cia402State:

@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import signal
 import sys
 import threading
@@ -52,8 +53,10 @@ def _start_robot(args: argparse.Namespace, scenario: Scenario, world: World) -> 
         transport=args.robot_transport,
         rtde_port=args.robot_port,
         urscript_port=args.urscript_port,
-        can_channel=args.can_channel,
-        can_interface=args.can_interface,
+        can_channel=args.can_channel or f"cellcal-sim-{os.getpid()}",
+        can_interface="virtual",
+        can_bridge=None if args.can_bridge == "none" else args.can_bridge,
+        can_bridge_port=args.can_port,
     )
 
 
@@ -82,10 +85,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--robot-port", type=int, default=0, help="RTDE TCP port (0: any free port)")
     parser.add_argument("--urscript-port", type=int, default=0, help="URScript TCP port (0: any free port)")
     parser.add_argument(
-        "--can-interface", default="udp_multicast",
-        help="python-can interface for --robot-transport canopen (udp_multicast reaches other processes)",
+        "--can-bridge", choices=("tcp", "pty", "none"), default="tcp",
+        help="--robot-transport canopen: serve the drives' bus as an SLCAN adapter on "
+             "socket://127.0.0.1:PORT (tcp, the default) or a pty; none keeps it in this process",
     )
-    parser.add_argument("--can-channel", default="239.74.163.2", help="python-can channel for the drives")
+    parser.add_argument("--can-port", type=int, default=0, help="SLCAN bridge TCP port (0: any free port)")
+    parser.add_argument("--can-channel", default="",
+                        help="name of the drives' in-process virtual bus (default: cellcal-sim-<pid>)")
     parser.add_argument("--log-level", default="WARNING", help="stderr log level (default WARNING)")
 
 

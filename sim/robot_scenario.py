@@ -66,16 +66,42 @@ class FaultSpec:
 
 @dataclass(frozen=True)
 class CanScenario:
-    """``[robot.can]``: how the simulated CiA 402 drives count and talk."""
+    """``[robot.can]``: how the simulated CiA 402 drives count and talk, and which factory
+    behaviours they show (``docs/simulation-robot.md`` documents every key)."""
 
     counts_per_rev: np.ndarray = field(default_factory=lambda: np.full(6, 2.0**20))
     gear_ratio: np.ndarray = field(default_factory=lambda: np.ones(6))
     sign: np.ndarray = field(default_factory=lambda: np.ones(6))
     offset_counts: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    #: 0x1017 at power-up; 0: heartbeats off (as many drives ship)
     heartbeat_ms: int = 100
     position_window_counts: int = 200
     position_window_time_ms: int = 20
     profile_velocity_deg_s: float = 60.0
+    #: 0x6083 / 0x6084 at power-up (joint deg/s²); the move accelerates with the smaller
+    profile_acceleration_deg_s2: float = 80.0
+    profile_deceleration_deg_s2: float = 80.0
+    #: set-point acknowledge this long after the new-set-point edge (wall ms)
+    ack_delay_ms: float = 0.0
+    #: units of 0x6081/0x606C (and 0x6083/0x6084 per second): counts_per_s or rpm (motor)
+    velocity_units: str = "counts_per_s"
+    #: publish 0x60A9 SI unit velocity (rpm drives only)
+    announce_units: bool = True
+    #: configurable (the driver may remap TPDO1) or fixed (mapping read-only, preset)
+    pdo_mapping: str = "configurable"
+    #: TPDO2-4 valid at power-up, event-driven (event timer 100 ms)
+    extra_tpdos: bool = False
+    #: switch_on_disabled or fault (undervoltage latched at power-up, cleared by fault reset)
+    power_up_state: str = "switch_on_disabled"
+    #: statusword bit 10 while not OPERATION ENABLED (many drives clear it)
+    target_reached_when_disabled: bool = True
+    #: homing attained (statusword bit 12 in homing mode); false: homing needed
+    homed: bool = True
+    vendor_id: int = 0
+    product_code: int = 0x0402
+    revision: int = 0x00010000
+    #: serial number = serial_base + node id
+    serial_base: int = 1000
 
 
 @dataclass(frozen=True)
@@ -181,7 +207,28 @@ _CAN_KEYS = (
     "position_window_counts",
     "position_window_time_ms",
     "profile_velocity_deg_s",
+    "profile_acceleration_deg_s2",
+    "profile_deceleration_deg_s2",
+    "ack_delay_ms",
+    "velocity_units",
+    "announce_units",
+    "pdo_mapping",
+    "extra_tpdos",
+    "power_up_state",
+    "target_reached_when_disabled",
+    "homed",
+    "vendor_id",
+    "product_code",
+    "revision",
+    "serial_base",
 )
+_CAN_CHOICES = {
+    "velocity_units": ("counts_per_s", "rpm"),
+    "pdo_mapping": ("configurable", "fixed"),
+    "power_up_state": ("switch_on_disabled", "fault"),
+}
+_CAN_BOOLS = ("announce_units", "extra_tpdos", "target_reached_when_disabled", "homed")
+_CAN_U32 = ("vendor_id", "product_code", "revision", "serial_base")
 _FAULT_KEYS = ("kind", "start_s", "duration_s", "node")
 
 
@@ -200,7 +247,7 @@ def _parse_can(t: Mapping[str, Any], path: str) -> CanScenario:
     if "offset_counts" in t:
         kw["offset_counts"] = _vec(t["offset_counts"], f"{path}.offset_counts", 6)
     if "heartbeat_ms" in t:
-        kw["heartbeat_ms"] = _int(t["heartbeat_ms"], f"{path}.heartbeat_ms", 1, 65535)
+        kw["heartbeat_ms"] = _int(t["heartbeat_ms"], f"{path}.heartbeat_ms", 0, 65535)
     if "position_window_counts" in t:
         kw["position_window_counts"] = _int(
             t["position_window_counts"], f"{path}.position_window_counts", 0, 2**32 - 1
@@ -209,10 +256,24 @@ def _parse_can(t: Mapping[str, Any], path: str) -> CanScenario:
         kw["position_window_time_ms"] = _int(
             t["position_window_time_ms"], f"{path}.position_window_time_ms", 0, 65535
         )
-    if "profile_velocity_deg_s" in t:
-        kw["profile_velocity_deg_s"] = _num(
-            t["profile_velocity_deg_s"], f"{path}.profile_velocity_deg_s", positive=True
-        )
+    for key in ("profile_velocity_deg_s", "profile_acceleration_deg_s2", "profile_deceleration_deg_s2"):
+        if key in t:
+            kw[key] = _num(t[key], f"{path}.{key}", positive=True)
+    if "ack_delay_ms" in t:
+        kw["ack_delay_ms"] = _num(t["ack_delay_ms"], f"{path}.ack_delay_ms", nonneg=True)
+    for key, choices in _CAN_CHOICES.items():
+        if key in t:
+            if t[key] not in choices:
+                raise ScenarioError(f"{path}.{key}: expected one of {', '.join(choices)}, got {t[key]!r}")
+            kw[key] = t[key]
+    for key in _CAN_BOOLS:
+        if key in t:
+            if not isinstance(t[key], bool):
+                raise ScenarioError(f"{path}.{key}: expected true or false, got {t[key]!r}")
+            kw[key] = t[key]
+    for key in _CAN_U32:
+        if key in t:
+            kw[key] = _int(t[key], f"{path}.{key}", 0, 2**32 - 1)
     return CanScenario(**kw)
 
 

@@ -23,7 +23,8 @@ Everything is a function of simulated time (``world.now_s()``), so a sample take
 moment is exact; a small thread writes the true flange into the world at
 ``update_rate_hz`` (wall) so the simulated tracker sees the arm move with nobody polling it.
 
-:func:`start_sim_robot` serves the arm as an RTDE controller or as CiA 402 drives.
+:func:`start_sim_robot` serves the arm as an RTDE controller or as CiA 402 drives (on an
+in-process bus, optionally bridged to other processes as a loopback SLCAN adapter).
 """
 
 from __future__ import annotations
@@ -444,6 +445,8 @@ def start_sim_robot(
     urscript_port: int = 0,
     can_channel: str = "cellcal-sim",
     can_interface: str = "virtual",
+    can_bridge: str | None = None,
+    can_bridge_port: int = 0,
 ) -> SimRobotHandle:
     """Start the simulated robot and serve it.
 
@@ -459,14 +462,20 @@ def start_sim_robot(
     rtde_port, urscript_port : int
         TCP ports (0: the OS picks free ones).
     can_channel, can_interface : str
-        python-can channel and interface (``virtual`` in one process, ``udp_multicast``
-        across processes).
+        python-can channel and interface of the drives' bus (``virtual``: in this process).
+    can_bridge : {None, "tcp", "pty"}
+        Also serve that bus to other processes as an SLCAN adapter on
+        ``socket://127.0.0.1:PORT`` (``tcp``) or a pty (:mod:`cellcal.sim.slcan_bridge`);
+        ``handle.url`` then opens it with python-can's ``slcan`` interface.
+    can_bridge_port : int
+        TCP port of the bridge (0: a free one).
 
     Returns
     -------
     SimRobotHandle
-        ``handle.url`` e.g. ``rtde://127.0.0.1:40123?urscript_port=40124`` or
-        ``canopen://cellcal-sim?interface=virtual&nodes=1-6&model=ur5e&...``.
+        ``handle.url`` e.g. ``rtde://127.0.0.1:40123?urscript_port=40124``,
+        ``canopen://cellcal-sim?interface=virtual&nodes=1-6&model=ur5e&...`` or, bridged,
+        ``canopen://socket://127.0.0.1:40125?interface=slcan&...``.
     """
     scenario = robot_table if isinstance(robot_table, RobotScenario) else parse_robot_table(robot_table)
     robot = SimRobot(world, scenario).start()
@@ -480,7 +489,8 @@ def start_sim_robot(
         elif transport == "canopen":
             from cellcal.sim.canopen_sim import CanopenSimDrives
 
-            server = CanopenSimDrives(robot, channel=can_channel, interface=can_interface)
+            server = CanopenSimDrives(robot, channel=can_channel, interface=can_interface,
+                                      bridge=can_bridge, bridge_port=can_bridge_port)
             server.start()
             url = server.url
         else:

@@ -1,5 +1,5 @@
 """CiA 402 driver against six simulated drives on python-can's virtual bus (and across
-processes on udp_multicast)."""
+processes through the simulator's loopback SLCAN bridge)."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from cellcal.sim.world import World
 UR5E = dh_model("ur5e")
 HOME_FLANGE = UR5E.forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))
 Q_HOME = np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0])
-HB_MS = 40
+HB_MS = 100  # heartbeat tests are load-sensitive: 40 ms with a factor of 2 was lost on a busy host
 _channels = itertools.count()
 
 
@@ -74,7 +74,7 @@ def test_open_configures_pdo_nmt_and_reads_home(sim):
         np.testing.assert_allclose(s.q_rad, Q_HOME, atol=1e-4)
         np.testing.assert_allclose(s.base_T_flange, UR5E.forward(s.q_rad), atol=1e-12)
         assert s.mode is RobotMode.IDLE  # drives not enabled until a move
-        assert s.target_reached is True
+        assert s.target_reached is None  # cellcal commands no drive yet: settle from positions
 
 
 def test_sdo_read_matches_pdo(sim):
@@ -91,12 +91,19 @@ def test_sdo_read_matches_pdo(sim):
 def test_pdo_on_sync_gives_one_vector_per_sync(sim):
     with connect_robot(sim.url, sync_period_ms=5) as robot:
         first = robot.read_state()
-        time.sleep(0.3)
-        last = robot.read_state()
+        syncs0, abandoned0 = sim.server.syncs, robot.abandoned_cycles
+        deadline = time.monotonic() + 20.0
+        while (last := robot.read_state()).seq < first.seq + 40:
+            assert time.monotonic() < deadline, "fewer than 40 joint vectors in 20 s"
+            time.sleep(0.005)
         n = last.seq - first.seq
-        # every SYNC in 0.3 s answered by all six drives (allow scheduling jitter)
-        assert 30 <= n <= 70
-        assert robot.incomplete_cycles <= 2
+        syncs = sim.server.syncs - syncs0
+        dropped = robot.abandoned_cycles - abandoned0
+        # every SYNC the drives saw became exactly one vector, unless its cycle was abandoned
+        # (late frames under load; one cycle may be in flight at either end of the window)
+        assert syncs - dropped - 2 <= n <= syncs + 1
+        assert dropped <= n
+        assert last.t_host_ns - first.t_host_ns >= n * 5e6 * 0.9  # never two vectors per period
         assert last.t_host_ns > first.t_host_ns and last.t_device_s == last.t_host_ns * 1e-9
         assert 0 < robot.bus_latency_ns < 20e6
 
@@ -215,7 +222,12 @@ def test_ringing_beyond_the_window_never_reaches_target():
         with connect_robot(h.url) as robot:
             with pytest.raises(DriverTimeoutError, match="target not reached"):
                 robot.move_to(q_rad=Q_HOME + 0.02, speed=1.0, timeout_s=1.0)
-            assert robot.read_state().target_reached is False
+            t_raised = time.monotonic_ns()
+            deadline = time.monotonic() + 5.0
+            while (s := robot.read_state()).t_host_ns < t_raised:  # a sample from after the move
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
+            assert s.target_reached is False
     finally:
         h.close()
 
@@ -240,30 +252,38 @@ def test_gear_ratio_sign_and_offset_scaling():
         h.close()
 
 
-# -- across processes on udp_multicast -------------------------------------------------------
-def _serve_drives(group: str, conn) -> None:
+# -- across processes through the loopback SLCAN bridge -------------------------------------
+def _serve_drives(bridge: str, conn) -> None:
     world = World(cell_T_base=np.eye(4), flange_T_target=np.eye(4), base_T_flange=HOME_FLANGE, time_scale=5.0)
     with start_sim_robot(world, {"can": {"heartbeat_ms": HB_MS}}, transport="canopen",
-                         can_channel=group, can_interface="udp_multicast") as h:
+                         can_channel="drives-in-child", can_bridge=bridge) as h:
         conn.send(h.url)
-        conn.poll(30.0)
+        conn.poll(60.0)
 
 
-@pytest.mark.slow
-def test_udp_multicast_across_processes():
-    group = f"239.74.{np.random.default_rng().integers(1, 250)}.{np.random.default_rng().integers(1, 250)}"
+@pytest.mark.parametrize("bridge", ["tcp", "pty"])
+def test_slcan_bridge_across_processes(bridge):
+    """The drives in another process, reached as an SLCAN adapter on 127.0.0.1 (or a pty)
+    through python-can's slcan interface: open, read, move."""
     ctx = mp.get_context("spawn")
     parent, child = ctx.Pipe()
-    proc = ctx.Process(target=_serve_drives, args=(group, child), daemon=True)
+    proc = ctx.Process(target=_serve_drives, args=(bridge, child), daemon=True)
     proc.start()
     try:
-        assert parent.poll(20.0), "drive process did not start"
+        assert parent.poll(30.0), "drive process did not start"
         url = parent.recv()
-        assert "interface=udp_multicast" in url
+        assert "interface=slcan" in url and "sleep_after_open_s=0" in url
+        if bridge == "tcp":
+            assert url.startswith("canopen://socket://127.0.0.1:")
+        else:
+            assert url.startswith("canopen:///dev/")
         with connect_robot(url) as robot:
+            assert robot.using_pdo and robot.sampling == "sync"
             np.testing.assert_allclose(robot.read_state().q_rad, Q_HOME, atol=1e-4)
-            robot.move_to(q_rad=Q_HOME + 0.05, speed=1.0, timeout_s=10)
-            assert robot.read_state().target_reached
+            robot.move_to(q_rad=Q_HOME + 0.05, speed=1.0, timeout_s=20)
+            s = robot.read_state()
+            assert s.target_reached
+            np.testing.assert_allclose(s.q_rad, Q_HOME + 0.05, atol=1.3e-3)
     finally:
         parent.send("stop")
         proc.join(timeout=10)

@@ -238,8 +238,8 @@ def test_url_and_option_errors_are_named(sim):
         connect_robot("modbus://1.2.3.4")
     with pytest.raises(DriverInitError, match="cannot connect"):
         connect_robot("rtde://127.0.0.1:1", connect_timeout_s=0.5).open()
-    u = parse_robot_url("canopen://[ff15::1]?interface=udp_multicast")
-    assert u.target == "[ff15::1]" and u.query == {"interface": "udp_multicast"}
+    u = parse_robot_url("canopen://socket://127.0.0.1:4000?interface=slcan")
+    assert u.target == "socket://127.0.0.1:4000" and u.query == {"interface": "slcan"}
 
 
 def test_driver_lifecycle_no_io_in_constructor_and_idempotent_close(sim):
