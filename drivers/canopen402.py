@@ -6,7 +6,7 @@ The driver is written against CiA 301 and CiA 402, not against one drive family:
 with drives as they come from the factory (heartbeat off, their own units and PDO mapping,
 a late set-point acknowledge, powered up in FAULT) and can share a bus with another master.
 ``docs/protocols/robot.md`` section 3 lists what it requires of a drive, every object it
-writes at open in order, and every URL key; ADR 0010 says why the defaults are what they are.
+writes at open in order, and every URL key; ADR 0011 says why the defaults are what they are.
 
 * **Open**: connect the bus; as NMT master (``nmt_master=true``) put the nodes in
   pre-operational; every node must answer an SDO read of its device type 0x1000 (the

@@ -11,7 +11,7 @@ the bus) or on a pty. python-can's ``slcan`` interface opens either through pyse
     canopen://socket://127.0.0.1:PORT?interface=slcan&sleep_after_open_s=0&...
 
 Nothing leaves the loopback: the bridge binds 127.0.0.0/8 only (a pty never leaves the
-machine at all). ADR 0009 says why this and not python-can's ``udp_multicast``.
+machine at all). ADR 0010 says why this and not python-can's ``udp_multicast``.
 
 The Lawicel commands served (each line ends with CR, 0x0D; an answer is CR for success and
 BEL, 0x07, for an error)::
