@@ -324,10 +324,14 @@ class EmsconTrackerDriver(HostClockTrackerDriver):
         if sock is None:
             raise TrackerGoneError(f"{self}: not connected")
         while True:
-            for item in self._decoder.decode():
-                if isinstance(item, tpi.TpiProtocolError):
-                    log.warning("%s: %s", self, item)
+            while True:
+                try:
+                    item = self._decoder.read()  # one at a time: what follows stays queued
+                except tpi.TpiProtocolError as exc:
+                    log.warning("%s: %s", self, exc)
                     continue
+                if item is None:
+                    break
                 if isinstance(item, tpi.SystemStatusChange):
                     self._on_event(item.change)
                     continue

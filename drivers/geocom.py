@@ -362,13 +362,17 @@ class GeocomTrackerDriver(HostClockTrackerDriver):
         trid = self._next_trid()
         self._write(gc.encode(gc.Request.of(rpc, *params, trid=trid, crc=self.checksum)))
         while True:
-            for item in self._decoder.decode():
-                if isinstance(item, gc.GeocomProtocolError):
+            while True:
+                try:
+                    item = self._decoder.read()  # one at a time: what follows stays queued
+                except gc.GeocomProtocolError as exc:
                     self.discarded += 1
-                    if item.fault is gc.LineFault.BAD_CRC and item.trid == trid:
-                        raise _CorruptedExchange(f"reply to {name} damaged: {item}")
-                    log.debug("%s: discarded line: %s", self, item)
+                    if exc.fault is gc.LineFault.BAD_CRC and exc.trid == trid:
+                        raise _CorruptedExchange(f"reply to {name} damaged: {exc}") from exc
+                    log.debug("%s: discarded line: %s", self, exc)
                     continue
+                if item is None:
+                    break
                 assert isinstance(item, gc.Reply)
                 if item.trid is not None and item.trid != trid:
                     self.discarded += 1
