@@ -696,7 +696,7 @@ def encode(packet: Packet) -> bytes:
     """
     if isinstance(packet, SimpleCommand) and packet.command not in SIMPLE_COMMANDS:
         raise ValueError(f"command {packet.command} takes parameters; use its own record")
-    values = astuple(packet)  # type: ignore[call-overload]
+    values = astuple(packet)
     if packet.COMMAND is not None:
         values = (packet.COMMAND, *values)
     try:

@@ -29,8 +29,8 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from cellcal.sim.scenario import Scenario, ScenarioError, load_scenario
 from cellcal.sim.link import Transport
+from cellcal.sim.scenario import Scenario, ScenarioError, load_scenario
 from cellcal.sim.world import World
 
 log = logging.getLogger("cellcal.sim")

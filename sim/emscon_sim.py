@@ -66,7 +66,7 @@ _START_REFUSALS = {
     NakCode.NO_TARGET: Status.MEASUREMENT_STATUS_NOT_READY,
     NakCode.OUT_OF_RANGE: Status.MEASUREMENT_STATUS_NOT_READY,
 }
-_SET_EVENTS = {
+_SET_EVENTS: dict[int, int] = {
     Command.SET_UNITS: StatusChange.UNITS_CHANGED,
     Command.SET_COORDINATE_SYSTEM_TYPE: StatusChange.COORDINATE_SYSTEM_TYPE_CHANGED,
     Command.SET_MEASUREMENT_MODE: StatusChange.MEASUREMENT_MODE_CHANGED,
@@ -135,7 +135,7 @@ class EmsconDevice:
         self.meas_time_ms = 1000
         self.use_adm = 0
         self.statistic = (tpi.StatisticMode.STANDARD, tpi.StatisticMode.STANDARD)  # stationary, continuous
-        self.last_result_status = Status.ALL_OK
+        self.last_result_status: int = Status.ALL_OK
         self.es_version = _version(config.firmware)
         self.serial = _serial_number(config.serial)
         self._meas: _Window | None = None
@@ -155,8 +155,8 @@ class EmsconDevice:
         """Answers (and events) to one decoded command packet or rejected packet."""
         if isinstance(item, tpi.TpiProtocolError):
             if item.command is not None and item.fault is not tpi.PacketFault.GARBAGE:
-                status = Status.NOT_IMPLEMENTED if item.fault is tpi.PacketFault.UNSUPPORTED else Status.WRONG_PARAMETER
-                return [tpi.Reply(item.command, status)]
+                refused = Status.NOT_IMPLEMENTED if item.fault is tpi.PacketFault.UNSUPPORTED else Status.WRONG_PARAMETER
+                return [tpi.Reply(item.command, refused)]
             return []  # nothing to answer: no command id
         if isinstance(item, tpi.SimpleCommand):
             return self._simple(item.command)

@@ -240,6 +240,7 @@ class GeocomDevice:
 
     def _result_reply(self, req: gc.Request) -> gc.Reply:
         edm = self._edm
+        rc: int
         if edm is None:
             # no distance measured: the angles alone, as an instrument answers
             hz, v, _ = gc.polar_from_cartesian(self.world.cell_T_target()[:3, 3])

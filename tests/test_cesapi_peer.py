@@ -60,9 +60,9 @@ def _client(port: int, conn) -> None:
     from CESAPI.command import CommandSync
     from CESAPI.connection import Connection
     from CESAPI.packet import (
-        ES_AU_Radian,
         ES_CS_RHR,
         ES_HU_RH,
+        ES_AU_Radian,
         ES_LU_Millimeter,
         ES_MM_Stationary,
         ES_PU_Mbar,

@@ -7,15 +7,12 @@ answers exact reply bytes; the script must be consumed exactly, with nothing lef
 from __future__ import annotations
 
 import math
-import os
-import select
 import socket
-import threading
 import time
-import tty
 
 import numpy as np
 import pytest
+from _scripted import ScriptedDevice
 
 from cellcal.drivers import connect_tracker
 from cellcal.drivers import tracker as trk
@@ -23,7 +20,6 @@ from cellcal.drivers import tracker_codec as codec
 from cellcal.drivers.errors import DeviceError, DriverError, DriverInitError, ProtocolError
 from cellcal.drivers.tracker_codec import MeasKind, MeasurementFlags, StatusFlags, encode
 from cellcal.solver.se3 import matrix_from_quat
-from _scripted import ScriptedDevice
 
 HELLO_1 = encode(codec.Hello(1, "1.0"))
 ID_1 = encode(codec.Ident(1, 5_000_000, "1.0", "AT-X", "SN42", "2.1.0", "MM_DEG"))
