@@ -26,7 +26,7 @@ import threading
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Self
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
@@ -65,7 +65,12 @@ __all__ = [
     "RequestRejectedError",
     "TrackerTimeoutError",
     "TrackerGoneError",
+    "NotInitializedError",
+    "NoStationaryResultError",
+    "HostClockTrackerDriver",
     "BACKENDS",
+    "URL_SCHEMES",
+    "backend_for_url",
 ]
 
 log = logging.getLogger(__name__)
@@ -100,7 +105,20 @@ class BeamBrokenError(TrackerDeviceError):
 
 
 class NotStableError(TrackerDeviceError):
-    """The target moved during the averaging window."""
+    """The target (or the instrument itself) was not steady during the averaging window."""
+
+
+class NoStationaryResultError(NotStableError):
+    """A stationary measurement ended without a result while the target stayed locked
+    (emScon's ``NoStationaryResult``): the reflector did not stay still long enough.
+    A :class:`NotStableError`, so a caller that waits for the arm to settle and asks again
+    treats both alike."""
+
+
+class NotInitializedError(TrackerDeviceError):
+    """The instrument is not initialised (or its tracking subsystem is off) and refuses to
+    measure: run its initialisation (the emScon backend's ``initialize`` option, GeoCOM's
+    ATR switched on) and ask again."""
 
 
 class NotWarmedUpError(TrackerDeviceError):
@@ -286,6 +304,10 @@ class TrackerDriver(DeviceDriver):
         After the link dropped, the next call reopens it (once per call).
     """
 
+    #: The measurement kinds this backend's instrument can take (``"pose"``, ``"point"``);
+    #: :meth:`measure` refuses any other with a ``ValueError`` before any I/O.
+    measure_kinds: ClassVar[frozenset[str]] = frozenset({"pose", "point"})
+
     def __init__(
         self,
         *,
@@ -337,7 +359,7 @@ class TrackerDriver(DeviceDriver):
         with self._lock:
             if self._open:
                 return self
-            self._connect(deadline_after(self.timeout_s * (2 + self.clock_sync_count)))
+            self._connect(deadline_after(self._open_budget_s()))
             return self
 
     def close(self) -> None:
@@ -410,11 +432,16 @@ class TrackerDriver(DeviceDriver):
             The device sent a reply that parses but is not valid (e.g. quaternion norm).
         """
         kind = _parse_kind(kind)
+        if kind.value.lower() not in self.measure_kinds:
+            raise ValueError(
+                f"{self}: this instrument measures {' and '.join(sorted(self.measure_kinds))} "
+                f"only, not {kind.value.lower()!r}"
+            )
         average_s = float(average_s)
         if not 0.0 <= average_s <= codec.MAX_AVERAGE_MS / 1000:
             raise ValueError(f"average_s must be in [0, {codec.MAX_AVERAGE_MS / 1000}], got {average_s!r}")
         with self._lock:
-            deadline = self._deadline(timeout_s, extra_s=average_s)
+            deadline = self._deadline(timeout_s, extra_s=self._measure_budget_s(average_s))
             self._ready(deadline)
             if time.monotonic() - self._last_sync > self.clock_resync_s:
                 self._sync(1, deadline)
@@ -490,6 +517,28 @@ class TrackerDriver(DeviceDriver):
     def _device_restarted(self) -> bool:
         """Backends return True once after seeing the device clock jump back."""
         return False
+
+    def _open_budget_s(self) -> float:
+        """Seconds :meth:`open` allows for connecting, identifying and the clock sync; a
+        backend whose instrument needs longer (an emScon tracker initialising) adds to it."""
+        return self.timeout_s * (2 + self.clock_sync_count)
+
+    def _measure_budget_s(self, average_s: float) -> float:
+        """Seconds a measurement may take beyond ``timeout_s``: the averaging time, plus
+        what a backend's instrument needs on top (a total station's fine adjust and EDM)."""
+        return average_s
+
+    def _check_info(self, info: TrackerInfo) -> None:
+        """Refuse an identity this backend cannot work with (the cellcal protocol: major
+        version and units); a backend for another protocol overrides it."""
+        major = info.protocol_version.split(".")[0]
+        if major != str(codec.PROTOCOL_VERSION[0]):
+            raise RequestRejectedError(
+                f"{self}: device speaks protocol {info.protocol_version}, "
+                f"this driver {codec.PROTOCOL_VERSION[0]}.x", NakCode.UNSUPPORTED_VERSION.value,
+            )
+        if info.units != codec.UNITS_MM_DEG:
+            raise ProtocolError(f"{self}: device declared units {info.units!r}, expected MM_DEG")
 
     # -- internals ---------------------------------------------------------------------------
     def _deadline(self, timeout_s: float | None, extra_s: float = 0.0) -> float:
@@ -581,16 +630,6 @@ class TrackerDriver(DeviceDriver):
         self._last_sync = time.monotonic()
         return ok
 
-    def _check_info(self, info: TrackerInfo) -> None:
-        major = info.protocol_version.split(".")[0]
-        if major != str(codec.PROTOCOL_VERSION[0]):
-            raise RequestRejectedError(
-                f"{self}: device speaks protocol {info.protocol_version}, "
-                f"this driver {codec.PROTOCOL_VERSION[0]}.x", NakCode.UNSUPPORTED_VERSION.value,
-            )
-        if info.units != codec.UNITS_MM_DEG:
-            raise ProtocolError(f"{self}: device declared units {info.units!r}, expected MM_DEG")
-
     def _build_measurement(self, raw: RawMeasurement, average_s: float) -> TrackerMeasurement:
         xyz = np.array(raw.xyz_m, dtype=float)
         std_t = np.array(raw.std_xyz_m, dtype=float)
@@ -636,6 +675,24 @@ def _parse_kind(kind: str | MeasKind) -> MeasKind:
         return MeasKind(str(kind).upper())
     except ValueError:
         raise ValueError(f"kind must be 'pose' or 'point', got {kind!r}") from None
+
+
+def close_serial_port(port: Any) -> None:
+    """Close a port ``serial.serial_for_url`` opened, without pyserial's 0.3 s sleep."""
+    from serial.urlhandler import protocol_socket
+
+    if isinstance(port, protocol_socket.Serial) and port._socket is not None:  # type: ignore[attr-defined]
+        # pyserial's socket close() sleeps 0.3 s "in case of quick reconnects", which
+        # would eat a reconnecting call's whole deadline; close the socket ourselves
+        # (pyserial 3.5 attributes) and let close() find nothing left to do.
+        sock, port._socket = port._socket, None  # type: ignore[attr-defined]
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        sock.close()
+        port.is_open = False
+    port.close()
 
 
 # -- serial backend -----------------------------------------------------------------------------
@@ -699,22 +756,8 @@ class SerialTrackerDriver(TrackerDriver):
 
     def _close_internal(self) -> None:
         port, self._port = self._port, None
-        if port is None:
-            return
-        from serial.urlhandler import protocol_socket
-
-        if isinstance(port, protocol_socket.Serial) and port._socket is not None:  # type: ignore[attr-defined]
-            # pyserial's socket close() sleeps 0.3 s "in case of quick reconnects", which
-            # would eat a reconnecting call's whole deadline; close the socket ourselves
-            # (pyserial 3.5 attributes) and let close() find nothing left to do.
-            sock, port._socket = port._socket, None  # type: ignore[attr-defined]
-            try:
-                sock.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-            sock.close()
-            port.is_open = False
-        port.close()
+        if port is not None:
+            close_serial_port(port)
 
     def _identify_internal(self, deadline: float) -> TrackerInfo:
         version = "{}.{}".format(*codec.PROTOCOL_VERSION)
@@ -836,31 +879,100 @@ class SerialTrackerDriver(TrackerDriver):
         return rec
 
 
+# -- instruments without a device clock ---------------------------------------------------------
+
+
+class HostClockTrackerDriver(TrackerDriver):
+    """Base of backends whose instrument stamps nothing (emScon, GeoCOM): the host clock
+    stands in for the device clock.
+
+    A clock exchange is one cheap round trip of the instrument's protocol
+    (:meth:`_null_exchange_internal`); it reports the host's own midpoint as the device's
+    receive and send times, so the clock model maps host to host with half the round trip
+    as its bound, and a measurement's ``t_device_s`` is a host ``time.monotonic()`` estimate
+    of the centre of its window. The exchanges also prove the link alive on open.
+    """
+
+    #: What :attr:`TrackerInfo.units` must say (the units the backend set on the instrument).
+    units: ClassVar[str] = "M_RAD"
+
+    def _ping_internal(self, deadline: float) -> tuple[int, float, float, int]:
+        t1 = time.monotonic_ns()
+        self._null_exchange_internal(deadline)
+        t4 = time.monotonic_ns()
+        mid_s = (t1 + t4) / 2 / _NS_PER_S
+        return t1, mid_s, mid_s, t4
+
+    def _null_exchange_internal(self, deadline: float) -> None:
+        """One request the instrument answers at once (raise on failure)."""
+        raise NotImplementedError
+
+    def _check_info(self, info: TrackerInfo) -> None:
+        if info.units != self.units:
+            raise ProtocolError(f"{self}: instrument reports units {info.units!r}, expected {self.units}")
+
+
 # -- factory -------------------------------------------------------------------------------------
 
 #: Backend name -> ``"module:Class"``, imported on first use
-#: (:func:`cellcal.drivers.base.load_backend`). Every URL form goes through the serial
-#: backend; the registry is where another protocol (e.g. Leica GeoCOM) plugs in.
-BACKENDS: dict[str, str] = {"serial": "cellcal.drivers.tracker:SerialTrackerDriver"}
+#: (:func:`cellcal.drivers.base.load_backend`).
+BACKENDS: dict[str, str] = {
+    "serial": "cellcal.drivers.tracker:SerialTrackerDriver",
+    "emscon": "cellcal.drivers.emscon:EmsconTrackerDriver",
+    "geocom": "cellcal.drivers.geocom:GeocomTrackerDriver",
+}
+
+#: URL schemes that name a protocol, -> backend name (ADR 0008). ``geocom+<transport>://``
+#: names the protocol and a pyserial transport (``geocom+socket://host:port``). Any other
+#: URL (a device path, ``socket://``, ``spy://``, a pty) is pyserial's and runs the
+#: ``backend=`` given, by default the cellcal protocol (``"serial"``).
+URL_SCHEMES: dict[str, str] = {"emscon": "emscon", "geocom": "geocom"}
 
 
-def connect_tracker(url: str, *, backend: str = "serial", **options: Any) -> TrackerDriver:
+def backend_for_url(url: str) -> str | None:
+    """The backend a protocol URL names (``emscon://``, ``geocom://``, ``geocom+socket://``),
+    or ``None`` for a pyserial URL or device path."""
+    head, sep, _ = str(url).partition("://")
+    if not sep or "/" in head:
+        return None
+    return URL_SCHEMES.get(head.lower().split("+", 1)[0])
+
+
+def connect_tracker(url: str, *, backend: str | None = None, **options: Any) -> TrackerDriver:
     """A tracker driver for ``url``, not yet connected (no I/O until ``open()``/``with``).
 
     Parameters
     ----------
     url : str
-        Serial device path, ``socket://host:port``, pty path, or any pyserial URL.
-    backend : str
-        Name in :data:`BACKENDS`.
+        A protocol URL -- ``emscon://host[:port]`` (a Leica emScon tracker, TPI over TCP,
+        ``docs/protocols/emscon.md``), ``geocom:///dev/ttyUSB0[?baud=9600]`` or
+        ``geocom+socket://host:port`` (a Leica GeoCOM total station, ``docs/protocols/geocom.md``)
+        -- or, for the cellcal tracker protocol, a serial device path, ``socket://host:port``,
+        a pty path or any pyserial URL.
+    backend : str, optional
+        Name in :data:`BACKENDS`. A protocol URL selects its own; giving another is an error.
+        Any other URL defaults to ``"serial"`` (the cellcal protocol).
     **options
         Backend and :class:`TrackerDriver` options (``timeout_s``, ``retries``,
         ``baudrate``, ``clock_sync_count``, ...).
+
+    Raises
+    ------
+    ValueError
+        An unknown backend, a backend that contradicts the URL's scheme, a malformed URL or
+        option.
 
     Examples
     --------
     >>> with connect_tracker("socket://127.0.0.1:4000") as tracker:  # doctest: +SKIP
     ...     m = tracker.measure("pose", average_s=0.5)
+    >>> with connect_tracker("emscon://192.0.2.10") as tracker:  # doctest: +SKIP
+    ...     m = tracker.measure("point", average_s=0.5)
     """
+    named = backend_for_url(url)
+    if backend is None:
+        backend = named or "serial"
+    elif named is not None and backend != named:
+        raise ValueError(f"tracker URL {url!r} names the {named!r} backend, not {backend!r}")
     cls: type[TrackerDriver] = load_backend(BACKENDS, backend, "tracker backend")
     return cls.from_url(url, **options)

@@ -6,6 +6,10 @@ simulate), e.g.::
 
     {"tracker": "/dev/pts/5", "robot": null}
 
+``--instrument emscon|geocom`` serves the tracker in that protocol instead of cellcal's, from
+the same world; its URL then names the protocol (``emscon://127.0.0.1:PORT``,
+``geocom:///dev/pts/5``, ``geocom+socket://127.0.0.1:PORT``).
+
 then serves until SIGTERM or SIGINT and exits 0. Logs go to stderr.
 
 Adding a device is one entry in :data:`DEVICE_STARTERS`: a function taking the parsed
@@ -26,21 +30,32 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from cellcal.sim.link import Transport
 from cellcal.sim.scenario import Scenario, ScenarioError, load_scenario
-from cellcal.sim.tracker_sim import SimTracker, Transport
 from cellcal.sim.world import World
 
 log = logging.getLogger("cellcal.sim")
 
 
+#: ``--instrument`` -> (module, class) of the simulated instrument served as the tracker.
+INSTRUMENTS: dict[str, tuple[str, str]] = {
+    "cellcal": ("cellcal.sim.tracker_sim", "SimTracker"),
+    "emscon": ("cellcal.sim.emscon_sim", "SimEmscon"),
+    "geocom": ("cellcal.sim.geocom_sim", "SimGeocom"),
+}
+
+
 def _start_tracker(args: argparse.Namespace, scenario: Scenario, world: World) -> Any:
-    sim = SimTracker(
-        world,
-        scenario.tracker,
-        transport=args.tracker_transport,
-        seed=scenario.seed,
-        port=args.tracker_port,
-    )
+    import importlib
+
+    module, name = INSTRUMENTS[args.instrument]
+    cls = getattr(importlib.import_module(module), name)
+    transport = args.tracker_transport or cls.TRANSPORTS[0]
+    if transport not in cls.TRANSPORTS:
+        print(f"cellcal sim: --instrument {args.instrument} is served on "
+              f"{', '.join(cls.TRANSPORTS)} only, not {transport}", file=sys.stderr)
+        raise SystemExit(2)
+    sim = cls(world, scenario.tracker, transport=transport, seed=scenario.seed, port=args.tracker_port)
     return sim.start()
 
 
@@ -70,10 +85,15 @@ DEVICE_STARTERS: dict[str, Callable[[argparse.Namespace, Scenario, World], Any] 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--scenario", required=True, help="scenario TOML (see docs/simulation.md)")
     parser.add_argument(
+        "--instrument", choices=sorted(INSTRUMENTS), default="cellcal",
+        help="the tracker's protocol: cellcal tracker protocol 1.0 (default), Leica emScon TPI "
+             "(TCP only) or Leica GeoCOM (docs/protocols/)",
+    )
+    parser.add_argument(
         "--tracker-transport",
         choices=Transport.ALL,
-        default=Transport.PTY,
-        help="serve the tracker on a pty (default) or on loopback TCP",
+        default=None,
+        help="serve the tracker on a pty (default; emscon: TCP only) or on loopback TCP",
     )
     parser.add_argument(
         "--tracker-port", type=int, default=0, help="TCP port for --tracker-transport tcp (0: any free port)"

@@ -3,12 +3,14 @@
 Two layers:
 
 * :class:`TrackerDevice` -- the device's behaviour with no I/O: it takes decoded requests
-  and returns replies, measures the target where the :class:`~cellcal.sim.world.World`
-  says it is, adds the scenario's noise and refuses measurements the way a tracker does
-  (beam broken, no target, not stable, out of range, not warmed up, busy).
+  and returns replies. What it measures, its noise and when it refuses (beam broken, no
+  target, not stable, out of range, not warmed up) are the shared
+  :class:`~cellcal.sim.instrument.InstrumentModel`'s, so every simulated protocol measures
+  the same world the same way; busy and the protocol's own errors are the device's.
 * :class:`SimTracker` -- serves a device on a pty (``os.openpty`` in raw mode; its URL is
-  the slave path) or on loopback TCP (``socket://127.0.0.1:PORT``), in one thread, and
-  applies the link faults of the schedule (disconnect, garbage, trickle).
+  the slave path) or on loopback TCP (``socket://127.0.0.1:PORT``), in one thread, with the
+  link faults of the schedule (disconnect, garbage, trickle): a
+  :class:`~cellcal.sim.link.LinkServer`.
 
 Times: the scenario's fault schedule is in *simulated* seconds (``world.now_s()``). The
 device clock is a real oscillator: ``clock_offset_s + (1 + skew) * wall seconds`` since the
@@ -18,16 +20,8 @@ device started, and averaging times and latency run on it, as they do on hardwar
 from __future__ import annotations
 
 import dataclasses
-import errno
 import logging
-import math
-import os
-import select
-import socket
-import threading
 import time
-import tty
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -42,9 +36,11 @@ from cellcal.drivers.tracker_codec import (
     NakCode,
     StatusFlags,
 )
-from cellcal.sim.scenario import FaultConfig, FaultKind, TrackerConfig
+from cellcal.sim.instrument import InstrumentModel
+from cellcal.sim.link import LinkServer, Transport
+from cellcal.sim.scenario import TrackerConfig
 from cellcal.sim.world import World
-from cellcal.solver.se3 import so3_exp, xyz_quat_from_transform
+from cellcal.solver.se3 import xyz_quat_from_transform
 
 __all__ = ["TrackerDevice", "SimTracker", "Transport"]
 
@@ -52,20 +48,6 @@ log = logging.getLogger(__name__)
 
 _M_TO_MM = 1e3
 _US_PER_S = 1_000_000
-#: Longest the server thread sleeps without looking at the world (stability sampling).
-_TICK_S = 0.005
-#: Fraction of max range beyond which measurements carry NEAR_RANGE_LIMIT.
-_NEAR_RANGE_FRACTION = 0.98
-_READ_CHUNK = 4096
-_JOIN_TIMEOUT_S = 5.0
-
-
-class Transport:
-    """Transports :class:`SimTracker` serves on."""
-
-    PTY = "pty"
-    TCP = "tcp"
-    ALL = (PTY, TCP)
 
 
 @dataclass
@@ -104,7 +86,8 @@ class TrackerDevice:
     ) -> None:
         self.world = world
         self.config = config
-        self.rng = np.random.default_rng(seed)
+        self.model = InstrumentModel(world, config, seed=seed)
+        self.rng = self.model.rng
         self._clock = clock
         self._t0 = clock()
         self._rate = 1.0 + config.clock_skew_ppm * 1e-6
@@ -125,47 +108,19 @@ class TrackerDevice:
         return int(self.config.latency_ms * 1000)
 
     # -- conditions -------------------------------------------------------------------------
-    def _active(self, kind: FaultKind, t_s: float) -> bool:
-        return any(f.kind is kind and f.active(t_s) for f in self.config.faults)
-
-    def _overlapping(self, kind: FaultKind, t0_s: float, t1_s: float) -> bool:
-        return any(f.kind is kind and f.overlaps(t0_s, t1_s) for f in self.config.faults)
-
-    def _stable_now(self, t_s: float) -> bool:
-        lin, ang = self.world.flange_speed()
-        return (
-            lin <= self.config.stable_speed_m_s
-            and ang <= self.config.stable_speed_rad_s
-            and not self._active(FaultKind.NOT_STABLE, t_s)
-        )
-
     def status_flags(self) -> StatusFlags:
         t = self.world.now_s()
+        m = self.model
         flags = StatusFlags.NONE
-        if t >= self.config.warmup_s:
+        if m.warmed_up(t):
             flags |= StatusFlags.WARMED_UP
-        if not (self._active(FaultKind.BEAM_BREAK, t) or self._active(FaultKind.NO_TARGET, t)):
+        if m.target_locked(t):
             flags |= StatusFlags.TARGET_LOCKED
-        if self._stable_now(t):
+        if m.stable(t):
             flags |= StatusFlags.STABLE
         if self._meas is not None:
             flags |= StatusFlags.MEASURING
         return flags
-
-    def _refusal(self, t_s: float) -> NakCode | None:
-        """Why a measurement cannot start now, if it cannot."""
-        if t_s < self.config.warmup_s:
-            return NakCode.NOT_WARMED_UP
-        if self._active(FaultKind.BEAM_BREAK, t_s):
-            return NakCode.BEAM_BROKEN
-        if self._active(FaultKind.NO_TARGET, t_s):
-            return NakCode.NO_TARGET
-        dist = float(np.linalg.norm(self.world.cell_T_target(t_s)[:3, 3]))
-        if not self.config.min_range_m <= dist <= self.config.max_range_m:
-            return NakCode.OUT_OF_RANGE
-        if not self._stable_now(t_s):
-            return NakCode.NOT_STABLE
-        return None
 
     # -- requests ---------------------------------------------------------------------------
     def handle(self, item: codec.Record | codec.TrackerProtocolError, rx_us: int) -> list:
@@ -210,11 +165,10 @@ class TrackerDevice:
         if self._meas is not None:
             return [codec.Nak(req.seq, 0, NakCode.BUSY.value)]
         t_s = self.world.now_s()
-        why = self._refusal(t_s)
+        why = self.model.refusal(t_s)
         if why is not None:
             return [codec.Nak(req.seq, 0, why.value)]
-        avg_s = req.average_ms / 1000
-        n = max(1, round(avg_s * self.config.sample_rate_hz))
+        n = self.model.sample_count(req.average_ms / 1000)
         self._meas = _Measurement(
             req.seq, req.kind, n, rx_us, rx_us + req.average_ms * 1000, t_s
         )
@@ -230,48 +184,35 @@ class TrackerDevice:
         if m is None:
             return []
         t_s = self.world.now_s()
-        if not self._stable_now(t_s):
+        if not self.model.stable(t_s):
             m.unstable = True  # the target moved at some time during the window
         if self.now_us() < m.end_us:
             return []
         self._meas = None
-        if self._overlapping(FaultKind.BEAM_BREAK, m.start_sim_s, t_s):
-            return [codec.Nak(m.seq, 0, NakCode.BEAM_BROKEN.value)]
-        if self._overlapping(FaultKind.NO_TARGET, m.start_sim_s, t_s):
-            return [codec.Nak(m.seq, 0, NakCode.NO_TARGET.value)]
-        if m.unstable:
-            return [codec.Nak(m.seq, 0, NakCode.NOT_STABLE.value)]
+        why = self.model.failure(m.start_sim_s, t_s, m.unstable)
+        if why is not None:
+            return [codec.Nak(m.seq, 0, why.value)]
         return [self._measure(m, t_s)]
 
     def _measure(self, m: _Measurement, t_s: float):
-        """Average of ``m.n`` samples: truth plus noise whose sigma shrinks as sqrt(n)."""
-        c = self.config
-        T = self.world.cell_T_target(t_s)
-        root_n = math.sqrt(m.n)
-        std_m = c.noise_m / root_n
-        xyz = T[:3, 3] + self.rng.normal(0.0, 1.0, 3) * std_m
-        flags = MeasurementFlags.NONE
-        if np.linalg.norm(T[:3, 3]) > _NEAR_RANGE_FRACTION * c.max_range_m:
-            flags |= MeasurementFlags.NEAR_RANGE_LIMIT
+        """Average of ``m.n`` samples from the shared model, in protocol units (mm, deg)."""
+        sample = self.model.measure(t_s, m.n, pose=m.kind is MeasKind.POSE)
+        flags = MeasurementFlags.NEAR_RANGE_LIMIT if sample.near_range_limit else MeasurementFlags.NONE
         t_mid_us = (m.start_us + m.end_us) // 2
-        x, y, z = xyz * _M_TO_MM
-        sx, sy, sz = std_m * _M_TO_MM
+        x, y, z = sample.xyz_m * _M_TO_MM
+        sx, sy, sz = sample.std_m * _M_TO_MM
         if m.kind is MeasKind.POINT:
             return codec.PointReply(m.seq, 0, t_mid_us, m.n, x, y, z, sx, sy, sz, flags)
-        std_rad = c.noise_rad / root_n
-        # orientation noise about the target's own axes (right perturbation)
-        R = T[:3, :3] @ so3_exp(self.rng.normal(0.0, 1.0, 3) * std_rad)
-        T_meas = T.copy()
-        T_meas[:3, :3] = R
-        _, q = xyz_quat_from_transform(T_meas)
-        srx, sry, srz = np.degrees(std_rad)
+        assert sample.cell_T_target is not None and sample.std_rad is not None
+        _, q = xyz_quat_from_transform(sample.cell_T_target)
+        srx, sry, srz = np.degrees(sample.std_rad)
         qw, qx, qy, qz = (float(v) for v in q)
         return codec.PoseReply(
             m.seq, 0, t_mid_us, m.n, x, y, z, qw, qx, qy, qz, sx, sy, sz, srx, sry, srz, flags
         )
 
 
-class SimTracker:
+class SimTracker(LinkServer):
     """A :class:`TrackerDevice` served on a pty or loopback TCP, in its own thread.
 
     Parameters
@@ -289,8 +230,11 @@ class SimTracker:
     Notes
     -----
     The constructor does no I/O; :meth:`start` (or ``with``) opens the pty or socket and
-    starts the thread, :meth:`close` stops and joins it and closes every descriptor.
+    starts the thread, :meth:`close` stops and joins it and closes every descriptor. The URL
+    is the pty path or ``socket://127.0.0.1:PORT``.
     """
+
+    NAME = "tracker"
 
     def __init__(
         self,
@@ -303,246 +247,45 @@ class SimTracker:
         port: int = 0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        if transport not in Transport.ALL:
-            raise ValueError(f"transport must be one of {Transport.ALL}, got {transport!r}")
-        self.world = world
-        self.config = config
-        self.transport = transport
+        super().__init__(world, config, transport=transport, seed=seed, host=host, port=port)
         self.device = TrackerDevice(world, config, seed=seed, clock=clock)
-        self._rng = np.random.default_rng([seed, 1])  # garbage: independent of the noise
-        self._host, self._port = host, int(port)
-        self._url: str | None = None
-        self._thread: threading.Thread | None = None
-        self._stop = threading.Event()
-        self._wake_r = self._wake_w = -1
-        self._master = self._slave = -1
-        self._listen: socket.socket | None = None
-        self._conn: socket.socket | None = None
         self._decoder = codec.Decoder(accept=codec.REQUEST_TYPES)
-        # outgoing: (wall time to send at, bytes); trickle splits frames into bytes
-        self._out: deque[tuple[float, bytes]] = deque()
-        self._pending: deque[tuple[float, Any]] = deque()  # (send at, record)
-        self._was_disconnected = False
-        self.frames_in = 0
-        self.frames_out = 0
-
-    # -- lifecycle ---------------------------------------------------------------------------
-    @property
-    def url(self) -> str:
-        """What :func:`cellcal.drivers.connect_tracker` takes: a pty path or socket:// URL."""
-        if self._url is None:
-            raise RuntimeError("SimTracker not started")
-        return self._url
 
     def start(self) -> SimTracker:
-        if self._thread is not None:
-            return self
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
-        if self.transport == Transport.PTY:
-            self._master, self._slave = os.openpty()
-            # Raw mode: no echo, no CR/LF translation, no line editing -- bytes as sent.
-            tty.setraw(self._slave)
-            os.set_blocking(self._master, False)
-            # The sim keeps the slave open so the master never reads EIO between clients.
-            self._url = os.ttyname(self._slave)
-        else:
-            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            s.bind((self._host, self._port))
-            s.listen(1)
-            s.setblocking(False)
-            self._listen = s
-            self._url = f"socket://{self._host}:{s.getsockname()[1]}"
-        self._thread = threading.Thread(target=self._run, name=f"sim-tracker {self._url}", daemon=True)
-        self._thread.start()
-        log.info("sim tracker serving on %s", self._url)
-        return self
-
-    def close(self) -> None:
-        """Stop the thread and close every descriptor (idempotent)."""
-        thread, self._thread = self._thread, None
-        if thread is not None:
-            self._stop.set()
-            try:
-                os.write(self._wake_w, b"x")
-            except OSError:
-                pass
-            thread.join(_JOIN_TIMEOUT_S)
-            if thread.is_alive():  # pragma: no cover - a bug; say so rather than hang
-                log.error("sim tracker thread did not stop")
-        for fd_name in ("_master", "_slave", "_wake_r", "_wake_w"):
-            fd = getattr(self, fd_name)
-            if fd >= 0:
-                try:
-                    os.close(fd)
-                except OSError:
-                    pass
-                setattr(self, fd_name, -1)
-        for sock_name in ("_conn", "_listen"):
-            s = getattr(self, sock_name)
-            if s is not None:
-                s.close()
-                setattr(self, sock_name, None)
+        return super().start()
 
     def __enter__(self) -> SimTracker:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def _make_url(self, transport: str, where: str | int) -> str:
+        return str(where) if transport == Transport.PTY else f"socket://{self._host}:{where}"
 
-    # -- the server thread ---------------------------------------------------------------------
-    def _run(self) -> None:
-        try:
-            while not self._stop.is_set():
-                self._step(self._wait_s())
-        except Exception:  # pragma: no cover - keep the reason; the driver sees silence
-            log.exception("sim tracker thread failed")
+    @property
+    def _latency_s(self) -> float:
+        return self.device.latency_us / _US_PER_S / self.device._rate
 
-    def _wait_s(self) -> float:
-        wait = _TICK_S
-        nxt = self.device.next_event_wall_s()
-        if nxt is not None:
-            wait = min(wait, max(0.0, nxt))
-        if self._out:
-            wait = min(wait, max(0.0, self._out[0][0] - time.monotonic()))
-        if self._pending:
-            wait = min(wait, max(0.0, self._pending[0][0] - time.monotonic()))
-        return wait
-
-    def _step(self, wait_s: float) -> None:
-        t_sim = self.world.now_s()
-        down = self._fault(FaultKind.DISCONNECT, t_sim) is not None
-        if down and not self._was_disconnected:
-            log.info("sim tracker: link down (scheduled) at t=%.3f s", t_sim)
-            self._drop_link()
-        self._was_disconnected = down
-        rlist: list[Any] = [self._wake_r]
-        if self._master >= 0:
-            rlist.append(self._master)
-        if self._listen is not None:
-            rlist.append(self._listen)
-        if self._conn is not None:
-            rlist.append(self._conn)
-        readable, _, _ = select.select(rlist, [], [], wait_s)
-        if self._wake_r in readable:
-            try:
-                os.read(self._wake_r, 64)
-            except OSError:
-                pass
-        if self._listen is not None and self._listen in readable:
-            self._accept(down)
-        data = self._read_link(readable)
-        rx_us = self.device.now_us()
-        if data and not down:
-            self._decoder.feed(data)
-            for item in self._decoder.decode():
-                if not isinstance(item, codec.TrackerProtocolError):
-                    self.frames_in += 1
-                self._reply(self.device.handle(item, rx_us))
-        self._reply(self.device.poll())
-        self._send_due(t_sim)
-
-    def _accept(self, down: bool) -> None:
-        try:
-            assert self._listen is not None
-            conn, _ = self._listen.accept()
-        except (BlockingIOError, InterruptedError):
-            return
-        if down:
-            conn.close()  # the "device" is unplugged: the connection dies at once
-            return
-        if self._conn is not None:
-            self._conn.close()  # one client at a time: the newest wins
-        conn.setblocking(False)
-        conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self._conn = conn
+    def _on_connect(self) -> None:
         self._decoder.reset()
-        self._out.clear()
-        self._pending.clear()
 
-    def _drop_link(self) -> None:
-        self._out.clear()
-        self._pending.clear()
+    def _on_link_drop(self) -> None:
         self.device._meas = None  # the measurement dies with the link
-        self._decoder.reset()
-        if self._conn is not None:
-            self._conn.close()
-            self._conn = None
 
-    def _read_link(self, readable: list) -> bytes:
-        try:
-            if self._master >= 0 and self._master in readable:
-                return os.read(self._master, _READ_CHUNK)
-            if self._conn is not None and self._conn in readable:
-                data = self._conn.recv(_READ_CHUNK)
-                if not data:  # client closed
-                    self._conn.close()
-                    self._conn = None
-                return data
-        except (BlockingIOError, InterruptedError):
-            return b""
-        except OSError as exc:
-            if exc.errno == errno.EIO:
-                return b""  # no client on the pty
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
-        return b""
+    def _on_bytes(self, data: bytes) -> list[Any]:
+        rx_us = self.device.now_us()
+        self._decoder.feed(data)
+        out: list[Any] = []
+        for item in self._decoder.decode():
+            if not isinstance(item, codec.TrackerProtocolError):
+                self.frames_in += 1
+            out += self.device.handle(item, rx_us)
+        return out
 
-    def _fault(self, kind: FaultKind, t_s: float) -> FaultConfig | None:
-        for f in self.config.faults:
-            if f.kind is kind and f.active(t_s):
-                return f
-        return None
+    def _on_tick(self) -> list[Any]:
+        return self.device.poll()
 
-    def _reply(self, records: list) -> None:
-        send_at = time.monotonic() + self.device.latency_us / _US_PER_S / self.device._rate
-        for rec in records:
-            self._pending.append((send_at, rec))
+    def _next_event_wall_s(self) -> float | None:
+        return self.device.next_event_wall_s()
 
-    def _send_due(self, t_sim: float) -> None:
-        now = time.monotonic()
-        while self._pending and self._pending[0][0] <= now:
-            _, rec = self._pending.popleft()
-            # ts_us is when the frame leaves the device
-            frame = codec.encode(dataclasses.replace(rec, ts_us=self.device.now_us()))
-            self.frames_out += 1
-            self._queue_frame(frame, t_sim, now)
-        while self._out and self._out[0][0] <= time.monotonic():
-            _, data = self._out.popleft()
-            self._write(data)
-
-    def _queue_frame(self, frame: bytes, t_sim: float, now: float) -> None:
-        garbage = self._fault(FaultKind.GARBAGE, t_sim)
-        if garbage is not None:
-            if self._rng.random() < garbage.corrupt_probability:
-                buf = bytearray(frame)
-                k = int(self._rng.integers(len(buf)))
-                buf[k] = (buf[k] + int(self._rng.integers(1, 256))) % 256  # always a change
-                frame = bytes(buf)
-            noise = self._rng.integers(0, 256, garbage.burst_bytes, dtype=np.uint8).tobytes()
-            frame = noise + frame
-        trickle = self._fault(FaultKind.TRICKLE, t_sim)
-        if trickle is None:
-            at = self._out[-1][0] if self._out else now
-            self._out.append((at, frame))
-            return
-        step = trickle.byte_interval_ms / 1000 / self.device._rate
-        at = max(now, self._out[-1][0] if self._out else now)
-        for i in range(len(frame)):
-            self._out.append((at + i * step, frame[i : i + 1]))
-
-    def _write(self, data: bytes) -> None:
-        try:
-            if self._master >= 0:
-                os.write(self._master, data)
-            elif self._conn is not None:
-                self._conn.sendall(data)
-        except (BlockingIOError, InterruptedError):
-            # A full buffer with nobody reading: a real UART drops bytes too.
-            log.debug("sim tracker: output buffer full, %d byte(s) dropped", len(data))
-        except OSError:
-            if self._conn is not None:
-                self._conn.close()
-                self._conn = None
+    def _encode(self, record: Any) -> bytes:
+        # ts_us is when the frame leaves the device
+        return codec.encode(dataclasses.replace(record, ts_us=self.device.now_us()))

@@ -21,6 +21,8 @@ second base, so callers that catch it keep working (every timeout is also a
     |   |   +-- TrackerTimeoutError      drivers.tracker
     |   +-- ProtocolError                bytes that do not form a valid message
     |   |   +-- TrackerProtocolError     drivers.tracker_codec: one bad frame, with its fault
+    |   |   +-- TpiProtocolError         drivers.emscon_codec: one bad emScon packet or skipped run
+    |   |   +-- GeocomProtocolError      drivers.geocom_codec: one bad GeoCOM line
     |   +-- DeviceGoneError              the link dropped (port closed, socket reset, bus silent)
     |   |   +-- TrackerGoneError         drivers.tracker
     |   |   +-- HeartbeatLost            drivers.canopen402: a drive stopped beating
@@ -31,7 +33,8 @@ second base, so callers that catch it keep working (every timeout is also a
     |   |   +-- TrackerDeviceError       drivers.tracker: a NAK, ``code`` the protocol's
     |   |       +-- NoTargetError, BeamBrokenError, NotStableError, NotWarmedUpError,
     |   |           OutOfRangeError, TrackerBusyError, MeasurementAbortedError,
-    |   |           RequestRejectedError
+    |   |           RequestRejectedError, NotInitializedError
+    |   |           (NoStationaryResultError is a NotStableError: emScon's stationary fail)
     |   +-- ClockNotReady (RuntimeError) drivers.clock: a clock mapping asked of a model
     |                                    that has no sample yet
     +-- UnreachablePose (ValueError)     drivers.kinematics: no joint vector reaches the pose

@@ -100,14 +100,15 @@ def test_every_registered_backend_loads_and_names_itself(registry, base):
 def test_registry_is_lazy_and_unknown_names_are_listed():
     code = (
         "import sys, cellcal.drivers.robot, cellcal.drivers.tracker;"
-        "assert not {'canopen', 'can', 'cellcal.drivers.ur_rtde', 'cellcal.drivers.canopen402', 'serial'}"
+        "assert not {'canopen', 'can', 'cellcal.drivers.ur_rtde', 'cellcal.drivers.canopen402', 'serial',"
+        " 'cellcal.drivers.emscon', 'cellcal.drivers.geocom'}"
         " & set(sys.modules), sorted(sys.modules)"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
     with pytest.raises(ValueError, match=r"robot URL scheme 'modbus' unknown; known: canopen, rtde"):
         connect_robot("modbus://10.0.0.1")
-    with pytest.raises(ValueError, match=r"tracker backend 'geocom' unknown; known: serial"):
-        connect_tracker("socket://127.0.0.1:1", backend="geocom")
+    with pytest.raises(ValueError, match=r"tracker backend 'faro' unknown; known: emscon, geocom, serial"):
+        connect_tracker("socket://127.0.0.1:1", backend="faro")
 
 
 def test_a_backend_is_one_registry_entry(monkeypatch):
