@@ -482,6 +482,8 @@ def load_config_text(text: str, *, source: str = "<string>") -> Config:
         raise ConfigError("", f"not valid TOML: {exc}", file=source) from exc
     except RecursionError:
         raise ConfigError("", "not valid TOML for cellcal: tables or arrays nested too deep", file=source) from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits (int() refuses it)
+        raise ConfigError("", f"not valid TOML: {str(exc)[:200]}", file=source) from None
     if "config_version" not in raw:
         raise ConfigError("config_version", f"missing (this build reads {SUPPORTED_CONFIG_VERSIONS})", file=source)
     try:
