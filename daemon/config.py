@@ -12,8 +12,11 @@ Rules (issue 5, DESIGN.md section 5):
   ``connect_*`` functions; :func:`check_devices` builds the drivers (constructors do no I/O)
   so a misspelt option is reported at load time with its dotted path.
 
-The example files in ``config/`` are the reference for every key; ``cellcal check-config
-FILE`` loads one and prints it back in SI units.
+Every key, its default, unit and bounds: ``docs/configuration.md`` (a test keeps it complete);
+the example files in ``config/`` are complete configurations. Bounds (``_BOUNDS``) keep a value
+from switching a gate off. ``load_config`` makes every check that needs no file or device,
+the ``[zmq]`` security rules included; :func:`preflight` adds the drivers and the key file.
+``cellcal run`` and ``cellcal check-config`` both call exactly these two.
 """
 
 from __future__ import annotations

@@ -58,7 +58,13 @@ Roles
     ``list_results``, ``to_base``); ``operator`` may also move the robot or change the
     active calibration (``start_run``, ``abort``, ``run_drift_check``,
     ``activate_result``). Under CURVE the role comes from the allow-listed client key;
-    without CURVE every client has ``[zmq] null_role`` (default ``observer``).
+    without CURVE an admitted local peer (``zmq_server.check_security``) has ``[zmq]
+    null_role`` (default ``observer``).
+
+Inputs
+    Arguments are bounded here, before any command runs (``v_record_id``, ``v_name``,
+    ``MAX_POSITION_M``, ``MAX_JOINT_RAD``), and a reply never holds a non-finite number
+    (``find_non_finite``; ``to_base`` refuses instead).
 
 Bodies of topics and results of commands are the TypedDicts below (``HeartbeatBody``,
 ``ResultBody``, ...). Within ``v = 1`` fields may be added, never removed or retyped, so
@@ -230,8 +236,9 @@ class Caller:
     Attributes
     ----------
     key_id : str
-        First 8 characters of the client's Z85 CURVE public key, or ``"null"`` without CURVE.
-        This is what the logs show.
+        First 8 characters of the client's Z85 CURVE public key; without CURVE ``"uid:N"``
+        for an ipc peer (its kernel-reported uid) or ``"null"`` on loopback TCP. This is
+        what the logs show.
     role : str
         ``"observer"`` or ``"operator"``.
     name : str

@@ -202,3 +202,29 @@ def test_fuzz_mutated_configs_load_or_name_a_key_and_run_agrees(tmp_path, capsys
                     assert any(w in exc.message for w in ("not valid TOML", "nested too deep", "cannot read")), exc
     assert outcomes[0] > 10 and outcomes[2] > 100, outcomes  # both sides of the line were exercised
     assert not (tmp_path / "state").exists()  # no verdict opened a store
+
+
+def _schema_paths(cls: type, prefix: str = "") -> list[str]:
+    import dataclasses
+    import typing
+
+    hints = typing.get_type_hints(cls)
+    out = []
+    for f in dataclasses.fields(cls):
+        if f.metadata.get("internal"):
+            continue
+        path = f"{prefix}.{f.metadata['key']}" if prefix else f.metadata["key"]
+        t = hints[f.name]
+        out += _schema_paths(t, path) if dataclasses.is_dataclass(t) else [path]
+    return out
+
+
+def test_every_key_and_every_bound_is_in_the_configuration_reference():
+    from cellcal.daemon.config import _BOUNDS, Config
+
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    missing = [p for p in _schema_paths(Config) if f"`{p}`" not in doc]
+    assert not missing, f"keys not documented in docs/configuration.md: {missing}"
+    for key, (lo, hi, _open) in _BOUNDS.items():
+        name = key.replace("[]", "").split(".")[-1]
+        assert f"`{key.replace('[]', '')}`" in doc or f"`{name}`" in doc, key
