@@ -26,6 +26,7 @@ import hashlib
 import math
 import re
 import tomllib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -351,7 +352,9 @@ def _check_bound(path: str, value: float) -> None:
         return
     lo, hi, lo_open = b
     if not ((lo < value) if lo_open else (lo <= value)) or not value <= hi:
-        show = oct if path.endswith("_mode") else (lambda v: f"{v:g}")
+        def show(v: float) -> str:
+            return oct(int(v)) if path.endswith("_mode") else f"{v:g}"
+
         raise ConfigError(path, f"must be in {'(' if lo_open else '['}{show(lo)}, {show(hi)}], got {value!r}")
 
 
@@ -392,7 +395,7 @@ def _convert(cls: type, fname: str, ftype: Any, value: Any, scale: float, path: 
     if dataclasses.is_dataclass(ftype):
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a table, got {type(value).__name__}")
-        return _build(ftype, value, path)
+        return _build(typing.cast(type, ftype), value, path)
     if ftype is bool:
         if not isinstance(value, bool):
             raise ConfigError(path, f"expected true or false, got {_show(value)}")
@@ -557,7 +560,8 @@ def _positive(path: str, v: float) -> None:
 def _validate(c: Config) -> None:
     """Cross-field and range checks that the types alone do not express."""
     if c.config_version not in SUPPORTED_CONFIG_VERSIONS:
-        raise ConfigError("config_version", f"version {c.config_version} not supported (this build reads {SUPPORTED_CONFIG_VERSIONS})")
+        raise ConfigError("config_version",
+                          f"version {c.config_version} not supported (this build reads {SUPPORTED_CONFIG_VERSIONS})")
     for path, v in (
         ("robot.read_timeout_s", c.robot.read_timeout_s),
         ("robot.settle.max_flange_ang_speed_deg_s", c.robot.settle.max_flange_ang_speed_rad_s),
@@ -594,11 +598,11 @@ def _validate(c: Config) -> None:
     for name, vec in (("home_q_deg", p.home_q_rad), ("joint_min_deg", p.joint_min_rad), ("joint_max_deg", p.joint_max_rad)):
         if len(vec) != 6:
             raise ConfigError(f"plan.{name}", f"expected 6 numbers (one per joint), got {len(vec)}")
-    if any(lo >= hi for lo, hi in zip(p.joint_min_rad, p.joint_max_rad)):
+    if any(lo >= hi for lo, hi in zip(p.joint_min_rad, p.joint_max_rad, strict=True)):
         raise ConfigError("plan.joint_max_deg", "every joint's maximum must exceed its minimum")
-    if any(not lo <= h <= hi for lo, h, hi in zip(p.joint_min_rad, p.home_q_rad, p.joint_max_rad)):
+    if any(not lo <= h <= hi for lo, h, hi in zip(p.joint_min_rad, p.home_q_rad, p.joint_max_rad, strict=True)):
         raise ConfigError("plan.home_q_deg", "the home configuration is outside the joint limits")
-    if any(lo >= hi for lo, hi in zip(p.workspace_min_m, p.workspace_max_m)):
+    if any(lo >= hi for lo, hi in zip(p.workspace_min_m, p.workspace_max_m, strict=True)):
         raise ConfigError("plan.workspace_max_mm", "every component must exceed workspace_min_mm")
     if p.kind == "generated" and p.n_stations < 3:
         raise ConfigError("plan.n_stations", f"at least 3 stations are needed, got {p.n_stations}")

@@ -409,7 +409,7 @@ def v_pose(v: Any) -> dict[str, Any]:
     keys = set(v)
     if keys == {"matrix"}:
         m = _numbers(v["matrix"], 16, "matrix (16 numbers, row-major)", MAX_POSITION_M)
-        if any(abs(a - b) > 1e-9 for a, b in zip(m[12:], (0.0, 0.0, 0.0, 1.0))):
+        if any(abs(a - b) > 1e-9 for a, b in zip(m[12:], (0.0, 0.0, 0.0, 1.0), strict=True)):
             raise _ArgError("matrix: the last row must be 0, 0, 0, 1")
         r = [m[0:3], m[4:7], m[8:11]]
         for i in range(3):
@@ -1018,7 +1018,7 @@ BODY_TYPES: dict[str, type] = {
 }
 RESULT_TYPES: dict[str, Any] = {
     "get_status": StatusResult, "get_snapshot": SnapshotResult, "get_result": ResultBody,
-    "list_results": ListResultsResult, "to_base": Union[ToBasePointResult, ToBasePoseResult],
+    "list_results": ListResultsResult, "to_base": ToBasePointResult | ToBasePoseResult,
     "start_run": StartRunResult, "abort": AbortResult, "run_drift_check": DriftCheckResult,
     "activate_result": ActivateResult,
 }

@@ -200,7 +200,7 @@ def _entry(v: object, where: str, key: str, i: int, j: int) -> float:
 def _matrix(value: object, where: str, key: str) -> np.ndarray:
     if not (isinstance(value, list) and len(value) == 4 and all(isinstance(r, list) and len(r) == 4 for r in value)):
         raise StationFileError(f"{where}: {key} is not a 4x4 list of numbers")
-    a = np.array([[_entry(value[i][j], where, key, i, j) for j in range(4)] for i in range(4)])  # type: ignore[index]
+    a = np.array([[_entry(value[i][j], where, key, i, j) for j in range(4)] for i in range(4)])
     try:
         a = check_transform(a, key)
     except ValueError as exc:
@@ -212,7 +212,9 @@ def _matrix(value: object, where: str, key: str) -> np.ndarray:
 
 
 def _read_jsonl(lines: _Lines, name: str, meas_key: str | None) -> Stations:
-    G, M, nums = [], [], []
+    G: list[np.ndarray] = []
+    M: list[np.ndarray] = []
+    nums: list[int] = []
     for raw in lines:
         lines.start_record()
         lineno = lines.lineno
@@ -287,7 +289,9 @@ def _read_csv(lines: _Lines, name: str, meas_key: str | None) -> Stations:
     missing = [c for c in needed if c not in header]
     if missing:
         raise StationFileError(f"{name}:1: header lacks column(s) {', '.join(missing)}")
-    G, M, nums = [], [], []
+    G: list[np.ndarray] = []
+    M: list[np.ndarray] = []
+    nums: list[int] = []
     while True:
         lines.start_record()
         try:

@@ -77,7 +77,7 @@ import typing
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -695,7 +695,7 @@ MIGRATIONS: dict[int, tuple[str, Sequence[str]]] = {
 
 
 def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def migrate(conn: sqlite3.Connection, migrations: dict[int, tuple[str, Sequence[str]]] | None = None) -> int:
@@ -844,7 +844,7 @@ def _iso_utc(value: datetime | str | None) -> str:
             raise ValueError(f"valid_from must be ISO 8601 with a UTC offset, got {value!r}") from exc
     if not isinstance(value, datetime) or value.tzinfo is None:
         raise ValueError(f"valid_from must be a timezone-aware datetime or ISO 8601 string, got {value!r}")
-    return value.astimezone(timezone.utc).isoformat(timespec="microseconds")
+    return value.astimezone(UTC).isoformat(timespec="microseconds")
 
 
 class Store:

@@ -492,7 +492,7 @@ class ZmqServer:
         self._replies = _ReplyCache(dedup_entries, dedup_bytes)
         self._bad_since_log = 0
         self._bad_last_log = -math.inf  # the first malformed request is reported at once
-        self._stats = collections.Counter()
+        self._stats: collections.Counter[str] = collections.Counter()
         self._internal_logged: dict[tuple[str, str], tuple[float, int]] = {}  # command thread only
 
     # --- properties --------------------------------------------------------------------------
@@ -720,8 +720,10 @@ class ZmqServer:
 
     def _loop(self, pub: zmq.Socket, router: zmq.Socket) -> None:
         poller = zmq.Poller()
+        wake_r = self._wake_r
+        assert wake_r is not None  # start() made the pipe before this thread
         poller.register(router, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(wake_r, zmq.POLLIN)
         period = float(self._cfg.republish_s)
         next_republish = time.monotonic() + period
         # Messages published before start() were queued without a wake-up byte.
@@ -729,10 +731,10 @@ class ZmqServer:
             return
         while True:
             timeout_ms = max(0.0, next_republish - time.monotonic()) * 1000.0
-            events = dict(poller.poll(timeout_ms))
-            if self._wake_r in events:
+            events = dict(poller.poll(int(math.ceil(timeout_ms))))
+            if wake_r in events:
                 try:
-                    while os.read(self._wake_r, 4096):
+                    while os.read(wake_r, 4096):
                         pass
                 except BlockingIOError:
                     pass
@@ -800,14 +802,14 @@ class ZmqServer:
                 return self._null_caller, "null"
             # Defence in depth behind ZAP: the kernel's credentials of this very connection.
             try:
-                address = frame.get("Peer-Address")
+                address = str(frame.get("Peer-Address"))
             except zmq.ZMQError:
                 address = ""
             assert self._peers is not None
             ok, user = self._peers.check(address, "ipc request")
             return P.Caller(user, self._null_caller.role if ok else "", user), user
         try:
-            key = frame.get("User-Id")
+            key = str(frame.get("User-Id"))
         except zmq.ZMQError:
             key = ""
         role, name = self._allow.get(key, ("", "unknown"))
@@ -829,6 +831,7 @@ class ZmqServer:
 
     def _on_request(self, router: zmq.Socket, frames: list[zmq.Frame]) -> None:
         identity = frames[0].bytes
+        prefix: tuple[bytes, ...]
         if len(frames) >= 3 and len(frames[1]) == 0:  # REQ client: [id, "", payload]
             prefix, payload = (identity, b""), frames[2:]
         else:  # DEALER client: [id, payload]

@@ -11,9 +11,9 @@ import sys
 import pytest
 import zmq
 import zmq.auth
+from test_zmq_support import curve_config, curve_setup, heartbeating, serving, short_tmpdir, zctx, zmq_config
 
 from cellcal.daemon import protocol as P
-from test_zmq_support import curve_config, curve_setup, heartbeating, serving, short_tmpdir, zctx, zmq_config
 
 TIMEOUT_S = 20.0
 
