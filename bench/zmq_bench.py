@@ -131,7 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cadence-s", type=float, default=10.0, help="length of each 1 Hz run (default 10 s)")
     args = ap.parse_args(argv)
-    cfg = Zmq(pub_endpoint="tcp://127.0.0.1:*", cmd_endpoint="tcp://127.0.0.1:*")
+    cfg = Zmq(pub_endpoint="tcp://127.0.0.1:*", cmd_endpoint="tcp://127.0.0.1:*", loopback_tcp_any_user=True)
     body_bytes = len(P.pack(_heartbeat(0, "x")))
     rows = []
     with ZmqServer(cfg, None) as srv:

@@ -1,7 +1,8 @@
 """``cellcal run --config FILE``: the long-running service (what systemd starts).
 
 Start-up order (sd_notify READY only after all of it; ``cellcal.daemon.app.App``):
-configuration valid, store opened and unfinished runs queued for resumption, ZeroMQ sockets
+configuration valid (:func:`load_checked`: exactly what ``cellcal check-config`` checks),
+store opened and unfinished runs queued for resumption, ZeroMQ sockets
 bound. Then the supervising loop runs until SIGTERM/SIGINT, which finishes the current
 transaction and exits 0.
 
@@ -17,7 +18,7 @@ import faulthandler
 import logging
 import sys
 
-from cellcal.daemon.config import ConfigError, load_config
+from cellcal.daemon.config import Config, ConfigError, load_config, preflight
 from cellcal.solver.errors import CellcalError
 
 
@@ -26,9 +27,23 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--log-level", default=None, help="override service.log_level")
 
 
+def load_checked(path: str) -> Config:
+    """The configuration ``cellcal run`` starts with: loaded and preflighted, the same path
+    ``cellcal check-config`` takes (so the two agree on every file).
+
+    Raises
+    ------
+    ConfigError
+        Naming the file and the dotted key.
+    """
+    cfg = load_config(path)
+    preflight(cfg)
+    return cfg
+
+
 def run(args: argparse.Namespace) -> int:
     try:
-        cfg = load_config(args.config)
+        cfg = load_checked(args.config)
     except ConfigError as exc:
         print(f"cellcal run: {exc}", file=sys.stderr)
         return 2

@@ -12,8 +12,11 @@ Rules (issue 5, DESIGN.md section 5):
   ``connect_*`` functions; :func:`check_devices` builds the drivers (constructors do no I/O)
   so a misspelt option is reported at load time with its dotted path.
 
-The example files in ``config/`` are the reference for every key; ``cellcal check-config
-FILE`` loads one and prints it back in SI units.
+Every key, its default, unit and bounds: ``docs/configuration.md`` (a test keeps it complete);
+the example files in ``config/`` are complete configurations. Bounds (``_BOUNDS``) keep a value
+from switching a gate off. ``load_config`` makes every check that needs no file or device,
+the ``[zmq]`` security rules included; :func:`preflight` adds the drivers and the key file.
+``cellcal run`` and ``cellcal check-config`` both call exactly these two.
 """
 
 from __future__ import annotations
@@ -21,7 +24,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import math
+import re
 import tomllib
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -34,6 +39,8 @@ __all__ = [
     "load_config",
     "load_config_text",
     "check_devices",
+    "check_tracker_url",
+    "preflight",
     "SUPPORTED_CONFIG_VERSIONS",
 ]
 
@@ -44,13 +51,30 @@ _DEG = math.pi / 180.0
 
 
 class ConfigError(CellcalError, ValueError):
-    """A configuration file that cannot be used; ``.path`` is the dotted key path."""
+    """A configuration file that cannot be used; ``.path`` is the dotted key path.
+
+    Attributes
+    ----------
+    path : str
+        The dotted key (``capture.sync_window_s``, ``tracker.options.timeout_s``,
+        ``zmq.clients[0].public_key``); empty for the file as a whole (not TOML, too big).
+    message : str
+        What is wrong, without the file and the path.
+    file : str or None
+    """
 
     def __init__(self, path: str, message: str, *, file: str | None = None) -> None:
         self.path = path
+        self.message = message
         self.file = file
         where = f"{file}: " if file else ""
         super().__init__(f"{where}{path}: {message}" if path else f"{where}{message}")
+
+    def with_file(self, file: str | None) -> ConfigError:
+        """The same error (same class) naming ``file``."""
+        exc = type(self).__new__(type(self))
+        ConfigError.__init__(exc, self.path, self.message, file=file)
+        return exc
 
 
 def key(name: str, scale: float = 1.0, doc: str = "") -> dict[str, Any]:
@@ -208,7 +232,14 @@ class Zmq:
     sndhwm: int = _f(1000, "sndhwm")
     max_msg_bytes: int = _f(1 << 20, "max_msg_bytes")
     curve: bool = _f(False, "curve")
-    null_role: str = _f("observer", "null_role", doc="role of clients without CURVE (loopback/ipc only)")
+    null_role: str = _f("observer", "null_role", doc="role of clients without CURVE (ipc peers allowed below, "
+                                                        "or anyone on loopback TCP with loopback_tcp_any_user)")
+    loopback_tcp_any_user: bool = _f(False, "loopback_tcp_any_user",
+                                     doc="allow a loopback tcp:// endpoint without CURVE: EVERY local user then has null_role")
+    ipc_allowed_uids: list = _f([], "ipc_allowed_uids", doc="without CURVE, ipc peers of these uids get null_role "
+                                                            "(besides the daemon's own uid and root)")
+    ipc_allowed_gids: list = _f([], "ipc_allowed_gids", doc="... and peers in these groups (besides the daemon's own)")
+    ipc_socket_mode: int = _f(0o660, "ipc_socket_mode", doc="mode of ipc socket files the daemon binds (no bits for others)")
     server_secret_key_file: str = _f("", "server_secret_key_file")
     clients: list = _f([], "clients", doc="[[zmq.clients]] tables")
 
@@ -232,6 +263,8 @@ class Config:
 
 # Element types of list fields that hold tables.
 _LIST_OF = {(Plan, "stations"): PlanStation, (Zmq, "clients"): ZmqClient}
+# List fields of integers (every other list of scalars holds numbers with a unit).
+_INT_LISTS = {(Zmq, "ipc_allowed_uids"), (Zmq, "ipc_allowed_gids")}
 _CHOICES = {
     (Tracker, "measure"): ("pose", "point"),
     (Capture, "motion_mode"): ("command", "observe"),
@@ -242,6 +275,112 @@ _CHOICES = {
     (Zmq, "null_role"): ("observer", "operator"),
     (Service, "log_level"): ("debug", "info", "warning", "error"),
 }
+
+
+# Bounds of values, in the units of the TOML key (what a user writes), by dotted key; ``[]``
+# stands for every element of a list. Each bound keeps a value from switching a gate off
+# (a 1e308 deg RMS limit, a zero dwell, an unbounded queue) or from meaning nothing a cell
+# can be; every one is in docs/configuration.md. (lo, hi, lo_open): lo_open means lo itself
+# is excluded.
+_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "config_version": (1, 1_000_000, False),
+    "service.fault_retry_min_s": (0.0, 3600.0, True),
+    "service.fault_retry_max_s": (0.0, 86400.0, True),
+    "robot.read_timeout_s": (0.0, 60.0, True),
+    "robot.settle.max_joint_speed_deg_s": (0.0, 5.0, True),
+    "robot.settle.max_flange_speed_mm_s": (0.0, 10.0, True),
+    "robot.settle.max_flange_ang_speed_deg_s": (0.0, 5.0, True),
+    "robot.settle.dwell_s": (0.05, 60.0, False),
+    "robot.settle.max_sample_gap_s": (0.0, 10.0, True),
+    "tracker.average_s": (0.0, 60.0, False),
+    "tracker.settle.max_std_mm": (0.0, 1.0, True),
+    "tracker.settle.max_std_deg": (0.0, 1.0, True),
+    "tracker.settle.agree_mm": (0.0, 1.0, True),
+    "tracker.settle.agree_deg": (0.0, 1.0, True),
+    "capture.move_speed": (0.0, 1.0, True),
+    "capture.sync_window_s": (0.0, 60.0, False),
+    "capture.station_timeout_s": (0.0, 3600.0, True),
+    "capture.max_attempts_per_station": (1, 100, False),
+    "capture.max_consecutive_rejections": (1, 1000, False),
+    "capture.min_pose_change_mm": (0.0, 1000.0, False),
+    "capture.min_pose_change_deg": (0.0, 180.0, False),
+    "plan.n_stations": (3, 1000, False),
+    "plan.workspace_min_mm[]": (-1e5, 1e5, False),
+    "plan.workspace_max_mm[]": (-1e5, 1e5, False),
+    "plan.max_tilt_deg": (0.0, 180.0, False),
+    "plan.home_q_deg[]": (-3600.0, 3600.0, False),
+    "plan.joint_min_deg[]": (-3600.0, 3600.0, False),
+    "plan.joint_max_deg[]": (-3600.0, 3600.0, False),
+    "plan.max_extra_stations": (0, 100, False),
+    "plan.seed": (0, 2**63 - 1, False),
+    "plan.stations[].q_deg[]": (-3600.0, 3600.0, False),
+    "plan.stations[].flange_xyz_mm[]": (-1e5, 1e5, False),
+    "plan.stations[].flange_quat_wxyz[]": (-1.001, 1.001, False),
+    "solve.min_axis_spread": (1e-6, 1.0, False),
+    "solve.max_rms_mm": (0.0, 5.0, True),
+    "solve.max_rms_deg": (0.0, 1.0, True),
+    "drift.interval_s": (1.0, 604800.0, False),
+    "drift.check_stations": (1, 100, False),
+    "drift.warn_mm": (0.0, 10.0, True),
+    "drift.fail_mm": (0.0, 10.0, True),
+    "drift.warn_deg": (0.0, 5.0, True),
+    "drift.fail_deg": (0.0, 5.0, True),
+    "drift.cusum_k_mm": (0.0, 10.0, False),
+    "drift.cusum_h_mm": (0.0, 100.0, True),
+    "zmq.heartbeat_s": (0.01, 60.0, False),
+    "zmq.republish_s": (0.1, 86400.0, False),
+    "zmq.sndhwm": (1, 1_000_000, False),
+    "zmq.max_msg_bytes": (4096, 64 << 20, False),
+    "zmq.ipc_allowed_uids[]": (0, 2**32 - 2, False),
+    "zmq.ipc_allowed_gids[]": (0, 2**32 - 2, False),
+    "zmq.ipc_socket_mode": (0o600, 0o770, False),
+}
+
+_MAX_LIST = 10_000         # entries of any array
+_MAX_STRING = 4096         # characters of any string
+_MAX_CONFIG_BYTES = 1 << 20
+_MAX_OPTION_DEPTH = 4      # nesting of a device option's value (tables and arrays)
+
+
+def _bound_key(path: str) -> str:
+    return re.sub(r"\[\d+\]", "[]", path)
+
+
+def _check_bound(path: str, value: float) -> None:
+    b = _BOUNDS.get(_bound_key(path))
+    if b is None:
+        return
+    lo, hi, lo_open = b
+    if not ((lo < value) if lo_open else (lo <= value)) or not value <= hi:
+        def show(v: float) -> str:
+            return oct(int(v)) if path.endswith("_mode") else f"{v:g}"
+
+        raise ConfigError(path, f"must be in {'(' if lo_open else '['}{show(lo)}, {show(hi)}], got {value!r}")
+
+
+def _finite(value: Any, path: str) -> float:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ConfigError(path, f"expected a finite number, got {_show(value)}")
+    try:
+        x = float(value)
+    except OverflowError:
+        raise ConfigError(path, f"does not fit a float 64 ({len(str(abs(value)))} digits)") from None
+    if not math.isfinite(x):
+        raise ConfigError(path, f"expected a finite number, got {value!r}")
+    return x
+
+
+def _show(value: Any) -> str:
+    r = repr(value)
+    return r if len(r) <= 60 else r[:57] + "..."
+
+
+def _depth(value: Any, limit: int) -> int:
+    """Nesting depth of tables and arrays, counted up to ``limit + 1``."""
+    if limit < 0 or not isinstance(value, (dict, list)):
+        return 0
+    items = value.values() if isinstance(value, dict) else value
+    return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
 
 # --- loading -------------------------------------------------------------------------------------
@@ -256,41 +395,53 @@ def _convert(cls: type, fname: str, ftype: Any, value: Any, scale: float, path: 
     if dataclasses.is_dataclass(ftype):
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a table, got {type(value).__name__}")
-        return _build(ftype, value, path)
+        return _build(typing.cast(type, ftype), value, path)
     if ftype is bool:
         if not isinstance(value, bool):
-            raise ConfigError(path, f"expected true or false, got {value!r}")
+            raise ConfigError(path, f"expected true or false, got {_show(value)}")
         return value
     if ftype is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise ConfigError(path, f"expected an integer, got {value!r}")
+            raise ConfigError(path, f"expected an integer, got {_show(value)}")
+        if not -(2**63) <= value < 2**63:
+            raise ConfigError(path, f"does not fit a 64-bit integer ({len(str(abs(value)))} digits)")
+        _check_bound(path, value)
         return value
     if ftype is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
-            raise ConfigError(path, f"expected a finite number, got {value!r}")
-        return float(value) * scale
+        x = _finite(value, path)
+        _check_bound(path, x)
+        return x * scale
     if ftype is str:
         if not isinstance(value, str):
-            raise ConfigError(path, f"expected a string, got {value!r}")
+            raise ConfigError(path, f"expected a string, got {_show(value)}")
+        if len(value) > _MAX_STRING:
+            raise ConfigError(path, f"at most {_MAX_STRING} characters, got {len(value)}")
         choices = _CHOICES.get((cls, fname))
         if choices and value not in choices:
-            raise ConfigError(path, f"expected one of {', '.join(choices)}, got {value!r}")
+            raise ConfigError(path, f"expected one of {', '.join(choices)}, got {_show(value)}")
         return value
     if ftype is dict:
         if not isinstance(value, dict):
-            raise ConfigError(path, f"expected a table, got {value!r}")
+            raise ConfigError(path, f"expected a table, got {_show(value)}")
+        for k, v in value.items():
+            if _depth(v, _MAX_OPTION_DEPTH) > _MAX_OPTION_DEPTH:
+                raise ConfigError(f"{path}.{k}", f"nested deeper than {_MAX_OPTION_DEPTH} tables/arrays")
         return dict(value)
     if ftype is list:
         if not isinstance(value, list):
-            raise ConfigError(path, f"expected an array, got {value!r}")
+            raise ConfigError(path, f"expected an array, got {_show(value)}")
+        if len(value) > _MAX_LIST:
+            raise ConfigError(path, f"at most {_MAX_LIST} entries, got {len(value)}")
         elem = _LIST_OF.get((cls, fname))
         if elem is not None:
             return [_convert(cls, fname, elem, v, 1.0, f"{path}[{i}]") for i, v in enumerate(value)]
+        if (cls, fname) in _INT_LISTS:
+            return [_convert(cls, fname, int, v, 1.0, f"{path}[{i}]") for i, v in enumerate(value)]
         out = []
         for i, v in enumerate(value):
-            if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-                raise ConfigError(f"{path}[{i}]", f"expected a finite number, got {v!r}")
-            out.append(float(v) * scale)
+            x = _finite(v, f"{path}[{i}]")
+            _check_bound(f"{path}[{i}]", x)
+            out.append(x * scale)
         return out
     raise ConfigError(path, f"unsupported type {ftype!r}")  # a schema bug, not a user error
 
@@ -317,19 +468,37 @@ def _near(k: str, known: dict) -> str | None:
 
 
 def load_config_text(text: str, *, source: str = "<string>") -> Config:
-    """Parse and validate TOML text into a :class:`Config` (SI units)."""
+    """Parse and validate TOML text into a :class:`Config` (SI units).
+
+    Every check that needs no file, device or socket is made here, the ``[zmq]`` security
+    rules included (:func:`cellcal.daemon.zmq_server.check_security`); :func:`preflight`
+    adds the rest of what ``cellcal run`` checks before it starts.
+
+    Raises
+    ------
+    ConfigError
+        Naming ``source`` and the dotted key (empty for the file as a whole: not TOML, too
+        big, nested too deep), never another exception.
+    """
+    if len(text) > _MAX_CONFIG_BYTES:
+        raise ConfigError("", f"larger than {_MAX_CONFIG_BYTES} bytes; this is not a cellcal configuration", file=source)
     try:
         raw = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise ConfigError("", f"not valid TOML: {exc}", file=source) from exc
+    except RecursionError:
+        raise ConfigError("", "not valid TOML for cellcal: tables or arrays nested too deep", file=source) from None
+    except ValueError as exc:  # e.g. an integer of more than 4300 digits (int() refuses it)
+        raise ConfigError("", f"not valid TOML: {str(exc)[:200]}", file=source) from None
     if "config_version" not in raw:
         raise ConfigError("config_version", f"missing (this build reads {SUPPORTED_CONFIG_VERSIONS})", file=source)
     try:
         cfg = _build(Config, raw, "")
         _validate(cfg)
+        _check_zmq(cfg)
     except ConfigError as exc:
-        raise ConfigError(exc.path, str(exc).split(": ", 1)[1] if exc.path else str(exc), file=source) from None
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        raise exc.with_file(source) from None
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
     return dataclasses.replace(cfg, sha256=digest, source=source)
 
 
@@ -337,10 +506,50 @@ def load_config(path: str | Path) -> Config:
     """Read a TOML file; errors name the file and the dotted key path."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        with open(path, "rb") as f:
+            data = f.read(_MAX_CONFIG_BYTES + 1)
+        text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("", f"cannot read: {exc}", file=str(path)) from exc
     return load_config_text(text, source=str(path))
+
+
+def _check_zmq(cfg: Config) -> None:
+    # The transport owns what "local" means; its check needs no socket and no file.
+    from cellcal.daemon.zmq_server import check_security
+
+    check_security(cfg.zmq)
+
+
+def preflight(cfg: Config, *, devices: bool = True) -> None:
+    """Everything ``cellcal run`` checks of a loaded configuration before it opens a store,
+    a device or a socket; ``cellcal check-config`` runs exactly this, so the two agree.
+
+    Beyond :func:`load_config`: the drivers are built from the device URLs and options
+    (constructors do no I/O, so a bad URL or option is found without touching a device;
+    each error names its own key, ``tracker.options.timeout_s``), and with CURVE the server
+    key file is read (so run check-config as the daemon's user).
+
+    Parameters
+    ----------
+    devices : bool
+        Build the drivers (``cellcal check-config --no-devices`` skips it, e.g. for a
+        config whose devices are set elsewhere; ``cellcal run`` never does).
+
+    Raises
+    ------
+    ConfigError
+        Naming the file (``cfg.source``) and the dotted key.
+    """
+    try:
+        if devices:
+            check_devices(cfg)
+        if cfg.zmq.curve:
+            from cellcal.daemon.zmq_server import load_server_key
+
+            load_server_key(cfg.zmq)
+    except ConfigError as exc:
+        raise exc.with_file(cfg.source or None) from None
 
 
 def _positive(path: str, v: float) -> None:
@@ -351,7 +560,8 @@ def _positive(path: str, v: float) -> None:
 def _validate(c: Config) -> None:
     """Cross-field and range checks that the types alone do not express."""
     if c.config_version not in SUPPORTED_CONFIG_VERSIONS:
-        raise ConfigError("config_version", f"version {c.config_version} not supported (this build reads {SUPPORTED_CONFIG_VERSIONS})")
+        raise ConfigError("config_version",
+                          f"version {c.config_version} not supported (this build reads {SUPPORTED_CONFIG_VERSIONS})")
     for path, v in (
         ("robot.read_timeout_s", c.robot.read_timeout_s),
         ("robot.settle.max_flange_ang_speed_deg_s", c.robot.settle.max_flange_ang_speed_rad_s),
@@ -388,11 +598,11 @@ def _validate(c: Config) -> None:
     for name, vec in (("home_q_deg", p.home_q_rad), ("joint_min_deg", p.joint_min_rad), ("joint_max_deg", p.joint_max_rad)):
         if len(vec) != 6:
             raise ConfigError(f"plan.{name}", f"expected 6 numbers (one per joint), got {len(vec)}")
-    if any(lo >= hi for lo, hi in zip(p.joint_min_rad, p.joint_max_rad)):
+    if any(lo >= hi for lo, hi in zip(p.joint_min_rad, p.joint_max_rad, strict=True)):
         raise ConfigError("plan.joint_max_deg", "every joint's maximum must exceed its minimum")
-    if any(not lo <= h <= hi for lo, h, hi in zip(p.joint_min_rad, p.home_q_rad, p.joint_max_rad)):
+    if any(not lo <= h <= hi for lo, h, hi in zip(p.joint_min_rad, p.home_q_rad, p.joint_max_rad, strict=True)):
         raise ConfigError("plan.home_q_deg", "the home configuration is outside the joint limits")
-    if any(lo >= hi for lo, hi in zip(p.workspace_min_m, p.workspace_max_m)):
+    if any(lo >= hi for lo, hi in zip(p.workspace_min_m, p.workspace_max_m, strict=True)):
         raise ConfigError("plan.workspace_max_mm", "every component must exceed workspace_min_mm")
     if p.kind == "generated" and p.n_stations < 3:
         raise ConfigError("plan.n_stations", f"at least 3 stations are needed, got {p.n_stations}")
@@ -429,7 +639,13 @@ def _validate(c: Config) -> None:
 
 def check_devices(cfg: Config) -> None:
     """Build (but do not open) the configured drivers, so bad URLs or options are reported
-    with their dotted path. Constructors do no I/O, so this touches no device."""
+    with their own dotted path. Constructors do no I/O, so this touches no device.
+
+    The URL alone is tried first (an error is the URL's: ``robot.url``, including its query
+    keys), then every option alone (an error is that option's: ``robot.options.timeout_s``),
+    then all together (an error of the combination: ``robot.options``). A tracker URL is
+    also checked the way pyserial will open it (:func:`check_tracker_url`).
+    """
     from cellcal.drivers import connect_robot, connect_tracker
 
     for section, url, options, connect in (
@@ -438,12 +654,61 @@ def check_devices(cfg: Config) -> None:
     ):
         if not url:
             raise ConfigError(f"{section}.url", "missing")
+        if section == "tracker":
+            check_tracker_url(url)
+        _try_build(connect, url, {}, f"{section}.url")
+        for k, v in options.items():
+            _try_build(connect, url, {k: v}, f"{section}.options.{k}")
+        _try_build(connect, url, options, f"{section}.options")
+
+
+def _try_build(connect: Any, url: str, options: dict, path: str) -> None:
+    try:
+        driver = connect(url, **options)
+    except TypeError as exc:
+        raise ConfigError(path, f"not accepted by the driver: {exc}") from None
+    except (ValueError, OverflowError, ArithmeticError) as exc:
+        raise ConfigError(path, str(exc) or type(exc).__name__) from None
+    close = getattr(driver, "close", None)
+    if callable(close):
+        close()  # never opened: a no-op, but leaves nothing behind
+
+
+def check_tracker_url(url: str) -> None:
+    """A tracker URL as ``serial.serial_for_url`` will take it, checked without opening it:
+    an absolute device path (``/dev/ttyUSB0``, a pty, ``/dev/serial/by-id/...``), or a pyserial
+    URL whose scheme pyserial knows and, for ``socket://`` and ``rfc2217://``, a host and a port
+    in 1..65535.
+
+    Raises
+    ------
+    ConfigError
+        Under ``tracker.url``.
+    """
+    from urllib.parse import urlsplit
+
+    if "://" not in url:
+        if not url.startswith("/"):
+            raise ConfigError("tracker.url", f"expected an absolute device path (/dev/ttyUSB0) or a URL "
+                                             f"(socket://host:port), got {_show(url)}")
+        return
+    scheme = url.split("://", 1)[0].lower()
+    try:
+        import serial
+
+        serial.serial_for_url(url, do_not_open=True)
+    except (ValueError, OSError) as exc:
+        raise ConfigError("tracker.url", f"pyserial cannot open {_show(url)}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a URL handler pyserial loads may raise anything
+        raise ConfigError("tracker.url", f"pyserial cannot open {_show(url)}: {type(exc).__name__}: {exc}") from None
+    if scheme in ("socket", "rfc2217"):
+        parts = urlsplit(url)
         try:
-            connect(url, **options)
-        except TypeError as exc:
-            raise ConfigError(f"{section}.options", f"not accepted by the driver: {exc}") from None
-        except ValueError as exc:
-            raise ConfigError(f"{section}.url", str(exc)) from None
+            port = parts.port
+        except ValueError:
+            port = None
+        if not parts.hostname or port is None or not 0 < port < 65536:
+            raise ConfigError("tracker.url", f"expected {scheme}://host:port with a port in 1..65535, got {_show(url)}")
 
 
 def as_toml_dict(obj: Any) -> dict:

@@ -161,7 +161,9 @@ def daemon_config(
                 "robot": {"url": robot_url}, "tracker": {"url": tracker_url},
                 "service": {"state_dir": str(workdir / "state"), "runtime_dir": str(workdir / "run")},
                 "zmq": {"pub_endpoint": pub_endpoint or f"tcp://127.0.0.1:{free_port()}",
-                        "cmd_endpoint": cmd_endpoint or f"tcp://127.0.0.1:{free_port()}"},
+                        "cmd_endpoint": cmd_endpoint or f"tcp://127.0.0.1:{free_port()}",
+                        # the test cell's clients are this machine's: any local user may command it
+                        "loopback_tcp_any_user": True},
             })
         if n_stations is not None:
             cfg = _merge(cfg, {"plan": {"n_stations": n_stations}})
@@ -197,6 +199,7 @@ def daemon_config(
             "pub_endpoint": pub_endpoint or f"tcp://127.0.0.1:{free_port()}",
             "cmd_endpoint": cmd_endpoint or f"tcp://127.0.0.1:{free_port()}",
             "null_role": "operator", "heartbeat_s": 0.5, "republish_s": 60.0,
+            "loopback_tcp_any_user": True,  # the test cell on loopback: any local user may command it
         },
     }
     return _merge(cfg, overrides or {})

@@ -58,7 +58,13 @@ Roles
     ``list_results``, ``to_base``); ``operator`` may also move the robot or change the
     active calibration (``start_run``, ``abort``, ``run_drift_check``,
     ``activate_result``). Under CURVE the role comes from the allow-listed client key;
-    without CURVE every client has ``[zmq] null_role`` (default ``observer``).
+    without CURVE an admitted local peer (``zmq_server.check_security``) has ``[zmq]
+    null_role`` (default ``observer``).
+
+Inputs
+    Arguments are bounded here, before any command runs (``v_record_id``, ``v_name``,
+    ``MAX_POSITION_M``, ``MAX_JOINT_RAD``), and a reply never holds a non-finite number
+    (``find_non_finite``; ``to_base`` refuses instead).
 
 Bodies of topics and results of commands are the TypedDicts below (``HeartbeatBody``,
 ``ResultBody``, ...). Within ``v = 1`` fields may be added, never removed or retyped, so
@@ -97,7 +103,8 @@ __all__ = [
     "pack", "unpack", "new_boot_id", "make_envelope", "pack_envelope", "packed_map", "check_envelope",
     "ok_reply", "error_reply", "pack_ok", "pack_error",
     "check_body", "check_result", "BODY_TYPES", "RESULT_TYPES",
-    "pose_from_wire", "to_base_reply",
+    "pose_from_wire", "to_base_reply", "find_non_finite", "v_record_id", "v_name",
+    "MAX_POSITION_M", "MAX_JOINT_RAD",
     "HeartbeatBody", "DeviceStatus", "StateBody", "StationBody", "SettleFigures", "ResultBody", "Transform",
     "Quaternion", "Residuals", "Provenance", "DriftBody", "DriftStation", "Cusum", "FaultBody",
     "StatusResult", "SnapshotResult", "ResultSummary", "ListResultsResult", "ToBasePointResult",
@@ -125,6 +132,13 @@ MAX_ID_CHARS = 128
 MAX_REQUEST_ARRAY = 100_000
 MAX_REQUEST_MAP = 1_000
 MAX_STATIONS = 1_000
+# Number bounds of arguments: a cell is not kilometres wide and a joint does not turn 16
+# times, and inside these bounds every reply stays finite (no product of a calibration and an
+# argument overflows float 64).
+MAX_POSITION_M = 1e6
+MAX_JOINT_RAD = 100.0
+MAX_RECORD_ID_CHARS = 64
+MAX_NAME_CHARS = 64
 
 # --- error codes ---------------------------------------------------------------------------------
 # The value on the wire is the name itself: readable in a packet capture and in a log.
@@ -222,8 +236,9 @@ class Caller:
     Attributes
     ----------
     key_id : str
-        First 8 characters of the client's Z85 CURVE public key, or ``"null"`` without CURVE.
-        This is what the logs show.
+        First 8 characters of the client's Z85 CURVE public key; without CURVE ``"uid:N"``
+        for an ipc peer (its kernel-reported uid) or ``"null"`` on loopback TCP. This is
+        what the logs show.
     role : str
         ``"observer"`` or ``"operator"``.
     name : str
@@ -293,6 +308,13 @@ def _what(v: Any) -> str:
     return type(v).__name__
 
 
+def _names(keys: Any, limit: int = 5) -> str:
+    """Some keys for a message, each shortened: a request's keys are the client's, any size."""
+    keys = list(keys)
+    shown = ", ".join(repr(k[:40] if isinstance(k, str) else k) for k in keys[:limit])
+    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+
+
 def _is_number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
@@ -304,6 +326,32 @@ def v_string(max_len: int = 256) -> Callable[[Any], str]:
         return v
     check.type_name = f"string (1..{max_len} chars)"  # type: ignore[attr-defined]
     return check
+
+
+_ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
+
+
+def v_record_id(v: Any) -> str:
+    """A record id (``result_id``, ``run_id``): 1..64 of ``[A-Za-z0-9._:-]``; a decimal id
+    fits int64, as the store's ids do (a longer number names nothing and must not reach it)."""
+    if not isinstance(v, str) or not 1 <= len(v) <= MAX_RECORD_ID_CHARS or not set(v) <= _ID_CHARS:
+        raise _ArgError(f"expected an id of 1..{MAX_RECORD_ID_CHARS} characters [A-Za-z0-9._:-], got {_what(v)}")
+    if v.isdigit() and (len(v) > 19 or int(v) >= 2**63):
+        raise _ArgError(f"a numeric id must be below 2**63, got {len(v)} digits")
+    return v
+
+
+v_record_id.type_name = f"id (1..{MAX_RECORD_ID_CHARS} chars [A-Za-z0-9._:-])"  # type: ignore[attr-defined]
+
+
+def v_name(v: Any) -> str:
+    """A frame or plan name: 1..64 of ``[A-Za-z0-9._:-]`` (it ends up in names on the wire)."""
+    if not isinstance(v, str) or not 1 <= len(v) <= MAX_NAME_CHARS or not set(v) <= _ID_CHARS:
+        raise _ArgError(f"expected a name of 1..{MAX_NAME_CHARS} characters [A-Za-z0-9._:-], got {_what(v)}")
+    return v
+
+
+v_name.type_name = f"name (1..{MAX_NAME_CHARS} chars [A-Za-z0-9._:-])"  # type: ignore[attr-defined]
 
 
 def v_choice(*choices: str) -> Callable[[Any], str]:
@@ -324,22 +372,25 @@ def v_int(lo: int, hi: int) -> Callable[[Any], int]:
     return check
 
 
-def _numbers(v: Any, n: int | tuple[int, int], what: str) -> list[float]:
+def _numbers(v: Any, n: int | tuple[int, int], what: str, bound: float | None = None) -> list[float]:
     lo, hi = (n, n) if isinstance(n, int) else n
     count = f"{lo}" if lo == hi else f"{lo}..{hi}"
+    within = f" within +-{bound:g}" if bound is not None else ""
     if not isinstance(v, (list, tuple)) or not lo <= len(v) <= hi:
-        raise _ArgError(f"expected {what}: an array of {count} finite numbers, got {_what(v)}")
+        raise _ArgError(f"expected {what}: an array of {count} finite numbers{within}, got {_what(v)}")
     for i, x in enumerate(v):
         if not _is_number(x):
-            raise _ArgError(f"expected {what}: an array of {count} finite numbers, element {i} is {_what(x)}")
+            raise _ArgError(f"expected {what}: an array of {count} finite numbers{within}, element {i} is {_what(x)}")
+        if bound is not None and not -bound <= x <= bound:
+            raise _ArgError(f"{what}: element {i} is {_what(x)}, beyond +-{bound:g}")
     return [float(x) for x in v]
 
 
 def v_vec3(v: Any) -> list[float]:
-    return _numbers(v, 3, "[x, y, z] in metres")
+    return _numbers(v, 3, "[x, y, z] in metres", MAX_POSITION_M)
 
 
-v_vec3.type_name = "array of 3 numbers"  # type: ignore[attr-defined]
+v_vec3.type_name = f"array of 3 numbers within +-{MAX_POSITION_M:g} m"  # type: ignore[attr-defined]
 
 
 def _quat(v: Any) -> dict[str, float]:
@@ -357,8 +408,8 @@ def v_pose(v: Any) -> dict[str, Any]:
         raise _ArgError(f"expected a map with matrix, or translation_m and quaternion, got {_what(v)}")
     keys = set(v)
     if keys == {"matrix"}:
-        m = _numbers(v["matrix"], 16, "matrix (16 numbers, row-major)")
-        if any(abs(a - b) > 1e-9 for a, b in zip(m[12:], (0.0, 0.0, 0.0, 1.0))):
+        m = _numbers(v["matrix"], 16, "matrix (16 numbers, row-major)", MAX_POSITION_M)
+        if any(abs(a - b) > 1e-9 for a, b in zip(m[12:], (0.0, 0.0, 0.0, 1.0), strict=True)):
             raise _ArgError("matrix: the last row must be 0, 0, 0, 1")
         r = [m[0:3], m[4:7], m[8:11]]
         for i in range(3):
@@ -372,8 +423,9 @@ def v_pose(v: Any) -> dict[str, Any]:
             raise _ArgError("matrix: the rotation part is a reflection (determinant -1)")
         return {"matrix": m}
     if keys == {"translation_m", "quaternion"}:
-        return {"translation_m": _numbers(v["translation_m"], 3, "translation_m"), "quaternion": _quat(v["quaternion"])}
-    raise _ArgError(f"expected keys matrix, or translation_m and quaternion, got {sorted(keys)}")
+        return {"translation_m": _numbers(v["translation_m"], 3, "translation_m", MAX_POSITION_M),
+                "quaternion": _quat(v["quaternion"])}
+    raise _ArgError(f"expected keys matrix, or translation_m and quaternion, got {_names(sorted(keys))}")
 
 
 v_pose.type_name = "pose map"  # type: ignore[attr-defined]
@@ -387,7 +439,7 @@ def v_stations(v: Any) -> list[dict[str, Any]]:
     for i, st in enumerate(v):
         try:
             if isinstance(st, dict) and set(st) == {"q_rad"}:
-                out.append({"q_rad": _numbers(st["q_rad"], (1, 12), "q_rad (joint angles, rad)")})
+                out.append({"q_rad": _numbers(st["q_rad"], (1, 12), "q_rad (joint angles, rad)", MAX_JOINT_RAD)})
             elif isinstance(st, dict) and set(st) == {"base_T_flange"}:
                 out.append({"base_T_flange": v_pose(st["base_T_flange"])})
             else:
@@ -431,7 +483,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("get_status", ROLE_OBSERVER, doc="the daemon's status (same fields as the heartbeat body)"),
     Command("get_snapshot", ROLE_OBSERVER, doc="latest envelope of every topic and the seq it is current to"),
     Command("get_result", ROLE_OBSERVER, (
-        Arg("result_id", v_string(64), doc="a result id; omitted: the active result"),
+        Arg("result_id", v_record_id, doc="a result id; omitted: the active result"),
     ), doc="one calibration result (the active one by default)"),
     Command("list_results", ROLE_OBSERVER, (
         Arg("limit", v_int(1, 1000), default=50, doc="newest first, at most this many"),
@@ -440,22 +492,22 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
     Command("to_base", ROLE_OBSERVER, (
         Arg("point_m", v_vec3, doc="a point in the cell frame, metres"),
         Arg("pose", v_pose, doc="a pose cell_T_x: {matrix} or {translation_m, quaternion}"),
-        Arg("child_frame", v_string(64), doc='name of frame x in the reply (pose only; default "pose")'),
-        Arg("result_id", v_string(64), doc="use this result instead of the active one"),
+        Arg("child_frame", v_name, doc='name of frame x in the reply (pose only; default "pose")'),
+        Arg("result_id", v_record_id, doc="use this result instead of the active one"),
     ), doc="express a cell-frame point or pose in the robot base frame", one_of=("point_m", "pose")),
     Command("start_run", ROLE_OPERATOR, (
         Arg("kind", v_choice(*RUN_KINDS), required=True, doc="what to calibrate"),
-        Arg("plan", v_string(64), doc="a named station plan; omitted: the configured [plan]"),
+        Arg("plan", v_name, doc="a named station plan; omitted: the configured [plan]"),
         Arg("stations", v_stations, doc="explicit stations instead of a plan"),
         Arg("motion_mode", v_choice(*MOTION_MODES), doc="omitted: [capture] motion_mode"),
     ), doc="start a calibration run (returns at once; progress on station/state/result)",
         exclusive=(("plan", "stations"),)),
     Command("abort", ROLE_OPERATOR, (
-        Arg("run_id", v_string(64), doc="abort only if this run is the one in progress"),
+        Arg("run_id", v_record_id, doc="abort only if this run is the one in progress"),
     ), doc="abort the run or drift check in progress (the robot stops)"),
     Command("run_drift_check", ROLE_OPERATOR, doc="revisit the check stations now"),
     Command("activate_result", ROLE_OPERATOR, (
-        Arg("result_id", v_string(64), required=True, doc="the result to make active"),
+        Arg("result_id", v_record_id, required=True, doc="the result to make active"),
     ), doc="make a stored result the active calibration (roll back or forward)"),
 )}
 
@@ -479,7 +531,7 @@ def validate_args(cmd: str, args: Any) -> dict[str, Any]:
     unknown = [k for k in args if k not in known]
     if unknown:
         accepted = ", ".join(known) if known else "none"
-        raise CommandError(E_BAD_REQUEST, f"{cmd}: unknown argument(s) {', '.join(map(repr, unknown))} (accepted: {accepted})")
+        raise CommandError(E_BAD_REQUEST, f"{cmd}: unknown argument(s) {_names(unknown)} (accepted: {accepted})")
     out: dict[str, Any] = {}
     for a in spec.args:
         if a.name in args:
@@ -584,7 +636,7 @@ def parse_request(data: bytes) -> Request:
     try:
         obj = unpack(data)
     except ValueError as exc:
-        raise BadRequest(f"not valid msgpack: {exc or type(exc).__name__}") from None
+        raise BadRequest(f"not valid msgpack: {str(exc)[:200] or type(exc).__name__}") from None
     if not isinstance(obj, dict):
         raise BadRequest(f"a request must be a map {{id, cmd, args}}, got {_what(obj)}")
     rid = obj.get("id")
@@ -592,7 +644,7 @@ def parse_request(data: bytes) -> Request:
         raise BadRequest(f"id: expected a string of 1..{MAX_ID_CHARS} characters or an integer in [0, 2**63), got {_what(rid)}")
     extra = [k for k in obj if k not in ("id", "cmd", "args")]
     if extra:
-        raise BadRequest(f"unknown request field(s) {', '.join(map(repr, extra))} (a request has id, cmd, args)", rid)
+        raise BadRequest(f"unknown request field(s) {_names(extra)} (a request has id, cmd, args)", rid)
     cmd = obj.get("cmd")
     if not isinstance(cmd, str):
         raise BadRequest(f"cmd: expected a string, got {_what(cmd)}", rid)
@@ -966,7 +1018,7 @@ BODY_TYPES: dict[str, type] = {
 }
 RESULT_TYPES: dict[str, Any] = {
     "get_status": StatusResult, "get_snapshot": SnapshotResult, "get_result": ResultBody,
-    "list_results": ListResultsResult, "to_base": Union[ToBasePointResult, ToBasePoseResult],
+    "list_results": ListResultsResult, "to_base": ToBasePointResult | ToBasePoseResult,
     "start_run": StartRunResult, "abort": AbortResult, "run_drift_check": DriftCheckResult,
     "activate_result": ActivateResult,
 }
@@ -1060,6 +1112,33 @@ def check_reply(cmd: str, reply: Any, request_id: str | int | None = None) -> li
     return out
 
 
+def find_non_finite(obj: Any, path: str = "result", _depth: int = 0) -> str | None:
+    """The path of the first NaN or infinity in ``obj`` (dicts, lists, numbers), or ``None``.
+
+    Replies never carry non-finite numbers (msgpack would, JSON and many clients would not);
+    the server refuses a result holding one. Numpy arrays count like lists.
+    """
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else path
+    if _depth > 64:
+        return None  # results are shallow; deeper is no number of ours
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            bad = find_non_finite(v, f"{path}.{k}", _depth + 1)
+            if bad:
+                return bad
+        return None
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            bad = find_non_finite(v, f"{path}[{i}]", _depth + 1)
+            if bad:
+                return bad
+        return None
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return find_non_finite(obj.tolist(), path, _depth + 1)
+    return None
+
+
 # --- to_base -------------------------------------------------------------------------------------
 
 
@@ -1088,10 +1167,22 @@ def to_base_reply(cell_T_base: Any, args: Mapping[str, Any], *, result_id: str, 
     from cellcal.daemon.report import transform_to_wire
     from cellcal.solver.se3 import se3_inverse
 
-    base_T_cell = se3_inverse(np.asarray(cell_T_base, dtype=float))
-    if "point_m" in args:
-        p = base_T_cell[:3, :3] @ np.asarray(args["point_m"], dtype=float) + base_T_cell[:3, 3]
-        return {"result_id": result_id, "suspect": bool(suspect), "frame": "base", "point_m": [float(v) for v in p]}
-    base_T_x = base_T_cell @ pose_from_wire(args["pose"])
-    child = args.get("child_frame", "pose")
-    return {"result_id": result_id, "suspect": bool(suspect), "pose": transform_to_wire(f"base_T_{child}", base_T_x)}
+    with np.errstate(over="ignore", invalid="ignore"):
+        base_T_cell = se3_inverse(np.asarray(cell_T_base, dtype=float))
+        if "point_m" in args:
+            p = base_T_cell[:3, :3] @ np.asarray(args["point_m"], dtype=float) + base_T_cell[:3, 3]
+            out: dict[str, Any] = {"result_id": result_id, "suspect": bool(suspect), "frame": "base",
+                                   "point_m": [float(v) for v in p]}
+        else:
+            base_T_x = base_T_cell @ pose_from_wire(args["pose"])
+            if not np.all(np.isfinite(base_T_x)):
+                raise CommandError(E_BAD_REQUEST, "to_base: the pose in the base frame is not finite "
+                                                  "(an argument near the float 64 maximum)")
+            child = args.get("child_frame", "pose")
+            out = {"result_id": result_id, "suspect": bool(suspect), "pose": transform_to_wire(f"base_T_{child}", base_T_x)}
+    bad = find_non_finite(out)
+    if bad:
+        # Refuse rather than send inf: the arguments are in range, so the calibration or the
+        # point is beyond what float 64 can carry through the product.
+        raise CommandError(E_BAD_REQUEST, f"to_base: {bad} would not be finite; the argument is out of range")
+    return out

@@ -21,27 +21,48 @@ columns, then one station per row::
 normalised on reading (vendor exports round them), but one with a norm off by more than
 1e-3 is rejected as a typo.
 
+Limits (each breach is a :class:`StationFileError` naming the line, found before the line is
+read whole): a line (a CSV record, with its quoted line breaks) holds at most
+:data:`MAX_LINE_BYTES` bytes, a file at most :data:`MAX_STATIONS` stations, a JSON line nests
+at most 64 arrays/objects deep. Matrix entries must be JSON numbers (not strings, not
+``true``), finite as float 64, and translations within :data:`MAX_TRANSLATION_M` of the
+origin (a cell is not kilometres wide; beyond, the solve would lose its digits to squares of
+huge numbers). So memory is bounded per line, whatever the file holds.
+
 Every error is a :class:`StationFileError` naming the file, the line and what is wrong.
 """
 
 from __future__ import annotations
 
 import csv
-import io
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 import numpy as np
 
 from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import check_transform, matrix_from_quat
 
-__all__ = ["StationFileError", "Stations", "read_stations", "MEASUREMENT_KEYS"]
+__all__ = [
+    "StationFileError", "Stations", "read_stations", "MEASUREMENT_KEYS",
+    "MAX_LINE_BYTES", "MAX_STATIONS", "MAX_TRANSLATION_M", "MAX_JSON_DEPTH",
+]
 
 #: measurement key per calibration kind (None: robot poses only)
 MEASUREMENT_KEYS = {"base_frame": "cell_T_target", "hand_eye": "camera_T_target", "tool_point": None}
+
+#: Longest line (CSV: record) read; a station line is about 1 kB.
+MAX_LINE_BYTES = 64 * 1024
+#: Most stations in one file.
+MAX_STATIONS = 100_000
+#: Largest |translation| accepted in a matrix (metres).
+MAX_TRANSLATION_M = 1e4
+#: Deepest nesting of arrays and objects in a JSON line (a station needs 3).
+MAX_JSON_DEPTH = 64
 
 _POSE_COLS = ("x_mm", "y_mm", "z_mm", "qw", "qx", "qy", "qz")
 
@@ -69,58 +90,167 @@ class Stations:
 
 
 def read_stations(path: str | Path, kind: str = "base_frame", fmt: str = "auto") -> Stations:
-    """Read a station file (JSON lines or CSV; ``fmt="auto"`` goes by the extension)."""
+    """Read a station file (JSON lines or CSV; ``fmt="auto"`` goes by the extension).
+
+    Raises
+    ------
+    StationFileError
+        The file cannot be read, or a line is malformed or beyond a limit (named).
+    ValueError
+        An unknown ``kind`` or ``fmt`` (a caller's mistake, not the file's).
+    """
     if kind not in MEASUREMENT_KEYS:
         raise ValueError(f"kind must be one of {sorted(MEASUREMENT_KEYS)}, got {kind!r}")
+    if fmt not in ("auto", "jsonl", "csv"):
+        raise ValueError(f"format must be auto, jsonl or csv, got {fmt!r}")
     path = Path(path)
     if fmt == "auto":
         fmt = "csv" if path.suffix.lower() == ".csv" else "jsonl"
     try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
+        f = open(path, "rb")  # noqa: SIM115 - closed below; errors of open are the file's
+    except OSError as exc:
         raise StationFileError(f"{path}: cannot read: {exc}") from exc
-    if fmt == "jsonl":
-        return _read_jsonl(text, str(path), MEASUREMENT_KEYS[kind])
-    if fmt == "csv":
-        return _read_csv(text, str(path), MEASUREMENT_KEYS[kind])
-    raise ValueError(f"format must be auto, jsonl or csv, got {fmt!r}")
+    with f:
+        lines = _Lines(f, str(path))
+        try:
+            if fmt == "jsonl":
+                return _read_jsonl(lines, str(path), MEASUREMENT_KEYS[kind])
+            return _read_csv(lines, str(path), MEASUREMENT_KEYS[kind])
+        except OSError as exc:  # a read error half way (EIO, a directory)
+            raise StationFileError(f"{path}: cannot read: {exc}") from exc
+
+
+class _Lines:
+    """The file's lines, decoded, each read with a bounded ``readline``: a 50 MB line costs
+    at most :data:`MAX_LINE_BYTES` of memory before it is refused. ``record_bytes`` counts
+    what was read since :meth:`start_record` (a CSV record may span lines)."""
+
+    def __init__(self, f: BinaryIO, name: str) -> None:
+        self._f = f
+        self.name = name
+        self.lineno = 0
+        self.record_bytes = 0
+        self._record_line = 1
+
+    def start_record(self) -> None:
+        self.record_bytes = 0
+        self._record_line = self.lineno + 1
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            raw = self._f.readline(MAX_LINE_BYTES + 1)
+            if not raw:
+                return
+            self.lineno += 1
+            self.record_bytes += len(raw)
+            if self.record_bytes > MAX_LINE_BYTES:
+                what = "line" if self._record_line == self.lineno else f"record starting on line {self._record_line}"
+                raise StationFileError(
+                    f"{self.name}:{self.lineno}: {what} longer than {MAX_LINE_BYTES} bytes (a station needs about 1 kB)"
+                )
+            try:
+                yield raw.decode("utf-8-sig" if self.lineno == 1 else "utf-8")
+            except UnicodeDecodeError as exc:
+                raise StationFileError(f"{self.name}:{self.lineno}: not UTF-8 text ({exc.reason})") from None
+
+
+def _too_many(name: str, lineno: int) -> StationFileError:
+    return StationFileError(f"{name}:{lineno}: more than {MAX_STATIONS} stations")
+
+
+# --- JSON lines ------------------------------------------------------------------------------
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number")
+
+
+def _json_depth(line: str) -> int:
+    """Deepest nesting of arrays and objects outside strings (cheap; before json.loads)."""
+    depth = deepest = 0
+    in_str = esc = False
+    for ch in line:
+        if in_str:
+            if esc:
+                esc = False
+            elif ch == "\\":
+                esc = True
+            elif ch == '"':
+                in_str = False
+        elif ch == '"':
+            in_str = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest
+
+
+def _entry(v: object, where: str, key: str, i: int, j: int) -> float:
+    # bool is an int in Python and "0.1" would pass np.array(dtype=float): refuse both.
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        raise StationFileError(f"{where}: {key}[{i}][{j}] must be a number, got {json.dumps(v)[:40]}")
+    x = float(v)  # parse_int made every integer a float already; this is exact
+    if not math.isfinite(x):
+        raise StationFileError(f"{where}: {key}[{i}][{j}] is not a finite float 64 ({v!r:.40})")
+    return x
 
 
 def _matrix(value: object, where: str, key: str) -> np.ndarray:
+    if not (isinstance(value, list) and len(value) == 4 and all(isinstance(r, list) and len(r) == 4 for r in value)):
+        raise StationFileError(f"{where}: {key} is not a 4x4 list of numbers")
+    a = np.array([[_entry(value[i][j], where, key, i, j) for j in range(4)] for i in range(4)])
     try:
-        a = np.array(value, dtype=float)
-    except (TypeError, ValueError) as exc:
-        raise StationFileError(f"{where}: {key} is not a 4x4 list of numbers") from exc
-    try:
-        return check_transform(a, key)
+        a = check_transform(a, key)
     except ValueError as exc:
         raise StationFileError(f"{where}: {exc}") from exc
+    t = float(np.max(np.abs(a[:3, 3])))
+    if t > MAX_TRANSLATION_M:
+        raise StationFileError(f"{where}: {key} translation {t:.6g} m is beyond {MAX_TRANSLATION_M:g} m")
+    return a
 
 
-def _read_jsonl(text: str, name: str, meas_key: str | None) -> Stations:
-    G, M, lines = [], [], []
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+def _read_jsonl(lines: _Lines, name: str, meas_key: str | None) -> Stations:
+    G: list[np.ndarray] = []
+    M: list[np.ndarray] = []
+    nums: list[int] = []
+    for raw in lines:
+        lines.start_record()
+        lineno = lines.lineno
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
         where = f"{name}:{lineno}"
+        if len(nums) >= MAX_STATIONS:
+            raise _too_many(name, lineno)
+        # (the exact scan only for lines with many brackets: a station line has 11)
+        if line.count("[") + line.count("{") > MAX_JSON_DEPTH and _json_depth(line) > MAX_JSON_DEPTH:
+            raise StationFileError(f"{where}: nested more than {MAX_JSON_DEPTH} deep (a station needs 3)")
         try:
-            obj = json.loads(line)
+            # integers as floats: a 5000-digit integer becomes inf (refused below), never a
+            # ValueError from int() or an OverflowError from numpy
+            obj = json.loads(line, parse_int=float, parse_constant=_no_constant)
         except json.JSONDecodeError as exc:
             raise StationFileError(f"{where}: not valid JSON ({exc.msg})") from exc
+        except (ValueError, RecursionError) as exc:
+            raise StationFileError(f"{where}: not valid JSON ({exc})") from None
         if not isinstance(obj, dict):
             raise StationFileError(f"{where}: expected a JSON object per line")
         needed = ["base_T_flange"] + ([meas_key] if meas_key else [])
         for key in needed:
             if key not in obj:
-                raise StationFileError(f"{where}: missing key {key!r} (have {sorted(obj)})")
+                raise StationFileError(f"{where}: missing key {key!r} (have {sorted(obj)[:10]})")
         G.append(_matrix(obj["base_T_flange"], where, "base_T_flange"))
         if meas_key:
             M.append(_matrix(obj[meas_key], where, meas_key))
-        lines.append(lineno)
-    if not lines:
+        nums.append(lineno)
+    if not nums:
         raise StationFileError(f"{name}: no stations")
-    return Stations(np.array(G), np.array(M) if meas_key else None, lines)
+    return Stations(np.array(G), np.array(M) if meas_key else None, nums)
+
+
+# --- CSV -------------------------------------------------------------------------------------
 
 
 def _pose(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
@@ -133,10 +263,12 @@ def _pose(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
         try:
             v = float(raw)
         except ValueError as exc:
-            raise StationFileError(f"{where}: column {key!r} is not a number: {raw!r}") from exc
+            raise StationFileError(f"{where}: column {key!r} is not a number: {raw[:40]!r}") from exc
         if not math.isfinite(v):
-            raise StationFileError(f"{where}: column {key!r} is not finite: {raw!r}")
+            raise StationFileError(f"{where}: column {key!r} is not finite: {raw[:40]!r}")
         vals.append(v)
+    if max(abs(v) for v in vals[:3]) * 1e-3 > MAX_TRANSLATION_M:
+        raise StationFileError(f"{where}: {prefix} position is beyond {MAX_TRANSLATION_M * 1e3:g} mm")
     q = np.array(vals[3:])
     norm = float(np.linalg.norm(q))
     if abs(norm - 1.0) > 1e-3:
@@ -147,25 +279,39 @@ def _pose(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
     return T
 
 
-def _read_csv(text: str, name: str, meas_key: str | None) -> Stations:
-    reader = csv.DictReader(io.StringIO(text))
-    header = reader.fieldnames or []
+def _read_csv(lines: _Lines, name: str, meas_key: str | None) -> Stations:
+    reader = csv.DictReader(iter(lines))
+    try:
+        header = reader.fieldnames or []
+    except csv.Error as exc:
+        raise StationFileError(f"{name}:{lines.lineno}: not valid CSV ({exc})") from None
     needed = [f"flange_{c}" for c in _POSE_COLS] + ([f"target_{c}" for c in _POSE_COLS] if meas_key else [])
     missing = [c for c in needed if c not in header]
     if missing:
         raise StationFileError(f"{name}:1: header lacks column(s) {', '.join(missing)}")
-    G, M, lines = [], [], []
-    for row in reader:
+    G: list[np.ndarray] = []
+    M: list[np.ndarray] = []
+    nums: list[int] = []
+    while True:
+        lines.start_record()
+        try:
+            row = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:  # e.g. a quoted field never closed, NUL bytes
+            raise StationFileError(f"{name}:{lines.lineno}: not valid CSV ({exc})") from None
         lineno = reader.line_num
         where = f"{name}:{lineno}"
         if None in row:
             raise StationFileError(f"{where}: more fields than the header has columns")
         if all((v or "").strip() == "" for v in row.values()):
             continue
+        if len(nums) >= MAX_STATIONS:
+            raise _too_many(name, lineno)
         G.append(_pose(row, "flange", where))
         if meas_key:
             M.append(_pose(row, "target", where))
-        lines.append(lineno)
-    if not lines:
+        nums.append(lineno)
+    if not nums:
         raise StationFileError(f"{name}: no stations")
-    return Stations(np.array(G), np.array(M) if meas_key else None, lines)
+    return Stations(np.array(G), np.array(M) if meas_key else None, nums)

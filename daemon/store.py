@@ -11,6 +11,10 @@ One SQLite file, ``cellcal.sqlite3``, in the state directory (systemd's
   not know whether the station it was storing got committed; re-adding it raises the typed
   :class:`DuplicateStation` instead of writing a second row, so "resume from what I last
   saw" is safe. :meth:`Store.station_indices` says exactly what is committed.
+* **A damaged store is never re-initialised.** A new database is built under a temporary
+  name and linked into place complete, so ``cellcal.sqlite3`` is either absent (then
+  created) or a whole cellcal database; a file that is empty, not SQLite, or SQLite without
+  cellcal's schema raises :class:`StoreCorruptError` at open and is left for inspection.
 * **Resources fail loudly and leave data intact.** A full disk raises
   :class:`StoreFullError`, a read-only directory or database :class:`StoreReadOnlyError`;
   the failed transaction is rolled back, committed data stays readable, and the same open
@@ -60,6 +64,7 @@ Another process may open the same file (WAL lets readers run beside the writer),
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import errno
 import json
@@ -72,7 +77,7 @@ import typing
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 from enum import StrEnum
 from pathlib import Path
 from typing import Any
@@ -108,6 +113,7 @@ __all__ = [
 ]
 
 DB_FILENAME = "cellcal.sqlite3"
+_SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database file
 
 # The convention every stored transform follows (ADR 0001); a provenance default, so a result
 # read years later still says what its matrices mean.
@@ -689,7 +695,7 @@ MIGRATIONS: dict[int, tuple[str, Sequence[str]]] = {
 
 
 def _utc_now() -> str:
-    return datetime.now(timezone.utc).isoformat(timespec="microseconds")
+    return datetime.now(UTC).isoformat(timespec="microseconds")
 
 
 def migrate(conn: sqlite3.Connection, migrations: dict[int, tuple[str, Sequence[str]]] | None = None) -> int:
@@ -838,7 +844,7 @@ def _iso_utc(value: datetime | str | None) -> str:
             raise ValueError(f"valid_from must be ISO 8601 with a UTC offset, got {value!r}") from exc
     if not isinstance(value, datetime) or value.tzinfo is None:
         raise ValueError(f"valid_from must be a timezone-aware datetime or ISO 8601 string, got {value!r}")
-    return value.astimezone(timezone.utc).isoformat(timespec="microseconds")
+    return value.astimezone(UTC).isoformat(timespec="microseconds")
 
 
 class Store:
@@ -915,6 +921,10 @@ class Store:
             is no database to read).
         StoreFullError
             No space to create or migrate the database.
+        StoreCorruptError
+            The file exists but is not a cellcal database: empty (0 bytes), not SQLite,
+            SQLite without cellcal's schema, or damaged. It is left as it is; only a file
+            that is absent is created (atomically: see the module docstring).
         StoreError
             Anything else, e.g. a schema newer than this cellcal.
         """
@@ -929,6 +939,9 @@ class Store:
                     self.state_dir.mkdir(parents=True, exist_ok=True)
                 except OSError as exc:
                     raise self._os_error(exc, "creating the state directory") from exc
+                if not os.path.lexists(self.path):
+                    self._create()
+            self._check_file()
             conn: sqlite3.Connection | None = None
             try:
                 if self.read_only:
@@ -949,6 +962,7 @@ class Store:
                         timeout=_BUSY_TIMEOUT_S,
                     )
                     conn.execute("PRAGMA query_only = ON")
+                    self._check_schema(conn)
                     (version,) = conn.execute("SELECT coalesce(max(version), 0) FROM schema_version").fetchone()
                     if version > max(self._migrations):
                         raise StoreError(
@@ -960,6 +974,7 @@ class Store:
                     conn = sqlite3.connect(
                         str(self.path), isolation_level=None, check_same_thread=False, timeout=_BUSY_TIMEOUT_S
                     )
+                    self._check_schema(conn)  # before anything writes to the file
                     # WAL: a commit appends to one file and one fsync makes it durable;
                     # readers in other processes never block the writer.
                     (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()
@@ -996,6 +1011,100 @@ class Store:
                 raise
             self._conn = conn
             return self
+
+    def _create(self) -> None:
+        """Create a new, fully migrated database atomically: built under a temporary name,
+        closed (checkpointed), fsynced and linked into place. So the store's file is either
+        absent or a complete cellcal database, and a file that is anything else (zero bytes,
+        another program's database) is damage to report, never a store to initialise."""
+        tmp = self.path.with_name(self.path.name + ".creating")
+        conn: sqlite3.Connection | None = None
+        try:
+            for leftover in (tmp, *(tmp.with_name(tmp.name + x) for x in ("-wal", "-shm", "-journal"))):
+                with contextlib.suppress(FileNotFoundError):
+                    leftover.unlink()  # a creation killed half way: never the real store
+            conn = sqlite3.connect(str(tmp), isolation_level=None, timeout=_BUSY_TIMEOUT_S)
+            (mode,) = conn.execute("PRAGMA journal_mode = WAL").fetchone()  # kept in the file header
+            if str(mode).lower() != "wal":
+                raise StoreError(
+                    f"could not switch {tmp} to WAL mode (got {mode!r}); the file system may lack "
+                    "shared-memory support",
+                    state_dir=self.state_dir,
+                )
+            conn.execute("PRAGMA synchronous = FULL")
+            migrate(conn, self._migrations)
+            conn.close()  # the last connection checkpoints the WAL into the file and removes it
+            conn = None
+            if tmp.with_name(tmp.name + "-wal").exists():
+                raise StoreError(f"{tmp}: the new database's WAL was not checkpointed", state_dir=self.state_dir)
+            fd = os.open(tmp, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(tmp, self.path)  # never replaces a store another process just made
+                tmp.unlink()
+            except FileExistsError:
+                tmp.unlink()
+            except OSError as exc:
+                if exc.errno not in (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV):
+                    raise
+                os.replace(tmp, self.path)  # a file system without hard links
+            dfd = os.open(self.state_dir, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except sqlite3.Error as exc:
+            raise self._translate(exc, "creating the database") from exc
+        except OSError as exc:
+            raise self._os_error(exc, "creating the database") from exc
+        finally:
+            if conn is not None:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.close()
+
+    def _check_file(self) -> None:
+        """Refuse, untouched, a store file that cannot be a cellcal database."""
+        try:
+            st = os.stat(self.path)
+            with open(self.path, "rb") as f:
+                head = f.read(len(_SQLITE_MAGIC))
+        except FileNotFoundError:
+            if self.read_only:
+                raise StoreError(f"no cellcal database at {self.path}", state_dir=self.state_dir) from None
+            raise StoreCorruptError(
+                f"state directory {self.state_dir}: {self.path.name} vanished while opening", state_dir=self.state_dir
+            ) from None
+        except OSError as exc:
+            raise self._os_error(exc, f"reading {self.path.name}") from exc
+        keep = "left as it is for inspection; move it away (or restore a backup) to start a new store"
+        if st.st_size == 0:
+            raise StoreCorruptError(
+                f"state directory {self.state_dir}: {self.path.name} is empty (0 bytes), so it is not a cellcal "
+                f"database (truncated or damaged; a new store is never created over it); {keep}",
+                state_dir=self.state_dir,
+            )
+        if head != _SQLITE_MAGIC:
+            raise StoreCorruptError(
+                f"state directory {self.state_dir}: {self.path.name} is not an SQLite database "
+                f"(starts with {head[:16]!r}); {keep}",
+                state_dir=self.state_dir,
+            )
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        # Every store this code creates has schema_version from its first commit (see
+        # _create): a database without it belongs to something else.
+        (n,) = conn.execute(
+            "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name = 'schema_version'"
+        ).fetchone()
+        if not n:
+            raise StoreCorruptError(
+                f"state directory {self.state_dir}: {self.path.name} is an SQLite database without cellcal's "
+                "schema_version table (another program's file, or damaged); left as it is for inspection",
+                state_dir=self.state_dir,
+            )
 
     def close(self) -> None:
         """Close the database (idempotent). Committed data is already durable."""

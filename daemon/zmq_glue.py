@@ -27,11 +27,13 @@ __all__ = ["DaemonHandler", "attach"]
 
 
 def _id(text: str, what: str) -> int:
-    try:
-        v = int(str(text))
-    except ValueError:
-        raise P.CommandError(P.E_NOT_FOUND, f"{what} {text!r}: ids are decimal integers") from None
-    if v < 1:
+    # The protocol edge has bounded the id (v_record_id: a decimal id fits int64); this
+    # daemon's ids are decimal only, so anything else names nothing here. int() alone would
+    # also take " 7", "+7" and "1_0".
+    if not (isinstance(text, str) and text.isascii() and text.isdigit() and len(text) <= 19):
+        raise P.CommandError(P.E_NOT_FOUND, f"{what} {str(text)[:64]!r}: this daemon's ids are decimal integers")
+    v = int(text)
+    if not 1 <= v < 2**63:
         raise P.CommandError(P.E_NOT_FOUND, f"no {what} {text!r}")
     return v
 

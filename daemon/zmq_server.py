@@ -26,10 +26,18 @@ Security
 With ``[zmq] curve = true`` both sockets are CURVE servers; a ZAP handler
 (``zmq.auth.thread.ThreadAuthenticator``) admits only the public keys listed in
 ``[[zmq.clients]]``, each with a role; other keys fail the handshake and reach nothing.
-Without CURVE every client gets ``[zmq] null_role`` (``observer`` unless configured), and
-a ``tcp://`` endpoint on anything but a loopback address is refused at construction
-(:class:`SecurityError`): an unauthenticated client may watch, never change the cell,
-unless an operator explicitly grants it on loopback or ipc.
+Without CURVE, "local" means the daemon's own user and group, never "this host"
+(:func:`check_security`, ADR 0007):
+
+* ``ipc://`` endpoints (a socket file, made ``ipc_socket_mode``, 0660 by default, in a
+  directory made 0750 if missing; or abstract, ``ipc://@name``, which has no file and no
+  permissions at all): the same ZAP handler admits a peer only if the credentials the
+  kernel reports for its connection (SO_PEERCRED, which libzmq puts in the ZAP address) are
+  the daemon's uid, root, a listed uid, or a member of the daemon's group or a listed group;
+  the ROUTER checks them again on every request. Admitted peers get ``[zmq] null_role``.
+* loopback ``tcp://`` carries no credentials: it is refused unless ``[zmq]
+  loopback_tcp_any_user = true`` says that every local user may have ``null_role``.
+* any other ``tcp://`` endpoint is refused (:class:`SecurityError`).
 """
 
 from __future__ import annotations
@@ -37,6 +45,7 @@ from __future__ import annotations
 import collections
 import ipaddress
 import logging
+import math
 import os
 import queue
 import threading
@@ -53,13 +62,17 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon.config import ConfigError
 from cellcal.solver.errors import CellcalError
 
-__all__ = ["ZmqServer", "SecurityError", "BindError", "is_local_endpoint", "check_security", "ZAP_DOMAIN"]
+__all__ = [
+    "ZmqServer", "SecurityError", "BindError", "is_local_endpoint", "endpoint_kind", "check_security",
+    "load_server_key", "ZAP_DOMAIN", "MAX_IPC_PATH_BYTES",
+]
 
 ZAP_DOMAIN = "cellcal"
 STOP_TIMEOUT_S = 5.0
 _ROUTER_BATCH = 512          # messages per poll round, so publishing is never starved
 _BAD_LOG_EVERY_S = 10.0      # malformed requests: one summary warning per period at most
 _REFUSED_KEY_LOG_EVERY_S = 60.0
+_INTERNAL_LOG_EVERY_S = 10.0   # E_INTERNAL: one traceback per (command, exception type) per period
 
 
 class SecurityError(ConfigError):
@@ -71,10 +84,12 @@ class BindError(CellcalError, OSError):
 
 
 def is_local_endpoint(endpoint: str) -> bool:
-    """True for ``ipc://``, ``inproc://`` and ``tcp://`` on a loopback address.
+    """True for ``ipc://``, ``inproc://`` and ``tcp://`` on a loopback address: endpoints
+    other *hosts* cannot reach.
 
     Interface names, ``*``, host names and every non-loopback address count as reachable
-    from other hosts.
+    from other hosts. Host-local is not yet "ours": which local users may connect to such an
+    endpoint is :func:`check_security`'s business (ADR 0007).
     """
     if endpoint.startswith(("ipc://", "inproc://")):
         return True
@@ -89,13 +104,69 @@ def is_local_endpoint(endpoint: str) -> bool:
         return False
 
 
+#: Longest ipc path the kernel takes (``sun_path`` is 108 bytes with its terminating NUL;
+#: an abstract name spends one byte on its leading NUL instead).
+MAX_IPC_PATH_BYTES = 107
+
+
+def endpoint_kind(endpoint: str, key: str = "zmq.endpoint") -> str:
+    """What an endpoint is, for the security rules, after checking its syntax (no I/O).
+
+    Returns
+    -------
+    str
+        ``"tcp-loopback"``, ``"tcp-network"``, ``"ipc"`` (a file), ``"ipc-abstract"``
+        (``ipc://@name``: no file, so no permissions) or ``"inproc"``.
+
+    Raises
+    ------
+    ConfigError
+        Under ``key``: an unknown transport, a malformed ``tcp://host:port``, a relative,
+        wildcard or too long ipc path.
+    """
+    if endpoint.startswith("inproc://") and len(endpoint) > len("inproc://"):
+        return "inproc"
+    if endpoint.startswith("ipc://"):
+        path = endpoint[len("ipc://"):]
+        if path.startswith("@"):
+            if len(path) < 2 or len(path.encode("utf-8")) > MAX_IPC_PATH_BYTES:
+                raise ConfigError(key, f"abstract ipc name must have 1..{MAX_IPC_PATH_BYTES - 1} bytes, got {endpoint!r}")
+            return "ipc-abstract"
+        if not path.startswith("/") or path.endswith("/") or "*" in path:
+            raise ConfigError(key, f"ipc endpoint needs an absolute socket path (ipc:///run/cellcal/cmd.sock), got {endpoint!r}")
+        if len(path.encode("utf-8")) > MAX_IPC_PATH_BYTES:
+            raise ConfigError(key, f"ipc path longer than {MAX_IPC_PATH_BYTES} bytes (the kernel's limit): {endpoint!r}")
+        return "ipc"
+    if endpoint.startswith("tcp://"):
+        host, sep, port = endpoint[len("tcp://"):].rpartition(":")
+        if not sep or not host or not (port == "*" or (port.isdigit() and len(port) <= 5 and int(port) <= 65535)):
+            raise ConfigError(key, f"expected tcp://host:port (port 0..65535 or *), got {endpoint!r}")
+        if host.startswith("[") != host.endswith("]") or ";" in host:
+            raise ConfigError(key, f"expected tcp://host:port, got {endpoint!r}")
+        return "tcp-loopback" if is_local_endpoint(endpoint) else "tcp-network"
+    raise ConfigError(key, f"expected tcp://host:port, ipc:///path or ipc://@name, got {endpoint!r}")
+
+
 def _null_role(cfg: Any) -> str:
-    # `null_role` is not yet a field of config.Zmq; read it where it may appear.
     return getattr(cfg, "null_role", P.ROLE_OBSERVER)
+
+
+def _max_uid() -> int:
+    return 2**32 - 2  # (uid_t)-1 means "no user"
 
 
 def check_security(cfg: Any) -> dict[str, tuple[str, str]]:
     """Validate the security of a ``[zmq]`` section (no I/O); return the CURVE allow-list.
+
+    The rules (ADR 0007; ``docs/protocols/zeromq.md`` section 8), without CURVE:
+
+    * a ``tcp://`` endpoint must be loopback, and even then is allowed only with
+      ``loopback_tcp_any_user = true``: loopback TCP carries no peer credentials, so every
+      local user (and every container sharing the network namespace) gets ``null_role``;
+    * an ``ipc://`` endpoint, a file (mode ``ipc_socket_mode``) or abstract (``@name``, no
+      file at all), gives ``null_role`` only to peers whose kernel-reported credentials
+      (SO_PEERCRED) are the daemon's uid, root, a uid of ``ipc_allowed_uids``, or a member
+      of the daemon's group or of ``ipc_allowed_gids``.
 
     Returns
     -------
@@ -105,21 +176,44 @@ def check_security(cfg: Any) -> dict[str, tuple[str, str]]:
     Raises
     ------
     SecurityError
-        A non-loopback ``tcp://`` endpoint without CURVE, an invalid or duplicate key, an
-        unknown role.
+        An endpoint or value that would expose the daemon, under its own dotted key.
+    ConfigError
+        A malformed endpoint, uid, gid or mode, under its own dotted key.
     """
     curve = bool(cfg.curve)
+    any_user = bool(getattr(cfg, "loopback_tcp_any_user", False))
     for name in ("pub_endpoint", "cmd_endpoint"):
         ep = getattr(cfg, name)
-        if not curve and not is_local_endpoint(ep):
+        kind = endpoint_kind(ep, f"zmq.{name}")
+        if curve:
+            continue
+        if kind == "tcp-network":
             raise SecurityError(
                 f"zmq.{name}",
                 f"{ep} is reachable from other hosts and zmq.curve is false; bind tcp://127.0.0.1 or "
                 f"ipc://, or set curve = true with [[zmq.clients]] keys",
             )
+        if kind == "tcp-loopback" and not any_user:
+            raise SecurityError(
+                f"zmq.{name}",
+                f"{ep} without CURVE: loopback TCP has no peer credentials, so every local user could connect "
+                f"as {_null_role(cfg)}; use ipc:// (peers are checked), or CURVE, or accept it explicitly with "
+                f"zmq.loopback_tcp_any_user = true",
+            )
     null_role = _null_role(cfg)
     if null_role not in P.ROLES:
         raise SecurityError("zmq.null_role", f"expected one of {', '.join(P.ROLES)}, got {null_role!r}")
+    for key, maximum in (("ipc_allowed_uids", _max_uid()), ("ipc_allowed_gids", _max_uid())):
+        for i, v in enumerate(getattr(cfg, key, ()) or ()):
+            if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= maximum:
+                raise ConfigError(f"zmq.{key}[{i}]", f"expected an integer id in [0, {maximum}], got {v!r}")
+    mode = getattr(cfg, "ipc_socket_mode", 0o660)
+    if isinstance(mode, bool) or not isinstance(mode, int) or mode & ~0o770 or mode & 0o600 != 0o600:
+        raise SecurityError(
+            "zmq.ipc_socket_mode",
+            f"expected owner rw and no bits for others (0o600..0o770, e.g. 0o660), got {mode!r}"
+            + (f" ({oct(mode)})" if isinstance(mode, int) and not isinstance(mode, bool) else ""),
+        )
     allow: dict[str, tuple[str, str]] = {}
     for i, cl in enumerate(cfg.clients or ()):
         path = f"zmq.clients[{i}]"
@@ -139,6 +233,122 @@ def check_security(cfg: Any) -> dict[str, tuple[str, str]]:
     if curve and not cfg.server_secret_key_file:
         raise SecurityError("zmq.server_secret_key_file", "required when curve = true")
     return allow
+
+
+def load_server_key(cfg: Any) -> tuple[bytes, bytes]:
+    """The daemon's CURVE key pair from ``[zmq] server_secret_key_file`` (reads the file).
+
+    ``cellcal run`` and ``cellcal check-config`` both call it, so a missing or unreadable key
+    file fails the check as it would fail the start (run check-config as the daemon's user).
+
+    Raises
+    ------
+    SecurityError
+        Under ``zmq.server_secret_key_file``: unreadable, not a certificate, no secret key.
+    """
+    path = cfg.server_secret_key_file
+    try:
+        public, secret = zmq.auth.load_certificate(path)
+    except (OSError, ValueError, IndexError, UnicodeDecodeError) as exc:
+        raise SecurityError("zmq.server_secret_key_file", f"cannot load {path}: {exc}") from None
+    if not secret:
+        raise SecurityError("zmq.server_secret_key_file", f"{path} holds no secret-key (use the .key_secret file)")
+    if len(public) != 40 or len(secret) != 40:
+        raise SecurityError("zmq.server_secret_key_file", f"{path}: keys must be 40 Z85 characters")
+    return public, secret
+
+
+class _PeerPolicy:
+    """Who, by kernel-reported credentials (SO_PEERCRED, through libzmq), is a local peer.
+
+    The daemon's own uid, root (which can bypass any local check anyway), the uids listed,
+    and members of the daemon's group or of the listed groups: the peer's primary group as
+    the kernel reports it, or its membership in the group database (``getgrouplist``, cached
+    for a minute). Runs on the ZAP thread and the I/O thread; the cache is a plain dict
+    whose entries are replaced whole, so no lock is needed.
+    """
+
+    _CACHE_S = 60.0
+
+    def __init__(self, uids: Iterable[int], gids: Iterable[int], log: logging.Logger) -> None:
+        self.uids = frozenset({os.geteuid(), 0, *uids})
+        self.gids = frozenset({os.getegid(), *gids})
+        self._log = log
+        self._groups: dict[int, tuple[float, frozenset[int]]] = {}
+        self._last_refusal: dict[int, float] = {}
+
+    @staticmethod
+    def parse(address: str) -> tuple[int, int, int] | None:
+        """``(uid, gid, pid)`` from libzmq's ipc peer address (``...:uid:gid:pid``), or ``None``."""
+        parts = address.rsplit(":", 3)
+        if len(parts) != 4 or not all(p.isdigit() for p in parts[1:]):
+            return None
+        return int(parts[1]), int(parts[2]), int(parts[3])
+
+    def _member_of(self, uid: int, gid: int) -> frozenset[int]:
+        now = time.monotonic()
+        hit = self._groups.get(uid)
+        if hit is not None and now - hit[0] < self._CACHE_S:
+            return hit[1] | {gid}
+        try:
+            import pwd
+
+            groups = frozenset(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
+        except (KeyError, OSError):  # a uid without a name (a container's): its gid only
+            groups = frozenset()
+        if len(self._groups) > 1000:
+            self._groups.clear()
+        self._groups[uid] = (now, groups)
+        return groups | {gid}
+
+    def allows(self, uid: int, gid: int) -> bool:
+        return uid in self.uids or gid in self.gids or bool(self._member_of(uid, gid) & self.gids)
+
+    def check(self, address: str, what: str) -> tuple[bool, str]:
+        """(allowed, user id for the logs) for a peer address; refusals logged once a minute per uid."""
+        cred = self.parse(address)
+        if cred is None:
+            self._refused(-1, f"{what}: no peer credentials in {address!r} (libzmq without SO_PEERCRED?); "
+                              "refused: use CURVE")
+            return False, "unknown"
+        uid, gid, pid = cred
+        if self.allows(uid, gid):
+            return True, f"uid:{uid}"
+        self._refused(uid, f"{what}: refused local peer uid {uid} gid {gid} (pid {pid}): not the daemon's user "
+                           "or group, nor in zmq.ipc_allowed_uids/gids")
+        return False, f"uid:{uid}"
+
+    def _refused(self, uid: int, message: str) -> None:
+        now = time.monotonic()
+        if now - self._last_refusal.get(uid, -math.inf) > _REFUSED_KEY_LOG_EVERY_S:
+            if len(self._last_refusal) > 1000:
+                self._last_refusal.clear()
+            self._last_refusal[uid] = now
+            self._log.warning("%s", message)
+
+
+class _Authenticator(ThreadAuthenticator):
+    """pyzmq's ZAP thread, with NULL-mechanism connections (ipc without CURVE) judged by the
+    peer's credentials; CURVE goes to the allow-list callback as before."""
+
+    def __init__(self, context: zmq.Context, policy: _PeerPolicy | None, log: logging.Logger) -> None:
+        super().__init__(context, log=log)
+        self._policy = policy
+
+    async def handle_zap_message(self, msg: list[bytes]) -> None:
+        if len(msg) >= 6 and msg[5] == b"NULL":
+            request_id, address = msg[1], msg[3].decode("utf-8", "replace")
+            try:
+                ok, user = self._policy.check(address, "ipc") if self._policy else (False, "unknown")
+            except Exception:  # never let the ZAP thread die
+                self.log.exception("ZAP peer check failed; refusing")
+                ok, user = False, ""
+            if ok:
+                self._send_zap_reply(request_id, b"200", b"OK", user)
+            else:
+                self._send_zap_reply(request_id, b"400", b"not a local peer of the daemon")
+            return
+        await super().handle_zap_message(msg)
 
 
 class _AllowList:
@@ -240,8 +450,16 @@ class ZmqServer:
         self._curve = bool(config_zmq.curve)
         self._handler = handler
         self._null_caller = P.Caller("null", _null_role(config_zmq), "anonymous")
-        self.boot_id = boot_id or P.new_boot_id()
+        self._kinds = {name: endpoint_kind(getattr(config_zmq, name), f"zmq.{name}") for name in ("pub_endpoint", "cmd_endpoint")}
         self._log = log or logging.getLogger("cellcal.daemon.zmq")
+        # Without CURVE, an ipc peer is admitted (ZAP) and given null_role only for its
+        # kernel-reported credentials; the ROUTER checks them again on every request.
+        self._peers: _PeerPolicy | None = None
+        if not self._curve and any(k.startswith("ipc") for k in self._kinds.values()):
+            self._peers = _PeerPolicy(getattr(config_zmq, "ipc_allowed_uids", ()) or (),
+                                      getattr(config_zmq, "ipc_allowed_gids", ()) or (), self._log)
+        self._cmd_checks_peer = self._peers is not None and self._kinds["cmd_endpoint"].startswith("ipc")
+        self.boot_id = boot_id or P.new_boot_id()
         self._audit = logging.getLogger(self._log.name + ".audit")
         self._given_context = context
         self._republish_topics = tuple(republish_topics)
@@ -273,8 +491,9 @@ class ZmqServer:
         self._queued = 0
         self._replies = _ReplyCache(dedup_entries, dedup_bytes)
         self._bad_since_log = 0
-        self._bad_last_log = time.monotonic()
-        self._stats = collections.Counter()
+        self._bad_last_log = -math.inf  # the first malformed request is reported at once
+        self._stats: collections.Counter[str] = collections.Counter()
+        self._internal_logged: dict[tuple[str, str], tuple[float, int]] = {}  # command thread only
 
     # --- properties --------------------------------------------------------------------------
 
@@ -323,12 +542,15 @@ class ZmqServer:
                 raise RuntimeError(f"ZmqServer.start(): already {self._state}")
             self._state = "starting"
         try:
-            keys = self._load_server_key() if self._curve else None
+            keys = load_server_key(self._cfg) if self._curve else None
+            if keys is not None:
+                self._warn_key_mode()
             self._ctx = self._given_context or zmq.Context()
-            if self._curve:
-                self._auth = ThreadAuthenticator(self._ctx, log=logging.getLogger(self._log.name + ".zap"))
+            if self._curve or self._peers is not None:
+                self._auth = _Authenticator(self._ctx, self._peers, logging.getLogger(self._log.name + ".zap"))
                 self._auth.start()
-                self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_AllowList(self._allow, self._log))
+                if self._curve:
+                    self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_AllowList(self._allow, self._log))
             r, w = os.pipe()
             os.set_blocking(r, False)
             os.set_blocking(w, False)
@@ -394,20 +616,13 @@ class ZmqServer:
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
-    def _load_server_key(self) -> tuple[bytes, bytes]:
+    def _warn_key_mode(self) -> None:
         path = self._cfg.server_secret_key_file
-        try:
-            public, secret = zmq.auth.load_certificate(path)
-        except (OSError, ValueError) as exc:
-            raise SecurityError("zmq.server_secret_key_file", f"cannot load {path}: {exc}") from None
-        if not secret:
-            raise SecurityError("zmq.server_secret_key_file", f"{path} holds no secret-key (use the .key_secret file)")
         try:
             if os.stat(path).st_mode & 0o077:
                 self._log.warning("%s is readable by group or others; chmod 600 it", path)
         except OSError:
             pass
-        return public, secret
 
     # --- the API for the daemon (any thread) -------------------------------------------------
 
@@ -465,23 +680,26 @@ class ZmqServer:
         try:
             pub = ctx.socket(zmq.PUB)
             router = ctx.socket(zmq.ROUTER)
-            for s in (pub, router):
+            for s, name in ((pub, "pub_endpoint"), (router, "cmd_endpoint")):
                 s.linger = 0
                 if keys is not None:
                     s.curve_server = True
                     s.curve_publickey, s.curve_secretkey = keys
                     s.zap_domain = ZAP_DOMAIN.encode()
+                elif self._kinds[name].startswith("ipc"):
+                    s.zap_domain = ZAP_DOMAIN.encode()  # NULL mechanism: ZAP judges the peer's credentials
             pub.sndhwm = int(self._cfg.sndhwm)
             router.maxmsgsize = int(self._cfg.max_msg_bytes)
             # A client that reconnects with the same routing id (Lazy Pirate) takes over the
             # old route, so the reply to its retry reaches it.
             router.router_handover = 1
             for sock, ep in ((pub, self._cfg.pub_endpoint), (router, self._cfg.cmd_endpoint)):
-                _prepare_ipc_dir(ep)
+                _prepare_ipc_dir(ep, self._log)
                 try:
                     sock.bind(ep)
                 except zmq.ZMQError as exc:
                     raise BindError(f"cannot bind {ep}: {exc}") from None
+                _set_ipc_mode(ep, int(getattr(self._cfg, "ipc_socket_mode", 0o660)))
             self._pub_ep = pub.last_endpoint.decode()
             self._cmd_ep = router.last_endpoint.decode()
         except BaseException as exc:
@@ -502,8 +720,10 @@ class ZmqServer:
 
     def _loop(self, pub: zmq.Socket, router: zmq.Socket) -> None:
         poller = zmq.Poller()
+        wake_r = self._wake_r
+        assert wake_r is not None  # start() made the pipe before this thread
         poller.register(router, zmq.POLLIN)
-        poller.register(self._wake_r, zmq.POLLIN)
+        poller.register(wake_r, zmq.POLLIN)
         period = float(self._cfg.republish_s)
         next_republish = time.monotonic() + period
         # Messages published before start() were queued without a wake-up byte.
@@ -511,10 +731,10 @@ class ZmqServer:
             return
         while True:
             timeout_ms = max(0.0, next_republish - time.monotonic()) * 1000.0
-            events = dict(poller.poll(timeout_ms))
-            if self._wake_r in events:
+            events = dict(poller.poll(int(math.ceil(timeout_ms))))
+            if wake_r in events:
                 try:
-                    while os.read(self._wake_r, 4096):
+                    while os.read(wake_r, 4096):
                         pass
                 except BlockingIOError:
                     pass
@@ -578,9 +798,18 @@ class ZmqServer:
 
     def _caller(self, frame: zmq.Frame) -> tuple[P.Caller, str]:
         if not self._curve:
-            return self._null_caller, "null"
+            if not self._cmd_checks_peer:
+                return self._null_caller, "null"
+            # Defence in depth behind ZAP: the kernel's credentials of this very connection.
+            try:
+                address = str(frame.get("Peer-Address"))
+            except zmq.ZMQError:
+                address = ""
+            assert self._peers is not None
+            ok, user = self._peers.check(address, "ipc request")
+            return P.Caller(user, self._null_caller.role if ok else "", user), user
         try:
-            key = frame.get("User-Id")
+            key = str(frame.get("User-Id"))
         except zmq.ZMQError:
             key = ""
         role, name = self._allow.get(key, ("", "unknown"))
@@ -602,6 +831,7 @@ class ZmqServer:
 
     def _on_request(self, router: zmq.Socket, frames: list[zmq.Frame]) -> None:
         identity = frames[0].bytes
+        prefix: tuple[bytes, ...]
         if len(frames) >= 3 and len(frames[1]) == 0:  # REQ client: [id, "", payload]
             prefix, payload = (identity, b""), frames[2:]
         else:  # DEALER client: [id, payload]
@@ -665,8 +895,12 @@ class ZmqServer:
         self._bad_since_log += 1
         now = time.monotonic()
         if now - self._bad_last_log >= _BAD_LOG_EVERY_S:
-            self._audit.warning("%d malformed request(s) in the last %.0f s; latest from key %s: %s",
-                                self._bad_since_log, now - self._bad_last_log, caller.key_id, message)
+            if math.isinf(self._bad_last_log):
+                self._audit.warning("malformed request from key %s: %s (further ones: one summary per %.0f s)",
+                                    caller.key_id, message, _BAD_LOG_EVERY_S)
+            else:
+                self._audit.warning("%d malformed request(s) in the last %.0f s; latest from key %s: %s",
+                                    self._bad_since_log, now - self._bad_last_log, caller.key_id, message)
             self._bad_since_log = 0
             self._bad_last_log = now
 
@@ -685,13 +919,16 @@ class ZmqServer:
             dedup_key, rid, cmd, args, caller, t0 = job
             try:
                 result = self._handler.handle(cmd, args, caller)  # type: ignore[union-attr]
+                bad = P.find_non_finite(result)
+                if bad:
+                    raise ValueError(f"{cmd} produced a non-finite number at {bad}")
                 reply = P.pack_ok(rid, result)
                 outcome = "ok"
             except P.CommandError as exc:
                 reply = P.pack_error(rid, exc.code, exc.message)
                 outcome = exc.code
             except Exception as exc:
-                self._log.exception("command %s id=%r from key %s failed", cmd, rid, caller.key_id)
+                self._internal_error(cmd, rid, caller, exc)
                 reply = P.pack_error(rid, P.E_INTERNAL, f"{cmd} failed inside the daemon ({type(exc).__name__}); see its log")
                 outcome = P.E_INTERNAL
             level = logging.INFO if P.COMMANDS[cmd].role == P.ROLE_OPERATOR or outcome != "ok" else logging.DEBUG
@@ -700,10 +937,47 @@ class ZmqServer:
             self._post(("reply", dedup_key, reply, outcome))
 
 
-def _prepare_ipc_dir(endpoint: str) -> None:
+    def _internal_error(self, cmd: str, rid: Any, caller: P.Caller, exc: BaseException) -> None:
+        # A bug a client can trigger at will must not become a flood of tracebacks: the full
+        # traceback once per period for each (command, exception type), then a count.
+        key = (cmd, type(exc).__name__)
+        now = time.monotonic()
+        last, suppressed = self._internal_logged.get(key, (-math.inf, 0))
+        if now - last >= _INTERNAL_LOG_EVERY_S:
+            if len(self._internal_logged) > 256:
+                self._internal_logged.clear()
+            self._internal_logged[key] = (now, 0)
+            more = f" ({suppressed} more like it since the last report)" if suppressed else ""
+            self._log.error("command %s id=%r from key %s failed%s", cmd, rid, caller.key_id, more,
+                            exc_info=(type(exc), exc, exc.__traceback__))
+        else:
+            self._internal_logged[key] = (last, suppressed + 1)
+
+
+def _prepare_ipc_dir(endpoint: str, log: logging.Logger) -> None:
     # ipc sockets live in the runtime directory; systemd creates it (RuntimeDirectory=), the
-    # demo and tests may not have. Abstract sockets (ipc://@name) have no directory.
+    # demo and tests may not have: then it is made 0750. Abstract sockets (ipc://@name) have
+    # no directory.
     if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
         d = os.path.dirname(endpoint[len("ipc://"):])
         if d:
-            os.makedirs(d, mode=0o750, exist_ok=True)
+            try:
+                os.makedirs(d, mode=0o750, exist_ok=True)
+                st = os.stat(d)
+            except OSError as exc:
+                raise BindError(f"cannot prepare the directory of {endpoint}: {exc}") from None
+            if st.st_mode & 0o002 and not st.st_mode & 0o1000:
+                # Anyone could replace the socket file there and impersonate the daemon.
+                log.warning("%s is writable by every user (and not sticky): clients of %s cannot trust "
+                            "the socket they reach; use the runtime directory", d, endpoint)
+
+
+def _set_ipc_mode(endpoint: str, mode: int) -> None:
+    # The socket file is what a local user connects to: the kernel checks write permission
+    # on it. bind() made it by the umask; set the configured mode (default 0660).
+    if endpoint.startswith("ipc://") and not endpoint.startswith("ipc://@"):
+        path = endpoint[len("ipc://"):]
+        try:
+            os.chmod(path, mode)
+        except OSError as exc:
+            raise BindError(f"cannot set mode {oct(mode)} on {path}: {exc}") from None

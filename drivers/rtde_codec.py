@@ -26,8 +26,11 @@ type    client -> controller           controller -> client
 ======  ============================  ====================================================
 
 Decoding errors raise :class:`~cellcal.drivers.errors.ProtocolError` for that packet only;
-the caller decides whether to skip it (a malformed data package) or drop the stream (a
-header whose size is below 3, after which no packet boundary can be trusted).
+the caller decides whether to skip it (a malformed data package) or drop the stream. Two
+framers: :class:`PacketReader` trusts every header (the handshake, the simulator's side) and
+raises on a header whose size is below 3; :class:`StreamReader` frames a started output
+stream, recognises lost framing (a header no honest controller sends) and hunts for the next
+intact data package, so garbage costs the packets it hit and never the stream after it.
 """
 
 from __future__ import annotations
@@ -49,6 +52,8 @@ __all__ = [
     "TextMessage",
     "Recipe",
     "PacketReader",
+    "StreamReader",
+    "MAX_SKIP_BYTES",
     "OUTPUT_FIELDS",
     "NOT_FOUND",
     "IN_USE",
@@ -274,6 +279,12 @@ class PacketReader:
         """Bytes buffered that do not yet form a complete packet."""
         return len(self._buf)
 
+    def take(self) -> bytes:
+        """The buffered bytes, removed from the reader (to hand them to another framer)."""
+        data = bytes(self._buf)
+        self._buf.clear()
+        return data
+
     def packets(self) -> Iterator[tuple[int, bytes]]:
         """Yield every complete packet in the buffer, in order."""
         while len(self._buf) >= HEADER.size:
@@ -285,6 +296,129 @@ class PacketReader:
                 return
             payload = bytes(self._buf[HEADER.size : size])
             del self._buf[:size]
+            yield ptype, payload
+
+
+#: Largest packet other than a data package that :class:`StreamReader` frames by its size
+#: while in sync (text messages, replies, unknown types): anything bigger is taken as lost
+#: framing, so one garbage header can swallow at most this many bytes of good stream.
+MAX_SKIP_BYTES = 4096
+
+
+class StreamReader:
+    """Framer for a started output stream that finds its way back after garbage (no I/O).
+
+    :class:`PacketReader` trusts every header, which is right during the handshake but not
+    on a stream that garbage can hit: one bad header announcing 60 kB would swallow the next
+    few seconds of data, and the packet boundaries after it are chance. This reader knows
+    the one data package the stream carries (its exact size, type ``U`` and, in v2, its
+    recipe id byte) and keeps two states:
+
+    *in sync*
+        A header is trusted if it is plausible: a data package of exactly the recipe's size,
+        or any other type of at most :data:`MAX_SKIP_BYTES`. Anything else (a size below 3,
+        a data package of another size, a longer packet) means the framing is lost: the
+        packet is counted in :attr:`bad_headers` and the reader starts hunting from the byte
+        after the bad header's first byte.
+    *hunting*
+        Bytes are discarded (counted in :attr:`garbage_bytes`) up to the next position that
+        starts with the data package's exact header (and recipe id) and whose payload
+        ``validate`` accepts; that package is yielded and the reader is in sync again
+        (:attr:`resyncs` counts these). The pattern is 3 (v1) or 4 (v2) bytes plus a payload
+        that must decode, so garbage passes for a data package with probability ~2^-32 per
+        position.
+
+    So the first intact data package after garbage is found at once, and at most
+    :data:`MAX_SKIP_BYTES` of good stream are lost to a garbage header that looked like a
+    short packet. Memory is bounded by ``max(MAX_SKIP_BYTES, data package size)`` plus the
+    bytes of one :meth:`feed`.
+
+    Parameters
+    ----------
+    data_size : int
+        Size of one data package on the wire, header included (``3 + payload_size``).
+    recipe_id : int or None
+        The recipe id byte that starts every v2 data payload; ``None`` for v1.
+    validate : callable(payload) -> bool, optional
+        Whether a candidate payload is a real data package (the caller decodes it and
+        checks its values); used only while hunting. Default: accept.
+    """
+
+    def __init__(
+        self,
+        data_size: int,
+        recipe_id: int | None = None,
+        validate: Any = None,
+        *,
+        max_skip: int = MAX_SKIP_BYTES,
+    ) -> None:
+        if not HEADER.size < data_size <= MAX_PACKET_SIZE:
+            raise ValueError(f"data_size must be in ({HEADER.size}, {MAX_PACKET_SIZE}], got {data_size}")
+        self.data_size = int(data_size)
+        self._pattern = HEADER.pack(self.data_size, PacketType.DATA_PACKAGE)
+        if recipe_id is not None:
+            self._pattern += _U8.pack(recipe_id)
+        self._validate = validate if validate is not None else (lambda payload: True)
+        self.max_skip = int(max_skip)
+        self._buf = bytearray()
+        self.in_sync = True
+        self.bad_headers = 0
+        self.garbage_bytes = 0
+        self.resyncs = 0
+
+    def feed(self, data: bytes) -> None:
+        """Append received bytes."""
+        self._buf += data
+
+    @property
+    def pending(self) -> int:
+        """Bytes buffered that are not yet a packet (or discarded)."""
+        return len(self._buf)
+
+    def _lose_sync(self) -> None:
+        self.bad_headers += 1
+        self.in_sync = False
+        del self._buf[:1]
+        self.garbage_bytes += 1
+
+    def packets(self) -> Iterator[tuple[int, bytes]]:
+        """Yield every complete packet in the buffer, in order; never raises."""
+        buf = self._buf
+        while True:
+            if not self.in_sync:
+                i = buf.find(self._pattern)
+                if i < 0:
+                    keep = len(self._pattern) - 1  # a pattern may straddle two feeds
+                    drop = max(0, len(buf) - keep)
+                    self.garbage_bytes += drop
+                    del buf[:drop]
+                    return
+                self.garbage_bytes += i
+                del buf[:i]
+                if len(buf) < self.data_size:
+                    return
+                payload = bytes(buf[HEADER.size : self.data_size])
+                if not self._validate(payload):
+                    del buf[:1]
+                    self.garbage_bytes += 1
+                    continue
+                del buf[: self.data_size]
+                self.in_sync = True
+                self.resyncs += 1
+                yield PacketType.DATA_PACKAGE, payload
+                continue
+            if len(buf) < HEADER.size:
+                return
+            size, ptype = HEADER.unpack_from(buf)
+            if size < HEADER.size or (ptype == PacketType.DATA_PACKAGE and size != self.data_size) or (
+                ptype != PacketType.DATA_PACKAGE and size > self.max_skip
+            ):
+                self._lose_sync()
+                continue
+            if len(buf) < size:
+                return
+            payload = bytes(buf[HEADER.size : size])
+            del buf[:size]
             yield ptype, payload
 
 

@@ -7,8 +7,9 @@ read the controller version; set up the output recipe :data:`RECIPE` (a ``NOT_FO
 answer raises :class:`RecipeFieldNotFound` naming the field); start. A receiver thread
 decodes data packages into :class:`~cellcal.drivers.robot.RobotState`; text messages are
 logged (never data); unknown packet types are skipped by their size; a malformed data
-package is counted and dropped. If the link drops (EOF, reset, no data for
-``stream_timeout_s``, an unframeable header) :meth:`read_state` raises
+package is counted and dropped; after garbage the stream hunts for the next intact data
+package (:class:`RtdeStream`). If the link drops (EOF, reset, no *valid data package* for
+``stream_timeout_s`` whatever else arrives) :meth:`read_state` raises
 :class:`~cellcal.drivers.errors.DeviceGoneError` while the thread reconnects with
 exponential backoff and repeats the handshake. A drop is always reported once, to the next
 ``read_state`` call, even when the link is already back by then: a consumer never misses
@@ -80,6 +81,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 DEFAULT_RTDE_PORT = 30004
+_RESYNC_LOG_EVERY_S = 10.0
 DEFAULT_URSCRIPT_PORT = 30002
 
 #: The output recipe this driver subscribes to.
@@ -209,19 +211,58 @@ class RtdeStream:
     """Data packages out of an RTDE byte stream, after the handshake (no I/O).
 
     ``feed(bytes)`` returns the field dicts of every well-formed data package for
-    ``recipe``, in order. Text messages are logged, other and unknown packet types skipped
-    by their size, and malformed data packages (wrong size, wrong recipe id, non-finite
-    values) counted in :attr:`bad_packets` and dropped. Only a header that cannot be framed
-    raises :class:`ProtocolError` (the connection must then be dropped).
+    ``recipe``, in order; it never raises. Text messages are logged, other and unknown
+    packet types skipped by their size, and malformed data packages (wrong recipe id,
+    non-finite values) counted in :attr:`bad_packets` and dropped. A header no controller
+    sends (a size below 3, a data package of another size, a packet longer than
+    :data:`~cellcal.drivers.rtde_codec.MAX_SKIP_BYTES`) means the framing is lost: the
+    stream hunts for the next intact data package (:class:`~cellcal.drivers.rtde_codec.StreamReader`)
+    and counts the bytes it discards in :attr:`garbage_bytes`. Whether the link is alive is
+    judged by :attr:`valid_packages`, never by bytes.
     """
 
     def __init__(self, recipe: rc.Recipe, protocol: int) -> None:
         self.recipe = recipe
         self.protocol = protocol
-        self._reader = rc.PacketReader()
-        self.bad_packets = 0
+        self._reader = rc.StreamReader(
+            rc.HEADER.size + recipe.payload_size,
+            recipe.recipe_id if protocol >= rc.PROTOCOL_V2 else None,
+            self._decodes,
+        )
+        self._bad = 0
+        self.valid_packages = 0
         self.text_messages = 0
         self.skipped_packets = 0
+
+    @property
+    def bad_packets(self) -> int:
+        """Data packages dropped: malformed ones in sync plus headers that lost the framing."""
+        return self._bad + self._reader.bad_headers
+
+    @property
+    def garbage_bytes(self) -> int:
+        """Bytes discarded while hunting for the framing."""
+        return self._reader.garbage_bytes
+
+    @property
+    def resyncs(self) -> int:
+        """Times the framing was found again after it was lost."""
+        return self._reader.resyncs
+
+    def _decode(self, payload: bytes) -> dict[str, Any]:
+        fields = self.recipe.decode(payload)
+        _check_finite(fields)
+        return fields
+
+    def _decodes(self, payload: bytes) -> bool:
+        # Only while hunting: a candidate must decode *and* hold plausible mode codes, so
+        # garbage that happens to start with the data header (2^-24 per byte in v1) is not
+        # taken for a package.
+        try:
+            fields = self._decode(payload)
+        except ProtocolError:
+            return False
+        return all(lo <= int(fields[k]) <= hi for k, (lo, hi) in _MODE_RANGES.items() if k in fields)
 
     def feed(self, data: bytes) -> list[dict[str, Any]]:
         self._reader.feed(data)
@@ -229,10 +270,9 @@ class RtdeStream:
         for ptype, payload in self._reader.packets():
             if ptype == rc.PacketType.DATA_PACKAGE:
                 try:
-                    fields = self.recipe.decode(payload)
-                    _check_finite(fields)
+                    fields = self._decode(payload)
                 except ProtocolError as exc:
-                    self.bad_packets += 1
+                    self._bad += 1
                     log.debug("RTDE: dropped data package: %s", exc)
                     continue
                 out.append(fields)
@@ -242,7 +282,16 @@ class RtdeStream:
             else:
                 self.skipped_packets += 1
                 log.debug("RTDE: skipped packet type %d (%d bytes)", ptype, len(payload))
+        self.valid_packages += len(out)
         return out
+
+
+#: Codes a controller sends (UR RTDE guide); used to recognise a data package after garbage.
+_MODE_RANGES = {
+    "robot_mode": (min(UrRobotMode), max(UrRobotMode)),
+    "safety_mode": (min(UrSafetyMode), max(UrSafetyMode)),
+    "runtime_state": (min(UrRuntimeState), max(UrRuntimeState)),
+}
 
 
 def _check_finite(fields: Mapping[str, Any]) -> None:
@@ -289,7 +338,7 @@ OPTIONS: dict[str, OptionSpec] = {
     "tcp_check_mm": OptionSpec(opt_float(0.0), 20.0, "max |FK - reported flange| at open; 0 off"),
     "timeout_s": OptionSpec(opt_float(positive=True), 1.0, "read_state timeout (s)"),
     "connect_timeout_s": OptionSpec(opt_float(positive=True), 3.0, "TCP connect + handshake (s)"),
-    "stream_timeout_s": OptionSpec(opt_float(positive=True), 1.0, "no data this long = link lost"),
+    "stream_timeout_s": OptionSpec(opt_float(positive=True), 1.0, "no valid data package this long = link lost"),
     "max_age_s": OptionSpec(opt_float(positive=True), 0.1, "newest sample accepted if this fresh"),
     "reconnect_max_s": OptionSpec(opt_float(positive=True), 2.0, "backoff ceiling (s)"),
     "max_joint_speed_rad_s": OptionSpec(opt_float(positive=True), 1.05, "movej v at speed=1"),
@@ -350,6 +399,7 @@ class UrRtdeDriver(RobotDriver):
         self.clock = StreamClockModel(window=256)
         self._last_t_dev = -math.inf
         self._last_clock_feed = -math.inf
+        self._resync_logged = -math.inf
 
     @classmethod
     def _from_url_internal(cls, url: RobotUrl, options: Mapping[str, Any]) -> Self:
@@ -364,6 +414,16 @@ class UrRtdeDriver(RobotDriver):
     def bad_packets(self) -> int:
         """Malformed data packages dropped on the current connection."""
         return self._stream.bad_packets if self._stream else 0
+
+    @property
+    def garbage_bytes(self) -> int:
+        """Bytes discarded while hunting for lost framing, on the current connection."""
+        return self._stream.garbage_bytes if self._stream else 0
+
+    @property
+    def resyncs(self) -> int:
+        """Times the framing was lost and found again on the current connection."""
+        return self._stream.resyncs if self._stream else 0
 
     # -- connection -----------------------------------------------------------------------
     def _open_internal(self) -> None:
@@ -457,12 +517,8 @@ class UrRtdeDriver(RobotDriver):
         except OSError as exc:
             raise DriverInitError(f"{self!r}: connection failed during setup: {exc}") from exc
         stream = RtdeStream(recipe, protocol)
-        # packets that arrived behind the start reply are data already
-        try:
-            leftover = b"".join(rc.encode_packet(t, p) for t, p in reader.packets())
-            self._pending = stream.feed(leftover) if leftover else []
-        except ProtocolError as exc:
-            raise DriverInitError(f"{self!r}: bad stream right after start: {exc}") from exc
+        # bytes that arrived behind the start reply are the stream already (garbage included)
+        self._pending = stream.feed(reader.take())
         log.info(
             "%r: RTDE v%d, controller %s, recipe %d at %.0f Hz",
             self, protocol, self.controller_version, recipe_id, self.opts["frequency_hz"],
@@ -475,7 +531,9 @@ class UrRtdeDriver(RobotDriver):
         while not pending:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                raise DriverInitError(f"{self!r}: no data package after start")
+                raise DriverInitError(
+                    f"{self!r}: no valid data package after start ({stream.garbage_bytes} garbage bytes)"
+                )
             sock.settimeout(remaining)
             try:
                 data = sock.recv(65536)
@@ -485,10 +543,7 @@ class UrRtdeDriver(RobotDriver):
                 raise DriverInitError(f"{self!r}: {exc}") from exc
             if not data:
                 raise DriverInitError(f"{self!r}: controller closed the stream after start")
-            try:
-                pending = stream.feed(data)
-            except ProtocolError as exc:
-                raise DriverInitError(f"{self!r}: {exc}") from exc
+            pending = stream.feed(data)
         return pending
 
     def _check_tcp(self, state: RobotState) -> None:
@@ -613,25 +668,40 @@ class UrRtdeDriver(RobotDriver):
         stream = self._stream
         assert stream is not None
         sock.settimeout(0.05)
-        last_data = time.monotonic()
+        # The watchdog counts valid data packages, not bytes: a stream of garbage (or of text
+        # messages, or of packages that do not decode) is as dead as a silent one.
+        last_valid = time.monotonic()
         limit = self.opts["stream_timeout_s"]
+        resyncs = stream.resyncs
         while not self._stop_evt.is_set():
             try:
                 data = sock.recv(65536)
             except TimeoutError:
-                if time.monotonic() - last_data > limit:
-                    raise DeviceGoneError(f"{self!r}: no RTDE data for {limit:.3g} s") from None
-                continue
-            recv_ns = time.monotonic_ns()
-            if not data:
-                raise DeviceGoneError(f"{self!r}: controller closed the connection")
-            fields_list = stream.feed(data)
-            if fields_list:
-                last_data = time.monotonic()
-                # several packages in one read: all but the last are already superseded,
-                # but each one is a sample for the clock model and the settle detector
-                for fields in fields_list:
-                    self._deliver(fields, recv_ns)
+                data = None
+            now = time.monotonic()
+            if data is not None:
+                recv_ns = time.monotonic_ns()
+                if not data:
+                    raise DeviceGoneError(f"{self!r}: controller closed the connection")
+                fields_list = stream.feed(data)
+                if fields_list:
+                    last_valid = now
+                    if stream.resyncs != resyncs and now - self._resync_logged >= _RESYNC_LOG_EVERY_S:
+                        # said once per period: a stream that keeps losing its framing must
+                        # not become a flood of log lines
+                        log.warning("%r: RTDE framing lost and found again (%d time(s), %d garbage bytes "
+                                    "on this link)", self, stream.resyncs, stream.garbage_bytes)
+                        resyncs = stream.resyncs
+                        self._resync_logged = now
+                    # several packages in one read: all but the last are already superseded,
+                    # but each one is a sample for the clock model and the settle detector
+                    for fields in fields_list:
+                        self._deliver(fields, recv_ns)
+            if now - last_valid > limit:
+                raise DeviceGoneError(
+                    f"{self!r}: no valid RTDE data package for {limit:.3g} s "
+                    f"({stream.garbage_bytes} garbage bytes, {stream.bad_packets} bad packages on this link)"
+                ) from None
 
     def _close_internal(self) -> None:
         self._stop_evt.set()

@@ -20,7 +20,10 @@ URScript (one motion command per script; see ``docs/protocols/robot.md``)::
 optionally wrapped in ``def name():`` ... ``end``.
 
 Faults: while ``disconnect`` is active, every connection is closed and new ones are closed
-on accept. Every socket has a timeout and every thread stops on :meth:`RtdeServer.close`.
+on accept. Wire garbage for the client's framing: :meth:`RtdeServer.inject_bytes` (one burst
+between two packets) and :meth:`RtdeServer.garble` (every data package replaced by as many
+random bytes for a while, so bytes keep arriving and none frames). Every socket has a timeout
+and every thread stops on :meth:`RtdeServer.close`.
 """
 
 from __future__ import annotations
@@ -154,6 +157,11 @@ class RtdeServer:
         self._lock = threading.Lock()
         self._recipe_ids = 0
         self.scripts_run = 0
+        self._garble_until = -math.inf
+        self._garble_rng = np.random.default_rng(0)
+        #: ``timestamp`` of the first data package sent intact after the last garbage
+        self.first_good_after_garbage_s: float | None = None
+        self._after_garbage = False
 
     @property
     def url(self) -> str:
@@ -228,6 +236,39 @@ class RtdeServer:
             sessions = list(self._sessions)
         for sess in sessions:
             sess.queue_text(rc.TextMessage(message, source, level))
+
+    def inject_bytes(self, data: bytes) -> None:
+        """Send ``data`` raw to every streaming RTDE client, between two packets."""
+        with self._lock:
+            sessions = list(self._sessions)
+            self.first_good_after_garbage_s = None
+        for sess in sessions:
+            sess.queue_raw(bytes(data))
+
+    def _garbage_sent(self) -> None:
+        with self._lock:
+            self._after_garbage = True
+            self.first_good_after_garbage_s = None
+
+    def garble(self, duration_s: float, *, seed: int = 0) -> None:
+        """For ``duration_s`` (wall clock) from now, replace every data package sent by as
+        many random bytes (seeded): the client keeps receiving bytes at the stream rate and
+        not one valid package."""
+        with self._lock:
+            self._garble_rng = np.random.default_rng(seed)
+            self._garble_until = time.monotonic() + float(duration_s)
+            self._after_garbage = True
+            self.first_good_after_garbage_s = None
+
+    def _outgoing(self, packet: bytes, timestamp_s: float) -> bytes:
+        """The bytes to send for a data package: garbage while garbling."""
+        with self._lock:
+            if time.monotonic() < self._garble_until:
+                return self._garble_rng.integers(0, 256, len(packet), dtype=np.uint8).tobytes()
+            if self._after_garbage:
+                self._after_garbage = False
+                self.first_good_after_garbage_s = timestamp_s
+        return packet
 
     def _accept_loop(self, ls: socket.socket, handler: Callable[[socket.socket], None]) -> None:
         while not self._stop.is_set():
@@ -360,6 +401,7 @@ class _Session:
         self.rate_hz = _DEFAULT_V1_RATE_HZ
         self.streaming = False
         self._texts: list[rc.TextMessage] = []
+        self._raw: list[bytes] = []
         self._text_lock = threading.Lock()
         self._dead = False
         self._send_lock = threading.Lock()
@@ -378,6 +420,10 @@ class _Session:
         with self._text_lock:
             self._texts.append(msg)
 
+    def queue_raw(self, data: bytes) -> None:
+        with self._text_lock:
+            self._raw.append(data)
+
     def send(self, data: bytes) -> None:
         with self._send_lock:
             self.conn.sendall(data)
@@ -393,8 +439,12 @@ class _Session:
                     return
                 with self._text_lock:
                     texts, self._texts = self._texts, []
+                    raw, self._raw = self._raw, []
                 for msg in texts:
                     self.send(rc.encode_text_message(msg, self.protocol))
+                for data in raw:
+                    self.send(data)
+                    srv._garbage_sent()
                 now = time.monotonic()
                 wait = max(0.0, next_t - now) if self.streaming else 0.05
                 r, _, _ = select.select([self.conn], [], [], min(wait, 0.05))
@@ -420,7 +470,7 @@ class _Session:
         values = {k: f.get(k) for k in self.recipe.names}
         if self.server.on_publish is not None:
             self.server.on_publish(values)
-        self.send(self.recipe.encode(values))
+        self.send(self.server._outgoing(self.recipe.encode(values), float(f["timestamp"])))
 
     def handle(self, ptype: int, payload: bytes) -> None:
         P = rc.PacketType

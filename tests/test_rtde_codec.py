@@ -148,14 +148,15 @@ def test_reader_reassembles_split_packets_and_rejects_bad_header():
     assert r.pending == 0
 
 
-def test_oversized_announcement_waits_without_yielding():
-    # a header announcing 65535 bytes followed by 100: nothing is a packet yet, nothing crashes
+def test_oversized_announcement_is_lost_framing_not_a_wait():
+    # A header announcing 65535 bytes is no data package of this recipe: the stream does not
+    # wait for 64 kB of "payload" (seconds of good data it would swallow), it hunts.
     dec = RtdeStream(RECIPE_V2, rc.PROTOCOL_V2)
     assert dec.feed(b"\xff\xffU" + b"\x00" * 100) == []
-    assert dec._reader.pending == 103
-    # once complete it is one wrong-size data package: counted and dropped
-    assert dec.feed(b"\x00" * (65535 - 103)) == []
-    assert dec.bad_packets == 1
+    assert dec.bad_packets == 1 and dec._reader.pending < 4
+    good = RECIPE_V2.encode(sample_values(3))
+    assert [s["timestamp"] for s in dec.feed(good)] == [sample_values(3)["timestamp"]]
+    assert dec.resyncs == 1 and dec.garbage_bytes == 103
 
 
 def test_encode_packet_refuses_oversized_payload():
@@ -181,9 +182,10 @@ good_values = st.builds(
     st.lists(finite, min_size=6, max_size=6),
     st.lists(finite, min_size=6, max_size=6),
     st.lists(finite, min_size=6, max_size=6),
-    st.integers(-(2**31), 2**31 - 1),
-    st.integers(-(2**31), 2**31 - 1),
-    st.integers(0, 2**32 - 1),
+    # codes a controller sends (after garbage the stream resynchronises only on these)
+    st.integers(-1, 8),
+    st.integers(1, 13),
+    st.integers(0, 5),
 )
 
 
@@ -234,16 +236,91 @@ def test_fuzz_bad_packets_never_become_states(items, chunking):
 @settings(max_examples=300, deadline=None)
 @given(data=st.binary(max_size=2000))
 def test_fuzz_random_bytes_never_crash(data):
-    # Random bytes either frame into packets (each skipped or rejected) or hit an
-    # unframeable header, which is the one ProtocolError the connection handler acts on.
+    # Random bytes frame into packets (each skipped or rejected) or lose the framing, which
+    # the stream recovers from by itself: feed never raises.
     dec = RtdeStream(RECIPE_V2, rc.PROTOCOL_V2)
-    try:
-        states = dec.feed(data)
-    except ProtocolError:
-        return
+    states = dec.feed(data)
     for s in states:  # a random U packet of exactly the right size and id is a valid package
         assert set(s) == set(RECIPE)
         assert all(np.all(np.isfinite(np.asarray(s[k], dtype=float))) for k in RECIPE)
+    assert dec._reader.pending <= max(rc.MAX_SKIP_BYTES, RECIPE_V2.payload_size + 3)
+
+
+# -- resynchronisation after garbage -----------------------------------------------------------
+GOOD_SIZE = RECIPE_V2.payload_size + 3
+
+
+def _good_run(first: int, n: int) -> tuple[bytes, list[float]]:
+    values = [sample_values(first + i) for i in range(n)]
+    return b"".join(RECIPE_V2.encode(v) for v in values), [v["timestamp"] for v in values]
+
+
+def _feed_in_chunks(dec: RtdeStream, stream: bytes, chunking: list[int]) -> list[float]:
+    got: list[float] = []
+    pos, i = 0, 0
+    while pos < len(stream):
+        n = chunking[i % len(chunking)]
+        got += [s["timestamp"] for s in dec.feed(stream[pos : pos + n])]
+        pos += n
+        i += 1
+    return got
+
+
+@pytest.mark.parametrize("protocol", [rc.PROTOCOL_V1, rc.PROTOCOL_V2])
+def test_unframeable_garbage_costs_nothing_after_it(protocol):
+    # Garbage that starts with a header no controller sends: the very next intact data
+    # package is found, whatever the garbage holds and however the bytes are split.
+    recipe = rc.Recipe(RECIPE, RECIPE_TYPES, 0 if protocol == 1 else 7, protocol)
+    rng = np.random.default_rng(5)
+    for trial in range(200):
+        garbage = b"\x00\x01" + rng.integers(0, 256, int(rng.integers(0, 3000)), dtype=np.uint8).tobytes()
+        before = [sample_values(i) for i in range(3)]
+        after = [sample_values(100 + i) for i in range(5)]
+        stream = b"".join(recipe.encode(v) for v in before) + garbage + b"".join(recipe.encode(v) for v in after)
+        dec = RtdeStream(recipe, protocol)
+        chunks = [int(c) for c in rng.integers(1, 700, 20)]
+        got = _feed_in_chunks(dec, stream, chunks)
+        assert got == [v["timestamp"] for v in before + after], trial
+        assert dec.resyncs == 1 and dec.garbage_bytes == len(garbage)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    garbage=st.lists(st.binary(min_size=1, max_size=1500), min_size=1, max_size=4),
+    chunking=st.lists(st.integers(1, 900), min_size=1, max_size=20),
+)
+def test_fuzz_resync_after_any_garbage_within_max_skip(garbage, chunking):
+    # Any garbage between runs of good packages: nothing but good packages comes out, and
+    # of each good run at most the first MAX_SKIP_BYTES (a garbage header that looked like a
+    # short packet) are lost. 40 packages of 168 bytes are well past that.
+    stream, expected_runs = b"", []
+    first = 0
+    for g in garbage:
+        run, stamps = _good_run(first, 40)
+        first += 40
+        stream += g + run
+        expected_runs.append(stamps)
+    dec = RtdeStream(RECIPE_V2, rc.PROTOCOL_V2)
+    got = _feed_in_chunks(dec, stream, chunking)
+    every_good = {t for run in expected_runs for t in run}
+    assert set(got) <= every_good and got == sorted(got)
+    lost_at_most = -(-rc.MAX_SKIP_BYTES // GOOD_SIZE) + 1
+    for run in expected_runs:
+        assert set(run[lost_at_most:]) <= set(got)
+
+
+def test_stream_reader_keeps_sync_through_short_other_packets_and_bounds_memory():
+    r = rc.StreamReader(GOOD_SIZE, 1)
+    good = RECIPE_V2.encode(sample_values(1))
+    r.feed(rc.encode_packet(ord("X"), b"\x00" * 40) + good + rc.encode_text_message(rc.TextMessage("hi", "x")))
+    assert [t for t, _ in r.packets()] == [ord("X"), P.DATA_PACKAGE, P.TEXT_MESSAGE]
+    assert r.in_sync and r.bad_headers == 0 and r.resyncs == 0
+    r.feed(b"\x7f" * 1_000_000)  # a megabyte without the data header: at most 3 bytes kept
+    assert list(r.packets()) == [] and not r.in_sync and r.pending <= 3
+    r.feed(good)
+    assert [t for t, _ in r.packets()] == [P.DATA_PACKAGE] and r.in_sync and r.resyncs == 1
+    with pytest.raises(ValueError):
+        rc.StreamReader(2)
 
 
 @settings(max_examples=200, deadline=None)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import socket
-import struct
 import threading
 import time
 
@@ -351,7 +350,7 @@ def test_scripted_v1_fallback_exchange_is_exact():
 
 
 def test_scripted_not_found_names_the_field():
-    types = ["NOT_FOUND" if n == "actual_qd" else t for n, t in zip(RECIPE, TYPES)]
+    types = ["NOT_FOUND" if n == "actual_qd" else t for n, t in zip(RECIPE, TYPES, strict=True)]
     setup = rc.encode_setup_outputs_request(RECIPE, 125.0)
     peer = ScriptedController(
         [
@@ -379,8 +378,8 @@ def test_scripted_stream_with_unknown_types_text_and_bad_packages():
         rc.encode_text_message(rc.TextMessage("hello", "URControl", rc.TextLevel.INFO))
         + good(1.0)
         + rc.encode_packet(ord("X"), b"\x00" * 40)  # unknown type, skipped by size
-        + rc.encode_packet(P.DATA_PACKAGE, b"\x09" + b"\x00" * 10)  # wrong size
         + rc.encode_packet(P.DATA_PACKAGE, b"\x08" + good(9.0)[4:])  # wrong recipe id
+        + rc.encode_packet(P.DATA_PACKAGE, b"\x09" + b"\x00" * 10)  # wrong size: framing lost
         + good(2.0)
     )
     peer = ScriptedController(
@@ -398,12 +397,13 @@ def test_scripted_stream_with_unknown_types_text_and_bad_packages():
             s = wait_until(lambda: (x := robot.read_state(timeout_s=1.0)).t_device_s == 2.0 and x, 3.0, "ts 2")
             assert s.seq == 2  # exactly the two good packages became states
             assert robot.bad_packets == 2
+            assert robot.resyncs == 1 and robot.garbage_bytes == 14  # the wrong-size package
         assert peer.error is None, peer.error
     finally:
         peer.close()
 
 
-def test_unframeable_bytes_after_start_drop_the_link_not_the_client():
+def test_unframeable_bytes_after_start_cost_only_themselves():
     recipe = rc.Recipe(RECIPE, RECIPE_TYPES, 2)
     vals = {"timestamp": 1.0, "actual_q": Q_HOME, "actual_qd": (0,) * 6,
             "actual_TCP_pose": np.concatenate([UR5E.forward(Q_HOME)[:3, 3], so3_log(UR5E.forward(Q_HOME)[:3, :3])]),
@@ -416,26 +416,72 @@ def test_unframeable_bytes_after_start_drop_the_link_not_the_client():
         (b"\x00\x03S", rc.encode_accepted(P.CONTROL_PACKAGE_START, True)),
     ]
     bad = b"\x00\x01U" + recipe.encode({**vals, "timestamp": 2.0})  # size 1 < 3: unframeable
-    # right behind the start reply: the open fails, typed
-    peer = ScriptedController(script, tail=recipe.encode(vals) + bad)
-    try:
-        with pytest.raises(DriverInitError, match="stream"):
-            connect_robot(f"rtde://127.0.0.1:{peer.port}").open()
-    finally:
-        peer.close()
-    # later, on a running link: the link is dropped (typed), the client lives on
-    peer = ScriptedController(script, tail=recipe.encode(vals), tail2=bad)
-    try:
-        with pytest.raises(DeviceGoneError):
-            with connect_robot(f"rtde://127.0.0.1:{peer.port}", stream_timeout_s=5.0,
-                               reconnect_max_s=5.0) as robot:
-                deadline = time.monotonic() + 3.0
-                while time.monotonic() < deadline:
-                    s = robot.read_state(timeout_s=1.0)
-                    assert s.t_device_s == 1.0  # the package behind the bad header never arrives
-                    time.sleep(0.01)
-    finally:
-        peer.close()
+    # right behind the start reply, and later on a running link: the package behind the
+    # bad header is found again and becomes a state; the link stays up
+    for tail, tail2 in ((recipe.encode(vals) + bad, b""), (recipe.encode(vals), bad)):
+        peer = ScriptedController(script, tail=tail, tail2=tail2)
+        try:
+            with connect_robot(f"rtde://127.0.0.1:{peer.port}", stream_timeout_s=5.0) as robot:
+                s = wait_until(lambda: (x := robot.read_state(timeout_s=1.0)).t_device_s == 2.0 and x, 3.0, "ts 2")
+                assert s.seq == 2 and robot.reconnects == 0
+                assert robot.resyncs == 1 and robot.garbage_bytes == 3 and robot.bad_packets == 1
+        finally:
+            peer.close()
+
+
+def _states_until(robot, pred, timeout_s: float, what: str):
+    """read_state until ``pred(state)``; DeviceGoneError counts as "not yet"."""
+    return wait_until(lambda: (x := _try_read(robot)) is not None and pred(x) and x, timeout_s, what)
+
+
+def test_garbage_burst_on_a_live_stream_resyncs_on_the_next_package():
+    # One burst of garbage between two packages of a good 125 Hz stream: the client finds
+    # the framing again at the first intact package (garbage_bytes counts exactly the
+    # burst), never declares the link lost, and keeps delivering states.
+    world = make_world(scale=1.0)
+    rng = np.random.default_rng(12)
+    with start_sim_robot(world, {}) as h, connect_robot(h.url, stream_timeout_s=1.0) as robot:
+        s0 = robot.read_state()
+        for burst in range(3):
+            garbage = b"\x00\x00" + rng.integers(0, 256, 3000, dtype=np.uint8).tobytes()
+            h.server.inject_bytes(garbage)
+            wait_until(lambda: h.server.first_good_after_garbage_s is not None, 3.0, "an intact package after it")
+            first_good = h.server.first_good_after_garbage_s
+            s = _states_until(robot, lambda x, t=first_good: x.t_device_s >= t, 3.0, "a state after the garbage")
+            assert robot.resyncs == burst + 1
+            assert robot.garbage_bytes == (burst + 1) * len(garbage)  # hunting ended at the first good package
+        assert robot.reconnects == 0 and s.seq > s0.seq
+        # no hole: the stream kept its 125 Hz, device time after the garbage follows on
+        assert s.t_device_s - first_good < 1.0
+
+
+def test_bytes_without_a_valid_package_are_a_lost_link_then_it_recovers():
+    # The controller keeps sending bytes at the stream rate but not one valid package: the
+    # watchdog counts packages, not bytes, so the link is lost within stream_timeout_s;
+    # when the good stream resumes, states come back within a second of device time.
+    world = make_world(scale=1.0)
+    with start_sim_robot(world, {}) as h, connect_robot(h.url, stream_timeout_s=0.3, reconnect_max_s=0.2) as robot:
+        robot.read_state()
+        h.server.garble(4.0, seed=3)
+        garble_end = time.monotonic() + 4.0
+
+        def lost() -> str | None:
+            try:
+                robot.read_state(timeout_s=0.2)
+            except DeviceGoneError as exc:
+                return str(exc)
+            except DriverTimeoutError:  # the last state is too old, the link not yet judged
+                pass
+            return None
+
+        msg = wait_until(lost, 3.5, "the link declared lost while garbage arrives")
+        assert time.monotonic() < garble_end  # while the bytes were still coming
+        assert "no valid RTDE data package" in msg or "link lost" in msg
+        wait_until(lambda: h.server.first_good_after_garbage_s is not None, 8.0, "the good stream resuming")
+        first_good = h.server.first_good_after_garbage_s
+        s = _states_until(robot, lambda x: x.t_device_s >= first_good, 5.0, "a state after the garbage")
+        assert s.t_device_s - first_good < 1.0
+        assert robot.reconnects >= 1 and s.mode is RobotMode.RUNNING
 
 
 def test_urscript_subset_parser():

@@ -11,9 +11,9 @@ import sys
 import pytest
 import zmq
 import zmq.auth
+from test_zmq_support import curve_config, curve_setup, heartbeating, serving, short_tmpdir, zctx, zmq_config
 
 from cellcal.daemon import protocol as P
-from test_zmq_support import curve_config, curve_setup, heartbeating, serving, short_tmpdir, zctx, zmq_config
 
 TIMEOUT_S = 20.0
 
@@ -129,7 +129,7 @@ def test_watch_json_topics_and_duration(tmp_path):
         daemon.add_result()
         conf = tmp_path / "watch.toml"
         conf.write_text(f'config_version = 1\n[zmq]\npub_endpoint = "{srv.pub_endpoint}"\n'
-                        f'cmd_endpoint = "{srv.cmd_endpoint}"\n')
+                        f'cmd_endpoint = "{srv.cmd_endpoint}"\nloopback_tcp_any_user = true\n')
         r = cellcal("watch", "--config", str(conf), "--topics", "result", "--json", "--duration", "1.0")
         assert r.returncode == 0, r.stderr
         envs = [json.loads(ln) for ln in r.stdout.splitlines()]

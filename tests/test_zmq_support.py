@@ -46,7 +46,8 @@ def zmq_config(**over: Any) -> Any:
     attribute (the server reads it with getattr), so these tests do not depend on it.
     """
     null_role = over.pop("null_role", None)
-    base = {"pub_endpoint": "tcp://127.0.0.1:*", "cmd_endpoint": "tcp://127.0.0.1:*"}
+    # Loopback TCP without CURVE lets every local user in: these transport tests say so.
+    base = {"pub_endpoint": "tcp://127.0.0.1:*", "cmd_endpoint": "tcp://127.0.0.1:*", "loopback_tcp_any_user": True}
     base.update(over)
     has_field = any(f.name == "null_role" for f in dataclasses.fields(Zmq))
     if null_role is None or has_field:
