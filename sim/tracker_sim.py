@@ -10,6 +10,11 @@ Two layers:
   the slave path) or on loopback TCP (``socket://127.0.0.1:PORT``), in one thread, and
   applies the link faults of the schedule (disconnect, garbage, trickle).
 
+Value faults (``frozen``, ``wild_value``, ``future_timestamp``) are applied by the device
+to the replies it builds: they are well-formed frames with wrong content, which only the
+consumer's consistency checks can catch. Faults can also be injected at run time
+(:meth:`SimTracker.inject`).
+
 Times: the scenario's fault schedule is in *simulated* seconds (``world.now_s()``). The
 device clock is a real oscillator: ``clock_offset_s + (1 + skew) * wall seconds`` since the
 device started, and averaging times and latency run on it, as they do on hardware.
@@ -109,6 +114,16 @@ class TrackerDevice:
         self._t0 = clock()
         self._rate = 1.0 + config.clock_skew_ppm * 1e-6
         self._meas: _Measurement | None = None
+        self._last_reply: dict[MeasKind, Any] = {}  # the newest good reply of each kind
+        self._frozen: dict[MeasKind, Any] = {}  # what a frozen tracker repeats
+
+    def inject(self, kind: str | FaultKind, duration_s: float = math.inf, **params: Any) -> FaultConfig:
+        """Start a fault of ``kind`` now (simulated time) for ``duration_s`` simulated
+        seconds; ``params`` are the kind's keys (``value_mm``, ``offset_s``, ...)."""
+        fault = FaultConfig(kind=FaultKind(kind), start_s=self.world.now_s(), duration_s=float(duration_s), **params)
+        # One attribute swap: the server thread sees the old schedule or the new one.
+        self.config = dataclasses.replace(self.config, faults=(*self.config.faults, fault))
+        return fault
 
     # -- clock --------------------------------------------------------------------------
     def now_us(self) -> int:
@@ -241,7 +256,28 @@ class TrackerDevice:
             return [codec.Nak(m.seq, 0, NakCode.NO_TARGET.value)]
         if m.unstable:
             return [codec.Nak(m.seq, 0, NakCode.NOT_STABLE.value)]
-        return [self._measure(m, t_s)]
+        return [self._faulty(self._measure(m, t_s), m, t_s)]
+
+    def _faulty(self, reply: Any, m: _Measurement, t_s: float) -> Any:
+        """The reply as the value faults active at ``t_s`` make it (legal on the wire,
+        wrong in substance: the driver cannot tell, the daemon's checks must)."""
+        if self._active(FaultKind.FROZEN, t_s):
+            # Frozen: the last value before the fault (or the first one in it) again and
+            # again, bit for bit, with a fresh window stamp.
+            frozen = self._frozen.setdefault(m.kind, self._last_reply.get(m.kind, reply))
+            reply = dataclasses.replace(frozen, seq=m.seq, t_us=reply.t_us)
+        else:
+            self._frozen.pop(m.kind, None)
+            self._last_reply[m.kind] = reply
+        for f in self.config.faults:
+            if not f.active(t_s):
+                continue
+            if f.kind is FaultKind.WILD_VALUE:
+                reply = dataclasses.replace(reply, x_mm=f.value_mm)
+            elif f.kind is FaultKind.FUTURE_TIMESTAMP:
+                t_us = min(max(reply.t_us + int(f.offset_s * _US_PER_S), 0), codec.MAX_TS_US)
+                reply = dataclasses.replace(reply, t_us=t_us)
+        return reply
 
     def _measure(self, m: _Measurement, t_s: float):
         """Average of ``m.n`` samples: truth plus noise whose sigma shrinks as sqrt(n)."""
@@ -306,7 +342,6 @@ class SimTracker:
         if transport not in Transport.ALL:
             raise ValueError(f"transport must be one of {Transport.ALL}, got {transport!r}")
         self.world = world
-        self.config = config
         self.transport = transport
         self.device = TrackerDevice(world, config, seed=seed, clock=clock)
         self._rng = np.random.default_rng([seed, 1])  # garbage: independent of the noise
@@ -325,6 +360,15 @@ class SimTracker:
         self._was_disconnected = False
         self.frames_in = 0
         self.frames_out = 0
+
+    @property
+    def config(self) -> TrackerConfig:
+        """The device's configuration, with the faults injected so far."""
+        return self.device.config
+
+    def inject(self, kind: str | FaultKind, duration_s: float = math.inf, **params: Any) -> FaultConfig:
+        """Start a fault now for ``duration_s`` simulated seconds (:meth:`TrackerDevice.inject`)."""
+        return self.device.inject(kind, duration_s, **params)
 
     # -- lifecycle ---------------------------------------------------------------------------
     @property
