@@ -864,6 +864,37 @@ class InProcessCell:
         with self._cond:
             return nonconforming_bodies(list(self.events))
 
+    def on_first(self, pred: Callable[[str, dict], bool], action: Callable[[], None]) -> threading.Event:
+        """Run ``action()`` once, inside the service's emit of the first event with
+        ``pred(topic, body)`` (so before the worker moves on: e.g. right after a station was
+        committed and published); the returned event is set once it ran."""
+        done = threading.Event()
+
+        def listener(topic: str, body: dict) -> None:
+            if not done.is_set() and pred(topic, body):
+                try:
+                    action()
+                finally:
+                    done.set()
+
+        self.svc.add_listener(listener)
+        return done
+
+    def states(self, since: int = 0) -> list[dict]:
+        """The ``state`` bodies emitted from event number ``since`` on (see :meth:`mark`)."""
+        with self._cond:
+            return [b for _t, top, b in self.events[since:] if top == P.TOPIC_STATE]
+
+    def mark(self) -> int:
+        """The number of events so far (a position for :meth:`states` and :meth:`since`)."""
+        with self._cond:
+            return len(self.events)
+
+    def since(self, mark: int, topic: str | None = None) -> list[dict]:
+        """Bodies emitted from event number ``mark`` on (of ``topic``, if given)."""
+        with self._cond:
+            return [b for _t, top, b in self.events[mark:] if topic is None or top == topic]
+
 
 @contextmanager
 def inprocess_cell(
@@ -903,7 +934,7 @@ def inprocess_cell(
     from cellcal.sim.scenario import Scenario, load_scenario
     from cellcal.sim.tracker_sim import SimTracker
 
-    sc = scenario if isinstance(scenario, Scenario) else load_scenario(FAST_SCENARIO if scenario is None else scenario)
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(FAST_SCENARIO if scenario is None else Path(scenario))
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     world = sc.make_world()

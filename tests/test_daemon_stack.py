@@ -259,7 +259,8 @@ def test_devices_offline_at_start_fault_with_backoff_then_recover(tmp_path):
             deadline = time.monotonic() + 10.0
             while (status := client.call("get_status"))["state"] != "IDLE" and time.monotonic() < deadline:
                 time.sleep(0.05)
-            assert status["state"] == "IDLE" and status["devices"]["robot"]["connected"] and status["devices"]["tracker"]["connected"]
+            assert status["state"] == "IDLE"
+            assert status["devices"]["robot"]["connected"] and status["devices"]["tracker"]["connected"]
         assert daemon.terminate() == 0
     finally:
         rec.close()
