@@ -31,8 +31,8 @@ figures. Link failures are not rejections: they raise :class:`DeviceFault` namin
 at fault (a tracker measurement stamped in the future is the tracker's, not the robot's) and
 the service goes to FAULT, reconnects with backoff and retries the same station. A change of
 the controller's TCP offset or payload during a job (RTDE ``tcp_offset``/``payload``, where
-the controller reports them) raises :class:`RunInvalidated`: stations taken before and after
-cannot be combined, so the job ends.
+the controller reports them) raises a :class:`DeviceFault` with ``ends_job``: stations taken
+before and after cannot be combined, so the job ends.
 
 This is where a station is born: :meth:`CaptureEngine.capture` (robot + tracker) and
 :meth:`CaptureEngine.capture_robot_only` (a tool-point run: the robot alone) return the
@@ -60,8 +60,8 @@ from cellcal.solver.se3 import rotation_angle
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RejectReason", "StationRejected", "DeviceFault", "RunInvalidated", "ControllerSettingsChanged",
-           "RobotMonitor", "CaptureEngine", "Capture", "Session", "Expected", "fk_deviation", "jsonable"]
+__all__ = ["RejectReason", "StationRejected", "DeviceFault", "RobotMonitor", "CaptureEngine", "Capture", "Session",
+           "Expected", "fk_deviation", "settings_changed", "TCP_OFFSET_CHANGED", "PAYLOAD_CHANGED", "jsonable"]
 
 #: A gross disagreement is at least this many times the rough estimate's RMS closure (and
 #: at least the configured floor): a good station sits within a few RMS of the fit.
@@ -103,39 +103,30 @@ class StationRejected(CellcalError):
 
 class DeviceFault(CellcalError):
     """A device link failed (gone, timed out, unreadable); ``device`` is ``protocol.DEVICE_ROBOT``
-    or ``protocol.DEVICE_TRACKER``, ``cause`` the driver's error."""
+    or ``protocol.DEVICE_TRACKER``, ``cause`` the driver's error.
 
-    def __init__(self, device: P.DeviceName, cause: BaseException) -> None:
-        self.device = device
-        self.cause = cause
-        super().__init__(f"{device}: {cause}")
-
-
-class ControllerSettingsChanged(CellcalError):
-    """The controller reported another TCP offset or payload than at the start of the job.
-
-    Attributes
-    ----------
-    setting : str
-        ``"tcp_offset"`` or ``"payload"`` (the RTDE output's name).
-    before, after
-        The values (UR pose ``p[x, y, z, rx, ry, rz]`` in m and rad; kg).
+    ``ends_job`` is True when what the job's stations rest on changed (the controller's TCP
+    offset or payload, :func:`settings_changed`): reconnecting does not help, the job ends.
     """
 
-    def __init__(self, setting: str, before: Any, after: Any) -> None:
-        self.setting, self.before, self.after = setting, before, after
-        super().__init__(f"the controller's {setting} changed during the session from {_fmt(before)} to "
-                         f"{_fmt(after)}: stations taken before and after the change cannot be combined")
-
-
-class RunInvalidated(CellcalError):
-    """What the job's stations rest on changed (``cause``, e.g. :class:`ControllerSettingsChanged`);
-    the job cannot go on. ``device`` is the one that reported it."""
-
-    def __init__(self, device: P.DeviceName, cause: BaseException) -> None:
+    def __init__(self, device: P.DeviceName, cause: BaseException, *, ends_job: bool = False) -> None:
         self.device = device
         self.cause = cause
+        self.ends_job = ends_job
         super().__init__(f"{device}: {cause}")
+
+
+#: ``DeviceError.code`` of a setting the controller reported differently during a job.
+TCP_OFFSET_CHANGED = "TCP_OFFSET_CHANGED"
+PAYLOAD_CHANGED = "PAYLOAD_CHANGED"
+
+
+def settings_changed(setting: str, before: Any, after: Any) -> DeviceError:
+    """The error of a controller setting (``"tcp_offset"``, ``"payload"``) that changed
+    during a session; its ``code`` is :data:`TCP_OFFSET_CHANGED` or :data:`PAYLOAD_CHANGED`."""
+    code = TCP_OFFSET_CHANGED if setting == "tcp_offset" else PAYLOAD_CHANGED
+    return DeviceError(f"the controller's {setting} changed during the session from {_fmt(before)} to "
+                       f"{_fmt(after)}: stations taken before and after the change cannot be combined", code)
 
 
 def _fmt(v: Any) -> str:
@@ -150,8 +141,8 @@ class Session:
     """What the consistency checks remember across a job, kept across device reconnects.
 
     * The controller's TCP offset and payload at the start of the job (the first sample
-      that reports them); a later sample with other values records a
-      :class:`ControllerSettingsChanged` in :attr:`changed` (the robot monitor calls
+      that reports them); a later sample with other values records the error of
+      :func:`settings_changed` in :attr:`changed` (the robot monitor calls
       :meth:`check_settings` for every sample). :meth:`new_job` starts over.
     * The newest tracker measurement taken, to tell a frozen instrument
       (:meth:`is_frozen`); kept across jobs, as a frozen tracker stays frozen.
@@ -163,7 +154,7 @@ class Session:
         self._lock = threading.Lock()
         self._tcp: np.ndarray | None = None
         self._payload: float | None = None
-        self.changed: ControllerSettingsChanged | None = None
+        self.changed: DeviceError | None = None
         self._last: tuple[tuple, float] | None = None
 
     def new_job(self) -> None:
@@ -181,12 +172,12 @@ class Session:
                 if self._tcp is None:
                     self._tcp = np.array(tcp, dtype=float)
                 elif float(np.max(np.abs(np.asarray(tcp) - self._tcp))) > _TCP_CHANGE_TOL:
-                    self.changed = ControllerSettingsChanged("tcp_offset", self._tcp.copy(), np.array(tcp, dtype=float))
+                    self.changed = settings_changed("tcp_offset", self._tcp.copy(), np.array(tcp, dtype=float))
             if payload is not None and self.changed is None:
                 if self._payload is None:
                     self._payload = float(payload)
                 elif abs(float(payload) - self._payload) > _PAYLOAD_CHANGE_TOL_KG:
-                    self.changed = ControllerSettingsChanged("payload", self._payload, float(payload))
+                    self.changed = settings_changed("payload", self._payload, float(payload))
 
     def is_frozen(self, m: Any) -> bool:
         """Whether measurement ``m`` repeats the previous one bit for bit with another
@@ -335,7 +326,7 @@ class RobotMonitor:
     def _check(self) -> None:
         changed = self.session.changed
         if changed is not None:
-            raise RunInvalidated(P.DEVICE_ROBOT, changed)
+            raise DeviceFault(P.DEVICE_ROBOT, changed, ends_job=True)
         if self._error is not None:
             raise DeviceFault(P.DEVICE_ROBOT, self._error)
 

@@ -36,7 +36,7 @@ Faults and interrupted runs (ADR 0010)
   (another run's, or one an operator activated): it is stored, not activated, and the run's
   ``state`` event says so.
 * A change of the controller's TCP offset or payload during a job ends it
-  (``capture.RunInvalidated``): a run is closed as failed.
+  (a ``capture.DeviceFault`` with ``ends_job``): a run is closed as failed.
 
 What the worker delegates: stations are taken by ``capture``, stored by ``store``, solved
 by ``solve`` (gates: ``gates``), drift is judged by ``drift``, and every body it emits is
@@ -916,11 +916,11 @@ class Service:
                         break  # give this station up, go on with the plan
                     continue
                 except cap.DeviceFault as df:
+                    if df.ends_job:
+                        self._invalidated(run_id, df)
+                        return
                     engine = self._after_device_fault(df, what, not robot_only, State.CAPTURING)
                     continue
-                except cap.RunInvalidated as inv:
-                    self._invalidated(run_id, inv)
-                    return
                 self.store.add_station(run_id, rec)  # one transaction: the station is safe now
                 records.append(rec)
                 accepted.append(rec.base_T_flange)
@@ -942,7 +942,7 @@ class Service:
         tc = self.cfg.tracker
         return solve.rough_estimate(records, tc.gross_error_m, tc.gross_error_rad)
 
-    def _invalidated(self, run_id: int, inv: cap.RunInvalidated) -> None:
+    def _invalidated(self, run_id: int, inv: cap.DeviceFault) -> None:
         """The controller's TCP or payload changed: the run cannot go on; it fails, named."""
         self._devices.close()
         self.store.set_run_status(run_id, RunStatus.FAILED, str(inv.cause))
@@ -999,11 +999,11 @@ class Service:
                 self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.jsonable(rej.detail))
                 continue
             except cap.DeviceFault as df:
+                if df.ends_job:
+                    self._invalidated(run_id, df)
+                    return False
                 engine = self._after_device_fault(df, detail, True, State.CAPTURING)
                 continue
-            except cap.RunInvalidated as inv:
-                self._invalidated(run_id, inv)
-                return False
             self.store.add_station(run_id, got)
             self._made_progress()
             return True
@@ -1113,12 +1113,12 @@ class Service:
                     self._check_abort()
                     log.info("drift station %d rejected: %s", ps.index, rej)
                 except cap.DeviceFault as df:
+                    if df.ends_job:
+                        self._devices.close()
+                        self._fault(f"drift check {job.check_id} of result {rec.id} abandoned: {df.cause}", df.cause,
+                                    device=df.device)
+                        return
                     engine = self._after_device_fault(df, what, True, State.CHECKING)
-                except cap.RunInvalidated as inv:
-                    self._devices.close()
-                    self._fault(f"drift check {job.check_id} of result {rec.id} abandoned: {inv.cause}", inv.cause,
-                                device=inv.device)
-                    return
             if got is None:
                 continue
             et, er = drift.deviation(X, Y, got)

@@ -175,3 +175,12 @@ def test_tracker_pose_far_from_the_runs_estimate_is_a_gross_disagreement(tmp_pat
         assert rej and {r.reason for r in rej} == {"gross_disagreement"}, [r.reason for r in rej]
         assert all(r.detail["expected_deviation_m"] > 0.5 and r.detail["expected_bound_m"] == 0.025 for r in rej)
         assert min(abs(s.cell_p_target[0] - 1.0) for s in cell.svc.store.stations(run_id)) > 0.5
+
+
+def test_every_reject_reason_is_documented():
+    """Each ``RejectReason`` is a row of the reject-reason table of docs/protocols/zeromq.md."""
+    from pathlib import Path
+
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "protocols" / "zeromq.md").read_text(encoding="utf-8")
+    missing = [r.value for r in RejectReason if f"| `{r.value}` |" not in doc]
+    assert not missing, f"reject reasons not in docs/protocols/zeromq.md: {missing}"
