@@ -11,7 +11,10 @@ One place for what the end-to-end tests (``tests/test_daemon_*.py``,
 * **In-process cell**: :func:`inprocess_cell` runs the simulated robot (RTDE on loopback,
   or CiA 402 drives on python-can's virtual bus), the simulated tracker (a pty or loopback
   TCP) and the daemon (``cellcal.daemon.app.App``: store + service + ZeroMQ server on
-  loopback) in this process, recording every event (:class:`InProcessCell`).
+  loopback) in this process, recording every event (:class:`InProcessCell`); a test injects
+  a fault at a chosen moment with :meth:`InProcessCell.on_first` (inside the service's emit
+  of an event, e.g. right after a station was committed) and reads what followed with
+  :meth:`InProcessCell.mark`, :meth:`~InProcessCell.since` and :meth:`~InProcessCell.states`.
 * **Processes**: :class:`SimProcess` (``cellcal sim``), :class:`DaemonProcess` (``cellcal
   run``), :class:`Recorder` (a raw SUB socket), :func:`audit_store` (the store read with a
   separate read-only connection).
