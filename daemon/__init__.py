@@ -6,9 +6,10 @@ A station's life, module by module (each module's docstring says more):
 
 ``capture``
     A station is **born** here: :class:`~cellcal.daemon.capture.CaptureEngine` waits for
-    the robot to rest, measures with the tracker, checks the windows and returns a
-    :class:`~cellcal.daemon.store.StationRecord` (or raises ``StationRejected`` with the
-    reason, ``DeviceFault`` when a link fails). ``devices`` opens the robot and tracker it
+    the robot to rest, measures with the tracker, checks the windows and the data's
+    consistency (pose vs forward kinematics, the tracker's range, a frozen value, the run's
+    estimate) and returns a :class:`~cellcal.daemon.store.StationRecord` (or raises
+    ``StationRejected`` with the reason, ``DeviceFault`` naming the device at fault). ``devices`` opens the robot and tracker it
     uses (attributing a failure to the device that raised) and holds the backoff.
 ``store``
     It is **stored** here, as it is: one SQLite transaction per accepted station, the

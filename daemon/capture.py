@@ -11,11 +11,28 @@ A station is accepted only when
 3. the robot's rest window covers the tracker's averaging window in host time (both clocks
    mapped onto ``time.monotonic_ns()``), within ``sync_window_s`` for the clock mapping's
    uncertainty;
-4. the pose is new: no accepted station of the run is within ``min_pose_change``.
+4. the pose is new: no accepted station of the run is within ``min_pose_change``;
+5. the data are consistent (every station, not only when a device connects):
+
+   * the robot's reported flange pose agrees with forward kinematics of its joint angles
+     within ``[robot] max_fk_error_mm`` / ``max_fk_error_deg`` (:func:`fk_deviation`, one
+     function taking the model: a TCP changed on the pendant shows up here on controllers
+     that do not report their TCP);
+   * the tracker's position is within the instrument's range, ``[tracker] max_range_mm``;
+   * the tracker's value is not frozen: bit for bit the previous measurement with a fresh
+     timestamp (:class:`Session`; noise makes that impossible for a live instrument);
+   * the tracker's pose agrees with the pose predicted from the robot pose and the run's
+     rough current estimate (:class:`Expected`), within a bound that grows with the
+     estimate's own residuals and never falls below ``[tracker] gross_error_mm`` /
+     ``gross_error_deg``.
 
 Otherwise a :class:`StationRejected` names the reason (:class:`RejectReason`) and carries the
-figures. Link failures are not rejections: they raise :class:`DeviceFault` and the service
-goes to FAULT, reconnects with backoff and retries the same station.
+figures. Link failures are not rejections: they raise :class:`DeviceFault` naming the device
+at fault (a tracker measurement stamped in the future is the tracker's, not the robot's) and
+the service goes to FAULT, reconnects with backoff and retries the same station. A change of
+the controller's TCP offset or payload during a job (RTDE ``tcp_offset``/``payload``, where
+the controller reports them) raises a :class:`DeviceFault` with ``ends_job``: stations taken
+before and after cannot be combined, so the job ends.
 
 This is where a station is born: :meth:`CaptureEngine.capture` (robot + tracker) and
 :meth:`CaptureEngine.capture_robot_only` (a tool-point run: the robot alone) return the
@@ -43,8 +60,15 @@ from cellcal.solver.se3 import rotation_angle
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RejectReason", "StationRejected", "DeviceFault", "RobotMonitor", "CaptureEngine", "Capture",
-           "jsonable"]
+__all__ = ["RejectReason", "StationRejected", "DeviceFault", "RobotMonitor", "CaptureEngine", "Capture", "Session",
+           "Expected", "fk_deviation", "settings_changed", "TCP_OFFSET_CHANGED", "PAYLOAD_CHANGED", "jsonable"]
+
+#: A gross disagreement is at least this many times the rough estimate's RMS closure (and
+#: at least the configured floor): a good station sits within a few RMS of the fit.
+GROSS_RMS_FACTOR = 20.0
+#: ``tcp_offset`` (m, rad) and ``payload`` (kg) changes smaller than this are float noise.
+_TCP_CHANGE_TOL = 1e-6
+_PAYLOAD_CHANGE_TOL_KG = 1e-6
 
 #: What the engine returns for one station is the record the store persists (one definition).
 Capture = StationRecord
@@ -62,6 +86,10 @@ class RejectReason(str, enum.Enum):
     DUPLICATE_POSE = "duplicate_pose"
     PROTECTIVE_STOP = "protective_stop"
     MOVE_FAILED = "move_failed"
+    FK_MISMATCH = "fk_mismatch"
+    TRACKER_OUT_OF_RANGE = "tracker_out_of_range"
+    TRACKER_FROZEN = "tracker_frozen"
+    GROSS_DISAGREEMENT = "gross_disagreement"
 
 
 class StationRejected(CellcalError):
@@ -75,12 +103,148 @@ class StationRejected(CellcalError):
 
 class DeviceFault(CellcalError):
     """A device link failed (gone, timed out, unreadable); ``device`` is ``protocol.DEVICE_ROBOT``
-    or ``protocol.DEVICE_TRACKER``, ``cause`` the driver's error."""
+    or ``protocol.DEVICE_TRACKER``, ``cause`` the driver's error.
 
-    def __init__(self, device: P.DeviceName, cause: BaseException) -> None:
+    ``ends_job`` is True when what the job's stations rest on changed (the controller's TCP
+    offset or payload, :func:`settings_changed`): reconnecting does not help, the job ends.
+    """
+
+    def __init__(self, device: P.DeviceName, cause: BaseException, *, ends_job: bool = False) -> None:
         self.device = device
         self.cause = cause
+        self.ends_job = ends_job
         super().__init__(f"{device}: {cause}")
+
+
+#: ``DeviceError.code`` of a setting the controller reported differently during a job.
+TCP_OFFSET_CHANGED = "TCP_OFFSET_CHANGED"
+PAYLOAD_CHANGED = "PAYLOAD_CHANGED"
+
+
+def settings_changed(setting: str, before: Any, after: Any) -> DeviceError:
+    """The error of a controller setting (``"tcp_offset"``, ``"payload"``) that changed
+    during a session; its ``code`` is :data:`TCP_OFFSET_CHANGED` or :data:`PAYLOAD_CHANGED`."""
+    code = TCP_OFFSET_CHANGED if setting == "tcp_offset" else PAYLOAD_CHANGED
+    return DeviceError(f"the controller's {setting} changed during the session from {_fmt(before)} to "
+                       f"{_fmt(after)}: stations taken before and after the change cannot be combined", code)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "nothing"
+    if isinstance(v, float):
+        return f"{v:g} kg"
+    return "p[" + ", ".join(f"{float(x):.6g}" for x in v) + "]"
+
+
+class Session:
+    """What the consistency checks remember across a job, kept across device reconnects.
+
+    * The controller's TCP offset and payload at the start of the job (the first sample
+      that reports them); a later sample with other values records the error of
+      :func:`settings_changed` in :attr:`changed` (the robot monitor calls
+      :meth:`check_settings` for every sample). :meth:`new_job` starts over.
+    * The newest tracker measurement taken, to tell a frozen instrument
+      (:meth:`is_frozen`); kept across jobs, as a frozen tracker stays frozen.
+
+    Thread-safe: the robot monitor's thread and the worker share it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tcp: np.ndarray | None = None
+        self._payload: float | None = None
+        self.changed: DeviceError | None = None
+        self._last: tuple[tuple, float] | None = None
+
+    def new_job(self) -> None:
+        """Forget the job's settings baseline (and a change seen before the job began)."""
+        with self._lock:
+            self._tcp, self._payload, self.changed = None, None, None
+
+    def check_settings(self, state: Any) -> None:
+        """Compare one robot sample's reported TCP offset and payload with the baseline."""
+        tcp, payload = getattr(state, "tcp_offset", None), getattr(state, "payload_kg", None)
+        with self._lock:
+            if self.changed is not None:
+                return
+            if tcp is not None:
+                if self._tcp is None:
+                    self._tcp = np.array(tcp, dtype=float)
+                elif float(np.max(np.abs(np.asarray(tcp) - self._tcp))) > _TCP_CHANGE_TOL:
+                    self.changed = settings_changed("tcp_offset", self._tcp.copy(), np.array(tcp, dtype=float))
+            if payload is not None and self.changed is None:
+                if self._payload is None:
+                    self._payload = float(payload)
+                elif abs(float(payload) - self._payload) > _PAYLOAD_CHANGE_TOL_KG:
+                    self.changed = settings_changed("payload", self._payload, float(payload))
+
+    def is_frozen(self, m: Any) -> bool:
+        """Whether measurement ``m`` repeats the previous one bit for bit with another
+        timestamp; ``m`` becomes the previous one either way."""
+        sig = _signature(m)
+        with self._lock:
+            prev, self._last = self._last, (sig, float(m.t_device_s))
+        return prev is not None and prev[0] == sig and prev[1] != float(m.t_device_s)
+
+
+def _signature(m: Any) -> tuple:
+    """Every value bit of a tracker measurement (not its timestamps)."""
+    def b(a: Any) -> bytes | None:
+        return None if a is None else np.asarray(a, dtype=np.float64).tobytes()
+
+    return (b(m.cell_p_target), b(m.cell_T_target), b(m.std_translation_m), b(m.std_rotation_rad),
+            int(m.sample_count))
+
+
+def fk_deviation(model: Any, q_rad: np.ndarray, base_T_flange: np.ndarray) -> tuple[float, float]:
+    """``(translation_m, rotation_rad)`` between a reported flange pose and the forward
+    kinematics of the reported joints under ``model``.
+
+    Parameters
+    ----------
+    model : object with ``forward(q) -> (4, 4)``
+        The robot's kinematics: the driver's nominal model (``RobotDriver.model``) or a
+        better one (a controller's factory calibration) where available.
+    q_rad : (n,) array
+        Joint angles, rad.
+    base_T_flange : (4, 4) array
+        The flange pose the robot reported (RTDE: ``actual_TCP_pose`` with the configured
+        TCP removed), metres.
+    """
+    fk = model.forward(np.asarray(q_rad, dtype=float))
+    dt = float(np.linalg.norm(fk[:3, 3] - base_T_flange[:3, 3]))
+    dr = rotation_angle(fk[:3, :3].T @ base_T_flange[:3, :3])
+    return dt, dr
+
+
+class Expected:
+    """A rough current estimate of the cell, to predict each station's tracker pose.
+
+    ``cell_T_target = cell_T_base @ base_T_flange @ flange_T_target``; a measurement
+    farther than ``max_translation_m`` / ``max_rotation_rad`` from the prediction is a gross
+    disagreement (:meth:`bounds` says how those are chosen).
+    """
+
+    def __init__(self, cell_T_base: np.ndarray, flange_T_target: np.ndarray, max_translation_m: float,
+                 max_rotation_rad: float, n_stations: int) -> None:
+        self.cell_T_base = np.asarray(cell_T_base, dtype=float)
+        self.flange_T_target = np.asarray(flange_T_target, dtype=float)
+        self.max_translation_m = float(max_translation_m)
+        self.max_rotation_rad = float(max_rotation_rad)
+        self.n_stations = int(n_stations)
+
+    @staticmethod
+    def bounds(rms_translation_m: float, rms_rotation_rad: float, floor_m: float, floor_rad: float) -> tuple[float, float]:
+        """``max(floor, GROSS_RMS_FACTOR x the fit's RMS closure)``, per component."""
+        return (max(float(floor_m), GROSS_RMS_FACTOR * float(rms_translation_m)),
+                max(float(floor_rad), GROSS_RMS_FACTOR * float(rms_rotation_rad)))
+
+    def deviation(self, base_T_flange: np.ndarray, cell_T_target: np.ndarray) -> tuple[float, float]:
+        """``(translation_m, rotation_rad)`` of a measured target pose from the prediction."""
+        pred = self.cell_T_base @ base_T_flange @ self.flange_T_target
+        return (float(np.linalg.norm(pred[:3, 3] - cell_T_target[:3, 3])),
+                rotation_angle(pred[:3, :3].T @ cell_T_target[:3, :3]))
 
 
 def settle_config(cfg_settle: Any) -> SettleConfig:
@@ -106,10 +270,14 @@ class RobotMonitor:
         Thresholds.
     history_s : float
         How much sample history to keep (covers an averaging window plus margins).
+    session : Session, optional
+        Checks every sample's reported TCP offset and payload (:meth:`Session.check_settings`).
     """
 
-    def __init__(self, robot: Any, settle: SettleConfig, *, history_s: float = 30.0) -> None:
+    def __init__(self, robot: Any, settle: SettleConfig, *, history_s: float = 30.0,
+                 session: Session | None = None) -> None:
         self.robot = robot
+        self.session = session if session is not None else Session()
         self.detector = SettleDetector(settle)
         self.history_ns = int(history_s * 1e9)
         self._samples: collections.deque = collections.deque()
@@ -145,6 +313,7 @@ class RobotMonitor:
                 time.sleep(0.002)  # no new sample yet
                 continue
             self._last_seq = st.seq
+            self.session.check_settings(st)
             with self._cond:
                 status = self.detector.update(st)
                 self._samples.append(st)
@@ -155,6 +324,9 @@ class RobotMonitor:
                 self._cond.notify_all()
 
     def _check(self) -> None:
+        changed = self.session.changed
+        if changed is not None:
+            raise DeviceFault(P.DEVICE_ROBOT, changed, ends_job=True)
         if self._error is not None:
             raise DeviceFault(P.DEVICE_ROBOT, self._error)
 
@@ -228,13 +400,24 @@ class RobotMonitor:
                 self._cond.wait(min(remaining, 0.05))
 
     def wait_sample_after(self, t_host_ns: int, timeout_s: float) -> None:
-        """Block until a sample stamped after ``t_host_ns`` has been seen."""
+        """Block until a sample stamped after ``t_host_ns`` has been seen.
+
+        Raises ``DeviceFault`` naming the robot when its samples stopped, and naming the
+        tracker when the robot streams on but ``t_host_ns`` (the tracker's stamp) stays
+        ahead of every sample: then the stamp is what is wrong.
+        """
         deadline = time.monotonic() + timeout_s
         with self._cond:
             while self._latest is None or self._latest.t_host_ns <= t_host_ns:
                 self._check()
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
+                    latest = self._latest
+                    if latest is not None and time.monotonic_ns() - latest.t_recv_host_ns < 1_000_000_000:
+                        ahead = (t_host_ns - latest.t_host_ns) * 1e-9
+                        raise DeviceFault(P.DEVICE_TRACKER, ProtocolError(
+                            f"tracker measurement stamped {ahead:.3f} s after the newest robot sample while the "
+                            "robot streams: the tracker's timestamp is ahead of the host clock"))
                     raise DeviceFault(P.DEVICE_ROBOT, DriverTimeoutError("no robot sample after the tracker window"))
                 self._cond.wait(min(remaining, 0.05))
 
@@ -264,25 +447,49 @@ class CaptureEngine:
     tracker : TrackerDriver
         Open tracker driver.
     cfg : Config
-        The daemon configuration (``tracker``, ``capture`` sections are used).
+        The daemon configuration (``robot``, ``tracker``, ``capture`` sections are used).
+    model : object with ``forward(q)``, optional
+        The kinematics the reported robot pose is checked against (:func:`fk_deviation`);
+        default the driver's own model (``RobotDriver.model``).
+    session : Session, optional
+        Default: the monitor's.
     """
 
-    def __init__(self, monitor: RobotMonitor, tracker: Any, cfg: Any) -> None:
+    def __init__(self, monitor: RobotMonitor, tracker: Any, cfg: Any, *, model: Any = None,
+                 session: Session | None = None) -> None:
         self.monitor = monitor
         self.robot = monitor.robot
         self.tracker = tracker
         self.cfg = cfg
+        self.model = model if model is not None else monitor.robot.model
+        self.session = session if session is not None else monitor.session
+
+    def _check_fk(self, q_rad: np.ndarray, base_T_flange: np.ndarray, figures: dict[str, Any]) -> None:
+        """Reject the station if the reported pose disagrees with forward kinematics."""
+        r = self.cfg.robot
+        dt, dr = fk_deviation(self.model, q_rad, base_T_flange)
+        figures.update(fk_error_m=dt, fk_error_rad=dr)
+        if dt > r.max_fk_error_m or dr > r.max_fk_error_rad:
+            raise StationRejected(
+                RejectReason.FK_MISMATCH,
+                f"the robot's reported pose is {dt * 1e3:.3f} mm / {math.degrees(dr):.4f} deg from forward "
+                f"kinematics of its joints ({getattr(self.model, 'name', 'model')}; limit "
+                f"{r.max_fk_error_m * 1e3:g} mm / {math.degrees(r.max_fk_error_rad):g} deg): a TCP changed on the "
+                "controller, or the wrong model",
+                figures,
+            )
 
     # -- moving ------------------------------------------------------------------------------
     def move_to(self, planned: Any) -> None:
         """Command mode: move to a planned station (joints when known)."""
         speed = self.cfg.capture.move_speed
+        timeout_s = self.cfg.capture.station_timeout_s
         self.monitor.restart_window()
         try:
             if planned.q_rad is not None:
-                self.robot.move_to(q_rad=planned.q_rad, speed=speed, wait=True, timeout_s=self.cfg.capture.station_timeout_s)
+                self.robot.move_to(q_rad=planned.q_rad, speed=speed, wait=True, timeout_s=timeout_s)
             else:
-                self.robot.move_to(base_T_flange=planned.base_T_flange, speed=speed, wait=True, timeout_s=self.cfg.capture.station_timeout_s)
+                self.robot.move_to(base_T_flange=planned.base_T_flange, speed=speed, wait=True, timeout_s=timeout_s)
         except DeviceGoneError as exc:
             raise DeviceFault(P.DEVICE_ROBOT, exc) from exc
         except DeviceError as exc:  # protective stop and friends: the cell said no
@@ -311,11 +518,13 @@ class CaptureEngine:
             raise DeviceFault(P.DEVICE_TRACKER, exc) from exc
 
     def capture(self, plan_index: int, accepted_poses: list[np.ndarray],
-                abort: threading.Event | None = None) -> StationRecord:
-        """Wait for rest, measure, check the windows; return the station or raise.
+                abort: threading.Event | None = None, *, expected: Expected | None = None) -> StationRecord:
+        """Wait for rest, measure, check the windows and the consistency; return the station or raise.
 
         ``plan_index`` is the station's place in the plan (the record's ``plan_index``);
-        ``accepted_poses`` are the run's accepted ``base_T_flange`` (for the duplicate test).
+        ``accepted_poses`` are the run's accepted ``base_T_flange`` (for the duplicate test);
+        ``expected``, when given, is the rough estimate a pose measurement must agree with
+        (a drift check passes none: its deviation is what it measures).
         A tracker that says its target is not stable yet (the arm still settling) is asked
         again until the station's timeout, as an operator would; only then is it a rejection.
         """
@@ -324,7 +533,7 @@ class CaptureEngine:
         deadline = time.monotonic() + self.cfg.capture.station_timeout_s
         while True:
             try:
-                return self._capture_once(plan_index, accepted_poses, abort)
+                return self._capture_once(plan_index, accepted_poses, abort, expected)
             except StationRejected as rej:
                 unstable = isinstance(rej.__cause__, NotStableError)
                 if not unstable or time.monotonic() > deadline or (abort is not None and abort.is_set()):
@@ -341,6 +550,7 @@ class CaptureEngine:
         c = self.cfg.capture
         state, status = self.monitor.wait_settled(c.station_timeout_s, abort)
         G = state.base_T_flange
+        self._check_fk(state.q_rad, G, {"quiet_s": status.quiet_s})
         for j, Ga in enumerate(accepted_poses):
             if (np.linalg.norm(Ga[:3, 3] - G[:3, 3]) < c.min_pose_change_m
                     and rotation_angle(Ga[:3, :3].T @ G[:3, :3]) < c.min_pose_change_rad):
@@ -355,7 +565,7 @@ class CaptureEngine:
         )
 
     def _capture_once(self, plan_index: int, accepted_poses: list[np.ndarray],
-                      abort: threading.Event | None) -> StationRecord:
+                      abort: threading.Event | None, expected: Expected | None = None) -> StationRecord:
         c, tc = self.cfg.capture, self.cfg.tracker
         # Measure as soon as the robot is quiet, and confirm the dwell afterwards: the dwell
         # and the tracker's averaging then overlap instead of adding up (recalibration
@@ -376,6 +586,30 @@ class CaptureEngine:
         t0 = m1.t_host_ns - half_ns
         t1 = m2.t_host_ns + half_ns
         tol_ns = int(c.sync_window_s * 1e9 + max(m1.t_host_uncertainty_ns, m2.t_host_uncertainty_ns))
+        # 0. the tracker's own consistency, before anything is compared with it: its window
+        # cannot have ended in the future (the reply came after it), its values must be
+        # within the instrument's range and must not repeat the previous value bit for bit.
+        ahead_ns = t1 - time.monotonic_ns()
+        if ahead_ns > tol_ns:
+            raise DeviceFault(P.DEVICE_TRACKER, ProtocolError(
+                f"tracker measurement window ends {ahead_ns * 1e-9:.3f} s in the future of the host clock "
+                f"(tolerance {tol_ns * 1e-9:.3f} s): the tracker's timestamps or clock are wrong"))
+        far = max(float(np.linalg.norm(m.cell_p_target)) for m in (m1, m2))
+        if far > tc.max_range_m:
+            raise StationRejected(
+                RejectReason.TRACKER_OUT_OF_RANGE,
+                f"tracker reports the target {far:.6g} m away, beyond the instrument's range of "
+                f"{tc.max_range_m:g} m ([tracker] max_range_mm)",
+                {"distance_m": far, "max_range_m": tc.max_range_m},
+            )
+        frozen = [self.session.is_frozen(m) for m in (m1, m2)]
+        if any(frozen):
+            raise StationRejected(
+                RejectReason.TRACKER_FROZEN,
+                "tracker measurement identical to the previous one to the last bit with a fresh timestamp: "
+                "the instrument's value is frozen",
+                {"t_device_s": [float(m1.t_device_s), float(m2.t_device_s)], "halves_frozen": frozen},
+            )
         self.monitor.wait_sample_after(t1, timeout_s=2.0 + c.sync_window_s)
         st_now = self.monitor.wait_window_settled(window_start, self.cfg.robot.settle.dwell_s + 2.0)
         latest, st_latest = self.monitor.status()
@@ -425,6 +659,8 @@ class CaptureEngine:
         G = _mean_pose([smp.base_T_flange for smp in samples])
         q = np.mean([smp.q_rad for smp in samples], axis=0)
         mid = samples[len(samples) // 2]
+        # 5a. the robot's pose agrees with its joints.
+        self._check_fk(q, G, figures)
         # 4. a new pose.
         for j, Ga in enumerate(accepted_poses):
             dt = float(np.linalg.norm(Ga[:3, 3] - G[:3, 3]))
@@ -440,6 +676,20 @@ class CaptureEngine:
         if kind == "pose":
             M = _mean_pose([m1.cell_T_target, m2.cell_T_target])
             M[:3, 3] = p
+            # 5d. the measurement agrees with the pose the run's estimate predicts.
+            if expected is not None:
+                dt, dr = expected.deviation(G, M)
+                figures.update(expected_deviation_m=dt, expected_deviation_rad=dr,
+                               expected_bound_m=expected.max_translation_m,
+                               expected_bound_rad=expected.max_rotation_rad)
+                if dt > expected.max_translation_m or dr > expected.max_rotation_rad:
+                    raise StationRejected(
+                        RejectReason.GROSS_DISAGREEMENT,
+                        f"tracker pose {dt * 1e3:.3f} mm / {math.degrees(dr):.4f} deg from the pose predicted by the "
+                        f"estimate of {expected.n_stations} accepted stations (bound "
+                        f"{expected.max_translation_m * 1e3:.3f} mm / {math.degrees(expected.max_rotation_rad):.4f} deg)",
+                        figures,
+                    )
         std_pooled = float(math.sqrt(0.5 * (np.max(m1.std_translation_m) ** 2 + np.max(m2.std_translation_m) ** 2) / 2.0))
         raw = {
             "tracker_halves": [_meas_raw(m) for m in (m1, m2)],

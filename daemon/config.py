@@ -101,6 +101,8 @@ class Service:
     log_level: str = _f("info", "log_level")
     fault_retry_min_s: float = _f(1.0, "fault_retry_min_s", doc="first retry after a device fault")
     fault_retry_max_s: float = _f(60.0, "fault_retry_max_s", doc="backoff ceiling")
+    resume_within_s: float = _f(120.0, "resume_within_s",
+                                doc="a run interrupted longer than this is closed as failed, never resumed")
 
 
 @dataclass(frozen=True)
@@ -121,6 +123,8 @@ class Robot:
 
     url: str = _f("", "url", doc="rtde://host[:port] or canopen://channel?...")
     read_timeout_s: float = _f(1.0, "read_timeout_s")
+    max_fk_error_m: float = _f(10e-3, "max_fk_error_mm", _MM, doc="reported pose vs FK of the joints, per station")
+    max_fk_error_rad: float = _f(math.radians(1.0), "max_fk_error_deg", _DEG)
     settle: RobotSettle = field(default_factory=RobotSettle, metadata=key("settle"))
     options: dict = _f({}, "options", doc="passed to cellcal.drivers.connect_robot")
 
@@ -142,6 +146,9 @@ class Tracker:
     url: str = _f("", "url", doc="device path, socket://host:port or pty path")
     measure: str = _f("pose", "measure", doc="pose (6-DoF target) or point (3-DoF reflector)")
     average_s: float = _f(0.5, "average_s")
+    max_range_m: float = _f(80.0, "max_range_mm", _MM, doc="farthest distance the instrument measures")
+    gross_error_m: float = _f(25e-3, "gross_error_mm", _MM, doc="floor of the gross-disagreement bound")
+    gross_error_rad: float = _f(math.radians(2.0), "gross_error_deg", _DEG)
     settle: TrackerSettle = field(default_factory=TrackerSettle, metadata=key("settle"))
     options: dict = _f({}, "options", doc="passed to cellcal.drivers.connect_tracker")
 
@@ -591,6 +598,17 @@ def _validate(c: Config) -> None:
         raise ConfigError("capture.max_consecutive_rejections", "must be >= 1")
     if c.service.fault_retry_max_s < c.service.fault_retry_min_s:
         raise ConfigError("service.fault_retry_max_s", "must be >= fault_retry_min_s")
+    # The consistency checks of every station: each bound keeps its check switched on.
+    for path, v, lo, hi in (
+        ("service.resume_within_s", c.service.resume_within_s, 0.0, 86400.0),
+        ("robot.max_fk_error_mm", c.robot.max_fk_error_m / _MM, 1e-3, 100.0),
+        ("robot.max_fk_error_deg", c.robot.max_fk_error_rad / _DEG, 1e-3, 10.0),
+        ("tracker.max_range_mm", c.tracker.max_range_m / _MM, 1.0, 1e6),
+        ("tracker.gross_error_mm", c.tracker.gross_error_m / _MM, 1e-3, 1000.0),
+        ("tracker.gross_error_deg", c.tracker.gross_error_rad / _DEG, 1e-3, 45.0),
+    ):
+        if not lo <= v <= hi:
+            raise ConfigError(path, f"must be in [{lo:g}, {hi:g}], got {v:g}")
     p = c.plan
     for name, vec in (("workspace_min_mm", p.workspace_min_m), ("workspace_max_mm", p.workspace_max_m)):
         if len(vec) != 3:

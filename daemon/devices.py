@@ -10,8 +10,15 @@ Only the worker thread opens, uses and closes the devices. The one exception is
 :meth:`CellDevices.stop_robot`, which an abort calls from the command thread: a stop must
 not wait for the worker.
 
-:class:`Backoff` is the reconnection schedule of a device fault: ``fault_retry_min_s``,
-doubling up to ``fault_retry_max_s``.
+:class:`Backoff` is the reconnection schedule of a fault: ``fault_retry_min_s``, doubling up
+to ``fault_retry_max_s``. The service keeps one per job and resets it only after real
+progress (an accepted station), so a device that reopens at once and fails again does not
+flap the state at the rate it can reconnect.
+
+:attr:`CellDevices.session` (:class:`~cellcal.daemon.capture.Session`) outlives the devices:
+what the consistency checks remember (the controller's TCP offset and payload at the start of
+the job, the last tracker value) survives a reconnection, so a change made while a link was
+down is still seen.
 """
 
 from __future__ import annotations
@@ -89,6 +96,8 @@ class CellDevices:
         self.tracker: Any = None
         self.monitor: cap.RobotMonitor | None = None
         self.engine: cap.CaptureEngine | None = None
+        #: The consistency checks' memory, kept across close() and open().
+        self.session = cap.Session()
         self._stop_lock = threading.Lock()
         self.status: dict[str, dict[str, Any]] = {
             P.DEVICE_ROBOT: {"connected": False, "url": cfg.robot.url, "identity": {}, "identity_text": None},
@@ -122,7 +131,8 @@ class CellDevices:
             self._open_robot()
         if need_tracker and self.tracker is None:
             self._open_tracker()
-        self.engine = cap.CaptureEngine(self.monitor, self.tracker, self.cfg) if self.monitor is not None else None
+        self.engine = (cap.CaptureEngine(self.monitor, self.tracker, self.cfg, session=self.session)
+                       if self.monitor is not None else None)
 
     def _open_robot(self) -> None:
         from cellcal.drivers import connect_robot
@@ -133,7 +143,7 @@ class CellDevices:
             raise DeviceOpenError(P.DEVICE_ROBOT, exc) from exc
         try:
             robot.open()
-            monitor = cap.RobotMonitor(robot, cap.settle_config(self.cfg.robot.settle)).start()
+            monitor = cap.RobotMonitor(robot, cap.settle_config(self.cfg.robot.settle), session=self.session).start()
         except BaseException as exc:
             robot.close()
             if isinstance(exc, OPEN_ERRORS):

@@ -65,7 +65,7 @@ def choose_check_stations(stations: Sequence[Any], plan: Mapping[str, Any], k: i
     while len(chosen) < k:
         d = np.min(np.linalg.norm(P_m[:, None, :] - P_m[None, chosen, :], axis=2), axis=1)
         chosen.append(int(np.argmax(d)))
-    planned = {ps.index: ps for ps in plan_from_dict(plan)} if plan.get("stations") else {}
+    planned = {ps.index: ps for ps in plan_from_dict(dict(plan))} if plan.get("stations") else {}
     out = []
     for i in chosen:
         s = stations[i]

@@ -11,7 +11,10 @@ One place for what the end-to-end tests (``tests/test_daemon_*.py``,
 * **In-process cell**: :func:`inprocess_cell` runs the simulated robot (RTDE on loopback,
   or CiA 402 drives on python-can's virtual bus), the simulated tracker (a pty or loopback
   TCP) and the daemon (``cellcal.daemon.app.App``: store + service + ZeroMQ server on
-  loopback) in this process, recording every event (:class:`InProcessCell`).
+  loopback) in this process, recording every event (:class:`InProcessCell`); a test injects
+  a fault at a chosen moment with :meth:`InProcessCell.on_first` (inside the service's emit
+  of an event, e.g. right after a station was committed) and reads what followed with
+  :meth:`InProcessCell.mark`, :meth:`~InProcessCell.since` and :meth:`~InProcessCell.states`.
 * **Processes**: :class:`SimProcess` (``cellcal sim``), :class:`DaemonProcess` (``cellcal
   run``), :class:`Recorder` (a raw SUB socket), :func:`audit_store` (the store read with a
   separate read-only connection).
@@ -867,6 +870,37 @@ class InProcessCell:
         with self._cond:
             return nonconforming_bodies(list(self.events))
 
+    def on_first(self, pred: Callable[[str, dict], bool], action: Callable[[], None]) -> threading.Event:
+        """Run ``action()`` once, inside the service's emit of the first event with
+        ``pred(topic, body)`` (so before the worker moves on: e.g. right after a station was
+        committed and published); the returned event is set once it ran."""
+        done = threading.Event()
+
+        def listener(topic: str, body: dict) -> None:
+            if not done.is_set() and pred(topic, body):
+                try:
+                    action()
+                finally:
+                    done.set()
+
+        self.svc.add_listener(listener)
+        return done
+
+    def states(self, since: int = 0) -> list[dict]:
+        """The ``state`` bodies emitted from event number ``since`` on (see :meth:`mark`)."""
+        with self._cond:
+            return [b for _t, top, b in self.events[since:] if top == P.TOPIC_STATE]
+
+    def mark(self) -> int:
+        """The number of events so far (a position for :meth:`states` and :meth:`since`)."""
+        with self._cond:
+            return len(self.events)
+
+    def since(self, mark: int, topic: str | None = None) -> list[dict]:
+        """Bodies emitted from event number ``mark`` on (of ``topic``, if given)."""
+        with self._cond:
+            return [b for _t, top, b in self.events[mark:] if topic is None or top == topic]
+
 
 @contextmanager
 def inprocess_cell(
@@ -906,7 +940,7 @@ def inprocess_cell(
     from cellcal.sim.scenario import Scenario, load_scenario
     from cellcal.sim.tracker_sim import SimTracker
 
-    sc = scenario if isinstance(scenario, Scenario) else load_scenario(FAST_SCENARIO if scenario is None else scenario)
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(FAST_SCENARIO if scenario is None else Path(scenario))
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     world = sc.make_world()

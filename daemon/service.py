@@ -12,12 +12,31 @@ Threads
   before either takes effect (one SQLite transaction per station).
 
 States (``State``, the protocol's ``StateName``): IDLE, CAPTURING, SOLVING, CHECKING,
-FAULT. A device that fails puts the service in FAULT; the worker reconnects with
-exponential backoff (``fault_retry_min_s`` .. ``fault_retry_max_s``) and resumes the job
-where it was. Devices may be offline while the service is up and idle.
+FAULT. Devices may be offline while the service is up and idle.
 
-Crash safety: every accepted station is committed before the next move; on start the
-service resumes every run the store says is unfinished, skipping committed stations.
+Faults and interrupted runs (ADR 0012)
+--------------------------------------
+* A **device** that fails during a job puts the service in FAULT; the worker waits, then
+  reopens the devices, with one exponential backoff per job (``fault_retry_min_s`` ..
+  ``fault_retry_max_s``) that only real progress (an accepted station) resets, so a device
+  that reopens at once and fails again backs off instead of flapping. When the devices are
+  back the state goes from FAULT straight back to the job's state (never through IDLE) and
+  the job goes on where it was.
+* A **store** that fails a write (disk full, read-only) ends the job in FAULT; the worker
+  probes the store with the same kind of backoff and leaves FAULT by itself when it takes
+  writes again.
+* A run interrupted by a fault is either **resumed at once when the fault clears**, within
+  ``[service] resume_within_s`` of the interruption, or **closed as failed**; a run never
+  resumes once a newer run exists, nor in another motion mode than it was started in. On
+  start the same rule is applied to every run the store says is open (a crash, kill -9 or
+  SIGTERM interrupted it): at most the newest one resumes, skipping its committed stations.
+  Every resumption is logged and published (``state``) and, in command mode, says that the
+  daemon moves the robot.
+* A result **never replaces an active one that became active after its run started**
+  (another run's, or one an operator activated): it is stored, not activated, and the run's
+  ``state`` event says so.
+* A change of the controller's TCP offset or payload during a job ends it
+  (a ``capture.DeviceFault`` with ``ends_job``): a run is closed as failed.
 
 What the worker delegates: stations are taken by ``capture``, stored by ``store``, solved
 by ``solve`` (gates: ``gates``), drift is judged by ``drift``, and every body it emits is
@@ -34,10 +53,11 @@ import signal
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any, Callable, cast
+from typing import Any, cast
 
 import numpy as np
 
@@ -46,7 +66,7 @@ from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
 from cellcal.daemon.devices import Backoff, CellDevices, DeviceOpenError
-from cellcal.daemon.gates import check_gates, gates_failed
+from cellcal.daemon.gates import check_gates, gates_failed, gates_passed
 from cellcal.daemon.plan import PlannedStation, explicit_plan, generate_plan, plan_from_dict, plan_to_dict
 from cellcal.daemon.report import transform_from_wire
 from cellcal.daemon.store import ResultRecord, RunStatus, StationRecord, Store, StoreError
@@ -76,14 +96,16 @@ class State(str, enum.Enum):
 
     @property
     def wire(self) -> P.StateName:
-        return cast(P.StateName, self.value)
+        return self.value
 
 
 class ServiceError(CellcalError):
     """A request the service cannot honour now (``code`` is the ZeroMQ error code)."""
 
-    def __init__(self, code: P.ErrorCode, message: str) -> None:
-        self.code = code
+    def __init__(self, code: str, message: str) -> None:
+        if code not in P.ERROR_CODES:
+            raise ValueError(f"unknown error code {code!r}")
+        self.code = cast(P.ErrorCode, code)
         super().__init__(message)
 
 
@@ -95,6 +117,16 @@ class _Abort(CellcalError):
     """
 
 
+class _GiveUp(CellcalError):
+    """Private control flow: a fault did not clear within ``resume_within_s``; the job ends
+    (a run is closed as failed). Caught by the worker's job loop."""
+
+    def __init__(self, message: str, cause: BaseException | None, device: P.DeviceName | None) -> None:
+        self.cause = cause
+        self.device = device
+        super().__init__(message)
+
+
 @dataclass
 class _Job:
     kind: str  # "run" | "drift"
@@ -102,7 +134,21 @@ class _Job:
     reason: str = ""
     result_id: int | None = None  # drift: the result to check, fixed when it was requested
     check_id: int | None = None   # drift: its id, promised in the run_drift_check reply
+    resume: str | None = None     # run: what it resumes after ("a restart", "the store fault cleared")
     done: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _StoreOutage:
+    """A store that failed a write: what the worker does until (and when) it takes writes again."""
+
+    run_id: int | None           # the run the failed write belonged to (None: no run)
+    since: float                 # time.monotonic() of the first failure of this outage
+    backoff: Backoff
+    next_try: float = 0.0        # time.monotonic() of the next probe
+    pending: bool = True         # still waiting for the store
+    aborted: bool = False        # an abort came meanwhile: close the run as aborted
+    close: tuple[RunStatus, str] | None = None  # close the run so, instead of deciding anew
 
 
 _RUN, _DRIFT = "run", "drift"
@@ -155,6 +201,14 @@ class Service:
         self._next_drift_s: float | None = None
         self.fatal: BaseException | None = None
         self._last_fault: P.FaultBody | None = None  # the fault body to clear when FAULT ends
+        # The current job's fault backoff and when its current outage began (monotonic):
+        # both reset only by progress, so a device that fails right after reopening backs off.
+        self._backoff = Backoff(cfg.service.fault_retry_min_s, cfg.service.fault_retry_max_s)
+        self._outage_since: float | None = None
+        self._store_outage: _StoreOutage | None = None
+        # Deciding whether a result may become active and activating it are one step
+        # against an operator's activate_result.
+        self._activation_lock = threading.Lock()
 
     @property
     def devices(self) -> dict[str, dict[str, Any]]:
@@ -219,7 +273,12 @@ class Service:
 
     # ---- lifecycle -----------------------------------------------------------------------------
     def start(self) -> None:
-        """Open and replay the store, queue unfinished runs, start the worker."""
+        """Open and replay the store, resume or close unfinished runs, start the worker.
+
+        At most the newest unfinished run resumes (ADR 0012): an older one, one started in
+        another motion mode, or one interrupted longer than ``resume_within_s`` ago is
+        closed as failed, and that is logged and published.
+        """
         Path(self.cfg.service.runtime_dir).mkdir(parents=True, exist_ok=True)
         if self._owns_store:
             self.store.open()
@@ -229,10 +288,64 @@ class Service:
         if exports.is_dir():
             remove_stale_temporaries(exports)  # a kill mid-write leaves a temp file, never a torn one
         for run in self.store.unfinished_runs():
-            log.info("resuming run %d (%s), %d stations committed", run.id, run.kind, run.n_stations)
-            self._jobs.put(_Job(_RUN, run.id, "resume"))
+            job = self._startup_job(run)
+            if job is not None:
+                self._jobs.put(job)
         self._worker = threading.Thread(target=self._work, name="cellcal-worker", daemon=True)
         self._worker.start()
+
+    def _startup_job(self, run: Any) -> _Job | None:
+        """The job that resumes an unfinished run found at start, or None after closing it."""
+        if any(r.run_id == run.id for r in self.store.list_results(limit=10)):
+            # Killed between storing the result and closing the run: closing it with that
+            # result needs neither the devices nor a decision (``_execute_run``).
+            return _Job(_RUN, run.id, "close after a restart")
+        why = self._why_not_resume(run, self._wall_age_s(run.updated_utc), "a restart")
+        if why is not None:
+            log.warning("%s", why)
+            self.store.set_run_status(run.id, RunStatus.FAILED, why)
+            self._run_event(run.id, run.kind, why)
+            return None
+        moves = self._moves_robot(run)
+        log.warning("run %d (%s) resumes after a restart with %d stations committed%s", run.id, run.kind,
+                    run.n_stations, "; the daemon moves the robot (command mode)" if moves else "")
+        return _Job(_RUN, run.id, "resume", resume="a restart")
+
+    @staticmethod
+    def _wall_age_s(utc: str) -> float | None:
+        """Seconds since a stored wall-clock stamp (None if unreadable). The only clock a
+        run's last progress and a restart share is the wall clock; a step of it counts as
+        a long interruption, which closes the run rather than resuming it."""
+        try:
+            return (time.time_ns() - bodies.iso_ns(utc)) * 1e-9
+        except ValueError:
+            return None
+
+    def _moves_robot(self, run: Any) -> bool:
+        """Whether resuming ``run`` moves the robot (command mode, stations left to take)."""
+        if "given" in run.plan or self._motion_mode != P.MOTION_COMMAND:
+            return False
+        return run.n_stations < len(run.plan.get("stations", []))
+
+    def _why_not_resume(self, run: Any, interrupted_s: float | None, cause: str) -> str | None:
+        """Why an interrupted ``run`` must be closed instead of resumed (None: it may resume)."""
+        newest = self.store.list_runs(limit=1)
+        if newest and newest[0].id > run.id:
+            return (f"run {run.id} closed, not resumed: run {newest[0].id} was started after it "
+                    f"(interrupted by {cause})")
+        if "given" in run.plan:
+            return None  # solved from client-supplied stations: resuming moves nothing
+        started = run.plan.get("started") or {}
+        mode = started.get("motion_mode", self._motion_mode)
+        if mode != self._motion_mode:
+            return (f"run {run.id} closed, not resumed: started in {mode} mode, the daemon now runs in "
+                    f"{self._motion_mode} mode")
+        window = self.cfg.service.resume_within_s
+        if interrupted_s is None or abs(interrupted_s) > window:
+            ago = "an unknown time" if interrupted_s is None else f"{interrupted_s:.1f} s"
+            return (f"run {run.id} closed, not resumed: interrupted by {cause} {ago} ago, longer than "
+                    f"[service] resume_within_s = {window:g} s")
+        return None
 
     def ready(self) -> None:
         """Tell systemd the service is up (after the sockets are bound)."""
@@ -339,6 +452,7 @@ class Service:
         kind = kind or self.cfg.solve.kind
         if kind not in P.RUN_KINDS:
             raise ServiceError(P.E_BAD_REQUEST, f"kind must be {', '.join(P.RUN_KINDS)}, got {kind!r}")
+        self._refuse_during_store_fault()
         busy = self._run_in_progress()
         if busy is not None:
             raise ServiceError(P.E_BUSY, f"run {None if busy < 0 else busy} is in progress")
@@ -352,6 +466,7 @@ class Service:
             plan_dict: dict[str, Any] = {"stations": [], "given": stations}
         else:
             plan_dict = plan_to_dict(plan if plan is not None else self.make_plan())
+        plan_dict["started"] = self._start_record()
         run_id = self.store.create_run(
             kind, plan_dict, config_sha256=self.cfg.sha256, devices=self._devices.identities(),
             parent_result_id=parent_result_id,
@@ -361,10 +476,26 @@ class Service:
 
     def start_run_internal(self, parent_result_id: int) -> int:
         """Store a recalibration run of the configured kind and plan (the caller queues it)."""
+        plan_dict = plan_to_dict(self.make_plan())
+        plan_dict["started"] = self._start_record()
         return self.store.create_run(
-            self.cfg.solve.kind, plan_to_dict(self.make_plan()), config_sha256=self.cfg.sha256,
+            self.cfg.solve.kind, plan_dict, config_sha256=self.cfg.sha256,
             devices=self._devices.identities(), parent_result_id=parent_result_id,
         )
+
+    def _start_record(self) -> dict[str, Any]:
+        """What a run remembers of its start (stored with its plan): the motion mode it may
+        resume in, and the newest activation then (a result activated later is newer than
+        the run, and the run's result will not replace it)."""
+        hist = self.store.activation_history(limit=1)
+        return {"motion_mode": self._motion_mode, "last_activation_id": hist[0].id if hist else 0}
+
+    def _refuse_during_store_fault(self) -> None:
+        outage = self._store_outage
+        if outage is not None and outage.pending:
+            wait = max(0.0, outage.next_try - time.monotonic())
+            raise ServiceError(P.E_STATE, f"the store failed a write and is being retried (next in {wait:.1f} s): "
+                                          f"{self.state_detail}")
 
     def abort(self) -> bool:
         """Abort the current job and stop the robot; False when nothing was running.
@@ -372,6 +503,11 @@ class Service:
         The current station finishes its transaction first; the stop command goes to the
         robot at once (from the caller's thread, so it never waits for the worker).
         """
+        outage = self._store_outage
+        if self._current is None and outage is not None and outage.pending and outage.run_id is not None:
+            # The run waits for the store: it will be closed as aborted, never resumed.
+            outage.aborted = True
+            return True
         busy = self._current is not None
         if busy:
             self._abort.set()
@@ -400,6 +536,7 @@ class Service:
             # The model X G Y a tracker pose is compared with needs both transforms.
             raise ServiceError(P.E_NO_CALIBRATION,
                                f"result {rec.id} ({rec.kind}) has no {' and '.join(sorted(missing))} to check")
+        self._refuse_during_store_fault()
         busy = self._run_in_progress()
         if busy is not None:
             raise ServiceError(P.E_BUSY, f"run {None if busy < 0 else busy} is in progress")
@@ -448,6 +585,25 @@ class Service:
         if rec is not None:
             self._emit(P.TOPIC_RESULT, self.result_body(rec, retained=True), retained=True)
 
+    def activate_result(self, result_id: int, reason: str = "") -> int | None:
+        """Make a stored result that passed its gates the active one; returns the previous id.
+
+        Raises
+        ------
+        ServiceError
+            ``E_STATE``: the result failed its acceptance gates.
+        UnknownRecord
+            No such result.
+        """
+        with self._activation_lock:
+            rec = self.store.get_result(result_id)
+            if not gates_passed(rec.result):
+                raise ServiceError(P.E_STATE, f"result {result_id} failed its acceptance gates and cannot be activated")
+            prev = self.store.active_result()
+            self.store.activate_result(result_id, reason=reason)
+        self.republish_result_now()
+        return prev.id if prev is not None else None
+
     def republish_result_now(self) -> None:
         """The active result after it changed (activation, suspect): not ``retained``."""
         rec = self._active_result_safe()
@@ -458,37 +614,93 @@ class Service:
         self._publish_fn = publish
 
     # ---- devices -----------------------------------------------------------------------------------
-    def _ensure_devices(self, need_tracker: bool = True) -> cap.CaptureEngine:
-        """Open the devices, retrying with exponential backoff in FAULT (interruptible)."""
-        backoff = Backoff(self.cfg.service.fault_retry_min_s, self.cfg.service.fault_retry_max_s)
-        prev_state = self.state
+    def _begin_job(self) -> None:
+        """A new job: a fresh backoff and outage, and a fresh baseline of the controller's settings."""
+        self._backoff.reset()
+        self._outage_since = None
+        self._devices.session.new_job()
+
+    def _made_progress(self) -> None:
+        """Real progress (a station committed, a result stored): faults start over."""
+        self._backoff.reset()
+        self._outage_since = None
+        outage = self._store_outage
+        if outage is not None and not outage.pending:
+            self._store_outage = None
+        self._progress()
+
+    def _retry_delay(self) -> float:
+        """The job backoff's next delay, at most what is left of ``resume_within_s`` (so the
+        last attempt falls inside the window), at least ``fault_retry_min_s``."""
+        delay = self._backoff.next_delay()
+        if self._outage_since is not None:
+            left = self.cfg.service.resume_within_s - (time.monotonic() - self._outage_since)
+            delay = min(delay, max(left, self.cfg.service.fault_retry_min_s))
+        return delay
+
+    def _check_window(self, message: str, cause: BaseException | None, device: P.DeviceName | None) -> None:
+        """Give the job up when its outage has lasted longer than ``resume_within_s``."""
+        if self._outage_since is None:
+            self._outage_since = time.monotonic()
+            return
+        lasted = time.monotonic() - self._outage_since
+        window = self.cfg.service.resume_within_s
+        if lasted > window:
+            raise _GiveUp(f"{message}; not cleared within [service] resume_within_s = {window:g} s "
+                          f"({lasted:.1f} s)", cause, device)
+
+    def _wait_retry(self, delay: float) -> None:
+        """Wait ``delay`` seconds for the next attempt; an abort or a stop ends the wait (and the job)."""
+        deadline = time.monotonic() + delay
+        while not (self._stop.is_set() or self._abort.is_set()):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                break
+            self._stop.wait(min(left, 0.1))
+            self._progress()
+        self._check_abort()
+
+    def _ensure_devices(self, need_tracker: bool, state: State, detail: str) -> cap.CaptureEngine:
+        """Open the devices; in FAULT retry with the job's backoff until ``resume_within_s``.
+
+        When they are open the service is in ``state`` (with ``detail``): from FAULT it goes
+        there directly, never through IDLE.
+        """
         while True:
             self._check_abort()
             try:
                 self._devices.open(need_tracker)
             except DeviceOpenError as exc:
                 self._devices.close()
-                delay = backoff.next_delay()
-                self._fault(f"cannot open devices: {exc.cause}", exc.cause, device=exc.device, retry_in_s=delay)
-                if self._stop.wait(delay) or self._abort.is_set():
-                    self._check_abort()
+                message = f"cannot open devices: {exc.cause}"
+                self._check_window(message, exc.cause, exc.device)
+                delay = self._retry_delay()
+                self._fault(message, exc.cause, device=exc.device, retry_in_s=delay)
+                self._wait_retry(delay)
                 continue
-            if self.state == State.FAULT:
-                self._set_state(prev_state if prev_state != State.FAULT else State.IDLE)
+            if self._outage_since is not None:
+                self._check_window("the devices came back too late", None, None)
+            if self.state != state or self.state_detail != detail:
+                self._set_state(state, detail)
             assert self._devices.engine is not None  # open() made it with the robot
             return self._devices.engine
 
+    def _after_device_fault(self, df: cap.DeviceFault, what: str, need_tracker: bool, state: State) -> cap.CaptureEngine:
+        """A link failed mid-job: close everything, say so, back off, reopen and carry on."""
+        self._devices.close()
+        self._check_window(str(df), df.cause, df.device)
+        delay = self._retry_delay()
+        self._fault(str(df), df.cause, device=df.device, retry_in_s=delay)
+        self._wait_retry(delay)
+        return self._ensure_devices(need_tracker, state, f"{what}: resumed after the {df.device} fault cleared")
+
     def _fault(self, message: str, exc: BaseException | None = None, *, device: P.DeviceName | None = None,
-               code: P.ErrorCode = P.E_DEVICE, retry_in_s: float | None = None) -> None:
+               code: str = P.E_DEVICE, retry_in_s: float | None = None) -> None:
         self._set_state(State.FAULT, message)
-        body = bodies.fault(code=code, device=device, message=message, retry_in_s=retry_in_s, exc=exc)
+        body = bodies.fault(code=cast(P.ErrorCode, code), device=device, message=message, retry_in_s=retry_in_s,
+                            exc=exc)
         self._last_fault = body
         self._emit(P.TOPIC_FAULT, body)
-
-    def _device_fault(self, df: cap.DeviceFault) -> None:
-        """A link failed mid-job: close everything and say so (the caller reopens)."""
-        self._devices.close()
-        self._fault(str(df), df.cause, device=df.device)
 
     def _check_abort(self) -> None:
         if self._abort.is_set() or self._stop.is_set():
@@ -497,42 +709,141 @@ class Service:
     # ---- the worker ------------------------------------------------------------------------------------
     def _work(self) -> None:
         while not self._stop.is_set():
+            outage = self._store_outage
+            if outage is not None and outage.pending:
+                self._recover_store(outage)
+                continue
             try:
                 job = self._jobs.get(timeout=0.2)
             except queue.Empty:
                 self._progress()
                 continue
-            self._current = job
-            self._abort.clear()
-            try:
-                if job.kind == _RUN:
-                    assert job.run_id is not None
-                    self._execute_run(job.run_id)
-                else:
-                    self._execute_drift(job)
-            except _Abort:
-                if job.kind == _RUN and job.run_id is not None and not self._stop.is_set():
-                    # Stopping leaves the run open so it resumes on the next start; an abort
-                    # closes it (unless it already ended, e.g. in the same instant).
+            self._run_job(job)
+        self._devices.close()
+
+    def _run_job(self, job: _Job) -> None:
+        self._current = job
+        self._abort.clear()
+        self._begin_job()
+        try:
+            if job.kind == _RUN:
+                assert job.run_id is not None
+                self._execute_run(job)
+            else:
+                self._execute_drift(job)
+        except _Abort:
+            if job.kind == _RUN and job.run_id is not None and not self._stop.is_set():
+                # Stopping leaves the run open so it resumes on the next start; an abort
+                # closes it (unless it already ended, e.g. in the same instant).
+                try:
                     if self.store.get_run(job.run_id).is_open:
                         self.store.set_run_status(job.run_id, RunStatus.ABORTED, "aborted by request")
                     self._run_event(job.run_id, self._current_kind, f"run {job.run_id} aborted")
-            except StoreError as exc:
-                # The store cannot take writes (disk full, read-only): a fault, never a crash;
-                # what was committed stays, the run stays resumable.
-                self._fault(f"store: {exc}", exc, code=P.E_STATE)
-            except Exception as exc:  # noqa: BLE001 - the worker must survive any job
-                log.exception("job %s failed", job.kind)
-                self._fault(f"{job.kind} failed: {exc}", exc, code=P.E_INTERNAL)
-            finally:
-                self._current = None
-                job.done.set()
-                self._progress()
-                if self.state != State.FAULT:
-                    self._set_state(State.IDLE)
-        self._devices.close()
+                except StoreError as exc:
+                    self._store_fault(job, exc, close=(RunStatus.ABORTED, "aborted by request"))
+        except _GiveUp as exc:
+            self._give_up(job, exc)
+        except StoreError as exc:
+            # The store cannot take writes (disk full, read-only): a fault, never a crash;
+            # what was committed stays, and the worker probes the store until it recovers.
+            self._store_fault(job, exc)
+        except Exception as exc:  # noqa: BLE001 - the worker must survive any job
+            log.exception("job %s failed", job.kind)
+            self._fault(f"{job.kind} failed: {exc}", exc, code=P.E_INTERNAL)
+        finally:
+            self._current = None
+            job.done.set()
+            self._progress()
+            if self.state != State.FAULT:
+                self._set_state(State.IDLE)
 
-    def _execute_run(self, run_id: int) -> None:
+    def _give_up(self, job: _Job, exc: _GiveUp) -> None:
+        """A fault outlasted ``resume_within_s``: the run is closed as failed, never resumed later."""
+        self._devices.close()
+        if job.kind == _RUN and job.run_id is not None:
+            reason = f"run {job.run_id} failed: {exc}"
+            try:
+                if self.store.get_run(job.run_id).is_open:
+                    self.store.set_run_status(job.run_id, RunStatus.FAILED, str(exc))
+            except StoreError as store_exc:
+                self._store_fault(job, store_exc, close=(RunStatus.FAILED, str(exc)))
+                return
+        else:
+            reason = f"{job.kind} abandoned: {exc}"
+        self._fault(reason, exc.cause, device=exc.device)
+
+    # ---- the store's faults ------------------------------------------------------------------------------
+    def _store_fault(self, job: _Job | None, exc: StoreError, *,
+                     close: tuple[RunStatus, str] | None = None) -> None:
+        """The store failed a write: FAULT, and probe it with backoff from the worker's loop.
+
+        A run resumed after an earlier outage that fails again before any progress keeps
+        that outage's start and backoff: it neither flaps nor outlives ``resume_within_s``.
+        """
+        run_id = job.run_id if job is not None and job.kind == _RUN else None
+        outage = self._store_outage
+        if outage is None or outage.run_id != run_id:
+            outage = _StoreOutage(run_id, time.monotonic(),
+                                  Backoff(self.cfg.service.fault_retry_min_s, self.cfg.service.fault_retry_max_s))
+        outage.pending = True
+        if close is not None:
+            outage.close = close
+        delay = outage.backoff.next_delay()
+        outage.next_try = time.monotonic() + delay
+        self._store_outage = outage
+        self._devices.close()
+        self._fault(f"store: {exc}", exc, code=P.E_STATE, retry_in_s=delay)
+
+    def _recover_store(self, outage: _StoreOutage) -> None:
+        """One step of waiting for the store: probe it when due; when it takes writes, resume
+        the interrupted run or close it (:meth:`_resolve_interrupted`), or go IDLE."""
+        wait = outage.next_try - time.monotonic()
+        if wait > 0:
+            self._stop.wait(min(wait, 0.2))
+            self._progress()
+            return
+        try:
+            self.store.probe_write()
+            job = self._resolve_interrupted(outage)
+        except StoreError as exc:
+            delay = outage.backoff.next_delay()
+            outage.next_try = time.monotonic() + delay
+            self._fault(f"store: {exc}", exc, code=P.E_STATE, retry_in_s=delay)
+            return
+        outage.pending = False
+        log.info("the store takes writes again after %.1f s", time.monotonic() - outage.since)
+        if job is None:
+            self._store_outage = None
+            self._set_state(State.IDLE, "the store takes writes again")
+        else:
+            self._run_job(job)
+
+    def _resolve_interrupted(self, outage: _StoreOutage) -> _Job | None:
+        """The store is back: the job that resumes the interrupted run, or None (closed, or no run)."""
+        if outage.run_id is None:
+            return None
+        run = self.store.get_run(outage.run_id)
+        if not run.is_open:
+            return None
+        if outage.aborted or outage.close is not None:
+            status, reason = (RunStatus.ABORTED, "aborted by request") if outage.aborted else outage.close  # type: ignore[misc]
+            self.store.set_run_status(run.id, status, reason)
+            self._run_event(run.id, run.kind, f"run {run.id} {status.value}: {reason}")
+            return None
+        why = self._why_not_resume(run, time.monotonic() - outage.since, "a store fault")
+        if why is not None:
+            log.warning("%s", why)
+            self.store.set_run_status(run.id, RunStatus.FAILED, why)
+            self._run_event(run.id, run.kind, why)
+            return None
+        moves = self._moves_robot(run)
+        log.warning("run %d resumes: the store takes writes again%s", run.id,
+                    "; the daemon moves the robot (command mode)" if moves else "")
+        return _Job(_RUN, run.id, "resume", resume="the store fault cleared")
+
+    def _execute_run(self, job: _Job) -> None:
+        run_id = job.run_id
+        assert run_id is not None
         run = self.store.get_run(run_id)
         self._current_kind = run.kind
         # Killed between storing the result and closing the run (two transactions): the run
@@ -550,10 +861,18 @@ class Service:
             return
         plan = plan_from_dict(run.plan)
         robot_only = run.kind == P.KIND_TOOL_POINT
-        self._set_state(State.CAPTURING, f"run {run_id}")
+        what = f"run {run_id}"
+        detail = what
+        if job.resume is not None:
+            detail = f"{what} resumed after {job.resume}"
+            if self._moves_robot(run):
+                detail += ": the daemon moves the robot (command mode)"
+        self._set_state(State.CAPTURING, detail)
         c = self.cfg.capture
         committed = {s.plan_index: s for s in self.store.stations(run_id)}
-        accepted = [s.base_T_flange for s in committed.values()]
+        records = [committed[i] for i in sorted(committed)]
+        accepted = [s.base_T_flange for s in records]
+        expected = self._estimate(run.kind, records)
         consecutive = 0
         observe = self._motion_mode == P.MOTION_OBSERVE
         todo = [ps for ps in plan if ps.index not in committed]
@@ -565,8 +884,7 @@ class Service:
             n_planned = n_target
         engine = None
         if todo:  # a run resumed after its last station is solved without the devices
-            engine = self._ensure_devices(need_tracker=not robot_only)
-            self._set_state(State.CAPTURING, f"run {run_id}")
+            engine = self._ensure_devices(not robot_only, State.CAPTURING, detail)
         for ps in todo:
             attempts = 0
             while True:
@@ -578,7 +896,7 @@ class Service:
                     if robot_only:
                         rec = engine.capture_robot_only(ps.index, accepted, self._abort)
                     else:
-                        rec = engine.capture(ps.index, accepted, self._abort)
+                        rec = engine.capture(ps.index, accepted, self._abort, expected=expected)
                 except cap.StationRejected as rej:
                     self._check_abort()
                     attempts += 1
@@ -598,21 +916,37 @@ class Service:
                         break  # give this station up, go on with the plan
                     continue
                 except cap.DeviceFault as df:
-                    self._device_fault(df)
-                    engine = self._ensure_devices(need_tracker=not robot_only)
-                    self._set_state(State.CAPTURING, f"run {run_id}")
+                    if df.ends_job:
+                        self._invalidated(run_id, df)
+                        return
+                    engine = self._after_device_fault(df, what, not robot_only, State.CAPTURING)
                     continue
                 self.store.add_station(run_id, rec)  # one transaction: the station is safe now
+                records.append(rec)
                 accepted.append(rec.base_T_flange)
                 consecutive = 0
-                self._progress()
+                self._made_progress()
                 self._emit(P.TOPIC_STATION, bodies.station(
                     run_id=run_id, index=ps.index, planned=n_planned, attempt=attempts + 1,
                     accepted_count=len(accepted), figures=rec.settle,
                 ))
+                expected = self._estimate(run.kind, records)
                 break
         self._check_abort()
         self._solve_run(run_id, run.kind)
+
+    def _estimate(self, kind: str, records: list[StationRecord]) -> cap.Expected | None:
+        """The run's rough estimate that the next pose measurement must agree with (or None)."""
+        if kind != P.KIND_BASE_FRAME or self.cfg.tracker.measure != "pose":
+            return None
+        tc = self.cfg.tracker
+        return solve.rough_estimate(records, tc.gross_error_m, tc.gross_error_rad)
+
+    def _invalidated(self, run_id: int, inv: cap.DeviceFault) -> None:
+        """The controller's TCP or payload changed: the run cannot go on; it fails, named."""
+        self._devices.close()
+        self.store.set_run_status(run_id, RunStatus.FAILED, str(inv.cause))
+        self._fault(f"run {run_id} failed: {inv.cause}", inv.cause, device=inv.device)
 
     # ---- solving -----------------------------------------------------------------------------------------
     def _solve_run(self, run_id: int, kind: str) -> int | None:
@@ -640,25 +974,40 @@ class Service:
                 index = max((s.plan_index for s in stations), default=-1) + 1
                 log.info("run %d: %s; measuring a suggested station %d", run_id, exc, index)
                 self._set_state(State.CAPTURING, f"run {run_id} (extra station for {exc.frame} axis)")
-                self._capture_extra(engine, run_id, PlannedStation(index, nxt.q_rad, nxt.base_T_flange), G)
+                if not self._capture_extra(engine, run_id, PlannedStation(index, nxt.q_rad, nxt.base_T_flange), stations):
+                    return None
             except CalibrationError as exc:
                 self._solve_failed(run_id, exc)
                 return None
         return self._store_result(run_id, kind, result, stations)
 
-    def _capture_extra(self, engine: cap.CaptureEngine, run_id: int, ps: PlannedStation, G: np.ndarray) -> None:
-        accepted = list(G)
-        for _attempt in range(self.cfg.capture.max_attempts_per_station):
+    def _capture_extra(self, engine: cap.CaptureEngine, run_id: int, ps: PlannedStation,
+                       stations: list[StationRecord]) -> bool:
+        """Measure one planner-suggested station (the same checks as every station); False
+        when the run ended (its controller settings changed)."""
+        accepted = [s.base_T_flange for s in stations]
+        expected = self._estimate(P.KIND_BASE_FRAME, list(stations))
+        detail = self.state_detail
+        attempt = 0
+        while attempt < self.cfg.capture.max_attempts_per_station:
             self._check_abort()
             try:
                 engine.move_to(ps)
-                got = engine.capture(ps.index, accepted, self._abort)
+                got = engine.capture(ps.index, accepted, self._abort, expected=expected)
             except cap.StationRejected as rej:
+                attempt += 1
                 self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.jsonable(rej.detail))
                 continue
+            except cap.DeviceFault as df:
+                if df.ends_job:
+                    self._invalidated(run_id, df)
+                    return False
+                engine = self._after_device_fault(df, detail, True, State.CAPTURING)
+                continue
             self.store.add_station(run_id, got)
-            self._progress()
-            return
+            self._made_progress()
+            return True
+        return True
 
     def _solve_failed(self, run_id: int, exc: BaseException) -> None:
         msg = f"{type(exc).__name__}: {exc}"
@@ -667,20 +1016,42 @@ class Service:
         # on the state and fault topics (and stays visible in list_results / the store).
         self._fault(f"run {run_id} failed: {msg}", exc, code=P.E_STATE)
 
+    def _newer_active(self, run: Any) -> ResultRecord | None:
+        """The active result if it became active after ``run`` started (its result must not
+        replace it), else None. Runs stored before the start record: by run id."""
+        active = self.store.active_result()
+        if active is None:
+            return None
+        last = (run.plan.get("started") or {}).get("last_activation_id")
+        if isinstance(last, int) and not isinstance(last, bool):
+            hist = self.store.activation_history(limit=1)
+            return active if hist and hist[0].id > last else None
+        return active if active.run_id is not None and active.run_id > run.id else None
+
     def _store_result(self, run_id: int, kind: str, result: Any, stations: list[StationRecord]) -> int:
         run = self.store.get_run(run_id)
         report = check_gates(result, self.cfg.solve)
         wire = solve.wire_result(result, report, drift.choose_check_stations(stations, run.plan,
                                                                              self.cfg.drift.check_stations))
         provenance = solve.provenance(self.cfg, run, result, cellcal_version())
-        rid = self.store.add_result(run_id, kind, wire, provenance, parent_result_id=run.parent_result_id,
-                                    activate=report.passed)
-        self.store.set_run_status(run_id, RunStatus.DONE if report.passed else RunStatus.FAILED, report.reason())
+        with self._activation_lock:
+            newer = self._newer_active(run) if report.passed else None
+            rid = self.store.add_result(run_id, kind, wire, provenance, parent_result_id=run.parent_result_id,
+                                        activate=report.passed and newer is None)
+        kept = "" if newer is None else (f"result {rid} passed its gates but was not activated: result {newer.id} "
+                                         f"became active after run {run_id} started")
+        self.store.set_run_status(run_id, RunStatus.DONE if report.passed else RunStatus.FAILED,
+                                  report.reason() or kept)
+        self._made_progress()
         self._export(rid)
         rec = self.store.get_result(rid)
         if not report.passed:
             self._run_event(run_id, kind, f"run {run_id}: result {rid} failed its acceptance gates "
                                           f"({report.reason()}); not activated")
+            return rid
+        if newer is not None:
+            log.warning("run %d: %s", run_id, kept)
+            self._run_event(run_id, kind, f"run {run_id}: {kept}")
             return rid
         self._emit(P.TOPIC_RESULT, self.result_body(rec))
         self._cusum.reset()
@@ -722,9 +1093,9 @@ class Service:
                         active.id if active else None)
             return
         d = self.cfg.drift
-        self._set_state(State.CHECKING, f"result {rec.id}")
-        engine = self._ensure_devices(need_tracker=True)
-        self._set_state(State.CHECKING, f"result {rec.id}")
+        what = f"result {rec.id}"
+        self._set_state(State.CHECKING, what)
+        engine = self._ensure_devices(True, State.CHECKING, what)
         X = transform_from_wire(rec.result["transforms"]["cell_T_base"])
         Y = transform_from_wire(rec.result["transforms"]["flange_T_target"])
         dev_t, dev_r, per = [], [], []
@@ -742,9 +1113,12 @@ class Service:
                     self._check_abort()
                     log.info("drift station %d rejected: %s", ps.index, rej)
                 except cap.DeviceFault as df:
-                    self._device_fault(df)
-                    engine = self._ensure_devices(need_tracker=True)
-                    self._set_state(State.CHECKING, f"result {rec.id}")
+                    if df.ends_job:
+                        self._devices.close()
+                        self._fault(f"drift check {job.check_id} of result {rec.id} abandoned: {df.cause}", df.cause,
+                                    device=df.device)
+                        return
+                    engine = self._after_device_fault(df, what, True, State.CHECKING)
             if got is None:
                 continue
             et, er = drift.deviation(X, Y, got)

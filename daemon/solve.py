@@ -23,7 +23,15 @@ from cellcal.solver import CalibrationError, calibrate_base_frame, calibrate_han
 
 log = logging.getLogger(__name__)
 
-__all__ = ["station_arrays", "solve_stations", "solve_given", "suggest_station", "wire_result", "provenance"]
+__all__ = ["station_arrays", "solve_stations", "solve_given", "suggest_station", "wire_result", "provenance",
+           "rough_estimate", "ESTIMATE_MIN_STATIONS", "ESTIMATE_MIN_AXIS_SPREAD"]
+
+#: Accepted stations before a run's own estimate checks the next ones (2 motions at least).
+ESTIMATE_MIN_STATIONS = 3
+#: The estimate is used only when the motions' axes are this well spread (0..1): with
+#: near-parallel axes a translation along them is not determined, and a prediction from it
+#: could be off by far more than any bound, rejecting good stations.
+ESTIMATE_MIN_AXIS_SPREAD = 0.1
 
 
 def station_arrays(stations: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
@@ -122,3 +130,28 @@ def provenance(cfg: Any, run: Any, result: Any, version: str) -> dict[str, Any]:
         "config_sha256": cfg.sha256, "devices": run.devices, "cellcal_version": version,
         "solver": result.solver, "cell": cfg.service.name,
     }
+
+
+def rough_estimate(stations: Sequence[Any], floor_m: float, floor_rad: float) -> Any:
+    """The run's rough current estimate of the cell from its accepted stations, or None.
+
+    A linear base-frame solve (no refinement, no hold-out) of the stations so far; its
+    prediction of the next station's tracker pose (``capture.Expected``) may differ from the
+    measurement by at most ``capture.Expected.bounds``: ``GROSS_RMS_FACTOR`` times this fit's
+    RMS closure, never less than ``floor_m`` / ``floor_rad`` (``[tracker] gross_error_mm`` /
+    ``gross_error_deg``). None with fewer than :data:`ESTIMATE_MIN_STATIONS` pose stations,
+    or when their motions do not determine the cell well (:data:`ESTIMATE_MIN_AXIS_SPREAD`):
+    then no station is judged against it.
+    """
+    from cellcal.daemon.capture import Expected
+
+    if len(stations) < ESTIMATE_MIN_STATIONS or any(s.cell_T_target is None for s in stations):
+        return None
+    G, M = station_arrays(stations)
+    try:
+        res = calibrate_base_frame(G, M, min_axis_spread=ESTIMATE_MIN_AXIS_SPREAD, refine=False, holdout=False,
+                                   uncertainty=False)
+    except (CalibrationError, ValueError):
+        return None
+    bt, br = Expected.bounds(res.rms_translation_m, res.rms_rotation_rad, floor_m, floor_rad)
+    return Expected(res.cell_T_base, res.flange_T_target, bt, br, len(stations))

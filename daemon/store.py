@@ -1140,6 +1140,24 @@ class Store:
             out["integrity_check"] = "; ".join(r[0] for r in conn.execute("PRAGMA integrity_check"))
             return out
 
+    def probe_write(self, nbytes: int = 16 * 1024) -> None:
+        """Whether the store takes writes again (after a full disk, a read-only remount).
+
+        Commits ``nbytes`` into ``store_meta`` (more than a station needs) and removes them
+        again, two transactions like any others.
+
+        Raises
+        ------
+        StoreFullError, StoreReadOnlyError, StoreError
+            As any write would; nothing is left behind.
+        """
+        if isinstance(nbytes, bool) or not isinstance(nbytes, int) or not 0 < nbytes <= 1 << 24:
+            raise ValueError(f"nbytes must be an integer in (0, 16 MiB], got {nbytes!r}")
+        with self._write("probing whether the store takes writes") as conn:
+            conn.execute("INSERT OR REPLACE INTO store_meta(key, value) VALUES ('write_probe', ?)", ("x" * nbytes,))
+        with self._write("removing the write probe") as conn:
+            conn.execute("DELETE FROM store_meta WHERE key = 'write_probe'")
+
     # ---- runs ------------------------------------------------------------------------
 
     def create_run(

@@ -15,7 +15,6 @@ import numpy as np
 
 from cellcal.daemon import bodies
 from cellcal.daemon import protocol as P
-from cellcal.daemon.gates import gates_passed
 from cellcal.daemon.report import transform_from_wire
 from cellcal.daemon.service import Service, ServiceError
 from cellcal.daemon.store import ResultRecord, StoreError, UnknownRecord
@@ -123,13 +122,10 @@ class DaemonHandler:
 
     def _cmd_activate_result(self, args: dict, caller: P.Caller) -> P.ActivateResult:
         rid = _id(args["result_id"], "result")
-        rec = self.svc.store.get_result(rid)
-        if not gates_passed(rec.result):
-            raise P.CommandError(P.E_STATE, f"result {rid} failed its acceptance gates and cannot be activated")
-        prev = self.svc.store.active_result()
-        self.svc.store.activate_result(rid, reason=f"by {caller.name} ({caller.key_id})")
-        self.svc.republish_result_now()
-        return bodies.activate_reply(rid, prev.id if prev else None)
+        # Through the service: deciding whether a run's result may become active and
+        # activating it are one step against this command (ADR 0012).
+        prev = self.svc.activate_result(rid, reason=f"by {caller.name} ({caller.key_id})")
+        return bodies.activate_reply(rid, prev)
 
 
 def attach(svc: Service, cfg: Any, *, validate_bodies: bool = False) -> ZmqServer:

@@ -126,6 +126,12 @@ class RobotState:
         Host ``monotonic_ns`` at which the sample was received.
     seq : int
         Backend sample counter (increments per received sample).
+    tcp_offset : numpy.ndarray, shape (6,), or None
+        The TCP offset the controller reports it applies to its pose output, UR
+        ``p[x, y, z, rx, ry, rz]`` (m, rad; RTDE ``tcp_offset``). ``None`` where the
+        controller does not report it (older UR software, CiA 402).
+    payload_kg : float or None
+        The payload mass the controller reports (RTDE ``payload``), or ``None``.
     """
 
     q_rad: np.ndarray
@@ -140,6 +146,8 @@ class RobotState:
     target_reached: bool | None = None
     t_recv_host_ns: int = 0
     seq: int = 0
+    tcp_offset: np.ndarray | None = None
+    payload_kg: float | None = None
 
 
 def _validate_state(s: RobotState) -> RobotState:
@@ -155,6 +163,10 @@ def _validate_state(s: RobotState) -> RobotState:
         and math.isfinite(s.t_device_s)
     ):
         raise ValueError("robot state: non-finite value")
+    if s.tcp_offset is not None and (np.shape(s.tcp_offset) != (6,) or not np.all(np.isfinite(s.tcp_offset))):
+        raise ValueError("robot state: tcp_offset must be 6 finite numbers")
+    if s.payload_kg is not None and not math.isfinite(s.payload_kg):
+        raise ValueError("robot state: non-finite payload")
     return s
 
 

@@ -201,6 +201,7 @@ def _standard_outputs() -> dict[str, FieldType]:
         "input_bit_registers32_to_63": F.UINT32,
         "actual_current_as_torque": F.VECTOR6D,
         "ft_raw_wrench": F.VECTOR6D,
+        "tcp_offset": F.VECTOR6D,
         "payload": F.DOUBLE,
         "payload_cog": F.VECTOR3D,
         "payload_inertia": F.VECTOR6D,

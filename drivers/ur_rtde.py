@@ -3,8 +3,10 @@
 ``rtde://host[:port]?frequency_hz=125&model=ur5e&urscript_port=30002&tcp_offset=...``
 
 Connection (see ``docs/protocols/robot.md``): request protocol version 2, fall back to 1;
-read the controller version; set up the output recipe :data:`RECIPE` (a ``NOT_FOUND``
-answer raises :class:`RecipeFieldNotFound` naming the field); start. A receiver thread
+read the controller version; set up the output recipe :data:`RECIPE` plus
+:data:`OPTIONAL_RECIPE` (a ``NOT_FOUND`` answer for a field of :data:`RECIPE` raises
+:class:`RecipeFieldNotFound` naming the field; for an optional field, as older controller
+software answers, the recipe is set up again without it); start. A receiver thread
 decodes data packages into :class:`~cellcal.drivers.robot.RobotState`; text messages are
 logged (never data); unknown packet types are skipped by their size; a malformed data
 package is counted and dropped; after garbage the stream hunts for the next intact data
@@ -20,7 +22,11 @@ TCP offset rule: ``actual_TCP_pose`` is the pose of the controller's *TCP*. The 
 (UR's ``p[x, y, z, rx, ry, rz]``, m and rad). Leave the pendant's TCP at zero, or set
 ``tcp_offset`` to exactly what the pendant has. At open, the driver compares forward
 kinematics of ``actual_q`` (nominal model) with the reported flange and refuses to start if
-they differ by more than ``tcp_check_mm`` (a forgotten TCP, or the wrong ``model``).
+they differ by more than ``tcp_check_mm`` (a forgotten TCP, or the wrong ``model``); on a
+controller that reports its ``tcp_offset``, it also refuses to start when that differs from
+the ``tcp_offset`` option. Every sample carries the reported ``tcp_offset`` and ``payload``
+(:attr:`RobotState.tcp_offset`, :attr:`RobotState.payload_kg`; ``None`` on controllers
+without them) so a consumer can notice a change during a session.
 """
 
 from __future__ import annotations
@@ -70,6 +76,7 @@ __all__ = [
     "UrRuntimeState",
     "RECIPE",
     "RECIPE_TYPES",
+    "OPTIONAL_RECIPE",
     "RtdeStream",
     "DEFAULT_RTDE_PORT",
     "DEFAULT_URSCRIPT_PORT",
@@ -95,6 +102,13 @@ RECIPE = (
     "runtime_state",
 )
 RECIPE_TYPES = tuple(rc.OUTPUT_FIELDS[n] for n in RECIPE)
+#: Outputs subscribed to when the controller has them: the TCP offset and the payload it
+#: applies (UR software older than these outputs answers ``NOT_FOUND``; the driver then
+#: sets up :data:`RECIPE` alone and the samples carry ``None`` for them).
+OPTIONAL_RECIPE = ("tcp_offset", "payload")
+#: Tolerance of the ``tcp_offset`` comparison at open (m and rad: the controller reports
+#: the value it was given, so anything beyond float formatting is a different TCP).
+_TCP_MATCH_TOL = 1e-6
 
 
 class RecipeFieldNotFound(DriverInitError):
@@ -395,6 +409,8 @@ class UrRtdeDriver(RobotDriver):
         self._pending: list[dict[str, Any]] = []  # data packages that came with the start reply
         self._runtime: UrRuntimeState | None = None
         self.reconnects = 0
+        #: The :data:`OPTIONAL_RECIPE` outputs the controller provides (set at each handshake).
+        self.optional_outputs: tuple[str, ...] = ()
         #: controller clock (RTDE ``timestamp``) -> host ``monotonic_ns``
         self.clock = StreamClockModel(window=256)
         self._last_t_dev = -math.inf
@@ -495,20 +511,37 @@ class UrRtdeDriver(RobotDriver):
             self.protocol = protocol
             reply = request(rc.encode_packet(P.GET_URCONTROL_VERSION), P.GET_URCONTROL_VERSION)
             self.controller_version = rc.decode_controller_version(reply)
-            reply = request(
-                rc.encode_setup_outputs_request(RECIPE, self.opts["frequency_hz"], protocol),
-                P.CONTROL_PACKAGE_SETUP_OUTPUTS,
-            )
-            recipe_id, types = rc.decode_setup_reply(reply, P.CONTROL_PACKAGE_SETUP_OUTPUTS, protocol)
-            missing = tuple(n for n, t in zip(RECIPE, types, strict=False) if t == rc.NOT_FOUND)
+            names: tuple[str, ...] = RECIPE + OPTIONAL_RECIPE
+
+            def setup(names: tuple[str, ...]) -> tuple[int, list[str]]:
+                reply = request(
+                    rc.encode_setup_outputs_request(names, self.opts["frequency_hz"], protocol),
+                    P.CONTROL_PACKAGE_SETUP_OUTPUTS,
+                )
+                rid, types = rc.decode_setup_reply(reply, P.CONTROL_PACKAGE_SETUP_OUTPUTS, protocol)
+                if len(types) != len(names):
+                    raise DriverInitError(f"{self!r}: controller typed {len(types)} of {len(names)} recipe fields")
+                required = tuple(n for n, t in zip(names, types, strict=True) if t == rc.NOT_FOUND and n in RECIPE)
+                if required:
+                    raise RecipeFieldNotFound(required)
+                return rid, types
+
+            recipe_id, types = setup(names)
+            missing = tuple(n for n, t in zip(names, types, strict=True) if t == rc.NOT_FOUND)
             if missing:
-                raise RecipeFieldNotFound(missing)
-            expected = [t.name for t in RECIPE_TYPES]
+                # Older controller software: the recipe is refused as a whole, so ask again
+                # without what it lacks. A TCP or payload change then goes unnoticed by the
+                # driver (the daemon still compares every station with forward kinematics).
+                log.info("%r: controller has no output(s) %s; not watched this session", self, ", ".join(missing))
+                names = tuple(n for n in names if n not in missing)
+                recipe_id, types = setup(names)
+            expected = [rc.OUTPUT_FIELDS[n].name for n in names]
             if types != expected:
                 raise DriverInitError(
                     f"{self!r}: controller typed the recipe {types}, expected {expected}"
                 )
-            recipe = rc.Recipe(RECIPE, RECIPE_TYPES, recipe_id, protocol)
+            recipe = rc.Recipe(names, tuple(rc.OUTPUT_FIELDS[n] for n in names), recipe_id, protocol)
+            self.optional_outputs = tuple(n for n in OPTIONAL_RECIPE if n in names)
             reply = request(rc.encode_packet(P.CONTROL_PACKAGE_START), P.CONTROL_PACKAGE_START)
             if not rc.decode_accepted(reply, "start reply"):
                 raise DriverInitError(f"{self!r}: controller refused to start the stream")
@@ -550,6 +583,13 @@ class UrRtdeDriver(RobotDriver):
         limit_m = self.opts["tcp_check_mm"] * 1e-3
         if limit_m <= 0:
             return
+        reported = state.tcp_offset
+        if reported is not None and float(np.max(np.abs(reported - self.opts["tcp_offset"]))) > _TCP_MATCH_TOL:
+            raise DriverInitError(
+                f"{self!r}: the controller's TCP offset is p{[round(float(v), 6) for v in reported]} but "
+                f"tcp_offset= is p{[round(float(v), 6) for v in self.opts['tcp_offset']]}: set tcp_offset= to "
+                "what the pendant has, or zero the pendant's TCP (see docs/protocols/robot.md)"
+            )
         fk = self.model.forward(state.q_rad)
         err = float(np.linalg.norm(fk[:3, 3] - state.base_T_flange[:3, 3]))
         if err > limit_m:
@@ -591,6 +631,8 @@ class UrRtdeDriver(RobotDriver):
             target_reached=None,
             t_recv_host_ns=recv_ns,
             seq=self._seq,
+            tcp_offset=np.array(f["tcp_offset"], dtype=float) if "tcp_offset" in f else None,
+            payload_kg=float(f["payload"]) if "payload" in f else None,
         )
 
     def runtime_state(self) -> UrRuntimeState | None:

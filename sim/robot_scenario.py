@@ -23,6 +23,7 @@ __all__ = [
     "CanScenario",
     "FaultSpec",
     "FAULT_KINDS",
+    "OPTIONAL_RTDE_OUTPUTS",
     "parse_robot_table",
     "DEFAULT_INITIAL_Q_DEG",
 ]
@@ -30,7 +31,13 @@ __all__ = [
 DEFAULT_INITIAL_Q_DEG = (0.0, -90.0, 90.0, -90.0, -90.0, 0.0)
 
 #: Fault kinds the simulated robot knows.
-FAULT_KINDS = ("disconnect", "never_settles", "protective_stop", "silent_node")
+FAULT_KINDS = ("disconnect", "never_settles", "protective_stop", "silent_node", "tcp_change", "payload_change")
+#: Default TCP of a ``tcp_change`` fault: a 20 mm tool along the flange's z axis.
+DEFAULT_CHANGED_TCP = (0.0, 0.0, 0.02, 0.0, 0.0, 0.0)
+#: Default payload of a ``payload_change`` fault (kg).
+DEFAULT_CHANGED_PAYLOAD_KG = 1.5
+#: RTDE outputs a scenario may declare missing (an older controller's software).
+OPTIONAL_RTDE_OUTPUTS = ("tcp_offset", "payload")
 
 _DEG = math.pi / 180.0
 
@@ -53,12 +60,20 @@ class FaultSpec:
         How long it lasts (s); ``inf`` (the default) for the rest of the run.
     node : int
         CAN node id for ``silent_node`` (0 otherwise).
+    tcp_offset : tuple of 6 floats or None
+        ``tcp_change``: the controller's TCP ``x, y, z, rx, ry, rz`` (m, rad) while the
+        fault lasts, as if changed on the pendant: the reported TCP pose follows it, and so
+        does the RTDE ``tcp_offset`` output.
+    payload_kg : float or None
+        ``payload_change``: the payload mass the controller reports while the fault lasts.
     """
 
     kind: str
     start_s: float
     duration_s: float = math.inf
     node: int = 0
+    tcp_offset: tuple[float, ...] | None = None
+    payload_kg: float | None = None
 
     def active(self, t_s: float) -> bool:
         return self.start_s <= t_s < self.start_s + self.duration_s
@@ -121,6 +136,9 @@ class RobotScenario:
     velocity_noise_rad_s: float = 0.0
     joint_zero_offsets_rad: np.ndarray = field(default_factory=lambda: np.zeros(6))
     tcp_offset: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    payload_kg: float = 0.0
+    #: RTDE outputs the simulated controller answers ``NOT_FOUND`` for (older software).
+    rtde_missing_outputs: tuple[str, ...] = ()
     controller_version: tuple[int, int, int, int] = (5, 23, 0, 0)
     rtde_max_protocol: int = 2
     max_stream_rate_hz: float = 500.0
@@ -185,6 +203,7 @@ _SCALARS: dict[str, tuple[str, float, dict[str, bool]]] = {
     "clock_offset_s": ("clock_offset_s", 1.0, {"nonneg": True}),
     "clock_skew_ppm": ("clock_skew_ppm", 1.0, {}),
     "update_rate_hz": ("update_rate_hz", 1.0, {"positive": True}),
+    "payload_kg": ("payload_kg", 1.0, {"nonneg": True}),
 }
 _OTHER = (
     "model",
@@ -192,6 +211,7 @@ _OTHER = (
     "initial_q_deg",
     "joint_zero_offsets_deg",
     "tcp_offset",
+    "rtde_missing_outputs",
     "controller_version",
     "rtde_max_protocol",
     "seed",
@@ -229,7 +249,7 @@ _CAN_CHOICES = {
 }
 _CAN_BOOLS = ("announce_units", "extra_tpdos", "target_reached_when_disabled", "homed")
 _CAN_U32 = ("vendor_id", "product_code", "revision", "serial_base")
-_FAULT_KEYS = ("kind", "start_s", "duration_s", "node")
+_FAULT_KEYS = ("kind", "start_s", "duration_s", "node", "tcp_offset", "payload_kg")
 
 
 def _parse_can(t: Mapping[str, Any], path: str) -> CanScenario:
@@ -298,7 +318,16 @@ def _parse_faults(v: Any, path: str) -> tuple[FaultSpec, ...]:
             node = _int(t["node"], f"{p}.node", 1, 127)
         elif "node" in t:
             raise ScenarioError(f"{p}.node: only for kind = \"silent_node\"")
-        out.append(FaultSpec(kind, at, dur, node))
+        tcp = payload = None
+        if kind == "tcp_change":
+            tcp = tuple(float(x) for x in _vec(t.get("tcp_offset", DEFAULT_CHANGED_TCP), f"{p}.tcp_offset", 6))
+        elif "tcp_offset" in t:
+            raise ScenarioError(f"{p}.tcp_offset: only for kind = \"tcp_change\"")
+        if kind == "payload_change":
+            payload = _num(t.get("payload_kg", DEFAULT_CHANGED_PAYLOAD_KG), f"{p}.payload_kg", nonneg=True)
+        elif "payload_kg" in t:
+            raise ScenarioError(f"{p}.payload_kg: only for kind = \"payload_change\"")
+        out.append(FaultSpec(kind, at, dur, node, tcp, payload))
     return tuple(out)
 
 
@@ -338,6 +367,12 @@ def parse_robot_table(table: Mapping[str, Any] | None, path: str = "robot") -> R
         )
     if "tcp_offset" in table:
         kw["tcp_offset"] = _vec(table["tcp_offset"], f"{path}.tcp_offset", 6)
+    if "rtde_missing_outputs" in table:
+        names = table["rtde_missing_outputs"]
+        if (not isinstance(names, Sequence) or isinstance(names, str)
+                or any(n not in OPTIONAL_RTDE_OUTPUTS for n in names)):
+            raise ScenarioError(f"{path}.rtde_missing_outputs: expected a list of {', '.join(OPTIONAL_RTDE_OUTPUTS)}")
+        kw["rtde_missing_outputs"] = tuple(names)
     if "controller_version" in table:
         v = table["controller_version"]
         parts = v.split(".") if isinstance(v, str) else []

@@ -32,7 +32,7 @@ from __future__ import annotations
 import logging
 import math
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -83,6 +83,11 @@ class SimSample:
         A trajectory segment is in progress.
     protective_stop : bool
         The protective-stop fault is active.
+    tcp_offset : (6,) array
+        The TCP the controller applies (RTDE ``tcp_offset``): the scenario's, or a
+        ``tcp_change`` fault's while it lasts.
+    payload_kg : float
+        The payload the controller reports (RTDE ``payload``).
     """
 
     t_sim_s: float
@@ -95,6 +100,8 @@ class SimSample:
     tcp_pose: np.ndarray
     moving: bool
     protective_stop: bool
+    tcp_offset: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    payload_kg: float = 0.0
 
     @property
     def robot_mode(self) -> int:
@@ -224,14 +231,45 @@ class SimRobot:
             self._write_world(self.world.now_s())
 
     # -- faults ----------------------------------------------------------------------------
-    def inject(self, kind: str, duration_s: float = math.inf, node: int = 0) -> None:
-        """Start a fault now (simulated time) for ``duration_s``."""
-        from cellcal.sim.robot_scenario import FAULT_KINDS
+    def inject(self, kind: str, duration_s: float = math.inf, node: int = 0, *,
+               tcp_offset: Any = None, payload_kg: float | None = None) -> None:
+        """Start a fault now (simulated time) for ``duration_s``.
+
+        ``tcp_offset`` (6 numbers, m and rad) is the TCP of a ``tcp_change`` fault and
+        ``payload_kg`` the payload of a ``payload_change`` fault (defaults: a 20 mm tool,
+        1.5 kg).
+        """
+        from cellcal.sim.robot_scenario import DEFAULT_CHANGED_PAYLOAD_KG, DEFAULT_CHANGED_TCP, FAULT_KINDS
 
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}")
+        tcp = payload = None
+        if kind == "tcp_change":
+            tcp = tuple(float(x) for x in np.asarray(DEFAULT_CHANGED_TCP if tcp_offset is None else tcp_offset,
+                                                       dtype=float).reshape(6))
+        if kind == "payload_change":
+            payload = float(DEFAULT_CHANGED_PAYLOAD_KG if payload_kg is None else payload_kg)
         with self._lock:
-            self._faults.append(FaultSpec(kind, self.world.now_s(), duration_s, node))
+            self._faults.append(FaultSpec(kind, self.world.now_s(), duration_s, node, tcp, payload))
+
+    def _fault_value(self, kind: str, t_s: float) -> FaultSpec | None:
+        """The newest active fault of ``kind`` at ``t_s`` (None if there is none)."""
+        with self._lock:
+            active = [f for f in self._faults if f.kind == kind and f.active(t_s)]
+        return active[-1] if active else None
+
+    def tcp_at(self, t_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """``(tcp_offset (6,), flange_T_tcp (4, 4))`` the controller applies at ``t_s``."""
+        f = self._fault_value("tcp_change", t_s)
+        if f is None or f.tcp_offset is None:
+            return self.scenario.tcp_offset, self.flange_T_tcp
+        tcp = np.array(f.tcp_offset, dtype=float)
+        return tcp, make_transform(so3_exp(tcp[3:]), tcp[:3])
+
+    def payload_at(self, t_s: float) -> float:
+        """The payload mass (kg) the controller reports at ``t_s``."""
+        f = self._fault_value("payload_change", t_s)
+        return self.scenario.payload_kg if f is None or f.payload_kg is None else float(f.payload_kg)
 
     def clear(self, kind: str) -> None:
         """End every active fault of ``kind`` now (e.g. an operator unlocks a protective stop)."""
@@ -308,7 +346,8 @@ class SimRobot:
         # Speeds per second of the controller's clock, which runs on wall time (see
         # controller_time): at a time scale s the joints move s times faster per wall second.
         qd_rep = qd * self.world.time_scale + noise_qd
-        T_tcp = self.model.forward(q_rep) @ self.flange_T_tcp
+        tcp_offset, flange_T_tcp = self.tcp_at(t)
+        T_tcp = self.model.forward(q_rep) @ flange_T_tcp
         pose = np.concatenate([T_tcp[:3, 3], so3_log(T_tcp[:3, :3])])
         return SimSample(
             t_sim_s=t,
@@ -321,6 +360,8 @@ class SimRobot:
             tcp_pose=pose,
             moving=t < seg.t_end,
             protective_stop=self.fault_active("protective_stop", t),
+            tcp_offset=tcp_offset,
+            payload_kg=self.payload_at(t),
         )
 
     def controller_time(self, t_sim_s: float) -> float:

@@ -22,8 +22,10 @@ optionally wrapped in ``def name():`` ... ``end``.
 Faults: while ``disconnect`` is active, every connection is closed and new ones are closed
 on accept. Wire garbage for the client's framing: :meth:`RtdeServer.inject_bytes` (one burst
 between two packets) and :meth:`RtdeServer.garble` (every data package replaced by as many
-random bytes for a while, so bytes keep arriving and none frames). Every socket has a timeout
-and every thread stops on :meth:`RtdeServer.close`.
+random bytes for a while, so bytes keep arriving and none frames). ``tcp_change`` and
+``payload_change`` show in ``actual_TCP_pose``, ``tcp_offset`` and ``payload``; the
+scenario's ``rtde_missing_outputs`` are answered ``NOT_FOUND``, as an older controller's
+software does. Every socket has a timeout and every thread stops on :meth:`RtdeServer.close`.
 """
 
 from __future__ import annotations
@@ -349,7 +351,7 @@ class RtdeServer:
 
     def fields(self, s: SimSample) -> dict[str, Any]:
         """Every output field the simulation has a value for, at sample ``s``."""
-        target_T = self.robot.model.forward(s.target_q_rad) @ self.robot.flange_T_tcp
+        target_T = self.robot.model.forward(s.target_q_rad) @ self.robot.tcp_at(s.t_sim_s)[1]
         from cellcal.solver.se3 import so3_log
 
         target_pose = np.concatenate([target_T[:3, 3], so3_log(target_T[:3, :3])])
@@ -380,6 +382,8 @@ class RtdeServer:
             "actual_tool_accelerometer": (0.0, 0.0, 9.81),
             "tcp_force_scalar": 0.0,
             "actual_momentum": 0.0,
+            "tcp_offset": s.tcp_offset,
+            "payload": s.payload_kg,
             "_flange_speed": (lin, ang),
         }
 
@@ -485,7 +489,9 @@ class _Session:
             self.send(rc.encode_controller_version(srv.version))
         elif ptype == P.CONTROL_PACKAGE_SETUP_OUTPUTS:
             freq, names = rc.decode_setup_outputs_request(payload, self.protocol)
-            types = [rc.OUTPUT_FIELDS[n].name if n in rc.OUTPUT_FIELDS else rc.NOT_FOUND for n in names]
+            missing = srv.robot.scenario.rtde_missing_outputs
+            types = [rc.OUTPUT_FIELDS[n].name if n in rc.OUTPUT_FIELDS and n not in missing else rc.NOT_FOUND
+                     for n in names]
             rid = srv.next_recipe_id() if self.protocol >= rc.PROTOCOL_V2 else 0
             if rc.NOT_FOUND not in types and names:
                 self.recipe = rc.Recipe(names, types, rid, self.protocol)

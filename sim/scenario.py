@@ -57,6 +57,9 @@ class FaultKind(str, enum.Enum):
     DISCONNECT = "disconnect"  # link down: silence on a pty, connection closed on TCP
     GARBAGE = "garbage"  # random bytes before replies, some replies corrupted
     TRICKLE = "trickle"  # replies sent one byte at a time
+    FROZEN = "frozen"  # measurements repeat the last one bit for bit, freshly stamped
+    WILD_VALUE = "wild_value"  # measurements report x = value_mm (legal on the wire, absurd)
+    FUTURE_TIMESTAMP = "future_timestamp"  # measurements stamped offset_s ahead of the device clock
 
 
 # kind -> extra keys it accepts, with defaults
@@ -67,6 +70,9 @@ _FAULT_EXTRA: dict[FaultKind, dict[str, Any]] = {
     FaultKind.DISCONNECT: {},
     FaultKind.GARBAGE: {"burst_bytes": 32, "corrupt_probability": 0.5},
     FaultKind.TRICKLE: {"byte_interval_ms": 5.0},
+    FaultKind.FROZEN: {},
+    FaultKind.WILD_VALUE: {"value_mm": 999_999_999.0},
+    FaultKind.FUTURE_TIMESTAMP: {"offset_s": 30.0},
 }
 
 
@@ -75,7 +81,8 @@ class FaultConfig:
     """One scheduled fault, active for simulated time ``[start_s, start_s + duration_s)``.
 
     ``burst_bytes`` and ``corrupt_probability`` apply to ``garbage``; ``byte_interval_ms``
-    (device milliseconds between bytes) to ``trickle``.
+    (device milliseconds between bytes) to ``trickle``; ``value_mm`` (the x coordinate
+    reported) to ``wild_value``; ``offset_s`` (device seconds ahead) to ``future_timestamp``.
     """
 
     kind: FaultKind
@@ -84,6 +91,8 @@ class FaultConfig:
     burst_bytes: int = 32
     corrupt_probability: float = 0.5
     byte_interval_ms: float = 5.0
+    value_mm: float = 999_999_999.0
+    offset_s: float = 30.0
 
     @property
     def end_s(self) -> float:
@@ -306,6 +315,8 @@ def _fault(t: _Table) -> FaultConfig:
         "burst_bytes": _int_range(0, 4096),
         "corrupt_probability": _float_range(0.0, 1.0),
         "byte_interval_ms": _positive,
+        "value_mm": _float_range(-999_999_999.0, 999_999_999.0),
+        "offset_s": _float_range(-1e6, 1e6),
     }
     for key, default in extra.items():
         kw[key] = t.take(key, convs[key], default=default)

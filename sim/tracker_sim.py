@@ -12,6 +12,11 @@ Two layers:
   link faults of the schedule (disconnect, garbage, trickle): a
   :class:`~cellcal.sim.link.LinkServer`.
 
+Value faults (``frozen``, ``wild_value``, ``future_timestamp``) are applied by the device
+to the replies it builds: they are well-formed frames with wrong content, which only the
+consumer's consistency checks can catch. Faults can also be injected at run time
+(:meth:`SimTracker.inject`).
+
 Times: the scenario's fault schedule is in *simulated* seconds (``world.now_s()``). The
 device clock is a real oscillator: ``clock_offset_s + (1 + skew) * wall seconds`` since the
 device started, and averaging times and latency run on it, as they do on hardware.
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -38,7 +44,7 @@ from cellcal.drivers.tracker_codec import (
 )
 from cellcal.sim.instrument import InstrumentModel
 from cellcal.sim.link import LinkServer, Transport
-from cellcal.sim.scenario import TrackerConfig
+from cellcal.sim.scenario import FaultConfig, FaultKind, TrackerConfig
 from cellcal.sim.world import World
 from cellcal.solver.se3 import xyz_quat_from_transform
 
@@ -85,13 +91,28 @@ class TrackerDevice:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.world = world
-        self.config = config
         self.model = InstrumentModel(world, config, seed=seed)
         self.rng = self.model.rng
         self._clock = clock
         self._t0 = clock()
         self._rate = 1.0 + config.clock_skew_ppm * 1e-6
         self._meas: _Measurement | None = None
+        self._last_reply: dict[MeasKind, Any] = {}  # the newest good reply of each kind
+        self._frozen: dict[MeasKind, Any] = {}  # what a frozen tracker repeats
+
+    @property
+    def config(self) -> TrackerConfig:
+        """Noise, clock, limits, identity and faults (the shared model's, injected ones included)."""
+        return self.model.config
+
+    def inject(self, kind: str | FaultKind, duration_s: float = math.inf, **params: Any) -> FaultConfig:
+        """Start a fault of ``kind`` now (simulated time) for ``duration_s`` simulated
+        seconds; ``params`` are the kind's keys (``value_mm``, ``offset_s``, ...)."""
+        fault = FaultConfig(kind=FaultKind(kind), start_s=self.world.now_s(), duration_s=float(duration_s), **params)
+        # One attribute swap in the shared model: the server thread sees the old schedule
+        # or the new one, and every check (refusals included) sees the same one.
+        self.model.config = dataclasses.replace(self.model.config, faults=(*self.model.config.faults, fault))
+        return fault
 
     # -- clock --------------------------------------------------------------------------
     def now_us(self) -> int:
@@ -192,7 +213,28 @@ class TrackerDevice:
         why = self.model.failure(m.start_sim_s, t_s, m.unstable)
         if why is not None:
             return [codec.Nak(m.seq, 0, why.value)]
-        return [self._measure(m, t_s)]
+        return [self._faulty(self._measure(m, t_s), m, t_s)]
+
+    def _faulty(self, reply: Any, m: _Measurement, t_s: float) -> Any:
+        """The reply as the value faults active at ``t_s`` make it (legal on the wire,
+        wrong in substance: the driver cannot tell, the daemon's checks must)."""
+        if self.model.active(FaultKind.FROZEN, t_s):
+            # Frozen: the last value before the fault (or the first one in it) again and
+            # again, bit for bit, with a fresh window stamp.
+            frozen = self._frozen.setdefault(m.kind, self._last_reply.get(m.kind, reply))
+            reply = dataclasses.replace(frozen, seq=m.seq, t_us=reply.t_us)
+        else:
+            self._frozen.pop(m.kind, None)
+            self._last_reply[m.kind] = reply
+        for f in self.config.faults:
+            if not f.active(t_s):
+                continue
+            if f.kind is FaultKind.WILD_VALUE:
+                reply = dataclasses.replace(reply, x_mm=f.value_mm)
+            elif f.kind is FaultKind.FUTURE_TIMESTAMP:
+                t_us = min(max(reply.t_us + int(f.offset_s * _US_PER_S), 0), codec.MAX_TS_US)
+                reply = dataclasses.replace(reply, t_us=t_us)
+        return reply
 
     def _measure(self, m: _Measurement, t_s: float):
         """Average of ``m.n`` samples from the shared model, in protocol units (mm, deg)."""
@@ -250,6 +292,13 @@ class SimTracker(LinkServer):
         super().__init__(world, config, transport=transport, seed=seed, host=host, port=port)
         self.device = TrackerDevice(world, config, seed=seed, clock=clock)
         self._decoder = codec.Decoder(accept=codec.REQUEST_TYPES)
+
+    def inject(self, kind: str | FaultKind, duration_s: float = math.inf, **params: Any) -> FaultConfig:
+        """Start a fault now for ``duration_s`` simulated seconds (:meth:`TrackerDevice.inject`);
+        link faults (disconnect, garbage, trickle) reach the link too."""
+        fault = self.device.inject(kind, duration_s, **params)
+        self.config = self.device.config  # one attribute swap, as in the device
+        return fault
 
     def start(self) -> SimTracker:
         return super().start()

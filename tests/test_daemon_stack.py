@@ -255,8 +255,12 @@ def test_devices_offline_at_start_fault_with_backoff_then_recover(tmp_path):
             _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_RESULT and b.get("run_id") == run_id, 60.0,
                                    alive=daemon.alive, what="the result after the devices appeared", since=mark)
             assert env["body"]["gates"]["passed"]
-            status = client.call("get_status")
-            assert status["state"] == "IDLE" and status["devices"]["robot"]["connected"] and status["devices"]["tracker"]["connected"]
+            # The result goes out just before the run's job ends: IDLE follows at once.
+            deadline = time.monotonic() + 10.0
+            while (status := client.call("get_status"))["state"] != "IDLE" and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert status["state"] == "IDLE"
+            assert status["devices"]["robot"]["connected"] and status["devices"]["tracker"]["connected"]
         assert daemon.terminate() == 0
     finally:
         rec.close()

@@ -17,7 +17,7 @@ from cellcal.drivers.errors import DeviceGoneError, DriverInitError, DriverTimeo
 from cellcal.drivers.kinematics import dh_model
 from cellcal.drivers.robot import ProtectiveStop, RobotMode, parse_robot_url
 from cellcal.drivers.settle import SettleConfig
-from cellcal.drivers.ur_rtde import RECIPE, RECIPE_TYPES, RecipeFieldNotFound, pose_to_transform
+from cellcal.drivers.ur_rtde import OPTIONAL_RECIPE, RECIPE, RECIPE_TYPES, RecipeFieldNotFound, pose_to_transform
 from cellcal.sim.robot_sim import start_sim_robot
 from cellcal.sim.rtde_server import parse_urscript
 from cellcal.sim.world import World
@@ -320,6 +320,23 @@ class ScriptedController:
 
 
 TYPES = [t.name for t in RECIPE_TYPES]
+FULL = RECIPE + OPTIONAL_RECIPE
+FULL_TYPES = [rc.OUTPUT_FIELDS[n].name for n in FULL]
+
+
+def old_controller_setup(rid: int, protocol: int = rc.PROTOCOL_V2) -> list[tuple[bytes, bytes]]:
+    """The output setup of a controller without ``tcp_offset`` and ``payload``: the full
+    recipe is refused (NOT_FOUND for those two), the driver asks again for ``RECIPE``."""
+    def request(names):
+        if protocol == rc.PROTOCOL_V1:  # v1: no frequency
+            return rc.encode_packet(P.CONTROL_PACKAGE_SETUP_OUTPUTS, ",".join(names).encode())
+        return rc.encode_setup_outputs_request(names, 125.0)
+
+    refused = [rc.NOT_FOUND if n in OPTIONAL_RECIPE else t for n, t in zip(FULL, FULL_TYPES, strict=True)]
+    return [
+        (request(FULL), rc.encode_setup_reply(P.CONTROL_PACKAGE_SETUP_OUTPUTS, 0, refused, protocol)),
+        (request(RECIPE), rc.encode_setup_reply(P.CONTROL_PACKAGE_SETUP_OUTPUTS, rid, TYPES, protocol)),
+    ]
 
 
 def test_scripted_v1_fallback_exchange_is_exact():
@@ -332,8 +349,7 @@ def test_scripted_v1_fallback_exchange_is_exact():
             (b"\x00\x05V\x00\x02", rc.encode_accepted(P.REQUEST_PROTOCOL_VERSION, False)),
             (b"\x00\x05V\x00\x01", rc.encode_accepted(P.REQUEST_PROTOCOL_VERSION, True)),
             (b"\x00\x03v", rc.encode_controller_version(rc.ControllerVersion(3, 15, 7, 0))),
-            (rc.encode_packet(P.CONTROL_PACKAGE_SETUP_OUTPUTS, ",".join(RECIPE).encode()),  # v1: no frequency
-             rc.encode_setup_reply(P.CONTROL_PACKAGE_SETUP_OUTPUTS, 0, TYPES, rc.PROTOCOL_V1)),
+            *old_controller_setup(0, rc.PROTOCOL_V1),
             (b"\x00\x03S", rc.encode_accepted(P.CONTROL_PACKAGE_START, True)),
         ],
         tail=recipe.encode(vals),
@@ -350,8 +366,8 @@ def test_scripted_v1_fallback_exchange_is_exact():
 
 
 def test_scripted_not_found_names_the_field():
-    types = ["NOT_FOUND" if n == "actual_qd" else t for n, t in zip(RECIPE, TYPES, strict=True)]
-    setup = rc.encode_setup_outputs_request(RECIPE, 125.0)
+    types = ["NOT_FOUND" if n == "actual_qd" else t for n, t in zip(FULL, FULL_TYPES, strict=True)]
+    setup = rc.encode_setup_outputs_request(FULL, 125.0)
     peer = ScriptedController(
         [
             (b"\x00\x05V\x00\x02", rc.encode_accepted(P.REQUEST_PROTOCOL_VERSION, True)),
@@ -366,6 +382,74 @@ def test_scripted_not_found_names_the_field():
         assert peer.error is None, peer.error
     finally:
         peer.close()
+
+
+def _full_script(rid: int) -> list[tuple[bytes, bytes]]:
+    return [
+        (b"\x00\x05V\x00\x02", rc.encode_accepted(P.REQUEST_PROTOCOL_VERSION, True)),
+        (b"\x00\x03v", rc.encode_controller_version(rc.ControllerVersion(5, 23, 0, 0))),
+        (rc.encode_setup_outputs_request(FULL, 125.0), rc.encode_setup_reply(P.CONTROL_PACKAGE_SETUP_OUTPUTS, rid, FULL_TYPES)),
+        (b"\x00\x03S", rc.encode_accepted(P.CONTROL_PACKAGE_START, True)),
+    ]
+
+
+def test_scripted_controller_reports_tcp_offset_and_payload_and_a_mismatch_refuses_to_open():
+    """A controller with ``tcp_offset`` and ``payload``: one setup of the full recipe, and
+    every sample carries both. A reported TCP that is not the configured ``tcp_offset`` (a
+    tool set on the pendant and not told to the driver) refuses the open, naming both, even
+    when it is too small for the FK check at open to see."""
+    recipe = rc.Recipe(FULL, tuple(rc.OUTPUT_FIELDS[n] for n in FULL), 4)
+    flange = UR5E.forward(Q_HOME)
+    vals = {"timestamp": 1.0, "actual_q": Q_HOME, "actual_qd": (0,) * 6,
+            "actual_TCP_pose": np.concatenate([flange[:3, 3], so3_log(flange[:3, :3])]),
+            "robot_mode": 7, "safety_mode": 1, "runtime_state": 1, "tcp_offset": (0.0,) * 6, "payload": 0.8}
+    peer = ScriptedController(_full_script(4), tail=recipe.encode(vals))
+    try:
+        with connect_robot(f"rtde://127.0.0.1:{peer.port}", stream_timeout_s=5.0) as robot:
+            s = robot.read_state(timeout_s=2.0)
+            assert robot.optional_outputs == OPTIONAL_RECIPE
+            np.testing.assert_array_equal(s.tcp_offset, np.zeros(6))
+            assert s.payload_kg == 0.8
+        assert peer.error is None, peer.error
+    finally:
+        peer.close()
+    tool = (0.0, 0.0, 0.005, 0.0, 0.0, 0.0)  # a 5 mm tool: within the 20 mm FK check at open
+    tool_T = pose_to_transform(tool)
+    with_tool = {**vals, "actual_TCP_pose": np.concatenate([(flange @ tool_T)[:3, 3], so3_log((flange @ tool_T)[:3, :3])]),
+                 "tcp_offset": tool}
+    peer = ScriptedController(_full_script(4), tail=recipe.encode(with_tool))
+    try:
+        with pytest.raises(DriverInitError, match=r"TCP offset is p\[0.0, 0.0, 0.005"):
+            connect_robot(f"rtde://127.0.0.1:{peer.port}", stream_timeout_s=5.0).open()
+    finally:
+        peer.close()
+    peer = ScriptedController(_full_script(4), tail=recipe.encode(with_tool))
+    try:
+        with connect_robot(f"rtde://127.0.0.1:{peer.port}", stream_timeout_s=5.0, tcp_offset=tool) as robot:
+            np.testing.assert_allclose(robot.read_state(timeout_s=2.0).base_T_flange, flange, atol=1e-12)
+    finally:
+        peer.close()
+
+
+def test_sim_controller_serves_tcp_offset_and_payload_and_their_changes():
+    """The simulated controller reports its TCP and payload, follows ``tcp_change`` and
+    ``payload_change`` faults in both the outputs and the TCP pose, and, as older software,
+    answers NOT_FOUND for the outputs a scenario declares missing (the driver then opens
+    without them)."""
+    world = make_world()
+    with start_sim_robot(world, {"payload_kg": 0.5}) as h, connect_robot(h.url) as robot:
+        s = robot.read_state()
+        np.testing.assert_array_equal(s.tcp_offset, np.zeros(6))
+        assert s.payload_kg == 0.5
+        h.robot.inject("tcp_change", tcp_offset=[0.0, 0.0, 0.02, 0.0, 0.0, 0.0])
+        h.robot.inject("payload_change", payload_kg=2.0)
+        s = wait_until(lambda: (x := robot.read_state()).payload_kg == 2.0 and x, 2.0, "the changed payload")
+        np.testing.assert_allclose(s.tcp_offset, [0.0, 0.0, 0.02, 0.0, 0.0, 0.0])
+        fk = UR5E.forward(s.q_rad)
+        assert abs(np.linalg.norm(s.base_T_flange[:3, 3] - fk[:3, 3]) - 0.02) < 1e-9  # the pose follows the TCP
+    with start_sim_robot(world, {"rtde_missing_outputs": ["tcp_offset", "payload"]}) as h, connect_robot(h.url) as robot:
+        s = robot.read_state()
+        assert robot.optional_outputs == () and s.tcp_offset is None and s.payload_kg is None
 
 
 def test_scripted_stream_with_unknown_types_text_and_bad_packages():
@@ -386,8 +470,7 @@ def test_scripted_stream_with_unknown_types_text_and_bad_packages():
         [
             (b"\x00\x05V\x00\x02", rc.encode_accepted(P.REQUEST_PROTOCOL_VERSION, True)),
             (b"\x00\x03v", rc.encode_controller_version(rc.ControllerVersion(5, 23, 0, 0))),
-            (rc.encode_setup_outputs_request(RECIPE, 125.0),
-             rc.encode_setup_reply(P.CONTROL_PACKAGE_SETUP_OUTPUTS, 9, TYPES)),
+            *old_controller_setup(9),
             (b"\x00\x03S", rc.encode_accepted(P.CONTROL_PACKAGE_START, True)),
         ],
         tail=tail,
@@ -411,8 +494,7 @@ def test_unframeable_bytes_after_start_cost_only_themselves():
     script = [
         (b"\x00\x05V\x00\x02", rc.encode_accepted(P.REQUEST_PROTOCOL_VERSION, True)),
         (b"\x00\x03v", rc.encode_controller_version(rc.ControllerVersion(5, 23, 0, 0))),
-        (rc.encode_setup_outputs_request(RECIPE, 125.0),
-         rc.encode_setup_reply(P.CONTROL_PACKAGE_SETUP_OUTPUTS, 2, TYPES)),
+        *old_controller_setup(2),
         (b"\x00\x03S", rc.encode_accepted(P.CONTROL_PACKAGE_START, True)),
     ]
     bad = b"\x00\x01U" + recipe.encode({**vals, "timestamp": 2.0})  # size 1 < 3: unframeable

@@ -92,6 +92,20 @@ kind = "trickle"
 start_s = 6.0
 duration_s = 0.5
 byte_interval_ms = 2.0
+[[tracker.faults]]
+kind = "frozen"
+start_s = 7.0
+duration_s = 0.5
+[[tracker.faults]]
+kind = "wild_value"
+start_s = 8.0
+duration_s = 0.5
+value_mm = 1000000.0
+[[tracker.faults]]
+kind = "future_timestamp"
+start_s = 9.0
+duration_s = 0.5
+offset_s = 12.5
 [[drift]]
 at_s = 10.0
 delta_xyz_m = [0.001, 0.0, 0.0]
@@ -122,6 +136,7 @@ def test_full_scenario_every_key():
     assert t.clock_skew_ppm == -25.0 and t.latency_ms == 0.5 and t.model == "M"
     assert [f.kind for f in t.faults] == list(FaultKind)
     assert t.faults[4].burst_bytes == 10 and t.faults[5].byte_interval_ms == 2.0
+    assert t.faults[7].value_mm == 1e6 and t.faults[8].offset_s == 12.5
     assert sc.robot == {"kind": "ur_rtde", "joints": {"offsets_rad": [0.0] * 6}}
     np.testing.assert_allclose(sc.truth.base_T_flange[:3, 3], [0.3, 0.1, 0.5])
 

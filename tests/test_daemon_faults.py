@@ -1,0 +1,85 @@
+"""State honesty during faults: no IDLE mid-run, backoff instead of flapping, the right device.
+
+The in-process cell (``cellcal.daemon.harness.inprocess_cell``; retries 0.2 .. 1.0 s) with a
+fault injected into a simulator right after station 1 was committed:
+
+* the robot's RTDE link drops for a simulated 10 s (1 s wall): the state goes CAPTURING ->
+  FAULT -> CAPTURING, never IDLE, and the fault names the robot;
+* the tracker stamps its measurements 30 s in the future for a simulated 60 s: every
+  capture then fails at once after the devices reopen, which used to flap the fault as fast
+  as the devices could reconnect (17 times in 8 s) and blamed the robot (no robot sample
+  after the tracker window). Now the fault names the tracker, and the retry delays double
+  up to the ceiling: each wait lasts at least the delay the fault body announced.
+
+Lower bounds only: a wait of ``retry_in_s`` never ends early, a loaded machine only makes
+it longer.
+"""
+
+from __future__ import annotations
+
+from cellcal.daemon import protocol as P
+from cellcal.daemon.harness import inprocess_cell
+
+WAIT_S = 90.0
+
+
+def _after_station(index: int):
+    return lambda t, b: t == P.TOPIC_STATION and b["accepted"] and b["index"] == index
+
+
+def _states_during_run(cell, run_id: str) -> list[dict]:
+    """The state bodies from the run's first CAPTURING to its result."""
+    out, on = [], False
+    for _t, topic, body in list(cell.events):
+        if topic == P.TOPIC_STATE and body["state"] == P.STATE_CAPTURING and body["run_id"] == run_id:
+            on = True
+        if topic == P.TOPIC_RESULT and body.get("run_id") == run_id:
+            break
+        if on and topic == P.TOPIC_STATE:
+            out.append(body)
+    return out
+
+
+def test_robot_reconnect_mid_run_never_publishes_idle(tmp_path):
+    with inprocess_cell(tmp_path, n_stations=6) as cell:
+        cell.on_first(_after_station(1), lambda: cell.robot.robot.inject("disconnect", 10.0))
+        run_id = str(cell.svc.start_run("base_frame"))
+        body = cell.wait_result(run_id, WAIT_S)
+        assert body["active"] and body["gates"]["passed"]
+        states = _states_during_run(cell, run_id)
+        names = [b["state"] for b in states]
+        assert P.STATE_FAULT in names and P.STATE_IDLE not in names, names
+        for prev, nxt in zip(states, states[1:], strict=False):
+            if prev["state"] == P.STATE_FAULT and nxt["state"] != P.STATE_FAULT:
+                assert nxt["state"] == P.STATE_CAPTURING and nxt["previous"] == P.STATE_FAULT, nxt
+                assert "resumed after the robot fault cleared" in nxt["reason"]
+        faults = [b for b in cell.bodies(P.TOPIC_FAULT) if b["active"]]
+        assert faults and {f["device"] for f in faults} == {P.DEVICE_ROBOT}, faults
+        assert [s.plan_index for s in cell.svc.store.stations(int(run_id))] == list(range(6))
+        assert cell.nonconforming() == []
+
+
+def test_tracker_stamp_in_the_future_is_the_trackers_fault_and_backs_off(tmp_path):
+    with inprocess_cell(tmp_path, n_stations=6) as cell:
+        cell.on_first(_after_station(1), lambda: cell.tracker.inject("future_timestamp", 60.0, offset_s=30.0))
+        run_id = str(cell.svc.start_run("base_frame"))
+        body = cell.wait_result(run_id, WAIT_S)
+        assert body["active"] and body["gates"]["passed"]
+        raised = [(t, b) for t, top, b in list(cell.events) if top == P.TOPIC_FAULT and b["active"]]
+        assert len(raised) >= 3, raised
+        for _t, f in raised:
+            assert f["device"] == P.DEVICE_TRACKER and f["code"] == P.E_DEVICE, f
+            assert "future" in f["message"] and f["type"] == "ProtocolError", f
+        delays = [f["retry_in_s"] for _t, f in raised]
+        # 0.2, 0.4, 0.8, 1.0, 1.0 ...: doubling up to fault_retry_max_s, never reset by a
+        # reopening that fails again at once.
+        expected = [min(0.2 * 2 ** k, 1.0) for k in range(len(delays))]
+        assert delays == expected, delays
+        times = [t for t, _f in raised]
+        for (t0, f0), t1 in zip(raised, times[1:], strict=False):
+            assert t1 - t0 >= f0["retry_in_s"], (t1 - t0, f0["retry_in_s"])
+        names = [b["state"] for b in _states_during_run(cell, run_id)]
+        assert P.STATE_IDLE not in names, names
+        # No station was taken with the bad stamps; all six are whole and in the store.
+        assert [s.plan_index for s in cell.svc.store.stations(int(run_id))] == list(range(6))
+        assert cell.nonconforming() == []
