@@ -14,6 +14,8 @@ import time
 import numpy as np
 import pytest
 
+from conftest import wait_until
+
 rtde_receive = pytest.importorskip("rtde_receive")
 
 PORT = 30004
@@ -21,9 +23,9 @@ PORT = 30004
 
 def _serve(conn) -> None:
     """Child process: the sim controller on 30004, recording every published package."""
+    from cellcal.drivers.kinematics import dh_model
     from cellcal.sim.robot_sim import SimRobot
     from cellcal.sim.rtde_server import RtdeServer
-    from cellcal.drivers.kinematics import dh_model
     from cellcal.sim.world import World
 
     home = dh_model("ur5e").forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))
@@ -54,7 +56,7 @@ def _serve(conn) -> None:
                 conn.send((dict(published), fields_asked[-1] if fields_asked else []))
             elif cmd == "freeze":
                 frozen = robot.sample()
-                robot.sample = lambda t_s=None: frozen  # publish this one sample from now on
+                robot.sample = lambda t_s=None, frozen=frozen: frozen  # publish this one sample from now on
                 time.sleep(0.05)
                 conn.send((frozen.timestamp_s, tuple(map(float, frozen.q_rad)), tuple(map(float, frozen.tcp_pose))))
             elif cmd == "stop":
@@ -96,11 +98,14 @@ def test_ur_rtde_reads_what_the_simulator_published(server):
     r = rtde_receive.RTDEReceiveInterface("127.0.0.1")
     try:
         assert r.isConnected()
-        time.sleep(0.2)
+        wait_until(lambda: r.getTimestamp() > 0, 10.0, "ur-rtde's first package")
         reads = []
-        for _ in range(25):
+
+        def live():
             reads.append((r.getTimestamp(), tuple(r.getActualQ()), tuple(r.getActualTCPPose())))
-            time.sleep(0.004)
+            return len(reads) >= 25 and len({q for _, q, _ in reads}) > 1
+
+        wait_until(live, 10.0, "25 reads spanning more than one package")
         assert r.getRobotMode() == 7  # RUNNING
         assert r.getSafetyMode() == 1  # NORMAL
         server.send("dump")
@@ -120,8 +125,7 @@ def test_ur_rtde_reads_what_the_simulator_published(server):
         server.send("freeze")
         assert server.poll(10.0)
         ts, q, pose = server.recv()
-        time.sleep(0.05)
-        assert r.getTimestamp() == ts
+        wait_until(lambda: r.getTimestamp() == ts, 10.0, "the held sample at ur-rtde")
         assert tuple(r.getActualQ()) == q
         assert tuple(r.getActualTCPPose()) == pose
     finally:
