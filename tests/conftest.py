@@ -14,12 +14,28 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 settings.load_profile("ci")
+
+# Per-test time limits (pytest-timeout; the default is in pyproject.toml). Soak tests whose run
+# time grows with the machine's load get more here, where a decorator on the test would
+# otherwise go.
+LONGER_TIMEOUT_S = {
+    "test_daemon_kill.py::test_kill_9_during_capture_loses_and_duplicates_nothing": 600,
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        test = item.nodeid.rsplit("/", 1)[-1]  # the same from the repository or from tests/
+        if test in LONGER_TIMEOUT_S:
+            item.add_marker(pytest.mark.timeout(LONGER_TIMEOUT_S[test]))
+
 
 T = TypeVar("T")
 

@@ -69,8 +69,9 @@ def test_controller_clock_maps_to_host_time():
             t_recv = np.array([s.t_recv_host_ns for s in states])
             assert np.all(np.diff([s.t_device_s for s in states]) > 0)
             # mapped sample time: for the typical sample at or before arrival (up to the
-            # model's error), by no more than loopback jitter (a busy machine delays some)
-            assert -1e6 < np.median(t_recv - t_host) < 20e6
+            # model's error), and not far before it: how far is the machine's load (tens of ms
+            # under two CPU burners), not the mapping's; an unmapped offset or skew is seconds
+            assert -1e6 < np.median(t_recv - t_host) < 0.25e9
             # the mapping inverts: back from host time to the controller's own stamp
             s = states[-1]
             assert robot.clock.to_device_s(s.t_host_ns) == pytest.approx(s.t_device_s, abs=0.02)

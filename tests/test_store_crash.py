@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from storetest_support import make_station, same_station
 
 from cellcal.daemon.store import DB_FILENAME, Store
@@ -81,6 +82,7 @@ def _check_db(db: Path, run: int) -> list[int]:
         conn.close()
 
 
+@pytest.mark.timeout(600)  # 25 child processes: minutes on a loaded machine
 def test_kill_9_during_capture_loses_and_duplicates_nothing_then_resumes(tmp_path):
     rng = random.Random(SEED)
     state = tmp_path / "state"
