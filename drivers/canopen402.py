@@ -455,7 +455,10 @@ class Cia402Driver(RobotDriver):
         self.scaling = JointScaling(
             opts["counts_per_rev"], opts["gear_ratio"], opts["sign"], opts["offset_counts"]
         )
-        self.clock = StreamClockModel(window=256)
+        # SYNC stamp and TPDO arrival are both host monotonic_ns, so the rate is 1 by
+        # construction and the model must never fit one (infinite span): a fitted rate let
+        # load-jittered arrivals tilt the envelope until the bus latency came out negative.
+        self.clock = StreamClockModel(window=256, min_skew_span_s=math.inf)
         self._last_clock_feed_ns = 0
         self.network: Any = None
         self._remote: dict[int, Any] = {}
@@ -577,7 +580,7 @@ class Cia402Driver(RobotDriver):
             log.warning("%r: no TPDO answered SYNC; falling back to SDO reads", self)
             self._use_pdo = False
         if o["enable"] == "open":
-            self._enable_all()
+            self._enable_all(time.monotonic_ns() + int(o["boot_timeout_s"] * 1e9))
 
     def _configure(self) -> None:
         o = self.opts
@@ -855,16 +858,15 @@ class Cia402Driver(RobotDriver):
     def _controlword(self, n: int, cw: int) -> None:
         self.sdo_write(n, Od.CONTROLWORD, 0, struct.pack("<H", int(cw)))
 
-    def _enable(self, n: int, timeout_s: float = 1.0) -> None:
-        """Walk node ``n`` to OPERATION ENABLED in profile-position mode."""
+    def _enable(self, n: int, deadline_ns: int) -> None:
+        """Walk node ``n`` to OPERATION ENABLED in profile-position mode by ``deadline_ns``."""
         self.sdo_write(n, Od.MODES_OF_OPERATION, 0, struct.pack("<b", MODE_PROFILE_POSITION))
-        deadline = time.monotonic() + timeout_s
         while True:
             sw = self._read_u16(n, Od.STATUSWORD)
             state = cia402_state(sw)
             if state is Cia402State.OPERATION_ENABLED:
                 return
-            if time.monotonic() > deadline:
+            if time.monotonic_ns() > deadline_ns:
                 raise DeviceError(f"node {n}: stuck in CiA 402 state {state} (statusword 0x{sw:04X})", "ENABLE")
             if state is Cia402State.QUICK_STOP_ACTIVE:
                 raise ProtectiveStop(f"node {n}: quick stop active; acknowledge it before moving")
@@ -880,9 +882,11 @@ class Cia402Driver(RobotDriver):
             else:
                 time.sleep(0.005)
 
-    def _enable_all(self) -> None:
+    def _enable_all(self, deadline_ns: int) -> None:
+        # The caller's deadline, not a fixed second per drive: on a busy bus or host the
+        # SDO exchanges of the state walk can take longer than that, and the move allowed it.
         for n in self.nodes:
-            self._enable(n)
+            self._enable(n, deadline_ns)
 
     def _move_internal(self, q_rad, base_T_flange, speed, wait, deadline_ns) -> None:
         o = self.opts
@@ -896,7 +900,7 @@ class Cia402Driver(RobotDriver):
                 q_rad = self.model.inverse(base_T_flange, now.q_rad)
             except UnreachablePose as exc:
                 raise ValueError(f"move_to: {exc}") from exc
-        self._enable_all()
+        self._enable_all(deadline_ns)
         counts = self.scaling.to_counts(q_rad)
         dq = np.abs(np.asarray(q_rad) - now.q_rad)
         h = float(np.max(dq)) or 1.0
