@@ -50,7 +50,7 @@ def _serve(conn) -> None:
         return
     conn.send(("ready", None))
     try:
-        while conn.poll(30.0):
+        while conn.poll(120.0):  # the parent's next command (or the end)
             cmd = conn.recv()
             if cmd == "dump":
                 conn.send((dict(published), fields_asked[-1] if fields_asked else []))
@@ -73,14 +73,15 @@ def server():
     proc = ctx.Process(target=_serve, args=(child,), daemon=True)
     proc.start()
     try:
-        assert parent.poll(20.0), "server process did not start"
+        # a fresh interpreter importing numpy and cellcal: tens of seconds on a loaded machine
+        assert parent.poll(60.0), "server process did not start"
         status, detail = parent.recv()
         if status != "ready":
             pytest.fail(detail)
         # make sure it serves before handing the port to a client that blocks with the GIL
         from cellcal.drivers import connect_robot
 
-        with connect_robot(f"rtde://127.0.0.1:{PORT}", connect_timeout_s=5.0) as ours:
+        with connect_robot(f"rtde://127.0.0.1:{PORT}", connect_timeout_s=10.0) as ours:
             ours.read_state()
         yield parent
     finally:
@@ -109,7 +110,7 @@ def test_ur_rtde_reads_what_the_simulator_published(server):
         assert r.getRobotMode() == 7  # RUNNING
         assert r.getSafetyMode() == 1  # NORMAL
         server.send("dump")
-        assert server.poll(10.0)
+        assert server.poll(30.0)
         published, fields = server.recv()
         all_q = {q for q, _ in published.values()}
         all_pose = {p for _, p in published.values()}
@@ -123,7 +124,7 @@ def test_ur_rtde_reads_what_the_simulator_published(server):
 
         # now hold one sample: all three getters must return exactly that sample
         server.send("freeze")
-        assert server.poll(10.0)
+        assert server.poll(30.0)
         ts, q, pose = server.recv()
         wait_until(lambda: r.getTimestamp() == ts, 10.0, "the held sample at ur-rtde")
         assert tuple(r.getActualQ()) == q
