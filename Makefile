@@ -3,25 +3,67 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+PIP    := $(PY) -m pip --disable-pip-version-check
+PYTEST := $(PY) -m pytest -q
 
-.PHONY: demo test bench clean
+# Debian packages the suite needs and never installs itself: systemd-analyze
+# (tests/test_systemd_unit.py) and the toolchain of the C++ client in docs/protocols/zeromq.md
+# (tests/test_zmq_doc.py). This is the one list; the tests point to `make os-deps`.
+OS_PACKAGES := systemd g++ libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
+
+.PHONY: demo test test-stress os-deps bench clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --upgrade pip
+	$(PIP) install --quiet --upgrade pip
 
 # Re-install when pyproject.toml changes; the install is editable so code edits need nothing.
 $(STAMP)-%: pyproject.toml | $(PY)
-	$(PY) -m pip install --quiet -e ".[$*]"
+	$(PIP) install --quiet -e ".[$*]"
 	touch $@
+
+# Installs the missing OS_PACKAGES with apt-get when it can (root, apt-get present); else says
+# the command to run and fails. Nothing to do (and no `apt-get update`) when all are present.
+os-deps:
+	@command -v dpkg-query >/dev/null || { \
+	  echo "os-deps: no dpkg-query (not Debian?): cannot check for the suite's OS packages: $(OS_PACKAGES)"; exit 0; }; \
+	missing=; for p in $(OS_PACKAGES); do \
+	  dpkg-query -W -f='$${db:Status-Abbrev}' $$p 2>/dev/null | grep -q '^ii' || missing="$$missing $$p"; \
+	done; \
+	[ -n "$$missing" ] || exit 0; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+	  echo "os-deps: missing Debian packages:$$missing"; \
+	  echo "os-deps: install them (as root) with: apt-get update && apt-get install -y --no-install-recommends$$missing"; \
+	  exit 1; \
+	fi; \
+	echo "os-deps: installing$$missing"; \
+	log=$$(mktemp); \
+	if ! { apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends $$missing; } \
+	    >"$$log" 2>&1; then \
+	  cat "$$log"; rm -f "$$log"; \
+	  echo "os-deps: apt-get failed (output above); the command was: apt-get install -y --no-install-recommends$$missing"; \
+	  exit 1; \
+	fi; \
+	rm -f "$$log"
 
 # The simulated cell end to end: sim robot (RTDE) + sim tracker + daemon, a full
 # base-frame calibration, the report and one drift check.
 demo: $(STAMP)-test
 	$(VENV)/bin/cellcal demo
 
-test: $(STAMP)-test
-	$(PY) -m pytest -q
+test: os-deps $(STAMP)-test
+	$(PYTEST)
+
+# The whole suite with two CPU-burning processes beside it (the suite must pass on a loaded
+# 2-core machine). The burners are killed however pytest ends, and also stop by themselves
+# if this shell dies without that (they watch their parent).
+BURN := import os; p = os.getppid()\nwhile os.getppid() == p:\n    for _ in range(1000000): pass
+test-stress: os-deps $(STAMP)-test
+	@$(PY) -c 'exec("$(BURN)")' & b1=$$!; \
+	$(PY) -c 'exec("$(BURN)")' & b2=$$!; \
+	trap 'kill $$b1 $$b2 2>/dev/null' EXIT INT TERM; \
+	echo "test-stress: pytest beside two CPU burners (pids $$b1 $$b2)"; \
+	$(PYTEST)
 
 bench: $(STAMP)-test,bench
 	for f in bench/*_bench.py; do $(PY) $$f || exit 1; done

@@ -746,7 +746,10 @@ class Cia402Driver(RobotDriver):
         self.scaling = JointScaling(
             opts["counts_per_rev"], opts["gear_ratio"], opts["sign"], opts["offset_counts"]
         )
-        self.clock = StreamClockModel(window=256)
+        # SYNC stamp and TPDO arrival are both host monotonic_ns, so the rate is 1 by
+        # construction and the model must never fit one (infinite span): a fitted rate let
+        # load-jittered arrivals tilt the envelope until the bus latency came out negative.
+        self.clock = StreamClockModel(window=256, min_skew_span_s=math.inf)
         self._last_clock_feed_ns = 0
         self.network: Any = None
         self._remote: dict[int, Any] = {}
@@ -957,7 +960,7 @@ class Cia402Driver(RobotDriver):
                             "SYNC from another master" if not o["sync_producer"] else "our SYNC")
                 self.sampling = SAMPLING_SDO
             if o["enable"] == "open":
-                self._enable_all()
+                self._enable_all(time.monotonic() + o["boot_timeout_s"])
         except BaseException:
             self._close_internal()
             raise
@@ -1675,13 +1678,12 @@ class Cia402Driver(RobotDriver):
         code = self._try(self._read_u16, n, Od.ERROR_CODE, 0)
         return "" if code is None else f" (error code 0x603F = 0x{code:04X})"
 
-    def _enable(self, n: int, timeout_s: float = 1.0) -> None:
-        """Walk node ``n`` to OPERATION ENABLED in profile-position mode."""
+    def _enable(self, n: int, deadline: float) -> None:
+        """Walk node ``n`` to OPERATION ENABLED in profile-position mode by ``deadline`` (monotonic s)."""
         if self._try(self._read_i8, n, Od.MODES_OF_OPERATION_DISPLAY, 0) != MODE_PROFILE_POSITION:
             self.sdo_write(n, Od.MODES_OF_OPERATION, 0, struct.pack("<b", MODE_PROFILE_POSITION))
-            if not self._wait_mode(n, MODE_PROFILE_POSITION, timeout_s):
+            if not self._wait_mode(n, MODE_PROFILE_POSITION, max(deadline - time.monotonic(), 0.0)):
                 raise DeviceError(f"node {n}: did not switch to profile position mode (0x6061 != 1)", "MODE")
-        deadline = time.monotonic() + timeout_s
         reset_sent = False
         while True:
             sw = self._read_u16(n, Od.STATUSWORD)
@@ -1712,9 +1714,11 @@ class Cia402Driver(RobotDriver):
             else:
                 time.sleep(0.005)
 
-    def _enable_all(self) -> None:
+    def _enable_all(self, deadline: float) -> None:
+        # The caller's deadline, not a fixed second per drive: on a busy bus or host the
+        # SDO exchanges of the state walk can take longer than that, and the move allowed it.
         for n in self.nodes:
-            self._enable(n)
+            self._enable(n, deadline)
 
     def _check_homed(self) -> None:
         if not self.opts["homing_required"]:
@@ -1751,7 +1755,7 @@ class Cia402Driver(RobotDriver):
             except UnreachablePose as exc:
                 raise UnreachablePose(f"move_to: {exc}") from exc
         self._check_homed()
-        self._enable_all()
+        self._enable_all(deadline)
         assert self.limits is not None
         counts = self.scaling.to_counts(q_rad)
         dq = np.asarray(q_rad, dtype=float) - now.q_rad

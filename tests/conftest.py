@@ -1,8 +1,62 @@
-"""Shared test settings: hypothesis profiles sized for a 2-core CI machine."""
+"""Shared test settings and helpers.
 
+* hypothesis profiles sized for a 2-core CI machine;
+* :func:`wait_until`, the one way a test waits for something to happen. The suite must pass
+  while other jobs load the machine (``make test-stress``), so a test never sleeps a fixed
+  time and then counts or checks what happened: it waits, with a generous deadline, for the
+  condition it needs, and then asserts on properties that hold however slow the machine is.
+  Test modules import it with ``from conftest import wait_until``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import TypeVar
+
+import pytest
 from hypothesis import HealthCheck, settings
 
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )
 settings.load_profile("ci")
+
+# Per-test time limits (pytest-timeout; the default is in pyproject.toml). Soak tests whose run
+# time grows with the machine's load get more here, where a decorator on the test would
+# otherwise go.
+LONGER_TIMEOUT_S = {
+    "test_daemon_kill.py::test_kill_9_during_capture_loses_and_duplicates_nothing": 600,
+}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        test = item.nodeid.rsplit("/", 1)[-1]  # the same from the repository or from tests/
+        if test in LONGER_TIMEOUT_S:
+            item.add_marker(pytest.mark.timeout(LONGER_TIMEOUT_S[test]))
+
+
+T = TypeVar("T")
+
+#: How long :func:`wait_until` sleeps between two looks at the predicate.
+POLL_S = 0.005
+
+
+def wait_until(predicate: Callable[[], T], timeout_s: float, what: str, *, poll_s: float = POLL_S) -> T:
+    """Call ``predicate`` until it returns something truthy; return that value.
+
+    Raises ``AssertionError`` naming ``what`` was awaited if ``timeout_s`` (monotonic clock)
+    passes first. The predicate is always called at least once more after the deadline has
+    passed, so a condition that became true while the machine was busy elsewhere still counts.
+    Exceptions from the predicate propagate (a test that expects them says so).
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        expired = time.monotonic() >= deadline
+        value = predicate()
+        if value:
+            return value
+        if expired:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        time.sleep(poll_s)

@@ -27,15 +27,17 @@ _ch = itertools.count()
 @pytest.fixture(params=["rtde", "canopen"])
 def sim(request):
     world = World(cell_T_base=np.eye(4), flange_T_target=np.eye(4), time_scale=5.0)
+    # 500 ms heartbeats (and a 5 s SDO timeout below): a loaded machine can hold a simulated
+    # drive's threads back for hundreds of ms, past the 0.3 s SDO default
     table = {"initial_q_deg": [0, -90, 90, -90, -90, 0], "encoder_noise_deg": 0.0002,
-             "can": {"heartbeat_ms": 50}}
+             "can": {"heartbeat_ms": 500}}
     h = start_sim_robot(world, table, transport=request.param, can_channel=f"test-robot-{next(_ch)}")
     yield h
     h.close()
 
 
 def test_contract_read_move_settle_stop(sim):
-    robot = connect_robot(sim.url)
+    robot = connect_robot(sim.url + ("&sdo_timeout_s=5" if sim.url.startswith("canopen:") else ""))
     with robot:
         assert isinstance(robot, RobotDriver)
         s = robot.read_state()

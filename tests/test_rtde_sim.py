@@ -22,6 +22,7 @@ from cellcal.sim.robot_sim import start_sim_robot
 from cellcal.sim.rtde_server import parse_urscript
 from cellcal.sim.world import World
 from cellcal.solver.se3 import se3_inverse, so3_log
+from conftest import wait_until
 
 UR5E = dh_model("ur5e")
 HOME_FLANGE = UR5E.forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))
@@ -39,16 +40,6 @@ def sim():
     handle = start_sim_robot(world, {"encoder_noise_deg": 0.0005, "ringing_amplitude_deg": 0.02})
     yield handle
     handle.close()
-
-
-def wait_until(pred, timeout_s: float, what: str):
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        v = pred()
-        if v:
-            return v
-        time.sleep(0.005)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def test_v2_handshake_and_state(sim):
@@ -69,16 +60,22 @@ def test_controller_clock_maps_to_host_time():
     world = make_world(scale=1.0)
     with start_sim_robot(world, {"clock_skew_ppm": 300.0, "clock_offset_s": 5000.0}) as h:
         with connect_robot(h.url, frequency_hz=250) as robot:
-            time.sleep(0.8)
-            s = robot.read_state()
-            assert robot.clock.ready and robot.clock.n_samples > 30  # fed at clock_feed_hz = 50
-            # mapped sample time: at or before arrival, by no more than loopback jitter
-            assert -1e6 < s.t_recv_host_ns - s.t_host_ns < 20e6
+            # fed at clock_feed_hz = 50: wait for the samples, however long the machine takes
+            wait_until(lambda: robot.clock.ready and robot.clock.n_samples > 30, 30.0, "31 clock samples")
+            states = [robot.read_state()]
+            while len(states) < 50:
+                states.append(robot.wait_for_sample_after(states[-1].seq, 5.0))
+            t_host = np.array([s.t_host_ns for s in states])
+            t_recv = np.array([s.t_recv_host_ns for s in states])
+            assert np.all(np.diff([s.t_device_s for s in states]) > 0)
+            # mapped sample time: for the typical sample at or before arrival (up to the
+            # model's error), and not far before it: how far is the machine's load (tens of ms
+            # under two CPU burners), not the mapping's; an unmapped offset or skew is seconds
+            assert -1e6 < np.median(t_recv - t_host) < 0.25e9
             # the mapping inverts: back from host time to the controller's own stamp
+            s = states[-1]
             assert robot.clock.to_device_s(s.t_host_ns) == pytest.approx(s.t_device_s, abs=0.02)
             assert s.t_device_s > 5000.0
-            later = robot.wait_for_sample_after(s.seq, 1.0)
-            assert later.t_host_ns > s.t_host_ns
 
 
 def test_v1_fallback_against_sim():
@@ -97,7 +94,7 @@ def test_text_messages_interleaved_are_logged_never_data(sim, caplog):
             s = robot.wait_for_sample_after(seq, 1.0)
             seq = s.seq
             np.testing.assert_allclose(s.q_rad, Q_HOME, atol=1e-4)
-        wait_until(lambda: "note 19" in caplog.text, 2.0, "the last text message in the log")
+        wait_until(lambda: "note 19" in caplog.text, 10.0, "the last text message in the log")
         assert robot.bad_packets == 0
         assert any(r.levelno == logging.WARNING and "note 3" in r.getMessage() for r in caplog.records)
 
@@ -114,8 +111,8 @@ def test_dropped_connection_gives_typed_error_then_reconnects(sim):
                 return True
             return False
 
-        wait_until(gone, 2.0, "DeviceGoneError after the drop")
-        s = wait_until(lambda: _try_read(robot), 5.0, "a state after reconnecting")
+        wait_until(gone, 10.0, "DeviceGoneError after the drop")
+        s = wait_until(lambda: _try_read(robot), 10.0, "a state after reconnecting")
         assert robot.reconnects >= 1
         np.testing.assert_allclose(s.q_rad, Q_HOME, atol=1e-4)
 
@@ -131,12 +128,16 @@ def test_disconnect_fault_refuses_then_recovers():
     world = make_world(scale=1.0)
     with start_sim_robot(world, {}) as h, connect_robot(h.url, reconnect_max_s=0.1) as robot:
         robot.read_state()
-        h.robot.inject("disconnect", duration_s=0.6)
+        h.robot.inject("disconnect")  # until cleared below
         with pytest.raises(DeviceGoneError):
-            wait_until(lambda: robot.read_state(timeout_s=0.2) and False, 2.0, "the drop")
-        # refused while the fault lasts, then the backoff loop gets back in
-        s = wait_until(lambda: _try_read(robot), 5.0, "reconnection after the fault")
-        assert world.now_s() >= 0.6 and robot.reconnects >= 1
+            wait_until(lambda: robot.read_state(timeout_s=0.2) and False, 10.0, "the drop")
+        # refused while the fault lasts (the backoff loop keeps trying)
+        assert _try_read(robot) is None
+        reconnects = robot.reconnects
+        h.robot.clear("disconnect")
+        # then the backoff loop gets back in
+        s = wait_until(lambda: _try_read(robot), 10.0, "reconnection after the fault")
+        assert robot.reconnects > reconnects
         assert s.mode is RobotMode.RUNNING
 
 
@@ -162,19 +163,19 @@ def test_movej_and_movel_reach_targets_and_settle(sim):
 def test_protective_stop_blocks_moves_until_cleared(sim):
     with connect_robot(sim.url) as robot:
         sim.robot.inject("protective_stop")
-        wait_until(lambda: robot.read_state().mode is RobotMode.PROTECTIVE_STOP, 2.0, "protective stop")
+        wait_until(lambda: robot.read_state().mode is RobotMode.PROTECTIVE_STOP, 10.0, "protective stop")
         with pytest.raises(ProtectiveStop):
             robot.move_to(q_rad=Q_HOME + 0.1, timeout_s=5)
         sim.robot.clear("protective_stop")
-        wait_until(lambda: robot.read_state().mode is RobotMode.RUNNING, 2.0, "running again")
+        wait_until(lambda: robot.read_state().mode is RobotMode.RUNNING, 10.0, "running again")
         robot.move_to(q_rad=Q_HOME + 0.05, speed=1.0, timeout_s=10)
         np.testing.assert_allclose(robot.read_state().q_rad, Q_HOME + 0.05, atol=2e-3)
 
 
 def test_protective_stop_during_move_raises(sim):
     with connect_robot(sim.url) as robot:
-        def trip():
-            time.sleep(0.05)
+        def trip():  # once the move is under way
+            wait_until(lambda: sim.robot.sample().moving, 10.0, "the move to start")
             sim.robot.inject("protective_stop")
 
         threading.Thread(target=trip, daemon=True).start()
@@ -185,8 +186,8 @@ def test_protective_stop_during_move_raises(sim):
 def test_stop_halts_a_move_short_of_its_target(sim):
     with connect_robot(sim.url) as robot:
         target = Q_HOME + np.deg2rad([90, 0, 0, 0, 0, 0])
-        robot.move_to(q_rad=target, speed=0.1, wait=False)
-        wait_until(lambda: robot.read_state().moving, 2.0, "motion start")
+        robot.move_to(q_rad=target, speed=0.05, wait=False)  # ~30 deg per wall second
+        wait_until(lambda: robot.read_state().moving, 10.0, "motion start")
         robot.stop()
         s, _ = robot.wait_settled(SettleConfig(dwell_s=0.1), timeout_s=10)
         assert 0.0 < s.q_rad[0] - Q_HOME[0] < math.radians(60)
@@ -477,7 +478,7 @@ def test_scripted_stream_with_unknown_types_text_and_bad_packages():
     )
     try:
         with connect_robot(f"rtde://127.0.0.1:{peer.port}", stream_timeout_s=5.0) as robot:
-            s = wait_until(lambda: (x := robot.read_state(timeout_s=1.0)).t_device_s == 2.0 and x, 3.0, "ts 2")
+            s = wait_until(lambda: (x := robot.read_state(timeout_s=1.0)).t_device_s == 2.0 and x, 10.0, "ts 2")
             assert s.seq == 2  # exactly the two good packages became states
             assert robot.bad_packets == 2
             assert robot.resyncs == 1 and robot.garbage_bytes == 14  # the wrong-size package
@@ -504,7 +505,7 @@ def test_unframeable_bytes_after_start_cost_only_themselves():
         peer = ScriptedController(script, tail=tail, tail2=tail2)
         try:
             with connect_robot(f"rtde://127.0.0.1:{peer.port}", stream_timeout_s=5.0) as robot:
-                s = wait_until(lambda: (x := robot.read_state(timeout_s=1.0)).t_device_s == 2.0 and x, 3.0, "ts 2")
+                s = wait_until(lambda: (x := robot.read_state(timeout_s=1.0)).t_device_s == 2.0 and x, 10.0, "ts 2")
                 assert s.seq == 2 and robot.reconnects == 0
                 assert robot.resyncs == 1 and robot.garbage_bytes == 3 and robot.bad_packets == 1
         finally:
@@ -583,6 +584,6 @@ def test_rejected_script_comes_back_as_text_message(sim, caplog):
     caplog.set_level(logging.INFO, logger="cellcal.drivers.ur_rtde")
     with connect_robot(sim.url) as robot:
         robot.send_script("popup(\"not in the subset\")")
-        wait_until(lambda: "script rejected" in caplog.text, 2.0, "the rejection message")
+        wait_until(lambda: "script rejected" in caplog.text, 10.0, "the rejection message")
         assert any(r.levelno == logging.ERROR for r in caplog.records if "script rejected" in r.getMessage())
         robot.read_state()

@@ -3,12 +3,17 @@
 Checks identity, pose and point against the scenario truth, the noise statistics against
 the scenario within sampling error, every scheduled fault (typed error, then recovery), the
 device vanishing and coming back, garbage never becoming a value, and the clock mapping.
+
+Scheduled faults last long in simulated time and the tests *jump* the world's clock into and
+past them (:meth:`JumpClock.jump_to`) instead of sleeping until they come: however slow the
+machine, a window cannot pass while a test is not looking, and nothing waits for it to end.
 """
 
 from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 
 import numpy as np
@@ -18,9 +23,11 @@ from cellcal.drivers import connect_tracker
 from cellcal.drivers import tracker as trk
 from cellcal.drivers import tracker_codec as codec
 from cellcal.drivers.errors import DriverError
+from cellcal.drivers.tracker_codec import StatusFlags
 from cellcal.sim.scenario import parse_scenario
 from cellcal.sim.tracker_sim import SimTracker, TrackerDevice
 from cellcal.solver.se3 import se3_inverse, so3_log
+from conftest import wait_until
 
 BASE = """
 seed = {seed}
@@ -55,12 +62,63 @@ def driver(url, **kw):
     return connect_tracker(url, **kw)
 
 
-def wait_until(world, t_s, limit_s=5.0):
-    """Sleep until simulated time ``t_s`` (bounded)."""
-    end = time.monotonic() + limit_s
-    while world.now_s() < t_s:
-        assert time.monotonic() < end, "simulated time did not advance"
-        time.sleep(0.005)
+class JumpClock:
+    """The world's clock: the wall clock plus the jumps a test makes (never backwards).
+
+    Only the world (the fault schedule, drift, warm-up) jumps; the device oscillator, which
+    times averaging and stamps replies, keeps the wall clock.
+    """
+
+    def __init__(self) -> None:
+        self.offset_s = 0.0
+        self.world = None
+
+    def __call__(self) -> float:
+        return time.monotonic() + self.offset_s
+
+    def jump_to(self, t_s: float) -> None:
+        """Move simulated time forward to ``t_s`` at once."""
+        now_s = self.world.now_s()
+        assert t_s > now_s, f"simulated time {now_s:.3f} s is already past {t_s} s: a slow start?"
+        self.offset_s += (t_s - now_s) / self.world.time_scale
+
+
+def jumping_world(sc):
+    """The scenario's world on a :class:`JumpClock`: ``(world, clock)``."""
+    clock = JumpClock()
+    clock.world = sc.make_world(clock=clock)
+    return clock.world, clock
+
+
+# The sim serves the link in steps of up to a few ms and reads the world's time once per step,
+# so a request that arrives just after a jump may still meet the link as it was: around a jump
+# of the link's state, wait for the outcome instead of expecting it from the very next call.
+
+
+def failing_call(fn, what):
+    """Call ``fn`` until it raises a DriverError; return the error and how long that call took."""
+
+    def attempt():
+        t0 = time.monotonic()
+        try:
+            fn()
+        except DriverError as exc:
+            return exc, time.monotonic() - t0
+        return None
+
+    return wait_until(attempt, 10.0, what)
+
+
+def succeeding_call(fn, what):
+    """Call ``fn`` until it returns instead of raising a DriverError; return its value."""
+
+    def attempt():
+        try:
+            return fn()
+        except DriverError:
+            return None
+
+    return wait_until(attempt, 10.0, what)
 
 
 @pytest.mark.parametrize("transport", ["pty", "tcp"])
@@ -126,29 +184,36 @@ def test_averaging_reduces_noise_by_sqrt_samples():
 
 
 def test_beam_break_then_recovery():
-    sc = scenario(faults=[("beam_break", 0.4, 0.3, "")])
-    world = sc.make_world()
+    sc = scenario(faults=[("beam_break", 100.0, 100.0, "")])
+    world, clock = jumping_world(sc)
     with SimTracker(world, sc.tracker, seed=sc.seed) as sim, driver(sim.url) as tr:
         assert tr.status().target_locked
         tr.measure("pose")
-        wait_until(world, 0.45)
+        clock.jump_to(100.05)
         assert not tr.status().target_locked
         with pytest.raises(trk.BeamBrokenError) as info:
             tr.measure("pose")
         assert info.value.code == "BEAM_BROKEN"
-        wait_until(world, 0.72)
+        clock.jump_to(200.05)
         assert tr.status().target_locked
         m = tr.measure("pose")
         assert np.all(np.abs(m.cell_p_target - world.cell_T_target()[:3, 3]) < 1e-3)
 
 
 def test_beam_break_during_averaging():
-    sc = scenario(faults=[("beam_break", 0.3, 0.05, "")])
-    world = sc.make_world()
-    with SimTracker(world, sc.tracker, seed=sc.seed) as sim, driver(sim.url) as tr:
-        wait_until(world, 0.2)
+    sc = scenario(faults=[("beam_break", 100.0, 100.0, "")])
+    world, clock = jumping_world(sc)
+    with SimTracker(world, sc.tracker, seed=sc.seed) as sim, driver(sim.url, timeout_s=5.0) as tr:
+        def break_the_beam_once_measuring():
+            wait_until(lambda: StatusFlags.MEASURING in sim.device.status_flags(), 10.0, "the measurement to start")
+            clock.jump_to(100.05)
+
+        breaker = threading.Thread(target=break_the_beam_once_measuring, daemon=True)
+        breaker.start()
         with pytest.raises(trk.BeamBrokenError):
-            tr.measure("point", average_s=0.3)  # window 0.2 .. 0.5 s spans the break
+            tr.measure("point", average_s=1.0)  # the break comes while it averages
+        breaker.join(10.0)
+        clock.jump_to(200.05)
         tr.measure("point")
 
 
@@ -157,12 +222,12 @@ def test_beam_break_during_averaging():
     [("no_target", trk.NoTargetError), ("not_stable", trk.NotStableError)],
 )
 def test_scheduled_refusals(kind, exc):
-    sc = scenario(faults=[(kind, 0.0, 0.4, "")])
-    world = sc.make_world()
+    sc = scenario(faults=[(kind, 0.0, 100.0, "")])
+    world, clock = jumping_world(sc)
     with SimTracker(world, sc.tracker, seed=sc.seed) as sim, driver(sim.url) as tr:
         with pytest.raises(exc):
             tr.measure("pose")
-        wait_until(world, 0.42)
+        clock.jump_to(100.05)
         tr.measure("pose")
 
 
@@ -179,13 +244,13 @@ def test_moving_flange_is_not_stable():
 
 
 def test_not_warmed_up_then_ready():
-    sc = scenario(scale=10.0, tracker_extra="warmup_s = 3.0")  # 0.3 wall seconds
-    world = sc.make_world()
+    sc = scenario(scale=10.0, tracker_extra="warmup_s = 1000.0")  # 100 wall seconds
+    world, clock = jumping_world(sc)
     with SimTracker(world, sc.tracker, seed=sc.seed) as sim, driver(sim.url) as tr:
         assert not tr.status().warmed_up
         with pytest.raises(trk.NotWarmedUpError):
             tr.measure("point")
-        wait_until(world, 3.05)
+        clock.jump_to(1000.5)
         assert tr.status().warmed_up
         tr.measure("point")
 
@@ -200,10 +265,10 @@ def test_out_of_range():
 
 def test_drift_moves_the_measured_target():
     sc = parse_scenario(scenario_text_with_drift())
-    world = sc.make_world()
+    world, clock = jumping_world(sc)
     with SimTracker(world, sc.tracker, seed=sc.seed) as sim, driver(sim.url) as tr:
         before = tr.measure("point").cell_p_target
-        wait_until(world, 0.32)
+        clock.jump_to(100.05)
         after = tr.measure("point").cell_p_target
     shift = after - before
     np.testing.assert_allclose(shift, [0.002, 0.0, 0.0], atol=1e-6)
@@ -211,41 +276,38 @@ def test_drift_moves_the_measured_target():
 
 def scenario_text_with_drift():
     text = BASE.format(seed=1, scale=1.0, noise_mm="0.0", noise_deg="0.0", tracker_extra="")
-    return text + "[[drift]]\nat_s = 0.3\ndelta_xyz_m = [0.002, 0.0, 0.0]\n"
+    return text + "[[drift]]\nat_s = 100.0\ndelta_xyz_m = [0.002, 0.0, 0.0]\n"
 
 
 def test_disconnect_on_pty_times_out_then_recovers():
-    sc = scenario(faults=[("disconnect", 0.3, 0.4, "")])
-    world = sc.make_world()
+    sc = scenario(faults=[("disconnect", 100.0, 100.0, "")])
+    world, clock = jumping_world(sc)
     with SimTracker(world, sc.tracker, seed=sc.seed) as sim, driver(sim.url, timeout_s=0.2) as tr:
         tr.measure("point")
-        wait_until(world, 0.32)
-        t0 = time.monotonic()
-        with pytest.raises(DriverError) as info:
-            tr.measure("point")
-        assert isinstance(info.value, trk.TrackerTimeoutError)
-        assert time.monotonic() - t0 < 0.2 + 0.25
-        wait_until(world, 0.72)
-        tr.measure("point")
+        clock.jump_to(100.05)
+        exc, took_s = failing_call(lambda: tr.measure("point"), "the link to go down")
+        assert isinstance(exc, trk.TrackerTimeoutError)
+        assert 0.2 <= took_s < 0.2 + 1.0  # one timeout, no retries
+        clock.jump_to(200.05)
+        succeeding_call(lambda: tr.measure("point"), "a measurement after the link came back")
 
 
 def test_disconnect_on_tcp_is_device_gone_then_reconnects():
-    sc = scenario(faults=[("disconnect", 0.3, 0.4, "")])
-    world = sc.make_world()
+    sc = scenario(faults=[("disconnect", 100.0, 100.0, "")])
+    world, clock = jumping_world(sc)
     with SimTracker(world, sc.tracker, transport="tcp", seed=sc.seed) as sim, \
             driver(sim.url, timeout_s=0.2) as tr:
         tr.measure("point")
-        wait_until(world, 0.35)
-        t0 = time.monotonic()
-        with pytest.raises(DriverError) as info:
-            tr.measure("point")
-        assert isinstance(info.value, (trk.TrackerGoneError, trk.TrackerTimeoutError))
-        assert time.monotonic() - t0 < 0.2 + 0.25
-        # while the link is down, reconnecting fails with a typed error, quickly
+        clock.jump_to(100.05)
+        exc, took_s = failing_call(lambda: tr.measure("point"), "the link to go down")
+        assert isinstance(exc, (trk.TrackerGoneError, trk.TrackerTimeoutError))
+        assert took_s < 0.2 + 1.0
+        # while the link is down, reconnecting fails with a typed error
         with pytest.raises(DriverError):
             tr.measure("point")
-        wait_until(world, 0.75)
-        m = tr.measure("point")  # auto-reconnect: HELLO, clock sync, measure
+        clock.jump_to(200.05)
+        # auto-reconnect: HELLO, clock sync, measure
+        m = succeeding_call(lambda: tr.measure("point"), "a measurement after the link came back")
         assert m.sample_count == 1
 
 
@@ -263,7 +325,7 @@ def test_sim_closing_is_device_gone_and_a_new_device_is_found():
             t0 = time.monotonic()
             with pytest.raises(DriverError):
                 tr.measure("point")
-            assert time.monotonic() - t0 < 0.3 + 0.25
+            assert time.monotonic() - t0 < 0.3 + 1.0  # one timeout at most, no retries
             sim = SimTracker(world, sc.tracker, transport="tcp", port=port, seed=sc.seed).start()
             m = tr.measure("point")
             assert m.sample_count == 1 and tr.info.serial == "SIM-0001"
@@ -282,7 +344,7 @@ def test_pty_closed_under_the_driver_is_a_driver_error():
             t0 = time.monotonic()
             with pytest.raises(DriverError):
                 tr.measure("point")
-            assert time.monotonic() - t0 < 0.3 + 0.25
+            assert time.monotonic() - t0 < 0.3 + 1.0  # one timeout at most, no retries
     finally:
         sim.close()
 
@@ -300,8 +362,10 @@ def test_garbage_never_becomes_a_value():
         for i in range(150):
             try:
                 m = tr.measure("pose" if i % 2 else "point")
-            except trk.TrackerTimeoutError:
-                failed += 1  # a typed error is fine; a wrong value is not
+            except (trk.TrackerTimeoutError, trk.TrackerBusyError):
+                # A typed error is fine; a wrong value is not. BUSY: on a loaded machine the
+                # driver's retry can reach the device together with the request it repeats.
+                failed += 1
                 continue
             ok += 1
             np.testing.assert_allclose(m.cell_p_target, truth[:3, 3], atol=1e-7)
@@ -330,16 +394,18 @@ def test_clock_mapping_through_the_sim():
     world = sc.make_world()
     with SimTracker(world, sc.tracker, seed=sc.seed) as sim, \
             driver(sim.url, clock_sync_count=16) as tr:
+        # the device clock read between two host stamps maps back between them
+        host_before = time.monotonic_ns()
         dev_now = sim.device.now_us() * 1e-6
-        host_now = time.monotonic_ns()
-        assert abs(tr.clock.to_device_s(host_now) - dev_now) < 1e-3
+        host_after = time.monotonic_ns()
+        assert tr.clock.to_device_s(host_before) - 1e-3 < dev_now < tr.clock.to_device_s(host_after) + 1e-3
         assert tr.clock.uncertainty_ns < 1e6
         t_before = time.monotonic_ns()
         m = tr.measure("point", average_s=0.1)
         t_after = time.monotonic_ns()
-        # the window's centre lies between the request and the reply, 50 ms before the end
-        assert t_before < m.t_host_ns < t_after
-        assert abs((t_after - m.t_host_ns) - 50e6) < 10e6
+        # the 0.1 s window starts after the request and ends before the reply: its centre
+        # is at least 50 ms from both (up to the mapping's error)
+        assert t_before + 50e6 - 2e6 < m.t_host_ns < t_after - 50e6 + 2e6
         assert m.t_device_s > 5000.0
 
 

@@ -17,7 +17,7 @@ from cellcal.sim.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "config" / "demo-scenario.toml"
-START_TIMEOUT_S = 20.0
+START_TIMEOUT_S = 60.0  # a fresh interpreter on a loaded machine
 STOP_TIMEOUT_S = 10.0
 
 

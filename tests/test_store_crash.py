@@ -2,9 +2,10 @@
 
 A child process (``storetest_support.py add``) stores stations of one run in plan order and
 prints ``done i`` only after ``add_station`` returned. The parent SIGKILLs it at a random
-moment, reopens the store and checks it against the child's output, then starts the next
-child where the parent *thinks* the run stands, one station early, as a daemon that cannot
-know whether its last in-flight station got committed would: that station must come back as
+moment (a random number of stations into the loop, or anywhere in its start-up), reopens
+the store and checks it against the child's output, then starts the next child where the
+parent *thinks* the run stands, one station early, as a daemon that cannot know whether its
+last in-flight station got committed would: that station must come back as
 DuplicateStation, never as a second row. Finally a child completes the run unkilled.
 """
 
@@ -19,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from storetest_support import make_station, same_station
 
 from cellcal.daemon.store import DB_FILENAME, Store
@@ -35,20 +37,23 @@ def _spawn(*args: str) -> subprocess.Popen:
     )
 
 
-def _wait_for_line(proc: subprocess.Popen, want: str, timeout_s: float) -> str:
-    """Read stdout lines until one equals ``want`` (first line only is needed here)."""
+def _read_until(proc: subprocess.Popen, wanted: set[str], timeout_s: float) -> str:
+    """Read stdout lines until one is in ``wanted``; return every line read (the parent
+    parses them with the rest of the output after the kill)."""
     deadline = time.monotonic() + timeout_s
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
+    lines: list[str] = []
     try:
         while True:
             left = deadline - time.monotonic()
-            assert left > 0, f"child did not print {want!r} within {timeout_s} s"
+            assert left > 0, f"child did not print any of {sorted(wanted)} within {timeout_s} s"
             if sel.select(timeout=left):
                 line = proc.stdout.readline()
-                assert line, f"child exited before {want!r}: {proc.stderr.read()}"
-                if line.strip() == want:
-                    return line
+                assert line, f"child exited before any of {sorted(wanted)}: {proc.stderr.read()}"
+                lines.append(line)
+                if line.strip() in wanted:
+                    return "".join(lines)
     finally:
         sel.unregister(proc.stdout)
 
@@ -77,6 +82,7 @@ def _check_db(db: Path, run: int) -> list[int]:
         conn.close()
 
 
+@pytest.mark.timeout(600)  # 25 child processes: minutes on a loaded machine
 def test_kill_9_during_capture_loses_and_duplicates_nothing_then_resumes(tmp_path):
     rng = random.Random(SEED)
     state = tmp_path / "state"
@@ -90,16 +96,22 @@ def test_kill_9_during_capture_loses_and_duplicates_nothing_then_resumes(tmp_pat
         # Resume one early: the daemon cannot know whether its last station was committed.
         start = max(0, confirmed_next - 1)
         proc = _spawn("add", str(state), str(run), str(start), str(PLAN_LEN))
+        seen = ""
         if k % 6 == 5:
             time.sleep(rng.uniform(0.0, 0.4))  # anywhere, including during start-up and open()
         else:
-            _wait_for_line(proc, "ready", 30)
-            time.sleep(rng.uniform(0.0, 0.025))  # inside the capture loop
+            # Inside the capture loop, a random number of stations in (so past the one re-added
+            # at `start` in most kills), then a random moment within the next: counted in
+            # stations, not seconds, since a busy disk can take longer than any fixed delay
+            # to commit even one.
+            last = min(start + rng.randint(0, 8), PLAN_LEN - 1)
+            seen = _read_until(proc, {f"begin {last}", "finished"}, 60)
+            time.sleep(rng.uniform(0.0, 0.025))
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=30)
         # Not communicate(): it reads the raw pipe and would miss lines the text wrapper
-        # already buffered while we waited for "ready". The child is dead: read() ends.
-        out, err = proc.stdout.read(), proc.stderr.read()
+        # already buffered while we read the first ones. The child is dead: read() ends.
+        out, err = seen + proc.stdout.read(), proc.stderr.read()
         proc.stdout.close()
         proc.stderr.close()
         assert proc.returncode in (-signal.SIGKILL, 0), err

@@ -1,8 +1,8 @@
 """The systemd unit and sysusers snippet: required keys, `systemd-analyze verify`, sysusers.
 
-`systemd-analyze` comes from Debian's ``systemd`` package; when it is missing the session
-fixture installs it with apt-get (CI runs as root with Debian mirrors reachable). A failed
-install fails the tests with apt's output: a missing tool must never turn into a silent skip.
+`systemd-analyze` comes from Debian's ``systemd`` package, which ``make os-deps`` (run by
+``make test``) installs. The tests never install anything: a missing tool fails them with
+the command that provides it, never a silent skip.
 """
 
 from __future__ import annotations
@@ -24,54 +24,25 @@ SHIPPED_EXEC = "/usr/bin/cellcal"
 TOOLS = ("systemd-analyze", "systemd-sysusers")
 # systemd may live outside a minimal PATH (CI images with a trimmed environment).
 TOOL_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/bin", "/bin", "/usr/sbin", "/sbin"])
-APT_TIMEOUT_S = 900
 # `systemd-analyze security` exposure (0-100; the unit scores 21 = "2.1 OK"). Loosening the
 # hardening past this fails the suite instead of passing unnoticed.
 MAX_EXPOSURE = 25
 
 
-# -- installing the tools -------------------------------------------------------------------
+# -- finding the tools -----------------------------------------------------------------------
 
 
-def ensure_systemd_analyze(search_path: str = TOOL_PATH) -> str:
-    """Path of ``systemd-analyze``, installing Debian's ``systemd`` package if needed.
-
-    Fails the calling test (never skips) when the tool is missing and cannot be installed.
-    """
-    found = shutil.which("systemd-analyze", path=search_path)
-    if found:
-        return found
-    if os.geteuid() != 0:
-        pytest.fail(
-            "systemd-analyze is missing and the tests are not running as root, so they cannot "
-            "install it: run `apt-get install -y systemd` (Debian) and re-run"
-        )
-    apt = shutil.which("apt-get", path=search_path)
-    if apt is None:
-        pytest.fail("systemd-analyze is missing and there is no apt-get to install it with")
-    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-    for args in (["update"], ["install", "-y", "--no-install-recommends", "systemd"]):
-        try:
-            proc = subprocess.run(
-                [apt, *args], capture_output=True, text=True, env=env, timeout=APT_TIMEOUT_S
-            )
-        except subprocess.TimeoutExpired as exc:
-            # (the partial output is bytes here even with text=True: a subprocess quirk)
-            pytest.fail(f"apt-get {' '.join(args)} timed out ({APT_TIMEOUT_S} s):\n{exc.output!r}")
-        if proc.returncode != 0:
-            pytest.fail(
-                f"apt-get {' '.join(args)} failed with exit code {proc.returncode}\n"
-                f"--- stdout ---\n{proc.stdout}\n--- stderr ---\n{proc.stderr}"
-            )
-    found = shutil.which("systemd-analyze", path=search_path)
+def find_tool(name: str, search_path: str = TOOL_PATH) -> str:
+    """Path of ``name``; fails the calling test (never skips) when it is not installed."""
+    found = shutil.which(name, path=search_path)
     if found is None:
-        pytest.fail("apt-get installed systemd but systemd-analyze is still not on PATH")
+        pytest.fail(f"{name} is not installed: run `make os-deps` (as root it installs the OS packages the suite needs)")
     return found
 
 
 @pytest.fixture(scope="session")
 def systemd_analyze() -> str:
-    return ensure_systemd_analyze()
+    return find_tool("systemd-analyze")
 
 
 @pytest.fixture(scope="session")
@@ -83,19 +54,12 @@ def systemd_sysusers(systemd_analyze) -> str:
     return found
 
 
-def test_a_failed_install_fails_with_apts_output(tmp_path):
-    # The helper above is what stands between CI and a silent skip; exercise its failure path
-    # with a fake apt-get on an otherwise empty PATH.
-    fake = tmp_path / "apt-get"
-    fake.write_text("#!/bin/sh\necho 'E: Unable to locate package systemd' >&2\nexit 100\n")
-    fake.chmod(0o755)
+def test_a_missing_tool_fails_and_names_the_fix(tmp_path):
+    # What stands between a machine without systemd and a silent skip: an empty PATH.
     with pytest.raises(pytest.fail.Exception) as failure:
-        ensure_systemd_analyze(search_path=str(tmp_path))
-    if os.geteuid() == 0:
-        assert "Unable to locate package systemd" in str(failure.value)
-        assert "exit code 100" in str(failure.value)
-    else:
-        assert "not running as root" in str(failure.value)
+        find_tool("systemd-analyze", search_path=str(tmp_path))
+    assert "systemd-analyze is not installed" in str(failure.value)
+    assert "make os-deps" in str(failure.value)
 
 
 # -- reading the unit -----------------------------------------------------------------------

@@ -250,14 +250,16 @@ def test_retries_are_bounded():
 def test_silence_times_out_within_the_deadline():
     steps = OPEN_SCRIPT + [(encode(codec.Meas(3, MeasKind.POINT, 100)), None)]
     with ScriptedDevice(steps) as dev:
-        with _driver(dev.url, timeout_s=0.3) as drv:
+        with _driver(dev.url, timeout_s=1.0) as drv:
             t0 = time.monotonic()
             with pytest.raises(trk.TrackerTimeoutError) as info:
                 drv.measure("point", 0.1)
             elapsed = time.monotonic() - t0
         dev.assert_done()
     assert isinstance(info.value, TimeoutError) and isinstance(info.value, DriverError)
-    assert 0.4 - 0.01 <= elapsed < 0.4 + 0.25  # averaging 0.1 s + timeout 0.3 s
+    # averaging 0.1 s + timeout 1.0 s; the slack above it is for a loaded machine, and still
+    # well short of a second timeout
+    assert 1.1 - 0.01 <= elapsed < 1.1 + 0.8
 
 
 def test_bad_quaternion_is_a_protocol_error():

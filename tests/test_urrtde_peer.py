@@ -14,6 +14,8 @@ import time
 import numpy as np
 import pytest
 
+from conftest import wait_until
+
 rtde_receive = pytest.importorskip("rtde_receive")
 
 PORT = 30004
@@ -21,9 +23,9 @@ PORT = 30004
 
 def _serve(conn) -> None:
     """Child process: the sim controller on 30004, recording every published package."""
+    from cellcal.drivers.kinematics import dh_model
     from cellcal.sim.robot_sim import SimRobot
     from cellcal.sim.rtde_server import RtdeServer
-    from cellcal.drivers.kinematics import dh_model
     from cellcal.sim.world import World
 
     home = dh_model("ur5e").forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))
@@ -48,13 +50,13 @@ def _serve(conn) -> None:
         return
     conn.send(("ready", None))
     try:
-        while conn.poll(30.0):
+        while conn.poll(120.0):  # the parent's next command (or the end)
             cmd = conn.recv()
             if cmd == "dump":
                 conn.send((dict(published), fields_asked[-1] if fields_asked else []))
             elif cmd == "freeze":
                 frozen = robot.sample()
-                robot.sample = lambda t_s=None: frozen  # publish this one sample from now on
+                robot.sample = lambda t_s=None, frozen=frozen: frozen  # publish this one sample from now on
                 time.sleep(0.05)
                 conn.send((frozen.timestamp_s, tuple(map(float, frozen.q_rad)), tuple(map(float, frozen.tcp_pose))))
             elif cmd == "stop":
@@ -71,14 +73,15 @@ def server():
     proc = ctx.Process(target=_serve, args=(child,), daemon=True)
     proc.start()
     try:
-        assert parent.poll(20.0), "server process did not start"
+        # a fresh interpreter importing numpy and cellcal: tens of seconds on a loaded machine
+        assert parent.poll(60.0), "server process did not start"
         status, detail = parent.recv()
         if status != "ready":
             pytest.fail(detail)
         # make sure it serves before handing the port to a client that blocks with the GIL
         from cellcal.drivers import connect_robot
 
-        with connect_robot(f"rtde://127.0.0.1:{PORT}", connect_timeout_s=5.0) as ours:
+        with connect_robot(f"rtde://127.0.0.1:{PORT}", connect_timeout_s=10.0) as ours:
             ours.read_state()
         yield parent
     finally:
@@ -96,15 +99,18 @@ def test_ur_rtde_reads_what_the_simulator_published(server):
     r = rtde_receive.RTDEReceiveInterface("127.0.0.1")
     try:
         assert r.isConnected()
-        time.sleep(0.2)
+        wait_until(lambda: r.getTimestamp() > 0, 10.0, "ur-rtde's first package")
         reads = []
-        for _ in range(25):
+
+        def live():
             reads.append((r.getTimestamp(), tuple(r.getActualQ()), tuple(r.getActualTCPPose())))
-            time.sleep(0.004)
+            return len(reads) >= 25 and len({q for _, q, _ in reads}) > 1
+
+        wait_until(live, 10.0, "25 reads spanning more than one package")
         assert r.getRobotMode() == 7  # RUNNING
         assert r.getSafetyMode() == 1  # NORMAL
         server.send("dump")
-        assert server.poll(10.0)
+        assert server.poll(30.0)
         published, fields = server.recv()
         all_q = {q for q, _ in published.values()}
         all_pose = {p for _, p in published.values()}
@@ -118,10 +124,9 @@ def test_ur_rtde_reads_what_the_simulator_published(server):
 
         # now hold one sample: all three getters must return exactly that sample
         server.send("freeze")
-        assert server.poll(10.0)
+        assert server.poll(30.0)
         ts, q, pose = server.recv()
-        time.sleep(0.05)
-        assert r.getTimestamp() == ts
+        wait_until(lambda: r.getTimestamp() == ts, 10.0, "the held sample at ur-rtde")
         assert tuple(r.getActualQ()) == q
         assert tuple(r.getActualTCPPose()) == pose
     finally:

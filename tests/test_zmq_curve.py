@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 
 import pytest
 import zmq
@@ -12,6 +11,7 @@ import zmq.auth
 from cellcal.daemon import protocol as P
 from cellcal.daemon.client import Client, ClientTimeout, CommandFailed
 from cellcal.daemon.zmq_server import SecurityError, ZmqServer
+from conftest import wait_until
 from test_zmq_support import MemoryDaemon, curve_config, curve_setup, dealer, serving, short_tmpdir, zctx, zmq_config
 
 ROLES = {"ops": "operator", "viewer": "observer"}
@@ -142,9 +142,12 @@ def test_refused_key_is_logged_once_not_per_reconnect(curve, caplog):
         with _client(srv, keys, "stranger", timeout_s=0.2, retries=3) as c:
             with pytest.raises(ClientTimeout):
                 c.call("get_status")
-        time.sleep(0.1)
-    refusals = [r for r in caplog.records if "refused CURVE key" in r.getMessage()]
-    assert len(refusals) == 1 and keys["stranger"][0].decode()[:8] in refusals[0].getMessage()
+
+        def refusals():
+            return [r for r in caplog.records if "refused CURVE key" in r.getMessage()]
+
+        wait_until(refusals, 10.0, "the refusal in the log")
+    assert len(refusals()) == 1 and keys["stranger"][0].decode()[:8] in refusals()[0].getMessage()
 
 
 def test_secret_key_file_mode_is_checked(curve, caplog):

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from cellcal.daemon import protocol as P
+from conftest import wait_until
 from test_zmq_support import CELL_T_BASE, curve_config, curve_setup, serving, short_tmpdir, zmq_config
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocols" / "zeromq.md"
@@ -94,7 +95,7 @@ def _numbers(obj):
 
 def test_byte_dumps_are_exact():
     i = 0
-    for k, _name, lang, body in CHECKS:
+    for k, _name, _lang, body in CHECKS:
         if k != "bytes":
             continue
         obj = json.loads(body)
@@ -127,16 +128,20 @@ def test_tables_name_every_topic_command_code_and_field():
 # --- the C++ client of section 10.2 --------------------------------------------------------------
 
 
-def _have_cpp() -> bool:
-    return bool(shutil.which("g++")) and Path("/usr/include/zmq.hpp").exists() and Path("/usr/include/msgpack.hpp").exists()
+def _missing_cpp_toolchain() -> list[str]:
+    have = {"g++": shutil.which("g++") is not None}
+    have.update({h: Path("/usr/include", h).exists() for h in ("zmq.h", "zmq.hpp", "msgpack.hpp")})
+    return [what for what, ok in have.items() if not ok]
 
 
 @pytest.fixture(scope="module")
 def cpp_client(tmp_path_factory):
-    # The document's C++ client must build and run: install the toolchain if it is missing.
-    from _apt import ensure_debian_packages
-
-    ensure_debian_packages(["g++", "libzmq3-dev", "cppzmq-dev", "libmsgpack-cxx-dev"], _have_cpp)
+    # The document's C++ client must build and run. The tests never install anything: a
+    # missing toolchain fails them (never a skip) with the command that installs it.
+    missing = _missing_cpp_toolchain()
+    if missing:
+        pytest.fail(f"the C++ client's toolchain is missing ({', '.join(missing)}): run `make os-deps` "
+                    "(as root it installs the OS packages the suite needs)")
     d = tmp_path_factory.mktemp("cpp")
     (src,) = [body for _name, body in _blocks("cpp")]
     (d / "cellcal_client.cpp").write_text(src)
@@ -207,7 +212,7 @@ def test_cpp_client_under_curve_as_observer_and_operator(cpp_client):
 def test_cpp_client_resynchronises_after_a_restart(cpp_client):
     # Snapshot from a first daemon, then that daemon is replaced on the same endpoints: the
     # client must see the new boot_id and take a fresh snapshot before it goes on.
-    from test_zmq_support import MemoryDaemon, wait_until
+    from test_zmq_support import MemoryDaemon
 
     with short_tmpdir() as d:
         cfg = zmq_config(pub_endpoint=f"ipc://{d}/pub", cmd_endpoint=f"ipc://{d}/cmd")
@@ -216,7 +221,7 @@ def test_cpp_client_resynchronises_after_a_restart(cpp_client):
             proc = subprocess.Popen([str(cpp_client), srv1.cmd_endpoint, srv1.pub_endpoint], stdout=subprocess.PIPE,
                                     stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
             try:
-                assert wait_until(lambda: srv1.stats().get("requests", 0) >= 1, 10.0)  # it has its snapshot
+                wait_until(lambda: srv1.stats().get("requests", 0) >= 1, 10.0, "the client's snapshot request")
                 first_boot = srv1.boot_id
             except BaseException:
                 proc.kill()
