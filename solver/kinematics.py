@@ -25,6 +25,7 @@ import math
 from dataclasses import dataclass
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 __all__ = ["DHParameters", "UR5E", "N_JOINTS"]
 
@@ -32,7 +33,7 @@ __all__ = ["DHParameters", "UR5E", "N_JOINTS"]
 N_JOINTS = 6
 
 
-def _as6(value: object, name: str) -> np.ndarray:
+def _as6(value: ArrayLike, name: str) -> np.ndarray:
     a = np.array(value, dtype=np.float64).reshape(-1)
     if a.shape != (N_JOINTS,):
         raise ValueError(f"DH {name}: expected {N_JOINTS} values, got shape {np.shape(value)}")
@@ -84,10 +85,10 @@ class DHParameters:
     def with_errors(
         self,
         *,
-        delta_theta: object = None,
-        delta_a: object = None,
-        delta_d: object = None,
-        delta_alpha: object = None,
+        delta_theta: ArrayLike | None = None,
+        delta_a: ArrayLike | None = None,
+        delta_d: ArrayLike | None = None,
+        delta_alpha: ArrayLike | None = None,
         name: str | None = None,
     ) -> DHParameters:
         """The same arm with per-parameter errors added (each (6,), rad or m; None: zeros).
@@ -95,7 +96,7 @@ class DHParameters:
         This is how a truth arm differs from its nominal model: a UR controller's factory
         calibration is exactly such a set of deltas.
         """
-        def add(base: np.ndarray, delta: object, key: str) -> np.ndarray:
+        def add(base: np.ndarray, delta: ArrayLike | None, key: str) -> np.ndarray:
             return base if delta is None else base + _as6(delta, key)
 
         return DHParameters(
@@ -104,7 +105,7 @@ class DHParameters:
             name=name if name is not None else f"{self.name} + errors",
         )
 
-    def link_transforms(self, q_rad: object) -> np.ndarray:
+    def link_transforms(self, q_rad: ArrayLike) -> np.ndarray:
         """Per-link transforms ``T_i(q_i)``, shape (N, 6, 4, 4), for joint angles (N, 6) or (6,).
 
         Raises
@@ -137,7 +138,7 @@ class DHParameters:
         T[..., 3, 3] = 1.0
         return T
 
-    def forward(self, q_rad: object) -> np.ndarray:
+    def forward(self, q_rad: ArrayLike) -> np.ndarray:
         """Flange poses ``base_T_flange``, shape (N, 4, 4), for joint angles (N, 6) (or one
         (6,) vector, still returned as (1, 4, 4)), radians; metres out."""
         L = self.link_transforms(q_rad)
