@@ -896,7 +896,7 @@ def _nan_tests(nz: _refine.Noise) -> ResidualTests:
         declared_noise=not (nz.estimate_t or nz.estimate_r), chi2_per_dof=math.nan, chi2_p=math.nan,
         structure_f=math.nan, structure_p=math.nan, structure_dof=(0, 0),
         redundancy_translation=nz.redundancy_t, redundancy_rotation=nz.redundancy_r,
-        variance_factor_translation=1.0, variance_factor_rotation=1.0,
+        variance_factor_translation=1.0, variance_factor_rotation=1.0, small_sample_factor=1.0,
         model_error_translation_m=0.0, model_error_rotation_rad=0.0,
         inflation_translation=1.0, inflation_rotation=1.0,
     )
@@ -1478,7 +1478,8 @@ def calibrate_tool_point(
     else:
         nz.fallback_t, nz.sigma_t = True, nz.start_t
     assessment = _diag.assess(model, fit, nz, n, ws, robot_p=G[:, :3, 3], a_cols=slice(3, 6), huber=None,
-                              masked=masked, converged=True, estimated_ok=not nz.fallback_t)
+                              masked=masked, converged=True, estimated_ok=not nz.fallback_t,
+                              blocks=((0, 3), (3, 3)))
     cov = assessment.covariance * (nz.sigma_t / sigma) ** 2 if nz.fallback_t else assessment.covariance
     noise_cov = cov
     if assessment.model_error:

@@ -3,17 +3,18 @@
 Runs after every refinement (and on a linear or pivot answer) on the whitened Jacobian and
 residual the fit leaves in the workspace (ADR 0004, "Honest covariance").
 
-**Small samples.** An estimated variance component is a scaled chi-square: with ``r_c``
-redundancy, ``s_c^2 / sigma_c^2 ~ chi2_{r_c} / r_c``. Plugging ``s_c^2`` into the
-covariance makes the normalised error ``d^T C^-1 d`` a ``6 F(6, r)`` variate whose mean is
-``6 r / (r - 2)``: optimistic by ``r / (r - 2)`` (a factor 2 at ``r = 4``). So each estimated
-component's contribution to the covariance is scaled by its own ``kappa_c = r_c / (r_c - 2)``
-(the mean of the inverse scaled chi-square), through the sandwich
-``H^-1 (sum_c v_c F_c) H^-1`` with ``F_c = J_c^T J_c`` (whitened rows of component c) and
-``H = F_t + F_r``: translation and rotation separately, since their redundancies differ (a
-single pooled factor would over-cover one and under-cover the other). Below
-:data:`~cellcal.solver.refine.MIN_NOISE_REDUNDANCY` the start figure is kept
-(``noise_source`` says so) and ``kappa = 1``.
+**Small samples.** An estimated variance component is a scaled chi-square: with ``r``
+redundancy, ``s^2 / sigma^2 ~ chi2_r / r``. Plugging ``s^2`` into the covariance makes the
+normalised error ``d^T C^-1 d`` a ``6 F(6, r)`` variate whose mean is ``6 r / (r - 2)``:
+optimistic by ``r / (r - 2)`` (a factor 2 at ``r = 4``). With two components (translation
+and rotation, whose redundancies differ, so a single pooled factor would over-cover one and
+under-cover the other) the estimated *ratio* also sets the weights, which costs efficiency
+and biases the plug-in covariance low. Both are what Kenward and Roger's small-sample
+covariance corrects (:func:`_kenward_roger`): from the REML information of the two
+components (p x p traces only) it adds twice the Kackar-Harville term and scales each
+unknown's block so its NEES has the mean of its dimension; with one component it reduces to
+``r / (r - 2)``. Below :data:`~cellcal.solver.refine.MIN_NOISE_REDUNDANCY` the start figure
+is kept (``noise_source`` says so).
 
 **Declared noise.** With noise figures given, ``chi2 = sum e_w^2`` over the full-weight
 stations is compared with ``chi2_r`` (``r = r_t + r_r``): ``P(chi2_r > chi2)``.
@@ -120,9 +121,12 @@ class ResidualTests:
     redundancy_translation, redundancy_rotation : float
         Redundancy numbers of the two variance components (NaN: no rotation residual).
     variance_factor_translation, variance_factor_rotation : float
-        Factors applied to each component's share of the covariance: the small-sample
-        ``r / (r - 2)`` for an estimated figure, the measured excess over a declared one
-        when it is exceeded, 1 otherwise.
+        Factors applied to a *declared* component's share of the covariance: the measured
+        excess ``chi2_c / r_c`` when a model error is detected, 1 otherwise.
+    small_sample_factor : float
+        Kenward-Roger's ``E`` of the primary unknown (the reported block is ``E (Phi + 2
+        Lambda)``): the mean of its NEES under the plug-in covariance, over its dimension.
+        ``r / (r - 2)`` for one estimated component; 1 when nothing was estimated.
     model_error_translation_m, model_error_rotation_rad : float
         Per-axis 1-sigma of the rigid robot error added to the covariance (0 if none).
     inflation_translation, inflation_rotation : float
@@ -142,6 +146,7 @@ class ResidualTests:
     redundancy_rotation: float
     variance_factor_translation: float
     variance_factor_rotation: float
+    small_sample_factor: float
     model_error_translation_m: float
     model_error_rotation_rad: float
     inflation_translation: float
@@ -266,10 +271,11 @@ def _structure_test(model, n: int, ws: Workspace, Hinv: np.ndarray, a_cols: slic
     return F, _stats.f_sf(F, p1, d2), (p1, int(round(d2))), qz
 
 
-def _component_covariance(model, n: int, ws: Workspace, Hinv: np.ndarray, vt: float, vr: float) -> np.ndarray:
-    """``H^-1 (vt F_t + vr F_r) H^-1`` (``= vt H^-1`` when the factors agree)."""
-    if model.rows == 3 or vt == vr:
-        return vt * Hinv
+def _translation_information(model, n: int, ws: Workspace, H: np.ndarray) -> np.ndarray:
+    """``F_t = J_t^T J_t``: the translation rows' share of the information (all of it for a
+    3-row model)."""
+    if model.rows == 3:
+        return H
     p = model.nparam
     Jw, _, _ = model.views()
     Jt = ws.L36[: n * 3 * p].reshape(n, 3, p)
@@ -277,15 +283,96 @@ def _component_covariance(model, n: int, ws: Workspace, Hinv: np.ndarray, vt: fl
     Ft = np.empty((p, p))
     J2 = Jt.reshape(n * 3, p)
     np.matmul(J2.T, J2, out=Ft)
-    H = np.linalg.inv(Hinv)
-    M = vt * Ft + vr * (H - Ft)
-    C = Hinv @ M @ Hinv
+    return Ft
+
+
+def _component_covariance(Hinv: np.ndarray, H: np.ndarray, Ft: np.ndarray, vt: float, vr: float,
+                          two: bool) -> np.ndarray:
+    """``H^-1 (vt F_t + vr F_r) H^-1`` (``= vt H^-1`` when the factors agree)."""
+    if not two or vt == vr:
+        return vt * Hinv if vt != 1.0 else Hinv
+    C = Hinv @ (vt * Ft + vr * (H - Ft)) @ Hinv
     return 0.5 * (C + C.T)
+
+
+#: The small-sample factor of a block is capped here (its formula diverges as the
+#: redundancy of the estimated variances goes to 2).
+MAX_SMALL_SAMPLE_FACTOR = 10.0
+
+
+def _kenward_roger(Hinv: np.ndarray, H: np.ndarray, Ft: np.ndarray, base: np.ndarray, est_t: bool,
+                   est_r: bool, m: float, blocks) -> tuple[np.ndarray, float]:
+    """Small-sample covariance for variance components estimated from the residuals.
+
+    Kenward and Roger (1997, Biometrics 53, 983) for the model ``V = sum_c theta_c D_c``
+    (``D_c`` selecting the whitened translation or rotation rows, ``theta = 1`` at the
+    estimate): with ``Phi = H^-1``, ``F_c = J^T D_c J`` and the REML information
+    ``I_cd = tr(R D_c R D_d) / 2`` (``R = I - J Phi J^T``; ``tr(R D_c R D_c) = m_c - 2 tr(A_c)
+    + tr(A_c^2)``, ``tr(R D_t R D_r) = tr(A_t A_r)``, ``A_c = Phi F_c``: all p x p),
+    ``W = I^-1`` is the covariance of the estimated variance factors, and
+
+    * ``Lambda = Phi (sum_c W_cc F_c - sum_cd W_cd F_c Phi F_d) Phi``: the estimate loses
+      efficiency because its weights are estimated, and the plug-in ``Phi`` is low by the
+      same amount, so ``Phi_A = Phi + 2 Lambda`` (the Kackar-Harville correction);
+    * per block ``L`` (one unknown, l parameters), ``A2 = sum_cd W_cd tr(Theta Phi F_c Phi
+      Theta Phi F_d Phi)`` with ``Theta = L (L^T Phi L)^-1 L^T``, and ``E = 1 / (1 - A2 / l)``
+      is the mean of the Wald statistic ``d^T Phi_A^-1 d / l`` (Kenward-Roger's ``E*``).
+
+    The block is reported as ``E Phi_A``, so its NEES has mean ``l``. With one component
+    (``A_c = I``) this is exactly ``r / (r - 2)`` times ``Phi``: the inverse scaled
+    chi-square mean. ``base`` is the covariance of the declared components' part (it
+    equals ``Phi`` unless a declared figure was exceeded). Returns ``(C, E of the first
+    block)``.
+    """
+    Fs = [Ft] if Ft is H else [Ft, H - Ft]
+    est = [est_t] if Ft is H else [est_t, est_r]
+    mc = [m] * len(Fs)  # m: rows of one component (3 per station)
+    A = [Hinv @ F for F in Fs]
+    idx = [c for c in range(len(Fs)) if est[c]]
+    k = len(idx)
+    info = np.empty((k, k))
+    for a, c in enumerate(idx):
+        for b, d in enumerate(idx):
+            if c == d:
+                info[a, a] = 0.5 * (mc[c] - 2.0 * float(np.trace(A[c])) + float(np.trace(A[c] @ A[c])))
+            else:
+                info[a, b] = 0.5 * float(np.trace(A[c] @ A[d]))
+    try:
+        W = np.linalg.inv(info)
+    except np.linalg.LinAlgError:
+        return base * MAX_SMALL_SAMPLE_FACTOR, MAX_SMALL_SAMPLE_FACTOR
+    inner = np.zeros_like(H)
+    for a, c in enumerate(idx):
+        inner += W[a, a] * Fs[c]
+        for b, d in enumerate(idx):
+            inner -= W[a, b] * (Fs[c] @ Hinv @ Fs[d])
+    lam = Hinv @ inner @ Hinv
+    C = base + 2.0 * lam
+    C = 0.5 * (C + C.T)
+    scale = np.ones(H.shape[0])
+    first = 1.0
+    PF = [Hinv @ F @ Hinv for F in Fs]
+    for j, (start, size) in enumerate(blocks):
+        sl = slice(start, start + size)
+        Theta = np.zeros_like(H)
+        Theta[sl, sl] = np.linalg.inv(Hinv[sl, sl])
+        TP = [Theta @ P for P in PF]
+        a2 = 0.0
+        for a, c in enumerate(idx):
+            for b, d in enumerate(idx):
+                a2 += W[a, b] * float(np.trace(TP[c] @ TP[d]))
+        e = 1.0 / (1.0 - a2 / size) if a2 < size * (1.0 - 1.0 / MAX_SMALL_SAMPLE_FACTOR) else MAX_SMALL_SAMPLE_FACTOR
+        scale[sl] = math.sqrt(e)
+        if j == 0:
+            first = e
+    C = C * np.outer(scale, scale)
+    return C, first
 
 
 def assess(
     model, fit: Fit, nz: Noise, n: int, ws: Workspace, *, robot_p: np.ndarray, a_cols: slice,
     huber: float | None, masked: bool, converged: bool, estimated_ok: bool = True,
+    blocks: tuple = ((0, 6), (6, 6)),
 ) -> Assessment:
     """Residual tests, small-sample and excess factors, and the model-error decision.
 
@@ -297,6 +384,8 @@ def assess(
         Flange positions in the robot base frame (the structure test's features).
     a_cols : slice
         Columns of the Jacobian that a base-frame twist of the flange moves exactly.
+    blocks : tuple of (start, size)
+        The unknowns' parameter blocks (small-sample factor per block).
     huber, masked
         As the fit was run (which stations count for the variance).
     converged : bool
@@ -307,29 +396,35 @@ def assess(
     Hinv = fit.covariance
     finite = bool(np.all(np.isfinite(Hinv)))
     centroid = np.zeros(3)
-    declared = not (nz.estimate_t or (nz.rows == 6 and nz.estimate_r))
+    wants_t = nz.estimate_t  # a figure that comes from the residuals
+    wants_r = nz.rows == 6 and nz.estimate_r
+    declared = not (wants_t or wants_r)
     nan_tests = ResidualTests(
         declared_noise=declared, chi2_per_dof=math.nan, chi2_p=math.nan, structure_f=math.nan,
         structure_p=math.nan, structure_dof=(0, 0), redundancy_translation=nz.redundancy_t,
         redundancy_rotation=nz.redundancy_r, variance_factor_translation=1.0, variance_factor_rotation=1.0,
-        model_error_translation_m=0.0, model_error_rotation_rad=0.0, inflation_translation=1.0,
+        small_sample_factor=1.0, model_error_translation_m=0.0, model_error_rotation_rad=0.0, inflation_translation=1.0,
         inflation_rotation=1.0,
     )
     if not (finite and converged):
         return Assessment(nan_tests, [], Hinv, False, 0.0, 0.0, centroid, 0.0)
-    from cellcal.solver.refine import _variance_stations
+    from cellcal.solver.refine import _VAR_TRUNC, _variance_stations
 
-    vm = _variance_stations(n, ws, huber, masked)
+    robust = huber is not None or bool(getattr(fit, "robust", False))
+    vm = _variance_stations(n, ws, robust, masked, model.rows)
     (rt, qt), (rr, qr) = component_redundancy(model, n, ws, Hinv, vm)
+    if robust:
+        qt /= _VAR_TRUNC[model.rows]
+        qr /= _VAR_TRUNC[model.rows]
     two = model.rows == 6
     red = rt + (rr if two else 0.0)
     q = qt + (qr if two else 0.0)
     chi2_per_dof = q / red if red > 0 else math.nan
     # Which figures are declared (a test against them) and which estimated.
-    est_t = nz.estimate_t and not nz.fallback_t and estimated_ok
-    est_r = two and nz.estimate_r and not nz.fallback_r and estimated_ok
-    dec_t = not nz.estimate_t
-    dec_r = two and not nz.estimate_r
+    est_t = wants_t and not nz.fallback_t and estimated_ok
+    est_r = two and wants_r and not nz.fallback_r and estimated_ok
+    dec_t = not wants_t
+    dec_r = two and not wants_r
     chi2_stat = (qt if dec_t else 0.0) + (qr if dec_r else 0.0)
     chi2_red = (rt if dec_t else 0.0) + (rr if dec_r else 0.0)
     tests_run = 0
@@ -349,9 +444,16 @@ def assess(
     # Variance factors of each component's share of the covariance.
     st2 = qt / rt if rt > 0 else 1.0
     sr2 = (qr / rr if rr > 0 else 1.0) if two else 1.0
-    vt = small_sample_factor(rt) if est_t else (max(1.0, st2) if (model_error and dec_t) else 1.0)
-    vr = (small_sample_factor(rr) if est_r else (max(1.0, sr2) if (model_error and dec_r) else 1.0)) if two else vt
-    cov = _component_covariance(model, n, ws, Hinv, vt, vr)
+    # Declared figures the residuals exceed: their components' shares scaled by the excess.
+    vt = max(1.0, st2) if (model_error and dec_t) else 1.0
+    vr = (max(1.0, sr2) if (model_error and dec_r) else 1.0) if two else vt
+    H = np.linalg.inv(Hinv)
+    Ft = _translation_information(model, n, ws, H)
+    cov = _component_covariance(Hinv, H, Ft, vt, vr, two)
+    small = 1.0
+    if est_t or est_r:
+        count = float(n) if vm is None else float(vm.sum())
+        cov, small = _kenward_roger(Hinv, H, Ft, cov, est_t, est_r, 3.0 * count, blocks)
     warnings: list[SolveWarning] = []
     tau_t = tau_r = 0.0
     if model_error:
@@ -368,6 +470,7 @@ def assess(
         declared_noise=declared, chi2_per_dof=chi2_per_dof, chi2_p=chi2_p, structure_f=F, structure_p=pF,
         structure_dof=sdof, redundancy_translation=rt, redundancy_rotation=rr if two else math.nan,
         variance_factor_translation=vt, variance_factor_rotation=vr if two else math.nan,
+        small_sample_factor=small,
         model_error_translation_m=tau_t, model_error_rotation_rad=tau_r,
         inflation_translation=1.0, inflation_rotation=1.0,
         false_alarm_rate=MODEL_ERROR_FALSE_ALARM,

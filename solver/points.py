@@ -362,7 +362,8 @@ def calibrate_base_frame_points(
         np.copyto(ws.v3d[:n], ws.q4[:n, :3])  # target positions in the base frame
         assessment = _diag.assess(model, fit, noise, n, ws, robot_p=ws.v3d[:n], a_cols=slice(0, 6),
                                   huber=huber, masked=masked or reject_k is not None,
-                                  converged=converged, estimated_ok=not noise.reset)
+                                  converged=converged, estimated_ok=not noise.reset,
+                                  blocks=((0, 6), (6, 3)))
     if refined:
         model.norms(ws.res_t[:n], ws.res_r[:n])
         stats = _core.closure_stats(n, ws)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cellcal.solver import _stats
 from cellcal.solver.workspace import Workspace
 
 __all__ = [
@@ -638,9 +639,19 @@ _MAX_REJECTS = 10
 _FLOOR_REL = 1.0e-7
 #: Rounds of hard rejection (``reject_k``) at most.
 _MAX_REJECT_ROUNDS = 5
+#: A robust fit's budget is this many times ``max_iterations`` per round: re-weighting
+#: converges linearly, not quadratically (20-30 steps from a start with gross outliers).
+ROBUST_ITERATION_FACTOR = 3
 #: Medians of chi-square with 3 and 6 degrees of freedom (robust scale of a station's
 #: translation or rotation residual, and of a 6-D length).
 _MEDIAN_CHI2_3 = 2.365973884375338
+#: A robust fit estimates its noise from the stations whose whitened squared length is
+#: below the 99.9 % point of chi-square (rows degrees of freedom), and corrects for the
+#: truncation: ``E[R^2 | R^2 < c^2] = rows P(chi2_{rows+2} < c^2) / P(chi2_rows < c^2)``.
+#: Cutting by the Huber weight instead (stations inside k) would bias the scale low, and
+#: for small k the low scale cuts more stations: a runaway.
+_VAR_CUT = {r: _stats.chi2_ppf(0.999, r) for r in (3, 6)}
+_VAR_TRUNC = {r: (1.0 - _stats.chi2_sf(_VAR_CUT[r], r + 2)) / 0.999 for r in (3, 6)}
 
 
 @dataclass
@@ -666,6 +677,7 @@ class Fit:
     message: str = ""
     stop_reason: str = STOP_CONVERGED
     rejected: int = 0  # stations dropped by reject_k
+    robust: bool = False  # huber or reject_k: noise from the stations inside the 99.9 % cut
 
 
 def _station_weights(n: int, ws: Workspace, huber: float | None, masked: bool, r2: np.ndarray) -> float:
@@ -748,20 +760,21 @@ def _eval(model, state, n, ws, huber, nz, masked=False) -> float:
     return _weigh(model, n, ws, huber, nz, masked)
 
 
-def _variance_stations(n: int, ws: Workspace, huber: float | None, masked: bool) -> np.ndarray | None:
+def _variance_stations(n: int, ws: Workspace, robust: bool, masked: bool, rows: int = 6) -> np.ndarray | None:
     """Weights of the stations a variance estimate sums over, into ``ws.vm`` (None: all
-    with weight 1). A robust fit estimates from the stations it kept at full weight."""
-    if huber is None and not masked:
+    with weight 1). A robust fit leaves out the stations beyond the 99.9 % point of their
+    whitened length (:data:`_VAR_CUT`); ``ws.r2`` must hold the squared lengths."""
+    if not robust and not masked:
         return None
     vm = ws.vm[:n]
     if masked:
         np.copyto(vm, ws.mask[:n])
     else:
         vm.fill(1.0)
-    if huber is not None:
-        full = ws.ball[:n]
-        np.greater_equal(ws.hw[:n], 1.0, out=full)
-        np.multiply(vm, full, out=vm)
+    if robust:
+        inside = ws.ball[:n]
+        np.less(ws.r2[:n], _VAR_CUT[rows], out=inside)
+        np.multiply(vm, inside, out=vm)
     return vm
 
 
@@ -776,7 +789,7 @@ def component_redundancy(model, n: int, ws: Workspace, Hinv: np.ndarray, vm: np.
     ``ws.KJ``.
     """
     rows, p = model.rows, model.nparam
-    Jw, _, ewh = model.views()
+    Jw, ew, _ = model.views()
     K = ws.KJ[: n * rows * p].reshape(n, rows, p)
     np.matmul(Jw, Hinv, out=K)
     out = []
@@ -792,26 +805,34 @@ def component_redundancy(model, n: int, ws: Workspace, Hinv: np.ndarray, vm: np.
             continue
         if ind is None:
             lev = float(np.einsum("nrk,nrk->", K[:, a:b], Jw[:, a:b]))
-            q = float(np.einsum("ij,ij->", ewh[:, a:b], ewh[:, a:b]))
+            q = float(np.einsum("ij,ij->", ew[:, a:b], ew[:, a:b]))
         else:
-            # Per station, then the indicator's dot product: a three-operand einsum buffers.
+            # Per station, then the weights' dot product: a three-operand einsum buffers.
+            # The squares are of the unweighted whitened residual, weighted by vm (a
+            # duplicate's 1/k; a Huber weight is not a variance weight).
             li = ws.rs[4, :n]
             np.einsum("nrk,nrk->n", K[:, a:b], Jw[:, a:b], out=li)
             lev = float(np.vdot(li, ind))
-            np.copyto(ws.e3[:n], ewh[:, a:b])
+            np.copyto(ws.e3[:n], ew[:, a:b])
             _rowdot(ws.e3[:n], li)
-            q = float(np.vdot(li, ind))
+            assert vm is not None
+            q = float(np.dot(li, vm))
         out.append((3.0 * count - lev, q))
     return tuple(out)
 
 
-def _vce(model, n: int, ws: Workspace, nz: Noise, Hinv: np.ndarray, vm: np.ndarray | None = None) -> bool:
+def _vce(model, n: int, ws: Workspace, nz: Noise, Hinv: np.ndarray, vm: np.ndarray | None = None,
+         robust: bool = False) -> bool:
     """One variance-component update of the estimated noise figures; True if one moved.
 
     A component whose redundancy is below :data:`MIN_NOISE_REDUNDANCY` keeps its start
-    figure and is flagged ``fallback_*`` (too few stations to estimate it).
+    figure and is flagged ``fallback_*`` (too few stations to estimate it). ``robust``:
+    ``vm`` is the truncated station set of :func:`_variance_stations`, corrected for.
     """
     (rt, qt), (rr, qr) = component_redundancy(model, n, ws, Hinv, vm)
+    if robust:
+        qt /= _VAR_TRUNC[model.rows]
+        qr /= _VAR_TRUNC[model.rows]
     nz.redundancy_t, nz.redundancy_r = rt, rr
     moved = False
     for name, red, q in (("t", rt, qt), ("r", rr, qr)):
@@ -992,7 +1013,8 @@ def refine(
         After convergence, stations whose whitened length exceeds ``reject_k`` robust
         sigmas are dropped (``ws.mask`` set to 0) and the fit repeated, until none is.
     max_iterations : int
-        Gauss-Newton steps at most.
+        Gauss-Newton steps at most per round (a ``reject_k`` round starts a new budget; a
+        robust fit has :data:`ROBUST_ITERATION_FACTOR` times as many).
     masked : bool
         Weigh each station by ``ws.mask`` (filled by the caller; 1/k for k duplicates).
 
@@ -1029,6 +1051,8 @@ def refine(
         return _skipped(model, start, n, ws, huber, nz, masked, 0, exc)
     lam = 0.0
     it = 0
+    budget = max_iterations * (ROBUST_ITERATION_FACTOR if robust else 1)
+    limit = budget
     rejects = 0
     vce_rounds = 0
     reject_rounds = 0
@@ -1047,8 +1071,8 @@ def refine(
             if dec <= _REL_TOL * cost + _ABS_TOL:
                 if estimating and vce_rounds < _VCE_MAX_ROUNDS:
                     vce_rounds += 1
-                    vm = _variance_stations(n, ws, huber, masked)
-                    if _vce(model, n, ws, nz, np.linalg.inv(H), vm):
+                    vm = _variance_stations(n, ws, robust, masked, model.rows)
+                    if _vce(model, n, ws, nz, np.linalg.inv(H), vm, robust):
                         fill_whitening(nz, n, ws)
                         cost = _weigh(model, n, ws, huber, nz, masked)  # same state, new weights
                         H, g = _normal(model, n, ws)
@@ -1059,6 +1083,7 @@ def refine(
                     if dropped:
                         reject_rounds += 1
                         rejected += dropped
+                        limit = it + budget
                         if estimating:
                             _robust_start(model, state, n, ws, nz, masked)
                         cost = _eval(model, state, n, ws, huber, nz, masked)
@@ -1067,7 +1092,7 @@ def refine(
                         continue
                 stop = STOP_CONVERGED
                 break
-            if it >= max_iterations:
+            if it >= limit:
                 stop = STOP_ITERATIONS
                 break
             it += 1
@@ -1102,7 +1127,7 @@ def refine(
             raise np.linalg.LinAlgError("singular information matrix")
         if estimating and not converged:
             # Redundancy figures of the returned state (no estimate from them).
-            rr = component_redundancy(model, n, ws, cov, _variance_stations(n, ws, huber, masked))
+            rr = component_redundancy(model, n, ws, cov, _variance_stations(n, ws, robust, masked, model.rows))
             nz.redundancy_t, nz.redundancy_r = rr[0][0], rr[1][0]
     except np.linalg.LinAlgError as exc:
         return _skipped(model, start, n, ws, huber, nz, masked, it, exc)
@@ -1110,13 +1135,13 @@ def refine(
     chi2 = _masked_chi2(ew, n, ws, masked)
     down = _downweighted(n, ws, masked) if robust else ws.down[:0]
     if stop == STOP_ITERATIONS:
-        reason = f"{STOP_ITERATIONS} ({max_iterations} iterations) reached before convergence"
+        reason = f"{STOP_ITERATIONS} ({budget} iterations) reached before convergence"
     elif stop == STOP_STALLED:
         reason = f"{STOP_STALLED}: {_MAX_REJECTS} steps in a row did not lower the cost"
     else:
         reason = stop
     return Fit(state, cov, cost, chi2, _dof(model, n, ws, masked), it, converged, down, nz,
-               stop_reason=reason, rejected=rejected)
+               stop_reason=reason, rejected=rejected, robust=robust)
 
 
 def _masked_chi2(ew: np.ndarray, n: int, ws: Workspace, masked: bool) -> float:
@@ -1151,8 +1176,10 @@ def covariance_at(model, state, nz: Noise, *, huber: float | None = None, masked
     H, _ = _normal(model, n, ws)
     p = model.nparam
     try:
+        robust = huber is not None
         for _ in range(_VCE_MAX_ROUNDS if (nz.estimate_t or nz.estimate_r) else 0):
-            if not _vce(model, n, ws, nz, np.linalg.inv(H), _variance_stations(n, ws, huber, masked)):
+            vm = _variance_stations(n, ws, robust, masked, model.rows)
+            if not _vce(model, n, ws, nz, np.linalg.inv(H), vm, robust):
                 break
             fill_whitening(nz, n, ws)
             cost = _weigh(model, n, ws, huber, nz, masked)
@@ -1160,14 +1187,14 @@ def covariance_at(model, state, nz: Noise, *, huber: float | None = None, masked
         cov = np.linalg.inv(H)
         ok = bool(np.all(np.isfinite(cov)))
         if ok:
-            rr = component_redundancy(model, n, ws, cov, _variance_stations(n, ws, huber, masked))
+            rr = component_redundancy(model, n, ws, cov, _variance_stations(n, ws, robust, masked, model.rows))
             nz.redundancy_t, nz.redundancy_r = rr[0][0], rr[1][0]
     except np.linalg.LinAlgError:
         cov, ok = np.full((p, p), np.inf), False
     _, ew, _ = model.views()
     return Fit(state, cov, cost, _masked_chi2(ew, n, ws, masked), _dof(model, n, ws, masked), 0, True,
                ws.down[:0], nz, ok=ok, message="" if ok else "information matrix singular",
-               stop_reason="closed-form linear answer, not refined")
+               stop_reason="closed-form linear answer, not refined", robust=huber is not None)
 
 
 
