@@ -26,6 +26,7 @@ agreement with the linear answer. ``refine=False`` returns the linear answer unc
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -68,6 +69,7 @@ __all__ = [
     "DEFAULT_EXPECTED_TOLERANCE_M",
     "DEFAULT_EXPECTED_TOLERANCE_RAD",
     "MAX_ROTATION_SIGMA_RAD",
+    "CHECK_SPREAD",
     "MIN_STATIONS",
 ]
 
@@ -83,6 +85,9 @@ MIN_STATIONS = 3
 #: robot to a few centimetres and degrees; wrong inputs miss it by far more (ADR 0009).
 DEFAULT_EXPECTED_TOLERANCE_M = 0.05
 DEFAULT_EXPECTED_TOLERANCE_RAD = math.radians(5.0)
+#: Below this ``axis_spread`` (a cone of axes narrower than about 5 deg) the linear answer
+#: is checked for determinacy at its estimated noise before it is refined.
+CHECK_SPREAD = 1e-2
 #: A result whose primary rotation is undetermined beyond this 1-sigma (rad, the largest
 #: eigen-direction) is refused as degenerate: past ~0.1 rad the linearised covariance no
 #: longer describes the error (noisy, nearly parallel axes; ADR 0002).
@@ -741,7 +746,7 @@ class _PoseOutcome:
     """What :func:`_pose_finish` hands back to the public functions (model form)."""
 
     __slots__ = ("A", "B", "cov", "stats", "fit", "holdout", "refined", "noise", "assessment", "converged",
-                 "noise_cov", "extra_warnings")
+                 "noise_cov", "extra_warnings", "probe_cov")
 
     def __init__(self, A, B, cov, stats, fit, holdout, refined, noise, assessment, converged):
         self.A, self.B, self.cov, self.stats = A, B, cov, stats
@@ -749,6 +754,7 @@ class _PoseOutcome:
         self.assessment, self.converged = assessment, converged
         self.noise_cov = cov  # before the model-error term
         self.extra_warnings: list[SolveWarning] = []
+        self.probe_cov: np.ndarray | None = None  # a stopped fit's covariance under estimated noise
 
 
 def _pose_finish(
@@ -757,6 +763,7 @@ def _pose_finish(
     reject_k: float | None = None, masked: bool = False,
     uncertainty: bool = True,
     max_iterations: int, fit_subset, stats: tuple, measurement_residuals: bool,
+    determinacy=None, spread: float = 1.0,
 ) -> _PoseOutcome:
     """Refinement (or the covariance at the linear answer), residual tests, residuals and
     hold-out closure of the pose model ``M_i = A G_i B`` started from the linear ``(A0, B0)``.
@@ -769,6 +776,15 @@ def _pose_finish(
     """
     model = _refine.PoseModel(M, G, n, ws)
     refined = False
+    if refine and determinacy is not None and spread < CHECK_SPREAD and (noise.estimate_t or noise.estimate_r):
+        # Nearly parallel axes: is the linear start determined at the noise its residuals
+        # imply? If not, refining would wander along the undetermined direction.
+        pn = dataclasses.replace(noise, diag=None)
+        _refine.fill_whitening(pn, n, ws)
+        determinacy(_refine.covariance_at(model, (A0, B0), pn, huber=huber, masked=masked).covariance)
+        _refine.fill_whitening(noise, n, ws)
+    elif refine and determinacy is not None and spread < CHECK_SPREAD:
+        determinacy(_refine.covariance_at(model, (A0, B0), noise, huber=huber, masked=masked).covariance)
     if refine:
         fit = _refine.refine(model, (A0, B0), noise, huber=huber, reject_k=reject_k,
                              max_iterations=max_iterations, masked=masked)
@@ -786,6 +802,16 @@ def _pose_finish(
         if measurement_residuals:
             # Nothing evaluated the model yet: its residual buffers hold no answer's residuals.
             model.residuals((A0, B0))
+    probe = None
+    if refine and fit.ok and not converged and (noise.estimate_t or noise.estimate_r):
+        # A stopped fit reports default noise (never an estimate from a state that is not
+        # the minimum); whether the data determine it at all is judged with the noise the
+        # residuals imply, so an undetermined answer is refused rather than returned.
+        pn = dataclasses.replace(noise, diag=None, reset="")
+        _refine.fill_whitening(pn, n, ws)
+        probe = _refine.covariance_at(model, fit.state, pn, huber=huber, masked=masked).covariance
+        _refine.fill_whitening(noise, n, ws)
+        _refine._eval(model, fit.state, n, ws, huber, noise, masked)
     assessment = None
     if fit.ok:
         # Features: the target positions in the robot-side frame (ws.q4, left by the model).
@@ -799,7 +825,9 @@ def _pose_finish(
     ho = _holdout(model, fit, refined, holdout, fit_subset, n, ws, owned, stats[0])
     A, B = fit.state if refined else (A0, B0)
     cov = assessment.covariance if assessment is not None else fit.covariance
-    return _PoseOutcome(A, B, cov, stats, fit, ho, refined, noise, assessment, converged)
+    out = _PoseOutcome(A, B, cov, stats, fit, ho, refined, noise, assessment, converged)
+    out.probe_cov = probe
+    return out
 
 
 def _add_model_error(cov: np.ndarray, assessment, blocks) -> np.ndarray:
@@ -1130,11 +1158,14 @@ def calibrate_base_frame(
         holdout=holdout, uncertainty=uncertainty, noise=noise, huber=huber, reject_k=reject_k,
         masked=masked, max_iterations=max_iterations,
         fit_subset=fit_subset, stats=stats, measurement_residuals=False,
+        determinacy=lambda C: _check_determined(C[:6, :6], problem, "cell", obs, X), spread=obs.axis_spread,
     )
     noise_covX = out.cov[:6, :6].copy()
     out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out))
     covX, covY = out.cov[:6, :6].copy(), out.cov[6:, 6:].copy()
     _check_determined(covX, problem, "cell", obs, out.A)
+    if out.probe_cov is not None:
+        _check_determined(out.probe_cov[:6, :6], problem, "cell", obs, out.A)
     _sanity.check_prior(out.A, expected_cell_T_base, expected_tolerance_m, expected_tolerance_rad, "cell_T_base")
     linear = f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation"
     return BaseFrameResult(
@@ -1236,8 +1267,12 @@ def calibrate_hand_eye(
         reject_k=reject_k, masked=masked,
         max_iterations=max_iterations, fit_subset=fit_subset, stats=stats,
         measurement_residuals=False,
+        determinacy=lambda C: _check_determined(C[:6, :6], problem, "flange", obs, np.eye(4)),
+        spread=obs.axis_spread,
     )
     out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out))
+    if out.probe_cov is not None:  # model form: A's child frame is the flange
+        _check_determined(out.probe_cov[:6, :6], problem, "flange", obs, np.eye(4))
     Xo, covX, covZ, common = _inverted_first_outcome(
         out, X, n, m, obs, "flange", pairs, translation, huber, ws, workspace is None, reject_k, extra
     )
@@ -1349,8 +1384,12 @@ def calibrate_eye_to_hand(
         reject_k=reject_k, masked=masked,
         max_iterations=max_iterations, fit_subset=fit_subset, stats=stats,
         measurement_residuals=True,
+        determinacy=lambda C: _check_determined(C[:6, :6], problem, "base", obs, np.eye(4)),
+        spread=obs.axis_spread,
     )
     out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out))
+    if out.probe_cov is not None:  # model form: A's child frame is the robot base
+        _check_determined(out.probe_cov[:6, :6], problem, "base", obs, np.eye(4))
     Xo, covX, covY, common = _inverted_first_outcome(
         out, X, n, m, obs, "base", pairs, translation, huber, ws, workspace is None, reject_k, extra
     )
