@@ -152,8 +152,97 @@ def _point_spread(p: np.ndarray, n: int, ws: Workspace) -> tuple[float, np.ndarr
     return max(0.0, float(w[1] / w[2])), axis
 
 
-def _alternate(G: np.ndarray, p: np.ndarray, n: int, ws: Workspace, rounds: int, tol: float):
-    """Kabsch / pivot alternation from ``y = 0`` (the flange origin).
+#: The distance initialisation's 9x9 normal matrix is trusted below this condition number.
+_MAX_DISTANCE_COND = 1e10
+
+
+def _distance_pass(G: np.ndarray, p: np.ndarray, m: int, ws: Workspace, N9: np.ndarray, b9: np.ndarray) -> None:
+    """Add the distance equations of the pairs ``(ws.pi, ws.pj)[:m]`` to ``N9``, ``b9``."""
+    Gi, Gj = ws.T44a[:m], ws.T44b[:m]
+    np.take(G, ws.pi[:m], axis=0, out=Gi, mode="clip")
+    np.take(G, ws.pj[:m], axis=0, out=Gj, mode="clip")
+    dR = ws.M33[:m]
+    np.subtract(Gi[:, :3, :3], Gj[:, :3, :3], out=dR)
+    dt = ws.v3a[:m]
+    np.subtract(Gi[:, :3, 3], Gj[:, :3, 3], out=dt)
+    dp = ws.v3b[:m]
+    np.take(p, ws.pi[:m], axis=0, out=dp, mode="clip")
+    np.take(p, ws.pj[:m], axis=0, out=ws.v3c[:m], mode="clip")
+    np.subtract(dp, ws.v3c[:m], out=dp)
+    rows = ws.r9[:m]
+    # a = 2 dR^T dt (y's coefficients); S = dR^T dR enters as tr(S Y), Y = y y^T symmetric.
+    np.matmul(dR.transpose(0, 2, 1), dt[:, :, None], out=rows[:, 0:3, None])
+    np.multiply(rows[:, 0:3], 2.0, out=rows[:, 0:3])
+    S = ws.M33b[:m]
+    np.matmul(dR.transpose(0, 2, 1), dR, out=S)
+    np.copyto(rows[:, 3], S[:, 0, 0])
+    np.copyto(rows[:, 4], S[:, 1, 1])
+    np.copyto(rows[:, 5], S[:, 2, 2])
+    np.multiply(S[:, 0, 1], 2.0, out=rows[:, 6])
+    np.multiply(S[:, 0, 2], 2.0, out=rows[:, 7])
+    np.multiply(S[:, 1, 2], 2.0, out=rows[:, 8])
+    b = ws.s1[:m]
+    np.einsum("ij,ij->i", dp, dp, out=b)
+    np.einsum("ij,ij->i", dt, dt, out=ws.s2[:m])
+    np.subtract(b, ws.s2[:m], out=b)
+    N9 += rows.T @ rows
+    b9 += rows.T @ b
+
+
+def _distance_init(G: np.ndarray, p: np.ndarray, n: int, ws: Workspace) -> np.ndarray | None:
+    """The reflector offset ``y`` from distances alone, or None when they do not fix it.
+
+    Rigid motions keep distances: ``|p_i - p_j| = |q_i - q_j|`` with ``q_i = R_G_i y + t_G_i``
+    (base frame), whatever ``cell_T_base`` is. Expanded, ``|dp|^2 - |dt|^2 = 2 dt^T dR y +
+    y^T dR^T dR y`` (``dR = R_G_i - R_G_j``, ``dt = t_G_i - t_G_j``) is linear in ``y`` and
+    ``Y = y y^T`` (9 unknowns): least squares over all pairs up to 6 stations, over a ring
+    and a star of pairs (2N equations, O(N)) beyond. Exact without noise, so it starts the
+    alternation near the right minimum whatever the offset and the tilts; the alternation
+    from the flange origin lands in a wrong minimum for reflectors 0.5-1 m off the flange.
+    """
+    N9 = np.zeros((9, 9))
+    b9 = np.zeros(9)
+    if n <= 6:
+        for i in range(n - 1):  # all pairs: a star from each station
+            m = n - 1 - i
+            ws.pi[:m] = i
+            ws.pj[:m] = ws.iota[i + 1 : n]
+            _distance_pass(G, p, m, ws, N9, b9)
+    else:
+        for scheme in ("ring", "star"):
+            m = _core.make_pairs(n, scheme, ws)
+            _distance_pass(G, p, m, ws, N9, b9)
+    w = np.linalg.eigvalsh(N9)
+    if not (w[0] > 0.0 and w[-1] / w[0] < _MAX_DISTANCE_COND):
+        return None
+    sol = np.linalg.solve(N9, b9)
+    return sol[:3].copy()
+
+
+#: Up to this many stations the distance equations barely (or do not) fix the offset, and
+#: the alternation is also started from the flange origin and from 0.5 m along each flange
+#: axis; the start whose alternation closes best wins (four stations with a reflector 1 m
+#: off the flange otherwise end in a wrong minimum about one time in ten).
+_MULTISTART_STATIONS = 6
+_STARTS = tuple(np.concatenate([np.zeros((1, 3)), 0.5 * np.eye(3), -0.5 * np.eye(3)]))
+
+
+def _best_start(G: np.ndarray, p: np.ndarray, n: int, ws: Workspace, y0: np.ndarray | None) -> np.ndarray | None:
+    best, best_rms = y0, math.inf
+    for cand in ((y0,) if y0 is not None else ()) + _STARTS:
+        try:
+            _, _, y, _ = _alternate(G, p, n, ws, _INIT_ROUNDS, _INIT_TOL_M, cand)
+        except (np.linalg.LinAlgError, FloatingPointError):
+            continue
+        rms = float(np.vdot(ws.res_t[:n], ws.res_t[:n]))
+        if rms < best_rms:
+            best, best_rms = y, rms
+    return best
+
+
+def _alternate(G: np.ndarray, p: np.ndarray, n: int, ws: Workspace, rounds: int, tol: float,
+               y0: np.ndarray | None = None):
+    """Kabsch / pivot alternation from ``y0`` (default ``y = 0``, the flange origin).
 
     Returns ``(R_X, t_X, y, converged)``; leaves the position closure of the last pivot
     step in ``ws.res_t``. Stops early (``converged``) once a round changes ``y`` by less
@@ -161,7 +250,7 @@ def _alternate(G: np.ndarray, p: np.ndarray, n: int, ws: Workspace, rounds: int,
     """
     RG = G[:, :3, :3]
     y4 = np.ones(4)
-    y4[:3] = 0.0
+    y4[:3] = 0.0 if y0 is None else y0
     Rx = np.eye(3)
     y = y4[:3].copy()
     tx = np.zeros(3)
@@ -328,9 +417,14 @@ def calibrate_base_frame_points(
             max_rotation_rad=obs.max_rotation_rad,
         )
 
-    init = "Kabsch/pivot alternation"
-    Rx, tx, y, alt_converged = (_alternate(G, p, n, ws, _INIT_ROUNDS, _INIT_TOL_M) if refine
-                                else _alternate(G, p, n, ws, _MAX_ROUNDS, _FINAL_TOL_M))
+    y0 = _distance_init(G, ws.meas3[:n], n, ws)
+    init = "distance-initialised Kabsch/pivot alternation" if y0 is not None else "Kabsch/pivot alternation"
+    np.copyto(ws.meas3[:n], p)
+    if n <= _MULTISTART_STATIONS:
+        y0 = _best_start(G, p, n, ws, y0)
+        init += f" (best of {len(_STARTS) + 1} starts)"
+    Rx, tx, y, alt_converged = (_alternate(G, p, n, ws, _INIT_ROUNDS, _INIT_TOL_M, y0) if refine
+                                else _alternate(G, p, n, ws, _MAX_ROUNDS, _FINAL_TOL_M, y0))
     X0 = _transform(Rx, tx)
     ws.res_r[:n] = 0.0
     stats = _core.closure_stats(n, ws)
