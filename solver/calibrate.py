@@ -985,8 +985,9 @@ def _check_determined(cov6: np.ndarray, problem: str, frame: str, obs: _core.Obs
     """Refuse (``DegenerateGeometry``) an answer whose rotation the data fix only beyond
     :data:`MAX_ROTATION_SIGMA_RAD`: there the covariance no longer describes the error."""
     C = np.asarray(cov6[3:, 3:], dtype=float)
-    if not np.all(np.isfinite(C)):
-        return
+    tr = float(C[0, 0] + C[1, 1] + C[2, 2])
+    if not math.isfinite(tr) or tr <= MAX_ROTATION_SIGMA_RAD**2:
+        return  # the largest eigenvalue is at most the trace: the common case needs no eigh
     lam, V = np.linalg.eigh(0.5 * (C + C.T))
     sig = math.sqrt(max(float(lam[-1]), 0.0))
     if sig <= MAX_ROTATION_SIGMA_RAD:
@@ -1163,7 +1164,7 @@ def calibrate_base_frame(
     noise_covX = out.cov[:6, :6].copy()
     out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out))
     covX, covY = out.cov[:6, :6].copy(), out.cov[6:, 6:].copy()
-    _check_determined(covX, problem, "cell", obs, out.A)
+    _check_determined(noise_covX, problem, "cell", obs, out.A)
     if out.probe_cov is not None:
         _check_determined(out.probe_cov[:6, :6], problem, "cell", obs, out.A)
     _sanity.check_prior(out.A, expected_cell_T_base, expected_tolerance_m, expected_tolerance_rad, "cell_T_base")
@@ -1276,7 +1277,7 @@ def calibrate_hand_eye(
     Xo, covX, covZ, common = _inverted_first_outcome(
         out, X, n, m, obs, "flange", pairs, translation, huber, ws, workspace is None, reject_k, extra
     )
-    _check_determined(covX, problem, "flange", obs, Xo)
+    _check_determined(out.noise_cov[:6, :6], problem, "flange", obs, np.eye(4))
     _sanity.check_prior(Xo, expected_flange_T_camera, expected_tolerance_m, expected_tolerance_rad, "flange_T_camera")
     return HandEyeResult(
         **common, flange_T_camera=Xo, base_T_target=out.B,
@@ -1393,7 +1394,7 @@ def calibrate_eye_to_hand(
     Xo, covX, covY, common = _inverted_first_outcome(
         out, X, n, m, obs, "base", pairs, translation, huber, ws, workspace is None, reject_k, extra
     )
-    _check_determined(covX, problem, "base", obs, Xo)
+    _check_determined(out.noise_cov[:6, :6], problem, "base", obs, np.eye(4))
     _sanity.check_prior(Xo, expected_base_T_camera, expected_tolerance_m, expected_tolerance_rad, "base_T_camera")
     return EyeToHandResult(
         **common, base_T_camera=Xo, flange_T_target=out.B,

@@ -480,7 +480,7 @@ def calibrate_base_frame_points(
         cov[:6, :6] += _diag.rigid_error_covariance(assessment.centroid, assessment.tau_t, assessment.tau_r)
         cov[6:, 6:] += assessment.tau_t ** 2 * np.eye(3)
     covX = cov[:6, :6].copy()
-    _check_determined(covX, problem, "cell", obs, X)
+    _check_determined(noise_covX, problem, "cell", obs, X)
     _sanity.check_prior(X, expected_cell_T_base, expected_tolerance_m, expected_tolerance_rad, "cell_T_base")
     st, sr = sigma_figures(covX)
     rms_t, max_t, _, _ = stats
