@@ -38,7 +38,7 @@ import numpy as np
 from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import check_transform, matrix_from_quat
 
-__all__ = ["StationFileError", "Stations", "read_stations", "MEASUREMENT_KEYS"]
+__all__ = ["StationFileError", "Stations", "read_stations", "MEASUREMENT_KEYS", "QUATERNION_ORDERS"]
 
 #: measurement key per calibration kind (None: robot poses only)
 MEASUREMENT_KEYS = {"base_frame": "cell_T_target", "hand_eye": "camera_T_target", "tool_point": None}
@@ -68,8 +68,25 @@ class Stations:
     lines: list[int]
 
 
-def read_stations(path: str | Path, kind: str = "base_frame", fmt: str = "auto") -> Stations:
-    """Read a station file (JSON lines or CSV; ``fmt="auto"`` goes by the extension)."""
+#: Component orders a CSV's quaternion columns may be read in (``read_stations``).
+QUATERNION_ORDERS = ("wxyz", "xyzw")
+
+
+def read_stations(path: str | Path, kind: str = "base_frame", fmt: str = "auto", *,
+                  quaternion_order: str | dict[str, str] = "wxyz") -> Stations:
+    """Read a station file (JSON lines or CSV; ``fmt="auto"`` goes by the extension).
+
+    ``quaternion_order`` (CSV only): how the four ``*_qw, *_qx, *_qy, *_qz`` columns are
+    read, ``"wxyz"`` (the format) or ``"xyzw"`` (their values in x, y, z, w order, as some
+    exporters write them); one order for both poses, or a dict by prefix (``"flange"``,
+    ``"target"``). ``cellcal solve`` uses it to tell a user whose file fits far better read
+    the other way.
+    """
+    orders = {"flange": quaternion_order, "target": quaternion_order} if isinstance(quaternion_order, str) \
+        else {"flange": "wxyz", "target": "wxyz", **quaternion_order}
+    for o in orders.values():
+        if o not in QUATERNION_ORDERS:
+            raise ValueError(f"quaternion_order must be one of {QUATERNION_ORDERS}, got {o!r}")
     if kind not in MEASUREMENT_KEYS:
         raise ValueError(f"kind must be one of {sorted(MEASUREMENT_KEYS)}, got {kind!r}")
     path = Path(path)
@@ -82,7 +99,7 @@ def read_stations(path: str | Path, kind: str = "base_frame", fmt: str = "auto")
     if fmt == "jsonl":
         return _read_jsonl(text, str(path), MEASUREMENT_KEYS[kind])
     if fmt == "csv":
-        return _read_csv(text, str(path), MEASUREMENT_KEYS[kind])
+        return _read_csv(text, str(path), MEASUREMENT_KEYS[kind], orders)
     raise ValueError(f"format must be auto, jsonl or csv, got {fmt!r}")
 
 
@@ -123,7 +140,7 @@ def _read_jsonl(text: str, name: str, meas_key: str | None) -> Stations:
     return Stations(np.array(G), np.array(M) if meas_key else None, lines)
 
 
-def _pose(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
+def _pose(row: dict[str, str], prefix: str, where: str, order: str = "wxyz") -> np.ndarray:
     vals = []
     for col in _POSE_COLS:
         key = f"{prefix}_{col}"
@@ -138,6 +155,8 @@ def _pose(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
             raise StationFileError(f"{where}: column {key!r} is not finite: {raw!r}")
         vals.append(v)
     q = np.array(vals[3:])
+    if order == "xyzw":  # the qw, qx, qy, qz columns hold x, y, z, w
+        q = q[[3, 0, 1, 2]]
     norm = float(np.linalg.norm(q))
     if abs(norm - 1.0) > 1e-3:
         raise StationFileError(f"{where}: {prefix} quaternion has norm {norm:.6g}, expected 1")
@@ -147,7 +166,8 @@ def _pose(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
     return T
 
 
-def _read_csv(text: str, name: str, meas_key: str | None) -> Stations:
+def _read_csv(text: str, name: str, meas_key: str | None, orders: dict[str, str] | None = None) -> Stations:
+    orders = orders or {"flange": "wxyz", "target": "wxyz"}
     reader = csv.DictReader(io.StringIO(text))
     header = reader.fieldnames or []
     needed = [f"flange_{c}" for c in _POSE_COLS] + ([f"target_{c}" for c in _POSE_COLS] if meas_key else [])
@@ -162,9 +182,9 @@ def _read_csv(text: str, name: str, meas_key: str | None) -> Stations:
             raise StationFileError(f"{where}: more fields than the header has columns")
         if all((v or "").strip() == "" for v in row.values()):
             continue
-        G.append(_pose(row, "flange", where))
+        G.append(_pose(row, "flange", where, orders["flange"]))
         if meas_key:
-            M.append(_pose(row, "target", where))
+            M.append(_pose(row, "target", where, orders["target"]))
         lines.append(lineno)
     if not lines:
         raise StationFileError(f"{name}: no stations")

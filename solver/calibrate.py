@@ -623,7 +623,16 @@ def _solve_axxb(
         _core.relative_motions(TA, side_A, m, ws, ws.RA, ws.tA)
         _core.relative_motions(TB, side_B, m, ws, ws.RB, ws.tB)
     if pairs == "all":
-        qX = _core.solve_rotation_all_pairs(RP, side_A, RQ, ws)
+        try:
+            qX = _core.solve_rotation_all_pairs(RP, side_A, RQ, ws)
+        except _core.SignAmbiguity as exc:
+            raise DegenerateGeometry(
+                f"{problem}: two rotations fit the motions about equally (contrast {exc.contrast:.2g}, need "
+                f"{_core.MIN_SIGN_CONTRAST:g}): the relative motions are (near) half turns about too few axes, and "
+                f"the measurement noise hides how far from 180 deg they are; add stations with moderate rotations",
+                axis=obs.axis, frame=frame, axis_spread=obs.axis_spread,
+                unrecoverable=(f"{what_rot} (a half-turn ambiguity)",), max_rotation_rad=obs.max_rotation_rad,
+            ) from None
     else:
         qX0 = _core.kronecker_estimate(RP, side_A, RQ, ws)
         _core.quats_from_rotations(ws.RA[:m], ws.qA[:m], ws)
@@ -983,7 +992,14 @@ def _pose_blocks(out: _PoseOutcome) -> list:
 
 def _check_determined(cov6: np.ndarray, problem: str, frame: str, obs: _core.Observability, T: np.ndarray) -> None:
     """Refuse (``DegenerateGeometry``) an answer whose rotation the data fix only beyond
-    :data:`MAX_ROTATION_SIGMA_RAD`: there the covariance no longer describes the error."""
+    :data:`MAX_ROTATION_SIGMA_RAD`: there the covariance no longer describes the error.
+
+    Only for nearly parallel axes (``axis_spread < CHECK_SPREAD``): with motions that span
+    the rotations, a large covariance comes from large residuals (wrong units, a mix-up),
+    and the honest report of it (a wide sigma, ``model_error``, ``units``) is the answer.
+    """
+    if obs.axis_spread >= CHECK_SPREAD:
+        return
     C = np.asarray(cov6[3:, 3:], dtype=float)
     tr = float(C[0, 0] + C[1, 1] + C[2, 2])
     if not math.isfinite(tr) or tr <= MAX_ROTATION_SIGMA_RAD**2:

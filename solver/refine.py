@@ -1068,7 +1068,7 @@ def refine(
                 raise np.linalg.LinAlgError("non-finite step")
             if lam == 0.0:
                 dec0 = dec
-            if dec <= _REL_TOL * cost + _ABS_TOL:
+            if dec <= _REL_TOL * cost + _ABS_TOL + _rounding_cost(model, n, ws, nz):
                 if estimating and vce_rounds < _VCE_MAX_ROUNDS:
                     vce_rounds += 1
                     vm = _variance_stations(n, ws, robust, masked, model.rows)
@@ -1107,7 +1107,7 @@ def refine(
             else:
                 stale = True
                 rejects += 1
-                if dec0 <= _FLOOR_REL * cost + _ABS_TOL:
+                if dec0 <= _FLOOR_REL * cost + _ABS_TOL + _rounding_cost(model, n, ws, nz):
                     stop = STOP_ROUNDING  # nothing left to gain at working precision
                     break
                 if rejects >= _MAX_REJECTS:
@@ -1142,6 +1142,22 @@ def refine(
         reason = stop
     return Fit(state, cov, cost, chi2, _dof(model, n, ws, masked), it, converged, down, nz,
                stop_reason=reason, rejected=rejected, robust=robust)
+
+
+def _rounding_cost(model, n: int, ws: Workspace, nz: Noise) -> float:
+    """The whitened cost that rounding alone makes: residuals of the size of the data's
+    last digits (``1e-15`` relative to the largest measured coordinate, ``1e-15`` rad),
+    whitened by the figures in use. A predicted decrease below it is no decrease: without
+    it, noise-free data (whitened by the 1 nm floor) take rounding-level steps until the
+    iteration limit."""
+    m3 = ws.meas3[:n]
+    big = max(float(m3.max()), -float(m3.min())) + 1e-300  # max |x| without a temporary
+    st = nz.sigma_t if math.isfinite(nz.sigma_t) and nz.sigma_t > 0 else 1.0
+    c = 3.0 * n * (1e-15 * big / st) ** 2
+    if model.rows == 6:
+        sr = nz.sigma_r if math.isfinite(nz.sigma_r) and nz.sigma_r > 0 else 1.0
+        c += 3.0 * n * (1e-15 / sr) ** 2
+    return c
 
 
 def _masked_chi2(ew: np.ndarray, n: int, ws: Workspace, masked: bool) -> float:

@@ -58,6 +58,7 @@ class Workspace:
         self.s3 = np.empty(n, f8)
         self.w = np.empty(n, f8)
         self.idx = np.empty(n, np.intp)
+        self.grp = np.empty(n, np.intp)  # quaternion sign groups
         self.pi = np.empty(n, np.intp)  # pair index i
         self.pj = np.empty(n, np.intp)  # pair index j
         self.b16 = np.empty((n, 4, 4), np.bool_)

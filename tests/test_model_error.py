@@ -32,11 +32,10 @@ import math
 
 import numpy as np
 import pytest
+from _worlds import ur5e_world
 
 from cellcal.solver import Workspace, calibrate_base_frame
 from cellcal.solver.se3 import se3_inverse, se3_log
-
-from _worlds import ur5e_world
 
 MM, DEG = 0.02, 0.01
 DECLARED = dict(noise_translation_m=MM * 1e-3, noise_rotation_rad=math.radians(DEG))

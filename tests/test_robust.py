@@ -18,12 +18,11 @@ import math
 
 import numpy as np
 import pytest
+from _worlds import base_frame_scenes
 
 from cellcal.solver import Workspace, calibrate_base_frame
 from cellcal.solver.se3 import se3_inverse, se3_log
 from cellcal.solver.synthetic import base_frame_scene
-
-from _worlds import base_frame_scenes
 
 TRIALS = 80
 

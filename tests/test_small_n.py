@@ -28,11 +28,10 @@ import math
 
 import numpy as np
 import pytest
+from _worlds import base_frame_scenes
 
 from cellcal.solver import Workspace, calibrate_base_frame
 from cellcal.solver.se3 import se3_inverse, se3_log
-
-from _worlds import base_frame_scenes
 
 TRIALS = 200
 RATIOS = {"0.1deg/0.2mm": (0.1, 0.2), "0.02deg/0.2mm": (0.02, 0.2)}
