@@ -780,7 +780,7 @@ MAX_SIGN_GROUPS = 4
 MIN_SIGN_CONTRAST = 100.0
 
 
-class SignAmbiguity(Exception):
+class _SignAmbiguity(Exception):
     """Internal: two sign assignments (two rotations) fit the motions about equally."""
 
     def __init__(self, contrast: float) -> None:
@@ -878,7 +878,7 @@ def solve_rotation_all_pairs(
 def _best_group_signs(Pq: np.ndarray, side_A: str, Qq: np.ndarray, groups: int, n: int, ws: Workspace) -> tuple:
     """Try every relative sign of groups 1.. against group 0; keep the best-closing one.
 
-    Raises :class:`SignAmbiguity` when the runner-up closes within
+    Raises :class:`_SignAmbiguity` when the runner-up closes within
     :data:`MIN_SIGN_CONTRAST` of the best: the data do not choose between two rotations.
     """
     grp = ws.grp[:n]
@@ -906,7 +906,7 @@ def _best_group_signs(Pq: np.ndarray, side_A: str, Qq: np.ndarray, groups: int, 
     lams.sort()
     contrast = lams[1] / max(lams[0], 1e-300)
     if contrast < MIN_SIGN_CONTRAST:
-        raise SignAmbiguity(contrast)
+        raise _SignAmbiguity(contrast)
     return best
 
 

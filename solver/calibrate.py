@@ -625,7 +625,7 @@ def _solve_axxb(
     if pairs == "all":
         try:
             qX = _core.solve_rotation_all_pairs(RP, side_A, RQ, ws)
-        except _core.SignAmbiguity as exc:
+        except _core._SignAmbiguity as exc:
             raise DegenerateGeometry(
                 f"{problem}: two rotations fit the motions about equally (contrast {exc.contrast:.2g}, need "
                 f"{_core.MIN_SIGN_CONTRAST:g}): the relative motions are (near) half turns about too few axes, and "

@@ -56,17 +56,20 @@ def band(redundancies: np.ndarray, level: float, seed: int, replicates: int = RE
     return float(np.quantile(m, a)), float(np.quantile(m, 1.0 - a))
 
 
-def _cell(n: int, deg: float, mm: float) -> tuple[np.ndarray, np.ndarray]:
+def _cell(n: int, deg: float, mm: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``(NEES, min redundancy, NEES under the uncorrected plug-in covariance)`` per trial."""
     rng = np.random.default_rng(1000 * n + int(1000 * deg))
     G, M, X, _ = base_frame_scenes(TRIALS, n, rng, mm, deg)
     ws = Workspace(n)
-    nees, red = np.empty(TRIALS), np.empty(TRIALS)
+    nees, red, plug = np.empty(TRIALS), np.empty(TRIALS), np.empty(TRIALS)
     for k in range(TRIALS):
         r = calibrate_base_frame(G[k], M[k], holdout=False, workspace=ws)
         d = se3_log(se3_inverse(X[k]) @ r.cell_T_base)  # right perturbation at the truth
-        nees[k] = float(d @ np.linalg.solve(r.cell_T_base_covariance, d))
+        C = r.cell_T_base_covariance
+        nees[k] = float(d @ np.linalg.solve(C, d))
+        plug[k] = float(d @ np.linalg.solve(C / r.residual_tests.small_sample_factor, d))
         red[k] = min(r.residual_tests.redundancy_translation, r.residual_tests.redundancy_rotation)
-    return nees, red
+    return nees, red, plug
 
 
 @pytest.fixture(scope="module")
@@ -76,7 +79,7 @@ def cells():
 
 @pytest.mark.parametrize("n, ratio", CELLS)
 def test_mean_nees_is_inside_its_band(cells, n, ratio):
-    nees, red = cells[(n, ratio)]
+    nees, red, _ = cells[(n, ratio)]
     lo, hi = band(red, SIDAK, seed=n)
     assert lo <= nees.mean() <= hi, (n, ratio, nees.mean(), (lo, hi), float(np.median(red)))
 
@@ -86,7 +89,7 @@ def test_at_most_the_expected_number_of_small_n_cells_leave_their_95_percent_ban
     for n, ratio in CELLS:
         if n > 10:
             continue
-        nees, red = cells[(n, ratio)]
+        nees, red, _ = cells[(n, ratio)]
         lo, hi = band(red, 0.95, seed=n)
         if not lo <= nees.mean() <= hi:
             outside.append((n, ratio, round(float(nees.mean()), 2), (round(lo, 2), round(hi, 2))))
@@ -111,18 +114,11 @@ def test_the_band_is_the_chi_square_band_at_large_redundancy():
 
 
 def test_the_uncorrected_plug_in_covariance_would_fail(cells):
-    # Sensitivity: without the small-sample correction (the plug-in covariance, i.e. the
-    # reported one with its small-sample widening taken out) the N = 4 and 5 cells leave
-    # their family-wise band; the test above can fail.
-    n, ratio = 5, "0.02deg/0.2mm"
-    deg, mm = RATIOS[ratio]
-    rng = np.random.default_rng(1000 * n + int(1000 * deg))
-    G, M, X, _ = base_frame_scenes(TRIALS, n, rng, mm, deg)
-    plug = []
-    for k in range(TRIALS):
-        r = calibrate_base_frame(G[k], M[k], holdout=False)
-        d = se3_log(se3_inverse(X[k]) @ r.cell_T_base)
-        C = r.cell_T_base_covariance / r.residual_tests.small_sample_factor
-        plug.append(float(d @ np.linalg.solve(C, d)))
-    lo, hi = band(cells[(n, ratio)][1], SIDAK, seed=n)
-    assert np.mean(plug) > hi, (np.mean(plug), hi)
+    # Sensitivity: without the small-sample correction (the reported covariance with its
+    # small-sample widening taken out, about the plug-in) the small-N cells leave their
+    # family-wise band: the tests above can fail.
+    for n in (5, 6):  # at 4 the honest law's band is too wide for a sensitivity check
+        for ratio in RATIOS:
+            _, red, plug = cells[(n, ratio)]
+            lo, hi = band(red, SIDAK, seed=n)
+            assert plug.mean() > hi, (n, ratio, plug.mean(), hi)
