@@ -607,14 +607,21 @@ def _solve_axxb(
     if gate_on_b:
         np.einsum("kij->ij", RQ, out=ws.R3)
         gate = _core.observability(ws.R3, n, side_B, RQ, ws)
-    np.einsum("kij->ij", RP, out=ws.R3)  # strided np.sum would buffer 64 KiB
-    obs = _core.observability(ws.R3, n, side_A, RP, ws)
-    if gate is not None:
-        obs = _core.Observability(gate.axis_spread, obs.axis, gate.max_rotation_rad, gate.trace)
+        obs = gate
+        if gate.max_rotation_rad < min_rotation_rad or gate.axis_spread < min_axis_spread:
+            # Refused: the axis to report is the A side's (the robot's axis seen in frame).
+            np.einsum("kij->ij", RP, out=ws.R3)
+            seen = _core.observability(ws.R3, n, side_A, RP, ws)
+            obs = _core.Observability(gate.axis_spread, seen.axis, gate.max_rotation_rad, gate.trace)
+    else:
+        np.einsum("kij->ij", RP, out=ws.R3)  # strided np.sum would buffer 64 KiB
+        obs = _core.observability(ws.R3, n, side_A, RP, ws)
     _check_observable(
         obs, frame=frame, problem=problem, what_rot=what_rot, what_trans=what_trans,
         min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
     )
+    if gate is not None:
+        obs = _core.Observability(gate.axis_spread, gate.axis.copy(), gate.max_rotation_rad, gate.trace)
     # Explicit subsets are solved from their own pairs; "all" needs no pair list (the O(N)
     # identity) unless the pairwise translation system asks for one (then the ring).
     m = n * (n - 1) // 2
@@ -642,6 +649,9 @@ def _solve_axxb(
     tx = np.array(_core.solve_translation(m, Rx, ws)) if pair_translation else None
     if gate is not None:
         obs.axis = Rx @ gate.axis  # the robot's weakest axis, in the A side's frame
+        j = int(np.argmax(np.abs(obs.axis)))
+        if obs.axis[j] < 0:
+            obs.axis = -obs.axis
     return Rx, tx, m, obs
 
 

@@ -52,6 +52,7 @@ reported sigmas per axis, with a mean NEES near 6 (``tests/test_model_error.py``
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -499,6 +500,11 @@ def with_inflation(tests: ResidualTests, noise_cov6: np.ndarray, final_cov6: np.
         t1 = float(np.trace(final_cov6[a, a]))
         return math.sqrt(t1 / t0) if t0 > 0.0 and math.isfinite(t0) and math.isfinite(t1) else 1.0
 
+    if noise_cov6 is final_cov6:
+        return tests
     k = noise_cov6.shape[0]
+    tr = ratio(slice(0, 3))
     rot = ratio(slice(3, 6)) if k == 6 else 1.0
-    return ResidualTests(**{**tests.__dict__, "inflation_translation": ratio(slice(0, 3)), "inflation_rotation": rot})
+    if tr == 1.0 and rot == 1.0:
+        return tests
+    return dataclasses.replace(tests, inflation_translation=tr, inflation_rotation=rot)

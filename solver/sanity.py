@@ -55,17 +55,20 @@ UNITS_MEASURED_M = 200.0
 #: Robot poses equal to this (m, and the same on rotation entries) are the same reading.
 DUPLICATE_TOL = 1e-9
 
-# Fixed directions that project a pose to one number for sorting; equal poses give equal
-# keys, different ones almost surely different keys (checked exactly afterwards).
+# A fixed direction that projects a pose's translation to one number for sorting; equal
+# poses give equal keys, different ones almost surely different keys (and candidates are
+# compared pose by pose afterwards).
 _KEY_T = np.array([0.5773502691896258, -0.2672612419124244, 0.7715167498104596])
-_KEY_R = np.array([0.31, -0.17, 0.23, 0.41, -0.29, 0.13, -0.37, 0.19, 0.43])
 
 
 def check_magnitudes(a: np.ndarray, name: str, n: int, ws: Workspace) -> None:
     """``ValueError`` naming the first station whose translation exceeds
     :data:`MAX_TRANSLATION_M`."""
+    t = a[:, :3, 3]
+    if max(float(t.max()), -float(t.min())) * math.sqrt(3.0) <= MAX_TRANSLATION_M:
+        return  # two reductions decide the common case
     d = ws.s1[:n]
-    np.copyto(ws.v3a[:n], a[:, :3, 3])
+    np.copyto(ws.v3a[:n], t)
     np.einsum("ij,ij->i", ws.v3a[:n], ws.v3a[:n], out=d)
     worst = float(d.max())
     if worst > MAX_TRANSLATION_M**2:
@@ -121,6 +124,9 @@ def units_warnings(G: np.ndarray, n: int, ws: Workspace, M: np.ndarray | None = 
                                  (M, measured, UNITS_MEASURED_M, "the target is")):
         if T is None:
             continue
+        t = T[:, :3, 3]
+        if max(float(t.max()), -float(t.min())) * math.sqrt(3.0) <= limit:
+            continue  # no distance can exceed the limit: no median needed
         np.copyto(srt, _distances(T, n, ws))
         srt.sort()
         med = 0.5 * (float(srt[(n - 1) // 2]) + float(srt[n // 2]))
@@ -146,10 +152,7 @@ def mark_duplicates(G: np.ndarray, n: int, ws: Workspace) -> tuple[bool, SolveWa
         return False, None
     key = ws.key[:n]
     np.copyto(ws.v3a[:n], G[:, :3, 3])
-    np.matmul(ws.v3a[:n], _KEY_T, out=key)
-    np.copyto(ws.M33[:n], G[:, :3, :3])
-    np.matmul(ws.M33[:n].reshape(n, 9), _KEY_R, out=ws.s1[:n])
-    np.add(key, ws.s1[:n], out=key)
+    np.matmul(ws.v3a[:n], _KEY_T, out=key)  # equal poses have equal translations: enough to sort
     srt = ws.srt[:n]
     np.copyto(srt, key)
     srt.sort()
