@@ -1127,15 +1127,40 @@ def calibrate_base_frame(
         frame) and orientation (rad, about the axes of its child frame). Each one not
         given is estimated from the residuals (variance components, starting from 0.1 mm
         and 0.05 deg); their ratio weighs positions against orientations.
+        Declared figures are tested against the residuals (chi-square, ADR 0004); a
+        detected excess widens the covariance and raises a ``"model_error"`` warning.
     cell_T_target_std : array_like, shape (N, 6), optional
         Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
         in rad, as above. Excludes the scalar figures.
+    cell_T_target_cov : array_like, shape (N, 6, 6), optional
+        Per-station covariance from the instrument in the **cell** frame, ordered
+        ``(dx, dy, dz)`` of the target origin (m), then ``dphi`` about the cell axes (rad),
+        i.e. ``p' = p + dp`` and ``R' = Exp(dphi) R`` (e.g. from
+        :meth:`~cellcal.solver.TrackerNoiseModel.pose_covariance`). The refinement whitens
+        each station by its Cholesky factor (a tracker's anisotropy along and across the
+        beam is used: ADR 0004). Excludes every other noise figure.
     huber : float, optional
-        Huber threshold in sigmas on each station's whitened residual length (e.g. 4.1,
-        the 99% point of a 6-D Gaussian's length); stations beyond it are down-weighted
-        and listed in ``downweighted``. None (default): plain least squares.
+        Huber threshold in sigmas on each station's whitened residual length (3 resists
+        gross outliers well; 4.1 is the 99 % point of a 6-D Gaussian's length); stations
+        beyond it are down-weighted and listed in ``downweighted``. With estimated noise
+        the scale is robust (median, then the stations inside the 99.9 % cut), not the
+        contaminated residual RMS. None (default): plain least squares.
+    reject_k : float, optional
+        Hard rejection: after convergence, stations whose robust whitened length exceeds
+        ``reject_k`` are dropped and the fit repeated until none is; they are listed in
+        ``downweighted`` and no longer count in ``dof``.
     max_iterations : int
-        Gauss-Newton iterations at most (default 20; 2-4 are typical).
+        Gauss-Newton iterations at most per fit (default 20; 2-4 are typical; a robust fit
+        gets three times as many, and each rejection round a new budget).
+    expected_cell_T_base : array_like, shape (4, 4), optional
+        The answer the cell drawing gives: an answer farther than the tolerances raises
+        :class:`~cellcal.solver.PriorMismatch` (swapped or inverted inputs fit exactly and
+        are caught only this way; ADR 0009).
+    expected_tolerance_m, expected_tolerance_rad : float
+        Its tolerances (defaults 0.05 m and 5 deg).
+    max_reach_m : float, optional
+        The arm's reach: flange poses farther from the base raise
+        :class:`~cellcal.solver.UnreachableStations` naming them (swapped arguments, mm).
 
     Returns
     -------
@@ -1153,8 +1178,19 @@ def calibrate_base_frame(
     NotEnoughSamples
         N < 3.
     DegenerateGeometry
-        No rotation, or all rotation axes parallel: ``.axis`` is in the cell frame; the
-        base's rotation about it and its translation along it are undetermined.
+        No rotation, or all rotation axes parallel (judged on the robot's exact motions):
+        ``.axis`` is in the cell frame; the base's rotation about it and its translation
+        along it are undetermined. Also for nearly parallel axes whose rotation the noise
+        leaves undetermined beyond 0.1 rad, and for a half-turn ambiguity (ADR 0002).
+    PriorMismatch, UnreachableStations
+        The input checks of ``expected_cell_T_base`` and ``max_reach_m`` (ADR 0009).
+
+    Notes
+    -----
+    Input sanity always runs: duplicated robot poses count once (``"duplicate_stations"``),
+    translations far beyond a cell draw a ``"units"`` warning, beyond 100 km a
+    ``ValueError``. The result says whether it ``converged``; its ``warnings`` and
+    ``residual_tests`` say whether the residuals are the noise they claim to be.
     """
     problem = "base-frame calibration"
     pair_t = _check_translation_mode(translation, pairs)
@@ -1243,11 +1279,16 @@ def calibrate_hand_eye(
         The static target as the camera sees it at each station, m.
     workspace, pairs, translation, min_axis_spread, min_rotation_rad
         As for :func:`calibrate_base_frame`.
-    refine, holdout, uncertainty, noise_translation_m, noise_rotation_rad, huber, max_iterations
+    refine, holdout, uncertainty, noise_translation_m, noise_rotation_rad, huber, reject_k, max_iterations
         As for :func:`calibrate_base_frame`.
     camera_T_target_std : array_like, shape (N, 6), optional
         Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
         in rad. Excludes the scalar figures.
+    camera_T_target_cov : array_like, shape (N, 6, 6), optional
+        Per-station covariance in the **camera** frame, ``(dp, dphi)`` as
+        ``cell_T_target_cov`` of :func:`calibrate_base_frame`.
+    expected_flange_T_camera, expected_tolerance_m, expected_tolerance_rad, max_reach_m
+        Input sanity as for :func:`calibrate_base_frame`, on ``flange_T_camera`` (ADR 0009).
 
     Returns
     -------
@@ -1354,11 +1395,16 @@ def calibrate_eye_to_hand(
         The flange-mounted target as the fixed camera sees it at each station, m.
     workspace, pairs, translation, min_axis_spread, min_rotation_rad
         As for :func:`calibrate_base_frame`.
-    refine, holdout, uncertainty, noise_translation_m, noise_rotation_rad, huber, max_iterations
+    refine, holdout, uncertainty, noise_translation_m, noise_rotation_rad, huber, reject_k, max_iterations
         As for :func:`calibrate_base_frame`.
     camera_T_target_std : array_like, shape (N, 6), optional
         Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
         in rad. Excludes the scalar figures.
+    camera_T_target_cov : array_like, shape (N, 6, 6), optional
+        Per-station covariance in the **camera** frame, ``(dp, dphi)`` as
+        ``cell_T_target_cov`` of :func:`calibrate_base_frame`.
+    expected_base_T_camera, expected_tolerance_m, expected_tolerance_rad, max_reach_m
+        Input sanity as for :func:`calibrate_base_frame`, on ``base_T_camera`` (ADR 0009).
 
     Returns
     -------

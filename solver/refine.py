@@ -30,12 +30,16 @@ size (12x12 or 9x9) whatever N is; every per-station quantity lives in the
 :class:`~cellcal.solver.workspace.Workspace`, so a warmed-up refinement allocates nothing
 that grows with N.
 
-Noise: per-station, per-axis 1-sigma from the instrument when given; else scalar per-axis
-figures when given; else each missing figure is *estimated* from the residuals by
-variance-component estimation (Foerstner's redundancy-number estimator), starting from
-:data:`DEFAULT_NOISE_TRANSLATION_M` / :data:`DEFAULT_NOISE_ROTATION_RAD`. The ratio of the
-two figures sets the relative weight of positions and orientations, which is what makes the
-fit efficient; their scale sets the reported covariance.
+Noise: per-station full covariances from the instrument when given (whitened by their
+Cholesky factors, :func:`prepare_noise`); else per-station, per-axis 1-sigma; else scalar
+per-axis figures when given; else each missing figure is *estimated* from the residuals by
+variance-component estimation (Foerstner's redundancy-number estimator, whose fixed point is
+REML's), starting from :data:`DEFAULT_NOISE_TRANSLATION_M` / :data:`DEFAULT_NOISE_ROTATION_RAD`.
+The ratio of the two figures sets the relative weight of positions and orientations, which
+is what makes the fit efficient; their scale sets the reported covariance, which
+:mod:`cellcal.solver.diagnostics` then corrects for small samples and model error. A robust
+fit (``huber``, ``reject_k``) measures residuals in a robust scale. Every fit says why it
+stopped (``Fit.stop_reason``); one that did not converge keeps the start figures.
 """
 
 from __future__ import annotations
