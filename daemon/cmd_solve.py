@@ -1,7 +1,18 @@
 """``cellcal solve``: run a calibration on a station file and print the report.
 
+Every solve declares the measurement noise (``--noise-mm`` / ``--noise-deg``, defaults a
+laser tracker's 6-DoF probe plus a robot's repeatability would give), so the residuals are
+tested against it: a fit whose residual RMS exceeds ten times that noise is refused with
+the likely causes (units, quaternion order, swapped or inverted inputs, a robot model
+error), and a milder excess is reported as a ``model_error`` warning with a widened
+uncertainty. A CSV whose quaternion columns fit far better read as x, y, z, w is named as
+such. ``--expect-base`` checks the answer against the cell drawing; ``--robot-model`` sets
+the arm's reach, which catches swapped arguments and millimetres (ADR 0009).
+
 Exit codes: 0 solved; 2 bad file or arguments (the message names the line); 3 the data
-cannot determine the calibration (``NotEnoughSamples`` / ``DegenerateGeometry``).
+cannot determine the calibration, or determine one that cannot be right (refused, with
+the reason). No input produces a traceback: an unexpected failure is reported in one line
+(exit 1).
 """
 
 from __future__ import annotations
@@ -16,35 +27,184 @@ import numpy as np
 from cellcal.daemon.report import format_report, result_to_wire, transforms_of
 from cellcal.daemon.stations_io import StationFileError, read_stations
 from cellcal.solver import CalibrationError, calibrate_base_frame, calibrate_hand_eye, calibrate_tool_point
-from cellcal.solver.se3 import rotation_angle, se3_inverse
+from cellcal.solver.se3 import make_transform, rotation_angle, se3_inverse, so3_exp
 
+EXIT_INTERNAL = 1
 EXIT_BAD_INPUT = 2
 EXIT_UNDETERMINED = 3
+
+#: Declared noise per axis, 1 sigma, unless given: a laser tracker with a 6-DoF probe (about
+#: 0.02 mm, 0.01 deg) plus a robot's repeatability and settling (0.02-0.1 mm, 0.01-0.05 deg).
+DEFAULT_NOISE_MM = 0.1
+DEFAULT_NOISE_DEG = 0.05
+#: A residual RMS beyond this many times the declared noise is refused: no tracker, robot
+#: or model error makes it; wrong inputs do. 0.5-1 mm of robot kinematic error is 3-6x the
+#: default noise (a warning), a unit or quaternion mix-up hundreds of times it.
+REFUSE_RATIO = 10.0
+#: The x,y,z,w reading is named when it fits at least this much better.
+QUATERNION_ORDER_GAIN = 10.0
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("file", nargs="?", help="station file: .jsonl (SI, 4x4 lists) or .csv (mm + quaternion)")
+    src.add_argument("file", nargs="?", help="station file: .jsonl (SI, 4x4 lists) or .csv (mm + quaternion w,x,y,z)")
     src.add_argument("--synthetic", type=int, metavar="N", help="solve a seeded synthetic scene of N stations instead")
     p.add_argument("--kind", choices=("base_frame", "hand_eye", "tool_point"), default="base_frame")
     p.add_argument("--format", choices=("auto", "jsonl", "csv"), default="auto", dest="fmt")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("--noise-mm", type=float, default=0.02, help="synthetic: tracker noise per axis, mm")
-    p.add_argument("--noise-deg", type=float, default=0.01, help="synthetic: tracker noise per axis, deg")
+    p.add_argument("--noise-mm", type=float, default=DEFAULT_NOISE_MM, metavar="MM",
+                   help=f"declared measurement noise per axis, 1 sigma, mm (default {DEFAULT_NOISE_MM}: a laser tracker "
+                        "with a 6-DoF probe, about 0.02 mm, plus a robot's repeatability); the residuals are tested "
+                        "against it, and --synthetic draws its noise with it")
+    p.add_argument("--noise-deg", type=float, default=DEFAULT_NOISE_DEG, metavar="DEG",
+                   help=f"declared orientation noise per axis, 1 sigma, deg (default {DEFAULT_NOISE_DEG})")
+    p.add_argument("--estimate-noise", action="store_true",
+                   help="estimate the noise from the residuals instead of declaring it (the refusal threshold still "
+                        "uses --noise-mm / --noise-deg)")
+    p.add_argument("--expect-base", metavar="X,Y,Z,RX,RY,RZ",
+                   help="expected cell_T_base from the cell drawing: translation in mm and rotation vector in deg "
+                        "(as on a UR pendant); an answer outside --expect-tolerance is refused")
+    p.add_argument("--expect-tolerance", metavar="MM,DEG", default="50,5",
+                   help="tolerance of --expect-base (default 50 mm, 5 deg)")
+    p.add_argument("--robot-model", metavar="NAME",
+                   help="robot model (ur3e, ur5e, ur10e): flange poses beyond its reach are refused")
+    p.add_argument("--huber", type=float, metavar="K", help="robust fit: Huber threshold in sigmas (e.g. 3)")
+    p.add_argument("--reject-k", type=float, metavar="K", help="robust fit: drop stations beyond K robust sigmas")
     p.add_argument("--seed", type=int, default=0, help="synthetic: random seed")
 
 
-def _solve(kind: str, G: np.ndarray, M: np.ndarray | None):
+class _Usage(Exception):
+    """A bad argument (exit 2)."""
+
+
+def _numbers(text: str, count: int, option: str) -> list[float]:
+    try:
+        vals = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise _Usage(f"{option}: expected {count} comma-separated numbers, got {text!r}") from None
+    if len(vals) != count or not all(math.isfinite(v) for v in vals):
+        raise _Usage(f"{option}: expected {count} comma-separated finite numbers, got {text!r}")
+    return vals
+
+
+def _options(args: argparse.Namespace) -> dict:
+    for name in ("noise_mm", "noise_deg"):
+        v = getattr(args, name)
+        if not (math.isfinite(v) and v > 0.0):
+            raise _Usage(f"--{name.replace('_', '-')} must be a positive number, got {v!r}")
+    kw: dict = {}
+    if not args.estimate_noise:
+        kw["noise_translation_m"] = args.noise_mm * 1e-3
+        if args.kind != "tool_point":
+            kw["noise_rotation_rad"] = math.radians(args.noise_deg)
+    else:
+        pass
+    if args.kind != "tool_point":
+        if args.huber is not None:
+            kw["huber"] = args.huber
+        if args.reject_k is not None:
+            kw["reject_k"] = args.reject_k
+    elif args.huber is not None or args.reject_k is not None:
+        raise _Usage("--huber / --reject-k: not offered for a tool point (a closed-form pivot)")
+    if args.expect_base is not None:
+        if args.kind != "base_frame":
+            raise _Usage("--expect-base applies to --kind base_frame")
+        x, y, z, rx, ry, rz = _numbers(args.expect_base, 6, "--expect-base")
+        kw["expected_cell_T_base"] = make_transform(so3_exp(np.radians([rx, ry, rz])), np.array([x, y, z]) * 1e-3)
+        mm, deg = _numbers(args.expect_tolerance, 2, "--expect-tolerance")
+        if not (mm > 0 and deg > 0):
+            raise _Usage("--expect-tolerance: both figures must be positive")
+        kw["expected_tolerance_m"] = mm * 1e-3
+        kw["expected_tolerance_rad"] = math.radians(deg)
+    if args.robot_model is not None:
+        from cellcal.drivers.kinematics import dh_model
+
+        try:
+            model = dh_model(args.robot_model)
+        except ValueError as exc:
+            raise _Usage(f"--robot-model: {exc}") from None
+        kw["max_reach_m"] = float(np.sum(np.abs(model.a_m)) + np.sum(np.abs(model.d_m)))
+    return kw
+
+
+def _solve(kind: str, G: np.ndarray, M: np.ndarray | None, kw: dict):
     if kind == "base_frame":
-        return calibrate_base_frame(G, M)
+        return calibrate_base_frame(G, M, **kw)
     if kind == "hand_eye":
-        return calibrate_hand_eye(G, M)
-    return calibrate_tool_point(G)
+        return calibrate_hand_eye(G, M, **kw)
+    return calibrate_tool_point(G, **kw)
+
+
+def _ratios(result, args) -> tuple[float, float]:
+    """Per-axis residual RMS over the declared noise: translation, rotation (nan: none)."""
+    rt = result.rms_translation_m / math.sqrt(3.0) / (args.noise_mm * 1e-3)
+    if args.kind == "tool_point":
+        return rt, math.nan
+    rr = result.rms_rotation_rad / math.sqrt(3.0) / math.radians(args.noise_deg)
+    return rt, rr
+
+
+def _worst(r: tuple[float, float]) -> float:
+    return max(v for v in r if math.isfinite(v))
+
+
+def _refusal(result, ratios: tuple[float, float], args) -> str:
+    rt, rr = ratios
+    what = [f"translation {result.rms_translation_m * 1e3:.3g} mm RMS ({rt:.0f}x the declared "
+            f"{args.noise_mm:g} mm)"]
+    if math.isfinite(rr):
+        what.append(f"rotation {math.degrees(result.rms_rotation_rad):.3g} deg RMS ({rr:.0f}x the declared "
+                    f"{args.noise_deg:g} deg)")
+    return (
+        "refused: the residuals are far beyond any tracker or robot noise: " + ", ".join(what) + ". "
+        "Likely causes: units (poses in mm where metres are expected, or one input in mm and the other in m); "
+        "quaternion order (x,y,z,w where w,x,y,z is expected); swapped or inverted inputs (robot and tracker poses "
+        "exchanged, or a_T_b given for b_T_a on one side only); stations that do not pair up (misaligned rows); or a "
+        "robot model error far larger than a kinematic calibration would leave. Check the inputs; if the noise "
+        "really is that large, declare it with --noise-mm / --noise-deg."
+    )
+
+
+def _quaternion_order_hint(args, kw: dict, base: tuple[float, float]) -> str | None:
+    """For a CSV that fits badly: does reading its quaternions as x,y,z,w fit far better?"""
+    best: tuple[float, str] | None = None
+    prefixes = ("flange",) if args.kind == "tool_point" else ("flange", "target")
+    variants = [{p: "xyzw"} for p in prefixes] + ([{"flange": "xyzw", "target": "xyzw"}] if len(prefixes) == 2 else [])
+    for order in variants:
+        try:
+            st = read_stations(args.file, args.kind, args.fmt, quaternion_order=order)
+            res = _solve(args.kind, st.base_T_flange, st.measured, kw)
+        except (CalibrationError, ValueError):
+            continue
+        w = _worst(_ratios(res, args))
+        if best is None or w < best[0]:
+            best = (w, " and ".join(f"{p}_q*" for p in order))
+    if best is None or not best[0] * QUATERNION_ORDER_GAIN <= _worst(base):
+        return None
+    return (f"the {best[1]} quaternion columns fit far better read as x,y,z,w (residuals {best[0]:.1f}x the "
+            f"declared noise instead of {_worst(base):.0f}x): the file's quaternions are probably in x,y,z,w order, "
+            f"but cellcal's CSV columns are w,x,y,z (flange_qw, flange_qx, ...); reorder the columns")
 
 
 def run(args: argparse.Namespace) -> int:
+    try:
+        return _run(args)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # no input may end in a traceback
+        print(f"cellcal solve: internal error ({type(exc).__name__}: {exc}); please report it with the input file",
+              file=sys.stderr)
+        return EXIT_INTERNAL
+
+
+def _run(args: argparse.Namespace) -> int:
     truth: dict[str, np.ndarray] = {}
     names: list[str] | None = None
+    try:
+        kw = _options(args)
+    except _Usage as exc:
+        print(f"cellcal solve: {exc}", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.synthetic is not None:
         from cellcal.solver import synthetic
 
@@ -60,7 +220,7 @@ def run(args: argparse.Namespace) -> int:
             scene = make(args.synthetic, rng, noise_mm=args.noise_mm, noise_deg=args.noise_deg)
             G, M = scene.base_T_flange, scene.measured
             keys = ("cell_T_base", "flange_T_target") if args.kind == "base_frame" else ("flange_T_camera", "base_T_target")
-            truth = dict(zip(keys, (scene.X, scene.Y)))
+            truth = dict(zip(keys, (scene.X, scene.Y), strict=True))
     else:
         try:
             st = read_stations(args.file, args.kind, args.fmt)
@@ -70,13 +230,20 @@ def run(args: argparse.Namespace) -> int:
         G, M = st.base_T_flange, st.measured
         names = [f"line {n}" for n in st.lines]
     try:
-        result = _solve(args.kind, G, M)
+        result = _solve(args.kind, G, M, kw)
     except CalibrationError as exc:
         print(f"cellcal solve: cannot calibrate: {exc}", file=sys.stderr)
         return EXIT_UNDETERMINED
     except ValueError as exc:  # bad station content the file reader could not see
         print(f"cellcal solve: bad input: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    ratios = _ratios(result, args)
+    if _worst(ratios) > REFUSE_RATIO:
+        hint = None
+        if args.synthetic is None and (args.fmt == "csv" or str(args.file).lower().endswith(".csv")):
+            hint = _quaternion_order_hint(args, kw, ratios)
+        print(f"cellcal solve: {hint}" if hint else f"cellcal solve: {_refusal(result, ratios, args)}", file=sys.stderr)
+        return EXIT_UNDETERMINED
     if args.json:
         out = result_to_wire(result)
         if truth:

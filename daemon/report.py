@@ -20,6 +20,14 @@ in m and rad for a transform, 3x3 in m^2 for a point, row-major), and the joint 
 ``uncertainty.joint`` with the order of its blocks. Numbers that are not finite (a figure
 the solve did not compute, an undetermined held-out closure) are ``None`` on the wire.
 
+What acceptance gates read is at the top level too: ``converged``, ``stop_reason``,
+``iterations``, ``dof``, ``downweighted`` (station indices), ``warnings`` (a list of
+``{"code", "message", "value"}``, e.g. code ``"model_error"`` with ``value`` the RMS of the
+structured residual in mm) and ``residual_tests`` (chi-square against declared noise, the
+structure test, redundancies, the small-sample and model-error factors in the covariance).
+``result_to_wire(result, task_points=...)`` adds ``task_points``: the predicted error of
+each cell-frame task point (:func:`task_point_errors`).
+
 The human report uses mm and degrees, with the unit in every label.
 """
 
@@ -40,6 +48,8 @@ __all__ = [
     "result_to_wire",
     "format_report",
     "transforms_of",
+    "task_point_errors",
+    "warnings_to_wire",
     "FRAME_CONVENTION",
     "UNCERTAINTY_CONVENTION",
 ]
@@ -100,15 +110,70 @@ def _matrix_to_wire(C: np.ndarray) -> dict[str, Any]:
     return {"shape": list(C.shape), "values": [_f(v) for v in C.reshape(-1)]}
 
 
-def result_to_wire(result: CalibrationResult) -> dict[str, Any]:
+def warnings_to_wire(result: CalibrationResult) -> list[dict[str, Any]]:
+    """``[{"code", "message", "value"}]`` of a result's warnings (``value`` None if absent)."""
+    return [{"code": w.code, "message": w.message, "value": None if w.value is None else _f(w.value)}
+            for w in getattr(result, "warnings", ())]
+
+
+def task_point_errors(result: CalibrationResult, task_points: Any) -> list[dict[str, Any]]:
+    """Predicted error of each task point through the result (``predicted_error_at``).
+
+    Parameters
+    ----------
+    result : CalibrationResult
+        Any result; a tool point has one figure, its tip, whatever points are asked.
+    task_points : array_like, shape (K, 3)
+        Points in the frame the result's ``predicted_error_at`` takes (the cell for a base
+        frame, the camera for hand-eye), metres.
+
+    Returns
+    -------
+    list of dict
+        ``{"point_m", "sigma_m", "sigma_max_m", "frame", "lever_arm_m"}`` per point.
+    """
+    pts = np.asarray(task_points, dtype=float).reshape(-1, 3)
+    out = []
+    for p in pts:
+        try:
+            pe = result.predicted_error_at(p)  # type: ignore[attr-defined]
+        except TypeError:  # the tool point: its tip only
+            pe = result.predicted_error_at()  # type: ignore[attr-defined]
+        out.append({"point_m": [float(v) for v in p], "sigma_m": _f(pe.sigma_m), "sigma_max_m": _f(pe.sigma_max_m),
+                    "frame": pe.frame, "lever_arm_m": _f(pe.lever_arm_m)})
+    return out
+
+
+def _tests_to_wire(result: CalibrationResult) -> dict[str, Any] | None:
+    t = getattr(result, "residual_tests", None)
+    if t is None:
+        return None
+    return {
+        "declared_noise": bool(t.declared_noise), "chi2_per_dof": _f(t.chi2_per_dof), "chi2_p": _f(t.chi2_p),
+        "structure_f": _f(t.structure_f), "structure_p": _f(t.structure_p),
+        "structure_dof": [int(v) for v in t.structure_dof],
+        "redundancy_translation": _f(t.redundancy_translation), "redundancy_rotation": _f(t.redundancy_rotation),
+        "variance_factor_translation": _f(t.variance_factor_translation),
+        "variance_factor_rotation": _f(t.variance_factor_rotation),
+        "small_sample_factor": _f(t.small_sample_factor),
+        "model_error_translation_m": _f(t.model_error_translation_m),
+        "model_error_rotation_rad": _f(t.model_error_rotation_rad),
+        "inflation_translation": _f(t.inflation_translation), "inflation_rotation": _f(t.inflation_rotation),
+        "false_alarm_rate": _f(t.false_alarm_rate),
+    }
+
+
+def result_to_wire(result: CalibrationResult, *, task_points: Any = None) -> dict[str, Any]:
     """JSON-ready dict of a calibration result of any type.
 
     Fields: ``transforms`` (name -> transform) and ``points`` (name -> point), both always
     present and together every estimate of ``result.transforms()``; the closure figures,
     ``weakest_axis``, per-station ``residuals``, ``solver``, ``frame_convention``;
     ``uncertainty`` (per-estimate and joint covariance, noise, chi2); ``holdout`` and
-    ``linear_agreement`` (``None`` when the result has none). ``docs/protocols/zeromq.md``
-    documents every field.
+    ``linear_agreement`` (``None`` when the result has none); ``converged``, ``stop_reason``,
+    ``iterations``, ``dof``, ``downweighted``, ``warnings``, ``residual_tests``; with
+    ``task_points`` (K, 3) also ``task_points`` (:func:`task_point_errors`).
+    ``docs/protocols/zeromq.md`` documents every field.
     """
     estimates = result.transforms()
     out: dict[str, Any] = {
@@ -132,7 +197,16 @@ def result_to_wire(result: CalibrationResult) -> dict[str, Any]:
         "uncertainty": _uncertainty_to_wire(result, estimates),
         "holdout": None,
         "linear_agreement": None,
+        "converged": bool(getattr(result, "converged", True)),
+        "stop_reason": str(getattr(result, "stop_reason", "")),
+        "iterations": int(result.iterations),
+        "dof": int(result.dof),
+        "downweighted": [int(i) for i in np.asarray(result.downweighted, dtype=int).reshape(-1)],
+        "warnings": warnings_to_wire(result),
+        "residual_tests": _tests_to_wire(result),
     }
+    if task_points is not None:
+        out["task_points"] = task_point_errors(result, task_points)
     h = result.holdout
     if h is not None:
         out["holdout"] = {
@@ -220,6 +294,19 @@ def format_report(result: CalibrationResult, *, station_names: list[str] | None 
         f"  uncertainty (1 sigma): {result.sigma_translation_mm:.4f} mm, {result.sigma_rotation_deg:.5f} deg"
         f" ({'refined' if result.refined else 'linear'}; noise {result.noise_source})",
     ]
+    lines.append(f"  solve: {'converged' if result.converged else 'DID NOT CONVERGE'} ({result.stop_reason}; "
+                 f"{result.iterations} iterations, {result.dof} degrees of freedom)")
+    t = result.residual_tests
+    parts = [f"chi2/dof {t.chi2_per_dof:.2f}" + (f" (p {t.chi2_p:.2g} against the declared noise)"
+                                                 if math.isfinite(t.chi2_p) else "")]
+    if math.isfinite(t.structure_p):
+        parts.append(f"structure F {t.structure_f:.2f} (p {t.structure_p:.2g})")
+    if t.small_sample_factor > 1.0:
+        parts.append(f"small-sample factor {t.small_sample_factor:.2f}")
+    if t.inflation_translation > 1.0 or t.inflation_rotation > 1.0:
+        parts.append(f"sigma widened x{t.inflation_translation:.1f} (translation), "
+                     f"x{t.inflation_rotation:.1f} (rotation) for model error")
+    lines.append("  residual tests: " + "; ".join(parts))
     h = result.holdout
     if h is not None:
         lines.append(
@@ -234,6 +321,10 @@ def format_report(result: CalibrationResult, *, station_names: list[str] | None 
             f"  linear vs refined: {la.translation_m * 1e3:.4f} mm, {math.degrees(la.rotation_rad):.5f} deg"
             f" ({la.sigmas:.1f} sigma)"
         )
+    if result.warnings:
+        lines.append("  WARNINGS:")
+        for w in result.warnings:
+            lines.append(f"    [{w.code}] {w.message}")
     if worst > 0:
         lines.append("  worst-fitting stations:")
         for i in result.residuals.worst(worst):

@@ -49,7 +49,7 @@ from cellcal.solver.se3 import check_transform, matrix_from_quat
 
 __all__ = [
     "StationFileError", "Stations", "read_stations", "MEASUREMENT_KEYS",
-    "MAX_LINE_BYTES", "MAX_STATIONS", "MAX_TRANSLATION_M", "MAX_JSON_DEPTH",
+    "MAX_LINE_BYTES", "MAX_STATIONS", "MAX_TRANSLATION_M", "MAX_JSON_DEPTH", "QUATERNION_ORDERS",
 ]
 
 #: measurement key per calibration kind (None: robot poses only)
@@ -89,16 +89,32 @@ class Stations:
     lines: list[int]
 
 
-def read_stations(path: str | Path, kind: str = "base_frame", fmt: str = "auto") -> Stations:
+#: Component orders a CSV's quaternion columns may be read in (``read_stations``).
+QUATERNION_ORDERS = ("wxyz", "xyzw")
+
+
+def read_stations(path: str | Path, kind: str = "base_frame", fmt: str = "auto", *,
+                  quaternion_order: str | dict[str, str] = "wxyz") -> Stations:
     """Read a station file (JSON lines or CSV; ``fmt="auto"`` goes by the extension).
+
+    ``quaternion_order`` (CSV only): how the four ``*_qw, *_qx, *_qy, *_qz`` columns are
+    read, ``"wxyz"`` (the format) or ``"xyzw"`` (their values in x, y, z, w order, as some
+    exporters write them); one order for both poses, or a dict by prefix (``"flange"``,
+    ``"target"``). ``cellcal solve`` uses it to tell a user whose file fits far better read
+    the other way.
 
     Raises
     ------
     StationFileError
         The file cannot be read, or a line is malformed or beyond a limit (named).
     ValueError
-        An unknown ``kind`` or ``fmt`` (a caller's mistake, not the file's).
+        An unknown ``kind``, ``fmt`` or ``quaternion_order`` (a caller's mistake, not the file's).
     """
+    orders = {"flange": quaternion_order, "target": quaternion_order} if isinstance(quaternion_order, str) \
+        else {"flange": "wxyz", "target": "wxyz", **quaternion_order}
+    for o in orders.values():
+        if o not in QUATERNION_ORDERS:
+            raise ValueError(f"quaternion_order must be one of {QUATERNION_ORDERS}, got {o!r}")
     if kind not in MEASUREMENT_KEYS:
         raise ValueError(f"kind must be one of {sorted(MEASUREMENT_KEYS)}, got {kind!r}")
     if fmt not in ("auto", "jsonl", "csv"):
@@ -115,7 +131,7 @@ def read_stations(path: str | Path, kind: str = "base_frame", fmt: str = "auto")
         try:
             if fmt == "jsonl":
                 return _read_jsonl(lines, str(path), MEASUREMENT_KEYS[kind])
-            return _read_csv(lines, str(path), MEASUREMENT_KEYS[kind])
+            return _read_csv(lines, str(path), MEASUREMENT_KEYS[kind], orders)
         except OSError as exc:  # a read error half way (EIO, a directory)
             raise StationFileError(f"{path}: cannot read: {exc}") from exc
 
@@ -253,7 +269,7 @@ def _read_jsonl(lines: _Lines, name: str, meas_key: str | None) -> Stations:
 # --- CSV -------------------------------------------------------------------------------------
 
 
-def _pose(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
+def _pose(row: dict[str, str], prefix: str, where: str, order: str = "wxyz") -> np.ndarray:
     vals = []
     for col in _POSE_COLS:
         key = f"{prefix}_{col}"
@@ -270,6 +286,8 @@ def _pose(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
     if max(abs(v) for v in vals[:3]) * 1e-3 > MAX_TRANSLATION_M:
         raise StationFileError(f"{where}: {prefix} position is beyond {MAX_TRANSLATION_M * 1e3:g} mm")
     q = np.array(vals[3:])
+    if order == "xyzw":  # the qw, qx, qy, qz columns hold x, y, z, w
+        q = q[[3, 0, 1, 2]]
     norm = float(np.linalg.norm(q))
     if abs(norm - 1.0) > 1e-3:
         raise StationFileError(f"{where}: {prefix} quaternion has norm {norm:.6g}, expected 1")
@@ -279,7 +297,8 @@ def _pose(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
     return T
 
 
-def _read_csv(lines: _Lines, name: str, meas_key: str | None) -> Stations:
+def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, str] | None = None) -> Stations:
+    orders = orders or {"flange": "wxyz", "target": "wxyz"}
     reader = csv.DictReader(iter(lines))
     try:
         header = reader.fieldnames or []
@@ -308,9 +327,9 @@ def _read_csv(lines: _Lines, name: str, meas_key: str | None) -> Stations:
             continue
         if len(nums) >= MAX_STATIONS:
             raise _too_many(name, lineno)
-        G.append(_pose(row, "flange", where))
+        G.append(_pose(row, "flange", where, orders["flange"]))
         if meas_key:
-            M.append(_pose(row, "target", where))
+            M.append(_pose(row, "target", where, orders["target"]))
         nums.append(lineno)
     if not nums:
         raise StationFileError(f"{name}: no stations")

@@ -771,6 +771,73 @@ def align_signs_by_reference(Pq: np.ndarray, Qq: np.ndarray, ws: Workspace) -> b
     return False
 
 
+#: Most sign groups whose relative signs are tried exhaustively (2^(groups - 1) solves).
+MAX_SIGN_GROUPS = 4
+#: The best group signs must close this many times better than the next best; otherwise
+#: two rotations fit (e.g. every motion at 180 degrees about just two axes: a half turn
+#: about their common normal maps both axes to their negatives, which a half turn cannot
+#: tell from the axes themselves). Determined sets measure 10^3-10^5, ambiguous ones 1-4.
+MIN_SIGN_CONTRAST = 100.0
+
+
+class _SignAmbiguity(Exception):
+    """Internal: two sign assignments (two rotations) fit the motions about equally."""
+
+    def __init__(self, contrast: float) -> None:
+        self.contrast = contrast
+        super().__init__(f"two rotations fit the motions (contrast {contrast:.3g})")
+
+
+def align_sign_groups(Pq: np.ndarray, Qq: np.ndarray, ws: Workspace) -> int:
+    """Align station quaternion signs within groups; return the number of groups.
+
+    As :func:`align_signs_by_reference`, but a station no aligned reference can decide
+    (near 180 degrees from all of them) starts a new group instead of giving up: within a
+    group every relative sign is trusted, between groups it is not (e.g. stations at the
+    identity and stations turned 180 degrees from it, whose scalar parts are ~0 against
+    each other). Group labels go to ``ws.grp``; each group's first station keeps its sign.
+    """
+    n = Pq.shape[0]
+    sgn = ws.w[:n]
+    sgn.fill(0.0)
+    grp = ws.grp[:n]
+    grp.fill(-1)
+    dp, dq, prod = ws.s1[:n], ws.s2[:n], ws.s3[:n]
+    ok = ws.ball[:n]
+    unset = ws.b16[:n, 0, 0]
+    groups = 0
+    while True:
+        np.equal(sgn, 0.0, out=unset)
+        if not unset.any():
+            break
+        ref = int(np.argmax(unset))  # first station not aligned yet: a new group
+        sgn[ref] = 1.0
+        grp[ref] = groups
+        queue = [ref]
+        while queue:
+            r = queue.pop()
+            np.matmul(Pq, Pq[r], out=dp)
+            np.matmul(Qq, Qq[r], out=dq)
+            np.multiply(dp, dq, out=prod)
+            np.abs(dp, out=dp)
+            np.abs(dq, out=dq)
+            np.minimum(dp, dq, out=dp)
+            np.greater_equal(dp, SIGN_MARGIN, out=ok)
+            np.equal(sgn, 0.0, out=unset)
+            np.logical_and(ok, unset, out=ok)
+            if not ok.any():
+                continue
+            np.copysign(1.0, prod, out=prod)
+            np.multiply(prod, sgn[r], out=prod)
+            np.copyto(sgn, prod, where=ok)
+            np.copyto(grp, groups, where=ok)
+            if len(queue) < MAX_SIGN_REFERENCES:
+                queue.extend(int(i) for i in np.flatnonzero(ok)[:MAX_SIGN_REFERENCES])
+        groups += 1
+    np.multiply(Qq, sgn[:, None], out=Qq)
+    return groups
+
+
 def solve_rotation_all_pairs(
     RP: np.ndarray, side_A: str, RQ: np.ndarray, ws: Workspace, qX0: tuple | None = None
 ) -> tuple[float, float, float, float]:
@@ -789,13 +856,58 @@ def solve_rotation_all_pairs(
     np.copyto(Rc, RQ)
     quats_from_rotations(Rc, Qq, ws)
     if not align_signs_by_reference(Pq, Qq, ws):
-        if qX0 is None:
-            qX0 = kronecker_estimate(RP, side_A, RQ, ws)
-        align_signs(Pq, side_A, Qq, qX0, ws)
+        # Reset to Shepperd's signs and align within groups; the few relative signs between
+        # groups are tried exhaustively, keeping the one whose solution closes best (the
+        # smallest eigenvalue): the sign-free Kronecker estimate alone is unreliable with
+        # few stations and noise at 180 degrees.
+        np.copyto(Rc, RQ)
+        quats_from_rotations(Rc, Qq, ws)
+        groups = align_sign_groups(Pq, Qq, ws) if qX0 is None else MAX_SIGN_GROUPS + 1
+        if groups > MAX_SIGN_GROUPS:
+            if qX0 is None:
+                qX0 = kronecker_estimate(RP, side_A, RQ, ws)
+            align_signs(Pq, side_A, Qq, qX0, ws)
+        elif groups > 1:
+            return _best_group_signs(Pq, side_A, Qq, groups, n, ws)
     C = all_pairs_outer(Pq, side_A, Qq, ws)
     S = normal_from_outer(C, float(n * n), ws)
     v, _ = null_vector(S, ws.P4, ws.Q4)
     return _canon(v)
+
+
+def _best_group_signs(Pq: np.ndarray, side_A: str, Qq: np.ndarray, groups: int, n: int, ws: Workspace) -> tuple:
+    """Try every relative sign of groups 1.. against group 0; keep the best-closing one.
+
+    Raises :class:`_SignAmbiguity` when the runner-up closes within
+    :data:`MIN_SIGN_CONTRAST` of the best: the data do not choose between two rotations.
+    """
+    grp = ws.grp[:n]
+    best = None
+    best_lam = math.inf
+    best_mask = 0
+    lams: list[float] = []
+    for mask in range(1 << (groups - 1)):
+        flip = ws.w[:n]
+        flip.fill(1.0)
+        for g in range(1, groups):
+            if mask >> (g - 1) & 1:
+                np.copyto(flip, -1.0, where=grp == g)
+        np.multiply(Qq, flip[:, None], out=ws.v4b[:n])
+        C = all_pairs_outer(Pq, side_A, ws.v4b[:n], ws)
+        S = normal_from_outer(C, float(n * n), ws)
+        v, lam = null_vector(S, ws.P4, ws.Q4)
+        lams.append(lam)
+        if lam < best_lam:
+            best_lam, best, best_mask = lam, _canon(v), mask
+    for g in range(1, groups):  # leave Qq with the chosen signs
+        if best_mask >> (g - 1) & 1:
+            np.multiply(Qq, np.where(grp == g, -1.0, 1.0)[:, None], out=Qq)
+    assert best is not None
+    lams.sort()
+    contrast = lams[1] / max(lams[0], 1e-300)
+    if contrast < MIN_SIGN_CONTRAST:
+        raise _SignAmbiguity(contrast)
+    return best
 
 
 def _canon(v: np.ndarray) -> tuple[float, float, float, float]:

@@ -26,6 +26,7 @@ agreement with the linear answer. ``refine=False`` returns the linear answer unc
 from __future__ import annotations
 
 import abc
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -33,8 +34,11 @@ from typing import Any
 import numpy as np
 
 from cellcal.solver import _core
+from cellcal.solver import diagnostics as _diag
 from cellcal.solver import refine as _refine
+from cellcal.solver import sanity as _sanity
 from cellcal.solver import validation as _validation
+from cellcal.solver.diagnostics import ResidualTests, SolveWarning
 from cellcal.solver.errors import CalibrationError, DegenerateGeometry, NotEnoughSamples
 from cellcal.solver.refine import DEFAULT_MAX_ITERATIONS
 from cellcal.solver.se3 import se3_inverse
@@ -62,6 +66,10 @@ __all__ = [
     "calibrate_tool_point",
     "DEFAULT_MIN_AXIS_SPREAD",
     "DEFAULT_MIN_ROTATION_RAD",
+    "DEFAULT_EXPECTED_TOLERANCE_M",
+    "DEFAULT_EXPECTED_TOLERANCE_RAD",
+    "MAX_ROTATION_SIGMA_RAD",
+    "CHECK_SPREAD",
     "MIN_STATIONS",
 ]
 
@@ -73,6 +81,17 @@ DEFAULT_MIN_AXIS_SPREAD = 1e-4
 DEFAULT_MIN_ROTATION_RAD = 1e-3
 #: Two motions with non-parallel axes need three stations.
 MIN_STATIONS = 3
+#: Default tolerances of a prior (``expected_cell_T_base`` ...): a cell drawing locates a
+#: robot to a few centimetres and degrees; wrong inputs miss it by far more (ADR 0009).
+DEFAULT_EXPECTED_TOLERANCE_M = 0.05
+DEFAULT_EXPECTED_TOLERANCE_RAD = math.radians(5.0)
+#: Below this ``axis_spread`` (a cone of axes narrower than about 5 deg) the linear answer
+#: is checked for determinacy at its estimated noise before it is refined.
+CHECK_SPREAD = 1e-2
+#: A result whose primary rotation is undetermined beyond this 1-sigma (rad, the largest
+#: eigen-direction) is refused as degenerate: past ~0.1 rad the linearised covariance no
+#: longer describes the error (noisy, nearly parallel axes; ADR 0002).
+MAX_ROTATION_SIGMA_RAD = 0.1
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -215,7 +234,10 @@ class CalibrationResult(abc.ABC):
         ``xi = (rho, phi)`` (m, rad) in the transform's *child* frame; points additively
         (m). It is the inverse Fisher information of the measurement model at the answer
         (ADR 0004): the covariance of the refined estimate, a lower bound for a linear one
-        (``refined`` False). Not finite when the solve skipped it (``uncertainty=False``).
+        (``refined`` False), with each estimated noise component's share scaled for the
+        few degrees of freedom it was estimated from, and widened by the rigid error a
+        detected model error implies (``residual_tests``). Not finite when the solve
+        skipped it (``uncertainty=False``).
     sigma_translation_mm, sigma_rotation_deg : float
         1-sigma of the primary unknown (the first transform or point of the result): RMS
         length of its translation error (mm) and rotation error (deg), i.e. the square
@@ -228,15 +250,33 @@ class CalibrationResult(abc.ABC):
         Where those figures came from.
     chi2, dof : float, int
         Sum of squared whitened residuals and its degrees of freedom (observations minus
-        parameters). With given noise, ``chi2 / dof`` far from 1 says the noise figures do
-        not describe these data; with estimated noise it is 1 by construction.
+        parameters; duplicated stations count once, dropped ones not at all). With given
+        noise, ``chi2 / dof`` far from 1 says the noise figures do not describe these data;
+        with estimated noise it is 1 by construction.
     refined : bool
         True if the answer is the maximum-likelihood refinement.
+    converged : bool
+        True if the answer is a minimum of the fit: the refinement converged, or the
+        answer is closed form (linear, pivot). A result that did not converge keeps its
+        noise figures at their defaults (never "estimated", see ``noise_source``).
     iterations : int
         Gauss-Newton iterations taken (0 for a linear answer).
+    stop_reason : str
+        Why the solve stopped, in words (``"converged"``, ``"iteration limit (20
+        iterations) reached before convergence"``, ``"closed-form linear answer, not
+        refined"``, ...).
     downweighted : numpy.ndarray of int
-        Stations the Huber loss down-weighted, ascending (empty without ``huber``; a
-        read-only view into the workspace when one was given).
+        Stations the Huber loss down-weighted or ``reject_k`` dropped, ascending (empty
+        without either; a read-only view into the workspace when one was given).
+    warnings : tuple of SolveWarning
+        Things a person should know, each with a ``code``, a sentence (``message``) and
+        its figure (``value``): ``"model_error"`` (the residuals are not noise; value:
+        RMS of their structured part, mm), ``"not_converged"``, ``"noise_default"``,
+        ``"duplicate_stations"``, ``"units"``, ``"outliers"``.
+    residual_tests : ResidualTests
+        The figures behind those warnings and behind the covariance: chi-square against
+        declared noise, the structure test, redundancies, the small-sample and
+        model-error factors the covariance carries (ADR 0004).
     holdout : HoldoutClosure or None
         Closure of stations held out of the fit (None when disabled or N < 4).
     linear_agreement : Agreement or None
@@ -270,8 +310,12 @@ class CalibrationResult(abc.ABC):
     chi2: float
     dof: int
     refined: bool
+    converged: bool
     iterations: int
+    stop_reason: str
     downweighted: np.ndarray
+    warnings: tuple[SolveWarning, ...]
+    residual_tests: ResidualTests
     holdout: HoldoutClosure | None = None
     linear_agreement: Agreement | None = None
 
@@ -483,6 +527,7 @@ def _prepare(stacks: list[tuple[Any, str]], workspace: Workspace | None, problem
     ws.check(n)
     for a, (_, name) in zip(arrays, stacks, strict=True):
         _core.validate_stack(a, name, ws)
+        _sanity.check_magnitudes(a, name, n, ws)
     return arrays, n, ws
 
 
@@ -541,6 +586,7 @@ def _solve_axxb(
     TA: np.ndarray, side_A: str, TB: np.ndarray, side_B: str, n: int, ws: Workspace, pairs: str,
     *, frame: str, problem: str, what_rot: str, what_trans: str,
     min_axis_spread: float, min_rotation_rad: float, pair_translation: bool,
+    gate_on_b: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None, int, _core.Observability]:
     """The shared solve: pairs, relative motions, observability gate, rotation of ``X``.
 
@@ -548,14 +594,34 @@ def _solve_axxb(
     observability)``. The station-wise translation (the default, ADR 0003) is solved by
     the caller with :func:`cellcal.solver._core.pivot_solve`, because which per-station
     terms enter it depends on the problem.
+
+    The gate is judged on the robot's side, whose motions are exact (ADR 0002): the A side
+    by default (hand-eye, eye-to-hand), the B side with ``gate_on_b`` (the base frame, whose
+    A side is the tracker: its noise fills any cone of axes and would pass a single-axis
+    motion). The axis reported is always in ``frame`` (the A side's): with ``gate_on_b``
+    it is the A side's weakest axis on refusal (the robot's axis seen through ``X``) and
+    ``R_X`` times the robot's otherwise.
     """
     RP, RQ = TA[:, :3, :3], TB[:, :3, :3]
-    np.einsum("kij->ij", RP, out=ws.R3)  # strided np.sum would buffer 64 KiB
-    obs = _core.observability(ws.R3, n, side_A, RP, ws)
+    gate = None
+    if gate_on_b:
+        np.einsum("kij->ij", RQ, out=ws.R3)
+        gate = _core.observability(ws.R3, n, side_B, RQ, ws)
+        obs = gate
+        if gate.max_rotation_rad < min_rotation_rad or gate.axis_spread < min_axis_spread:
+            # Refused: the axis to report is the A side's (the robot's axis seen in frame).
+            np.einsum("kij->ij", RP, out=ws.R3)
+            seen = _core.observability(ws.R3, n, side_A, RP, ws)
+            obs = _core.Observability(gate.axis_spread, seen.axis, gate.max_rotation_rad, gate.trace)
+    else:
+        np.einsum("kij->ij", RP, out=ws.R3)  # strided np.sum would buffer 64 KiB
+        obs = _core.observability(ws.R3, n, side_A, RP, ws)
     _check_observable(
         obs, frame=frame, problem=problem, what_rot=what_rot, what_trans=what_trans,
         min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
     )
+    if gate is not None:
+        obs = _core.Observability(gate.axis_spread, gate.axis.copy(), gate.max_rotation_rad, gate.trace)
     # Explicit subsets are solved from their own pairs; "all" needs no pair list (the O(N)
     # identity) unless the pairwise translation system asks for one (then the ring).
     m = n * (n - 1) // 2
@@ -564,7 +630,16 @@ def _solve_axxb(
         _core.relative_motions(TA, side_A, m, ws, ws.RA, ws.tA)
         _core.relative_motions(TB, side_B, m, ws, ws.RB, ws.tB)
     if pairs == "all":
-        qX = _core.solve_rotation_all_pairs(RP, side_A, RQ, ws)
+        try:
+            qX = _core.solve_rotation_all_pairs(RP, side_A, RQ, ws)
+        except _core._SignAmbiguity as exc:
+            raise DegenerateGeometry(
+                f"{problem}: two rotations fit the motions about equally (contrast {exc.contrast:.2g}, need "
+                f"{_core.MIN_SIGN_CONTRAST:g}): the relative motions are (near) half turns about too few axes, and "
+                f"the measurement noise hides how far from 180 deg they are; add stations with moderate rotations",
+                axis=obs.axis, frame=frame, axis_spread=obs.axis_spread,
+                unrecoverable=(f"{what_rot} (a half-turn ambiguity)",), max_rotation_rad=obs.max_rotation_rad,
+            ) from None
     else:
         qX0 = _core.kronecker_estimate(RP, side_A, RQ, ws)
         _core.quats_from_rotations(ws.RA[:m], ws.qA[:m], ws)
@@ -572,6 +647,11 @@ def _solve_axxb(
         qX = _core.solve_rotation(m, qX0, ws)
     Rx = _core.rot_from_quat_into(qX, np.empty((3, 3)))
     tx = np.array(_core.solve_translation(m, Rx, ws)) if pair_translation else None
+    if gate is not None:
+        obs.axis = Rx @ gate.axis  # the robot's weakest axis, in the A side's frame
+        j = int(np.argmax(np.abs(obs.axis)))
+        if obs.axis[j] < 0:
+            obs.axis = -obs.axis
     return Rx, tx, m, obs
 
 
@@ -613,15 +693,17 @@ def _absolute_linear(
     min_axis_spread: float, min_rotation_rad: float, *,
     problem: str = "base-frame calibration", frame: str = "cell",
     what_rot: str = "base rotation", what_trans: str = "base translation",
+    robot_is_g: bool = True,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, _core.Observability]:
     """Linear solve of ``M_i = X G_i Y`` (the base frame; eye-to-hand with the roles of the
-    robot and the camera swapped). Returns ``(R_X, t_X, R_Y, t_Y, n_motions, observability)``
-    and leaves the closure of each station in ``ws.res_t`` / ``ws.res_r``."""
+    robot and the camera swapped, ``robot_is_g=False``). Returns ``(R_X, t_X, R_Y, t_Y,
+    n_motions, observability)`` and leaves the closure of each station in ``ws.res_t`` /
+    ``ws.res_r``. The observability gate looks at the robot's motions."""
     Rx, tx, m, obs = _solve_axxb(
         M, "left", G, "left", n, ws, pairs, frame=frame, problem=problem,
         what_rot=what_rot, what_trans=what_trans,
         min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
-        pair_translation=pair_t,
+        pair_translation=pair_t, gate_on_b=robot_is_g,
     )
     RG, tG, RM, tM = G[:, :3, :3], G[:, :3, 3], M[:, :3, :3], M[:, :3, 3]
     # Rotation of flange_T_target_i = R_G^T R_X^T R_M, chordal mean, rotation closure.
@@ -682,46 +764,110 @@ def _hand_eye_linear(
 class _PoseOutcome:
     """What :func:`_pose_finish` hands back to the public functions (model form)."""
 
-    __slots__ = ("A", "B", "cov", "stats", "fit", "holdout", "refined", "noise")
+    __slots__ = ("A", "B", "cov", "stats", "fit", "holdout", "refined", "noise", "assessment", "converged",
+                 "noise_cov", "extra_warnings", "probe_cov")
 
-    def __init__(self, A, B, cov, stats, fit, holdout, refined, noise):
+    def __init__(self, A, B, cov, stats, fit, holdout, refined, noise, assessment, converged):
         self.A, self.B, self.cov, self.stats = A, B, cov, stats
         self.fit, self.holdout, self.refined, self.noise = fit, holdout, refined, noise
+        self.assessment, self.converged = assessment, converged
+        self.noise_cov = cov  # before the model-error term
+        self.extra_warnings: list[SolveWarning] = []
+        self.probe_cov: np.ndarray | None = None  # a stopped fit's covariance under estimated noise
 
 
 def _pose_finish(
     *, M: np.ndarray, G: np.ndarray, A0: np.ndarray, B0: np.ndarray, n: int, ws: Workspace,
     owned: bool, refine: bool, holdout: bool, noise: _refine.Noise, huber: float | None,
+    reject_k: float | None = None, masked: bool = False,
     uncertainty: bool = True,
     max_iterations: int, fit_subset, stats: tuple, measurement_residuals: bool,
+    determinacy=None, spread: float = 1.0,
 ) -> _PoseOutcome:
-    """Refinement (or the covariance at the linear answer), residuals and hold-out closure
-    of the pose model ``M_i = A G_i B`` started from the linear ``(A0, B0)``.
+    """Refinement (or the covariance at the linear answer), residual tests, residuals and
+    hold-out closure of the pose model ``M_i = A G_i B`` started from the linear ``(A0, B0)``.
 
     ``fit_subset(idx, m)`` re-runs the linear solve on a subset (k-fold closure of a linear
     answer). ``measurement_residuals`` makes a linear answer report the model's own
-    measurement-space residuals instead of the linear solve's closure.
+    measurement-space residuals instead of the linear solve's closure. The covariance in
+    the outcome is the noise part (small-sample scaled); :func:`_add_model_error` adds the
+    rigid term in the result's frames.
     """
     model = _refine.PoseModel(M, G, n, ws)
     refined = False
+    if refine and determinacy is not None and spread < CHECK_SPREAD and (noise.estimate_t or noise.estimate_r):
+        # Nearly parallel axes: is the linear start determined at the noise its residuals
+        # imply? If not, refining would wander along the undetermined direction.
+        pn = dataclasses.replace(noise, diag=None)
+        _refine.fill_whitening(pn, n, ws)
+        determinacy(_refine.covariance_at(model, (A0, B0), pn, huber=huber, masked=masked).covariance)
+        _refine.fill_whitening(noise, n, ws)
+    elif refine and determinacy is not None and spread < CHECK_SPREAD:
+        determinacy(_refine.covariance_at(model, (A0, B0), noise, huber=huber, masked=masked).covariance)
     if refine:
-        fit = _refine.refine(model, (A0, B0), noise, huber=huber, max_iterations=max_iterations)
+        fit = _refine.refine(model, (A0, B0), noise, huber=huber, reject_k=reject_k,
+                             max_iterations=max_iterations, masked=masked)
         refined = fit.ok
+        converged = fit.converged
     elif uncertainty:
-        fit = _refine.covariance_at(model, (A0, B0), noise, huber=huber)
+        fit = _refine.covariance_at(model, (A0, B0), noise, huber=huber, masked=masked)
+        converged = True
     else:
         p = model.nparam
-        fit = _refine.Fit((A0, B0), np.full((p, p), np.nan), math.nan, math.nan, 0, 0, False,
-                          ws.down[:0], noise, ok=False, message="uncertainty not computed")
+        fit = _refine.Fit((A0, B0), np.full((p, p), np.nan), math.nan, math.nan, 0, 0, True,
+                          ws.down[:0], noise, ok=False, message="uncertainty not computed",
+                          stop_reason="closed-form linear answer, not refined")
+        converged = True
         if measurement_residuals:
             # Nothing evaluated the model yet: its residual buffers hold no answer's residuals.
             model.residuals((A0, B0))
+    probe = None
+    if refine and fit.ok and not converged and (noise.estimate_t or noise.estimate_r):
+        # A stopped fit reports default noise (never an estimate from a state that is not
+        # the minimum); whether the data determine it at all is judged with the noise the
+        # residuals imply, so an undetermined answer is refused rather than returned.
+        pn = dataclasses.replace(noise, diag=None, reset="")
+        _refine.fill_whitening(pn, n, ws)
+        probe = _refine.covariance_at(model, fit.state, pn, huber=huber, masked=masked).covariance
+        _refine.fill_whitening(noise, n, ws)
+        _refine._eval(model, fit.state, n, ws, huber, noise, masked)
+    assessment = None
+    if fit.ok:
+        # Features: the target positions in the robot-side frame (ws.q4, left by the model).
+        np.copyto(ws.v3d[:n], ws.q4[:n, :3])
+        assessment = _diag.assess(model, fit, noise, n, ws, robot_p=ws.v3d[:n], a_cols=slice(0, 6),
+                                  huber=huber, masked=masked or reject_k is not None,
+                                  converged=converged, estimated_ok=not noise.reset)
     if refined or measurement_residuals:
         model.norms(ws.res_t[:n], ws.res_r[:n])
         stats = _core.closure_stats(n, ws)
     ho = _holdout(model, fit, refined, holdout, fit_subset, n, ws, owned, stats[0])
     A, B = fit.state if refined else (A0, B0)
-    return _PoseOutcome(A, B, fit.covariance, stats, fit, ho, refined, noise)
+    cov = assessment.covariance if assessment is not None else fit.covariance
+    out = _PoseOutcome(A, B, cov, stats, fit, ho, refined, noise, assessment, converged)
+    out.probe_cov = probe
+    return out
+
+
+def _add_model_error(cov: np.ndarray, assessment, blocks) -> np.ndarray:
+    """``cov`` plus the rigid robot error of a detected model error (diagnostics module).
+
+    ``blocks`` lists ``(start, kind, centroid)``: ``"rigid"`` adds the 6x6 rigid twist
+    about ``centroid`` (the robot-side unknown), ``"iso"`` the isotropic 6x6 (an unknown on
+    the flange), ``"point"`` ``tau_t^2 I`` (a 3-vector).
+    """
+    if assessment is None or not assessment.model_error:
+        return cov
+    out = cov.copy()
+    tt, tr = assessment.tau_t, assessment.tau_r
+    for start, kind, c in blocks:
+        if kind == "rigid":
+            out[start : start + 6, start : start + 6] += _diag.rigid_error_covariance(c, tt, tr)
+        elif kind == "iso":
+            out[start : start + 6, start : start + 6] += np.diag([tt * tt] * 3 + [tr * tr] * 3)
+        else:
+            out[start : start + 3, start : start + 3] += tt * tt * np.eye(3)
+    return out
 
 
 def _holdout(model, fit, refined, holdout, fit_subset, n, ws, owned, rms_t):
@@ -747,33 +893,80 @@ def _readonly(a: np.ndarray, owned: bool) -> np.ndarray:
     return v
 
 
-def _uncertainty_fields(out: _PoseOutcome, covX: np.ndarray, owned: bool) -> dict:
+def _common_warnings(out: _PoseOutcome, extra: list[SolveWarning]) -> tuple[SolveWarning, ...]:
+    """Every warning of a result: the input checks', then the fit's and the tests'."""
+    w = list(extra)
+    fit, nz = out.fit, out.noise
+    if not out.converged:
+        w.append(SolveWarning(code="not_converged", message=(
+            f"the refinement did not converge ({fit.stop_reason}): the answer is its last step and its "
+            f"uncertainty uses the default noise figures; do not use it"), value=float(fit.iterations)))
+    for name, fb, red in (("translation", nz.fallback_t, nz.redundancy_t), ("rotation", nz.fallback_r, nz.redundancy_r)):
+        if fb and not nz.reset:
+            w.append(SolveWarning(code="noise_default", message=(
+                f"too few stations to estimate the {name} noise (redundancy {red:.1f}): the default figure is "
+                f"assumed; declare the instrument's noise or add stations"), value=float(red)))
+    down = np.asarray(fit.downweighted)
+    if down.size:
+        dropped = getattr(fit, "rejected", 0)
+        what = "dropped or down-weighted" if dropped else "down-weighted"
+        w.append(SolveWarning(code="outliers", message=(
+            f"{down.size} station(s) {what} as outliers by the robust fit: "
+            + ", ".join(str(int(i)) for i in down[:20]) + (", ..." if down.size > 20 else "")),
+            value=float(down.size)))
+    if out.assessment is not None:
+        w.extend(out.assessment.warnings)
+    return tuple(w)
+
+
+def _uncertainty_fields(out: _PoseOutcome, covX: np.ndarray, owned: bool, warnings: tuple = (),
+                        noise_covX: np.ndarray | None = None) -> dict:
     st, sr = sigma_figures(covX)
     nz, fit = out.noise, out.fit
+    tests = out.assessment.tests if out.assessment is not None else _nan_tests(nz)
+    if noise_covX is not None:
+        tests = _diag.with_inflation(tests, noise_covX, covX)
     return dict(
         covariance=out.cov, sigma_translation_mm=st, sigma_rotation_deg=sr,
         noise_translation_m=nz.sigma_t, noise_rotation_rad=nz.sigma_r,
         noise_source=nz.describe(), chi2=fit.chi2, dof=fit.dof, refined=out.refined,
+        converged=bool(out.converged), stop_reason=fit.stop_reason,
         iterations=fit.iterations if out.refined else 0,
         downweighted=_readonly(fit.downweighted, owned),
+        warnings=warnings, residual_tests=tests,
         holdout=out.holdout,
     )
 
 
-def _solver_text(linear: str, out: _PoseOutcome, huber: float | None) -> str:
+def _nan_tests(nz: _refine.Noise) -> ResidualTests:
+    return ResidualTests(
+        declared_noise=not (nz.estimate_t or nz.estimate_r), chi2_per_dof=math.nan, chi2_p=math.nan,
+        structure_f=math.nan, structure_p=math.nan, structure_dof=(0, 0),
+        redundancy_translation=nz.redundancy_t, redundancy_rotation=nz.redundancy_r,
+        variance_factor_translation=1.0, variance_factor_rotation=1.0, small_sample_factor=1.0,
+        model_error_translation_m=0.0, model_error_rotation_rad=0.0,
+        inflation_translation=1.0, inflation_rotation=1.0,
+    )
+
+
+def _solver_text(linear: str, out: _PoseOutcome, huber: float | None, reject_k: float | None = None) -> str:
     if out.refined:
         h = f", Huber {huber:g} sigma" if huber is not None else ""
+        h += f", reject beyond {reject_k:g} sigma" if reject_k is not None else ""
+        state = "" if out.converged else f", NOT CONVERGED: {out.fit.stop_reason}"
         return (f"{linear}; maximum-likelihood Gauss-Newton refinement of the absolute model "
-                f"({out.fit.iterations} iterations{h})")
+                f"({out.fit.iterations} iterations{h}{state})")
     if out.fit.message:
         return f"{linear} ({out.fit.message})"
     return linear
 
 
-def _inverted_first_outcome(out, X, n, m, obs, frame, pairs, translation, huber, ws, owned):
+def _inverted_first_outcome(out, X, n, m, obs, frame, pairs, translation, huber, ws, owned,
+                            reject_k=None, extra_warnings=()):
     """Hand-eye and eye-to-hand fit the model with the first unknown inverted: map the
     answer and its covariance back, and build the fields both results share."""
     Xo = X if not out.refined else se3_inverse(out.A)
+    noise_cov = _invert_first(out.noise_cov, out.A)
     out.cov = _invert_first(out.cov, out.A)
     covX, covY = out.cov[:6, :6].copy(), out.cov[6:, 6:].copy()
     linear = f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation"
@@ -781,11 +974,62 @@ def _inverted_first_outcome(out, X, n, m, obs, frame, pairs, translation, huber,
         n_stations=n, n_motions=m, **_stats_fields(out.stats),
         axis_spread=obs.axis_spread, weakest_axis=obs.axis.copy(), axis_frame=frame,
         max_motion_rad=obs.max_rotation_rad, residuals=_residuals(ws, n, owned),
-        solver=_solver_text(linear, out, huber),
+        solver=_solver_text(linear, out, huber, reject_k),
         linear_agreement=_validation.agreement(X, Xo, covX) if out.refined else None,
-        **_uncertainty_fields(out, covX, owned),
+        **_uncertainty_fields(out, covX, owned, _common_warnings(out, list(extra_warnings)),
+                              noise_cov[:6, :6]),
     )
     return Xo, covX, covY, common
+
+
+def _input_checks(G: np.ndarray, M: np.ndarray | None, n: int, ws: Workspace, max_reach_m: float | None,
+                  measured: str) -> tuple[bool, list[SolveWarning]]:
+    """Reach (refuses), duplicates (weights them) and units (warns): ADR 0009."""
+    _sanity.check_reach(G, max_reach_m, n, ws, measured=measured)
+    masked, dup = _sanity.mark_duplicates(G, n, ws)
+    extra = _sanity.units_warnings(G, n, ws, M, measured)
+    if dup is not None:
+        extra.append(dup)
+    return masked, extra
+
+
+def _pose_blocks(out: _PoseOutcome) -> list:
+    """Model-error blocks of the pose model, in model form: the robot-side unknown ``A`` is
+    off by a rigid motion about the stations' centroid, the flange-side ``B`` isotropically."""
+    c = out.assessment.centroid if out.assessment is not None else np.zeros(3)
+    return [(0, "rigid", c), (6, "iso", None)]
+
+
+def _check_determined(cov6: np.ndarray, problem: str, frame: str, obs: _core.Observability, T: np.ndarray) -> None:
+    """Refuse (``DegenerateGeometry``) an answer whose rotation the data fix only beyond
+    :data:`MAX_ROTATION_SIGMA_RAD`: there the covariance no longer describes the error.
+
+    Only for nearly parallel axes (``axis_spread < CHECK_SPREAD``): with motions that span
+    the rotations, a large covariance comes from large residuals (wrong units, a mix-up),
+    and the honest report of it (a wide sigma, ``model_error``, ``units``) is the answer.
+    """
+    if obs.axis_spread >= CHECK_SPREAD:
+        return
+    C = np.asarray(cov6[3:, 3:], dtype=float)
+    tr = float(C[0, 0] + C[1, 1] + C[2, 2])
+    if not math.isfinite(tr) or tr <= MAX_ROTATION_SIGMA_RAD**2:
+        return  # the largest eigenvalue is at most the trace: the common case needs no eigh
+    lam, V = np.linalg.eigh(0.5 * (C + C.T))
+    sig = math.sqrt(max(float(lam[-1]), 0.0))
+    if sig <= MAX_ROTATION_SIGMA_RAD:
+        return
+    axis = T[:3, :3] @ V[:, -1]  # the child-frame direction, in the frame named
+    j = int(np.argmax(np.abs(axis)))
+    if axis[j] < 0:
+        axis = -axis
+    raise DegenerateGeometry(
+        f"{problem}: the stations determine the rotation about [{axis[0]:.3f}, {axis[1]:.3f}, {axis[2]:.3f}] "
+        f"({frame} frame) only to {math.degrees(sig):.1f} deg (1 sigma, limit "
+        f"{math.degrees(MAX_ROTATION_SIGMA_RAD):.1f} deg): the motions are too close to one axis for this "
+        f"noise (axis_spread {obs.axis_spread:.3g}); add stations that rotate about another axis",
+        axis=axis, frame=frame, axis_spread=obs.axis_spread,
+        unrecoverable=("rotation about axis", "translation along axis"), max_rotation_rad=obs.max_rotation_rad,
+    )
 
 
 def _stats_fields(stats: tuple) -> dict:
@@ -833,8 +1077,14 @@ def calibrate_base_frame(
     noise_translation_m: float | None = None,
     noise_rotation_rad: float | None = None,
     cell_T_target_std: np.ndarray | None = None,
+    cell_T_target_cov: np.ndarray | None = None,
     huber: float | None = None,
+    reject_k: float | None = None,
     max_iterations: int = DEFAULT_MAX_ITERATIONS,
+    expected_cell_T_base: np.ndarray | None = None,
+    expected_tolerance_m: float = DEFAULT_EXPECTED_TOLERANCE_M,
+    expected_tolerance_rad: float = DEFAULT_EXPECTED_TOLERANCE_RAD,
+    max_reach_m: float | None = None,
 ) -> BaseFrameResult:
     """Where the robot base sits in the cell, from paired robot and tracker stations.
 
@@ -877,15 +1127,40 @@ def calibrate_base_frame(
         frame) and orientation (rad, about the axes of its child frame). Each one not
         given is estimated from the residuals (variance components, starting from 0.1 mm
         and 0.05 deg); their ratio weighs positions against orientations.
+        Declared figures are tested against the residuals (chi-square, ADR 0004); a
+        detected excess widens the covariance and raises a ``"model_error"`` warning.
     cell_T_target_std : array_like, shape (N, 6), optional
         Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
         in rad, as above. Excludes the scalar figures.
+    cell_T_target_cov : array_like, shape (N, 6, 6), optional
+        Per-station covariance from the instrument in the **cell** frame, ordered
+        ``(dx, dy, dz)`` of the target origin (m), then ``dphi`` about the cell axes (rad),
+        i.e. ``p' = p + dp`` and ``R' = Exp(dphi) R`` (e.g. from
+        :meth:`~cellcal.solver.TrackerNoiseModel.pose_covariance`). The refinement whitens
+        each station by its Cholesky factor (a tracker's anisotropy along and across the
+        beam is used: ADR 0004). Excludes every other noise figure.
     huber : float, optional
-        Huber threshold in sigmas on each station's whitened residual length (e.g. 4.1,
-        the 99% point of a 6-D Gaussian's length); stations beyond it are down-weighted
-        and listed in ``downweighted``. None (default): plain least squares.
+        Huber threshold in sigmas on each station's whitened residual length (3 resists
+        gross outliers well; 4.1 is the 99 % point of a 6-D Gaussian's length); stations
+        beyond it are down-weighted and listed in ``downweighted``. With estimated noise
+        the scale is robust (median, then the stations inside the 99.9 % cut), not the
+        contaminated residual RMS. None (default): plain least squares.
+    reject_k : float, optional
+        Hard rejection: after convergence, stations whose robust whitened length exceeds
+        ``reject_k`` are dropped and the fit repeated until none is; they are listed in
+        ``downweighted`` and no longer count in ``dof``.
     max_iterations : int
-        Gauss-Newton iterations at most (default 20; 2-4 are typical).
+        Gauss-Newton iterations at most per fit (default 20; 2-4 are typical; a robust fit
+        gets three times as many, and each rejection round a new budget).
+    expected_cell_T_base : array_like, shape (4, 4), optional
+        The answer the cell drawing gives: an answer farther than the tolerances raises
+        :class:`~cellcal.solver.PriorMismatch` (swapped or inverted inputs fit exactly and
+        are caught only this way; ADR 0009).
+    expected_tolerance_m, expected_tolerance_rad : float
+        Its tolerances (defaults 0.05 m and 5 deg).
+    max_reach_m : float, optional
+        The arm's reach: flange poses farther from the base raise
+        :class:`~cellcal.solver.UnreachableStations` naming them (swapped arguments, mm).
 
     Returns
     -------
@@ -903,16 +1178,29 @@ def calibrate_base_frame(
     NotEnoughSamples
         N < 3.
     DegenerateGeometry
-        No rotation, or all rotation axes parallel: ``.axis`` is in the cell frame; the
-        base's rotation about it and its translation along it are undetermined.
+        No rotation, or all rotation axes parallel (judged on the robot's exact motions):
+        ``.axis`` is in the cell frame; the base's rotation about it and its translation
+        along it are undetermined. Also for nearly parallel axes whose rotation the noise
+        leaves undetermined beyond 0.1 rad, and for a half-turn ambiguity (ADR 0002).
+    PriorMismatch, UnreachableStations
+        The input checks of ``expected_cell_T_base`` and ``max_reach_m`` (ADR 0009).
+
+    Notes
+    -----
+    Input sanity always runs: duplicated robot poses count once (``"duplicate_stations"``),
+    translations far beyond a cell draw a ``"units"`` warning, beyond 100 km a
+    ``ValueError``. The result says whether it ``converged``; its ``warnings`` and
+    ``residual_tests`` say whether the residuals are the noise they claim to be.
     """
     problem = "base-frame calibration"
     pair_t = _check_translation_mode(translation, pairs)
     (G, M), n, ws = _prepare(
         [(base_T_flange, "base_T_flange"), (cell_T_target, "cell_T_target")], workspace, problem
     )
+    masked, extra = _input_checks(G, M, n, ws, max_reach_m, "cell_T_target")
     noise = _refine.prepare_noise(
-        cell_T_target_std, "cell_T_target_std", noise_translation_m, noise_rotation_rad, n, ws, 6
+        cell_T_target_std, "cell_T_target_std", noise_translation_m, noise_rotation_rad, n, ws, 6,
+        cov=cell_T_target_cov, cov_name="cell_T_target_cov", R_meas=M[:, :3, :3],
     )
     Rx, tx, Ry, ty, m, obs = _absolute_linear(G, M, n, ws, pairs, pair_t, min_axis_spread, min_rotation_rad)
     X, Y = _transform(Rx, tx), _transform(Ry, ty)
@@ -930,21 +1218,29 @@ def calibrate_base_frame(
 
     out = _pose_finish(
         M=M, G=G, A0=X, B0=Y, n=n, ws=ws, owned=workspace is None, refine=refine,
-        holdout=holdout, uncertainty=uncertainty, noise=noise, huber=huber, max_iterations=max_iterations,
+        holdout=holdout, uncertainty=uncertainty, noise=noise, huber=huber, reject_k=reject_k,
+        masked=masked, max_iterations=max_iterations,
         fit_subset=fit_subset, stats=stats, measurement_residuals=False,
+        determinacy=lambda C: _check_determined(C[:6, :6], problem, "cell", obs, X), spread=obs.axis_spread,
     )
+    noise_covX = out.cov[:6, :6].copy()
+    out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out))
     covX, covY = out.cov[:6, :6].copy(), out.cov[6:, 6:].copy()
+    _check_determined(noise_covX, problem, "cell", obs, out.A)
+    if out.probe_cov is not None:
+        _check_determined(out.probe_cov[:6, :6], problem, "cell", obs, out.A)
+    _sanity.check_prior(out.A, expected_cell_T_base, expected_tolerance_m, expected_tolerance_rad, "cell_T_base")
     linear = f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation"
     return BaseFrameResult(
         n_stations=n, n_motions=m, **_stats_fields(out.stats),
         axis_spread=obs.axis_spread, weakest_axis=obs.axis.copy(), axis_frame="cell",
         max_motion_rad=obs.max_rotation_rad,
         residuals=_residuals(ws, n, workspace is None),
-        solver=_solver_text(linear, out, huber),
+        solver=_solver_text(linear, out, huber, reject_k),
         cell_T_base=out.A, flange_T_target=out.B,
         cell_T_base_covariance=covX, flange_T_target_covariance=covY,
         linear_agreement=_validation.agreement(X, out.A, covX) if out.refined else None,
-        **_uncertainty_fields(out, covX, workspace is None),
+        **_uncertainty_fields(out, covX, workspace is None, _common_warnings(out, extra), noise_covX),
     )
 
 
@@ -964,8 +1260,14 @@ def calibrate_hand_eye(
     noise_translation_m: float | None = None,
     noise_rotation_rad: float | None = None,
     camera_T_target_std: np.ndarray | None = None,
+    camera_T_target_cov: np.ndarray | None = None,
     huber: float | None = None,
+    reject_k: float | None = None,
     max_iterations: int = DEFAULT_MAX_ITERATIONS,
+    expected_flange_T_camera: np.ndarray | None = None,
+    expected_tolerance_m: float = DEFAULT_EXPECTED_TOLERANCE_M,
+    expected_tolerance_rad: float = DEFAULT_EXPECTED_TOLERANCE_RAD,
+    max_reach_m: float | None = None,
 ) -> HandEyeResult:
     """Eye-in-hand calibration: the camera on the flange, from views of a static target.
 
@@ -977,11 +1279,16 @@ def calibrate_hand_eye(
         The static target as the camera sees it at each station, m.
     workspace, pairs, translation, min_axis_spread, min_rotation_rad
         As for :func:`calibrate_base_frame`.
-    refine, holdout, uncertainty, noise_translation_m, noise_rotation_rad, huber, max_iterations
+    refine, holdout, uncertainty, noise_translation_m, noise_rotation_rad, huber, reject_k, max_iterations
         As for :func:`calibrate_base_frame`.
     camera_T_target_std : array_like, shape (N, 6), optional
         Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
         in rad. Excludes the scalar figures.
+    camera_T_target_cov : array_like, shape (N, 6, 6), optional
+        Per-station covariance in the **camera** frame, ``(dp, dphi)`` as
+        ``cell_T_target_cov`` of :func:`calibrate_base_frame`.
+    expected_flange_T_camera, expected_tolerance_m, expected_tolerance_rad, max_reach_m
+        Input sanity as for :func:`calibrate_base_frame`, on ``flange_T_camera`` (ADR 0009).
 
     Returns
     -------
@@ -1001,8 +1308,10 @@ def calibrate_hand_eye(
     (G, O), n, ws = _prepare(
         [(base_T_flange, "base_T_flange"), (camera_T_target, "camera_T_target")], workspace, problem
     )
+    masked, extra = _input_checks(G, O, n, ws, max_reach_m, "camera_T_target")
     noise = _refine.prepare_noise(
-        camera_T_target_std, "camera_T_target_std", noise_translation_m, noise_rotation_rad, n, ws, 6
+        camera_T_target_std, "camera_T_target_std", noise_translation_m, noise_rotation_rad, n, ws, 6,
+        cov=camera_T_target_cov, cov_name="camera_T_target_cov", R_meas=O[:, :3, :3],
     )
     Rx, tx, Rz, tz, m, obs = _hand_eye_linear(G, O, n, ws, pairs, pair_t, min_axis_spread, min_rotation_rad)
     X, Z = _transform(Rx, tx), _transform(Rz, tz)
@@ -1023,12 +1332,20 @@ def calibrate_hand_eye(
     out = _pose_finish(
         M=O, G=Ginv, A0=se3_inverse(X), B0=Z, n=n, ws=ws, owned=workspace is None,
         refine=refine, holdout=holdout, uncertainty=uncertainty, noise=noise, huber=huber,
+        reject_k=reject_k, masked=masked,
         max_iterations=max_iterations, fit_subset=fit_subset, stats=stats,
         measurement_residuals=False,
+        determinacy=lambda C: _check_determined(C[:6, :6], problem, "flange", obs, np.eye(4)),
+        spread=obs.axis_spread,
     )
+    out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out))
+    if out.probe_cov is not None:  # model form: A's child frame is the flange
+        _check_determined(out.probe_cov[:6, :6], problem, "flange", obs, np.eye(4))
     Xo, covX, covZ, common = _inverted_first_outcome(
-        out, X, n, m, obs, "flange", pairs, translation, huber, ws, workspace is None
+        out, X, n, m, obs, "flange", pairs, translation, huber, ws, workspace is None, reject_k, extra
     )
+    _check_determined(out.noise_cov[:6, :6], problem, "flange", obs, np.eye(4))
+    _sanity.check_prior(Xo, expected_flange_T_camera, expected_tolerance_m, expected_tolerance_rad, "flange_T_camera")
     return HandEyeResult(
         **common, flange_T_camera=Xo, base_T_target=out.B,
         flange_T_camera_covariance=covX, base_T_target_covariance=covZ,
@@ -1051,8 +1368,14 @@ def calibrate_eye_to_hand(
     noise_translation_m: float | None = None,
     noise_rotation_rad: float | None = None,
     camera_T_target_std: np.ndarray | None = None,
+    camera_T_target_cov: np.ndarray | None = None,
     huber: float | None = None,
+    reject_k: float | None = None,
     max_iterations: int = DEFAULT_MAX_ITERATIONS,
+    expected_base_T_camera: np.ndarray | None = None,
+    expected_tolerance_m: float = DEFAULT_EXPECTED_TOLERANCE_M,
+    expected_tolerance_rad: float = DEFAULT_EXPECTED_TOLERANCE_RAD,
+    max_reach_m: float | None = None,
 ) -> EyeToHandResult:
     """Eye-to-hand (robot-world / hand-eye) calibration: a camera fixed in the cell sees a
     target carried on the flange (seed 001 section 02).
@@ -1072,11 +1395,16 @@ def calibrate_eye_to_hand(
         The flange-mounted target as the fixed camera sees it at each station, m.
     workspace, pairs, translation, min_axis_spread, min_rotation_rad
         As for :func:`calibrate_base_frame`.
-    refine, holdout, uncertainty, noise_translation_m, noise_rotation_rad, huber, max_iterations
+    refine, holdout, uncertainty, noise_translation_m, noise_rotation_rad, huber, reject_k, max_iterations
         As for :func:`calibrate_base_frame`.
     camera_T_target_std : array_like, shape (N, 6), optional
         Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
         in rad. Excludes the scalar figures.
+    camera_T_target_cov : array_like, shape (N, 6, 6), optional
+        Per-station covariance in the **camera** frame, ``(dp, dphi)`` as
+        ``cell_T_target_cov`` of :func:`calibrate_base_frame`.
+    expected_base_T_camera, expected_tolerance_m, expected_tolerance_rad, max_reach_m
+        Input sanity as for :func:`calibrate_base_frame`, on ``base_T_camera`` (ADR 0009).
 
     Returns
     -------
@@ -1099,10 +1427,13 @@ def calibrate_eye_to_hand(
     (G, O), n, ws = _prepare(
         [(base_T_flange, "base_T_flange"), (camera_T_target, "camera_T_target")], workspace, problem
     )
+    masked, extra = _input_checks(G, O, n, ws, max_reach_m, "camera_T_target")
     noise = _refine.prepare_noise(
-        camera_T_target_std, "camera_T_target_std", noise_translation_m, noise_rotation_rad, n, ws, 6
+        camera_T_target_std, "camera_T_target_std", noise_translation_m, noise_rotation_rad, n, ws, 6,
+        cov=camera_T_target_cov, cov_name="camera_T_target_cov", R_meas=O[:, :3, :3],
     )
-    labels = dict(problem=problem, frame="base", what_rot="camera rotation", what_trans="camera translation")
+    labels: dict[str, Any] = dict(problem=problem, frame="base", what_rot="camera rotation",
+                                  what_trans="camera translation", robot_is_g=False)
     # G_i = X O_i inv(Y): the base frame's form with G measured and O as the "robot".
     Rx, tx, Ryi, tyi, m, obs = _absolute_linear(
         O, G, n, ws, pairs, pair_t, min_axis_spread, min_rotation_rad, **labels
@@ -1123,12 +1454,20 @@ def calibrate_eye_to_hand(
     out = _pose_finish(
         M=O, G=G, A0=se3_inverse(X), B0=Y, n=n, ws=ws, owned=workspace is None,
         refine=refine, holdout=holdout, uncertainty=uncertainty, noise=noise, huber=huber,
+        reject_k=reject_k, masked=masked,
         max_iterations=max_iterations, fit_subset=fit_subset, stats=stats,
         measurement_residuals=True,
+        determinacy=lambda C: _check_determined(C[:6, :6], problem, "base", obs, np.eye(4)),
+        spread=obs.axis_spread,
     )
+    out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out))
+    if out.probe_cov is not None:  # model form: A's child frame is the robot base
+        _check_determined(out.probe_cov[:6, :6], problem, "base", obs, np.eye(4))
     Xo, covX, covY, common = _inverted_first_outcome(
-        out, X, n, m, obs, "base", pairs, translation, huber, ws, workspace is None
+        out, X, n, m, obs, "base", pairs, translation, huber, ws, workspace is None, reject_k, extra
     )
+    _check_determined(out.noise_cov[:6, :6], problem, "base", obs, np.eye(4))
+    _sanity.check_prior(Xo, expected_base_T_camera, expected_tolerance_m, expected_tolerance_rad, "base_T_camera")
     return EyeToHandResult(
         **common, base_T_camera=Xo, flange_T_target=out.B,
         base_T_camera_covariance=covX, flange_T_target_covariance=covY,
@@ -1145,6 +1484,9 @@ def calibrate_tool_point(
     min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
     holdout: bool = True,
     noise_translation_m: float | None = None,
+    expected_flange_p_tip: np.ndarray | None = None,
+    expected_tolerance_m: float = DEFAULT_EXPECTED_TOLERANCE_M,
+    max_reach_m: float | None = None,
 ) -> ToolPointResult:
     """Pivot calibration: the tool tip on the flange, held at one point while the flange turns.
 
@@ -1164,7 +1506,21 @@ def calibrate_tool_point(
     noise_translation_m : float, optional
         Per-axis 1-sigma of the tip's position scatter (m); estimated from the residuals
         (``sum |r|^2 / (3N - 6)``) when not given. The least-squares answer does not
-        depend on it, only the covariance does.
+        depend on it, only the covariance does: an estimated figure's is scaled by
+        ``r / (r - 2)``, ``r = 3N - 6`` (few degrees of freedom, ADR 0004); a given one is
+        tested against the scatter (chi-square), and the scatter is tested for a pattern
+        in the flange position (``warnings``, ``residual_tests``).
+    expected_flange_p_tip : array_like, shape (3,), optional
+        The tip from the tool's drawing, m: an answer farther than ``expected_tolerance_m``
+        raises :class:`~cellcal.solver.PriorMismatch` (ADR 0009).
+    expected_tolerance_m : float
+        Its tolerance (default 0.05 m).
+    max_reach_m : float, optional
+        Refuse flange poses farther than this from the base
+        (:class:`~cellcal.solver.UnreachableStations`).
+
+    Huber and ``reject_k`` are not offered: the pivot is one closed-form linear solve;
+    screen outlier stations by their residuals and solve again.
 
     Returns
     -------
@@ -1184,6 +1540,11 @@ def calibrate_tool_point(
     problem = "tool-point calibration"
     _core.check_pair_scheme(pairs)
     (G,), n, ws = _prepare([(base_T_flange, "base_T_flange")], workspace, problem)
+    masked, extra = _input_checks(G, None, n, ws, max_reach_m, "")
+    if masked:
+        # A weighted pivot is not offered (closed form): merging the copies is exact here,
+        # the copies' residuals are equal, so count the group once in the noise estimate.
+        pass
     np.einsum("kij->ij", G[:, :3, :3], out=ws.R3)
     obs = _core.observability(ws.R3, n, "right", G[:, :3, :3], ws)
     _check_observable(
@@ -1196,28 +1557,58 @@ def calibrate_tool_point(
     ws.res_r[:n] = 0.0
     rms_t, max_t, _, _ = _core.closure_stats(n, ws)
     # pivot_solve leaves R_i p + t_i - c in ws.v3b: the residual vectors.
-    dof = 3 * n - 6
-    chi = float(np.vdot(ws.res_t[:n], ws.res_t[:n]))
+    n_eff = float(ws.mask[:n].sum()) if masked else float(n)
+    dof = int(round(3 * n_eff)) - 6
+    chi = float(np.vdot(ws.res_t[:n], ws.res_t[:n])) if not masked else float(
+        np.vdot(ws.res_t[:n] * ws.res_t[:n], ws.mask[:n]))
     if sigma_given is not None:
-        sigma, source = sigma_given, "translation given"
+        sigma = sigma_given
     else:
-        sigma = max(math.sqrt(chi / dof), _refine.NOISE_FLOOR_M)
-        source = "translation estimated from the residuals"
+        sigma = max(math.sqrt(chi / dof), _refine.NOISE_FLOOR_M) if dof > 0 else _refine.DEFAULT_NOISE_TRANSLATION_M
+    nz = _refine.Noise(sigma, math.nan, sigma_given is None, False, False, 3,
+                       start_t=sigma_given if sigma_given is not None else _refine.DEFAULT_NOISE_TRANSLATION_M)
     model = _refine.PivotModel(G[:, :3, :3], ws.v3b[:n], sigma, n, ws)
+    if masked:
+        # Duplicated poses count once: scale their rows by sqrt(1/k).
+        Jw, ew, _ = model.views()
+        np.sqrt(ws.mask[:n], out=ws.hsw[:n])
+        _refine._rowscale(ws.hsw[:n], Jw, ws.KJ[: n * 18].reshape(n, 3, 6))
+        np.copyto(Jw, ws.KJ[: n * 18].reshape(n, 3, 6))
+        _refine._rowscale(ws.hsw[:n], ew, ws.e3[:n])
+        np.copyto(ew, ws.e3[:n])
     H = ws.H12[:6, :6]
     J2 = ws.Jw[: n * 18].reshape(3 * n, 6)
     np.matmul(J2.T, J2, out=H)
     try:
-        cov = np.linalg.inv(H)
+        hinv = np.linalg.inv(H)
     except np.linalg.LinAlgError:  # excluded by the observability gate; kept for safety
-        cov = np.full((6, 6), np.inf)
+        hinv = np.full((6, 6), np.inf)
+    fit = _refine.Fit((p_tip, p_pivot), hinv, chi / (sigma * sigma), chi / (sigma * sigma), dof, 0, True,
+                      ws.down[:0], nz, stop_reason="closed-form least squares")
+    if dof >= _refine.MIN_NOISE_REDUNDANCY or sigma_given is not None:
+        nz.redundancy_t = float(dof)
+    else:
+        nz.fallback_t, nz.sigma_t = True, nz.start_t
+    assessment = _diag.assess(model, fit, nz, n, ws, robot_p=G[:, :3, 3], a_cols=slice(3, 6), huber=None,
+                              masked=masked, converged=True, estimated_ok=not nz.fallback_t,
+                              blocks=((0, 3), (3, 3)))
+    cov = assessment.covariance * (nz.sigma_t / sigma) ** 2 if nz.fallback_t else assessment.covariance
+    noise_cov = cov
+    if assessment.model_error:
+        cov = cov.copy()
+        cov[:3, :3] += assessment.tau_t ** 2 * np.eye(3)
+        cov[3:, 3:] += assessment.tau_t ** 2 * np.eye(3)
     ho = None
-    if holdout and n >= _validation.MIN_HOLDOUT_STATIONS and np.all(np.isfinite(cov)):
-        _validation.loo_linearised(model, n, ws, cov)
+    if holdout and n >= _validation.MIN_HOLDOUT_STATIONS and np.all(np.isfinite(hinv)):
+        _validation.loo_linearised(model, n, ws, hinv)
         ho = _validation.closure_from_buffers("leave-one-out (exact, linear model)", n, n, ws,
                                               workspace is None, rms_t)
     tip_cov = cov[:3, :3].copy()
     tr = float(np.trace(tip_cov))
+    if expected_flange_p_tip is not None:
+        _check_point_prior(p_tip, expected_flange_p_tip, expected_tolerance_m, "flange_p_tip")
+    out = _PoseOutcome(None, None, cov, None, fit, ho, False, nz, assessment, True)
+    tests = _diag.with_inflation(assessment.tests, _pad6(noise_cov[:3, :3]), _pad6(cov[:3, :3]))
     return ToolPointResult(
         n_stations=n, n_motions=0,
         rms_translation_m=rms_t, max_translation_m=max_t,
@@ -1229,7 +1620,32 @@ def calibrate_tool_point(
         flange_p_tip=p_tip, base_p_pivot=p_pivot,
         covariance=cov, flange_p_tip_covariance=tip_cov, base_p_pivot_covariance=cov[3:, 3:].copy(),
         sigma_translation_mm=1e3 * math.sqrt(tr) if math.isfinite(tr) else math.inf,
-        sigma_rotation_deg=0.0, noise_translation_m=sigma, noise_rotation_rad=math.nan,
-        noise_source=source, chi2=chi / (sigma * sigma), dof=dof, refined=False, iterations=0,
+        sigma_rotation_deg=0.0, noise_translation_m=nz.sigma_t, noise_rotation_rad=math.nan,
+        noise_source=nz.describe(), chi2=chi / (nz.sigma_t * nz.sigma_t), dof=dof, refined=False,
+        converged=True, iterations=0, stop_reason="closed-form least squares",
         downweighted=_readonly(ws.down[:0], workspace is None), holdout=ho,
+        warnings=_common_warnings(out, extra), residual_tests=tests,
     )
+
+
+def _pad6(C3: np.ndarray) -> np.ndarray:
+    out = np.zeros((6, 6))
+    out[:3, :3] = C3
+    return out
+
+
+def _check_point_prior(p: np.ndarray, expected, tol_m: float, name: str) -> None:
+    from cellcal.solver.errors import PriorMismatch
+
+    e = np.asarray(expected, dtype=float).reshape(-1)
+    if e.shape != (3,) or not np.all(np.isfinite(e)):
+        raise ValueError(f"expected_{name}: expected 3 finite numbers, got {expected!r}")
+    if not (math.isfinite(float(tol_m)) and float(tol_m) > 0.0):
+        raise ValueError(f"expected_tolerance_m must be a positive finite number, got {tol_m!r}")
+    d = float(np.linalg.norm(p - e))
+    if d > tol_m:
+        raise PriorMismatch(
+            f"{name} is {1e3 * d:.1f} mm from the expected one (tolerance {1e3 * tol_m:.1f} mm): check the "
+            "tool drawing, or whether the poses are in millimetres",
+            translation_m=d, rotation_rad=0.0, tolerance_m=tol_m, tolerance_rad=math.inf, name=name,
+        )

@@ -13,7 +13,11 @@ second base, so callers that catch it keep working (every timeout is also a
     |   |                                the calibration asked for (ADR 0002)
     |   +-- NotEnoughSamples             fewer stations than the problem needs
     |   +-- DegenerateGeometry           the motions leave degrees of freedom undetermined
-    |                                    (parallel rotation axes, no rotation, collinear points)
+    |   |                                (parallel rotation axes, no rotation, collinear points)
+    |   +-- PriorMismatch                the answer is far from the one the cell drawing gives
+    |   |                                (``expected_cell_T_base``; ADR 0009)
+    |   +-- UnreachableStations (ValueError)  robot poses the arm cannot reach (``max_reach_m``:
+    |                                    swapped arguments or millimetres; ADR 0009)
     +-- DriverError                      cellcal.drivers.errors: talking to a device failed
     |   +-- DriverInitError              the device could not be opened, identified, configured
     |   |   +-- RecipeFieldNotFound      drivers.ur_rtde: the controller lacks an RTDE field
@@ -78,7 +82,14 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["CellcalError", "CalibrationError", "NotEnoughSamples", "DegenerateGeometry"]
+__all__ = [
+    "CellcalError",
+    "CalibrationError",
+    "NotEnoughSamples",
+    "DegenerateGeometry",
+    "PriorMismatch",
+    "UnreachableStations",
+]
 
 
 class CellcalError(Exception):
@@ -143,4 +154,57 @@ class DegenerateGeometry(CalibrationError):
         self.axis_spread = float(axis_spread)
         self.unrecoverable = tuple(unrecoverable)
         self.max_rotation_rad = float(max_rotation_rad)
+        super().__init__(message)
+
+
+class PriorMismatch(CalibrationError):
+    """The answer differs from the expected one by more than the tolerance given.
+
+    Robot and tracker inputs that are swapped, or both inverted, fit *exactly* (the model
+    is symmetric under those changes, ADR 0009), so only a prior such as the cell drawing's
+    ``cell_T_base`` can catch them.
+
+    Attributes
+    ----------
+    translation_m : float
+        Distance between the answer's and the expected translation, metres.
+    rotation_rad : float
+        Angle of ``R_expected^T R_answer``, radians.
+    tolerance_m, tolerance_rad : float
+        The tolerances that were exceeded (either or both).
+    name : str
+        The transform compared (``"cell_T_base"``, ``"flange_T_camera"``, ...).
+    """
+
+    def __init__(self, message: str, *, translation_m: float, rotation_rad: float,
+                 tolerance_m: float, tolerance_rad: float, name: str) -> None:
+        self.translation_m = float(translation_m)
+        self.rotation_rad = float(rotation_rad)
+        self.tolerance_m = float(tolerance_m)
+        self.tolerance_rad = float(tolerance_rad)
+        self.name = name
+        super().__init__(message)
+
+
+class UnreachableStations(CalibrationError, ValueError):
+    """Robot poses farther from the base than the arm reaches (``max_reach_m``).
+
+    Also a ``ValueError``: such poses are not a robot's, so the input is wrong (typically
+    the robot and tracker arrays swapped, or poses in millimetres).
+
+    Attributes
+    ----------
+    stations : tuple of int
+        The offending station indices (all of them).
+    distances_m : tuple of float
+        Their flange distances from the base origin, metres.
+    max_reach_m : float
+        The reach they were checked against.
+    """
+
+    def __init__(self, message: str, *, stations: tuple[int, ...], distances_m: tuple[float, ...],
+                 max_reach_m: float) -> None:
+        self.stations = tuple(int(i) for i in stations)
+        self.distances_m = tuple(float(d) for d in distances_m)
+        self.max_reach_m = float(max_reach_m)
         super().__init__(message)

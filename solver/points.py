@@ -33,14 +33,23 @@ from dataclasses import dataclass
 import numpy as np
 
 from cellcal.solver import _core
+from cellcal.solver import diagnostics as _diag
 from cellcal.solver import refine as _refine
+from cellcal.solver import sanity as _sanity
 from cellcal.solver import validation as _validation
 from cellcal.solver.calibrate import (
+    DEFAULT_EXPECTED_TOLERANCE_M,
+    DEFAULT_EXPECTED_TOLERANCE_RAD,
     DEFAULT_MIN_AXIS_SPREAD,
     DEFAULT_MIN_ROTATION_RAD,
     CalibrationResult,
     Estimate,
+    _check_determined,
+    _common_warnings,
     _estimates,
+    _input_checks,
+    _nan_tests,
+    _PoseOutcome,
     _readonly,
     _residuals,
     _transform,
@@ -143,15 +152,105 @@ def _point_spread(p: np.ndarray, n: int, ws: Workspace) -> tuple[float, np.ndarr
     return max(0.0, float(w[1] / w[2])), axis
 
 
-def _alternate(G: np.ndarray, p: np.ndarray, n: int, ws: Workspace, rounds: int, tol: float):
-    """Kabsch / pivot alternation from ``y = 0`` (the flange origin).
+#: The distance initialisation's 9x9 normal matrix is trusted below this condition number.
+_MAX_DISTANCE_COND = 1e10
 
-    Returns ``(R_X, t_X, y)``; leaves the position closure of the last pivot step in
-    ``ws.res_t``. Stops early once a round changes ``y`` by less than ``tol`` (m).
+
+def _distance_pass(G: np.ndarray, p: np.ndarray, m: int, ws: Workspace, N9: np.ndarray, b9: np.ndarray) -> None:
+    """Add the distance equations of the pairs ``(ws.pi, ws.pj)[:m]`` to ``N9``, ``b9``."""
+    Gi, Gj = ws.T44a[:m], ws.T44b[:m]
+    np.take(G, ws.pi[:m], axis=0, out=Gi, mode="clip")
+    np.take(G, ws.pj[:m], axis=0, out=Gj, mode="clip")
+    dR = ws.M33[:m]
+    np.subtract(Gi[:, :3, :3], Gj[:, :3, :3], out=dR)
+    dt = ws.v3a[:m]
+    np.subtract(Gi[:, :3, 3], Gj[:, :3, 3], out=dt)
+    dp = ws.v3b[:m]
+    np.take(p, ws.pi[:m], axis=0, out=dp, mode="clip")
+    np.take(p, ws.pj[:m], axis=0, out=ws.v3c[:m], mode="clip")
+    np.subtract(dp, ws.v3c[:m], out=dp)
+    rows = ws.r9[:m]
+    # a = 2 dR^T dt (y's coefficients); S = dR^T dR enters as tr(S Y), Y = y y^T symmetric.
+    np.matmul(dR.transpose(0, 2, 1), dt[:, :, None], out=rows[:, 0:3, None])
+    np.multiply(rows[:, 0:3], 2.0, out=rows[:, 0:3])
+    S = ws.M33b[:m]
+    np.matmul(dR.transpose(0, 2, 1), dR, out=S)
+    np.copyto(rows[:, 3], S[:, 0, 0])
+    np.copyto(rows[:, 4], S[:, 1, 1])
+    np.copyto(rows[:, 5], S[:, 2, 2])
+    np.multiply(S[:, 0, 1], 2.0, out=rows[:, 6])
+    np.multiply(S[:, 0, 2], 2.0, out=rows[:, 7])
+    np.multiply(S[:, 1, 2], 2.0, out=rows[:, 8])
+    b = ws.s1[:m]
+    np.einsum("ij,ij->i", dp, dp, out=b)
+    np.einsum("ij,ij->i", dt, dt, out=ws.s2[:m])
+    np.subtract(b, ws.s2[:m], out=b)
+    N9 += rows.T @ rows
+    b9 += rows.T @ b
+
+
+def _distance_init(G: np.ndarray, p: np.ndarray, n: int, ws: Workspace) -> np.ndarray | None:
+    """The reflector offset ``y`` from distances alone, or None when they do not fix it.
+
+    Rigid motions keep distances: ``|p_i - p_j| = |q_i - q_j|`` with ``q_i = R_G_i y + t_G_i``
+    (base frame), whatever ``cell_T_base`` is. Expanded, ``|dp|^2 - |dt|^2 = 2 dt^T dR y +
+    y^T dR^T dR y`` (``dR = R_G_i - R_G_j``, ``dt = t_G_i - t_G_j``) is linear in ``y`` and
+    ``Y = y y^T`` (9 unknowns): least squares over all pairs up to 6 stations, over a ring
+    and a star of pairs (2N equations, O(N)) beyond. Exact without noise, so it starts the
+    alternation near the right minimum whatever the offset and the tilts; the alternation
+    from the flange origin lands in a wrong minimum for reflectors 0.5-1 m off the flange.
+    """
+    N9 = np.zeros((9, 9))
+    b9 = np.zeros(9)
+    if n <= 6:
+        for i in range(n - 1):  # all pairs: a star from each station
+            m = n - 1 - i
+            ws.pi[:m] = i
+            ws.pj[:m] = ws.iota[i + 1 : n]
+            _distance_pass(G, p, m, ws, N9, b9)
+    else:
+        for scheme in ("ring", "star"):
+            m = _core.make_pairs(n, scheme, ws)
+            _distance_pass(G, p, m, ws, N9, b9)
+    w = np.linalg.eigvalsh(N9)
+    if not (w[0] > 0.0 and w[-1] / w[0] < _MAX_DISTANCE_COND):
+        return None
+    sol = np.linalg.solve(N9, b9)
+    return sol[:3].copy()
+
+
+#: Up to this many stations the distance equations barely (or do not) fix the offset, and
+#: the alternation is also started from the flange origin and from 0.5 m along each flange
+#: axis; the start whose alternation closes best wins (four stations with a reflector 1 m
+#: off the flange otherwise end in a wrong minimum about one time in ten).
+_MULTISTART_STATIONS = 6
+_STARTS = tuple(np.concatenate([np.zeros((1, 3)), 0.5 * np.eye(3), -0.5 * np.eye(3)]))
+
+
+def _best_start(G: np.ndarray, p: np.ndarray, n: int, ws: Workspace, y0: np.ndarray | None) -> np.ndarray | None:
+    best, best_rms = y0, math.inf
+    for cand in ((y0,) if y0 is not None else ()) + _STARTS:
+        try:
+            _, _, y, _ = _alternate(G, p, n, ws, _INIT_ROUNDS, _INIT_TOL_M, cand)
+        except (np.linalg.LinAlgError, FloatingPointError):
+            continue
+        rms = float(np.vdot(ws.res_t[:n], ws.res_t[:n]))
+        if rms < best_rms:
+            best, best_rms = y, rms
+    return best
+
+
+def _alternate(G: np.ndarray, p: np.ndarray, n: int, ws: Workspace, rounds: int, tol: float,
+               y0: np.ndarray | None = None):
+    """Kabsch / pivot alternation from ``y0`` (default ``y = 0``, the flange origin).
+
+    Returns ``(R_X, t_X, y, converged)``; leaves the position closure of the last pivot
+    step in ``ws.res_t``. Stops early (``converged``) once a round changes ``y`` by less
+    than ``tol`` (m).
     """
     RG = G[:, :3, :3]
     y4 = np.ones(4)
-    y4[:3] = 0.0
+    y4[:3] = 0.0 if y0 is None else y0
     Rx = np.eye(3)
     y = y4[:3].copy()
     tx = np.zeros(3)
@@ -180,8 +279,8 @@ def _alternate(G: np.ndarray, p: np.ndarray, n: int, ws: Workspace, rounds: int,
         y = y_new
         y4[:3] = y
         if step < tol:
-            break
-    return Rx, tx, y
+            return Rx, tx, y, True
+    return Rx, tx, y, False
 
 
 @_core.bounded_buffers
@@ -196,9 +295,16 @@ def calibrate_base_frame_points(
     refine: bool = True,
     holdout: bool = True,
     noise_m: float | None = None,
+    noise_translation_m: float | None = None,
     cell_p_target_std: np.ndarray | None = None,
+    cell_p_target_cov: np.ndarray | None = None,
     huber: float | None = None,
+    reject_k: float | None = None,
     max_iterations: int = DEFAULT_MAX_ITERATIONS,
+    expected_cell_T_base: np.ndarray | None = None,
+    expected_tolerance_m: float = DEFAULT_EXPECTED_TOLERANCE_M,
+    expected_tolerance_rad: float = DEFAULT_EXPECTED_TOLERANCE_RAD,
+    max_reach_m: float | None = None,
 ) -> PointBaseFrameResult:
     """Where the robot base sits in the cell, from a 3-DoF tracker's points.
 
@@ -221,15 +327,22 @@ def calibrate_base_frame_points(
     holdout : bool
         Held-out closure (default True, N >= 4): linearised leave-one-out when refined,
         k-fold refits of the alternation otherwise.
-    noise_m : float, optional
-        Per-axis 1-sigma of the measured points, m; estimated from the residuals
-        (``sum |r|^2 / (3N - 9)``) when not given.
+    noise_m, noise_translation_m : float, optional
+        Per-axis 1-sigma of the measured points, m (two names for one figure; give at most
+        one); estimated from the residuals (``sum |r|^2 / (3N - 9)``) when not given.
     cell_p_target_std : array_like, shape (N, 3) or (N,), optional
         Per-station 1-sigma from the tracker (per cell axis, or isotropic), m.
-    huber : float, optional
-        Huber threshold in sigmas on each station's whitened residual length.
+    cell_p_target_cov : array_like, shape (N, 3, 3), optional
+        Per-station covariance of each point in the cell frame, m^2 (e.g. from
+        :class:`~cellcal.solver.TrackerNoiseModel`): the refinement whitens each station by
+        its Cholesky factor, so a tracker's anisotropy along and across the beam is used.
+    huber, reject_k : float, optional
+        Robust fit, as for :func:`~cellcal.solver.calibrate_base_frame` (on each station's
+        3-D whitened residual length: 3.4 is the 99 % point of a 3-D Gaussian's length).
     max_iterations : int
         Gauss-Newton iterations at most.
+    expected_cell_T_base, expected_tolerance_m, expected_tolerance_rad, max_reach_m
+        Input sanity, as for :func:`~cellcal.solver.calibrate_base_frame` (ADR 0009).
 
     Returns
     -------
@@ -259,8 +372,15 @@ def calibrate_base_frame_points(
     ws = Workspace(n) if workspace is None else workspace
     ws.check(n)
     _core.validate_stack(G, "base_T_flange", ws)
+    _sanity.check_magnitudes(G, "base_T_flange", n, ws)
     p = _validate_points(cell_p_target, n, ws)
-    noise = _refine.prepare_noise(cell_p_target_std, "cell_p_target_std", noise_m, None, n, ws, 3)
+    if noise_m is not None and noise_translation_m is not None:
+        raise ValueError("give noise_m or noise_translation_m (the same figure), not both")
+    masked, extra = _input_checks(G, None, n, ws, max_reach_m, "cell_p_target")
+    extra += _point_units(p, n, ws)
+    noise = _refine.prepare_noise(cell_p_target_std, "cell_p_target_std",
+                                  noise_m if noise_m is not None else noise_translation_m, None, n, ws, 3,
+                                  cov=cell_p_target_cov, cov_name="cell_p_target_cov")
 
     # Observability of the flange rotations (the tool point's test: same unknown kind).
     np.einsum("kij->ij", G[:, :3, :3], out=ws.R3)
@@ -297,8 +417,14 @@ def calibrate_base_frame_points(
             max_rotation_rad=obs.max_rotation_rad,
         )
 
-    Rx, tx, y = (_alternate(G, p, n, ws, _INIT_ROUNDS, _INIT_TOL_M) if refine
-                 else _alternate(G, p, n, ws, _MAX_ROUNDS, _FINAL_TOL_M))
+    y0 = _distance_init(G, ws.meas3[:n], n, ws)
+    init = "distance-initialised Kabsch/pivot alternation" if y0 is not None else "Kabsch/pivot alternation"
+    np.copyto(ws.meas3[:n], p)
+    if n <= _MULTISTART_STATIONS:
+        y0 = _best_start(G, p, n, ws, y0)
+        init += f" (best of {len(_STARTS) + 1} starts)"
+    Rx, tx, y, alt_converged = (_alternate(G, p, n, ws, _INIT_ROUNDS, _INIT_TOL_M, y0) if refine
+                                else _alternate(G, p, n, ws, _MAX_ROUNDS, _FINAL_TOL_M, y0))
     X0 = _transform(Rx, tx)
     ws.res_r[:n] = 0.0
     stats = _core.closure_stats(n, ws)
@@ -308,7 +434,7 @@ def calibrate_base_frame_points(
         np.take(G, idx, axis=0, out=Gs, mode="clip")
         np.take(p, idx, axis=0, out=ws.meas3[:k], mode="clip")
         try:
-            R, t, yy = _alternate(Gs, ws.meas3[:k], k, ws, _MAX_ROUNDS, _FINAL_TOL_M)
+            R, t, yy, _ = _alternate(Gs, ws.meas3[:k], k, ws, _MAX_ROUNDS, _FINAL_TOL_M)
         except (CalibrationError, np.linalg.LinAlgError, FloatingPointError):
             return None
         finally:
@@ -318,10 +444,20 @@ def calibrate_base_frame_points(
     model = _refine.PointModel(p, G, n, ws)
     refined = False
     if refine:
-        fit = _refine.refine(model, (X0, y), noise, huber=huber, max_iterations=max_iterations)
+        fit = _refine.refine(model, (X0, y), noise, huber=huber, reject_k=reject_k,
+                             max_iterations=max_iterations, masked=masked)
         refined = fit.ok
+        converged = fit.converged
     else:
-        fit = _refine.covariance_at(model, (X0, y), noise, huber=huber)
+        fit = _refine.covariance_at(model, (X0, y), noise, huber=huber, masked=masked)
+        converged = alt_converged
+    assessment = None
+    if fit.ok:
+        np.copyto(ws.v3d[:n], ws.q4[:n, :3])  # target positions in the base frame
+        assessment = _diag.assess(model, fit, noise, n, ws, robot_p=ws.v3d[:n], a_cols=slice(0, 6),
+                                  huber=huber, masked=masked or reject_k is not None,
+                                  converged=converged, estimated_ok=not noise.reset,
+                                  blocks=((0, 6), (6, 3)))
     if refined:
         model.norms(ws.res_t[:n], ws.res_r[:n])
         stats = _core.closure_stats(n, ws)
@@ -337,16 +473,29 @@ def calibrate_base_frame_points(
             ws.res_r[:n] = 0.0
             ho = _validation.closure_from_buffers("k-fold refit", k, n, ws, workspace is None, stats[0])
     X, yo = fit.state if refined else (X0, y)
-    cov = fit.covariance
+    cov = assessment.covariance if assessment is not None else fit.covariance
+    noise_covX = cov[:6, :6].copy()
+    if assessment is not None and assessment.model_error:
+        cov = cov.copy()
+        cov[:6, :6] += _diag.rigid_error_covariance(assessment.centroid, assessment.tau_t, assessment.tau_r)
+        cov[6:, 6:] += assessment.tau_t ** 2 * np.eye(3)
     covX = cov[:6, :6].copy()
+    _check_determined(noise_covX, problem, "cell", obs, X)
+    _sanity.check_prior(X, expected_cell_T_base, expected_tolerance_m, expected_tolerance_rad, "cell_T_base")
     st, sr = sigma_figures(covX)
     rms_t, max_t, _, _ = stats
-    solver = "Kabsch/pivot alternation" + ("" if refine else " (converged)")
+    solver = f"{init}" + ("" if refine else " (converged)" if alt_converged else " (not converged)")
     if refined:
         h = f", Huber {huber:g} sigma" if huber is not None else ""
-        solver += f"; maximum-likelihood Gauss-Newton refinement ({fit.iterations} iterations{h})"
+        h += f", reject beyond {reject_k:g} sigma" if reject_k is not None else ""
+        state = "" if converged else f", NOT CONVERGED: {fit.stop_reason}"
+        solver += f"; maximum-likelihood Gauss-Newton refinement ({fit.iterations} iterations{h}{state})"
     elif fit.message:
         solver += f" ({fit.message})"
+    out = _PoseOutcome(X, yo, cov, stats, fit, ho, refined, noise, assessment, converged)
+    if not refine:
+        fit.stop_reason = ("closed-form alternation converged, not refined" if alt_converged else
+                           f"alternation stopped after {_MAX_ROUNDS} rounds without converging")
     return PointBaseFrameResult(
         n_stations=n, n_motions=0,
         rms_translation_m=rms_t, max_translation_m=max_t, rms_rotation_rad=0.0, max_rotation_rad=0.0,
@@ -357,10 +506,30 @@ def calibrate_base_frame_points(
         covariance=cov, sigma_translation_mm=st, sigma_rotation_deg=sr,
         noise_translation_m=noise.sigma_t, noise_rotation_rad=math.nan, noise_source=noise.describe(),
         chi2=fit.chi2, dof=fit.dof, refined=refined, iterations=fit.iterations if refined else 0,
+        converged=bool(converged), stop_reason=fit.stop_reason,
         downweighted=_readonly(fit.downweighted, workspace is None),
+        warnings=_common_warnings(out, extra),
+        residual_tests=_diag.with_inflation(assessment.tests, noise_covX, covX) if assessment is not None
+        else _nan_tests(noise),
         holdout=ho,
         linear_agreement=_validation.agreement(X0, X, covX) if refined else None,
         cell_T_base=X, flange_p_target=np.array(yo, dtype=float),
         cell_T_base_covariance=covX, flange_p_target_covariance=cov[6:, 6:].copy(),
         point_spread=spread,
     )
+
+
+def _point_units(p: np.ndarray, n: int, ws: Workspace) -> list:
+    """The ``"units"`` warning for measured points far beyond a cell (ADR 0009)."""
+    srt = ws.srt[:n]
+    np.einsum("ij,ij->i", p, p, out=srt)
+    np.sqrt(srt, out=srt)
+    srt.sort()
+    med = 0.5 * (float(srt[(n - 1) // 2]) + float(srt[n // 2]))
+    if med <= _sanity.UNITS_MEASURED_M:
+        return []
+    from cellcal.solver.diagnostics import SolveWarning
+
+    return [SolveWarning(code="units", message=(
+        f"cell_p_target: the target is a median {med:.4g} m from the tracker, far beyond a robot cell: are "
+        "these points in millimetres? cellcal works in metres"), value=med)]

@@ -30,12 +30,16 @@ size (12x12 or 9x9) whatever N is; every per-station quantity lives in the
 :class:`~cellcal.solver.workspace.Workspace`, so a warmed-up refinement allocates nothing
 that grows with N.
 
-Noise: per-station, per-axis 1-sigma from the instrument when given; else scalar per-axis
-figures when given; else each missing figure is *estimated* from the residuals by
-variance-component estimation (Foerstner's redundancy-number estimator), starting from
-:data:`DEFAULT_NOISE_TRANSLATION_M` / :data:`DEFAULT_NOISE_ROTATION_RAD`. The ratio of the
-two figures sets the relative weight of positions and orientations, which is what makes the
-fit efficient; their scale sets the reported covariance.
+Noise: per-station full covariances from the instrument when given (whitened by their
+Cholesky factors, :func:`prepare_noise`); else per-station, per-axis 1-sigma; else scalar
+per-axis figures when given; else each missing figure is *estimated* from the residuals by
+variance-component estimation (Foerstner's redundancy-number estimator, whose fixed point is
+REML's), starting from :data:`DEFAULT_NOISE_TRANSLATION_M` / :data:`DEFAULT_NOISE_ROTATION_RAD`.
+The ratio of the two figures sets the relative weight of positions and orientations, which
+is what makes the fit efficient; their scale sets the reported covariance, which
+:mod:`cellcal.solver.diagnostics` then corrects for small samples and model error. A robust
+fit (``huber``, ``reject_k``) measures residuals in a robust scale. Every fit says why it
+stopped (``Fit.stop_reason``); one that did not converge keeps the start figures.
 """
 
 from __future__ import annotations
@@ -45,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from cellcal.solver import _stats
 from cellcal.solver.workspace import Workspace
 
 __all__ = [
@@ -135,7 +140,10 @@ class Noise:
 
     ``sigma_t``/``sigma_r`` are per-axis 1-sigma figures (m, rad); with per-station
     figures (``per_station``) they are the RMS of those, for reporting. ``estimate_t`` /
-    ``estimate_r`` say which ones are estimated from the residuals.
+    ``estimate_r`` say which ones are estimated from the residuals; ``start_t`` /
+    ``start_r`` are the figures an estimate starts from (the defaults), kept so that an
+    estimate that cannot be trusted (too little redundancy, a refinement that did not
+    converge) is replaced by them, and said so (``fallback_*``, ``reset``).
     """
 
     sigma_t: float
@@ -146,16 +154,51 @@ class Noise:
     rows: int  # residual components per station: 6 (pose) or 3 (point)
     source: str = ""
     diag: np.ndarray | None = None  # diag(1/sigma) (rows, rows) when the figures are scalar
+    full: bool = False  # per-station full covariances: whitening matrices in ws.Wfull
+    start_t: float = math.nan
+    start_r: float = math.nan
+    redundancy_t: float = math.nan  # redundancy numbers of the last variance-component round
+    redundancy_r: float = math.nan
+    fallback_t: bool = False  # wanted an estimate, redundancy too low: the start figure kept
+    fallback_r: bool = False
+    reset: str = ""  # why the estimate was discarded for the start figures ("" if it was not)
+
+    @property
+    def estimated(self) -> bool:
+        """True when some figure the fit used was estimated from the residuals."""
+        return (self.estimate_t and not self.fallback_t) or (self.estimate_r and not self.fallback_r)
 
     def describe(self) -> str:
         if self.per_station:
-            return "per-station standard deviations given with the measurements"
+            what = "covariances" if self.full else "standard deviations"
+            return f"per-station {what} given with the measurements"
         parts = []
-        for name, est in (("translation", self.estimate_t), ("rotation", self.estimate_r)):
+        for name, est, fb, start, unit in (
+            ("translation", self.estimate_t, self.fallback_t, self.start_t, "mm"),
+            ("rotation", self.estimate_r, self.fallback_r, self.start_r, "deg"),
+        ):
             if self.rows == 3 and name == "rotation":
                 continue
-            parts.append(f"{name} {'estimated from the residuals' if est else 'given'}")
+            if not est:
+                parts.append(f"{name} given")
+                continue
+            value = f"{start * 1e3:.3g} mm" if unit == "mm" else f"{math.degrees(start):.3g} deg"
+            if self.reset:
+                parts.append(f"{name} default {value} (not estimated: {self.reset})")
+            elif fb:
+                parts.append(f"{name} default {value} (too few stations to estimate it)")
+            else:
+                parts.append(f"{name} estimated from the residuals")
         return ", ".join(parts)
+
+    def restart(self, reason: str) -> None:
+        """Discard the estimated figures for the start figures (``reason`` says why)."""
+        if self.estimate_t:
+            self.sigma_t = self.start_t
+        if self.estimate_r:
+            self.sigma_r = self.start_r
+        if self.estimate_t or self.estimate_r:
+            self.reset = reason
 
 
 def _check_sigma(value: float | None, name: str) -> float | None:
@@ -175,8 +218,12 @@ def prepare_noise(
     n: int,
     ws: Workspace,
     rows: int,
+    *,
+    cov: np.ndarray | None = None,
+    cov_name: str = "",
+    R_meas: np.ndarray | None = None,
 ) -> Noise:
-    """Validate the noise arguments and fill ``ws.wsig`` (1/sigma per residual component).
+    """Validate the noise arguments and fill the whitening (``ws.wsig`` or ``ws.Wfull``).
 
     Parameters
     ----------
@@ -189,16 +236,37 @@ def prepare_noise(
         Scalar per-axis 1-sigma (m, rad); ``None`` means estimate it.
     n, ws, rows
         Stations, workspace, residual components per station (6 pose, 3 point).
+    cov : array_like or None
+        Per-station full covariance, shape (N, rows, rows), in the measurement's *parent*
+        frame: ``(dx, dy, dz)`` of the measured origin (m), then for a pose ``dphi`` about
+        the parent's axes (rad), i.e. ``p' = p + dp`` and ``R' = Exp(dphi) R``.
+    cov_name : str
+        Its argument name for error messages.
+    R_meas : numpy.ndarray, shape (N, 3, 3)
+        The measured rotations (pose model with ``cov`` only): the refinement's rotation
+        residual lives in the measurement's child frame, ``e_r = R^T dphi``.
+
+    Notes
+    -----
+    With ``cov`` the residual ``e_i = (e_t, e_r)`` has covariance ``T_i C_i T_i^T`` with
+    ``T_i = diag(I, R_i^T)``, so ``W_i = L_i^-1 diag(I, R_i)`` (``C_i = L_i L_i^T``, the
+    Cholesky factor) whitens it: ``W_i T_i C_i T_i^T W_i^T = I``. ``W_i`` and its inverse
+    ``diag(I, R_i^T) L_i`` (which maps whitened residuals back to metres and radians) are
+    stored in the workspace once; the refinement then whitens with one batched 6x6 product.
 
     Raises
     ------
     ValueError
-        Bad shape, a non-positive or non-finite figure (naming the station), or both a
-        per-station array and scalar figures.
+        Bad shape, a non-positive, non-finite or non-symmetric figure (naming the station),
+        a covariance that is not positive definite, or more than one noise description.
     """
     noise_t = _check_sigma(noise_t, "noise_translation_m")
     noise_r = _check_sigma(noise_r, "noise_rotation_rad")
     w = ws.wsig[: n * rows].reshape(n, rows)
+    if cov is not None:
+        if std is not None or noise_t is not None or noise_r is not None:
+            raise ValueError(f"give either {cov_name} or other noise figures, not both")
+        return _prepare_full(cov, cov_name, n, ws, rows, R_meas)
     if std is not None:
         if noise_t is not None or noise_r is not None:
             raise ValueError(f"give either {std_name} or scalar noise figures, not both")
@@ -216,17 +284,51 @@ def prepare_noise(
         np.reciprocal(w, out=w)
         st = math.sqrt(float(np.mean(np.square(s[:, :3])))) if rows == 6 else math.sqrt(float(np.mean(np.square(s))))
         sr = math.sqrt(float(np.mean(np.square(s[:, 3:])))) if rows == 6 else math.nan
-        return Noise(st, sr, False, False, True, rows)
-    nz = Noise(
-        noise_t if noise_t is not None else DEFAULT_NOISE_TRANSLATION_M,
-        (noise_r if noise_r is not None else DEFAULT_NOISE_ROTATION_RAD) if rows == 6 else math.nan,
-        noise_t is None,
-        noise_r is None and rows == 6,
-        False,
-        rows,
-    )
+        return Noise(st, sr, False, False, True, rows, start_t=st, start_r=sr)
+    st = noise_t if noise_t is not None else DEFAULT_NOISE_TRANSLATION_M
+    sr = (noise_r if noise_r is not None else DEFAULT_NOISE_ROTATION_RAD) if rows == 6 else math.nan
+    nz = Noise(st, sr, noise_t is None, noise_r is None and rows == 6, False, rows, start_t=st, start_r=sr)
     fill_whitening(nz, n, ws)
     return nz
+
+
+def _prepare_full(cov, cov_name: str, n: int, ws: Workspace, rows: int, R_meas) -> Noise:
+    C = np.asarray(cov, dtype=np.float64)
+    if C.shape != (n, rows, rows):
+        raise ValueError(f"{cov_name}: expected shape ({n}, {rows}, {rows}), got {np.shape(cov)}")
+    # Validation and factorisation allocate: once per solve, on the caller's array.
+    fin = np.all(np.isfinite(C.reshape(n, -1)), axis=1)
+    if not fin.all():
+        raise ValueError(f"{cov_name}[{int(np.argmin(fin))}]: contains NaN or inf")
+    scale = np.max(np.abs(C.reshape(n, -1)), axis=1)
+    asym = np.max(np.abs(C - C.transpose(0, 2, 1)).reshape(n, -1), axis=1)
+    bad = asym > 1e-9 * np.maximum(scale, 1e-300)
+    if bad.any():
+        raise ValueError(f"{cov_name}[{int(np.argmax(bad))}]: covariance is not symmetric")
+    L = np.empty_like(C)
+    for i in range(n):
+        try:
+            L[i] = np.linalg.cholesky(0.5 * (C[i] + C[i].T))
+        except np.linalg.LinAlgError:
+            raise ValueError(f"{cov_name}[{i}]: covariance is not positive definite") from None
+    Linv = np.linalg.inv(L)
+    W = ws.Wfull[: n * rows * rows].reshape(n, rows, rows)
+    Wi = ws.Winv[: n * rows * rows].reshape(n, rows, rows)
+    if rows == 6:
+        T = np.zeros((n, 6, 6))
+        T[:, :3, :3] = np.eye(3)
+        T[:, 3:, 3:] = R_meas
+        np.matmul(Linv, T, out=W)  # L^-1 diag(I, R)
+        np.matmul(T.transpose(0, 2, 1), L, out=Wi)  # diag(I, R^T) L
+    else:
+        np.copyto(W, Linv)
+        np.copyto(Wi, L)
+    var = np.diagonal(C, axis1=1, axis2=2)
+    st = math.sqrt(float(np.mean(var[:, :3])))
+    sr = math.sqrt(float(np.mean(var[:, 3:]))) if rows == 6 else math.nan
+    # ws.wsig keeps a per-row figure for code that only scales (the diagonal's inverse).
+    np.reciprocal(np.sqrt(var), out=ws.wsig[: n * rows].reshape(n, rows))
+    return Noise(st, sr, False, False, True, rows, full=True, start_t=st, start_r=sr)
 
 
 def fill_whitening(nz: Noise, n: int, ws: Workspace) -> None:
@@ -320,6 +422,12 @@ class PoseModel:
         """Whitened residual ``ws.ew`` from ``ws.et``/``ws.er`` and the noise figures."""
         n, ws = self.n, self.ws
         ew = ws.ew[: n * 6].reshape(n, 6)
+        if nz.full:
+            e6 = ws.e6[:n]
+            np.copyto(e6[:, :3], ws.et[:n])
+            np.copyto(e6[:, 3:], ws.er[:n])
+            np.matmul(ws.Wfull[: n * 36].reshape(n, 6, 6), e6[:, :, None], out=ew[:, :, None])
+            return
         if nz.diag is not None:
             np.matmul(ws.et[:n], nz.diag[:3, :3], out=ew[:, :3])
             np.matmul(ws.er[:n], nz.diag[3:, 3:], out=ew[:, 3:])
@@ -387,7 +495,11 @@ class PointModel:
 
     def whiten(self, nz: Noise) -> None:
         n, ws = self.n, self.ws
-        np.multiply(ws.et[:n], ws.wsig[: n * 3].reshape(n, 3), out=ws.ew[: n * 3].reshape(n, 3))
+        ew = ws.ew[: n * 3].reshape(n, 3)
+        if nz.full:
+            np.matmul(ws.Wfull[: n * 9].reshape(n, 3, 3), ws.et[:n, :, None], out=ew[:, :, None])
+            return
+        np.multiply(ws.et[:n], ws.wsig[: n * 3].reshape(n, 3), out=ew)
 
     def norms(self, out_t: np.ndarray, out_r: np.ndarray) -> None:
         n, ws = self.n, self.ws
@@ -514,15 +626,52 @@ def _neg_inv_left_jacobian(er: np.ndarray, n: int, ws: Workspace) -> np.ndarray:
 
 # --- the solve ----------------------------------------------------------------------------------
 
+#: Why a refinement stopped (``Fit.stop_reason`` starts with one of these).
+STOP_CONVERGED = "converged"
+STOP_ROUNDING = "converged at the rounding floor"
+STOP_ITERATIONS = "iteration limit"
+STOP_STALLED = "stalled"
+STOP_SKIPPED = "refinement skipped"
+#: A variance component is estimated only from this much redundancy on: the scaled
+#: inverse chi-square that describes the estimate has a finite mean above 2 degrees of
+#: freedom, and the small-sample inflation ``r / (r - 2)`` stays below 3 from here.
+MIN_NOISE_REDUNDANCY = 3.0
+#: Rejected steps in a row, with growing damping, before the refinement gives up.
+_MAX_REJECTS = 10
+#: A step rejected with a predicted gain below this fraction of the cost is at the
+#: rounding floor (the minimum, to working precision), not stuck away from it.
+_FLOOR_REL = 1.0e-7
+#: Rounds of hard rejection (``reject_k``) at most.
+_MAX_REJECT_ROUNDS = 5
+#: A robust fit's budget is this many times ``max_iterations`` per round: re-weighting
+#: converges linearly, not quadratically (20-30 steps from a start with gross outliers).
+ROBUST_ITERATION_FACTOR = 3
+#: Medians of chi-square with 3 and 6 degrees of freedom (robust scale of a station's
+#: translation or rotation residual, and of a 6-D length).
+_MEDIAN_CHI2_3 = 2.365973884375338
+#: A robust fit estimates its noise from the stations whose whitened squared length is
+#: below the 99.9 % point of chi-square (rows degrees of freedom), and corrects for the
+#: truncation: ``E[R^2 | R^2 < c^2] = rows P(chi2_{rows+2} < c^2) / P(chi2_rows < c^2)``.
+#: Cutting by the Huber weight instead (stations inside k) would bias the scale low, and
+#: for small k the low scale cuts more stations: a runaway.
+_VAR_CUT = {r: _stats.chi2_ppf(0.999, r) for r in (3, 6)}
+_VAR_TRUNC = {r: (1.0 - _stats.chi2_sf(_VAR_CUT[r], r + 2)) / 0.999 for r in (3, 6)}
+
 
 @dataclass
 class Fit:
-    """What :func:`refine` returns (internal; the public results copy what they need)."""
+    """What :func:`refine` returns (internal; the public results copy what they need).
+
+    ``covariance`` is the inverse of the (weighted, whitened) information matrix at the
+    returned state under the returned noise figures: the leverage the hold-out closure
+    needs, and the noise part of the reported covariance before the small-sample and
+    model-error terms (:mod:`cellcal.solver.diagnostics`).
+    """
 
     state: tuple
     covariance: np.ndarray  # (p, p), right perturbation, (rho, phi) order
     cost: float  # whitened, Huber-weighted
-    chi2: float  # whitened, unweighted
+    chi2: float  # whitened, unweighted by Huber (stations weighted by their mask)
     dof: int
     iterations: int
     converged: bool
@@ -530,40 +679,71 @@ class Fit:
     noise: Noise
     ok: bool = True
     message: str = ""
+    stop_reason: str = STOP_CONVERGED
+    rejected: int = 0  # stations dropped by reject_k
+    robust: bool = False  # huber or reject_k: noise from the stations inside the 99.9 % cut
 
 
-def _weigh(model, n: int, ws: Workspace, huber: float | None, nz: Noise) -> float:
-    """Whiten, apply Huber weights; fill ``ws.Jw``/``ws.ewh``; return the robust cost."""
+def _station_weights(n: int, ws: Workspace, huber: float | None, masked: bool, r2: np.ndarray) -> float:
+    """Per-station weights into ``ws.hsw`` (square roots of the total weight) from the
+    whitened squared lengths ``r2``; Huber weights stay in ``ws.hw``. Returns the cost."""
+    sw = ws.hsw[:n]
+    t = ws.rs[0, :n]
+    if huber is not None:
+        # Station-level Huber on the whitened residual length r: weight min(1, k / r); the
+        # robust cost sum (2 w - w^2) r^2 is r^2 inside the threshold, 2 k r - k^2 outside.
+        k = float(huber)
+        np.sqrt(r2, out=sw)
+        np.maximum(sw, k, out=sw)
+        np.divide(k, sw, out=sw)  # w
+        np.subtract(2.0, sw, out=t)
+        np.multiply(t, sw, out=t)
+        np.multiply(t, r2, out=t)  # robust cost per station
+        np.copyto(ws.hw[:n], sw)
+    else:
+        np.copyto(t, r2)
+        ws.hw[:n] = 1.0
+        sw.fill(1.0)
+    if masked:
+        m = ws.mask[:n]
+        np.multiply(t, m, out=t)
+        np.multiply(sw, m, out=sw)
+    cost = float(t.sum())
+    np.sqrt(sw, out=sw)
+    return cost
+
+
+def _weigh(model, n: int, ws: Workspace, huber: float | None, nz: Noise, masked: bool = False) -> float:
+    """Whiten, apply station weights (Huber, mask); fill ``ws.Jw``/``ws.ewh``; return the
+    robust cost."""
     rows, p = model.rows, model.nparam
+    model.whitening_full = nz.full
     model.whiten(nz)
     Jw, ew, ewh = model.views()
     Jraw = ws.Jraw[: n * rows * p].reshape(n, rows, p)
-    w = ws.wsig[: n * rows].reshape(n, rows)
-    r2 = ws.hw[:n]
+    r2 = ws.r2[:n]
     _rowdot(ew, r2)
-    if huber is None:
-        if nz.diag is not None:
+    if huber is None and not masked:
+        ws.hw[:n] = 1.0
+        if nz.full:
+            np.matmul(ws.Wfull[: n * rows * rows].reshape(n, rows, rows), Jraw, out=Jw)
+        elif nz.diag is not None:
             np.matmul(nz.diag, Jraw, out=Jw)  # diag(1/sigma) J_i for every station
         else:
-            np.einsum("nrk,nr->nrk", Jraw, w, out=Jw)
+            np.einsum("nrk,nr->nrk", Jraw, ws.wsig[: n * rows].reshape(n, rows), out=Jw)
         np.copyto(ewh, ew)
         return float(r2.sum())
-    # Station-level Huber on the whitened residual length r: weight min(1, k / r); the
-    # robust cost sum (2 w - w^2) r^2 is r^2 inside the threshold, 2 k r - k^2 outside.
-    k = float(huber)
+    cost = _station_weights(n, ws, huber, masked, r2)
     sw = ws.hsw[:n]
-    np.sqrt(r2, out=sw)
-    np.maximum(sw, k, out=sw)
-    np.divide(k, sw, out=sw)  # w
-    t = ws.rs[0, :n]
-    np.subtract(2.0, sw, out=t)
-    np.multiply(t, sw, out=t)
-    cost = float(np.vdot(t, r2))
-    np.copyto(r2, sw)  # keep w in ws.hw
-    np.sqrt(sw, out=sw)
-    wr = ws.wrow[: n * rows].reshape(n, rows)
-    _rowscale(sw, w, wr)
-    np.matmul(wr[:, :, None, None], Jraw[:, :, None, :], out=Jw[:, :, None, :])
+    if nz.full:
+        tmp = ws.KJ[: n * rows * p].reshape(n, rows, p)  # free until the next covariance
+        np.matmul(ws.Wfull[: n * rows * rows].reshape(n, rows, rows), Jraw, out=tmp)
+        _rowscale(sw, tmp, Jw)
+    else:
+        w = ws.wsig[: n * rows].reshape(n, rows)
+        wr = ws.wrow[: n * rows].reshape(n, rows)
+        _rowscale(sw, w, wr)
+        np.matmul(wr[:, :, None, None], Jraw[:, :, None, :], out=Jw[:, :, None, :])
     _rowscale(sw, ew, ewh)
     return cost
 
@@ -579,52 +759,212 @@ def _normal(model, n: int, ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
     return H, g
 
 
-def _eval(model, state, n, ws, huber, nz) -> float:
+def _eval(model, state, n, ws, huber, nz, masked=False) -> float:
     model.evaluate(state)
-    return _weigh(model, n, ws, huber, nz)
+    return _weigh(model, n, ws, huber, nz, masked)
 
 
-def _vce(model, n: int, ws: Workspace, nz: Noise, Hinv: np.ndarray) -> bool:
-    """One variance-component update of the estimated noise figures; True if one moved.
+def _variance_stations(n: int, ws: Workspace, robust: bool, masked: bool, rows: int = 6) -> np.ndarray | None:
+    """Weights of the stations a variance estimate sums over, into ``ws.vm`` (None: all
+    with weight 1). A robust fit leaves out the stations beyond the 99.9 % point of their
+    whitened length (:data:`_VAR_CUT`); ``ws.r2`` must hold the squared lengths."""
+    if not robust and not masked:
+        return None
+    vm = ws.vm[:n]
+    if masked:
+        np.copyto(vm, ws.mask[:n])
+    else:
+        vm.fill(1.0)
+    if robust:
+        inside = ws.ball[:n]
+        np.less(ws.r2[:n], _VAR_CUT[rows], out=inside)
+        np.multiply(vm, inside, out=vm)
+    return vm
 
-    For component c (translation or rotation rows) the redundancy is ``r_c = 3N -
-    tr(H^-1 J_c^T J_c)`` (its share of the leverage) and ``s_c^2 = sum e_c^2 / r_c`` (whitened,
-    weighted) estimates ``(sigma_true / sigma_assumed)^2``.
+
+def component_redundancy(model, n: int, ws: Workspace, Hinv: np.ndarray, vm: np.ndarray | None) -> tuple:
+    """Redundancy numbers and weighted sums of squares of the residual components.
+
+    For component c (translation or rotation rows) the redundancy is ``r_c = 3 N_c -
+    tr(H^-1 J_c^T J_c)`` over the stations ``vm`` counts (its share of the observations
+    minus its share of the leverage), and ``sum e_c^2 / r_c`` (whitened) estimates
+    ``(sigma_true / sigma_assumed)^2`` (Foerstner). Returns ``((r_t, q_t), (r_r, q_r))``;
+    the rotation pair is ``(nan, nan)`` for a 3-row model. Leaves ``Jw @ H^-1`` in
+    ``ws.KJ``.
     """
     rows, p = model.rows, model.nparam
-    Jw, _, ewh = model.views()
+    Jw, ew, _ = model.views()
     K = ws.KJ[: n * rows * p].reshape(n, rows, p)
     np.matmul(Jw, Hinv, out=K)
+    out = []
+    count = float(n) if vm is None else float(vm.sum())
+    ind = None
+    if vm is not None:
+        ind = ws.vind[:n]
+        np.greater(vm, 0.0, out=ws.ball[:n])
+        np.copyto(ind, ws.ball[:n])
+    for a, b in ((0, 3), (3, 6)):
+        if b > rows:
+            out.append((math.nan, math.nan))
+            continue
+        if ind is None:
+            lev = float(np.einsum("nrk,nrk->", K[:, a:b], Jw[:, a:b]))
+            q = float(np.einsum("ij,ij->", ew[:, a:b], ew[:, a:b]))
+        else:
+            # Per station, then the weights' dot product: a three-operand einsum buffers.
+            # The squares are of the unweighted whitened residual, weighted by vm (a
+            # duplicate's 1/k; a Huber weight is not a variance weight).
+            li = ws.rs[4, :n]
+            np.einsum("nrk,nrk->n", K[:, a:b], Jw[:, a:b], out=li)
+            lev = float(np.vdot(li, ind))
+            np.copyto(ws.e3[:n], ew[:, a:b])
+            _rowdot(ws.e3[:n], li)
+            assert vm is not None
+            q = float(np.dot(li, vm))
+        out.append((3.0 * count - lev, q))
+    return tuple(out)
+
+
+def _vce(model, n: int, ws: Workspace, nz: Noise, Hinv: np.ndarray, vm: np.ndarray | None = None,
+         robust: bool = False) -> bool:
+    """One variance-component update of the estimated noise figures; True if one moved.
+
+    A component whose redundancy is below :data:`MIN_NOISE_REDUNDANCY` keeps its start
+    figure and is flagged ``fallback_*`` (too few stations to estimate it). ``robust``:
+    ``vm`` is the truncated station set of :func:`_variance_stations`, corrected for.
+    """
+    (rt, qt), (rr, qr) = component_redundancy(model, n, ws, Hinv, vm)
+    if robust:
+        qt /= _VAR_TRUNC[model.rows]
+        qr /= _VAR_TRUNC[model.rows]
+    nz.redundancy_t, nz.redundancy_r = rt, rr
     moved = False
-    comps = (("t", 0, 3), ("r", 3, 6)) if rows == 6 else (("t", 0, 3),)
-    for name, a, b in comps:
+    for name, red, q in (("t", rt, qt), ("r", rr, qr)):
         if not (nz.estimate_t if name == "t" else nz.estimate_r):
             continue
-        lev = float(np.einsum("nrk,nrk->", K[:, a:b], Jw[:, a:b]))
-        red = 3.0 * n - lev
-        if red < 0.5:  # too little redundancy to estimate: keep the assumed figure
+        if not red >= MIN_NOISE_REDUNDANCY:
+            new = nz.start_t if name == "t" else nz.start_r
+            if name == "t":
+                moved |= nz.sigma_t != new
+                nz.sigma_t, nz.fallback_t = new, True
+            else:
+                moved |= nz.sigma_r != new
+                nz.sigma_r, nz.fallback_r = new, True
             continue
-        s2 = float(np.einsum("ij,ij->", ewh[:, a:b], ewh[:, a:b])) / red
+        s2 = q / red
         old = nz.sigma_t if name == "t" else nz.sigma_r
         new = max(old * math.sqrt(s2), NOISE_FLOOR_M if name == "t" else NOISE_FLOOR_RAD)
         if abs(new / old - 1.0) > _VCE_TOL:
             moved = True
         if name == "t":
-            nz.sigma_t = new
+            nz.sigma_t, nz.fallback_t = new, False
         else:
-            nz.sigma_r = new
+            nz.sigma_r, nz.fallback_r = new, False
     return moved
 
 
-def _downweighted(n: int, ws: Workspace) -> np.ndarray:
-    """Indices of the stations with Huber weight < 1, as a view of ``ws.down`` (ascending).
+def _masked_median(vals: np.ndarray, n: int, ws: Workspace, masked: bool) -> float:
+    """Median of ``vals`` (n,) over the stations with mask > 0 (all when not masked)."""
+    s = ws.srt[:n]
+    np.copyto(s, vals)
+    count = n
+    if masked:
+        excl = ws.ball[:n]
+        np.less_equal(ws.mask[:n], 0.0, out=excl)
+        count = n - int(np.count_nonzero(excl))
+        np.copyto(s, np.inf, where=excl)
+    if count <= 0:
+        return math.nan
+    s.sort()
+    lo, hi = (count - 1) // 2, count // 2
+    return 0.5 * (float(s[lo]) + float(s[hi]))
+
+
+def _robust_factors(model, n: int, ws: Workspace, masked: bool) -> tuple[float, float]:
+    """Robust variance factors of the whitened translation and rotation residuals.
+
+    ``median(|e_c,i|^2) / median(chi2_3)``, scaled up by ``3 N / (3 N - p_c)`` for the
+    share ``p_c`` of the parameters the component absorbs (half of them for a pose): an
+    estimate of ``(sigma_true / sigma_assumed)^2`` that one gross outlier in two does not
+    move (the median), unlike the residual sum of squares.
+    """
+    rows, p = model.rows, model.nparam
+    _, ew, _ = model.views()
+    if masked:
+        np.greater(ws.mask[:n], 0.0, out=ws.ball2[:n])
+        cnt = float(np.count_nonzero(ws.ball2[:n]))
+    else:
+        cnt = float(n)
+    pc = p * 3.0 / rows
+    corr = 3.0 * cnt / max(3.0 * cnt - pc, 1.0)
+    out = []
+    for a, b in ((0, 3), (3, 6)):
+        if b > rows:
+            out.append(math.nan)
+            continue
+        q = ws.rs[1, :n]
+        np.copyto(ws.e3[:n], ew[:, a:b])
+        _rowdot(ws.e3[:n], q)
+        med = _masked_median(q, n, ws, masked)
+        out.append(max(med / _MEDIAN_CHI2_3 * corr, 1e-300) if math.isfinite(med) else 1.0)
+    return out[0], out[1]
+
+
+def _robust_start(model, state, n, ws, nz: Noise, masked: bool) -> None:
+    """Scale the estimated figures by the robust factors at ``state`` (before a robust fit),
+    so outliers cannot inflate the scale the Huber weights and rejections are measured in."""
+    model.evaluate(state, jacobian=False)
+    model.whitening_full = nz.full
+    model.whiten(nz)
+    ft, fr = _robust_factors(model, n, ws, masked)
+    if nz.estimate_t:
+        nz.sigma_t = max(nz.sigma_t * math.sqrt(ft), NOISE_FLOOR_M)
+    if nz.estimate_r and math.isfinite(fr):
+        nz.sigma_r = max(nz.sigma_r * math.sqrt(fr), NOISE_FLOOR_RAD)
+    fill_whitening(nz, n, ws)
+
+
+def _reject(model, n: int, ws: Workspace, k: float) -> int:
+    """Drop (mask 0) the stations whose robust whitened length exceeds ``k``; return how many."""
+    rows = model.rows
+    _, ew, _ = model.views()
+    ft, fr = _robust_factors(model, n, ws, True)
+    r2 = ws.r2[:n]
+    q = ws.rs[1, :n]
+    np.copyto(ws.e3[:n], ew[:, 0:3])
+    _rowdot(ws.e3[:n], r2)
+    np.multiply(r2, 1.0 / ft, out=r2)
+    if rows == 6:
+        np.copyto(ws.e3[:n], ew[:, 3:6])
+        _rowdot(ws.e3[:n], q)
+        np.multiply(q, 1.0 / fr, out=q)
+        np.add(r2, q, out=r2)
+    out = ws.ball[:n]
+    np.greater(r2, k * k, out=out)
+    keep = ws.ball2[:n]
+    np.greater(ws.mask[:n], 0.0, out=keep)
+    np.logical_and(out, keep, out=out)
+    count = int(np.count_nonzero(out))
+    if count:
+        np.copyto(ws.mask[:n], 0.0, where=out)
+    return count
+
+
+def _downweighted(n: int, ws: Workspace, masked: bool) -> np.ndarray:
+    """Indices of the stations with Huber weight < 1 or dropped (mask 0), as a view of
+    ``ws.down`` (ascending).
 
     Scattered with ``np.put`` to their rank among the flagged stations (the others to a
     spare slot), because ``flatnonzero`` would allocate with their number.
     """
     mi = ws.itmp[:n]
-    np.less(ws.hw[:n], 1.0, out=ws.ball[:n])
-    np.copyto(mi, ws.ball[:n])  # as intp: mixed-type ufuncs buffer
+    flag = ws.ball[:n]
+    np.less(ws.hw[:n], 1.0, out=flag)
+    if masked:
+        dropped = ws.ball2[:n]
+        np.less_equal(ws.mask[:n], 0.0, out=dropped)
+        np.logical_or(flag, dropped, out=flag)
+    np.copyto(mi, flag)  # as intp: mixed-type ufuncs buffer
     pos = ws.ipos[:n]
     np.cumsum(mi, out=pos)
     count = int(pos[n - 1])
@@ -649,54 +989,119 @@ def _solve_step(H: np.ndarray, g: np.ndarray, lam: float, ws: Workspace) -> np.n
     return d
 
 
+def _dof(model, n: int, ws: Workspace, masked: bool) -> int:
+    count = float(n) if not masked else float(ws.mask[:n].sum())
+    return int(round(model.rows * count)) - model.nparam
+
+
 def refine(
     model,
     state,
     nz: Noise,
     *,
     huber: float | None = None,
+    reject_k: float | None = None,
     max_iterations: int = DEFAULT_MAX_ITERATIONS,
+    masked: bool = False,
 ) -> Fit:
     """Levenberg-Marquardt (Gauss-Newton with damping only on a rejected step) from
     ``state``, with variance-component estimation of the noise figures marked for it.
 
-    On return the workspace holds the Jacobian and residuals at the returned state (for the
-    covariance and the hold-out closure). If the information matrix is singular the fit is
-    returned with ``ok=False`` at the starting state.
+    Parameters
+    ----------
+    model, state, nz
+        The model, its starting state and the noise (updated in place when estimated).
+    huber : float, optional
+        Huber threshold on each station's whitened residual length (sigmas).
+    reject_k : float, optional
+        After convergence, stations whose whitened length exceeds ``reject_k`` robust
+        sigmas are dropped (``ws.mask`` set to 0) and the fit repeated, until none is.
+    max_iterations : int
+        Gauss-Newton steps at most per round (a ``reject_k`` round starts a new budget; a
+        robust fit has :data:`ROBUST_ITERATION_FACTOR` times as many).
+    masked : bool
+        Weigh each station by ``ws.mask`` (filled by the caller; 1/k for k duplicates).
+
+    Notes
+    -----
+    With ``huber`` or ``reject_k`` and estimated noise, the scale is robust: the fit starts
+    from the median-based figures of :func:`_robust_factors`, and each variance-component
+    round sums only over the stations kept at full weight. A fit that stops without
+    converging (iteration limit, stalled) returns its last accepted state with the noise
+    figures reset to their start values (``Noise.reset``): an estimate from a state that
+    is not the minimum describes nothing. On return the workspace holds the Jacobian and
+    residuals at the returned state (for the covariance and the hold-out closure). If the
+    information matrix is singular the fit is returned with ``ok=False`` at the starting
+    state.
     """
     n, ws = model.n, model.ws
     if huber is not None and not (math.isfinite(float(huber)) and float(huber) > 0.0):
         raise ValueError(f"huber must be a positive threshold in sigmas, got {huber!r}")
+    if reject_k is not None:
+        if not (math.isfinite(float(reject_k)) and float(reject_k) > 0.0):
+            raise ValueError(f"reject_k must be a positive threshold in sigmas, got {reject_k!r}")
+        if not masked:
+            ws.mask[:n] = 1.0
+            masked = True
     estimating = nz.estimate_t or nz.estimate_r
+    robust = huber is not None or reject_k is not None
     start = state
-    cost = _eval(model, state, n, ws, huber, nz)
-    H, g = _normal(model, n, ws)
+    try:
+        if robust and estimating:
+            _robust_start(model, state, n, ws, nz, masked)
+        cost = _eval(model, state, n, ws, huber, nz, masked)
+        H, g = _normal(model, n, ws)
+    except np.linalg.LinAlgError as exc:  # pragma: no cover - a start the model cannot evaluate
+        return _skipped(model, start, n, ws, huber, nz, masked, 0, exc)
     lam = 0.0
     it = 0
+    budget = max_iterations * (ROBUST_ITERATION_FACTOR if robust else 1)
+    limit = budget
     rejects = 0
     vce_rounds = 0
+    reject_rounds = 0
+    rejected = 0
     stale = False  # the buffers hold a rejected trial state
-    converged = False
+    dec0 = math.inf  # predicted decrease of the undamped step at the current state
+    stop = STOP_ITERATIONS
     try:
-        while it < max_iterations:
+        while True:
             d = _solve_step(H, g, lam, ws)
             dec = -float(np.vdot(g, d))
             if not math.isfinite(dec):
                 raise np.linalg.LinAlgError("non-finite step")
-            if dec <= _REL_TOL * cost + _ABS_TOL:
+            if lam == 0.0:
+                dec0 = dec
+            if dec <= _REL_TOL * cost + _ABS_TOL + _rounding_cost(model, n, ws, nz):
                 if estimating and vce_rounds < _VCE_MAX_ROUNDS:
                     vce_rounds += 1
-                    if _vce(model, n, ws, nz, np.linalg.inv(H)):
+                    vm = _variance_stations(n, ws, robust, masked, model.rows)
+                    if _vce(model, n, ws, nz, np.linalg.inv(H), vm, robust):
                         fill_whitening(nz, n, ws)
-                        cost = _weigh(model, n, ws, huber, nz)  # same state, new weights
+                        cost = _weigh(model, n, ws, huber, nz, masked)  # same state, new weights
                         H, g = _normal(model, n, ws)
                         lam = 0.0
                         continue
-                converged = True
+                if reject_k is not None and reject_rounds < _MAX_REJECT_ROUNDS:
+                    dropped = _reject(model, n, ws, float(reject_k))
+                    if dropped:
+                        reject_rounds += 1
+                        rejected += dropped
+                        limit = it + budget
+                        if estimating:
+                            _robust_start(model, state, n, ws, nz, masked)
+                        cost = _eval(model, state, n, ws, huber, nz, masked)
+                        H, g = _normal(model, n, ws)
+                        lam, vce_rounds = 0.0, 0
+                        continue
+                stop = STOP_CONVERGED
+                break
+            if it >= limit:
+                stop = STOP_ITERATIONS
                 break
             it += 1
             trial = model.retract(state, d)
-            c1 = _eval(model, trial, n, ws, huber, nz)
+            c1 = _eval(model, trial, n, ws, huber, nz, masked)
             if c1 <= cost:
                 state, cost = trial, c1
                 H, g = _normal(model, n, ws)
@@ -706,29 +1111,80 @@ def refine(
             else:
                 stale = True
                 rejects += 1
-                if rejects >= 4:  # at the rounding floor: nothing left to gain
-                    converged = True
+                if dec0 <= _FLOOR_REL * cost + _ABS_TOL + _rounding_cost(model, n, ws, nz):
+                    stop = STOP_ROUNDING  # nothing left to gain at working precision
+                    break
+                if rejects >= _MAX_REJECTS:
+                    stop = STOP_STALLED
                     break
                 lam = max(lam * 10.0, 1e-6)
+        converged = stop in (STOP_CONVERGED, STOP_ROUNDING)
+        if not converged:
+            nz.restart("the refinement did not converge")
+            fill_whitening(nz, n, ws)
+            stale = True
         if stale:
-            cost = _eval(model, state, n, ws, huber, nz)
+            cost = _eval(model, state, n, ws, huber, nz, masked)
             H, g = _normal(model, n, ws)
         cov = np.linalg.inv(H)
         if not np.all(np.isfinite(cov)):
             raise np.linalg.LinAlgError("singular information matrix")
+        if estimating and not converged:
+            # Redundancy figures of the returned state (no estimate from them).
+            rr = component_redundancy(model, n, ws, cov, _variance_stations(n, ws, robust, masked, model.rows))
+            nz.redundancy_t, nz.redundancy_r = rr[0][0], rr[1][0]
     except np.linalg.LinAlgError as exc:
-        cost = _eval(model, start, n, ws, huber, nz)
-        H, g = _normal(model, n, ws)
-        p = model.nparam
-        return Fit(start, np.full((p, p), np.inf), cost, cost, n * model.rows - p, it, False,
-                   ws.down[:0], nz, ok=False, message=f"refinement skipped: {exc}")
+        return _skipped(model, start, n, ws, huber, nz, masked, it, exc)
     _, ew, _ = model.views()
-    chi2 = float(np.vdot(ew, ew))
-    down = _downweighted(n, ws) if huber is not None else ws.down[:0]
-    return Fit(state, cov, cost, chi2, n * model.rows - model.nparam, it, converged, down, nz)
+    chi2 = _masked_chi2(ew, n, ws, masked)
+    down = _downweighted(n, ws, masked) if robust else ws.down[:0]
+    if stop == STOP_ITERATIONS:
+        reason = f"{STOP_ITERATIONS} ({budget} iterations) reached before convergence"
+    elif stop == STOP_STALLED:
+        reason = f"{STOP_STALLED}: {_MAX_REJECTS} steps in a row did not lower the cost"
+    else:
+        reason = stop
+    return Fit(state, cov, cost, chi2, _dof(model, n, ws, masked), it, converged, down, nz,
+               stop_reason=reason, rejected=rejected, robust=robust)
 
 
-def covariance_at(model, state, nz: Noise, *, huber: float | None = None) -> Fit:
+def _rounding_cost(model, n: int, ws: Workspace, nz: Noise) -> float:
+    """The whitened cost that rounding alone makes: residuals of the size of the data's
+    last digits (``1e-15`` relative to the largest measured coordinate, ``1e-15`` rad),
+    whitened by the figures in use. A predicted decrease below it is no decrease: without
+    it, noise-free data (whitened by the 1 nm floor) take rounding-level steps until the
+    iteration limit."""
+    m3 = ws.meas3[:n]
+    big = max(float(m3.max()), -float(m3.min())) + 1e-300  # max |x| without a temporary
+    st = nz.sigma_t if math.isfinite(nz.sigma_t) and nz.sigma_t > 0 else 1.0
+    c = 3.0 * n * (1e-15 * big / st) ** 2
+    if model.rows == 6:
+        sr = nz.sigma_r if math.isfinite(nz.sigma_r) and nz.sigma_r > 0 else 1.0
+        c += 3.0 * n * (1e-15 / sr) ** 2
+    return c
+
+
+def _masked_chi2(ew: np.ndarray, n: int, ws: Workspace, masked: bool) -> float:
+    if not masked:
+        return float(np.vdot(ew, ew))
+    r2 = ws.r2[:n]
+    _rowdot(ew, r2)
+    return float(np.vdot(r2, ws.mask[:n]))
+
+
+def _skipped(model, start, n, ws, huber, nz, masked, it, exc) -> Fit:
+    """The fit at the starting state when the refinement cannot proceed."""
+    nz.restart("the refinement was skipped")
+    fill_whitening(nz, n, ws)
+    cost = _eval(model, start, n, ws, huber, nz, masked)
+    _normal(model, n, ws)
+    p = model.nparam
+    return Fit(start, np.full((p, p), np.inf), cost, cost, _dof(model, n, ws, masked), it, False,
+               ws.down[:0], nz, ok=False, message=f"refinement skipped: {exc}",
+               stop_reason=f"{STOP_SKIPPED}: {exc}")
+
+
+def covariance_at(model, state, nz: Noise, *, huber: float | None = None, masked: bool = False) -> Fit:
     """Covariance of the ML estimate evaluated at ``state`` (no iteration).
 
     Used for a linear answer (``refine=False``): the inverse Fisher information there is the
@@ -736,23 +1192,30 @@ def covariance_at(model, state, nz: Noise, *, huber: float | None = None) -> Fit
     figures marked for estimation are estimated from the residuals at ``state``.
     """
     n, ws = model.n, model.ws
-    cost = _eval(model, state, n, ws, huber, nz)
+    cost = _eval(model, state, n, ws, huber, nz, masked)
     H, _ = _normal(model, n, ws)
     p = model.nparam
     try:
+        robust = huber is not None
         for _ in range(_VCE_MAX_ROUNDS if (nz.estimate_t or nz.estimate_r) else 0):
-            if not _vce(model, n, ws, nz, np.linalg.inv(H)):
+            vm = _variance_stations(n, ws, robust, masked, model.rows)
+            if not _vce(model, n, ws, nz, np.linalg.inv(H), vm, robust):
                 break
             fill_whitening(nz, n, ws)
-            cost = _weigh(model, n, ws, huber, nz)
+            cost = _weigh(model, n, ws, huber, nz, masked)
             H, _ = _normal(model, n, ws)
         cov = np.linalg.inv(H)
         ok = bool(np.all(np.isfinite(cov)))
+        if ok:
+            rr = component_redundancy(model, n, ws, cov, _variance_stations(n, ws, robust, masked, model.rows))
+            nz.redundancy_t, nz.redundancy_r = rr[0][0], rr[1][0]
     except np.linalg.LinAlgError:
         cov, ok = np.full((p, p), np.inf), False
     _, ew, _ = model.views()
-    return Fit(state, cov, cost, float(np.vdot(ew, ew)), n * model.rows - p, 0, True, ws.down[:0], nz, ok=ok,
-               message="" if ok else "information matrix singular")
+    return Fit(state, cov, cost, _masked_chi2(ew, n, ws, masked), _dof(model, n, ws, masked), 0, True,
+               ws.down[:0], nz, ok=ok, message="" if ok else "information matrix singular",
+               stop_reason="closed-form linear answer, not refined", robust=huber is not None)
+
 
 
 # --- conveniences (allocate; for planning and tests) ---------------------------------------------

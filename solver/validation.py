@@ -186,7 +186,13 @@ def loo_linearised(model, n: int, ws: Workspace, Hinv: np.ndarray) -> None:
         np.matmul(ew[:, None, :], ew[:, :, None], out=ne[:, None, None])
         np.add(ne, 1e-300, out=ne)
         np.divide(amp, ne, out=amp)
-        np.divide(b, ws.wsig[: n * r].reshape(n, r), out=b)  # back to metres / radians
+        if getattr(model, "whitening_full", False):
+            # Full per-station covariances: back through W_i^-1 (refine.prepare_noise).
+            tb = ws.tb6[: n * r].reshape(n, r)
+            np.matmul(ws.Winv[: n * r * r].reshape(n, r, r), b[:, :, None], out=tb[:, :, None])
+            np.copyto(b, tb)
+        else:
+            np.divide(b, ws.wsig[: n * r].reshape(n, r), out=b)  # back to metres / radians
     ht, hr = ws.ho_t[:n], ws.ho_r[:n]
     np.matmul(b[:, None, :3], b[:, :3, None], out=ht[:, None, None])
     np.sqrt(ht, out=ht)

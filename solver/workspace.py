@@ -58,6 +58,7 @@ class Workspace:
         self.s3 = np.empty(n, f8)
         self.w = np.empty(n, f8)
         self.idx = np.empty(n, np.intp)
+        self.grp = np.empty(n, np.intp)  # quaternion sign groups
         self.pi = np.empty(n, np.intp)  # pair index i
         self.pj = np.empty(n, np.intp)  # pair index j
         self.b16 = np.empty((n, 4, 4), np.bool_)
@@ -118,6 +119,18 @@ class Workspace:
         self.r9 = np.empty((n, 9), f8)
         self.rs = np.empty((6, n), f8)  # per-station scalars
         self.hw = np.empty(n, f8)  # Huber weights
+        self.r2 = np.empty(n, f8)  # whitened squared residual length per station
+        self.mask = np.ones(n, f8)  # station weights: 0 dropped, 1/k for k duplicates
+        self.vm = np.empty(n, f8)  # weights of the stations a variance estimate uses
+        self.vind = np.empty(n, f8)  # their indicator
+        self.ball2 = np.empty(n, np.bool_)
+        self.e6 = np.empty((n, 6), f8)  # raw residual (e_t, e_r), contiguous
+        self.e3 = np.empty((n, 3), f8)  # one component of it, contiguous
+        self.Wfull = np.zeros(n * 36, f8)  # per-station whitening L^-1 diag(I, R) (full covariance)
+        self.Winv = np.zeros(n * 36, f8)  # and its inverse
+        self.feat = np.empty((n, 3), f8)  # structure-test features (centred positions)
+        self.f9 = np.empty((n, 9), f8)  # their outer products
+        self.key = np.empty(n, f8)  # duplicate-station keys
         self.hsw = np.empty(n, f8)  # their square roots
         self.Gx = np.empty((n, 4, 4), f8)  # derived stacks: inverses, k-fold subsets
         self.Gy = np.empty((n, 4, 4), f8)
@@ -130,6 +143,16 @@ class Workspace:
         self.bk_r = np.empty(n, f8)
         self.srt = np.empty(n, f8)  # percentile scratch
         self.H12 = np.empty((12, 12), f8)
+        # Structure test (diagnostics): the feature space has at most 18 dimensions.
+        self.z936 = np.empty(9 * 36, f8)
+        self.z18a = np.empty((18, 18), f8)
+        self.z18b = np.empty((18, 18), f8)
+        self.z372 = np.empty(3 * 72, f8)
+        self.z18p = np.empty((18, 12), f8)
+        self.z18v = np.empty(18, f8)
+        self.z18w = np.empty(18, f8)
+        self.g12b = np.empty(12, f8)
+        self.g12c = np.empty(12, f8)
         self.g12 = np.empty(12, f8)
         self.Hd12 = np.empty((12, 12), f8)
         self.eye3 = np.eye(3)

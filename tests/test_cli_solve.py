@@ -27,7 +27,7 @@ def scene():
 def write_jsonl(path, G, M, key="cell_T_target"):
     with open(path, "w") as f:
         f.write("# stations for a test\n")
-        for g, m in zip(G, M):
+        for g, m in zip(G, M, strict=True):
             f.write(json.dumps({"base_T_flange": g.tolist(), key: m.tolist()}) + "\n")
 
 
@@ -36,7 +36,7 @@ def write_csv(path, G, M):
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow([f"flange_{c}" for c in cols] + [f"target_{c}" for c in cols])
-        for g, m in zip(G, M):
+        for g, m in zip(G, M, strict=True):
             row = []
             for T in (g, m):
                 row += list(T[:3, 3] * 1e3) + list(quat_from_matrix(T[:3, :3]))
@@ -132,3 +132,99 @@ def test_degenerate_file_exits_3_with_the_reason(tmp_path):
     assert r.returncode == 3 and "same axis" in r.stderr
     r = run("solve", str(tmp_path / "missing.jsonl"))
     assert r.returncode == 2 and "cannot read" in r.stderr
+
+
+# --- declared noise, refusals and input sanity (ADR 0009) --------------------------------------------
+
+
+def test_help_states_the_declared_noise_defaults():
+    r = run("solve", "--help")
+    assert r.returncode == 0
+    text = " ".join(r.stdout.split())
+    assert "--noise-mm" in text and "default 0.1" in text and "tracker" in text and "robot" in text
+    assert "--expect-base" in text and "--robot-model" in text and "--noise-deg" in text
+
+
+def test_millimetres_are_refused_with_the_likely_causes(tmp_path, scene):
+    G = scene.base_T_flange.copy()
+    G[:, :3, 3] *= 1e3  # robot poses in mm, tracker in m
+    p = tmp_path / "mm.jsonl"
+    write_jsonl(p, G, scene.measured)
+    r = run("solve", str(p))
+    assert r.returncode == 3 and "units" in r.stderr and "swapped" in r.stderr and "Traceback" not in r.stderr
+    r = run("solve", str(p), "--robot-model", "ur5e")
+    assert r.returncode == 3 and "millimetres" in r.stderr
+
+
+def test_swapped_inputs_are_caught_by_the_reach_and_the_prior(tmp_path, scene):
+    p = tmp_path / "swapped.jsonl"
+    write_jsonl(p, scene.measured, scene.base_T_flange)
+    assert run("solve", str(p)).returncode == 0  # it fits exactly: residuals cannot tell
+    r = run("solve", str(p), "--robot-model", "ur5e")
+    assert r.returncode == 3 and "swapped" in r.stderr
+    X = scene.X
+    from cellcal.solver.se3 import so3_log
+
+    rv = np.degrees(so3_log(X[:3, :3]))
+    expect = ",".join(f"{v:.6f}" for v in list(X[:3, 3] * 1e3) + list(rv))
+    good = tmp_path / "good.jsonl"
+    write_jsonl(good, scene.base_T_flange, scene.measured)
+    assert run("solve", str(good), "--expect-base", expect).returncode == 0
+    r = run("solve", str(p), "--expect-base", expect)
+    assert r.returncode == 3 and "expected" in r.stderr and "inverse matches" in r.stderr
+    r = run("solve", str(good), "--expect-base", "1,2,3")
+    assert r.returncode == 2 and "--expect-base" in r.stderr
+    r = run("solve", str(good), "--robot-model", "nosuch")
+    assert r.returncode == 2 and "unknown robot model" in r.stderr
+
+
+def test_quaternions_in_xyzw_order_are_named(tmp_path, scene):
+    p = tmp_path / "xyzw.csv"
+    cols = ["x_mm", "y_mm", "z_mm", "qw", "qx", "qy", "qz"]
+    with open(p, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([f"flange_{c}" for c in cols] + [f"target_{c}" for c in cols])
+        for g, m in zip(scene.base_T_flange, scene.measured, strict=True):
+            qm = quat_from_matrix(m[:3, :3])
+            row = list(g[:3, 3] * 1e3) + list(quat_from_matrix(g[:3, :3])) + list(m[:3, 3] * 1e3) + [*qm[1:], qm[0]]
+            w.writerow([repr(float(v)) for v in row])
+    r = run("solve", str(p))
+    assert r.returncode == 3 and "x,y,z,w" in r.stderr and "target_q*" in r.stderr
+
+
+def test_misaligned_rows_are_refused_but_robot_model_error_is_a_warning(tmp_path, scene):
+    p = tmp_path / "shuffled.jsonl"
+    write_jsonl(p, scene.base_T_flange, scene.measured[np.r_[1:20, 0]])  # rows shifted by one
+    r = run("solve", str(p))
+    assert r.returncode == 3 and "refused" in r.stderr and "x the declared" in r.stderr
+    from _worlds import ur5e_world
+
+    G, M, _, _ = ur5e_world(20, np.random.default_rng(3), mm=0.02, deg=0.01)
+    q = tmp_path / "kinematic.jsonl"
+    write_jsonl(q, G, M)
+    r = run("solve", str(q))
+    assert r.returncode == 0, r.stderr
+    assert "[model_error]" in r.stdout and "robot kinematic error" in r.stdout and "kinematic calibration" in r.stdout
+    out = json.loads(run("solve", str(q), "--json").stdout)
+    w = [x for x in out["warnings"] if x["code"] == "model_error"]
+    assert w and w[0]["value"] > 0.2 and out["converged"] is True and out["residual_tests"]["chi2_p"] < 1e-6
+
+
+def test_no_input_gives_a_traceback(tmp_path):
+    cases = {
+        "strings.jsonl": json.dumps({"base_T_flange": [["a"] * 4] * 4, "cell_T_target": [[0] * 4] * 4}) + "\n",
+        "nan.csv": "flange_x_mm,flange_y_mm,flange_z_mm,flange_qw,flange_qx,flange_qy,flange_qz,"
+                   "target_x_mm,target_y_mm,target_z_mm,target_qw,target_qx,target_qy,target_qz\n"
+                   + "nan,0,0,1,0,0,0,0,0,0,1,0,0,0\n",
+        "empty.jsonl": "\n",
+        "one.jsonl": json.dumps({"base_T_flange": np.eye(4).tolist(), "cell_T_target": np.eye(4).tolist()}) + "\n",
+        "binary.csv": "\x00\x01\x02",
+    }
+    for name, text in cases.items():
+        p = tmp_path / name
+        p.write_text(text)
+        r = run("solve", str(p))
+        assert r.returncode in (2, 3), (name, r.returncode, r.stderr)
+        assert "Traceback" not in r.stderr and r.stderr.startswith("cellcal solve:"), (name, r.stderr)
+    r = run("solve", "--synthetic", "20", "--noise-mm", "-1")
+    assert r.returncode == 2 and "--noise-mm" in r.stderr

@@ -24,7 +24,7 @@ KW = dict(noise_translation_m=0.2e-3, noise_rotation_rad=math.radians(0.1))
 def closure(M, G, X, Y):
     P = X @ G @ Y
     return (np.linalg.norm(M[:, :3, 3] - P[:, :3, 3], axis=1),
-            np.array([rotation_angle(p[:3, :3].T @ m[:3, :3]) for p, m in zip(P, M)]))
+            np.array([rotation_angle(p[:3, :3].T @ m[:3, :3]) for p, m in zip(P, M, strict=True)]))
 
 
 def test_linearised_leave_one_out_matches_true_refits():
@@ -100,10 +100,13 @@ def test_an_outlier_station_stands_out_held_out_more_than_in_sample():
     assert int(np.argmax(r.holdout.translation_m)) == 7
     assert r.holdout.translation_m[7] > 1.05 * r.residuals.translation_m[7]
     assert r.holdout.max_translation_m > 5 * r.holdout.p50_translation_m
-    # The linear and refined solutions disagree by more sigmas than on clean data (with
-    # the noise given: estimated noise would absorb part of the blunder).
+    # Against the given noise the blunder is not noise: the residual test says so (and the
+    # covariance is widened for it, so the linear/refined distance in sigmas is no longer
+    # the measure of the blunder), while the clean stations pass.
     clean = calibrate_base_frame(sc.base_T_flange, sc.measured, **kw)
-    assert r.linear_agreement.sigmas > clean.linear_agreement.sigmas
+    assert "model_error" in {w.code for w in r.warnings}
+    assert "model_error" not in {w.code for w in clean.warnings}
+    assert r.residual_tests.chi2_p < 1e-6 < clean.residual_tests.chi2_p
 
 
 def test_holdout_can_be_disabled_and_needs_four_stations():

@@ -170,3 +170,38 @@ def test_estimate_names_and_shapes_are_checked():
         Estimate.of("tip", np.zeros(3), np.eye(3))
     with pytest.raises(ValueError, match="cell_T_base"):
         Estimate.of("cell_T_base", np.zeros(3), np.eye(3))
+
+
+def test_gate_figures_are_on_the_wire_for_every_result(result):
+    wire = json.loads(json.dumps(result_to_wire(result)))  # JSON-clean
+    assert wire["converged"] is result.converged and wire["stop_reason"] == result.stop_reason
+    assert wire["iterations"] == result.iterations and wire["dof"] == result.dof
+    assert wire["downweighted"] == [int(i) for i in result.downweighted]
+    assert wire["warnings"] == [{"code": w.code, "message": w.message, "value": w.value} for w in result.warnings]
+    tests = wire["residual_tests"]
+    assert set(tests) >= {"chi2_per_dof", "chi2_p", "structure_f", "structure_p", "structure_dof",
+                          "redundancy_translation", "small_sample_factor", "model_error_translation_m",
+                          "inflation_translation", "inflation_rotation", "false_alarm_rate"}
+    assert wire["holdout"] is None or "p90_translation_m" in wire["holdout"]
+    assert wire["uncertainty"]["sigma_translation_m"] == pytest.approx(result.sigma_translation_mm * 1e-3)
+
+
+def test_task_point_errors_come_from_predicted_error_at():
+    r = _solve(BaseFrameResult)
+    pts = np.array([[0.5, 0.2, 0.1], [2.0, -1.0, 0.5]])
+    wire = result_to_wire(r, task_points=pts)
+    for got, p in zip(wire["task_points"], pts, strict=True):
+        pe = r.predicted_error_at(p)
+        assert got["point_m"] == pytest.approx(list(p)) and got["sigma_m"] == pytest.approx(pe.sigma_m)
+        assert got["frame"] == "base" and got["lever_arm_m"] == pytest.approx(pe.lever_arm_m)
+    tip = result_to_wire(_solve(ToolPointResult), task_points=[[0.0, 0.0, 0.0]])["task_points"][0]
+    assert tip["frame"] == "flange" and tip["sigma_m"] > 0
+
+
+def test_report_says_the_warnings_in_words():
+    sc = base_frame_scene(12, np.random.default_rng(7), noise_mm=0.02, noise_deg=0.01)
+    G = np.concatenate([sc.base_T_flange, sc.base_T_flange[:2]])
+    M = np.concatenate([sc.measured, sc.measured[:2]])
+    text = format_report(calibrate_base_frame(G, M))
+    assert "WARNINGS:" in text and "[duplicate_stations]" in text and "solve: converged" in text
+    assert "residual tests:" in text
