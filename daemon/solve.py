@@ -125,10 +125,16 @@ def wire_result(result: Any, gates: Any, check_stations: list[dict[str, Any]]) -
 
 
 def provenance(cfg: Any, run: Any, result: Any, version: str) -> dict[str, Any]:
-    """Where a result came from (the store fills in run id, parent, valid_from)."""
+    """Where a result came from (the store fills in run id, parent, valid_from).
+
+    ``robot_serial`` and ``kinematics_digest`` name the arm and the kinematic table its
+    poses were computed with (``cellcal.daemon.devices.robot_identity``; None when the
+    robot did not say, e.g. a run solved from given stations)."""
+    robot = (run.devices or {}).get(P.DEVICE_ROBOT) or {}
     return {
         "config_sha256": cfg.sha256, "devices": run.devices, "cellcal_version": version,
         "solver": result.solver, "cell": cfg.service.name,
+        "robot_serial": robot.get("serial"), "kinematics_digest": robot.get("kinematics_digest"),
     }
 
 
