@@ -357,7 +357,7 @@ def _tracker(t: _Table) -> TrackerConfig:
     kw["air_temperature_k_per_h"] = t.take("air_temperature_k_per_h", _float_range(-100.0, 100.0), default=0.0)
     kw["refraction_ppm_per_k"] = t.take("refraction_ppm_per_k", _float_range(-100.0, 100.0),
                                         default=defaults.refraction_ppm_per_k)
-    kw["clock_skew_drift_ppm_per_h"] = t.take("clock_skew_drift_ppm_per_h", _float_range(-1000.0, 1000.0), default=0.0)
+    kw["clock_skew_drift_ppm_per_h"] = t.take("clock_skew_drift_ppm_per_h", _float_range(-1e5, 1e5), default=0.0)
     kw["clock_step_s"] = t.take("clock_step_s", _float_range(-1e6, 1e6), default=0.0)
     kw["timestamp_at"] = t.take("timestamp_at", _choice(TIMESTAMP_POSITIONS), default="middle")
     kw["cell_p_instrument"] = t.take("instrument_xyz_m", _vec3, default=np.zeros(3))
