@@ -211,12 +211,15 @@ class DHModel:
         frames[0] = np.eye(4)
         for i, Ti in enumerate(links):
             frames[i + 1] = frames[i] @ Ti
-        p_end = frames[-1][:3, 3]
+        z = frames[:-1, :3, 2]  # (n, 3) joint axes
+        r = frames[-1][:3, 3] - frames[:-1, :3, 3]  # (n, 3) joint origin -> flange
         J = np.empty((6, self.n_joints))
-        for i in range(self.n_joints):
-            z = frames[i][:3, 2]
-            J[:3, i] = np.cross(z, p_end - frames[i][:3, 3])
-            J[3:, i] = z
+        # z x r written out: numpy's cross costs ~40 us per call for 3-vectors, and the
+        # simulated robot evaluates this at its world-update rate
+        J[0] = z[:, 1] * r[:, 2] - z[:, 2] * r[:, 1]
+        J[1] = z[:, 2] * r[:, 0] - z[:, 0] * r[:, 2]
+        J[2] = z[:, 0] * r[:, 1] - z[:, 1] * r[:, 0]
+        J[3:] = z.T
         return J
 
     def flange_speed(self, q_rad: Any, qd_rad_s: Any) -> tuple[float, float]:

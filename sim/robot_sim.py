@@ -433,7 +433,7 @@ class SimRobot:
         q, qd = self.physical_joints(t_s)
         model = self.true_model_at(t_s)
         q = q + self.sag_rad(model, q)
-        lin, ang = model.flange_speed(q, qd)
+        lin, ang = model.flange_speed(q, qd) if np.any(qd) else (0.0, 0.0)
         return model.forward(q), lin, ang
 
     def _write_world(self, t: float) -> None:
