@@ -7,8 +7,14 @@ base-frame calibration in command mode with one progress line per station on std
 prints the report (``cell_T_base`` in mm and deg, residuals, axis_spread and the error
 against the scenario's hidden truth), runs one drift check, and shuts everything down.
 
+Honesty (``cellcal.daemon.truth``): the report says whether the error against the truth
+lies inside the result's own reported uncertainty (the NEES of ``cell_T_base`` against the
+3-sigma bound of a chi-square with 6 degrees of freedom), how the residual RMS compares
+with the tracker's noise floor, and the result's warnings (``result["warnings"]``) in words.
+
 With ``--json`` stdout carries exactly one JSON object at the end: the result as the
-daemon publishes it on ``cellcal/v1/result``, plus ``truth_error`` and ``drift_check``.
+daemon publishes it on ``cellcal/v1/result``, plus ``truth_error`` (with ``nees``,
+``within_3_sigma``), ``residual_vs_noise`` and ``drift_check``.
 """
 
 from __future__ import annotations
@@ -68,17 +74,39 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
+def honesty_lines(honest: dict, versus_noise: dict, warnings: object) -> list[str]:
+    """The truth-and-honesty part of the text report, one line each."""
+    out = []
+    if honest.get("nees") is None:
+        out.append("within the reported uncertainty: unknown (the result has no usable covariance)")
+    else:
+        st, sr = honest.get("sigma_translation_m"), honest.get("sigma_rotation_rad")
+        sig = (f"reported 1-sigma along the error {st * 1e3:.4f} mm, {math.degrees(sr):.5f} deg; "
+               if st is not None and sr is not None else "")
+        out.append(f"within 3 sigma: {'yes' if honest['within_3_sigma'] else 'NO'} ({sig}NEES {honest['nees']:.2f}, "
+                   f"3-sigma bound {honest['nees_3sigma_bound']:.2f} for 6 dof)")
+    if versus_noise.get("ratio") is not None:
+        out.append(f"residual vs tracker noise: RMS {versus_noise['rms_translation_m'] * 1e3:.4f} mm is "
+                   f"{versus_noise['ratio']:.1f}x the tracker's noise floor {versus_noise['tracker_noise_m'] * 1e3:.4f} mm"
+                   + (" (structured: the robot's kinematics, not the tracker)" if versus_noise["ratio"] > 3 else ""))
+    for w in warnings if isinstance(warnings, list) else []:
+        if isinstance(w, dict):
+            out.append(f"warning {w.get('code')}: {w.get('message')}")
+    return out
+
+
 def run(args: argparse.Namespace) -> int:
     from cellcal.daemon import protocol as P
     from cellcal.daemon.app import App
     from cellcal.daemon.config import ConfigError, load_config
     from cellcal.daemon.report import transform_from_wire
     from cellcal.daemon.store import RunStatus
+    from cellcal.daemon.truth import residual_vs_noise, truth_error
     from cellcal.sim.robot_sim import start_sim_robot
     from cellcal.sim.scenario import load_scenario
     from cellcal.sim.tracker_sim import SimTracker
     from cellcal.solver.errors import CellcalError
-    from cellcal.solver.se3 import rotation_angle, so3_log
+    from cellcal.solver.se3 import so3_log
 
     try:
         scenario = load_scenario(args.scenario)
@@ -152,8 +180,9 @@ def run(args: argparse.Namespace) -> int:
         result = outcome["result"]
         truth = world.cell_T_base()
         X = transform_from_wire(result["transforms"]["cell_T_base"])
-        err_t = float(np.linalg.norm(X[:3, 3] - truth[:3, 3]))
-        err_r = rotation_angle(truth[:3, :3].T @ X[:3, :3])
+        honest = truth_error(result, X, truth)
+        err_t, err_r = honest["translation_m"], honest["rotation_rad"]
+        versus_noise = residual_vs_noise(result, [st.tracker_std_translation_m for st in svc.store.stations(run_id)])
         if not args.no_drift_check and svc.store.active_result() is not None:
             done.clear()
             svc.request_drift_check("demo")
@@ -162,7 +191,8 @@ def run(args: argparse.Namespace) -> int:
         el = time.monotonic() - t0
         if args.json:
             out = dict(result)
-            out["truth_error"] = {"translation_m": err_t, "rotation_rad": err_r}
+            out["truth_error"] = honest
+            out["residual_vs_noise"] = versus_noise
             out["drift_check"] = outcome.get("drift")
             print(json.dumps(out))
         else:
@@ -173,10 +203,21 @@ def run(args: argparse.Namespace) -> int:
             print(f"  cell_T_base translation_mm [{t[0]:10.3f} {t[1]:10.3f} {t[2]:10.3f}]")
             print(f"  cell_T_base rotvec_deg     [{rv[0]:10.4f} {rv[1]:10.4f} {rv[2]:10.4f}]  "
                   f"quat_wxyz [{q['w']:.6f} {q['x']:.6f} {q['y']:.6f} {q['z']:.6f}]")
-            print(f"  residual translation: RMS {result['rms_translation_m'] * 1e3:.4f} mm, worst {result['max_translation_m'] * 1e3:.4f} mm")
-            print(f"  residual rotation:    RMS {math.degrees(result['rms_rotation_rad']):.5f} deg, worst {math.degrees(result['max_rotation_rad']):.5f} deg")
-            print(f"  axis_spread {result['axis_spread']:.4f}; gates {'passed' if result.get('gates', {}).get('passed') else 'FAILED: ' + '; '.join(result.get('gates', {}).get('failed', []))}")
+            print(f"  residual translation: RMS {result['rms_translation_m'] * 1e3:.4f} mm, "
+                  f"worst {result['max_translation_m'] * 1e3:.4f} mm")
+            print(f"  residual rotation:    RMS {math.degrees(result['rms_rotation_rad']):.5f} deg, "
+                  f"worst {math.degrees(result['max_rotation_rad']):.5f} deg")
+            gates = result.get("gates", {})
+            verdict = "passed" if gates.get("passed") else "FAILED: " + "; ".join(gates.get("failed", []))
+            print(f"  axis_spread {result['axis_spread']:.4f}; gates {verdict}")
+            prov = result.get("provenance", {})
+            if prov.get("robot_serial") or prov.get("kinematics_digest"):
+                print(f"  robot serial {prov.get('robot_serial') or 'unknown'}; kinematics "
+                      f"{(prov.get('devices', {}).get('robot') or {}).get('kinematics', '?')} "
+                      f"{prov.get('kinematics_digest') or ''}")
             print(f"  error against the scenario's truth: {err_t * 1e3:.4f} mm, {math.degrees(err_r):.5f} deg")
+            for line in honesty_lines(honest, versus_noise, result.get("warnings")):
+                print("  " + line)
             d = outcome.get("drift")
             if d:
                 print(f"  drift check: {d['status']} ({d['deviation_translation_m'] * 1e3:.4f} mm, "

@@ -33,10 +33,31 @@ from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DeviceOpenError", "CellDevices", "Backoff", "OPEN_ERRORS"]
+__all__ = ["DeviceOpenError", "CellDevices", "Backoff", "OPEN_ERRORS", "robot_identity"]
 
 #: What opening a device may raise that is the device's (or its URL's) fault, not a bug.
 OPEN_ERRORS: tuple[type[BaseException], ...] = (CellcalError, OSError, ValueError)
+
+
+def robot_identity(robot: Any) -> dict[str, Any]:
+    """What a result's provenance records of an open robot: ``driver``, ``model``, ``serial``
+    (the controller's serial number where it tells one, e.g. a UR's dashboard), and the
+    ``kinematics`` its forward kinematics uses (``factory``: the controller's own
+    calibration table; ``nominal``: a data-sheet model) with that table's
+    ``kinematics_digest`` (:func:`cellcal.drivers.kinematics.kinematics_digest`)."""
+    from cellcal.drivers.kinematics import kinematics_digest
+
+    model = robot.model
+    digest = getattr(robot, "kinematics_digest", None)
+    if digest is None and getattr(model, "is_plain_dh", False):
+        digest = kinematics_digest(model)
+    ident: dict[str, Any] = {"driver": type(robot).__name__, "model": model.name,
+                             "kinematics": getattr(robot, "kinematics_source", "nominal"),
+                             "kinematics_digest": digest}
+    serial = getattr(robot, "serial_number", None)
+    if serial:
+        ident["serial"] = str(serial)
+    return ident
 
 
 class DeviceOpenError(CellcalError):
@@ -150,9 +171,9 @@ class CellDevices:
                 raise DeviceOpenError(P.DEVICE_ROBOT, exc) from exc
             raise
         self.robot, self.monitor = robot, monitor
-        ident = {"driver": type(robot).__name__, "model": robot.model.name}
-        self.status[P.DEVICE_ROBOT].update(connected=True, identity=ident,
-                                           identity_text=f"{ident['driver']} {ident['model']}")
+        ident = robot_identity(robot)
+        text = f"{ident['driver']} {ident['model']}" + (f" serial {ident['serial']}" if ident.get("serial") else "")
+        self.status[P.DEVICE_ROBOT].update(connected=True, identity=ident, identity_text=text)
 
     def _open_tracker(self) -> None:
         from cellcal.drivers import connect_tracker

@@ -1033,7 +1033,7 @@ class Service:
         report = check_gates(result, self.cfg.solve)
         wire = solve.wire_result(result, report, drift.choose_check_stations(stations, run.plan,
                                                                              self.cfg.drift.check_stations))
-        provenance = solve.provenance(self.cfg, run, result, cellcal_version())
+        provenance = solve.provenance(self.cfg, run, result, cellcal_version(), devices=self._devices.identities())
         with self._activation_lock:
             newer = self._newer_active(run) if report.passed else None
             rid = self.store.add_result(run_id, kind, wire, provenance, parent_result_id=run.parent_result_id,

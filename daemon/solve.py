@@ -124,11 +124,25 @@ def wire_result(result: Any, gates: Any, check_stations: list[dict[str, Any]]) -
     return wire
 
 
-def provenance(cfg: Any, run: Any, result: Any, version: str) -> dict[str, Any]:
-    """Where a result came from (the store fills in run id, parent, valid_from)."""
+def provenance(cfg: Any, run: Any, result: Any, version: str,
+               devices: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Where a result came from (the store fills in run id, parent, valid_from).
+
+    ``devices``: the identities of the devices as they are now (``CellDevices.identities``);
+    a device's is taken from them when it is known, else from the run's record (a run is
+    stored before its devices open, so its own record of them is often empty).
+    ``robot_serial`` and ``kinematics_digest`` name the arm and the kinematic table its
+    poses were computed with (``cellcal.daemon.devices.robot_identity``; None when the
+    robot did not say, e.g. a run solved from given stations)."""
+    known = dict(run.devices or {})
+    for name, ident in (devices or {}).items():
+        if ident:
+            known[name] = dict(ident)
+    robot = known.get(P.DEVICE_ROBOT) or {}
     return {
-        "config_sha256": cfg.sha256, "devices": run.devices, "cellcal_version": version,
+        "config_sha256": cfg.sha256, "devices": known, "cellcal_version": version,
         "solver": result.solver, "cell": cfg.service.name,
+        "robot_serial": robot.get("serial"), "kinematics_digest": robot.get("kinematics_digest"),
     }
 
 

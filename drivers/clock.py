@@ -16,6 +16,19 @@ The mapping is a line ``device_s = d_ref + rate * (host_ns - h_ref) * 1e-9``, an
 the newest sample so that float64 keeps sub-nanosecond resolution whatever the absolute
 clock values are.
 
+**Clock steps.** A device clock that is set from outside (an NTP correction, an operator)
+jumps; a line fitted across the jump is wrong on both sides for a whole window. Each new
+sample is therefore compared with the current line first: a sample further from it than it
+can be (exchanges: half its round-trip delay plus the model's :attr:`uncertainty_ns` plus
+``step_threshold_s``; streams: *above* the envelope, which no delay can explain, by more
+than ``step_threshold_s``) is held back, and the next sample decides: if it agrees with the
+held one, the clock stepped (:attr:`steps` counts it, :attr:`last_step_s` is its size) and
+the window restarts from the two; if it agrees with the line, the held sample was a bad
+stamp and is dropped (:attr:`rejected`). A stream's clock stepping *back* looks like a
+delay; it is taken for a step when every packet for ``step_confirm_s`` of device time lies
+more than ``step_threshold_s`` below the envelope (a loaded host delivers some packet
+promptly far more often than that).
+
 Conventions
 -----------
 ``skew`` is a dimensionless ratio: ``rate - 1``, where ``rate`` is device seconds per host
@@ -68,11 +81,22 @@ class _LineClockModel:
         min_samples: int,
         min_skew_span_s: float,
         nominal_rate: float = 1.0,
+        step_threshold_s: float = 1e-3,
     ) -> None:
         if window < 2:
             raise ValueError(f"window must be >= 2, got {window}")
         if not nominal_rate > 0:
             raise ValueError(f"nominal_rate must be > 0, got {nominal_rate}")
+        if not step_threshold_s > 0:
+            raise ValueError(f"step_threshold_s must be > 0, got {step_threshold_s}")
+        self.step_threshold_s = float(step_threshold_s)
+        #: clock steps detected (the window restarted after each)
+        self.steps = 0
+        #: size of the last step (device seconds, positive: the device clock jumped ahead)
+        self.last_step_s = 0.0
+        #: samples held back as a possible step and then dropped (they agreed with nothing)
+        self.rejected = 0
+        self._held: tuple[int, float, float, float] | None = None  # host_ns, dev_s, delay_ns, deviation_s
         self.window = int(window)
         self.min_samples = int(min_samples)
         self.min_skew_span_s = float(min_skew_span_s)
@@ -149,6 +173,7 @@ class _LineClockModel:
 
     def reset(self) -> None:
         """Forget every sample (after the device rebooted or was replaced)."""
+        self._held = None
         self._host_ns.clear()
         self._dev_s.clear()
         self._delay_ns.clear()
@@ -156,7 +181,54 @@ class _LineClockModel:
         self._rate_fitted = False
         self._dirty = False
 
+    @property
+    def step_pending(self) -> bool:
+        """A sample is held back as a possible clock step (the next one decides)."""
+        return self._held is not None
+
     # -- internals ------------------------------------------------------------------------
+    def _deviation_s(self, host_ns: int, dev_s: float) -> float | None:
+        """How far ``dev_s`` is from the current line at ``host_ns`` (None: no line yet)."""
+        if len(self._host_ns) < max(2, self.min_samples // 2) or not self.rate_fitted:
+            return None  # without a fitted rate the line's extrapolation error has no bound
+        return float(dev_s) - self.to_device_s(host_ns)
+
+    def _limit_s(self, host_ns: int, bound_ns: float) -> float:
+        """How far (device s) a good sample with its own error bound ``bound_ns`` can be from
+        the line at ``host_ns``: its bound, the line's uncertainty, the slope's uncertainty
+        (twice the uncertainty over the window's span, at least 100 ppm) times the distance
+        from the window, and ``step_threshold_s``."""
+        unc_s = self.uncertainty_ns * _S_PER_NS
+        span_s = max((self._host_ns[-1] - self._host_ns[0]) * _S_PER_NS, 1e-3)
+        slope_err = self._rate * (2.0 * unc_s / span_s + 1e-4)
+        since_s = abs(host_ns - self._host_ns[-1]) * _S_PER_NS
+        return (bound_ns * _S_PER_NS + unc_s) * self._rate + slope_err * since_s + self.step_threshold_s
+
+    def _step_check(self, host_ns: int, dev_s: float, delay_ns: float, limit_s: float | None,
+                    deviation: float | None) -> bool:
+        """Whether to add the sample now (False: held back, or it confirmed a step and the
+        window was restarted with it). ``limit_s``: how far from the line a good sample can
+        be (None: any)."""
+        held = self._held
+        suspicious = deviation is not None and limit_s is not None and abs(deviation) > limit_s
+        if held is not None:
+            self._held = None
+            h_host, h_dev, h_delay, h_dev_off = held
+            if suspicious and deviation is not None and abs(deviation - h_dev_off) <= (limit_s or 0.0):
+                # two samples agree with each other and not with the line: the clock stepped
+                self.steps += 1
+                self.last_step_s = 0.5 * (deviation + h_dev_off)
+                self.reset()
+                self._append(h_host, h_dev, h_delay)
+                self._append(host_ns, dev_s, delay_ns)
+                return False
+            self.rejected += 1
+        if suspicious:
+            assert deviation is not None
+            self._held = (int(host_ns), float(dev_s), float(delay_ns), deviation)
+            return False
+        return True
+
     def _append(self, host_ns: int, dev_s: float, delay_ns: float) -> None:
         if not math.isfinite(dev_s):
             raise ValueError(f"device time must be finite, got {dev_s!r}")
@@ -241,10 +313,11 @@ class ExchangeClockModel(_LineClockModel):
         min_samples: int = 4,
         min_skew_span_s: float = 0.5,
         nominal_rate: float = 1.0,
+        step_threshold_s: float = 1e-3,
     ) -> None:
         super().__init__(
             window, min_samples=min_samples, min_skew_span_s=min_skew_span_s,
-            nominal_rate=nominal_rate,
+            nominal_rate=nominal_rate, step_threshold_s=step_threshold_s,
         )
         if not 0 < keep_fraction <= 1:
             raise ValueError(f"keep_fraction must be in (0, 1], got {keep_fraction}")
@@ -269,7 +342,13 @@ class ExchangeClockModel(_LineClockModel):
         # cannot both be right, counted as zero delay rather than trusted more than others.
         delay_ns = max(0.0, (t4 - t1) - (t3 - t2) / rate * _NS_PER_S)
         # Midpoints: store the host midpoint in integer ns (rounding costs 0.5 ns).
-        self._append((t1 + t4) // 2, 0.5 * (t2 + t3), delay_ns)
+        host, dev = (t1 + t4) // 2, 0.5 * (t2 + t3)
+        deviation = self._deviation_s(host, dev)
+        limit = None
+        if deviation is not None:
+            limit = self._limit_s(host, 0.5 * delay_ns)
+        if self._step_check(host, dev, delay_ns, limit, deviation):
+            self._append(host, dev, delay_ns)
         return delay_ns
 
     @property
@@ -330,19 +409,40 @@ class StreamClockModel(_LineClockModel):
         min_skew_span_s: float = 0.5,
         nominal_rate: float = 1.0,
         refit_every: int = 8,
+        step_threshold_s: float = 1e-3,
+        step_confirm_s: float = 1.0,
+        back_step_threshold_s: float = 0.02,
     ) -> None:
         super().__init__(
             window, min_samples=min_samples, min_skew_span_s=min_skew_span_s,
-            nominal_rate=nominal_rate,
+            nominal_rate=nominal_rate, step_threshold_s=step_threshold_s,
         )
         self.latency_ns = int(latency_ns)
         self.refit_every = max(1, int(refit_every))
+        self.step_confirm_s = float(step_confirm_s)
+        self.back_step_threshold_s = float(back_step_threshold_s)
         self._since_fit = 0
         self._gap_term_ns = 0.0
+        self._below_since: tuple[int, float] | None = None  # first packet of a run far below the envelope
 
     def add(self, t_device_s: float, t_recv_host_ns: int) -> None:
         """Add one packet: its device stamp (s) and the host time it was received."""
-        self._append(int(t_recv_host_ns) - self.latency_ns, float(t_device_s), 0.0)
+        host, dev = int(t_recv_host_ns) - self.latency_ns, float(t_device_s)
+        deviation = self._deviation_s(host, dev) if self.ready else None
+        if deviation is not None and deviation < -self.back_step_threshold_s:
+            # far below the envelope: a delay, or the clock stepped back
+            if self._below_since is None:
+                self._below_since = (host, dev)
+            elif dev - self._below_since[1] >= self.step_confirm_s:
+                self.steps += 1
+                self.last_step_s = deviation
+                self.reset()
+        else:
+            self._below_since = None
+        # above the envelope: no delay explains it (one-sided limit)
+        limit = self._limit_s(host, 0.0) if deviation is not None and deviation > 0 else None
+        if self._step_check(host, dev, 0.0, limit, deviation):
+            self._append(host, dev, 0.0)
         self._since_fit += 1
 
     def _ensure_fit(self) -> None:
@@ -359,6 +459,7 @@ class StreamClockModel(_LineClockModel):
         super().reset()
         self._fitted_once = False
         self._since_fit = 0
+        self._below_since = None
 
     def _select_and_fit(self, x, y, delay):
         fitted = False

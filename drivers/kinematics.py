@@ -5,10 +5,18 @@ Conventions
 * Standard (distal) Denavit-Hartenberg: link ``i`` is
   ``T_i(q_i) = Rz(q_i + theta_offset_i) @ Tz(d_i) @ Tx(a_i) @ Rx(alpha_i)`` and
   ``base_T_flange = T_1 @ T_2 @ ... @ T_n``. Lengths in metres, angles in radians.
+  An optional Hayati tilt ``beta_i`` appends ``Ry(beta_i)`` to link ``i``: the classical
+  DH form cannot tilt a joint axis towards the next parallel one (UR joints 2-4), and a
+  real arm's are never exactly parallel (the simulator's true arm uses it; a UR
+  controller's own table, ``KinematicsInfo``, is plain DH).
 * The Universal Robots e-series parameter sets below are the ones UR publishes
-  ("DH parameters for calculations of kinematics and dynamics"); with them, FK of the
-  joint angles a UR controller reports gives the flange pose its ``actual_TCP_pose`` shows
-  when the TCP offset is zero.
+  ("DH parameters for calculations of kinematics and dynamics"): the *data-sheet* model.
+  A real UR controller computes its ``actual_TCP_pose`` with its *factory calibration*,
+  a DH table of its own per arm that it reports on the primary interface
+  (``KinematicsInfo``, :mod:`cellcal.drivers.ur_primary`); :func:`dh_model_from_ur_table`
+  builds the model from it, and FK of the reported joints with that model gives the
+  flange pose the controller reports (the data-sheet model is off by millimetres).
+  :func:`kinematics_digest` names a table unambiguously (provenance).
 * Jacobians are geometric, in the base frame, rows ``(v, w)``: linear velocity of the flange
   origin (m/s) first, angular velocity (rad/s) second.
 
@@ -17,7 +25,9 @@ Joint counts (CiA 402 drives) map to joint radians with :class:`JointScaling`.
 
 from __future__ import annotations
 
+import hashlib
 import math
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -34,6 +44,8 @@ __all__ = [
     "dh_model_from_table",
     "JointScaling",
     "UnreachablePose",
+    "dh_model_from_ur_table",
+    "kinematics_digest",
 ]
 
 _HALF_PI = 0.5 * math.pi
@@ -57,6 +69,9 @@ class DHModel:
     d_m, a_m, alpha_rad, theta_offset_rad : array_like, shape (n,)
         Link offset along z (m), link length along x (m), link twist about x (rad) and the
         joint zero offset added to each joint angle (rad).
+    beta_rad : array_like, shape (n,), optional
+        Hayati tilt of each link about its own y axis after the twist (rad); zeros (plain
+        DH) by default.
     """
 
     name: str
@@ -64,10 +79,11 @@ class DHModel:
     a_m: np.ndarray
     alpha_rad: np.ndarray
     theta_offset_rad: np.ndarray = field(default=None)  # type: ignore[arg-type]  # None: zeros (__post_init__)
+    beta_rad: np.ndarray = field(default=None)  # type: ignore[arg-type]  # None: zeros (__post_init__)
 
     def __post_init__(self) -> None:
         arrays = {}
-        for key in ("d_m", "a_m", "alpha_rad", "theta_offset_rad"):
+        for key in ("d_m", "a_m", "alpha_rad", "theta_offset_rad", "beta_rad"):
             value = getattr(self, key)
             if value is None:
                 value = np.zeros(len(self.d_m))
@@ -93,8 +109,59 @@ class DHModel:
         if off.shape != (self.n_joints,):
             raise ValueError(f"joint offsets: expected {self.n_joints} values, got {off.shape}")
         return DHModel(
-            name or self.name, self.d_m, self.a_m, self.alpha_rad, self.theta_offset_rad + off
+            name or self.name, self.d_m, self.a_m, self.alpha_rad, self.theta_offset_rad + off, self.beta_rad
         )
+
+    def with_deltas(
+        self,
+        *,
+        theta_rad: Any = None,
+        a_m: Any = None,
+        d_m: Any = None,
+        alpha_rad: Any = None,
+        beta_rad: Any = None,
+        name: str | None = None,
+    ) -> DHModel:
+        """The same arm with each given (n,) delta added to its parameter (m, rad)."""
+        def plus(base: np.ndarray, delta: Any, key: str) -> np.ndarray:
+            if delta is None:
+                return base
+            arr = np.asarray(delta, dtype=float).reshape(-1)
+            if arr.shape != base.shape:
+                raise ValueError(f"{key} delta: expected {base.shape[0]} values, got {arr.shape}")
+            return base + arr
+
+        return DHModel(
+            name or self.name,
+            plus(self.d_m, d_m, "d_m"),
+            plus(self.a_m, a_m, "a_m"),
+            plus(self.alpha_rad, alpha_rad, "alpha_rad"),
+            plus(self.theta_offset_rad, theta_rad, "theta_rad"),
+            plus(self.beta_rad, beta_rad, "beta_rad"),
+        )
+
+    def scaled_lengths(self, factor: float, name: str | None = None) -> DHModel:
+        """The same arm with every length (``a``, ``d``) times ``factor`` (thermal expansion)."""
+        f = float(factor)
+        return DHModel(name or self.name, self.d_m * f, self.a_m * f, self.alpha_rad, self.theta_offset_rad,
+                       self.beta_rad)
+
+    @property
+    def is_plain_dh(self) -> bool:
+        """True without Hayati tilts: the model a UR ``KinematicsInfo`` table can hold."""
+        return not np.any(self.beta_rad)
+
+    def ur_table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``(theta, a, d, alpha)`` (n,) each, m and rad: the layout of UR's ``KinematicsInfo``.
+
+        Raises
+        ------
+        ValueError
+            A model with Hayati tilts (a DH table cannot hold them).
+        """
+        if not self.is_plain_dh:
+            raise ValueError(f"{self.name}: a model with Hayati tilts has no plain DH table")
+        return (self.theta_offset_rad.copy(), self.a_m.copy(), self.d_m.copy(), self.alpha_rad.copy())
 
     def _check_q(self, q_rad: Any) -> np.ndarray:
         q = np.asarray(q_rad, dtype=float).reshape(-1)
@@ -122,6 +189,12 @@ class DHModel:
         T[:, 2, 2] = ca
         T[:, 2, 3] = self.d_m
         T[:, 3, 3] = 1.0
+        if np.any(self.beta_rad):
+            # Hayati: T_i @ Ry(beta_i) (only the rotation columns change)
+            cb, sb = np.cos(self.beta_rad), np.sin(self.beta_rad)
+            R = T[:, :3, :3].copy()
+            T[:, :3, 0] = R[:, :, 0] * cb[:, None] - R[:, :, 2] * sb[:, None]
+            T[:, :3, 2] = R[:, :, 0] * sb[:, None] + R[:, :, 2] * cb[:, None]
         return T
 
     def forward(self, q_rad: Any) -> np.ndarray:
@@ -138,12 +211,15 @@ class DHModel:
         frames[0] = np.eye(4)
         for i, Ti in enumerate(links):
             frames[i + 1] = frames[i] @ Ti
-        p_end = frames[-1][:3, 3]
+        z = frames[:-1, :3, 2]  # (n, 3) joint axes
+        r = frames[-1][:3, 3] - frames[:-1, :3, 3]  # (n, 3) joint origin -> flange
         J = np.empty((6, self.n_joints))
-        for i in range(self.n_joints):
-            z = frames[i][:3, 2]
-            J[:3, i] = np.cross(z, p_end - frames[i][:3, 3])
-            J[3:, i] = z
+        # z x r written out: numpy's cross costs ~40 us per call for 3-vectors, and the
+        # simulated robot evaluates this at its world-update rate
+        J[0] = z[:, 1] * r[:, 2] - z[:, 2] * r[:, 1]
+        J[1] = z[:, 2] * r[:, 0] - z[:, 0] * r[:, 2]
+        J[2] = z[:, 0] * r[:, 1] - z[:, 1] * r[:, 0]
+        J[3:] = z.T
         return J
 
     def flange_speed(self, q_rad: Any, qd_rad_s: Any) -> tuple[float, float]:
@@ -231,6 +307,42 @@ def dh_model(name: str) -> DHModel:
             f"unknown robot model {name!r}; known: {', '.join(sorted(UR_MODELS))} "
             "(or give user DH parameters)"
         ) from None
+
+
+def dh_model_from_ur_table(theta_rad: Any, a_m: Any, d_m: Any, alpha_rad: Any, name: str = "ur-factory") -> DHModel:
+    """The model of a UR controller's own DH table (``KinematicsInfo``: the factory calibration).
+
+    Parameters
+    ----------
+    theta_rad, a_m, d_m, alpha_rad : array_like, shape (6,)
+        UR's order and meaning: joint zero offsets (rad), link lengths and offsets (m),
+        link twists (rad).
+    name : str
+        The model's name (the driver uses the nominal model's, e.g. ``"ur5e"``).
+
+    Raises
+    ------
+    ValueError
+        Wrong lengths, or values that are not finite.
+    """
+    return DHModel(name, np.asarray(d_m, dtype=float), np.asarray(a_m, dtype=float),
+                   np.asarray(alpha_rad, dtype=float), np.asarray(theta_rad, dtype=float))
+
+
+def kinematics_digest(model: DHModel) -> str:
+    """``"sha256:<hex>"`` of a plain DH model's table, as UR's ``KinematicsInfo`` orders it
+    (theta, a, d, alpha; big-endian float64): the same table always gives the same digest,
+    and any change of a parameter gives another (result provenance).
+
+    Raises
+    ------
+    ValueError
+        A model with Hayati tilts.
+    """
+    theta, a, d, alpha = model.ur_table()
+    n = model.n_joints
+    data = struct.pack(f">{4 * n}d", *theta, *a, *d, *alpha)
+    return "sha256:" + hashlib.sha256(data).hexdigest()
 
 
 _DH_KEYS = {"d_m", "a_m", "alpha_rad", "alpha_deg", "theta_offset_rad", "theta_offset_deg"}

@@ -1,6 +1,20 @@
-"""Universal Robots controller over RTDE (state) and URScript on port 30002 (moves).
+"""Universal Robots controller over RTDE (state) and URScript on port 30002 (moves), with
+the dashboard server (29999) and the primary interface (30001) for what RTDE does not say.
 
-``rtde://host[:port]?frequency_hz=125&model=ur5e&urscript_port=30002&tcp_offset=...``
+``rtde://host[:port]?frequency_hz=125&model=ur5e&urscript_port=30002&dashboard_port=29999&primary_port=30001&tcp_offset=...``
+
+Identity and kinematics (``docs/protocols/robot.md``): at open the driver reads the
+controller's factory calibration from the primary interface (``KinematicsInfo``,
+:mod:`cellcal.drivers.ur_primary`) and makes :attr:`UrRtdeDriver.model` that table (with
+``kinematics=auto``, the default; ``factory`` refuses to open without it, ``nominal`` keeps
+the data-sheet model of ``model=``), so forward kinematics of the reported joints matches
+the controller's own pose; it records :attr:`UrRtdeDriver.kinematics_digest` and, from the
+dashboard server, :attr:`UrRtdeDriver.serial_number`. Before every move it asks the
+dashboard for the robot mode, the safety status and remote control, and refuses
+(:class:`~cellcal.drivers.errors.DeviceError` with ``code`` ``NOT_IN_REMOTE_CONTROL`` or
+``ROBOT_NOT_READY``, :class:`~cellcal.drivers.robot.ProtectiveStop` in a protective stop,
+``DASHBOARD_UNAVAILABLE`` when it cannot ask) with the dashboard's own words. A controller
+without a dashboard (``dashboard_port=0``, stated by the user) is moved without the check.
 
 Connection (see ``docs/protocols/robot.md``): request protocol version 2, fall back to 1;
 read the controller version; set up the output recipe :data:`RECIPE` plus
@@ -43,6 +57,8 @@ from typing import Any, Self
 import numpy as np
 
 from cellcal.drivers import rtde_codec as rc
+from cellcal.drivers import ur_dashboard as udb
+from cellcal.drivers import ur_primary as upr
 from cellcal.drivers.base import remaining_s
 from cellcal.drivers.clock import StreamClockModel
 from cellcal.drivers.errors import (
@@ -70,6 +86,7 @@ from cellcal.solver.se3 import make_transform, se3_inverse, so3_exp, so3_log
 
 __all__ = [
     "UrRtdeDriver",
+    "KINEMATICS_CHOICES",
     "RecipeFieldNotFound",
     "UrRobotMode",
     "UrSafetyMode",
@@ -330,6 +347,12 @@ def _log_text(payload: bytes, protocol: int) -> None:
     log.log(level, "RTDE controller message [%s]: %s", msg.source or "-", msg.message)
 
 
+def _digest_or_none(model: DHModel) -> str | None:
+    from cellcal.drivers.kinematics import kinematics_digest
+
+    return kinematics_digest(model) if model.is_plain_dh else None
+
+
 def _opt_host_port(target: str) -> tuple[str, int]:
     host, port = target, DEFAULT_RTDE_PORT
     if target.startswith("["):  # [ipv6]:port
@@ -342,6 +365,17 @@ def _opt_host_port(target: str) -> tuple[str, int]:
     if not host or not 0 < port < 65536:
         raise ValueError(f"rtde URL target {target!r}: expected host[:port]")
     return host, port
+
+
+#: ``kinematics=`` values.
+KINEMATICS_CHOICES = ("auto", "factory", "nominal")
+
+
+def _opt_choice(v: Any, choices: tuple[str, ...]) -> str:
+    s = opt_str(v).strip().lower()
+    if s not in choices:
+        raise ValueError(f"expected one of {', '.join(choices)}")
+    return s
 
 
 OPTIONS: dict[str, OptionSpec] = {
@@ -363,6 +397,12 @@ OPTIONS: dict[str, OptionSpec] = {
     "move_timeout_s": OptionSpec(opt_float(positive=True), 120.0, "move_to(wait=True) timeout"),
     "protocol_version": OptionSpec(opt_int(1, 2), 2, "highest RTDE protocol version to request"),
     "clock_feed_hz": OptionSpec(opt_float(positive=True), 50.0, "samples/s fed to the clock model"),
+    "dashboard_port": OptionSpec(opt_int(0, 65535), udb.DEFAULT_DASHBOARD_PORT,
+                                 "dashboard server port; 0: none (moves then go without the remote-control check)"),
+    "primary_port": OptionSpec(opt_int(0, 65535), upr.DEFAULT_PRIMARY_PORT,
+                               "primary interface port (factory calibration); 0: none"),
+    "kinematics": OptionSpec(lambda v: _opt_choice(v, KINEMATICS_CHOICES), "auto",
+                             "auto: the controller's factory table when it serves one; factory: required; nominal"),
 }
 
 
@@ -393,6 +433,22 @@ class UrRtdeDriver(RobotDriver):
         self.host = host
         self.port = int(port)
         self.opts = opts
+        #: the data-sheet model of ``model=`` (``model`` becomes the factory table at open)
+        self.nominal_model = model
+        #: the controller's serial number (dashboard ``get serial number``), None if unknown
+        self.serial_number: str | None = None
+        #: :func:`~cellcal.drivers.kinematics.kinematics_digest` of :attr:`model`'s table
+        self.kinematics_digest: str | None = None
+        #: ``"factory"`` (the controller's KinematicsInfo) or ``"nominal"`` (the data sheet)
+        self.kinematics_source = "nominal"
+        #: the factory table as served (None until read)
+        self.kinematics_info: upr.KinematicsInfo | None = None
+        #: the primary interface's version message (None until read)
+        self.primary_version: upr.VersionMessage | None = None
+        #: PolyScope version from the dashboard (None until read)
+        self.polyscope_version: tuple[int, int, int, int] | None = None
+        self._dashboard: udb.DashboardClient | None = None
+        self._dashboard_lock = threading.Lock()
         self.flange_T_tcp = pose_to_transform(opts["tcp_offset"])
         self._tcp_T_flange = se3_inverse(self.flange_T_tcp)
         self.protocol: int = 0
@@ -443,6 +499,8 @@ class UrRtdeDriver(RobotDriver):
 
     # -- connection -----------------------------------------------------------------------
     def _open_internal(self) -> None:
+        self._read_factory_kinematics()
+        self._open_dashboard()
         sock, stream = self._connect()
         try:
             first = self._first_samples(sock, stream)
@@ -451,6 +509,7 @@ class UrRtdeDriver(RobotDriver):
             self._check_tcp(states[-1][0])
         except BaseException:
             sock.close()
+            self._close_dashboard()
             raise
         with self._cond:
             self._sock, self._stream = sock, stream
@@ -458,6 +517,103 @@ class UrRtdeDriver(RobotDriver):
                 self._publish(state, now, int(f["runtime_state"]))
         self._thread = threading.Thread(target=self._run, name=f"rtde-{self.host}", daemon=True)
         self._thread.start()
+
+    # -- identity and kinematics ------------------------------------------------------------
+    def _read_factory_kinematics(self) -> None:
+        """The controller's factory DH table from the primary interface -> :attr:`model`."""
+        mode = self.opts["kinematics"]
+        port = self.opts["primary_port"]
+        nominal = self.nominal_model
+        self.model, self.kinematics_source = nominal, "nominal"
+        self.kinematics_digest = _digest_or_none(nominal)
+        if mode == "nominal":
+            return
+        if port == 0:
+            if mode == "factory":
+                raise DriverInitError(f"{self!r}: kinematics=factory needs the primary interface (primary_port=0)")
+            return
+        try:
+            info = upr.read_controller_info(self.host, port, self.opts["connect_timeout_s"])
+            model = info.kinematics.model(f"{nominal.name}-factory")
+        except (DeviceGoneError, DriverTimeoutError, ProtocolError, ValueError) as exc:
+            if mode == "factory":
+                raise DriverInitError(f"{self!r}: no factory calibration from the primary interface: {exc}") from exc
+            log.warning("%r: no factory calibration from the primary interface (%s); forward kinematics uses the "
+                        "data-sheet model %s, which a UR's own pose differs from by millimetres", self, exc, nominal.name)
+            return
+        self.kinematics_info, self.primary_version = info.kinematics, info.version
+        self.model, self.kinematics_source = model, "factory"
+        self.kinematics_digest = info.kinematics.digest
+        log.info("%r: factory calibration %s from the primary interface (controller %s)", self, self.kinematics_digest,
+                 ".".join(str(v) for v in info.version.version))
+
+    def _open_dashboard(self) -> None:
+        port = self.opts["dashboard_port"]
+        if port == 0:
+            return
+        client = udb.DashboardClient(self.host, port, timeout_s=self.opts["connect_timeout_s"])
+        try:
+            client.connect()
+            self.polyscope_version = client.polyscope_version()
+        except (DeviceGoneError, DriverTimeoutError, ProtocolError) as exc:
+            client.close()
+            log.warning("%r: dashboard server %s:%d not reachable (%s): moves are refused until it is", self,
+                        self.host, port, exc)
+            return
+        try:
+            self.serial_number = client.serial_number()
+        except ProtocolError as exc:  # PolyScope before 5.6 has no 'get serial number'
+            log.info("%r: no serial number from the dashboard: %s", self, exc)
+        except (DeviceGoneError, DriverTimeoutError) as exc:
+            log.warning("%r: dashboard lost while asking the serial number: %s", self, exc)
+        with self._dashboard_lock:
+            self._dashboard = client
+
+    def _close_dashboard(self) -> None:
+        with self._dashboard_lock:
+            client, self._dashboard = self._dashboard, None
+        if client is not None:
+            client.close()
+
+    def dashboard_status(self) -> udb.DashboardStatus:
+        """Robot mode, safety status and remote control, asked of the dashboard now.
+
+        Raises
+        ------
+        DeviceError
+            ``DASHBOARD_UNAVAILABLE``: no dashboard configured, or it cannot be reached.
+        """
+        port = self.opts["dashboard_port"]
+        if port == 0:
+            raise DeviceError(f"{self!r}: no dashboard server (dashboard_port=0)", "DASHBOARD_UNAVAILABLE")
+        with self._dashboard_lock:
+            if self._dashboard is None:
+                self._dashboard = udb.DashboardClient(self.host, port, timeout_s=self.opts["connect_timeout_s"])
+            client = self._dashboard
+        try:
+            return client.status()
+        except (DeviceGoneError, DriverTimeoutError, ProtocolError) as exc:
+            raise DeviceError(
+                f"{self!r}: cannot ask the dashboard server {self.host}:{port} whether the robot may move ({exc}); "
+                "not moving", "DASHBOARD_UNAVAILABLE") from exc
+
+    def _check_motion_allowed(self) -> None:
+        """Refuse a move the controller would refuse or should not get (dashboard state)."""
+        if self.opts["dashboard_port"] == 0:
+            return
+        st = self.dashboard_status()
+        if st.motion_allowed:
+            return
+        if st.safety_status in ("PROTECTIVE_STOP", "SAFEGUARD_STOP", "AUTOMATIC_MODE_SAFEGUARD_STOP"):
+            raise ProtectiveStop(f"{self!r}: robot is in a protective stop (dashboard: {st.describe()}); not moving")
+        if not st.remote_control:
+            raise DeviceError(
+                f"{self!r}: the robot is not in remote control (dashboard: {st.describe()}): switch the pendant to "
+                "Remote Control to let cellcal move it; not moving", "NOT_IN_REMOTE_CONTROL")
+        raise DeviceError(
+            f"{self!r}: the robot is not ready to move (dashboard: {st.describe()}): it must be RUNNING with "
+            f"safety status {' or '.join(udb.MOTION_SAFETY_STATUSES)} (power on and release the brakes); not moving",
+            "ROBOT_NOT_READY")
 
     def _connect(self) -> tuple[socket.socket, RtdeStream]:
         timeout = self.opts["connect_timeout_s"]
@@ -746,6 +902,7 @@ class UrRtdeDriver(RobotDriver):
                 ) from None
 
     def _close_internal(self) -> None:
+        self._close_dashboard()
         self._stop_evt.set()
         with self._cond:
             sock = self._sock
@@ -825,6 +982,7 @@ class UrRtdeDriver(RobotDriver):
         before = self.read_state()
         if before.mode == RobotMode.PROTECTIVE_STOP:
             raise ProtectiveStop(f"{self!r}: robot is in a protective stop; not moving")
+        self._check_motion_allowed()
         self.send_script(script)
         if wait:
             self._wait_move(q_rad, base_T_flange, before.seq, deadline)

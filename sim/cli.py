@@ -4,7 +4,11 @@ Prints exactly one JSON line on stdout once every device is listening, mapping d
 names to the URL a driver connects to (``null`` for a device this build does not
 simulate), e.g.::
 
-    {"tracker": "/dev/pts/5", "robot": null}
+    {"tracker": "/dev/pts/5", "robot": "rtde://127.0.0.1:41234?urscript_port=41235&dashboard_port=41236&primary_port=41237&model=ur5e",
+     "dashboard": 41236, "primary": 41237}
+
+``dashboard`` and ``primary`` are the UR controller's dashboard-server and primary-interface
+ports (``null`` for the CiA 402 transport); the robot URL's query carries them too.
 
 ``--instrument emscon|geocom`` serves the tracker in that protocol instead of cellcal's, from
 the same world; its URL then names the protocol (``emscon://127.0.0.1:PORT``,
@@ -72,6 +76,9 @@ def _start_robot(args: argparse.Namespace, scenario: Scenario, world: World) -> 
         can_interface="virtual",
         can_bridge=None if args.can_bridge == "none" else args.can_bridge,
         can_bridge_port=args.can_port,
+        dashboard_port=args.dashboard_port,
+        primary_port=args.primary_port,
+        realtime_port=args.realtime_port,
     )
 
 
@@ -104,6 +111,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     parser.add_argument("--robot-port", type=int, default=0, help="RTDE TCP port (0: any free port)")
     parser.add_argument("--urscript-port", type=int, default=0, help="URScript TCP port (0: any free port)")
+    parser.add_argument("--dashboard-port", type=int, default=0, help="UR dashboard server TCP port (0: any free port)")
+    parser.add_argument("--primary-port", type=int, default=0, help="UR primary interface TCP port (0: any free port)")
+    parser.add_argument("--realtime-port", type=int, default=None,
+                        help="also take scripts on this TCP port, as a UR's realtime interface (30003) does (default: off)")
     parser.add_argument(
         "--can-bridge", choices=("tcp", "pty", "none"), default="tcp",
         help="--robot-transport canopen: serve the drives' bus as an SLCAN adapter on "
@@ -135,7 +146,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         with contextlib.ExitStack() as stack:
             world = scenario.make_world()
-            urls: dict[str, str | None] = {}
+            urls: dict[str, str | int | None] = {}
+            extra: dict[str, int | None] = {}
             for name, starter in DEVICE_STARTERS.items():
                 if starter is None:
                     urls[name] = None
@@ -143,6 +155,11 @@ def run(args: argparse.Namespace) -> int:
                 device = starter(args, scenario, world)
                 stack.callback(device.close)
                 urls[name] = device.url
+                if name == "robot":
+                    # the UR controller's other interfaces (None for CiA 402 drives)
+                    extra["dashboard"] = getattr(device, "dashboard_port", None)
+                    extra["primary"] = getattr(device, "primary_port", None)
+            urls.update(extra)
             sys.stdout.write(json.dumps(urls) + "\n")
             sys.stdout.flush()
             while not stop.wait(0.5):

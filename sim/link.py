@@ -133,6 +133,10 @@ class LinkServer:
         """The bytes of ``record``, made when it is sent."""
         raise NotImplementedError
 
+    def _transport_delay_s(self) -> float:
+        """Wall seconds a stamped frame waits before it is written (latency jitter); 0 here."""
+        return 0.0
+
     def _make_url(self, transport: str, where: str | int) -> str:
         """The URL a driver connects with: ``where`` is the pty path or the TCP port."""
         raise NotImplementedError
@@ -338,7 +342,8 @@ class LinkServer:
             frame = noise + frame
         trickle = self._fault(FaultKind.TRICKLE, t_sim)
         if trickle is None:
-            at = self._out[-1][0] if self._out else now
+            # the frame is stamped; the wire (a busy UART, a loaded host) may still hold it
+            at = max(now + self._transport_delay_s(), self._out[-1][0] if self._out else now)
             self._out.append((at, frame))
             return
         step = trickle.byte_interval_ms / 1000 / self._rate

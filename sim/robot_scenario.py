@@ -4,6 +4,20 @@
 :func:`parse_robot_table` turns it into a frozen :class:`RobotScenario` in SI units,
 rejecting unknown keys and bad values with a :class:`~cellcal.sim.errors.ScenarioError`
 (a ``ValueError``) naming the dotted path. ``docs/simulation-robot.md`` documents every key.
+
+The arm's error model has three layers (ADR 0013 gives the magnitudes and their sources):
+
+* the **nominal** model (``model`` / ``dh``): the data sheet;
+* the **factory** calibration (``[robot.factory]``): DH deltas the controller believes,
+  served in ``KinematicsInfo`` on the primary interface and used for ``actual_TCP_pose``;
+* the **true** arm = factory + hidden residual errors (``[robot.residual]``: joint zeros,
+  link a/d, twists, the parallel-axis tilts of joints 3 and 4), plus the physics the
+  controller does not see: joint compliance under the payload's gravity torque
+  (``[robot.compliance]``), backlash (``backlash_deg``) and warm-up drift
+  (``[robot.thermal]``).
+
+Everything is off (zero) unless a scenario turns it on; random deltas (``*_std_*`` keys) are
+drawn from the table's own ``seed``.
 """
 
 from __future__ import annotations
@@ -26,12 +40,19 @@ __all__ = [
     "OPTIONAL_RTDE_OUTPUTS",
     "parse_robot_table",
     "DEFAULT_INITIAL_Q_DEG",
+    "DHDeltas",
+    "Compliance",
+    "Thermal",
+    "ROBOT_MODES_AT_START",
+    "ALUMINIUM_EXPANSION_PER_K",
+    "STANDARD_GRAVITY_M_S2",
 ]
 
 DEFAULT_INITIAL_Q_DEG = (0.0, -90.0, 90.0, -90.0, -90.0, 0.0)
 
 #: Fault kinds the simulated robot knows.
-FAULT_KINDS = ("disconnect", "never_settles", "protective_stop", "silent_node", "tcp_change", "payload_change")
+FAULT_KINDS = ("disconnect", "never_settles", "protective_stop", "silent_node", "tcp_change", "payload_change",
+               "local_control")
 #: Default TCP of a ``tcp_change`` fault: a 20 mm tool along the flange's z axis.
 DEFAULT_CHANGED_TCP = (0.0, 0.0, 0.02, 0.0, 0.0, 0.0)
 #: Default payload of a ``payload_change`` fault (kg).
@@ -40,6 +61,78 @@ DEFAULT_CHANGED_PAYLOAD_KG = 1.5
 OPTIONAL_RTDE_OUTPUTS = ("tcp_offset", "payload")
 
 _DEG = math.pi / 180.0
+_MM = 1e-3
+#: Linear expansion coefficient of aluminium alloys near room temperature (1/K): 23e-6
+#: (engineering handbooks give 22-24e-6 for the alloys arm tubes and castings are made of).
+ALUMINIUM_EXPANSION_PER_K = 23e-6
+STANDARD_GRAVITY_M_S2 = 9.80665
+#: ``initial_robot_mode`` values: what the dashboard (and RTDE ``robot_mode``) say at start.
+ROBOT_MODES_AT_START = ("running", "idle", "power_off")
+
+
+@dataclass(frozen=True)
+class DHDeltas:
+    """Deltas added to a DH model, SI (rad, m), each (6,); ``beta_rad`` only on the true arm."""
+
+    theta_rad: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    a_m: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    d_m: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    alpha_rad: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    beta_rad: np.ndarray = field(default_factory=lambda: np.zeros(6))
+
+    @property
+    def any(self) -> bool:
+        return bool(any(np.any(getattr(self, k)) for k in ("theta_rad", "a_m", "d_m", "alpha_rad", "beta_rad")))
+
+    def apply(self, model: DHModel, name: str | None = None) -> DHModel:
+        return model.with_deltas(theta_rad=self.theta_rad, a_m=self.a_m, d_m=self.d_m, alpha_rad=self.alpha_rad,
+                                 beta_rad=self.beta_rad, name=name)
+
+
+@dataclass(frozen=True)
+class Compliance:
+    """``[robot.compliance]``: joints that yield under the payload's gravity torque.
+
+    ``stiffness_nm_per_rad`` (6,): 0 for a rigid joint. The payload (``payload_kg`` at
+    ``payload_com_m`` in the flange frame) hangs in ``gravity_m_s2`` (base frame); joint
+    ``i`` turns by ``tau_i / k_i``, ``tau_i`` the gravity torque about its axis.
+    """
+
+    stiffness_nm_per_rad: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    payload_kg: float = 0.0
+    payload_com_m: np.ndarray = field(default_factory=lambda: np.zeros(3))
+    gravity_m_s2: np.ndarray = field(default_factory=lambda: np.array([0.0, 0.0, -STANDARD_GRAVITY_M_S2]))
+
+    @property
+    def active(self) -> bool:
+        return self.payload_kg > 0 and bool(np.any(self.stiffness_nm_per_rad > 0))
+
+    @property
+    def compliance_rad_per_nm(self) -> np.ndarray:
+        k = self.stiffness_nm_per_rad
+        return np.where(k > 0, 1.0 / np.where(k > 0, k, 1.0), 0.0)
+
+
+@dataclass(frozen=True)
+class Thermal:
+    """``[robot.thermal]``: warm-up. The arm's temperature rise above the calibration
+    temperature follows ``rise(t) = final - (final - initial) exp(-t / tau)`` (simulated
+    seconds since the world started); every link length scales by ``1 + expansion * rise``
+    and each joint zero drifts by ``zero_drift * rise``."""
+
+    initial_rise_k: float = 0.0
+    final_rise_k: float = 0.0
+    time_constant_s: float = 1800.0
+    expansion_per_k: float = ALUMINIUM_EXPANSION_PER_K
+    zero_drift_rad_per_k: np.ndarray = field(default_factory=lambda: np.zeros(6))
+
+    @property
+    def active(self) -> bool:
+        return bool(self.initial_rise_k or self.final_rise_k)
+
+    def rise_k(self, t_s: float) -> float:
+        """Temperature rise (K) at simulated time ``t_s``."""
+        return self.final_rise_k - (self.final_rise_k - self.initial_rise_k) * math.exp(-max(t_s, 0.0) / self.time_constant_s)
 
 
 @dataclass(frozen=True)
@@ -144,15 +237,39 @@ class RobotScenario:
     max_stream_rate_hz: float = 500.0
     clock_offset_s: float = 1000.0
     clock_skew_ppm: float = 0.0
+    #: the controller clock's rate drifts this many ppm per (wall) hour
+    clock_skew_drift_ppm_per_h: float = 0.0
+    #: mean of an exponential delay between a data package's sample and its sending (wall ms)
+    latency_jitter_ms: float = 0.0
     update_rate_hz: float = 250.0
     seed: int = 0
     can: CanScenario = field(default_factory=CanScenario)
     faults: tuple[FaultSpec, ...] = ()
+    #: ``[robot.factory]``: what the controller believes (KinematicsInfo, actual_TCP_pose)
+    factory: DHDeltas = field(default_factory=DHDeltas)
+    #: ``[robot.residual]``: the true arm's hidden errors on top of the factory calibration
+    residual: DHDeltas = field(default_factory=DHDeltas)
+    compliance: Compliance = field(default_factory=Compliance)
+    backlash_rad: np.ndarray = field(default_factory=lambda: np.zeros(6))
+    thermal: Thermal = field(default_factory=Thermal)
+    #: dashboard ``get serial number``
+    serial_number: str = "20235500001"
+    #: dashboard ``is in remote control``
+    remote_control: bool = True
+    #: ``running``, ``idle`` (powered, brakes on) or ``power_off``
+    initial_robot_mode: str = "running"
+
+    @property
+    def factory_model(self) -> DHModel:
+        """The controller's model: the nominal one with the factory deltas (plain DH)."""
+        return self.factory.apply(self.model, self.model.name)
 
     @property
     def true_model(self) -> DHModel:
-        """The arm as it really is: the nominal model with the joint zero offsets."""
-        return self.model.with_joint_offsets(self.joint_zero_offsets_rad, self.model.name + "-true")
+        """The arm as it really is, cold and rigid: factory + residual deltas + the joint zero
+        offsets (compliance, backlash and warm-up are applied by the simulated robot)."""
+        m = self.residual.apply(self.factory_model, self.model.name + "-true")
+        return m.with_joint_offsets(self.joint_zero_offsets_rad)
 
 
 # -- parsing ---------------------------------------------------------------------------------
@@ -204,8 +321,18 @@ _SCALARS: dict[str, tuple[str, float, dict[str, bool]]] = {
     "clock_skew_ppm": ("clock_skew_ppm", 1.0, {}),
     "update_rate_hz": ("update_rate_hz", 1.0, {"positive": True}),
     "payload_kg": ("payload_kg", 1.0, {"nonneg": True}),
+    "clock_skew_drift_ppm_per_h": ("clock_skew_drift_ppm_per_h", 1.0, {}),
+    "latency_jitter_ms": ("latency_jitter_ms", 1.0, {"nonneg": True}),
 }
 _OTHER = (
+    "factory",
+    "residual",
+    "compliance",
+    "backlash_deg",
+    "thermal",
+    "serial_number",
+    "remote_control",
+    "initial_robot_mode",
     "model",
     "dh",
     "initial_q_deg",
@@ -331,6 +458,69 @@ def _parse_faults(v: Any, path: str) -> tuple[FaultSpec, ...]:
     return tuple(out)
 
 
+_DELTA_KEYS = ("theta_delta_deg", "a_delta_mm", "d_delta_mm", "alpha_delta_deg",
+               "theta_std_deg", "a_std_mm", "d_std_mm", "alpha_std_deg", "seed")
+_TILT_KEYS = ("parallel_tilt_deg", "parallel_tilt_std_deg")
+
+
+def _parse_deltas(t: Any, path: str, *, tilts: bool) -> DHDeltas:
+    _check_keys(t, (*_DELTA_KEYS, *(_TILT_KEYS if tilts else ())), path)
+    seed = _int(t["seed"], f"{path}.seed", 0, 2**63 - 1) if "seed" in t else 0
+    rng = np.random.default_rng(seed)
+    out: dict[str, np.ndarray] = {}
+    for name, unit, scale in (("theta", "deg", _DEG), ("a", "mm", _MM), ("d", "mm", _MM), ("alpha", "deg", _DEG)):
+        v = _vec(t[f"{name}_delta_{unit}"], f"{path}.{name}_delta_{unit}", 6, scale) if f"{name}_delta_{unit}" in t \
+            else np.zeros(6)
+        key = f"{name}_std_{unit}"
+        # drawn whether or not the key is given, so adding one std key does not change the others' draws
+        draw = rng.standard_normal(6)
+        if key in t:
+            v = v + draw * _num(t[key], f"{path}.{key}", nonneg=True) * scale
+        out[f"{name}_{'rad' if unit == 'deg' else 'm'}"] = v
+    beta = np.zeros(6)
+    if tilts:
+        if "parallel_tilt_deg" in t:
+            beta[1:3] = _vec(t["parallel_tilt_deg"], f"{path}.parallel_tilt_deg", 2, _DEG)
+        draw = rng.standard_normal(2)
+        if "parallel_tilt_std_deg" in t:
+            beta[1:3] += draw * _num(t["parallel_tilt_std_deg"], f"{path}.parallel_tilt_std_deg", nonneg=True) * _DEG
+    return DHDeltas(out["theta_rad"], out["a_m"], out["d_m"], out["alpha_rad"], beta)
+
+
+def _parse_compliance(t: Any, path: str) -> Compliance:
+    _check_keys(t, ("stiffness_nm_per_rad", "payload_kg", "payload_com_mm", "gravity_m_s2"), path)
+    kw: dict[str, Any] = {}
+    if "stiffness_nm_per_rad" in t:
+        k = _vec(t["stiffness_nm_per_rad"], f"{path}.stiffness_nm_per_rad", 6)
+        if np.any(k < 0):
+            raise ScenarioError(f"{path}.stiffness_nm_per_rad: must be >= 0 (0: a rigid joint)")
+        kw["stiffness_nm_per_rad"] = k
+    if "payload_kg" in t:
+        kw["payload_kg"] = _num(t["payload_kg"], f"{path}.payload_kg", nonneg=True)
+    if "payload_com_mm" in t:
+        kw["payload_com_m"] = _vec(t["payload_com_mm"], f"{path}.payload_com_mm", 3, _MM)
+    if "gravity_m_s2" in t:
+        kw["gravity_m_s2"] = _vec(t["gravity_m_s2"], f"{path}.gravity_m_s2", 3)
+    return Compliance(**kw)
+
+
+def _parse_thermal(t: Any, path: str) -> Thermal:
+    _check_keys(t, ("initial_rise_k", "final_rise_k", "time_constant_s", "expansion_per_k", "zero_drift_deg_per_k"), path)
+    kw: dict[str, Any] = {}
+    for key in ("initial_rise_k", "final_rise_k"):
+        if key in t:
+            kw[key] = _num(t[key], f"{path}.{key}")
+    if "time_constant_s" in t:
+        kw["time_constant_s"] = _num(t["time_constant_s"], f"{path}.time_constant_s", positive=True)
+    if "expansion_per_k" in t:
+        kw["expansion_per_k"] = _num(t["expansion_per_k"], f"{path}.expansion_per_k")
+        if abs(kw["expansion_per_k"]) > 1e-3:
+            raise ScenarioError(f"{path}.expansion_per_k: {kw['expansion_per_k']!r} per kelvin is not a material")
+    if "zero_drift_deg_per_k" in t:
+        kw["zero_drift_rad_per_k"] = _vec(t["zero_drift_deg_per_k"], f"{path}.zero_drift_deg_per_k", 6, _DEG)
+    return Thermal(**kw)
+
+
 def parse_robot_table(table: Mapping[str, Any] | None, path: str = "robot") -> RobotScenario:
     """Validate the raw ``[robot]`` table and return a :class:`RobotScenario`.
 
@@ -387,4 +577,31 @@ def parse_robot_table(table: Mapping[str, Any] | None, path: str = "robot") -> R
         kw["can"] = _parse_can(table["can"], f"{path}.can")
     if "faults" in table:
         kw["faults"] = _parse_faults(table["faults"], f"{path}.faults")
+    if "factory" in table:
+        kw["factory"] = _parse_deltas(table["factory"], f"{path}.factory", tilts=False)
+    if "residual" in table:
+        kw["residual"] = _parse_deltas(table["residual"], f"{path}.residual", tilts=True)
+    if "compliance" in table:
+        kw["compliance"] = _parse_compliance(table["compliance"], f"{path}.compliance")
+    if "backlash_deg" in table:
+        b = _vec(table["backlash_deg"], f"{path}.backlash_deg", 6, _DEG)
+        if np.any(b < 0):
+            raise ScenarioError(f"{path}.backlash_deg: must be >= 0")
+        kw["backlash_rad"] = b
+    if "thermal" in table:
+        kw["thermal"] = _parse_thermal(table["thermal"], f"{path}.thermal")
+    if "serial_number" in table:
+        sn = table["serial_number"]
+        if not (isinstance(sn, str) and sn.isascii() and sn.isdigit() and 1 <= len(sn) <= 32):
+            raise ScenarioError(f"{path}.serial_number: expected 1-32 digits as a string, got {sn!r}")
+        kw["serial_number"] = sn
+    if "remote_control" in table:
+        if not isinstance(table["remote_control"], bool):
+            raise ScenarioError(f"{path}.remote_control: expected true or false")
+        kw["remote_control"] = table["remote_control"]
+    if "initial_robot_mode" in table:
+        if table["initial_robot_mode"] not in ROBOT_MODES_AT_START:
+            raise ScenarioError(f"{path}.initial_robot_mode: expected one of {', '.join(ROBOT_MODES_AT_START)}, "
+                                f"got {table['initial_robot_mode']!r}")
+        kw["initial_robot_mode"] = table["initial_robot_mode"]
     return RobotScenario(**kw)

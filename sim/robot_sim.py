@@ -11,20 +11,36 @@ Model
   ``A_j exp(-s / tau) sin(2 pi f s)``, ``s`` the time since arrival, ``A_j`` the scenario
   amplitude scaled by that joint's share of the move. The ``never_settles`` fault adds a
   persistent oscillation of the same amplitude on every joint.
-* The *physical* joints are ``q_ctrl + joint_zero_offsets``; the true flange written to
-  the world is forward kinematics of the physical joints with the nominal DH, so the
-  controller's FK (nominal model, encoder angles) is off by the zero offsets, as a real
-  robot's is by its calibration errors.
+* The controller believes its *factory* model (``[robot.factory]``): the reported TCP pose
+  is that model's FK of the *reported* joints times the controller's TCP offset, and it is
+  the table the primary interface serves.
+* The *physical* arm (what the world's flange follows):
+
+  1. **backlash**: each joint's output trails its motor by up to half the play
+     (``backlash_deg``): a play operator ``out = clip(out_prev, m - b/2, m + b/2)`` on the
+     motor's smooth path ``m`` (exact for the monotonic moves from rest the planner makes;
+     a move started mid-motion forgets the play's history inside that move), ringing added;
+  2. the joint zero offsets and the hidden residual DH errors (``[robot.residual]``) on top
+     of the factory model, including the Hayati tilts of joints 3 and 4;
+  3. **warm-up** (``[robot.thermal]``): link lengths times ``1 + alpha rise(t)``, joint
+     zeros plus ``drift rise(t)``;
+  4. **compliance** (``[robot.compliance]``): joint ``i`` turns by ``tau_i / k_i``, the
+     payload's gravity torque about its axis at the current pose.
+
 * Reported joints carry Gaussian encoder noise (``encoder_noise_deg``), reported speeds
-  ``velocity_noise_deg_s``; the reported TCP pose is the controller's FK of the *reported*
-  joints times the controller's TCP offset.
+  ``velocity_noise_deg_s``.
 
 Everything is a function of simulated time (``world.now_s()``), so a sample taken at any
 moment is exact; a small thread writes the true flange into the world at
 ``update_rate_hz`` (wall) so the simulated tracker sees the arm move with nobody polling it.
 
-:func:`start_sim_robot` serves the arm as an RTDE controller or as CiA 402 drives (on an
-in-process bus, optionally bridged to other processes as a loopback SLCAN adapter).
+The controller's state as the dashboard server reports it (robot mode, remote control) is
+here too: :meth:`SimRobot.power_on`, :meth:`SimRobot.brake_release`,
+:meth:`SimRobot.set_remote_control`, and the ``local_control`` fault.
+
+:func:`start_sim_robot` serves the arm as a UR controller (RTDE, URScript, dashboard,
+primary interface) or as CiA 402 drives (on an in-process bus, optionally bridged to other
+processes as a loopback SLCAN adapter).
 """
 
 from __future__ import annotations
@@ -37,7 +53,7 @@ from typing import Any
 
 import numpy as np
 
-from cellcal.drivers.kinematics import UnreachablePose
+from cellcal.drivers.kinematics import DHModel, UnreachablePose
 from cellcal.sim.errors import SimRefused
 from cellcal.sim.robot_scenario import (
     DEFAULT_INITIAL_Q_DEG,
@@ -53,7 +69,12 @@ __all__ = ["SimRobot", "SimSample", "SimRefused", "SimRobotHandle", "start_sim_r
 log = logging.getLogger(__name__)
 
 # UR codes the simulated controller reports (names mirror cellcal.drivers.ur_rtde)
+UR_ROBOT_MODE_POWER_OFF = 3
+UR_ROBOT_MODE_IDLE = 5
 UR_ROBOT_MODE_RUNNING = 7
+#: dashboard ``robotmode`` name -> RTDE ``robot_mode`` code
+UR_ROBOT_MODE_CODES = {"POWER_OFF": UR_ROBOT_MODE_POWER_OFF, "IDLE": UR_ROBOT_MODE_IDLE,
+                       "RUNNING": UR_ROBOT_MODE_RUNNING}
 UR_SAFETY_NORMAL = 1
 UR_SAFETY_PROTECTIVE_STOP = 3
 UR_RUNTIME_STOPPED = 1
@@ -102,10 +123,11 @@ class SimSample:
     protective_stop: bool
     tcp_offset: np.ndarray = field(default_factory=lambda: np.zeros(6))
     payload_kg: float = 0.0
+    robot_mode_code: int = UR_ROBOT_MODE_RUNNING
 
     @property
     def robot_mode(self) -> int:
-        return UR_ROBOT_MODE_RUNNING
+        return self.robot_mode_code
 
     @property
     def safety_mode(self) -> int:
@@ -117,35 +139,59 @@ class SimSample:
 
 
 class _Segment:
-    """Quintic from (q0, v0, acc 0) at t0 to (q1, 0, 0) at t0 + T, then ringing."""
+    """Quintic from (q0, v0, acc 0) at t0 to (q1, 0, 0) at t0 + T, then ringing.
+
+    ``out0`` is where the joints' outputs (the load side of the backlash) are at ``t0``;
+    ``half_play`` the backlash half-widths (rad).
+    """
 
     def __init__(self, t0: float, q0: np.ndarray, v0: np.ndarray, q1: np.ndarray, T: float,
-                 ring_amp: np.ndarray) -> None:
+                 ring_amp: np.ndarray, out0: np.ndarray | None = None, half_play: np.ndarray | None = None) -> None:
         self.t0, self.T = t0, max(T, 1e-9)
         h = q1 - q0
         vT = v0 * self.T
         self.c = np.stack([q0, vT, np.zeros_like(q0), 10 * h - 6 * vT, -15 * h + 8 * vT, 6 * h - 3 * vT])
         self.q1 = q1.copy()
         self.ring_amp = ring_amp
+        self.half_play = np.zeros_like(q0) if half_play is None else half_play
+        self.out0 = (q0.copy() if out0 is None else np.asarray(out0, dtype=float).copy())
 
     @property
     def t_end(self) -> float:
         return self.t0 + self.T
 
-    def eval(self, t: float, tau: float, f_hz: float) -> tuple[np.ndarray, np.ndarray]:
+    def smooth(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        """The motor path without ringing: position and speed."""
         s = (t - self.t0) / self.T
-        if s < 1.0:
-            s = max(s, 0.0)
-            c = self.c
-            q = c[0] + s * (c[1] + s * (c[2] + s * (c[3] + s * (c[4] + s * c[5]))))
-            dq = (c[1] + s * (2 * c[2] + s * (3 * c[3] + s * (4 * c[4] + s * 5 * c[5])))) / self.T
-            return q, dq
+        if s >= 1.0:
+            return self.q1, np.zeros_like(self.q1)
+        s = max(s, 0.0)
+        c = self.c
+        q = c[0] + s * (c[1] + s * (c[2] + s * (c[3] + s * (c[4] + s * c[5]))))
+        dq = (c[1] + s * (2 * c[2] + s * (3 * c[3] + s * (4 * c[4] + s * 5 * c[5])))) / self.T
+        return q, dq
+
+    def ring(self, t: float, tau: float, f_hz: float) -> tuple[np.ndarray, np.ndarray]:
         r = t - self.t_end
+        if r < 0:
+            return np.zeros_like(self.q1), np.zeros_like(self.q1)
         w = 2 * math.pi * f_hz
         e = math.exp(-r / tau)
-        q = self.q1 + self.ring_amp * e * math.sin(w * r)
-        dq = self.ring_amp * e * (w * math.cos(w * r) - math.sin(w * r) / tau)
-        return q, dq
+        return self.ring_amp * e * math.sin(w * r), self.ring_amp * e * (w * math.cos(w * r) - math.sin(w * r) / tau)
+
+    def eval(self, t: float, tau: float, f_hz: float) -> tuple[np.ndarray, np.ndarray]:
+        q, dq = self.smooth(t)
+        r, dr = self.ring(t, tau, f_hz)
+        return q + r, dq + dr
+
+    def output(self, t: float, tau: float, f_hz: float) -> tuple[np.ndarray, np.ndarray]:
+        """The joints' load side: the motor path through the backlash, ringing added."""
+        m, dm = self.smooth(t)
+        out = np.clip(self.out0, m - self.half_play, m + self.half_play)
+        # the output moves with the motor only while the play is taken up
+        dout = np.where(np.abs(out - m) >= self.half_play - 1e-15, dm, 0.0) if np.any(self.half_play) else dm
+        r, dr = self.ring(t, tau, f_hz)
+        return out + r, dout + dr
 
 
 class SimRobot:
@@ -165,15 +211,22 @@ class SimRobot:
             scenario = parse_robot_table(scenario)
         self.world = world
         self.scenario = scenario
-        self.model = scenario.model  # the controller's nominal model
+        #: the data-sheet model (``model`` / ``dh``)
+        self.nominal_model = scenario.model
+        #: the controller's model: its factory calibration (KinematicsInfo, actual_TCP_pose)
+        self.model = scenario.factory_model
+        #: the true arm, cold and rigid (warm-up and compliance: :meth:`true_model_at`)
         self.true_model = scenario.true_model
         self.flange_T_tcp = make_transform(so3_exp(scenario.tcp_offset[3:]), scenario.tcp_offset[:3])
+        self._half_play = 0.5 * scenario.backlash_rad
         self._lock = threading.Lock()
         self._rng = np.random.default_rng(scenario.seed)
         q0 = self._initial_joints(world, scenario)
-        self._seg = _Segment(world.now_s(), q0, np.zeros(6), q0, 1e-9, np.zeros(6))
+        self._seg = _Segment(world.now_s(), q0, np.zeros(6), q0, 1e-9, np.zeros(6), half_play=self._half_play)
         self._faults: list[FaultSpec] = list(scenario.faults)
         self._pstop_was_active = False
+        self._power = scenario.initial_robot_mode.upper()  # POWER_OFF, IDLE or RUNNING
+        self._remote = scenario.remote_control
         self._stop_evt = threading.Event()
         self._thread: threading.Thread | None = None
         self.moves = 0
@@ -300,7 +353,7 @@ class SimRobot:
                 # freeze where the arm is (a protective stop is a category-2 stop; the sim
                 # makes it instantaneous)
                 q, _ = self._seg.eval(t, sc.settle_time_constant_s, sc.ringing_frequency_hz)
-                self._seg = _Segment(t, q, np.zeros(6), q, 1e-9, np.zeros(6))
+                self._seg = self._new_segment(t, q, np.zeros(6), q, 1e-9, np.zeros(6))
             self._pstop_was_active = pstop
             q, qd = self._seg.eval(t, sc.settle_time_constant_s, sc.ringing_frequency_hz)
         if self.fault_active("never_settles", t):
@@ -326,12 +379,120 @@ class SimRobot:
             q = q + (ns * amp * np.sin(w * ts))[:, None]
         return q
 
+    def _new_segment(self, t: float, q0: np.ndarray, v0: np.ndarray, q1: np.ndarray, T: float,
+                     ring_amp: np.ndarray) -> _Segment:
+        # caller holds self._lock: the outputs continue from where the old segment has them
+        out0 = np.clip(self._seg.out0, self._seg.smooth(t)[0] - self._half_play, self._seg.smooth(t)[0] + self._half_play)
+        return _Segment(t, q0, v0, q1, T, ring_amp, out0=out0, half_play=self._half_play)
+
+    # -- the physical arm --------------------------------------------------------------------
+    def true_model_at(self, t_s: float) -> DHModel:
+        """The true arm's kinematics at simulated time ``t_s``: warm-up applied (rigid)."""
+        th = self.scenario.thermal
+        if not th.active:
+            return self.true_model
+        rise = th.rise_k(t_s)
+        return self.true_model.scaled_lengths(1.0 + th.expansion_per_k * rise).with_joint_offsets(
+            th.zero_drift_rad_per_k * rise)
+
+    def sag_rad(self, model: DHModel, q_rad: np.ndarray, payload_kg: float | None = None) -> np.ndarray:
+        """Joint deflections (6,) under the payload's gravity torque at joints ``q_rad``
+        (``payload_kg`` default: the scenario's compliance payload)."""
+        c = self.scenario.compliance
+        m = c.payload_kg if payload_kg is None else float(payload_kg)
+        if m <= 0 or not np.any(c.stiffness_nm_per_rad > 0):
+            return np.zeros(6)
+        links = model.link_transforms(q_rad)
+        frames = np.empty((7, 4, 4))
+        frames[0] = np.eye(4)
+        for i, Ti in enumerate(links):
+            frames[i + 1] = frames[i] @ Ti
+        p_com = frames[6][:3, :3] @ c.payload_com_m + frames[6][:3, 3]
+        force = m * c.gravity_m_s2
+        tau = np.array([frames[i][:3, 2] @ np.cross(p_com - frames[i][:3, 3], force) for i in range(6)])
+        return c.compliance_rad_per_nm * tau
+
+    def physical_joints(self, t_s: float) -> tuple[np.ndarray, np.ndarray]:
+        """The true arm's joint angles and speeds at ``t_s`` (load side of the backlash,
+        before the compliance, which :meth:`true_flange` adds), in the controller's
+        joint coordinates."""
+        sc = self.scenario
+        with self._lock:
+            seg = self._seg
+        q, qd = seg.output(t_s, sc.settle_time_constant_s, sc.ringing_frequency_hz)
+        if self.fault_active("never_settles", t_s):
+            w = 2 * math.pi * sc.ringing_frequency_hz
+            amp = max(sc.ringing_amplitude_rad, math.radians(0.01))
+            q = q + amp * math.sin(w * t_s)
+            qd = qd + amp * w * math.cos(w * t_s)
+        return q, qd
+
+    def true_flange(self, t_s: float) -> tuple[np.ndarray, float, float]:
+        """``(base_T_flange (4, 4), linear m/s, angular rad/s)`` of the true arm at ``t_s``."""
+        self._ctrl(t_s)  # applies a pending protective stop (freezes the segment)
+        q, qd = self.physical_joints(t_s)
+        model = self.true_model_at(t_s)
+        q = q + self.sag_rad(model, q)
+        lin, ang = model.flange_speed(q, qd) if np.any(qd) else (0.0, 0.0)
+        return model.forward(q), lin, ang
+
     def _write_world(self, t: float) -> None:
-        q, qd = self._ctrl(t)
-        q_phys = q  # true_model already adds the zero offsets
-        T = self.true_model.forward(q_phys)
-        lin, ang = self.true_model.flange_speed(q_phys, qd)
+        T, lin, ang = self.true_flange(t)
         self.world.set_flange(T, lin, ang)
+
+    # -- the controller's state (dashboard) ----------------------------------------------------
+    def robot_mode_name(self) -> str:
+        """Dashboard ``robotmode``: ``POWER_OFF``, ``IDLE`` (powered, brakes on) or ``RUNNING``."""
+        with self._lock:
+            return self._power
+
+    def safety_status(self, t_s: float | None = None) -> str:
+        """Dashboard ``safetystatus``: ``PROTECTIVE_STOP`` during the fault, else ``NORMAL``."""
+        return "PROTECTIVE_STOP" if self.fault_active("protective_stop", t_s) else "NORMAL"
+
+    def remote_control(self, t_s: float | None = None) -> bool:
+        """Dashboard ``is in remote control``: the scenario's setting, false during a
+        ``local_control`` fault."""
+        with self._lock:
+            remote = self._remote
+        return remote and not self.fault_active("local_control", t_s)
+
+    def set_remote_control(self, on: bool) -> None:
+        """Switch the simulated pendant between remote and local control."""
+        with self._lock:
+            self._remote = bool(on)
+
+    def power_on(self) -> str:
+        """Dashboard ``power on``: POWER_OFF -> IDLE; returns the answer line."""
+        with self._lock:
+            if self._power == "POWER_OFF":
+                self._power = "IDLE"
+        return "Powering on"
+
+    def power_off(self) -> str:
+        with self._lock:
+            self._power = "POWER_OFF"
+        return "Powering off"
+
+    def brake_release(self) -> str:
+        """Dashboard ``brake release``: IDLE -> RUNNING (refused while powered off)."""
+        with self._lock:
+            if self._power == "POWER_OFF":
+                return "Brake release failed: robot is powered off"
+            self._power = "RUNNING"
+        return "Brake releasing"
+
+    def script_refusal(self, t_s: float | None = None) -> str | None:
+        """Why the controller would refuse a program now (None: it runs it), as a UR does:
+        not in remote control, not running, in a protective stop."""
+        if not self.remote_control(t_s):
+            return "the robot is in local control: programs from the network are refused (switch to remote control)"
+        mode = self.robot_mode_name()
+        if mode != "RUNNING":
+            return f"robot mode {mode}: power on and release the brakes first"
+        if self.fault_active("protective_stop", t_s):
+            return "protective stop active"
+        return None
 
     def sample(self, t_s: float | None = None) -> SimSample:
         """The controller's view now (or at world time ``t_s``), with noise."""
@@ -350,6 +511,7 @@ class SimRobot:
         T_tcp = self.model.forward(q_rep) @ flange_T_tcp
         pose = np.concatenate([T_tcp[:3, 3], so3_log(T_tcp[:3, :3])])
         return SimSample(
+            robot_mode_code=UR_ROBOT_MODE_CODES[self.robot_mode_name()],
             t_sim_s=t,
             timestamp_s=self.controller_time(t),
             q_rad=q_rep,
@@ -373,7 +535,9 @@ class SimRobot:
         averaging window) stay real.
         """
         sc = self.scenario
-        return (sc.clock_offset_s + self.world.wall_s(t_sim_s)) * (1.0 + sc.clock_skew_ppm * 1e-6)
+        wall = self.world.wall_s(t_sim_s)
+        drift = sc.clock_skew_drift_ppm_per_h * 1e-6 / 3600.0
+        return (sc.clock_offset_s + wall) * (1.0 + sc.clock_skew_ppm * 1e-6) + 0.5 * drift * wall * wall
 
     # -- commands --------------------------------------------------------------------------
     def command_joints(
@@ -403,7 +567,7 @@ class SimRobot:
         T = max(sc.min_move_time_s, 1.875 * h / v, math.sqrt(5.774 * h / a))
         share = (q1 - q0) / h if h > 0 else np.zeros(6)
         with self._lock:
-            self._seg = _Segment(t, q0, v0, q1, T, sc.ringing_amplitude_rad * share)
+            self._seg = self._new_segment(t, q0, v0, q1, T, sc.ringing_amplitude_rad * share)
             self.moves += 1
         log.debug("sim robot: move %.3g rad in %.3g s", h, T)
         return T
@@ -439,7 +603,7 @@ class SimRobot:
         q1 = q0 + v0 * np.abs(v0) / (2 * a)
         T = max(float(np.max(np.abs(v0))) / a * 1.875, 1e-3)
         with self._lock:
-            self._seg = _Segment(t, q0, v0, q1, T, np.zeros(6))
+            self._seg = self._new_segment(t, q0, v0, q1, T, np.zeros(6))
 
 
 # -- serving ---------------------------------------------------------------------------------
@@ -450,6 +614,9 @@ class SimRobotHandle:
     ----------
     url : str
         What :func:`cellcal.drivers.connect_robot` should open.
+    dashboard_port, primary_port : int or None
+        The UR controller's dashboard server and primary interface (RTDE transport; None
+        otherwise).
     robot : SimRobot
         The motion model (inject faults with ``robot.inject(kind)``).
     server : object
@@ -460,6 +627,8 @@ class SimRobotHandle:
         self.url = url
         self.robot = robot
         self.server = server
+        self.dashboard_port: int | None = getattr(server, "dashboard_port", None) or None
+        self.primary_port: int | None = getattr(server, "primary_port", None) or None
         self._closed = False
 
     def close(self) -> None:
@@ -488,6 +657,9 @@ def start_sim_robot(
     can_interface: str = "virtual",
     can_bridge: str | None = None,
     can_bridge_port: int = 0,
+    dashboard_port: int | None = 0,
+    primary_port: int | None = 0,
+    realtime_port: int | None = None,
 ) -> SimRobotHandle:
     """Start the simulated robot and serve it.
 
@@ -502,6 +674,9 @@ def start_sim_robot(
         bus.
     rtde_port, urscript_port : int
         TCP ports (0: the OS picks free ones).
+    dashboard_port, primary_port, realtime_port : int or None
+        RTDE transport: the dashboard server and the primary interface (0: free ports,
+        the default; None: not served) and a realtime script port (None by default).
     can_channel, can_interface : str
         python-can channel and interface of the drives' bus (``virtual``: in this process).
     can_bridge : {None, "tcp", "pty"}
@@ -524,7 +699,9 @@ def start_sim_robot(
         if transport == "rtde":
             from cellcal.sim.rtde_server import RtdeServer
 
-            server: Any = RtdeServer(robot, host=host, port=rtde_port, urscript_port=urscript_port)
+            server: Any = RtdeServer(robot, host=host, port=rtde_port, urscript_port=urscript_port,
+                                     dashboard_port=dashboard_port, primary_port=primary_port,
+                                     realtime_port=realtime_port)
             server.start()
             url = server.url
         elif transport == "canopen":

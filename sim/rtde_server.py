@@ -1,5 +1,9 @@
-"""Simulated UR controller: an RTDE server (port 30004 on a real robot) and the URScript
-subset on the secondary-interface port (30002), both serving a :class:`SimRobot`.
+"""Simulated UR controller: an RTDE server (port 30004 on a real robot), the URScript
+subset on the secondary-interface port (30002), and (:mod:`cellcal.sim.ur_interfaces`) the
+dashboard server (29999) and the primary interface (30001), all serving one
+:class:`SimRobot`. A realtime port (30003) may be served too: it takes scripts like the
+URScript port (ur-rtde's control interface uploads its control script there; the subset
+refuses it with a text message).
 
 RTDE: protocol versions 1 and 2 (up to ``rtde_max_protocol``), the controller version,
 output recipes over every standard output field (:data:`~cellcal.drivers.rtde_codec.OUTPUT_FIELDS`;
@@ -130,6 +134,11 @@ class RtdeServer:
     on_publish : callable, optional
         Called with each data package's field dict just before it is sent (the ur-rtde
         peer test records what was published with it).
+    dashboard_port, primary_port : int or None
+        The dashboard server and the primary interface (0: free ports; None: not served).
+    realtime_port : int or None
+        A second script port, as the realtime interface (30003) takes scripts; None (the
+        default): not served.
     """
 
     def __init__(
@@ -140,13 +149,25 @@ class RtdeServer:
         urscript_port: int | None = 0,
         *,
         on_publish: Callable[[dict[str, Any]], None] | None = None,
+        dashboard_port: int | None = 0,
+        primary_port: int | None = 0,
+        realtime_port: int | None = None,
     ) -> None:
+        from cellcal.sim.ur_interfaces import DashboardServer, PrimaryServer
+
         self.robot = robot
         self.host = host
         self._req_port = port
         self._req_script_port = urscript_port
+        self._req_realtime_port = realtime_port
         self.port = 0
         self.urscript_port = 0
+        self.realtime_port = 0
+        version = tuple(robot.scenario.controller_version)
+        self.dashboard = (DashboardServer(robot, host, dashboard_port, version)  # type: ignore[arg-type]
+                          if dashboard_port is not None else None)
+        self.primary = (PrimaryServer(robot, host, primary_port, version)  # type: ignore[arg-type]
+                        if primary_port is not None else None)
         self.on_publish = on_publish
         sc = robot.scenario
         self.max_protocol = sc.rtde_max_protocol
@@ -161,16 +182,30 @@ class RtdeServer:
         self.scripts_run = 0
         self._garble_until = -math.inf
         self._garble_rng = np.random.default_rng(0)
+        self._jitter_rng = np.random.default_rng([robot.scenario.seed, 4])
         #: ``timestamp`` of the first data package sent intact after the last garbage
         self.first_good_after_garbage_s: float | None = None
         self._after_garbage = False
 
     @property
+    def dashboard_port(self) -> int:
+        """The dashboard server's port (0 when not served)."""
+        return self.dashboard.port if self.dashboard is not None else 0
+
+    @property
+    def primary_port(self) -> int:
+        """The primary interface's port (0 when not served)."""
+        return self.primary.port if self.primary is not None else 0
+
+    @property
     def url(self) -> str:
-        """``rtde://host:port?urscript_port=N[&model=...][&tcp_offset=...]``."""
+        """``rtde://host:port?urscript_port=N&dashboard_port=N&primary_port=N[&model=...][&tcp_offset=...]``
+        (a port not served is given as 0: the driver then does not use that interface)."""
         q = [f"urscript_port={self.urscript_port}"] if self.urscript_port else []
-        if self.robot.model.name in ("ur3e", "ur5e", "ur10e"):
-            q.append(f"model={self.robot.model.name}")
+        q.append(f"dashboard_port={self.dashboard_port}")
+        q.append(f"primary_port={self.primary_port}")
+        if self.robot.nominal_model.name in ("ur3e", "ur5e", "ur10e"):
+            q.append(f"model={self.robot.nominal_model.name}")
         else:
             q.append("tcp_check_mm=0")
         if np.any(self.robot.scenario.tcp_offset != 0):
@@ -188,7 +223,15 @@ class RtdeServer:
             ss = self._listen(self._req_script_port)
             self.urscript_port = ss.getsockname()[1]
             self._spawn(self._accept_loop, (ss, self._serve_script), "urscript-accept")
-        log.info("sim RTDE server on %s:%d (URScript %d)", self.host, self.port, self.urscript_port)
+        if self._req_realtime_port is not None:
+            rs = self._listen(self._req_realtime_port)
+            self.realtime_port = rs.getsockname()[1]
+            self._spawn(self._accept_loop, (rs, self._serve_script), "realtime-accept")
+        for svc in (self.dashboard, self.primary):
+            if svc is not None:
+                svc.start()
+        log.info("sim RTDE server on %s:%d (URScript %d, dashboard %d, primary %d)", self.host, self.port,
+                 self.urscript_port, self.dashboard_port, self.primary_port)
         return self
 
     def _listen(self, port: int) -> socket.socket:
@@ -209,6 +252,9 @@ class RtdeServer:
     def close(self) -> None:
         """Close every connection and stop every thread (idempotent)."""
         self._stop.set()
+        for svc in (self.dashboard, self.primary):
+            if svc is not None:
+                svc.close()
         for s in self._listeners:
             s.close()
         with self._lock:
@@ -238,6 +284,8 @@ class RtdeServer:
             sessions = list(self._sessions)
         for sess in sessions:
             sess.queue_text(rc.TextMessage(message, source, level))
+        if self.primary is not None:
+            self.primary.send_text(message)
 
     def inject_bytes(self, data: bytes) -> None:
         """Send ``data`` raw to every streaming RTDE client, between two packets."""
@@ -312,7 +360,14 @@ class RtdeServer:
     def run_script(self, text: str) -> None:
         """Execute a URScript program of the supported subset (errors become text messages)."""
         try:
-            cmd = parse_urscript(text)
+            refusal = self.robot.script_refusal()
+            if refusal is not None:
+                raise SimRefused(refusal)
+            try:
+                cmd = parse_urscript(text)
+            except ValueError as exc:
+                raise ValueError(f"{exc} (the simulated controller runs one movej, movel, stopj or stopl per "
+                                 "script, no other programs)") from None
             robot = self.robot
             target = cmd.target
             if cmd.name in ("stopj", "stopl"):
@@ -356,7 +411,8 @@ class RtdeServer:
 
         target_pose = np.concatenate([target_T[:3, 3], so3_log(target_T[:3, :3])])
         lin, ang = self.robot.model.flange_speed(s.q_rad, s.qd_rad_s)
-        running_bits = _ROBOT_STATUS_POWER_ON | (_ROBOT_STATUS_PROGRAM_RUNNING if s.moving else 0)
+        powered = self.robot.robot_mode_name() != "POWER_OFF"
+        running_bits = (_ROBOT_STATUS_POWER_ON if powered else 0) | (_ROBOT_STATUS_PROGRAM_RUNNING if s.moving else 0)
         return {
             "timestamp": s.timestamp_s,
             "actual_q": s.q_rad,
@@ -469,7 +525,14 @@ class _Session:
 
     def publish(self) -> None:
         assert self.recipe is not None
-        f = self.server.fields(self.server.robot.sample())
+        robot = self.server.robot
+        jitter_ms = robot.scenario.latency_jitter_ms
+        if jitter_ms > 0:
+            # the package leaves late: its sample (and stamp) is older than the sending
+            late_s = float(self.server._jitter_rng.exponential(jitter_ms)) / 1000.0
+            f = self.server.fields(robot.sample(robot.world.now_s() - robot.world.time_scale * late_s))
+        else:
+            f = self.server.fields(robot.sample())
         f.pop("_flange_speed", None)
         values = {k: f.get(k) for k in self.recipe.names}
         if self.server.on_publish is not None:

@@ -134,6 +134,36 @@ class TrackerConfig:
     model, serial, firmware : str
         What HELLO reports.
     faults : tuple of FaultConfig
+    cell_p_instrument : numpy.ndarray, shape (3,)
+        The tracker head in the cell frame (m); the beam runs from here to the target.
+    radial_noise_m, radial_noise_per_m, transverse_noise_m, transverse_noise_per_m : float
+        1-sigma noise of one raw sample in beam coordinates: along the beam and across it
+        (each of the two transverse directions), constant (m) plus per metre of range
+        (m/m), as ISO 10360-10 MPE statements are written (ADR 0013 for the reading).
+    noise_correlation_s : float
+        Samples closer than this are not independent (air turbulence): an average over
+        ``T`` s has ``max(1, min(n, T / noise_correlation_s))`` independent samples.
+    outlier_probability, outlier_m : float
+        Chance that a measurement carries a gross error (1-sigma ``outlier_m`` per axis)
+        its reported std knows nothing of.
+    air_temperature_k_per_h, refraction_ppm_per_k : float
+        The air warms at this rate after the tracker's weather compensation was set; the
+        range then reads short by ``refraction_ppm_per_k`` ppm per kelvin.
+    reacquire_s : float
+        Simulated seconds after a beam break during which the tracker searches for the
+        target (NO_TARGET).
+    beam_breaks_per_h, beam_break_s : float
+        Random beam breaks (seeded Poisson arrivals, simulated hours) and their length.
+    latency_jitter_ms : float
+        Mean of an exponential extra delay before each reply (device ms).
+    timestamp_at : str
+        Where a measurement's stamp ``t_us`` falls in its averaging window: ``start``,
+        ``middle`` (the protocol's definition) or ``end`` (a firmware that stamps late).
+    clock_skew_drift_ppm_per_h : float
+        The device clock's rate drifts this many ppm per hour (wall).
+    clock_step_at_s, clock_step_s : float
+        At simulated time ``clock_step_at_s`` the device clock jumps by ``clock_step_s``
+        (an NTP correction); ``clock_step_s = 0``: no step.
     """
 
     noise_m: np.ndarray
@@ -151,6 +181,29 @@ class TrackerConfig:
     serial: str = "SIM-0001"
     firmware: str = "1.0.0"
     faults: tuple[FaultConfig, ...] = ()
+    cell_p_instrument: np.ndarray = field(default_factory=lambda: np.zeros(3))
+    radial_noise_m: float = 0.0
+    radial_noise_per_m: float = 0.0
+    transverse_noise_m: float = 0.0
+    transverse_noise_per_m: float = 0.0
+    noise_correlation_s: float = 0.0
+    outlier_probability: float = 0.0
+    outlier_m: float = 1e-3
+    air_temperature_k_per_h: float = 0.0
+    refraction_ppm_per_k: float = 0.93
+    reacquire_s: float = 0.0
+    beam_breaks_per_h: float = 0.0
+    beam_break_s: float = 1.0
+    latency_jitter_ms: float = 0.0
+    timestamp_at: str = "middle"
+    clock_skew_drift_ppm_per_h: float = 0.0
+    clock_step_at_s: float = 0.0
+    clock_step_s: float = 0.0
+
+    @property
+    def has_beam_noise(self) -> bool:
+        return bool(self.radial_noise_m or self.radial_noise_per_m or self.transverse_noise_m
+                    or self.transverse_noise_per_m)
 
     def active_faults(self, t_s: float) -> list[FaultConfig]:
         """Faults active at simulated time ``t_s``."""
@@ -276,11 +329,38 @@ def parse_scenario(data: Mapping[str, Any] | str, *, source: str = "<string>") -
     )
 
 
+#: ``timestamp_at`` values.
+TIMESTAMP_POSITIONS = ("start", "middle", "end")
+_BEAM_KEYS = ("radial_noise_um", "radial_noise_um_per_m", "transverse_noise_um", "transverse_noise_um_per_m")
+
+
 def _tracker(t: _Table) -> TrackerConfig:
-    noise_m = t.take("noise_mm", _vec3_nonneg) * _MM_TO_M
+    beam = any(k in t.data for k in _BEAM_KEYS)
+    # with beam-coordinate noise the cell-axis noise is optional (default none)
+    noise_m = t.take("noise_mm", _vec3_nonneg, default=np.zeros(3) if beam else _REQUIRED) * _MM_TO_M
     noise_rad = np.radians(t.take("noise_deg", _vec3_nonneg))
     defaults = TrackerConfig(noise_m=noise_m, noise_rad=noise_rad)
     kw: dict[str, Any] = {}
+    for key, field_name, scale in (("radial_noise_um", "radial_noise_m", 1e-6),
+                                   ("radial_noise_um_per_m", "radial_noise_per_m", 1e-6),
+                                   ("transverse_noise_um", "transverse_noise_m", 1e-6),
+                                   ("transverse_noise_um_per_m", "transverse_noise_per_m", 1e-6),
+                                   ("noise_correlation_ms", "noise_correlation_s", 1e-3),
+                                   ("outlier_mm", "outlier_m", 1e-3),
+                                   ("reacquire_s", "reacquire_s", 1.0),
+                                   ("beam_breaks_per_h", "beam_breaks_per_h", 1.0),
+                                   ("latency_jitter_ms", "latency_jitter_ms", 1.0),
+                                   ("clock_step_at_s", "clock_step_at_s", 1.0)):
+        kw[field_name] = t.take(key, _nonneg, default=getattr(defaults, field_name) / scale) * scale
+    kw["beam_break_s"] = t.take("beam_break_s", _positive, default=defaults.beam_break_s)
+    kw["outlier_probability"] = t.take("outlier_probability", _float_range(0.0, 1.0), default=0.0)
+    kw["air_temperature_k_per_h"] = t.take("air_temperature_k_per_h", _float_range(-100.0, 100.0), default=0.0)
+    kw["refraction_ppm_per_k"] = t.take("refraction_ppm_per_k", _float_range(-100.0, 100.0),
+                                        default=defaults.refraction_ppm_per_k)
+    kw["clock_skew_drift_ppm_per_h"] = t.take("clock_skew_drift_ppm_per_h", _float_range(-1e5, 1e5), default=0.0)
+    kw["clock_step_s"] = t.take("clock_step_s", _float_range(-1e6, 1e6), default=0.0)
+    kw["timestamp_at"] = t.take("timestamp_at", _choice(TIMESTAMP_POSITIONS), default="middle")
+    kw["cell_p_instrument"] = t.take("instrument_xyz_m", _vec3, default=np.zeros(3))
     for key, conv in (
         ("sample_rate_hz", _positive),
         ("clock_offset_s", _nonneg),
@@ -471,6 +551,15 @@ def _quat(v: Any) -> np.ndarray:
     if abs(n - 1.0) > _QUAT_NORM_TOL:
         raise ValueError(f"quaternion (w, x, y, z) must have unit norm, got norm {n:.9g}")
     return q / n
+
+
+def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:
+    def conv(v: Any) -> str:
+        if v not in choices:
+            raise ValueError(f"must be one of {', '.join(repr(c) for c in choices)}, got {v!r}")
+        return str(v)
+
+    return conv
 
 
 def _enum(cls: type[enum.Enum]) -> Callable[[Any], Any]:

@@ -115,14 +115,30 @@ class TrackerDevice:
         return fault
 
     # -- clock --------------------------------------------------------------------------
+    def device_s(self, wall_s: float) -> float:
+        """Device clock (s) ``wall_s`` wall seconds after the device started: offset, a rate
+        ``1 + skew`` whose skew drifts linearly (``clock_skew_drift_ppm_per_h``), and the
+        scenario's clock step once the world passes ``clock_step_at_s``."""
+        c = self.config
+        drift = c.clock_skew_drift_ppm_per_h * 1e-6 / 3600.0
+        dev = c.clock_offset_s + (1.0 + c.clock_skew_ppm * 1e-6) * wall_s + 0.5 * drift * wall_s * wall_s
+        if c.clock_step_s and self.world.now_s() >= c.clock_step_at_s:
+            dev += c.clock_step_s
+        return dev
+
+    def rate_now(self) -> float:
+        """Device seconds per wall second now (skew and its drift)."""
+        c = self.config
+        wall = self._clock() - self._t0
+        return 1.0 + c.clock_skew_ppm * 1e-6 + c.clock_skew_drift_ppm_per_h * 1e-6 / 3600.0 * wall
+
     def now_us(self) -> int:
         """Device clock, integer microseconds."""
-        dev_s = self.config.clock_offset_s + self._rate * (self._clock() - self._t0)
-        return int(dev_s * _US_PER_S)
+        return int(self.device_s(self._clock() - self._t0) * _US_PER_S)
 
     def wall_s_until(self, t_us: int) -> float:
         """Wall seconds until the device clock reads ``t_us`` (<= 0 if already past)."""
-        return (t_us - self.now_us()) / _US_PER_S / self._rate
+        return (t_us - self.now_us()) / _US_PER_S / self.rate_now()
 
     @property
     def latency_us(self) -> int:
@@ -240,7 +256,8 @@ class TrackerDevice:
         """Average of ``m.n`` samples from the shared model, in protocol units (mm, deg)."""
         sample = self.model.measure(t_s, m.n, pose=m.kind is MeasKind.POSE)
         flags = MeasurementFlags.NEAR_RANGE_LIMIT if sample.near_range_limit else MeasurementFlags.NONE
-        t_mid_us = (m.start_us + m.end_us) // 2
+        # the protocol stamps the middle of the window; a scenario may make the firmware wrong
+        t_mid_us = {"start": m.start_us, "end": m.end_us}.get(self.config.timestamp_at, (m.start_us + m.end_us) // 2)
         x, y, z = sample.xyz_m * _M_TO_MM
         sx, sy, sz = sample.std_m * _M_TO_MM
         if m.kind is MeasKind.POINT:
@@ -291,6 +308,7 @@ class SimTracker(LinkServer):
     ) -> None:
         super().__init__(world, config, transport=transport, seed=seed, host=host, port=port)
         self.device = TrackerDevice(world, config, seed=seed, clock=clock)
+        self._jitter_rng = np.random.default_rng([seed, 3])
         self._decoder = codec.Decoder(accept=codec.REQUEST_TYPES)
 
     def inject(self, kind: str | FaultKind, duration_s: float = math.inf, **params: Any) -> FaultConfig:
@@ -312,6 +330,10 @@ class SimTracker(LinkServer):
     @property
     def _latency_s(self) -> float:
         return self.device.latency_us / _US_PER_S / self.device._rate
+
+    def _transport_delay_s(self) -> float:
+        jitter_ms = self.device.config.latency_jitter_ms
+        return float(self._jitter_rng.exponential(jitter_ms)) / 1000.0 if jitter_ms > 0 else 0.0
 
     def _on_connect(self) -> None:
         self._decoder.reset()

@@ -218,14 +218,17 @@ def test_devices_offline_at_start_fault_with_backoff_then_recover(tmp_path):
     """``cellcal run`` starts with no robot and no tracker listening: it stays up, a run
     waits in FAULT with growing retry delays (0.2, 0.4, 0.8, 1.0 s), and once ``cellcal sim``
     appears on the configured ports the run completes."""
-    ports = {"robot": free_port(), "urscript": free_port(), "tracker": free_port()}
-    robot_url = f"rtde://127.0.0.1:{ports['robot']}?urscript_port={ports['urscript']}&model=ur5e"
+    ports = {"robot": free_port(), "urscript": free_port(), "tracker": free_port(), "dashboard": free_port(),
+             "primary": free_port()}
+    robot_url = (f"rtde://127.0.0.1:{ports['robot']}?urscript_port={ports['urscript']}&model=ur5e"
+                 f"&dashboard_port={ports['dashboard']}&primary_port={ports['primary']}")
     tracker_url = f"socket://127.0.0.1:{ports['tracker']}"
     cfg = daemon_config(robot_url=robot_url, tracker_url=tracker_url, workdir=tmp_path, n_stations=6)
     daemon = DaemonProcess(write_config(tmp_path / "cellcal.toml", cfg), tmp_path / "daemon.log").start()
     sim = SimProcess(FAST_SCENARIO, tmp_path / "sim.log", "--tracker-transport", "tcp",
                      "--tracker-port", str(ports["tracker"]), "--robot-port", str(ports["robot"]),
-                     "--urscript-port", str(ports["urscript"]))
+                     "--urscript-port", str(ports["urscript"]), "--dashboard-port", str(ports["dashboard"]),
+                     "--primary-port", str(ports["primary"]))
     rec = Recorder(cfg["zmq"]["pub_endpoint"])
     try:
         z = cfg["zmq"]

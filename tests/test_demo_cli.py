@@ -28,5 +28,14 @@ def test_demo_json_is_the_published_result_with_truth_error():
     assert out["n_stations"] == 6 and len(out["residuals"]["translation_m"]) == 6
     assert 0 < out["axis_spread"] <= 1 and out["active"] and out["gates"]["passed"]
     assert out["provenance"]["config_sha256"] and out["provenance"]["cellcal_version"]
-    assert out["truth_error"]["translation_m"] < 0.05e-3  # the sim's noise is micrometres
-    assert out["drift_check"]["status"] == "ok"
+    # The demo cell is as imperfect as a real one (docs/adr/0013): its arm's hidden kinematic
+    # error biases the base frame by ~0.5 mm and leaves residuals ~10x the tracker's noise.
+    te = out["truth_error"]
+    assert te["translation_m"] < 1.5e-3 and te["rotation_rad"] < np.radians(0.15)
+    assert te["nees"] is not None and te["nees_3sigma_bound"] == 20.06 and isinstance(te["within_3_sigma"], bool)
+    assert te["within_3_sigma"] == (te["nees"] <= 20.06)
+    assert out["residual_vs_noise"]["ratio"] > 3.0  # structured: the arm, not the tracker
+    prov = out["provenance"]
+    assert prov["robot_serial"] == "20235500042" and prov["kinematics_digest"].startswith("sha256:")
+    assert prov["devices"]["robot"]["kinematics"] == "factory"
+    assert out["drift_check"]["status"] in ("ok", "warn")

@@ -45,7 +45,7 @@ def test_sim_prints_urls_serves_and_stops(transport, sig):
     proc = _start("--scenario", str(DEMO), "--tracker-transport", transport)
     try:
         urls = json.loads(_first_line(proc))
-        assert set(urls) == {"tracker", "robot"} and urls["robot"].startswith("rtde://127.0.0.1:")
+        assert set(urls) == {"tracker", "robot", "dashboard", "primary"} and urls["robot"].startswith("rtde://127.0.0.1:")
         with connect_tracker(urls["tracker"], timeout_s=2.0) as tracker:
             assert tracker.identify().model == "CELLCAL-SIM-T1"
             m = tracker.measure("pose", average_s=0.01)

@@ -1,0 +1,230 @@
+"""Realism benchmark: what a base-frame calibration gives on a cell as imperfect as a real one.
+
+Run ``.venv/bin/python bench/realism_bench.py [--trials N] [--no-demo]``. It
+
+1. draws ``--trials`` (default 40) arms with hidden kinematic errors at the magnitudes of
+   ``config/demo-scenario.toml`` (ADR 0013: each residual DH parameter Gaussian, its 1-sigma the
+   RMS of the demo's values of that kind, joint 1/6 zeros and d1/d6 left out because they are the base and
+   tool frames), every other error source as in the demo (factory calibration, sag,
+   backlash, warm-up; the beam-coordinate tracker with outliers and refraction drift), and
+   takes the demo plan's 20 stations (its generator with the trial's seed) on each, offline
+   (``cellcal.sim.offline.OfflineCell``, the simulator's own arm and instrument);
+2. solves the base frame with ``cellcal.solver.calibrate_base_frame`` (the defaults, as the
+   daemon does) and reports, over the trials: the error of ``cell_T_base`` against the truth
+   (median, P90), the residual RMS against the tracker's noise floor (the 3-D RMS of the
+   stations' reported stds), the **fraction of the residual that is structured** (with
+   ``r`` the per-station residuals and ``r0`` those of the same arm and stations with every
+   random noise off: ``|r0|^2 / (|r0|^2 + |r - r0|^2)``), and the honesty of the reported uncertainty (NEES of ``cell_T_base``,
+   the share of trials within the chi-square 6-dof 3-sigma bound, and whether the result
+   warned ``model_error``);
+3. runs ``cellcal demo --json`` once (the real daemon over the real wire on the demo cell)
+   and reports its figures;
+
+and writes the ``realism`` section of ``bench/RESULTS.md`` (machine, date, load average).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import numpy as np  # noqa: E402
+
+from bench._results import machine_line, write_section  # noqa: E402
+from cellcal.daemon.config import load_config  # noqa: E402
+from cellcal.daemon.plan import generate_plan  # noqa: E402
+from cellcal.daemon.truth import NEES_BOUND_3SIGMA_6DOF  # noqa: E402
+from cellcal.drivers.kinematics import dh_model  # noqa: E402
+from cellcal.sim.offline import OfflineCell  # noqa: E402
+from cellcal.sim.scenario import parse_scenario  # noqa: E402
+from cellcal.solver import calibrate_base_frame  # noqa: E402
+from cellcal.solver.se3 import rotation_angle, se3_inverse, se3_log  # noqa: E402
+
+DEMO_SCENARIO = _ROOT / "config" / "demo-scenario.toml"
+DEMO_CONFIG = _ROOT / "config" / "demo.toml"
+#: residual parameters drawn per trial; joint 1/6 zeros and d1/d6 stay 0 (base and tool frames)
+_MASK = {"theta_delta_deg": [0, 1, 1, 1, 1, 0], "a_delta_mm": [0, 1, 1, 0, 0, 0], "d_delta_mm": [0, 0, 0, 1, 1, 0],
+         "alpha_delta_deg": [1, 0, 0, 1, 1, 0]}
+_NOISE_OFF = {"radial_noise_um": 0.0, "radial_noise_um_per_m": 0.0, "transverse_noise_um": 0.0,
+              "transverse_noise_um_per_m": 0.0, "noise_deg": 0.0, "outlier_probability": 0.0}
+
+
+def _trial_scenario(base: dict, rng: np.random.Generator, *, noise: bool) -> dict:
+    d = json.loads(json.dumps(base))  # deep copy
+    res = d["robot"]["residual"]
+    # the demo's magnitudes as 1-sigma: the RMS of its non-zero values per parameter kind
+    def rms(values) -> float:
+        nz = [float(v) for v in values if v]
+        return math.sqrt(sum(v * v for v in nz) / len(nz)) if nz else 0.0
+
+    for key, mask in _MASK.items():
+        sigma = rms(res[key])
+        res[key] = [float(m * sigma * rng.standard_normal()) for m in mask]
+    sigma_tilt = rms(res["parallel_tilt_deg"])
+    res["parallel_tilt_deg"] = [float(sigma_tilt * rng.standard_normal()) for _ in range(2)]
+    d["tracker"].pop("faults", None)
+    d["tracker"]["beam_breaks_per_h"] = 0.0
+    d.pop("drift", None)
+    if not noise:
+        d["tracker"].update(_NOISE_OFF)
+        d["robot"]["encoder_noise_deg"] = 0.0
+    return d
+
+
+def _plan(seed: int):
+    p = load_config(DEMO_CONFIG).plan
+    return generate_plan(dh_model("ur5e"), n=p.n_stations, box_min_m=np.array(p.workspace_min_m),
+                         box_max_m=np.array(p.workspace_max_m), max_tilt_rad=p.max_tilt_rad,
+                         home_q_rad=np.array(p.home_q_rad), q_min_rad=np.array(p.joint_min_rad),
+                         q_max_rad=np.array(p.joint_max_rad), seed=seed)
+
+
+def _run(scen: dict, plan, average_s: float):
+    cell = OfflineCell(parse_scenario(scen))
+    sts = [cell.station(ps.q_rad, average_s) for ps in plan]
+    G = np.array([s.base_T_flange for s in sts])
+    M = np.array([s.cell_T_target for s in sts])
+    r = calibrate_base_frame(G, M)
+    # per-station translation residuals of the fitted model (m)
+    pred = r.cell_T_base @ G @ r.flange_T_target
+    resid = M[:, :3, 3] - pred[:, :3, 3]
+    return r, cell.world.cell_T_base(), sts, resid
+
+
+def monte_carlo(trials: int, average_s: float = 0.2) -> dict:
+    with open(DEMO_SCENARIO, "rb") as f:
+        base = tomllib.load(f)
+    rows = []
+    for k in range(trials):
+        plan = _plan(k)
+        rng_seed = 1000 + k
+        noisy = _trial_scenario(base, np.random.default_rng(rng_seed), noise=True)
+        noisy["seed"] = 7 + k
+        clean = _trial_scenario(base, np.random.default_rng(rng_seed), noise=False)
+        r, truth, sts, resid = _run(noisy, plan, average_s)
+        _r0, _, _, resid0 = _run(clean, plan, average_s)
+        structured = float(np.sum(resid0 * resid0))
+        random_part = float(np.sum((resid - resid0) ** 2))
+        xi = se3_log(se3_inverse(r.cell_T_base) @ truth)
+        C = np.asarray(r.cell_T_base_covariance, dtype=float)
+        nees = float(xi @ np.linalg.solve(C, xi))
+        std = np.array([s.sample.std_m for s in sts])
+        floor = math.sqrt(float(np.mean(np.sum(std * std, axis=1))))
+        warns = [getattr(w, "code", None) for w in getattr(r, "warnings", ()) or ()]
+        rows.append({
+            "err_t_mm": float(np.linalg.norm(r.cell_T_base[:3, 3] - truth[:3, 3])) * 1e3,
+            "err_r_deg": math.degrees(rotation_angle(truth[:3, :3].T @ r.cell_T_base[:3, :3])),
+            "rms_mm": r.rms_translation_m * 1e3, "floor_mm": floor * 1e3,
+            "structured": structured / (structured + random_part) if structured + random_part > 0 else 0.0,
+            "nees": nees, "sigma_mm": float(r.sigma_translation_mm), "model_error": "model_error" in warns,
+        })
+    return {"rows": rows}
+
+
+def demo_run(timeout_s: float = 600.0) -> dict | None:
+    cmd = [sys.executable, "-m", "cellcal.daemon.cli", "demo", "--json", "--no-drift-check"]
+    try:
+        out = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True, timeout=timeout_s, check=False)
+    except subprocess.TimeoutExpired:
+        return None
+    if out.returncode != 0 or not out.stdout.strip():
+        print(out.stderr[-2000:], file=sys.stderr)
+        return None
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _q(values, p):
+    return float(np.percentile(np.asarray(values, dtype=float), p))
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=40)
+    ap.add_argument("--no-demo", action="store_true", help="skip the end-to-end demo run")
+    args = ap.parse_args(argv)
+    load0 = os.getloadavg()[0]
+    t0 = time.monotonic()
+    mc = monte_carlo(args.trials)
+    rows = mc["rows"]
+    demo = None if args.no_demo else demo_run()
+    wall = time.monotonic() - t0
+    load1 = os.getloadavg()[0]
+
+    def col(key):
+        return [r[key] for r in rows]
+
+    within = sum(r["nees"] <= NEES_BOUND_3SIGMA_6DOF for r in rows)
+    warned = sum(r["model_error"] for r in rows)
+    ratio = [r["rms_mm"] / r["floor_mm"] for r in rows]
+    lines = [
+        "## Realism: base-frame calibration on a cell as imperfect as a real one (`bench/realism_bench.py`)",
+        "",
+        machine_line(),
+        f"Load average (1 min) {load0:.2f} at start, {load1:.2f} at the end; whole run {wall:.0f} s.",
+        "",
+        f"**Monte Carlo** ({len(rows)} arms, offline on the simulator's own arm and instrument): hidden "
+        "residual DH errors drawn per arm at the demo's magnitudes (ADR 0013, the RMS of the demo's values of "
+        "each kind as 1-sigma), every other source as in `config/demo-scenario.toml`, the demo plan's 20 "
+        "stations (seed = trial), 0.2 s tracker averages, `calibrate_base_frame` with its defaults. "
+        "*Structured fraction*: with `r` the per-station translation residuals and `r0` those of the same arm "
+        "and stations with every random noise off, `|r0|^2 / (|r0|^2 + |r - r0|^2)`: the share of the "
+        "residual's energy that repeats without noise.",
+        "",
+        "| figure | median | P90 | max |",
+        "|---|---:|---:|---:|",
+        f"| `cell_T_base` error vs truth, translation (mm) | {_q(col('err_t_mm'), 50):.3f} | {_q(col('err_t_mm'), 90):.3f} "
+        f"| {max(col('err_t_mm')):.3f} |",
+        f"| `cell_T_base` error vs truth, rotation (deg) | {_q(col('err_r_deg'), 50):.4f} | {_q(col('err_r_deg'), 90):.4f} "
+        f"| {max(col('err_r_deg')):.4f} |",
+        f"| residual RMS (mm) | {_q(col('rms_mm'), 50):.3f} | {_q(col('rms_mm'), 90):.3f} | {max(col('rms_mm')):.3f} |",
+        f"| tracker noise floor, 3-D RMS of reported stds (mm) | {_q(col('floor_mm'), 50):.4f} | "
+        f"{_q(col('floor_mm'), 90):.4f} | {max(col('floor_mm')):.4f} |",
+        f"| residual RMS / noise floor | {_q(ratio, 50):.1f} | {_q(ratio, 90):.1f} | {max(ratio):.1f} |",
+        f"| structured fraction of the residual | {_q(col('structured'), 50):.3f} | {_q(col('structured'), 90):.3f} | "
+        f"{max(col('structured')):.3f} |",
+        f"| reported 1-sigma translation (mm) | {_q(col('sigma_mm'), 50):.3f} | {_q(col('sigma_mm'), 90):.3f} | "
+        f"{max(col('sigma_mm')):.3f} |",
+        f"| NEES of `cell_T_base` (6 dof; honest: mean 6, 3-sigma bound {NEES_BOUND_3SIGMA_6DOF}) | "
+        f"{_q(col('nees'), 50):.1f} | {_q(col('nees'), 90):.1f} | {max(col('nees')):.1f} |",
+        "",
+        f"Within 3 reported sigmas: {within} of {len(rows)} arms; results warning `model_error`: {warned} of {len(rows)}.",
+    ]
+    if demo is not None:
+        te, rv = demo["truth_error"], demo["residual_vs_noise"]
+        lines += [
+            "",
+            f"**`cellcal demo`** (the daemon over the real wire, {demo['n_stations']} stations, demo cell): "
+            f"error vs truth {te['translation_m'] * 1e3:.3f} mm / {math.degrees(te['rotation_rad']):.4f} deg; "
+            f"residual RMS {rv['rms_translation_m'] * 1e3:.3f} mm = {rv['ratio']:.1f}x the tracker's noise floor "
+            f"{rv['tracker_noise_m'] * 1e3:.4f} mm; NEES {te['nees']:.1f} (bound {te['nees_3sigma_bound']}), within 3 sigma: "
+            f"{'yes' if te['within_3_sigma'] else 'no'}; warnings: "
+            f"{', '.join(w.get('code', '?') for w in demo.get('warnings') or []) or 'none'}; provenance robot_serial "
+            f"{demo['provenance'].get('robot_serial')}, kinematics_digest "
+            f"{str(demo['provenance'].get('kinematics_digest'))[:19]}...",
+        ]
+    lines += [
+        "",
+        "**How to read.** The arm's kinematic error leaves residuals an order of magnitude above the tracker's noise, "
+        "nearly all of them structured (they repeat with the noise off), and biases `cell_T_base` by 2-3x the residual "
+        "RMS: the part of the error a rigid base frame absorbs leaves no residual. An honest result reports a covariance "
+        "that covers that bias (NEES under the bound); one estimated from the residuals as if they were noise does not.",
+    ]
+    body = "\n".join(lines)
+    print(body)
+    write_section("realism", body)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
