@@ -3,7 +3,7 @@
 Run ``.venv/bin/python bench/realism_bench.py [--trials N] [--no-demo]``. It
 
 1. draws ``--trials`` (default 40) arms with hidden kinematic errors at the magnitudes of
-   ``config/demo-scenario.toml`` (ADR 0013: each residual DH parameter Gaussian, its 1-sigma the
+   ``config/demo-scenario.toml`` (ADR 0015: each residual DH parameter Gaussian, its 1-sigma the
    RMS of the demo's values of that kind, joint 1/6 zeros and d1/d6 left out because they are the base and
    tool frames), every other error source as in the demo (factory calibration, sag,
    backlash, warm-up; the beam-coordinate tracker with outliers and refraction drift), and
@@ -174,7 +174,7 @@ def main(argv: list[str] | None = None) -> int:
         f"Load average (1 min) {load0:.2f} at start, {load1:.2f} at the end; whole run {wall:.0f} s.",
         "",
         f"**Monte Carlo** ({len(rows)} arms, offline on the simulator's own arm and instrument): hidden "
-        "residual DH errors drawn per arm at the demo's magnitudes (ADR 0013, the RMS of the demo's values of "
+        "residual DH errors drawn per arm at the demo's magnitudes (ADR 0015, the RMS of the demo's values of "
         "each kind as 1-sigma), every other source as in `config/demo-scenario.toml`, the demo plan's 20 "
         "stations (seed = trial), 0.2 s tracker averages, `calibrate_base_frame` with its defaults. "
         "*Structured fraction*: with `r` the per-station translation residuals and `r0` those of the same arm "

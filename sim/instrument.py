@@ -8,7 +8,7 @@ range, target not steady). The protocol devices -- the cellcal tracker
 (:mod:`cellcal.sim.geocom_sim`) -- only turn its answers into their own packets and codes,
 so a more realistic model here reaches every protocol at once.
 
-The error model (``docs/simulation.md``, magnitudes in ADR 0013):
+The error model (``docs/simulation.md``, magnitudes in ADR 0015):
 
 * **noise in beam coordinates** (:class:`TrackerNoiseModel`): along the beam from the
   instrument's position (radial) and across it (transverse), each a constant plus a term

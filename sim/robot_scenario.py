@@ -5,7 +5,7 @@
 rejecting unknown keys and bad values with a :class:`~cellcal.sim.errors.ScenarioError`
 (a ``ValueError``) naming the dotted path. ``docs/simulation-robot.md`` documents every key.
 
-The arm's error model has three layers (ADR 0013 gives the magnitudes and their sources):
+The arm's error model has three layers (ADR 0015 gives the magnitudes and their sources):
 
 * the **nominal** model (``model`` / ``dh``): the data sheet;
 * the **factory** calibration (``[robot.factory]``): DH deltas the controller believes,

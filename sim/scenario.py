@@ -139,7 +139,7 @@ class TrackerConfig:
     radial_noise_m, radial_noise_per_m, transverse_noise_m, transverse_noise_per_m : float
         1-sigma noise of one raw sample in beam coordinates: along the beam and across it
         (each of the two transverse directions), constant (m) plus per metre of range
-        (m/m), as ISO 10360-10 MPE statements are written (ADR 0013 for the reading).
+        (m/m), as ISO 10360-10 MPE statements are written (ADR 0015 for the reading).
     noise_correlation_s : float
         Samples closer than this are not independent (air turbulence): an average over
         ``T`` s has ``max(1, min(n, T / noise_correlation_s))`` independent samples.
