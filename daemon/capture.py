@@ -10,7 +10,8 @@ A station is accepted only when
    within ``agree`` (a target still ringing shows up as disagreement);
 3. the robot's rest window covers the tracker's averaging window in host time (both clocks
    mapped onto ``time.monotonic_ns()``), within ``sync_window_s`` for the clock mapping's
-   uncertainty;
+   uncertainty, and the robot samples averaged over it are one pose (no joint spans more
+   than its speed limit allows over their controller-time span, plus encoder noise);
 4. the pose is new: no accepted station of the run is within ``min_pose_change``;
 5. the data are consistent (every station, not only when a device connects):
 
@@ -67,11 +68,16 @@ from cellcal.solver.se3 import rotation_angle
 log = logging.getLogger(__name__)
 
 __all__ = ["RejectReason", "StationRejected", "DeviceFault", "RobotMonitor", "CaptureEngine", "Capture", "Session",
-           "Expected", "fk_deviation", "settings_changed", "TCP_OFFSET_CHANGED", "PAYLOAD_CHANGED", "jsonable"]
+           "Expected", "fk_deviation", "settings_changed", "TCP_OFFSET_CHANGED", "PAYLOAD_CHANGED", "jsonable",
+           "rest_spread"]
 
 #: A gross disagreement is at least this many times the rough estimate's RMS closure (and
 #: at least the configured floor): a good station sits within a few RMS of the fit.
 GROSS_RMS_FACTOR = 20.0
+#: Joint readings of a robot at rest differ by encoder noise (the simulator's: about 1 urad;
+#: a UR's encoders: about 20 urad); a rest window's samples may span this much more than the
+#: joint speed limit allows.
+_Q_NOISE_RAD = 1e-4
 #: ``tcp_offset`` (m, rad) and ``payload`` (kg) changes smaller than this are float noise.
 _TCP_CHANGE_TOL = 1e-6
 _PAYLOAD_CHANGE_TOL_KG = 1e-6
@@ -450,6 +456,19 @@ class RobotMonitor:
             return [s for s in self._samples if t0_ns <= s.t_host_ns <= t1_ns]
 
 
+def rest_spread(samples: list[Any], settle: Any) -> tuple[float, float]:
+    """``(range, allowed)``, rad: the largest range of one joint over robot samples that are
+    to be averaged as one pose at rest, and the most rest allows: the joint speed limit
+    (``[robot.settle] max_joint_speed_deg_s``) over the samples' span on the controller's
+    clock plus the dwell, plus encoder noise (``_Q_NOISE_RAD``)."""
+    if len(samples) < 2:
+        return 0.0, _Q_NOISE_RAD
+    qs = np.array([s.q_rad for s in samples], dtype=float)
+    span_s = float(max(s.t_device_s for s in samples) - min(s.t_device_s for s in samples))
+    allowed = float(settle.max_joint_speed_rad_s) * (span_s + float(settle.dwell_s)) + _Q_NOISE_RAD
+    return float(np.max(np.ptp(qs, axis=0))), allowed
+
+
 def _mean_pose(Ts: list[np.ndarray]) -> np.ndarray:
     """Mean of nearby rigid transforms: mean translation, chordal mean rotation."""
     A = np.array(Ts)
@@ -678,8 +697,21 @@ class CaptureEngine:
         # than the rest window's start would average in the end of the move and the ringing
         # (whenever sync_window_s exceeds the dwell): a pose off by the ringing amplitude.
         samples = self.monitor.samples_between(max(t0 - tol_ns, st_now.window_start_ns), t1 + tol_ns) or [latest]
+        # The samples averaged must be one pose (rest_spread): samples stamped into the
+        # window that belong elsewhere (a backlog of the link mapped onto the wrong host
+        # times) would average two poses into one that was never measured.
+        qs = np.array([smp.q_rad for smp in samples])
+        q_range, q_allowed = rest_spread(samples, self.cfg.robot.settle)
+        if q_range > q_allowed:
+            figures.update(robot_q_range_rad=q_range, robot_q_allowed_rad=q_allowed, robot_samples=len(samples))
+            raise StationRejected(
+                RejectReason.NOT_SETTLED,
+                f"the robot samples of the rest window span {math.degrees(q_range):.4f} deg of a joint, more than "
+                f"{math.degrees(q_allowed):.4f} deg at rest: they are not one pose",
+                figures,
+            )
         G = _mean_pose([smp.base_T_flange for smp in samples])
-        q = np.mean([smp.q_rad for smp in samples], axis=0)
+        q = qs.mean(axis=0)
         mid = samples[len(samples) // 2]
         # 5a. the robot's pose agrees with its joints.
         self._check_fk(q, G, figures)

@@ -22,6 +22,7 @@ import itertools
 import json
 import math
 import subprocess
+import time
 from pathlib import Path
 
 import numpy as np
@@ -229,6 +230,52 @@ def test_a_point_drift_check_that_fails_marks_the_result_suspect(tmp_path):
         assert rec.suspect and "mm" in rec.suspect_reason and "deg" not in rec.suspect_reason
         assert cell.svc.wait_idle(WAIT_S)
         assert cell.nonconforming() == []
+
+
+@pytest.mark.parametrize("instrument, transport", [("emscon", "tcp"), ("geocom", "tcp")])
+def test_cellcal_sim_and_cellcal_run_as_processes_over_a_leica_protocol(tmp_path, instrument, transport):
+    """``cellcal sim --instrument`` and ``cellcal run`` as child processes, the daemon's
+    ``tracker.url`` the protocol URL the simulator printed (``emscon://127.0.0.1:PORT``,
+    ``geocom+socket://127.0.0.1:PORT``): ``cellcal run`` accepts the file (the same checks as
+    check-config), the point run's result arrives over ZeroMQ and conforms, and the store
+    holds every station once."""
+    from cellcal.daemon.client import Client
+    from cellcal.daemon.harness import FAST_SCENARIO, DaemonProcess, SimProcess, audit_store
+    from cellcal.daemon.instruments import config_overrides
+    from cellcal.sim.scenario import load_scenario
+
+    sim = SimProcess(FAST_SCENARIO, tmp_path / "sim.log", "--instrument", instrument, "--tracker-transport", transport)
+    daemon = None
+    try:
+        urls = sim.start(timeout_s=60.0)
+        assert urls["tracker"].startswith(f"{instrument}://" if instrument == "emscon" else "geocom+socket://")
+        cfg = daemon_config(robot_url=urls["robot"], tracker_url=urls["tracker"], workdir=tmp_path, n_stations=6,
+                            overrides=config_overrides(instrument))
+        daemon = DaemonProcess(write_config(tmp_path / "cellcal.toml", cfg), tmp_path / "daemon.log").start()
+        z = cfg["zmq"]
+        with Client(z["cmd_endpoint"], z["pub_endpoint"], timeout_s=3.0, retries=5) as client:
+            sub = client.subscribe(silence_timeout_s=5.0)
+            run_id = client.call("start_run", kind="base_frame")["run_id"]
+            deadline = time.monotonic() + 2 * WAIT_S
+            result = None
+            while result is None:
+                assert time.monotonic() < deadline, f"no result over ZeroMQ:\n{daemon.log_tail()}"
+                assert daemon.alive(), daemon.log_tail()
+                msg = sub.recv(timeout_s=0.5)
+                if msg is not None and msg[0] == P.TOPIC_RESULT and msg[1]["body"].get("run_id") == run_id:
+                    result = msg[1]["body"]
+            assert P.check_body(P.TOPIC_RESULT, result) == []
+            assert result["gates"]["passed"] and result["active"] and "flange_p_target" in result["points"]
+            status = client.call("get_status")
+            assert status["devices"]["tracker"]["url"] == urls["tracker"]
+        assert_point_result_matches(result, load_scenario(FAST_SCENARIO).make_world())
+        assert daemon.terminate() == 0
+        audit = audit_store(Path(cfg["service"]["state_dir"]))
+        assert audit["integrity"] == ["ok"] and len(audit["stations"]) == 6 and not audit["duplicates"]
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        sim.stop()
 
 
 # ---- configuration: a Leica instrument named in the config ----------------------------------
@@ -466,3 +513,30 @@ def test_a_run_started_measuring_poses_is_not_resumed_measuring_points(tmp_path)
         assert "[tracker] measure" in run.status_reason
     finally:
         svc.shutdown(timeout_s=10.0)
+
+
+def test_robot_samples_of_two_poses_are_not_one_rest():
+    """The rest window's robot samples are averaged as one pose only if no joint spans more
+    than rest allows (``capture.rest_spread``): at rest, encoder noise; samples of the pose
+    before the move stamped into the window (a link backlog under load once put the first
+    station's samples 1.3 deg apart) are refused."""
+    from types import SimpleNamespace
+
+    from cellcal.daemon.capture import rest_spread
+    from cellcal.daemon.config import RobotSettle
+
+    settle = RobotSettle()  # 0.05 deg/s, dwell 0.5 s
+    rng = np.random.default_rng(0)
+    q0 = np.array([0.1, -1.5, 1.4, -1.4, -1.6, 0.2])
+    rest = [SimpleNamespace(q_rad=q0 + rng.normal(scale=2e-6, size=6), t_device_s=100.0 + 0.008 * i) for i in range(30)]
+    got, allowed = rest_spread(rest, settle)
+    assert got < 2e-5 < allowed < 1e-3
+    # creeping at the speed limit for the whole span is still rest
+    creep = [SimpleNamespace(q_rad=q0 + settle.max_joint_speed_rad_s * 0.008 * i, t_device_s=100.0 + 0.008 * i)
+             for i in range(30)]
+    assert rest_spread(creep, settle)[0] <= rest_spread(creep, settle)[1]
+    moved = rest[:15] + [SimpleNamespace(q_rad=q0 + [0.022, 0.0, 0.0, 0.0, 0.0, 0.0], t_device_s=99.0 + 0.008 * i)
+                         for i in range(15)]
+    got, allowed = rest_spread(moved, settle)
+    assert got > 0.02 > allowed
+    assert rest_spread(rest[:1], settle)[0] == 0.0
