@@ -101,8 +101,9 @@ simulator thread): a real tracker adds its measuring time, a total station 1 to 
 |---|---|---|---|---|---|---|---|
 {chr(10).join(rows)}
 
-The station capture time per protocol through the daemon comes with the daemon's point-based
-capture. Run `.venv/bin/python bench/instrument_bench.py` to refresh.
+The station capture time per protocol through the daemon (command to accepted station) is the
+`stations` section (`bench/station_bench.py`). Run `.venv/bin/python bench/instrument_bench.py`
+to refresh.
 """
     write_section("instruments", md)
     print(md)

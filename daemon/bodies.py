@@ -152,17 +152,17 @@ def drift(*, result_id: int | str, check_id: int, verdict: Any, cfg: Any, statio
           suspect: bool, reason: str) -> P.DriftBody:
     """``cellcal/v1/drift`` (also what the store keeps of the check): ``verdict`` is a
     ``drift.Verdict``, ``cfg`` the ``[drift]`` section."""
-    t, r = verdict.deviation_translation_m, verdict.deviation_rotation_rad
+    t, r = verdict.deviation_translation_m, verdict.deviation_rotation_rad  # r None: point measurements
     body = P.DriftBody(
         result_id=str(result_id), check_id=int(check_id), deviation_translation_m=float(t),
-        deviation_rotation_rad=float(r), warn_translation_m=cfg.warn_translation_m,
+        deviation_rotation_rad=None if r is None else float(r), warn_translation_m=cfg.warn_translation_m,
         fail_translation_m=cfg.fail_translation_m, warn_rotation_rad=cfg.warn_rotation_rad,
         fail_rotation_rad=cfg.fail_rotation_rad,
         cusum=P.Cusum(value_m=float(verdict.cusum_m), k_m=cfg.cusum_k_m, h_m=cfg.cusum_h_m, alarm=bool(verdict.alarm)),
         status=verdict.status, suspect=bool(suspect), action=verdict.action, stations=stations,
     )
     # the same in edge units, for people reading logs and `cellcal watch`
-    return _with(body, reason=reason, deviation_mm=t * 1e3, deviation_deg=math.degrees(r))
+    return _with(body, reason=reason, deviation_mm=t * 1e3, deviation_deg=None if r is None else math.degrees(r))
 
 
 # --- results -------------------------------------------------------------------------------------

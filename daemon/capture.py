@@ -10,7 +10,8 @@ A station is accepted only when
    within ``agree`` (a target still ringing shows up as disagreement);
 3. the robot's rest window covers the tracker's averaging window in host time (both clocks
    mapped onto ``time.monotonic_ns()``), within ``sync_window_s`` for the clock mapping's
-   uncertainty;
+   uncertainty, and the robot samples averaged over it are one pose (no joint spans more
+   than its speed limit allows over their controller-time span, plus encoder noise);
 4. the pose is new: no accepted station of the run is within ``min_pose_change``;
 5. the data are consistent (every station, not only when a device connects):
 
@@ -21,10 +22,16 @@ A station is accepted only when
    * the tracker's position is within the instrument's range, ``[tracker] max_range_mm``;
    * the tracker's value is not frozen: bit for bit the previous measurement with a fresh
      timestamp (:class:`Session`; noise makes that impossible for a live instrument);
-   * the tracker's pose agrees with the pose predicted from the robot pose and the run's
-     rough current estimate (:class:`Expected`), within a bound that grows with the
-     estimate's own residuals and never falls below ``[tracker] gross_error_mm`` /
-     ``gross_error_deg``.
+   * the tracker's pose (a point tracker's point) agrees with the one predicted from the
+     robot pose and the run's rough current estimate (:class:`Expected`), within a bound
+     that grows with the estimate's own residuals and never falls below ``[tracker]
+     gross_error_mm`` / ``gross_error_deg`` (a point has no rotation to compare).
+
+A point (3-DoF) station (``[tracker] measure = "point"``: a reflector, as an emScon tracker
+or a GeoCOM total station measures it) goes through the same steps with what a point has:
+the halves' position std and agreement (no rotation figures: ``tracker_std_rotation_rad``
+is None), the range, the frozen value, the FK check of the robot, and the gross check of
+the position. Its record has ``cell_p_target`` and no ``cell_T_target``.
 
 Otherwise a :class:`StationRejected` names the reason (:class:`RejectReason`) and carries the
 figures. Link failures are not rejections: they raise :class:`DeviceFault` naming the device
@@ -61,11 +68,16 @@ from cellcal.solver.se3 import rotation_angle
 log = logging.getLogger(__name__)
 
 __all__ = ["RejectReason", "StationRejected", "DeviceFault", "RobotMonitor", "CaptureEngine", "Capture", "Session",
-           "Expected", "fk_deviation", "settings_changed", "TCP_OFFSET_CHANGED", "PAYLOAD_CHANGED", "jsonable"]
+           "Expected", "fk_deviation", "settings_changed", "TCP_OFFSET_CHANGED", "PAYLOAD_CHANGED", "jsonable",
+           "rest_spread"]
 
 #: A gross disagreement is at least this many times the rough estimate's RMS closure (and
 #: at least the configured floor): a good station sits within a few RMS of the fit.
 GROSS_RMS_FACTOR = 20.0
+#: Joint readings of a robot at rest differ by encoder noise (the simulator's: about 1 urad;
+#: a UR's encoders: about 20 urad); a rest window's samples may span this much more than the
+#: joint speed limit allows.
+_Q_NOISE_RAD = 1e-4
 #: ``tcp_offset`` (m, rad) and ``payload`` (kg) changes smaller than this are float noise.
 _TCP_CHANGE_TOL = 1e-6
 _PAYLOAD_CHANGE_TOL_KG = 1e-6
@@ -224,15 +236,33 @@ class Expected:
     ``cell_T_target = cell_T_base @ base_T_flange @ flange_T_target``; a measurement
     farther than ``max_translation_m`` / ``max_rotation_rad`` from the prediction is a gross
     disagreement (:meth:`bounds` says how those are chosen).
+
+    A point estimate (:meth:`of_point`, from a point base-frame fit) knows the reflector's
+    position on the flange but no target orientation (``is_point``): only positions are
+    compared (:meth:`position_deviation`).
     """
 
     def __init__(self, cell_T_base: np.ndarray, flange_T_target: np.ndarray, max_translation_m: float,
-                 max_rotation_rad: float, n_stations: int) -> None:
+                 max_rotation_rad: float, n_stations: int, *, is_point: bool = False) -> None:
         self.cell_T_base = np.asarray(cell_T_base, dtype=float)
         self.flange_T_target = np.asarray(flange_T_target, dtype=float)
         self.max_translation_m = float(max_translation_m)
         self.max_rotation_rad = float(max_rotation_rad)
         self.n_stations = int(n_stations)
+        self.is_point = bool(is_point)
+
+    @classmethod
+    def of_point(cls, cell_T_base: np.ndarray, flange_p_target: np.ndarray, max_translation_m: float,
+                 n_stations: int) -> Expected:
+        """The estimate of a point fit: ``cell_p_target = cell_T_base @ base_T_flange @ flange_p_target``."""
+        Y = np.eye(4)
+        Y[:3, 3] = np.asarray(flange_p_target, dtype=float).reshape(3)
+        return cls(cell_T_base, Y, max_translation_m, math.inf, n_stations, is_point=True)
+
+    def position_deviation(self, base_T_flange: np.ndarray, cell_p_target: np.ndarray) -> float:
+        """Distance (m) of a measured target position from the predicted one."""
+        pred = self.cell_T_base @ base_T_flange @ self.flange_T_target
+        return float(np.linalg.norm(pred[:3, 3] - np.asarray(cell_p_target, dtype=float)))
 
     @staticmethod
     def bounds(rms_translation_m: float, rms_rotation_rad: float, floor_m: float, floor_rad: float) -> tuple[float, float]:
@@ -426,6 +456,19 @@ class RobotMonitor:
             return [s for s in self._samples if t0_ns <= s.t_host_ns <= t1_ns]
 
 
+def rest_spread(samples: list[Any], settle: Any) -> tuple[float, float]:
+    """``(range, allowed)``, rad: the largest range of one joint over robot samples that are
+    to be averaged as one pose at rest, and the most rest allows: the joint speed limit
+    (``[robot.settle] max_joint_speed_deg_s``) over the samples' span on the controller's
+    clock plus the dwell, plus encoder noise (``_Q_NOISE_RAD``)."""
+    if len(samples) < 2:
+        return 0.0, _Q_NOISE_RAD
+    qs = np.array([s.q_rad for s in samples], dtype=float)
+    span_s = float(max(s.t_device_s for s in samples) - min(s.t_device_s for s in samples))
+    allowed = float(settle.max_joint_speed_rad_s) * (span_s + float(settle.dwell_s)) + _Q_NOISE_RAD
+    return float(np.max(np.ptp(qs, axis=0))), allowed
+
+
 def _mean_pose(Ts: list[np.ndarray]) -> np.ndarray:
     """Mean of nearby rigid transforms: mean translation, chordal mean rotation."""
     A = np.array(Ts)
@@ -523,8 +566,8 @@ class CaptureEngine:
 
         ``plan_index`` is the station's place in the plan (the record's ``plan_index``);
         ``accepted_poses`` are the run's accepted ``base_T_flange`` (for the duplicate test);
-        ``expected``, when given, is the rough estimate a pose measurement must agree with
-        (a drift check passes none: its deviation is what it measures).
+        ``expected``, when given, is the rough estimate a measurement (pose or point) must
+        agree with (a drift check passes none: its deviation is what it measures).
         A tracker that says its target is not stable yet (the arm still settling) is asked
         again until the station's timeout, as an operator would; only then is it a rejection.
         """
@@ -634,14 +677,12 @@ class CaptureEngine:
         if std_t > s.max_std_translation_m or (std_r is not None and std_r > s.max_std_rotation_rad):
             raise StationRejected(RejectReason.TRACKER_STD, f"tracker std {std_t * 1e3:.4f} mm too high", figures)
         d_t = float(np.linalg.norm(m1.cell_p_target - m2.cell_p_target))
-        d_r = rotation_angle(m1.cell_T_target[:3, :3].T @ m2.cell_T_target[:3, :3]) if kind == "pose" else 0.0
+        d_r = rotation_angle(m1.cell_T_target[:3, :3].T @ m2.cell_T_target[:3, :3]) if kind == "pose" else None
         figures.update(tracker_halves_delta_m=d_t, tracker_halves_delta_rad=d_r)
-        if d_t > s.agree_translation_m or d_r > s.agree_rotation_rad:
-            raise StationRejected(
-                RejectReason.TRACKER_DISAGREE,
-                f"tracker halves differ by {d_t * 1e3:.4f} mm / {math.degrees(d_r):.4f} deg",
-                figures,
-            )
+        if d_t > s.agree_translation_m or (d_r is not None and d_r > s.agree_rotation_rad):
+            rot = "" if d_r is None else f" / {math.degrees(d_r):.4f} deg"
+            raise StationRejected(RejectReason.TRACKER_DISAGREE, f"tracker halves differ by {d_t * 1e3:.4f} mm{rot}",
+                                  figures)
         # 3. the robot's rest window covers the tracker's window (within the sync tolerance).
         if (st_now is None or not st_now.settled or st_now.window_start_ns != window_start
                 or st_now.window_start_ns > t0 + tol_ns):
@@ -656,8 +697,21 @@ class CaptureEngine:
         # than the rest window's start would average in the end of the move and the ringing
         # (whenever sync_window_s exceeds the dwell): a pose off by the ringing amplitude.
         samples = self.monitor.samples_between(max(t0 - tol_ns, st_now.window_start_ns), t1 + tol_ns) or [latest]
+        # The samples averaged must be one pose (rest_spread): samples stamped into the
+        # window that belong elsewhere (a backlog of the link mapped onto the wrong host
+        # times) would average two poses into one that was never measured.
+        qs = np.array([smp.q_rad for smp in samples])
+        q_range, q_allowed = rest_spread(samples, self.cfg.robot.settle)
+        if q_range > q_allowed:
+            figures.update(robot_q_range_rad=q_range, robot_q_allowed_rad=q_allowed, robot_samples=len(samples))
+            raise StationRejected(
+                RejectReason.NOT_SETTLED,
+                f"the robot samples of the rest window span {math.degrees(q_range):.4f} deg of a joint, more than "
+                f"{math.degrees(q_allowed):.4f} deg at rest: they are not one pose",
+                figures,
+            )
         G = _mean_pose([smp.base_T_flange for smp in samples])
-        q = np.mean([smp.q_rad for smp in samples], axis=0)
+        q = qs.mean(axis=0)
         mid = samples[len(samples) // 2]
         # 5a. the robot's pose agrees with its joints.
         self._check_fk(q, G, figures)
@@ -676,20 +730,9 @@ class CaptureEngine:
         if kind == "pose":
             M = _mean_pose([m1.cell_T_target, m2.cell_T_target])
             M[:3, 3] = p
-            # 5d. the measurement agrees with the pose the run's estimate predicts.
-            if expected is not None:
-                dt, dr = expected.deviation(G, M)
-                figures.update(expected_deviation_m=dt, expected_deviation_rad=dr,
-                               expected_bound_m=expected.max_translation_m,
-                               expected_bound_rad=expected.max_rotation_rad)
-                if dt > expected.max_translation_m or dr > expected.max_rotation_rad:
-                    raise StationRejected(
-                        RejectReason.GROSS_DISAGREEMENT,
-                        f"tracker pose {dt * 1e3:.3f} mm / {math.degrees(dr):.4f} deg from the pose predicted by the "
-                        f"estimate of {expected.n_stations} accepted stations (bound "
-                        f"{expected.max_translation_m * 1e3:.3f} mm / {math.degrees(expected.max_rotation_rad):.4f} deg)",
-                        figures,
-                    )
+        # 5d. the measurement agrees with the pose (or point) the run's estimate predicts.
+        if expected is not None:
+            _check_expected(expected, G, M, p, figures)
         std_pooled = float(math.sqrt(0.5 * (np.max(m1.std_translation_m) ** 2 + np.max(m2.std_translation_m) ** 2) / 2.0))
         raw = {
             "tracker_halves": [_meas_raw(m) for m in (m1, m2)],
@@ -713,6 +756,35 @@ class CaptureEngine:
             settle=jsonable(figures),
             raw=jsonable(raw),
             accepted_host_ns=time.monotonic_ns(),
+        )
+
+
+def _check_expected(expected: Expected, G: np.ndarray, M: np.ndarray | None, p: np.ndarray,
+                    figures: dict[str, Any]) -> None:
+    """Reject a station far from the run's estimate: the pose when both the measurement and
+    the estimate have an orientation, else the position alone."""
+    if M is not None and not expected.is_point:
+        dt, dr = expected.deviation(G, M)
+        figures.update(expected_deviation_m=dt, expected_deviation_rad=dr, expected_bound_m=expected.max_translation_m,
+                       expected_bound_rad=expected.max_rotation_rad)
+        if dt > expected.max_translation_m or dr > expected.max_rotation_rad:
+            raise StationRejected(
+                RejectReason.GROSS_DISAGREEMENT,
+                f"tracker pose {dt * 1e3:.3f} mm / {math.degrees(dr):.4f} deg from the pose predicted by the "
+                f"estimate of {expected.n_stations} accepted stations (bound "
+                f"{expected.max_translation_m * 1e3:.3f} mm / {math.degrees(expected.max_rotation_rad):.4f} deg)",
+                figures,
+            )
+        return
+    dt = expected.position_deviation(G, p)
+    figures.update(expected_deviation_m=dt, expected_deviation_rad=None, expected_bound_m=expected.max_translation_m,
+                   expected_bound_rad=None)
+    if dt > expected.max_translation_m:
+        raise StationRejected(
+            RejectReason.GROSS_DISAGREEMENT,
+            f"tracker point {dt * 1e3:.3f} mm from the point predicted by the estimate of {expected.n_stations} "
+            f"accepted stations (bound {expected.max_translation_m * 1e3:.3f} mm)",
+            figures,
         )
 
 

@@ -15,6 +15,12 @@ with the tracker's noise floor, and the result's warnings (``result["warnings"]`
 With ``--json`` stdout carries exactly one JSON object at the end: the result as the
 daemon publishes it on ``cellcal/v1/result``, plus ``truth_error`` (with ``nees``,
 ``within_3_sigma``), ``residual_vs_noise`` and ``drift_check``.
+
+``--instrument emscon|geocom`` puts a Leica instrument in the cell instead of the cellcal
+tracker (``cellcal.daemon.instruments``: an emScon laser tracker over TPI on loopback TCP, a
+GeoCOM total station on a pty with checksums on) and runs the point-based (3-DoF)
+calibration: ``cell_T_base`` and the reflector's ``flange_p_target``, each checked against
+the hidden truth and against its own reported covariance (``truth_error``).
 """
 
 from __future__ import annotations
@@ -51,6 +57,49 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout-s", type=float, default=300.0, help="give up after this long (wall clock)")
     p.add_argument("--json", action="store_true", help="print the published result as one JSON object")
     p.add_argument("--no-drift-check", action="store_true", help="skip the drift check after the calibration")
+    p.add_argument("--instrument", choices=("cellcal", "emscon", "geocom"), default="cellcal",
+                   help="the simulated tracker's protocol: cellcal tracker protocol (6-DoF, default), Leica emScon "
+                        "TPI or Leica GeoCOM (both 3-DoF points)")
+
+
+#: Where the demo serves each instrument: loopback TCP, GeoCOM on a pty (its serial line).
+_DEMO_TRANSPORT = {"cellcal": "tcp", "emscon": "tcp", "geocom": "pty"}
+#: Mahalanobis (NEES) 99.9 % quantiles of the chi-square law by degrees of freedom: an
+#: estimate "within its reported uncertainty" has an error inside that ellipsoid.
+_CHI2_999 = {3: 16.266, 6: 22.458}
+
+
+def _point_truth(result: dict, world) -> dict:
+    """Errors of a point result against the scenario's truth, and whether each lies inside
+    its own reported covariance (NEES below the 99.9 % chi-square quantile)."""
+    from cellcal.daemon.report import transform_from_wire
+    from cellcal.solver.se3 import se3_inverse, so3_log
+
+    cov = result["uncertainty"]["covariance"]
+
+    def matrix(name: str) -> np.ndarray:
+        c = cov[name]
+        return np.array([np.nan if v is None else v for v in c["values"]], dtype=float).reshape(c["shape"])
+
+    def nees(err: np.ndarray, C: np.ndarray) -> float | None:
+        try:
+            v = float(err @ np.linalg.solve(C, err))
+        except np.linalg.LinAlgError:
+            return None
+        return v if math.isfinite(v) else None
+
+    X = transform_from_wire(result["transforms"]["cell_T_base"])
+    D = se3_inverse(world.cell_T_base()) @ X
+    xi = np.concatenate([D[:3, 3], so3_log(D[:3, :3])])  # right perturbation: truth exp(xi) = X
+    y = np.asarray(result["points"]["flange_p_target"]["position_m"], dtype=float)
+    ey = y - world.flange_T_target()[:3, 3]
+    out = {}
+    for name, err, dof in (("cell_T_base", xi, 6), ("flange_p_target", ey, 3)):
+        v = nees(err, matrix(name))
+        out[name] = {"error_m": float(np.linalg.norm(err[:3])), "nees": v, "dof": dof,
+                     "within_uncertainty": v is not None and v <= _CHI2_999[dof]}
+    out["cell_T_base"]["error_rad"] = float(np.linalg.norm(xi[3:]))
+    return out
 
 
 def _free_if_taken(endpoint: str) -> str:
@@ -99,18 +148,19 @@ def run(args: argparse.Namespace) -> int:
     from cellcal.daemon import protocol as P
     from cellcal.daemon.app import App
     from cellcal.daemon.config import ConfigError, load_config
+    from cellcal.daemon.instruments import config_overrides, start_simulated
     from cellcal.daemon.report import transform_from_wire
     from cellcal.daemon.store import RunStatus
     from cellcal.daemon.truth import residual_vs_noise, truth_error
     from cellcal.sim.robot_sim import start_sim_robot
     from cellcal.sim.scenario import load_scenario
-    from cellcal.sim.tracker_sim import SimTracker
     from cellcal.solver.errors import CellcalError
     from cellcal.solver.se3 import so3_log
 
     try:
         scenario = load_scenario(args.scenario)
-        cfg = load_config(args.config)
+        # The instrument's [tracker] keys (measure = "point" ...), checked as if the file said them.
+        cfg = load_config(args.config, overrides=config_overrides(args.instrument))
     except (ConfigError, CellcalError, ValueError) as exc:
         print(f"cellcal demo: {exc}", file=sys.stderr)
         return 2
@@ -122,8 +172,8 @@ def run(args: argparse.Namespace) -> int:
         state_dir = tmp.name
     world = scenario.make_world()
     robot_sim = start_sim_robot(world, scenario.robot, transport="rtde")
-    tracker_sim = SimTracker(world, scenario.tracker, transport="tcp", seed=scenario.seed)
-    tracker_sim.__enter__()
+    tracker_sim = start_simulated(args.instrument, world, scenario.tracker, seed=scenario.seed,
+                                  transport=_DEMO_TRANSPORT[args.instrument])
     app = None
     try:
         plan = cfg.plan if args.stations is None else dataclasses.replace(cfg.plan, n_stations=args.stations)
@@ -139,7 +189,8 @@ def run(args: argparse.Namespace) -> int:
             plan=plan,
             zmq=zcfg,
         )
-        _say(f"cellcal demo: simulated robot {robot_sim.url}, tracker {tracker_sim.url}, time x{scenario.time_scale:g}")
+        _say(f"cellcal demo: simulated robot {robot_sim.url}, {args.instrument} instrument {tracker_sim.url} "
+             f"({cfg.tracker.measure} stations), time x{scenario.time_scale:g}")
         _say(f"cellcal demo: ZeroMQ PUB {zcfg.pub_endpoint}, commands {zcfg.cmd_endpoint}")
         done = threading.Event()
         outcome: dict = {}
@@ -183,6 +234,7 @@ def run(args: argparse.Namespace) -> int:
         honest = truth_error(result, X, truth)
         err_t, err_r = honest["translation_m"], honest["rotation_rad"]
         versus_noise = residual_vs_noise(result, [st.tracker_std_translation_m for st in svc.store.stations(run_id)])
+        point_truth = _point_truth(result, world) if "flange_p_target" in result.get("points", {}) else None
         if not args.no_drift_check and svc.store.active_result() is not None:
             done.clear()
             svc.request_drift_check("demo")
@@ -193,6 +245,8 @@ def run(args: argparse.Namespace) -> int:
             out = dict(result)
             out["truth_error"] = honest
             out["residual_vs_noise"] = versus_noise
+            if point_truth is not None:
+                out["truth_error"].update(point_truth)
             out["drift_check"] = outcome.get("drift")
             print(json.dumps(out))
         else:
@@ -205,8 +259,11 @@ def run(args: argparse.Namespace) -> int:
                   f"quat_wxyz [{q['w']:.6f} {q['x']:.6f} {q['y']:.6f} {q['z']:.6f}]")
             print(f"  residual translation: RMS {result['rms_translation_m'] * 1e3:.4f} mm, "
                   f"worst {result['max_translation_m'] * 1e3:.4f} mm")
-            print(f"  residual rotation:    RMS {math.degrees(result['rms_rotation_rad']):.5f} deg, "
-                  f"worst {math.degrees(result['max_rotation_rad']):.5f} deg")
+            if point_truth is None:
+                print(f"  residual rotation:    RMS {math.degrees(result['rms_rotation_rad']):.5f} deg, "
+                      f"worst {math.degrees(result['max_rotation_rad']):.5f} deg")
+            else:
+                print("  residual rotation:    none (point stations measure no orientation)")
             gates = result.get("gates", {})
             verdict = "passed" if gates.get("passed") else "FAILED: " + "; ".join(gates.get("failed", []))
             print(f"  axis_spread {result['axis_spread']:.4f}; gates {verdict}")
@@ -216,18 +273,26 @@ def run(args: argparse.Namespace) -> int:
                       f"{(prov.get('devices', {}).get('robot') or {}).get('kinematics', '?')} "
                       f"{prov.get('kinematics_digest') or ''}")
             print(f"  error against the scenario's truth: {err_t * 1e3:.4f} mm, {math.degrees(err_r):.5f} deg")
+            if point_truth is not None:
+                yp = np.asarray(result["points"]["flange_p_target"]["position_m"]) * 1e3
+                print(f"  flange_p_target_mm         [{yp[0]:10.3f} {yp[1]:10.3f} {yp[2]:10.3f}]  (the reflector)")
+                for name, e in point_truth.items():
+                    nees = "not computed" if e["nees"] is None else f"NEES {e['nees']:.2f} (dof {e['dof']})"
+                    print(f"  {name} against the truth: {e['error_m'] * 1e3:.4f} mm, {nees}: "
+                          f"{'within' if e['within_uncertainty'] else 'OUTSIDE'} its reported uncertainty (99.9 %)")
             for line in honesty_lines(honest, versus_noise, result.get("warnings")):
                 print("  " + line)
             d = outcome.get("drift")
             if d:
+                r = d["deviation_rotation_rad"]
+                rot = "no rotation (points)" if r is None else f"{math.degrees(r):.5f} deg"
                 print(f"  drift check: {d['status']} ({d['deviation_translation_m'] * 1e3:.4f} mm, "
-                      f"{math.degrees(d['deviation_rotation_rad']):.5f} deg; warn {d['warn_translation_m'] * 1e3:.3f} mm, "
-                      f"fail {d['fail_translation_m'] * 1e3:.3f} mm)")
+                      f"{rot}; warn {d['warn_translation_m'] * 1e3:.3f} mm, fail {d['fail_translation_m'] * 1e3:.3f} mm)")
         return 0
     finally:
         if app is not None:
             app.close()
-        tracker_sim.__exit__(None, None, None)
+        tracker_sim.close()
         robot_sim.close()
         if tmp is not None:
             tmp.cleanup()

@@ -23,10 +23,12 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import json
 import math
 import re
 import tomllib
 import typing
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
@@ -40,6 +42,7 @@ __all__ = [
     "load_config_text",
     "check_devices",
     "check_tracker_url",
+    "check_measure_kind",
     "preflight",
     "SUPPORTED_CONFIG_VERSIONS",
 ]
@@ -143,8 +146,9 @@ class TrackerSettle:
 class Tracker:
     """``[tracker]``: the laser tracker."""
 
-    url: str = _f("", "url", doc="device path, socket://host:port or pty path")
-    measure: str = _f("pose", "measure", doc="pose (6-DoF target) or point (3-DoF reflector)")
+    url: str = _f("", "url", doc="device path, socket://host:port, pty path, emscon://host[:port] or geocom://...")
+    measure: str = _f("pose", "measure", doc="pose (6-DoF target) or point (3-DoF reflector); "
+                                              "emScon and GeoCOM instruments measure points only")
     average_s: float = _f(0.5, "average_s")
     max_range_m: float = _f(80.0, "max_range_mm", _MM, doc="farthest distance the instrument measures")
     gross_error_m: float = _f(25e-3, "gross_error_mm", _MM, doc="floor of the gross-disagreement bound")
@@ -300,9 +304,10 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "robot.settle.dwell_s": (0.05, 60.0, False),
     "robot.settle.max_sample_gap_s": (0.0, 10.0, True),
     "tracker.average_s": (0.0, 60.0, False),
-    "tracker.settle.max_std_mm": (0.0, 1.0, True),
+    # Up to 10 mm: a total station's a-priori std is about 1 mm plus its ppm (GeoCOM).
+    "tracker.settle.max_std_mm": (0.0, 10.0, True),
     "tracker.settle.max_std_deg": (0.0, 1.0, True),
-    "tracker.settle.agree_mm": (0.0, 1.0, True),
+    "tracker.settle.agree_mm": (0.0, 10.0, True),
     "tracker.settle.agree_deg": (0.0, 1.0, True),
     "capture.move_speed": (0.0, 1.0, True),
     "capture.sync_window_s": (0.0, 60.0, False),
@@ -474,12 +479,21 @@ def _near(k: str, known: dict) -> str | None:
     return m[0] if m else None
 
 
-def load_config_text(text: str, *, source: str = "<string>") -> Config:
+def load_config_text(text: str, *, source: str = "<string>", overrides: Mapping[str, Any] | None = None) -> Config:
     """Parse and validate TOML text into a :class:`Config` (SI units).
 
     Every check that needs no file, device or socket is made here, the ``[zmq]`` security
-    rules included (:func:`cellcal.daemon.zmq_server.check_security`); :func:`preflight`
-    adds the rest of what ``cellcal run`` checks before it starts.
+    rules included (:func:`cellcal.daemon.zmq_server.check_security`), and the measurement
+    kind against the instrument the tracker URL names (:func:`check_measure_kind`);
+    :func:`preflight` adds the rest of what ``cellcal run`` checks before it starts.
+
+    Parameters
+    ----------
+    overrides : mapping, optional
+        TOML keys (nested tables, the file's units) merged over the file's before anything
+        is checked, so they are checked exactly as if the file said them (``cellcal demo``
+        sets its simulated instrument's ``[tracker]`` keys this way). ``sha256`` then covers
+        the text and the overrides.
 
     Raises
     ------
@@ -497,20 +511,70 @@ def load_config_text(text: str, *, source: str = "<string>") -> Config:
         raise ConfigError("", "not valid TOML for cellcal: tables or arrays nested too deep", file=source) from None
     except ValueError as exc:  # e.g. an integer of more than 4300 digits (int() refuses it)
         raise ConfigError("", f"not valid TOML: {str(exc)[:200]}", file=source) from None
+    if overrides:
+        raw = _merged(raw, overrides)
     if "config_version" not in raw:
         raise ConfigError("config_version", f"missing (this build reads {SUPPORTED_CONFIG_VERSIONS})", file=source)
     try:
         cfg = _build(Config, raw, "")
         _validate(cfg)
+        check_measure_kind(cfg.tracker)
         _check_zmq(cfg)
     except ConfigError as exc:
         raise exc.with_file(source) from None
-    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
+    data = text.encode("utf-8", "surrogatepass")
+    if overrides:
+        data += b"\n# overrides " + json.dumps(overrides, sort_keys=True, default=str).encode()
+    digest = hashlib.sha256(data).hexdigest()
     return dataclasses.replace(cfg, sha256=digest, source=source)
 
 
-def load_config(path: str | Path) -> Config:
-    """Read a TOML file; errors name the file and the dotted key path."""
+def _merged(base: dict, over: Mapping[str, Any]) -> dict:
+    """``base`` with ``over`` merged in, table by table (a scalar or array replaces)."""
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merged(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def check_measure_kind(tracker: Tracker) -> None:
+    """``[tracker] measure`` must be a kind the instrument the URL names can measure.
+
+    The backend is the one ``cellcal.drivers.connect_tracker`` picks (the URL's protocol
+    scheme, ``emscon://`` or ``geocom://``, else ``tracker.options.backend``, else the
+    cellcal tracker protocol); its ``measure_kinds`` say what the instrument measures. An
+    emScon tracker or a GeoCOM total station measures points (a reflector) only, so
+    ``measure = "pose"`` with one is refused here, naming the key, not at the first station.
+    A URL or backend that names nothing is left to :func:`check_devices` (``tracker.url``).
+
+    Raises
+    ------
+    ConfigError
+        Under ``tracker.measure``.
+    """
+    if not tracker.url:
+        return
+    from cellcal.drivers.base import load_backend
+    from cellcal.drivers.tracker import BACKENDS, backend_for_url
+
+    name = backend_for_url(tracker.url) or tracker.options.get("backend") or "serial"
+    if not isinstance(name, str):
+        return
+    try:
+        cls = load_backend(BACKENDS, name, "tracker backend")
+    except (ValueError, ImportError, AttributeError):
+        return  # check_devices reports the URL or the option
+    kinds = frozenset(getattr(cls, "measure_kinds", ()))
+    if kinds and tracker.measure not in kinds:
+        only = " and ".join(repr(k) for k in sorted(kinds))
+        raise ConfigError("tracker.measure", f"{tracker.measure!r}, but the {name} instrument of tracker.url "
+                                             f"{_show(tracker.url)} measures {only} only: set measure = "
+                                             f"{sorted(kinds)[0]!r}")
+
+
+def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None) -> Config:
+    """Read a TOML file; errors name the file and the dotted key path (``overrides``: as
+    :func:`load_config_text`)."""
     path = Path(path)
     try:
         with open(path, "rb") as f:
@@ -518,7 +582,7 @@ def load_config(path: str | Path) -> Config:
         text = data.decode("utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("", f"cannot read: {exc}", file=str(path)) from exc
-    return load_config_text(text, source=str(path))
+    return load_config_text(text, source=str(path), overrides=overrides)
 
 
 def _check_zmq(cfg: Config) -> None:
@@ -637,6 +701,13 @@ def _validate(c: Config) -> None:
                 raise ConfigError(where, "flange_xyz_mm needs 3 numbers and flange_quat_wxyz 4")
             if has_pose and abs(math.sqrt(sum(x * x for x in st.flange_quat_wxyz)) - 1) > 1e-3:
                 raise ConfigError(f"{where}.flange_quat_wxyz", "quaternion must have unit norm")
+    if c.tracker.measure == "point" and c.solve.kind == "base_frame":
+        from cellcal.solver.points import MIN_POINT_STATIONS
+
+        n, where = (p.n_stations, "plan.n_stations") if p.kind == "generated" else (len(p.stations), "plan.stations")
+        if n < MIN_POINT_STATIONS:
+            raise ConfigError(where, f"a point base-frame calibration ([tracker] measure = \"point\") needs at least "
+                                     f"{MIN_POINT_STATIONS} stations (three points admit several exact fits), got {n}")
     d = c.drift
     if d.fail_translation_m < d.warn_translation_m:
         raise ConfigError("drift.fail_mm", "must be >= warn_mm")
@@ -693,10 +764,15 @@ def _try_build(connect: Any, url: str, options: dict, path: str) -> None:
 
 
 def check_tracker_url(url: str) -> None:
-    """A tracker URL as ``serial.serial_for_url`` will take it, checked without opening it:
-    an absolute device path (``/dev/ttyUSB0``, a pty, ``/dev/serial/by-id/...``), or a pyserial
-    URL whose scheme pyserial knows and, for ``socket://`` and ``rfc2217://``, a host and a port
-    in 1..65535.
+    """A tracker URL checked without opening it.
+
+    * A protocol URL: ``emscon://host[:port]`` (a Leica emScon tracker over TCP; its host and
+      port are the driver's to check, :func:`check_devices` builds it), or
+      ``geocom://<device>[?baud=N]`` / ``geocom+<transport>://...`` (a Leica GeoCOM
+      instrument), whose serial part is checked as below.
+    * Otherwise what ``serial.serial_for_url`` will take: an absolute device path
+      (``/dev/ttyUSB0``, a pty, ``/dev/serial/by-id/...``), or a pyserial URL whose scheme
+      pyserial knows and, for ``socket://`` and ``rfc2217://``, a host and a port in 1..65535.
 
     Raises
     ------
@@ -705,6 +781,23 @@ def check_tracker_url(url: str) -> None:
     """
     from urllib.parse import urlsplit
 
+    from cellcal.drivers.tracker import backend_for_url
+
+    named = backend_for_url(url)
+    if named == "emscon":
+        return
+    if named == "geocom":
+        from cellcal.drivers.geocom import serial_url
+
+        try:
+            port_url, _options = serial_url(url)
+        except ValueError as exc:
+            raise ConfigError("tracker.url", str(exc)) from None
+        try:
+            check_tracker_url(port_url)
+        except ConfigError as exc:
+            raise ConfigError("tracker.url", f"{exc.message} (the serial part of {_show(url)})") from None
+        return
     if "://" not in url:
         if not url.startswith("/"):
             raise ConfigError("tracker.url", f"expected an absolute device path (/dev/ttyUSB0) or a URL "
@@ -716,7 +809,8 @@ def check_tracker_url(url: str) -> None:
 
         serial.serial_for_url(url, do_not_open=True)
     except (ValueError, OSError) as exc:
-        raise ConfigError("tracker.url", f"pyserial cannot open {_show(url)}: {exc}") from None
+        raise ConfigError("tracker.url", f"pyserial cannot open {_show(url)}: {exc} (cellcal's own protocol "
+                                         "URLs: emscon://host[:port], geocom://<device>, geocom+socket://host:port)") from None
     except Exception as exc:  # noqa: BLE001 - a URL handler pyserial loads may raise anything
         raise ConfigError("tracker.url", f"pyserial cannot open {_show(url)}: {type(exc).__name__}: {exc}") from None
     if scheme in ("socket", "rfc2217"):

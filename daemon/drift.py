@@ -4,7 +4,10 @@ After a calibration the daemon revisits a few *check stations* (chosen here, sto
 the result as ``result["check_stations"]``), compares each tracker measurement with the
 model ``X G Y`` (``X = cell_T_base``, ``Y = flange_T_target``, ``G`` the robot's
 ``base_T_flange`` at the station), and judges the worst deviation against the
-``[drift]`` thresholds and a one-sided CUSUM of the translation deviation:
+``[drift]`` thresholds and a one-sided CUSUM of the translation deviation. A point
+calibration (3-DoF tracker) has the reflector's ``flange_p_target = y`` instead of ``Y``:
+the deviation is the distance of the measured point from ``X G y`` and there is no
+rotation deviation (``None``; the rotation thresholds then judge nothing):
 
 * ``S_k = max(0, S_{k-1} + d_k - k)``; an alarm when ``S_k > h`` (``cusum_k_mm``,
   ``cusum_h_mm``). It accumulates small persistent shifts that a single check would call
@@ -32,7 +35,8 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon.plan import PlannedStation, plan_from_dict
 from cellcal.solver.se3 import rotation_angle
 
-__all__ = ["Cusum", "Verdict", "CheckIds", "choose_check_stations", "check_station_plan", "deviation", "judge"]
+__all__ = ["Cusum", "Verdict", "CheckIds", "choose_check_stations", "check_station_plan", "deviation", "judge",
+           "model_of"]
 
 
 def choose_check_stations(stations: Sequence[Any], plan: Mapping[str, Any], k: int) -> list[dict[str, Any]]:
@@ -82,15 +86,39 @@ def check_station_plan(cs: Mapping[str, Any]) -> PlannedStation:
                           np.asarray(cs["base_T_flange"], dtype=float).reshape(4, 4))
 
 
-def deviation(cell_T_base: np.ndarray, flange_T_target: np.ndarray, station: Any) -> tuple[float, float]:
+def model_of(result: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+    """``(cell_T_base (4, 4), flange_T_target (4, 4) or flange_p_target (3,))`` of a stored
+    result's wire form, or None when it has neither a target pose nor a reflector point."""
+    from cellcal.daemon.report import transform_from_wire
+
+    transforms, points = result.get("transforms") or {}, result.get("points") or {}
+    if "cell_T_base" not in transforms:
+        return None
+    X = transform_from_wire(transforms["cell_T_base"])
+    if "flange_T_target" in transforms:
+        return X, transform_from_wire(transforms["flange_T_target"])
+    if "flange_p_target" in points:
+        return X, np.asarray(points["flange_p_target"]["position_m"], dtype=float).reshape(3)
+    return None
+
+
+def deviation(cell_T_base: np.ndarray, flange_T_target: np.ndarray, station: Any) -> tuple[float, float | None]:
     """``(translation_m, rotation_rad)`` of a measured station against the model ``X G Y``.
 
-    The rotation is 0.0 for a point (3-DoF) measurement.
+    ``flange_T_target`` is the target pose on the flange (4, 4), or the reflector's point
+    ``flange_p_target`` (3,) of a point calibration. The rotation is None when either side
+    has no orientation: a point (3-DoF) measurement, or a point calibration.
     """
-    model = cell_T_base @ station.base_T_flange @ flange_T_target
+    Y = np.asarray(flange_T_target, dtype=float)
+    point = Y.shape == (3,)
+    if point:
+        Y4 = np.eye(4)
+        Y4[:3, 3] = Y
+        Y = Y4
+    model = cell_T_base @ station.base_T_flange @ Y
     et = float(np.linalg.norm(model[:3, 3] - station.cell_p_target))
     er = (rotation_angle(model[:3, :3].T @ station.cell_T_target[:3, :3])
-          if station.cell_T_target is not None else 0.0)
+          if station.cell_T_target is not None and not point else None)
     return et, er
 
 
@@ -113,7 +141,7 @@ class Verdict:
     """What one drift check found, with the thresholds it was judged against (SI)."""
 
     deviation_translation_m: float
-    deviation_rotation_rad: float
+    deviation_rotation_rad: float | None  # None: no check station had a rotation (points)
     cusum_m: float
     alarm: bool
     status: P.DriftStatus
@@ -124,14 +152,15 @@ class Verdict:
         return self.status == P.DRIFT_FAIL
 
 
-def judge(dev_t: Sequence[float], dev_r: Sequence[float], cusum: Cusum, cfg: Any) -> Verdict:
+def judge(dev_t: Sequence[float], dev_r: Sequence[float | None], cusum: Cusum, cfg: Any) -> Verdict:
     """The verdict of one check from its per-station deviations; updates ``cusum``.
 
     Parameters
     ----------
     dev_t, dev_r : sequence of float
         Translation (m) and rotation (rad) deviation of every check station measured (at
-        least one).
+        least one); a rotation is None for a point measurement (the rotation thresholds
+        judge only the stations that have one).
     cusum : Cusum
         The result's running CUSUM (updated with the worst translation deviation).
     cfg : config.Drift
@@ -139,13 +168,15 @@ def judge(dev_t: Sequence[float], dev_r: Sequence[float], cusum: Cusum, cfg: Any
     """
     if not dev_t:
         raise ValueError("judge: no check station was measured")
-    t, r = max(dev_t), max(dev_r)
+    t = max(dev_t)
+    rotations = [float(v) for v in dev_r if v is not None]
+    r = max(rotations) if rotations else None
     value = cusum.update(t, cfg.cusum_k_m)
     alarm = value > cfg.cusum_h_m
     status: P.DriftStatus = P.DRIFT_OK
-    if t > cfg.warn_translation_m or r > cfg.warn_rotation_rad:
+    if t > cfg.warn_translation_m or (r is not None and r > cfg.warn_rotation_rad):
         status = P.DRIFT_WARN
-    if t > cfg.fail_translation_m or r > cfg.fail_rotation_rad or alarm:
+    if t > cfg.fail_translation_m or (r is not None and r > cfg.fail_rotation_rad) or alarm:
         status = P.DRIFT_FAIL
     action: P.DriftAction = P.ACTION_NONE
     if status == P.DRIFT_FAIL:

@@ -16,10 +16,12 @@ One place for what the end-to-end tests (``tests/test_daemon_*.py``,
   :func:`reference_run` and :func:`soak` take ``scenario="realistic"`` (or ``profile=``).
 * **In-process cell**: :func:`inprocess_cell` runs the simulated robot (RTDE on loopback,
   or CiA 402 drives on python-can's virtual bus), the simulated tracker (a pty or loopback
-  TCP) and the daemon (``cellcal.daemon.app.App``: store + service + ZeroMQ server on
-  loopback) in this process, recording every event (:class:`InProcessCell`); a test injects
-  a fault at a chosen moment with :meth:`InProcessCell.on_first` (inside the service's emit
-  of an event, e.g. right after a station was committed) and reads what followed with
+  TCP; the cellcal tracker protocol, or with ``instrument=`` a Leica emScon tracker or
+  GeoCOM total station, ``cellcal.daemon.instruments``) and the daemon
+  (``cellcal.daemon.app.App``: store + service + ZeroMQ server on loopback) in this
+  process, recording every event (:class:`InProcessCell`); a test injects a fault at a
+  chosen moment with :meth:`InProcessCell.on_first` (inside the service's emit of an
+  event, e.g. right after a station was committed) and reads what followed with
   :meth:`InProcessCell.mark`, :meth:`~InProcessCell.since` and :meth:`~InProcessCell.states`.
 * **Processes**: :class:`SimProcess` (``cellcal sim``), :class:`DaemonProcess` (``cellcal
   run``), :class:`Recorder` (a raw SUB socket), :func:`audit_store` (the store read with a
@@ -960,7 +962,8 @@ def inprocess_cell(
     base_config: str | os.PathLike[str] | None = None,
     state_dir: Path | None = None,
     robot_transport: str = "rtde",
-    tracker_transport: str = "pty",
+    tracker_transport: str | None = None,
+    instrument: str = "cellcal",
     validate_bodies: bool = False,
     zmq: bool = True,
     profile: str | None = None,
@@ -978,7 +981,13 @@ def inprocess_cell(
         As :func:`daemon_config` (``base_config`` is its ``base``).
     robot_transport : {"rtde", "canopen"}
         RTDE on loopback, or six CiA 402 drives on a python-can virtual bus of its own.
-    tracker_transport : {"pty", "tcp"}
+    tracker_transport : {"pty", "tcp"}, optional
+        Default: the instrument's first (a pty; emScon: TCP).
+    instrument : {"cellcal", "emscon", "geocom"}
+        The simulated instrument (``cellcal.daemon.instruments``): the cellcal tracker
+        protocol (6-DoF, default), a Leica emScon tracker or a GeoCOM total station; the
+        ``[tracker]`` keys it needs (``measure = "point"`` ...) are merged under
+        ``overrides`` (which win).
     validate_bodies : bool
         The ZeroMQ server also checks every body it publishes.
     zmq : bool
@@ -989,9 +998,9 @@ def inprocess_cell(
     """
     from cellcal.daemon.app import App
     from cellcal.daemon.config import load_config_text
+    from cellcal.daemon.instruments import config_overrides, start_simulated
     from cellcal.sim.robot_sim import start_sim_robot
     from cellcal.sim.scenario import Scenario, load_scenario
-    from cellcal.sim.tracker_sim import SimTracker
 
     if profile is None:
         profile = "exact" if scenario is None or isinstance(scenario, Scenario) else profile_of(scenario)
@@ -1009,9 +1018,10 @@ def inprocess_cell(
                                     can_channel=f"cellcal-harness-{os.getpid()}-{time.monotonic_ns()}")
         else:
             robot = start_sim_robot(world, sc.robot, transport="rtde")
-        tracker = SimTracker(world, sc.tracker, transport=tracker_transport, seed=sc.seed).start()
+        tracker = start_simulated(instrument, world, sc.tracker, seed=sc.seed, transport=tracker_transport)
         cfgd = daemon_config(robot_url=robot.url, tracker_url=tracker.url, workdir=workdir, n_stations=n_stations,
-                             overrides=overrides, base=base_config, profile=profile)
+                             overrides=_merge(config_overrides(instrument), overrides or {}), base=base_config,
+                             profile=profile)
         if state_dir is not None:
             cfgd["service"]["state_dir"] = str(state_dir)
         cfg = load_config_text(to_toml(cfgd), source=str(workdir / "cellcal.toml"))

@@ -27,7 +27,8 @@ Faults and interrupted runs (ADR 0012)
   writes again.
 * A run interrupted by a fault is either **resumed at once when the fault clears**, within
   ``[service] resume_within_s`` of the interruption, or **closed as failed**; a run never
-  resumes once a newer run exists, nor in another motion mode than it was started in. On
+  resumes once a newer run exists, nor in another motion mode than it was started in, nor
+  (a base-frame run) with another ``[tracker] measure`` (pose and point stations). On
   start the same rule is applied to every run the store says is open (a crash, kill -9 or
   SIGTERM interrupted it): at most the newest one resumes, skipping its committed stations.
   Every resumption is logged and published (``state``) and, in command mode, says that the
@@ -68,7 +69,6 @@ from cellcal.daemon.config import Config
 from cellcal.daemon.devices import Backoff, CellDevices, DeviceOpenError
 from cellcal.daemon.gates import check_gates, gates_failed, gates_passed
 from cellcal.daemon.plan import PlannedStation, explicit_plan, generate_plan, plan_from_dict, plan_to_dict
-from cellcal.daemon.report import transform_from_wire
 from cellcal.daemon.store import ResultRecord, RunStatus, StationRecord, Store, StoreError
 from cellcal.solver import CalibrationError, DegenerateGeometry
 from cellcal.solver.errors import CellcalError
@@ -340,6 +340,11 @@ class Service:
         if mode != self._motion_mode:
             return (f"run {run.id} closed, not resumed: started in {mode} mode, the daemon now runs in "
                     f"{self._motion_mode} mode")
+        measure = started.get("measure", self.cfg.tracker.measure)
+        if measure != self.cfg.tracker.measure and run.kind == P.KIND_BASE_FRAME:
+            # Pose and point stations are different models; one run's stations are one kind.
+            return (f"run {run.id} closed, not resumed: started measuring {measure}s, the daemon now measures "
+                    f"{self.cfg.tracker.measure}s ([tracker] measure)")
         window = self.cfg.service.resume_within_s
         if interrupted_s is None or abs(interrupted_s) > window:
             ago = "an unknown time" if interrupted_s is None else f"{interrupted_s:.1f} s"
@@ -488,7 +493,8 @@ class Service:
         resume in, and the newest activation then (a result activated later is newer than
         the run, and the run's result will not replace it)."""
         hist = self.store.activation_history(limit=1)
-        return {"motion_mode": self._motion_mode, "last_activation_id": hist[0].id if hist else 0}
+        return {"motion_mode": self._motion_mode, "measure": self.cfg.tracker.measure,
+                "last_activation_id": hist[0].id if hist else 0}
 
     def _refuse_during_store_fault(self) -> None:
         outage = self._store_outage
@@ -524,18 +530,19 @@ class Service:
         ------
         ServiceError
             ``E_NO_CALIBRATION``: no active result, or one without ``cell_T_base`` and
-            ``flange_T_target``;
+            ``flange_T_target`` (a point calibration: ``flange_p_target``);
             ``E_BUSY``: a calibration run is in progress (its result will replace the one
             the check would measure).
         """
         rec = self._active_result_safe()
         if rec is None:
             raise ServiceError(P.E_NO_CALIBRATION, "no active calibration to check")
-        missing = {"cell_T_base", "flange_T_target"} - set(rec.result.get("transforms", {}))
-        if missing:
-            # The model X G Y a tracker pose is compared with needs both transforms.
+        if drift.model_of(rec.result) is None:
+            # The model X G Y a tracker measurement is compared with needs cell_T_base and
+            # the target on the flange (its pose, or a point calibration's reflector point).
             raise ServiceError(P.E_NO_CALIBRATION,
-                               f"result {rec.id} ({rec.kind}) has no {' and '.join(sorted(missing))} to check")
+                               f"result {rec.id} ({rec.kind}) has no cell_T_base with flange_T_target or "
+                               "flange_p_target to check")
         self._refuse_during_store_fault()
         busy = self._run_in_progress()
         if busy is not None:
@@ -936,8 +943,8 @@ class Service:
         self._solve_run(run_id, run.kind)
 
     def _estimate(self, kind: str, records: list[StationRecord]) -> cap.Expected | None:
-        """The run's rough estimate that the next pose measurement must agree with (or None)."""
-        if kind != P.KIND_BASE_FRAME or self.cfg.tracker.measure != "pose":
+        """The run's rough estimate that the next measurement (pose or point) must agree with (or None)."""
+        if kind != P.KIND_BASE_FRAME:
             return None
         tc = self.cfg.tracker
         return solve.rough_estimate(records, tc.gross_error_m, tc.gross_error_rad)
@@ -966,8 +973,7 @@ class Service:
                     self._solve_failed(run_id, exc)
                     return None
                 extra += 1
-                G, M = solve.station_arrays(stations)
-                nxt = solve.suggest_station(G, M, self._devices.model, self.cfg.plan)
+                nxt = solve.suggest_for_stations(stations, self._devices.model, self.cfg.plan)
                 if nxt is None:
                     self._solve_failed(run_id, exc)
                     return None
@@ -1096,9 +1102,12 @@ class Service:
         what = f"result {rec.id}"
         self._set_state(State.CHECKING, what)
         engine = self._ensure_devices(True, State.CHECKING, what)
-        X = transform_from_wire(rec.result["transforms"]["cell_T_base"])
-        Y = transform_from_wire(rec.result["transforms"]["flange_T_target"])
-        dev_t, dev_r, per = [], [], []
+        model = drift.model_of(rec.result)
+        assert model is not None  # request_drift_check refused a result without one
+        X, Y = model  # Y: flange_T_target (4, 4), or a point calibration's flange_p_target (3,)
+        dev_t: list[float] = []
+        dev_r: list[float | None] = []
+        per = []
         for cs in rec.result.get("check_stations", []):
             self._check_abort()
             ps = drift.check_station_plan(cs)
@@ -1136,7 +1145,8 @@ class Service:
         self._last_drift = dict(record)
         if verdict.failed:
             t, r = verdict.deviation_translation_m, verdict.deviation_rotation_rad
-            self.store.mark_suspect(rec.id, f"drift check: {t * 1e3:.3f} mm / {math.degrees(r):.4f} deg")
+            rot = "" if r is None else f" / {math.degrees(r):.4f} deg"
+            self.store.mark_suspect(rec.id, f"drift check: {t * 1e3:.3f} mm{rot}")
         self._emit(P.TOPIC_DRIFT, record)
         if verdict.failed:
             self.republish_result_now()

@@ -1,7 +1,9 @@
 """Where a run is solved: its stored stations -> the solver -> the result record to store.
 
 ``cellcal.solver`` does the mathematics; this module picks the calibration for a run's
-kind, turns the stored :class:`~cellcal.daemon.store.StationRecord` list (or the stations a
+kind (a base-frame run of 3-DoF point stations, ``[tracker] measure = "point"``, is solved
+with ``calibrate_base_frame_points``: ``cell_T_base`` and the reflector's ``flange_p_target``),
+turns the stored :class:`~cellcal.daemon.store.StationRecord` list (or the stations a
 client supplied) into the solver's arrays, and assembles what the store keeps of a result:
 the solver's wire form (``report.result_to_wire``), the acceptance gates
 (``cellcal.daemon.gates``), the drift check stations (``cellcal.daemon.drift``) and the
@@ -19,15 +21,27 @@ import numpy as np
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.report import result_to_wire
-from cellcal.solver import CalibrationError, calibrate_base_frame, calibrate_hand_eye, calibrate_tool_point
+from cellcal.solver import (
+    CalibrationError,
+    calibrate_base_frame,
+    calibrate_base_frame_points,
+    calibrate_hand_eye,
+    calibrate_tool_point,
+)
+from cellcal.solver.points import MIN_POINT_STATIONS
 
 log = logging.getLogger(__name__)
 
-__all__ = ["station_arrays", "solve_stations", "solve_given", "suggest_station", "wire_result", "provenance",
-           "rough_estimate", "ESTIMATE_MIN_STATIONS", "ESTIMATE_MIN_AXIS_SPREAD"]
+__all__ = ["station_arrays", "station_points", "is_point_run", "solve_stations", "solve_given", "suggest_station",
+           "suggest_for_stations", "wire_result", "provenance", "rough_estimate", "ESTIMATE_MIN_STATIONS",
+           "ESTIMATE_MIN_POINT_STATIONS", "ESTIMATE_MIN_AXIS_SPREAD"]
 
 #: Accepted stations before a run's own estimate checks the next ones (2 motions at least).
 ESTIMATE_MIN_STATIONS = 3
+#: The same for point stations: one more than the point fit's minimum
+#: (``MIN_POINT_STATIONS``), so the estimate has redundant equations and its RMS closure
+#: means something.
+ESTIMATE_MIN_POINT_STATIONS = MIN_POINT_STATIONS + 1
 #: The estimate is used only when the motions' axes are this well spread (0..1): with
 #: near-parallel axes a translation along them is not determined, and a prediction from it
 #: could be off by far more than any bound, rejecting good stations.
@@ -47,9 +61,25 @@ def station_arrays(stations: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | No
     return G, np.array([s.cell_T_target for s in stations])
 
 
+def station_points(stations: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+    """``(base_T_flange (N, 4, 4), cell_p_target (N, 3))`` of stored stations (a pose
+    station's point is its target's origin)."""
+    if not stations:
+        return np.zeros((0, 4, 4)), np.zeros((0, 3))
+    return (np.array([s.base_T_flange for s in stations]),
+            np.array([np.asarray(s.cell_p_target, dtype=float).reshape(3) for s in stations]))
+
+
+def is_point_run(stations: Sequence[Any]) -> bool:
+    """Whether a base-frame run's stations are 3-DoF points (``[tracker] measure = "point"``):
+    some station has a position and no pose. Such a run is solved with the point model."""
+    return any(s.cell_T_target is None and s.cell_p_target is not None for s in stations)
+
+
 def solve_stations(kind: str, stations: Sequence[Any], solve_cfg: Any) -> Any:
-    """Calibrate ``kind`` from a run's stored stations (base frame: robot + tracker poses;
-    tool point: the robot alone).
+    """Calibrate ``kind`` from a run's stored stations (base frame: robot + tracker poses,
+    or robot + tracker points with ``calibrate_base_frame_points``; tool point: the robot
+    alone).
 
     Raises
     ------
@@ -60,6 +90,8 @@ def solve_stations(kind: str, stations: Sequence[Any], solve_cfg: Any) -> Any:
     """
     G, M = station_arrays(stations)
     spread = solve_cfg.min_axis_spread
+    if kind == P.KIND_BASE_FRAME and is_point_run(stations):
+        return calibrate_base_frame_points(*station_points(stations), min_axis_spread=spread)
     if kind == P.KIND_BASE_FRAME:
         return calibrate_base_frame(G, M if M is not None else np.zeros((0, 4, 4)), min_axis_spread=spread)
     if kind == P.KIND_TOOL_POINT:
@@ -115,6 +147,34 @@ def suggest_station(G: np.ndarray, M: np.ndarray | None, model: Any, plan_cfg: A
         return None
 
 
+def suggest_for_stations(stations: Sequence[Any], model: Any, plan_cfg: Any) -> Any:
+    """The planner's next station for a run's degenerate base-frame stations (pose or
+    point, as :func:`suggest_station`), or None when it has none."""
+    if not is_point_run(stations):
+        return suggest_station(*station_arrays(stations), model, plan_cfg)
+    from cellcal.solver.planning import suggest_next_station
+
+    G, Pts = station_points(stations)
+    X0, Y0 = np.eye(4), np.eye(4)
+    try:
+        # Rough values for the line-of-sight test and the information of the point model.
+        res = calibrate_base_frame_points(G, Pts, min_axis_spread=0.0, min_point_spread=0.0, refine=False,
+                                          holdout=False)
+        X0, Y0[:3, 3] = res.cell_T_base, res.flange_p_target
+    except (CalibrationError, ValueError):
+        pass
+    p = plan_cfg
+    try:
+        return suggest_next_station(
+            G, model.forward, np.column_stack([p.joint_min_rad, p.joint_max_rad]),
+            (np.array(p.workspace_min_m), np.array(p.workspace_max_m)), np.zeros(3), X0, flange_T_target=Y0,
+            measurement="point", rng=p.seed,
+        )
+    except ValueError as exc:
+        log.warning("no station suggestion: %s", exc)
+        return None
+
+
 def wire_result(result: Any, gates: Any, check_stations: list[dict[str, Any]]) -> dict[str, Any]:
     """What the store keeps as ``ResultRecord.result``: the solver's wire form, the gate
     report (``gates.GateReport``) and the check stations."""
@@ -156,9 +216,24 @@ def rough_estimate(stations: Sequence[Any], floor_m: float, floor_rad: float) ->
     ``gross_error_deg``). None with fewer than :data:`ESTIMATE_MIN_STATIONS` pose stations,
     or when their motions do not determine the cell well (:data:`ESTIMATE_MIN_AXIS_SPREAD`):
     then no station is judged against it.
+
+    Point stations (:func:`is_point_run`): the converged point fit
+    (``calibrate_base_frame_points``, unrefined) of at least
+    :data:`ESTIMATE_MIN_POINT_STATIONS`, predicting the next point; only its translation
+    bound applies.
     """
     from cellcal.daemon.capture import Expected
 
+    if is_point_run(stations):
+        if len(stations) < ESTIMATE_MIN_POINT_STATIONS:
+            return None
+        try:
+            pres = calibrate_base_frame_points(*station_points(stations), min_axis_spread=ESTIMATE_MIN_AXIS_SPREAD,
+                                               refine=False, holdout=False)
+        except (CalibrationError, ValueError):
+            return None
+        bt, _ = Expected.bounds(pres.rms_translation_m, 0.0, floor_m, floor_rad)
+        return Expected.of_point(pres.cell_T_base, pres.flange_p_target, bt, len(stations))
     if len(stations) < ESTIMATE_MIN_STATIONS or any(s.cell_T_target is None for s in stations):
         return None
     G, M = station_arrays(stations)

@@ -353,7 +353,11 @@ class GeocomTrackerDriver(HostClockTrackerDriver):
         """Call ``rpc``; return its ``n_values`` value tokens (and the rc when ``with_rc``).
 
         A reply to another transaction id is a late one (to a call that timed out) and is
-        dropped. A non-OK return code raises its typed error; a warning code is returned
+        dropped. A line that is no reply at all (garbled on the line: noise before it, a
+        damaged byte) while the reply is awaited is taken for the damaged reply and the call
+        is repeated at once, as for a bad checksum: waiting out the deadline would gain
+        nothing, and the repeat has a new transaction id, so a late intact reply to this one
+        is dropped. A non-OK return code raises its typed error; a warning code is returned
         with the values when ``with_rc``.
         """
         import serial
@@ -367,9 +371,9 @@ class GeocomTrackerDriver(HostClockTrackerDriver):
                     item = self._decoder.read()  # one at a time: what follows stays queued
                 except gc.GeocomProtocolError as exc:
                     self.discarded += 1
-                    if exc.fault is gc.LineFault.BAD_CRC and exc.trid == trid:
+                    if exc.fault is not gc.LineFault.BAD_CRC or exc.trid in (trid, None):
                         raise _CorruptedExchange(f"reply to {name} damaged: {exc}") from exc
-                    log.debug("%s: discarded line: %s", self, exc)
+                    log.debug("%s: discarded a damaged reply to transaction %s: %s", self, exc.trid, exc)
                     continue
                 if item is None:
                     break

@@ -152,6 +152,19 @@ def test_checksums_both_ways_and_a_damaged_reply_is_repeated():
         dev.assert_done()
 
 
+def test_a_reply_garbled_beyond_parsing_is_repeated_at_once_not_waited_for():
+    """Noise glued in front of a reply on the serial line makes a line that is no reply at
+    all: the call is repeated at once (new transaction id), not after the deadline."""
+    garbled = b"\x93\x07zq" + p(8)  # noise before the line: not a reply
+    steps = [(q(Rpc.AUT_FINE_ADJUST, 8, 0.0175, 0.0175, 0), garbled), *measure_steps(9)]
+    with ScriptedDevice([*OPEN, *steps], "pty") as dev:
+        # Waiting for the reply instead would end in TrackerTimeoutError at the deadline.
+        with _driver(_url(dev)) as drv:
+            drv.measure("point")
+            assert drv.discarded == 1
+        dev.assert_done()
+
+
 def test_the_instrument_saying_it_got_a_damaged_request_is_repeated():
     steps = [(q(Rpc.AUT_FINE_ADJUST, 8, 0.0175, 0.0175, 0), p(8, com_rc=RC.COM_SRVR_RX_CHECKSUM_ERROR)),
              *measure_steps(9)]

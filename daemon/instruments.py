@@ -1,0 +1,106 @@
+"""The measuring instruments a simulated cell can have, and the ``[tracker]`` keys each needs.
+
+``cellcal demo --instrument``, the test harness (``harness.inprocess_cell(instrument=...)``)
+and the benchmarks put one of the simulated instruments of ``cellcal sim --instrument`` in
+the cell. This module is the one place that says, per instrument, which simulator serves it
+(:func:`start_simulated`) and what the daemon's ``[tracker]`` section must add for it
+(:data:`TRACKER_KEYS`, TOML keys in the file's units, merged over a configuration with
+``config.load_config(path, overrides=...)``):
+
+``cellcal``
+    The cellcal tracker protocol 1.0 (``docs/protocols/tracker.md``): a 6-DoF pose target,
+    nothing to add (``measure`` stays what the file says).
+``emscon``
+    A Leica emScon laser tracker, TPI over loopback TCP (``docs/protocols/emscon.md``): it
+    measures a reflector's position, so ``measure = "point"``.
+``geocom``
+    A Leica total station, GeoCOM on a pty (its serial line) or loopback TCP
+    (``docs/protocols/geocom.md``): ``measure = "point"``; checksums on every line, because
+    a serial line garbles bytes (the demo scenario has a garbage burst) and a garbled digit
+    of an angle or a distance parses as a valid, wrong value without them; and settle
+    thresholds for the std the driver reports, which is the instrument's a-priori one
+    (about 1 mm plus 1.5 ppm: GeoCOM's simple measurement reports none), not the tracker
+    defaults of 0.05 mm.
+
+Everything runs on 127.0.0.1 or a pty.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
+__all__ = ["INSTRUMENTS", "TRACKER_KEYS", "simulator_class", "start_simulated", "config_overrides"]
+
+#: ``--instrument`` names, in the order ``cellcal sim`` lists them.
+INSTRUMENTS: tuple[str, ...] = ("cellcal", "emscon", "geocom")
+
+#: Per instrument: ``[tracker]`` keys (TOML names and units) the daemon needs for it.
+TRACKER_KEYS: dict[str, dict[str, Any]] = {
+    "cellcal": {},
+    "emscon": {"measure": "point"},
+    "geocom": {
+        "measure": "point",
+        "options": {"checksum": True},
+        # The driver's a-priori std of one measurement at the cell's 3 m: about 1.0 mm along
+        # the line of sight, 15 um across it; two measurements of a steady prism agree far
+        # better than that, but a real instrument's repeat within a few tenths of a mm.
+        "settle": {"max_std_mm": 2.0, "agree_mm": 0.5},
+    },
+}
+
+
+def _check(instrument: str) -> None:
+    if instrument not in INSTRUMENTS:
+        raise ValueError(f"instrument must be one of {', '.join(INSTRUMENTS)}, got {instrument!r}")
+
+
+def simulator_class(instrument: str) -> Any:
+    """The simulated instrument's server class (``cellcal.sim.cli.INSTRUMENTS``)."""
+    _check(instrument)
+    from cellcal.sim.cli import INSTRUMENTS as SIMULATORS
+
+    module, name = SIMULATORS[instrument]
+    return getattr(importlib.import_module(module), name)
+
+
+def start_simulated(instrument: str, world: Any, tracker_config: Any, *, seed: int = 0,
+                    transport: str | None = None, port: int = 0) -> Any:
+    """Serve ``instrument`` from ``world`` (started; ``close()`` it); its ``url`` is what the
+    daemon's ``tracker.url`` names.
+
+    Parameters
+    ----------
+    instrument : {"cellcal", "emscon", "geocom"}
+    world : cellcal.sim.world.World
+    tracker_config : cellcal.sim.scenario.TrackerConfig
+        The scenario's ``[tracker]`` (noise, faults).
+    seed : int
+    transport : {"pty", "tcp"}, optional
+        Default: the instrument's first (a pty; emScon is served on TCP only).
+    port : int
+        TCP port (0: any free one), loopback.
+
+    Raises
+    ------
+    ValueError
+        An unknown instrument, or a transport it is not served on.
+    """
+    cls = simulator_class(instrument)
+    transport = transport or cls.TRANSPORTS[0]
+    if transport not in cls.TRANSPORTS:
+        raise ValueError(f"the simulated {instrument} instrument is served on {', '.join(cls.TRANSPORTS)} only, "
+                         f"not {transport}")
+    return cls(world, tracker_config, transport=transport, seed=seed, port=port).start()
+
+
+def config_overrides(instrument: str) -> dict[str, Any]:
+    """``{"tracker": TRACKER_KEYS[instrument]}`` (empty for ``cellcal``): merge it over a
+    configuration's TOML keys."""
+    _check(instrument)
+    keys = TRACKER_KEYS[instrument]
+    return {"tracker": _copy(keys)} if keys else {}
+
+
+def _copy(d: dict[str, Any]) -> dict[str, Any]:
+    return {k: _copy(v) if isinstance(v, dict) else v for k, v in d.items()}
