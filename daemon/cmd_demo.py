@@ -115,8 +115,9 @@ def _free_if_taken(endpoint: str) -> str:
             s.bind(("127.0.0.1", int(m.group(2))))
             return endpoint
         except OSError:
-            s.bind(("127.0.0.1", 0))
-            return f"tcp://127.0.0.1:{s.getsockname()[1]}"
+            from cellcal.daemon.harness import free_port
+
+            return f"tcp://127.0.0.1:{free_port()}"
 
 
 def _say(msg: str) -> None:
