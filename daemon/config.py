@@ -205,6 +205,10 @@ class Solve:
     min_axis_spread: float = _f(1e-4, "min_axis_spread")
     max_rms_translation_m: float = _f(0.5e-3, "max_rms_mm", _MM, doc="acceptance gate")
     max_rms_rotation_rad: float = _f(math.radians(0.1), "max_rms_deg", _DEG)
+    declare_noise: bool = _f(True, "declare_noise",
+                             doc="give the solver each station's tracker std plus the robot's repeatability")
+    robot_repeatability_m: float = _f(0.01e-3, "robot_repeatability_mm", _MM, doc="1-sigma, position")
+    robot_repeatability_rad: float = _f(math.radians(0.005), "robot_repeatability_deg", _DEG, doc="1-sigma, orientation")
 
 
 @dataclass(frozen=True)
@@ -331,6 +335,8 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "solve.min_axis_spread": (1e-6, 1.0, False),
     "solve.max_rms_mm": (0.0, 5.0, True),
     "solve.max_rms_deg": (0.0, 1.0, True),
+    "solve.robot_repeatability_mm": (0.0, 10.0, False),
+    "solve.robot_repeatability_deg": (0.0, 1.0, False),
     "drift.interval_s": (1.0, 604800.0, False),
     "drift.check_stations": (1, 100, False),
     "drift.warn_mm": (0.0, 10.0, True),

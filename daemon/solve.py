@@ -76,6 +76,46 @@ def is_point_run(stations: Sequence[Any]) -> bool:
     return any(s.cell_T_target is None and s.cell_p_target is not None for s in stations)
 
 
+def declared_noise(stations: Sequence[Any], solve_cfg: Any, *, point: bool) -> dict[str, np.ndarray]:
+    """The measurement noise the daemon declares to the solver for stored stations.
+
+    Each station's tracker std (the standard uncertainty of its averaged measurement, per
+    axis, as the instrument reports it) combined in quadrature with the robot's
+    repeatability (``[solve] robot_repeatability_mm / _deg``: the flange's pose scatters that
+    much between visits of one pose, which the tracker sees as measurement noise). With
+    declared noise the solver tests the residuals against it (chi-square): a cell whose
+    residuals are several times the noise (robot kinematic error) gets a ``model_error``
+    warning and a widened covariance even from a few stations, where estimating the noise
+    from the residuals would take the model error for noise and report it as precision.
+    ``{}`` (noise estimated from the residuals) when ``[solve] declare_noise = false`` or a
+    station lacks a usable std (stations given by a client carry none).
+
+    Returns
+    -------
+    dict
+        ``{"cell_p_target_std": (N, 3)}`` for a point run, ``{"cell_T_target_std": (N, 6)}``
+        (m, then rad) for a pose run, or ``{}``.
+    """
+    if not getattr(solve_cfg, "declare_noise", False) or not stations:
+        return {}
+    rep_t, rep_r = float(solve_cfg.robot_repeatability_m), float(solve_cfg.robot_repeatability_rad)
+    std_t = np.array([float(getattr(s, "tracker_std_translation_m", 0.0) or 0.0) for s in stations])
+    sig_t = np.sqrt(std_t * std_t + rep_t * rep_t)
+    if not np.all(np.isfinite(sig_t)) or np.any(sig_t <= 0.0):
+        return {}
+    if point:
+        return {"cell_p_target_std": np.repeat(sig_t[:, None], 3, axis=1)}
+    std_r = [getattr(s, "tracker_std_rotation_rad", None) for s in stations]
+    if any(v is None for v in std_r):
+        return {}
+    r = np.array(std_r, dtype=float)
+    sig_r = np.sqrt(r * r + rep_r * rep_r)
+    if not np.all(np.isfinite(sig_r)) or np.any(sig_r <= 0.0):
+        return {}
+    return {"cell_T_target_std": np.concatenate([np.repeat(sig_t[:, None], 3, axis=1),
+                                                 np.repeat(sig_r[:, None], 3, axis=1)], axis=1)}
+
+
 def solve_stations(kind: str, stations: Sequence[Any], solve_cfg: Any) -> Any:
     """Calibrate ``kind`` from a run's stored stations (base frame: robot + tracker poses,
     or robot + tracker points with ``calibrate_base_frame_points``; tool point: the robot
@@ -91,9 +131,11 @@ def solve_stations(kind: str, stations: Sequence[Any], solve_cfg: Any) -> Any:
     G, M = station_arrays(stations)
     spread = solve_cfg.min_axis_spread
     if kind == P.KIND_BASE_FRAME and is_point_run(stations):
-        return calibrate_base_frame_points(*station_points(stations), min_axis_spread=spread)
+        return calibrate_base_frame_points(*station_points(stations), min_axis_spread=spread,
+                                           **declared_noise(stations, solve_cfg, point=True))
     if kind == P.KIND_BASE_FRAME:
-        return calibrate_base_frame(G, M if M is not None else np.zeros((0, 4, 4)), min_axis_spread=spread)
+        return calibrate_base_frame(G, M if M is not None else np.zeros((0, 4, 4)), min_axis_spread=spread,
+                                    **declared_noise(stations, solve_cfg, point=False))
     if kind == P.KIND_TOOL_POINT:
         return calibrate_tool_point(G, min_axis_spread=spread)
     raise ValueError(f"a {kind} run is solved from client-supplied stations only")

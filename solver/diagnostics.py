@@ -45,9 +45,20 @@ robot is absorbed into the answer unseen: a joint-1 zero offset *is* a base rota
 answer is taken to be off by a rigid motion of the robot of that size, about the centroid
 ``c`` of the stations (where the stations pin it): a twist with covariance
 ``diag(tau_t^2 I, tau_r^2 I)``, ``tau_r >= tau_t / L``, moved to the unknown's frame by its
-adjoint (``Ad_c``: the lever arm from the stations to the base origin). On UR5e test worlds
-with 0.1 deg joint-zero and 0.3 mm link errors this keeps 95-98 % of the errors within 3
-reported sigmas per axis, with a mean NEES near 6 (``tests/test_model_error.py``).
+adjoint (``Ad_c``: the lever arm from the stations to the base origin).
+
+How large is the absorbed part? The data cannot say: it leaves no residual. With only
+joint-zero and link-length errors (UR5e test worlds, 0.1 deg and 0.3 mm) a twist of the
+visible size is about right (mean NEES near 6). A real arm also sags under gravity, and
+gravity is fixed in the base frame, so sag is largely a base tilt and drop that the fit
+takes in whole; warm-up moves the arm in the same way over a run. On the realistic
+simulated cell (ADR 0015: sag, backlash, warm-up, factory and residual DH errors) a
+twist of the visible size left 15 of 40 answers outside 3 reported sigmas (median NEES
+17); twice the visible size left 3 (median NEES 5). The widening therefore uses
+:data:`ABSORBED_TO_VISIBLE` = 2 times the visible size: on the pure kinematic test worlds
+that is conservative (every error inside 3 sigmas, mean NEES near 1.5), which is the side
+to err on when the data cannot tell (ADR 0004). ``ResidualTests.model_error_*`` report the
+widening actually added; the warning's ``value`` is the visible part.
 """
 
 from __future__ import annotations
@@ -74,6 +85,10 @@ __all__ = [
 
 #: Probability that noise alone raises ``"model_error"`` (split over the tests that run).
 MODEL_ERROR_FALSE_ALARM = 0.01
+
+#: Size of the robot error a rigid fit absorbs unseen, per unit of the error it leaves in the
+#: residuals (module docstring, "Model error").
+ABSORBED_TO_VISIBLE = 2.0
 #: The structure test runs only when this many degrees of freedom remain for its noise
 #: estimate once the 18 feature directions are taken out (fewer give a test with no power).
 MIN_STRUCTURE_DOF = 10
@@ -462,6 +477,10 @@ def assess(
         if L > 0.0:
             tau_r = max(tau_r, tau_t / L)
         warnings.append(_model_error_warning(excess, structured, dec_t, st2, tau_t, F, pF, chi2_p))
+        # What the residuals show is the part the rigid fit left; the part it absorbed is
+        # taken as ABSORBED_TO_VISIBLE times that (module docstring).
+        tau_t *= ABSORBED_TO_VISIBLE
+        tau_r *= ABSORBED_TO_VISIBLE
     tests = ResidualTests(
         declared_noise=declared, chi2_per_dof=chi2_per_dof, chi2_p=chi2_p, structure_f=F, structure_p=pF,
         structure_dof=sdof, redundancy_translation=rt, redundancy_rotation=rr if two else math.nan,

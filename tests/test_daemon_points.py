@@ -345,8 +345,9 @@ def test_a_point_plan_needs_four_stations(tmp_path):
 def test_demo_over_a_leica_protocol_checks_the_point_result_against_the_truth(instrument):
     """``cellcal demo --instrument emscon|geocom --json``: the whole cell over that protocol
     (simulated robot over RTDE, the simulated instrument, the daemon): a point calibration
-    whose ``cell_T_base`` and ``flange_p_target`` are near the hidden truth and inside their
-    reported uncertainty, and a drift check on points."""
+    whose ``cell_T_base`` and ``flange_p_target`` are near the hidden truth, a result that
+    warns of the arm's kinematic error, a verdict that says what its figures say, and a
+    drift check on points."""
     r = subprocess.run([*CELLCAL, "demo", "--instrument", instrument, "--stations", "6", "--json"],
                        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
     assert r.returncode == 0, r.stderr
@@ -355,21 +356,26 @@ def test_demo_over_a_leica_protocol_checks_the_point_result_against_the_truth(in
     out = json.loads(lines[0])
     assert f"{instrument} instrument" in r.stderr and "(point stations)" in r.stderr
     assert set(out["transforms"]) == {"cell_T_base"} and set(out["points"]) == {"flange_p_target"}
-    assert out["n_stations"] == 6 and out["active"] and out["gates"]["passed"]
+    # the scenario's beam break may cost one station its retries (the plan goes on)
+    assert out["n_stations"] in (5, 6) and out["active"] and out["gates"]["passed"]
     truth = out["truth_error"]
-    assert truth["translation_m"] < 0.05e-3
+    # The demo cell's arm carries hidden kinematic error (ADR 0015): the answer is off by
+    # about half a millimetre. The laser tracker's noise is 20 um, so the result must say
+    # so (the daemon declares that noise, and even six stations show residuals several
+    # times it); a total station's ~1 mm noise hides it, honestly.
+    assert truth["translation_m"] < 2e-3, truth
+    if instrument == "emscon":
+        assert "model_error" in {w["code"] for w in out["warnings"]}, out["warnings"]
     chi2_999 = {3: 16.266, 6: 22.458}
     for name, dof in (("cell_T_base", 6), ("flange_p_target", 3)):
-        assert truth[name]["dof"] == dof and truth[name]["error_m"] < 0.05e-3, truth
+        assert truth[name]["dof"] == dof and truth[name]["error_m"] < 2e-3, truth
         assert truth[name]["nees"] is not None and truth[name]["nees"] >= 0.0
         # The demo's verdict is the 99.9 % ellipsoid of the reported covariance; with 6
         # stations that covariance rests on 9 residual degrees of freedom, so the verdict
         # itself is not asserted, only that it says what the figures say.
         assert truth[name]["within_uncertainty"] is (truth[name]["nees"] <= chi2_999[dof]), truth
-    root = Path(__file__).resolve().parents[1]
-    from cellcal.sim.scenario import load_scenario
-
-    assert_point_result_matches(out, load_scenario(root / "config" / "demo-scenario.toml").make_world())
+        # and the widened covariance covers the arm's error (a seeded cell)
+        assert truth[name]["within_uncertainty"], truth
     assert out["drift_check"]["status"] == "ok" and out["drift_check"]["deviation_rotation_rad"] is None
 
 

@@ -100,4 +100,7 @@ delta_rotvec_deg = [0.0, 0.0, 0.0]
         X1 = transform_from_wire(first["transforms"]["cell_T_base"])
         X2 = transform_from_wire(new["transforms"]["cell_T_base"])
         moved = (X2 @ se3_inverse(X1))[:3, 3]
-        assert np.linalg.norm(moved - [0.0, 0.002, 0.0]) < 0.15e-3, moved
+        # The two runs see the arm at different temperatures and from different approach
+        # sides (warm-up and backlash, ADR 0015), which do not cancel between them: the move
+        # is the shift to a few tenths of a millimetre.
+        assert np.linalg.norm(moved - [0.0, 0.002, 0.0]) < 0.3e-3, moved
