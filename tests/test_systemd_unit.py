@@ -130,6 +130,8 @@ def single(unit, section: str, key: str) -> str:
         ("SystemCallFilter", "@system-service"),
         ("SystemCallArchitectures", "native"),
         ("UMask", "0027"),
+        ("StateDirectoryMode", "0750"),
+        ("RuntimeDirectoryMode", "0750"),
     ],
 )
 def test_service_key(unit, key, expected):
