@@ -69,6 +69,7 @@ def test_full_stack_on_the_realistic_cell(tmp_path):
         assert honest["within_3_sigma"], honest
 
 
+@pytest.mark.timeout(600)  # ten kill -9 cycles, each a fresh daemon process: minutes on a loaded machine
 def test_kill_9_on_the_realistic_cell(tmp_path):
     rep = soak(10, workdir=tmp_path, seed=20261201, n_stations=8, scenario="realistic")
     assert rep.kills >= 8
