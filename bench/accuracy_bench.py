@@ -1,4 +1,4 @@
-"""Accuracy benchmark (issue 7): the refined base-frame calibration against OpenCV.
+"""Accuracy benchmark: the refined base-frame calibration against OpenCV.
 
 Run ``cd /work/main && .venv/bin/python bench/accuracy_bench.py``. It
 
@@ -11,7 +11,7 @@ Run ``cd /work/main && .venv/bin/python bench/accuracy_bench.py``. It
 
 and writes the ``accuracy`` section of ``bench/RESULTS.md`` (also printed).
 
-OpenCV mapping (DESIGN.md section 8; ``a2b`` in OpenCV means ``b_T_a``), with
+OpenCV mapping (ADR 0001; ``a2b`` in OpenCV means ``b_T_a``), with
 ``G_i = base_T_flange`` and ``M_i = cell_T_target``:
 
 * ``calibrateRobotWorldHandEye(R/t_world2cam = inv(M_i), R/t_base2gripper = inv(G_i))``
@@ -251,7 +251,7 @@ def main() -> None:
             f"{fmt(med_t[best_cv])} mm, {best_cv.replace('OpenCV ', '')}; ours linear "
             f"{fmt(med_t['ours linear'])} mm) | {'yes' if ratio <= TARGET_RATIO else 'NO'} |")
 
-    out.append("### Targets (issue 7)")
+    out.append("### Targets (refinement, ADR 0004)")
     out.append("")
     out.append("| target | required | measured | met |")
     out.append("|---|---|---|---|")

@@ -5,7 +5,7 @@ time of the commanded move plus the time the ringing takes to fall under the set
 threshold (joint speed, the same threshold the daemon uses), nothing else. The daemon also
 needs its dwell confirmation, the tracker's averaging and every round trip. The ratio of the
 daemon's wall time (first move commanded -> last station committed) to the oracle's is the
-figure; the target (issue 5) is at most 1.15.
+figure; the target is at most 1.15.
 
 Run: ``.venv/bin/python bench/downtime_bench.py [--scale S] [--stations N]``. Writes the
 ``downtime`` section of bench/RESULTS.md.

@@ -1,4 +1,4 @@
-"""kill -9 of the daemon during capture (issue 5 item 6; DESIGN.md section 7).
+"""kill -9 of the daemon during capture.
 
 ``test_kill_9_during_capture`` runs :func:`cellcal.daemon.harness.soak` with 24 SIGKILLs of a real
 ``cellcal run`` process at random moments of its capture (after 0-2 accepted stations plus

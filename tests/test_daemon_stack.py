@@ -1,4 +1,4 @@
-"""The daemon end to end (issue 5 item 6): real simulated devices, real sockets, real SQLite.
+"""The daemon end to end: real simulated devices, real sockets, real SQLite.
 
 In-process tests run the cell of :func:`cellcal.daemon.harness.inprocess_cell`: the sim
 world, the sim robot (RTDE on loopback), the sim tracker (a pty) and the daemon's

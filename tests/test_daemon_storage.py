@@ -1,4 +1,4 @@
-"""A full disk or a read-only state directory under the running daemon (issue 5 item 6).
+"""A full disk or a read-only state directory under the running daemon.
 
 Real file systems where this process may mount them (root): a small tmpfs filled to the
 last byte (ENOSPC), or remounted read-only (EROFS), as in ``tests/test_store.py``. The

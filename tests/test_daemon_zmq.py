@@ -1,4 +1,4 @@
-"""The daemon behind ZeroMQ, end to end on the simulated cell (issue 6 item 7, issue 7 item 5).
+"""The daemon behind ZeroMQ, end to end on the simulated cell.
 
 Everything real: the simulated robot on loopback RTDE, the simulated tracker on a pty, the
 service, its ZeroMQ server on loopback TCP, and clients (``cellcal.daemon.client.Client``)

@@ -1,4 +1,4 @@
-"""Statistical efficiency of the refined estimate (issue 7, item 3).
+"""Statistical efficiency of the refined estimate.
 
 Monte Carlo over seeded noise draws on one fixed geometry (so the Cramer-Rao bound is one
 matrix): the refined ``cell_T_base`` errors must agree with the covariance the solver

@@ -1,4 +1,4 @@
-"""Held-out station closure (issue 7, item 4) and linear/refined agreement."""
+"""Held-out station closure and linear/refined agreement."""
 
 import math
 

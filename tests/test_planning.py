@@ -1,4 +1,4 @@
-"""Observability planning (issue 7, item 5) with a real arm's forward kinematics."""
+"""Observability planning with a real arm's forward kinematics."""
 
 import math
 

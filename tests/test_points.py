@@ -1,4 +1,4 @@
-"""Point-based base calibration for 3-DoF trackers (issue 7, item 6)."""
+"""Point-based base calibration for 3-DoF trackers."""
 
 import math
 

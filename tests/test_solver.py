@@ -1,4 +1,4 @@
-"""The calibration contract of DESIGN.md section 3: recovery, residuals, refusals, bad input.
+"""The calibration contract: recovery, residuals, refusals, bad input.
 
 Noise-free bound met (stated in ADR 0002): on scenes whose axis_spread is at least 1e-2,
 every recovered transform is within 1e-10 m and 1e-10 rad of the truth (typically 1e-15).

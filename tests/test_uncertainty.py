@@ -1,4 +1,4 @@
-"""Uncertainty on every result (issue 7, item 2): covariance conventions, 1-sigma figures,
+"""Uncertainty on every result: covariance conventions, 1-sigma figures,
 predicted error at a task point (lever arm), checked against Monte Carlo."""
 
 import math
