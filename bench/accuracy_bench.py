@@ -322,7 +322,8 @@ def main() -> None:
                    f"when the covariance is right): {ex}.")
         out.append("")
 
-    out.append(f"### Time per call at N = {TIME_N} (median of {TIME_ROUNDS} interleaved rounds x {TIME_REPS} calls, warmed-up Workspace)")
+    out.append(f"### Time per call at N = {TIME_N} (median of {TIME_ROUNDS} interleaved rounds x {TIME_REPS} calls, "
+               "warmed-up Workspace)")
     out.append("")
     out.append("| call | ms |")
     out.append("|---|---:|")

@@ -115,7 +115,7 @@ def main() -> int:
 
     moves = [(sim, seg) for sim, seg in segments if seg.T > 1e-6]
     rest_sim = [seg.t_end + rest_after_end(sim, seg) for sim, seg in moves]
-    oracle_sim = sum(seg.T + (r_end - seg.t_end) for (_sim, seg), r_end in zip(moves, rest_sim))
+    oracle_sim = sum(seg.T + (r_end - seg.t_end) for (_sim, seg), r_end in zip(moves, rest_sim, strict=True))
     oracle_wall = oracle_sim / args.scale
     first_move_wall = world._t0 + moves[0][1].t0 / args.scale if moves else 0.0
     wall = accepted_wall[-1] - first_move_wall if accepted_wall else float("nan")

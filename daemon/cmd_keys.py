@@ -38,7 +38,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def _certificate(what: str, public: bytes, secret: bytes | None) -> str:
     advice = ("DO NOT PROVIDE THIS FILE TO OTHER USERS nor change its permissions." if secret
               else "Give this file (or the key below) to the other side; it is not secret.")
-    text = _BANNER.format(date=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"), what=what, advice=advice)
+    text = _BANNER.format(date=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"), what=what, advice=advice)
     text += "metadata\ncurve\n"
     text += f'    public-key = "{public.decode("ascii")}"\n'
     if secret:

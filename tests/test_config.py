@@ -46,7 +46,8 @@ def test_units_convert_to_si():
         ("config_version = 1\n[zmq]\ncurve = true\n", "zmq.server_secret_key_file", "required"),
         ("config_version = 1\n[[zmq.clients]]\npublic_key = 'short'\n", "zmq.clients[0].public_key", "40-character"),
         ("config_version = 1\n[[zmq.clients]]\npublic_key = 'x'\nrolle = 'operator'\n", "zmq.clients[0].rolle", "unknown key"),
-        ("config_version = 1\n[plan]\nkind = 'explicit'\n[[plan.stations]]\nq_deg = [0,0,0,0,0,0]\n", "plan.stations", "at least 3"),
+        ("config_version = 1\n[plan]\nkind = 'explicit'\n[[plan.stations]]\nq_deg = [0,0,0,0,0,0]\n",
+         "plan.stations", "at least 3"),
         (
             "config_version = 1\n[plan]\nkind='explicit'\n" + "[[plan.stations]]\nq_deg=[0,0,0,0,0,0]\n" * 2
             + "[[plan.stations]]\nflange_xyz_mm=[1,2,3]\n",

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+from storetest_support import make_station
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import load_config_text
@@ -27,7 +28,6 @@ from cellcal.daemon.harness import K_SIGMA, daemon_config, free_port, soak, to_t
 from cellcal.daemon.plan import PlannedStation, plan_to_dict
 from cellcal.daemon.service import Service, State
 from cellcal.daemon.store import Store
-from storetest_support import make_station
 
 KILLS = 24
 

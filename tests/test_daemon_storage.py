@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 
 import pytest
+from storetest_support import fill_filesystem, make_station, remount, small_tmpfs
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import load_config_text
@@ -33,7 +34,6 @@ from cellcal.daemon.harness import (
 )
 from cellcal.daemon.service import Service, State
 from cellcal.daemon.store import Store, StoreReadOnlyError
-from storetest_support import fill_filesystem, make_station, remount, small_tmpfs
 
 
 def _exports(state: Path) -> dict[str, bytes]:

@@ -10,6 +10,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from cellcal.drivers import connect_robot
 from cellcal.drivers import rtde_codec as rc
@@ -22,7 +23,6 @@ from cellcal.sim.robot_sim import start_sim_robot
 from cellcal.sim.rtde_server import parse_urscript
 from cellcal.sim.world import World
 from cellcal.solver.se3 import se3_inverse, so3_log
-from conftest import wait_until
 
 UR5E = dh_model("ur5e")
 HOME_FLANGE = UR5E.forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))

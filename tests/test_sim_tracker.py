@@ -18,6 +18,7 @@ import time
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from cellcal.drivers import connect_tracker
 from cellcal.drivers import tracker as trk
@@ -27,7 +28,6 @@ from cellcal.drivers.tracker_codec import StatusFlags
 from cellcal.sim.scenario import parse_scenario
 from cellcal.sim.tracker_sim import SimTracker, TrackerDevice
 from cellcal.solver.se3 import se3_inverse, so3_log
-from conftest import wait_until
 
 BASE = """
 seed = {seed}

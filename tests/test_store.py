@@ -13,7 +13,7 @@ import math
 import os
 import sqlite3
 import threading
-from datetime import datetime, timedelta, timezone
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pytest
@@ -371,7 +371,7 @@ def test_provenance_is_completed_from_the_run_and_validated(store):
     assert p["solver"] == "quat-linear" and "a_T_b maps" in p["frame_convention"] and p["note"] == "first"
     assert p["cellcal_version"] == "0.1.0" and p["parent_result_id"] is None
     vf = datetime.fromisoformat(p["valid_from"])
-    assert vf.tzinfo is not None and abs(datetime.now(timezone.utc) - vf) < timedelta(minutes=5)
+    assert vf.tzinfo is not None and abs(datetime.now(UTC) - vf) < timedelta(minutes=5)
     # An explicit valid_from in another zone is stored as the same instant in UTC.
     rid = store.add_result(run, "base_frame", {}, {"valid_from": "2026-06-01T14:00:00+02:00"})
     assert store.get_result(rid).valid_from_utc == "2026-06-01T12:00:00.000000+00:00"

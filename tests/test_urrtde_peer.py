@@ -13,7 +13,6 @@ import time
 
 import numpy as np
 import pytest
-
 from conftest import wait_until
 
 rtde_receive = pytest.importorskip("rtde_receive")

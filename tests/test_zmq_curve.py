@@ -7,12 +7,12 @@ import os
 import pytest
 import zmq
 import zmq.auth
+from conftest import wait_until
+from test_zmq_support import MemoryDaemon, curve_config, curve_setup, dealer, serving, short_tmpdir, zctx, zmq_config
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.client import Client, ClientTimeout, CommandFailed
 from cellcal.daemon.zmq_server import SecurityError, ZmqServer
-from conftest import wait_until
-from test_zmq_support import MemoryDaemon, curve_config, curve_setup, dealer, serving, short_tmpdir, zctx, zmq_config
 
 ROLES = {"ops": "operator", "viewer": "observer"}
 

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from cellcal.daemon import protocol as P
 from conftest import wait_until
 from test_zmq_support import CELL_T_BASE, curve_config, curve_setup, serving, short_tmpdir, zmq_config
+
+from cellcal.daemon import protocol as P
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocols" / "zeromq.md"
 TEXT = DOC.read_text(encoding="utf-8")

@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from test_zmq_support import CELL_T_BASE, MemoryDaemon, pose
 
 from cellcal.daemon import protocol as P
 from cellcal.solver.se3 import quat_from_matrix, se3_inverse
-from test_zmq_support import CELL_T_BASE, MemoryDaemon, pose
 
 
 def test_names_are_exactly_the_design():
@@ -192,7 +192,7 @@ def test_to_base_point_and_pose_agree_with_the_inverse(xi, p):
     a = P.to_base_reply(cell_T_base, P.validate_args("to_base", {"pose": {"matrix": cell_T_x.reshape(16).tolist()}}),
                         result_id="r", suspect=False)
     b = P.to_base_reply(cell_T_base, P.validate_args("to_base", {"pose": {
-        "translation_m": list(p), "quaternion": dict(zip("wxyz", map(float, q)))}, "child_frame": "tcp"}),
+        "translation_m": list(p), "quaternion": dict(zip("wxyz", map(float, q), strict=True))}, "child_frame": "tcp"}),
         result_id="r", suspect=False)
     np.testing.assert_allclose(a["pose"]["matrix"], (base_T_cell @ cell_T_x).reshape(16), atol=1e-9)
     np.testing.assert_allclose(b["pose"]["matrix"], a["pose"]["matrix"], atol=1e-9)

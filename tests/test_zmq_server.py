@@ -12,14 +12,24 @@ import time
 import numpy as np
 import pytest
 import zmq
+from test_zmq_support import (
+    CELL_T_BASE,
+    MemoryDaemon,
+    dealer,
+    heartbeating,
+    pose,
+    rpc,
+    serving,
+    short_tmpdir,
+    wait_until,
+    zctx,
+    zmq_config,
+)
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.client import Client, ClientTimeout, CommandFailed
 from cellcal.daemon.zmq_server import BindError, SecurityError, ZmqServer, is_local_endpoint
 from cellcal.solver.se3 import se3_inverse
-from test_zmq_support import (
-    CELL_T_BASE, MemoryDaemon, dealer, heartbeating, pose, rpc, serving, short_tmpdir, wait_until, zctx, zmq_config,
-)
 
 
 def _sub(ctx: zmq.Context, endpoint: str, prefix: bytes = P.TOPIC_PREFIX.encode(), **opts) -> zmq.Socket:
@@ -371,7 +381,8 @@ def test_ten_thousand_malformed_requests_get_ten_thousand_errors():
 
 @pytest.mark.parametrize("request_, needle", [
     ({"id": "1", "cmd": "to_base", "args": {"point_m": [1, 2]}}, "point_m"),
-    ({"id": "1", "cmd": "to_base", "args": {"point_m": [1, 2, 3], "pose": {"translation_m": [0, 0, 0], "quaternion": {"w": 1, "x": 0, "y": 0, "z": 0}}}}, "exactly one"),
+    ({"id": "1", "cmd": "to_base", "args": {"point_m": [1, 2, 3], "pose": {
+        "translation_m": [0, 0, 0], "quaternion": {"w": 1, "x": 0, "y": 0, "z": 0}}}}, "exactly one"),
     ({"id": "1", "cmd": "to_base", "args": {"pose": {"matrix": [2] + [0] * 15}}}, "last row"),
     ({"id": "1", "cmd": "list_results", "args": {"limit": "5"}}, "integer"),
     ({"id": "1", "cmd": "get_result", "args": {"id": "r-1"}}, "unknown argument"),
