@@ -12,6 +12,10 @@ lies inside the result's own reported uncertainty (the NEES of ``cell_T_base`` a
 3-sigma bound of a chi-square with 6 degrees of freedom), how the residual RMS compares
 with the tracker's noise floor, and the result's warnings (``result["warnings"]``) in words.
 
+Exit status: 0 when the calibration ran and its error against the truth lies inside its
+own reported uncertainty (3 sigma), 4 when it lies outside (a confident wrong answer), 1
+when the run failed, 2 for a bad scenario or configuration.
+
 With ``--json`` stdout carries exactly one JSON object at the end: the result as the
 daemon publishes it on ``cellcal/v1/result``, plus ``truth_error`` (with ``nees``,
 ``within_3_sigma``), ``residual_vs_noise`` and ``drift_check``.
@@ -289,6 +293,12 @@ def run(args: argparse.Namespace) -> int:
                 rot = "no rotation (points)" if r is None else f"{math.degrees(r):.5f} deg"
                 print(f"  drift check: {d['status']} ({d['deviation_translation_m'] * 1e3:.4f} mm, "
                       f"{rot}; warn {d['warn_translation_m'] * 1e3:.3f} mm, fail {d['fail_translation_m'] * 1e3:.3f} mm)")
+        if honest.get("within_3_sigma") is False:
+            # The demo knows the truth: an answer outside its own reported uncertainty is a
+            # confident wrong answer, and the demo says so with its exit status.
+            _say("cellcal demo: the error against the truth lies OUTSIDE the result's reported "
+                 "uncertainty (3 sigma): exit 4")
+            return 4
         return 0
     finally:
         if app is not None:
