@@ -169,7 +169,7 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
         return [lo]
     step = _nice_up((hi - lo) / n)
     first = math.ceil(lo / step) * step
-    out = []
+    out: list[float] = []
     t = first
     while t <= hi + 1e-9 * step and len(out) < 50:
         out.append(0.0 if abs(t) < 1e-12 * step else t)
