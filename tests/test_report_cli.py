@@ -152,3 +152,19 @@ def test_commands_refuse_what_is_not_there_clearly(cell_state, tmp_path):
         assert r.returncode == 2, (args, r.returncode, r.stderr)
         assert want in r.stderr, (args, r.stderr)
         assert "Traceback" not in r.stderr, r.stderr
+
+
+def test_demo_prints_the_report_path_and_keeps_it(tmp_path):
+    """``cellcal demo`` (what ``make demo`` runs): the report and its state directory survive it."""
+    r = subprocess.run([*CELLCAL, "demo", "--stations", "5", "--no-drift-check"], capture_output=True, text=True,
+                       timeout=180, stdin=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == 0, r.stderr
+    (line,) = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("report: ")]
+    report = Path(line.split("report: ", 1)[1])
+    assert report.is_file() and report.is_relative_to(tmp_path) and report.name == "result_1_report.html"
+    ET.fromstring(report.read_bytes())
+    kept = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("kept: ")]
+    assert kept and str(report.parents[2]) in kept[0]
+    # the kept state is what `cellcal show` reads
+    s = cellcal("show", "--state-dir", str(report.parents[1]))
+    assert s.returncode == 0 and s.stdout.startswith("result 1: base_frame, active"), s.stderr
