@@ -72,7 +72,8 @@ def transform_lines(name: str, wire: Mapping[str, Any], C: np.ndarray | None) ->
     st = [None if v is None else v * 1e3 for v in s[:3]]
     sr = [None if v is None else math.degrees(v) for v in s[3:]]
     return [
-        f"  {name}  ({wire.get('child_frame', '?')} in {wire.get('parent_frame', '?')}; 1-sigma per axis)",
+        f"  {name}  ({wire.get('child_frame', '?')} in {wire.get('parent_frame', '?')}; 1-sigma along "
+        f"{wire.get('child_frame', '?')}'s axes)",
         f"    translation mm   x {_pm(t[0], st[0], 3)}, y {_pm(t[1], st[1], 3)}, z {_pm(t[2], st[2], 3)}",
         f"    rotation deg     x {_pm(rv[0], sr[0], 4)}, y {_pm(rv[1], sr[1], 4)}, z {_pm(rv[2], sr[2], 4)}"
         "  (rotation vector)",

@@ -686,8 +686,9 @@ def _transform_html(name: str, T: np.ndarray, C: np.ndarray | None) -> str:
     sig = ""
     if C is not None and C.shape == (6, 6) and np.all(np.isfinite(np.diag(C))):
         d = np.sqrt(np.clip(np.diag(C), 0.0, None))
-        sig = (f'<tr><td>1-sigma translation x y z [mm]</td><td class="num">{_fmt(d[0] * 1e3)} {_fmt(d[1] * 1e3)} '
-               f'{_fmt(d[2] * 1e3)}</td></tr><tr><td>1-sigma rotation x y z [deg]</td><td class="num">'
+        sig = (f'<tr><td>1-sigma translation along {_e(child)} x y z [mm]</td><td class="num">{_fmt(d[0] * 1e3)} '
+               f'{_fmt(d[1] * 1e3)} {_fmt(d[2] * 1e3)}</td></tr><tr><td>1-sigma rotation about {_e(child)} x y z [deg]'
+               f'</td><td class="num">'
                f'{_fmt(math.degrees(d[3]), 5)} {_fmt(math.degrees(d[4]), 5)} {_fmt(math.degrees(d[5]), 5)}</td></tr>')
     rows = "\n".join(" ".join(f"{v: .9f}" for v in row) for row in T)
     return (f'<h3>{_e(name)}</h3><p>The pose of frame <b>{_e(child)}</b> in frame <b>{_e(parent)}</b>: it maps '
