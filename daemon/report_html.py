@@ -71,7 +71,7 @@ _CSS = """
 body{font-family:sans-serif;color:#1b1f24;background:#ffffff;margin:1.5em auto;max-width:70em;padding:0 1em}
 h1{font-size:1.5em;margin-bottom:.2em}h2{font-size:1.2em;border-bottom:2px solid #1f5fbf;margin-top:1.6em}
 table{border-collapse:collapse;margin:.5em 0}td,th{border:1px solid #c0c4ca;padding:.2em .6em;text-align:left}
-td.num{text-align:right;font-family:monospace}pre{background:#f3f5f8;padding:.6em;overflow-x:auto}
+td.num{text-align:right;font-family:monospace}td:first-child{white-space:nowrap}pre{background:#f3f5f8;padding:.6em;overflow-x:auto}
 .pass{color:#1e8c3a;font-weight:bold}.fail{color:#c81e1e;font-weight:bold}.na{color:#6b7280}
 .warn{background:#fff4d6;border-left:4px solid #e07b00;padding:.3em .6em;margin:.3em 0}
 figure{margin:1em 0;border:1px solid #d0d4da;padding:.5em}figcaption{font-size:.9em;color:#374151}
@@ -163,11 +163,13 @@ def _nice_up(x: float) -> float:
     return 10.0 ** (k + 1)
 
 
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    """At most about ``n`` round ticks between ``lo`` and ``hi``."""
+def _ticks(lo: float, hi: float, n: int = 5, *, integer: bool = False) -> list[float]:
+    """At most about ``n`` round ticks between ``lo`` and ``hi`` (whole numbers only: ``integer``)."""
     if not (math.isfinite(lo) and math.isfinite(hi)) or hi <= lo:
         return [lo]
     step = _nice_up((hi - lo) / n)
+    if integer:
+        step = max(step, 1.0)
     first = math.ceil(lo / step) * step
     out: list[float] = []
     t = first
@@ -194,8 +196,9 @@ class _Panel:
     """One plot area: data coordinates to SVG pixels, axes, grid (y grows upwards)."""
 
     def __init__(self, x0: float, y0: float, w: float, h: float, xr: tuple[float, float], yr: tuple[float, float],
-                 *, equal: bool = False) -> None:
+                 *, equal: bool = False, integer_x: bool = False) -> None:
         self.x0, self.y0, self.w, self.h = x0, y0, w, h
+        self.integer_x = integer_x
         (xa, xb), (ya, yb) = xr, yr
         if not xb > xa:
             xa, xb = xa - 1.0, xa + 1.0
@@ -217,12 +220,12 @@ class _Panel:
     def frame(self, xlabel: str, ylabel: str) -> list[str]:
         out = [f'<rect x="{_num(self.x0)}" y="{_num(self.y0)}" width="{_num(self.w)}" height="{_num(self.h)}" '
                f'fill="#fbfcfd" stroke="{_INK}" stroke-width="1"/>']
-        for t in _ticks(*self.xr):
+        for t in _ticks(*self.xr, integer=self.integer_x):
             x = self.px(t)
             out.append(f'<line x1="{_num(x)}" y1="{_num(self.y0)}" x2="{_num(x)}" y2="{_num(self.y0 + self.h)}" '
                        f'stroke="{_GRID}" stroke-width="0.5"/>')
             out.append(f'<text x="{_num(x)}" y="{_num(self.y0 + self.h + 13)}" font-size="10" '
-                       f'text-anchor="middle">{_e(_tick_text(t, *self.xr))}</text>')
+                       f'text-anchor="middle">{_e(f"{t:.0f}" if self.integer_x else _tick_text(t, *self.xr))}</text>')
         for t in _ticks(*self.yr):
             y = self.py(t)
             out.append(f'<line x1="{_num(self.x0)}" y1="{_num(y)}" x2="{_num(self.x0 + self.w)}" y2="{_num(y)}" '
@@ -646,7 +649,7 @@ def _fig_drift(drift_checks: Sequence[Mapping[str, Any]] | None) -> str:
     n = len(checks)
     hi = max(float(dev.max()), fail, warn) * 1.2 or 1.0
     parts: list[str] = []
-    p1 = _Panel(70, 30, 700, 200, (0.5, n + 0.5), (0.0, hi))
+    p1 = _Panel(70, 30, 700, 200, (0.5, n + 0.5), (0.0, hi), integer_x=True)
     parts.append(f'<rect class="band-warn" x="{_num(p1.x0)}" y="{_num(p1.py(fail))}" width="{_num(p1.w)}" '
                  f'height="{_num(p1.py(warn) - p1.py(fail))}" fill="{_WARN_BAND}"/>')
     parts.append(f'<rect class="band-fail" x="{_num(p1.x0)}" y="{_num(p1.py(hi))}" width="{_num(p1.w)}" '
@@ -658,13 +661,15 @@ def _fig_drift(drift_checks: Sequence[Mapping[str, Any]] | None) -> str:
     for i, (v, d) in enumerate(zip(dev, checks, strict=True)):
         colour = {"ok": _OK, "warn": _HELD, "fail": _FAIL}.get(str(d.get("status")), _INK)
         parts.append(f'<circle cx="{_num(p1.px(i + 1))}" cy="{_num(p1.py(v))}" r="4" fill="{colour}"/>')
-    p2 = _Panel(70, 290, 700, 110, (0.5, n + 0.5), (0.0, max(float(cus.max()), h) * 1.2 or 1.0))
+    p2 = _Panel(70, 290, 700, 110, (0.5, n + 0.5), (0.0, max(float(cus.max()), h) * 1.2 or 1.0), integer_x=True)
     parts += p2.frame("drift check (in order)", "CUSUM [mm]")
     if h > 0:
         parts.append(f'<line class="cusum-h" x1="{_num(p2.x0)}" y1="{_num(p2.py(h))}" x2="{_num(p2.x0 + p2.w)}" '
                      f'y2="{_num(p2.py(h))}" stroke="{_FAIL}" stroke-dasharray="6,3"/>')
     pts = " ".join(f"{_num(p2.px(i + 1))},{_num(p2.py(v))}" for i, v in enumerate(cus))
     parts.append(f'<polyline class="cusum" points="{pts}" fill="none" stroke="{_CUSUM}" stroke-width="2"/>')
+    for i, v in enumerate(cus):
+        parts.append(f'<circle cx="{_num(p2.px(i + 1))}" cy="{_num(p2.py(v))}" r="3.5" fill="{_CUSUM}"/>')
     parts += _legend(560, 445, [(_WARN_BAND, f"warn band {warn:.3f}-{fail:.3f} mm"), (_FAIL_BAND, "fail band"),
                                 (_CUSUM, f"CUSUM (alarm at h = {h:.3f} mm, dashed)")])
     caption = (f"{n} drift checks: the deviation of the re-measured check stations from what the result predicts, "
