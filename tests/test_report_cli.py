@@ -1,9 +1,9 @@
 """``cellcal report``, ``cellcal show`` and ``cellcal stations`` on a real daemon's state.
 
-Two base-frame calibrations of the simulated cell go through the daemon (in this process:
-simulated robot on RTDE over loopback, tracker on a pty, the real store), and one drift
-check; then the commands run as a user runs them, as subprocesses reading that state
-directory, beside the still running daemon.
+A hand-eye run from given stations and two base-frame calibrations of the simulated cell go
+through the daemon (in this process: simulated robot on RTDE over loopback, tracker on a
+pty, the real store), and one drift check; then the commands run as a user runs them, as
+subprocesses reading that state directory, beside the still running daemon.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from conftest import wait_until
 from cellcal.daemon import protocol as P
 from cellcal.daemon.harness import inprocess_cell
 from cellcal.daemon.report_html import FIGURES, report_path
+from cellcal.solver.synthetic import hand_eye_scene
 
 CELLCAL = [sys.executable, "-m", "cellcal.daemon.cli"]
 WAIT_S = 90.0
@@ -31,11 +32,21 @@ def cellcal(*args: str, env: dict[str, str] | None = None, cwd: Path | None = No
     return subprocess.run([*CELLCAL, *args], capture_output=True, text=True, timeout=120, env=env, cwd=cwd)
 
 
+def _hand_eye_stations() -> list[dict]:
+    s = hand_eye_scene(10, np.random.default_rng(5), noise_mm=0.02, noise_deg=0.01)
+    return [{"base_T_flange": g.reshape(16).tolist(), "camera_T_target": o.reshape(16).tolist()}
+            for g, o in zip(s.base_T_flange, s.measured, strict=True)]
+
+
 @pytest.fixture(scope="module")
 def cell_state(tmp_path_factory):
-    """The daemon after runs 1 and 2 (results 1 and 2, 2 active) and one drift check of result 2."""
+    """The daemon after run 1 (hand-eye from given stations, result 1), runs 2 and 3 (base
+    frame, results 2 and 3, 3 active) and one drift check of result 3."""
     tmp = tmp_path_factory.mktemp("report_cli")
     with inprocess_cell(tmp, n_stations=6) as cell:
+        run_id = cell.svc.start_run("hand_eye", stations=_hand_eye_stations())
+        hand_eye = cell.wait_result(run_id, WAIT_S)
+        wait_until(lambda: cell.svc.wait_idle(0.0), WAIT_S, "the daemon idle after the hand-eye run")
         bodies = []
         for _ in range(2):
             run_id = cell.svc.start_run("base_frame")
@@ -45,12 +56,13 @@ def cell_state(tmp_path_factory):
         cell.wait_for(lambda t, b: t == P.TOPIC_DRIFT, WAIT_S, "the drift check")
         wait_until(lambda: cell.svc.wait_idle(0.0), WAIT_S, "the daemon idle after the drift check")
         state = Path(cell.svc.cfg.service.state_dir)
-        yield {"state": state, "bodies": bodies, "tmp": tmp, "cell": cell}
+        assert [b["result_id"] for b in [hand_eye, *bodies]] == ["1", "2", "3"]
+        yield {"state": state, "bodies": bodies, "hand_eye": hand_eye}
 
 
 def test_the_daemon_writes_the_report_next_to_the_exports(cell_state):
     exports = cell_state["state"] / "exports"
-    for body in cell_state["bodies"]:
+    for body in [cell_state["hand_eye"], *cell_state["bodies"]]:
         rid = int(body["result_id"])
         p = report_path(exports, rid)
         assert p.exists() and (exports / f"result_{rid}.json").exists()
@@ -58,6 +70,8 @@ def test_the_daemon_writes_the_report_next_to_the_exports(cell_state):
         figs = [f.get("id") for f in root.iter("{http://www.w3.org/1999/xhtml}figure")]
         assert figs == list(FIGURES)
         assert f"cellcal result {rid}" in p.read_text()
+        # every figure that needs stations has them: the run's, or the ones given with it
+        assert 'id="fig-residuals" class="figure"' in p.read_text()
 
 
 def test_report_command_writes_the_active_result_with_its_drift_checks(cell_state, tmp_path):
@@ -65,18 +79,18 @@ def test_report_command_writes_the_active_result_with_its_drift_checks(cell_stat
     out = tmp_path / "r.html"
     r = cellcal("report", "-o", str(out), "--state-dir", state)
     assert r.returncode == 0, r.stderr
-    assert str(out.resolve()) in r.stdout and "result 2" in r.stdout
+    assert str(out.resolve()) in r.stdout and "result 3" in r.stdout
     text = out.read_text()
-    assert "cellcal result 2" in text
+    assert "cellcal result 3" in text
     assert "1 drift checks" in text  # the check made after the result was stored
     # the same bytes again (and for the result named as a person types it)
     again = tmp_path / "again.html"
-    assert cellcal("report", "result_2", "-o", str(again), "--state-dir", state).returncode == 0
+    assert cellcal("report", "result_3", "-o", str(again), "--state-dir", state).returncode == 0
     assert again.read_bytes() == out.read_bytes()
-    # default file name in the working directory; result 1 by id
-    r = cellcal("report", "1", "--state-dir", state, cwd=tmp_path)
+    # default file name in the working directory; result 2 by id
+    r = cellcal("report", "2", "--state-dir", state, cwd=tmp_path)
     assert r.returncode == 0, r.stderr
-    assert (tmp_path / "cellcal-result-1.html").exists()
+    assert (tmp_path / "cellcal-result-2.html").exists()
 
 
 def test_report_finds_the_state_through_cellcal_config(cell_state, tmp_path):
@@ -85,38 +99,43 @@ def test_report_finds_the_state_through_cellcal_config(cell_state, tmp_path):
     env = {**os.environ, "CELLCAL_CONFIG": str(conf)}
     r = cellcal("report", "-o", "-", env=env)
     assert r.returncode == 0, r.stderr
-    assert r.stdout.startswith("<?xml") and "cellcal result 2" in r.stdout
+    assert r.stdout.startswith("<?xml") and "cellcal result 3" in r.stdout
     r = cellcal("show", "--config", str(conf))
-    assert r.returncode == 0 and r.stdout.startswith("result 2:"), r.stderr
+    assert r.returncode == 0 and r.stdout.startswith("result 3:"), r.stderr
 
 
 def test_show_gives_mm_deg_with_sigma_gates_warnings_and_export_paths(cell_state):
     r = cellcal("show", "--state-dir", str(cell_state["state"]))
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    assert out.startswith("result 2: base_frame, active")
+    assert out.startswith("result 3: base_frame, active")
     body = cell_state["bodies"][1]
     t = np.array(body["transforms"]["cell_T_base"]["translation_m"]) * 1e3
     assert f"x {t[0]:.3f} +- " in out and "translation mm" in out and "rotation deg" in out
     assert "gates            passed" in out and "rms_translation" in out
     assert "warnings" in out
     exports = cell_state["state"] / "exports"
-    for name in ("result_2.json", "result_2.urdf", "result_2_report.html"):
+    for name in ("result_3.json", "result_3.urdf", "result_3_report.html"):
         assert str(exports / name) in out
+    r2 = cellcal("show", "2", "--state-dir", str(cell_state["state"]))
+    assert r2.returncode == 0 and r2.stdout.startswith("result 2: base_frame, not active"), r2.stderr
     r1 = cellcal("show", "1", "--state-dir", str(cell_state["state"]))
-    assert r1.returncode == 0 and r1.stdout.startswith("result 1: base_frame, not active"), r1.stderr
+    assert r1.returncode == 0 and r1.stdout.startswith("result 1: hand_eye"), r1.stderr
+    assert "flange_T_camera" in r1.stdout
 
 
 def test_show_diff_says_how_the_base_moved_in_mm_deg_and_sigmas(cell_state):
-    r = cellcal("show", "--diff", "1", "2", "--state-dir", str(cell_state["state"]))
+    r = cellcal("show", "--diff", "2", "3", "--state-dir", str(cell_state["state"]))
     assert r.returncode == 0, r.stderr
     a, b = (np.array(x["transforms"]["cell_T_base"]["translation_m"]) for x in cell_state["bodies"])
     d_mm = (b - a) * 1e3
-    assert "result 1 -> result 2: cell_T_base" in r.stdout
+    assert "result 2 -> result 3: cell_T_base" in r.stdout
     assert f"x {d_mm[0]:.4f}, y {d_mm[1]:.4f}, z {d_mm[2]:.4f}" in r.stdout
     assert "deg" in r.stdout and "sigma" in r.stdout
-    same = cellcal("show", "--diff", "2", "2", "--state-dir", str(cell_state["state"]))
+    same = cellcal("show", "--diff", "3", "3", "--state-dir", str(cell_state["state"]))
     assert "0.00 sigma" in same.stdout
+    other = cellcal("show", "--diff", "1", "3", "--state-dir", str(cell_state["state"]))
+    assert other.returncode == 2 and "nothing in common" in other.stderr
 
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
@@ -135,6 +154,19 @@ def test_stations_round_trip_through_cellcal_solve(cell_state, tmp_path, suffix)
         np.testing.assert_allclose(got["transforms"][name]["matrix"], body["transforms"][name]["matrix"],
                                    rtol=0, atol=1e-9, err_msg=name)
     assert got["rms_translation_m"] == pytest.approx(body["rms_translation_m"], abs=1e-9)
+
+
+def test_hand_eye_stations_given_with_a_run_round_trip_through_cellcal_solve(cell_state, tmp_path):
+    body = cell_state["hand_eye"]
+    f = tmp_path / "he.jsonl"
+    r = cellcal("stations", body["run_id"], "-o", str(f), "--state-dir", str(cell_state["state"]))
+    assert r.returncode == 0 and "10 stations" in r.stdout, r.stderr
+    s = cellcal("solve", str(f), "--kind", "hand_eye", "--estimate-noise", "--json")
+    assert s.returncode == 0, s.stderr
+    got = json.loads(s.stdout)
+    for name in ("flange_T_camera", "base_T_target"):
+        np.testing.assert_allclose(got["transforms"][name]["matrix"], body["transforms"][name]["matrix"],
+                                   rtol=0, atol=1e-9, err_msg=name)
 
 
 def test_commands_refuse_what_is_not_there_clearly(cell_state, tmp_path):

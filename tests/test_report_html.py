@@ -269,3 +269,13 @@ def test_the_report_file_is_what_chromium_opens_without_network(tmp_path, kinds)
     p = R.write_report(tmp_path, 3, R.render_report(body, stations=stations))
     moved = Path(shutil.copy(p, tmp_path / "elsewhere.html"))
     assert _ids(_parse(moved.read_text(encoding="utf-8")), "figure") == list(R.FIGURES)
+
+
+def test_a_suspect_result_says_so_first(kinds):
+    body, stations = copy.deepcopy(kinds["base_frame"])
+    body.update(suspect=True, suspect_reason="drift check: 0.950 mm", active=False)
+    root = _parse(R.render_report(body, stations=stations))
+    summary = [s for s in root.iter(XHTML + "section") if s.get("id") == "summary"][0]
+    banner = [p for p in summary.iter(XHTML + "p") if p.get("class") == "banner"]
+    assert banner and "SUSPECT: drift check: 0.950 mm" in "".join(banner[0].itertext())
+    assert "not active" in "".join(summary.itertext())
