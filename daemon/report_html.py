@@ -46,13 +46,15 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "render_report", "write_report", "report_path", "report_from_store", "export_report", "residual_vectors",
-    "REPORT_SUFFIX", "SECTIONS", "FIGURES",
+    "REPORT_SUFFIX", "SECTIONS", "FIGURES", "MAX_DRIFT_CHECKS",
 ]
 
 #: The report's file name next to the exports: ``result_<id>`` + this.
 REPORT_SUFFIX = "_report.html"
 #: ``id`` of every section, in document order (tests and links rely on them).
 SECTIONS = ("summary", "gates", "warnings", "figures", "provenance")
+#: The most recent drift checks a report draws (the store keeps them all).
+MAX_DRIFT_CHECKS = 1000
 #: ``id`` of every figure, in document order.
 FIGURES = ("fig-residuals", "fig-distribution", "fig-ellipses", "fig-observability", "fig-drift")
 
@@ -890,7 +892,7 @@ def report_from_store(store: Any, result_id: int, *, cell: str = "") -> str:
         if not stations:
             run = store.get_run(rec.run_id)
             stations = list((run.plan or {}).get("given") or [])
-    checks = [d.record for d in store.drift_checks(rec.id, limit=1000)]
+    checks = [d.record for d in store.drift_checks(rec.id, limit=MAX_DRIFT_CHECKS)]
     return render_report(body, stations=stations, drift_checks=checks)
 
 
