@@ -208,7 +208,8 @@ def run(args: argparse.Namespace) -> int:
             cfg,
             robot=dataclasses.replace(cfg.robot, url=robot_sim.url),
             tracker=dataclasses.replace(cfg.tracker, url=tracker_sim.url),
-            service=dataclasses.replace(cfg.service, state_dir=str(Path(state_dir) / "state"), runtime_dir=str(Path(state_dir) / "run")),
+            service=dataclasses.replace(cfg.service, state_dir=str(Path(state_dir) / "state"),
+                                        runtime_dir=str(Path(state_dir) / "run")),
             plan=plan,
             zmq=zcfg,
         )
@@ -224,9 +225,11 @@ def run(args: argparse.Namespace) -> int:
                 if body.get("accepted"):
                     s = body.get("settle", {})
                     _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: accepted "
-                         f"(tracker std {1e3 * (s.get('tracker_std_translation_m') or 0):.4f} mm, robot at rest {s.get('robot_rest_s', 0):.2f} s)")
+                         f"(tracker std {1e3 * (s.get('tracker_std_translation_m') or 0):.4f} mm, "
+                         f"robot at rest {s.get('robot_rest_s', 0):.2f} s)")
                 else:
-                    _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: rejected, {body['reason']} (attempt {body.get('attempt')}), retrying")
+                    _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: rejected, {body['reason']} "
+                         f"(attempt {body.get('attempt')}), retrying")
             elif topic == P.TOPIC_RESULT:
                 outcome["result"] = body
                 done.set()
