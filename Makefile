@@ -10,6 +10,8 @@ PYTEST := $(PY) -m pytest -q
 # (tests/test_systemd_unit.py) and the toolchain of the C++ client in docs/protocols/zeromq.md
 # (tests/test_zmq_doc.py). This is the one list; the tests point to `make os-deps`.
 OS_PACKAGES := systemd g++ libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
+# Headless Chromium renders the HTML report in tests/test_report_html.py.
+OS_PACKAGES += chromium-headless-shell
 
 .PHONY: demo test test-stress os-deps lint bench clean
 

@@ -20,6 +20,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "keys": ("cellcal.daemon.cmd_keys", "generate a CURVE key pair for the daemon or a client"),
     "watch": ("cellcal.daemon.cmd_watch", "live view of heartbeat, stations, results and drift"),
     "ctl": ("cellcal.daemon.cmd_ctl", "send one command to the daemon"),
+    "report": ("cellcal.daemon.cmd_report", "write the HTML report (figures) of a stored result"),
+    "show": ("cellcal.daemon.cmd_show", "a stored result in mm/deg with uncertainty; --diff A B: how the base moved"),
+    "stations": ("cellcal.daemon.cmd_stations", "export a run's stations as a file cellcal solve reads"),
 }
 
 

@@ -5,7 +5,11 @@ RTDE on loopback with its URScript port, and a laser tracker on loopback TCP, bo
 in one shared world), starts the daemon on ``config/demo.toml`` pointed at them, runs a
 base-frame calibration in command mode with one progress line per station on stderr,
 prints the report (``cell_T_base`` in mm and deg, residuals, axis_spread and the error
-against the scenario's hidden truth), runs one drift check, and shuts everything down.
+against the scenario's hidden truth), runs one drift check, writes the HTML report
+(``cellcal.daemon.report_html``) beside the exports and prints its path, and shuts everything
+down. The state directory (a new ``cellcal-demo-*`` directory in the system's temporary
+directory unless ``--state-dir`` names one) is kept: the report, the exports and the store
+stay there for ``cellcal show`` and ``cellcal report`` (its path is printed last).
 
 Honesty (``cellcal.daemon.truth``): the report says whether the error against the truth
 lies inside the result's own reported uncertainty (the NEES of ``cell_T_base`` against the
@@ -56,7 +60,9 @@ def _default(name: str) -> str:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--scenario", default=_default("demo-scenario.toml"), help="simulated cell (TOML)")
     p.add_argument("--config", default=_default("demo.toml"), help="daemon configuration (TOML)")
-    p.add_argument("--state-dir", default=None, help="keep the store here (default: a fresh temporary directory)")
+    p.add_argument("--state-dir", default=None,
+                   help="keep the store, exports and report here (default: a new cellcal-demo-* directory in the "
+                        "system's temporary directory, kept and printed at the end)")
     p.add_argument("--stations", type=int, default=None, help="override plan.n_stations")
     p.add_argument("--timeout-s", type=float, default=300.0, help="give up after this long (wall clock)")
     p.add_argument("--json", action="store_true", help="print the published result as one JSON object")
@@ -149,6 +155,22 @@ def honesty_lines(honest: dict, versus_noise: dict, warnings: object) -> list[st
     return out
 
 
+def _write_report(svc, result: dict, cfg) -> Path | None:
+    """The result's HTML report again, now with the demo's drift check in it, beside the
+    exports (where the daemon wrote it when it stored the result)."""
+    from cellcal.daemon.report_html import export_report
+
+    return export_report(svc.store, int(result["result_id"]), Path(cfg.service.state_dir) / "exports",
+                         cell=cfg.service.name)
+
+
+def _say_kept(report: Path | None, state_dir: str, say) -> None:
+    if report is not None:
+        say(f"  report: {report}")
+    say(f"  kept: {Path(state_dir).parent} (store and exports in {state_dir}; "
+        f"cellcal show --state-dir {state_dir})")
+
+
 def run(args: argparse.Namespace) -> int:
     from cellcal.daemon import protocol as P
     from cellcal.daemon.app import App
@@ -170,11 +192,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"cellcal demo: {exc}", file=sys.stderr)
         return 2
     t0 = time.monotonic()
-    tmp = None
     state_dir = args.state_dir
     if state_dir is None:
-        tmp = tempfile.TemporaryDirectory(prefix="cellcal-demo-")
-        state_dir = tmp.name
+        # Kept after the demo (not a TemporaryDirectory): the report, the exports and the store
+        # are what a person opens next (`cellcal show --state-dir DIR/state`).
+        state_dir = tempfile.mkdtemp(prefix="cellcal-demo-")
     world = scenario.make_world()
     robot_sim = start_sim_robot(world, scenario.robot, transport="rtde")
     tracker_sim = start_simulated(args.instrument, world, scenario.tracker, seed=scenario.seed,
@@ -190,7 +212,8 @@ def run(args: argparse.Namespace) -> int:
             cfg,
             robot=dataclasses.replace(cfg.robot, url=robot_sim.url),
             tracker=dataclasses.replace(cfg.tracker, url=tracker_sim.url),
-            service=dataclasses.replace(cfg.service, state_dir=str(Path(state_dir) / "state"), runtime_dir=str(Path(state_dir) / "run")),
+            service=dataclasses.replace(cfg.service, state_dir=str(Path(state_dir) / "state"),
+                                        runtime_dir=str(Path(state_dir) / "run")),
             plan=plan,
             zmq=zcfg,
         )
@@ -206,9 +229,11 @@ def run(args: argparse.Namespace) -> int:
                 if body.get("accepted"):
                     s = body.get("settle", {})
                     _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: accepted "
-                         f"(tracker std {1e3 * (s.get('tracker_std_translation_m') or 0):.4f} mm, robot at rest {s.get('robot_rest_s', 0):.2f} s)")
+                         f"(tracker std {1e3 * (s.get('tracker_std_translation_m') or 0):.4f} mm, "
+                         f"robot at rest {s.get('robot_rest_s', 0):.2f} s)")
                 else:
-                    _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: rejected, {body['reason']} (attempt {body.get('attempt')}), retrying")
+                    _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: rejected, {body['reason']} "
+                         f"(attempt {body.get('attempt')}), retrying")
             elif topic == P.TOPIC_RESULT:
                 outcome["result"] = body
                 done.set()
@@ -232,6 +257,7 @@ def run(args: argparse.Namespace) -> int:
             done.wait(0.1)
         if run.status != RunStatus.DONE or "result" not in outcome:
             _say(f"cellcal demo: run {run_id} ended {run.status.value}: {run.status_reason or 'no result before the timeout'}")
+            _say_kept(None, cfg.service.state_dir, _say)
             return 1
         result = outcome["result"]
         truth = world.cell_T_base()
@@ -246,8 +272,10 @@ def run(args: argparse.Namespace) -> int:
             while "drift" not in outcome and time.monotonic() < deadline:
                 done.wait(0.1)
         el = time.monotonic() - t0
+        report = _write_report(svc, result, cfg)
         if args.json:
             out = dict(result)
+            out["report_path"] = None if report is None else str(report)
             out["truth_error"] = honest
             out["residual_vs_noise"] = versus_noise
             if point_truth is not None:
@@ -293,6 +321,7 @@ def run(args: argparse.Namespace) -> int:
                 rot = "no rotation (points)" if r is None else f"{math.degrees(r):.5f} deg"
                 print(f"  drift check: {d['status']} ({d['deviation_translation_m'] * 1e3:.4f} mm, "
                       f"{rot}; warn {d['warn_translation_m'] * 1e3:.3f} mm, fail {d['fail_translation_m'] * 1e3:.3f} mm)")
+        _say_kept(report, cfg.service.state_dir, print if not args.json else _say)
         if honest.get("within_3_sigma") is False:
             # The demo knows the truth: an answer outside its own reported uncertainty is a
             # confident wrong answer, and the demo says so with its exit status.
@@ -305,5 +334,3 @@ def run(args: argparse.Namespace) -> int:
             app.close()
         tracker_sim.close()
         robot_sim.close()
-        if tmp is not None:
-            tmp.cleanup()

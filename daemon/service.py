@@ -1076,6 +1076,8 @@ class Service:
             write_exports(Path(self.cfg.service.state_dir) / "exports", rid, self.result_body(rec))
         except (OSError, CellcalError, ValueError) as exc:
             log.warning("exports of result %d failed: %s", rid, exc)
+        from cellcal.daemon.report_html import export_report  # the HTML report beside them (logs its own failure)
+        export_report(self.store, rid, Path(self.cfg.service.state_dir) / "exports", cell=self.cfg.service.name)
 
     def _solve_given(self, run: Any) -> None:
         """A run whose stations the client supplied (hand-eye, or any kind from elsewhere)."""

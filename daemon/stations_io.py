@@ -30,6 +30,11 @@ origin (a cell is not kilometres wide; beyond, the solve would lose its digits t
 huge numbers). So memory is bounded per line, whatever the file holds.
 
 Every error is a :class:`StationFileError` naming the file, the line and what is wrong.
+
+:func:`write_stations` writes the same formats (``cellcal stations RUN_ID -o FILE``): JSON
+lines with every number as Python's ``repr`` (read back bit for bit), CSV in millimetres
+with the quaternion ``w >= 0`` (read back to about 1e-15 relative). Both may start with
+``#`` comment lines naming where the stations came from; :func:`read_stations` skips them.
 """
 
 from __future__ import annotations
@@ -45,10 +50,10 @@ from typing import BinaryIO
 import numpy as np
 
 from cellcal.solver.errors import CellcalError
-from cellcal.solver.se3 import check_transform, matrix_from_quat
+from cellcal.solver.se3 import check_transform, matrix_from_quat, quat_from_matrix
 
 __all__ = [
-    "StationFileError", "Stations", "read_stations", "MEASUREMENT_KEYS",
+    "StationFileError", "Stations", "read_stations", "write_stations", "MEASUREMENT_KEYS",
     "MAX_LINE_BYTES", "MAX_STATIONS", "MAX_TRANSLATION_M", "MAX_JSON_DEPTH", "QUATERNION_ORDERS",
 ]
 
@@ -299,7 +304,8 @@ def _pose(row: dict[str, str], prefix: str, where: str, order: str = "wxyz") -> 
 
 def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, str] | None = None) -> Stations:
     orders = orders or {"flange": "wxyz", "target": "wxyz"}
-    reader = csv.DictReader(iter(lines))
+    # '#' comment lines before the header (what write_stations puts there) are skipped
+    reader = csv.DictReader(ln for ln in lines if not ln.startswith("#"))
     try:
         header = reader.fieldnames or []
     except csv.Error as exc:
@@ -319,7 +325,7 @@ def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, 
             break
         except csv.Error as exc:  # e.g. a quoted field never closed, NUL bytes
             raise StationFileError(f"{name}:{lines.lineno}: not valid CSV ({exc})") from None
-        lineno = reader.line_num
+        lineno = lines.lineno  # the file's line (reader.line_num would not count skipped comments)
         where = f"{name}:{lineno}"
         if None in row:
             raise StationFileError(f"{where}: more fields than the header has columns")
@@ -334,3 +340,74 @@ def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, 
     if not nums:
         raise StationFileError(f"{name}: no stations")
     return Stations(np.array(G), np.array(M) if meas_key else None, nums)
+
+
+# --- writing ---------------------------------------------------------------------------------
+
+
+def _pose_cells(T: np.ndarray) -> list[str]:
+    q = quat_from_matrix(T[:3, :3])  # w >= 0
+    return [repr(float(v) * 1e3) for v in T[:3, 3]] + [repr(float(v)) for v in q]
+
+
+def write_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.ndarray | None, kind: str = "base_frame",
+                   *, fmt: str = "auto", comments: tuple[str, ...] = ()) -> Path:
+    """Write stations in the format :func:`read_stations` reads (``fmt="auto"``: by extension,
+    ``.csv`` or else JSON lines).
+
+    Parameters
+    ----------
+    path : str or Path
+    base_T_flange : numpy.ndarray, shape (N, 4, 4)
+        Flange poses, metres.
+    measured : numpy.ndarray, shape (N, 4, 4), or None
+        The measurement of ``kind`` (``MEASUREMENT_KEYS``): ``cell_T_target`` or
+        ``camera_T_target``; None for a tool point.
+    kind : str
+    comments : tuple of str
+        Lines written first, each after ``# `` (where the stations came from).
+
+    Returns
+    -------
+    Path
+        ``path``, written whole: to a temporary name first, then renamed.
+
+    Raises
+    ------
+    ValueError
+        An unknown ``kind`` or ``fmt``, or poses of the wrong shape or count.
+    OSError
+        The file cannot be written.
+    """
+    if kind not in MEASUREMENT_KEYS:
+        raise ValueError(f"kind must be one of {sorted(MEASUREMENT_KEYS)}, got {kind!r}")
+    if fmt not in ("auto", "jsonl", "csv"):
+        raise ValueError(f"format must be auto, jsonl or csv, got {fmt!r}")
+    path = Path(path)
+    if fmt == "auto":
+        fmt = "csv" if path.suffix.lower() == ".csv" else "jsonl"
+    G = np.asarray(base_T_flange, dtype=float).reshape(-1, 4, 4)
+    key = MEASUREMENT_KEYS[kind]
+    M = None
+    if key is not None:
+        if measured is None:
+            raise ValueError(f"a {kind} station file needs {key} for every station")
+        M = np.asarray(measured, dtype=float).reshape(-1, 4, 4)
+        if len(M) != len(G):
+            raise ValueError(f"{len(G)} flange poses but {len(M)} {key}: they must pair up")
+    out: list[str] = [f"# {c}" for c in comments]
+    if fmt == "jsonl":
+        for i, g in enumerate(G):
+            obj = {"base_T_flange": g.tolist()}
+            if M is not None and key is not None:
+                obj[key] = M[i].tolist()
+            out.append(json.dumps(obj))  # repr of every float: exact
+    else:
+        cols = [f"flange_{c}" for c in _POSE_COLS] + ([f"target_{c}" for c in _POSE_COLS] if M is not None else [])
+        out.append(",".join(cols))
+        for i, g in enumerate(G):
+            out.append(",".join(_pose_cells(g) + (_pose_cells(M[i]) if M is not None else [])))
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path

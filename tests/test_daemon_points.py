@@ -21,6 +21,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import os
 import subprocess
 import time
 from pathlib import Path
@@ -342,14 +343,15 @@ def test_a_point_plan_needs_four_stations(tmp_path):
 
 
 @pytest.mark.parametrize("instrument", ["emscon", "geocom"])
-def test_demo_over_a_leica_protocol_checks_the_point_result_against_the_truth(instrument):
+def test_demo_over_a_leica_protocol_checks_the_point_result_against_the_truth(instrument, tmp_path):
     """``cellcal demo --instrument emscon|geocom --json``: the whole cell over that protocol
     (simulated robot over RTDE, the simulated instrument, the daemon): a point calibration
     whose ``cell_T_base`` and ``flange_p_target`` are near the hidden truth, a result that
     warns of the arm's kinematic error, a verdict that says what its figures say, and a
     drift check on points."""
     r = subprocess.run([*CELLCAL, "demo", "--instrument", instrument, "--stations", "6", "--json"],
-                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+                       capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})  # the demo keeps its state directory
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
     assert len(lines) == 1, r.stdout

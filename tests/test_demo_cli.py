@@ -1,6 +1,7 @@
 """`cellcal demo --json` (what `make demo` runs, machine-readable): exactly one JSON object."""
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -8,10 +9,11 @@ import sys
 import numpy as np
 
 
-def test_demo_json_is_the_published_result_with_truth_error():
+def test_demo_json_is_the_published_result_with_truth_error(tmp_path):
     r = subprocess.run(
         [sys.executable, "-m", "cellcal.daemon.cli", "demo", "--stations", "6", "--json"],
         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL,
+        env={**os.environ, "TMPDIR": str(tmp_path)},  # the demo keeps its state directory: here
     )
     assert r.returncode == 0, r.stderr
     lines = [ln for ln in r.stdout.splitlines() if ln.strip()]
@@ -39,3 +41,7 @@ def test_demo_json_is_the_published_result_with_truth_error():
     assert prov["robot_serial"] == "20235500042" and prov["kinematics_digest"].startswith("sha256:")
     assert prov["devices"]["robot"]["kinematics"] == "factory"
     assert out["drift_check"]["status"] in ("ok", "warn")
+    # the report, kept after the demo, with the drift check in it; its path on stderr too
+    report = out["report_path"]
+    assert report.startswith(str(tmp_path)) and os.path.exists(report) and f"report: {report}" in r.stderr
+    assert "1 drift checks" in open(report, encoding="utf-8").read()

@@ -1,0 +1,209 @@
+"""``cellcal show [RESULT_ID]`` and ``cellcal show --diff A B``: a stored result for people.
+
+``show``: the result (default: the active one) in mm and degrees with its 1-sigma per axis,
+its gates, its warnings in words, and the paths of its exported files. ``show --diff A B``:
+how the robot base (``cell_T_base``, or the results' common primary estimate) moved from
+result A to result B: translation in mm, rotation in degrees, and the same in sigmas of the
+two results' combined uncertainty (their covariances added: the results are independent
+calibrations).
+
+Reads the daemon's store read-only (``cellcal.daemon.results_cli``: ``--state-dir``, or
+the configuration's ``[service] state_dir``). Exit codes: 0 shown; 2 no such result, store
+or configuration, or two results with nothing in common to compare.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from cellcal.daemon.results_cli import (
+    CommandError,
+    add_state_arguments,
+    export_paths,
+    open_store,
+    result_or_active,
+)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("result_id", nargs="?", default=None, metavar="RESULT_ID",
+                   help="the result to show (default: the active one)")
+    p.add_argument("--diff", nargs=2, metavar=("A", "B"), default=None,
+                   help="how the base moved from result A to result B (mm/deg and sigmas)")
+    add_state_arguments(p)
+
+
+def _cov(result: Mapping[str, Any], name: str) -> np.ndarray | None:
+    c = ((result.get("uncertainty") or {}).get("covariance") or {}).get(name)
+    if not c:
+        return None
+    vals = [math.nan if v is None else float(v) for v in c["values"]]
+    return np.array(vals, dtype=float).reshape(c["shape"])
+
+
+def _pm(v: float, s: float | None, digits: int) -> str:
+    if s is None or not math.isfinite(s):
+        return f"{v:.{digits}f}"
+    return f"{v:.{digits}f} +- {s:.{digits}f}"
+
+
+def _sigmas(C: np.ndarray | None, n: int) -> list[float | None]:
+    if C is None or C.shape[0] < n:
+        return [None] * n
+    d = np.diag(C)[:n]
+    return [math.sqrt(v) if math.isfinite(v) and v >= 0 else None for v in d]
+
+
+def transform_lines(name: str, wire: Mapping[str, Any], C: np.ndarray | None) -> list[str]:
+    """``name`` in mm and deg, each axis with its 1-sigma."""
+    from cellcal.solver.se3 import so3_log
+
+    T = np.array(wire["matrix"], dtype=float).reshape(4, 4)
+    s = _sigmas(C, 6)
+    t = T[:3, 3] * 1e3
+    rv = np.degrees(so3_log(T[:3, :3]))
+    q = wire.get("quaternion") or {}
+    st = [None if v is None else v * 1e3 for v in s[:3]]
+    sr = [None if v is None else math.degrees(v) for v in s[3:]]
+    return [
+        f"  {name}  ({wire.get('child_frame', '?')} in {wire.get('parent_frame', '?')}; 1-sigma along "
+        f"{wire.get('child_frame', '?')}'s axes)",
+        f"    translation mm   x {_pm(t[0], st[0], 3)}, y {_pm(t[1], st[1], 3)}, z {_pm(t[2], st[2], 3)}",
+        f"    rotation deg     x {_pm(rv[0], sr[0], 4)}, y {_pm(rv[1], sr[1], 4)}, z {_pm(rv[2], sr[2], 4)}"
+        "  (rotation vector)",
+        f"    quaternion wxyz  {q.get('w', 0.0):.8f} {q.get('x', 0.0):.8f} {q.get('y', 0.0):.8f} {q.get('z', 0.0):.8f}",
+    ]
+
+
+def point_lines(name: str, wire: Mapping[str, Any], C: np.ndarray | None) -> list[str]:
+    p = np.asarray(wire["position_m"], dtype=float) * 1e3
+    s = [None if v is None else v * 1e3 for v in _sigmas(C, 3)]
+    return [f"  {name}  (a point in {wire.get('frame', '?')}; 1-sigma per axis)",
+            f"    position mm      x {_pm(p[0], s[0], 3)}, y {_pm(p[1], s[1], 3)}, z {_pm(p[2], s[2], 3)}"]
+
+
+def show_lines(rec: Any, state_dir: Any) -> list[str]:
+    """The text of ``cellcal show`` for one stored result."""
+    r = rec.result
+    status = ["active" if rec.active else "not active"]
+    if rec.suspect:
+        status.append(f"SUSPECT ({rec.suspect_reason})")
+    lines = [f"result {rec.id}: {rec.kind}, {', '.join(status)}; run {rec.run_id if rec.run_id is not None else '-'}, "
+             f"created {rec.created_utc}, parent result {rec.parent_result_id or '-'}"]
+    for name, w in (r.get("transforms") or {}).items():
+        lines += transform_lines(name, w, _cov(r, name))
+    for name, w in (r.get("points") or {}).items():
+        lines += point_lines(name, w, _cov(r, name))
+    lines.append(f"  residuals        translation RMS {r.get('rms_translation_m', 0.0) * 1e3:.4f} mm, rotation RMS "
+                 f"{math.degrees(r.get('rms_rotation_rad', 0.0)):.5f} deg ({r.get('n_stations', '?')} stations)")
+    g = r.get("gates") or {}
+    if not g:
+        lines.append("  gates            none recorded")
+    else:
+        lines.append(f"  gates            {'passed' if g.get('passed', True) else 'FAILED'}")
+        for c in g.get("checks") or []:
+            mark = "n/a " if c.get("applies") is False else ("ok  " if c.get("passed") else "FAIL")
+            lines.append(f"    {mark} {c.get('name')}: {c.get('message')}")
+    ws = r.get("warnings") or []
+    lines.append(f"  warnings         {'none' if not ws else len(ws)}")
+    for w in ws:
+        lines.append(f"    {w.get('code')}: {w.get('message')}")
+    paths = export_paths(state_dir, rec.id)
+    lines.append(f"  exports          {'none written' if not paths else ''}".rstrip())
+    lines += [f"    {p}" for p in paths]
+    return lines
+
+
+def _primary_common(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[str, bool]:
+    ta, tb = a.get("transforms") or {}, b.get("transforms") or {}
+    if "cell_T_base" in ta and "cell_T_base" in tb:
+        return "cell_T_base", False
+    for name in ta:
+        if name in tb:
+            return name, False
+    pa, pb = a.get("points") or {}, b.get("points") or {}
+    for name in pa:
+        if name in pb:
+            return name, True
+    raise CommandError("the two results estimate nothing in common (different kinds): nothing to compare")
+
+
+def diff_lines(ra: Any, rb: Any) -> list[str]:
+    """The text of ``cellcal show --diff A B``: how the primary estimate moved from A to B."""
+    from cellcal.solver.se3 import so3_log
+
+    a, b = ra.result, rb.result
+    name, is_point = _primary_common(a, b)
+    Ca, Cb = _cov(a, name), _cov(b, name)
+    C = None if Ca is None or Cb is None else Ca + Cb
+    head = f"result {ra.id} -> result {rb.id}: {name}"
+    if is_point:
+        pa = np.asarray(a["points"][name]["position_m"], dtype=float)
+        pb = np.asarray(b["points"][name]["position_m"], dtype=float)
+        d = pb - pa
+        lines = [head, f"  moved mm         x {d[0] * 1e3:.4f}, y {d[1] * 1e3:.4f}, z {d[2] * 1e3:.4f} "
+                       f"(|d| {np.linalg.norm(d) * 1e3:.4f} mm, in {a['points'][name].get('frame', '?')})"]
+        lines.append("  in sigmas        " + _mahalanobis_text(d, C))
+        return lines
+    Ta = np.array(a["transforms"][name]["matrix"], dtype=float).reshape(4, 4)
+    Tb = np.array(b["transforms"][name]["matrix"], dtype=float).reshape(4, 4)
+    parent = a["transforms"][name].get("parent_frame", "?")
+    child = a["transforms"][name].get("child_frame", "?")
+    dt = Tb[:3, 3] - Ta[:3, 3]
+    D = np.linalg.inv(Ta) @ Tb  # B's pose in A's: the right perturbation the covariances are in
+    rho, phi = D[:3, 3], so3_log(D[:3, :3])
+    ang = math.degrees(float(np.linalg.norm(phi)))
+    lines = [
+        head,
+        f"  {child} origin moved in {parent} mm: x {dt[0] * 1e3:.4f}, y {dt[1] * 1e3:.4f}, z {dt[2] * 1e3:.4f} "
+        f"(|d| {np.linalg.norm(dt) * 1e3:.4f} mm)",
+        f"  {child} turned by {ang:.5f} deg (rotation vector in {child} deg: x {math.degrees(phi[0]):.5f}, "
+        f"y {math.degrees(phi[1]):.5f}, z {math.degrees(phi[2]):.5f})",
+    ]
+    xi = np.concatenate([rho, phi])
+    lines.append("  in sigmas        " + _mahalanobis_text(xi, C))
+    if C is not None and C.shape == (6, 6):
+        lines.append(f"                   translation alone {_mahalanobis_text(rho, C[:3, :3], short=True)}, "
+                     f"rotation alone {_mahalanobis_text(phi, C[3:, 3:], short=True)}")
+    return lines
+
+
+def _mahalanobis_text(d: np.ndarray, C: np.ndarray | None, *, short: bool = False) -> str:
+    """``sqrt(d' C^-1 d)``: how many combined sigmas the change is (``C`` the sum of both results'
+    covariances)."""
+    if C is None or not np.all(np.isfinite(C)):
+        return "unknown (a result has no finite covariance)"
+    try:
+        m = float(np.sqrt(max(float(d @ np.linalg.solve(C, d)), 0.0)))
+    except np.linalg.LinAlgError:
+        return "unknown (singular covariance)"
+    if short:
+        return f"{m:.2f} sigma"
+    return (f"{m:.2f} sigma (Mahalanobis distance over both results' covariances added; "
+            f"{'within' if m <= 3.0 else 'BEYOND'} 3 sigma)")
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        store = open_store(args)
+        try:
+            if args.diff:
+                if args.result_id is not None:
+                    raise CommandError("give either RESULT_ID or --diff A B, not both")
+                ra, rb = (result_or_active(store, x) for x in args.diff)
+                lines = diff_lines(ra, rb)
+            else:
+                lines = show_lines(result_or_active(store, args.result_id), store.state_dir)
+        finally:
+            store.close()
+    except CommandError as exc:
+        print(f"cellcal show: {exc}", file=sys.stderr)
+        return 2
+    print("\n".join(lines))
+    return 0

@@ -1,0 +1,100 @@
+"""``cellcal stations RUN_ID -o FILE``: a run's stations as a file ``cellcal solve`` reads.
+
+``FILE`` ending in ``.csv``: CSV in millimetres and quaternions ``w, x, y, z``; anything
+else: JSON lines in metres (``cellcal.daemon.stations_io``). The stations are the ones the
+daemon solved: the run's stored stations in plan order (a base frame's ``cell_T_target``,
+a tool point's flange poses), or the stations a client gave with the run (hand-eye:
+``camera_T_target``). So ``cellcal solve FILE --kind KIND --estimate-noise`` repeats the
+daemon's solve (the daemon estimates the noise from the residuals too).
+
+A run of 3-DoF point stations (``[tracker] measure = "point"``) is refused: ``cellcal
+solve`` reads pose stations only.
+
+Exit codes: 0 written; 2 no such run / store / configuration, a run without stations, or
+the file cannot be written.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from cellcal.daemon.results_cli import CommandError, add_state_arguments, open_store, parse_id
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("run_id", metavar="RUN_ID", help="the run whose stations to export")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="the station file to write: .csv (mm, quaternion w,x,y,z) or .jsonl (SI, 4x4 lists)")
+    add_state_arguments(p)
+
+
+def run_stations(store: object, run_id: int) -> tuple[str, np.ndarray, np.ndarray | None, str]:
+    """``(kind, base_T_flange (N,4,4), measured (N,4,4) or None, where)`` of a stored run.
+
+    Raises
+    ------
+    CommandError
+        No such run, no stations, or point stations (not a ``cellcal solve`` format).
+    """
+    from cellcal.daemon.stations_io import MEASUREMENT_KEYS
+    from cellcal.daemon.store import UnknownRecord
+
+    try:
+        run = store.get_run(run_id)  # type: ignore[attr-defined]
+    except UnknownRecord:
+        raise CommandError(f"no run {run_id} in {store.state_dir}") from None  # type: ignore[attr-defined]
+    kind = run.kind
+    if kind not in MEASUREMENT_KEYS:
+        raise CommandError(f"run {run_id} is a {kind} run: cellcal solve reads base_frame, hand_eye and "
+                           "tool_point stations")
+    key = MEASUREMENT_KEYS[kind]
+    stations = store.stations(run_id)  # type: ignore[attr-defined]
+    if stations:
+        if any(s.cell_T_target is None and s.cell_p_target is not None for s in stations):
+            raise CommandError(f"run {run_id} has 3-DoF point stations ([tracker] measure = \"point\"): cellcal "
+                               "solve reads pose stations only")
+        G = np.array([s.base_T_flange for s in stations])
+        if key is None:
+            return kind, G, None, "stored stations"
+        if key != "cell_T_target" or any(s.cell_T_target is None for s in stations):
+            raise CommandError(f"run {run_id} ({kind}) has stations without {key}")
+        return kind, G, np.array([s.cell_T_target for s in stations]), "stored stations"
+    given = (run.plan or {}).get("given") or []
+    if not given:
+        raise CommandError(f"run {run_id} has no stations (status {run.status.value}: {run.status_reason or 'open'})")
+    try:
+        G = np.array([np.asarray(s["base_T_flange"], dtype=float).reshape(4, 4) for s in given])
+        M = None if key is None else np.array([np.asarray(s[key], dtype=float).reshape(4, 4) for s in given])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise CommandError(f"run {run_id}: the given stations lack what a {kind} needs ({exc})") from None
+    return kind, G, M, "stations given with the run"
+
+
+def run(args: argparse.Namespace) -> int:
+    from cellcal.daemon.stations_io import write_stations
+
+    try:
+        run_id = parse_id(args.run_id, "RUN_ID")
+        store = open_store(args)
+        try:
+            kind, G, M, where = run_stations(store, run_id)
+            state_dir = store.state_dir
+        finally:
+            store.close()
+    except CommandError as exc:
+        print(f"cellcal stations: {exc}", file=sys.stderr)
+        return 2
+    out = Path(args.output)
+    comments = (f"cellcal run {run_id} ({kind}): {len(G)} {where} from {state_dir}",
+                f"solve again with: cellcal solve {out.name} --kind {kind} --estimate-noise")
+    try:
+        write_stations(out, G, M, kind, comments=comments)
+    except OSError as exc:
+        print(f"cellcal stations: cannot write {out}: {exc}", file=sys.stderr)
+        return 2
+    print(f"run {run_id} ({kind}): {len(G)} stations written to {out}")
+    return 0

@@ -1,0 +1,129 @@
+"""What ``cellcal report``, ``cellcal show`` and ``cellcal stations`` share: finding the
+daemon's state directory and opening its store read-only, and reading ids as people type them.
+
+The state directory is ``--state-dir`` when given, else ``[service] state_dir`` of the
+configuration: ``--config FILE``, else the file named by ``CELLCAL_CONFIG``, else
+``/etc/cellcal/cellcal.toml`` (where ``systemd/README.md`` installs it). The store is opened
+read-only: these commands run beside the daemon (SQLite's WAL lets a reader in while it
+writes) and never change what it keeps.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+from pathlib import Path
+from typing import Any
+
+from cellcal.solver.errors import CellcalError
+
+__all__ = ["DEFAULT_CONFIG", "CommandError", "add_state_arguments", "state_dir_of", "open_store", "parse_id",
+           "result_or_active", "export_paths"]
+
+#: The configuration read when neither ``--config`` nor ``CELLCAL_CONFIG`` names one.
+DEFAULT_CONFIG = "/etc/cellcal/cellcal.toml"
+
+
+class CommandError(CellcalError):
+    """A command that cannot do what was asked; the message says why (exit 2)."""
+
+
+def add_state_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", default=None,
+                   help=f"daemon configuration (default: $CELLCAL_CONFIG, else {DEFAULT_CONFIG}); its "
+                        "[service] state_dir holds the results")
+    p.add_argument("--state-dir", default=None, help="the daemon's state directory (instead of the configuration's)")
+
+
+def state_dir_of(args: argparse.Namespace) -> Path:
+    """The state directory ``args`` point to (module docstring).
+
+    Raises
+    ------
+    CommandError
+        The configuration cannot be read, naming the file and where it came from.
+    """
+    if getattr(args, "state_dir", None):
+        return Path(args.state_dir)
+    from cellcal.daemon.config import ConfigError, load_config
+
+    path, why = args.config, "--config"
+    if not path:
+        path, why = os.environ.get("CELLCAL_CONFIG") or DEFAULT_CONFIG, "CELLCAL_CONFIG"
+        if not os.environ.get("CELLCAL_CONFIG"):
+            why = "the default path"
+    try:
+        return Path(load_config(path).service.state_dir)
+    except ConfigError as exc:
+        raise CommandError(f"configuration {path} (from {why}): {exc}; give --config FILE or --state-dir DIR") from exc
+
+
+def open_store(args: argparse.Namespace) -> Any:
+    """The store of ``args``' state directory, opened read-only (a ``Store``; close it).
+
+    Raises
+    ------
+    CommandError
+        No store there, or it cannot be read (the message names the directory).
+    """
+    from cellcal.daemon.store import DB_FILENAME, Store
+
+    d = state_dir_of(args)
+    if not (d / DB_FILENAME).exists():
+        raise CommandError(f"no cellcal store in {d} (no {DB_FILENAME}): is this the daemon's state directory?")
+    try:
+        return Store(d, read_only=True).open()
+    except CellcalError as exc:
+        raise CommandError(f"cannot open the store in {d}: {exc}") from exc
+
+
+def parse_id(text: Any, what: str) -> int:
+    """An id as a person types it: ``7``, ``"7"``, ``result_7``, ``#7`` (a positive integer).
+
+    Raises
+    ------
+    CommandError
+        Naming ``what`` and the text.
+    """
+    s = str(text).strip().strip("'\"").lstrip("#")
+    for prefix in ("result_", "result", "run_", "run"):
+        if s.lower().startswith(prefix) and s[len(prefix):].strip().isdigit():
+            s = s[len(prefix):].strip()
+            break
+    if not s.isdigit() or int(s) < 1:
+        raise CommandError(f"{what} must be a positive integer (e.g. 3), got {text!r}")
+    return int(s)
+
+
+def result_or_active(store: Any, text: Any) -> Any:
+    """The result record named by ``text`` (an id), or the active one when ``text`` is None.
+
+    Raises
+    ------
+    CommandError
+        No such result, or none active.
+    """
+    from cellcal.daemon.store import UnknownRecord
+
+    if text is None:
+        rec = store.active_result()
+        if rec is None:
+            have = [r.id for r in store.list_results(limit=5)]
+            hint = f"; stored results: {', '.join(map(str, have))} (name one)" if have else "; there are no results yet"
+            raise CommandError(f"no active result in {store.state_dir}{hint}")
+        return rec
+    rid = parse_id(text, "RESULT_ID")
+    try:
+        return store.get_result(rid)
+    except UnknownRecord:
+        raise CommandError(f"no result {rid} in {store.state_dir}") from None
+
+
+def export_paths(state_dir: Path, result_id: int) -> list[Path]:
+    """The files the daemon exported for a result (``exports/result_<id>.*`` and
+    ``exports/result_<id>_*``), sorted; only those that exist."""
+    d = Path(state_dir) / "exports"
+    if not d.is_dir():
+        return []
+    found = {p for pat in (f"result_{result_id}.*", f"result_{result_id}_*") for p in d.glob(pat) if p.is_file()}
+    return sorted(p for p in found if not p.name.endswith(".cellcal-tmp"))

@@ -1,0 +1,281 @@
+"""The HTML report (``cellcal.daemon.report_html``): its structure for every result kind,
+deterministic bytes, and what headless Chromium draws of it.
+
+Golden structure, not golden bytes: the document must parse as XML, carry every section and
+figure in order, a figure that does not apply must say why, and the same inputs must give
+the same bytes. The render test opens the file in headless Chromium (the Debian package
+``make os-deps`` installs) and checks the screenshot is not blank and shows each figure's
+colours.
+"""
+
+from __future__ import annotations
+
+import copy
+import shutil
+import struct
+import subprocess
+import xml.etree.ElementTree as ET
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+from _report_kinds import KINDS, drift_history, every_kind
+
+from cellcal.daemon import report_html as R
+
+XHTML = "{http://www.w3.org/1999/xhtml}"
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+@pytest.fixture(scope="module")
+def kinds():
+    return every_kind()
+
+
+def _parse(text: str) -> ET.Element:
+    return ET.fromstring(text.encode("utf-8"))
+
+
+def _ids(root: ET.Element, tag: str) -> list[str]:
+    return [e.get("id", "") for e in root.iter(XHTML + tag) if e.get("id")]
+
+
+def _figure(root: ET.Element, fig_id: str) -> ET.Element:
+    (fig,) = [f for f in root.iter(XHTML + "figure") if f.get("id") == fig_id]
+    return fig
+
+
+def _classes(el: ET.Element) -> list[str]:
+    return [e.get("class", "") for e in el.iter()]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_has_every_section_and_figure_in_order(kinds, kind):
+    body, stations = kinds[kind]
+    root = _parse(R.render_report(body, stations=stations, drift_checks=drift_history()))
+    assert root.tag == XHTML + "html"
+    assert _ids(root, "section") == list(R.SECTIONS)
+    assert _ids(root, "figure") == list(R.FIGURES)
+    # with stations and drift checks, every figure applies to every kind: each draws an SVG
+    for fig_id in R.FIGURES:
+        fig = _figure(root, fig_id)
+        assert "not-applicable" not in fig.get("class", ""), (kind, fig_id)
+        assert fig.find(SVG + "svg") is not None, (kind, fig_id)
+    # residual vectors: two views, one line per station in each, the magnification printed
+    res = _figure(root, "fig-residuals")
+    assert _classes(res).count("residual") == 2 * len(stations)
+    assert "magnified x" in ET.tostring(res, encoding="unicode")
+    assert "held-out" in _classes(res)  # the stations whose held-out closure is above P90
+    # the error distribution: fit and held-out curves, and the P50/P90/max table
+    dist = ET.tostring(_figure(root, "fig-distribution"), encoding="unicode") + ET.tostring(root, encoding="unicode")
+    assert "cdf-fit" in dist and "cdf-held-out" in dist
+    table = [t for t in root.iter(XHTML + "table") if t.get("class") == "distribution"][0]
+    cells = ["".join(td.itertext()) for td in table.iter(XHTML + "td")]
+    assert cells[0] == "fit" and cells[4] == "held-out"
+    assert all(c != "n/a" for c in cells[1:4] + cells[5:8]), cells
+    ell = _classes(_figure(root, "fig-ellipses"))
+    assert ell.count("sigma1") == ell.count("sigma2") > 0
+    assert "sigma-bar" in _classes(_figure(root, "fig-observability"))
+    drift = _classes(_figure(root, "fig-drift"))
+    assert {"band-warn", "band-fail", "deviation", "cusum", "cusum-h"} <= set(drift)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_without_stations_or_drift_checks_the_figures_say_why(kinds, kind):
+    body, _ = kinds[kind]
+    root = _parse(R.render_report(body))
+    assert _ids(root, "figure") == list(R.FIGURES)
+    for fig_id in ("fig-residuals", "fig-drift"):
+        fig = _figure(root, fig_id)
+        assert "not-applicable" in fig.get("class", "")
+        assert "Not shown: " in "".join(fig.itertext())
+    # what the result itself carries is still drawn
+    assert _figure(root, "fig-distribution").find(SVG + "svg") is not None
+    assert _figure(root, "fig-observability").find(SVG + "svg") is not None
+
+
+def test_summary_names_frames_direction_units_and_quaternion_order(kinds):
+    body, stations = kinds["base_frame"]
+    root = _parse(R.render_report(body, stations=stations))
+    summary = [s for s in root.iter(XHTML + "section") if s.get("id") == "summary"][0]
+    text = " ".join("".join(summary.itertext()).split())
+    assert "maps coordinates in frame b to coordinates in frame a" in text
+    assert "millimetres" in text and "degrees" in text and "w, x, y, z" in text
+    assert "cell_T_base" in text and "The pose of frame base in frame cell" in text
+    assert "translation x y z [mm]" in text and "rotation vector x y z [deg]" in text
+    (pre,) = [p for p in summary.iter(XHTML + "pre") if p.get("class") == "matrix"][:1]
+    m = np.array([[float(v) for v in row.split()] for row in (pre.text or "").strip().splitlines()])
+    X = np.array(body["transforms"]["cell_T_base"]["matrix"]).reshape(4, 4)
+    np.testing.assert_allclose(m, X, atol=1e-9)
+    t_mm = X[:3, 3] * 1e3
+    assert f"{t_mm[0]:.3f}" in text
+
+
+def test_gates_and_warnings_in_words(kinds):
+    body, stations = copy.deepcopy(kinds["base_frame"])
+    body["gates"] = {"passed": False, "failed": ["rms translation 0.612 mm > 0.500 mm"],
+                     "checks": [{"name": "rms_translation", "value": 6.12e-4, "limit": 5e-4, "unit": "m",
+                                 "passed": False, "message": "rms translation 0.612 mm > 0.500 mm"},
+                                {"name": "rms_rotation", "value": None, "limit": 0.0017, "unit": "rad",
+                                 "passed": True, "applies": False, "message": "does not apply: points"}]}
+    body["warnings"] = [{"code": "model_error", "message": "residuals follow the robot pose", "value": 0.26}]
+    root = _parse(R.render_report(body, stations=stations))
+    gates = "".join([s for s in root.iter(XHTML + "section") if s.get("id") == "gates"][0].itertext())
+    assert "Gates FAILED" in gates and "rms translation 0.612 mm > 0.500 mm" in gates
+    assert "does not apply" in gates
+    warns = "".join([s for s in root.iter(XHTML + "section") if s.get("id") == "warnings"][0].itertext())
+    assert "model_error" in warns and "residuals follow the robot pose" in warns
+
+
+def test_provenance(kinds):
+    body, stations = kinds["base_frame"]
+    root = _parse(R.render_report(body, stations=stations))
+    prov = "".join([s for s in root.iter(XHTML + "section") if s.get("id") == "provenance"][0].itertext())
+    for want in ("ab" * 32, "0.test", "20235500042", "T-1", "parent result", "2026-01-01T00:00:00+00:00"):
+        assert want in prov, want
+
+
+def test_same_inputs_same_bytes_and_nothing_fetched(kinds):
+    body, stations = kinds["base_frame"]
+    a = R.render_report(body, stations=stations, drift_checks=drift_history())
+    b = R.render_report(copy.deepcopy(body), stations=copy.deepcopy(stations),
+                        drift_checks=list(reversed(drift_history())))
+    assert a == b
+    low = a.lower()
+    assert "<script" not in low and "javascript:" not in low and "@import" not in low
+    assert "src=" not in low and "href=" not in low and "url(" not in low
+    assert "http" not in low.replace("http://www.w3.org/1999/xhtml", "").replace("http://www.w3.org/2000/svg", "")
+
+
+def test_residual_vectors_are_measured_minus_predicted(kinds):
+    """A station moved by 1 mm along x shows a residual of +1 mm along x (and the others unchanged)."""
+    body, stations = kinds["base_frame"]
+    frame, P0, R0 = R.residual_vectors(body, stations)
+    moved = copy.deepcopy(stations)
+    moved[2]["cell_T_target"] = moved[2]["cell_T_target"].copy()
+    moved[2]["cell_T_target"][0, 3] += 1e-3
+    _, _, R1 = R.residual_vectors(body, moved)
+    assert frame == "cell" and P0.shape == R0.shape == (len(stations), 3)
+    np.testing.assert_allclose(R1[2] - R0[2], [1e-3, 0, 0], atol=1e-12)
+    np.testing.assert_allclose(np.delete(R1, 2, 0), np.delete(R0, 2, 0), atol=0)
+    # and the fit's own residual norms are what the result reports (base frame: target position)
+    np.testing.assert_allclose(np.linalg.norm(R0, axis=1), body["residuals"]["translation_m"], rtol=1e-6, atol=1e-9)
+
+
+def test_write_report_is_next_to_the_exports(tmp_path, kinds):
+    body, stations = kinds["tool_point"]
+    p = R.write_report(tmp_path / "exports", 7, R.render_report(body, stations=stations))
+    assert p == tmp_path / "exports" / "result_7_report.html" == R.report_path(tmp_path / "exports", 7)
+    _parse(p.read_text(encoding="utf-8"))
+
+
+# --------------------------------------------------------------------------------------
+# headless Chromium
+
+
+def _chromium() -> str:
+    for name in ("chromium-headless-shell", "chromium", "chromium-browser"):
+        path = shutil.which(name)
+        if path:
+            return path
+    pytest.fail("headless Chromium not found (chromium-headless-shell): it is a Debian package the suite needs; "
+                "install it with `make os-deps` (as root)")
+
+
+def _png_pixels(data: bytes) -> np.ndarray:
+    """RGB pixels (H, W, 3) of an 8-bit, non-interlaced RGB or RGBA PNG (what Chromium writes)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
+    pos, idat, ihdr = 8, b"", None
+    while pos < len(data):
+        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
+        chunk = data[pos + 8:pos + 8 + n]
+        if kind == b"IHDR":
+            ihdr = struct.unpack(">IIBBBBB", chunk)
+        elif kind == b"IDAT":
+            idat += chunk
+        pos += 12 + n
+    assert ihdr is not None
+    w, h, depth, colour, _, _, interlace = ihdr
+    assert depth == 8 and colour in (2, 6) and interlace == 0, ihdr
+    bpp = 3 if colour == 2 else 4
+    raw = zlib.decompress(idat)
+    stride = w * bpp
+    rows: list[bytes] = []
+    prev = bytes(stride)
+    for y in range(h):
+        f = raw[y * (stride + 1)]
+        line = raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)]
+        if f == 0:
+            cur = line
+        elif f == 2:  # up: vectorised
+            cur = ((np.frombuffer(line, np.uint8).astype(np.uint16) + np.frombuffer(prev, np.uint8)) & 0xFF
+                   ).astype(np.uint8).tobytes()
+        else:  # sub, average, Paeth depend on the pixel to the left: byte by byte, on plain ints
+            out = bytearray(stride)
+            for i in range(stride):
+                a = out[i - bpp] if i >= bpp else 0
+                if f == 1:
+                    pred = a
+                elif f == 3:
+                    pred = (a + prev[i]) >> 1
+                else:
+                    b = prev[i]
+                    c = prev[i - bpp] if i >= bpp else 0
+                    p = a + b - c
+                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                    pred = a if pa <= pb and pa <= pc else (b if pb <= pc else c)
+                out[i] = (line[i] + pred) & 0xFF
+            cur = bytes(out)
+        rows.append(cur)
+        prev = cur
+    return np.frombuffer(b"".join(rows), np.uint8).reshape(h, w, bpp)[:, :, :3]
+
+
+def _hex(colour: str) -> tuple[int, int, int]:
+    return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
+
+
+def test_headless_chromium_draws_the_figures(tmp_path, kinds):
+    chromium = _chromium()
+    body, stations = kinds["base_frame"]
+    page = tmp_path / "report.html"
+    page.write_text(R.render_report(body, stations=stations, drift_checks=drift_history()), encoding="utf-8")
+    shot = tmp_path / "shot.png"
+    proc = subprocess.run(
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars", "--no-first-run",
+         "--disable-extensions", "--force-device-scale-factor=1", "--window-size=1100,6000",
+         f"--screenshot={shot}", page.as_uri()],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path,
+    )
+    assert shot.exists() and shot.stat().st_size > 0, f"no screenshot (exit {proc.returncode}):\n{proc.stderr[-2000:]}"
+    px = _png_pixels(shot.read_bytes())
+    assert px.shape[0] >= 3000 and px.shape[1] >= 1000, px.shape
+    background = np.all(px >= 0xF0, axis=2)  # white page, light panels and table shading
+    ink = 1.0 - float(background.mean())
+    assert ink > 0.04, f"the screenshot is (nearly) blank: {ink:.3%} non-background pixels"
+    # every figure's own colour is on the page, in solid areas (bars, bands, thick lines)
+    counts = {name: int(np.all(px == np.array(_hex(c)), axis=2).sum()) for name, c in
+              (("fit", R._FIT), ("held-out", R._HELD), ("warn band", R._WARN_BAND), ("fail band", R._FAIL_BAND),
+               ("cusum", R._CUSUM))}
+    assert all(n >= 50 for n in counts.values()), counts
+    distinct = {tuple(v) for v in px[::7, ::7].reshape(-1, 3)}
+    assert len(distinct) > 50, f"only {len(distinct)} distinct colours: the figures are not drawn"
+
+
+def test_the_report_file_is_what_chromium_opens_without_network(tmp_path, kinds):
+    """The document is complete on its own: copied anywhere, it still parses and names no file."""
+    body, stations = kinds["hand_eye"]
+    p = R.write_report(tmp_path, 3, R.render_report(body, stations=stations))
+    moved = Path(shutil.copy(p, tmp_path / "elsewhere.html"))
+    assert _ids(_parse(moved.read_text(encoding="utf-8")), "figure") == list(R.FIGURES)
+
+
+def test_a_suspect_result_says_so_first(kinds):
+    body, stations = copy.deepcopy(kinds["base_frame"])
+    body.update(suspect=True, suspect_reason="drift check: 0.950 mm", active=False)
+    root = _parse(R.render_report(body, stations=stations))
+    summary = [s for s in root.iter(XHTML + "section") if s.get("id") == "summary"][0]
+    banner = [p for p in summary.iter(XHTML + "p") if p.get("class") == "banner"]
+    assert banner and "SUSPECT: drift check: 0.950 mm" in "".join(banner[0].itertext())
+    assert "not active" in "".join(summary.itertext())
