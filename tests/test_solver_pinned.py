@@ -35,7 +35,14 @@ PINNED = pathlib.Path(__file__).with_name("solver_pinned.json")
 REL_TOL = 1e-12
 
 #: Fields a deliberate change of method moved (the case names them); everything else pinned.
-_SKIP: dict[str, tuple[str, ...]] = {}
+#: A linear answer's held-out closure is now the linearised update at that answer instead of
+#: k-fold refits (tests/test_holdout.py checks it against true refits); the rest of those
+#: results stays pinned.
+_SKIP: dict[str, tuple[str, ...]] = {
+    name: ("holdout",)
+    for name in ("base_linear_holdout_n20", "base_linear_holdout_n200", "hand_eye_linear_holdout",
+                 "points_linear_holdout")
+}
 
 
 def _flatten(obj, prefix: str, out: dict) -> None:
