@@ -523,7 +523,7 @@ def _prepare(stacks: list[tuple[Any, str]], workspace: Workspace | None, problem
             )
     if n < MIN_STATIONS:
         raise NotEnoughSamples(n, MIN_STATIONS, problem)
-    ws = Workspace(n) if workspace is None else workspace
+    ws = Workspace(n, transient=True) if workspace is None else workspace
     ws.check(n)
     for a, (_, name) in zip(arrays, stacks, strict=True):
         _core.validate_stack(a, name, ws)
@@ -571,6 +571,9 @@ def _check_observable(
 
 def _residuals(ws: Workspace, n: int, owned: bool) -> Residuals:
     rt, rr = ws.res_t[:n], ws.res_r[:n]
+    if owned:
+        # The solve's own transient workspace: copies, so that nothing keeps it alive.
+        return Residuals(translation_m=rt.copy(), rotation_rad=rr.copy())
     if not owned:
         # Views into a caller's workspace: read-only so nobody edits the next solve's buffer.
         rt, rr = rt.view(), rr.view()
@@ -902,7 +905,7 @@ def _holdout(model, fit, refined, holdout, fit_subset, n, ws, owned, rms_t, *, A
 
 def _readonly(a: np.ndarray, owned: bool) -> np.ndarray:
     if owned:
-        return a
+        return a.copy()  # out of the transient workspace, which must not stay alive
     v = a.view()
     v.flags.writeable = False
     return v

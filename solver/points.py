@@ -370,7 +370,7 @@ def calibrate_base_frame_points(
         raise ValueError(f"base_T_flange has {n} stations but cell_p_target has {p_shape[0]}: they must pair up")
     if n < MIN_POINT_STATIONS:
         raise NotEnoughSamples(n, MIN_POINT_STATIONS, problem)
-    ws = Workspace(n) if workspace is None else workspace
+    ws = Workspace(n, transient=True) if workspace is None else workspace
     ws.check(n)
     _core.validate_stack(G, "base_T_flange", ws)
     _sanity.check_magnitudes(G, "base_T_flange", n, ws)

@@ -276,7 +276,9 @@ def closure_from_buffers(
     r50, r90, rmax = _stats(hr, n, ws)
     rms_ho = math.sqrt(float(np.vdot(ht, ht)) / n) if math.isfinite(tmax) else math.inf
     inflation = rms_ho / fit_rms_t if fit_rms_t > 0.0 else (1.0 if rms_ho == 0.0 else math.inf)
-    if not owned:
+    if owned:
+        ht, hr = ht.copy(), hr.copy()  # out of the solve's transient workspace
+    else:
         ht, hr = ht.view(), hr.view()
         ht.flags.writeable = False
         hr.flags.writeable = False
