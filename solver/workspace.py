@@ -232,6 +232,8 @@ class Workspace:
         self.g12c = a.empty(12, f8)
         self.g12 = a.empty(12, f8)
         self.Hd12 = a.empty((12, 12), f8)
+        self.lev6 = a.empty(6, f8)  # leverage and squared residual per residual row
+        self.sq6 = a.empty(6, f8)
         self.eye3 = a.eye(3)
         self.lastrow = a.array([0.0, 0.0, 0.0, 1.0])
 
