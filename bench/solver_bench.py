@@ -403,6 +403,22 @@ def allocation() -> dict:
 # --- report --------------------------------------------------------------------------------------
 
 
+def load_caveat(start: float, end: float, cores: int) -> list[str]:
+    """A warning paragraph when the timing phase ran on an oversubscribed machine."""
+    if max(start, end) <= cores:
+        return []
+    return [
+        f"**Load caveat.** The timing phase ran at a load average of {start:.1f} / {end:.1f} on "
+        f"{cores} cores, i.e. oversubscribed. Interleaving spreads the load over every solver, but "
+        "not alike: a call shorter than a scheduler time slice (OpenCV at small N) mostly runs "
+        "unpreempted, while a longer one (ours default, a few ms) is preempted and waits for the "
+        "other runnable processes, so its median is inflated far more. The speed ratios above "
+        "are what this run measured and prove nothing either way about the targets; re-run on a "
+        "quiet machine (load below the core count) before judging them.",
+        "",
+    ]
+
+
 def main() -> None:
     t_start = time.perf_counter()
     load0 = os.getloadavg()
@@ -554,6 +570,7 @@ def main() -> None:
               f"{'yes' if a5000 - a10 < 1024 else 'NO'} |")
     md.append("")
 
+    md.extend(load_caveat(load_s0[0], load_s1[0], os.cpu_count() or 1))
     # accuracy tables
     md.append("\"Best OpenCV\" is the smallest of seven medians per column, picked after the fact, "
               "which favours OpenCV slightly; \"ours better in x% of trials\" compares ours with "
