@@ -523,7 +523,7 @@ def _prepare(stacks: list[tuple[Any, str]], workspace: Workspace | None, problem
             )
     if n < MIN_STATIONS:
         raise NotEnoughSamples(n, MIN_STATIONS, problem)
-    ws = Workspace(n) if workspace is None else workspace
+    ws = Workspace(n, transient=True) if workspace is None else workspace
     ws.check(n)
     for a, (_, name) in zip(arrays, stacks, strict=True):
         _core.validate_stack(a, name, ws)
@@ -571,6 +571,9 @@ def _check_observable(
 
 def _residuals(ws: Workspace, n: int, owned: bool) -> Residuals:
     rt, rr = ws.res_t[:n], ws.res_r[:n]
+    if owned:
+        # The solve's own transient workspace: copies, so that nothing keeps it alive.
+        return Residuals(translation_m=rt.copy(), rotation_rad=rr.copy())
     if not owned:
         # Views into a caller's workspace: read-only so nobody edits the next solve's buffer.
         rt, rr = rt.view(), rr.view()
@@ -841,7 +844,8 @@ def _pose_finish(
     if refined or measurement_residuals:
         model.norms(ws.res_t[:n], ws.res_r[:n])
         stats = _core.closure_stats(n, ws)
-    ho = _holdout(model, fit, refined, holdout, fit_subset, n, ws, owned, stats[0])
+    ho = _holdout(model, fit, refined, holdout, fit_subset, n, ws, owned, stats[0],
+                  A0=A0, B0=B0, noise=noise, huber=huber, masked=masked)
     A, B = fit.state if refined else (A0, B0)
     cov = assessment.covariance if assessment is not None else fit.covariance
     out = _PoseOutcome(A, B, cov, stats, fit, ho, refined, noise, assessment, converged)
@@ -870,12 +874,26 @@ def _add_model_error(cov: np.ndarray, assessment, blocks) -> np.ndarray:
     return out
 
 
-def _holdout(model, fit, refined, holdout, fit_subset, n, ws, owned, rms_t):
+def _holdout(model, fit, refined, holdout, fit_subset, n, ws, owned, rms_t, *, A0=None, B0=None,
+             noise=None, huber=None, masked=False):
     if not holdout or n < _validation.MIN_HOLDOUT_STATIONS:
         return None
-    if refined:
+    if refined or fit.ok:
+        # Refined fits, and linear answers whose covariance was evaluated: the workspace
+        # holds the whitened Jacobian and residual at the answer, so the closure is the
+        # hat-matrix update of the validation module (one batch of 6x6 solves).
         _validation.loo_linearised(model, n, ws, fit.covariance)
         return _validation.closure_from_buffers("linearised leave-one-out", n, n, ws, owned, rms_t)
+    if A0 is not None and noise is not None:
+        # A linear answer without its covariance (uncertainty=False): the same update at
+        # the linear answer, with the noise estimated there on a copy (the result reports
+        # no uncertainty, so nothing of it leaks into the result's figures).
+        nz = dataclasses.replace(noise, diag=None)
+        _refine.fill_whitening(nz, n, ws)
+        ho_fit = _refine.covariance_at(model, (A0, B0), nz, huber=huber, masked=masked)
+        if ho_fit.ok:
+            _validation.loo_linearised(model, n, ws, ho_fit.covariance)
+            return _validation.closure_from_buffers("linearised leave-one-out", n, n, ws, owned, rms_t)
     # The fold solves reuse the residual buffers: keep the answer's residuals aside.
     np.copyto(ws.bk_t[:n], ws.res_t[:n])
     np.copyto(ws.bk_r[:n], ws.res_r[:n])
@@ -887,7 +905,7 @@ def _holdout(model, fit, refined, holdout, fit_subset, n, ws, owned, rms_t):
 
 def _readonly(a: np.ndarray, owned: bool) -> np.ndarray:
     if owned:
-        return a
+        return a.copy()  # out of the transient workspace, which must not stay alive
     v = a.view()
     v.flags.writeable = False
     return v
@@ -1116,8 +1134,9 @@ def calibrate_base_frame(
         that answer, a lower bound for the linear estimate's own error.
     holdout : bool
         Compute the held-out station closure (default True; needs N >= 4): linearised
-        leave-one-out for a refined answer, k-fold refits (k = min(N, 10)) of the linear
-        solve otherwise. Disable on hot paths.
+        leave-one-out at the answer, refined or linear (one batch of 6x6 solves); k-fold
+        refits (k = min(N, 10)) of the linear solve only where the information matrix at
+        the answer is singular.
     uncertainty : bool
         With ``refine=False``, also evaluate the covariance at the linear answer (default
         True). ``False`` skips it for the fastest linear solve: covariance and sigma

@@ -325,8 +325,9 @@ def calibrate_base_frame_points(
         Refine to the (weighted) maximum-likelihood fit (default True); ``False`` returns
         the converged alternation (unweighted least squares).
     holdout : bool
-        Held-out closure (default True, N >= 4): linearised leave-one-out when refined,
-        k-fold refits of the alternation otherwise.
+        Held-out closure (default True, N >= 4): linearised leave-one-out at the answer
+        (refined or not); k-fold refits of the alternation only where its covariance is
+        singular.
     noise_m, noise_translation_m : float, optional
         Per-axis 1-sigma of the measured points, m (two names for one figure; give at most
         one); estimated from the residuals (``sum |r|^2 / (3N - 9)``) when not given.
@@ -369,7 +370,7 @@ def calibrate_base_frame_points(
         raise ValueError(f"base_T_flange has {n} stations but cell_p_target has {p_shape[0]}: they must pair up")
     if n < MIN_POINT_STATIONS:
         raise NotEnoughSamples(n, MIN_POINT_STATIONS, problem)
-    ws = Workspace(n) if workspace is None else workspace
+    ws = Workspace(n, transient=True) if workspace is None else workspace
     ws.check(n)
     _core.validate_stack(G, "base_T_flange", ws)
     _sanity.check_magnitudes(G, "base_T_flange", n, ws)
@@ -463,7 +464,8 @@ def calibrate_base_frame_points(
         stats = _core.closure_stats(n, ws)
     ho = None
     if holdout and n >= _validation.MIN_HOLDOUT_STATIONS:
-        if refined:
+        if refined or fit.ok:
+            # A linear answer too: the workspace holds the Jacobian and residual at it.
             _validation.loo_linearised(model, n, ws, fit.covariance)
             ho = _validation.closure_from_buffers("linearised leave-one-out", n, n, ws, workspace is None, stats[0])
         else:

@@ -803,13 +803,18 @@ def component_redundancy(model, n: int, ws: Workspace, Hinv: np.ndarray, vm: np.
         ind = ws.vind[:n]
         np.greater(vm, 0.0, out=ws.ball[:n])
         np.copyto(ind, ws.ball[:n])
+    if ind is None:
+        # Per residual row, summed over stations and parameters: one pass for both components.
+        lr, qr = ws.lev6[:rows], ws.sq6[:rows]
+        np.einsum("nrk,nrk->r", K, Jw, out=lr)
+        np.einsum("nr,nr->r", ew, ew, out=qr)
     for a, b in ((0, 3), (3, 6)):
         if b > rows:
             out.append((math.nan, math.nan))
             continue
         if ind is None:
-            lev = float(np.einsum("nrk,nrk->", K[:, a:b], Jw[:, a:b]))
-            q = float(np.einsum("ij,ij->", ew[:, a:b], ew[:, a:b]))
+            lev = float(lr[a] + lr[a + 1] + lr[a + 2])
+            q = float(qr[a] + qr[a + 1] + qr[a + 2])
         else:
             # Per station, then the weights' dot product: a three-operand einsum buffers.
             # The squares are of the unweighted whitened residual, weighted by vm (a
@@ -1053,6 +1058,7 @@ def refine(
         H, g = _normal(model, n, ws)
     except np.linalg.LinAlgError as exc:  # pragma: no cover - a start the model cannot evaluate
         return _skipped(model, start, n, ws, huber, nz, masked, 0, exc)
+    big = _max_abs_measured(n, ws)  # the measurements stay fixed through the fit
     lam = 0.0
     it = 0
     budget = max_iterations * (ROBUST_ITERATION_FACTOR if robust else 1)
@@ -1072,7 +1078,7 @@ def refine(
                 raise np.linalg.LinAlgError("non-finite step")
             if lam == 0.0:
                 dec0 = dec
-            if dec <= _REL_TOL * cost + _ABS_TOL + _rounding_cost(model, n, ws, nz):
+            if dec <= _REL_TOL * cost + _ABS_TOL + _rounding_cost(model, n, ws, nz, big):
                 if estimating and vce_rounds < _VCE_MAX_ROUNDS:
                     vce_rounds += 1
                     vm = _variance_stations(n, ws, robust, masked, model.rows)
@@ -1111,7 +1117,7 @@ def refine(
             else:
                 stale = True
                 rejects += 1
-                if dec0 <= _FLOOR_REL * cost + _ABS_TOL + _rounding_cost(model, n, ws, nz):
+                if dec0 <= _FLOOR_REL * cost + _ABS_TOL + _rounding_cost(model, n, ws, nz, big):
                     stop = STOP_ROUNDING  # nothing left to gain at working precision
                     break
                 if rejects >= _MAX_REJECTS:
@@ -1148,14 +1154,19 @@ def refine(
                stop_reason=reason, rejected=rejected, robust=robust)
 
 
-def _rounding_cost(model, n: int, ws: Workspace, nz: Noise) -> float:
+def _max_abs_measured(n: int, ws: Workspace) -> float:
+    m3 = ws.meas3[:n]
+    return max(float(m3.max()), -float(m3.min())) + 1e-300  # max |x| without a temporary
+
+
+def _rounding_cost(model, n: int, ws: Workspace, nz: Noise, big: float | None = None) -> float:
     """The whitened cost that rounding alone makes: residuals of the size of the data's
     last digits (``1e-15`` relative to the largest measured coordinate, ``1e-15`` rad),
     whitened by the figures in use. A predicted decrease below it is no decrease: without
     it, noise-free data (whitened by the 1 nm floor) take rounding-level steps until the
     iteration limit."""
-    m3 = ws.meas3[:n]
-    big = max(float(m3.max()), -float(m3.min())) + 1e-300  # max |x| without a temporary
+    if big is None:
+        big = _max_abs_measured(n, ws)
     st = nz.sigma_t if math.isfinite(nz.sigma_t) and nz.sigma_t > 0 else 1.0
     c = 3.0 * n * (1e-15 * big / st) ** 2
     if model.rows == 6:

@@ -59,7 +59,9 @@ def test_noisy_recovery_with_covariance_and_the_linear_answer():
     # Unweighted least squares (the converged alternation) and the ML fit coincide for
     # isotropic equal noise; they differ only by the alternation's convergence.
     assert np.linalg.norm(lin.cell_T_base[:3, 3] - r.cell_T_base[:3, 3]) < 1e-7
-    assert not lin.refined and lin.holdout.method == "k-fold refit"
+    # Its held-out closure is the linearised update at that answer, as for the ML fit's.
+    assert not lin.refined and lin.holdout.method == "linearised leave-one-out"
+    assert lin.holdout.p50_translation_m == pytest.approx(r.holdout.p50_translation_m, rel=0.05)
     pe = r.predicted_error_at(r.cell_T_base[:3, 3])  # the base origin: no lever arm
     assert pe.sigma_m == pytest.approx(r.sigma_translation_mm * 1e-3, rel=1e-6)
 

@@ -283,7 +283,8 @@ def _solve_fn(kind, n, kw):
     [
         ("base", {}),
         ("base", dict(huber=2.0)),
-        ("base", dict(refine=False)),  # covariance at the linear answer + k-fold refits
+        ("base", dict(refine=False)),  # covariance and held-out closure at the linear answer
+        ("base", dict(refine=False, uncertainty=False)),  # held-out closure without the covariance
         ("hand_eye", {}),
         ("eye_to_hand", {}),
         ("points", {}),
