@@ -33,6 +33,10 @@ from _worlds import base_frame_scenes
 from cellcal.solver import Workspace, calibrate_base_frame
 from cellcal.solver.se3 import se3_inverse, se3_log
 
+# The seeded Monte Carlo behind these tests (a module fixture) takes under a minute on an idle
+# 2-core machine, several on a loaded one.
+pytestmark = pytest.mark.timeout(900)
+
 TRIALS = 200
 RATIOS = {"0.1deg/0.2mm": (0.1, 0.2), "0.02deg/0.2mm": (0.02, 0.2)}
 NS = [4, 5, 6, 7, 8, 9, 10, 20]
