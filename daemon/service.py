@@ -1044,6 +1044,7 @@ class Service:
                                                                              self.cfg.drift.check_stations))
         provenance = solve.provenance(self.cfg, run, result, cellcal_version(), devices=self._devices.identities())
         with self._activation_lock:
+            before = self._active_result_safe()
             newer = self._newer_active(run) if report.passed else None
             rid = self.store.add_result(run_id, kind, wire, provenance, parent_result_id=run.parent_result_id,
                                         activate=report.passed and newer is None)
@@ -1053,6 +1054,8 @@ class Service:
                                   report.reason() or kept)
         self._made_progress()
         self._export(rid)
+        if before is not None and report.passed and newer is None:
+            self._export(before.id)  # no longer active: its files say so
         rec = self.store.get_result(rid)
         if not report.passed:
             self._run_event(run_id, kind, f"run {run_id}: result {rid} failed its acceptance gates "
