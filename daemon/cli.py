@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "keys": ("cellcal.daemon.cmd_keys", "generate a CURVE key pair for the daemon or a client"),
     "watch": ("cellcal.daemon.cmd_watch", "live view of heartbeat, stations, results and drift"),
     "ctl": ("cellcal.daemon.cmd_ctl", "send one command to the daemon"),
+    "init": ("cellcal.daemon.cmd_init", "write a commented starting configuration (UR, CiA 402 or the simulator)"),
 }
 
 
