@@ -266,6 +266,9 @@ class Export:
 
     cell_frame: str = _f("cell", "cell_frame", doc="the cell (tracker) frame: the parent of the base")
     base_frame: str = _f("base", "base_frame", doc="the robot base frame the controller reports poses in")
+    base_frame_yaw_rad: float = _f(0.0, "base_frame_yaw_deg", _DEG,
+                                   doc="the exported base frame turned about the controller base's z axis "
+                                       "(180 for a ur_description base_link)")
     flange_frame: str = _f("flange", "flange_frame", doc="the robot flange (tool0 in a UR description)")
     target_frame: str = _f("target", "target_frame", doc="the tracker target (SMR or 6-DoF probe) on the flange")
     camera_frame: str = _f("camera", "camera_frame", doc="the camera of a hand-eye or eye-to-hand result")
@@ -366,6 +369,7 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "zmq.ipc_allowed_uids[]": (0, 2**32 - 2, False),
     "zmq.ipc_allowed_gids[]": (0, 2**32 - 2, False),
     "zmq.ipc_socket_mode": (0o600, 0o770, False),
+    "export.base_frame_yaw_deg": (-180.0, 180.0, False),
 }
 
 _MAX_LIST = 10_000         # entries of any array

@@ -302,9 +302,19 @@ def _robot_name(export: Any) -> str:
     return name or "cellcal"
 
 
-@dataclass(frozen=True)
+def _base_yaw(export: Any) -> float:
+    if export is None or isinstance(export, Mapping):
+        return 0.0
+    return float(getattr(export, "base_frame_yaw_rad", 0.0))
+
+
+@dataclass(frozen=True, eq=False)  # compared by identity: they hold arrays
 class _Item:
-    """One exported transform: ``name`` as on the wire, frames as exported."""
+    """One exported transform: ``name`` as on the wire, frames as exported.
+
+    ``T`` is ``parent_T_child`` between the exported frames (the base turned by
+    ``[export] base_frame_yaw_deg``); ``T_ours`` between cellcal's (the controller's base).
+    """
 
     name: str
     ours: tuple[str, str]  # cellcal's (parent, child)
@@ -312,16 +322,40 @@ class _Item:
     child: str
     T: np.ndarray
     point: bool
+    T_ours: np.ndarray
 
 
-def _exportable(result_dict: Mapping[str, Any], names: Mapping[str, str]) -> list[_Item]:
-    """Every transform and point of a wire result, frames renamed."""
+def _exportable(result_dict: Mapping[str, Any], names: Mapping[str, str], yaw: float = 0.0) -> list[_Item]:
+    """Every transform and point of a wire result, frames renamed, the base turned by ``yaw``.
+
+    ``yaw`` (radians) is the exported base frame E about the controller base B's z axis,
+    ``B_T_E = Rz(yaw)``: ``parent_T_E = parent_T_B Rz(yaw)`` and ``E_T_child = Rz(-yaw) B_T_child``.
+    """
+    B_T_E = np.eye(4)
+    c, s_ = math.cos(yaw), math.sin(yaw)
+    B_T_E[:2, :2] = [[c, -s_], [s_, c]]
+    E_T_B = B_T_E.T.copy()
+
+    def turned(parent: str, child: str, T: np.ndarray, point: bool) -> np.ndarray:
+        if yaw == 0.0:
+            return T
+        if parent == "base":
+            if point:  # a point keeps its frame's orientation: only its coordinates turn
+                out = np.eye(4)
+                out[:3, 3] = E_T_B[:3, :3] @ T[:3, 3]
+                return out
+            T = E_T_B @ T
+        if child == "base":
+            T = T @ B_T_E
+        return T
+
     out: list[_Item] = []
     for name, wire in (result_dict.get("transforms") or {}).items():
         parent = wire.get("parent_frame") or name.partition("_T_")[0]
         child = wire.get("child_frame") or name.partition("_T_")[2]
+        T = transform_from_wire(wire)
         out.append(_Item(name, (parent, child), names.get(parent, parent), names.get(child, child),
-                         transform_from_wire(wire), False))
+                         turned(parent, child, T, False), False, T))
     # A point a_p_b (e.g. the tool tip) becomes a frame b with a's orientation.
     for name, point in (result_dict.get("points") or {}).items():
         parent, sep, child = name.partition("_p_")
@@ -330,7 +364,8 @@ def _exportable(result_dict: Mapping[str, Any], names: Mapping[str, str]) -> lis
         parent = point.get("frame") or parent
         T = np.eye(4)
         T[:3, 3] = np.asarray(point["position_m"], dtype=float)
-        out.append(_Item(name, (parent, child), names.get(parent, parent), names.get(child, child), T, True))
+        out.append(_Item(name, (parent, child), names.get(parent, parent), names.get(child, child),
+                         turned(parent, child, T, True), True, T))
     return out
 
 
@@ -457,7 +492,7 @@ def urdf_robot(result_id: int, result_dict: Mapping[str, Any], export: Any = Non
         tree (the target on the flange of a base-frame result) are named in a comment and
         are in the xacro file.
     """
-    items = _exportable(result_dict, frame_names(export))
+    items = _exportable(result_dict, frame_names(export), _base_yaw(export))
     tree = _main_tree(items)
     robot = ET.Element("robot", {"name": _robot_name(export)})
     links: list[str] = []
@@ -501,7 +536,7 @@ def xacro_macros(result_id: int, result_dict: Mapping[str, Any], export: Any = N
         Declare ``<link name="${child}"/>`` too: ``false`` for the base and flange (the
         robot description has them), ``true`` for cellcal's own frames (target, tip, camera).
     """
-    items = _exportable(result_dict, frame_names(export))
+    items = _exportable(result_dict, frame_names(export), _base_yaw(export))
     root = ET.Element("robot", {"xmlns:xacro": "http://www.ros.org/wiki/xacro"})
     first = None
     for it in items:
@@ -579,7 +614,7 @@ def ros2_launch_file(result_id: int, result_dict: Mapping[str, Any], export: Any
     The same arguments as the ``_static_tf.sh`` script (:func:`ros2_static_tf_args`), as
     ``launch_ros.actions.Node`` actions: ``ros2 launch ./result_<id>_static_tf.launch.py``.
     """
-    items = _exportable(result_dict, frame_names(export))
+    items = _exportable(result_dict, frame_names(export), _base_yaw(export))
     nodes = []
     for it in items:
         node_name = re.sub(r"[^A-Za-z0-9_]", "_", _joint_name(it.parent, it.child))
@@ -646,6 +681,9 @@ def ur_script(result_id: int, result_dict: Mapping[str, Any], export: Any = None
       base feature as it is.
     * An estimate whose parent is the flange (``flange_p_tip``, ``flange_T_target``) is a TCP
       (``set_tcp``, or the TCP tab), in the tool flange frame.
+
+    The poses are in the controller's own frames: ``[export] base_frame_yaw_deg`` (a ROS
+    description's base link) does not apply here.
     """
     names = frame_names(export)
     items = _exportable(result_dict, names)
@@ -657,13 +695,13 @@ def ur_script(result_id: int, result_dict: Mapping[str, Any], export: Any = None
         parent, child = it.ours
         if (parent, child) == ("cell", "base"):
             lines += [f"# base feature: {it.parent} (cell) in the robot base {it.child}, base_T_cell = inverse(cell_T_base)",
-                      f"cellcal_{_identifier(it.parent)} = {ur_pose(se3_inverse(it.T))}"]
+                      f"cellcal_{_identifier(it.parent)} = {ur_pose(se3_inverse(it.T_ours))}"]
         elif parent == "base":
             lines += [f"# base feature: {it.name} ({it.child} in the robot base)",
-                      f"cellcal_{_identifier(it.child)} = {ur_pose(it.T)}"]
+                      f"cellcal_{_identifier(it.child)} = {ur_pose(it.T_ours)}"]
         elif parent == "flange":
             lines += [f"# TCP: {it.name} ({it.child} in the tool flange); set_tcp(cellcal_{_identifier(it.child)})",
-                      f"cellcal_{_identifier(it.child)} = {ur_pose(it.T)}"]
+                      f"cellcal_{_identifier(it.child)} = {ur_pose(it.T_ours)}"]
         else:
             lines.append(f"# {it.name}: not a UR base feature or TCP (parent frame {parent!r})")
     return "\n".join(lines) + "\n"
@@ -714,7 +752,7 @@ def write_exports(directory: str | os.PathLike[str], result_id: int, result_dict
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise _export_error(exc, directory / f"result_{result_id}", "creating the directory for") from exc
-    items = _exportable(result_dict, frame_names(export))
+    items = _exportable(result_dict, frame_names(export), _base_yaw(export))
     files = export_file_names(result_id)
     return {
         "json": write_json_result(directory / files["json"], result_dict),

@@ -439,3 +439,38 @@ def test_daemon_switches_active_on_activation_rollback_and_restart(tmp_path):
     (exports / "active").unlink()
     with inprocess_cell(tmp_path, state_dir=state, n_stations=6, overrides=overrides):
         assert active_result_id(exports) == first
+
+
+def test_base_frame_yaw_turns_the_exported_base_only(base_result, tmp_path):
+    """ur_description: base_link is the controller's base turned 180 deg about z, so with
+    base_frame = "base_link" and base_frame_yaw_deg = 180 the joint world -> base_link is
+    cell_T_base Rz(pi); the UR file stays in the controller's own base."""
+    res, wire = base_result
+    cfg = load_config_text('config_version = 1\n[export]\ncell_frame = "world"\nbase_frame = "base_link"\n'
+                           "base_frame_yaw_deg = 180.0\n")
+    assert cfg.export.base_frame_yaw_rad == pytest.approx(math.pi)
+    with pytest.raises(ConfigError, match=r"export.base_frame_yaw_deg: must be in \[-180, 180\]"):
+        load_config_text("config_version = 1\n[export]\nbase_frame_yaw_deg = 270.0\n")
+    paths = write_exports(tmp_path, 7, wire, cfg.export)
+    joint = ET.parse(paths["urdf"]).getroot().find("joint")
+    expected = res.cell_T_base @ make_transform(Rz(math.pi), [0, 0, 0])
+    assert np.max(np.abs(urdf_matrix(joint.find("origin")) - expected)) < 1e-9
+    cmds = [shlex.split(ln.removesuffix(" &"))[4:] for ln in paths["ros2"].read_text().splitlines()
+            if ln.startswith("ros2 ")]
+    got = {parse_static_tf(c)[:2]: parse_static_tf(c)[2] for c in cmds}
+    assert np.max(np.abs(got[("world", "base_link")] - expected)) < 1e-9
+    assert np.max(np.abs(got[("flange", "target")] - res.flange_T_target)) < 1e-9  # not the base: unchanged
+    lines = dict(ln.split(" = ", 1) for ln in paths["ur"].read_text().splitlines() if not ln.startswith("#"))
+    assert np.max(np.abs(parse_ur_pose(lines["cellcal_world"]) @ res.cell_T_base - np.eye(4))) < 1e-9
+    # A transform whose parent is the base turns the other way: E_T_child = Rz(-yaw) B_T_child.
+    from cellcal.daemon.report import transform_to_wire
+
+    B_T_cam = make_transform(so3_exp([0.1, 0.2, 0.3]), [0.5, 0.1, 0.9])
+    eth = {"kind": "hand_eye", "transforms": {"base_T_camera": transform_to_wire("base_T_camera", B_T_cam)},
+           "points": {"base_p_pivot": {"frame": "base", "position_m": [0.1, 0.2, 0.3]}}}
+    cmds = [shlex.split(ln.removesuffix(" &"))[4:] for ln in
+            write_exports(tmp_path, 8, eth, cfg.export)["ros2"].read_text().splitlines() if ln.startswith("ros2 ")]
+    got = {parse_static_tf(c)[:2]: parse_static_tf(c)[2] for c in cmds}
+    assert np.max(np.abs(got[("base_link", "camera")] - make_transform(Rz(-math.pi), [0, 0, 0]) @ B_T_cam)) < 1e-9
+    pivot = got[("base_link", "pivot")]
+    assert np.max(np.abs(pivot[:3, :3] - np.eye(3))) < 1e-12 and np.allclose(pivot[:3, 3], [-0.1, -0.2, 0.3], atol=1e-12)
