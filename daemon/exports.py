@@ -415,8 +415,8 @@ def _header(result_id: int, result_dict: Mapping[str, Any]) -> str:
 
 
 def _comment(text: str) -> ET.Element[Any]:
-    # "--" may not appear inside an XML comment.
-    return ET.Comment(" " + text.replace("--", "- -") + " ")
+    # "--" may not appear inside an XML comment ("---" too: every dash before a dash is spaced).
+    return ET.Comment(" " + re.sub(r"-(?=-)", "- ", text) + " ")
 
 
 def _origin(T: np.ndarray) -> dict[str, str]:

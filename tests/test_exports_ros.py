@@ -317,7 +317,7 @@ def test_ur_tcp_line_of_a_tool_point(tmp_path):
 
 def test_suspect_is_in_every_file_and_a_reason_cannot_inject_code(base_result, tmp_path):
     _, wire = base_result
-    bad = dict(wire, suspect=True, suspect_reason='drift 0.4 mm\nrm -rf / #"""\r\n<!-- x -->')
+    bad = dict(wire, suspect=True, suspect_reason='drift 0.4 mm\nrm -rf / #"""\r\n<!-- x --->')
     paths = write_exports(tmp_path, 7, bad)
     assert json.loads(paths["json"].read_text())["suspect"] is True
     for key in ("urdf", "xacro", "ros2", "launch", "ur"):
