@@ -13,7 +13,7 @@ import sys
 # name -> (module, one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
     "solve": ("cellcal.daemon.cmd_solve", "solve a calibration from a station file"),
-    "sim": ("cellcal.sim.cli", "serve the simulated cell's devices (tracker) until SIGTERM"),
+    "sim": ("cellcal.sim.cli", "serve the simulated cell's devices (robot and tracker) until SIGTERM"),
     "check-config": ("cellcal.daemon.cmd_check_config", "validate a configuration file"),
     "run": ("cellcal.daemon.cmd_run", "run the calibration service (what systemd starts)"),
     "demo": ("cellcal.daemon.cmd_demo", "calibrate the simulated cell end to end and print the report"),
@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "report": ("cellcal.daemon.cmd_report", "write the HTML report (figures) of a stored result"),
     "show": ("cellcal.daemon.cmd_show", "a stored result in mm/deg with uncertainty; --diff A B: how the base moved"),
     "stations": ("cellcal.daemon.cmd_stations", "export a run's stations as a file cellcal solve reads"),
+    "init": ("cellcal.daemon.cmd_init", "write a commented starting configuration (UR, CiA 402 or the simulator)"),
 }
 
 

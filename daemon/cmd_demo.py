@@ -49,12 +49,14 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def _default(name: str) -> str:
-    # The example files live in the repository's config/: next to the package folders for an
-    # editable install, or in the working directory (a checkout) for a regular install.
-    for base in (ROOT, Path.cwd()):
-        if (base / "config" / name).exists():
-            return str(base / "config" / name)
-    return str(Path("config") / name)
+    # The example files are package data (cellcal.examples, mapped from config/): the same
+    # files from a checkout, an editable install or a wheel, whatever the working directory.
+    from cellcal.daemon.examples import example_path
+
+    try:
+        return str(example_path(name))
+    except (OSError, ValueError):
+        return str(Path("config") / name)  # a broken install: run() names the missing file
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -190,6 +192,10 @@ def run(args: argparse.Namespace) -> int:
         cfg = load_config(args.config, overrides=config_overrides(args.instrument))
     except (ConfigError, CellcalError, ValueError) as exc:
         print(f"cellcal demo: {exc}", file=sys.stderr)
+        return 2
+    except OSError as exc:  # the scenario file (load_config reports its own file as a ConfigError)
+        print(f"cellcal demo: --scenario {args.scenario}: cannot read: {exc.strerror or exc} "
+              f"(without --scenario the demo uses its own, {_default('demo-scenario.toml')})", file=sys.stderr)
         return 2
     t0 = time.monotonic()
     state_dir = args.state_dir

@@ -260,6 +260,28 @@ class Zmq:
 
 
 @dataclass(frozen=True)
+class Export:
+    """``[export]``: the names other tools see in the exported files (URDF, xacro, ROS 2, UR).
+
+    Each key renames one of cellcal's frames (ADR 0001 names) in the exports only; the
+    stored result and the wire keep cellcal's names. ``cell_frame = "world"`` and
+    ``base_frame = "base_link"`` attach a calibrated base to a ROS description's world.
+    """
+
+    cell_frame: str = _f("cell", "cell_frame", doc="the cell (tracker) frame: the parent of the base")
+    base_frame: str = _f("base", "base_frame", doc="the robot base frame the controller reports poses in")
+    base_frame_yaw_rad: float = _f(0.0, "base_frame_yaw_deg", _DEG,
+                                   doc="the exported base frame turned about the controller base's z axis "
+                                       "(180 for a ur_description base_link)")
+    flange_frame: str = _f("flange", "flange_frame", doc="the robot flange (tool0 in a UR description)")
+    target_frame: str = _f("target", "target_frame", doc="the tracker target (SMR or 6-DoF probe) on the flange")
+    camera_frame: str = _f("camera", "camera_frame", doc="the camera of a hand-eye or eye-to-hand result")
+    tip_frame: str = _f("tip", "tip_frame", doc="the tool tip of a tool-point result")
+    pivot_frame: str = _f("pivot", "pivot_frame", doc="the pivot point of a tool-point result")
+    robot_name: str = _f("cellcal", "robot_name", doc="the URDF <robot name>")
+
+
+@dataclass(frozen=True)
 class Config:
     """The whole configuration, SI units. ``sha256`` is the hash of the file's bytes."""
 
@@ -272,6 +294,7 @@ class Config:
     solve: Solve = field(default_factory=Solve, metadata=key("solve"))
     drift: Drift = field(default_factory=Drift, metadata=key("drift"))
     zmq: Zmq = field(default_factory=Zmq, metadata=key("zmq"))
+    export: Export = field(default_factory=Export, metadata=key("export"))
     sha256: str = field(default="", metadata={"internal": True})
     source: str = field(default="", metadata={"internal": True})
 
@@ -352,6 +375,7 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "zmq.ipc_allowed_uids[]": (0, 2**32 - 2, False),
     "zmq.ipc_allowed_gids[]": (0, 2**32 - 2, False),
     "zmq.ipc_socket_mode": (0o600, 0o770, False),
+    "export.base_frame_yaw_deg": (-180.0, 180.0, False),
 }
 
 _MAX_LIST = 10_000         # entries of any array
@@ -629,6 +653,26 @@ def preflight(cfg: Config, *, devices: bool = True) -> None:
         raise exc.with_file(cfg.source or None) from None
 
 
+# A frame name ROS (tf2: no leading "/"), URDF and xacro all take as is: no spaces, quotes,
+# "$" or "{" (xacro would expand them); "/" only between segments (robot1/base_link).
+_FRAME_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(/[A-Za-z_][A-Za-z0-9_]*)*")
+_EXPORT_FRAMES = ("cell_frame", "base_frame", "flange_frame", "target_frame", "camera_frame", "tip_frame", "pivot_frame")
+
+
+def _validate_export(e: Export) -> None:
+    for name in (*_EXPORT_FRAMES, "robot_name"):
+        v = getattr(e, name)
+        if not _FRAME_NAME.fullmatch(v) or len(v) > 128:
+            raise ConfigError(f"export.{name}", f"expected a frame name (letters, digits, _ and / between "
+                                                f"segments, at most 128 characters), got {_show(v)}")
+    seen: dict[str, str] = {}
+    for name in _EXPORT_FRAMES:
+        v = getattr(e, name)
+        if v in seen:
+            raise ConfigError(f"export.{name}", f"{v!r} is already export.{seen[v]}: two frames cannot share a name")
+        seen[v] = name
+
+
 def _positive(path: str, v: float) -> None:
     if not v > 0:
         raise ConfigError(path, f"must be > 0, got {v!r}")
@@ -730,6 +774,7 @@ def _validate(c: Config) -> None:
         ep = getattr(c.zmq, name)
         if not ep.startswith(("tcp://", "ipc://", "inproc://")):
             raise ConfigError(f"zmq.{name}", f"expected tcp://, ipc:// or inproc://, got {ep!r}")
+    _validate_export(c.export)
 
 
 def check_devices(cfg: Config) -> None:

@@ -287,6 +287,7 @@ class Service:
         exports = Path(self.cfg.service.state_dir) / "exports"
         if exports.is_dir():
             remove_stale_temporaries(exports)  # a kill mid-write leaves a temp file, never a torn one
+        self._export_active_if_stale(exports)
         for run in self.store.unfinished_runs():
             job = self._startup_job(run)
             if job is not None:
@@ -608,6 +609,8 @@ class Service:
                 raise ServiceError(P.E_STATE, f"result {result_id} failed its acceptance gates and cannot be activated")
             prev = self.store.active_result()
             self.store.activate_result(result_id, reason=reason)
+        for rid in (result_id, *((prev.id,) if prev is not None and prev.id != result_id else ())):
+            self._export(rid)  # both files' "active" change; exports/active follows (rollback too)
         self.republish_result_now()
         return prev.id if prev is not None else None
 
@@ -1041,6 +1044,7 @@ class Service:
                                                                              self.cfg.drift.check_stations))
         provenance = solve.provenance(self.cfg, run, result, cellcal_version(), devices=self._devices.identities())
         with self._activation_lock:
+            before = self._active_result_safe()
             newer = self._newer_active(run) if report.passed else None
             rid = self.store.add_result(run_id, kind, wire, provenance, parent_result_id=run.parent_result_id,
                                         activate=report.passed and newer is None)
@@ -1050,6 +1054,8 @@ class Service:
                                   report.reason() or kept)
         self._made_progress()
         self._export(rid)
+        if before is not None and report.passed and newer is None:
+            self._export(before.id)  # no longer active: its files say so
         rec = self.store.get_result(rid)
         if not report.passed:
             self._run_event(run_id, kind, f"run {run_id}: result {rid} failed its acceptance gates "
@@ -1068,12 +1074,28 @@ class Service:
         if self.cfg.drift.enabled and self._motion_mode == P.MOTION_COMMAND:
             self._next_drift_s = time.monotonic() + self.cfg.drift.interval_s
 
+    def _export_active_if_stale(self, exports: Path) -> None:
+        """At start: ``exports/active`` names the active result (a kill between activating and
+        switching it, or a state directory older than ``active``, leaves it behind)."""
+        from cellcal.daemon.exports import active_result_id
+
+        active = self._active_result_safe()
+        if active is not None and active_result_id(exports) != active.id:
+            self._export(active.id)
+
     def _export(self, rid: int) -> None:
+        """(Re)write a result's export files, then point ``exports/active`` at the active result's.
+
+        Called whenever a result's state changes (stored, activated, deactivated, suspect),
+        so ``active`` and ``suspect`` in its files are the store's.
+        """
         try:
-            from cellcal.daemon.exports import write_exports
+            from cellcal.daemon.exports import sync_active, write_exports
 
             rec = self.store.get_result(rid)
-            write_exports(Path(self.cfg.service.state_dir) / "exports", rid, self.result_body(rec))
+            exports = Path(self.cfg.service.state_dir) / "exports"
+            write_exports(exports, rid, self.result_body(rec), self.cfg.export)
+            sync_active(exports, lambda: (a.id if (a := self._active_result_safe()) is not None else None))
         except (OSError, CellcalError, ValueError) as exc:
             log.warning("exports of result %d failed: %s", rid, exc)
         from cellcal.daemon.report_html import export_report  # the HTML report beside them (logs its own failure)
@@ -1149,6 +1171,7 @@ class Service:
             t, r = verdict.deviation_translation_m, verdict.deviation_rotation_rad
             rot = "" if r is None else f" / {math.degrees(r):.4f} deg"
             self.store.mark_suspect(rec.id, f"drift check: {t * 1e3:.3f} mm{rot}")
+            self._export(rec.id)  # the files say suspect too
         self._emit(P.TOPIC_DRIFT, record)
         if verdict.failed:
             self.republish_result_now()

@@ -38,7 +38,8 @@ from cellcal.daemon.store import Store, StoreReadOnlyError
 
 def _exports(state: Path) -> dict[str, bytes]:
     d = state / "exports"
-    return {p.name: p.read_bytes() for p in sorted(d.iterdir())} if d.is_dir() else {}
+    # Files only: ``active`` is a symlink to a directory of links to these same files.
+    return {p.name: p.read_bytes() for p in sorted(d.iterdir()) if p.is_file()} if d.is_dir() else {}
 
 
 def test_full_disk_during_a_run_faults_and_keeps_the_previous_result(tmp_path):

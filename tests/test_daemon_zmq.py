@@ -8,6 +8,7 @@ that know only the protocol.
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import tempfile
 import time
@@ -189,6 +190,13 @@ delta_rotvec_deg = [0.0, 0.0, 0.0]
             old = c.call("get_result", result_id=first["result_id"])
             assert old["suspect"] and not old["active"]
             assert hb["active_result_id"] in (first["result_id"], new["result_id"])
+            # The exports follow: the suspect result's files say so, exports/active is the new one's.
+            exports = Path(svc.cfg.service.state_dir) / "exports"
+            old_file = json.loads((exports / f"result_{first['result_id']}.json").read_text())
+            assert old_file["suspect"] is True and old_file["active"] is False and old_file["suspect_reason"]
+            assert "SUSPECT: true" in (exports / f"result_{first['result_id']}.urdf").read_text()
+            active = json.loads((exports / "active" / "result.json").read_text())
+            assert active["result_id"] == new["result_id"] and active["active"] is True and active["suspect"] is False
 
 
 def test_degenerate_plan_is_completed_by_the_planner():

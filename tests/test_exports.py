@@ -212,23 +212,23 @@ def _base_frame_result(tmp_path):
         return rid, store.get_result(rid).to_export_dict(), res
 
 
-def test_write_exports_writes_three_files_that_round_trip(tmp_path):
+def test_write_exports_writes_files_that_round_trip(tmp_path):
     rid, doc, res = _base_frame_result(tmp_path)
     out = tmp_path / "exports"
     paths = write_exports(out, rid, doc)
-    assert set(paths) == {"json", "urdf", "ros2"} and all(p.parent == out for p in paths.values())
+    assert set(paths) == {"json", "urdf", "xacro", "ros2", "launch", "ur"} and all(p.parent == out for p in paths.values())
     assert json.loads(paths["json"].read_text()) == doc
     expected = {("cell", "base"): res.cell_T_base, ("flange", "target"): res.flange_T_target}
 
-    # URDF: a fragment of joints; wrapped in <robot> it must parse.
-    robot = ET.fromstring("<robot name='t'>" + paths["urdf"].read_text() + "</robot>")
-    joints = robot.findall("joint")
-    assert len(joints) == 2
-    for j in joints:
-        key = (j.find("parent").get("link"), j.find("child").get("link"))
-        assert j.get("name") == f"cellcal_{key[0]}_to_{key[1]}"
-        o = j.find("origin")
-        assert np.max(np.abs(urdf_matrix(o.get("xyz"), o.get("rpy")) - expected[key])) < 2e-15
+    # URDF: a complete <robot> of the main tree (cell -> base); the target on the flange is
+    # not joined to it by any chain the result holds, so it is in the xacro file only.
+    robot = ET.fromstring(paths["urdf"].read_text())
+    assert robot.tag == "robot" and robot.get("name") == "cellcal"
+    assert sorted(link.get("name") for link in robot.findall("link")) == ["base", "cell"]
+    (joint,) = robot.findall("joint")
+    assert joint.get("name") == "cellcal_cell_to_base" and joint.get("type") == "fixed"
+    o = joint.find("origin")
+    assert np.max(np.abs(urdf_matrix(o.get("xyz"), o.get("rpy")) - res.cell_T_base)) < 2e-15
 
     # ROS 2: an executable sh script, syntactically valid, one publisher per transform.
     script = paths["ros2"]
@@ -246,9 +246,8 @@ def test_tool_point_exports_the_tip_as_a_translation(tmp_path):
     base_T_flange, _, _ = pivot_scene(10, np.random.default_rng(6), noise_mm=0.01)
     wire = result_to_wire(calibrate_tool_point(base_T_flange))
     paths = write_exports(tmp_path, 3, wire)
-    robot = ET.fromstring("<robot>" + paths["urdf"].read_text() + "</robot>")
-    tips = [j for j in robot.findall("joint") if j.find("child").get("link") == "tip"]
-    (tip,) = tips
+    robot = ET.fromstring(paths["urdf"].read_text())
+    (tip,) = [j for j in robot.findall("joint") if j.find("child").get("link") == "tip"]
     assert tip.find("parent").get("link") == "flange"
     T = urdf_matrix(tip.find("origin").get("xyz"), tip.find("origin").get("rpy"))
     assert np.array_equal(T[:3, 3], np.array(wire["points"]["flange_p_tip"]["position_m"]))

@@ -125,9 +125,11 @@ def test_report_shows_every_estimate(result):
 
 def test_exports_carry_every_estimate(result, tmp_path):
     paths = write_exports(tmp_path, 1, result_to_wire(result))
-    urdf = paths["urdf"].read_text()
+    # Every estimate has a publisher and a xacro macro; the URDF holds the main tree only.
+    ros2, xacro, launch = (paths[k].read_text() for k in ("ros2", "xacro", "launch"))
     for e in result.transforms().values():
-        assert f"cellcal_{e.parent_frame}_to_{e.child_frame}" in urdf
+        assert f"--frame-id {e.parent_frame} --child-frame-id {e.child_frame}" in ros2
+        assert f'name="cellcal_{e.child_frame}"' in xacro and f"'{e.child_frame}'" in launch
 
 
 @pytest.mark.parametrize("kind", [BaseFrameResult, HandEyeResult, EyeToHandResult])
