@@ -1089,17 +1089,22 @@ class Service:
         Called whenever a result's state changes (stored, activated, deactivated, suspect),
         so ``active`` and ``suspect`` in its files are the store's.
         """
-        try:
-            from cellcal.daemon.exports import sync_active, write_exports
+        from cellcal.daemon.exports import sync_active, write_exports
+        from cellcal.daemon.report_html import export_report
 
+        exports = Path(self.cfg.service.state_dir) / "exports"
+        try:
             rec = self.store.get_result(rid)
-            exports = Path(self.cfg.service.state_dir) / "exports"
             write_exports(exports, rid, self.result_body(rec), self.cfg.export)
-            sync_active(exports, lambda: (a.id if (a := self._active_result_safe()) is not None else None))
         except (OSError, CellcalError, ValueError) as exc:
             log.warning("exports of result %d failed: %s", rid, exc)
-        from cellcal.daemon.report_html import export_report  # the HTML report beside them (logs its own failure)
-        export_report(self.store, rid, Path(self.cfg.service.state_dir) / "exports", cell=self.cfg.service.name)
+        # The HTML report beside them (it logs its own failure), before ``active`` is
+        # switched, so the active directory carries the report of the same state.
+        export_report(self.store, rid, exports, cell=self.cfg.service.name)
+        try:
+            sync_active(exports, lambda: (a.id if (a := self._active_result_safe()) is not None else None))
+        except (OSError, CellcalError, ValueError) as exc:
+            log.warning("exports/active not switched after result %d: %s", rid, exc)
 
     def _solve_given(self, run: Any) -> None:
         """A run whose stations the client supplied (hand-eye, or any kind from elsewhere)."""

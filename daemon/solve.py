@@ -14,6 +14,7 @@ and publishes what comes back.
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -76,44 +77,46 @@ def is_point_run(stations: Sequence[Any]) -> bool:
     return any(s.cell_T_target is None and s.cell_p_target is not None for s in stations)
 
 
-def declared_noise(stations: Sequence[Any], solve_cfg: Any, *, point: bool) -> dict[str, np.ndarray]:
-    """The measurement noise the daemon declares to the solver for stored stations.
+def declared_noise(stations: Sequence[Any], solve_cfg: Any, *, point: bool) -> dict[str, float]:
+    """The measurement noise the daemon declares to the solver for a run's stored stations.
 
     Each station's tracker std (the standard uncertainty of its averaged measurement, per
     axis, as the instrument reports it) combined in quadrature with the robot's
     repeatability (``[solve] robot_repeatability_mm / _deg``: the flange's pose scatters that
-    much between visits of one pose, which the tracker sees as measurement noise). With
+    much between visits of one pose, which the tracker sees as measurement noise), then the
+    RMS over the run's stations: one figure per component, so that a run's exported stations
+    (``cellcal stations``) solve to the same answer with ``cellcal solve --noise-mm X
+    --noise-deg Y`` (the result's ``noise_translation_m`` / ``noise_rotation_rad``). With
     declared noise the solver tests the residuals against it (chi-square): a cell whose
     residuals are several times the noise (robot kinematic error) gets a ``model_error``
-    warning and a widened covariance even from a few stations, where estimating the noise
-    from the residuals would take the model error for noise and report it as precision.
-    ``{}`` (noise estimated from the residuals) when ``[solve] declare_noise = false`` or a
-    station lacks a usable std (stations given by a client carry none).
+    warning and a widened covariance even from a few stations, where a noise estimated from
+    the residuals takes the model error for noise and reports it as precision. ``{}`` (noise
+    estimated from the residuals) when ``[solve] declare_noise = false`` or a station lacks a
+    usable std.
 
     Returns
     -------
     dict
-        ``{"cell_p_target_std": (N, 3)}`` for a point run, ``{"cell_T_target_std": (N, 6)}``
-        (m, then rad) for a pose run, or ``{}``.
+        ``{"noise_translation_m": float}`` for a point run, also ``"noise_rotation_rad"`` for
+        a pose run, or ``{}``.
     """
     if not getattr(solve_cfg, "declare_noise", False) or not stations:
         return {}
     rep_t, rep_r = float(solve_cfg.robot_repeatability_m), float(solve_cfg.robot_repeatability_rad)
     std_t = np.array([float(getattr(s, "tracker_std_translation_m", 0.0) or 0.0) for s in stations])
-    sig_t = np.sqrt(std_t * std_t + rep_t * rep_t)
-    if not np.all(np.isfinite(sig_t)) or np.any(sig_t <= 0.0):
+    sig_t = float(np.sqrt(np.mean(std_t * std_t) + rep_t * rep_t))
+    if not math.isfinite(sig_t) or sig_t <= 0.0:
         return {}
     if point:
-        return {"cell_p_target_std": np.repeat(sig_t[:, None], 3, axis=1)}
+        return {"noise_translation_m": sig_t}
     std_r = [getattr(s, "tracker_std_rotation_rad", None) for s in stations]
     if any(v is None for v in std_r):
         return {}
     r = np.array(std_r, dtype=float)
-    sig_r = np.sqrt(r * r + rep_r * rep_r)
-    if not np.all(np.isfinite(sig_r)) or np.any(sig_r <= 0.0):
+    sig_r = float(np.sqrt(np.mean(r * r) + rep_r * rep_r))
+    if not math.isfinite(sig_r) or sig_r <= 0.0:
         return {}
-    return {"cell_T_target_std": np.concatenate([np.repeat(sig_t[:, None], 3, axis=1),
-                                                 np.repeat(sig_r[:, None], 3, axis=1)], axis=1)}
+    return {"noise_translation_m": sig_t, "noise_rotation_rad": sig_r}
 
 
 def solve_stations(kind: str, stations: Sequence[Any], solve_cfg: Any) -> Any:

@@ -9,6 +9,7 @@ subprocesses reading that state directory, beside the still running daemon.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -147,7 +148,12 @@ def test_stations_round_trip_through_cellcal_solve(cell_state, tmp_path, suffix)
     r = cellcal("stations", body["run_id"], "-o", str(f), "--state-dir", state)
     assert r.returncode == 0, r.stderr
     assert "6 stations" in r.stdout
-    s = cellcal("solve", str(f), "--kind", "base_frame", "--estimate-noise", "--json")
+    # The daemon declared the run's noise (tracker std with the robot's repeatability,
+    # ``[solve] declare_noise``): the same figures given to ``cellcal solve``.
+    u = body["uncertainty"]
+    assert u["noise_source"] == "translation given, rotation given", u["noise_source"]
+    noise = ["--noise-mm", repr(u["noise_translation_m"] * 1e3), "--noise-deg", repr(math.degrees(u["noise_rotation_rad"]))]
+    s = cellcal("solve", str(f), "--kind", "base_frame", *noise, "--json")
     assert s.returncode == 0, s.stderr
     got = json.loads(s.stdout)
     for name in ("cell_T_base", "flange_T_target"):
