@@ -130,6 +130,9 @@ class DegenerateGeometry(CalibrationError):
         What cannot be recovered, in words (e.g. ``"rotation about axis"``).
     max_rotation_rad : float
         Largest relative rotation among the motions used.
+    parameters : tuple of str
+        Kinematic identification: the parameters the stations cannot determine, by name
+        (``joint5.zero_offset``); empty for the frame solves.
     """
 
     def __init__(
@@ -141,7 +144,9 @@ class DegenerateGeometry(CalibrationError):
         axis_spread: float,
         unrecoverable: tuple[str, ...],
         max_rotation_rad: float,
+        parameters: tuple[str, ...] = (),
     ) -> None:
+        self.parameters = tuple(parameters)
         self.axis = np.array(axis, dtype=float)
         self.frame = frame
         self.axis_spread = float(axis_spread)
