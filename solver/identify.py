@@ -462,11 +462,14 @@ def _whiteners(n: int, pose: bool, cov: ArrayLike | None, noise_t: float | None,
 
 
 # --------------------------------------------------------------------------- rank test
-def _pivoted(Jn: np.ndarray, n_fixed_first: int, tol: float) -> tuple[list[int], list[int], np.ndarray]:
+def _pivoted(Jn: np.ndarray, n_fixed_first: int, tol: float,
+             deferred: Sequence[int] = ()) -> tuple[list[int], list[int], np.ndarray]:
     """Greedy QR with column pivoting on column-normalised ``Jn`` (rows, cols).
 
     The first ``n_fixed_first`` columns are taken in order (frames); then each step keeps
-    the column with the largest orthogonal part (ties within 1e-9 go to the earlier one).
+    the column with the largest orthogonal part (ties within 1e-9 go to the earlier one);
+    ``deferred`` columns (the zero offsets of joints that never move: ``q_i + theta_i``
+    is then one constant, so the offset is the one to fix) are judged only after the rest.
     Returns kept, dependent (column indices) and the orthogonal fraction of every column
     at the step it was judged.
     """
@@ -482,23 +485,24 @@ def _pivoted(Jn: np.ndarray, n_fixed_first: int, tol: float) -> tuple[list[int],
         if nv > tol:
             Q = np.column_stack([Q, v / nv])
             kept.append(c)
-    rest = list(range(n_fixed_first, k))
-    R = Jn[:, rest] - Q @ (Q.T @ Jn[:, rest])
-    while rest:
-        norms = np.linalg.norm(R, axis=0)
-        best = float(norms.max())
-        j = int(np.flatnonzero(norms >= best * (1 - 1e-9))[0])
-        if best <= tol:
-            for jj, c in enumerate(rest):
-                frac[c] = norms[jj]
-            break
-        c = rest.pop(j)
-        frac[c] = best
-        qv = R[:, j] / best
-        R = np.delete(R, j, axis=1)
-        R = R - np.outer(qv, qv @ R)
-        Q = np.column_stack([Q, qv])
-        kept.append(c)
+    for group in ([c for c in range(n_fixed_first, k) if c not in deferred], [c for c in deferred if c < k]):
+        rest = list(group)
+        R = Jn[:, rest] - Q @ (Q.T @ Jn[:, rest])
+        while rest:
+            norms = np.linalg.norm(R, axis=0)
+            best = float(norms.max())
+            j = int(np.flatnonzero(norms >= best * (1 - 1e-9))[0])
+            if best <= tol:
+                for jj, c in enumerate(rest):
+                    frac[c] = norms[jj]
+                break
+            c = rest.pop(j)
+            frac[c] = best
+            qv = R[:, j] / best
+            R = np.delete(R, j, axis=1)
+            R = R - np.outer(qv, qv @ R)
+            Q = np.column_stack([Q, qv])
+            kept.append(c)
     dependent = [c for c in range(k) if c not in kept]
     return kept, dependent, frac
 
@@ -823,13 +827,15 @@ def identify_kinematics(
     P = len(candidates)
     _, J0 = kinematic_jacobian(nominal, qa, candidates, base0, tool0)
     Jn0, _ = _normalise(frames_first(whitened(J0), P))
-    kept, dep, frac = _pivoted(Jn0, n_frame, rank_tol)
+    still = [n_frame + candidates.index(f"joint{i + 1}.zero_offset") for i in range(N_JOINTS)
+             if np.ptp(qa[:, i]) < 1e-6 and f"joint{i + 1}.zero_offset" in candidates]
+    kept, dep, frac = _pivoted(Jn0, n_frame, rank_tol, deferred=still)
     if any(c < n_frame for c in dep):
         raise _degenerate("the stations do not determine the base frame and the target even with the nominal arm",
                           [(_BASE_NAMES + (_POSE_TOOL_NAMES if pose else _POINT_TOOL_NAMES))[c] for c in dep
                            if c < n_frame], qa)
     dep_names = [candidates[c - n_frame] for c in dep]
-    reasons = _reasons(nominal, candidates, dep_names, base0, tool0, pose, Winv[0], n_frame)
+    reasons = _reasons(nominal, candidates, dep_names, base0, tool0, pose, Winv[0], n_frame, qa)
     if parameters is not None and dep_names:
         raise _degenerate(
             f"the stations cannot determine {', '.join(dep_names)} ("
@@ -961,10 +967,14 @@ def _weakest(Jn: np.ndarray, est: list[str], n_frame: int) -> list[str]:
 
 
 def _reasons(nominal: DHParameters, candidates: Sequence[str], dep: Sequence[str], base: np.ndarray,
-             tool: np.ndarray, pose: bool, W0: np.ndarray, n_frame: int) -> dict[str, str]:
+             tool: np.ndarray, pose: bool, W0: np.ndarray, n_frame: int, q: np.ndarray) -> dict[str, str]:
     """Why each dependent parameter is dependent (module docstring)."""
     if not dep:
         return {}
+    still = [i + 1 for i in range(N_JOINTS) if np.ptp(q[:, i]) < 1e-6]
+    not_excited = "not excited by these stations" + (
+        f" (joint{'s' if len(still) > 1 else ''} {', '.join(map(str, still))} never move{'' if len(still) > 1 else 's'})"
+        if still else "")
     qg = _generic_q()
     r = 6 if pose else 3
     _, Jg = kinematic_jacobian(nominal, qg, candidates, base, tool)
@@ -985,7 +995,7 @@ def _reasons(nominal: DHParameters, candidates: Sequence[str], dep: Sequence[str
     out: dict[str, str] = {}
     for name in dep:
         if name not in structural:
-            out[name] = "not excited by these stations"
+            out[name] = not_excited
             continue
         col = Jn[:, n_frame + candidates.index(name)]
         if residual_fraction(col, list(range(6))) < 1e-6:
@@ -999,5 +1009,7 @@ def _reasons(nominal: DHParameters, candidates: Sequence[str], dep: Sequence[str
             coef, *_ = np.linalg.lstsq(np.concatenate([Jn[:, :n_frame], A], axis=1), col, rcond=None)
             c = np.abs(coef[n_frame:])
             partners = [candidates[kept_p[i] - n_frame] for i in np.argsort(c)[::-1] if c[i] > 0.1]
-            out[name] = f"redundant with {', '.join(partners[:3]) or 'the others'} (parallel joint axes)"
+            out[name] = (f"redundant with {', '.join(partners[:3]) or 'the others'} (they move the target alike "
+                         "at every pose" + (": parallel joint axes)" if name.endswith(".d") and
+                                             _parse(name)[1] in nominal.parallel_rows() else ")"))
     return out
