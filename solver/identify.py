@@ -569,7 +569,8 @@ def _lm(nominal: DHParameters, names: Sequence[str], q: np.ndarray, meas: np.nda
     lam = 1e-3
     converged, stop = False, "iteration limit"
     it = 0
-    for it in range(1, max_iterations + 1):
+    for _ in range(max_iterations):
+        it += 1
         sw = np.repeat(np.sqrt(w), r)
         Jw = np.einsum("nij,njk->nik", Winv, J).reshape(n * r, -1) * sw[:, None]
         e = ew * sw
@@ -615,7 +616,7 @@ def _lm(nominal: DHParameters, names: Sequence[str], q: np.ndarray, meas: np.nda
 
 
 def _initial_frames(q: np.ndarray, meas: np.ndarray, model: DHParameters, pose: bool,
-                    cell_T_base: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+                    cell_T_base: ArrayLike | None) -> tuple[np.ndarray, np.ndarray]:
     # Imported here: the rigid solvers are a start, not a dependency of the module's API.
     from cellcal.solver.calibrate import calibrate_base_frame
     from cellcal.solver.points import calibrate_base_frame_points
@@ -787,7 +788,9 @@ def identify_kinematics(
     if (cell_T_target is None) == (cell_p_target is None):
         raise ValueError("give exactly one of cell_T_target (6-DoF poses) and cell_p_target (3-DoF points)")
     pose = cell_T_target is not None
-    meas = _check_meas(cell_T_target if pose else cell_p_target, n, pose,
+    given = cell_T_target if pose else cell_p_target
+    assert given is not None
+    meas = _check_meas(given, n, pose,
                        "cell_T_target" if pose else "cell_p_target")
     r = 6 if pose else 3
     Winv, declared = _whiteners(n, pose, cell_T_target_cov if pose else cell_p_target_cov,
