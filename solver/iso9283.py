@@ -55,7 +55,7 @@ _JOINTS = tuple(f"joint{i + 1}.zero_offset" for i in range(N_JOINTS))
 
 
 def inverse_kinematics(model: DHParameters, base_T_flange: ArrayLike, q_seed: ArrayLike, *,
-                       tol_m: float = 1e-10, max_iterations: int = 100) -> np.ndarray:
+                       tol_m: float = 1e-10, max_iterations: int = 200) -> np.ndarray:
     """Joint angles (6,) reaching ``base_T_flange`` (4, 4) on ``model``, from ``q_seed``.
 
     Damped Newton on the pose error (position, m; rotation vector, rad) with the joint
@@ -79,7 +79,9 @@ def inverse_kinematics(model: DHParameters, base_T_flange: ArrayLike, q_seed: Ar
         J = np.empty((6, N_JOINTS))
         J[:3] = (tw[:, :3] + np.cross(tw[:, 3:], p)).T
         J[3:] = tw[:, 3:].T
-        q = q + np.linalg.solve(J.T @ J + lam * np.eye(N_JOINTS), J.T @ err)
+        step = np.linalg.solve(J.T @ J + lam * np.eye(N_JOINTS), J.T @ err)
+        big = float(np.max(np.abs(step)))
+        q = q + (step if big <= 0.3 else step * (0.3 / big))  # far seeds: no overshoot
     raise ValueError("inverse_kinematics: pose not reached (out of reach or a singular seed)")
 
 
@@ -125,14 +127,15 @@ def iso9283_test_poses(model: DHParameters, *, cube_centre_m: ArrayLike, base_R_
         Flange orientation at every pose (default: flange z pointing down, -z of the base).
     cube_side_m : float, optional
         The cube's side; default: the largest (to 1 mm, up to ``max_side_m``) whose corners
-        the arm reaches.
+        the arm reaches. Given, its corners must be reachable.
     q_seed : array_like, shape (6,), optional
         Branch of the inverse kinematics (default: a UR-like elbow-up seed).
 
     Raises
     ------
     ValueError
-        The centre itself is out of reach, or a bad argument.
+        The centre itself (or, with ``cube_side_m``, a corner) is out of reach, or a bad
+        argument.
     """
     c = np.asarray(cube_centre_m, dtype=np.float64).reshape(3)
     R = np.diag([1.0, -1.0, -1.0]) if base_R_flange is None else np.asarray(base_R_flange, dtype=np.float64)
@@ -164,6 +167,11 @@ def iso9283_test_poses(model: DHParameters, *, cube_centre_m: ArrayLike, base_R_
         side = float(cube_side_m)
         if not side > 0:
             raise ValueError(f"cube_side_m must be positive, got {cube_side_m!r}")
+        try:
+            solve_all(_cube_points(c, side)[0])
+        except ValueError:
+            raise ValueError(f"a cube of side {side:g} m about {c.tolist()} leaves the working space "
+                             "(a corner is out of reach with that orientation)") from None
     _, P = _cube_points(c, side)
     q = solve_all(P)
     T = np.array([make_transform(R, p) for p in P])
@@ -257,7 +265,8 @@ def simulate_iso9283_cycles(
     """Attained tool poses in the cell (cycles, P, 4, 4) for commanded cell poses (P, 4, 4).
 
     The controller turns each commanded pose into joint angles with *its* model, base and
-    tool (inverse kinematics from ``q_seed``); the true arm goes there with a Gaussian
+    tool (inverse kinematics from ``q_seed``, (6,) or one per pose (P, 6), e.g.
+    :attr:`ISO9283Poses.q`); the true arm goes there with a Gaussian
     joint error of ``joint_repeatability_rad`` per cycle; the tracker adds isotropic noise.
     Compare the controller with the nominal model and with an identified one.
     """
@@ -266,11 +275,11 @@ def simulate_iso9283_cycles(
     ct_inv = se3_inverse(np.asarray(controller_flange_T_tool, dtype=np.float64))
     tb = np.asarray(true_cell_T_base, dtype=np.float64)
     tt = np.asarray(true_flange_T_tool, dtype=np.float64)
-    q_cmd = []
-    seed = np.asarray(q_seed, dtype=np.float64)
-    for Tc in C:
-        seed = inverse_kinematics(controller_model, cb_inv @ Tc @ ct_inv, seed)
-        q_cmd.append(seed)
+    seeds = np.asarray(q_seed, dtype=np.float64)
+    seeds = np.broadcast_to(seeds, (len(C), N_JOINTS)) if seeds.ndim == 1 else seeds
+    if seeds.shape != (len(C), N_JOINTS):
+        raise ValueError(f"q_seed: expected ({N_JOINTS},) or ({len(C)}, {N_JOINTS}), got {seeds.shape}")
+    q_cmd = [inverse_kinematics(controller_model, cb_inv @ Tc @ ct_inv, s) for Tc, s in zip(C, seeds, strict=True)]
     qc = np.array(q_cmd)
     out = np.empty((int(cycles),) + C.shape)
     for i in range(int(cycles)):
