@@ -21,8 +21,8 @@ cell frame, measured minus modelled: ``dp`` (m) and for poses ``dphi = log(R_mea
 **Derivatives.** Analytic: every parameter is an elementary screw (a rotation about or a
 translation along an axis of an intermediate frame of the chain), so its derivative is that
 screw expressed in the base frame, ``(v, w)``, moving the target by ``v + w x p`` and turning
-it by ``w``. The base frame is a left perturbation in the cell, the target a right
-perturbation in its own frame (a shift in the flange frame for a point). The tests check
+it by ``w``. The base frame and the target are right perturbations (ADR 0001: twists in
+their child frames, ``cell_T_base @ exp(xi)``), a point a shift in the flange frame. The tests check
 them against finite differences.
 
 **Identifiability.** On the whitened, column-normalised Jacobian at the start (nominal arm,
@@ -66,9 +66,11 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from cellcal.solver._stats import chi2_ppf
+from cellcal.solver.calibrate import Estimate, Residuals, calibrate_base_frame
 from cellcal.solver.diagnostics import SolveWarning
 from cellcal.solver.errors import DegenerateGeometry, NotEnoughSamples
 from cellcal.solver.kinematics import N_JOINTS, DHParameters
+from cellcal.solver.points import calibrate_base_frame_points
 from cellcal.solver.se3 import se3_exp, so3_log
 from cellcal.solver.validation import HoldoutClosure
 
@@ -215,9 +217,9 @@ def kinematic_jacobian(model: DHParameters, q: ArrayLike, names: Sequence[str], 
     predicted : numpy.ndarray, shape (N, 4, 4) or (N, 3)
         Modelled ``cell_T_target`` or ``cell_p_target``.
     J : numpy.ndarray, shape (N, r, P + 6 + t)
-        d(prediction) by (parameters, base twist ``(rho, phi)`` left in the cell, target
-        twist right in the target frame or point shift in the flange frame); rows ``r`` are
-        ``(dp, dphi)`` (6) or ``dp`` (3), cell frame.
+        d(prediction) by (parameters, base twist ``(rho, phi)`` right, in the base frame,
+        target twist right in the target frame or point shift in the flange frame); rows
+        ``r`` are ``(dp, dphi)`` (6) or ``dp`` (3), cell frame.
     """
     q = np.asarray(q, dtype=np.float64)
     if q.ndim == 1:
@@ -233,21 +235,21 @@ def kinematic_jacobian(model: DHParameters, q: ArrayLike, names: Sequence[str], 
     else:
         x_b = bTf[:, :3, :3] @ tool + bTf[:, :3, 3]
         pred = x_b @ Rcb.T + tcb
-    p_cell = x_b @ Rcb.T + tcb
     r = 6 if pose else 3
     J = np.zeros((n, r, P + 6 + (6 if pose else 3)))
     v, w = tw[..., :3], tw[..., 3:]
     dxb = v + np.cross(w, x_b[:, None, :])  # (N, P, 3)
     J[:, :3, :P] = np.einsum("ij,npj->nip", Rcb, dxb)
-    # Base: left twist in the cell, dp = rho + phi x p, dphi = phi.
-    J[:, :3, P:P + 3] = np.eye(3)
-    px = np.zeros((n, 3, 3))
-    px[:, 0, 1], px[:, 0, 2], px[:, 1, 2] = p_cell[:, 2], -p_cell[:, 1], p_cell[:, 0]
-    px[:, 1, 0], px[:, 2, 0], px[:, 2, 1] = -p_cell[:, 2], p_cell[:, 1], -p_cell[:, 0]
-    J[:, :3, P + 3:P + 6] = px  # phi x p = -[p]x phi
+    # Base: right twist in the base frame (ADR 0001), cell_T_base exp(rho, phi):
+    # dp = R_cb (rho + phi x x_b), dphi = R_cb phi.
+    J[:, :3, P:P + 3] = Rcb
+    xh = np.zeros((n, 3, 3))
+    xh[:, 0, 1], xh[:, 0, 2], xh[:, 1, 2] = -x_b[:, 2], x_b[:, 1], -x_b[:, 0]
+    xh[:, 1, 0], xh[:, 2, 0], xh[:, 2, 1] = x_b[:, 2], -x_b[:, 1], x_b[:, 0]
+    J[:, :3, P + 3:P + 6] = -np.einsum("ij,njk->nik", Rcb, xh)  # phi x x = -[x]x phi
     if pose:
         J[:, 3:, :P] = np.einsum("ij,npj->nip", Rcb, w)
-        J[:, 3:, P + 3:P + 6] = np.eye(3)
+        J[:, 3:, P + 3:P + 6] = Rcb
         Rct = pred[:, :3, :3]
         J[:, :3, P + 6:P + 9] = Rct
         J[:, 3:, P + 9:P + 12] = Rct
@@ -339,8 +341,8 @@ class KinematicResult:
     flange_p_target : numpy.ndarray, shape (3,) or None
         Point measurements only, m, flange frame.
     covariance : numpy.ndarray, shape (k, k)
-        Of ``covariance_names``: the parameters (SI), then the base twist (left, cell frame)
-        and the target twist (right, target frame) or point (flange frame).
+        Of ``covariance_names``: the parameters (SI), then the base twist (right, base
+        frame) and the target twist (right, target frame) or point (flange frame).
     covariance_names : tuple of str
     correlations : tuple of (str, str, float)
         Pairs among ``covariance_names`` correlated beyond ``correlation_threshold``.
@@ -386,7 +388,7 @@ class KinematicResult:
     covariance: np.ndarray
     covariance_names: tuple[str, ...]
     correlations: tuple[tuple[str, str, float], ...]
-    residuals: object
+    residuals: Residuals
     rms_translation_m: float
     holdout: HoldoutClosure
     validation: KinematicValidation | None
@@ -400,6 +402,19 @@ class KinematicResult:
     downweighted: np.ndarray
     n_stations: int
     measurement: str
+
+    def transforms(self) -> dict[str, Estimate]:
+        """``cell_T_base`` and ``flange_T_target`` (or ``flange_p_target``) with their
+        covariance blocks, as the other results list them (``CalibrationResult.transforms``)."""
+        P = len(self.estimated)
+        out = {"cell_T_base": Estimate.of("cell_T_base", self.cell_T_base, self.covariance[P:P + 6, P:P + 6])}
+        if self.flange_T_target is not None:
+            out["flange_T_target"] = Estimate.of("flange_T_target", self.flange_T_target,
+                                                 self.covariance[P + 6:, P + 6:])
+        elif self.flange_p_target is not None:
+            out["flange_p_target"] = Estimate.of("flange_p_target", self.flange_p_target,
+                                                 self.covariance[P + 6:, P + 6:])
+        return out
 
     def predict(self, q: ArrayLike) -> np.ndarray:
         """Modelled ``cell_T_target`` (N, 4, 4) or ``cell_p_target`` (N, 3) at joints ``q``."""
@@ -537,7 +552,7 @@ def _perturb(nominal: DHParameters, names: Sequence[str], x: np.ndarray, base: n
              step: np.ndarray, pose: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     P = len(names)
     x2 = x + step[:P]
-    b2 = se3_exp(step[P:P + 6]) @ base
+    b2 = base @ se3_exp(step[P:P + 6])
     t2 = tool @ se3_exp(step[P + 6:P + 12]) if pose else tool + step[P + 6:P + 9]
     return x2, b2, t2
 
@@ -617,10 +632,6 @@ def _lm(nominal: DHParameters, names: Sequence[str], q: np.ndarray, meas: np.nda
 
 def _initial_frames(q: np.ndarray, meas: np.ndarray, model: DHParameters, pose: bool,
                     cell_T_base: ArrayLike | None) -> tuple[np.ndarray, np.ndarray]:
-    # Imported here: the rigid solvers are a start, not a dependency of the module's API.
-    from cellcal.solver.calibrate import calibrate_base_frame
-    from cellcal.solver.points import calibrate_base_frame_points
-
     bTf = model.forward(q)
     if cell_T_base is not None:
         base = np.asarray(cell_T_base, dtype=float)
@@ -921,8 +932,6 @@ def identify_kinematics(
     sigmas = {p: float(sig[i]) for i, p in enumerate(est_t)}
     ident = DHParameters(a=ident.a, d=ident.d, alpha=ident.alpha, theta=ident.theta, beta=ident.beta,
                          name=f"{nominal.name} identified")
-    from cellcal.solver.calibrate import Residuals
-
     tres = np.linalg.norm(fit.res[:, :3], axis=1)
     rres = np.linalg.norm(fit.res[:, 3:], axis=1) if pose else np.zeros(n)
     residuals = Residuals(translation_m=tres, rotation_rad=rres)

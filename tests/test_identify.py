@@ -78,11 +78,11 @@ def test_analytic_jacobian_matches_finite_differences(pose):
     for k in range(J.shape[2]):
         d = np.zeros(J.shape[2])
         d[k] = eps
-        b2 = se3_exp(d[P:P + 6]) @ base
+        b2 = base @ se3_exp(d[P:P + 6])
         t2 = tool @ se3_exp(d[P + 6:P + 12]) if pose else tool + d[P + 6:P + 9]
         up = kinematic_jacobian(_apply(arm, names, d[:P], "fd"), q, [], b2, t2)[0]
         d[k] = -eps
-        b2 = se3_exp(d[P:P + 6]) @ base
+        b2 = base @ se3_exp(d[P:P + 6])
         t2 = tool @ se3_exp(d[P + 6:P + 12]) if pose else tool + d[P + 6:P + 9]
         down = kinematic_jacobian(_apply(arm, names, d[:P], "fd"), q, [], b2, t2)[0]
         fd = (_residuals(pred, up) - _residuals(pred, down)) / (2 * eps)  # d(prediction)
@@ -144,6 +144,10 @@ def test_held_out_rms_after_identification_reaches_the_noise_floor(mode):
     assert res.holdout.p90_translation_m < 3 * floor
     assert res.condition_number < 100 and res.observability_o3 > 0
     assert res.model.forward(val.q).shape == (30, 4, 4)
+    est = res.transforms()
+    tool = "flange_T_target" if mode == "pose" else "flange_p_target"
+    assert list(est) == ["cell_T_base", tool] and est["cell_T_base"].parent_frame == "cell"
+    assert np.all(np.linalg.eigvalsh(est["cell_T_base"].covariance) > 0)
     pred = res.predict(val.q)
     meas = val.cell_T_target[:, :3, 3] if mode == "pose" else val.cell_p_target
     got = pred[:, :3, 3] if mode == "pose" else pred
