@@ -483,8 +483,7 @@ def _pivoted(Jn: np.ndarray, n_fixed_first: int, tol: float,
 
     The first ``n_fixed_first`` columns are taken in order (frames); then each step keeps
     the column with the largest orthogonal part (ties within 1e-9 go to the earlier one);
-    ``deferred`` columns (the zero offsets of joints that never move: ``q_i + theta_i``
-    is then one constant, so the offset is the one to fix) are judged only after the rest.
+    ``deferred`` columns (:func:`_still_columns`) are judged only after the rest.
     Returns kept, dependent (column indices) and the orthogonal fraction of every column
     at the step it was judged.
     """
@@ -520,6 +519,20 @@ def _pivoted(Jn: np.ndarray, n_fixed_first: int, tol: float,
             kept.append(c)
     dependent = [c for c in range(k) if c not in kept]
     return kept, dependent, frac
+
+
+def _still_columns(q: np.ndarray, names: Sequence[str], offset: int) -> list[int]:
+    """Columns (``offset`` + index in ``names``) of the zero offset and link row of every
+    joint that never moves in ``q``. Such a joint's angle and the link behind it are one
+    rigid piece with the link before it, so the group loses degrees of freedom; fixing the
+    still joint's own offset and row first names what a person expects ("joint 5 never
+    moves: joint5.zero_offset, link5.a, ...") instead of an arbitrary member of the group."""
+    out = []
+    for i in range(N_JOINTS):
+        if np.ptp(q[:, i]) < 1e-6:
+            own = [_name("zero_offset", i)] + [_name(k, i) for k in ("a", "alpha", "beta", "d")]
+            out += [offset + names.index(n) for n in own if n in names]
+    return out
 
 
 def _normalise(J: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -841,9 +854,7 @@ def identify_kinematics(
     P = len(candidates)
     _, J0 = kinematic_jacobian(nominal, qa, candidates, base0, tool0)
     Jn0, _ = _normalise(frames_first(whitened(J0), P))
-    still = [n_frame + candidates.index(f"joint{i + 1}.zero_offset") for i in range(N_JOINTS)
-             if np.ptp(qa[:, i]) < 1e-6 and f"joint{i + 1}.zero_offset" in candidates]
-    kept, dep, frac = _pivoted(Jn0, n_frame, rank_tol, deferred=still)
+    kept, dep, frac = _pivoted(Jn0, n_frame, rank_tol, deferred=_still_columns(qa, candidates, n_frame))
     if any(c < n_frame for c in dep):
         raise _degenerate("the stations do not determine the base frame and the target even with the nominal arm",
                           [(_BASE_NAMES + (_POSE_TOOL_NAMES if pose else _POINT_TOOL_NAMES))[c] for c in dep

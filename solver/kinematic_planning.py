@@ -43,6 +43,7 @@ from cellcal.solver.identify import (
     _normalise,
     _pivoted,
     _reasons,
+    _still_columns,
     kinematic_jacobian,
     parameter_names,
 )
@@ -246,9 +247,7 @@ def plan_identification_stations(
     # What the chosen stations determine (as identify_kinematics will judge it).
     Jc = Jw[chosen].reshape(-1, Jw.shape[2])
     Jn, _ = _normalise(Jc)
-    still = [n_frame + names.index(f"joint{i + 1}.zero_offset") for i in range(N_JOINTS)
-             if np.ptp(q_fit[:, i]) < 1e-6]
-    kept_c, dep_c, _ = _pivoted(Jn, n_frame, DEFAULT_RANK_TOL, deferred=still)
+    kept_c, dep_c, _ = _pivoted(Jn, n_frame, DEFAULT_RANK_TOL, deferred=_still_columns(q_fit, names, n_frame))
     est = [names[c - n_frame] for c in sorted(kept_c) if c >= n_frame]
     dep = [names[c - n_frame] for c in dep_c if c >= n_frame]
     W0 = np.diag(w)

@@ -162,14 +162,20 @@ def test_a_plan_that_never_moves_joint_5_names_what_it_cannot_identify():
                                         flange_T_target=FLANGE_T_TARGET)
     assert np.ptp(plan.q[:, 4]) == 0.0 and plan.validation_q.shape == (30, 6)
     lost = set(plan.unidentifiable) - STRUCTURAL
-    assert lost and all(n.split(".")[0] in ("joint4", "link4", "joint5", "link5") for n in lost), lost
     assert all("joint 5 never moves" in plan.unidentifiable_reasons[n] for n in lost)
     rng = np.random.default_rng(3)
     truth = truth_arm(rng)
     st = measure(truth, plan.q, rng)
     res = _identify(st, "pose")
-    assert set(res.unidentifiable) - STRUCTURAL == lost
-    assert all("joint 5 never moves" in res.unidentifiable_reasons[n] for n in lost)
+    # The still joint makes rows 4 and 5 one rigid piece: 4 of their 8 parameters remain.
+    # Which members stand for the group may differ between the plan's nominal frames and
+    # the fit's (near ties in the pivoting); how many, and the group, do not.
+    group = {f"{h}{i}.{k}" for i in (4, 5) for h, k in [("joint", "zero_offset"), ("link", "a"),
+                                                          ("link", "alpha"), ("link", "d")]}
+    lost_fit = set(res.unidentifiable) - STRUCTURAL
+    assert len(lost) == len(lost_fit) == 4 and lost | lost_fit <= group, (lost, lost_fit)
+    assert all("joint 5 never moves" in res.unidentifiable_reasons[n] for n in lost_fit)
+    lost = lost_fit
     # Asking for them anyway is refused, naming them.
     want = [n for n in parameter_names(UR5E) if n not in STRUCTURAL]
     with pytest.raises(DegenerateGeometry) as err:
