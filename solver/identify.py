@@ -995,7 +995,13 @@ def _reasons(nominal: DHParameters, candidates: Sequence[str], dep: Sequence[str
     if not dep:
         return {}
     still = [i + 1 for i in range(N_JOINTS) if np.ptp(q[:, i]) < 1e-6]
-    not_excited = "not excited by these stations" + (
+    n_obs = q.shape[0] * (6 if pose else 3)
+    if n_obs < n_frame + len(candidates):
+        few = (f"; {q.shape[0]} stations give {n_obs} observations for {n_frame + len(candidates)} unknowns: "
+               "add stations")
+    else:
+        few = ""
+    not_excited = "not excited by these stations" + few + (
         f" (joint{'s' if len(still) > 1 else ''} {', '.join(map(str, still))} never move{'' if len(still) > 1 else 's'})"
         if still else "")
     qg = _generic_q()
