@@ -81,7 +81,7 @@ from cellcal.solver.kinematic_export import (
     urdf_from_model,
 )
 from cellcal.solver.kinematic_planning import IdentificationPlan, plan_identification_stations
-from cellcal.solver.kinematics import UR5E, DHParameters
+from cellcal.solver.kinematics import UR5E, DHParameters, KinematicModel
 from cellcal.solver.planning import NextStation, StationPlan, plan_stations, suggest_next_station
 from cellcal.solver.points import PointBaseFrameResult, calibrate_base_frame_points
 from cellcal.solver.tracker_noise import TrackerNoiseModel
@@ -124,6 +124,7 @@ __all__ = [
     "DEFAULT_MIN_ROTATION_RAD",
     "MIN_STATIONS",
     "DHParameters",
+    "KinematicModel",
     "UR5E",
     "identify_kinematics",
     "KinematicResult",

@@ -69,7 +69,7 @@ from cellcal.solver._stats import chi2_ppf
 from cellcal.solver.calibrate import Estimate, Residuals, calibrate_base_frame
 from cellcal.solver.diagnostics import SolveWarning
 from cellcal.solver.errors import DegenerateGeometry, NotEnoughSamples
-from cellcal.solver.kinematics import N_JOINTS, DHParameters
+from cellcal.solver.kinematics import N_JOINTS, DHParameters, KinematicModel
 from cellcal.solver.points import calibrate_base_frame_points
 from cellcal.solver.se3 import se3_exp, so3_log
 from cellcal.solver.validation import HoldoutClosure
@@ -312,9 +312,10 @@ class KinematicResult:
 
     Attributes
     ----------
-    model : DHParameters
-        The identified arm: ``model.forward(q) -> (N, 4, 4) base_T_flange``.
-    nominal : DHParameters
+    model : KinematicModel
+        The identified arm (DH arrays ``a, d, alpha, theta, beta``): ``model.forward(q)``
+        is ``(4, 4) base_T_flange`` for ``q`` (6,) and ``(N, 4, 4)`` for (N, 6).
+    nominal : KinematicModel
         The model identification started from.
     parameters : dict of str to float
         Identified parameters by name (module docstring), absolute values, SI.
@@ -371,8 +372,8 @@ class KinematicResult:
         ``"pose"`` or ``"point"``.
     """
 
-    model: DHParameters
-    nominal: DHParameters
+    model: KinematicModel
+    nominal: KinematicModel
     parameters: dict[str, float]
     deltas: dict[str, float]
     sigmas: dict[str, float]
@@ -941,8 +942,7 @@ def identify_kinematics(
     params = {p: _value(ident, nominal, p) for p in est_t}
     deltas = {p: params[p] - _value(nominal, nominal, p) for p in est_t}
     sigmas = {p: float(sig[i]) for i, p in enumerate(est_t)}
-    ident = DHParameters(a=ident.a, d=ident.d, alpha=ident.alpha, theta=ident.theta, beta=ident.beta,
-                         name=f"{nominal.name} identified")
+    ident = KinematicModel.from_dh(ident, name=f"{nominal.name} identified")
     tres = np.linalg.norm(fit.res[:, :3], axis=1)
     rres = np.linalg.norm(fit.res[:, 3:], axis=1) if pose else np.zeros(n)
     residuals = Residuals(translation_m=tres, rotation_rad=rres)
@@ -966,7 +966,7 @@ def identify_kinematics(
         after = _figures(kinematic_jacobian(ident, vq, [], fit.base, fit.tool)[0], vm)
         validation = KinematicValidation(before=before, after=after)
     return KinematicResult(
-        model=ident, nominal=nominal, parameters=params, deltas=deltas, sigmas=sigmas, estimated=est_t,
+        model=ident, nominal=KinematicModel.from_dh(nominal), parameters=params, deltas=deltas, sigmas=sigmas, estimated=est_t,
         unidentifiable=unident, unidentifiable_reasons={p: reasons[p] for p in unident if p in reasons},
         condition_number=cond_final, observability_o1=o1, observability_o3=o3, cell_T_base=fit.base,
         flange_T_target=fit.tool if pose else None, flange_p_target=None if pose else fit.tool,

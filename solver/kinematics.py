@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["DHParameters", "UR5E", "N_JOINTS", "PARALLEL_TWIST_TOL_RAD"]
+__all__ = ["DHParameters", "KinematicModel", "UR5E", "N_JOINTS", "PARALLEL_TWIST_TOL_RAD"]
 
 #: Joints of the arms this module models.
 N_JOINTS = 6
@@ -123,7 +123,7 @@ class DHParameters:
         def add(base: np.ndarray, delta: ArrayLike | None, key: str) -> np.ndarray:
             return base if delta is None else base + _as6(delta, key)
 
-        return DHParameters(
+        return type(self)(
             a=add(self.a, delta_a, "delta_a"), d=add(self.d, delta_d, "delta_d"),
             alpha=add(self.alpha, delta_alpha, "delta_alpha"), theta=add(self.theta, delta_theta, "delta_theta"),
             beta=add(self.beta, delta_beta, "delta_beta"),
@@ -177,6 +177,28 @@ class DHParameters:
         for i in range(1, N_JOINTS):
             out = out @ L[:, i]
         return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class KinematicModel(DHParameters):
+    """:class:`DHParameters` whose :meth:`forward` keeps the shape of its input.
+
+    ``forward(q)`` is ``(4, 4) base_T_flange`` for one joint vector ``(6,)`` and
+    ``(N, 4, 4)`` for ``(N, 6)``. This is the model kinematic identification returns
+    (``result.model``); :class:`DHParameters` keeps its ``(1, 4, 4)`` for one vector, which
+    its existing callers index.
+    """
+
+    @classmethod
+    def from_dh(cls, params: DHParameters, *, name: str | None = None) -> KinematicModel:
+        """The same arm as a :class:`KinematicModel`."""
+        return cls(a=params.a, d=params.d, alpha=params.alpha, theta=params.theta, beta=params.beta,
+                   name=params.name if name is None else name)
+
+    def forward(self, q_rad: ArrayLike) -> np.ndarray:
+        """``base_T_flange``: (4, 4) for joints (6,), (N, 4, 4) for (N, 6); rad in, m out."""
+        T = super().forward(q_rad)
+        return T[0] if np.ndim(q_rad) == 1 else T
 
 
 #: Universal Robots UR5e nominal parameters, as UR publishes them ("DH parameters for

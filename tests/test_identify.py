@@ -30,6 +30,7 @@ from _kin_world import (
 from cellcal.solver import (
     UR5E,
     DegenerateGeometry,
+    KinematicModel,
     NotEnoughSamples,
     identify_kinematics,
     parameter_names,
@@ -144,6 +145,9 @@ def test_held_out_rms_after_identification_reaches_the_noise_floor(mode):
     assert res.holdout.p90_translation_m < 3 * floor
     assert res.condition_number < 100 and res.observability_o3 > 0
     assert res.model.forward(val.q).shape == (30, 4, 4)
+    assert res.model.forward(val.q[0]).shape == (4, 4)
+    assert np.allclose(res.model.forward(val.q[0]), res.model.forward(val.q)[0])
+    assert isinstance(res.model, KinematicModel) and res.model.a.shape == (6,)
     est = res.transforms()
     tool = "flange_T_target" if mode == "pose" else "flange_p_target"
     assert list(est) == ["cell_T_base", tool] and est["cell_T_base"].parent_frame == "cell"

@@ -82,7 +82,7 @@ def test_urdf_chain_forward_kinematics_equals_the_model(identified):
             if j.get("type") == "revolute":
                 assert j.find("axis").get("xyz") == "0 0 1"
                 T = T @ _rz(q[k, i])
-        assert np.abs(T - res.model.forward(q[k])[0]).max() < 1e-9
+        assert np.abs(T - res.model.forward(q[k])).max() < 1e-9
 
 
 def test_ur_calibration_yaml_matches_urs_layout_and_the_model(identified):
@@ -106,7 +106,7 @@ def test_ur_calibration_yaml_matches_urs_layout_and_the_model(identified):
         for i, seg in enumerate(("shoulder", "upper_arm", "forearm", "wrist_1", "wrist_2", "wrist_3")):
             s = parsed[seg]
             T = T @ _origin(s["x"], s["y"], s["z"], s["roll"], s["pitch"], s["yaw"]) @ _rz(q[k, i])
-        assert np.abs(T - res.model.forward(q[k])[0]).max() < 1e-9
+        assert np.abs(T - res.model.forward(q[k])).max() < 1e-9
     with pytest.raises(ValueError, match="row 6"):
         ur_calibration_yaml(UR5E.with_errors(delta_a=[0, 0, 0, 0, 0, 1e-3]))
 
