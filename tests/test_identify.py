@@ -270,3 +270,26 @@ def test_bad_input_is_named():
         identify_kinematics(st.q, UR5E, cell_p_target=st.cell_p_target, validation_q=st.q)
     with pytest.raises(NotEnoughSamples):
         identify_kinematics(st.q[:3], UR5E, cell_p_target=st.cell_p_target[:3])
+
+
+@pytest.mark.parametrize(("moving", "n", "mode"), [
+    ((), 12, "pose"), ((0,), 12, "point"), ((1,), 5, "pose"), ((0, 1), 3, "pose"), ((4, 5), 12, "point"),
+    ((0, 1, 2), 3, "pose"), ((1, 2, 3, 4, 5), 5, "pose"), ((1, 2, 3, 4, 5), 12, "point"),
+])
+def test_adversarial_motion_sets_answer_within_the_gate_or_refuse_typed(moving, n, mode):
+    rng = np.random.default_rng(len(moving) * 100 + n)
+    q = np.tile(rng.uniform(-1, 1, 6), (n, 1))
+    for j in moving:
+        q[:, j] = rng.uniform(-3, 3, n)
+    st = measure(truth_arm(rng), q, rng)
+    try:
+        res = identify_kinematics(q, UR5E, **({"cell_T_target": st.cell_T_target} if mode == "pose"
+                                              else {"cell_p_target": st.cell_p_target}))
+    except (NotEnoughSamples, DegenerateGeometry):
+        return
+    # An answer estimates only what moved joints can reveal, within the condition gate,
+    # and names every other parameter with a reason.
+    assert res.condition_number <= 100 * 1.05 and res.converged
+    assert set(res.estimated) | set(res.unidentifiable) == set(parameter_names(UR5E))
+    assert set(res.unidentifiable) == set(res.unidentifiable_reasons)
+    assert all(why for why in res.unidentifiable_reasons.values())
