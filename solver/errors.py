@@ -104,14 +104,12 @@ class NotEnoughSamples(CalibrationError):
         Minimum stations the problem needs.
     """
 
-    def __init__(self, n_given: int, n_required: int, problem: str) -> None:
+    def __init__(self, n_given: int, n_required: int, problem: str, *,
+                 hint: str = "two motions with non-parallel rotation axes") -> None:
         self.n_given = int(n_given)
         self.n_required = int(n_required)
         self.problem = problem
-        super().__init__(
-            f"{problem}: {self.n_given} station(s) given, at least {self.n_required} needed "
-            f"(two motions with non-parallel rotation axes)"
-        )
+        super().__init__(f"{problem}: {self.n_given} station(s) given, at least {self.n_required} needed ({hint})")
 
 
 class DegenerateGeometry(CalibrationError):

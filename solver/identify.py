@@ -41,7 +41,8 @@ automatically, and :class:`~cellcal.solver.DegenerateGeometry` names them when t
 asked for that set (``parameters=``).
 
 **Estimation.** Levenberg-Marquardt on the column-scaled problem (Marquardt's scaling),
-with optional Huber re-weighting of whole stations. Covariance ``(J^T W J)^-1`` of the
+with optional Huber re-weighting of whole stations or hard rejection (``reject_k``: drop
+and refit), both on the station's whitened norm converted to a normal-equivalent sigma. Covariance ``(J^T W J)^-1`` of the
 whitened problem: declared noise is used as declared and checked against the residuals
 (chi-square per degree of freedom; beyond its 99.9 % point a ``model_error`` warning and a
 covariance inflated by that ratio); without declared noise the covariance is scaled by the
@@ -95,6 +96,8 @@ _BASE_NAMES = tuple(f"cell_T_base.{c}" for c in ("x", "y", "z", "rx", "ry", "rz"
 _POSE_TOOL_NAMES = tuple(f"flange_T_target.{c}" for c in ("x", "y", "z", "rx", "ry", "rz"))
 _POINT_TOOL_NAMES = tuple(f"flange_p_target.{c}" for c in ("x", "y", "z"))
 _KINDS = ("zero_offset", "a", "d", "alpha", "beta")
+_HINT = ("a pose station gives 6 observations, a point 3; the unknowns are the identifiable parameters, "
+         "the base frame and the target")
 
 
 # --------------------------------------------------------------------------- parameters
@@ -366,7 +369,7 @@ class KinematicResult:
         Whitened residual sum of squares over ``dof``.
     warnings : tuple of SolveWarning
     downweighted : numpy.ndarray of int
-        Stations the Huber loss down-weighted.
+        Stations the Huber loss down-weighted or ``reject_k`` dropped.
     n_stations : int
     measurement : str
         ``"pose"`` or ``"point"``.
@@ -571,19 +574,37 @@ def _perturb(nominal: DHParameters, names: Sequence[str], x: np.ndarray, base: n
     return x2, b2, t2
 
 
-def _huber_weights(ew: np.ndarray, n: int, r: int, k: float | None, declared: bool) -> np.ndarray:
-    if k is None:
-        return np.ones(n)
+def _tail_threshold(k: float, r: int) -> float:
+    """Whitened station norm as unlikely as a ``k``-sigma normal deviation: the ``erf(k /
+    sqrt 2)`` quantile of chi with ``r`` degrees of freedom (k = 3: 3.0 for r = 1, 3.76 for
+    r = 3, 4.41 for r = 6), so ``k`` means the same for points and poses."""
+    return math.sqrt(chi2_ppf(math.erf(k / math.sqrt(2.0)), r))
+
+
+def _station_u(ew: np.ndarray, n: int, r: int, declared: bool, mask: np.ndarray) -> np.ndarray:
+    """Whitened station norms over a robust scale (median of the kept stations' norms over
+    the chi median), declared noise or not: a blunder spreads into every residual of the fit
+    it spoils, so the declared scale would condemn all stations."""
     nu = np.linalg.norm(ew.reshape(n, r), axis=1)
-    scale = 1.0 if declared else max(float(np.median(nu)) / math.sqrt(chi2_ppf(0.5, r)), 1e-300)
-    u = nu / scale
-    return np.where(u > k, k / np.maximum(u, 1e-300), 1.0)
+    kept = nu[mask > 0]
+    scale = max(float(np.median(kept if kept.size else nu)) / math.sqrt(chi2_ppf(0.5, r)), 1e-300)
+    return nu / scale
+
+
+def _huber_weights(ew: np.ndarray, n: int, r: int, k: float | None, declared: bool,
+                   mask: np.ndarray) -> np.ndarray:
+    if k is None:
+        return mask.copy()
+    u = _station_u(ew, n, r, declared, mask)
+    t = _tail_threshold(k, r)
+    return np.where(u > t, t / np.maximum(u, 1e-300), 1.0) * mask
 
 
 def _lm(nominal: DHParameters, names: Sequence[str], q: np.ndarray, meas: np.ndarray, Winv: np.ndarray,
         base0: np.ndarray, tool0: np.ndarray, pose: bool, huber: float | None, declared: bool,
-        max_iterations: int) -> _Fit:
+        max_iterations: int, mask: np.ndarray | None = None) -> _Fit:
     n, r = q.shape[0], (6 if pose else 3)
+    mask = np.ones(n) if mask is None else mask
     x = np.zeros(len(names))
     base, tool = base0.copy(), tool0.copy()
 
@@ -594,7 +615,7 @@ def _lm(nominal: DHParameters, names: Sequence[str], q: np.ndarray, meas: np.nda
 
     model, res, J = evaluate(x, base, tool)
     ew = np.einsum("nij,nj->ni", Winv, res).reshape(-1)
-    w = _huber_weights(ew, n, r, huber, declared)
+    w = _huber_weights(ew, n, r, huber, declared, mask)
     lam = 1e-3
     converged, stop = False, "iteration limit"
     it = 0
@@ -631,7 +652,7 @@ def _lm(nominal: DHParameters, names: Sequence[str], q: np.ndarray, meas: np.nda
             converged = bool(np.linalg.norm(g) <= 1e-6 * max(1.0, math.sqrt(cost)))
             stop = "converged: no step lowers the cost" if converged else "stopped: rejected steps"
             break
-        w_new = _huber_weights(ew, n, r, huber, declared)
+        w_new = _huber_weights(ew, n, r, huber, declared, mask)
         reweighted = huber is not None and np.max(np.abs(w_new - w)) > 1e-6
         w = w_new
         # ds is in whitened units (1 = one sigma of the measurements): 1e-8 of a sigma is nothing.
@@ -698,6 +719,10 @@ def _holdout(fit: _Fit, Winv: np.ndarray, n: int, r: int) -> HoldoutClosure:
     t = np.empty(n)
     rot = np.zeros(n)
     for i in range(n):
+        if fit.weights[i] == 0.0:  # dropped: already held out, its residual is its closure
+            t[i] = float(np.linalg.norm(fit.res[i, :3]))
+            rot[i] = float(np.linalg.norm(fit.res[i, 3:])) if r == 6 else 0.0
+            continue
         Ji = Jw[i * r:(i + 1) * r]
         Pi = Ji @ Hinv @ Ji.T
         try:
@@ -705,7 +730,7 @@ def _holdout(fit: _Fit, Winv: np.ndarray, n: int, r: int) -> HoldoutClosure:
         except np.linalg.LinAlgError:
             t[i] = rot[i] = math.inf
             continue
-        wi = math.sqrt(fit.weights[i]) if fit.weights[i] > 0 else 1.0
+        wi = math.sqrt(fit.weights[i])
         raw = np.linalg.solve(Winv[i], eloo / wi)
         t[i] = float(np.linalg.norm(raw[:3]))
         if r == 6:
@@ -753,6 +778,7 @@ def identify_kinematics(
     rank_tol: float = DEFAULT_RANK_TOL,
     correlation_threshold: float = 0.9,
     huber: float | None = None,
+    reject_k: float | None = None,
     max_iterations: int = 100,
 ) -> KinematicResult:
     """Identify a six-joint arm's DH parameters with ``cell_T_base`` and the flange target.
@@ -789,7 +815,12 @@ def identify_kinematics(
     correlation_threshold : float
         Correlations with ``|rho|`` above this are listed in ``result.correlations``.
     huber : float, optional
-        Huber threshold on each station's whitened residual norm, in robust sigmas.
+        Huber threshold ``k``: a station whose whitened residual norm is as unlikely as a
+        ``k``-sigma normal deviation (chi quantile, so the same ``k`` for points and poses)
+        is down-weighted; the scale is the declared noise or, undeclared, robust (median).
+    reject_k : float, optional
+        Hard rejection: stations beyond ``k`` sigmas (the same measure) are dropped and the
+        fit repeated; named in ``downweighted`` and an ``outliers`` warning.
     max_iterations : int
         Levenberg-Marquardt iteration budget.
 
@@ -823,8 +854,9 @@ def identify_kinematics(
                                 "cell_T_target_cov" if pose else "cell_p_target_cov")
     if not (max_condition > 1 and rank_tol > 0 and 0 < correlation_threshold <= 1):
         raise ValueError("max_condition must exceed 1, rank_tol be positive, correlation_threshold in (0, 1]")
-    if huber is not None and not huber > 0:
-        raise ValueError(f"huber must be positive, got {huber!r}")
+    for key, val in (("huber", huber), ("reject_k", reject_k)):
+        if val is not None and not (isinstance(val, (int, float)) and val > 0 and math.isfinite(val)):
+            raise ValueError(f"{key} must be a positive number, got {val!r}")
     all_names = parameter_names(nominal)
     if parameters is not None:
         req = [str(p) for p in parameters]
@@ -842,7 +874,7 @@ def identify_kinematics(
     n_frame = 6 + (6 if pose else 3)
     n_min_obs = n_frame + 1
     if n * r < n_min_obs or n < 3:
-        raise NotEnoughSamples(n, max(3, -(-n_min_obs // r)), "kinematic identification")
+        raise NotEnoughSamples(n, max(3, -(-n_min_obs // r)), "kinematic identification", hint=_HINT)
 
     base0, tool0 = _initial_frames(qa, meas, nominal, pose, initial_cell_T_base)
 
@@ -886,11 +918,30 @@ def identify_kinematics(
     est_t = tuple(p for p in candidates if p in est)
     unident = tuple(p for p in all_names if p not in est_t and (p in dep_names or parameters is None))
     if n * r <= n_frame + len(est_t):
-        raise NotEnoughSamples(n, -(-(n_frame + len(est_t) + 1) // r), "kinematic identification")
+        raise NotEnoughSamples(n, -(-(n_frame + len(est_t) + 1) // r), "kinematic identification", hint=_HINT)
 
     fit = _lm(nominal, est_t, qa, meas, Winv, base0, tool0, pose, huber, declared, max_iterations)
+    rejected = np.zeros(0, dtype=int)
+    if reject_k is not None:
+        # Hard rejection: stations beyond k (robust) sigmas are dropped and the fit repeated,
+        # then every station is judged again against the refit (a blunder spoils the first
+        # fit's residuals of good stations too) until the set is stable.
+        t_cut = _tail_threshold(reject_k, r)
+        out = np.zeros(n, dtype=bool)
+        for _ in range(5):
+            raw_ew = np.einsum("nij,nj->ni", Winv, fit.res).reshape(-1)
+            new_out = _station_u(raw_ew, n, r, declared, (~out).astype(float)) > t_cut
+            if np.array_equal(new_out, out):
+                break
+            out = new_out
+            if (n - int(out.sum())) * r <= n_frame + len(est_t) or n - int(out.sum()) < 3:
+                raise NotEnoughSamples(n - int(out.sum()), -(-(n_frame + len(est_t) + 1) // r),
+                                       "kinematic identification after rejecting outliers", hint=_HINT)
+            fit = _lm(nominal, est_t, qa, meas, Winv, fit.base, fit.tool, pose, huber, declared, max_iterations,
+                      mask=(~out).astype(float))
+        rejected = np.flatnonzero(out)
     k = fit.Jw.shape[1]
-    dof = n * r - k
+    dof = (n - rejected.size) * r - k
     Jw_f, ew = fit.Jw, fit.ew
     chi2 = float(ew @ ew)
     chi2_dof = chi2 / dof if dof > 0 else math.nan
@@ -949,9 +1000,12 @@ def identify_kinematics(
     holdout = _holdout(fit, Winv, n, r)
     downweighted = np.flatnonzero(fit.weights < 1.0)
     if downweighted.size:
+        what = (f"{rejected.size} dropped beyond {reject_k:g} sigmas ({rejected.tolist()})" if rejected.size else "")
+        soft = sorted(set(downweighted.tolist()) - set(rejected.tolist()))
+        if soft:
+            what += ("; " if what else "") + f"{len(soft)} down-weighted by the Huber loss ({soft})"
         warnings.append(SolveWarning(code="outliers", value=float(downweighted.size),
-                                     message=f"{downweighted.size} station(s) down-weighted by the Huber loss: "
-                                     f"{downweighted.tolist()}"))
+                                     message=f"outlying stations: {what}"))
     validation = None
     vm_given = validation_cell_T_target if pose else validation_cell_p_target
     if validation_q is not None or vm_given is not None:

@@ -241,6 +241,16 @@ def test_noise_estimated_when_not_declared_and_robust_loss():
     err_plain = abs(plain.parameters["link2.a"] - declared.parameters["link2.a"])
     err_robust = abs(robust.parameters["link2.a"] - declared.parameters["link2.a"])
     assert err_robust < err_plain
+    # Hard rejection drops it and refits: the answer is the fit without that station.
+    hard = identify_kinematics(st.q, UR5E, cell_p_target=bad, cell_p_target_cov=st.point_cov, reject_k=4.0)
+    assert hard.downweighted.tolist() == [7] and hard.dof == declared.dof - 3
+    without = identify_kinematics(np.delete(st.q, 7, axis=0), UR5E, cell_p_target=np.delete(bad, 7, axis=0),
+                                  cell_p_target_cov=np.delete(st.point_cov, 7, axis=0))
+    for p in hard.estimated:
+        assert hard.parameters[p] == pytest.approx(without.parameters[p], abs=1e-3 * without.sigmas[p])
+    assert hard.holdout.translation_m[7] > 1e-3  # its closure is its own (held-out) residual
+    with pytest.raises(ValueError, match="reject_k"):
+        identify_kinematics(st.q, UR5E, cell_p_target=bad, reject_k=-1.0)
 
 
 def test_bad_input_is_named():
