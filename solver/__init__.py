@@ -24,6 +24,14 @@ tracker's beam-coordinate noise into the per-station covariances the solvers tak
 :class:`Workspace`, the error tree (:class:`CellcalError`, :class:`CalibrationError`,
 :class:`NotEnoughSamples`, :class:`DegenerateGeometry`) and the SE(3) helpers in
 :mod:`cellcal.solver.se3`; a small standard-DH arm in :mod:`cellcal.solver.kinematics`.
+
+Kinematic identification (ADR 0016)::
+
+    identify_kinematics(q, model, *, cell_T_target=None, cell_p_target=None, parameters=None, ...)
+        -> KinematicResult
+    plan_identification_stations(model, n, ...) -> IdentificationPlan
+    iso9283_test_poses(...), iso9283_pose_test(commanded, attained) -> ISO9283Result
+    kinematic_parameters_json(result), urdf_from_model(model), ur_calibration_yaml(model)
 """
 
 from cellcal.solver.calibrate import (
@@ -51,6 +59,29 @@ from cellcal.solver.errors import (
     PriorMismatch,
     UnreachableStations,
 )
+from cellcal.solver.identify import (
+    KinematicResult,
+    KinematicValidation,
+    ValidationFigures,
+    identify_kinematics,
+    parameter_names,
+)
+from cellcal.solver.iso9283 import (
+    ISO9283Poses,
+    ISO9283Result,
+    inverse_kinematics,
+    iso9283_pose_test,
+    iso9283_test_poses,
+    simulate_iso9283_cycles,
+)
+from cellcal.solver.kinematic_export import (
+    kinematic_parameters_dict,
+    kinematic_parameters_json,
+    ur_calibration_yaml,
+    urdf_from_model,
+)
+from cellcal.solver.kinematic_planning import IdentificationPlan, plan_identification_stations
+from cellcal.solver.kinematics import UR5E, DHParameters, KinematicModel
 from cellcal.solver.planning import NextStation, StationPlan, plan_stations, suggest_next_station
 from cellcal.solver.points import PointBaseFrameResult, calibrate_base_frame_points
 from cellcal.solver.tracker_noise import TrackerNoiseModel
@@ -92,4 +123,24 @@ __all__ = [
     "DEFAULT_MIN_AXIS_SPREAD",
     "DEFAULT_MIN_ROTATION_RAD",
     "MIN_STATIONS",
+    "DHParameters",
+    "KinematicModel",
+    "UR5E",
+    "identify_kinematics",
+    "KinematicResult",
+    "KinematicValidation",
+    "ValidationFigures",
+    "parameter_names",
+    "plan_identification_stations",
+    "IdentificationPlan",
+    "iso9283_test_poses",
+    "iso9283_pose_test",
+    "simulate_iso9283_cycles",
+    "inverse_kinematics",
+    "ISO9283Poses",
+    "ISO9283Result",
+    "kinematic_parameters_dict",
+    "kinematic_parameters_json",
+    "urdf_from_model",
+    "ur_calibration_yaml",
 ]

@@ -111,14 +111,12 @@ class NotEnoughSamples(CalibrationError):
         Minimum stations the problem needs.
     """
 
-    def __init__(self, n_given: int, n_required: int, problem: str) -> None:
+    def __init__(self, n_given: int, n_required: int, problem: str, *,
+                 hint: str = "two motions with non-parallel rotation axes") -> None:
         self.n_given = int(n_given)
         self.n_required = int(n_required)
         self.problem = problem
-        super().__init__(
-            f"{problem}: {self.n_given} station(s) given, at least {self.n_required} needed "
-            f"(two motions with non-parallel rotation axes)"
-        )
+        super().__init__(f"{problem}: {self.n_given} station(s) given, at least {self.n_required} needed ({hint})")
 
 
 class DegenerateGeometry(CalibrationError):
@@ -137,6 +135,9 @@ class DegenerateGeometry(CalibrationError):
         What cannot be recovered, in words (e.g. ``"rotation about axis"``).
     max_rotation_rad : float
         Largest relative rotation among the motions used.
+    parameters : tuple of str
+        Kinematic identification: the parameters the stations cannot determine, by name
+        (``joint5.zero_offset``); empty for the frame solves.
     """
 
     def __init__(
@@ -148,7 +149,9 @@ class DegenerateGeometry(CalibrationError):
         axis_spread: float,
         unrecoverable: tuple[str, ...],
         max_rotation_rad: float,
+        parameters: tuple[str, ...] = (),
     ) -> None:
+        self.parameters = tuple(parameters)
         self.axis = np.array(axis, dtype=float)
         self.frame = frame
         self.axis_spread = float(axis_spread)

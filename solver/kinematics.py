@@ -8,8 +8,15 @@ touched by this module).
 
 Convention (standard, distal DH), link ``i`` of the arm::
 
-    T_i(q_i) = Rz(q_i + theta_i) @ Tz(d_i) @ Tx(a_i) @ Rx(alpha_i)
+    T_i(q_i) = Rz(q_i + theta_i) @ Tz(d_i) @ Tx(a_i) @ Rx(alpha_i) @ Ry(beta_i)
     base_T_flange(q) = T_1(q_1) @ T_2(q_2) @ ... @ T_6(q_6)
+
+``beta`` (zeros unless given) is Hayati's tilt about the link's y axis. Classical DH cannot
+describe a small tilt between two *parallel* joint axes (UR joints 2-4) without a huge
+``d``: the common normal jumps. A tilt about y after the twist keeps every parameter small
+and continuous there, so kinematic identification (:mod:`cellcal.solver.identify`) adds
+``beta`` on the rows whose twist is near 0 or pi (:meth:`DHParameters.parallel_rows`) and
+keeps classical DH elsewhere. With ``beta = 0`` the transform is the classical one exactly.
 
 Parameters are four arrays of shape (6,), in the layout of Universal Robots'
 ``KinematicsInfo`` (and of the ``[mounting]`` section of a UR ``calibration.conf``):
@@ -22,15 +29,21 @@ the same shape: :meth:`DHParameters.with_errors` applies such a set.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike
 
-__all__ = ["DHParameters", "UR5E", "N_JOINTS"]
+__all__ = ["DHParameters", "KinematicModel", "UR5E", "N_JOINTS", "PARALLEL_TWIST_TOL_RAD"]
 
 #: Joints of the arms this module models.
 N_JOINTS = 6
+#: A row whose twist is within this of 0 or pi joins two (nearly) parallel joint axes.
+PARALLEL_TWIST_TOL_RAD = 0.01
+
+
+def _zeros6() -> np.ndarray:
+    return np.zeros(N_JOINTS)
 
 
 def _as6(value: ArrayLike, name: str) -> np.ndarray:
@@ -57,6 +70,8 @@ class DHParameters:
         Link twists about x, rad.
     theta : numpy.ndarray, shape (6,)
         Joint zero offsets added to each joint angle, rad (zeros for a nominal UR model).
+    beta : numpy.ndarray, shape (6,)
+        Hayati tilts about each link's y axis, rad (default zeros: classical DH).
     name : str
         What the parameters describe (``"ur5e"``, ``"ur5e + errors"``).
 
@@ -70,11 +85,19 @@ class DHParameters:
     d: np.ndarray
     alpha: np.ndarray
     theta: np.ndarray
+    beta: np.ndarray = field(default_factory=_zeros6)
     name: str = "custom"
 
     def __post_init__(self) -> None:
-        for key in ("a", "d", "alpha", "theta"):
+        for key in ("a", "d", "alpha", "theta", "beta"):
             object.__setattr__(self, key, _as6(getattr(self, key), key))
+
+    def parallel_rows(self) -> tuple[int, ...]:
+        """0-based rows 0..4 whose twist is within :data:`PARALLEL_TWIST_TOL_RAD` of 0 or pi:
+        joint ``i+1``'s axis parallel to joint ``i+2``'s (rows 1 and 2 of a UR arm). The last
+        row joins joint 6 to the flange, not to another joint, and is never listed."""
+        s = np.abs(np.sin(self.alpha[: N_JOINTS - 1]))
+        return tuple(int(i) for i in np.flatnonzero(s < math.sin(PARALLEL_TWIST_TOL_RAD)))
 
     @property
     def reach_m(self) -> float:
@@ -89,6 +112,7 @@ class DHParameters:
         delta_a: ArrayLike | None = None,
         delta_d: ArrayLike | None = None,
         delta_alpha: ArrayLike | None = None,
+        delta_beta: ArrayLike | None = None,
         name: str | None = None,
     ) -> DHParameters:
         """The same arm with per-parameter errors added (each (6,), rad or m; None: zeros).
@@ -99,9 +123,10 @@ class DHParameters:
         def add(base: np.ndarray, delta: ArrayLike | None, key: str) -> np.ndarray:
             return base if delta is None else base + _as6(delta, key)
 
-        return DHParameters(
+        return type(self)(
             a=add(self.a, delta_a, "delta_a"), d=add(self.d, delta_d, "delta_d"),
             alpha=add(self.alpha, delta_alpha, "delta_alpha"), theta=add(self.theta, delta_theta, "delta_theta"),
+            beta=add(self.beta, delta_beta, "delta_beta"),
             name=name if name is not None else f"{self.name} + errors",
         )
 
@@ -136,6 +161,12 @@ class DHParameters:
         T[..., 2, 2] = ca
         T[..., 2, 3] = self.d
         T[..., 3, 3] = 1.0
+        if np.any(self.beta != 0.0):
+            # Right-multiply by Ry(beta): columns x and z turn about y, y and the origin stay.
+            cb, sb = np.cos(self.beta), np.sin(self.beta)
+            x, z = T[..., :3, 0].copy(), T[..., :3, 2].copy()
+            T[..., :3, 0] = cb[:, None] * x - sb[:, None] * z
+            T[..., :3, 2] = sb[:, None] * x + cb[:, None] * z
         return T
 
     def forward(self, q_rad: ArrayLike) -> np.ndarray:
@@ -146,6 +177,28 @@ class DHParameters:
         for i in range(1, N_JOINTS):
             out = out @ L[:, i]
         return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class KinematicModel(DHParameters):
+    """:class:`DHParameters` whose :meth:`forward` keeps the shape of its input.
+
+    ``forward(q)`` is ``(4, 4) base_T_flange`` for one joint vector ``(6,)`` and
+    ``(N, 4, 4)`` for ``(N, 6)``. This is the model kinematic identification returns
+    (``result.model``); :class:`DHParameters` keeps its ``(1, 4, 4)`` for one vector, which
+    its existing callers index.
+    """
+
+    @classmethod
+    def from_dh(cls, params: DHParameters, *, name: str | None = None) -> KinematicModel:
+        """The same arm as a :class:`KinematicModel`."""
+        return cls(a=params.a, d=params.d, alpha=params.alpha, theta=params.theta, beta=params.beta,
+                   name=params.name if name is None else name)
+
+    def forward(self, q_rad: ArrayLike) -> np.ndarray:
+        """``base_T_flange``: (4, 4) for joints (6,), (N, 4, 4) for (N, 6); rad in, m out."""
+        T = super().forward(q_rad)
+        return T[0] if np.ndim(q_rad) == 1 else T
 
 
 #: Universal Robots UR5e nominal parameters, as UR publishes them ("DH parameters for
