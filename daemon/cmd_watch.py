@@ -125,7 +125,8 @@ def run(args: argparse.Namespace) -> int:
                     if args.count is not None and n >= args.count:
                         return 0
                 elif sub.stale_s() > 3.0 and not warned_silence:
-                    print(f"# no message for {sub.stale_s():.0f} s from {client.pub_endpoint}", file=sys.stderr, flush=True)
+                    print(f"# no message for {sub.stale_s():.0f} s from {client.pub_endpoint}; is the daemon running? "
+                          f"{args.tried}", file=sys.stderr, flush=True)
                     warned_silence = True
                 if deadline is not None and time.monotonic() >= deadline:
                     return 3 if args.count is not None else 0

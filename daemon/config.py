@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 import tomllib
 import typing
@@ -45,6 +46,9 @@ __all__ = [
     "check_measure_kind",
     "preflight",
     "SUPPORTED_CONFIG_VERSIONS",
+    "DEFAULT_CONFIG_PATH",
+    "CONFIG_ENV",
+    "find_config",
 ]
 
 SUPPORTED_CONFIG_VERSIONS = (1,)
@@ -583,6 +587,41 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
     except (OSError, UnicodeDecodeError) as exc:
         raise ConfigError("", f"cannot read: {exc}", file=str(path)) from exc
     return load_config_text(text, source=str(path), overrides=overrides)
+
+
+#: Where ``cellcal run`` (and ``ctl``, ``watch``) look for the configuration when neither
+#: ``--config`` nor ``$CELLCAL_CONFIG`` names one (the systemd unit's path).
+DEFAULT_CONFIG_PATH = "/etc/cellcal/cellcal.toml"
+#: The environment variable naming the configuration file.
+CONFIG_ENV = "CELLCAL_CONFIG"
+
+
+def find_config(explicit: str | None, *, environ: Mapping[str, str] | None = None,
+                default: str = DEFAULT_CONFIG_PATH) -> tuple[str | None, list[str]]:
+    """The configuration file a command uses, the way ``cellcal run`` finds it.
+
+    In order: ``explicit`` (``--config``), then ``$CELLCAL_CONFIG``, then ``default`` if
+    that file exists. A path given explicitly or by the environment is returned whether or
+    not it exists (loading it then says why it cannot be read).
+
+    Returns
+    -------
+    (path or None, tried)
+        ``tried``: what was looked at, in order, for people ("--config not given", ...);
+        ``path`` None when nothing named a file and ``default`` does not exist.
+    """
+    env = os.environ if environ is None else environ
+    if explicit:
+        return explicit, [f"--config {explicit}"]
+    tried = ["--config not given"]
+    named = env.get(CONFIG_ENV, "")
+    if named:
+        return named, [*tried, f"${CONFIG_ENV}={named}"]
+    tried.append(f"${CONFIG_ENV} not set")
+    if Path(default).is_file():
+        return default, [*tried, default]
+    tried.append(f"{default} (no such file)")
+    return None, tried
 
 
 def _check_zmq(cfg: Config) -> None:
