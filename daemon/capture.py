@@ -410,10 +410,12 @@ class RobotMonitor:
                     )
                 self._cond.wait(min(remaining, 0.05))
 
-    def wait_window_settled(self, window_start_ns: int, timeout_s: float) -> SettleStatus | None:
+    def wait_window_settled(self, window_start_ns: int, timeout_s: float,
+                            abort: threading.Event | None = None) -> SettleStatus | None:
         """Wait until the rest window that began at ``window_start_ns`` has lasted the dwell.
 
         Returns its status, or None as soon as that window ended (the robot moved).
+        ``abort`` set: ``StationRejected(NOT_SETTLED)`` at once.
         """
         deadline = time.monotonic() + timeout_s
         with self._cond:
@@ -424,6 +426,8 @@ class RobotMonitor:
                     return None
                 if st.settled:
                     return st
+                if abort is not None and abort.is_set():
+                    raise StationRejected(RejectReason.NOT_SETTLED, "station aborted", {"aborted": True})
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
@@ -506,6 +510,8 @@ class CaptureEngine:
         self.cfg = cfg
         self.model = model if model is not None else monitor.robot.model
         self.session = session if session is not None else monitor.session
+        #: A move helper thread still waiting for a move that an abort left (see :meth:`move_to`).
+        self.pending_move: threading.Thread | None = None
 
     def _check_fk(self, q_rad: np.ndarray, base_T_flange: np.ndarray, figures: dict[str, Any]) -> None:
         """Reject the station if the reported pose disagrees with forward kinematics."""
@@ -523,8 +529,43 @@ class CaptureEngine:
             )
 
     # -- moving ------------------------------------------------------------------------------
-    def move_to(self, planned: Any) -> None:
-        """Command mode: move to a planned station (joints when known)."""
+    def move_to(self, planned: Any, abort: threading.Event | None = None) -> None:
+        """Command mode: move to a planned station (joints when known).
+
+        With ``abort``, the wait for the move's end checks it every 50 ms: the driver's own
+        blocking move (its completion logic is the backend's) runs in a helper thread, and
+        an abort stops the robot and returns at once with a ``StationRejected``
+        (``MOVE_FAILED``, "aborted") that the caller turns into the end of its job. A helper
+        still waiting for its move then is :attr:`pending_move` (the service closes the
+        devices, which ends it).
+        """
+        if abort is None:
+            self._move(planned)
+            return
+        failure: list[BaseException] = []
+
+        def move() -> None:
+            try:
+                self._move(planned)
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                failure.append(exc)
+
+        helper = threading.Thread(target=move, name="cellcal-move", daemon=True)
+        helper.start()
+        while helper.is_alive():
+            if abort.is_set():
+                try:
+                    self.robot.stop()
+                except Exception:  # noqa: BLE001 - an abort stands even if the stop fails
+                    log.warning("stopping the robot after an abort failed", exc_info=True)
+                helper.join(0.2)  # a backend that sees the stop returns at once
+                self.pending_move = helper if helper.is_alive() else None
+                raise StationRejected(RejectReason.MOVE_FAILED, "move aborted", {"aborted": True})
+            helper.join(0.05)
+        if failure:
+            raise failure[0]
+
+    def _move(self, planned: Any) -> None:
         speed = self.cfg.capture.move_speed
         timeout_s = self.cfg.capture.station_timeout_s
         self.monitor.restart_window()
@@ -623,6 +664,8 @@ class CaptureEngine:
         kind = tc.measure
         half = tc.average_s / 2.0
         m1 = self._measure_half(kind, half)
+        if abort is not None and abort.is_set():
+            raise StationRejected(RejectReason.NOT_SETTLED, "station aborted", {"aborted": True})
         m2 = self._measure_half(kind, half)
         # The tracker's averaging window in host time: each half is centred on its t_host_ns.
         half_ns = int(half * 0.5e9)
@@ -654,7 +697,7 @@ class CaptureEngine:
                 {"t_device_s": [float(m1.t_device_s), float(m2.t_device_s)], "halves_frozen": frozen},
             )
         self.monitor.wait_sample_after(t1, timeout_s=2.0 + c.sync_window_s)
-        st_now = self.monitor.wait_window_settled(window_start, self.cfg.robot.settle.dwell_s + 2.0)
+        st_now = self.monitor.wait_window_settled(window_start, self.cfg.robot.settle.dwell_s + 2.0, abort)
         latest, st_latest = self.monitor.status()
         if st_now is None:
             st_now = st_latest

@@ -55,6 +55,17 @@ def robot_identity(robot: Any) -> dict[str, Any]:
                              "kinematics": getattr(robot, "kinematics_source", "nominal"),
                              "kinematics_digest": digest}
     serial = getattr(robot, "serial_number", None)
+    if not serial:
+        # A CiA 402 arm has no controller serial: the drives' serial numbers name it.
+        identity = getattr(robot, "identity", None)
+        try:
+            drives = identity() if callable(identity) else None
+        except Exception:  # noqa: BLE001 - an identity that cannot be read is left out
+            drives = None
+        serials = [str(x) for x in (drives or {}).get("serials", []) if x is not None]
+        if serials:
+            serial = ",".join(serials)
+            ident["drive_serials"] = serials
     if serial:
         ident["serial"] = str(serial)
     return ident
@@ -154,6 +165,27 @@ class CellDevices:
             self._open_tracker()
         self.engine = (cap.CaptureEngine(self.monitor, self.tracker, self.cfg, session=self.session)
                        if self.monitor is not None else None)
+
+    def open_available(self) -> dict[str, BaseException]:
+        """Open every device that is not open yet, each on its own (the idle loop: a tracker
+        that is down does not keep the robot closed). Returns the failures by device name
+        (empty: everything is open)."""
+        failed: dict[str, BaseException] = {}
+        for name, is_open, opener in ((P.DEVICE_ROBOT, self.robot is not None, self._open_robot),
+                                      (P.DEVICE_TRACKER, self.tracker is not None, self._open_tracker)):
+            if is_open:
+                continue
+            try:
+                opener()
+            except DeviceOpenError as exc:
+                failed[name] = exc.cause
+        self.engine = (cap.CaptureEngine(self.monitor, self.tracker, self.cfg, session=self.session)
+                       if self.monitor is not None else None)
+        return failed
+
+    @property
+    def all_open(self) -> bool:
+        return self.robot is not None and self.tracker is not None
 
     def _open_robot(self) -> None:
         from cellcal.drivers import connect_robot
