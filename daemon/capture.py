@@ -510,8 +510,11 @@ class CaptureEngine:
         self.cfg = cfg
         self.model = model if model is not None else monitor.robot.model
         self.session = session if session is not None else monitor.session
-        #: A move helper thread still waiting for a move that an abort left (see :meth:`move_to`).
+        #: A helper thread still in a driver call (move, measurement) an abort left (:meth:`_abortable`).
         self.pending_move: threading.Thread | None = None
+        #: What the engine is doing now, for people and tests: "moving", "settling",
+        #: "measuring" or "" (between stations).
+        self.phase = ""
 
     def _check_fk(self, q_rad: np.ndarray, base_T_flange: np.ndarray, figures: dict[str, Any]) -> None:
         """Reject the station if the reported pose disagrees with forward kinematics."""
@@ -539,31 +542,44 @@ class CaptureEngine:
         still waiting for its move then is :attr:`pending_move` (the service closes the
         devices, which ends it).
         """
+        self.phase = "moving"
         if abort is None:
             self._move(planned)
             return
+        self._abortable(self._move, (planned,), abort, "move", stop_robot=True)
+
+    def _abortable(self, fn: Any, args: tuple, abort: threading.Event, what: str, *, stop_robot: bool = False) -> Any:
+        """``fn(*args)`` (a driver call that blocks: a move, a measurement) in a helper
+        thread, its end awaited in 50 ms steps that check ``abort``. Aborted: the robot is
+        stopped (``stop_robot``), the helper gets 0.2 s to notice, and if it still waits it
+        is left as :attr:`pending_move` (the service then closes the devices, which ends it);
+        ``StationRejected`` (``MOVE_FAILED`` / ``NOT_SETTLED``, ``{"aborted": True}``) is raised."""
+        out: list[Any] = []
         failure: list[BaseException] = []
 
-        def move() -> None:
+        def call() -> None:
             try:
-                self._move(planned)
+                out.append(fn(*args))
             except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
                 failure.append(exc)
 
-        helper = threading.Thread(target=move, name="cellcal-move", daemon=True)
+        helper = threading.Thread(target=call, name=f"cellcal-{what}", daemon=True)
         helper.start()
         while helper.is_alive():
             if abort.is_set():
-                try:
-                    self.robot.stop()
-                except Exception:  # noqa: BLE001 - an abort stands even if the stop fails
-                    log.warning("stopping the robot after an abort failed", exc_info=True)
+                if stop_robot:
+                    try:
+                        self.robot.stop()
+                    except Exception:  # noqa: BLE001 - an abort stands even if the stop fails
+                        log.warning("stopping the robot after an abort failed", exc_info=True)
                 helper.join(0.2)  # a backend that sees the stop returns at once
                 self.pending_move = helper if helper.is_alive() else None
-                raise StationRejected(RejectReason.MOVE_FAILED, "move aborted", {"aborted": True})
+                reason = RejectReason.MOVE_FAILED if what == "move" else RejectReason.NOT_SETTLED
+                raise StationRejected(reason, f"{what} aborted", {"aborted": True})
             helper.join(0.05)
         if failure:
             raise failure[0]
+        return out[0]
 
     def _move(self, planned: Any) -> None:
         speed = self.cfg.capture.move_speed
@@ -632,6 +648,7 @@ class CaptureEngine:
         the pose is one of ``accepted_poses``.
         """
         c = self.cfg.capture
+        self.phase = "settling"
         state, status = self.monitor.wait_settled(c.station_timeout_s, abort)
         G = state.base_T_flange
         self._check_fk(state.q_rad, G, {"quiet_s": status.quiet_s})
@@ -657,16 +674,21 @@ class CaptureEngine:
         # early: its rest window restarts when it moves again, and the station is refused.
         # A little quiet first (half the dwell, at most 50 ms): a ringing arm's speed crosses
         # zero briefly, and a measurement started on such a crossing would only be refused.
+        self.phase = "settling"
         state, status = self.monitor.wait_quiet(
             c.station_timeout_s, abort, min(self.cfg.robot.settle.dwell_s / 2.0, 0.05)
         )
         window_start = status.window_start_ns
         kind = tc.measure
         half = tc.average_s / 2.0
-        m1 = self._measure_half(kind, half)
-        if abort is not None and abort.is_set():
-            raise StationRejected(RejectReason.NOT_SETTLED, "station aborted", {"aborted": True})
-        m2 = self._measure_half(kind, half)
+        self.phase = "measuring"
+        if abort is None:
+            m1 = self._measure_half(kind, half)
+            m2 = self._measure_half(kind, half)
+        else:
+            m1 = self._abortable(self._measure_half, (kind, half), abort, "measurement")
+            m2 = self._abortable(self._measure_half, (kind, half), abort, "measurement")
+        self.phase = "settling"
         # The tracker's averaging window in host time: each half is centred on its t_host_ns.
         half_ns = int(half * 0.5e9)
         t0 = m1.t_host_ns - half_ns

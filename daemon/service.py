@@ -62,7 +62,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from cellcal.daemon import bodies, drift, solve
+from cellcal.daemon import bodies, drift, human, solve
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
@@ -298,6 +298,38 @@ class Service:
                 self._publish_fn(topic, body, retained=retained)
             except Exception:  # noqa: BLE001
                 log.exception("publish failed")
+
+    def _emit_logged(self, topic: str, body: Any) -> None:
+        """Emit a station or drift body and log it in words, at info (one line each: the
+        journal reads like ``cellcal watch``)."""
+        log.info("%s", human.station_line(body) if topic == P.TOPIC_STATION else human.drift_line(body))
+        self._emit(topic, body)
+
+    def _log_result(self, rid: int) -> None:
+        """One info line per stored result: the pose with its 1-sigma, the gates, where the
+        exports and the report went."""
+        try:
+            rec = self.store.get_result(rid)
+        except StoreError as exc:
+            log.warning("result %d stored; it cannot be read back to log it: %s", rid, exc)
+            return
+        body = self.result_body(rec)
+        exports = Path(self.cfg.service.state_dir) / "exports"
+        failed = gates_failed(rec.result)
+        gates = "gates passed" if not failed else f"gates FAILED: {'; '.join(failed)}"
+        log.info("%s; %s", human.result_line(body, exports=str(exports),
+                                             report=str(exports / f"result_{rid}_report.html")), gates)
+
+    @property
+    def phase(self) -> str:
+        """What the current job does now: "moving", "settling", "measuring", "solving", or
+        "" (idle, or between steps). For people (``get_status`` detail) and tests."""
+        if self._current is None:
+            return ""
+        if self.state == State.SOLVING:
+            return "solving"
+        engine = self._devices.engine
+        return engine.phase if engine is not None else ""
 
     def _kind_of(self, kind: str | None) -> P.RunKind | None:
         return cast(P.RunKind, kind) if kind in P.RUN_KINDS else None
@@ -1039,7 +1071,7 @@ class Service:
                     attempts += 1
                     consecutive += 1
                     self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.jsonable(rej.detail))
-                    self._emit(P.TOPIC_STATION, bodies.station(
+                    self._emit_logged(P.TOPIC_STATION, bodies.station(
                         run_id=run_id, index=ps.index, planned=n_planned, attempt=attempts,
                         accepted_count=len(accepted), figures=rej.detail, rejected=rej.reason.value, message=str(rej),
                     ))
@@ -1063,7 +1095,7 @@ class Service:
                 accepted.append(rec.base_T_flange)
                 consecutive = 0
                 self._made_progress()
-                self._emit(P.TOPIC_STATION, bodies.station(
+                self._emit_logged(P.TOPIC_STATION, bodies.station(
                     run_id=run_id, index=ps.index, planned=n_planned, attempt=attempts + 1,
                     accepted_count=len(accepted), figures=rec.settle,
                 ))
@@ -1181,6 +1213,7 @@ class Service:
                                   report.reason() or kept)
         self._made_progress()
         self._export(rid)
+        self._log_result(rid)
         rec = self.store.get_result(rid)
         if not report.passed:
             self._run_event(run_id, kind, f"run {run_id}: result {rid} failed its acceptance gates "
@@ -1278,7 +1311,7 @@ class Service:
             t, r = verdict.deviation_translation_m, verdict.deviation_rotation_rad
             rot = "" if r is None else f" / {math.degrees(r):.4f} deg"
             self.store.mark_suspect(rec.id, f"drift check: {t * 1e3:.3f} mm{rot}")
-        self._emit(P.TOPIC_DRIFT, record)
+        self._emit_logged(P.TOPIC_DRIFT, record)
         if verdict.failed:
             self.republish_result_now()
             if verdict.action == P.ACTION_RECALIBRATING:
