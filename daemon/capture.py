@@ -510,8 +510,12 @@ class CaptureEngine:
         self.cfg = cfg
         self.model = model if model is not None else monitor.robot.model
         self.session = session if session is not None else monitor.session
-        #: A helper thread still in a driver call (move, measurement) an abort left (:meth:`_abortable`).
+        #: A helper thread still in a driver move an abort left (:meth:`_abortable`): the
+        #: service closes the devices, which ends it.
         self.pending_move: threading.Thread | None = None
+        #: A helper still in a tracker measurement an abort left: it ends by itself (the
+        #: averaging window), and the next measurement waits for it first.
+        self.pending_measure: threading.Thread | None = None
         #: What the engine is doing now, for people and tests: "moving", "settling",
         #: "measuring" or "" (between stations).
         self.phase = ""
@@ -573,7 +577,11 @@ class CaptureEngine:
                     except Exception:  # noqa: BLE001 - an abort stands even if the stop fails
                         log.warning("stopping the robot after an abort failed", exc_info=True)
                 helper.join(0.2)  # a backend that sees the stop returns at once
-                self.pending_move = helper if helper.is_alive() else None
+                if helper.is_alive():
+                    if what == "move":
+                        self.pending_move = helper
+                    else:
+                        self.pending_measure = helper
                 reason = RejectReason.MOVE_FAILED if what == "move" else RejectReason.NOT_SETTLED
                 raise StationRejected(reason, f"{what} aborted", {"aborted": True})
             helper.join(0.05)
@@ -602,6 +610,14 @@ class CaptureEngine:
 
     # -- measuring ------------------------------------------------------------------------------
     def _measure_half(self, kind: str, average_s: float) -> Any:
+        pending = self.pending_measure
+        if pending is not None:
+            # An aborted measurement still averaging: the link is the tracker's until it ends.
+            pending.join(2.0 * self.cfg.tracker.average_s + 10.0)
+            if pending.is_alive():
+                raise DeviceFault(P.DEVICE_TRACKER, DriverTimeoutError(
+                    "the tracker's previous (aborted) measurement did not end"))
+            self.pending_measure = None
         try:
             return self.tracker.measure(kind, average_s)
         except DeviceError as exc:

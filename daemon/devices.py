@@ -163,8 +163,7 @@ class CellDevices:
             self._open_robot()
         if need_tracker and self.tracker is None:
             self._open_tracker()
-        self.engine = (cap.CaptureEngine(self.monitor, self.tracker, self.cfg, session=self.session)
-                       if self.monitor is not None else None)
+        self._make_engine()
 
     def open_available(self) -> dict[str, BaseException]:
         """Open every device that is not open yet, each on its own (the idle loop: a tracker
@@ -179,9 +178,16 @@ class CellDevices:
                 opener()
             except DeviceOpenError as exc:
                 failed[name] = exc.cause
-        self.engine = (cap.CaptureEngine(self.monitor, self.tracker, self.cfg, session=self.session)
-                       if self.monitor is not None else None)
+        self._make_engine()
         return failed
+
+    def _make_engine(self) -> None:
+        """The engine of the open devices; kept while they stay the same (it remembers an
+        aborted measurement still in flight)."""
+        if self.monitor is None:
+            self.engine = None
+        elif self.engine is None or self.engine.monitor is not self.monitor or self.engine.tracker is not self.tracker:
+            self.engine = cap.CaptureEngine(self.monitor, self.tracker, self.cfg, session=self.session)
 
     @property
     def all_open(self) -> bool:
