@@ -43,6 +43,7 @@ __all__ = [
     "load_config_text",
     "check_devices",
     "check_tracker_url",
+    "check_can_interface",
     "check_measure_kind",
     "preflight",
     "SUPPORTED_CONFIG_VERSIONS",
@@ -788,6 +789,35 @@ def check_devices(cfg: Config) -> None:
         for k, v in options.items():
             _try_build(connect, url, {k: v}, f"{section}.options.{k}")
         _try_build(connect, url, options, f"{section}.options")
+        if section == "robot":
+            check_can_interface(url, options)
+
+
+def check_can_interface(url: str, options: Mapping[str, Any]) -> None:
+    """A ``canopen://`` robot's python-can ``interface`` must be one python-can knows
+    (``socketcan``, ``virtual``, ``slcan``, ...): a typo (``sockcan``) would otherwise pass
+    here and fail at every reconnection. Named under ``robot.options.interface`` when the
+    option gives it, else ``robot.url`` (its query)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    if not url.lower().startswith("canopen://"):
+        return
+    if "interface" in options:
+        value, path = options["interface"], "robot.options.interface"
+    else:
+        query = parse_qs(urlsplit(url).query)
+        if "interface" not in query:
+            return  # the driver's default
+        value, path = query["interface"][-1], "robot.url"
+    try:
+        from can.interfaces import VALID_INTERFACES
+    except ImportError:  # python-can missing: the driver says so when it is built
+        return
+    if value not in VALID_INTERFACES:
+        near = _near(str(value), {k: None for k in VALID_INTERFACES})
+        hint = f"; did you mean {near!r}?" if near else ""
+        raise ConfigError(path, f"unknown python-can interface {value!r}{hint} (python-can knows: "
+                                f"{', '.join(sorted(VALID_INTERFACES))})")
 
 
 def _try_build(connect: Any, url: str, options: dict, path: str) -> None:

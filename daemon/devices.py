@@ -57,10 +57,12 @@ def robot_identity(robot: Any) -> dict[str, Any]:
     serial = getattr(robot, "serial_number", None)
     if not serial:
         # A CiA 402 arm has no controller serial: the drives' serial numbers name it.
-        identity = getattr(robot, "identity", None)
         try:
-            drives = identity() if callable(identity) else None
+            identity = getattr(robot, "identity", None)  # Cia402Driver.identity: a property
+            drives = identity() if callable(identity) else identity
         except Exception:  # noqa: BLE001 - an identity that cannot be read is left out
+            drives = None
+        if not isinstance(drives, dict):
             drives = None
         serials = [str(x) for x in (drives or {}).get("serials", []) if x is not None]
         if serials:
