@@ -835,9 +835,9 @@ class Service:
         helper = threading.Thread(target=call, name="cellcal-solve", daemon=True)
         helper.start()
         while helper.is_alive():
+            # No progress ping here: a solve that hangs must still starve the watchdog.
             self._check_abort()
             helper.join(0.05)
-            self._progress()
         self._check_abort()
         if failure:
             raise failure[0]
