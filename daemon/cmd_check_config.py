@@ -99,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as exc:
         print(f"cellcal check-config: {exc}", file=sys.stderr)
         return 2
-    if args.probe:
+    if getattr(args, "probe", False):
         if args.no_devices:
             print("cellcal check-config: --probe and --no-devices contradict each other", file=sys.stderr)
             return 2

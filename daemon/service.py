@@ -142,8 +142,14 @@ class StateDirLock:
 
         if self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            # A state directory nobody can write (read-only, full, not ours): no daemon can
+            # run on it, and the store's own error says why in its words.
+            log.debug("no lock file in %s: %s", self.path.parent, exc)
+            return
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -154,9 +160,12 @@ class StateDirLock:
             raise StateDirLocked(f"state directory {self.path.parent} is in use by another cellcal daemon "
                                  f"(pid {holder}, lock file {self.path}); stop it, or give this one another "
                                  "[service] state_dir") from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
         self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        except OSError as exc:  # a full disk: the lock holds all the same; the store says what is wrong
+            log.debug("cannot write the pid into %s: %s", self.path, exc)
 
     def release(self) -> None:
         """Drop the lock (idempotent); the file stays (removing it would race a new holder)."""
