@@ -773,7 +773,8 @@ def check_devices(cfg: Config) -> None:
     The URL alone is tried first (an error is the URL's: ``robot.url``, including its query
     keys), then every option alone (an error is that option's: ``robot.options.timeout_s``),
     then all together (an error of the combination: ``robot.options``). A tracker URL is
-    also checked the way pyserial will open it (:func:`check_tracker_url`).
+    also checked the way pyserial will open it (:func:`check_tracker_url`), and a CiA 402
+    robot's python-can interface against python-can's (:func:`check_can_interface`).
     """
     from cellcal.drivers import connect_robot, connect_tracker
 

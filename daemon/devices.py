@@ -1,5 +1,9 @@
 """The cell's devices as the service's worker holds them: opening, identities, closing, backoff.
 
+The worker opens them at start and keeps them open while idle (:meth:`CellDevices.open_available`
+retries each one that is down on its own); a job opens what is missing
+(:meth:`CellDevices.open`).
+
 :class:`CellDevices` opens the robot and the tracker *separately*, so a failure is
 attributed by which one raised (:class:`DeviceOpenError` carries ``device``), never by
 reading an error message. Opening the robot also starts its

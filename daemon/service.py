@@ -9,10 +9,18 @@ Threads
 * The **worker** runs one job at a time from a queue: a calibration run, a drift check. It
   owns the devices (``cellcal.daemon.devices``). Between steps it checks ``abort`` (end the
   job) and ``stop`` (end the process): a station being committed is always committed whole
-  before either takes effect (one SQLite transaction per station).
+  before either takes effect (one SQLite transaction per station). The long waits inside a
+  step check them too -- the move (``CaptureEngine.move_to`` with the abort event), the
+  settle and window waits, a tracker measurement, the solve (:meth:`Service._interruptible`),
+  the reconnection backoff -- so an abort ends the job within a second in every state.
 
 States (``State``, the protocol's ``StateName``): IDLE, CAPTURING, SOLVING, CHECKING,
-FAULT. Devices may be offline while the service is up and idle.
+FAULT. The worker connects the devices when it starts and, while idle, retries one that is
+down with backoff (:meth:`Service._connect_idle`): the heartbeat tells the truth and a run's
+record names its devices from its start. A device down while idle is not a FAULT.
+One daemon per state directory: :class:`StateDirLock` (``<state_dir>/cellcal.lock``).
+
+Every station, result and drift check is logged at info in words (``cellcal.daemon.human``).
 
 Faults and interrupted runs (ADR 0012)
 --------------------------------------
