@@ -264,3 +264,14 @@ def test_broken_pipe_is_quiet():
         # 141 (the shell's SIGPIPE status): the write failed inside the command and was
         # handled; argparse's own help (SystemExit) may leave it to the final flush (0).
         assert rc == 141 or (rc == 0 and argv == ["ctl", "--help"]), (argv, rc, err)
+
+
+def test_watch_says_what_it_tried_when_nothing_answers():
+    env = {k: v for k, v in os.environ.items() if k != "CELLCAL_CONFIG"}
+    r = subprocess.run([sys.executable, "-m", "cellcal.daemon.cli", "watch", "--endpoint", "tcp://127.0.0.1:9",
+                        "--cmd-endpoint", "tcp://127.0.0.1:9", "--duration", "5"], capture_output=True, text=True,
+                       timeout=TIMEOUT_S, env=env, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert "tcp://127.0.0.1:9" in r.stderr and "is the daemon running?" in r.stderr, r.stderr
+    assert "endpoints from --endpoint" in r.stderr and "CELLCAL_CONFIG not set" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
