@@ -7,8 +7,8 @@ drivers are built, never opened) and, with CURVE, the server key file. So a file
 passes here is one ``cellcal run`` starts with, and a file ``run`` refuses fails here with
 the same message. Unknown URL schemes (``sokket://``) and python-can interfaces
 (``interface=sockcan``) are refused here, named by their key. Run it as the daemon's user
-(``sudo -u cellcal cellcal check-config ...``) so the key file is read with the daemon's rights. ``--no-devices`` skips the drivers (then
-it checks less than ``run`` does, and says so).
+(``sudo -u cellcal cellcal check-config ...``) so the key file is read with the daemon's
+rights. ``--no-devices`` skips the drivers (then it checks less than ``run`` does, and says so).
 
 ``--probe`` then opens each device (as the daemon's user, on the daemon's network), reads
 its identity and one sample (the robot's state; one tracker measurement of the configured
