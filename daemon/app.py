@@ -12,7 +12,9 @@ it undoes exactly what was done, in reverse order, also when a step failed half 
 2. the service stops its worker after the current transaction and closes the devices;
 3. the ZeroMQ server closes its sockets (after the service, so the worker's last
    messages still go out);
-4. the store is closed.
+4. the store is closed;
+5. the state directory's lock file (``Service.lock``, taken first: one daemon per state
+   directory) is released.
 
 Without pyzmq installed (a build without the transport) the app runs without the server.
 """
@@ -87,6 +89,9 @@ class App:
     def open(self) -> App:
         """Start everything (see the module docstring); on failure undo what was started and raise."""
         with contextlib.ExitStack() as stack:
+            # One daemon per state directory, decided before the store is touched.
+            self.service.lock.acquire()
+            stack.callback(self.service.lock.release)
             self.store.open()
             stack.callback(self.store.close)
             if self.server is not None:

@@ -179,8 +179,9 @@ def result_body(rec: Any, *, cell: str, retained: bool = False) -> dict[str, Any
     devices = prov.get("devices") or {}
 
     def serial(dev: str) -> str:
+        # A serial number, or "" when the device told none: never the driver's class name.
         d = devices.get(dev) or {}
-        return str(d.get("serial", "") or d.get("driver", ""))
+        return str(d.get("serial", "") or "")
 
     body.update(
         result_id=str(rec.id), run_id=_id(rec.run_id), kind=rec.kind,

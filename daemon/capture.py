@@ -410,10 +410,12 @@ class RobotMonitor:
                     )
                 self._cond.wait(min(remaining, 0.05))
 
-    def wait_window_settled(self, window_start_ns: int, timeout_s: float) -> SettleStatus | None:
+    def wait_window_settled(self, window_start_ns: int, timeout_s: float,
+                            abort: threading.Event | None = None) -> SettleStatus | None:
         """Wait until the rest window that began at ``window_start_ns`` has lasted the dwell.
 
         Returns its status, or None as soon as that window ended (the robot moved).
+        ``abort`` set: ``StationRejected(NOT_SETTLED)`` at once.
         """
         deadline = time.monotonic() + timeout_s
         with self._cond:
@@ -424,6 +426,8 @@ class RobotMonitor:
                     return None
                 if st.settled:
                     return st
+                if abort is not None and abort.is_set():
+                    raise StationRejected(RejectReason.NOT_SETTLED, "station aborted", {"aborted": True})
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return None
@@ -506,6 +510,15 @@ class CaptureEngine:
         self.cfg = cfg
         self.model = model if model is not None else monitor.robot.model
         self.session = session if session is not None else monitor.session
+        #: A helper thread still in a driver move an abort left (:meth:`_abortable`): the
+        #: service closes the devices, which ends it.
+        self.pending_move: threading.Thread | None = None
+        #: A helper still in a tracker measurement an abort left: it ends by itself (the
+        #: averaging window), and the next measurement waits for it first.
+        self.pending_measure: threading.Thread | None = None
+        #: What the engine is doing now, for people and tests: "moving", "settling",
+        #: "measuring" or "" (between stations).
+        self.phase = ""
 
     def _check_fk(self, q_rad: np.ndarray, base_T_flange: np.ndarray, figures: dict[str, Any]) -> None:
         """Reject the station if the reported pose disagrees with forward kinematics."""
@@ -523,8 +536,60 @@ class CaptureEngine:
             )
 
     # -- moving ------------------------------------------------------------------------------
-    def move_to(self, planned: Any) -> None:
-        """Command mode: move to a planned station (joints when known)."""
+    def move_to(self, planned: Any, abort: threading.Event | None = None) -> None:
+        """Command mode: move to a planned station (joints when known).
+
+        With ``abort``, the wait for the move's end checks it every 50 ms: the driver's own
+        blocking move (its completion logic is the backend's) runs in a helper thread, and
+        an abort stops the robot and returns at once with a ``StationRejected``
+        (``MOVE_FAILED``, "aborted") that the caller turns into the end of its job. A helper
+        still waiting for its move then is :attr:`pending_move` (the service closes the
+        devices, which ends it).
+        """
+        self.phase = "moving"
+        if abort is None:
+            self._move(planned)
+            return
+        self._abortable(self._move, (planned,), abort, "move", stop_robot=True)
+
+    def _abortable(self, fn: Any, args: tuple, abort: threading.Event, what: str, *, stop_robot: bool = False) -> Any:
+        """``fn(*args)`` (a driver call that blocks: a move, a measurement) in a helper
+        thread, its end awaited in 50 ms steps that check ``abort``. Aborted: the robot is
+        stopped (``stop_robot``), the helper gets 0.2 s to notice, and if it still waits it
+        is left as :attr:`pending_move` (the service then closes the devices, which ends it);
+        ``StationRejected`` (``MOVE_FAILED`` / ``NOT_SETTLED``, ``{"aborted": True}``) is raised."""
+        out: list[Any] = []
+        failure: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                out.append(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread
+                failure.append(exc)
+
+        helper = threading.Thread(target=call, name=f"cellcal-{what}", daemon=True)
+        helper.start()
+        while helper.is_alive():
+            if abort.is_set():
+                if stop_robot:
+                    try:
+                        self.robot.stop()
+                    except Exception:  # noqa: BLE001 - an abort stands even if the stop fails
+                        log.warning("stopping the robot after an abort failed", exc_info=True)
+                helper.join(0.2)  # a backend that sees the stop returns at once
+                if helper.is_alive():
+                    if what == "move":
+                        self.pending_move = helper
+                    else:
+                        self.pending_measure = helper
+                reason = RejectReason.MOVE_FAILED if what == "move" else RejectReason.NOT_SETTLED
+                raise StationRejected(reason, f"{what} aborted", {"aborted": True})
+            helper.join(0.05)
+        if failure:
+            raise failure[0]
+        return out[0]
+
+    def _move(self, planned: Any) -> None:
         speed = self.cfg.capture.move_speed
         timeout_s = self.cfg.capture.station_timeout_s
         self.monitor.restart_window()
@@ -545,6 +610,14 @@ class CaptureEngine:
 
     # -- measuring ------------------------------------------------------------------------------
     def _measure_half(self, kind: str, average_s: float) -> Any:
+        pending = self.pending_measure
+        if pending is not None:
+            # An aborted measurement still averaging: the link is the tracker's until it ends.
+            pending.join(2.0 * self.cfg.tracker.average_s + 10.0)
+            if pending.is_alive():
+                raise DeviceFault(P.DEVICE_TRACKER, DriverTimeoutError(
+                    "the tracker's previous (aborted) measurement did not end"))
+            self.pending_measure = None
         try:
             return self.tracker.measure(kind, average_s)
         except DeviceError as exc:
@@ -591,6 +664,7 @@ class CaptureEngine:
         the pose is one of ``accepted_poses``.
         """
         c = self.cfg.capture
+        self.phase = "settling"
         state, status = self.monitor.wait_settled(c.station_timeout_s, abort)
         G = state.base_T_flange
         self._check_fk(state.q_rad, G, {"quiet_s": status.quiet_s})
@@ -616,14 +690,21 @@ class CaptureEngine:
         # early: its rest window restarts when it moves again, and the station is refused.
         # A little quiet first (half the dwell, at most 50 ms): a ringing arm's speed crosses
         # zero briefly, and a measurement started on such a crossing would only be refused.
+        self.phase = "settling"
         state, status = self.monitor.wait_quiet(
             c.station_timeout_s, abort, min(self.cfg.robot.settle.dwell_s / 2.0, 0.05)
         )
         window_start = status.window_start_ns
         kind = tc.measure
         half = tc.average_s / 2.0
-        m1 = self._measure_half(kind, half)
-        m2 = self._measure_half(kind, half)
+        self.phase = "measuring"
+        if abort is None:
+            m1 = self._measure_half(kind, half)
+            m2 = self._measure_half(kind, half)
+        else:
+            m1 = self._abortable(self._measure_half, (kind, half), abort, "measurement")
+            m2 = self._abortable(self._measure_half, (kind, half), abort, "measurement")
+        self.phase = "settling"
         # The tracker's averaging window in host time: each half is centred on its t_host_ns.
         half_ns = int(half * 0.5e9)
         t0 = m1.t_host_ns - half_ns
@@ -654,7 +735,7 @@ class CaptureEngine:
                 {"t_device_s": [float(m1.t_device_s), float(m2.t_device_s)], "halves_frozen": frozen},
             )
         self.monitor.wait_sample_after(t1, timeout_s=2.0 + c.sync_window_s)
-        st_now = self.monitor.wait_window_settled(window_start, self.cfg.robot.settle.dwell_s + 2.0)
+        st_now = self.monitor.wait_window_settled(window_start, self.cfg.robot.settle.dwell_s + 2.0, abort)
         latest, st_latest = self.monitor.status()
         if st_now is None:
             st_now = st_latest

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import collections
 import logging
+import math
 import os
 import secrets
 import time
@@ -51,6 +52,12 @@ _HANDSHAKE_WAIT_S = 0.5
 _HANDSHAKE_EVENTS = (zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                      | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
 _BUFFER_MAX = 100_000
+
+
+def _ms(seconds: float) -> int:
+    """A poll timeout in whole milliseconds (pyzmq's type), rounded up so a short wait is
+    never a zero-timeout poll."""
+    return max(0, math.ceil(seconds * 1000.0))
 
 
 class ClientError(CellcalError):
@@ -152,7 +159,9 @@ class Client:
         self.max_msg_bytes = int(max_msg_bytes)
         self._curve = None
         if curve_server_key is not None and curve_keypair is not None:
-            enc = (lambda k: k.encode("ascii") if isinstance(k, str) else bytes(k))
+            def enc(k: str | bytes) -> bytes:
+                return k.encode("ascii") if isinstance(k, str) else bytes(k)
+
             self._curve = (enc(curve_server_key), enc(curve_keypair[0]), enc(curve_keypair[1]))
         self._given_context = context
         self._ctx: zmq.Context | None = None
@@ -238,7 +247,7 @@ class Client:
     def _await_reply(self, sock: zmq.Socket, rid: str | int, deadline: float) -> dict[str, Any] | None:
         while True:
             remaining = deadline - time.monotonic()
-            if remaining <= 0 or not sock.poll(remaining * 1000.0, zmq.POLLIN):
+            if remaining <= 0 or not sock.poll(_ms(remaining), zmq.POLLIN):
                 return None
             data = sock.recv(flags=zmq.NOBLOCK)
             try:
@@ -268,7 +277,8 @@ class Client:
         reply = self.request(cmd, args)
         if reply["ok"]:
             return reply.get("result")
-        err = reply.get("error") if isinstance(reply.get("error"), dict) else {}
+        error = reply.get("error")
+        err: dict[str, Any] = error if isinstance(error, dict) else {}
         raise CommandFailed(str(err.get("code", "?")), str(err.get("message", "")), reply)
 
     # --- subscriptions -----------------------------------------------------------------------
@@ -373,6 +383,7 @@ class Subscription:
         s.rcvhwm = self._client.sub_rcvhwm
         monitor = s.get_monitor_socket(_HANDSHAKE_EVENTS)
         try:
+            assert self._client.pub_endpoint is not None  # subscribe() refuses a client without one
             s.connect(self._client.pub_endpoint)
             # The whole prefix, whatever the caller wants: seq is global, so only the full
             # stream shows gaps. Unwanted topics are filtered here, after the seq check.
@@ -390,7 +401,7 @@ class Subscription:
         # wait until the connection is up before the first snapshot: the window shrinks from
         # a connection set-up to one subscription message. It also tells a refused key.
         deadline = time.monotonic() + min(_HANDSHAKE_WAIT_S, self._client.timeout_s)
-        while (remaining := deadline - time.monotonic()) > 0 and monitor.poll(remaining * 1000.0):
+        while (remaining := deadline - time.monotonic()) > 0 and monitor.poll(_ms(remaining)):
             event = recv_monitor_message(monitor)["event"]
             if event == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 return
@@ -439,7 +450,7 @@ class Subscription:
             if self._need_snapshot:
                 wake = min(wake, self._next_snapshot)
             assert self._sock is not None
-            if self._sock.poll(max(0.0, wake - now) * 1000.0, zmq.POLLIN):
+            if self._sock.poll(_ms(max(0.0, wake - now)), zmq.POLLIN):
                 for _ in range(1000):  # drain what is there, then deliver
                     try:
                         frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)

@@ -5,8 +5,11 @@ Values of ``key=value`` are JSON when they parse as JSON (``limit=5``, ``point_m
 ``flag=true``) and strings otherwise (``kind=base_frame``); ``--json-args`` gives them all
 as one JSON object (``key=value`` pairs override it).
 
-Where to connect: ``--endpoint``, or ``[zmq] cmd_endpoint`` of ``--config FILE``, or the
-production default ``ipc:///run/cellcal/cmd.sock``. Under CURVE: ``--key CLIENT.key_secret``
+Where to connect: ``--endpoint``, or ``[zmq] cmd_endpoint`` of the configuration found as
+``cellcal run`` finds it (``--config FILE``, ``$CELLCAL_CONFIG``, ``/etc/cellcal/cellcal.toml``),
+or the production default ``ipc:///run/cellcal/cmd.sock``; with no reply it says what it
+tried. ``cellcal ctl --help COMMAND`` lists a command's arguments (the protocol catalogue).
+Ids are typed bare: ``cellcal ctl get_result result_id=1``. Under CURVE: ``--key CLIENT.key_secret``
 and ``--server-key`` (the daemon's ``.key`` file or Z85 key; with ``--config`` it is read
 from ``server_secret_key_file`` when that file is readable).
 
@@ -36,37 +39,59 @@ def add_connection_arguments(p: argparse.ArgumentParser, *, pub: bool) -> None:
         p.add_argument("--cmd-endpoint", help="command endpoint, for snapshots (default: from --config, else ipc:///run/cellcal/cmd.sock)")
     else:
         p.add_argument("--endpoint", help="command endpoint (default: from --config, else ipc:///run/cellcal/cmd.sock)")
-    p.add_argument("--config", help="daemon configuration (TOML) to read [zmq] from")
+    p.add_argument("--config", help="daemon configuration (TOML) to read [zmq] from (default: $CELLCAL_CONFIG, else "
+                                    "/etc/cellcal/cellcal.toml when it exists)")
     p.add_argument("--key", help="this client's secret certificate (NAME.key_secret) for CURVE")
     p.add_argument("--server-key", help="the daemon's public certificate (.key) or Z85 public key")
     p.add_argument("--timeout", type=float, default=2.0, help="seconds to wait per attempt (default 2)")
     p.add_argument("--retries", type=int, default=1, help="re-sends after a timeout (default 1)")
 
 
-def make_client(args: argparse.Namespace, *, pub: bool) -> Client:
-    """A :class:`Client` from the connection options (raises :class:`UsageError`)."""
-    from cellcal.daemon.config import ConfigError, Zmq, load_config
+def _find_zmq(args: argparse.Namespace) -> tuple[Any, str | None, list[str]]:
+    """The ``[zmq]`` section the endpoints come from, the file it was read from (None:
+    built-in defaults) and what was tried, found the way ``cellcal run`` finds its file."""
+    from cellcal.daemon.config import ConfigError, Zmq, find_config, load_config
 
-    zcfg = Zmq()
-    if args.config:
-        try:
-            zcfg = load_config(args.config).zmq
-        except ConfigError as exc:
-            raise UsageError(str(exc)) from None
+    path, tried = find_config(args.config)
+    if path is None:
+        return Zmq(), None, tried
+    try:
+        return load_config(path).zmq, path, tried
+    except ConfigError as exc:
+        raise UsageError(str(exc)) from None
+
+
+def make_client(args: argparse.Namespace, *, pub: bool) -> Client:
+    """A :class:`Client` from the connection options (raises :class:`UsageError`).
+
+    Endpoints: ``--endpoint`` (``--cmd-endpoint``), else ``[zmq]`` of the configuration
+    found as ``cellcal run`` finds it (``--config``, ``$CELLCAL_CONFIG``,
+    ``/etc/cellcal/cellcal.toml``), else the production defaults. ``args.tried`` is set to
+    a sentence saying where the endpoints came from (for "no reply" messages).
+    """
+    zcfg, config_path, tried = _find_zmq(args)
     if pub:
         pub_ep = args.endpoint or zcfg.pub_endpoint
         cmd_ep = args.cmd_endpoint or zcfg.cmd_endpoint
     else:
         pub_ep, cmd_ep = None, args.endpoint or zcfg.cmd_endpoint
+    explicit = args.endpoint is not None and (not pub or args.cmd_endpoint is not None)
+    if explicit:
+        origin = "--endpoint"
+    elif config_path is not None:
+        origin = f"[zmq] of {config_path}"
+    else:
+        origin = "the built-in defaults"
+    args.tried = f"endpoints from {origin} (looked for the configuration: {'; '.join(tried)})"
     server_key = keypair = None
-    if args.key or args.server_key or (args.config and zcfg.curve):
+    if args.key or args.server_key or (config_path and zcfg.curve):
         if not args.key:
-            raise UsageError("CURVE is on: give --key CLIENT.key_secret")
+            raise UsageError(f"CURVE is on ([zmq] of {config_path}): give --key CLIENT.key_secret")
         try:
             keypair = load_keypair(args.key)
         except (OSError, ValueError) as exc:
             raise UsageError(f"--key: {exc}") from None
-        source = args.server_key or (zcfg.server_secret_key_file if args.config else None)
+        source = args.server_key or (zcfg.server_secret_key_file if config_path else None)
         if not source:
             raise UsageError("CURVE is on: give --server-key (the daemon's .key file or Z85 key)")
         try:
@@ -79,19 +104,65 @@ def make_client(args: argparse.Namespace, *, pub: bool) -> Client:
                   timeout_s=args.timeout, retries=args.retries)
 
 
+def command_help(name: str) -> str:
+    """``cellcal ctl --help NAME``: the command's arguments from the protocol catalogue."""
+    cmd = P.COMMANDS[name]
+    usage = " ".join(f"{a.name}=..." if a.required else f"[{a.name}=...]" for a in cmd.args)
+    lines = [f"usage: cellcal ctl {name} {usage}".rstrip(), "", f"{cmd.doc} (role: {cmd.role})", ""]
+    if not cmd.args:
+        lines.append("no arguments")
+    else:
+        lines.append("arguments:")
+        width = max(len(a.name) for a in cmd.args)
+        for a in cmd.args:
+            need = "required" if a.required else ("optional" if a.default is None else f"default {a.default!r}")
+            lines.append(f"  {a.name:<{width}}  {a.type_name}; {need}")
+            if a.doc:
+                lines.append(f"  {'':<{width}}  {a.doc}")
+    for group in cmd.exclusive:
+        lines.append(f"at most one of: {', '.join(group)}")
+    if cmd.one_of:
+        lines.append(f"exactly one of: {', '.join(cmd.one_of)}")
+    lines += ["", "Values are JSON when they parse as JSON, else strings; ids may be typed bare (result_id=1)."]
+    return "\n".join(lines)
+
+
+def _catalogue_epilog() -> str:
+    width = max(len(n) for n in P.COMMANDS)
+    rows = [f"  {n:<{width}}  {c.doc}" for n, c in P.COMMANDS.items()]
+    return "commands (`cellcal ctl --help COMMAND` for its arguments):\n" + "\n".join(rows)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("cmd", help="command: " + ", ".join(P.COMMANDS))
+    p.formatter_class = argparse.RawDescriptionHelpFormatter
+    p.epilog = _catalogue_epilog()
+    p.add_argument("cmd", help="the command (listed below)")
     p.add_argument("args", nargs="*", metavar="key=value", help="arguments (values parsed as JSON when they can be)")
     p.add_argument("--json-args", help="arguments as one JSON object")
     add_connection_arguments(p, pub=False)
     # key=value pairs may follow options (`ctl to_base --endpoint X point_m=[1,0,0]`); plain
     # parse_args stops filling a nargs="*" positional at the first option. cli.main calls
     # parser.parse_args, so this parser answers it with the intermixed parse.
-    p.parse_args = p.parse_intermixed_args  # type: ignore[method-assign]
+    # `ctl --help NAME` / `ctl NAME --help` print that command's arguments instead.
+    def parse(args: list[str] | None = None, namespace: argparse.Namespace | None = None) -> argparse.Namespace:
+        argv = list(sys.argv[1:] if args is None else args)
+        if any(a in ("-h", "--help") for a in argv):
+            named = [a for a in argv if a in P.COMMANDS]
+            if named:
+                print(command_help(named[0]))
+                raise SystemExit(0)
+        return p.parse_intermixed_args(argv, namespace)
+
+    p.parse_args = parse  # type: ignore[method-assign,assignment]
 
 
-def parse_args_list(pairs: list[str], json_args: str | None) -> dict[str, Any]:
-    """``key=value`` strings (and an optional JSON object) into the command's ``args``."""
+def parse_args_list(pairs: list[str], json_args: str | None, cmd: str | None = None) -> dict[str, Any]:
+    """``key=value`` strings (and an optional JSON object) into the command's ``args``.
+
+    An argument the catalogue types as a record id (``result_id``, ``run_id``: strings on
+    the wire) is sent as a string when typed as a bare number (``result_id=1``), as a
+    person types it.
+    """
     out: dict[str, Any] = {}
     if json_args:
         try:
@@ -109,6 +180,11 @@ def parse_args_list(pairs: list[str], json_args: str | None) -> dict[str, Any]:
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+    spec = P.COMMANDS.get(cmd) if cmd is not None else None
+    for a in spec.args if spec is not None else ():
+        v = out.get(a.name)
+        if a.check is P.v_record_id and isinstance(v, int) and not isinstance(v, bool):
+            out[a.name] = str(v)
     return out
 
 
@@ -117,7 +193,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"cellcal ctl: unknown command {args.cmd!r} (known: {', '.join(P.COMMANDS)})", file=sys.stderr)
         return 2
     try:
-        cmd_args = parse_args_list(args.args, args.json_args)
+        cmd_args = parse_args_list(args.args, args.json_args, args.cmd)
         client = make_client(args, pub=False)
     except UsageError as exc:
         print(f"cellcal ctl: {exc}", file=sys.stderr)
@@ -126,7 +202,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             reply = client.request(args.cmd, cmd_args)
         except ClientTimeout as exc:
-            print(f"cellcal ctl: {exc}", file=sys.stderr)
+            print(f"cellcal ctl: {exc}; is the daemon running? {args.tried}", file=sys.stderr)
             return 3
     print(json.dumps(reply, indent=2, default=repr))
     return 0 if reply.get("ok") is True else 1

@@ -1,4 +1,7 @@
-"""``cellcal run --config FILE``: the long-running service (what systemd starts).
+"""``cellcal run [--config FILE]``: the long-running service (what systemd starts).
+
+The configuration: ``--config``, else ``$CELLCAL_CONFIG``, else ``/etc/cellcal/cellcal.toml``
+(:func:`cellcal.daemon.config.find_config`; ``ctl`` and ``watch`` find it the same way).
 
 Start-up order (sd_notify READY only after all of it; ``cellcal.daemon.app.App``):
 configuration valid (:func:`load_checked`: exactly what ``cellcal check-config`` checks),
@@ -18,12 +21,20 @@ import faulthandler
 import logging
 import sys
 
-from cellcal.daemon.config import Config, ConfigError, load_config, preflight
+from cellcal.daemon.config import (
+    CONFIG_ENV,
+    DEFAULT_CONFIG_PATH,
+    Config,
+    ConfigError,
+    find_config,
+    load_config,
+    preflight,
+)
 from cellcal.solver.errors import CellcalError
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="TOML configuration file")
+    p.add_argument("--config", help=f"TOML configuration file (default: ${CONFIG_ENV}, else {DEFAULT_CONFIG_PATH})")
     p.add_argument("--log-level", default=None, help="override service.log_level")
 
 
@@ -42,8 +53,13 @@ def load_checked(path: str) -> Config:
 
 
 def run(args: argparse.Namespace) -> int:
+    path, tried = find_config(args.config)
+    if path is None:
+        print(f"cellcal run: no configuration file (tried: {'; '.join(tried)}); give --config FILE",
+              file=sys.stderr)
+        return 2
     try:
-        cfg = load_checked(args.config)
+        cfg = load_checked(path)
     except ConfigError as exc:
         print(f"cellcal run: {exc}", file=sys.stderr)
         return 2

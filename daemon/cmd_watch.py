@@ -1,8 +1,17 @@
-"""``cellcal watch``: one line per message from the daemon, until Ctrl-C.
+"""``cellcal watch``: the daemon's progress for people, until Ctrl-C.
 
 Joins like any client (subscribe, snapshot, live; see :mod:`cellcal.daemon.client`), so the
 first lines are the daemon's current state. Lengths in mm and angles in degrees here, for
 people; the wire is SI. Gaps, restarts and silence are reported on stderr.
+
+* A run's stations make a **progress line**: stations done/planned, rejections, elapsed
+  time and an estimate of the time left (the mean time per accepted station so far). On a
+  terminal it is one bar redrawn in place; piped, one plain line per station. A rejected
+  station also gets its own line with the reason.
+* **Heartbeats** are summarised: one is printed when what it says changes (state, devices
+  up or down, active result, suspect, run); ``--heartbeats`` prints every one.
+* A **result** line shows the result's main transform (``cell_T_base``) in mm and degrees
+  with its 1-sigma; a **drift** check is said in words (``cellcal.daemon.human``).
 
 ``--count N`` stops after N messages, ``--duration S`` after S seconds (for scripts).
 Exit codes: 0 done (Ctrl-C, count reached, or duration over without --count), 2 bad usage,
@@ -19,6 +28,7 @@ import sys
 import time
 from typing import Any
 
+from cellcal.daemon import human
 from cellcal.daemon import protocol as P
 from cellcal.daemon.cmd_ctl import UsageError, add_connection_arguments, make_client
 
@@ -31,6 +41,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--count", type=int, help="stop after this many messages")
     p.add_argument("--duration", type=float, help="stop after this many seconds")
     p.add_argument("--json", action="store_true", help="print each envelope as one JSON line instead")
+    p.add_argument("--heartbeats", action="store_true",
+                   help="print every heartbeat (default: only when what it says changes)")
 
 
 def _mm(v: Any) -> str:
@@ -55,16 +67,14 @@ def _describe(name: str, b: dict[str, Any]) -> str:
         return (f"run={b.get('run_id')} {b.get('index', 0) + 1}/{b.get('planned', '?')} attempt {b.get('attempt', 1)} "
                 f"{verdict} rest={s.get('robot_rest_s', 0):.2f}s tracker_std={_mm(s.get('tracker_std_translation_m'))}")
     if name == "result":
+        main = human.main_transform(b)
+        pose = f" {human.pose_text(b, main)};" if main is not None else ""
         return (f"{b.get('result_id')} {b.get('kind')} {'active' if b.get('active') else 'inactive'}"
-                f"{' SUSPECT' if b.get('suspect') else ''} rms={_mm(b.get('rms_translation_m'))}/"
+                f"{' SUSPECT' if b.get('suspect') else ''}:{pose} rms={_mm(b.get('rms_translation_m'))}/"
                 f"{_deg(b.get('rms_rotation_rad'))} spread={b.get('axis_spread', float('nan')):.3f}"
                 f"{' (retained)' if b.get('retained') else ''}")
     if name == "drift":
-        c = b.get("cusum") or {}
-        return (f"{b.get('result_id')} {str(b.get('status', '?')).upper()} dev={_mm(b.get('deviation_translation_m'))}/"
-                f"{_deg(b.get('deviation_rotation_rad'))} (warn {_mm(b.get('warn_translation_m'))} fail "
-                f"{_mm(b.get('fail_translation_m'))}) cusum={_mm(c.get('value_m'))}/{_mm(c.get('h_m'))} "
-                f"action={b.get('action', '-')}")
+        return human.drift_line(b)
     if name == "fault":
         what = "FAULT" if b.get("active", True) else "cleared"
         return f"{what} {b.get('code')} {b.get('device') or 'daemon'}: {b.get('message', '')}"
@@ -73,14 +83,100 @@ def _describe(name: str, b: dict[str, Any]) -> str:
 
 def format_message(topic: str, env: dict[str, Any]) -> str:
     """One line for people: local time, seq, topic, the body's essentials in mm and deg."""
-    t = _dt.datetime.fromtimestamp(env["ts_ns"] / 1e9).strftime("%H:%M:%S.%f")[:-3]
     name = topic.rsplit("/", 1)[-1]
     body = env.get("body") or {}
     try:
         text = _describe(name, body)
     except (TypeError, ValueError, AttributeError):  # a body from another version: show it raw
         text = json.dumps(body, default=repr)
-    return f"{t} #{env['seq']:<6} {name:<9} {text}"
+    return f"{_prefix(env, name)} {text}"
+
+
+def _prefix(env: dict[str, Any], name: str) -> str:
+    t = _dt.datetime.fromtimestamp(env["ts_ns"] / 1e9).strftime("%H:%M:%S.%f")[:-3]
+    return f"{t} #{env['seq']:<6} {name:<9}"
+
+
+def _clock(seconds: float) -> str:
+    seconds = max(0, int(round(seconds)))
+    h, rem = divmod(seconds, 3600)
+    return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60:d}:{rem % 60:02d}"
+
+
+def _heartbeat_summary(b: dict[str, Any]) -> tuple:
+    devs = b.get("devices") or {}
+    return (b.get("state"), b.get("active_result_id"), bool(b.get("suspect")), b.get("run_id"),
+            tuple(sorted((k, bool((v or {}).get("connected"))) for k, v in devs.items())))
+
+
+class Progress:
+    """A run's progress from its station (and state) messages: done/planned, rejections,
+    elapsed and an estimate of the time left. Times are the envelopes' (the daemon's wall
+    clock), so a watch that joined late still measures from the first message it saw."""
+
+    def __init__(self) -> None:
+        self.run_id: str | None = None
+        self.t0_ns = 0
+        self.t_last_ns = 0
+        self.done = 0
+        self.planned = 0
+        self.rejected = 0
+
+    def update(self, body: dict[str, Any], ts_ns: int) -> None:
+        run_id = str(body.get("run_id"))
+        if run_id != self.run_id:
+            self.run_id, self.t0_ns, self.rejected = run_id, ts_ns, 0
+        self.done = int(body.get("accepted_count") or 0)
+        self.planned = int(body.get("planned") or 0)
+        if not body.get("accepted"):
+            self.rejected += 1
+        self.t_last_ns = ts_ns
+
+    def start(self, run_id: str, ts_ns: int) -> None:
+        if run_id != self.run_id:
+            self.run_id, self.t0_ns, self.t_last_ns, self.done, self.planned, self.rejected = run_id, ts_ns, ts_ns, 0, 0, 0
+
+    def text(self, *, bar_width: int = 0) -> str:
+        elapsed = (self.t_last_ns - self.t0_ns) * 1e-9
+        left = "?"
+        if self.done > 0 and self.planned >= self.done:
+            left = "~" + _clock(elapsed / self.done * (self.planned - self.done))
+        bar = ""
+        if bar_width > 0:
+            filled = int(round(bar_width * self.done / self.planned)) if self.planned else 0
+            bar = "[" + "#" * filled + "." * (bar_width - filled) + "] "
+        return (f"run {self.run_id} {bar}{self.done}/{self.planned or '?'} stations, {self.rejected} rejected, "
+                f"{_clock(elapsed)} elapsed, {left} left")
+
+
+class Printer:
+    """Where lines go: plain lines, or on a terminal a progress bar redrawn in place that
+    a normal line first moves out of the way."""
+
+    def __init__(self, out: Any, tty: bool) -> None:
+        self.out, self.tty = out, tty
+        self._bar_shown = False
+
+    def line(self, text: str) -> None:
+        if self._bar_shown:
+            self.out.write("\n")
+            self._bar_shown = False
+        self.out.write(text + "\n")
+        self.out.flush()
+
+    def progress(self, text: str) -> None:
+        if not self.tty:
+            self.line(text)
+            return
+        self.out.write("\r\x1b[2K" + text)
+        self.out.flush()
+        self._bar_shown = True
+
+    def close(self) -> None:
+        if self._bar_shown:
+            self.out.write("\n")
+            self.out.flush()
+            self._bar_shown = False
 
 
 def run(args: argparse.Namespace) -> int:
@@ -110,6 +206,9 @@ def run(args: argparse.Namespace) -> int:
     deadline = time.monotonic() + args.duration if args.duration else None
     n = 0
     warned_silence = False
+    printer = Printer(sys.stdout, sys.stdout.isatty())
+    progress = Progress()
+    last_beat: tuple | None = None
     with client:
         sub = client.subscribe(topics, on_gap=on_gap, on_restart=on_restart)
         try:
@@ -118,18 +217,45 @@ def run(args: argparse.Namespace) -> int:
                 msg = sub.recv(wait)
                 if msg is not None:
                     topic, env = msg
-                    line = json.dumps({"topic": topic, **env}, default=repr) if args.json else format_message(topic, env)
-                    print(line, flush=True)
                     warned_silence = False
+                    if args.json:
+                        printer.line(json.dumps({"topic": topic, **env}, default=repr))
+                    else:
+                        name = topic.rsplit("/", 1)[-1]
+                        body = env.get("body") or {}
+                        if name == "heartbeat" and not args.heartbeats:
+                            summary = _heartbeat_summary(body) if isinstance(body, dict) else None
+                            if summary == last_beat:
+                                continue  # unchanged: summarised, not printed (nor counted)
+                            last_beat = summary
+                        if name == "station" and isinstance(body, dict):
+                            try:
+                                progress.update(body, int(env["ts_ns"]))
+                            except (TypeError, ValueError):
+                                printer.line(format_message(topic, env))
+                            else:
+                                if not body.get("accepted"):
+                                    printer.line(format_message(topic, env))
+                                printer.progress(f"{_prefix(env, 'progress')} "
+                                                 + progress.text(bar_width=30 if printer.tty else 0))
+                        else:
+                            if (name == "state" and isinstance(body, dict) and body.get("state") == P.STATE_CAPTURING
+                                    and body.get("run_id") is not None):
+                                progress.start(str(body["run_id"]), int(env.get("ts_ns") or 0))
+                            printer.line(format_message(topic, env))
                     n += 1
                     if args.count is not None and n >= args.count:
                         return 0
                 elif sub.stale_s() > 3.0 and not warned_silence:
-                    print(f"# no message for {sub.stale_s():.0f} s from {client.pub_endpoint}", file=sys.stderr, flush=True)
+                    print(f"# no message for {sub.stale_s():.0f} s from {client.pub_endpoint}; is the daemon running? "
+                          f"{args.tried}", file=sys.stderr, flush=True)
                     warned_silence = True
                 if deadline is not None and time.monotonic() >= deadline:
                     return 3 if args.count is not None else 0
         except KeyboardInterrupt:
             return 0
-        except BrokenPipeError:  # `cellcal watch | head`
-            return 0
+        finally:
+            try:
+                printer.close()
+            except BrokenPipeError:  # `cellcal watch | head`: cli.main exits quietly
+                pass

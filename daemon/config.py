@@ -25,6 +25,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 import tomllib
 import typing
@@ -42,9 +43,13 @@ __all__ = [
     "load_config_text",
     "check_devices",
     "check_tracker_url",
+    "check_can_interface",
     "check_measure_kind",
     "preflight",
     "SUPPORTED_CONFIG_VERSIONS",
+    "DEFAULT_CONFIG_PATH",
+    "CONFIG_ENV",
+    "find_config",
 ]
 
 SUPPORTED_CONFIG_VERSIONS = (1,)
@@ -615,6 +620,41 @@ def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None)
     return load_config_text(text, source=str(path), overrides=overrides)
 
 
+#: Where ``cellcal run`` (and ``ctl``, ``watch``) look for the configuration when neither
+#: ``--config`` nor ``$CELLCAL_CONFIG`` names one (the systemd unit's path).
+DEFAULT_CONFIG_PATH = "/etc/cellcal/cellcal.toml"
+#: The environment variable naming the configuration file.
+CONFIG_ENV = "CELLCAL_CONFIG"
+
+
+def find_config(explicit: str | None, *, environ: Mapping[str, str] | None = None,
+                default: str = DEFAULT_CONFIG_PATH) -> tuple[str | None, list[str]]:
+    """The configuration file a command uses, the way ``cellcal run`` finds it.
+
+    In order: ``explicit`` (``--config``), then ``$CELLCAL_CONFIG``, then ``default`` if
+    that file exists. A path given explicitly or by the environment is returned whether or
+    not it exists (loading it then says why it cannot be read).
+
+    Returns
+    -------
+    (path or None, tried)
+        ``tried``: what was looked at, in order, for people ("--config not given", ...);
+        ``path`` None when nothing named a file and ``default`` does not exist.
+    """
+    env = os.environ if environ is None else environ
+    if explicit:
+        return explicit, [f"--config {explicit}"]
+    tried = ["--config not given"]
+    named = env.get(CONFIG_ENV, "")
+    if named:
+        return named, [*tried, f"${CONFIG_ENV}={named}"]
+    tried.append(f"${CONFIG_ENV} not set")
+    if Path(default).is_file():
+        return default, [*tried, default]
+    tried.append(f"{default} (no such file)")
+    return None, tried
+
+
 def _check_zmq(cfg: Config) -> None:
     # The transport owns what "local" means; its check needs no socket and no file.
     from cellcal.daemon.zmq_server import check_security
@@ -784,7 +824,8 @@ def check_devices(cfg: Config) -> None:
     The URL alone is tried first (an error is the URL's: ``robot.url``, including its query
     keys), then every option alone (an error is that option's: ``robot.options.timeout_s``),
     then all together (an error of the combination: ``robot.options``). A tracker URL is
-    also checked the way pyserial will open it (:func:`check_tracker_url`).
+    also checked the way pyserial will open it (:func:`check_tracker_url`), and a CiA 402
+    robot's python-can interface against python-can's (:func:`check_can_interface`).
     """
     from cellcal.drivers import connect_robot, connect_tracker
 
@@ -800,6 +841,35 @@ def check_devices(cfg: Config) -> None:
         for k, v in options.items():
             _try_build(connect, url, {k: v}, f"{section}.options.{k}")
         _try_build(connect, url, options, f"{section}.options")
+        if section == "robot":
+            check_can_interface(url, options)
+
+
+def check_can_interface(url: str, options: Mapping[str, Any]) -> None:
+    """A ``canopen://`` robot's python-can ``interface`` must be one python-can knows
+    (``socketcan``, ``virtual``, ``slcan``, ...): a typo (``sockcan``) would otherwise pass
+    here and fail at every reconnection. Named under ``robot.options.interface`` when the
+    option gives it, else ``robot.url`` (its query)."""
+    from urllib.parse import parse_qs, urlsplit
+
+    if not url.lower().startswith("canopen://"):
+        return
+    if "interface" in options:
+        value, path = options["interface"], "robot.options.interface"
+    else:
+        query = parse_qs(urlsplit(url).query)
+        if "interface" not in query:
+            return  # the driver's default
+        value, path = query["interface"][-1], "robot.url"
+    try:
+        from can.interfaces import VALID_INTERFACES
+    except ImportError:  # python-can missing: the driver says so when it is built
+        return
+    if value not in VALID_INTERFACES:
+        near = _near(str(value), {k: None for k in VALID_INTERFACES})
+        hint = f"; did you mean {near!r}?" if near else ""
+        raise ConfigError(path, f"unknown python-can interface {value!r}{hint} (python-can knows: "
+                                f"{', '.join(sorted(VALID_INTERFACES))})")
 
 
 def _try_build(connect: Any, url: str, options: dict, path: str) -> None:

@@ -1,5 +1,9 @@
 """The cell's devices as the service's worker holds them: opening, identities, closing, backoff.
 
+The worker opens them at start and keeps them open while idle (:meth:`CellDevices.open_available`
+retries each one that is down on its own); a job opens what is missing
+(:meth:`CellDevices.open`).
+
 :class:`CellDevices` opens the robot and the tracker *separately*, so a failure is
 attributed by which one raised (:class:`DeviceOpenError` carries ``device``), never by
 reading an error message. Opening the robot also starts its
@@ -55,6 +59,19 @@ def robot_identity(robot: Any) -> dict[str, Any]:
                              "kinematics": getattr(robot, "kinematics_source", "nominal"),
                              "kinematics_digest": digest}
     serial = getattr(robot, "serial_number", None)
+    if not serial:
+        # A CiA 402 arm has no controller serial: the drives' serial numbers name it.
+        try:
+            identity = getattr(robot, "identity", None)  # Cia402Driver.identity: a property
+            drives = identity() if callable(identity) else identity
+        except Exception:  # noqa: BLE001 - an identity that cannot be read is left out
+            drives = None
+        if not isinstance(drives, dict):
+            drives = None
+        serials = [str(x) for x in (drives or {}).get("serials", []) if x is not None]
+        if serials:
+            serial = ",".join(serials)
+            ident["drive_serials"] = serials
     if serial:
         ident["serial"] = str(serial)
     return ident
@@ -152,8 +169,35 @@ class CellDevices:
             self._open_robot()
         if need_tracker and self.tracker is None:
             self._open_tracker()
-        self.engine = (cap.CaptureEngine(self.monitor, self.tracker, self.cfg, session=self.session)
-                       if self.monitor is not None else None)
+        self._make_engine()
+
+    def open_available(self) -> dict[str, BaseException]:
+        """Open every device that is not open yet, each on its own (the idle loop: a tracker
+        that is down does not keep the robot closed). Returns the failures by device name
+        (empty: everything is open)."""
+        failed: dict[str, BaseException] = {}
+        for name, is_open, opener in ((P.DEVICE_ROBOT, self.robot is not None, self._open_robot),
+                                      (P.DEVICE_TRACKER, self.tracker is not None, self._open_tracker)):
+            if is_open:
+                continue
+            try:
+                opener()
+            except DeviceOpenError as exc:
+                failed[name] = exc.cause
+        self._make_engine()
+        return failed
+
+    def _make_engine(self) -> None:
+        """The engine of the open devices; kept while they stay the same (it remembers an
+        aborted measurement still in flight)."""
+        if self.monitor is None:
+            self.engine = None
+        elif self.engine is None or self.engine.monitor is not self.monitor or self.engine.tracker is not self.tracker:
+            self.engine = cap.CaptureEngine(self.monitor, self.tracker, self.cfg, session=self.session)
+
+    @property
+    def all_open(self) -> bool:
+        return self.robot is not None and self.tracker is not None
 
     def _open_robot(self) -> None:
         from cellcal.drivers import connect_robot

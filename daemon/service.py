@@ -9,10 +9,18 @@ Threads
 * The **worker** runs one job at a time from a queue: a calibration run, a drift check. It
   owns the devices (``cellcal.daemon.devices``). Between steps it checks ``abort`` (end the
   job) and ``stop`` (end the process): a station being committed is always committed whole
-  before either takes effect (one SQLite transaction per station).
+  before either takes effect (one SQLite transaction per station). The long waits inside a
+  step check them too -- the move (``CaptureEngine.move_to`` with the abort event), the
+  settle and window waits, a tracker measurement, the solve (:meth:`Service._interruptible`),
+  the reconnection backoff -- so an abort ends the job within a second in every state.
 
 States (``State``, the protocol's ``StateName``): IDLE, CAPTURING, SOLVING, CHECKING,
-FAULT. Devices may be offline while the service is up and idle.
+FAULT. The worker connects the devices when it starts and, while idle, retries one that is
+down with backoff (:meth:`Service._connect_idle`): the heartbeat tells the truth and a run's
+record names its devices from its start. A device down while idle is not a FAULT.
+One daemon per state directory: :class:`StateDirLock` (``<state_dir>/cellcal.lock``).
+
+Every station, result and drift check is logged at info in words (``cellcal.daemon.human``).
 
 Faults and interrupted runs (ADR 0012)
 --------------------------------------
@@ -62,7 +70,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from cellcal.daemon import bodies, drift, solve
+from cellcal.daemon import bodies, drift, human, solve
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
@@ -75,7 +83,7 @@ from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["State", "Service", "ServiceError", "cellcal_version"]
+__all__ = ["State", "Service", "ServiceError", "StateDirLock", "StateDirLocked", "cellcal_version"]
 
 
 def cellcal_version() -> str:
@@ -107,6 +115,73 @@ class ServiceError(CellcalError):
             raise ValueError(f"unknown error code {code!r}")
         self.code = cast(P.ErrorCode, code)
         super().__init__(message)
+
+
+class StateDirLocked(CellcalError):
+    """Another daemon holds the state directory's lock file (the message names its pid)."""
+
+
+class StateDirLock:
+    """``<state_dir>/cellcal.lock``: one daemon per state directory.
+
+    An exclusive ``flock`` on the file, held while the daemon runs; the holder's pid is
+    written into it so a refused second daemon can name it. The kernel drops the lock when
+    its process dies (kill -9 included), so a stale file never blocks a restart.
+    """
+
+    NAME = "cellcal.lock"
+
+    def __init__(self, state_dir: str | Path) -> None:
+        self.path = Path(state_dir) / self.NAME
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        """Take the lock (idempotent).
+
+        Raises
+        ------
+        StateDirLocked
+            Another process (or another daemon in this one) holds it.
+        OSError
+            The state directory cannot be created or the file opened.
+        """
+        import fcntl
+        import os
+
+        if self._fd is not None:
+            return
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            # A state directory nobody can write (read-only, full, not ours): no daemon can
+            # run on it, and the store's own error says why in its words.
+            log.debug("no lock file in %s: %s", self.path.parent, exc)
+            return
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise StateDirLocked(f"state directory {self.path.parent} is in use by another cellcal daemon "
+                                 f"(pid {holder}, lock file {self.path}); stop it, or give this one another "
+                                 "[service] state_dir") from None
+        self._fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+        except OSError as exc:  # a full disk: the lock holds all the same; the store says what is wrong
+            log.debug("cannot write the pid into %s: %s", self.path, exc)
+
+    def release(self) -> None:
+        """Drop the lock (idempotent); the file stays (removing it would race a new holder)."""
+        import os
+
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            os.close(fd)  # closing the descriptor releases the flock
 
 
 class _Abort(CellcalError):
@@ -181,6 +256,7 @@ class Service:
         self._publish_fn = publish
         self._listeners: list[Callable[[str, dict], None]] = []
         self._owns_store = store is None
+        self.lock = StateDirLock(cfg.service.state_dir)
         self.store = store if store is not None else Store(cfg.service.state_dir)
         self.state = State.IDLE
         self.state_detail = ""
@@ -209,6 +285,10 @@ class Service:
         # Deciding whether a result may become active and activating it are one step
         # against an operator's activate_result.
         self._activation_lock = threading.Lock()
+        # The idle loop's connection attempts (:meth:`_connect_idle`).
+        self._idle_backoff = Backoff(cfg.service.fault_retry_min_s, cfg.service.fault_retry_max_s)
+        self._idle_next_try = 0.0
+        self._idle_failures: dict[str, str] = {}
 
     @property
     def devices(self) -> dict[str, dict[str, Any]]:
@@ -235,6 +315,38 @@ class Service:
                 self._publish_fn(topic, body, retained=retained)
             except Exception:  # noqa: BLE001
                 log.exception("publish failed")
+
+    def _emit_logged(self, topic: str, body: Any) -> None:
+        """Emit a station or drift body and log it in words, at info (one line each: the
+        journal reads like ``cellcal watch``)."""
+        log.info("%s", human.station_line(body) if topic == P.TOPIC_STATION else human.drift_line(body))
+        self._emit(topic, body)
+
+    def _log_result(self, rid: int) -> None:
+        """One info line per stored result: the pose with its 1-sigma, the gates, where the
+        exports and the report went."""
+        try:
+            rec = self.store.get_result(rid)
+        except StoreError as exc:
+            log.warning("result %d stored; it cannot be read back to log it: %s", rid, exc)
+            return
+        body = self.result_body(rec)
+        exports = Path(self.cfg.service.state_dir) / "exports"
+        failed = gates_failed(rec.result)
+        gates = "gates passed" if not failed else f"gates FAILED: {'; '.join(failed)}"
+        log.info("%s; %s", human.result_line(body, exports=str(exports),
+                                             report=str(exports / f"result_{rid}_report.html")), gates)
+
+    @property
+    def phase(self) -> str:
+        """What the current job does now: "moving", "settling", "measuring", "solving", or
+        "" (idle, or between steps). For people (``get_status`` detail) and tests."""
+        if self._current is None:
+            return ""
+        if self.state == State.SOLVING:
+            return "solving"
+        engine = self._devices.engine
+        return engine.phase if engine is not None else ""
 
     def _kind_of(self, kind: str | None) -> P.RunKind | None:
         return cast(P.RunKind, kind) if kind in P.RUN_KINDS else None
@@ -279,6 +391,7 @@ class Service:
         another motion mode, or one interrupted longer than ``resume_within_s`` ago is
         closed as failed, and that is logged and published.
         """
+        self.lock.acquire()  # App.open took it before opening the store; alone, we take it here
         Path(self.cfg.service.runtime_dir).mkdir(parents=True, exist_ok=True)
         if self._owns_store:
             self.store.open()
@@ -413,6 +526,7 @@ class Service:
         self._devices.close()
         if self._owns_store:
             self.store.close()
+            self.lock.release()  # with App, App releases it after closing the store
 
     # ---- public requests (thread-safe) -----------------------------------------------------------
     def heartbeat(self) -> P.HeartbeatBody:
@@ -459,9 +573,7 @@ class Service:
         if kind not in P.RUN_KINDS:
             raise ServiceError(P.E_BAD_REQUEST, f"kind must be {', '.join(P.RUN_KINDS)}, got {kind!r}")
         self._refuse_during_store_fault()
-        busy = self._run_in_progress()
-        if busy is not None:
-            raise ServiceError(P.E_BUSY, f"run {None if busy < 0 else busy} is in progress")
+        self._refuse_busy()
         if kind == P.KIND_HAND_EYE and stations is None:
             # Hand-eye needs camera views of a target; this daemon drives a robot and a tracker.
             raise ServiceError(
@@ -496,6 +608,19 @@ class Service:
         hist = self.store.activation_history(limit=1)
         return {"motion_mode": self._motion_mode, "measure": self.cfg.tracker.measure,
                 "last_activation_id": hist[0].id if hist else 0}
+
+    def _refuse_busy(self) -> None:
+        """E_BUSY while a run is in progress; E_STATE when that run is held in FAULT (its
+        devices are being retried: waiting will not help, an abort or the fault's end will;
+        docs/protocols/zeromq.md)."""
+        busy = self._run_in_progress()
+        if busy is None:
+            return
+        which = "a run" if busy < 0 else f"run {busy}"
+        if self.state == State.FAULT:
+            raise ServiceError(P.E_STATE, f"the daemon is in FAULT ({self.state_detail}); {which} waits for the "
+                                          "fault to clear: abort it, or wait for it to resume")
+        raise ServiceError(P.E_BUSY, f"{which} is in progress")
 
     def _refuse_during_store_fault(self) -> None:
         outage = self._store_outage
@@ -545,9 +670,7 @@ class Service:
                                f"result {rec.id} ({rec.kind}) has no cell_T_base with flange_T_target or "
                                "flange_p_target to check")
         self._refuse_during_store_fault()
-        busy = self._run_in_progress()
-        if busy is not None:
-            raise ServiceError(P.E_BUSY, f"run {None if busy < 0 else busy} is in progress")
+        self._refuse_busy()
         check_id = self._check_ids.allocate(rec.id)
         self._jobs.put(_Job(_DRIFT, None, reason, result_id=rec.id, check_id=check_id))
         return rec.id, check_id
@@ -716,8 +839,34 @@ class Service:
         if self._abort.is_set() or self._stop.is_set():
             raise _Abort()
 
+    def _interruptible(self, fn: Callable[..., Any], *args: Any) -> Any:
+        """``fn(*args)`` (a pure computation: a solve) in a helper thread, so that an abort
+        ends the job at once instead of after the solve; an aborted solve's result is
+        dropped when it comes. Its exception is raised here."""
+        out: list[Any] = []
+        failure: list[BaseException] = []
+
+        def call() -> None:
+            try:
+                out.append(fn(*args))
+            except BaseException as exc:  # noqa: BLE001 - handed to the worker
+                failure.append(exc)
+
+        helper = threading.Thread(target=call, name="cellcal-solve", daemon=True)
+        helper.start()
+        while helper.is_alive():
+            # No progress ping here: a solve that hangs must still starve the watchdog.
+            self._check_abort()
+            helper.join(0.05)
+        self._check_abort()
+        if failure:
+            raise failure[0]
+        return out[0]
+
     # ---- the worker ------------------------------------------------------------------------------------
     def _work(self) -> None:
+        if self._jobs.empty():
+            self._connect_idle()  # at start: the heartbeat and the first run know the devices
         while not self._stop.is_set():
             outage = self._store_outage
             if outage is not None and outage.pending:
@@ -727,9 +876,34 @@ class Service:
                 job = self._jobs.get(timeout=0.2)
             except queue.Empty:
                 self._progress()
+                self._connect_idle()
                 continue
             self._run_job(job)
         self._devices.close()
+
+    def _connect_idle(self) -> None:
+        """While idle, keep the devices open: connect at start and retry with backoff
+        (``fault_retry_min_s`` .. ``fault_retry_max_s``), so the heartbeat says what is
+        connected and a run's record names its devices from its start. Idle devices that
+        are down are not a FAULT (nothing waits for them); a job that needs them is."""
+        if self._stop.is_set() or self._devices.all_open or time.monotonic() < self._idle_next_try:
+            return
+        failed = self._devices.open_available()
+        if not failed:
+            self._idle_backoff.reset()
+            self._idle_failures.clear()
+            log.info("devices connected: %s", "; ".join(
+                f"{name} {d.get('identity_text') or '?'}" for name, d in self._devices.status.items()))
+            return
+        delay = self._idle_backoff.next_delay()
+        self._idle_next_try = time.monotonic() + delay
+        for name, exc in failed.items():
+            text = f"{type(exc).__name__}: {exc}"
+            # Said once per distinct failure, not at every retry.
+            if self._idle_failures.get(name) != text:
+                log.warning("%s (%s) not connected: %s; retrying with backoff (next in %.1f s)",
+                            name, self._devices.status[name]["url"], text, delay)
+                self._idle_failures[name] = text
 
     def _run_job(self, job: _Job) -> None:
         self._current = job
@@ -742,6 +916,11 @@ class Service:
             else:
                 self._execute_drift(job)
         except _Abort:
+            engine = self._devices.engine
+            if engine is not None and engine.pending_move is not None and engine.pending_move.is_alive():
+                # The driver's move wait outlives the abort (it waits for a target the stop
+                # made unreachable): closing the robot ends it; the idle loop reconnects.
+                self._devices.close()
             if job.kind == _RUN and job.run_id is not None and not self._stop.is_set():
                 # Stopping leaves the run open so it resumes on the next start; an abort
                 # closes it (unless it already ended, e.g. in the same instant).
@@ -902,7 +1081,7 @@ class Service:
                 try:
                     assert engine is not None
                     if not observe:
-                        engine.move_to(ps)
+                        engine.move_to(ps, self._abort)
                     if robot_only:
                         rec = engine.capture_robot_only(ps.index, accepted, self._abort)
                     else:
@@ -912,7 +1091,7 @@ class Service:
                     attempts += 1
                     consecutive += 1
                     self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.jsonable(rej.detail))
-                    self._emit(P.TOPIC_STATION, bodies.station(
+                    self._emit_logged(P.TOPIC_STATION, bodies.station(
                         run_id=run_id, index=ps.index, planned=n_planned, attempt=attempts,
                         accepted_count=len(accepted), figures=rej.detail, rejected=rej.reason.value, message=str(rej),
                     ))
@@ -936,7 +1115,7 @@ class Service:
                 accepted.append(rec.base_T_flange)
                 consecutive = 0
                 self._made_progress()
-                self._emit(P.TOPIC_STATION, bodies.station(
+                self._emit_logged(P.TOPIC_STATION, bodies.station(
                     run_id=run_id, index=ps.index, planned=n_planned, attempt=attempts + 1,
                     accepted_count=len(accepted), figures=rec.settle,
                 ))
@@ -965,7 +1144,7 @@ class Service:
             self._set_state(State.SOLVING, f"run {run_id}")
             stations = self.store.stations(run_id)
             try:
-                result = solve.solve_stations(kind, stations, self.cfg.solve)
+                result = self._interruptible(solve.solve_stations, kind, stations, self.cfg.solve)
                 break
             except DegenerateGeometry as exc:
                 # The planner names the pose that best fixes the weakest direction; in command
@@ -1001,9 +1180,10 @@ class Service:
         while attempt < self.cfg.capture.max_attempts_per_station:
             self._check_abort()
             try:
-                engine.move_to(ps)
+                engine.move_to(ps, self._abort)
                 got = engine.capture(ps.index, accepted, self._abort, expected=expected)
             except cap.StationRejected as rej:
+                self._check_abort()
                 attempt += 1
                 self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.jsonable(rej.detail))
                 continue
@@ -1056,6 +1236,7 @@ class Service:
         self._export(rid)
         if before is not None and report.passed and newer is None:
             self._export(before.id)  # no longer active: its files say so
+        self._log_result(rid)
         rec = self.store.get_result(rid)
         if not report.passed:
             self._run_event(run_id, kind, f"run {run_id}: result {rid} failed its acceptance gates "
@@ -1110,7 +1291,7 @@ class Service:
         """A run whose stations the client supplied (hand-eye, or any kind from elsewhere)."""
         self._set_state(State.SOLVING, f"run {run.id}")
         try:
-            result = solve.solve_given(run.kind, run.plan["given"], self.cfg.solve)
+            result = self._interruptible(solve.solve_given, run.kind, run.plan["given"], self.cfg.solve)
         except (KeyError, TypeError, ValueError, CalibrationError) as exc:
             self._solve_failed(run.id, exc)
             return
@@ -1144,7 +1325,7 @@ class Service:
             for _attempt in range(self.cfg.capture.max_attempts_per_station):
                 try:
                     if self._motion_mode == P.MOTION_COMMAND:
-                        engine.move_to(ps)
+                        engine.move_to(ps, self._abort)
                     got = engine.capture(ps.index, [], self._abort)
                     break
                 except cap.StationRejected as rej:
@@ -1177,7 +1358,7 @@ class Service:
             rot = "" if r is None else f" / {math.degrees(r):.4f} deg"
             self.store.mark_suspect(rec.id, f"drift check: {t * 1e3:.3f} mm{rot}")
             self._export(rec.id)  # the files say suspect too
-        self._emit(P.TOPIC_DRIFT, record)
+        self._emit_logged(P.TOPIC_DRIFT, record)
         if verdict.failed:
             self.republish_result_now()
             if verdict.action == P.ACTION_RECALIBRATING:

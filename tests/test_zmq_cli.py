@@ -113,7 +113,7 @@ def test_watch_prints_one_line_per_message():
     with serving() as (srv, daemon), heartbeating(daemon):
         rid = daemon.add_result()
         r = cellcal("watch", "--endpoint", srv.pub_endpoint, "--cmd-endpoint", srv.cmd_endpoint,
-                    "--count", "6", "--duration", "10")
+                    "--heartbeats", "--count", "6", "--duration", "10")
     assert r.returncode == 0, r.stderr
     lines = r.stdout.splitlines()
     assert len(lines) == 6
@@ -146,7 +146,8 @@ def test_watch_json_topics_and_duration(tmp_path):
                        "settle": {"robot_rest_s": 0.6, "tracker_std_translation_m": 3e-5}}, ["3/20", "REJECTED", "0.030mm"]),
     (P.TOPIC_DRIFT, {"result_id": "r-1", "status": "fail", "deviation_translation_m": 4e-4, "deviation_rotation_rad": 0.001,
                      "warn_translation_m": 1e-4, "fail_translation_m": 3e-4, "cusum": {"value_m": 5e-4, "h_m": 3e-4},
-                     "action": "marked_suspect"}, ["FAIL", "0.400mm", "0.0573deg", "marked_suspect"]),
+                     "action": "marked_suspect"}, ["FAIL", "0.400 mm", "0.0573 deg", "beyond the failure limit",
+                                                   "the result is marked suspect"]),
     (P.TOPIC_FAULT, {"code": "E_DEVICE", "device": "tracker", "message": "no reply", "active": True}, ["FAULT", "tracker"]),
     (P.TOPIC_STATE, {"state": "CAPTURING", "previous": "IDLE", "run_id": "run-1", "reason": "go"}, ["IDLE -> CAPTURING"]),
     (P.TOPIC_HEARTBEAT, {"weird": [1, 2]}, ["heartbeat"]),
@@ -156,3 +157,121 @@ def test_watch_formats_every_topic(topic, body, needles):
 
     line = format_message(topic, P.make_envelope(7, "b" * 16, body))
     assert "#7" in line and all(n in line for n in needles), line
+
+
+def test_watch_summarises_heartbeats_and_shows_the_pose_with_sigma():
+    with serving() as (srv, daemon), heartbeating(daemon):
+        rid = daemon.add_result()
+        r = cellcal("watch", "--endpoint", srv.pub_endpoint, "--cmd-endpoint", srv.cmd_endpoint, "--duration", "1.5")
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    # ~30 heartbeats were published; they all say the same, so one is shown.
+    assert len([ln for ln in lines if " heartbeat " in ln]) == 1, lines
+    results = [ln for ln in lines if " result " in ln and rid in ln]
+    assert results and "cell_T_base = (" in results[0] and " mm" in results[0] and " deg" in results[0], results
+
+
+def test_watch_progress_lines_when_piped():
+    from cellcal.daemon.cmd_watch import Progress
+
+    p = Progress()
+    t0 = 1_000_000_000_000
+    p.start("7", t0)
+    for i in range(4):
+        p.update({"run_id": "7", "index": i, "planned": 8, "accepted": True, "accepted_count": i + 1},
+                 t0 + (i + 1) * 10_000_000_000)
+    p.update({"run_id": "7", "index": 4, "planned": 8, "accepted": False, "accepted_count": 4},
+             t0 + 45_000_000_000)
+    text = p.text()
+    assert "4/8 stations" in text and "1 rejected" in text and "0:45 elapsed" in text
+    assert "~0:45 left" in text  # 45 s for 4 stations: 4 more take as long
+    assert "[###############...............]" in p.text(bar_width=30)
+
+
+def test_watch_progress_from_a_daemon(tmp_path):
+    """Against the real (in-process) daemon: a progress line per station when piped."""
+    from cellcal.daemon.harness import inprocess_cell
+
+    with inprocess_cell(tmp_path, n_stations=4) as cell:
+        z = cell.cfg.zmq
+        proc = subprocess.Popen([sys.executable, "-m", "cellcal.daemon.cli", "watch", "--endpoint", z.pub_endpoint,
+                                 "--cmd-endpoint", z.cmd_endpoint, "--duration", "60", "--topics", "station,result"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        try:
+            # The watcher has joined once the snapshot is answered; then the run starts.
+            cell.wait_for(lambda t, b: t == P.TOPIC_HEARTBEAT, 30.0, "a heartbeat")
+            run_id = cell.svc.start_run()
+            cell.wait_result(run_id, timeout_s=60.0)
+            lines: list[str] = []
+            assert proc.stdout is not None
+            while not any(" result " in ln for ln in lines):
+                line = proc.stdout.readline()
+                assert line, f"watch ended early: {lines} {proc.stderr.read() if proc.stderr else ''}"
+                lines.append(line.rstrip("\n"))
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    progress = [ln for ln in lines if " progress " in ln]
+    assert progress and progress[-1].endswith("left") and "4/4 stations" in progress[-1], lines
+    assert "\r" not in "".join(lines)  # piped: plain lines, no bar redrawn in place
+
+
+def test_ctl_help_command_ids_as_typed_and_what_it_tried(tmp_path):
+    r = cellcal("ctl", "--help", "get_result")
+    assert r.returncode == 0 and "result_id" in r.stdout and "optional" in r.stdout, r.stdout
+    r = cellcal("ctl", "start_run", "--help")
+    assert r.returncode == 0 and "kind" in r.stdout and "required" in r.stdout and "motion_mode" in r.stdout
+    r = cellcal("ctl", "--help")
+    assert r.returncode == 0 and all(name in r.stdout for name in P.COMMANDS)
+    with serving(zmq_config(null_role="operator")) as (srv, daemon):
+        rid = daemon.add_result()
+        assert rid.isdigit() or rid  # the memory daemon's ids
+        r = cellcal("ctl", "get_result", f"result_id={rid}", "--endpoint", srv.cmd_endpoint)
+        assert r.returncode == 0, r.stdout + r.stderr
+        sent = [c for c in daemon.calls if c[0] == "get_result"][-1]
+        assert isinstance(sent[1]["result_id"], str)
+        # CELLCAL_CONFIG names the configuration, as for `cellcal run`.
+        conf = tmp_path / "c.toml"
+        conf.write_text(f'config_version = 1\n[zmq]\npub_endpoint = "{srv.pub_endpoint}"\n'
+                        f'cmd_endpoint = "{srv.cmd_endpoint}"\nloopback_tcp_any_user = true\n')
+        env = {**os.environ, "CELLCAL_CONFIG": str(conf)}
+        r = subprocess.run([sys.executable, "-m", "cellcal.daemon.cli", "ctl", "get_status"], capture_output=True,
+                           text=True, timeout=TIMEOUT_S, env=env, stdin=subprocess.DEVNULL)
+        assert r.returncode == 0, r.stderr
+    # Nothing answers: the message says which endpoint, where it came from and what was tried.
+    env = {k: v for k, v in os.environ.items() if k != "CELLCAL_CONFIG"}
+    dead = "tcp://127.0.0.1:9"
+    r = subprocess.run([sys.executable, "-m", "cellcal.daemon.cli", "ctl", "get_status", "--endpoint", dead,
+                        "--timeout", "0.2", "--retries", "0"], capture_output=True, text=True, timeout=TIMEOUT_S,
+                       env=env, stdin=subprocess.DEVNULL)
+    assert r.returncode == 3
+    assert dead in r.stderr and "--endpoint" in r.stderr and "CELLCAL_CONFIG not set" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+
+
+def test_broken_pipe_is_quiet():
+    """`cellcal ... | head`: the reader went away before we wrote; no traceback, exit 141."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    for argv in (["ctl", "--help"], ["ctl", "--help", "start_run"],
+                 ["check-config", os.path.join(root, "config", "demo.toml"), "--no-devices"]):
+        proc = subprocess.Popen([sys.executable, "-m", "cellcal.daemon.cli", *argv], stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        assert proc.stdout is not None and proc.stderr is not None
+        proc.stdout.close()  # before the interpreter even started: its first write fails
+        err = proc.stderr.read()
+        rc = proc.wait(TIMEOUT_S)
+        assert "Traceback" not in err and "BrokenPipe" not in err, (argv, err)
+        # 141 (the shell's SIGPIPE status): the write failed inside the command and was
+        # handled; argparse's own help (SystemExit) may leave it to the final flush (0).
+        assert rc == 141 or (rc == 0 and argv == ["ctl", "--help"]), (argv, rc, err)
+
+
+def test_watch_says_what_it_tried_when_nothing_answers():
+    env = {k: v for k, v in os.environ.items() if k != "CELLCAL_CONFIG"}
+    r = subprocess.run([sys.executable, "-m", "cellcal.daemon.cli", "watch", "--endpoint", "tcp://127.0.0.1:9",
+                        "--cmd-endpoint", "tcp://127.0.0.1:9", "--duration", "5"], capture_output=True, text=True,
+                       timeout=TIMEOUT_S, env=env, stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stderr
+    assert "tcp://127.0.0.1:9" in r.stderr and "is the daemon running?" in r.stderr, r.stderr
+    assert "endpoints from --endpoint" in r.stderr and "CELLCAL_CONFIG not set" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr

@@ -1,0 +1,126 @@
+"""Sentences for people about the daemon's events: stations, results, drift checks.
+
+One place for the words, so the daemon's log (one info line per station, per result and per
+drift check; the systemd journal shows the same lines) and ``cellcal watch`` say the same
+thing. Input: the protocol's bodies (``cellcal.daemon.protocol``: SI, quaternions w, x, y, z);
+output: lengths in mm, angles in degrees, with the unit written out.
+
+The pose of a transform ``a_T_b`` is given as its translation (mm) and its rotation as
+fixed-axis X-Y-Z angles (roll, pitch, yaw, degrees: ``R = Rz(yaw) Ry(pitch) Rx(roll)``),
+the convention of a URDF ``rpy``; its 1-sigma is the root of the trace of the covariance's
+translation (rotation) block, the convention of ``protocol.Uncertainty``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from cellcal.daemon import protocol as P
+
+__all__ = ["station_line", "result_line", "drift_line", "pose_text", "sigma_of", "main_transform"]
+
+
+def _mm(v: Any, digits: int = 3) -> str:
+    return f"{v * 1e3:.{digits}f} mm" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
+def _deg(v: Any, digits: int = 4) -> str:
+    return f"{math.degrees(v):.{digits}f} deg" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
+def _rpy_deg(matrix: Any) -> tuple[float, float, float]:
+    R = np.asarray(matrix, dtype=float).reshape(4, 4)[:3, :3]
+    pitch = math.asin(max(-1.0, min(1.0, -R[2, 0])))
+    roll = math.atan2(R[2, 1], R[2, 2])
+    yaw = math.atan2(R[1, 0], R[0, 0])
+    return math.degrees(roll), math.degrees(pitch), math.degrees(yaw)
+
+
+def main_transform(body: Mapping[str, Any]) -> str | None:
+    """The transform a result is about: ``cell_T_base`` when it has one, else its first."""
+    transforms = body.get("transforms") or {}
+    if "cell_T_base" in transforms:
+        return "cell_T_base"
+    return next(iter(transforms), None)
+
+
+def sigma_of(body: Mapping[str, Any], name: str) -> tuple[float | None, float | None]:
+    """1-sigma of transform ``name`` (m, rad): roots of the traces of its covariance's
+    translation and rotation blocks (None where the result has no covariance)."""
+    cov = ((body.get("uncertainty") or {}).get("covariance") or {}).get(name) or {}
+    values = cov.get("values")
+    if cov.get("shape") != [6, 6] or not values or any(v is None for v in values):
+        return None, None
+    C = np.asarray(values, dtype=float).reshape(6, 6)
+    return math.sqrt(max(0.0, float(np.trace(C[:3, :3])))), math.sqrt(max(0.0, float(np.trace(C[3:, 3:]))))
+
+
+def pose_text(body: Mapping[str, Any], name: str) -> str:
+    """``cell_T_base = (x, y, z) mm +- s mm, rpy (r, p, y) deg +- s deg``."""
+    t = (body.get("transforms") or {}).get(name) or {}
+    xyz = [float(v) * 1e3 for v in t.get("translation_m") or []]
+    if len(xyz) != 3 or "matrix" not in t:
+        return f"{name} = ?"
+    r, p, y = _rpy_deg(t["matrix"])
+    s_t, s_r = sigma_of(body, name)
+    st = "" if s_t is None else f" +- {s_t * 1e3:.3f} mm"
+    sr = "" if s_r is None else f" +- {math.degrees(s_r):.4f} deg"
+    return (f"{name} = ({xyz[0]:.3f}, {xyz[1]:.3f}, {xyz[2]:.3f}) mm{st}, "
+            f"rpy ({r:.4f}, {p:.4f}, {y:.4f}) deg{sr}")
+
+
+def station_line(body: Mapping[str, Any]) -> str:
+    """One station attempt (``cellcal/v1/station``) in words."""
+    where = f"run {body.get('run_id')}: station {int(body.get('index', 0)) + 1}/{body.get('planned', '?')}"
+    if body.get("accepted"):
+        s = body.get("settle") or {}
+        rest = s.get("robot_rest_s")
+        rest_text = f"robot at rest {rest:.2f} s" if isinstance(rest, (int, float)) else "robot at rest"
+        return (f"{where} accepted (attempt {body.get('attempt', 1)}, {body.get('accepted_count', '?')} accepted so "
+                f"far; {rest_text}, tracker std {_mm(s.get('tracker_std_translation_m'), 4)})")
+    return (f"{where} rejected on attempt {body.get('attempt', 1)} ({body.get('reason')}): "
+            f"{body.get('message') or body.get('reason')}")
+
+
+def result_line(body: Mapping[str, Any], *, exports: str | None = None, report: str | None = None) -> str:
+    """A result (``cellcal/v1/result``) in words: its main transform with 1-sigma, fit, status."""
+    name = main_transform(body)
+    status = "active" if body.get("active") else "stored, not active"
+    if body.get("suspect"):
+        status += ", SUSPECT"
+    parts = [f"result {body.get('result_id')} ({body.get('kind')}, run {body.get('run_id') or '-'}, "
+             f"{body.get('n_stations', '?')} stations) {status}"]
+    if name is not None:
+        parts.append(pose_text(body, name))
+    rot = body.get("rms_rotation_rad")
+    parts.append(f"fit rms {_mm(body.get('rms_translation_m'))}"
+                 + (f" / {_deg(rot)}" if isinstance(rot, (int, float)) and rot > 0 else ""))
+    if exports is not None:
+        parts.append(f"exports in {exports}")
+    if report is not None:
+        parts.append(f"report {report}")
+    return "; ".join(parts)
+
+
+_DRIFT_WORDS = {P.DRIFT_OK: "within the warning limit", P.DRIFT_WARN: "beyond the warning limit",
+                P.DRIFT_FAIL: "beyond the failure limit"}
+_ACTION_WORDS = {P.ACTION_NONE: "nothing to do", P.ACTION_MARKED_SUSPECT: "the result is marked suspect",
+                 P.ACTION_RECALIBRATING: "the result is marked suspect and a recalibration starts"}
+
+
+def drift_line(body: Mapping[str, Any]) -> str:
+    """A drift check (``cellcal/v1/drift``) in words."""
+    status = str(body.get("status", "?"))
+    dev_r = body.get("deviation_rotation_rad")
+    dev = _mm(body.get("deviation_translation_m")) + ("" if dev_r is None else f" / {_deg(dev_r)}")
+    cusum = body.get("cusum") or {}
+    alarm = " (CUSUM alarm)" if cusum.get("alarm") else ""
+    return (f"drift check {body.get('check_id')} of result {body.get('result_id')}: {status.upper()}, the cell moved "
+            f"{dev} at worst over {len(body.get('stations') or [])} check stations, "
+            f"{_DRIFT_WORDS.get(status, status)} (warn {_mm(body.get('warn_translation_m'))}, fail "
+            f"{_mm(body.get('fail_translation_m'))}); CUSUM {_mm(cusum.get('value_m'))} of "
+            f"{_mm(cusum.get('h_m'))}{alarm}; {_ACTION_WORDS.get(str(body.get('action')), str(body.get('action')))}")
