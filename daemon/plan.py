@@ -65,9 +65,9 @@ class PlannedStation:
 
 
 #: Candidate stations solved by inverse kinematics per planned station (at least
-#: ``_MIN_POOL``): the pool the planner chooses from (about 5 ms of IK each).
-_POOL_PER_STATION = 10
-_MIN_POOL = 200
+#: ``_MIN_POOL``): the pool the planner chooses from (about 1 ms of IK each).
+_POOL_PER_STATION = 5
+_MIN_POOL = 150
 #: Distance of the stand-in tracker along the home pose's facing direction when the
 #: tracker's position is not known: far enough that the line-of-sight cone becomes "tilted
 #: at most max_tilt_deg from the home orientation".
@@ -133,7 +133,7 @@ def generate_plan(
     seed : int
         Sampling seed (the plan is a deterministic function of its inputs).
     max_draws : int, optional
-        Candidates to solve (default ``max(200, 10 n)``).
+        Candidates to solve (default ``max(150, 5 n)``).
     tracker_base_m : (3,) array, optional
         Rough tracker position in the base frame, m (``[plan] tracker_xyz_mm``).
     target_axis : (3,) array
@@ -173,29 +173,41 @@ def _limits(home: np.ndarray, q_min_rad: Any, q_max_rad: Any) -> np.ndarray:
     return np.column_stack([lo, hi])
 
 
+def _coarse_ik(model: Any) -> Any:
+    """The model's IK to a micrometre: a candidate's pose is ``forward(q)`` of the joints
+    found, so it need not be the pose asked for exactly, and the plan is made in the API
+    call that starts a run (it must be quick)."""
+    def ik(T: np.ndarray, q_seed: np.ndarray) -> np.ndarray:
+        return np.asarray(model.inverse(T, q_seed, tol_m=1e-6, tol_rad=1e-6, max_iter=60), float)
+    return ik
+
+
 _POOLS: dict[tuple, tuple[tuple[np.ndarray, np.ndarray], np.ndarray, float]] = {}
 
 
 def _pool(model: Any, *, n: int, box_min_m: Any, box_max_m: Any, max_tilt_rad: float, home_q_rad: np.ndarray,
           q_min_rad: Any, q_max_rad: Any, seed: int, max_draws: int | None, tracker_base_m: Any,
           target_axis: Any, cone_rad: float) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, float]:
-    """The candidate pool of a plan, ``((Q, G), tracker_base (3,), cone_deg)``; cached per
-    inputs (a deterministic function of them), so the next-station choices of a run do not
-    solve the inverse kinematics again."""
+    """The candidate pool of a plan, ``((Q, G), tracker_base (3,), cone_deg)``; its joints
+    are cached per inputs (a deterministic function of them), so the next-station choices of
+    a run do not solve the inverse kinematics again."""
     lim = _limits(home_q_rad, q_min_rad, q_max_rad)
     tracker, cone_deg = sight_of(model, home_q_rad=home_q_rad, max_tilt_rad=max_tilt_rad,
                                  tracker_base_m=tracker_base_m, target_axis=target_axis, cone_rad=cone_rad)
     count = int(max_draws) if max_draws is not None else max(_MIN_POOL, _POOL_PER_STATION * n)
     box = (np.asarray(box_min_m, float).reshape(3), np.asarray(box_max_m, float).reshape(3))
-    key = (id(model), getattr(model, "name", ""), count, int(seed), float(max_tilt_rad), float(cone_deg),
+    key = (getattr(model, "name", ""), count, int(seed), float(max_tilt_rad), float(cone_deg),
            tuple(np.round(tracker, 9)), tuple(np.asarray(target_axis, float)), tuple(home_q_rad),
            tuple(lim.reshape(-1)), tuple(box[0]), tuple(box[1]))
     hit = _POOLS.get(key)
     if hit is not None:
-        return hit
+        # The joints are kept; their poses are this model's (the controller's calibrated
+        # one differs from the nominal by millimetres: nothing the choice depends on).
+        (Q, _), tr, cone = hit
+        return (Q, np.array([model.forward(q) for q in Q]).reshape(-1, 4, 4)), tr, cone
     try:
         Q, G = candidate_stations(model.forward, lim, box, tracker, np.eye(4), target_axis=target_axis,
-                                  cone_deg=cone_deg, ik=model.inverse, q_seed_rad=home_q_rad,
+                                  cone_deg=cone_deg, ik=_coarse_ik(model), q_seed_rad=home_q_rad,
                                   max_roll_rad=max_tilt_rad, n_candidates=count, rng=seed)
     except ValueError as exc:
         raise PlanError(str(exc)) from None
@@ -336,11 +348,7 @@ def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, mo
         return None
     point = cfg.tracker.measure == "point"
     home = np.asarray(p.home_q_rad, float)
-    (Q, G), tracker_b, cone_deg = _pool(
-        model, n=p.max_stations, box_min_m=p.workspace_min_m, box_max_m=p.workspace_max_m,
-        max_tilt_rad=p.max_tilt_rad, home_q_rad=home, q_min_rad=p.joint_min_rad, q_max_rad=p.joint_max_rad,
-        seed=p.seed, max_draws=None, tracker_base_m=p.tracker_xyz_m or None, target_axis=p.target_axis,
-        cone_rad=p.cone_rad)
+    tracker_cfg = np.asarray(p.tracker_xyz_m, float) if p.tracker_xyz_m else None
     Y = np.eye(4)
     a = np.asarray(p.target_axis, float)
     if result is not None:
@@ -352,8 +360,18 @@ def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, mo
         else:
             Y = result.flange_T_target
             a = Y[:3, :3].T @ a  # the facing direction in the target frame
+        if tracker_cfg is None:
+            # The tracker estimated from the stations, to a decimetre (the line of sight
+            # barely changes with it, and the candidates are then solved once per run).
+            tracker_cfg = np.round(X[:3, :3].T @ (tracker - X[:3, 3]), 1)
     else:
-        X, tracker = np.eye(4), tracker_b
+        X, tracker = np.eye(4), None
+    (Q, G), tracker_b, cone_deg = _pool(
+        model, n=p.max_stations, box_min_m=p.workspace_min_m, box_max_m=p.workspace_max_m,
+        max_tilt_rad=p.max_tilt_rad, home_q_rad=home, q_min_rad=p.joint_min_rad, q_max_rad=p.joint_max_rad,
+        seed=p.seed, max_draws=None, tracker_base_m=tracker_cfg, target_axis=p.target_axis, cone_rad=p.cone_rad)
+    if tracker is None:
+        tracker = tracker_b
     if visited:
         # Stations visited (also those given up after rejections) are not suggested again.
         V = np.array([v.base_T_flange for v in visited if v.base_T_flange is not None]).reshape(-1, 4, 4)
@@ -372,9 +390,12 @@ def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, mo
     except ValueError as exc:
         log.warning("plan: no next station (%s); predicted error at the task points %.4f mm", exc, sigma * 1e3)
         return None
+    # The planner's figures are for its nominal noise; the result's for the noise the
+    # stations showed: the ratio carries the prediction over.
+    ratio = nxt.task_sigma_after_m / nxt.task_sigma_before_m if math.isfinite(nxt.task_sigma_before_m) else math.nan
     log.info("plan: predicted error at the task points %.4f mm after %d stations (target %.4f mm); next station "
-             "%d predicted to bring it to %.4f mm", sigma * 1e3, len(records), p.target_sigma_m * 1e3, index,
-             nxt.task_sigma_after_m * 1e3)
+             "%d, expected to bring it to %.4f mm", sigma * 1e3, len(records), p.target_sigma_m * 1e3, index,
+             sigma * ratio * 1e3)
     return PlannedStation(index, nxt.q_rad, nxt.base_T_flange)
 
 

@@ -36,8 +36,10 @@ uniform in the box, each with the target facing a direction drawn uniformly insi
 around the direction to the tracker and turned about that axis by at most ``max_roll_rad``,
 solved from ``q_seed_rad`` (the home configuration: the solutions stay on its branch and the
 moves between them short) and kept when the solution is within the joint limits and passes the
-same box and line-of-sight test. Every candidate is then in sight by construction, whereas
-uniform joint samples rarely are.
+same box and line-of-sight test. These anchors (one candidate in eight) then seed short random
+walks in joint space, kept by the same test, for the rest: forward kinematics is cheap, an
+IK solve is not. The candidates face the tracker by construction, whereas uniform joint
+samples rarely do.
 
 Task points (``task_points``): the predicted error of a cell-frame point expressed in the
 base, ``sqrt(trace(J C J^T))`` with ``J = [I, -[p_base]x]`` and ``C`` the marginal covariance
@@ -321,8 +323,13 @@ def _candidates(
     return Q, G, evaluated
 
 
-#: Inverse-kinematics attempts at most, as a multiple of ``n_candidates``.
+#: Inverse-kinematics attempts at most, as a multiple of the anchors wanted.
 _IK_BUDGET = 3
+#: Candidates solved by inverse kinematics ("anchors"): one in ``_ANCHOR_EVERY``, at least
+#: ``_MIN_ANCHORS``; the others are random walks from them of ``_ANCHOR_WALK_RAD`` per joint.
+_ANCHOR_EVERY = 8
+_MIN_ANCHORS = 12
+_ANCHOR_WALK_RAD = 0.15
 #: The facing directions are drawn in this fraction of the cone: the target's offset from
 #: the flange and the IK's residual must not carry a candidate out of it.
 _CONE_MARGIN = 0.9
@@ -365,7 +372,8 @@ def _ik_candidates(fk, ik, lim, lo, hi, X, Y, tracker_cell_p, target_axis, cone_
     cos_cone = math.cos(math.radians(min(float(cone_deg), 180.0)) * _CONE_MARGIN)
     qs: list[np.ndarray] = []
     evaluated = 0
-    while len(qs) < want and evaluated < _IK_BUDGET * want:
+    n_anchor = min(want, max(_MIN_ANCHORS, want // _ANCHOR_EVERY))
+    while len(qs) < n_anchor and evaluated < _IK_BUDGET * n_anchor:
         evaluated += 1
         p = rng.uniform(lo, hi)  # the flange origin; the target's few cm from it do not matter here
         d = tracker_b - p
@@ -384,14 +392,31 @@ def _ik_candidates(fk, ik, lim, lo, hi, X, Y, tracker_cell_p, target_axis, cone_
         T = np.eye(4)
         T[:3, :3] = R_target @ Ry.T
         T[:3, 3] = p
-        try:
-            q = np.asarray(ik(T, seed), float).reshape(n_j)
-        except (ValueError, ArithmeticError, np.linalg.LinAlgError):
-            continue
-        if np.all(np.isfinite(q)):
+        # Seeded at the first solution found (it faces the tracker as every candidate does,
+        # so a few iterations reach the others), falling back to the given seed.
+        q = None
+        for s0 in ((qs[0], seed) if qs else (seed,)):
+            try:
+                q = np.asarray(ik(T, s0), float).reshape(n_j)
+                break
+            except (ValueError, ArithmeticError, np.linalg.LinAlgError):
+                q = None
+        if q is not None and np.all(np.isfinite(q)):
             qs.append(q)
     Q, G = feasible(np.array(qs).reshape(-1, n_j))
-    return Q, G, evaluated
+    # The rest by short random walks from the feasible ones (forward kinematics only, a
+    # fraction of an IK solve each): they stay on the anchors' branch, near the tracker's
+    # direction, and fill the box and the cone between the anchors.
+    budget = evaluated + _BUDGET * want
+    batch = max(32, want // 4)
+    while 0 < len(Q) < want and evaluated < budget:
+        seeds = Q[rng.integers(0, len(Q), size=batch)]
+        Qn = np.clip(seeds + rng.normal(scale=_ANCHOR_WALK_RAD, size=seeds.shape), lim[:, 0], lim[:, 1])
+        Qa, Ga = feasible(Qn)
+        evaluated += batch
+        if len(Qa):
+            Q, G = np.concatenate([Q, Qa]), np.concatenate([G, Ga])
+    return Q[:want], G[:want], evaluated
 
 
 def workspace_box(box) -> tuple[np.ndarray, np.ndarray]:
