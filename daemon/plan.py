@@ -106,6 +106,8 @@ def generate_plan(
     tracker_base_m: Any = None,
     target_axis: Any = (0.0, 0.0, 1.0),
     cone_rad: float = math.radians(45.0),
+    min_separation_m: float = 5e-3,
+    min_separation_rad: float = math.radians(2.0),
 ) -> list[PlannedStation]:
     """``n`` stations chosen by the planner (``cellcal.solver.planning.plan_stations``).
 
@@ -140,6 +142,9 @@ def generate_plan(
         Direction the target faces, flange frame.
     cone_rad : float
         The target's acceptance half-angle.
+    min_separation_m, min_separation_rad : float
+        No two stations within both of these of each other (``[capture]
+        min_pose_change_mm`` and ``_deg``: the capture refuses such a pose as a duplicate).
 
     Raises
     ------
@@ -156,7 +161,8 @@ def generate_plan(
     lim = _limits(home, q_min_rad, q_max_rad)
     try:
         chosen = plan_stations(model.forward, lim, (box_min_m, box_max_m), tracker, np.eye(4), n,
-                               target_axis=target_axis, cone_deg=cone_deg, candidates=pool, rng=seed)
+                               target_axis=target_axis, cone_deg=cone_deg, candidates=pool, rng=seed,
+                               min_separation_m=min_separation_m, min_separation_rad=min_separation_rad)
     except ValueError as exc:
         raise PlanError(
             f"{exc}; the plan is for a tracker at {np.round(tracker, 3).tolist()} m (base frame) and a cone of "
@@ -295,7 +301,8 @@ def plan_from_config(cfg: Any, model: Any) -> list[PlannedStation]:
         model, n=n, box_min_m=np.array(p.workspace_min_m), box_max_m=np.array(p.workspace_max_m),
         max_tilt_rad=p.max_tilt_rad, home_q_rad=np.array(p.home_q_rad), q_min_rad=np.array(p.joint_min_rad),
         q_max_rad=np.array(p.joint_max_rad), seed=p.seed, tracker_base_m=p.tracker_xyz_m or None,
-        target_axis=p.target_axis, cone_rad=p.cone_rad,
+        target_axis=p.target_axis, cone_rad=p.cone_rad, min_separation_m=cfg.capture.min_pose_change_m,
+        min_separation_rad=cfg.capture.min_pose_change_rad,
     )
 
 
@@ -372,13 +379,6 @@ def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, mo
         seed=p.seed, max_draws=None, tracker_base_m=tracker_cfg, target_axis=p.target_axis, cone_rad=p.cone_rad)
     if tracker is None:
         tracker = tracker_b
-    if visited:
-        # Stations visited (also those given up after rejections) are not suggested again.
-        V = np.array([v.base_T_flange for v in visited if v.base_T_flange is not None]).reshape(-1, 4, 4)
-        if len(V):
-            d = np.abs(G[:, None, :3, :] - V[None, :, :3, :]).reshape(len(G), len(V), -1).max(axis=2)
-            keep = d.min(axis=1) > 1e-6
-            Q, G = Q[keep], G[keep]
     lim = _limits(home, p.joint_min_rad, p.joint_max_rad)
     S = np.array([r.base_T_flange for r in records]).reshape(-1, 4, 4)
     try:
@@ -386,6 +386,10 @@ def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, mo
             S, model.forward, lim, (np.asarray(p.workspace_min_m), np.asarray(p.workspace_max_m)), tracker, X,
             flange_T_target=Y, measurement="point" if point else "pose", target_axis=a, cone_deg=cone_deg,
             candidates=(Q, G), task_points=np.asarray(p.task_points_m, float), rng=p.seed + index,
+            # Stations visited (also those given up after rejections) are not suggested
+            # again, nor any the capture would refuse as the same pose.
+            exclude=np.array([v.base_T_flange for v in visited if v.base_T_flange is not None]).reshape(-1, 4, 4),
+            min_separation_m=cfg.capture.min_pose_change_m, min_separation_rad=cfg.capture.min_pose_change_rad,
         )
     except ValueError as exc:
         log.warning("plan: no next station (%s); predicted error at the task points %.4f mm", exc, sigma * 1e3)

@@ -458,6 +458,15 @@ def _gain_scores(F: np.ndarray, Fc: np.ndarray, eps: float, focus: str) -> np.nd
     return -np.trace(inv, axis1=1, axis2=2)
 
 
+def _near(G: np.ndarray, V: np.ndarray, dist_m: float, angle_rad: float) -> np.ndarray:
+    """(M, K) bool: pose ``G[m]`` is within both ``dist_m`` and ``angle_rad`` of ``V[k]``
+    (identical poses always count)."""
+    dp = np.linalg.norm(G[:, None, :3, 3] - V[None, :, :3, 3], axis=2)
+    tr = np.einsum("mij,kij->mk", G[:, :3, :3], V[:, :3, :3])  # trace of R_g^T R_v
+    ang = np.arccos(np.clip((tr - 1.0) / 2.0, -1.0, 1.0))
+    return (dp <= max(dist_m, 1e-9)) & (ang <= max(angle_rad, 1e-6))
+
+
 def _task_points(task_points) -> np.ndarray:
     pts = np.asarray(task_points, float)
     if pts.ndim == 1:
@@ -612,6 +621,8 @@ def plan_stations(
     q_seed_rad=None,
     max_roll_rad: float = math.pi,
     candidates=None,
+    min_separation_m: float = 0.0,
+    min_separation_rad: float = 0.0,
 ) -> StationPlan:
     """N stations that maximise the smallest eigenvalue of the information matrix.
 
@@ -653,6 +664,9 @@ def plan_stations(
     candidates : (Q (M, n_joints), G (M, 4, 4)), optional
         A pool from :func:`candidate_stations` to choose from instead of sampling (those
         no longer in the box or in sight are dropped).
+    min_separation_m, min_separation_rad : float
+        No two stations chosen are within both of these of each other (a capture refuses
+        a pose that near an accepted one as the same pose).
 
     Returns
     -------
@@ -686,8 +700,15 @@ def plan_stations(
     chosen: list[int] = []
     F = np.zeros((p, p))
     free = np.ones(len(Q), bool)
+    near = _near(G, G, min_separation_m, min_separation_rad)  # a candidate is near itself
     for _ in range(n):
-        idx = np.flatnonzero(free)
+        idx = np.flatnonzero(free & ~near[chosen].any(axis=0)) if chosen else np.flatnonzero(free)
+        if len(idx) == 0:
+            raise ValueError(
+                f"only {len(chosen)} of {len(Q)} feasible candidates are {min_separation_m * 1e3:g} mm or "
+                f"{math.degrees(min_separation_rad):g} deg apart; {n} stations were asked for: widen the box or "
+                "the cone, or sample more"
+            )
         k = int(idx[np.argmax(_gain_scores(F, Fc[idx], eps, focus))])
         chosen.append(k)
         free[k] = False
@@ -697,7 +718,10 @@ def plan_stations(
         improved = False
         for pos in range(n):
             base = F - Fc[chosen[pos]]
-            idx = np.flatnonzero(free)
+            others = [c for j, c in enumerate(chosen) if j != pos]
+            idx = np.flatnonzero(free & ~near[others].any(axis=0))
+            if len(idx) == 0:
+                continue
             lam_c = np.linalg.eigvalsh(_focus(base[None] + Fc[idx], focus))[:, 0]
             j = int(np.argmax(lam_c))
             if lam_c[j] > _min_eig(F, focus)[0] * (1.0 + 1e-6):
@@ -743,6 +767,9 @@ def suggest_next_station(
     max_roll_rad: float = math.pi,
     candidates=None,
     task_points=None,
+    min_separation_m: float = 0.0,
+    min_separation_rad: float = 0.0,
+    exclude=None,
 ) -> NextStation:
     """The reachable, visible station that best fixes the current stations' weakest direction.
 
@@ -762,6 +789,10 @@ def suggest_next_station(
         the station chosen is the one that lowers the largest predicted error at them
         (:func:`task_point_sigma`) most, instead of the one that lifts the smallest
         eigenvalue most. A candidate already among ``stations`` is never chosen again.
+    min_separation_m, min_separation_rad : float
+        Nor one within both of these of a station of ``stations`` or of ``exclude``.
+    exclude : array_like, shape (K, 4, 4), optional
+        Poses not to suggest (e.g. stations given up after rejections).
 
     Returns
     -------
@@ -780,10 +811,11 @@ def suggest_next_station(
     rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
     Q, G, n_cand = _pool(candidates, fk, joint_limits_rad, workspace_box_m, tracker_cell_p, cell_T_base,
                          flange_T_target, target_axis, cone_deg, n_candidates, rng, ik, q_seed_rad, max_roll_rad)
-    if len(S) and len(Q):
-        # A station measured already adds nothing new: drop it from the pool.
-        d = np.abs(G[:, None, :3, :] - S[None, :, :3, :]).reshape(len(G), len(S), -1).max(axis=2)
-        fresh = d.min(axis=1) > 1e-6
+    V = S if exclude is None else np.concatenate([S, np.asarray(exclude, float).reshape(-1, 4, 4)])
+    if len(V) and len(Q):
+        # A station measured already (or as near as the capture calls the same pose) adds
+        # nothing a capture would accept: drop it from the pool.
+        fresh = ~_near(G, V, min_separation_m, min_separation_rad).any(axis=1)
         Q, G = Q[fresh], G[fresh]
     if len(Q) == 0:
         raise ValueError(
