@@ -146,6 +146,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=1, help="interleaved pairs (fixed, target)")
     ap.add_argument("--target-mm", type=float, default=0.05)
     ap.add_argument("--stations", type=int, default=20, help="stations of the fixed plan")
+    ap.add_argument("--cells", default="tracker-limited,demo",
+                    help="comma list: demo (the demo cell as it is), tracker-limited (its arm without hidden errors)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
 
@@ -153,30 +155,41 @@ def main() -> int:
     from cellcal.sim.scenario import load_scenario
 
     task_mm = [round(v * 1e3, 1) for v in load_config(ROOT / "config" / "demo.toml").plan.task_points_m[0]]
-    scenario = load_scenario(ROOT / "config" / "demo-scenario.toml")
-    scenario = dataclasses.replace(scenario, time_scale=args.scale, drift=(),
-                                   tracker=dataclasses.replace(scenario.tracker, faults=()))
+    demo = load_scenario(ROOT / "config" / "demo-scenario.toml")
+    demo = dataclasses.replace(demo, time_scale=args.scale, drift=(), tracker=dataclasses.replace(demo.tracker, faults=()))
+    # The same cell with an arm whose controller knows it exactly: no hidden kinematic
+    # errors, sag, warm-up or backlash; the tracker's noise is then what limits.
+    exact_arm = {k: v for k, v in demo.robot.items() if k not in ("residual", "compliance", "thermal", "backlash_deg")}
+    cells = {"tracker-limited": dataclasses.replace(demo, robot=exact_arm), "demo": demo}
+    names = [c.strip() for c in args.cells.split(",") if c.strip()]
     target_m = args.target_mm * 1e-3
     load_before = os.getloadavg()
     runs = []
     for _ in range(args.repeats):
-        for mode in ("fixed", "target"):
-            r = one_run(mode, scenario, target_m, args.stations)
-            print(r, flush=True)
-            runs.append(r)
+        for cell in names:
+            for mode in ("fixed", "target"):
+                r = one_run(mode, cells[cell], target_m, args.stations)
+                r["cell"] = cell
+                print(r, flush=True)
+                runs.append(r)
     load_after = os.getloadavg()
 
-    def med(mode: str, key: str) -> float:
-        v = sorted(r[key] for r in runs if r["mode"] == mode)
+    def med(cell: str, mode: str, key: str) -> float:
+        v = sorted(r[key] for r in runs if r["mode"] == mode and r["cell"] == cell)
         return float(np.median(v)) if v else math.nan
 
-    ratio = med("target", "wall_s") / med("fixed", "wall_s")
     rows = []
     for r in runs:
         reach = "" if r["mode"] != "fixed" else (f"{r['first_reached']}" if r["first_reached"] else "never")
-        rows.append(f"| {r['mode']} | {r['n']} | {reach} | {r['wall_s']:.1f} s | {r['sigma_m'] * 1e3:.4f} mm | "
-                    f"{r['err_m'] * 1e3:.4f} mm ({r['err_m'] / r['sigma_m']:.2f} sigma) | {r['status']} |")
-    verdict = "met" if ratio <= 0.6 else "missed"
+        rows.append(f"| {r['cell']} | {r['mode']} | {r['n']} | {reach} | {r['wall_s']:.1f} s | "
+                    f"{r['sigma_m'] * 1e3:.4f} mm | {r['err_m'] * 1e3:.4f} mm ({r['err_m'] / r['sigma_m']:.2f} sigma) "
+                    f"| {r['status']} |")
+    ratios = []
+    for cell in names:
+        ratio = med(cell, "target", "wall_s") / med(cell, "fixed", "wall_s")
+        ratios.append(f"**{cell}**: wall-time ratio target / fixed (medians) **{ratio:.2f}** "
+                      f"({'at most 0.6' if ratio <= 0.6 else 'above 0.6'}), stations {med(cell, 'target', 'n'):.0f} "
+                      f"against {med(cell, 'fixed', 'n'):.0f}.")
     md = [
         "## Downtime to a target uncertainty (`bench/plan_bench.py`)",
         "",
@@ -196,12 +209,15 @@ def main() -> int:
         "truth there; \"reached after\" is the first station count of the fixed plan whose prediction is at most "
         "the target.",
         "",
-        "| run | stations | reached after | wall time | prediction | error vs truth | status |",
-        "|---|---:|---:|---:|---:|---:|---|",
+        "Cells: **demo** is the demo cell as it is; **tracker-limited** is the same cell with an arm "
+        "whose controller knows it exactly (no hidden kinematic errors, sag, warm-up or backlash), so that "
+        "the tracker's noise is what limits.",
+        "",
+        "| cell | run | stations | reached after | wall time | prediction | error vs truth | status |",
+        "|---|---|---:|---:|---:|---:|---:|---|",
         *rows,
         "",
-        f"Wall-time ratio target / fixed (medians): **{ratio:.2f}** (target <= 0.6: {verdict}); stations "
-        f"{med('target', 'n'):.0f} against {med('fixed', 'n'):.0f}.",
+        *ratios,
     ]
     text = "\n".join(md)
     print(text)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +37,7 @@ from cellcal.solver.se3 import make_transform, matrix_from_quat
 
 __all__ = ["PlannedStation", "PlanError", "generate_plan", "sight_of", "explicit_plan", "plan_to_dict",
            "plan_from_dict", "plan_from_config", "to_target", "predicted_task_sigma", "next_station",
-           "stations_to_visit", "FIRST_STATIONS_POSE", "FIRST_STATIONS_POINT"]
+           "stations_to_visit", "FIRST_STATIONS_POSE", "FIRST_STATIONS_POINT", "PLATEAU_STATIONS", "PLATEAU_GAIN", "NEAR_BEST"]
 
 log = logging.getLogger(__name__)
 
@@ -322,11 +323,38 @@ def predicted_task_sigma(records: list[Any], cfg: Any) -> tuple[float, Any]:
     return (sig if math.isfinite(sig) else math.inf), result
 
 
+#: A run to a target also stops when the last ``PLATEAU_STATIONS`` stations together did not
+#: bring the best predicted error down by ``PLATEAU_GAIN`` of what averaging alone would
+#: (``1 - sqrt((n - 4) / n)`` for n stations): the error is then set by something more
+#: stations do not average away (the arm's kinematic error, which the result's covariance
+#: includes), and capturing up to ``max_stations`` would be downtime for nothing.
+PLATEAU_STATIONS = 4
+PLATEAU_GAIN = 0.5
+#: Of the candidates whose predicted error at the task points is within this (relative) of
+#: the best, the next station is the one nearest the robot in joint space.
+NEAR_BEST = 0.05
+
+
+def _plateau(records: list[Any], cfg: Any, sigma: float) -> tuple[float, float] | None:
+    """``(best before, best of the last PLATEAU_STATIONS)`` predicted errors when the run's
+    prediction has stopped falling, else None."""
+    n = len(records)
+    if n < FIRST_STATIONS_POINT + PLATEAU_STATIONS or not math.isfinite(sigma):
+        return None
+    history = [predicted_task_sigma(records[:k], cfg)[0] for k in range(3, n)] + [sigma]
+    before, recent = min(history[:-PLATEAU_STATIONS]), min(history[-PLATEAU_STATIONS:])
+    averaging = 1.0 - math.sqrt((n - PLATEAU_STATIONS) / n)
+    if math.isfinite(before) and recent > (1.0 - PLATEAU_GAIN * averaging) * before:
+        return before, recent
+    return None
+
+
 def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, model: Any,
                  index: int) -> PlannedStation | None:
     """The decision of a run to a target: None when the predicted error at the task points
-    is at most ``[plan] target_sigma_mm`` (or ``max_stations`` were visited), else the
-    station the planner suggests for the task points from the stations accepted so far.
+    is at most ``[plan] target_sigma_mm``, when it no longer falls (``PLATEAU_STATIONS``), or
+    when ``max_stations`` were visited; else the station the planner suggests for the task
+    points from the stations accepted so far.
 
     Parameters
     ----------
@@ -344,10 +372,18 @@ def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, mo
     from cellcal.solver.planning import suggest_next_station
 
     p = cfg.plan
+    t0 = time.monotonic()
     sigma, result = predicted_task_sigma(records, cfg)
     if sigma <= p.target_sigma_m:
         log.info("plan: predicted error at the task points %.4f mm <= target %.4f mm after %d stations: done",
                  sigma * 1e3, p.target_sigma_m * 1e3, len(records))
+        return None
+    floor = _plateau(records, cfg, sigma)
+    if floor is not None:
+        log.warning("plan: predicted error at the task points %.4f mm no longer falls with more stations (best %.4f mm "
+                    "%d stations ago, %.4f mm since): the target %.4f mm is below what this cell reaches (the residual "
+                    "tests name the arm's or the tracker's model error); stopping after %d stations", sigma * 1e3,
+                    floor[0] * 1e3, PLATEAU_STATIONS, floor[1] * 1e3, p.target_sigma_m * 1e3, len(records))
         return None
     if len(visited) >= p.max_stations:
         log.warning("plan: %d stations visited (plan.max_stations), predicted error at the task points %.4f mm "
@@ -381,6 +417,10 @@ def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, mo
         tracker = tracker_b
     lim = _limits(home, p.joint_min_rad, p.joint_max_rad)
     S = np.array([r.base_T_flange for r in records]).reshape(-1, 4, 4)
+    # Where the robot is now: the last station visited (measured or given up).
+    q_now = next((v.q_rad for v in reversed(visited) if v.q_rad is not None), None)
+    if q_now is None and records and records[-1].q_rad is not None:
+        q_now = records[-1].q_rad
     try:
         nxt = suggest_next_station(
             S, model.forward, lim, (np.asarray(p.workspace_min_m), np.asarray(p.workspace_max_m)), tracker, X,
@@ -390,6 +430,7 @@ def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, mo
             # again, nor any the capture would refuse as the same pose.
             exclude=np.array([v.base_T_flange for v in visited if v.base_T_flange is not None]).reshape(-1, 4, 4),
             min_separation_m=cfg.capture.min_pose_change_m, min_separation_rad=cfg.capture.min_pose_change_rad,
+            q_current_rad=q_now, near_best=NEAR_BEST,
         )
     except ValueError as exc:
         log.warning("plan: no next station (%s); predicted error at the task points %.4f mm", exc, sigma * 1e3)
@@ -398,8 +439,8 @@ def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, mo
     # stations showed: the ratio carries the prediction over.
     ratio = nxt.task_sigma_after_m / nxt.task_sigma_before_m if math.isfinite(nxt.task_sigma_before_m) else math.nan
     log.info("plan: predicted error at the task points %.4f mm after %d stations (target %.4f mm); next station "
-             "%d, expected to bring it to %.4f mm", sigma * 1e3, len(records), p.target_sigma_m * 1e3, index,
-             sigma * ratio * 1e3)
+             "%d, expected to bring it to %.4f mm (decided in %.0f ms)", sigma * 1e3, len(records),
+             p.target_sigma_m * 1e3, index, sigma * ratio * 1e3, (time.monotonic() - t0) * 1e3)
     return PlannedStation(index, nxt.q_rad, nxt.base_T_flange)
 
 
@@ -415,11 +456,11 @@ def stations_to_visit(todo: list[PlannedStation], records: list[Any], cfg: Any, 
         return
     used = {ps.index for ps in todo} | {r.plan_index for r in records}
     while True:
-        # Visited = accepted ones and every station yielded (measured or given up).
-        accepted = [PlannedStation(r.plan_index, None, r.base_T_flange) for r in records]
-        seen = {ps.index for ps in accepted}
-        nxt = next_station(records, accepted + [v for v in visited if v.index not in seen], cfg, model,
-                           max(used, default=-1) + 1)
+        # Visited: the stations accepted before this capture began (a resumed run), then every
+        # station yielded, measured or given up, in order (the last is where the robot is).
+        mine = {v.index for v in visited}
+        earlier = [PlannedStation(r.plan_index, r.q_rad, r.base_T_flange) for r in records if r.plan_index not in mine]
+        nxt = next_station(records, earlier + visited, cfg, model, max(used, default=-1) + 1)
         if nxt is None:
             return
         used.add(nxt.index)

@@ -770,6 +770,8 @@ def suggest_next_station(
     min_separation_m: float = 0.0,
     min_separation_rad: float = 0.0,
     exclude=None,
+    q_current_rad=None,
+    near_best: float = 0.0,
 ) -> NextStation:
     """The reachable, visible station that best fixes the current stations' weakest direction.
 
@@ -793,6 +795,12 @@ def suggest_next_station(
         Nor one within both of these of a station of ``stations`` or of ``exclude``.
     exclude : array_like, shape (K, 4, 4), optional
         Poses not to suggest (e.g. stations given up after rejections).
+    q_current_rad : array_like, shape (n_joints,), optional
+        Where the robot is: of the candidates scoring within ``near_best`` (relative) of
+        the best, the one with the smallest largest joint move from here is chosen (moves
+        are downtime too).
+    near_best : float
+        That tolerance (0: the best score only).
 
     Returns
     -------
@@ -838,11 +846,24 @@ def suggest_next_station(
     if pts is not None:
         task_before = float(np.sqrt(_task_variances(F, cell_T_base, pts, measurement, lever_arm_m).max()))
         task_all = np.sqrt(_task_variances(F[None] + Fc, cell_T_base, pts, measurement, lever_arm_m).max(axis=1))
+    qc = None if q_current_rad is None else np.asarray(q_current_rad, float).reshape(-1)
+
+    def nearest(good: np.ndarray, best: int) -> int:
+        """Among the candidates ``good`` (bool), the one the robot reaches with the smallest
+        largest joint move (``best`` without ``q_current_rad``)."""
+        if qc is None or not good.any():
+            return best
+        idx = np.flatnonzero(good)
+        return int(idx[np.argmin(np.max(np.abs(Q[idx] - qc), axis=1))])
+
+    tol = max(float(near_best), 0.0)
     if task_all is not None and np.isfinite(task_all).any():
         k = int(np.argmin(task_all))
+        k = nearest(task_all <= task_all[k] * (1.0 + tol), k)
         task_after = float(task_all[k])
     elif after.max() > eps:
         k = int(np.argmax(after))
+        k = nearest(after >= after[k] * (1.0 - tol), k)
     else:
         # Gain along the null directions of the full matrix (the focus one is not defined
         # yet when the nuisance block is singular).
