@@ -308,3 +308,25 @@ def test_planned_stations_rotate_about_spread_axes():
             axes.append(w / np.linalg.norm(w))
     s = np.linalg.svd(np.array(axes), compute_uv=False)
     assert s[-1] / s[0] > 0.2, s
+
+
+def test_daemon_stops_when_more_stations_no_longer_lower_the_prediction(tmp_path):
+    """In the realistic cell the arm's kinematic error sets a floor far above 1 um: the run
+    stops on the plateau rule well before max_stations, with the prediction above the target
+    and no better than (PLATEAU_GAIN of averaging) what it was PLATEAU_STATIONS stations earlier."""
+    X, _Y = _demo_truth()
+    ov = {"plan": {"target_sigma_mm": 0.001, "task_points_mm": [[float(v) for v in _task_cell(X) * 1e3]],
+                   "max_stations": 30, "tracker_xyz_mm": [-1200.0, 2330.0, -100.0]}}
+    with inprocess_cell(tmp_path, scenario="realistic", n_stations=20, overrides=ov, zmq=False) as cell:
+        run_id = cell.svc.start_run("base_frame", reason="test")
+        body = cell.wait_result(run_id, timeout_s=300.0)
+        records = cell.svc.store.stations(run_id)
+        n = len(records)
+        assert body["n_stations"] == n
+        assert dplan.FIRST_STATIONS_POINT + dplan.PLATEAU_STATIONS <= n < 30, n
+        sigma, _ = dplan.predicted_task_sigma(records, cell.cfg)
+        assert sigma > 0.001e-3
+        assert dplan._plateau(records, cell.cfg, sigma) is not None
+        # One station earlier the rule had not fired (it stops at the first plateau).
+        prev, _ = dplan.predicted_task_sigma(records[:-1], cell.cfg)
+        assert dplan._plateau(records[:-1], cell.cfg, prev) is None
