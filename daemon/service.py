@@ -880,9 +880,9 @@ class Service:
             todo = [PlannedStation(i, None, None) for i in range(next_index, n_target)]
             n_planned = n_target
         engine = None
-        if todo:  # a run resumed after its last station is solved without the devices
-            engine = self._ensure_devices(not robot_only, State.CAPTURING, detail)
         adaptive = to_target(self.cfg.plan) and run.kind == P.KIND_BASE_FRAME and not observe
+        if todo or adaptive:  # a run resumed after its last station is solved without the devices
+            engine = self._ensure_devices(not robot_only, State.CAPTURING, detail)
         for ps in stations_to_visit(todo, records, self.cfg, self._devices.model, adaptive=adaptive):
             attempts = 0
             while True:

@@ -330,3 +330,33 @@ def test_daemon_stops_when_more_stations_no_longer_lower_the_prediction(tmp_path
         # One station earlier the rule had not fired (it stops at the first plateau).
         prev, _ = dplan.predicted_task_sigma(records[:-1], cell.cfg)
         assert dplan._plateau(records[:-1], cell.cfg, prev) is None
+
+
+def test_a_run_to_a_target_resumed_after_its_planned_stations_goes_on_to_the_target(tmp_path):
+    """The daemon stops once the run's planned stations are stored (the target not yet
+    reached); the restarted daemon resumes the run with the planner's stations, not with a
+    fixed count, and stops at the target."""
+    from cellcal.daemon import protocol as P
+    from cellcal.daemon.store import Store
+
+    target_m = 2.5e-6
+    state = tmp_path / "state"
+    ov = _target_overrides(target_m * 1e3)
+    last_planned = dplan.FIRST_STATIONS_POSE - 1
+    with inprocess_cell(tmp_path, state_dir=state, n_stations=20, overrides=ov) as cell:
+        run_id = cell.svc.start_run("base_frame", reason="test")
+        cell.wait_for(lambda t, b: t == P.TOPIC_STATION and b["accepted"] and b["index"] == last_planned, 90.0,
+                      "the last planned station")
+    with Store(state, read_only=True) as ro:
+        run = ro.get_run(run_id)
+        assert run.is_open and len(run.plan["stations"]) == dplan.FIRST_STATIONS_POSE
+        n_before = run.n_stations
+    with inprocess_cell(tmp_path / "again", state_dir=state, n_stations=20, overrides=ov) as cell:
+        body = cell.wait_result(run_id, timeout_s=240.0)
+        records = cell.svc.store.stations(run_id)
+        assert len(records) >= max(n_before, dplan.FIRST_STATIONS_POSE)
+        assert body["n_stations"] == len(records) < 20
+        assert len({r.plan_index for r in records}) == len(records)
+        sigma, _ = dplan.predicted_task_sigma(records, cell.cfg)
+        assert sigma <= target_m
+        assert dplan.predicted_task_sigma(records[:-1], cell.cfg)[0] > target_m
