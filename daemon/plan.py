@@ -2,13 +2,15 @@
 
 * **explicit**: the stations listed in the configuration (joint vectors, or flange poses in
   the base frame), in the order given.
-* **generated**: ``n`` stations chosen by the one planner, ``cellcal.solver.planning``,
-  from candidates inside a workspace box (base frame), reachable by inverse kinematics from
-  the home configuration within the joint limits, with the target in the tracker's line of
-  sight (its rough position, ``[plan] tracker_xyz_mm``, and the target's acceptance cone;
-  without a position: within ``max_tilt_deg`` of the home orientation). The planner picks
-  the stations that determine ``cell_T_base`` best. The order is a nearest-neighbour tour
-  in joint space from home, which keeps moves short.
+* **generated**: with the tracker's rough position (``[plan] tracker_xyz_mm``), ``n``
+  stations chosen by the one planner, ``cellcal.solver.planning``, from candidates inside a
+  workspace box (base frame), reachable by inverse kinematics from the home configuration
+  within the joint limits, with the target in the tracker's line of sight (that position
+  and the target's acceptance cone); the planner picks the stations that determine
+  ``cell_T_base`` best. Without a position, stations tilted from the home orientation
+  (which is taken to face the tracker) about axes spread around the circle and turned
+  about the tool axis (a high ``axis_spread``, ADR 0002). The order is a nearest-neighbour
+  tour in joint space from home, which keeps moves short.
 * **to a target** (``[plan] target_sigma_mm`` with task points): a run starts with the
   first few planned stations and then, after every accepted station, solves what it has:
   once the predicted error at every task point is at most the target it stops, otherwise
@@ -33,7 +35,7 @@ import numpy as np
 
 from cellcal.solver.errors import CellcalError
 from cellcal.solver.planning import candidate_stations, plan_stations
-from cellcal.solver.se3 import make_transform, matrix_from_quat
+from cellcal.solver.se3 import make_transform, matrix_from_quat, so3_exp
 
 __all__ = ["PlannedStation", "PlanError", "generate_plan", "sight_of", "explicit_plan", "plan_to_dict",
            "plan_from_dict", "plan_from_config", "to_target", "predicted_task_sigma", "next_station",
@@ -73,6 +75,8 @@ _MIN_POOL = 150
 #: tracker's position is not known: far enough that the line-of-sight cone becomes "tilted
 #: at most max_tilt_deg from the home orientation".
 _FAR_M = 1e3
+#: The target's offset from the flange along its axis assumed for the plan's information.
+_NOMINAL_OFFSET_M = 0.05
 
 
 def sight_of(model: Any, *, home_q_rad: np.ndarray, max_tilt_rad: float, tracker_base_m: Any = None,
@@ -92,6 +96,101 @@ def sight_of(model: Any, *, home_q_rad: np.ndarray, max_tilt_rad: float, tracker
     return T[:3, 3] + _FAR_M * facing, math.degrees(max(max_tilt_rad, math.radians(1.0)))
 
 
+def _halton(i: int, base: int) -> float:
+    f, r = 1.0, 0.0
+    while i > 0:
+        f /= base
+        r += f * (i % base)
+        i //= base
+    return r
+
+
+def _tilt_plan(
+    model: Any,
+    *,
+    n: int,
+    box_min_m: np.ndarray,
+    box_max_m: np.ndarray,
+    max_tilt_rad: float,
+    home_q_rad: np.ndarray,
+    q_min_rad: np.ndarray | None = None,
+    q_max_rad: np.ndarray | None = None,
+    seed: int = 0,
+    max_draws: int | None = None,
+) -> list[PlannedStation]:
+    """``n`` reachable stations tilted from the home orientation with well-spread rotation
+    axes: the plan when the tracker's position is not configured (the home pose is then
+    taken to face the tracker, and the stations stay within ``max_tilt_rad`` of it).
+
+    Parameters
+    ----------
+    model : object with ``forward(q) -> (4, 4)`` and ``inverse(T, q_seed) -> q``
+        The robot's kinematics (``cellcal.drivers.kinematics.DHModel``).
+    n : int
+        Stations wanted (>= 3).
+    box_min_m, box_max_m : (3,) arrays
+        Workspace box for the flange origin, base frame, metres.
+    max_tilt_rad : float
+        Largest tilt from the home orientation (the turn about the tool axis is up to the
+        same angle).
+    home_q_rad : (6,) array
+        Home configuration: IK seed and the start of the tour.
+    q_min_rad, q_max_rad : (6,) arrays, optional
+        Joint limits (default +-2 pi).
+    seed : int
+        Seed for the position draw (the plan is a deterministic function of its inputs).
+
+    Raises
+    ------
+    PlanError
+        If fewer than ``n`` reachable stations were found in ``max_draws`` draws.
+    """
+    if n < 3:
+        raise PlanError(f"a plan needs at least 3 stations, got {n}")
+    home = np.asarray(home_q_rad, dtype=float)
+    lo = np.full(home.shape, -2 * math.pi) if q_min_rad is None else np.asarray(q_min_rad, float)
+    hi = np.full(home.shape, 2 * math.pi) if q_max_rad is None else np.asarray(q_max_rad, float)
+    box_min_m, box_max_m = np.asarray(box_min_m, float), np.asarray(box_max_m, float)
+    R_home = model.forward(home)[:3, :3]
+    rng = np.random.default_rng(seed)
+    shift = rng.uniform(0, 1, 3)  # a seeded Cranley-Patterson rotation of the Halton points
+    golden = math.pi * (3.0 - math.sqrt(5.0))
+    stations: list[tuple[np.ndarray, np.ndarray]] = []
+    draws = 0
+    limit = max_draws if max_draws is not None else 20 * n
+    while len(stations) < n and draws < limit:
+        draws += 1
+        u = np.array([(_halton(draws, b) + s) % 1.0 for b, s in zip((2, 3, 5), shift, strict=True)])
+        p = box_min_m + u * (box_max_m - box_min_m)
+        # Tilt axis turns by the golden angle per station; tilt and tool-axis turn alternate
+        # in sign and size so every pair of stations differs about a different axis.
+        phi = golden * draws
+        tilt = max_tilt_rad * (0.5 + 0.5 * _halton(draws, 7))
+        yaw = max_tilt_rad * (2.0 * _halton(draws, 11) - 1.0)
+        axis = np.array([math.cos(phi), math.sin(phi), 0.0])
+        R = R_home @ so3_exp(np.array([0.0, 0.0, yaw])) @ so3_exp(axis * tilt)
+        T = make_transform(R, p)
+        seed_q = stations[-1][0] if stations else home
+        try:
+            q = model.inverse(T, seed_q)
+        except ValueError:
+            try:
+                q = model.inverse(T, home)
+            except ValueError:
+                continue
+        if np.any(q < lo) or np.any(q > hi):
+            continue
+        stations.append((q, T))
+    if len(stations) < n:
+        raise PlanError(
+            f"only {len(stations)} of {n} stations reachable in {draws} draws: widen the "
+            f"workspace box, reduce max_tilt_deg or move it nearer the robot's home pose"
+        )
+    order = _tour([q for q, _ in stations], home)
+    return [PlannedStation(i, stations[j][0], stations[j][1]) for i, j in enumerate(order)]
+
+
+
 def generate_plan(
     model: Any,
     *,
@@ -109,14 +208,19 @@ def generate_plan(
     cone_rad: float = math.radians(45.0),
     min_separation_m: float = 5e-3,
     min_separation_rad: float = math.radians(2.0),
+    measurement: str = "pose",
 ) -> list[PlannedStation]:
     """``n`` stations chosen by the planner (``cellcal.solver.planning.plan_stations``).
 
-    Candidates are solved by inverse kinematics from the home configuration: flange
+    With the tracker's position (``tracker_base_m``), candidates are solved by inverse
+    kinematics from the home configuration: flange
     origins in the box, the target facing the tracker within its acceptance cone and turned
     about its axis by at most ``max_tilt_rad``, within the joint limits; the planner picks
     the ``n`` that determine ``cell_T_base`` best (E-optimal). The order is a
-    nearest-neighbour tour in joint space from home.
+    nearest-neighbour tour in joint space from home. Without it, the stations are tilted
+    from the home orientation (:func:`_tilt_plan`, the plan before the planner: the home
+    pose is taken to face the tracker); a run to a target then estimates the tracker from
+    those first stations and the planner chooses the rest.
 
     Parameters
     ----------
@@ -146,6 +250,10 @@ def generate_plan(
     min_separation_m, min_separation_rad : float
         No two stations within both of these of each other (``[capture]
         min_pose_change_mm`` and ``_deg``: the capture refuses such a pose as a duplicate).
+    measurement : {"pose", "point"}
+        What the tracker measures (``[tracker] measure``): the information the stations
+        are chosen for (a point calibration needs flange rotations about spread axes to
+        separate the reflector's offset from the base translation).
 
     Raises
     ------
@@ -155,15 +263,26 @@ def generate_plan(
     if n < 3:
         raise PlanError(f"a plan needs at least 3 stations, got {n}")
     home = np.asarray(home_q_rad, dtype=float)
+    if tracker_base_m is None or not len(tracker_base_m):
+        return _tilt_plan(model, n=n, box_min_m=box_min_m, box_max_m=box_max_m, max_tilt_rad=max_tilt_rad,
+                          home_q_rad=home, q_min_rad=q_min_rad, q_max_rad=q_max_rad, seed=seed, max_draws=max_draws)
     pool, tracker, cone_deg = _pool(model, n=n, box_min_m=box_min_m, box_max_m=box_max_m, max_tilt_rad=max_tilt_rad,
                                     home_q_rad=home, q_min_rad=q_min_rad, q_max_rad=q_max_rad, seed=seed,
                                     max_draws=max_draws, tracker_base_m=tracker_base_m, target_axis=target_axis,
                                     cone_rad=cone_rad)
     lim = _limits(home, q_min_rad, q_max_rad)
+    # A point fit must also separate the reflector's offset from the base translation, which
+    # takes flange rotations about spread axes: its stations are chosen for every unknown.
+    focus = "all"
+    # The target a few centimetres out along its axis (its offset is not known before the
+    # first calibration): at the flange origin no rotation would move a point at all.
+    Y = np.eye(4)
+    Y[:3, 3] = _NOMINAL_OFFSET_M * np.asarray(target_axis, float) / np.linalg.norm(np.asarray(target_axis, float))
     try:
         chosen = plan_stations(model.forward, lim, (box_min_m, box_max_m), tracker, np.eye(4), n,
-                               target_axis=target_axis, cone_deg=cone_deg, candidates=pool, rng=seed,
-                               min_separation_m=min_separation_m, min_separation_rad=min_separation_rad)
+                               flange_T_target=Y, target_axis=target_axis, cone_deg=cone_deg, candidates=pool, rng=seed,
+                               min_separation_m=min_separation_m, min_separation_rad=min_separation_rad,
+                               measurement=measurement, focus=focus)
     except ValueError as exc:
         raise PlanError(
             f"{exc}; the plan is for a tracker at {np.round(tracker, 3).tolist()} m (base frame) and a cone of "
@@ -303,7 +422,7 @@ def plan_from_config(cfg: Any, model: Any) -> list[PlannedStation]:
         max_tilt_rad=p.max_tilt_rad, home_q_rad=np.array(p.home_q_rad), q_min_rad=np.array(p.joint_min_rad),
         q_max_rad=np.array(p.joint_max_rad), seed=p.seed, tracker_base_m=p.tracker_xyz_m or None,
         target_axis=p.target_axis, cone_rad=p.cone_rad, min_separation_m=cfg.capture.min_pose_change_m,
-        min_separation_rad=cfg.capture.min_pose_change_rad,
+        min_separation_rad=cfg.capture.min_pose_change_rad, measurement=cfg.tracker.measure,
     )
 
 

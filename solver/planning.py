@@ -370,6 +370,7 @@ def _ik_candidates(fk, ik, lim, lo, hi, X, Y, tracker_cell_p, target_axis, cone_
     Xinv_R, Xinv_t = X[:3, :3].T, -X[:3, :3].T @ X[:3, 3]
     tracker_b = Xinv_R @ np.asarray(tracker_cell_p, float).reshape(3) + Xinv_t
     cos_cone = math.cos(math.radians(min(float(cone_deg), 180.0)) * _CONE_MARGIN)
+    cos_half = math.cos(math.radians(min(float(cone_deg), 180.0)) * 0.5)
     qs: list[np.ndarray] = []
     evaluated = 0
     n_anchor = min(want, max(_MIN_ANCHORS, want // _ANCHOR_EVERY))
@@ -381,8 +382,9 @@ def _ik_candidates(fk, ik, lim, lo, hi, X, Y, tracker_cell_p, target_axis, cone_
         if nd < 1e-9:
             continue
         d = d / nd
-        # Uniform on the spherical cap of the cone around d.
-        cz = rng.uniform(cos_cone, 1.0)
+        # Uniform on the outer half of the cone's cap around d (tilts of half the cone and
+        # more: stations that differ by rotations about spread axes, what the solver needs).
+        cz = rng.uniform(cos_cone, cos_half)
         az = rng.uniform(0.0, 2.0 * math.pi)
         sz = math.sqrt(max(0.0, 1.0 - cz * cz))
         f_local = np.array([sz * math.cos(az), sz * math.sin(az), cz])

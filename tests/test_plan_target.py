@@ -32,6 +32,10 @@ LIMITS = np.array([[-2 * math.pi, 2 * math.pi]] * 6)
 BOX = (np.array([-0.65, -0.35, 0.2]), np.array([-0.35, 0.15, 0.55]))
 
 
+#: The demo cell's tracker where config/demo.toml's comment puts it (robot base frame, mm).
+DEMO_TRACKER = {"plan": {"tracker_xyz_mm": [-1200.0, 2330.0, -100.0]}}
+
+
 def _demo_truth() -> tuple[np.ndarray, np.ndarray]:
     sc = load_scenario(ROOT / "config" / "demo-scenario.toml")
     return np.asarray(sc.truth.cell_T_base, float), np.asarray(sc.truth.flange_T_target, float)
@@ -49,7 +53,7 @@ def test_generated_plan_of_the_demo_config_is_in_the_trackers_line_of_sight():
     """Every station of the demo's generated plan passes the planner's own line-of-sight test
     with the demo cell's true base, target and tracker, is in the box and within the joint
     limits, and is reached by the joints stored with it."""
-    cfg = load_config(ROOT / "config" / "demo.toml")
+    cfg = load_config(ROOT / "config" / "demo.toml", overrides=DEMO_TRACKER)
     X, Y = _demo_truth()
     stations = dplan.plan_from_config(cfg, UR)
     assert len(stations) == cfg.plan.n_stations
@@ -66,11 +70,16 @@ def test_generated_plan_of_the_demo_config_is_in_the_trackers_line_of_sight():
     # The same inputs give the same plan (a resumed run visits the stations it stored anyway).
     again = dplan.plan_from_config(cfg, UR)
     assert all(np.array_equal(a.q_rad, b.q_rad) for a, b in zip(stations, again, strict=True))
+    # Without the tracker's position the plan tilts from the home pose (taken to face the
+    # tracker): in this cell, whose home pose faces the floor, none of it is in sight.
+    blind = dplan.plan_from_config(load_config(ROOT / "config" / "demo.toml"), UR)
+    Gb = np.array([s.base_T_flange for s in blind])
+    assert not planning.visible(X @ Gb @ Y, p.tracker_cell_xyz_m, cone_deg=math.degrees(p.cone_rad)).any()
 
 
 def test_without_a_tracker_position_the_plan_stays_near_the_home_orientation():
-    """Unknown tracker: the stand-in cone keeps every station's target axis within
-    max_tilt_deg of the home pose's."""
+    """Unknown tracker: the plan tilts from the home pose (taken to face the tracker), every
+    station's target axis within max_tilt_deg of the home pose's."""
     tilt = math.radians(35.0)
     stations = dplan.generate_plan(UR, n=10, box_min_m=BOX[0], box_max_m=BOX[1], max_tilt_rad=tilt, home_q_rad=HOME)
     z_home = UR.forward(HOME)[:3, 2]
@@ -167,7 +176,8 @@ def _with_plan(extra: str, solve: str = "") -> str:
 
 
 def test_plan_target_keys_convert_to_si():
-    cfg = load_config_text(_with_plan("target_sigma_mm = 0.05\ntask_points_mm = [[1000.0, -500.0, 250.0], [0, 0, 0]]"))
+    cfg = load_config_text(_with_plan("target_sigma_mm = 0.05\ntask_points_mm = [[1000.0, -500.0, 250.0], [0, 0, 0]]\n"
+                                      "tracker_xyz_mm = [-1200.0, 2330.0, -100.0]"))
     assert cfg.plan.target_sigma_m == pytest.approx(5e-5)
     assert cfg.plan.task_points_m == [pytest.approx([1.0, -0.5, 0.25]), [0.0, 0.0, 0.0]]
     assert cfg.plan.cone_rad == pytest.approx(math.radians(45.0))
@@ -195,7 +205,7 @@ def test_plan_target_keys_convert_to_si():
 def test_plan_target_keys_are_bounded_and_named(extra, solve, path):
     text = _with_plan(extra, solve)
     # The demo file sets these keys already: the one under test replaces its line there.
-    for line in ("tracker_xyz_mm = [-1200.0, 2330.0, -100.0]\n", "target_axis = [0.0, 0.0, 1.0]\n",
+    for line in ("target_axis = [0.0, 0.0, 1.0]\n",
                  "cone_deg = 45.0\n", "max_stations = 40\n"):
         if line.split(" ")[0] in extra:
             text = text.replace(line, "")
@@ -299,7 +309,7 @@ def test_planned_stations_rotate_about_spread_axes():
     from cellcal.solver.se3 import so3_log
 
     X, Y = _demo_truth()
-    cfg = load_config(ROOT / "config" / "demo.toml")
+    cfg = load_config(ROOT / "config" / "demo.toml", overrides=DEMO_TRACKER)
     G = np.array([s.base_T_flange for s in dplan.plan_from_config(cfg, UR)])
     axes = []
     for i in range(1, len(G)):
