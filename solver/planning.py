@@ -32,8 +32,10 @@ acceptance half-angles: about 30 deg for a 1.5" corner-cube reflector, 45 deg or
 6-DoF probes. Occlusion by the robot itself is not modelled.
 
 Candidates by inverse kinematics (``ik`` given, what the daemon does): flange positions
-uniform in the box, each with the target facing a direction drawn uniformly inside the cone
-around the direction to the tracker and turned about that axis by at most ``max_roll_rad``,
+uniform in the box, each with the target facing a direction drawn uniformly in the outer
+half of the cone around the direction to the tracker (tilted by half the cone or more, so
+that stations differ by rotations about spread axes) and turned about that axis by at most
+``max_roll_rad``,
 solved from ``q_seed_rad`` (the home configuration: the solutions stay on its branch and the
 moves between them short) and kept when the solution is within the joint limits and passes the
 same box and line-of-sight test. These anchors (one candidate in eight) then seed short random
