@@ -370,3 +370,23 @@ def test_a_run_to_a_target_resumed_after_its_planned_stations_goes_on_to_the_tar
         sigma, _ = dplan.predicted_task_sigma(records, cell.cfg)
         assert sigma <= target_m
         assert dplan.predicted_task_sigma(records[:-1], cell.cfg)[0] > target_m
+
+
+def test_without_the_trackers_position_a_run_to_a_target_estimates_it_from_its_first_stations(tmp_path):
+    """No ``tracker_xyz_mm``: the first stations are the tilt plan from home; the planner's
+    stations after them face the tracker where the first stations' calibration puts it (the
+    cell origin here), and the run stops at the target."""
+    target_m = 2.5e-6
+    ov = _target_overrides(target_m * 1e3)
+    del ov["plan"]["tracker_xyz_mm"]
+    with inprocess_cell(tmp_path, n_stations=20, overrides=ov, zmq=False) as cell:
+        run_id = cell.svc.start_run("base_frame", reason="test")
+        cell.wait_result(run_id, timeout_s=240.0)
+        records = cell.svc.store.stations(run_id)
+        X, Y = cell.world.cell_T_base(), cell.world.flange_T_target()
+        G = np.array([r.base_T_flange for r in records])
+        first = dplan.FIRST_STATIONS_POSE
+        assert first < len(records) < 20
+        assert not planning.visible(X @ G[:first] @ Y, np.zeros(3)).any()  # home faces the floor
+        assert planning.visible(X @ G[first:] @ Y, np.zeros(3)).all()
+        assert dplan.predicted_task_sigma(records, cell.cfg)[0] <= target_m
