@@ -200,6 +200,14 @@ class Plan:
     max_extra_stations: int = _f(4, "max_extra_stations", doc="planner stations added when the motions are degenerate")
     seed: int = _f(0, "seed")
     stations: list = _f([], "stations", doc="explicit: [[plan.stations]] tables")
+    target_sigma_m: float = _f(0.0, "target_sigma_mm", _MM,
+                               doc="capture until the predicted error at the task points is this (0: a fixed count)")
+    task_points_m: list = _f([], "task_points_mm", _MM, doc="[[x, y, z], ...] cell frame: where the error counts")
+    max_stations: int = _f(40, "max_stations", doc="with target_sigma_mm: stations at most")
+    tracker_xyz_m: list = _f([], "tracker_xyz_mm", _MM, doc="rough tracker position, robot base frame ([]: unknown)")
+    tracker_cell_xyz_m: list = _f([0.0, 0.0, 0.0], "tracker_cell_xyz_mm", _MM, doc="tracker position, cell frame")
+    target_axis: list = _f([0.0, 0.0, 1.0], "target_axis", doc="direction the target faces, flange frame")
+    cone_rad: float = _f(math.radians(45.0), "cone_deg", _DEG, doc="target's acceptance half-angle")
 
 
 @dataclass(frozen=True)
@@ -308,6 +316,8 @@ class Config:
 _LIST_OF = {(Plan, "stations"): PlanStation, (Zmq, "clients"): ZmqClient}
 # List fields of integers (every other list of scalars holds numbers with a unit).
 _INT_LISTS = {(Zmq, "ipc_allowed_uids"), (Zmq, "ipc_allowed_gids")}
+# List fields of 3-vectors with a unit (``[[x, y, z], ...]``).
+_VECTOR_LISTS = {(Plan, "task_points_m")}
 _CHOICES = {
     (Tracker, "measure"): ("pose", "point"),
     (Capture, "motion_mode"): ("command", "observe"),
@@ -357,6 +367,15 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "plan.joint_max_deg[]": (-3600.0, 3600.0, False),
     "plan.max_extra_stations": (0, 100, False),
     "plan.seed": (0, 2**63 - 1, False),
+    # Below 1 um no tracker gets there; above 10 mm a calibration is not what is wanted.
+    "plan.target_sigma_mm": (0.0, 10.0, False),
+    "plan.task_points_mm[][]": (-1e5, 1e5, False),
+    "plan.max_stations": (3, 1000, False),
+    "plan.tracker_xyz_mm[]": (-1e6, 1e6, False),
+    "plan.tracker_cell_xyz_mm[]": (-1e6, 1e6, False),
+    "plan.target_axis[]": (-1.0, 1.0, False),
+    # A reflector's or probe's acceptance half-angle: nothing accepts from behind.
+    "plan.cone_deg": (0.0, 90.0, True),
     "plan.stations[].q_deg[]": (-3600.0, 3600.0, False),
     "plan.stations[].flange_xyz_mm[]": (-1e5, 1e5, False),
     "plan.stations[].flange_quat_wxyz[]": (-1.001, 1.001, False),
@@ -484,6 +503,15 @@ def _convert(cls: type, fname: str, ftype: Any, value: Any, scale: float, path: 
             return [_convert(cls, fname, elem, v, 1.0, f"{path}[{i}]") for i, v in enumerate(value)]
         if (cls, fname) in _INT_LISTS:
             return [_convert(cls, fname, int, v, 1.0, f"{path}[{i}]") for i, v in enumerate(value)]
+        if (cls, fname) in _VECTOR_LISTS:
+            vecs = []
+            for i, v in enumerate(value):
+                if not isinstance(v, list) or len(v) != 3:
+                    raise ConfigError(f"{path}[{i}]", f"expected 3 numbers [x, y, z], got {_show(v)}")
+                vecs.append([_finite(x, f"{path}[{i}][{j}]") for j, x in enumerate(v)])
+                for j, x in enumerate(vecs[-1]):
+                    _check_bound(f"{path}[{i}][{j}]", x)
+            return [[x * scale for x in v] for v in vecs]
         out = []
         for i, v in enumerate(value):
             x = _finite(v, f"{path}[{i}]")
@@ -776,6 +804,21 @@ def _validate(c: Config) -> None:
         raise ConfigError("plan.home_q_deg", "the home configuration is outside the joint limits")
     if any(lo >= hi for lo, hi in zip(p.workspace_min_m, p.workspace_max_m, strict=True)):
         raise ConfigError("plan.workspace_max_mm", "every component must exceed workspace_min_mm")
+    for name, vec in (("tracker_cell_xyz_mm", p.tracker_cell_xyz_m), ("target_axis", p.target_axis)):
+        if len(vec) != 3:
+            raise ConfigError(f"plan.{name}", f"expected 3 numbers (x, y, z), got {len(vec)}")
+    if len(p.tracker_xyz_m) not in (0, 3):
+        raise ConfigError("plan.tracker_xyz_mm", f"expected 3 numbers (x, y, z) or [] (unknown), got {len(p.tracker_xyz_m)}")
+    if math.sqrt(sum(x * x for x in p.target_axis)) < 0.5:
+        raise ConfigError("plan.target_axis", "must be a direction (a unit vector, e.g. [0, 0, 1])")
+    if p.target_sigma_m > 0.0:
+        if not p.task_points_m:
+            raise ConfigError("plan.task_points_mm", "target_sigma_mm needs at least one task point (cell frame)")
+        if p.kind != "generated":
+            raise ConfigError("plan.target_sigma_mm",
+                              "needs a generated plan (kind = \"generated\"): the planner chooses the stations")
+        if c.solve.kind != "base_frame":
+            raise ConfigError("plan.target_sigma_mm", "applies to a base-frame calibration ([solve] kind = \"base_frame\") only")
     if p.kind == "generated" and p.n_stations < 3:
         raise ConfigError("plan.n_stations", f"at least 3 stations are needed, got {p.n_stations}")
     if p.kind == "explicit":

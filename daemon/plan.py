@@ -2,12 +2,21 @@
 
 * **explicit**: the stations listed in the configuration (joint vectors, or flange poses in
   the base frame), in the order given.
-* **generated**: ``n`` stations inside a workspace box (base frame), each reachable by
-  inverse kinematics from the home configuration within the joint limits, with
-  orientations tilted from the home orientation about axes spread around the circle and
-  turned about the tool axis, so the relative rotations between stations have well
-  spread axes (a high ``axis_spread``, ADR 0002). The order is a nearest-neighbour tour
-  in joint space from home, which keeps moves short.
+* **generated**: with the tracker's rough position (``[plan] tracker_xyz_mm``), ``n``
+  stations chosen by the one planner, ``cellcal.solver.planning``, from candidates inside a
+  workspace box (base frame), reachable by inverse kinematics from the home configuration
+  within the joint limits, with the target in the tracker's line of sight (that position
+  and the target's acceptance cone); the planner picks the stations that determine
+  ``cell_T_base`` best. Without a position, stations tilted from the home orientation
+  (which is taken to face the tracker) about axes spread around the circle and turned
+  about the tool axis (a high ``axis_spread``, ADR 0002). The order is a nearest-neighbour
+  tour in joint space from home, which keeps moves short.
+* **to a target** (``[plan] target_sigma_mm`` with task points): a run starts with the
+  first few planned stations and then, after every accepted station, solves what it has:
+  once the predicted error at every task point is at most the target it stops, otherwise
+  it measures the station :func:`cellcal.solver.planning.suggest_next_station` picks for the
+  task points (:func:`next_station`, called from the capture loop through
+  :func:`stations_to_visit`), up to ``[plan] max_stations``.
 
 A plan is stored with its run (as plain lists), so a run resumed after a crash visits
 exactly the same stations.
@@ -15,16 +24,24 @@ exactly the same stations.
 
 from __future__ import annotations
 
+import logging
 import math
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from cellcal.solver.errors import CellcalError
+from cellcal.solver.planning import candidate_stations, plan_stations
 from cellcal.solver.se3 import make_transform, matrix_from_quat, so3_exp
 
-__all__ = ["PlannedStation", "PlanError", "generate_plan", "explicit_plan", "plan_to_dict", "plan_from_dict"]
+__all__ = ["PlannedStation", "PlanError", "generate_plan", "sight_of", "explicit_plan", "plan_to_dict",
+           "plan_from_dict", "plan_from_config", "to_target", "predicted_task_sigma", "next_station",
+           "stations_to_visit", "FIRST_STATIONS_POSE", "FIRST_STATIONS_POINT", "PLATEAU_STATIONS", "PLATEAU_GAIN", "NEAR_BEST"]
+
+log = logging.getLogger(__name__)
 
 
 class PlanError(CellcalError, ValueError):
@@ -50,6 +67,35 @@ class PlannedStation:
     base_T_flange: np.ndarray | None
 
 
+#: Candidate stations solved by inverse kinematics per planned station (at least
+#: ``_MIN_POOL``): the pool the planner chooses from (about 1 ms of IK each).
+_POOL_PER_STATION = 5
+_MIN_POOL = 150
+#: Distance of the stand-in tracker along the home pose's facing direction when the
+#: tracker's position is not known: far enough that the line-of-sight cone becomes "tilted
+#: at most max_tilt_deg from the home orientation".
+_FAR_M = 1e3
+#: The target's offset from the flange along its axis assumed for the plan's information.
+_NOMINAL_OFFSET_M = 0.05
+
+
+def sight_of(model: Any, *, home_q_rad: np.ndarray, max_tilt_rad: float, tracker_base_m: Any = None,
+             target_axis: Any = (0.0, 0.0, 1.0), cone_rad: float = math.radians(45.0)) -> tuple[np.ndarray, float]:
+    """The line of sight a plan is made for: ``(tracker position in the base frame (3,), cone_deg)``.
+
+    With the tracker's rough position (``[plan] tracker_xyz_mm``) that position and the
+    target's acceptance cone; without it, a stand-in tracker far along the direction the
+    target faces at home with a cone of ``max_tilt_rad``: the operator's home pose faces the
+    tracker, and the stations stay within ``max_tilt`` of it.
+    """
+    if tracker_base_m is not None and len(tracker_base_m):
+        return np.asarray(tracker_base_m, float).reshape(3), math.degrees(cone_rad)
+    T = model.forward(np.asarray(home_q_rad, float))
+    a = np.asarray(target_axis, float)
+    facing = T[:3, :3] @ (a / np.linalg.norm(a))
+    return T[:3, 3] + _FAR_M * facing, math.degrees(max(max_tilt_rad, math.radians(1.0)))
+
+
 def _halton(i: int, base: int) -> float:
     f, r = 1.0, 0.0
     while i > 0:
@@ -59,7 +105,7 @@ def _halton(i: int, base: int) -> float:
     return r
 
 
-def generate_plan(
+def _tilt_plan(
     model: Any,
     *,
     n: int,
@@ -72,7 +118,9 @@ def generate_plan(
     seed: int = 0,
     max_draws: int | None = None,
 ) -> list[PlannedStation]:
-    """Generate ``n`` reachable stations with well-spread rotation axes.
+    """``n`` reachable stations tilted from the home orientation with well-spread rotation
+    axes: the plan when the tracker's position is not configured (the home pose is then
+    taken to face the tracker, and the stations stay within ``max_tilt_rad`` of it).
 
     Parameters
     ----------
@@ -112,7 +160,7 @@ def generate_plan(
     limit = max_draws if max_draws is not None else 20 * n
     while len(stations) < n and draws < limit:
         draws += 1
-        u = np.array([(_halton(draws, b) + s) % 1.0 for b, s in zip((2, 3, 5), shift)])
+        u = np.array([(_halton(draws, b) + s) % 1.0 for b, s in zip((2, 3, 5), shift, strict=True)])
         p = box_min_m + u * (box_max_m - box_min_m)
         # Tilt axis turns by the golden angle per station; tilt and tool-axis turn alternate
         # in sign and size so every pair of stations differs about a different axis.
@@ -140,6 +188,159 @@ def generate_plan(
         )
     order = _tour([q for q, _ in stations], home)
     return [PlannedStation(i, stations[j][0], stations[j][1]) for i, j in enumerate(order)]
+
+
+
+def generate_plan(
+    model: Any,
+    *,
+    n: int,
+    box_min_m: np.ndarray,
+    box_max_m: np.ndarray,
+    max_tilt_rad: float,
+    home_q_rad: np.ndarray,
+    q_min_rad: np.ndarray | None = None,
+    q_max_rad: np.ndarray | None = None,
+    seed: int = 0,
+    max_draws: int | None = None,
+    tracker_base_m: Any = None,
+    target_axis: Any = (0.0, 0.0, 1.0),
+    cone_rad: float = math.radians(45.0),
+    min_separation_m: float = 5e-3,
+    min_separation_rad: float = math.radians(2.0),
+    measurement: str = "pose",
+) -> list[PlannedStation]:
+    """``n`` stations chosen by the planner (``cellcal.solver.planning.plan_stations``).
+
+    With the tracker's position (``tracker_base_m``), candidates are solved by inverse
+    kinematics from the home configuration: flange
+    origins in the box, the target facing the tracker within its acceptance cone and turned
+    about its axis by at most ``max_tilt_rad``, within the joint limits; the planner picks
+    the ``n`` that determine ``cell_T_base`` best (E-optimal). The order is a
+    nearest-neighbour tour in joint space from home. Without it, the stations are tilted
+    from the home orientation (:func:`_tilt_plan`, the plan before the planner: the home
+    pose is taken to face the tracker); a run to a target then estimates the tracker from
+    those first stations and the planner chooses the rest.
+
+    Parameters
+    ----------
+    model : object with ``forward(q) -> (4, 4)`` and ``inverse(T, q_seed) -> q``
+        The robot's kinematics (``cellcal.drivers.kinematics.DHModel``).
+    n : int
+        Stations wanted (>= 3).
+    box_min_m, box_max_m : (3,) arrays
+        Workspace box for the flange origin, base frame, metres.
+    max_tilt_rad : float
+        Largest turn about the target axis; without ``tracker_base_m`` also the largest
+        tilt from the home orientation (:func:`sight_of`).
+    home_q_rad : (6,) array
+        Home configuration: IK seed and the start of the tour.
+    q_min_rad, q_max_rad : (6,) arrays, optional
+        Joint limits (default +-2 pi).
+    seed : int
+        Sampling seed (the plan is a deterministic function of its inputs).
+    max_draws : int, optional
+        Candidates to solve (default ``max(150, 5 n)``).
+    tracker_base_m : (3,) array, optional
+        Rough tracker position in the base frame, m (``[plan] tracker_xyz_mm``).
+    target_axis : (3,) array
+        Direction the target faces, flange frame.
+    cone_rad : float
+        The target's acceptance half-angle.
+    min_separation_m, min_separation_rad : float
+        No two stations within both of these of each other (``[capture]
+        min_pose_change_mm`` and ``_deg``: the capture refuses such a pose as a duplicate).
+    measurement : {"pose", "point"}
+        What the tracker measures (``[tracker] measure``): the information the stations
+        are chosen for (a point calibration needs flange rotations about spread axes to
+        separate the reflector's offset from the base translation).
+
+    Raises
+    ------
+    PlanError
+        If fewer than ``n`` candidates are feasible.
+    """
+    if n < 3:
+        raise PlanError(f"a plan needs at least 3 stations, got {n}")
+    home = np.asarray(home_q_rad, dtype=float)
+    if tracker_base_m is None or not len(tracker_base_m):
+        return _tilt_plan(model, n=n, box_min_m=box_min_m, box_max_m=box_max_m, max_tilt_rad=max_tilt_rad,
+                          home_q_rad=home, q_min_rad=q_min_rad, q_max_rad=q_max_rad, seed=seed, max_draws=max_draws)
+    pool, tracker, cone_deg = _pool(model, n=n, box_min_m=box_min_m, box_max_m=box_max_m, max_tilt_rad=max_tilt_rad,
+                                    home_q_rad=home, q_min_rad=q_min_rad, q_max_rad=q_max_rad, seed=seed,
+                                    max_draws=max_draws, tracker_base_m=tracker_base_m, target_axis=target_axis,
+                                    cone_rad=cone_rad)
+    lim = _limits(home, q_min_rad, q_max_rad)
+    # A point fit must also separate the reflector's offset from the base translation, which
+    # takes flange rotations about spread axes: its stations are chosen for every unknown.
+    focus = "all"
+    # The target a few centimetres out along its axis (its offset is not known before the
+    # first calibration): at the flange origin no rotation would move a point at all.
+    Y = np.eye(4)
+    Y[:3, 3] = _NOMINAL_OFFSET_M * np.asarray(target_axis, float) / np.linalg.norm(np.asarray(target_axis, float))
+    try:
+        chosen = plan_stations(model.forward, lim, (box_min_m, box_max_m), tracker, np.eye(4), n,
+                               flange_T_target=Y, target_axis=target_axis, cone_deg=cone_deg, candidates=pool, rng=seed,
+                               min_separation_m=min_separation_m, min_separation_rad=min_separation_rad,
+                               measurement=measurement, focus=focus)
+    except ValueError as exc:
+        raise PlanError(
+            f"{exc}; the plan is for a tracker at {np.round(tracker, 3).tolist()} m (base frame) and a cone of "
+            f"{cone_deg:.0f} deg: check plan.tracker_xyz_mm, plan.cone_deg and plan.max_tilt_deg, or widen the "
+            f"workspace box"
+        ) from None
+    order = _tour(list(chosen.q_rad), home)
+    return [PlannedStation(i, chosen.q_rad[j], chosen.base_T_flange[j]) for i, j in enumerate(order)]
+
+
+def _limits(home: np.ndarray, q_min_rad: Any, q_max_rad: Any) -> np.ndarray:
+    lo = np.full(home.shape, -2 * math.pi) if q_min_rad is None else np.asarray(q_min_rad, float)
+    hi = np.full(home.shape, 2 * math.pi) if q_max_rad is None else np.asarray(q_max_rad, float)
+    return np.column_stack([lo, hi])
+
+
+def _coarse_ik(model: Any) -> Any:
+    """The model's IK to a micrometre: a candidate's pose is ``forward(q)`` of the joints
+    found, so it need not be the pose asked for exactly, and the plan is made in the API
+    call that starts a run (it must be quick)."""
+    def ik(T: np.ndarray, q_seed: np.ndarray) -> np.ndarray:
+        return np.asarray(model.inverse(T, q_seed, tol_m=1e-6, tol_rad=1e-6, max_iter=60), float)
+    return ik
+
+
+_POOLS: dict[tuple, tuple[tuple[np.ndarray, np.ndarray], np.ndarray, float]] = {}
+
+
+def _pool(model: Any, *, n: int, box_min_m: Any, box_max_m: Any, max_tilt_rad: float, home_q_rad: np.ndarray,
+          q_min_rad: Any, q_max_rad: Any, seed: int, max_draws: int | None, tracker_base_m: Any,
+          target_axis: Any, cone_rad: float) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, float]:
+    """The candidate pool of a plan, ``((Q, G), tracker_base (3,), cone_deg)``; its joints
+    are cached per inputs (a deterministic function of them), so the next-station choices of
+    a run do not solve the inverse kinematics again."""
+    lim = _limits(home_q_rad, q_min_rad, q_max_rad)
+    tracker, cone_deg = sight_of(model, home_q_rad=home_q_rad, max_tilt_rad=max_tilt_rad,
+                                 tracker_base_m=tracker_base_m, target_axis=target_axis, cone_rad=cone_rad)
+    count = int(max_draws) if max_draws is not None else max(_MIN_POOL, _POOL_PER_STATION * n)
+    box = (np.asarray(box_min_m, float).reshape(3), np.asarray(box_max_m, float).reshape(3))
+    key = (getattr(model, "name", ""), count, int(seed), float(max_tilt_rad), float(cone_deg),
+           tuple(np.round(tracker, 9)), tuple(np.asarray(target_axis, float)), tuple(home_q_rad),
+           tuple(lim.reshape(-1)), tuple(box[0]), tuple(box[1]))
+    hit = _POOLS.get(key)
+    if hit is not None:
+        # The joints are kept; their poses are this model's (the controller's calibrated
+        # one differs from the nominal by millimetres: nothing the choice depends on).
+        (Q, _), tr, cone = hit
+        return (Q, np.array([model.forward(q) for q in Q]).reshape(-1, 4, 4)), tr, cone
+    try:
+        Q, G = candidate_stations(model.forward, lim, box, tracker, np.eye(4), target_axis=target_axis,
+                                  cone_deg=cone_deg, ik=_coarse_ik(model), q_seed_rad=home_q_rad,
+                                  max_roll_rad=max_tilt_rad, n_candidates=count, rng=seed)
+    except ValueError as exc:
+        raise PlanError(str(exc)) from None
+    if len(_POOLS) >= 8:
+        _POOLS.pop(next(iter(_POOLS)))
+    _POOLS[key] = ((Q, G), tracker, cone_deg)
+    return _POOLS[key]
 
 
 def _tour(qs: list[np.ndarray], start: np.ndarray) -> list[int]:
@@ -191,3 +392,196 @@ def plan_from_dict(d: dict) -> list[PlannedStation]:
         T = None if s["base_T_flange"] is None else np.asarray(s["base_T_flange"], dtype=float).reshape(4, 4)
         out.append(PlannedStation(int(s["index"]), q, T))
     return out
+
+
+# ---- from the configuration; capturing to a target -------------------------------------------
+
+#: Stations a run to a target starts with (the first ones of the generated plan): enough
+#: for a pose calibration with redundancy; a point calibration needs one more than its
+#: minimum of 4 (``cellcal.daemon.solve.ESTIMATE_MIN_POINT_STATIONS``).
+FIRST_STATIONS_POSE = 4
+FIRST_STATIONS_POINT = 5
+
+
+def to_target(plan_cfg: Any) -> bool:
+    """Whether runs capture until ``[plan] target_sigma_mm`` is reached."""
+    return float(plan_cfg.target_sigma_m) > 0.0 and plan_cfg.kind == "generated"
+
+
+def plan_from_config(cfg: Any, model: Any) -> list[PlannedStation]:
+    """The plan of a new run: ``[plan]``'s explicit stations, the generated plan, or (to a
+    target) the first stations of the generated plan."""
+    p = cfg.plan
+    if p.kind == "explicit":
+        return explicit_plan(p.stations, model)
+    n = p.n_stations
+    if to_target(p):
+        n = min(p.max_stations, FIRST_STATIONS_POINT if cfg.tracker.measure == "point" else FIRST_STATIONS_POSE)
+    return generate_plan(
+        model, n=n, box_min_m=np.array(p.workspace_min_m), box_max_m=np.array(p.workspace_max_m),
+        max_tilt_rad=p.max_tilt_rad, home_q_rad=np.array(p.home_q_rad), q_min_rad=np.array(p.joint_min_rad),
+        q_max_rad=np.array(p.joint_max_rad), seed=p.seed, tracker_base_m=p.tracker_xyz_m or None,
+        target_axis=p.target_axis, cone_rad=p.cone_rad, min_separation_m=cfg.capture.min_pose_change_m,
+        min_separation_rad=cfg.capture.min_pose_change_rad, measurement=cfg.tracker.measure,
+    )
+
+
+def predicted_task_sigma(records: list[Any], cfg: Any) -> tuple[float, Any]:
+    """``(largest predicted error at the task points (m), result or None)`` of a base-frame
+    run's stations solved as they are (inf when they do not yet determine it)."""
+    from cellcal.daemon import solve  # the daemon's solve helpers import nothing of the plan
+    from cellcal.solver.errors import CalibrationError
+
+    if len(records) < 3:
+        return math.inf, None
+    try:
+        result = solve.solve_stations("base_frame", records, cfg.solve)
+    except (CalibrationError, ValueError):
+        return math.inf, None
+    sig = max(float(result.predicted_error_at(np.asarray(t, float)).sigma_m) for t in cfg.plan.task_points_m)
+    return (sig if math.isfinite(sig) else math.inf), result
+
+
+#: A run to a target also stops when the last ``PLATEAU_STATIONS`` stations together did not
+#: bring the best predicted error down by ``PLATEAU_GAIN`` of what averaging alone would
+#: (``1 - sqrt((n - 4) / n)`` for n stations): the error is then set by something more
+#: stations do not average away (the arm's kinematic error, which the result's covariance
+#: includes), and capturing up to ``max_stations`` would be downtime for nothing.
+PLATEAU_STATIONS = 4
+PLATEAU_GAIN = 0.5
+#: Of the candidates whose predicted error at the task points is within this (relative) of
+#: the best, the next station is the one nearest the robot in joint space.
+NEAR_BEST = 0.05
+
+
+def _plateau(records: list[Any], cfg: Any, sigma: float) -> tuple[float, float] | None:
+    """``(best before, best of the last PLATEAU_STATIONS)`` predicted errors when the run's
+    prediction has stopped falling, else None."""
+    n = len(records)
+    if n < FIRST_STATIONS_POINT + PLATEAU_STATIONS or not math.isfinite(sigma):
+        return None
+    history = [predicted_task_sigma(records[:k], cfg)[0] for k in range(3, n)] + [sigma]
+    before, recent = min(history[:-PLATEAU_STATIONS]), min(history[-PLATEAU_STATIONS:])
+    averaging = 1.0 - math.sqrt((n - PLATEAU_STATIONS) / n)
+    if math.isfinite(before) and recent > (1.0 - PLATEAU_GAIN * averaging) * before:
+        return before, recent
+    return None
+
+
+def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, model: Any,
+                 index: int) -> PlannedStation | None:
+    """The decision of a run to a target: None when the predicted error at the task points
+    is at most ``[plan] target_sigma_mm``, when it no longer falls (``PLATEAU_STATIONS``), or
+    when ``max_stations`` were visited; else the station the planner suggests for the task
+    points from the stations accepted so far.
+
+    Parameters
+    ----------
+    records : list of StationRecord
+        The run's accepted stations.
+    visited : list of PlannedStation
+        Every station visited or given up so far (never suggested again).
+    cfg : Config
+        ``[plan]``, ``[solve]`` and ``[tracker]`` are read.
+    model : DHModel
+        The robot's kinematics.
+    index : int
+        ``plan_index`` of the station to suggest.
+    """
+    from cellcal.solver.planning import suggest_next_station
+
+    p = cfg.plan
+    t0 = time.monotonic()
+    sigma, result = predicted_task_sigma(records, cfg)
+    if sigma <= p.target_sigma_m:
+        log.info("plan: predicted error at the task points %.4f mm <= target %.4f mm after %d stations: done",
+                 sigma * 1e3, p.target_sigma_m * 1e3, len(records))
+        return None
+    floor = _plateau(records, cfg, sigma)
+    if floor is not None:
+        log.warning("plan: predicted error at the task points %.4f mm no longer falls with more stations (best %.4f mm "
+                    "%d stations ago, %.4f mm since): the target %.4f mm is below what this cell reaches (the residual "
+                    "tests name the arm's or the tracker's model error); stopping after %d stations", sigma * 1e3,
+                    floor[0] * 1e3, PLATEAU_STATIONS, floor[1] * 1e3, p.target_sigma_m * 1e3, len(records))
+        return None
+    if len(visited) >= p.max_stations:
+        log.warning("plan: %d stations visited (plan.max_stations), predicted error at the task points %.4f mm "
+                    "still above the target %.4f mm", len(visited), sigma * 1e3, p.target_sigma_m * 1e3)
+        return None
+    point = cfg.tracker.measure == "point"
+    home = np.asarray(p.home_q_rad, float)
+    tracker_cfg = np.asarray(p.tracker_xyz_m, float) if p.tracker_xyz_m else None
+    Y = np.eye(4)
+    a = np.asarray(p.target_axis, float)
+    if result is not None:
+        # What the stations say: the base in the cell, the target on the flange, and the
+        # tracker where the configuration puts it in the cell.
+        X, tracker = result.cell_T_base, np.asarray(p.tracker_cell_xyz_m, float)
+        if point:
+            Y[:3, 3] = result.flange_p_target
+        else:
+            Y = result.flange_T_target
+            a = Y[:3, :3].T @ a  # the facing direction in the target frame
+        if tracker_cfg is None:
+            # The tracker estimated from the stations, to a decimetre (the line of sight
+            # barely changes with it, and the candidates are then solved once per run).
+            tracker_cfg = np.round(X[:3, :3].T @ (tracker - X[:3, 3]), 1)
+    else:
+        X, tracker = np.eye(4), None
+    (Q, G), tracker_b, cone_deg = _pool(
+        model, n=p.max_stations, box_min_m=p.workspace_min_m, box_max_m=p.workspace_max_m,
+        max_tilt_rad=p.max_tilt_rad, home_q_rad=home, q_min_rad=p.joint_min_rad, q_max_rad=p.joint_max_rad,
+        seed=p.seed, max_draws=None, tracker_base_m=tracker_cfg, target_axis=p.target_axis, cone_rad=p.cone_rad)
+    if tracker is None:
+        tracker = tracker_b
+    lim = _limits(home, p.joint_min_rad, p.joint_max_rad)
+    S = np.array([r.base_T_flange for r in records]).reshape(-1, 4, 4)
+    # Where the robot is now: the last station visited (measured or given up).
+    q_now = next((v.q_rad for v in reversed(visited) if v.q_rad is not None), None)
+    if q_now is None and records and records[-1].q_rad is not None:
+        q_now = records[-1].q_rad
+    try:
+        nxt = suggest_next_station(
+            S, model.forward, lim, (np.asarray(p.workspace_min_m), np.asarray(p.workspace_max_m)), tracker, X,
+            flange_T_target=Y, measurement="point" if point else "pose", target_axis=a, cone_deg=cone_deg,
+            candidates=(Q, G), task_points=np.asarray(p.task_points_m, float), rng=p.seed + index,
+            # Stations visited (also those given up after rejections) are not suggested
+            # again, nor any the capture would refuse as the same pose.
+            exclude=np.array([v.base_T_flange for v in visited if v.base_T_flange is not None]).reshape(-1, 4, 4),
+            min_separation_m=cfg.capture.min_pose_change_m, min_separation_rad=cfg.capture.min_pose_change_rad,
+            q_current_rad=q_now, near_best=NEAR_BEST,
+        )
+    except ValueError as exc:
+        log.warning("plan: no next station (%s); predicted error at the task points %.4f mm", exc, sigma * 1e3)
+        return None
+    # The planner's figures are for its nominal noise; the result's for the noise the
+    # stations showed: the ratio carries the prediction over.
+    ratio = nxt.task_sigma_after_m / nxt.task_sigma_before_m if math.isfinite(nxt.task_sigma_before_m) else math.nan
+    log.info("plan: predicted error at the task points %.4f mm after %d stations (target %.4f mm); next station "
+             "%d, expected to bring it to %.4f mm (decided in %.0f ms)", sigma * 1e3, len(records),
+             p.target_sigma_m * 1e3, index, sigma * ratio * 1e3, (time.monotonic() - t0) * 1e3)
+    return PlannedStation(index, nxt.q_rad, nxt.base_T_flange)
+
+
+def stations_to_visit(todo: list[PlannedStation], records: list[Any], cfg: Any, model: Any,
+                      *, adaptive: bool) -> Iterator[PlannedStation]:
+    """The stations a run visits: ``todo`` (its plan's, not yet measured), then, when
+    ``adaptive`` (a run to ``[plan] target_sigma_mm``), :func:`next_station`'s until it says
+    stop. ``records`` is the run's list of accepted stations, which the caller extends as
+    it measures: every decision sees the stations accepted before it."""
+    visited = list(todo)
+    yield from todo
+    if not adaptive:
+        return
+    used = {ps.index for ps in todo} | {r.plan_index for r in records}
+    while True:
+        # Visited: the stations accepted before this capture began (a resumed run), then every
+        # station yielded, measured or given up, in order (the last is where the robot is).
+        mine = {v.index for v in visited}
+        earlier = [PlannedStation(r.plan_index, r.q_rad, r.base_T_flange) for r in records if r.plan_index not in mine]
+        nxt = next_station(records, earlier + visited, cfg, model, max(used, default=-1) + 1)
+        if nxt is None:
+            return
+        used.add(nxt.index)
+        visited.append(nxt)
+        yield nxt

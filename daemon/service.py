@@ -68,15 +68,13 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, cast
 
-import numpy as np
-
 from cellcal.daemon import bodies, drift, human, solve
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
 from cellcal.daemon.devices import Backoff, CellDevices, DeviceOpenError
 from cellcal.daemon.gates import check_gates, gates_failed, gates_passed
-from cellcal.daemon.plan import PlannedStation, explicit_plan, generate_plan, plan_from_dict, plan_to_dict
+from cellcal.daemon.plan import PlannedStation, plan_from_config, plan_from_dict, plan_to_dict, stations_to_visit, to_target
 from cellcal.daemon.store import ResultRecord, RunStatus, StationRecord, Store, StoreError
 from cellcal.solver import CalibrationError, DegenerateGeometry
 from cellcal.solver.errors import CellcalError
@@ -686,15 +684,7 @@ class Service:
             time.sleep(0.02)
 
     def make_plan(self) -> list[PlannedStation]:
-        p = self.cfg.plan
-        model = self._devices.model
-        if p.kind == "explicit":
-            return explicit_plan(p.stations, model)
-        return generate_plan(
-            model, n=p.n_stations, box_min_m=np.array(p.workspace_min_m), box_max_m=np.array(p.workspace_max_m),
-            max_tilt_rad=p.max_tilt_rad, home_q_rad=np.array(p.home_q_rad), q_min_rad=np.array(p.joint_min_rad),
-            q_max_rad=np.array(p.joint_max_rad), seed=p.seed,
-        )
+        return plan_from_config(self.cfg, self._devices.model)
 
     # ---- results for clients -----------------------------------------------------------------------
     def _active_result_safe(self) -> ResultRecord | None:
@@ -1072,9 +1062,10 @@ class Service:
             todo = [PlannedStation(i, None, None) for i in range(next_index, n_target)]
             n_planned = n_target
         engine = None
-        if todo:  # a run resumed after its last station is solved without the devices
+        adaptive = to_target(self.cfg.plan) and run.kind == P.KIND_BASE_FRAME and not observe
+        if todo or adaptive:  # a run resumed after its last station is solved without the devices
             engine = self._ensure_devices(not robot_only, State.CAPTURING, detail)
-        for ps in todo:
+        for ps in stations_to_visit(todo, records, self.cfg, self._devices.model, adaptive=adaptive):
             attempts = 0
             while True:
                 self._check_abort()

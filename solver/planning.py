@@ -31,8 +31,26 @@ frame, and the direction from the target to the tracker is at most ``cone_deg``:
 acceptance half-angles: about 30 deg for a 1.5" corner-cube reflector, 45 deg or more for
 6-DoF probes. Occlusion by the robot itself is not modelled.
 
+Candidates by inverse kinematics (``ik`` given, what the daemon does): flange positions
+uniform in the box, each with the target facing a direction drawn uniformly in the outer
+half of the cone around the direction to the tracker (tilted by half the cone or more, so
+that stations differ by rotations about spread axes) and turned about that axis by at most
+``max_roll_rad``,
+solved from ``q_seed_rad`` (the home configuration: the solutions stay on its branch and the
+moves between them short) and kept when the solution is within the joint limits and passes the
+same box and line-of-sight test. These anchors (one candidate in eight) then seed short random
+walks in joint space, kept by the same test, for the rest: forward kinematics is cheap, an
+IK solve is not. The candidates face the tracker by construction, whereas uniform joint
+samples rarely do.
+
+Task points (``task_points``): the predicted error of a cell-frame point expressed in the
+base, ``sqrt(trace(J C J^T))`` with ``J = [I, -[p_base]x]`` and ``C`` the marginal covariance
+of ``cell_T_base`` (the inverse of the focus matrix): the figure ``predicted_error_at`` of a
+base-frame result reports (:func:`task_point_sigma`). :func:`suggest_next_station` given task
+points picks the station that lowers the largest of them most.
+
 The robot model is a callable ``fk(q) -> base_T_flange`` so that the solver imports nothing
-of ours (``cellcal.drivers.kinematics.DHModel.forward`` fits).
+of ours (``cellcal.drivers.kinematics.DHModel.forward`` fits; ``DHModel.inverse`` for ``ik``).
 """
 
 from __future__ import annotations
@@ -53,6 +71,9 @@ __all__ = [
     "suggest_next_station",
     "visible",
     "information",
+    "candidate_stations",
+    "task_point_sigma",
+    "workspace_box",
 ]
 
 #: Default acceptance half-angle of the target's line of sight.
@@ -130,6 +151,9 @@ class NextStation:
         Smallest eigenvalue of the information without and with the station, 1/m^2.
     worst_sigma_before_m, worst_sigma_after_m : float
         The corresponding worst 1-sigma, m (inf while something is undetermined).
+    task_sigma_before_m, task_sigma_after_m : float
+        With ``task_points``: the largest predicted error at them (:func:`task_point_sigma`)
+        without and with the station, m (inf while undetermined); NaN without task points.
     """
 
     q_rad: np.ndarray
@@ -140,6 +164,8 @@ class NextStation:
     min_eigenvalue_after: float
     worst_sigma_before_m: float
     worst_sigma_after_m: float
+    task_sigma_before_m: float = math.nan
+    task_sigma_after_m: float = math.nan
 
 
 # --- model pieces -----------------------------------------------------------------------------------
@@ -256,6 +282,7 @@ _BUDGET = 8
 def _candidates(
     fk: Callable, joint_limits_rad, box, tracker_cell_p, cell_T_base, flange_T_target,
     target_axis, cone_deg, n_candidates: int, rng: np.random.Generator,
+    *, ik: Callable | None = None, q_seed_rad=None, max_roll_rad: float = math.pi,
 ) -> tuple[np.ndarray, np.ndarray, int]:
     """Feasible joint vectors and their flange poses; returns ``(Q, G, n_evaluated)``."""
     lim = np.asarray(joint_limits_rad, float)
@@ -266,15 +293,21 @@ def _candidates(
     Y = np.eye(4) if flange_T_target is None else np.asarray(flange_T_target, float)
 
     def feasible(Q: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        if len(Q) == 0:
+            return Q.reshape(0, lim.shape[0]), np.zeros((0, 4, 4))
         G = np.array([np.asarray(fk(q), float) for q in Q])
         if G.shape[1:] != (4, 4):
             raise ValueError(f"fk must return a (4, 4) base_T_flange, got shape {G.shape[1:]}")
         p = G[:, :3, 3]
         ok = np.all((p >= lo) & (p <= hi), axis=1)
+        ok &= np.all((Q >= lim[:, 0]) & (Q <= lim[:, 1]), axis=1)
         ok &= visible(X @ G @ Y, tracker_cell_p, target_axis=target_axis, cone_deg=cone_deg)
         return Q[ok], G[ok]
 
     want = int(n_candidates)
+    if ik is not None:
+        return _ik_candidates(fk, ik, lim, lo, hi, X, Y, tracker_cell_p, target_axis, cone_deg, want, rng,
+                              q_seed_rad, max_roll_rad, feasible)
     Q, G = feasible(rng.uniform(lim[:, 0], lim[:, 1], size=(want, lim.shape[0])))
     evaluated = want
     budget = _BUDGET * want
@@ -290,6 +323,104 @@ def _candidates(
         if len(Qa):
             Q, G = np.concatenate([Q, Qa]), np.concatenate([G, Ga])
     return Q, G, evaluated
+
+
+#: Inverse-kinematics attempts at most, as a multiple of the anchors wanted.
+_IK_BUDGET = 3
+#: Candidates solved by inverse kinematics ("anchors"): one in ``_ANCHOR_EVERY``, at least
+#: ``_MIN_ANCHORS``; the others are random walks from them of ``_ANCHOR_WALK_RAD`` per joint.
+_ANCHOR_EVERY = 8
+_MIN_ANCHORS = 12
+_ANCHOR_WALK_RAD = 0.15
+#: The facing directions are drawn in this fraction of the cone: the target's offset from
+#: the flange and the IK's residual must not carry a candidate out of it.
+_CONE_MARGIN = 0.9
+
+
+def _rotation_taking(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """The smallest rotation taking unit vector ``a`` to unit vector ``b``."""
+    v = np.cross(a, b)
+    c = float(a @ b)
+    s = float(np.linalg.norm(v))
+    if s < 1e-12:
+        if c > 0:
+            return np.eye(3)
+        # Opposite: half a turn about any axis perpendicular to a.
+        e = np.eye(3)[int(np.argmin(np.abs(a)))]
+        k = np.cross(a, e)
+        k /= np.linalg.norm(k)
+        return 2.0 * np.outer(k, k) - np.eye(3)
+    K = np.array([[0.0, -v[2], v[1]], [v[2], 0.0, -v[0]], [-v[1], v[0], 0.0]])
+    return np.eye(3) + K + K @ K * ((1.0 - c) / (s * s))
+
+
+def _axis_angle(axis: np.ndarray, angle: float) -> np.ndarray:
+    K = np.array([[0.0, -axis[2], axis[1]], [axis[2], 0.0, -axis[0]], [-axis[1], axis[0], 0.0]])
+    return np.eye(3) + math.sin(angle) * K + (1.0 - math.cos(angle)) * (K @ K)
+
+
+def _ik_candidates(fk, ik, lim, lo, hi, X, Y, tracker_cell_p, target_axis, cone_deg, want, rng,
+                   q_seed_rad, max_roll_rad, feasible) -> tuple[np.ndarray, np.ndarray, int]:
+    """Candidates of the module docstring's inverse-kinematics route."""
+    n_j = lim.shape[0]
+    seed = np.clip(np.asarray(q_seed_rad, float).reshape(n_j) if q_seed_rad is not None
+                   else lim.mean(axis=1), lim[:, 0], lim[:, 1])
+    a = np.asarray(target_axis, float)
+    a = a / np.linalg.norm(a)
+    Ry = Y[:3, :3]
+    # The tracker in the base frame: the facing directions are drawn there.
+    Xinv_R, Xinv_t = X[:3, :3].T, -X[:3, :3].T @ X[:3, 3]
+    tracker_b = Xinv_R @ np.asarray(tracker_cell_p, float).reshape(3) + Xinv_t
+    cos_cone = math.cos(math.radians(min(float(cone_deg), 180.0)) * _CONE_MARGIN)
+    cos_half = math.cos(math.radians(min(float(cone_deg), 180.0)) * 0.5)
+    qs: list[np.ndarray] = []
+    evaluated = 0
+    n_anchor = min(want, max(_MIN_ANCHORS, want // _ANCHOR_EVERY))
+    while len(qs) < n_anchor and evaluated < _IK_BUDGET * n_anchor:
+        evaluated += 1
+        p = rng.uniform(lo, hi)  # the flange origin; the target's few cm from it do not matter here
+        d = tracker_b - p
+        nd = float(np.linalg.norm(d))
+        if nd < 1e-9:
+            continue
+        d = d / nd
+        # Uniform on the outer half of the cone's cap around d (tilts of half the cone and
+        # more: stations that differ by rotations about spread axes, what the solver needs).
+        cz = rng.uniform(cos_cone, cos_half)
+        az = rng.uniform(0.0, 2.0 * math.pi)
+        sz = math.sqrt(max(0.0, 1.0 - cz * cz))
+        f_local = np.array([sz * math.cos(az), sz * math.sin(az), cz])
+        facing = _rotation_taking(np.array([0.0, 0.0, 1.0]), d) @ f_local
+        roll = rng.uniform(-max_roll_rad, max_roll_rad)
+        R_target = _axis_angle(facing, roll) @ _rotation_taking(a, facing)  # base_R_target, R a = facing
+        T = np.eye(4)
+        T[:3, :3] = R_target @ Ry.T
+        T[:3, 3] = p
+        # Seeded at the first solution found (it faces the tracker as every candidate does,
+        # so a few iterations reach the others), falling back to the given seed.
+        q = None
+        for s0 in ((qs[0], seed) if qs else (seed,)):
+            try:
+                q = np.asarray(ik(T, s0), float).reshape(n_j)
+                break
+            except (ValueError, ArithmeticError, np.linalg.LinAlgError):
+                q = None
+        if q is not None and np.all(np.isfinite(q)):
+            qs.append(q)
+    Q, G = feasible(np.array(qs).reshape(-1, n_j))
+    # The rest by short random walks from the feasible ones (forward kinematics only, a
+    # fraction of an IK solve each): they stay on the anchors' branch, near the tracker's
+    # direction, and fill the box and the cone between the anchors.
+    budget = evaluated + _BUDGET * want
+    batch = max(32, want // 4)
+    while 0 < len(Q) < want and evaluated < budget:
+        seeds = Q[rng.integers(0, len(Q), size=batch)]
+        Qn = np.clip(seeds + rng.normal(scale=_ANCHOR_WALK_RAD, size=seeds.shape), lim[:, 0], lim[:, 1])
+        Qa, Ga = feasible(Qn)
+        evaluated += batch
+        if len(Qa):
+            Q, G = np.concatenate([Q, Qa]), np.concatenate([G, Ga])
+    return Q[:want], G[:want], evaluated
 
 
 def workspace_box(box) -> tuple[np.ndarray, np.ndarray]:
@@ -331,6 +462,129 @@ def _gain_scores(F: np.ndarray, Fc: np.ndarray, eps: float, focus: str) -> np.nd
     return -np.trace(inv, axis1=1, axis2=2)
 
 
+def _near(G: np.ndarray, V: np.ndarray, dist_m: float, angle_rad: float) -> np.ndarray:
+    """(M, K) bool: pose ``G[m]`` is within both ``dist_m`` and ``angle_rad`` of ``V[k]``
+    (identical poses always count)."""
+    dp = np.linalg.norm(G[:, None, :3, 3] - V[None, :, :3, 3], axis=2)
+    tr = np.einsum("mij,kij->mk", G[:, :3, :3], V[:, :3, :3])  # trace of R_g^T R_v
+    ang = np.arccos(np.clip((tr - 1.0) / 2.0, -1.0, 1.0))
+    return (dp <= max(dist_m, 1e-9)) & (ang <= max(angle_rad, 1e-6))
+
+
+def _task_points(task_points) -> np.ndarray:
+    pts = np.asarray(task_points, float)
+    if pts.ndim == 1:
+        pts = pts.reshape(1, -1)
+    if pts.ndim != 2 or pts.shape[1] != 3 or len(pts) == 0 or not np.all(np.isfinite(pts)):
+        raise ValueError(f"task_points must be (K, 3) finite cell-frame points (K >= 1), got {np.shape(task_points)}")
+    return pts
+
+
+def _task_variances(F: np.ndarray, cell_T_base: np.ndarray, pts: np.ndarray, measurement: str,
+                    lever_arm_m: float) -> np.ndarray:
+    """Predicted variance (trace) of each task point for a stack of informations: (..., K)."""
+    Ff = _focus(F, "cell_T_base")
+    s6 = _scale(measurement, lever_arm_m)[:6]
+    X = np.asarray(cell_T_base, float)
+    b = (pts - X[:3, 3]) @ X[:3, :3]  # the points in the base frame, (K, 3)
+    J = np.zeros((len(pts), 3, 6))
+    J[:, :, :3] = np.eye(3)
+    J[:, 0, 4], J[:, 0, 5] = b[:, 2], -b[:, 1]  # -[b]x
+    J[:, 1, 3], J[:, 1, 5] = -b[:, 2], b[:, 0]
+    J[:, 2, 3], J[:, 2, 4] = b[:, 1], -b[:, 0]
+    Js = J / s6  # scaled parameters back to metres and radians
+    w = np.linalg.eigvalsh(Ff)
+    tiny = 1e-9 * np.maximum(w[..., -1], 1e-300)
+    ok = w[..., 0] > tiny
+    lead = Ff.shape[:-2]
+    Ff_safe = np.where(ok[..., None, None], Ff, np.eye(6))
+    JT = np.swapaxes(Js, -1, -2)  # (K, 6, 3)
+    Z = np.linalg.solve(Ff_safe[..., None, :, :], np.broadcast_to(JT, (*lead, *JT.shape)))
+    var = np.einsum("kij,...kji->...k", Js, Z)
+    return np.where(ok[..., None], np.maximum(var, 0.0), math.inf)
+
+
+def task_point_sigma(
+    information_matrix: np.ndarray,
+    cell_T_base: np.ndarray,
+    task_points,
+    *,
+    measurement: str = "pose",
+    lever_arm_m: float = 1.0,
+) -> np.ndarray:
+    """Predicted 1-sigma error of task points from a station set's information.
+
+    Parameters
+    ----------
+    information_matrix : array_like, shape (p, p)
+        Scaled information (:func:`information`, same ``measurement`` and ``lever_arm_m``).
+    cell_T_base : array_like, shape (4, 4)
+        Approximate base pose (to express the points in the base frame), m.
+    task_points : array_like, shape (K, 3)
+        Points in the cell frame, m.
+
+    Returns
+    -------
+    numpy.ndarray, shape (K,)
+        Root of the trace of each point's covariance in the base frame, m (inf while
+        ``cell_T_base`` is not determined): what a base-frame result's
+        ``predicted_error_at(p).sigma_m`` reports for the same stations and noise.
+    """
+    if measurement not in ("pose", "point"):
+        raise ValueError(f"measurement must be 'pose' or 'point', got {measurement!r}")
+    F = np.asarray(information_matrix, float)
+    return np.sqrt(_task_variances(F, cell_T_base, _task_points(task_points), measurement, lever_arm_m))
+
+
+def candidate_stations(
+    fk: Callable,
+    joint_limits_rad,
+    workspace_box_m,
+    tracker_cell_p,
+    cell_T_base,
+    *,
+    flange_T_target=None,
+    target_axis=(0.0, 0.0, 1.0),
+    cone_deg: float = DEFAULT_CONE_DEG,
+    ik: Callable | None = None,
+    q_seed_rad=None,
+    max_roll_rad: float = math.pi,
+    n_candidates: int = 1000,
+    rng: np.random.Generator | int | None = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Feasible stations (in the box, within the joint limits, in sight): ``(Q (M, n), G (M, 4, 4))``.
+
+    The pool :func:`plan_stations` and :func:`suggest_next_station` choose from (pass it
+    back as ``candidates=`` to choose from the same pool again without sampling). With
+    ``ik`` (``ik(base_T_flange, q_seed) -> q``) the candidates are solved from poses that face
+    the tracker (module docstring), seeded at ``q_seed_rad``; without it, joint vectors are
+    sampled. Parameters as for :func:`plan_stations`.
+    """
+    rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
+    Q, G, _ = _candidates(fk, joint_limits_rad, workspace_box_m, tracker_cell_p, cell_T_base, flange_T_target,
+                          target_axis, cone_deg, n_candidates, rng, ik=ik, q_seed_rad=q_seed_rad,
+                          max_roll_rad=max_roll_rad)
+    return Q, G
+
+
+def _pool(candidates, fk, joint_limits_rad, workspace_box_m, tracker_cell_p, cell_T_base, flange_T_target,
+          target_axis, cone_deg, n_candidates, rng, ik, q_seed_rad, max_roll_rad) -> tuple[np.ndarray, np.ndarray, int]:
+    """The candidates given (kept when still in the box and in sight) or sampled ones."""
+    if candidates is None:
+        return _candidates(fk, joint_limits_rad, workspace_box_m, tracker_cell_p, cell_T_base, flange_T_target,
+                           target_axis, cone_deg, n_candidates, rng, ik=ik, q_seed_rad=q_seed_rad,
+                           max_roll_rad=max_roll_rad)
+    Q, G = (np.asarray(c, float) for c in candidates)
+    if Q.ndim != 2 or G.shape != (len(Q), 4, 4):
+        raise ValueError(f"candidates must be (Q (M, n_joints), G (M, 4, 4)), got {Q.shape} and {G.shape}")
+    lo, hi = workspace_box(workspace_box_m)
+    Y = np.eye(4) if flange_T_target is None else np.asarray(flange_T_target, float)
+    p = G[:, :3, 3]
+    ok = np.all((p >= lo) & (p <= hi), axis=1)
+    ok &= visible(np.asarray(cell_T_base, float) @ G @ Y, tracker_cell_p, target_axis=target_axis, cone_deg=cone_deg)
+    return Q[ok], G[ok], len(Q)
+
+
 # --- public API ---------------------------------------------------------------------------------------
 
 _FOCI = ("cell_T_base", "all")
@@ -367,6 +621,12 @@ def plan_stations(
     n_candidates: int = 1000,
     exchange_passes: int = 2,
     rng: np.random.Generator | int | None = 0,
+    ik: Callable | None = None,
+    q_seed_rad=None,
+    max_roll_rad: float = math.pi,
+    candidates=None,
+    min_separation_m: float = 0.0,
+    min_separation_rad: float = 0.0,
 ) -> StationPlan:
     """N stations that maximise the smallest eigenvalue of the information matrix.
 
@@ -401,6 +661,16 @@ def plan_stations(
         Passes of single-station exchanges after the greedy choice.
     rng : numpy.random.Generator or int or None
         Sampling seed (0 by default: the same inputs give the same plan).
+    ik, q_seed_rad, max_roll_rad
+        Candidates by inverse kinematics from ``q_seed_rad`` (module docstring):
+        ``ik(base_T_flange (4, 4), q_seed (n_joints,)) -> q`` raising ValueError when it
+        finds none; ``max_roll_rad`` bounds the turn about the target axis.
+    candidates : (Q (M, n_joints), G (M, 4, 4)), optional
+        A pool from :func:`candidate_stations` to choose from instead of sampling (those
+        no longer in the box or in sight are dropped).
+    min_separation_m, min_separation_rad : float
+        No two stations chosen are within both of these of each other (a capture refuses
+        a pose that near an accepted one as the same pose).
 
     Returns
     -------
@@ -417,8 +687,8 @@ def plan_stations(
         raise ValueError(f"n_stations must be >= 3, got {n_stations}")
     n = int(n_stations)
     rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-    Q, G, n_cand = _candidates(fk, joint_limits_rad, workspace_box_m, tracker_cell_p, cell_T_base,
-                               flange_T_target, target_axis, cone_deg, n_candidates, rng)
+    Q, G, n_cand = _pool(candidates, fk, joint_limits_rad, workspace_box_m, tracker_cell_p, cell_T_base,
+                         flange_T_target, target_axis, cone_deg, n_candidates, rng, ik, q_seed_rad, max_roll_rad)
     if len(Q) < n:
         raise ValueError(
             f"only {len(Q)} of {n_cand} sampled joint vectors put the flange in the workspace box "
@@ -434,8 +704,15 @@ def plan_stations(
     chosen: list[int] = []
     F = np.zeros((p, p))
     free = np.ones(len(Q), bool)
+    near = _near(G, G, min_separation_m, min_separation_rad)  # a candidate is near itself
     for _ in range(n):
-        idx = np.flatnonzero(free)
+        idx = np.flatnonzero(free & ~near[chosen].any(axis=0)) if chosen else np.flatnonzero(free)
+        if len(idx) == 0:
+            raise ValueError(
+                f"only {len(chosen)} of {len(Q)} feasible candidates are {min_separation_m * 1e3:g} mm or "
+                f"{math.degrees(min_separation_rad):g} deg apart; {n} stations were asked for: widen the box or "
+                "the cone, or sample more"
+            )
         k = int(idx[np.argmax(_gain_scores(F, Fc[idx], eps, focus))])
         chosen.append(k)
         free[k] = False
@@ -445,7 +722,10 @@ def plan_stations(
         improved = False
         for pos in range(n):
             base = F - Fc[chosen[pos]]
-            idx = np.flatnonzero(free)
+            others = [c for j, c in enumerate(chosen) if j != pos]
+            idx = np.flatnonzero(free & ~near[others].any(axis=0))
+            if len(idx) == 0:
+                continue
             lam_c = np.linalg.eigvalsh(_focus(base[None] + Fc[idx], focus))[:, 0]
             j = int(np.argmax(lam_c))
             if lam_c[j] > _min_eig(F, focus)[0] * (1.0 + 1e-6):
@@ -486,6 +766,16 @@ def suggest_next_station(
     lever_arm_m: float = 1.0,
     n_candidates: int = 1000,
     rng: np.random.Generator | int | None = 0,
+    ik: Callable | None = None,
+    q_seed_rad=None,
+    max_roll_rad: float = math.pi,
+    candidates=None,
+    task_points=None,
+    min_separation_m: float = 0.0,
+    min_separation_rad: float = 0.0,
+    exclude=None,
+    q_current_rad=None,
+    near_best: float = 0.0,
 ) -> NextStation:
     """The reachable, visible station that best fixes the current stations' weakest direction.
 
@@ -498,7 +788,23 @@ def suggest_next_station(
     stations : array_like, shape (N, 4, 4), or StationPlan
         The stations measured (or planned) so far: ``base_T_flange`` (N may be 0).
     fk, joint_limits_rad, workspace_box_m, tracker_cell_p, cell_T_base, ...
-        As for :func:`plan_stations`.
+        As for :func:`plan_stations` (``ik``, ``q_seed_rad``, ``max_roll_rad`` and
+        ``candidates`` too).
+    task_points : array_like, shape (K, 3), optional
+        Cell-frame points, m: once the stations with one more determine ``cell_T_base``,
+        the station chosen is the one that lowers the largest predicted error at them
+        (:func:`task_point_sigma`) most, instead of the one that lifts the smallest
+        eigenvalue most. A candidate already among ``stations`` is never chosen again.
+    min_separation_m, min_separation_rad : float
+        Nor one within both of these of a station of ``stations`` or of ``exclude``.
+    exclude : array_like, shape (K, 4, 4), optional
+        Poses not to suggest (e.g. stations given up after rejections).
+    q_current_rad : array_like, shape (n_joints,), optional
+        Where the robot is: of the candidates scoring within ``near_best`` (relative) of
+        the best, the one with the smallest largest joint move from here is chosen (moves
+        are downtime too).
+    near_best : float
+        That tolerance (0: the best score only).
 
     Returns
     -------
@@ -513,9 +819,16 @@ def suggest_next_station(
     if isinstance(stations, StationPlan):
         stations = stations.base_T_flange
     S = np.asarray(stations, float).reshape(-1, 4, 4)
+    pts = None if task_points is None else _task_points(task_points)
     rng = rng if isinstance(rng, np.random.Generator) else np.random.default_rng(rng)
-    Q, G, n_cand = _candidates(fk, joint_limits_rad, workspace_box_m, tracker_cell_p, cell_T_base,
-                               flange_T_target, target_axis, cone_deg, n_candidates, rng)
+    Q, G, n_cand = _pool(candidates, fk, joint_limits_rad, workspace_box_m, tracker_cell_p, cell_T_base,
+                         flange_T_target, target_axis, cone_deg, n_candidates, rng, ik, q_seed_rad, max_roll_rad)
+    V = S if exclude is None else np.concatenate([S, np.asarray(exclude, float).reshape(-1, 4, 4)])
+    if len(V) and len(Q):
+        # A station measured already (or as near as the capture calls the same pose) adds
+        # nothing a capture would accept: drop it from the pool.
+        fresh = ~_near(G, V, min_separation_m, min_separation_rad).any(axis=1)
+        Q, G = Q[fresh], G[fresh]
     if len(Q) == 0:
         raise ValueError(
             f"none of {n_cand} sampled joint vectors puts the flange in the workspace box with the "
@@ -532,8 +845,29 @@ def suggest_next_station(
     lam0, v0 = float(w[0]), V[:, 0]
     eps = 1e-9 * float(np.mean(np.trace(Fc, axis1=1, axis2=2)))
     after = np.linalg.eigvalsh(_focus(F[None] + Fc, focus))[:, 0]
-    if after.max() > eps:
+    task_before = task_after = math.nan
+    task_all = None
+    if pts is not None:
+        task_before = float(np.sqrt(_task_variances(F, cell_T_base, pts, measurement, lever_arm_m).max()))
+        task_all = np.sqrt(_task_variances(F[None] + Fc, cell_T_base, pts, measurement, lever_arm_m).max(axis=1))
+    qc = None if q_current_rad is None else np.asarray(q_current_rad, float).reshape(-1)
+
+    def nearest(good: np.ndarray, best: int) -> int:
+        """Among the candidates ``good`` (bool), the one the robot reaches with the smallest
+        largest joint move (``best`` without ``q_current_rad``)."""
+        if qc is None or not good.any():
+            return best
+        idx = np.flatnonzero(good)
+        return int(idx[np.argmin(np.max(np.abs(Q[idx] - qc), axis=1))])
+
+    tol = max(float(near_best), 0.0)
+    if task_all is not None and np.isfinite(task_all).any():
+        k = int(np.argmin(task_all))
+        k = nearest(task_all <= task_all[k] * (1.0 + tol), k)
+        task_after = float(task_all[k])
+    elif after.max() > eps:
         k = int(np.argmax(after))
+        k = nearest(after >= after[k] * (1.0 - tol), k)
     else:
         # Gain along the null directions of the full matrix (the focus one is not defined
         # yet when the nuisance block is singular).
@@ -550,4 +884,6 @@ def suggest_next_station(
         weakest_description=_describe(v0, measurement),
         min_eigenvalue_before=lam0, min_eigenvalue_after=float(after[k]),
         worst_sigma_before_m=sig(lam0), worst_sigma_after_m=sig(float(after[k])),
+        task_sigma_before_m=task_before,
+        task_sigma_after_m=task_after if task_all is None or math.isfinite(task_after) else math.inf,
     )
