@@ -1065,7 +1065,10 @@ class Service:
         adaptive = to_target(self.cfg.plan) and run.kind == P.KIND_BASE_FRAME and not observe
         if todo or adaptive:  # a run resumed after its last station is solved without the devices
             engine = self._ensure_devices(not robot_only, State.CAPTURING, detail)
+        if adaptive:  # a run to a target: at most max_stations, fewer when the target is reached
+            n_planned = max(n_planned, int(self.cfg.plan.max_stations))
         for ps in stations_to_visit(todo, records, self.cfg, self._devices.model, adaptive=adaptive):
+            n_planned = max(n_planned, ps.index + 1)
             attempts = 0
             while True:
                 self._check_abort()

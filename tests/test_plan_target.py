@@ -230,7 +230,9 @@ def test_a_target_needs_a_base_frame_calibration():
 def _target_overrides(target_mm: float, max_stations: int = 30) -> dict:
     X, _Y = _demo_truth()  # the fast scenario has the demo's truth
     return {"plan": {"target_sigma_mm": target_mm, "task_points_mm": [[float(v) for v in _task_cell(X) * 1e3]],
-                     "max_stations": max_stations, "tracker_xyz_mm": [-1200.0, 2330.0, -100.0]}}
+                     "max_stations": max_stations, "tracker_xyz_mm": [-1200.0, 2330.0, -100.0]},
+            # the fast scenario's arm repeats exactly: the declared noise is the tracker's alone
+            "solve": {"robot_repeatability_mm": 0.0, "robot_repeatability_deg": 0.0}}
 
 
 def test_daemon_captures_until_the_target_and_stops_there(tmp_path):
