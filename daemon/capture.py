@@ -289,6 +289,11 @@ def settle_config(cfg_settle: Any) -> SettleConfig:
     )
 
 
+#: Longest single wait of the robot monitor for the driver's next sample (s): how late
+#: ``close()`` may be when the stream has stalled; a live stream wakes it every sample.
+_MONITOR_WAIT_S = 0.25
+
+
 class RobotMonitor:
     """Reads every robot sample in a thread, keeps the recent ones and the settle status.
 
@@ -331,6 +336,10 @@ class RobotMonitor:
             self._thread = None
 
     def _loop(self) -> None:
+        # Drivers that can block until their next sample (RTDE: wait_for_sample_after) are
+        # waited on; others are read again after a short sleep (a CiA 402 drive's own read
+        # already waits for its SYNC).
+        wait_next = getattr(self.robot, "wait_for_sample_after", None)
         while not self._stop.is_set():
             try:
                 st = self.robot.read_state()
@@ -339,19 +348,35 @@ class RobotMonitor:
                     self._error = exc
                     self._cond.notify_all()
                 return
-            if st.seq == self._last_seq:
-                time.sleep(0.002)  # no new sample yet
+            fresh = st.seq != self._last_seq
+            if fresh:
+                self._take(st)
+            if wait_next is None:
+                if not fresh:
+                    time.sleep(0.002)  # no new sample yet
                 continue
-            self._last_seq = st.seq
-            self.session.check_settings(st)
-            with self._cond:
-                status = self.detector.update(st)
-                self._samples.append(st)
-                horizon = st.t_host_ns - self.history_ns
-                while self._samples and self._samples[0].t_host_ns < horizon:
-                    self._samples.popleft()
-                self._status, self._latest = status, st
-                self._cond.notify_all()
+            try:
+                # Sleeps on the driver's condition until the sample after this one, so an
+                # idle connected daemon wakes once per sample, never in between; the bound
+                # keeps close() prompt when the stream stalls. A lost link or a stall is
+                # reported by read_state on the next turn (it also reports a drop that
+                # healed in between), not here.
+                wait_next(st.seq, _MONITOR_WAIT_S)
+            except DriverError:
+                pass
+
+    def _take(self, st: Any) -> None:
+        """One new sample: the session's checks, the settle detector, the history."""
+        self._last_seq = st.seq
+        self.session.check_settings(st)
+        with self._cond:
+            status = self.detector.update(st)
+            self._samples.append(st)
+            horizon = st.t_host_ns - self.history_ns
+            while self._samples and self._samples[0].t_host_ns < horizon:
+                self._samples.popleft()
+            self._status, self._latest = status, st
+            self._cond.notify_all()
 
     def _check(self) -> None:
         changed = self.session.changed
