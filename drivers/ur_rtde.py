@@ -52,7 +52,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 
@@ -325,7 +325,25 @@ _MODE_RANGES = {
 }
 
 
+class _Raw(NamedTuple):
+    """One received data package: its fields and the stamps the stream gave it."""
+
+    fields: Mapping[str, Any]
+    t_device_s: float
+    t_host_ns: int
+    t_recv_host_ns: int
+    seq: int
+
+
 def _check_finite(fields: Mapping[str, Any]) -> None:
+    # One sum first (every data package pays this): a NaN or an infinity anywhere makes it
+    # non-finite; only then are the fields walked to name the culprit (a sum can also
+    # overflow on huge finite values, which then pass).
+    total = 0.0
+    for v in fields.values():
+        total += sum(v) if isinstance(v, tuple) else v
+    if math.isfinite(total):
+        return
     for name, v in fields.items():
         vals = v if isinstance(v, tuple) else (v,)
         for x in vals:
@@ -454,6 +472,8 @@ class UrRtdeDriver(RobotDriver):
         self.protocol: int = 0
         self.controller_version: rc.ControllerVersion | None = None
         self._cond = threading.Condition()
+        # the newest sample as received, and its RobotState once someone has read it
+        self._latest_raw: _Raw | None = None
         self._latest: RobotState | None = None
         self._link_error: DeviceGoneError | None = None
         self._unreported_loss: DeviceGoneError | None = None
@@ -505,16 +525,17 @@ class UrRtdeDriver(RobotDriver):
         try:
             first = self._first_samples(sock, stream)
             now = time.monotonic_ns()
-            states = [(self._to_state(f, now), f) for f in first]
-            self._check_tcp(states[-1][0])
+            raws = [self._sample(f, now) for f in first]
+            last = self._build(raws[-1])
+            self._check_tcp(last)
         except BaseException:
             sock.close()
             self._close_dashboard()
             raise
         with self._cond:
             self._sock, self._stream = sock, stream
-            for state, f in states:
-                self._publish(state, now, int(f["runtime_state"]))
+            for raw in raws:
+                self._publish(raw, last if raw is raws[-1] else None, int(raw.fields["runtime_state"]))
         self._thread = threading.Thread(target=self._run, name=f"rtde-{self.host}", daemon=True)
         self._thread.start()
 
@@ -757,10 +778,10 @@ class UrRtdeDriver(RobotDriver):
 
     # -- receiving ---------------------------------------------------------------------
     def _to_state(self, f: Mapping[str, Any], recv_ns: int) -> RobotState:
-        q = np.array(f["actual_q"], dtype=float)
-        qd = np.array(f["actual_qd"], dtype=float)
-        base_T_flange = pose_to_transform(f["actual_TCP_pose"]) @ self._tcp_T_flange
-        lin, ang = self.model.flange_speed(q, qd)
+        return self._build(self._sample(f, recv_ns))
+
+    def _sample(self, f: Mapping[str, Any], recv_ns: int) -> _Raw:
+        """What every data package costs: the clock model and the sample's stamps."""
         t_dev = float(f["timestamp"])
         if t_dev < self._last_t_dev:
             log.warning("%r: controller clock went backwards (restart?): clock model reset", self)
@@ -774,31 +795,48 @@ class UrRtdeDriver(RobotDriver):
             self._last_clock_feed = t_dev
         t_host = int(self.clock.to_host_ns(t_dev)) if self.clock.ready else recv_ns
         self._seq += 1
+        return _Raw(f, t_dev, t_host, recv_ns, self._seq)
+
+    def _build(self, raw: _Raw) -> RobotState:
+        """The :class:`RobotState` of a sample: built only when someone reads it (at 500 Hz
+        most samples of an idle daemon are superseded unread, and the arrays, the pose and
+        the flange speed are most of a sample's cost)."""
+        f = raw.fields
+        q = np.array(f["actual_q"], dtype=float)
+        qd = np.array(f["actual_qd"], dtype=float)
+        base_T_flange = pose_to_transform(f["actual_TCP_pose"]) @ self._tcp_T_flange
+        lin, ang = self.model.flange_speed(q, qd)
         return RobotState(
             q_rad=q,
             qd_rad_s=qd,
             base_T_flange=base_T_flange,
-            t_device_s=t_dev,
-            t_host_ns=t_host,
+            t_device_s=raw.t_device_s,
+            t_host_ns=raw.t_host_ns,
             moving=bool(np.max(np.abs(qd)) > self.opts["moving_threshold_rad_s"]),
             mode=ur_mode(int(f["robot_mode"]), int(f["safety_mode"])),
             flange_speed_m_s=lin,
             flange_ang_speed_rad_s=ang,
             target_reached=None,
-            t_recv_host_ns=recv_ns,
-            seq=self._seq,
+            t_recv_host_ns=raw.t_recv_host_ns,
+            seq=raw.seq,
             tcp_offset=np.array(f["tcp_offset"], dtype=float) if "tcp_offset" in f else None,
             payload_kg=float(f["payload"]) if "payload" in f else None,
         )
+
+    def _latest_state(self) -> RobotState | None:
+        # caller holds self._cond
+        if self._latest is None and self._latest_raw is not None:
+            self._latest = self._build(self._latest_raw)
+        return self._latest
 
     def runtime_state(self) -> UrRuntimeState | None:
         """Program state of the latest sample (``None`` before the first)."""
         with self._cond:
             return self._runtime
 
-    def _publish(self, state: RobotState, recv_ns: int, runtime: int | None = None) -> None:
+    def _publish(self, raw: _Raw, state: RobotState | None = None, runtime: int | None = None) -> None:
         # caller holds self._cond
-        self._latest = state
+        self._latest_raw, self._latest = raw, state
         self._link_error = None
         if runtime is not None:
             try:
@@ -858,9 +896,9 @@ class UrRtdeDriver(RobotDriver):
             self._cond.notify_all()
 
     def _deliver(self, fields: Mapping[str, Any], recv_ns: int) -> None:
-        state = self._to_state(fields, recv_ns)
+        raw = self._sample(fields, recv_ns)
         with self._cond:
-            self._publish(state, recv_ns, int(fields["runtime_state"]))
+            self._publish(raw, None, int(fields["runtime_state"]))
 
     def _pump(self, sock: socket.socket) -> None:
         stream = self._stream
@@ -927,9 +965,9 @@ class UrRtdeDriver(RobotDriver):
                     raise exc
                 if self._link_error is not None:
                     raise self._link_error
-                s = self._latest
-                if s is not None and time.monotonic_ns() - s.t_recv_host_ns <= max_age_ns:
-                    return s
+                raw = self._latest_raw
+                if raw is not None and time.monotonic_ns() - raw.t_recv_host_ns <= max_age_ns:
+                    return self._latest_state()
                 remaining = remaining_s(deadline)
                 if remaining <= 0:
                     return None
@@ -942,9 +980,11 @@ class UrRtdeDriver(RobotDriver):
             while True:
                 if self._link_error is not None:
                     raise self._link_error
-                s = self._latest
-                if s is not None and s.seq > seq:
-                    return s
+                raw = self._latest_raw
+                if raw is not None and raw.seq > seq:
+                    state = self._latest_state()
+                    assert state is not None
+                    return state
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise DriverTimeoutError(f"{self!r}: no new sample within {timeout_s:.3g} s")
