@@ -76,3 +76,29 @@ def test_monitor_settles_and_reports_a_closed_link(sim):
                 wait_until(lambda: monitor.status() and False, 20.0, "the monitor to report the lost link")
         finally:
             monitor.close()
+
+
+def test_an_unused_monitor_sleeps_and_wakes_when_used(sim):
+    # An idle daemon must not read its robot's samples: after linger_s without a call the
+    # monitor stops reading (the driver keeps streaming), and the next call resumes it with
+    # a fresh rest window.
+    with connect_robot(sim.url, frequency_hz=100.0, timeout_s=2.0) as robot:
+        reads = _CountingReads(robot)
+        monitor = RobotMonitor(robot, SettleConfig(dwell_s=0.1), linger_s=0.3).start()
+        try:
+            monitor.wait_settled(20.0)
+            wait_until(lambda: not monitor.following, 20.0, "the unused monitor to sleep")
+            assert monitor.sleeps == 1
+            assert monitor.status() == (None, None)  # asleep, it forgot its window (and the call wakes it)
+            assert monitor.following
+            wait_until(lambda: monitor.sleeps == 2 and not monitor.following, 20.0, "the monitor to sleep again")
+            n_asleep = reads.n
+            seq = robot.wait_for_sample_after(0, 2.0).seq
+            for _ in range(20):  # the driver streams on: 20 samples the monitor must not read
+                seq = robot.wait_for_sample_after(seq, 2.0).seq
+            assert reads.n == n_asleep
+            state, status = monitor.wait_settled(20.0)  # used again: it follows the samples
+            assert status.settled and state.seq > seq
+            assert reads.n > n_asleep
+        finally:
+            monitor.close()
