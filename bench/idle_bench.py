@@ -115,11 +115,17 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=60.0, help="idle window with the devices open (s)")
     ap.add_argument("--baseline-s", type=float, default=20.0, help="idle window before the devices open (s)")
     ap.add_argument("--frequency-hz", type=float, default=500.0)
+    ap.add_argument("--after-s", type=float, default=None,
+                    help="start the window this long after the run ended (default: the robot monitor's linger + 5 s)")
     ap.add_argument("--no-write", action="store_true")
     args = ap.parse_args()
+    from cellcal.daemon.capture import MONITOR_LINGER_S
+
+    after_s = MONITOR_LINGER_S + 5.0 if args.after_s is None else args.after_s
 
     with tempfile.TemporaryDirectory() as tmp, idle_cell(Path(tmp), frequency_hz=args.frequency_hz,
                                                          baseline_s=args.baseline_s) as cell:
+        time.sleep(after_s)  # the daemon idles: the robot monitor stops following after its linger
         load_before = load_text()
         sim_c0 = cpu_s(cell.sim.proc.pid)
         c0, t0 = cpu_s(cell.daemon.pid), time.monotonic()
@@ -137,7 +143,9 @@ def main() -> int:
         f"Load average (1 / 5 / 15 min) at the start of the window: {load_before}; at its end: {load_after}.",
         "",
         f"`cellcal run` and `cellcal sim` (fast scenario) as separate processes; the robot streams RTDE at "
-        f"{args.frequency_hz:g} Hz. CPU is `utime + stime` of the daemon's process (all threads) from `/proc`; "
+        f"{args.frequency_hz:g} Hz. The window starts {after_s:g} s after the run ended: the robot monitor follows "
+        f"the samples for {MONITOR_LINGER_S:g} s after its last use (`capture.MONITOR_LINGER_S`), then sleeps until "
+        "a job uses it; the driver keeps its link and the clock model fed. CPU is `utime + stime` of the daemon's process (all threads) from `/proc`; "
         "the simulator's is shown, not counted.",
         "",
         "| window | length (s) | daemon CPU (% of one core) | sim CPU (% of one core) |",

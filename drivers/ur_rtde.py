@@ -325,6 +325,14 @@ _MODE_RANGES = {
 }
 
 
+#: With no sample read for this long (s), the stream is taken in batches: nobody waits for
+#: the next sample, and one wake-up per package is most of an idle daemon's cost at 500 Hz.
+_BATCH_AFTER_S = 1.0
+#: A batch is about this much of the stream (s): the kernel wakes the reader once per batch
+#: (``SO_RCVLOWAT``, a condition in the kernel, not a poll). A reader ends batching at once.
+_BATCH_S = 0.02
+
+
 class _Raw(NamedTuple):
     """One received data package: its fields and the stamps the stream gave it."""
 
@@ -474,6 +482,8 @@ class UrRtdeDriver(RobotDriver):
         self._cond = threading.Condition()
         # the newest sample as received, and its RobotState once someone has read it
         self._latest_raw: _Raw | None = None
+        self._last_read = time.monotonic()  # when a sample was last asked for
+        self._lowat = 1  # the socket's SO_RCVLOWAT in bytes (1: every package wakes the reader)
         self._latest: RobotState | None = None
         self._link_error: DeviceGoneError | None = None
         self._unreported_loss: DeviceGoneError | None = None
@@ -780,8 +790,12 @@ class UrRtdeDriver(RobotDriver):
     def _to_state(self, f: Mapping[str, Any], recv_ns: int) -> RobotState:
         return self._build(self._sample(f, recv_ns))
 
-    def _sample(self, f: Mapping[str, Any], recv_ns: int) -> _Raw:
-        """What every data package costs: the clock model and the sample's stamps."""
+    def _sample(self, f: Mapping[str, Any], recv_ns: int, feed_clock: bool = True) -> _Raw:
+        """What every data package costs: the clock model and the sample's stamps.
+
+        ``feed_clock`` False: the package's arrival stamp is not its own (it waited in a
+        batch), so it must not reach the clock model's envelope of arrival times.
+        """
         t_dev = float(f["timestamp"])
         if t_dev < self._last_t_dev:
             log.warning("%r: controller clock went backwards (restart?): clock model reset", self)
@@ -790,7 +804,7 @@ class UrRtdeDriver(RobotDriver):
         self._last_t_dev = t_dev
         # A refit of the envelope costs milliseconds at a full window: feed the model at
         # most clock_feed_hz (the mapping itself is cheap and applies to every sample).
-        if t_dev - self._last_clock_feed >= 1.0 / self.opts["clock_feed_hz"]:
+        if feed_clock and t_dev - self._last_clock_feed >= 1.0 / self.opts["clock_feed_hz"]:
             self.clock.add(t_dev, recv_ns)
             self._last_clock_feed = t_dev
         t_host = int(self.clock.to_host_ns(t_dev)) if self.clock.ready else recv_ns
@@ -895,10 +909,24 @@ class UrRtdeDriver(RobotDriver):
                 self._unreported_loss = exc
             self._cond.notify_all()
 
-    def _deliver(self, fields: Mapping[str, Any], recv_ns: int) -> None:
-        raw = self._sample(fields, recv_ns)
+    def _deliver(self, fields: Mapping[str, Any], recv_ns: int, feed_clock: bool = True) -> None:
+        raw = self._sample(fields, recv_ns, feed_clock)
         with self._cond:
             self._publish(raw, None, int(fields["runtime_state"]))
+
+    def _reading(self) -> None:
+        """A sample is asked for: every package wakes the reader again (caller holds _cond)."""
+        self._last_read = time.monotonic()
+        if self._lowat > 1 and self._sock is not None:
+            self._set_lowat(self._sock, 1)
+
+    def _set_lowat(self, sock: socket.socket, nbytes: int) -> None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
+        except OSError as exc:  # a socket being closed; the next connection starts at 1
+            log.debug("%r: SO_RCVLOWAT %d: %s", self, nbytes, exc)
+            return
+        self._lowat = nbytes
 
     def _pump(self, sock: socket.socket) -> None:
         stream = self._stream
@@ -909,7 +937,16 @@ class UrRtdeDriver(RobotDriver):
         last_valid = time.monotonic()
         limit = self.opts["stream_timeout_s"]
         resyncs = stream.resyncs
+        per_batch = int(self.opts["frequency_hz"] * _BATCH_S)
+        batch_bytes = (rc.HEADER.size + stream.recipe.payload_size) * per_batch if per_batch > 1 else 1
+        with self._cond:
+            self._lowat = 1  # a new socket
         while not self._stop_evt.is_set():
+            want = batch_bytes if time.monotonic() - self._last_read > _BATCH_AFTER_S else 1
+            if want != self._lowat:
+                with self._cond:
+                    if want == 1 or time.monotonic() - self._last_read > _BATCH_AFTER_S:
+                        self._set_lowat(sock, want)
             try:
                 data = sock.recv(65536)
             except TimeoutError:
@@ -930,9 +967,12 @@ class UrRtdeDriver(RobotDriver):
                         resyncs = stream.resyncs
                         self._resync_logged = now
                     # several packages in one read: all but the last are already superseded,
-                    # but each one is a sample for the clock model and the settle detector
-                    for fields in fields_list:
-                        self._deliver(fields, recv_ns)
+                    # but each one is a sample (for the clock model too, unless it waited in
+                    # a batch: then only the last one's arrival stamp is its own)
+                    batched = self._lowat > 1
+                    last = len(fields_list) - 1
+                    for i, fields in enumerate(fields_list):
+                        self._deliver(fields, recv_ns, feed_clock=not batched or i == last)
             if now - last_valid > limit:
                 raise DeviceGoneError(
                     f"{self!r}: no valid RTDE data package for {limit:.3g} s "
@@ -959,6 +999,7 @@ class UrRtdeDriver(RobotDriver):
     def _read_state_internal(self, deadline: float) -> RobotState | None:
         max_age_ns = int(self.max_age_s * 1e9)
         with self._cond:
+            self._reading()
             while True:
                 if self._unreported_loss is not None:
                     exc, self._unreported_loss = self._unreported_loss, None
@@ -977,6 +1018,7 @@ class UrRtdeDriver(RobotDriver):
         """Block until a sample with ``seq`` greater than the given one arrives."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            self._reading()
             while True:
                 if self._link_error is not None:
                     raise self._link_error
