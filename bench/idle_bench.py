@@ -145,8 +145,8 @@ def main() -> int:
         f"`cellcal run` and `cellcal sim` (fast scenario) as separate processes; the robot streams RTDE at "
         f"{args.frequency_hz:g} Hz. The window starts {after_s:g} s after the run ended: the robot monitor follows "
         f"the samples for {MONITOR_LINGER_S:g} s after its last use (`capture.MONITOR_LINGER_S`), then sleeps until "
-        "a job uses it; the driver keeps its link and the clock model fed. CPU is `utime + stime` of the daemon's process (all threads) from `/proc`; "
-        "the simulator's is shown, not counted.",
+        "a job uses it; the driver keeps its link and the clock model fed. CPU is `utime + stime` of the daemon's "
+        "process (all threads) from `/proc`; the simulator's is shown, not counted.",
         "",
         "| window | length (s) | daemon CPU (% of one core) | sim CPU (% of one core) |",
         "|---|---|---|---|",
