@@ -90,15 +90,17 @@ def cellcal_version() -> str:
 
 
 def next_deadline(deadline: float, period_s: float, now: float) -> float:
-    """The first deadline after ``now`` on the grid ``deadline + k * period_s``, k >= 1.
+    """The next deadline on the grid ``deadline + k * period_s`` (k >= 1) after a turn that
+    was due at ``deadline`` and finished at ``now``.
 
     Periodic work is scheduled on absolute monotonic time: the period does not stretch by
-    however late each turn ran, and turns missed while the process was stalled are skipped,
-    not sent in a burst.
+    however late each turn ran. After a stall longer than a period, the latest grid point
+    not after ``now`` is returned (due at once): one late turn, then the grid again; the
+    other missed turns are skipped, never sent in a burst.
     """
     nxt = deadline + period_s
     if nxt <= now:
-        nxt += math.floor((now - nxt) / period_s + 1.0) * period_s
+        nxt += math.floor((now - nxt) / period_s) * period_s
     return nxt
 
 

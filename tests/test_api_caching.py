@@ -87,7 +87,9 @@ def test_periodic_deadlines_stay_on_their_grid():
     for k in range(1, 500):
         d = next_deadline(d, 1.0, d + 0.049)
         assert d == pytest.approx(10.0 + k, abs=1e-9)
-    # a stall of 3.5 periods skips the missed beats (no burst) and stays on the grid
-    nxt = next_deadline(10.0, 1.0, 13.5)
-    assert nxt == 14.0 and math.isclose((nxt - 10.0) % 1.0, 0.0, abs_tol=1e-9)
-    assert next_deadline(10.0, 0.5, 11.0) == 11.5  # exactly on a grid point: the next one
+    # a stall of 3.5 periods: one late beat at once (the latest grid point passed), then the
+    # grid again; the other missed beats are skipped, not sent in a burst
+    late = next_deadline(10.0, 1.0, 13.5)
+    assert late == 13.0
+    assert next_deadline(late, 1.0, 13.52) == 14.0
+    assert math.isclose(next_deadline(10.0, 0.5, 11.0), 11.0)  # exactly on a grid point: due now
