@@ -257,7 +257,11 @@ class DHModel:
         qd_arr = np.asarray(qd_rad_s, dtype=float).reshape(-1)
         if qd_arr.shape != (self.n_joints,):
             raise ValueError(f"qd_rad_s: expected shape ({self.n_joints},), got {np.shape(qd_rad_s)}")
-        qd = qd_arr.tolist()
+        return self._flange_speed_floats(q, qd_arr.tolist())
+
+    def _flange_speed_floats(self, q: Sequence[float], qd: Sequence[float]) -> tuple[float, float]:
+        """:meth:`flange_speed` of n finite joint angles and n speeds given as Python floats,
+        unchecked (a driver whose decoder has checked them already calls this)."""
         # frame of joint i (rotation columns x, y, z and origin p); joint 1's is the base
         r00, r01, r02 = 1.0, 0.0, 0.0
         r10, r11, r12 = 0.0, 1.0, 0.0
@@ -265,7 +269,10 @@ class DHModel:
         px = py = pz = 0.0
         wx = wy = wz = 0.0  # sum qd_i z_i
         sx = sy = sz = 0.0  # sum qd_i z_i x p_i
-        for qi, qdi, (off, a, d, ca, sa, cb, sb) in zip(q, qd, self._speed_consts, strict=True):  # type: ignore[attr-defined]
+        consts = self._speed_consts  # type: ignore[attr-defined]
+        if len(q) != len(consts) or len(qd) != len(consts):
+            raise ValueError(f"flange speed: expected {len(consts)} joint angles and speeds, got {len(q)} and {len(qd)}")
+        for qi, qdi, (off, a, d, ca, sa, cb, sb) in zip(q, qd, consts, strict=True):
             # joint i's axis is the z column of its frame
             wx += qdi * r02
             wy += qdi * r12

@@ -233,6 +233,30 @@ def pose_to_transform(pose: Any) -> np.ndarray:
     return make_transform(so3_exp(p[3:6]), p[:3])
 
 
+def _pose_to_transform_floats(pose: Any) -> np.ndarray:
+    """:func:`pose_to_transform` of six finite floats, in Python floats and one array: it
+    runs for every robot sample read, where numpy's per-call cost on a 3x3 is most of the
+    work. The same Rodrigues formula as ``so3_exp`` (equal to rounding, tested)."""
+    x, y, z, wx, wy, wz = (float(v) for v in pose)
+    theta2 = wx * wx + wy * wy + wz * wz
+    if theta2 < 1e-8:
+        a = 1.0 - theta2 / 6.0
+        b = 0.5 - theta2 / 24.0
+    else:
+        theta = math.sqrt(theta2)
+        a = math.sin(theta) / theta
+        b = (1.0 - math.cos(theta)) / theta2
+    # R = I + a K + b K^2 with K = hat(w); K^2 = w w^T - theta2 I
+    bxx, byy, bzz = b * (wx * wx - theta2), b * (wy * wy - theta2), b * (wz * wz - theta2)
+    bxy, bxz, byz = b * wx * wy, b * wx * wz, b * wy * wz
+    return np.array([
+        [1.0 + bxx, bxy - a * wz, bxz + a * wy, x],
+        [bxy + a * wz, 1.0 + byy, byz - a * wx, y],
+        [bxz - a * wy, byz + a * wx, 1.0 + bzz, z],
+        [0.0, 0.0, 0.0, 1.0],
+    ])
+
+
 def transform_to_pose(T: np.ndarray) -> np.ndarray:
     """UR pose ``(x, y, z, rx, ry, rz)`` (6,) of a 4x4 transform."""
     return np.concatenate([T[:3, 3], so3_log(T[:3, :3])])
@@ -477,6 +501,7 @@ class UrRtdeDriver(RobotDriver):
         self._dashboard_lock = threading.Lock()
         self.flange_T_tcp = pose_to_transform(opts["tcp_offset"])
         self._tcp_T_flange = se3_inverse(self.flange_T_tcp)
+        self._tcp_applied = not np.array_equal(self._tcp_T_flange, np.eye(4))
         self.protocol: int = 0
         self.controller_version: rc.ControllerVersion | None = None
         self._cond = threading.Condition()
@@ -818,15 +843,18 @@ class UrRtdeDriver(RobotDriver):
         f = raw.fields
         q = np.array(f["actual_q"], dtype=float)
         qd = np.array(f["actual_qd"], dtype=float)
-        base_T_flange = pose_to_transform(f["actual_TCP_pose"]) @ self._tcp_T_flange
-        lin, ang = self.model.flange_speed(q, qd)
+        base_T_flange = _pose_to_transform_floats(f["actual_TCP_pose"])
+        if self._tcp_applied:
+            base_T_flange = base_T_flange @ self._tcp_T_flange
+        # the fields are finite floats already (RtdeStream): the unchecked closed form
+        lin, ang = self.model._flange_speed_floats(f["actual_q"], f["actual_qd"])
         return RobotState(
             q_rad=q,
             qd_rad_s=qd,
             base_T_flange=base_T_flange,
             t_device_s=raw.t_device_s,
             t_host_ns=raw.t_host_ns,
-            moving=bool(np.max(np.abs(qd)) > self.opts["moving_threshold_rad_s"]),
+            moving=max(abs(v) for v in f["actual_qd"]) > self.opts["moving_threshold_rad_s"],
             mode=ur_mode(int(f["robot_mode"]), int(f["safety_mode"])),
             flange_speed_m_s=lin,
             flange_ang_speed_rad_s=ang,

@@ -603,3 +603,15 @@ def test_unread_stream_is_taken_in_batches_and_a_read_ends_them(sim):
         nxt = robot.wait_for_sample_after(s.seq, 2.0)
         assert nxt.seq > s.seq and nxt.t_device_s > s.t_device_s
         assert robot.clock.ready  # the clock model was fed through the batches
+
+
+def test_per_sample_pose_conversion_equals_pose_to_transform():
+    from cellcal.drivers.ur_rtde import _pose_to_transform_floats
+
+    rng = np.random.default_rng(3)
+    for k in range(500):
+        axis = rng.normal(size=3)
+        axis /= np.linalg.norm(axis)
+        angle = (1e-9, 1e-5, 0.3, 3.0, math.pi - 1e-9)[k % 5] * rng.uniform(0.5, 1.0)
+        pose = np.concatenate([rng.uniform(-1, 1, 3), axis * angle])
+        np.testing.assert_allclose(_pose_to_transform_floats(tuple(pose)), pose_to_transform(pose), rtol=0, atol=2e-15)
