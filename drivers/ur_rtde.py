@@ -21,7 +21,12 @@ read the controller version; set up the output recipe :data:`RECIPE` plus
 :data:`OPTIONAL_RECIPE` (a ``NOT_FOUND`` answer for a field of :data:`RECIPE` raises
 :class:`RecipeFieldNotFound` naming the field; for an optional field, as older controller
 software answers, the recipe is set up again without it); start. A receiver thread
-decodes data packages into :class:`~cellcal.drivers.robot.RobotState`; text messages are
+decodes data packages and stamps each (controller clock, host time via the clock model,
+sequence number); the :class:`~cellcal.drivers.robot.RobotState` of a sample (arrays, flange
+pose, flange speed) is built when it is first read, so samples superseded unread cost only
+their decode. With no read for a second the receiver lets the kernel wake it once per
+~20 ms of stream (``SO_RCVLOWAT``) instead of once per package; the next read ends that at
+once (only the last package of such a batch feeds the clock model). Text messages are
 logged (never data); unknown packet types are skipped by their size; a malformed data
 package is counted and dropped; after garbage the stream hunts for the next intact data
 package (:class:`RtdeStream`). If the link drops (EOF, reset, no *valid data package* for
