@@ -15,8 +15,9 @@ does for ``capture.MONITOR_LINGER_S`` after its last use), and after that, the s
 of a connected idle daemon. Targets (issue 17): p99 of both calls under 5 ms, heartbeat
 period within 0.2 % of the configured value.
 
-Run: ``.venv/bin/python bench/api_bench.py [--seconds 25]``. Writes the ``api`` section of
-bench/RESULTS.md.
+Run: ``.venv/bin/python bench/api_bench.py [--seconds 25] [--compare COMMIT]`` (``--compare``:
+also the daemon of another commit, interleaved, as in ``bench/idle_bench.py``). Writes the
+``api`` section of bench/RESULTS.md.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from bench._results import machine_line, write_section  # noqa: E402
-from bench.idle_bench import idle_cell, load_text  # noqa: E402
+from bench.idle_bench import idle_cell, load_text, make_tree  # noqa: E402
 
 N_SUBSCRIBERS = 50
 
@@ -102,23 +103,13 @@ def _window(cell, seconds: float, heartbeat_s: float) -> dict:
     }
 
 
-def _pct(a: np.ndarray, q: float) -> float:
-    return float(np.percentile(a, q))
-
-
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--seconds", type=float, default=25.0, help="length of each window (s)")
-    ap.add_argument("--heartbeat-s", type=float, default=1.0)
-    ap.add_argument("--no-write", action="store_true")
-    args = ap.parse_args()
+def _one(work: Path, args: argparse.Namespace, tree: Path | None) -> tuple[dict, dict]:
+    """Both windows against one daemon (this tree's, or the one in ``tree``)."""
     from cellcal.daemon.capture import MONITOR_LINGER_S
 
-    if args.seconds > MONITOR_LINGER_S - 2.0:
-        ap.error(f"--seconds must be below the robot monitor's linger ({MONITOR_LINGER_S:g} s) minus 2")
     mpctx = mp.get_context("spawn")
     stop = mpctx.Event()
-    with tempfile.TemporaryDirectory() as tmp, idle_cell(Path(tmp), heartbeat_s=args.heartbeat_s) as cell:
+    with idle_cell(work, heartbeat_s=args.heartbeat_s, daemon_tree=tree) as cell:
         t_end_run = time.monotonic()
         subs = mpctx.Process(target=_subscribers, args=(cell.pub_endpoint, N_SUBSCRIBERS, stop), daemon=True)
         subs.start()
@@ -132,6 +123,37 @@ def main() -> int:
             subs.join(timeout=10)
             if subs.is_alive():
                 subs.kill()
+    return following, idle
+
+
+def _pct(a: np.ndarray, q: float) -> float:
+    return float(np.percentile(a, q))
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seconds", type=float, default=25.0, help="length of each window (s)")
+    ap.add_argument("--heartbeat-s", type=float, default=1.0)
+    ap.add_argument("--compare", metavar="COMMIT", default=None,
+                    help="also run the daemon of COMMIT (git), interleaved: this tree, COMMIT, this tree")
+    ap.add_argument("--no-write", action="store_true")
+    args = ap.parse_args()
+    from cellcal.daemon.capture import MONITOR_LINGER_S
+
+    if args.seconds > MONITOR_LINGER_S - 2.0:
+        ap.error(f"--seconds must be below the robot monitor's linger ({MONITOR_LINGER_S:g} s) minus 2")
+    order: list[tuple[str, Path | None]] = [("this tree", None)]
+    results: list[tuple[str, dict, dict]] = []
+    with tempfile.TemporaryDirectory() as tmp:
+        if args.compare:
+            tree = make_tree(args.compare, Path(tmp) / "compare")
+            order = [("this tree", None), (args.compare, tree), ("this tree", None)]
+        for k, (name, tree_path) in enumerate(order):
+            work = Path(tmp) / f"cell{k}"
+            work.mkdir()
+            following, idle = _one(work, args, tree_path)
+            results.append((name, following, idle))
+            print(name, "done", flush=True)
 
     hb = args.heartbeat_s
     lines = [
@@ -144,23 +166,26 @@ def main() -> int:
         "Round trips through `cellcal.daemon.client.Client` over loopback TCP, `get_status` and `to_base` "
         "alternating; heartbeat period from the beats' own `uptime_s`.",
         "",
-        "| window | load average (1/5/15 min, start -> end) | calls | get_status p50 / p99 / max (ms) | "
+        "| daemon | window | load average (1/5/15 min, start -> end) | calls | get_status p50 / p99 / max (ms) | "
         "to_base p50 / p99 / max (ms) | heartbeats | mean period (s) | off by | worst single interval off by (ms) |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     verdicts = []
-    for name, w in (("robot monitor following (right after the run)", following),
-                    (f"connected idle (from {MONITOR_LINGER_S + 5:g} s after the run)", idle)):
-        off = (w["period_s"] - hb) / hb
-        lines.append(
-            f"| {name} | {w['load']} | {w['calls']} | "
-            f"{_pct(w['status'], 50):.2f} / {_pct(w['status'], 99):.2f} / {w['status'].max():.2f} | "
-            f"{_pct(w['to_base'], 50):.2f} / {_pct(w['to_base'], 99):.2f} / {w['to_base'].max():.2f} | "
-            f"{w['beats']} | {w['period_s']:.5f} | {off * 100:+.3f} % | {w['worst_interval_dev_s'] * 1e3:.1f} |")
-        ok_calls = _pct(w["status"], 99) < 5.0 and _pct(w["to_base"], 99) < 5.0
-        ok_hb = abs(off) <= 0.002
-        verdicts.append(f"{name}: p99 under 5 ms **{'met' if ok_calls else 'NOT met'}**, heartbeat period within "
-                        f"0.2 % **{'met' if ok_hb else 'NOT met'}**")
+    for daemon, following, idle in results:
+        for name, w in (("robot monitor following (right after the run)", following),
+                        (f"connected idle (from {MONITOR_LINGER_S + 5:g} s after the run)", idle)):
+            off = (w["period_s"] - hb) / hb
+            lines.append(
+                f"| {daemon} | {name} | {w['load']} | {w['calls']} | "
+                f"{_pct(w['status'], 50):.2f} / {_pct(w['status'], 99):.2f} / {w['status'].max():.2f} | "
+                f"{_pct(w['to_base'], 50):.2f} / {_pct(w['to_base'], 99):.2f} / {w['to_base'].max():.2f} | "
+                f"{w['beats']} | {w['period_s']:.5f} | {off * 100:+.3f} % | {w['worst_interval_dev_s'] * 1e3:.1f} |")
+            if daemon != "this tree":
+                continue
+            ok_calls = _pct(w["status"], 99) < 5.0 and _pct(w["to_base"], 99) < 5.0
+            ok_hb = abs(off) <= 0.002
+            verdicts.append(f"{daemon}, {name}: p99 under 5 ms **{'met' if ok_calls else 'NOT met'}**, heartbeat "
+                            f"period within 0.2 % **{'met' if ok_hb else 'NOT met'}**")
     lines += ["", "Targets (issue 17):", ""] + [f"- {v}" for v in verdicts]
     text = "\n".join(lines)
     print(text)
