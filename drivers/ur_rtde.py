@@ -26,7 +26,7 @@ sequence number); the :class:`~cellcal.drivers.robot.RobotState` of a sample (ar
 pose, flange speed) is built when it is first read, so samples superseded unread cost only
 their decode. With no read for a second the receiver lets the kernel wake it once per
 ~20 ms of stream (``SO_RCVLOWAT``) instead of once per package; the next read ends that at
-once (only the last package of such a batch feeds the clock model). Text messages are
+once (of such a batch only the last package becomes a sample, the others are counted). Text messages are
 logged (never data); unknown packet types are skipped by their size; a malformed data
 package is counted and dropped; after garbage the stream hunts for the next intact data
 package (:class:`RtdeStream`). If the link drops (EOF, reset, no *valid data package* for
@@ -820,12 +820,8 @@ class UrRtdeDriver(RobotDriver):
     def _to_state(self, f: Mapping[str, Any], recv_ns: int) -> RobotState:
         return self._build(self._sample(f, recv_ns))
 
-    def _sample(self, f: Mapping[str, Any], recv_ns: int, feed_clock: bool = True) -> _Raw:
-        """What every data package costs: the clock model and the sample's stamps.
-
-        ``feed_clock`` False: the package's arrival stamp is not its own (it waited in a
-        batch), so it must not reach the clock model's envelope of arrival times.
-        """
+    def _sample(self, f: Mapping[str, Any], recv_ns: int) -> _Raw:
+        """What a data package that becomes a sample costs: the clock model and its stamps."""
         t_dev = float(f["timestamp"])
         if t_dev < self._last_t_dev:
             log.warning("%r: controller clock went backwards (restart?): clock model reset", self)
@@ -834,7 +830,7 @@ class UrRtdeDriver(RobotDriver):
         self._last_t_dev = t_dev
         # A refit of the envelope costs milliseconds at a full window: feed the model at
         # most clock_feed_hz (the mapping itself is cheap and applies to every sample).
-        if feed_clock and t_dev - self._last_clock_feed >= 1.0 / self.opts["clock_feed_hz"]:
+        if t_dev - self._last_clock_feed >= 1.0 / self.opts["clock_feed_hz"]:
             self.clock.add(t_dev, recv_ns)
             self._last_clock_feed = t_dev
         t_host = int(self.clock.to_host_ns(t_dev)) if self.clock.ready else recv_ns
@@ -942,8 +938,8 @@ class UrRtdeDriver(RobotDriver):
                 self._unreported_loss = exc
             self._cond.notify_all()
 
-    def _deliver(self, fields: Mapping[str, Any], recv_ns: int, feed_clock: bool = True) -> None:
-        raw = self._sample(fields, recv_ns, feed_clock)
+    def _deliver(self, fields: Mapping[str, Any], recv_ns: int) -> None:
+        raw = self._sample(fields, recv_ns)
         with self._cond:
             self._publish(raw, None, int(fields["runtime_state"]))
 
@@ -1000,12 +996,15 @@ class UrRtdeDriver(RobotDriver):
                         resyncs = stream.resyncs
                         self._resync_logged = now
                     # several packages in one read: all but the last are already superseded,
-                    # but each one is a sample (for the clock model too, unless it waited in
-                    # a batch: then only the last one's arrival stamp is its own)
-                    batched = self._lowat > 1
-                    last = len(fields_list) - 1
-                    for i, fields in enumerate(fields_list):
-                        self._deliver(fields, recv_ns, feed_clock=not batched or i == last)
+                    # but each one is a sample for the clock model and the settle detector
+                    if self._lowat > 1:
+                        # batched (nobody reads): the superseded packages are counted, not
+                        # kept; the last one is the sample, and its stamp the clock model's
+                        self._seq += len(fields_list) - 1
+                        self._deliver(fields_list[-1], recv_ns)
+                    else:
+                        for fields in fields_list:
+                            self._deliver(fields, recv_ns)
             if now - last_valid > limit:
                 raise DeviceGoneError(
                     f"{self!r}: no valid RTDE data package for {limit:.3g} s "
