@@ -164,14 +164,16 @@ def main() -> int:
         "`cellcal run` with the robot (RTDE at 500 Hz) and the tracker open after a run, "
         f"{N_SUBSCRIBERS} subscribers connected to its PUB socket (another process), `[zmq] heartbeat_s = {hb:g}`. "
         "Round trips through `cellcal.daemon.client.Client` over loopback TCP, `get_status` and `to_base` "
-        "alternating; heartbeat period from the beats' own `uptime_s`.",
+        "alternating; heartbeat period from the beats' own `uptime_s`."
+        + (f" Rounds interleaved: this tree, {args.compare}, this tree." if args.compare else ""),
         "",
         "| daemon | window | load average (1/5/15 min, start -> end) | calls | get_status p50 / p99 / max (ms) | "
         "to_base p50 / p99 / max (ms) | heartbeats | mean period (s) | off by | worst single interval off by (ms) |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     verdicts = []
-    for daemon, following, idle in results:
+    for k, (daemon, following, idle) in enumerate(results):
+        daemon = f"{daemon} (round {k + 1})" if len(results) > 1 else daemon
         for name, w in (("robot monitor following (right after the run)", following),
                         (f"connected idle (from {MONITOR_LINGER_S + 5:g} s after the run)", idle)):
             off = (w["period_s"] - hb) / hb
@@ -180,7 +182,7 @@ def main() -> int:
                 f"{_pct(w['status'], 50):.2f} / {_pct(w['status'], 99):.2f} / {w['status'].max():.2f} | "
                 f"{_pct(w['to_base'], 50):.2f} / {_pct(w['to_base'], 99):.2f} / {w['to_base'].max():.2f} | "
                 f"{w['beats']} | {w['period_s']:.5f} | {off * 100:+.3f} % | {w['worst_interval_dev_s'] * 1e3:.1f} |")
-            if daemon != "this tree":
+            if not daemon.startswith("this tree"):
                 continue
             ok_calls = _pct(w["status"], 99) < 5.0 and _pct(w["to_base"], 99) < 5.0
             ok_hb = abs(off) <= 0.002
