@@ -99,18 +99,37 @@ def _load() -> str:
     return " / ".join(f"{v:.2f}" for v in os.getloadavg())
 
 
-def _previous_burst_p99() -> str | None:
-    """The 50-subscriber burst p99 the current RESULTS.md holds (before this run rewrites it)."""
+def _previous_burst_p99(commit: str | None = None) -> str | None:
+    """The 50-subscriber burst p99 that RESULTS.md holds now (before this run rewrites it), or
+    held at ``commit``; found by the table's own header (the columns have changed over time)."""
+    import subprocess
+
     from bench._results import RESULTS
 
     try:
-        text = RESULTS.read_text()
-    except OSError:
+        if commit is None:
+            text = RESULTS.read_text()
+        else:
+            text = subprocess.run(["git", "show", f"{commit}:bench/RESULTS.md"], cwd=RESULTS.parent,
+                                  capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
         return None
     m = re.search(r"<!-- BEGIN zmq -->(.*?)<!-- END zmq -->", text, re.S)
-    row = re.search(r"\| burst of 1000 \| 50 \|[^|]*\|[^|]*\|\s*([0-9.]+)\s*\|", m.group(1)) if m else None
-    run = re.search(r"run ([0-9-]+ [0-9:]+ UTC)", m.group(1)) if m else None
-    return f"{row.group(1)} ms (run {run.group(1) if run else 'of unknown date'})" if row else None
+    if not m:
+        return None
+    header, row = None, None
+    for line in m.group(1).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if "p99 (ms)" in cells:
+            header = cells
+        elif header and len(cells) == len(header) and cells[0] == f"burst of {BURST}" and cells[1] == "50":
+            row = cells
+    if header is None or row is None:
+        return None
+    run = re.search(r"run ([0-9-]+ [0-9:]+ UTC)", m.group(1))
+    load = f", load {row[header.index('load average at start (1 / 5 / 15 min)')]}" if any(
+        h.startswith("load average") for h in header) else ", load not recorded"
+    return f"{row[header.index('p99 (ms)')]} ms (run {run.group(1) if run else 'of unknown date'}{load})"
 
 
 def _scenario(srv: ZmqServer, n_subs: int, mode: str, count: int, period_s: float) -> dict:
@@ -152,10 +171,12 @@ def _scenario(srv: ZmqServer, n_subs: int, mode: str, count: int, period_s: floa
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cadence-s", type=float, default=10.0, help="length of each 1 Hz run (default 10 s)")
+    ap.add_argument("--previous-from", metavar="COMMIT", default=None,
+                    help="quote the burst p99 of bench/RESULTS.md at COMMIT (default: the file as it is now)")
     args = ap.parse_args(argv)
     cfg = Zmq(pub_endpoint="tcp://127.0.0.1:*", cmd_endpoint="tcp://127.0.0.1:*", loopback_tcp_any_user=True)
     body_bytes = len(P.pack(_heartbeat(0, "x")))
-    previous = _previous_burst_p99()
+    previous = _previous_burst_p99(args.previous_from)
     rows = []
     with ZmqServer(cfg, None) as srv:
         for n_subs in (1, 50):
@@ -190,7 +211,8 @@ def main(argv: list[str] | None = None) -> int:
                      f"{r['p50']:.3f} | {r['p99']:.3f} | {r['max']:.3f} | {r['call_us']:.1f} |")
     burst50 = next(r for r in rows if r["mode"] == "burst" and r["subs"] == 50)
     lines += ["", f"Burst of {BURST} to 50 subscribers, p99: **{burst50['p99']:.1f} ms** at load {burst50['load']}"
-              + (f"; the previous figure in this file was {previous}." if previous else ".")]
+              + (f"; the figure this file held{' at ' + args.previous_from if args.previous_from else ''} was "
+                 f"{previous}." if previous else ".")]
     write_section("zmq", "\n".join(lines))
     print(f"wrote the zmq section of {Path(__file__).with_name('RESULTS.md')}")
     return 0
