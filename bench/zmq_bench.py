@@ -4,10 +4,11 @@ Run: ``.venv/bin/python bench/zmq_bench.py [--cadence-s 10]`` (from anywhere). W
 ``zmq`` section of bench/RESULTS.md.
 
 What is measured: from just before ``ZmqServer.publish()`` in the publishing thread (a
-``time.monotonic_ns()`` stamp carried in the body) to the decoded envelope in a subscriber. Subscribers live in another process (CLOCK_MONOTONIC is
-one clock for every process on Linux), so the publisher and the receivers do not share a
-GIL. The path: publish() -> queue + wake-up pipe -> the server's I/O thread (seq, envelope)
--> PUB -> TCP loopback -> SUB -> msgpack decode.
+``time.monotonic_ns()`` stamp carried in the body) to the decoded envelope in a subscriber.
+Subscribers live in another process (CLOCK_MONOTONIC is one clock for every process on
+Linux), so the publisher and the receivers do not share a GIL. The path: publish() ->
+queue + wake-up pipe -> the server's I/O thread (seq, envelope) -> PUB -> TCP loopback ->
+SUB -> msgpack decode.
 
 Scenarios: the daemon's 1 Hz heartbeat cadence for ``--cadence-s`` seconds, and a burst of
 1,000 messages published back to back; each with 1 and with 50 subscribers. The 50
@@ -20,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import multiprocessing as mp
+import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -92,7 +95,45 @@ def _subscribers(endpoint: str, n: int, conn, expected: int, timeout_s: float) -
     ctx.destroy(linger=0)
 
 
+def _load() -> str:
+    return " / ".join(f"{v:.2f}" for v in os.getloadavg())
+
+
+def _previous_burst_p99(commit: str | None = None) -> str | None:
+    """The 50-subscriber burst p99 that RESULTS.md holds now (before this run rewrites it), or
+    held at ``commit``; found by the table's own header (the columns have changed over time)."""
+    import subprocess
+
+    from bench._results import RESULTS
+
+    try:
+        if commit is None:
+            text = RESULTS.read_text()
+        else:
+            text = subprocess.run(["git", "show", f"{commit}:bench/RESULTS.md"], cwd=RESULTS.parent,
+                                  capture_output=True, text=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    m = re.search(r"<!-- BEGIN zmq -->(.*?)<!-- END zmq -->", text, re.S)
+    if not m:
+        return None
+    header, row = None, None
+    for line in m.group(1).splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if "p99 (ms)" in cells:
+            header = cells
+        elif header and len(cells) == len(header) and cells[0] == f"burst of {BURST}" and cells[1] == "50":
+            row = cells
+    if header is None or row is None:
+        return None
+    run = re.search(r"run ([0-9-]+ [0-9:]+ UTC)", m.group(1))
+    load = f", load {row[header.index('load average at start (1 / 5 / 15 min)')]}" if any(
+        h.startswith("load average") for h in header) else ", load not recorded"
+    return f"{row[header.index('p99 (ms)')]} ms (run {run.group(1) if run else 'of unknown date'}{load})"
+
+
 def _scenario(srv: ZmqServer, n_subs: int, mode: str, count: int, period_s: float) -> dict:
+    load = _load()
     parent, child = mp.Pipe()
     timeout_s = count * period_s + 30.0
     proc = mp.Process(target=_subscribers, args=(srv.pub_endpoint, n_subs, child, count, timeout_s), daemon=True)
@@ -124,15 +165,18 @@ def _scenario(srv: ZmqServer, n_subs: int, mode: str, count: int, period_s: floa
             "p50": float(np.percentile(lat, 50)) if len(lat) else float("nan"),
             "p99": float(np.percentile(lat, 99)) if len(lat) else float("nan"),
             "max": float(lat.max()) if len(lat) else float("nan"),
-            "call_us": float(np.median(call_ns)) / 1e3}
+            "call_us": float(np.median(call_ns)) / 1e3, "load": load}
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cadence-s", type=float, default=10.0, help="length of each 1 Hz run (default 10 s)")
+    ap.add_argument("--previous-from", metavar="COMMIT", default=None,
+                    help="quote the burst p99 of bench/RESULTS.md at COMMIT (default: the file as it is now)")
     args = ap.parse_args(argv)
     cfg = Zmq(pub_endpoint="tcp://127.0.0.1:*", cmd_endpoint="tcp://127.0.0.1:*", loopback_tcp_any_user=True)
     body_bytes = len(P.pack(_heartbeat(0, "x")))
+    previous = _previous_burst_p99(args.previous_from)
     rows = []
     with ZmqServer(cfg, None) as srv:
         for n_subs in (1, 50):
@@ -158,12 +202,17 @@ def main(argv: list[str] | None = None) -> int:
         "expected are messages PUB dropped at the high-water mark for a subscriber that fell "
         "behind (by design: the daemon never waits for a subscriber).",
         "",
-        "| scenario | subscribers | delivered | p50 (ms) | p99 (ms) | max (ms) | publish() call (us, median) |",
-        "|---|---|---|---|---|---|---|",
+        "| scenario | subscribers | load average at start (1 / 5 / 15 min) | delivered | p50 (ms) | p99 (ms) | "
+        "max (ms) | publish() call (us, median) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        lines.append(f"| {label[r['mode']]} | {r['subs']} | {r['received']} / {r['expected']} | {r['p50']:.3f} | "
-                     f"{r['p99']:.3f} | {r['max']:.3f} | {r['call_us']:.1f} |")
+        lines.append(f"| {label[r['mode']]} | {r['subs']} | {r['load']} | {r['received']} / {r['expected']} | "
+                     f"{r['p50']:.3f} | {r['p99']:.3f} | {r['max']:.3f} | {r['call_us']:.1f} |")
+    burst50 = next(r for r in rows if r["mode"] == "burst" and r["subs"] == 50)
+    lines += ["", f"Burst of {BURST} to 50 subscribers, p99: **{burst50['p99']:.1f} ms** at load {burst50['load']}"
+              + (f"; the figure this file held{' at ' + args.previous_from if args.previous_from else ''} was "
+                 f"{previous}." if previous else ".")]
     write_section("zmq", "\n".join(lines))
     print(f"wrote the zmq section of {Path(__file__).with_name('RESULTS.md')}")
     return 0

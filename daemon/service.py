@@ -55,6 +55,7 @@ built by ``bodies``; this module decides what happens when.
 from __future__ import annotations
 
 import enum
+import functools
 import logging
 import math
 import queue
@@ -81,14 +82,37 @@ from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["State", "Service", "ServiceError", "StateDirLock", "StateDirLocked", "cellcal_version"]
+__all__ = ["State", "Service", "ServiceError", "StateDirLock", "StateDirLocked", "cellcal_version", "next_deadline"]
 
 
+@functools.cache
 def cellcal_version() -> str:
+    """The installed cellcal's version, read once per process (every heartbeat and status
+    names it, and ``importlib.metadata`` scans the installed distributions on each call)."""
     try:
         return version("cellcal")
     except PackageNotFoundError:  # running from a source tree
         return "0+unknown"
+
+
+def next_deadline(deadline: float, period_s: float, now: float) -> float:
+    """The next deadline on the grid ``deadline + k * period_s`` (k >= 1) after a turn that
+    was due at ``deadline`` and finished at ``now``.
+
+    Periodic work is scheduled on absolute monotonic time: the period does not stretch by
+    however late each turn ran. After a stall longer than a period, the latest grid point
+    not after ``now`` is returned (due at once): one late turn, then the grid again; the
+    other missed turns are skipped, never sent in a burst.
+    """
+    nxt = deadline + period_s
+    if nxt <= now:
+        nxt += math.floor((now - nxt) / period_s) * period_s
+    return nxt
+
+
+#: The supervising loop's longest sleep (s): how often it looks at the stop predicate, the
+#: worker's liveness and the drift schedule between deadlines.
+_TICK_S = 0.05
 
 
 class State(str, enum.Enum):
@@ -491,10 +515,10 @@ class Service:
             now = time.monotonic()
             if now >= next_hb:
                 self._emit(P.TOPIC_HEARTBEAT, self.heartbeat())
-                next_hb = now + z.heartbeat_s
+                next_hb = next_deadline(next_hb, z.heartbeat_s, time.monotonic())
             if now >= next_retain:
                 self.republish_result()
-                next_retain = now + z.republish_s
+                next_retain = next_deadline(next_retain, z.republish_s, time.monotonic())
             if wd and now >= next_wd:
                 # WATCHDOG only after real progress: the worker moved on since the last ping,
                 # or it is idle waiting for work (its liveness is then the queue wait itself).
@@ -512,7 +536,11 @@ class Service:
             if self._worker is not None and not self._worker.is_alive() and not self._stop.is_set():
                 log.error("worker thread died; stopping")
                 break
-            self._stop.wait(0.05)
+            # Sleep until the next deadline (at most one tick: the stop predicate and the
+            # worker's liveness are checked every tick), so a beat is sent when it is due
+            # rather than on the next tick after it.
+            due = min(next_hb, next_retain, next_wd if wd else math.inf)
+            self._stop.wait(max(0.0, min(_TICK_S, due - time.monotonic())))
         if self.notifier is not None:
             self.notifier.stopping()
 

@@ -894,6 +894,8 @@ class Store:
         self._conn: sqlite3.Connection | None = None
         # Re-entrant: public methods call each other (add_result -> get_run) under the lock.
         self._lock = threading.RLock()
+        # (SQLite data_version when read, the active result): see active_result
+        self._active_cache: tuple[int, ResultRecord | None] | None = None
 
     def __repr__(self) -> str:
         state = "open" if self._conn is not None else "closed"
@@ -1110,6 +1112,7 @@ class Store:
         """Close the database (idempotent). Committed data is already durable."""
         with self._lock:
             conn, self._conn = self._conn, None
+            self._active_cache = None
             if conn is None:
                 return
             try:
@@ -1444,10 +1447,24 @@ class Store:
             return self._result(row)
 
     def active_result(self) -> ResultRecord | None:
-        """The result clients use now, or None before the first activation."""
+        """The result clients use now, or None before the first activation.
+
+        Cached: every heartbeat, status and ``to_base`` asks for it, and it changes only by
+        a write (activation, roll back, a suspect mark, a new active result). The cache is
+        dropped by every write through this store and whenever SQLite's ``data_version``
+        says another connection committed (another process, e.g. ``cellcal ctl`` on the
+        same file), so a change is seen by the next call. The record returned is shared
+        between callers: do not mutate its dicts.
+        """
         with self._read("reading the active result") as conn:
+            (data_version,) = conn.execute("PRAGMA data_version").fetchone()
+            cached = self._active_cache
+            if cached is not None and cached[0] == data_version:
+                return cached[1]
             row = conn.execute(f"SELECT {_RESULT_COLUMNS} FROM results WHERE active = 1").fetchone()
-            return None if row is None else self._result(row)
+            rec = None if row is None else self._result(row)
+            self._active_cache = (data_version, rec)
+            return rec
 
     def activate_result(self, result_id: int, reason: str = "") -> None:
         """Make ``result_id`` the one active result (roll back or forward) and log it.
@@ -1557,6 +1574,10 @@ class Store:
         """One ``BEGIN IMMEDIATE ... COMMIT``; rolled back on any exception."""
         with self._lock:
             conn = self._connection()
+            # Any write may change the active result, and this connection's own commits do
+            # not change its data_version: the cache is dropped before (and, for a read
+            # inside the transaction, after) every write, committed or rolled back.
+            self._active_cache = None
             try:
                 # IMMEDIATE takes the write lock up front, so another process cannot make
                 # this transaction fail half-way with SQLITE_BUSY.
@@ -1572,6 +1593,8 @@ class Store:
                 if isinstance(exc, sqlite3.Error):
                     raise self._translate(exc, action) from exc
                 raise
+            finally:
+                self._active_cache = None
 
     def _require(self, conn: sqlite3.Connection, table: str, record_id: int) -> None:
         sql = {"run": "SELECT 1 FROM runs WHERE id = ?", "result": "SELECT 1 FROM results WHERE id = ?"}[table]

@@ -97,6 +97,13 @@ class DHModel:
             if not np.all(np.isfinite(arr)):
                 raise ValueError(f"DH {key}: contains NaN or inf")
             object.__setattr__(self, key, arr)
+        # Per-link constants of the closed-form flange speed, as Python floats: it runs for
+        # every robot sample (500 Hz on RTDE), where numpy's per-call overhead on 3-vectors
+        # costs more than the arithmetic.
+        consts = tuple(zip(*(arrays[k].tolist() for k in ("theta_offset_rad", "a_m", "d_m")),
+                           np.cos(arrays["alpha_rad"]).tolist(), np.sin(arrays["alpha_rad"]).tolist(),
+                           np.cos(arrays["beta_rad"]).tolist(), np.sin(arrays["beta_rad"]).tolist(), strict=True))
+        object.__setattr__(self, "_speed_consts", consts)
 
     @property
     def n_joints(self) -> int:
@@ -223,10 +230,77 @@ class DHModel:
         return J
 
     def flange_speed(self, q_rad: Any, qd_rad_s: Any) -> tuple[float, float]:
-        """Flange speeds ``(linear m/s, angular rad/s)`` in the base frame from ``J(q) qd``."""
-        qd = np.asarray(qd_rad_s, dtype=float).reshape(-1)
-        twist = self.jacobian(q_rad) @ qd
-        return float(np.linalg.norm(twist[:3])), float(np.linalg.norm(twist[3:]))
+        """Flange speeds ``(linear m/s, angular rad/s)`` in the base frame, ``|J(q) qd|``.
+
+        Closed form in one pass down the chain, without forming ``J``: with ``z_i`` and
+        ``p_i`` the axis and origin of joint ``i`` and ``p_n`` the flange origin,
+        ``w = sum_i qd_i z_i`` and ``v = sum_i qd_i z_i x (p_n - p_i) = w x p_n - sum_i
+        qd_i (z_i x p_i)``. Equal to ``jacobian(q) @ qd`` to rounding (tested); about ten
+        times cheaper, which matters because every robot sample pays it.
+
+        Parameters
+        ----------
+        q_rad, qd_rad_s : array_like, shape (n,)
+            Joint angles (rad) and joint speeds (rad/s).
+
+        Returns
+        -------
+        (float, float)
+            NaN where ``qd_rad_s`` holds a NaN (settle detection then rejects the sample).
+
+        Raises
+        ------
+        ValueError
+            Wrong shapes, or joint angles that are not finite.
+        """
+        q = self._check_q(q_rad).tolist()
+        qd_arr = np.asarray(qd_rad_s, dtype=float).reshape(-1)
+        if qd_arr.shape != (self.n_joints,):
+            raise ValueError(f"qd_rad_s: expected shape ({self.n_joints},), got {np.shape(qd_rad_s)}")
+        return self._flange_speed_floats(q, qd_arr.tolist())
+
+    def _flange_speed_floats(self, q: Sequence[float], qd: Sequence[float]) -> tuple[float, float]:
+        """:meth:`flange_speed` of n finite joint angles and n speeds given as Python floats,
+        unchecked (a driver whose decoder has checked them already calls this)."""
+        # frame of joint i (rotation columns x, y, z and origin p); joint 1's is the base
+        r00, r01, r02 = 1.0, 0.0, 0.0
+        r10, r11, r12 = 0.0, 1.0, 0.0
+        r20, r21, r22 = 0.0, 0.0, 1.0
+        px = py = pz = 0.0
+        wx = wy = wz = 0.0  # sum qd_i z_i
+        sx = sy = sz = 0.0  # sum qd_i z_i x p_i
+        consts = self._speed_consts  # type: ignore[attr-defined]
+        if len(q) != len(consts) or len(qd) != len(consts):
+            raise ValueError(f"flange speed: expected {len(consts)} joint angles and speeds, got {len(q)} and {len(qd)}")
+        for qi, qdi, (off, a, d, ca, sa, cb, sb) in zip(q, qd, consts, strict=True):
+            # joint i's axis is the z column of its frame
+            wx += qdi * r02
+            wy += qdi * r12
+            wz += qdi * r22
+            sx += qdi * (r12 * pz - r22 * py)
+            sy += qdi * (r22 * px - r02 * pz)
+            sz += qdi * (r02 * py - r12 * px)
+            th = qi + off
+            c, s = math.cos(th), math.sin(th)
+            # origin of the next frame: p + R (a c, a s, d)
+            ac, as_ = a * c, a * s
+            px += r00 * ac + r01 * as_ + r02 * d
+            py += r10 * ac + r11 * as_ + r12 * d
+            pz += r20 * ac + r21 * as_ + r22 * d
+            # link rotation Rz(th) Rx(alpha) Ry(beta), columns (l0, l1, l2)
+            l00, l10, l20 = c * cb - s * sa * sb, s * cb + c * sa * sb, -ca * sb
+            l01, l11, l21 = -s * ca, c * ca, sa
+            l02, l12, l22 = c * sb + s * sa * cb, s * sb - c * sa * cb, ca * cb
+            r00, r01, r02 = (r00 * l00 + r01 * l10 + r02 * l20, r00 * l01 + r01 * l11 + r02 * l21,
+                             r00 * l02 + r01 * l12 + r02 * l22)
+            r10, r11, r12 = (r10 * l00 + r11 * l10 + r12 * l20, r10 * l01 + r11 * l11 + r12 * l21,
+                             r10 * l02 + r11 * l12 + r12 * l22)
+            r20, r21, r22 = (r20 * l00 + r21 * l10 + r22 * l20, r20 * l01 + r21 * l11 + r22 * l21,
+                             r20 * l02 + r21 * l12 + r22 * l22)
+        vx = wy * pz - wz * py - sx
+        vy = wz * px - wx * pz - sy
+        vz = wx * py - wy * px - sz
+        return math.sqrt(vx * vx + vy * vy + vz * vz), math.sqrt(wx * wx + wy * wy + wz * wz)
 
     def inverse(
         self,

@@ -597,6 +597,14 @@ class Recipe:
         self._with_id = self.protocol >= PROTOCOL_V2
         fmt = ">" + ("B" if self._with_id else "") + "".join(t.value for t in self.types)
         self._struct = struct.Struct(fmt)
+        # (name, start, stop or None for a scalar) into the unpacked tuple, computed once:
+        # decode runs for every data package (500 Hz), enum property lookups per field do not belong there
+        layout: list[tuple[str, int, int | None]] = []
+        i = 1 if self._with_id else 0
+        for name, t in zip(self.names, self.types, strict=True):
+            layout.append((name, i, None if t.count == 1 else i + t.count))
+            i += t.count
+        self._layout = tuple(layout)
 
     @property
     def payload_size(self) -> int:
@@ -633,15 +641,7 @@ class Recipe:
                 f"{self._struct.size}"
             )
         flat = self._struct.unpack(payload)
-        i = 0
-        if self._with_id:
-            if flat[0] != self.recipe_id:
-                raise ProtocolError(f"RTDE data package for recipe {flat[0]}, expected {self.recipe_id}")
-            i = 1
-        out: dict[str, Any] = {}
-        for name, t in zip(self.names, self.types, strict=True):
-            n = t.count
-            out[name] = flat[i] if n == 1 else tuple(flat[i : i + n])
-            i += n
-        return out
+        if self._with_id and flat[0] != self.recipe_id:
+            raise ProtocolError(f"RTDE data package for recipe {flat[0]}, expected {self.recipe_id}")
+        return {name: flat[start] if stop is None else flat[start:stop] for name, start, stop in self._layout}
 

@@ -21,7 +21,12 @@ read the controller version; set up the output recipe :data:`RECIPE` plus
 :data:`OPTIONAL_RECIPE` (a ``NOT_FOUND`` answer for a field of :data:`RECIPE` raises
 :class:`RecipeFieldNotFound` naming the field; for an optional field, as older controller
 software answers, the recipe is set up again without it); start. A receiver thread
-decodes data packages into :class:`~cellcal.drivers.robot.RobotState`; text messages are
+decodes data packages and stamps each (controller clock, host time via the clock model,
+sequence number); the :class:`~cellcal.drivers.robot.RobotState` of a sample (arrays, flange
+pose, flange speed) is built when it is first read, so samples superseded unread cost only
+their decode. With no read for a second the receiver lets the kernel wake it once per
+~20 ms of stream (``SO_RCVLOWAT``) instead of once per package; the next read ends that at
+once (of such a batch only the last package becomes a sample, the others are counted). Text messages are
 logged (never data); unknown packet types are skipped by their size; a malformed data
 package is counted and dropped; after garbage the stream hunts for the next intact data
 package (:class:`RtdeStream`). If the link drops (EOF, reset, no *valid data package* for
@@ -52,7 +57,7 @@ import socket
 import threading
 import time
 from collections.abc import Mapping
-from typing import Any, Self
+from typing import Any, NamedTuple, Self
 
 import numpy as np
 
@@ -233,6 +238,30 @@ def pose_to_transform(pose: Any) -> np.ndarray:
     return make_transform(so3_exp(p[3:6]), p[:3])
 
 
+def _pose_to_transform_floats(pose: Any) -> np.ndarray:
+    """:func:`pose_to_transform` of six finite floats, in Python floats and one array: it
+    runs for every robot sample read, where numpy's per-call cost on a 3x3 is most of the
+    work. The same Rodrigues formula as ``so3_exp`` (equal to rounding, tested)."""
+    x, y, z, wx, wy, wz = (float(v) for v in pose)
+    theta2 = wx * wx + wy * wy + wz * wz
+    if theta2 < 1e-8:
+        a = 1.0 - theta2 / 6.0
+        b = 0.5 - theta2 / 24.0
+    else:
+        theta = math.sqrt(theta2)
+        a = math.sin(theta) / theta
+        b = (1.0 - math.cos(theta)) / theta2
+    # R = I + a K + b K^2 with K = hat(w); K^2 = w w^T - theta2 I
+    bxx, byy, bzz = b * (wx * wx - theta2), b * (wy * wy - theta2), b * (wz * wz - theta2)
+    bxy, bxz, byz = b * wx * wy, b * wx * wz, b * wy * wz
+    return np.array([
+        [1.0 + bxx, bxy - a * wz, bxz + a * wy, x],
+        [bxy + a * wz, 1.0 + byy, byz - a * wx, y],
+        [bxz - a * wy, byz + a * wx, 1.0 + bzz, z],
+        [0.0, 0.0, 0.0, 1.0],
+    ])
+
+
 def transform_to_pose(T: np.ndarray) -> np.ndarray:
     """UR pose ``(x, y, z, rx, ry, rz)`` (6,) of a 4x4 transform."""
     return np.concatenate([T[:3, 3], so3_log(T[:3, :3])])
@@ -325,7 +354,33 @@ _MODE_RANGES = {
 }
 
 
+#: With no sample read for this long (s), the stream is taken in batches: nobody waits for
+#: the next sample, and one wake-up per package is most of an idle daemon's cost at 500 Hz.
+_BATCH_AFTER_S = 1.0
+#: A batch is about this much of the stream (s): the kernel wakes the reader once per batch
+#: (``SO_RCVLOWAT``, a condition in the kernel, not a poll). A reader ends batching at once.
+_BATCH_S = 0.02
+
+
+class _Raw(NamedTuple):
+    """One received data package: its fields and the stamps the stream gave it."""
+
+    fields: Mapping[str, Any]
+    t_device_s: float
+    t_host_ns: int
+    t_recv_host_ns: int
+    seq: int
+
+
 def _check_finite(fields: Mapping[str, Any]) -> None:
+    # One sum first (every data package pays this): a NaN or an infinity anywhere makes it
+    # non-finite; only then are the fields walked to name the culprit (a sum can also
+    # overflow on huge finite values, which then pass).
+    total = 0.0
+    for v in fields.values():
+        total += sum(v) if isinstance(v, tuple) else v
+    if math.isfinite(total):
+        return
     for name, v in fields.items():
         vals = v if isinstance(v, tuple) else (v,)
         for x in vals:
@@ -451,9 +506,14 @@ class UrRtdeDriver(RobotDriver):
         self._dashboard_lock = threading.Lock()
         self.flange_T_tcp = pose_to_transform(opts["tcp_offset"])
         self._tcp_T_flange = se3_inverse(self.flange_T_tcp)
+        self._tcp_applied = not np.array_equal(self._tcp_T_flange, np.eye(4))
         self.protocol: int = 0
         self.controller_version: rc.ControllerVersion | None = None
         self._cond = threading.Condition()
+        # the newest sample as received, and its RobotState once someone has read it
+        self._latest_raw: _Raw | None = None
+        self._last_read = time.monotonic()  # when a sample was last asked for
+        self._lowat = 1  # the socket's SO_RCVLOWAT in bytes (1: every package wakes the reader)
         self._latest: RobotState | None = None
         self._link_error: DeviceGoneError | None = None
         self._unreported_loss: DeviceGoneError | None = None
@@ -505,16 +565,17 @@ class UrRtdeDriver(RobotDriver):
         try:
             first = self._first_samples(sock, stream)
             now = time.monotonic_ns()
-            states = [(self._to_state(f, now), f) for f in first]
-            self._check_tcp(states[-1][0])
+            raws = [self._sample(f, now) for f in first]
+            last = self._build(raws[-1])
+            self._check_tcp(last)
         except BaseException:
             sock.close()
             self._close_dashboard()
             raise
         with self._cond:
             self._sock, self._stream = sock, stream
-            for state, f in states:
-                self._publish(state, now, int(f["runtime_state"]))
+            for raw in raws:
+                self._publish(raw, last if raw is raws[-1] else None, int(raw.fields["runtime_state"]))
         self._thread = threading.Thread(target=self._run, name=f"rtde-{self.host}", daemon=True)
         self._thread.start()
 
@@ -757,10 +818,10 @@ class UrRtdeDriver(RobotDriver):
 
     # -- receiving ---------------------------------------------------------------------
     def _to_state(self, f: Mapping[str, Any], recv_ns: int) -> RobotState:
-        q = np.array(f["actual_q"], dtype=float)
-        qd = np.array(f["actual_qd"], dtype=float)
-        base_T_flange = pose_to_transform(f["actual_TCP_pose"]) @ self._tcp_T_flange
-        lin, ang = self.model.flange_speed(q, qd)
+        return self._build(self._sample(f, recv_ns))
+
+    def _sample(self, f: Mapping[str, Any], recv_ns: int) -> _Raw:
+        """What a data package that becomes a sample costs: the clock model and its stamps."""
         t_dev = float(f["timestamp"])
         if t_dev < self._last_t_dev:
             log.warning("%r: controller clock went backwards (restart?): clock model reset", self)
@@ -774,31 +835,51 @@ class UrRtdeDriver(RobotDriver):
             self._last_clock_feed = t_dev
         t_host = int(self.clock.to_host_ns(t_dev)) if self.clock.ready else recv_ns
         self._seq += 1
+        return _Raw(f, t_dev, t_host, recv_ns, self._seq)
+
+    def _build(self, raw: _Raw) -> RobotState:
+        """The :class:`RobotState` of a sample: built only when someone reads it (at 500 Hz
+        most samples of an idle daemon are superseded unread, and the arrays, the pose and
+        the flange speed are most of a sample's cost)."""
+        f = raw.fields
+        q = np.array(f["actual_q"], dtype=float)
+        qd = np.array(f["actual_qd"], dtype=float)
+        base_T_flange = _pose_to_transform_floats(f["actual_TCP_pose"])
+        if self._tcp_applied:
+            base_T_flange = base_T_flange @ self._tcp_T_flange
+        # the fields are finite floats already (RtdeStream): the unchecked closed form
+        lin, ang = self.model._flange_speed_floats(f["actual_q"], f["actual_qd"])
         return RobotState(
             q_rad=q,
             qd_rad_s=qd,
             base_T_flange=base_T_flange,
-            t_device_s=t_dev,
-            t_host_ns=t_host,
-            moving=bool(np.max(np.abs(qd)) > self.opts["moving_threshold_rad_s"]),
+            t_device_s=raw.t_device_s,
+            t_host_ns=raw.t_host_ns,
+            moving=max(abs(v) for v in f["actual_qd"]) > self.opts["moving_threshold_rad_s"],
             mode=ur_mode(int(f["robot_mode"]), int(f["safety_mode"])),
             flange_speed_m_s=lin,
             flange_ang_speed_rad_s=ang,
             target_reached=None,
-            t_recv_host_ns=recv_ns,
-            seq=self._seq,
+            t_recv_host_ns=raw.t_recv_host_ns,
+            seq=raw.seq,
             tcp_offset=np.array(f["tcp_offset"], dtype=float) if "tcp_offset" in f else None,
             payload_kg=float(f["payload"]) if "payload" in f else None,
         )
+
+    def _latest_state(self) -> RobotState | None:
+        # caller holds self._cond
+        if self._latest is None and self._latest_raw is not None:
+            self._latest = self._build(self._latest_raw)
+        return self._latest
 
     def runtime_state(self) -> UrRuntimeState | None:
         """Program state of the latest sample (``None`` before the first)."""
         with self._cond:
             return self._runtime
 
-    def _publish(self, state: RobotState, recv_ns: int, runtime: int | None = None) -> None:
+    def _publish(self, raw: _Raw, state: RobotState | None = None, runtime: int | None = None) -> None:
         # caller holds self._cond
-        self._latest = state
+        self._latest_raw, self._latest = raw, state
         self._link_error = None
         if runtime is not None:
             try:
@@ -858,9 +939,23 @@ class UrRtdeDriver(RobotDriver):
             self._cond.notify_all()
 
     def _deliver(self, fields: Mapping[str, Any], recv_ns: int) -> None:
-        state = self._to_state(fields, recv_ns)
+        raw = self._sample(fields, recv_ns)
         with self._cond:
-            self._publish(state, recv_ns, int(fields["runtime_state"]))
+            self._publish(raw, None, int(fields["runtime_state"]))
+
+    def _reading(self) -> None:
+        """A sample is asked for: every package wakes the reader again (caller holds _cond)."""
+        self._last_read = time.monotonic()
+        if self._lowat > 1 and self._sock is not None:
+            self._set_lowat(self._sock, 1)
+
+    def _set_lowat(self, sock: socket.socket, nbytes: int) -> None:
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVLOWAT, nbytes)
+        except OSError as exc:  # a socket being closed; the next connection starts at 1
+            log.debug("%r: SO_RCVLOWAT %d: %s", self, nbytes, exc)
+            return
+        self._lowat = nbytes
 
     def _pump(self, sock: socket.socket) -> None:
         stream = self._stream
@@ -871,7 +966,16 @@ class UrRtdeDriver(RobotDriver):
         last_valid = time.monotonic()
         limit = self.opts["stream_timeout_s"]
         resyncs = stream.resyncs
+        per_batch = int(self.opts["frequency_hz"] * _BATCH_S)
+        batch_bytes = (rc.HEADER.size + stream.recipe.payload_size) * per_batch if per_batch > 1 else 1
+        with self._cond:
+            self._lowat = 1  # a new socket
         while not self._stop_evt.is_set():
+            want = batch_bytes if time.monotonic() - self._last_read > _BATCH_AFTER_S else 1
+            if want != self._lowat:
+                with self._cond:
+                    if want == 1 or time.monotonic() - self._last_read > _BATCH_AFTER_S:
+                        self._set_lowat(sock, want)
             try:
                 data = sock.recv(65536)
             except TimeoutError:
@@ -893,8 +997,14 @@ class UrRtdeDriver(RobotDriver):
                         self._resync_logged = now
                     # several packages in one read: all but the last are already superseded,
                     # but each one is a sample for the clock model and the settle detector
-                    for fields in fields_list:
-                        self._deliver(fields, recv_ns)
+                    if self._lowat > 1:
+                        # batched (nobody reads): the superseded packages are counted, not
+                        # kept; the last one is the sample, and its stamp the clock model's
+                        self._seq += len(fields_list) - 1
+                        self._deliver(fields_list[-1], recv_ns)
+                    else:
+                        for fields in fields_list:
+                            self._deliver(fields, recv_ns)
             if now - last_valid > limit:
                 raise DeviceGoneError(
                     f"{self!r}: no valid RTDE data package for {limit:.3g} s "
@@ -921,15 +1031,16 @@ class UrRtdeDriver(RobotDriver):
     def _read_state_internal(self, deadline: float) -> RobotState | None:
         max_age_ns = int(self.max_age_s * 1e9)
         with self._cond:
+            self._reading()
             while True:
                 if self._unreported_loss is not None:
                     exc, self._unreported_loss = self._unreported_loss, None
                     raise exc
                 if self._link_error is not None:
                     raise self._link_error
-                s = self._latest
-                if s is not None and time.monotonic_ns() - s.t_recv_host_ns <= max_age_ns:
-                    return s
+                raw = self._latest_raw
+                if raw is not None and time.monotonic_ns() - raw.t_recv_host_ns <= max_age_ns:
+                    return self._latest_state()
                 remaining = remaining_s(deadline)
                 if remaining <= 0:
                     return None
@@ -939,12 +1050,15 @@ class UrRtdeDriver(RobotDriver):
         """Block until a sample with ``seq`` greater than the given one arrives."""
         deadline = time.monotonic() + timeout_s
         with self._cond:
+            self._reading()
             while True:
                 if self._link_error is not None:
                     raise self._link_error
-                s = self._latest
-                if s is not None and s.seq > seq:
-                    return s
+                raw = self._latest_raw
+                if raw is not None and raw.seq > seq:
+                    state = self._latest_state()
+                    assert state is not None
+                    return state
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     raise DriverTimeoutError(f"{self!r}: no new sample within {timeout_s:.3g} s")

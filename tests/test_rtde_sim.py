@@ -587,3 +587,31 @@ def test_rejected_script_comes_back_as_text_message(sim, caplog):
         wait_until(lambda: "script rejected" in caplog.text, 10.0, "the rejection message")
         assert any(r.levelno == logging.ERROR for r in caplog.records if "script rejected" in r.getMessage())
         robot.read_state()
+
+
+def test_unread_stream_is_taken_in_batches_and_a_read_ends_them(sim):
+    # Nobody reading for a second: the driver lets the kernel wake it once per ~20 ms of
+    # stream (SO_RCVLOWAT) instead of once per package; the first read asks for every
+    # package again and still gets a fresh sample.
+    with connect_robot(sim.url, frequency_hz=500.0, timeout_s=2.0) as robot:
+        first = robot.read_state()
+        wait_until(lambda: robot._lowat > 1, 30.0, "the idle driver to batch its reads")
+        s = robot.read_state()
+        assert robot._lowat == 1
+        assert time.monotonic_ns() - s.t_recv_host_ns <= robot.max_age_s * 1e9 + 0.5e9
+        assert s.seq > first.seq
+        nxt = robot.wait_for_sample_after(s.seq, 2.0)
+        assert nxt.seq > s.seq and nxt.t_device_s > s.t_device_s
+        assert robot.clock.ready  # the clock model was fed through the batches
+
+
+def test_per_sample_pose_conversion_equals_pose_to_transform():
+    from cellcal.drivers.ur_rtde import _pose_to_transform_floats
+
+    rng = np.random.default_rng(3)
+    for k in range(500):
+        axis = rng.normal(size=3)
+        axis /= np.linalg.norm(axis)
+        angle = (1e-9, 1e-5, 0.3, 3.0, math.pi - 1e-9)[k % 5] * rng.uniform(0.5, 1.0)
+        pose = np.concatenate([rng.uniform(-1, 1, 3), axis * angle])
+        np.testing.assert_allclose(_pose_to_transform_floats(tuple(pose)), pose_to_transform(pose), rtol=0, atol=2e-15)
