@@ -9,8 +9,9 @@ the same message. Run it as the daemon's user (``sudo -u cellcal cellcal check-c
 so the key file is read with the daemon's rights. ``--no-devices`` skips the drivers (then
 it checks less than ``run`` does, and says so).
 
-Exit codes: 0 valid (the configuration is printed back in SI units as JSON), 2 invalid (the
-message names the file, the dotted key path and what was expected).
+Exit codes: 0 valid (the configuration is printed back in SI units as JSON, with ``gates``:
+each acceptance gate of ``[solve]`` in a sentence with its limit in mm and deg, or "off"),
+2 invalid (the message names the file, the dotted key path and what was expected).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import sys
 
 from cellcal.daemon.config import ConfigError, as_toml_dict, load_config, preflight
+from cellcal.daemon.gates import describe_gates
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -41,5 +43,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         out = as_toml_dict(cfg)
         out["sha256"] = cfg.sha256
+        out["gates"] = describe_gates(cfg.solve)
         print(json.dumps(out, indent=2, default=str))
     return 0

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.gates import GateContext, model_reach_m
 from cellcal.daemon.report import result_to_wire
 from cellcal.solver import (
     CalibrationError,
@@ -33,8 +34,8 @@ from cellcal.solver.points import MIN_POINT_STATIONS
 log = logging.getLogger(__name__)
 
 __all__ = ["station_arrays", "station_points", "is_point_run", "solve_stations", "solve_given", "suggest_station",
-           "suggest_for_stations", "wire_result", "provenance", "rough_estimate", "ESTIMATE_MIN_STATIONS",
-           "ESTIMATE_MIN_POINT_STATIONS", "ESTIMATE_MIN_AXIS_SPREAD"]
+           "suggest_for_stations", "wire_result", "gate_context", "given_base_T_flange", "provenance", "rough_estimate",
+           "ESTIMATE_MIN_STATIONS", "ESTIMATE_MIN_POINT_STATIONS", "ESTIMATE_MIN_AXIS_SPREAD"]
 
 #: Accepted stations before a run's own estimate checks the next ones (2 motions at least).
 ESTIMATE_MIN_STATIONS = 3
@@ -217,10 +218,33 @@ def suggest_for_stations(stations: Sequence[Any], model: Any, plan_cfg: Any) -> 
         return None
 
 
-def wire_result(result: Any, gates: Any, check_stations: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the store keeps as ``ResultRecord.result``: the solver's wire form, the gate
-    report (``gates.GateReport``) and the check stations."""
-    wire = result_to_wire(result)
+def given_base_T_flange(given: Sequence[Mapping[str, Any]]) -> np.ndarray | None:
+    """The robot poses (N, 4, 4) of client-supplied stations, or None when they are malformed
+    (the solve has then refused them already)."""
+    try:
+        return _poses(given, "base_T_flange")
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def gate_context(kind: str, base_T_flange: np.ndarray | None, model: Any) -> GateContext:
+    """What the gates need beyond the result: the run's kind, its robot poses and the reach
+    of the robot model (``model``: the driver's kinematics, or None when unknown)."""
+    reach = name = None
+    if model is not None:
+        try:
+            reach, name = model_reach_m(model), str(getattr(model, "name", ""))
+        except (AttributeError, TypeError, ValueError):
+            reach = None
+    return GateContext(kind=kind, base_T_flange=base_T_flange, max_reach_m=reach, robot_model=name or "")
+
+
+def wire_result(result: Any, gates: Any, check_stations: list[dict[str, Any]], *,
+                task_points: Any = None) -> dict[str, Any]:
+    """What the store keeps as ``ResultRecord.result``: the solver's wire form (with the
+    predicted error at ``task_points``, ``[solve] task_points_m``, when there are any), the
+    gate report (``gates.GateReport``) and the check stations."""
+    wire = result_to_wire(result, task_points=task_points if task_points else None)
     wire["gates"] = gates.to_wire()
     wire["check_stations"] = check_stations
     return wire
