@@ -221,6 +221,7 @@ class Solve:
                                            doc="predicted 1-sigma position error at each task point")
     max_holdout_p90_m: float | None = _f(None, "max_holdout_p90_mm", _MM, doc="held-out closure P90 (off unless set)")
     max_holdout_p90_rad: float | None = _f(None, "max_holdout_p90_deg", _DEG)
+    max_iterations: int = _f(20, "max_iterations", doc="Gauss-Newton iteration budget of the refinement")
     require_converged: bool = _f(True, "require_converged", doc="refuse a refinement that stopped early")
     allow_model_error: bool = _f(False, "allow_model_error", doc="accept a result warning model_error")
     expected_cell_T_base_m_rad: list | None = _f(None, "expected_cell_T_base_mm_deg",
@@ -364,6 +365,7 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "solve.max_rms_deg": (0.0, 1.0, True),
     "solve.robot_repeatability_mm": (0.0, 10.0, False),
     "solve.robot_repeatability_deg": (0.0, 1.0, False),
+    "solve.max_iterations": (1, 1000, False),
     "solve.task_points_mm[][]": (-1e5, 1e5, False),
     "solve.max_sigma_mm_at_task_points": (0.0, 100.0, True),
     "solve.max_holdout_p90_mm": (0.0, 50.0, True),

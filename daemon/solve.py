@@ -130,13 +130,13 @@ def solve_stations(kind: str, stations: Sequence[Any], solve_cfg: Any) -> Any:
         A kind this cell cannot capture (hand-eye needs camera views: given stations only).
     """
     G, M = station_arrays(stations)
-    spread = solve_cfg.min_axis_spread
+    spread, iters = solve_cfg.min_axis_spread, solve_cfg.max_iterations
     if kind == P.KIND_BASE_FRAME and is_point_run(stations):
-        return calibrate_base_frame_points(*station_points(stations), min_axis_spread=spread,
+        return calibrate_base_frame_points(*station_points(stations), min_axis_spread=spread, max_iterations=iters,
                                            **declared_noise(stations, solve_cfg, point=True))
     if kind == P.KIND_BASE_FRAME:
         return calibrate_base_frame(G, M if M is not None else np.zeros((0, 4, 4)), min_axis_spread=spread,
-                                    **declared_noise(stations, solve_cfg, point=False))
+                                    max_iterations=iters, **declared_noise(stations, solve_cfg, point=False))
     if kind == P.KIND_TOOL_POINT:
         return calibrate_tool_point(G, min_axis_spread=spread)
     raise ValueError(f"a {kind} run is solved from client-supplied stations only")
@@ -156,12 +156,12 @@ def solve_given(kind: str, given: Sequence[Mapping[str, Any]], solve_cfg: Any) -
         A station without the poses the kind needs, or malformed ones.
     CalibrationError
     """
-    spread = solve_cfg.min_axis_spread
+    spread, iters = solve_cfg.min_axis_spread, solve_cfg.max_iterations
     G = _poses(given, "base_T_flange")
     if kind == P.KIND_HAND_EYE:
-        return calibrate_hand_eye(G, _poses(given, "camera_T_target"), min_axis_spread=spread)
+        return calibrate_hand_eye(G, _poses(given, "camera_T_target"), min_axis_spread=spread, max_iterations=iters)
     if kind == P.KIND_BASE_FRAME:
-        return calibrate_base_frame(G, _poses(given, "cell_T_target"), min_axis_spread=spread)
+        return calibrate_base_frame(G, _poses(given, "cell_T_target"), min_axis_spread=spread, max_iterations=iters)
     return calibrate_tool_point(G, min_axis_spread=spread)
 
 

@@ -12,6 +12,7 @@ import types
 
 import numpy as np
 import pytest
+from storetest_support import make_station
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Drift, Solve, load_config_text
@@ -21,7 +22,6 @@ from cellcal.daemon.gates import GATES, check_gates, gates_failed, gates_passed
 from cellcal.daemon.harness import FAST_SCENARIO, daemon_config, free_port, to_toml
 from cellcal.daemon.store import Store
 from cellcal.solver.se3 import make_transform, so3_exp
-from storetest_support import make_station
 
 
 def _result(rms_t_m: float, rms_r_rad: float):
