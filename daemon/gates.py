@@ -247,7 +247,8 @@ def sigma_at_task_points(result: Any, solve: Any, ctx: GateContext) -> GateCheck
     """Predicted 1-sigma position error at the task points at most
     ``[solve] max_sigma_mm_at_task_points`` (see the module docstring for which points)."""
     lim = float(solve.max_sigma_m_at_task_points)
-    points = solve.task_points_m if (not ctx.kind or ctx.kind == solve.kind) else []
+    own_kind = not ctx.kind or ctx.kind == solve.kind
+    points = solve.task_points_m if own_kind else []
     worst, where = math.nan, ""
     try:
         if points and hasattr(result, "predicted_error_at"):
@@ -268,7 +269,9 @@ def sigma_at_task_points(result: Any, solve: Any, ctx: GateContext) -> GateCheck
         else:
             worst = float(result.sigma_translation_mm) * 1e-3
             first = next(iter(result.transforms().values()))
-            where = f" of {first.name} ({'no task points' if not points else 'not the configured kind'})"
+            why = ("no task points" if own_kind else
+                   f"a {ctx.kind} result; the task points are for {solve.kind}, the configured kind")
+            where = f" of {first.name} ({why})"
     except (ValueError, ArithmeticError, StopIteration) as exc:
         return GateCheck("sigma_at_task_points", math.nan, lim, "m", False, f"predicted error not computed: {exc}")
     if not math.isfinite(worst):

@@ -210,6 +210,40 @@ def test_a_cell_drawing_100_mm_off_fails_the_prior_and_one_within_tolerance_pass
     _assert_accepted(_solve_given(tmp_path / "within", _given(G, M), {"expected_cell_T_base_mm_deg": tilted}))
 
 
+def test_task_points_of_the_configured_kind_do_not_gate_a_hand_eye_run(tmp_path, good):
+    """A client-supplied hand-eye run on a base-frame cell: its answer is a camera on the
+    flange, so the cell-frame task points mean nothing to it; the gate reads its own
+    translation sigma, and the reach gate its robot poses."""
+    G, _, _ = good
+    from cellcal.solver.se3 import make_transform, so3_exp
+
+    rng = np.random.default_rng(11)
+    flange_T_camera = make_transform(so3_exp(np.array([0.1, -0.2, 0.3])), np.array([0.03, 0.0, 0.08]))
+    base_T_target = make_transform(so3_exp(np.array([0.0, 3.0, 0.0])), np.array([-0.5, 0.1, -0.2]))
+    given = []
+    for g in G:
+        C = np.linalg.inv(flange_T_camera) @ np.linalg.inv(g) @ base_T_target
+        C[:3, 3] += rng.normal(scale=MM * 1e-3, size=3)
+        given.append({"base_T_flange": g.reshape(16).tolist(), "camera_T_target": C.reshape(16).tolist()})
+    cfgd = daemon_config(robot_url=f"rtde://127.0.0.1:{free_port()}?model=ur5e",
+                         tracker_url=f"socket://127.0.0.1:{free_port()}", workdir=tmp_path,
+                         overrides={"solve": {"task_points_mm": [[50000.0, 0.0, 0.0]],
+                                              "max_sigma_mm_at_task_points": 0.5}})
+    svc = Service(load_config_text(to_toml(cfgd)))
+    try:
+        svc.start()
+        run_id = svc.start_run(P.KIND_HAND_EYE, stations=given)
+        assert svc.wait_idle(60.0)
+        (rec,) = svc.store.list_results()
+        checks = {c["name"]: c for c in rec.result["gates"]["checks"]}
+        assert svc.store.get_run(run_id).status == RunStatus.DONE and rec.active, checks
+        assert "the task points are for base_frame" in checks["sigma_at_task_points"]["message"]
+        assert checks["sigma_at_task_points"]["value"] < 0.1e-3 and checks["reach"]["passed"]
+        assert "task_points" not in rec.result
+    finally:
+        svc.shutdown(timeout_s=10.0)
+
+
 def test_gate_keys_are_typed_and_bounded_under_their_own_names():
     base = "config_version = 1\n[solve]\n"
     for text, path in (
