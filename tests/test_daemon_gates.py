@@ -28,7 +28,7 @@ from _worlds import ur5e_world
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import ConfigError, load_config_text
 from cellcal.daemon.harness import daemon_config, free_port, inprocess_cell, nonconforming_bodies, to_toml
-from cellcal.daemon.service import Service
+from cellcal.daemon.service import Service, ServiceError
 from cellcal.daemon.store import RunStatus
 from cellcal.solver.se3 import so3_log
 
@@ -65,6 +65,11 @@ def _solve_given(tmp_path, given: list[dict], solve: dict) -> dict:
         published = [b for _t, topic, b in events if topic == P.TOPIC_RESULT]
         assert nonconforming_bodies(events) == []
         active = svc.store.active_result()
+        if not rec.result["gates"]["passed"]:
+            # Nor can a client activate it by hand.
+            with pytest.raises(ServiceError) as ei:
+                svc.activate_result(rec.id, reason="test")
+            assert ei.value.code == P.E_STATE and svc.store.active_result() is None
         return {"run": run, "rec": rec, "checks": checks, "failed": {n for n, c in checks.items() if not c["passed"]},
                 "published": published, "active": active is not None and active.id == rec.id,
                 "summary": svc.result_summary(rec), "events": events, "run_id": run_id}
