@@ -1,6 +1,6 @@
 """Daemon configuration: TOML (``tomllib``) into frozen dataclasses.
 
-Rules (issue 5, DESIGN.md section 5):
+Rules:
 
 * Unknown keys are rejected; every error is a :class:`ConfigError` naming the dotted path
   (``capture.sync_window_s``) and what was expected.
