@@ -252,16 +252,16 @@ def sigma_at_task_points(result: Any, solve: Any, ctx: GateContext) -> GateCheck
     worst, where = math.nan, ""
     try:
         if points and hasattr(result, "predicted_error_at"):
-            sig = []
+            sig, tip = [], False
             for p in points:
                 try:
                     sig.append(float(result.predicted_error_at(np.asarray(p, dtype=float)).sigma_m))
                 except TypeError:  # a tool point: its tip is the only point it predicts
-                    sig = [float(result.predicted_error_at().sigma_m)]
+                    sig, tip = [float(result.predicted_error_at().sigma_m)], True
                     break
             k = int(np.argmax([s if math.isfinite(s) else math.inf for s in sig]))
             worst = sig[k]
-            if len(sig) == len(points):
+            if not tip:
                 where = (f" at task point {k} [{', '.join(f'{1e3 * x:.1f}' for x in points[k])}] mm"
                          f" (worst of {len(points)})")
             else:
