@@ -127,7 +127,7 @@ def one_run(mode: str, scenario: Any, target_m: float, n_fixed: int) -> dict:
         wall = time.monotonic() - t0
         records = cell.svc.store.stations(run_id)
         truth = cell.world.cell_T_base()
-        task = np.asarray(cfg.plan.task_points_m[0], float)
+        task = np.asarray(cfg.solve.task_points_m[0], float)
         tcfg = dataclasses.replace(cfg, plan=dataclasses.replace(cfg.plan, target_sigma_m=target_m))
         sigma, result = dplan.predicted_task_sigma(records, tcfg)
         first_reached = None
@@ -156,7 +156,7 @@ def main() -> int:
     from cellcal.daemon.config import load_config
     from cellcal.sim.scenario import load_scenario
 
-    task_mm = [round(v * 1e3, 1) for v in load_config(ROOT / "config" / "demo.toml").plan.task_points_m[0]]
+    task_mm = [round(v * 1e3, 1) for v in load_config(ROOT / "config" / "demo.toml").solve.task_points_m[0]]
     demo = load_scenario(ROOT / "config" / "demo-scenario.toml")
     demo = dataclasses.replace(demo, time_scale=args.scale, drift=(), tracker=dataclasses.replace(demo.tracker, faults=()))
     # The same cell with an arm whose controller knows it exactly: no hidden kinematic

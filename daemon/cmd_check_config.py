@@ -15,8 +15,9 @@ its identity and one sample (the robot's state; one tracker measurement of the c
 ``[tracker] measure``), closes it and prints one line per device instead of the JSON. The
 robot is only read, never moved.
 
-Exit codes: 0 valid (the configuration is printed back in SI units as JSON; with
-``--probe``: every device answered), 1 with ``--probe``: a device could not be opened or
+Exit codes: 0 valid (the configuration is printed back in SI units as JSON, with ``gates``:
+each acceptance gate of ``[solve]`` in a sentence with its limit in mm and deg, or "off";
+with ``--probe``: every device answered), 1 with ``--probe``: a device could not be opened or
 read (its line says why), 2 invalid (the message names the file, the dotted key path and
 what was expected).
 """
@@ -30,6 +31,7 @@ import sys
 from typing import Any
 
 from cellcal.daemon.config import ConfigError, as_toml_dict, load_config, preflight
+from cellcal.daemon.gates import describe_gates
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -113,5 +115,6 @@ def run(args: argparse.Namespace) -> int:
     if not args.quiet:
         out = as_toml_dict(cfg)
         out["sha256"] = cfg.sha256
+        out["gates"] = describe_gates(cfg.solve)
         print(json.dumps(out, indent=2, default=str))
     return 0

@@ -7,7 +7,7 @@ the likely causes (units, quaternion order, swapped or inverted inputs, a robot 
 error), and a milder excess is reported as a ``model_error`` warning with a widened
 uncertainty. A CSV whose quaternion columns fit far better read as x, y, z, w is named as
 such. ``--expect-base`` checks the answer against the cell drawing; ``--robot-model`` sets
-the arm's reach, which catches swapped arguments and millimetres (ADR 0009).
+the arm's reach, which catches swapped arguments and millimetres (ADR 0014).
 
 Exit codes: 0 solved; 2 bad file or arguments (the message names the line); 3 the data
 cannot determine the calibration, or determine one that cannot be right (refused, with

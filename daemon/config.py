@@ -1,6 +1,6 @@
 """Daemon configuration: TOML (``tomllib``) into frozen dataclasses.
 
-Rules (issue 5, DESIGN.md section 5):
+Rules:
 
 * Unknown keys are rejected; every error is a :class:`ConfigError` naming the dotted path
   (``capture.sync_window_s``) and what was expected.
@@ -28,6 +28,7 @@ import math
 import os
 import re
 import tomllib
+import types
 import typing
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -202,7 +203,6 @@ class Plan:
     stations: list = _f([], "stations", doc="explicit: [[plan.stations]] tables")
     target_sigma_m: float = _f(0.0, "target_sigma_mm", _MM,
                                doc="capture until the predicted error at the task points is this (0: a fixed count)")
-    task_points_m: list = _f([], "task_points_mm", _MM, doc="[[x, y, z], ...] cell frame: where the error counts")
     max_stations: int = _f(40, "max_stations", doc="with target_sigma_mm: stations at most")
     tracker_xyz_m: list = _f([], "tracker_xyz_mm", _MM, doc="rough tracker position, robot base frame ([]: unknown)")
     tracker_cell_xyz_m: list = _f([0.0, 0.0, 0.0], "tracker_cell_xyz_mm", _MM, doc="tracker position, cell frame")
@@ -212,7 +212,12 @@ class Plan:
 
 @dataclass(frozen=True)
 class Solve:
-    """``[solve]``: the calibration and its acceptance gates."""
+    """``[solve]``: the calibration and its acceptance gates (``cellcal.daemon.gates``).
+
+    A gate whose key is optional (``None`` here) is off until the key is given; every other
+    gate is on with its default. Mixed-unit vectors keep their units in order:
+    ``expected_cell_T_base_m_rad`` is ``[x, y, z]`` in m then a rotation vector in rad.
+    """
 
     kind: str = _f("base_frame", "kind", doc="base_frame, tool_point or hand_eye")
     min_axis_spread: float = _f(1e-4, "min_axis_spread")
@@ -222,6 +227,20 @@ class Solve:
                              doc="give the solver each station's tracker std plus the robot's repeatability")
     robot_repeatability_m: float = _f(0.01e-3, "robot_repeatability_mm", _MM, doc="1-sigma, position")
     robot_repeatability_rad: float = _f(math.radians(0.005), "robot_repeatability_deg", _DEG, doc="1-sigma, orientation")
+    task_points_m: list = _f([], "task_points_mm", _MM,
+                             doc="[[x, y, z], ...] where the calibration is used (cell frame for a base frame)")
+    max_sigma_m_at_task_points: float = _f(1e-3, "max_sigma_mm_at_task_points", _MM,
+                                           doc="predicted 1-sigma position error at each task point")
+    max_holdout_p90_m: float | None = _f(None, "max_holdout_p90_mm", _MM, doc="held-out closure P90 (off unless set)")
+    max_holdout_p90_rad: float | None = _f(None, "max_holdout_p90_deg", _DEG)
+    max_iterations: int = _f(20, "max_iterations", doc="Gauss-Newton iteration budget of the refinement")
+    require_converged: bool = _f(True, "require_converged", doc="refuse a refinement that stopped early")
+    allow_model_error: bool = _f(False, "allow_model_error", doc="accept a result warning model_error")
+    expected_cell_T_base_m_rad: list | None = _f(None, "expected_cell_T_base_mm_deg",
+                                                 doc="[x, y, z mm, rx, ry, rz deg rotation vector] (off unless set)")
+    expected_tolerance_m_rad: list = _f([50e-3, math.radians(5.0)], "expected_tolerance_mm_deg",
+                                        doc="[mm, deg] of expected_cell_T_base_mm_deg")
+    check_reach: bool = _f(True, "check_reach", doc="refuse robot poses beyond the robot model's reach")
 
 
 @dataclass(frozen=True)
@@ -316,8 +335,14 @@ class Config:
 _LIST_OF = {(Plan, "stations"): PlanStation, (Zmq, "clients"): ZmqClient}
 # List fields of integers (every other list of scalars holds numbers with a unit).
 _INT_LISTS = {(Zmq, "ipc_allowed_uids"), (Zmq, "ipc_allowed_gids")}
-# List fields of 3-vectors with a unit (``[[x, y, z], ...]``).
-_VECTOR_LISTS = {(Plan, "task_points_m")}
+# List fields of points: each entry an array of this many numbers, all with the field's scale.
+_POINT_LISTS: dict[tuple[type, str], int] = {(Solve, "task_points_m"): 3}
+# List fields whose entries carry different units (edge -> SI factor per entry, in order):
+# the list must have exactly this many entries.
+_MIXED_SCALES: dict[tuple[type, str], tuple[float, ...]] = {
+    (Solve, "expected_cell_T_base_m_rad"): (_MM, _MM, _MM, _DEG, _DEG, _DEG),
+    (Solve, "expected_tolerance_m_rad"): (_MM, _DEG),
+}
 _CHOICES = {
     (Tracker, "measure"): ("pose", "point"),
     (Capture, "motion_mode"): ("command", "observe"),
@@ -369,7 +394,6 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "plan.seed": (0, 2**63 - 1, False),
     # Below 1 um no tracker gets there; above 10 mm a calibration is not what is wanted.
     "plan.target_sigma_mm": (0.0, 10.0, False),
-    "plan.task_points_mm[][]": (-1e5, 1e5, False),
     "plan.max_stations": (3, 1000, False),
     "plan.tracker_xyz_mm[]": (-1e6, 1e6, False),
     "plan.tracker_cell_xyz_mm[]": (-1e6, 1e6, False),
@@ -384,6 +408,13 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "solve.max_rms_deg": (0.0, 1.0, True),
     "solve.robot_repeatability_mm": (0.0, 10.0, False),
     "solve.robot_repeatability_deg": (0.0, 1.0, False),
+    "solve.max_iterations": (1, 1000, False),
+    "solve.task_points_mm[][]": (-1e5, 1e5, False),
+    "solve.max_sigma_mm_at_task_points": (0.0, 100.0, True),
+    "solve.max_holdout_p90_mm": (0.0, 50.0, True),
+    "solve.max_holdout_p90_deg": (0.0, 10.0, True),
+    "solve.expected_cell_T_base_mm_deg[]": (-1e5, 1e5, False),
+    "solve.expected_tolerance_mm_deg[]": (0.0, 1000.0, True),
     "drift.interval_s": (1.0, 604800.0, False),
     "drift.check_stations": (1, 100, False),
     "drift.warn_mm": (0.0, 10.0, True),
@@ -406,6 +437,7 @@ _MAX_LIST = 10_000         # entries of any array
 _MAX_STRING = 4096         # characters of any string
 _MAX_CONFIG_BYTES = 1 << 20
 _MAX_OPTION_DEPTH = 4      # nesting of a device option's value (tables and arrays)
+_MAX_POINTS = 100          # task points (each one a predicted-error evaluation per result)
 
 
 def _bound_key(path: str) -> str:
@@ -458,6 +490,9 @@ def _typename(t: Any) -> str:
 
 
 def _convert(cls: type, fname: str, ftype: Any, value: Any, scale: float, path: str) -> Any:
+    if typing.get_origin(ftype) in (typing.Union, types.UnionType):
+        # ``X | None``: an optional key (TOML has no null, so a value given is an X)
+        ftype = next(a for a in typing.get_args(ftype) if a is not type(None))
     if dataclasses.is_dataclass(ftype):
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a table, got {type(value).__name__}")
@@ -503,15 +538,21 @@ def _convert(cls: type, fname: str, ftype: Any, value: Any, scale: float, path: 
             return [_convert(cls, fname, elem, v, 1.0, f"{path}[{i}]") for i, v in enumerate(value)]
         if (cls, fname) in _INT_LISTS:
             return [_convert(cls, fname, int, v, 1.0, f"{path}[{i}]") for i, v in enumerate(value)]
-        if (cls, fname) in _VECTOR_LISTS:
-            vecs = []
-            for i, v in enumerate(value):
-                if not isinstance(v, list) or len(v) != 3:
-                    raise ConfigError(f"{path}[{i}]", f"expected 3 numbers [x, y, z], got {_show(v)}")
-                vecs.append([_finite(x, f"{path}[{i}][{j}]") for j, x in enumerate(v)])
-                for j, x in enumerate(vecs[-1]):
-                    _check_bound(f"{path}[{i}][{j}]", x)
-            return [[x * scale for x in v] for v in vecs]
+        width = _POINT_LISTS.get((cls, fname))
+        if width is not None:
+            if len(value) > _MAX_POINTS:
+                raise ConfigError(path, f"at most {_MAX_POINTS} points, got {len(value)}")
+            points = []
+            for i, pt in enumerate(value):
+                if not isinstance(pt, list) or len(pt) != width:
+                    raise ConfigError(f"{path}[{i}]", f"expected an array of {width} numbers, got {_show(pt)}")
+                points.append(_convert(cls, "", list, pt, scale, f"{path}[{i}]"))
+            return points
+        scales = _MIXED_SCALES.get((cls, fname))
+        if scales is not None:
+            if len(value) != len(scales):
+                raise ConfigError(path, f"expected {len(scales)} numbers, got {len(value)}")
+            return [x * k for x, k in zip(_convert(cls, "", list, value, 1.0, path), scales, strict=True)]
         out = []
         for i, v in enumerate(value):
             x = _finite(v, f"{path}[{i}]")
@@ -812,8 +853,8 @@ def _validate(c: Config) -> None:
     if math.sqrt(sum(x * x for x in p.target_axis)) < 0.5:
         raise ConfigError("plan.target_axis", "must be a direction (a unit vector, e.g. [0, 0, 1])")
     if p.target_sigma_m > 0.0:
-        if not p.task_points_m:
-            raise ConfigError("plan.task_points_mm", "target_sigma_mm needs at least one task point (cell frame)")
+        if not c.solve.task_points_m:
+            raise ConfigError("solve.task_points_mm", "[plan] target_sigma_mm needs at least one task point (cell frame)")
         if p.kind != "generated":
             raise ConfigError("plan.target_sigma_mm",
                               "needs a generated plan (kind = \"generated\"): the planner chooses the stations")
@@ -841,6 +882,14 @@ def _validate(c: Config) -> None:
         if n < MIN_POINT_STATIONS:
             raise ConfigError(where, f"a point base-frame calibration ([tracker] measure = \"point\") needs at least "
                                      f"{MIN_POINT_STATIONS} stations (three points admit several exact fits), got {n}")
+    e = c.solve.expected_cell_T_base_m_rad
+    if e is not None and math.sqrt(sum(x * x for x in e[3:])) > math.pi * (1 + 1e-9):
+        raise ConfigError("solve.expected_cell_T_base_mm_deg",
+                          f"rx, ry, rz is a rotation vector in degrees with a length of at most 180, got "
+                          f"{math.degrees(math.sqrt(sum(x * x for x in e[3:]))):g}")
+    if c.solve.expected_tolerance_m_rad[1] > math.pi:
+        raise ConfigError("solve.expected_tolerance_mm_deg", "the rotation tolerance must be at most 180 deg, got "
+                                                            f"{math.degrees(c.solve.expected_tolerance_m_rad[1]):g}")
     d = c.drift
     if d.fail_translation_m < d.warn_translation_m:
         raise ConfigError("drift.fail_mm", "must be >= warn_mm")

@@ -1,19 +1,54 @@
 """Acceptance gates: what a calibration must satisfy before it may become the active one.
 
-Each gate is one function in :data:`GATES`: it takes the solver's result and the ``[solve]``
-configuration and returns a :class:`GateCheck` (its name, the value measured, the limit,
-whether it passed and a sentence for people), or None when it does not apply to that
-result. :func:`check_gates` runs them all; the :class:`GateReport` is stored in the result
-record (``result["gates"]``, :meth:`GateReport.to_wire`), and the failed gates, each by
-name and sentence, are the run's failure reason (the run's ``status_reason`` and the
-``state`` message saying the result was not activated). A new gate is one function
-appended to :data:`GATES`.
+Each gate is one function in :data:`GATES`: it takes the solver's result, the ``[solve]``
+configuration and a :class:`GateContext` (what the result alone does not say: the run's
+kind, the robot poses it was solved from, the arm's reach) and returns a
+:class:`GateCheck` (its name, the value measured, the limit, whether it passed and a
+sentence for people), or None when it does not apply to that result. :func:`check_gates`
+runs them all; the :class:`GateReport` is stored in the result record (``result["gates"]``,
+:meth:`GateReport.to_wire`), and the failed gates, each by name and sentence, are the run's
+failure reason (the run's ``status_reason`` and the ``state`` message saying the result
+was not activated). A result that fails a gate is stored, never activated. A new gate is
+one function appended to :data:`GATES`.
 
-A gate that does not apply to a result is still recorded, never passed silently: the
-rotation closure gate on a fit with no rotation residuals (a point base frame from a 3-DoF
-tracker, a tool point pivot: their measurements have no orientation, so ``rms_rotation_rad``
-is 0 by construction) is a check with ``applies`` false, no value, and a sentence saying
-why. It does not stop activation (its ``passed`` is true) and is not in ``failed``.
+The gates, by name (keys of ``[solve]``, docs/configuration.md):
+
+``rms_translation``, ``rms_rotation``
+    RMS closure at most ``max_rms_mm`` / ``max_rms_deg``.
+``converged``
+    The refinement converged (``require_converged``): a fit stopped at its iteration limit
+    is no minimum, and its figures describe nothing.
+``model_error``
+    No ``model_error`` warning (unless ``allow_model_error``): the residuals follow the
+    robot pose, so the arm's kinematics, not the tracker, limit the result. The value is the
+    RMS of the structured residual.
+``sigma_at_task_points``
+    The predicted 1-sigma position error (``predicted_error_at``, root of the covariance
+    trace) at every ``task_points_mm`` at most ``max_sigma_mm_at_task_points``: an honest
+    answer with a 90 mm sigma passes any RMS gate. Task points are in the frame the
+    configured kind's ``predicted_error_at`` takes (the cell for a base frame, the camera
+    for hand-eye; a tool point has its tip only); without them, and for a result of another
+    kind than ``[solve] kind`` (client-supplied stations), the primary estimate's own
+    translation sigma is gated (at the robot base origin for a base frame).
+``holdout_p90_translation``, ``holdout_p90_rotation``
+    Held-out closure P90 at most ``max_holdout_p90_mm`` / ``_deg`` (off unless set); a
+    result without a held-out closure (fewer than 4 stations) fails it.
+``expected_cell_T_base_translation``, ``expected_cell_T_base_rotation``
+    A base-frame answer within ``expected_tolerance_mm_deg`` of the cell drawing's
+    ``expected_cell_T_base_mm_deg`` (off unless set): swapped, inverted or millimetre inputs
+    fit exactly, so no residual shows them (ADR 0014).
+``reach``
+    Every robot pose within the robot model's reach (``check_reach``): tracker poses passed
+    as robot poses, or poses in millimetres, put the flange metres from the base.
+
+A gate switched off by its key (``max_holdout_p90_mm`` not set, ``allow_model_error``...)
+is not a check. A gate that is on but does not apply to a result is still recorded, never
+passed silently: the rotation gates on a fit with no rotation residuals (a point base frame
+from a 3-DoF tracker, a tool point pivot: their measurements have no orientation, so
+``rms_rotation_rad`` is 0 by construction), the cell drawing's ``cell_T_base`` on a result
+without one, the reach without robot poses or a robot model, are checks with ``applies``
+false, no value, and a sentence saying why. They do not stop activation (their ``passed``
+is true) and are not in ``failed``.
 
 Wire form of ``result["gates"]`` (the ``passed`` and ``failed`` keys are what clients and
 older stores have; ``checks`` names every gate)::
@@ -22,8 +57,9 @@ older stores have; ``checks`` names every gate)::
      "checks": [{"name": str, "value": float, "limit": float, "unit": str, "passed": bool,
                  "message": str}, ...]}
 
-with ``"value": null, "applies": false`` in the check of a gate that does not apply
-(``applies`` is present only then).
+``unit`` is ``"m"``, ``"rad"`` or ``"bool"`` (value 1.0 for true, limit 1.0: required);
+``"value": null`` when not computed, and ``"applies": false`` in the check of a gate that
+does not apply (``applies`` is present only then).
 """
 
 from __future__ import annotations
@@ -33,8 +69,11 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["GateCheck", "GateReport", "Gate", "GATES", "check_gates", "gates_passed", "gates_failed",
-           "rms_translation", "rms_rotation"]
+import numpy as np
+
+__all__ = ["GateCheck", "GateReport", "GateContext", "Gate", "GATES", "check_gates", "gates_passed", "gates_failed",
+           "describe_gates", "model_reach_m", "rms_translation", "rms_rotation", "converged", "model_error",
+           "sigma_at_task_points", "holdout_p90", "expected_cell_T_base", "reach"]
 
 
 @dataclass(frozen=True)
@@ -47,9 +86,9 @@ class GateCheck:
         The gate (``"rms_translation"``), stable: clients and logs may match on it.
     value, limit : float
         What was measured and the most (or least) the gate allows, SI units (``unit``);
-        ``value`` is None when the gate does not apply.
+        ``value`` is None when the gate does not apply (NaN: not computed).
     unit : str
-        ``"m"``, ``"rad"``, ``"sigma"`` ...
+        ``"m"``, ``"rad"``, ``"bool"`` (1.0 true, 0.0 false) ...
     passed : bool
         False stops the result from becoming active (True for a gate that does not apply).
     message : str
@@ -73,12 +112,31 @@ class GateCheck:
         return cls(name, None, float(limit), unit, True, f"does not apply: {why}", applies=False)
 
     def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "value": None if self.value is None else float(self.value),
-                               "limit": float(self.limit), "unit": self.unit, "passed": bool(self.passed),
+        out: dict[str, Any] = {"name": self.name, "value": _finite_or_none(self.value),
+                               "limit": _finite_or_none(self.limit), "unit": self.unit, "passed": bool(self.passed),
                                "message": self.message}
         if not self.applies:
             out["applies"] = False
         return out
+
+
+def _finite_or_none(v: float | None) -> float | None:
+    if v is None:
+        return None
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _without_rotation(result: Any) -> str | None:
+    """Why ``result`` has no rotation residuals to judge (None when it has them)."""
+    from cellcal.solver import PointBaseFrameResult, ToolPointResult
+
+    if isinstance(result, PointBaseFrameResult):
+        return ("a point base-frame fit (3-DoF tracker) has no rotation residuals: the reflector's "
+                "positions carry no orientation")
+    if isinstance(result, ToolPointResult):
+        return "a tool point (pivot) fit has no rotation residuals: only the tip's positions are fitted"
+    return None
 
 
 @dataclass(frozen=True)
@@ -104,31 +162,52 @@ class GateReport:
                 "checks": [c.to_wire() for c in self.checks]}
 
 
-#: A gate: ``(result, solve_config) -> GateCheck`` or None when it does not apply.
-Gate = Callable[[Any, Any], "GateCheck | None"]
+@dataclass(frozen=True)
+class GateContext:
+    """What gates need beyond the result and ``[solve]``.
+
+    Attributes
+    ----------
+    kind : str
+        The run's kind (``base_frame``, ``tool_point``, ``hand_eye``); "" when unknown.
+    base_T_flange : numpy.ndarray, shape (N, 4, 4), or None
+        The robot poses the result was solved from, metres (None: the reach gate does not
+        apply).
+    max_reach_m : float or None
+        The arm's reach from its kinematic model (:func:`model_reach_m`), metres.
+    robot_model : str
+        The model's name, for the reach gate's sentence.
+    """
+
+    kind: str = ""
+    base_T_flange: np.ndarray | None = None
+    max_reach_m: float | None = None
+    robot_model: str = ""
 
 
-def rms_translation(result: Any, solve: Any) -> GateCheck:
+#: A gate: ``(result, solve_config, context) -> GateCheck``, a list of them, or None when it
+#: does not apply.
+Gate = Callable[[Any, Any, GateContext], "GateCheck | list[GateCheck] | None"]
+
+
+def model_reach_m(model: Any) -> float:
+    """The farthest a flange can be from the base of a DH arm: the sum of its link lengths
+    and offsets (``|a| + |d|``, metres), the bound the inverse kinematics refuses beyond."""
+    return float(np.sum(np.abs(model.a_m)) + np.sum(np.abs(model.d_m)))
+
+
+def _cmp(ok: bool) -> str:
+    return "<=" if ok else ">"
+
+
+def rms_translation(result: Any, solve: Any, ctx: GateContext) -> GateCheck:
     """RMS per-station translation closure at most ``[solve] max_rms_mm``."""
     v, lim = float(result.rms_translation_m), float(solve.max_rms_translation_m)
     ok = v <= lim
-    return GateCheck("rms_translation", v, lim, "m", ok,
-                     f"rms translation {v * 1e3:.3f} mm {'<=' if ok else '>'} {lim * 1e3:.3f} mm")
+    return GateCheck("rms_translation", v, lim, "m", ok, f"rms translation {v * 1e3:.3f} mm {_cmp(ok)} {lim * 1e3:.3f} mm")
 
 
-def _without_rotation(result: Any) -> str | None:
-    """Why ``result`` has no rotation residuals to judge (None when it has them)."""
-    from cellcal.solver import PointBaseFrameResult, ToolPointResult
-
-    if isinstance(result, PointBaseFrameResult):
-        return ("a point base-frame fit (3-DoF tracker) has no rotation residuals: the reflector's "
-                "positions carry no orientation")
-    if isinstance(result, ToolPointResult):
-        return "a tool point (pivot) fit has no rotation residuals: only the tip's positions are fitted"
-    return None
-
-
-def rms_rotation(result: Any, solve: Any) -> GateCheck:
+def rms_rotation(result: Any, solve: Any, ctx: GateContext) -> GateCheck:
     """RMS per-station rotation closure at most ``[solve] max_rms_deg``; recorded as not
     applying to a fit without rotation residuals (point base frame, tool point)."""
     lim = float(solve.max_rms_rotation_rad)
@@ -138,17 +217,204 @@ def rms_rotation(result: Any, solve: Any) -> GateCheck:
     v = float(result.rms_rotation_rad)
     ok = v <= lim
     return GateCheck("rms_rotation", v, lim, "rad", ok,
-                     f"rms rotation {math.degrees(v):.4f} deg {'<=' if ok else '>'} {math.degrees(lim):.4f} deg")
+                     f"rms rotation {math.degrees(v):.4f} deg {_cmp(ok)} {math.degrees(lim):.4f} deg")
 
 
-#: The gates every result goes through, in order.
-GATES: tuple[Gate, ...] = (rms_translation, rms_rotation)
+def converged(result: Any, solve: Any, ctx: GateContext) -> GateCheck | None:
+    """The fit converged (``[solve] require_converged``)."""
+    if not solve.require_converged:
+        return None
+    ok = bool(result.converged)
+    msg = (f"converged ({int(result.iterations)} iterations)" if ok else
+           f"the fit did not converge ({result.stop_reason}); its answer and figures are not a minimum")
+    return GateCheck("converged", float(ok), 1.0, "bool", ok, msg)
 
 
-def check_gates(result: Any, solve: Any, gates: Sequence[Gate] = GATES) -> GateReport:
-    """Run every gate on a solver result (``solve``: the ``[solve]`` configuration)."""
-    checks = tuple(c for c in (g(result, solve) for g in gates) if c is not None)
-    return GateReport(checks)
+def model_error(result: Any, solve: Any, ctx: GateContext) -> GateCheck | None:
+    """No ``model_error`` warning unless ``[solve] allow_model_error``."""
+    if solve.allow_model_error:
+        return None
+    w = next((w for w in result.warnings if w.code == "model_error"), None)
+    if w is None:
+        return GateCheck("model_error", 0.0, 0.0, "m", True, "no model_error warning: the residuals look like noise")
+    v = float(w.value) * 1e-3 if w.value is not None and math.isfinite(float(w.value)) else math.nan
+    return GateCheck("model_error", v, 0.0, "m", False,
+                     f"{w.message} (allow_model_error = false; structured residual "
+                     f"{'?' if math.isnan(v) else f'{v * 1e3:.3f}'} mm RMS)")
+
+
+def sigma_at_task_points(result: Any, solve: Any, ctx: GateContext) -> GateCheck:
+    """Predicted 1-sigma position error at the task points at most
+    ``[solve] max_sigma_mm_at_task_points`` (see the module docstring for which points)."""
+    lim = float(solve.max_sigma_m_at_task_points)
+    own_kind = not ctx.kind or ctx.kind == solve.kind
+    points = solve.task_points_m if own_kind else []
+    worst, where = math.nan, ""
+    try:
+        if points and hasattr(result, "predicted_error_at"):
+            sig, tip = [], False
+            for p in points:
+                try:
+                    sig.append(float(result.predicted_error_at(np.asarray(p, dtype=float)).sigma_m))
+                except TypeError:  # a tool point: its tip is the only point it predicts
+                    sig, tip = [float(result.predicted_error_at().sigma_m)], True
+                    break
+            k = int(np.argmax([s if math.isfinite(s) else math.inf for s in sig]))
+            worst = sig[k]
+            if not tip:
+                where = (f" at task point {k} [{', '.join(f'{1e3 * x:.1f}' for x in points[k])}] mm"
+                         f" (worst of {len(points)})")
+            else:
+                where = " at the tool tip"
+        else:
+            worst = float(result.sigma_translation_mm) * 1e-3
+            first = next(iter(result.transforms().values()))
+            why = ("no task points" if own_kind else
+                   f"a {ctx.kind} result; the task points are for {solve.kind}, the configured kind")
+            where = f" of {first.name} ({why})"
+    except (ValueError, ArithmeticError, StopIteration) as exc:
+        return GateCheck("sigma_at_task_points", math.nan, lim, "m", False, f"predicted error not computed: {exc}")
+    if not math.isfinite(worst):
+        return GateCheck("sigma_at_task_points", math.nan, lim, "m", False,
+                         f"predicted 1-sigma error{where} not computed (no covariance)")
+    ok = worst <= lim
+    return GateCheck("sigma_at_task_points", worst, lim, "m", ok,
+                     f"predicted 1-sigma error {worst * 1e3:.3f} mm{where} {_cmp(ok)} {lim * 1e3:.3f} mm")
+
+
+def holdout_p90(result: Any, solve: Any, ctx: GateContext) -> list[GateCheck]:
+    """Held-out closure P90 at most ``[solve] max_holdout_p90_mm`` / ``max_holdout_p90_deg``."""
+    out = []
+    h = result.holdout
+    for name, lim, attr, unit in (("holdout_p90_translation", solve.max_holdout_p90_m, "p90_translation_m", "m"),
+                                  ("holdout_p90_rotation", solve.max_holdout_p90_rad, "p90_rotation_rad", "rad")):
+        if lim is None:
+            continue
+        lim = float(lim)
+        why = _without_rotation(result) if unit == "rad" else None
+        if why is not None:
+            out.append(GateCheck.not_applicable(name, lim, unit, why))
+            continue
+        show = (lambda x: f"{x * 1e3:.3f} mm") if unit == "m" else (lambda x: f"{math.degrees(x):.4f} deg")
+        v = math.nan if h is None else float(getattr(h, attr))
+        if h is None:
+            msg = (f"no held-out closure to check against {show(lim)} ({int(result.n_stations)} stations; "
+                   "at least 4 are needed)")
+        elif not math.isfinite(v):
+            msg = "held-out closure P90 undetermined (a fold without the held-out station is degenerate)"
+        else:
+            msg = f"held-out closure P90 {show(v)} {_cmp(v <= lim)} {show(lim)}"
+        out.append(GateCheck(name, v, lim, unit, math.isfinite(v) and v <= lim, msg))
+    return out
+
+
+def expected_cell_T_base(result: Any, solve: Any, ctx: GateContext) -> list[GateCheck]:
+    """A base-frame answer within ``[solve] expected_tolerance_mm_deg`` of
+    ``expected_cell_T_base_mm_deg`` (off unless set; other results: not applicable)."""
+    e = solve.expected_cell_T_base_m_rad
+    if e is None:
+        return []
+    tol_m, tol_rad = (float(x) for x in solve.expected_tolerance_m_rad)
+    T = getattr(result, "cell_T_base", None)
+    if T is None:
+        why = f"a {type(result).__name__.removesuffix('Result')} result has no cell_T_base"
+        return [GateCheck.not_applicable("expected_cell_T_base_translation", tol_m, "m", why),
+                GateCheck.not_applicable("expected_cell_T_base_rotation", tol_rad, "rad", why)]
+    from cellcal.solver.se3 import make_transform, rotation_angle, so3_exp
+
+    E = make_transform(so3_exp(np.asarray(e[3:], dtype=float)), np.asarray(e[:3], dtype=float))
+    T = np.asarray(T, dtype=float)
+    dt = float(np.linalg.norm(T[:3, 3] - E[:3, 3]))
+    dr = float(rotation_angle(E[:3, :3].T @ T[:3, :3]))
+    hint = ""
+    if dt > tol_m or dr > tol_rad:
+        Ti = np.linalg.inv(T)
+        if (float(np.linalg.norm(Ti[:3, 3] - E[:3, 3])) <= tol_m
+                and float(rotation_angle(E[:3, :3].T @ Ti[:3, :3])) <= tol_rad):
+            hint = ("; its inverse matches the expected one: are the robot and tracker poses swapped, or both "
+                    "inverted?")
+        else:
+            hint = ("; check the cell drawing's frame, or whether the inputs are swapped, inverted or in millimetres "
+                    "(these fit exactly, so the residuals cannot tell)")
+    return [
+        GateCheck("expected_cell_T_base_translation", dt, tol_m, "m", dt <= tol_m,
+                  f"cell_T_base {dt * 1e3:.1f} mm from the expected one {_cmp(dt <= tol_m)} {tol_m * 1e3:.1f} mm"
+                  + (hint if dt > tol_m else "")),
+        GateCheck("expected_cell_T_base_rotation", dr, tol_rad, "rad", dr <= tol_rad,
+                  f"cell_T_base {math.degrees(dr):.2f} deg from the expected one {_cmp(dr <= tol_rad)} "
+                  f"{math.degrees(tol_rad):.2f} deg" + (hint if dr > tol_rad else "")),
+    ]
+
+
+def reach(result: Any, solve: Any, ctx: GateContext) -> GateCheck | None:
+    """Every robot pose within the robot model's reach (``[solve] check_reach``)."""
+    if not solve.check_reach:
+        return None
+    if ctx.max_reach_m is None:
+        return GateCheck.not_applicable("reach", math.nan, "m", "no robot model to take the reach from")
+    lim = float(ctx.max_reach_m)
+    if ctx.base_T_flange is None or len(ctx.base_T_flange) == 0:
+        return GateCheck.not_applicable("reach", lim, "m", "no robot poses with the result")
+    G = np.asarray(ctx.base_T_flange, dtype=float)
+    d = np.linalg.norm(G[:, :3, 3], axis=1)
+    worst = float(np.max(d))
+    of = f" of {ctx.robot_model}" if ctx.robot_model else ""
+    if worst <= lim:
+        return GateCheck("reach", worst, lim, "m", True,
+                         f"farthest flange {worst:.3f} m from the base <= the {lim:.3f} m reach{of}")
+    bad = np.flatnonzero(d > lim)
+    shown = ", ".join(str(int(i)) for i in bad[:10]) + (", ..." if bad.size > 10 else "")
+    med = float(np.median(d))
+    hint = (f"the poses look like millimetres (median {med:.3g} m from the base)" if med > 100.0 * lim else
+            "are the robot and tracker poses swapped? (a tracker sees the cell from metres away)")
+    return GateCheck("reach", worst, lim, "m", False,
+                     f"{bad.size} of {len(d)} robot poses (stations {shown}) put the flange up to {worst:.3f} m from "
+                     f"the base, beyond the {lim:.3f} m reach{of}: {hint}")
+
+
+#: The gates every result goes through, in order. A gate returns a GateCheck, a list of
+#: them (one per figure: translation and rotation) or None (it does not apply).
+GATES: tuple[Gate, ...] = (rms_translation, rms_rotation, converged, model_error, sigma_at_task_points,
+                           holdout_p90, expected_cell_T_base, reach)
+
+
+def check_gates(result: Any, solve: Any, gates: Sequence[Gate] = GATES, context: GateContext | None = None) -> GateReport:
+    """Run every gate on a solver result (``solve``: the ``[solve]`` configuration;
+    ``context``: the run's kind, robot poses and reach, default none of them)."""
+    ctx = context if context is not None else GateContext()
+    checks: list[GateCheck] = []
+    for g in gates:
+        got = g(result, solve, ctx)
+        if got is None:
+            continue
+        checks.extend(got if isinstance(got, list) else [got])
+    return GateReport(tuple(checks))
+
+
+def describe_gates(solve: Any) -> list[str]:
+    """The gates a ``[solve]`` configuration sets, one sentence each in edge units (what
+    ``cellcal check-config`` prints)."""
+    s = solve
+    out = [f"rms_translation: at most {s.max_rms_translation_m * 1e3:g} mm",
+           f"rms_rotation: at most {math.degrees(s.max_rms_rotation_rad):g} deg",
+           "converged: required" if s.require_converged else "converged: off (require_converged = false)",
+           "model_error: allowed (allow_model_error = true)" if s.allow_model_error else
+           "model_error: a result warning model_error is refused",
+           f"sigma_at_task_points: at most {s.max_sigma_m_at_task_points * 1e3:g} mm "
+           + (f"at {len(s.task_points_m)} task points" if s.task_points_m else "(no task points: the primary estimate's "
+              "own translation sigma)")]
+    for name, v, show in (("holdout_p90_translation", s.max_holdout_p90_m, lambda x: f"{x * 1e3:g} mm"),
+                          ("holdout_p90_rotation", s.max_holdout_p90_rad, lambda x: f"{math.degrees(x):g} deg")):
+        out.append(f"{name}: at most {show(v)}" if v is not None else f"{name}: off")
+    e = s.expected_cell_T_base_m_rad
+    if e is None:
+        out.append("expected_cell_T_base: off")
+    else:
+        out.append(f"expected_cell_T_base: within {s.expected_tolerance_m_rad[0] * 1e3:g} mm, "
+                   f"{math.degrees(s.expected_tolerance_m_rad[1]):g} deg of [{', '.join(f'{x * 1e3:g}' for x in e[:3])}"
+                   f"] mm, rotation vector [{', '.join(f'{math.degrees(x):g}' for x in e[3:])}] deg")
+    out.append("reach: within the robot model's reach" if s.check_reach else "reach: off (check_reach = false)")
+    return out
 
 
 def gates_passed(wire_result: Mapping[str, Any]) -> bool:

@@ -83,13 +83,17 @@ SCENARIOS: dict[str, Path] = {"exact": FAST_SCENARIO, "realistic": REALISTIC_SCE
 #: The realistic tracker has about 0.02 mm and 0.007 deg of noise per axis in each half of a
 #: 0.2 s station average (docs/adr/0013), so the halves agree within 0.15 mm / 0.04 deg; the
 #: arm's kinematic error leaves ~0.25 mm RMS (up to ~0.5 mm) that the gates and the drift
-#: checks (which compare with the model) must allow.
+#: checks (which compare with the model) must allow. That error is what the solver's
+#: ``model_error`` warning names, and its covariance is widened to cover it (about 0.7 mm
+#: 1-sigma at the base origin from 10 stations, more from fewer): the realistic cell's
+#: runs accept the warning (``allow_model_error``) and gate that sigma at 2 mm.
 PROFILE_OVERRIDES: dict[str, dict[str, Any]] = {
     "exact": {},
     "realistic": {
         "tracker": {"average_s": 0.2, "settle": {"max_std_mm": 0.05, "max_std_deg": 0.02, "agree_mm": 0.15,
                                                  "agree_deg": 0.04}},
-        "solve": {"max_rms_mm": 0.8, "max_rms_deg": 0.1},
+        "solve": {"max_rms_mm": 0.8, "max_rms_deg": 0.1, "allow_model_error": True,
+                  "max_sigma_mm_at_task_points": 2.0},
         "drift": {"warn_mm": 0.6, "fail_mm": 0.9, "warn_deg": 0.06, "fail_deg": 0.1, "cusum_k_mm": 0.6,
                   "cusum_h_mm": 0.9},
     },

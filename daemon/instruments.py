@@ -20,7 +20,8 @@ the cell. This module is the one place that says, per instrument, which simulato
     of an angle or a distance parses as a valid, wrong value without them; and settle
     thresholds for the std the driver reports, which is the instrument's a-priori one
     (about 1 mm plus 1.5 ppm: GeoCOM's simple measurement reports none), not the tracker
-    defaults of 0.05 mm.
+    defaults of 0.05 mm. Its points fix the base frame to a few millimetres, so its
+    ``[solve]`` sigma gate (:data:`SOLVE_KEYS`) is set to what such an instrument delivers.
 
 Everything runs on 127.0.0.1 or a pty.
 """
@@ -30,7 +31,7 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__all__ = ["INSTRUMENTS", "TRACKER_KEYS", "simulator_class", "start_simulated", "config_overrides"]
+__all__ = ["INSTRUMENTS", "TRACKER_KEYS", "SOLVE_KEYS", "simulator_class", "start_simulated", "config_overrides"]
 
 #: ``--instrument`` names, in the order ``cellcal sim`` lists them.
 INSTRUMENTS: tuple[str, ...] = ("cellcal", "emscon", "geocom")
@@ -47,6 +48,18 @@ TRACKER_KEYS: dict[str, dict[str, Any]] = {
         # better than that, but a real instrument's repeat within a few tenths of a mm.
         "settle": {"max_std_mm": 2.0, "agree_mm": 0.5},
     },
+}
+
+
+#: Per instrument: ``[solve]`` keys its measurements need. A total station's 1 mm along the
+#: line of sight leaves the point base frame about 3.5 mm 1-sigma at the base origin from
+#: the demo cell's 6 stations (a laser tracker: hundredths of a mm), so the default 1 mm
+#: sigma gate would refuse every result; 10 mm still refuses an undetermined one. A cell
+#: that needs better measures with a laser tracker, or more stations.
+SOLVE_KEYS: dict[str, dict[str, Any]] = {
+    "cellcal": {},
+    "emscon": {},
+    "geocom": {"max_sigma_mm_at_task_points": 10.0},
 }
 
 
@@ -95,11 +108,15 @@ def start_simulated(instrument: str, world: Any, tracker_config: Any, *, seed: i
 
 
 def config_overrides(instrument: str) -> dict[str, Any]:
-    """``{"tracker": TRACKER_KEYS[instrument]}`` (empty for ``cellcal``): merge it over a
-    configuration's TOML keys."""
+    """``{"tracker": TRACKER_KEYS[instrument], "solve": SOLVE_KEYS[instrument]}`` (the
+    sections that have keys; empty for ``cellcal``): merge it over a configuration's TOML
+    keys."""
     _check(instrument)
-    keys = TRACKER_KEYS[instrument]
-    return {"tracker": _copy(keys)} if keys else {}
+    out = {}
+    for section, table in (("tracker", TRACKER_KEYS), ("solve", SOLVE_KEYS)):
+        if table[instrument]:
+            out[section] = _copy(table[instrument])
+    return out
 
 
 def _copy(d: dict[str, Any]) -> dict[str, Any]:

@@ -438,7 +438,7 @@ def predicted_task_sigma(records: list[Any], cfg: Any) -> tuple[float, Any]:
         result = solve.solve_stations("base_frame", records, cfg.solve)
     except (CalibrationError, ValueError):
         return math.inf, None
-    sig = max(float(result.predicted_error_at(np.asarray(t, float)).sigma_m) for t in cfg.plan.task_points_m)
+    sig = max(float(result.predicted_error_at(np.asarray(t, float)).sigma_m) for t in cfg.solve.task_points_m)
     return (sig if math.isfinite(sig) else math.inf), result
 
 
@@ -544,7 +544,7 @@ def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, mo
         nxt = suggest_next_station(
             S, model.forward, lim, (np.asarray(p.workspace_min_m), np.asarray(p.workspace_max_m)), tracker, X,
             flange_T_target=Y, measurement="point" if point else "pose", target_axis=a, cone_deg=cone_deg,
-            candidates=(Q, G), task_points=np.asarray(p.task_points_m, float), rng=p.seed + index,
+            candidates=(Q, G), task_points=np.asarray(cfg.solve.task_points_m, float), rng=p.seed + index,
             # Stations visited (also those given up after rejections) are not suggested
             # again, nor any the capture would refuse as the same pose.
             exclude=np.array([v.base_T_flange for v in visited if v.base_T_flange is not None]).reshape(-1, 4, 4),

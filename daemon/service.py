@@ -1239,11 +1239,16 @@ class Service:
             return active if hist and hist[0].id > last else None
         return active if active.run_id is not None and active.run_id > run.id else None
 
-    def _store_result(self, run_id: int, kind: str, result: Any, stations: list[StationRecord]) -> int:
+    def _store_result(self, run_id: int, kind: str, result: Any, stations: list[StationRecord],
+                      base_T_flange: np.ndarray | None = None) -> int:
+        """Gate, store and (when every gate passed) activate a result. ``base_T_flange``:
+        the robot poses of client-supplied stations (else those of ``stations``)."""
         run = self.store.get_run(run_id)
-        report = check_gates(result, self.cfg.solve)
+        G = solve.station_arrays(stations)[0] if stations else base_T_flange
+        report = check_gates(result, self.cfg.solve, context=solve.gate_context(kind, G, self._robot_model()))
         wire = solve.wire_result(result, report, drift.choose_check_stations(stations, run.plan,
-                                                                             self.cfg.drift.check_stations))
+                                                                             self.cfg.drift.check_stations),
+                                 task_points=self.cfg.solve.task_points_m if kind == self.cfg.solve.kind else None)
         provenance = solve.provenance(self.cfg, run, result, cellcal_version(), devices=self._devices.identities())
         with self._activation_lock:
             before = self._active_result_safe()
@@ -1317,7 +1322,16 @@ class Service:
         except (KeyError, TypeError, ValueError, CalibrationError) as exc:
             self._solve_failed(run.id, exc)
             return
-        self._store_result(run.id, run.kind, result, [])
+        self._store_result(run.id, run.kind, result, [], solve.given_base_T_flange(run.plan["given"]))
+
+    def _robot_model(self) -> Any:
+        """The arm's kinematics for the reach gate (the open driver's, else the configured
+        model), or None when neither is known."""
+        try:
+            return self._devices.model
+        except (CellcalError, ValueError, KeyError, AttributeError) as exc:
+            log.warning("no robot model for the reach gate: %s", exc)
+            return None
 
     # ---- drift checks ---------------------------------------------------------------------------------------
     def _execute_drift(self, job: _Job) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.gates import GateContext, model_reach_m
 from cellcal.daemon.report import result_to_wire
 from cellcal.solver import (
     CalibrationError,
@@ -34,8 +35,8 @@ from cellcal.solver.points import MIN_POINT_STATIONS
 log = logging.getLogger(__name__)
 
 __all__ = ["station_arrays", "station_points", "is_point_run", "solve_stations", "solve_given", "suggest_station",
-           "suggest_for_stations", "wire_result", "provenance", "rough_estimate", "ESTIMATE_MIN_STATIONS",
-           "ESTIMATE_MIN_POINT_STATIONS", "ESTIMATE_MIN_AXIS_SPREAD"]
+           "suggest_for_stations", "wire_result", "gate_context", "given_base_T_flange", "provenance", "rough_estimate",
+           "ESTIMATE_MIN_STATIONS", "ESTIMATE_MIN_POINT_STATIONS", "ESTIMATE_MIN_AXIS_SPREAD"]
 
 #: Accepted stations before a run's own estimate checks the next ones (2 motions at least).
 ESTIMATE_MIN_STATIONS = 3
@@ -132,13 +133,13 @@ def solve_stations(kind: str, stations: Sequence[Any], solve_cfg: Any) -> Any:
         A kind this cell cannot capture (hand-eye needs camera views: given stations only).
     """
     G, M = station_arrays(stations)
-    spread = solve_cfg.min_axis_spread
+    spread, iters = solve_cfg.min_axis_spread, solve_cfg.max_iterations
     if kind == P.KIND_BASE_FRAME and is_point_run(stations):
-        return calibrate_base_frame_points(*station_points(stations), min_axis_spread=spread,
+        return calibrate_base_frame_points(*station_points(stations), min_axis_spread=spread, max_iterations=iters,
                                            **declared_noise(stations, solve_cfg, point=True))
     if kind == P.KIND_BASE_FRAME:
         return calibrate_base_frame(G, M if M is not None else np.zeros((0, 4, 4)), min_axis_spread=spread,
-                                    **declared_noise(stations, solve_cfg, point=False))
+                                    max_iterations=iters, **declared_noise(stations, solve_cfg, point=False))
     if kind == P.KIND_TOOL_POINT:
         return calibrate_tool_point(G, min_axis_spread=spread)
     raise ValueError(f"a {kind} run is solved from client-supplied stations only")
@@ -158,12 +159,12 @@ def solve_given(kind: str, given: Sequence[Mapping[str, Any]], solve_cfg: Any) -
         A station without the poses the kind needs, or malformed ones.
     CalibrationError
     """
-    spread = solve_cfg.min_axis_spread
+    spread, iters = solve_cfg.min_axis_spread, solve_cfg.max_iterations
     G = _poses(given, "base_T_flange")
     if kind == P.KIND_HAND_EYE:
-        return calibrate_hand_eye(G, _poses(given, "camera_T_target"), min_axis_spread=spread)
+        return calibrate_hand_eye(G, _poses(given, "camera_T_target"), min_axis_spread=spread, max_iterations=iters)
     if kind == P.KIND_BASE_FRAME:
-        return calibrate_base_frame(G, _poses(given, "cell_T_target"), min_axis_spread=spread)
+        return calibrate_base_frame(G, _poses(given, "cell_T_target"), min_axis_spread=spread, max_iterations=iters)
     return calibrate_tool_point(G, min_axis_spread=spread)
 
 
@@ -220,10 +221,33 @@ def suggest_for_stations(stations: Sequence[Any], model: Any, plan_cfg: Any) -> 
         return None
 
 
-def wire_result(result: Any, gates: Any, check_stations: list[dict[str, Any]]) -> dict[str, Any]:
-    """What the store keeps as ``ResultRecord.result``: the solver's wire form, the gate
-    report (``gates.GateReport``) and the check stations."""
-    wire = result_to_wire(result)
+def given_base_T_flange(given: Sequence[Mapping[str, Any]]) -> np.ndarray | None:
+    """The robot poses (N, 4, 4) of client-supplied stations, or None when they are malformed
+    (the solve has then refused them already)."""
+    try:
+        return _poses(given, "base_T_flange")
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def gate_context(kind: str, base_T_flange: np.ndarray | None, model: Any) -> GateContext:
+    """What the gates need beyond the result: the run's kind, its robot poses and the reach
+    of the robot model (``model``: the driver's kinematics, or None when unknown)."""
+    reach = name = None
+    if model is not None:
+        try:
+            reach, name = model_reach_m(model), str(getattr(model, "name", ""))
+        except (AttributeError, TypeError, ValueError):
+            reach = None
+    return GateContext(kind=kind, base_T_flange=base_T_flange, max_reach_m=reach, robot_model=name or "")
+
+
+def wire_result(result: Any, gates: Any, check_stations: list[dict[str, Any]], *,
+                task_points: Any = None) -> dict[str, Any]:
+    """What the store keeps as ``ResultRecord.result``: the solver's wire form (with the
+    predicted error at ``task_points``, ``[solve] task_points_m``, when there are any), the
+    gate report (``gates.GateReport``) and the check stations."""
+    wire = result_to_wire(result, task_points=task_points if task_points else None)
     wire["gates"] = gates.to_wire()
     wire["check_stations"] = check_stations
     return wire

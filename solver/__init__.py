@@ -18,7 +18,7 @@ held-out closure (:class:`HoldoutClosure`), and lists what it estimated with
 Every result also says whether it ``converged`` (``stop_reason``), what a person should know
 (``warnings``: :class:`SolveWarning` records, e.g. ``"model_error"``) and the residual tests
 behind them (:class:`ResidualTests`); ADR 0004. Inputs are checked for what residuals
-cannot show (ADR 0009): ``expected_cell_T_base`` (:class:`PriorMismatch`), ``max_reach_m``
+cannot show (ADR 0014): ``expected_cell_T_base`` (:class:`PriorMismatch`), ``max_reach_m``
 (:class:`UnreachableStations`), duplicates and units. :class:`TrackerNoiseModel` turns a
 tracker's beam-coordinate noise into the per-station covariances the solvers take. Plus
 :class:`Workspace`, the error tree (:class:`CellcalError`, :class:`CalibrationError`,

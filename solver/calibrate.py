@@ -82,7 +82,7 @@ DEFAULT_MIN_ROTATION_RAD = 1e-3
 #: Two motions with non-parallel axes need three stations.
 MIN_STATIONS = 3
 #: Default tolerances of a prior (``expected_cell_T_base`` ...): a cell drawing locates a
-#: robot to a few centimetres and degrees; wrong inputs miss it by far more (ADR 0009).
+#: robot to a few centimetres and degrees; wrong inputs miss it by far more (ADR 0014).
 DEFAULT_EXPECTED_TOLERANCE_M = 0.05
 DEFAULT_EXPECTED_TOLERANCE_RAD = math.radians(5.0)
 #: Below this ``axis_spread`` (a cone of axes narrower than about 5 deg) the linear answer
@@ -1002,7 +1002,7 @@ def _inverted_first_outcome(out, X, n, m, obs, frame, pairs, translation, huber,
 
 def _input_checks(G: np.ndarray, M: np.ndarray | None, n: int, ws: Workspace, max_reach_m: float | None,
                   measured: str) -> tuple[bool, list[SolveWarning]]:
-    """Reach (refuses), duplicates (weights them) and units (warns): ADR 0009."""
+    """Reach (refuses), duplicates (weights them) and units (warns): ADR 0014."""
     _sanity.check_reach(G, max_reach_m, n, ws, measured=measured)
     masked, dup = _sanity.mark_duplicates(G, n, ws)
     extra = _sanity.units_warnings(G, n, ws, M, measured)
@@ -1174,7 +1174,7 @@ def calibrate_base_frame(
     expected_cell_T_base : array_like, shape (4, 4), optional
         The answer the cell drawing gives: an answer farther than the tolerances raises
         :class:`~cellcal.solver.PriorMismatch` (swapped or inverted inputs fit exactly and
-        are caught only this way; ADR 0009).
+        are caught only this way; ADR 0014).
     expected_tolerance_m, expected_tolerance_rad : float
         Its tolerances (defaults 0.05 m and 5 deg).
     max_reach_m : float, optional
@@ -1202,7 +1202,7 @@ def calibrate_base_frame(
         along it are undetermined. Also for nearly parallel axes whose rotation the noise
         leaves undetermined beyond 0.1 rad, and for a half-turn ambiguity (ADR 0002).
     PriorMismatch, UnreachableStations
-        The input checks of ``expected_cell_T_base`` and ``max_reach_m`` (ADR 0009).
+        The input checks of ``expected_cell_T_base`` and ``max_reach_m`` (ADR 0014).
 
     Notes
     -----
@@ -1307,7 +1307,7 @@ def calibrate_hand_eye(
         Per-station covariance in the **camera** frame, ``(dp, dphi)`` as
         ``cell_T_target_cov`` of :func:`calibrate_base_frame`.
     expected_flange_T_camera, expected_tolerance_m, expected_tolerance_rad, max_reach_m
-        Input sanity as for :func:`calibrate_base_frame`, on ``flange_T_camera`` (ADR 0009).
+        Input sanity as for :func:`calibrate_base_frame`, on ``flange_T_camera`` (ADR 0014).
 
     Returns
     -------
@@ -1423,7 +1423,7 @@ def calibrate_eye_to_hand(
         Per-station covariance in the **camera** frame, ``(dp, dphi)`` as
         ``cell_T_target_cov`` of :func:`calibrate_base_frame`.
     expected_base_T_camera, expected_tolerance_m, expected_tolerance_rad, max_reach_m
-        Input sanity as for :func:`calibrate_base_frame`, on ``base_T_camera`` (ADR 0009).
+        Input sanity as for :func:`calibrate_base_frame`, on ``base_T_camera`` (ADR 0014).
 
     Returns
     -------
@@ -1531,7 +1531,7 @@ def calibrate_tool_point(
         in the flange position (``warnings``, ``residual_tests``).
     expected_flange_p_tip : array_like, shape (3,), optional
         The tip from the tool's drawing, m: an answer farther than ``expected_tolerance_m``
-        raises :class:`~cellcal.solver.PriorMismatch` (ADR 0009).
+        raises :class:`~cellcal.solver.PriorMismatch` (ADR 0014).
     expected_tolerance_m : float
         Its tolerance (default 0.05 m).
     max_reach_m : float, optional

@@ -15,9 +15,9 @@ second base, so callers that catch it keep working (every timeout is also a
     |   +-- DegenerateGeometry           the motions leave degrees of freedom undetermined
     |   |                                (parallel rotation axes, no rotation, collinear points)
     |   +-- PriorMismatch                the answer is far from the one the cell drawing gives
-    |   |                                (``expected_cell_T_base``; ADR 0009)
+    |   |                                (``expected_cell_T_base``; ADR 0014)
     |   +-- UnreachableStations (ValueError)  robot poses the arm cannot reach (``max_reach_m``:
-    |                                    swapped arguments or millimetres; ADR 0009)
+    |                                    swapped arguments or millimetres; ADR 0014)
     +-- DriverError                      cellcal.drivers.errors: talking to a device failed
     |   +-- DriverInitError              the device could not be opened, identified, configured
     |   |   +-- RecipeFieldNotFound      drivers.ur_rtde: the controller lacks an RTDE field
@@ -164,7 +164,7 @@ class PriorMismatch(CalibrationError):
     """The answer differs from the expected one by more than the tolerance given.
 
     Robot and tracker inputs that are swapped, or both inverted, fit *exactly* (the model
-    is symmetric under those changes, ADR 0009), so only a prior such as the cell drawing's
+    is symmetric under those changes, ADR 0014), so only a prior such as the cell drawing's
     ``cell_T_base`` can catch them.
 
     Attributes

@@ -343,7 +343,7 @@ def calibrate_base_frame_points(
     max_iterations : int
         Gauss-Newton iterations at most.
     expected_cell_T_base, expected_tolerance_m, expected_tolerance_rad, max_reach_m
-        Input sanity, as for :func:`~cellcal.solver.calibrate_base_frame` (ADR 0009).
+        Input sanity, as for :func:`~cellcal.solver.calibrate_base_frame` (ADR 0014).
 
     Returns
     -------
@@ -522,7 +522,7 @@ def calibrate_base_frame_points(
 
 
 def _point_units(p: np.ndarray, n: int, ws: Workspace) -> list:
-    """The ``"units"`` warning for measured points far beyond a cell (ADR 0009)."""
+    """The ``"units"`` warning for measured points far beyond a cell (ADR 0014)."""
     srt = ws.srt[:n]
     np.einsum("ij,ij->i", p, p, out=srt)
     np.sqrt(srt, out=srt)

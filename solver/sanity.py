@@ -1,4 +1,4 @@
-"""Input sanity (ADR 0009): what residuals cannot reveal, checked before and after a solve.
+"""Input sanity (ADR 0014): what residuals cannot reveal, checked before and after a solve.
 
 The base-frame model ``M_i = X G_i Y`` is symmetric: swapping the robot and tracker arrays
 (``G_i = X^-1 M_i Y^-1``) or inverting both (``M_i^-1 = Y^-1 G_i^-1 X^-1``) fits *exactly*

@@ -134,7 +134,7 @@ def test_degenerate_file_exits_3_with_the_reason(tmp_path):
     assert r.returncode == 2 and "cannot read" in r.stderr
 
 
-# --- declared noise, refusals and input sanity (ADR 0009) --------------------------------------------
+# --- declared noise, refusals and input sanity (ADR 0014) --------------------------------------------
 
 
 def test_help_states_the_declared_noise_defaults():

@@ -121,7 +121,8 @@ def test_every_command_and_every_published_body_of_a_session_conform(tmp_path):
                                    what="the first run's result", since=mark)
             result = env["body"]
             assert result["active"] and not result["retained"] and result["gates"]["passed"]
-            assert [c["name"] for c in result["gates"]["checks"]] == ["rms_translation", "rms_rotation"]
+            assert [c["name"] for c in result["gates"]["checks"]] == [
+                "rms_translation", "rms_rotation", "converged", "model_error", "sigma_at_task_points", "reach"]
 
             # Every observer command against it.
             assert cmds.ok("get_result") == cmds.ok("get_result", result_id=result["result_id"])

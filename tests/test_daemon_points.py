@@ -136,7 +136,8 @@ def test_a_point_calibration_over_each_protocol_end_to_end(tmp_path, instrument)
             assert result["n_motions"] == 0 and result["rms_rotation_rad"] == 0.0
             assert "Kabsch/pivot" in result["solver"]
             checks = {c["name"]: c for c in result["gates"]["checks"]}
-            assert list(checks) == ["rms_translation", "rms_rotation"]
+            assert list(checks) == ["rms_translation", "rms_rotation", "converged", "model_error",
+                                    "sigma_at_task_points", "reach"]
             assert checks["rms_translation"]["passed"] and checks["rms_translation"].get("applies", True)
             rot = checks["rms_rotation"]
             assert rot["applies"] is False and rot["value"] is None and rot["passed"] is True

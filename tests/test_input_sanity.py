@@ -1,4 +1,4 @@
-"""Input sanity (ADR 0009): what the residuals cannot reveal.
+"""Input sanity (ADR 0014): what the residuals cannot reveal.
 
 Swapped or inverted inputs fit exactly (the model is symmetric), so the prior, the reach
 and the units are the only evidence; duplicated stations must not make the covariance

@@ -176,10 +176,10 @@ def _with_plan(extra: str, solve: str = "") -> str:
 
 
 def test_plan_target_keys_convert_to_si():
-    cfg = load_config_text(_with_plan("target_sigma_mm = 0.05\ntask_points_mm = [[1000.0, -500.0, 250.0], [0, 0, 0]]\n"
-                                      "tracker_xyz_mm = [-1200.0, 2330.0, -100.0]"))
+    cfg = load_config_text(_with_plan("target_sigma_mm = 0.05\ntracker_xyz_mm = [-1200.0, 2330.0, -100.0]",
+                                      "task_points_mm = [[1000.0, -500.0, 250.0], [0, 0, 0]]\n"))
     assert cfg.plan.target_sigma_m == pytest.approx(5e-5)
-    assert cfg.plan.task_points_m == [pytest.approx([1.0, -0.5, 0.25]), [0.0, 0.0, 0.0]]
+    assert cfg.solve.task_points_m == [pytest.approx([1.0, -0.5, 0.25]), [0.0, 0.0, 0.0]]
     assert cfg.plan.cone_rad == pytest.approx(math.radians(45.0))
     assert cfg.plan.tracker_xyz_m == pytest.approx([-1.2, 2.33, -0.1])
     assert dplan.to_target(cfg.plan)
@@ -187,20 +187,20 @@ def test_plan_target_keys_convert_to_si():
 
 
 @pytest.mark.parametrize("extra, solve, path", [
-    ("target_sigma_mm = 0.05", "", "plan.task_points_mm"),
+    ("target_sigma_mm = 0.05", "", "solve.task_points_mm"),
     ("target_sigma_mm = -0.01", "", "plan.target_sigma_mm"),
     ("target_sigma_mm = 11.0", "", "plan.target_sigma_mm"),
-    ("task_points_mm = [[1.0, 2.0]]", "", "plan.task_points_mm[0]"),
-    ("task_points_mm = [1.0, 2.0, 3.0]", "", "plan.task_points_mm[0]"),
-    ("task_points_mm = [[1.0, 2.0, 1e9]]", "", "plan.task_points_mm[0][2]"),
-    ("task_points_mm = [[1.0, 2.0, 'x']]", "", "plan.task_points_mm[0][2]"),
+    ("", "task_points_mm = [[1.0, 2.0]]\n", "solve.task_points_mm[0]"),
+    ("", "task_points_mm = [1.0, 2.0, 3.0]\n", "solve.task_points_mm[0]"),
+    ("", "task_points_mm = [[1.0, 2.0, 1e9]]\n", "solve.task_points_mm[0][2]"),
+    ("", "task_points_mm = [[1.0, 2.0, 'x']]\n", "solve.task_points_mm[0][2]"),
     ("max_stations = 2", "", "plan.max_stations"),
     ("cone_deg = 0.0", "", "plan.cone_deg"),
     ("cone_deg = 120.0", "", "plan.cone_deg"),
     ("target_axis = [0.0, 0.0, 0.0]", "", "plan.target_axis"),
     ("target_axis = [0.0, 1.0]", "", "plan.target_axis"),
     ("tracker_xyz_mm = [1.0, 2.0]", "", "plan.tracker_xyz_mm"),
-    ("target_sigma_mm = 0.05\ntask_points_mm = [[0, 0, 0]]", "", None),
+    ("target_sigma_mm = 0.05", "task_points_mm = [[0, 0, 0]]\n", None),
 ])
 def test_plan_target_keys_are_bounded_and_named(extra, solve, path):
     text = _with_plan(extra, solve)
@@ -218,7 +218,7 @@ def test_plan_target_keys_are_bounded_and_named(extra, solve, path):
 
 
 def test_a_target_needs_a_base_frame_calibration():
-    text = _with_plan("target_sigma_mm = 0.05\ntask_points_mm = [[0, 0, 0]]").replace(
+    text = _with_plan("target_sigma_mm = 0.05", "task_points_mm = [[0, 0, 0]]\n").replace(
         'kind = "base_frame"', 'kind = "tool_point"', 1)
     with pytest.raises(ConfigError) as ei:
         load_config_text(text)
@@ -229,10 +229,11 @@ def test_a_target_needs_a_base_frame_calibration():
 
 def _target_overrides(target_mm: float, max_stations: int = 30) -> dict:
     X, _Y = _demo_truth()  # the fast scenario has the demo's truth
-    return {"plan": {"target_sigma_mm": target_mm, "task_points_mm": [[float(v) for v in _task_cell(X) * 1e3]],
+    return {"plan": {"target_sigma_mm": target_mm,
                      "max_stations": max_stations, "tracker_xyz_mm": [-1200.0, 2330.0, -100.0]},
             # the fast scenario's arm repeats exactly: the declared noise is the tracker's alone
-            "solve": {"robot_repeatability_mm": 0.0, "robot_repeatability_deg": 0.0}}
+            "solve": {"robot_repeatability_mm": 0.0, "robot_repeatability_deg": 0.0,
+                      "task_points_mm": [[float(v) for v in _task_cell(X) * 1e3]]}}
 
 
 def test_daemon_captures_until_the_target_and_stops_there(tmp_path):
@@ -259,7 +260,7 @@ def test_daemon_captures_until_the_target_and_stops_there(tmp_path):
         assert planning.visible(X @ G[dplan.FIRST_STATIONS_POSE:] @ Y, np.zeros(3)).all()
         # Error against the truth at the task point: within 4 sigma (3-D, sigma = root of
         # the trace: P(|e| > 4 sigma) < 1e-3 with a right covariance).
-        task = np.asarray(cfg.plan.task_points_m[0])
+        task = np.asarray(cfg.solve.task_points_m[0])
         err = (se3_inverse(result.cell_T_base) @ np.r_[task, 1.0])[:3] - (se3_inverse(X) @ np.r_[task, 1.0])[:3]
         assert np.linalg.norm(err) <= 4.0 * sigma, (np.linalg.norm(err), sigma)
         assert cell.svc.store.get_run(run_id).status.value == "done"
@@ -284,15 +285,17 @@ def test_next_station_decides_from_what_the_run_has(tmp_path):
         base = cell.cfg
     X = cell.world.cell_T_base()
     Y = cell.world.flange_T_target()
-    ov = _target_overrides(0.0)["plan"]
+    full = _target_overrides(0.0)
+    ov = {**full["plan"], **full["solve"]}
     sigma, _ = dplan.predicted_task_sigma(records, dataclasses.replace(
-        base, plan=dataclasses.replace(base.plan, task_points_m=[[v / 1e3 for v in ov["task_points_mm"][0]]])))
+        base, solve=dataclasses.replace(base.solve, task_points_m=[[v / 1e3 for v in ov["task_points_mm"][0]]])))
     assert math.isfinite(sigma) and sigma > 0
 
     def cfg_for(target_m: float):
-        return dataclasses.replace(base, plan=dataclasses.replace(
-            base.plan, target_sigma_m=target_m, task_points_m=[[v / 1e3 for v in ov["task_points_mm"][0]]],
-            tracker_xyz_m=[v / 1e3 for v in ov["tracker_xyz_mm"]]))
+        return dataclasses.replace(
+            base, plan=dataclasses.replace(base.plan, target_sigma_m=target_m,
+                                           tracker_xyz_m=[v / 1e3 for v in ov["tracker_xyz_mm"]]),
+            solve=dataclasses.replace(base.solve, task_points_m=[[v / 1e3 for v in ov["task_points_mm"][0]]]))
 
     assert dplan.next_station(records, [], cfg_for(sigma * 1.01), UR, 6) is None
     nxt = dplan.next_station(records, [], cfg_for(sigma * 0.5), UR, 6)
@@ -327,8 +330,8 @@ def test_daemon_stops_when_more_stations_no_longer_lower_the_prediction(tmp_path
     stops on the plateau rule well before max_stations, with the prediction above the target
     and no better than (PLATEAU_GAIN of averaging) what it was PLATEAU_STATIONS stations earlier."""
     X, _Y = _demo_truth()
-    ov = {"plan": {"target_sigma_mm": 0.001, "task_points_mm": [[float(v) for v in _task_cell(X) * 1e3]],
-                   "max_stations": 30, "tracker_xyz_mm": [-1200.0, 2330.0, -100.0]}}
+    ov = {"plan": {"target_sigma_mm": 0.001, "max_stations": 30, "tracker_xyz_mm": [-1200.0, 2330.0, -100.0]},
+          "solve": {"task_points_mm": [[float(v) for v in _task_cell(X) * 1e3]]}}
     with inprocess_cell(tmp_path, scenario="realistic", n_stations=20, overrides=ov, zmq=False) as cell:
         run_id = cell.svc.start_run("base_frame", reason="test")
         body = cell.wait_result(run_id, timeout_s=300.0)
