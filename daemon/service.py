@@ -69,6 +69,8 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any, cast
 
+import numpy as np
+
 from cellcal.daemon import bodies, drift, human, solve
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
