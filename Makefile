@@ -64,7 +64,7 @@ lint: $(STAMP)-test
 demo: $(STAMP)-test
 	$(VENV)/bin/cellcal demo
 
-test: os-deps $(STAMP)-test
+test: os-deps $(STAMP)-test lint
 	$(PYTEST)
 
 # The whole suite with two CPU-burning processes beside it (the suite must pass on a loaded

@@ -182,7 +182,8 @@ delta_rotvec_deg = [0.0, 0.0, 0.0]
             assert fail["deviation_translation_m"] > 1.0e-3
             hb = c.call("get_status")
             # The recalibration's result becomes active and matches the shifted truth.
-            new = wait_for(sub, P.TOPIC_RESULT, lambda b: b.get("result_id") not in (None, first["result_id"]) and b["active"], 90.0)["body"]
+            new = wait_for(sub, P.TOPIC_RESULT,
+                           lambda b: b.get("result_id") not in (None, first["result_id"]) and b["active"], 90.0)["body"]
             X = transform_from_wire(new["transforms"]["cell_T_base"])
             truth = world.cell_T_base()
             assert np.linalg.norm(X[:3, 3] - truth[:3, 3]) < 0.1e-3

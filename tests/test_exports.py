@@ -39,7 +39,6 @@ from cellcal.solver import calibrate_base_frame, calibrate_tool_point
 from cellcal.solver.se3 import make_transform, matrix_from_quat, quat_from_matrix, so3_exp
 from cellcal.solver.synthetic import base_frame_scene, pivot_scene
 
-
 # ---- independent references ------------------------------------------------------------
 
 
@@ -81,7 +80,7 @@ def parse_ros2(cmd: str) -> tuple[str, str, np.ndarray, dict[str, float]]:
     assert argv[:4] == ["ros2", "run", "tf2_ros", "static_transform_publisher"]
     rest = argv[4:]
     assert len(rest) % 2 == 0
-    args = dict(zip(rest[::2], rest[1::2]))
+    args = dict(zip(rest[::2], rest[1::2], strict=True))
     assert set(args) == {"--x", "--y", "--z", "--qx", "--qy", "--qz", "--qw", "--frame-id", "--child-frame-id"}
     num = {k: float(args[f"--{k}"]) for k in ("x", "y", "z", "qx", "qy", "qz", "qw")}
     T = make_transform(quat_matrix(num["qx"], num["qy"], num["qz"], num["qw"]), [num["x"], num["y"], num["z"]])

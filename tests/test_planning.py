@@ -27,7 +27,7 @@ def plan():
 def test_planned_stations_are_reachable_inside_the_box_and_in_sight(plan):
     assert plan.q_rad.shape == (12, 6) and plan.base_T_flange.shape == (12, 4, 4)
     assert np.all(plan.q_rad >= LIMITS[:, 0]) and np.all(plan.q_rad <= LIMITS[:, 1])
-    for q, G in zip(plan.q_rad, plan.base_T_flange):
+    for q, G in zip(plan.q_rad, plan.base_T_flange, strict=True):
         assert np.allclose(UR.forward(q), G)
     p = plan.base_T_flange[:, :3, 3]
     assert np.all(p >= BOX[0]) and np.all(p <= BOX[1])

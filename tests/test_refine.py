@@ -5,6 +5,7 @@ import math
 
 import numpy as np
 import pytest
+from _alloc import peak_bytes
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -22,8 +23,6 @@ from cellcal.solver.calibrate import _absolute_linear
 from cellcal.solver.se3 import make_transform, rotation_angle, se3_exp, se3_inverse, so3_exp, so3_log
 from cellcal.solver.synthetic import base_frame_scene, hand_eye_scene, perturb, pivot_scene, random_rotation
 
-from _alloc import peak_bytes
-
 
 def t_err(A, B):
     return float(np.linalg.norm(A[:3, 3] - B[:3, 3]))
@@ -36,7 +35,7 @@ def r_err(A, B):
 def _raw_pose_residual(M, G, A, B):
     P = A @ G @ B
     et = M[:, :3, 3] - P[:, :3, 3]
-    er = np.array([so3_log(p[:3, :3].T @ m[:3, :3]) for p, m in zip(P, M)])
+    er = np.array([so3_log(p[:3, :3].T @ m[:3, :3]) for p, m in zip(P, M, strict=True)])
     return np.concatenate([et, er], axis=1)
 
 

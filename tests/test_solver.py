@@ -22,7 +22,7 @@ from cellcal.solver import (
     calibrate_tool_point,
 )
 from cellcal.solver.se3 import make_transform, rotation_angle, se3_inverse, so3_exp
-from cellcal.solver.synthetic import base_frame_scene, hand_eye_scene, pivot_scene, random_rotation
+from cellcal.solver.synthetic import base_frame_scene, pivot_scene, random_rotation
 
 BOUND = 1e-10  # m and rad, noise-free, axis_spread >= 1e-2
 
@@ -227,7 +227,7 @@ def test_motions_near_180_degrees(seed):
     assert t_err(r.cell_T_base, X) < 1e-9 and r_err(r.cell_T_base, X) < 1e-9
     # Every motion near 180 deg, with tracker noise: signs must still agree.
     Gp = [np.eye(4)]
-    for k in range(11):
+    for _ in range(11):
         a = rng.normal(size=3)
         a /= np.linalg.norm(a)
         Gp.append(Gp[-1] @ make_transform(so3_exp(a * (math.pi - 1e-4)), rng.uniform(-0.1, 0.1, 3)))
