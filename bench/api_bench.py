@@ -12,7 +12,7 @@ deviation of a single interval.
 
 Two windows: right after the run, while the robot monitor still follows every sample (it
 does for ``capture.MONITOR_LINGER_S`` after its last use), and after that, the steady state
-of a connected idle daemon. Targets (issue 17): p99 of both calls under 5 ms, heartbeat
+of a connected idle daemon. Targets: p99 of both calls under 5 ms, heartbeat
 period within 0.2 % of the configured value.
 
 Run: ``.venv/bin/python bench/api_bench.py [--seconds 25] [--compare COMMIT]`` (``--compare``:
@@ -188,7 +188,7 @@ def main() -> int:
             ok_hb = abs(off) <= 0.002
             verdicts.append(f"{daemon}, {name}: p99 under 5 ms **{'met' if ok_calls else 'NOT met'}**, heartbeat "
                             f"period within 0.2 % **{'met' if ok_hb else 'NOT met'}**")
-    lines += ["", "Targets (issue 17):", ""] + [f"- {v}" for v in verdicts]
+    lines += ["", "Targets:", ""] + [f"- {v}" for v in verdicts]
     text = "\n".join(lines)
     print(text)
     if not args.no_write:

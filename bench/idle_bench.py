@@ -5,7 +5,7 @@ daemon as another (``cellcal run``); only the daemon's CPU counts (``utime + sti
 process from ``/proc/<pid>/stat``, every thread). The daemon first idles with no device open
 (the baseline), then takes a short calibration run (which opens the robot and the tracker
 and leaves them open, as after every run) and idles again with the devices open: that
-window, ``--seconds`` long (60 s by default), is the figure. The target (issue 17): at most
+window, ``--seconds`` long (60 s by default), is the figure. The target : at most
 3 % of one core. The sim's own CPU is reported beside it, not counted.
 
 Run: ``.venv/bin/python bench/idle_bench.py [--seconds 60] [--baseline-s 20] [--compare COMMIT]``.
@@ -244,7 +244,7 @@ def main() -> int:
     ours = [r for name, r in rows if name == "this tree"]
     worst = max(r["share"] for r in ours)
     verdict = "met" if worst <= 0.03 else "NOT met"
-    lines += ["", f"Target (issue 17): at most 3 % of one core with the devices open at 500 Hz: **{verdict}** "
+    lines += ["", f"Target: at most 3 % of one core with the devices open at 500 Hz: **{verdict}** "
               f"(this tree, worst of {len(ours)}: {worst * 100:.2f} %)."]
     if args.compare:
         theirs = [r for name, r in rows if name != "this tree"][0]

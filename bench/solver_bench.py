@@ -10,7 +10,7 @@ Run ``cd /work/main && .venv/bin/python bench/solver_bench.py`` (or ``make bench
 
 and writes the ``solver`` section of ``bench/RESULTS.md`` (also printed to stdout).
 
-OpenCV mapping (DESIGN.md section 8; ``a2b`` in OpenCV means ``b_T_a``), with ``G_i =
+OpenCV mapping (ADR 0001; ``a2b`` in OpenCV means ``b_T_a``), with ``G_i =
 base_T_flange`` and ``M_i = cell_T_target``:
 
 * ``calibrateRobotWorldHandEye(world2cam = inv(M_i), base2gripper = inv(G_i))`` returns
@@ -514,7 +514,7 @@ def main() -> None:
     ours = rows["ours linear"]
     r20 = ours[20] / shah[20]
     r1000 = shah[1000] / ours[1000]
-    md.append("### Targets (issue 17, then issue 2)")
+    md.append("### Targets")
     md.append("")
     md.append("| target | required | measured | met |")
     md.append("|---|---|---|---|")
@@ -616,7 +616,7 @@ def main() -> None:
     md.append("The peak counts what the solve allocates beyond what was live before it (the "
               "result object and small fixed-size temporaries); it must not grow with N. "
               "`tracemalloc` sees only Python/numpy allocations, so OpenCV's C++ heap cannot be "
-              "compared this way (DESIGN.md section 8: ~1.7 GB for `calibrateHandEye` at N=1,000).")
+              "compared this way (~1.7 GB for `calibrateHandEye` at N=1,000, measured when the solver was first benchmarked).")
     md.append("")
 
     text = "\n".join(md)

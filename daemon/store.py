@@ -1,7 +1,7 @@
 """The daemon's durable state: runs, stations, results and drift checks in SQLite.
 
 One SQLite file, ``cellcal.sqlite3``, in the state directory (systemd's
-``StateDirectory``). Promises (DESIGN.md sections 5 and 7):
+``StateDirectory``). Promises (docs/protocols/zeromq.md; ADR 0012):
 
 * **No accepted station is ever lost.** ``add_station`` is one ``BEGIN IMMEDIATE ...
   COMMIT`` in WAL mode with ``synchronous=FULL``: when it returns, the station is in the

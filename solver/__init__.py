@@ -1,12 +1,12 @@
 """cellcal's calibration solver: pure numpy, no I/O.
 
-Public API (DESIGN.md section 3)::
+Public API::
 
     calibrate_base_frame(base_T_flange, cell_T_target, *, workspace=None) -> BaseFrameResult
     calibrate_hand_eye(base_T_flange, camera_T_target, *, workspace=None) -> HandEyeResult
     calibrate_tool_point(base_T_flange, *, workspace=None) -> ToolPointResult
 
-and (issue 7, ADR 0004)::
+and (ADR 0004)::
 
     calibrate_eye_to_hand(base_T_flange, camera_T_target, *, workspace=None) -> EyeToHandResult
     calibrate_base_frame_points(base_T_flange, cell_p_target, *, workspace=None) -> PointBaseFrameResult

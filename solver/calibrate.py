@@ -1,7 +1,7 @@
-"""The three calibrations of DESIGN.md section 3, on one shared AX=XB solve.
+"""The calibrations, on one shared AX=XB solve (ADR 0003).
 
 * :func:`calibrate_base_frame`: ``cell_T_target_i = cell_T_base @ base_T_flange_i @
-  flange_T_target`` (seed 000). Motions ``A = M_j M_i^-1`` (cell frame),
+  flange_T_target``. Motions ``A = M_j M_i^-1`` (cell frame),
   ``B = G_j G_i^-1`` (base frame), ``A X = X B`` with ``X = cell_T_base``.
 * :func:`calibrate_hand_eye` (eye-in-hand): ``base_T_flange_i @ flange_T_camera @
   camera_T_target_i = base_T_target``. Motions ``A = G_j^-1 G_i`` (flange frame),
@@ -1120,7 +1120,7 @@ def calibrate_base_frame(
         ordered station pair at O(N) cost; the others are explicit O(N) subsets.
     translation : {"stations", "pairs"}
         ``"stations"`` (default) solves the translations of both unknowns from the
-        stations in the fixed 6x6 (Schur 3x3) pivot form; ``"pairs"`` uses DESIGN.md's
+        stations in the fixed 6x6 (Schur 3x3) pivot form; ``"pairs"`` uses the first design's
         pairwise system ``sum (R_A - I)^T (R_A - I) t_X = ...``, which multiplies the
         tracker's orientation noise by the cell-to-robot lever arm (ADR 0003 has numbers).
     min_axis_spread : float
@@ -1397,7 +1397,7 @@ def calibrate_eye_to_hand(
     max_reach_m: float | None = None,
 ) -> EyeToHandResult:
     """Eye-to-hand (robot-world / hand-eye) calibration: a camera fixed in the cell sees a
-    target carried on the flange (seed 001 section 02).
+    target carried on the flange.
 
     Model ``base_T_camera @ camera_T_target_i = base_T_flange_i @ flange_T_target``
     (``X O_i = G_i Y``): both constant edges are unknown. It is the base frame's absolute

@@ -3,7 +3,7 @@
 Convention (ADR 0004): a transform estimate ``T_hat = T @ se3_exp(xi)`` with ``xi`` a twist
 ``(rho, phi)`` (m, rad) in T's *child* frame (right perturbation), ``xi ~ N(0, Sigma)``.
 
-Lever arm (seed 001 section 06): a point ``p`` given in T's child frame maps to
+Lever arm: a point ``p`` given in T's child frame maps to
 ``T_hat p = T p + R (rho - [p]x phi)`` to first order, so its error in T's parent frame has
 covariance ``R [I, -[p]x] Sigma [I, -[p]x]^T R^T``: the rotation error is multiplied by the
 distance of the point from the child origin.

@@ -1,4 +1,4 @@
-"""Held-out station closure and linear/refined agreement (seed 001 sections 04 and 07).
+"""Held-out station closure and linear/refined agreement (ADR 0004).
 
 Every result reports how well the fitted model predicts stations that were *not* used to
 fit it, as P50 / P90 / max of the translation and rotation closure. Two ways, by estimator:

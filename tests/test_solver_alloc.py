@@ -1,4 +1,4 @@
-"""A warmed-up solve given a Workspace allocates nothing that grows with N (seed 000).
+"""A warmed-up solve given a Workspace allocates nothing that grows with N.
 
 tracemalloc sees every numpy data buffer (numpy reports them to it), so the peak traced
 while a solve runs bounds what the solve allocates. It must be the same at N=10 and at
