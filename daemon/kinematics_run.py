@@ -29,6 +29,8 @@ drift checks use it. A UR's controller computes its own FK: the result is report
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -41,8 +43,10 @@ from cellcal.daemon.report import FRAME_CONVENTION, point_to_wire, transform_to_
 from cellcal.solver import DHParameters, identify_kinematics, plan_identification_stations
 from cellcal.solver.kinematic_export import kinematic_parameters_dict
 
+log = logging.getLogger(__name__)
+
 __all__ = ["solver_model", "driver_model", "make_plan", "plan_extra", "solve_run", "gate_and_wire",
-           "identified_model", "SOLVER_NAME"]
+           "identified_model", "newest_identified", "sync_devices_model", "station_for_check", "SOLVER_NAME"]
 
 #: ``solver`` of a kinematics result (provenance and wire).
 SOLVER_NAME = "identify_kinematics"
@@ -96,7 +100,7 @@ def make_plan(cfg: Any, model: Any, cell_T_base: np.ndarray | None = None) -> li
         joint_limits_rad=_limits(cfg.plan), rng=np.random.default_rng(k.seed),
     )
     q = np.vstack([plan.q, plan.validation_q])
-    return [PlannedStation(i, q[i].copy(), np.asarray(model.forward(q[i]), dtype=float)) for i in range(len(q))]
+    return [PlannedStation(i, q[i].copy(), np.asarray(model.forward(q[i]), dtype=float).reshape(4, 4)) for i in range(len(q))]
 
 
 def plan_extra(cfg: Any) -> dict[str, Any]:
@@ -175,6 +179,17 @@ def gates(result: Any, cfg: Any) -> GateReport:
     return GateReport(tuple(checks))
 
 
+def _clean(obj: Any) -> Any:
+    """JSON-safe: non-finite floats (e.g. rotation figures of point stations) become None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, Mapping):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_clean(v) for v in obj]
+    return obj
+
+
 def _f(v: Any) -> float:
     return float(v) if v is not None and math.isfinite(float(v)) else 0.0
 
@@ -206,7 +221,7 @@ def gate_and_wire(result: Any, cfg: Any, check_stations: list[dict[str, Any]]) -
         "axis_spread": 1.0,  # the identification's own conditioning is in kinematics.condition_number
         "residuals": {"translation_m": [float(v) for v in rt], "rotation_rad": [float(v) for v in rr]},
         "solver": SOLVER_NAME, "frame_convention": FRAME_CONVENTION,
-        "kinematics": kin,
+        "kinematics": _clean(kin),
         "gates": report.to_wire(),
         # Drift checks compare the tracker with cell_T_base, the controller's FK and the
         # target: only meaningful where that FK is the identified model (module docstring).
@@ -223,3 +238,48 @@ def identified_model(result: Mapping[str, Any] | None) -> Any:
     if not ident:
         return None
     return driver_model(ident, name=f"{ident.get('name') or 'identified'}")
+
+
+def _is_canopen(cfg: Any) -> bool:
+    # The scheme names the backend (cellcal.drivers.robot.BACKENDS): only CiA 402 drives leave
+    # the forward kinematics to cellcal.
+    return str(cfg.robot.url).lower().startswith("canopen://")
+
+
+def newest_identified(store: Any, limit: int = 50) -> tuple[int, Any] | None:
+    """``(result id, DHModel)`` of the newest kinematics result that passed its gates and is
+    not suspect, among the ``limit`` newest results; None without one."""
+    from cellcal.daemon.gates import gates_passed
+
+    for rec in store.list_results(limit=limit):
+        if rec.kind == "kinematics" and not rec.suspect and gates_passed(rec.result):
+            model = identified_model(rec.result)
+            if model is not None:
+                return rec.id, model
+    return None
+
+
+def sync_devices_model(cfg: Any, store: Any, devices: Any) -> None:
+    """Open the robot with the identified model where cellcal computes its FK (a CiA 402 arm
+    with ``[kinematics] use_identified = true``), closing it first when the model changed;
+    a UR's controller computes its own FK, so nothing changes there."""
+    want = newest_identified(store) if cfg.kinematics.use_identified and _is_canopen(cfg) else None
+    rid, model = want if want is not None else (None, None)
+    if rid == devices.model_override_result:
+        return
+    if devices.robot is not None:
+        log.info("robot reopened with the kinematic model of result %s", rid)
+        devices.close()
+    devices.model_override, devices.model_override_result = model, rid
+
+
+def station_for_check(rec: Any, station: Any) -> Any:
+    """A drift check station as a kinematics result predicts it: its flange pose from the
+    identified model at the joints read (the result's ``cell_T_base`` and target belong to
+    that model, not to the controller's FK); any other result's station unchanged."""
+    if getattr(rec, "kind", None) != "kinematics" or station.q_rad is None:
+        return station
+    model = identified_model(rec.result)
+    if model is None:
+        return station
+    return dataclasses.replace(station, base_T_flange=np.asarray(model.forward(station.q_rad), dtype=float))

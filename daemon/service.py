@@ -825,6 +825,7 @@ class Service:
         When they are open the service is in ``state`` (with ``detail``): from FAULT it goes
         there directly, never through IDLE.
         """
+        kinematics_run.sync_devices_model(self.cfg, self.store, self._devices)
         while True:
             self._check_abort()
             try:
@@ -1391,7 +1392,7 @@ class Service:
                     engine = self._after_device_fault(df, what, True, State.CHECKING)
             if got is None:
                 continue
-            et, er = drift.deviation(X, Y, got)
+            et, er = drift.deviation(X, Y, kinematics_run.station_for_check(rec, got))
             dev_t.append(et)
             dev_r.append(er)
             per.append(bodies.drift_station(ps.index, et, er))
