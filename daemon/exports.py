@@ -808,7 +808,9 @@ def write_kinematics_exports(directory: str | os.PathLike[str], result_id: int, 
     from cellcal.solver import DHParameters, ur_calibration_yaml, urdf_from_model
 
     kin = result_dict.get("kinematics")
-    ident = kin.get("identified") if isinstance(kin, Mapping) else None
+    if not isinstance(kin, Mapping):
+        raise ValueError(f"result {result_id}: a kinematics result without its kinematics")
+    ident = kin.get("identified")
     if not isinstance(ident, Mapping):
         raise ValueError(f"result {result_id}: a kinematics result without kinematics.identified DH arrays")
     model = DHParameters(a=ident["a"], d=ident["d"], alpha=ident["alpha"], theta=ident["theta"],
