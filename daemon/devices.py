@@ -55,9 +55,9 @@ def robot_identity(robot: Any) -> dict[str, Any]:
     digest = getattr(robot, "kinematics_digest", None)
     if digest is None and getattr(model, "is_plain_dh", False):
         digest = kinematics_digest(model)
-    ident: dict[str, Any] = {"driver": type(robot).__name__, "model": model.name,
-                             "kinematics": getattr(robot, "kinematics_source", "nominal"),
-                             "kinematics_digest": digest}
+    # Keyword form: this "kinematics" (the table's source) is a field name, not the run kind.
+    ident: dict[str, Any] = dict(driver=type(robot).__name__, model=model.name,
+                                 kinematics=getattr(robot, "kinematics_source", "nominal"), kinematics_digest=digest)
     serial = getattr(robot, "serial_number", None)
     if not serial:
         # A CiA 402 arm has no controller serial: the drives' serial numbers name it.

@@ -7,7 +7,7 @@ called from one place each in ``cellcal.daemon.service``:
 * :func:`make_plan`: fit stations then held-out validation stations (``[kinematics]
   n_stations`` + ``n_validation``), planned on the robot's own model (the driver's
   ``DHModel``, :func:`solver_model`) and captured like a base-frame run (pose or point,
-  ``[tracker] measure``). The plan records how many are fit stations (``plan["kinematics"]``).
+  ``[tracker] measure``). The plan records how many are fit stations (``plan["identification"]``).
 * :func:`solve_run`: the stored stations -> ``identify_kinematics`` with the run's declared
   noise (``cellcal.daemon.solve.declared_noise``), the ``[kinematics]`` parameter set and
   condition gate; a request the stations cannot determine raises ``DegenerateGeometry``
@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 
+from cellcal.daemon import protocol as P
 from cellcal.daemon.gates import GateCheck, GateReport, rms_translation
 from cellcal.daemon.plan import PlannedStation
 from cellcal.daemon.report import FRAME_CONVENTION, point_to_wire, transform_to_wire
@@ -46,7 +47,7 @@ from cellcal.solver.kinematic_export import kinematic_parameters_dict
 log = logging.getLogger(__name__)
 
 __all__ = ["solver_model", "driver_model", "make_plan", "plan_extra", "solve_run", "gate_and_wire",
-           "identified_model", "newest_identified", "sync_devices_model", "station_for_check", "SOLVER_NAME"]
+           "identified_model", "newest_identified", "sync_devices_model", "station_for_check", "SOLVER_NAME", "PLAN_KEY"]
 
 #: ``solver`` of a kinematics result (provenance and wire).
 SOLVER_NAME = "identify_kinematics"
@@ -103,9 +104,14 @@ def make_plan(cfg: Any, model: Any, cell_T_base: np.ndarray | None = None) -> li
     return [PlannedStation(i, q[i].copy(), np.asarray(model.forward(q[i]), dtype=float).reshape(4, 4)) for i in range(len(q))]
 
 
+#: The key of a kinematics run's plan that records its split (``{"n_fit": int}``).
+PLAN_KEY = "identification"
+
+
 def plan_extra(cfg: Any) -> dict[str, Any]:
-    """What a kinematics run stores with its plan: the number of fit stations (the rest validate)."""
-    return {"n_fit": int(cfg.kinematics.n_stations)}
+    """What a kinematics run stores with its plan (merged into the plan's dict): the number of
+    fit stations; the rest validate."""
+    return {PLAN_KEY: {"n_fit": int(cfg.kinematics.n_stations)}}
 
 
 def solve_run(stations: Sequence[Any], run_plan: Mapping[str, Any], cfg: Any, model: Any) -> Any:
@@ -125,7 +131,7 @@ def solve_run(stations: Sequence[Any], run_plan: Mapping[str, Any], cfg: Any, mo
     """
     from cellcal.daemon.solve import declared_noise, is_point_run
 
-    n_fit = int((run_plan.get("kinematics") or {}).get("n_fit", cfg.kinematics.n_stations))
+    n_fit = int((run_plan.get(PLAN_KEY) or {}).get("n_fit", cfg.kinematics.n_stations))
     fit = [s for s in stations if s.plan_index < n_fit]
     val = [s for s in stations if s.plan_index >= n_fit]
     point = is_point_run(stations)
@@ -252,7 +258,7 @@ def newest_identified(store: Any, limit: int = 50) -> tuple[int, Any] | None:
     from cellcal.daemon.gates import gates_passed
 
     for rec in store.list_results(limit=limit):
-        if rec.kind == "kinematics" and not rec.suspect and gates_passed(rec.result):
+        if rec.kind == P.KIND_KINEMATICS and not rec.suspect and gates_passed(rec.result):
             model = identified_model(rec.result)
             if model is not None:
                 return rec.id, model
@@ -277,7 +283,7 @@ def station_for_check(rec: Any, station: Any) -> Any:
     """A drift check station as a kinematics result predicts it: its flange pose from the
     identified model at the joints read (the result's ``cell_T_base`` and target belong to
     that model, not to the controller's FK); any other result's station unchanged."""
-    if getattr(rec, "kind", None) != "kinematics" or station.q_rad is None:
+    if getattr(rec, "kind", None) != P.KIND_KINEMATICS or station.q_rad is None:
         return station
     model = identified_model(rec.result)
     if model is None:

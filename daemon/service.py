@@ -613,7 +613,7 @@ class Service:
         else:
             plan_dict = plan_to_dict(plan if plan is not None else self.make_plan(kind))
             if kind == P.KIND_KINEMATICS:
-                plan_dict["kinematics"] = kinematics_run.plan_extra(self.cfg)
+                plan_dict.update(kinematics_run.plan_extra(self.cfg))
         plan_dict["started"] = self._start_record()
         run_id = self.store.create_run(
             kind, plan_dict, config_sha256=self.cfg.sha256, devices=self._devices.identities(),
@@ -626,7 +626,7 @@ class Service:
         """Store a recalibration run of the configured kind and plan (the caller queues it)."""
         plan_dict = plan_to_dict(self.make_plan())
         if self.cfg.solve.kind == P.KIND_KINEMATICS:
-            plan_dict["kinematics"] = kinematics_run.plan_extra(self.cfg)
+            plan_dict.update(kinematics_run.plan_extra(self.cfg))
         plan_dict["started"] = self._start_record()
         return self.store.create_run(
             self.cfg.solve.kind, plan_dict, config_sha256=self.cfg.sha256,
