@@ -160,3 +160,33 @@ def test_kinematics_section_is_typed_and_bounded():
         with pytest.raises(ConfigError) as ei:
             load_config_text(_BASE + "[kinematics]\n" + text + "\n")
         assert ei.value.path == path, (text, ei.value)
+
+
+def _result_of(cell, run_id: int):
+    recs = [r for r in cell.svc.store.list_results(limit=20) if r.run_id == run_id]
+    assert len(recs) == 1, (run_id, cell.svc.store.get_run(run_id))
+    return recs[0]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)
+def test_cia402_base_frame_runs_use_the_identified_model(tmp_path):
+    """A CiA 402 arm (cellcal computes its FK) with ``use_identified``: after a kinematics
+    run the robot is opened with the identified model, and the same base-frame plan closes
+    far better than it did with the nominal model."""
+    kin = dict(_KIN, use_identified=True)
+    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, robot_transport="canopen",
+                        overrides={"kinematics": kin, "solve": {"max_rms_mm": 5.0}}) as cell:
+        first = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
+        assert _wait_run_end(cell, first, 400.0) in ("done", "failed")
+        before = _result_of(cell, first).result["rms_translation_m"]
+        run_id = cell.svc.start_run(P.KIND_KINEMATICS, reason="test")
+        assert _wait_run_end(cell, run_id, 900.0) == "done", cell.svc.store.get_run(run_id).status_reason
+        rec = _result_of(cell, run_id)
+        again = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
+        assert _wait_run_end(cell, again, 400.0) == "done"
+        assert cell.svc._devices.model_override_result == rec.id
+        ident = rec.result["kinematics"]["identified"]
+        assert np.allclose(cell.svc._devices.robot.model.theta_offset_rad, ident["theta"], atol=1e-15)
+        after = _result_of(cell, again).result["rms_translation_m"]
+        assert after < before / 2, (after, before)
