@@ -38,7 +38,7 @@ from typing import Any
 import numpy as np
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.gates import GateCheck, GateReport, rms_translation
+from cellcal.daemon.gates import GateCheck, GateContext, GateReport, rms_translation
 from cellcal.daemon.plan import PlannedStation
 from cellcal.daemon.report import FRAME_CONVENTION, point_to_wire, transform_to_wire
 from cellcal.solver import DHParameters, identify_kinematics, plan_identification_stations
@@ -175,7 +175,7 @@ def gates(result: Any, cfg: Any) -> GateReport:
     c = float(result.condition_number)
     c_ok = math.isfinite(c) and c <= k.max_condition
     checks = [
-        rms_translation(result, cfg.solve),
+        rms_translation(result, cfg.solve, GateContext(kind=P.KIND_KINEMATICS)),
         _holdout_gate(result, k),
         GateCheck("kinematic_condition", c, float(k.max_condition), "", c_ok,
                   f"condition number {c:.1f} {'<=' if c_ok else '>'} {k.max_condition:g}"),
