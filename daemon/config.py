@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from cellcal.daemon.kinematics_config import Kinematics, validate_kinematics
 from cellcal.solver.errors import CellcalError
 
 __all__ = [
@@ -219,7 +220,7 @@ class Solve:
     ``expected_cell_T_base_m_rad`` is ``[x, y, z]`` in m then a rotation vector in rad.
     """
 
-    kind: str = _f("base_frame", "kind", doc="base_frame, tool_point or hand_eye")
+    kind: str = _f("base_frame", "kind", doc="base_frame, tool_point, hand_eye or kinematics")
     min_axis_spread: float = _f(1e-4, "min_axis_spread")
     max_rms_translation_m: float = _f(0.5e-3, "max_rms_mm", _MM, doc="acceptance gate")
     max_rms_rotation_rad: float = _f(math.radians(0.1), "max_rms_deg", _DEG)
@@ -327,6 +328,7 @@ class Config:
     drift: Drift = field(default_factory=Drift, metadata=key("drift"))
     zmq: Zmq = field(default_factory=Zmq, metadata=key("zmq"))
     export: Export = field(default_factory=Export, metadata=key("export"))
+    kinematics: Kinematics = field(default_factory=Kinematics, metadata=key("kinematics"))
     sha256: str = field(default="", metadata={"internal": True})
     source: str = field(default="", metadata={"internal": True})
 
@@ -343,11 +345,13 @@ _MIXED_SCALES: dict[tuple[type, str], tuple[float, ...]] = {
     (Solve, "expected_cell_T_base_m_rad"): (_MM, _MM, _MM, _DEG, _DEG, _DEG),
     (Solve, "expected_tolerance_m_rad"): (_MM, _DEG),
 }
+# List fields of strings.
+_STR_LISTS = {(Kinematics, "parameters")}
 _CHOICES = {
     (Tracker, "measure"): ("pose", "point"),
     (Capture, "motion_mode"): ("command", "observe"),
     (Plan, "kind"): ("generated", "explicit"),
-    (Solve, "kind"): ("base_frame", "tool_point", "hand_eye"),
+    (Solve, "kind"): ("base_frame", "tool_point", "hand_eye", "kinematics"),
     (Drift, "on_drift"): ("mark", "recalibrate"),
     (ZmqClient, "role"): ("observer", "operator"),
     (Zmq, "null_role"): ("observer", "operator"),
@@ -553,6 +557,8 @@ def _convert(cls: type, fname: str, ftype: Any, value: Any, scale: float, path: 
             if len(value) != len(scales):
                 raise ConfigError(path, f"expected {len(scales)} numbers, got {len(value)}")
             return [x * k for x, k in zip(_convert(cls, "", list, value, 1.0, path), scales, strict=True)]
+        if (cls, fname) in _STR_LISTS:
+            return [_convert(cls, fname, str, v, 1.0, f"{path}[{i}]") for i, v in enumerate(value)]
         out = []
         for i, v in enumerate(value):
             x = _finite(v, f"{path}[{i}]")
@@ -907,6 +913,7 @@ def _validate(c: Config) -> None:
         if not ep.startswith(("tcp://", "ipc://", "inproc://")):
             raise ConfigError(f"zmq.{name}", f"expected tcp://, ipc:// or inproc://, got {ep!r}")
     _validate_export(c.export)
+    validate_kinematics(c.kinematics)
 
 
 def check_devices(cfg: Config) -> None:

@@ -55,9 +55,9 @@ def robot_identity(robot: Any) -> dict[str, Any]:
     digest = getattr(robot, "kinematics_digest", None)
     if digest is None and getattr(model, "is_plain_dh", False):
         digest = kinematics_digest(model)
-    ident: dict[str, Any] = {"driver": type(robot).__name__, "model": model.name,
-                             "kinematics": getattr(robot, "kinematics_source", "nominal"),
-                             "kinematics_digest": digest}
+    # Keyword form: this "kinematics" (the table's source) is a field name, not the run kind.
+    ident: dict[str, Any] = dict(driver=type(robot).__name__, model=model.name,
+                                 kinematics=getattr(robot, "kinematics_source", "nominal"), kinematics_digest=digest)
     serial = getattr(robot, "serial_number", None)
     if not serial:
         # A CiA 402 arm has no controller serial: the drives' serial numbers name it.
@@ -136,6 +136,11 @@ class CellDevices:
         self.engine: cap.CaptureEngine | None = None
         #: The consistency checks' memory, kept across close() and open().
         self.session = cap.Session()
+        #: A kinematic model the robot is opened with instead of the configured one (a CiA 402
+        #: arm with ``[kinematics] use_identified``: ``cellcal.daemon.kinematics_run``), and
+        #: the id of the result it comes from.
+        self.model_override: Any = None
+        self.model_override_result: int | None = None
         self._stop_lock = threading.Lock()
         self.status: dict[str, dict[str, Any]] = {
             P.DEVICE_ROBOT: {"connected": False, "url": cfg.robot.url, "identity": {}, "identity_text": None},
@@ -147,6 +152,8 @@ class CellDevices:
         """The robot's kinematic model (the configured one while the robot is not open)."""
         if self.robot is not None:
             return self.robot.model
+        if self.model_override is not None:
+            return self.model_override
         from cellcal.drivers.kinematics import dh_model
 
         name = self.cfg.robot.options.get("model", "ur5e")
@@ -203,7 +210,10 @@ class CellDevices:
         from cellcal.drivers import connect_robot
 
         try:
-            robot = connect_robot(self.cfg.robot.url, **self.cfg.robot.options)
+            options = dict(self.cfg.robot.options)
+            if self.model_override is not None:
+                options["model"] = self.model_override
+            robot = connect_robot(self.cfg.robot.url, **options)
         except OPEN_ERRORS as exc:
             raise DeviceOpenError(P.DEVICE_ROBOT, exc) from exc
         try:

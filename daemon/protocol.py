@@ -95,7 +95,7 @@ __all__ = [
     "STATES", "RUN_KINDS", "DRIFT_STATUSES", "DEVICES",
     "StateName", "RunKind", "MotionMode", "DriftStatus", "DriftAction", "DeviceName", "ErrorCode",
     "STATE_IDLE", "STATE_CAPTURING", "STATE_SOLVING", "STATE_CHECKING", "STATE_FAULT",
-    "KIND_BASE_FRAME", "KIND_TOOL_POINT", "KIND_HAND_EYE", "MOTION_COMMAND", "MOTION_OBSERVE",
+    "KIND_BASE_FRAME", "KIND_TOOL_POINT", "KIND_HAND_EYE", "KIND_KINEMATICS", "MOTION_COMMAND", "MOTION_OBSERVE",
     "DRIFT_OK", "DRIFT_WARN", "DRIFT_FAIL", "ACTION_NONE", "ACTION_MARKED_SUSPECT", "ACTION_RECALIBRATING",
     "DEVICE_ROBOT", "DEVICE_TRACKER", "check_reply", "Devices",
     "Caller", "CommandError", "Handler", "Arg", "Command", "COMMANDS",
@@ -173,10 +173,11 @@ STATE_CHECKING: Final = "CHECKING"
 STATE_FAULT: Final = "FAULT"
 STATES: tuple[str, ...] = typing.get_args(StateName)
 
-RunKind = Literal["base_frame", "tool_point", "hand_eye"]
+RunKind = Literal["base_frame", "tool_point", "hand_eye", "kinematics"]
 KIND_BASE_FRAME: Final = "base_frame"
 KIND_TOOL_POINT: Final = "tool_point"
 KIND_HAND_EYE: Final = "hand_eye"
+KIND_KINEMATICS: Final = "kinematics"  # the arm's own DH geometry (cellcal.daemon.kinematics_run)
 RUN_KINDS: tuple[str, ...] = typing.get_args(RunKind)
 
 MotionMode = Literal["command", "observe"]
@@ -879,7 +880,7 @@ class LinearAgreement(TypedDict):
 class _ResultBodyV1(TypedDict):
     result_id: str
     run_id: str | None
-    kind: Literal["base_frame", "tool_point", "hand_eye"]
+    kind: RunKind
     cell: str
     created_ns: int               # wall-clock UTC ns
     active: bool

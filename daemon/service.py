@@ -71,7 +71,7 @@ from typing import Any, cast
 
 import numpy as np
 
-from cellcal.daemon import bodies, drift, human, solve
+from cellcal.daemon import bodies, drift, human, kinematics_run, solve
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
@@ -611,7 +611,9 @@ class Service:
         if stations is not None:
             plan_dict: dict[str, Any] = {"stations": [], "given": stations}
         else:
-            plan_dict = plan_to_dict(plan if plan is not None else self.make_plan())
+            plan_dict = plan_to_dict(plan if plan is not None else self.make_plan(kind))
+            if kind == P.KIND_KINEMATICS:
+                plan_dict.update(kinematics_run.plan_extra(self.cfg))
         plan_dict["started"] = self._start_record()
         run_id = self.store.create_run(
             kind, plan_dict, config_sha256=self.cfg.sha256, devices=self._devices.identities(),
@@ -623,6 +625,8 @@ class Service:
     def start_run_internal(self, parent_result_id: int) -> int:
         """Store a recalibration run of the configured kind and plan (the caller queues it)."""
         plan_dict = plan_to_dict(self.make_plan())
+        if self.cfg.solve.kind == P.KIND_KINEMATICS:
+            plan_dict.update(kinematics_run.plan_extra(self.cfg))
         plan_dict["started"] = self._start_record()
         return self.store.create_run(
             self.cfg.solve.kind, plan_dict, config_sha256=self.cfg.sha256,
@@ -713,7 +717,9 @@ class Service:
                 return False
             time.sleep(0.02)
 
-    def make_plan(self) -> list[PlannedStation]:
+    def make_plan(self, kind: str | None = None) -> list[PlannedStation]:
+        if (kind or self.cfg.solve.kind) == P.KIND_KINEMATICS:
+            return kinematics_run.make_plan(self.cfg, self._devices.model)
         return plan_from_config(self.cfg, self._devices.model)
 
     # ---- results for clients -----------------------------------------------------------------------
@@ -819,6 +825,7 @@ class Service:
         When they are open the service is in ``state`` (with ``detail``): from FAULT it goes
         there directly, never through IDLE.
         """
+        kinematics_run.sync_devices_model(self.cfg, self.store, self._devices)
         while True:
             self._check_abort()
             try:
@@ -1168,7 +1175,10 @@ class Service:
             self._set_state(State.SOLVING, f"run {run_id}")
             stations = self.store.stations(run_id)
             try:
-                result = self._interruptible(solve.solve_stations, kind, stations, self.cfg.solve)
+                result = (self._interruptible(kinematics_run.solve_run, stations, self.store.get_run(run_id).plan,
+                                              self.cfg, self._devices.model)
+                          if kind == P.KIND_KINEMATICS
+                          else self._interruptible(solve.solve_stations, kind, stations, self.cfg.solve))
                 break
             except DegenerateGeometry as exc:
                 # The planner names the pose that best fixes the weakest direction; in command
@@ -1246,11 +1256,15 @@ class Service:
         """Gate, store and (when every gate passed) activate a result. ``base_T_flange``:
         the robot poses of client-supplied stations (else those of ``stations``)."""
         run = self.store.get_run(run_id)
-        G = solve.station_arrays(stations)[0] if stations else base_T_flange
-        report = check_gates(result, self.cfg.solve, context=solve.gate_context(kind, G, self._robot_model()))
-        wire = solve.wire_result(result, report, drift.choose_check_stations(stations, run.plan,
-                                                                             self.cfg.drift.check_stations),
-                                 task_points=self.cfg.solve.task_points_m if kind == self.cfg.solve.kind else None)
+        if kind == P.KIND_KINEMATICS:
+            report, wire = kinematics_run.gate_and_wire(
+                result, self.cfg, drift.choose_check_stations(stations, run.plan, self.cfg.drift.check_stations))
+        else:
+            G = solve.station_arrays(stations)[0] if stations else base_T_flange
+            report = check_gates(result, self.cfg.solve, context=solve.gate_context(kind, G, self._robot_model()))
+            wire = solve.wire_result(result, report, drift.choose_check_stations(stations, run.plan,
+                                                                                 self.cfg.drift.check_stations),
+                                     task_points=self.cfg.solve.task_points_m if kind == self.cfg.solve.kind else None)
         provenance = solve.provenance(self.cfg, run, result, cellcal_version(), devices=self._devices.identities())
         with self._activation_lock:
             before = self._active_result_safe()
@@ -1378,7 +1392,7 @@ class Service:
                     engine = self._after_device_fault(df, what, True, State.CHECKING)
             if got is None:
                 continue
-            et, er = drift.deviation(X, Y, got)
+            et, er = drift.deviation(X, Y, kinematics_run.station_for_check(rec, got))
             dev_t.append(et)
             dev_r.append(er)
             per.append(bodies.drift_station(ps.index, et, er))

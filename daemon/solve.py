@@ -270,7 +270,8 @@ def provenance(cfg: Any, run: Any, result: Any, version: str,
     robot = known.get(P.DEVICE_ROBOT) or {}
     return {
         "config_sha256": cfg.sha256, "devices": known, "cellcal_version": version,
-        "solver": result.solver, "cell": cfg.service.name,
+        # A kinematic identification result names no solver of its own: its function does.
+        "solver": getattr(result, "solver", "identify_kinematics"), "cell": cfg.service.name,
         "robot_serial": robot.get("serial"), "kinematics_digest": robot.get("kinematics_digest"),
     }
 

@@ -1,0 +1,82 @@
+"""``[kinematics]``: the settings of a run of kind ``kinematics`` (``[solve] kind = "kinematics"``
+or ``start_run kind=kinematics``), which identifies the arm's own DH geometry
+(``cellcal.daemon.kinematics_run``; method in ``docs/kinematics.md`` and ADR 0016).
+
+The section is a dataclass of the configuration schema (``cellcal.daemon.config`` builds it
+like every other section: unknown keys, types and units there); :func:`validate_kinematics`
+adds the bounds and the parameter names, each error under its dotted key.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["Kinematics", "validate_kinematics", "PARAMETER_NAME"]
+
+_MM = 1e-3
+
+#: A parameter name of ``cellcal.solver.identify_kinematics`` (1-based DH rows).
+PARAMETER_NAME = re.compile(r"joint[1-6]\.zero_offset|link[1-6]\.(a|d|alpha|beta)")
+
+
+def _k(default: Any, name: str, scale: float = 1.0, doc: str = "") -> Any:
+    meta = {"key": name, "scale": scale, "doc": doc}
+    if isinstance(default, list):
+        return field(default_factory=lambda: list(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass(frozen=True)
+class Kinematics:
+    """``[kinematics]``: kinematic identification runs and the use of their result."""
+
+    n_stations: int = _k(40, "n_stations", doc="identification (fit) stations planned")
+    n_validation: int = _k(30, "n_validation", doc="held-out validation stations, never fitted")
+    max_condition: float = _k(100.0, "max_condition",
+                              doc="gate on the condition number of the column-normalised Jacobian")
+    parameters: list = _k([], "parameters", doc="names to identify; empty: every one the stations determine")
+    max_holdout_rms_m: float = _k(0.3e-3, "max_holdout_rms_mm", _MM,
+                                  doc="acceptance gate: held-out RMS position error after identification")
+    use_identified: bool = _k(False, "use_identified",
+                              doc="CiA 402 arms: later runs and drift checks compute FK with the identified model")
+    seed: int = _k(0, "seed", doc="station planning seed")
+
+
+#: (lo, hi, lo_open) in the TOML key's units.
+_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    "n_stations": (10, 1000, False),
+    "n_validation": (30, 1000, False),
+    "max_condition": (1.0, 1e6, True),
+    "max_holdout_rms_mm": (0.0, 5.0, True),
+    "seed": (0, 2**63 - 1, False),
+}
+
+
+def validate_kinematics(k: Kinematics) -> None:
+    """Bounds and parameter names of ``[kinematics]``.
+
+    Raises
+    ------
+    cellcal.daemon.config.ConfigError
+        Under ``kinematics.<key>`` (``kinematics.parameters[2]`` for a bad name).
+    """
+    from cellcal.daemon.config import ConfigError
+
+    values = {"n_stations": k.n_stations, "n_validation": k.n_validation, "max_condition": k.max_condition,
+              "max_holdout_rms_mm": k.max_holdout_rms_m / _MM, "seed": k.seed}
+    for key, v in values.items():
+        lo, hi, lo_open = _BOUNDS[key]
+        if not ((lo < v) if lo_open else (lo <= v)) or not v <= hi or not math.isfinite(v):
+            raise ConfigError(f"kinematics.{key}", f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v:g}")
+    seen: set[str] = set()
+    for i, name in enumerate(k.parameters):
+        if not isinstance(name, str) or not PARAMETER_NAME.fullmatch(name):
+            raise ConfigError(f"kinematics.parameters[{i}]",
+                              f"expected a parameter name (joint1..6.zero_offset, link1..6.a / d / alpha / beta), "
+                              f"got {name!r}")
+        if name in seen:
+            raise ConfigError(f"kinematics.parameters[{i}]", f"{name!r} is named twice")
+        seen.add(name)
