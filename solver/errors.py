@@ -53,6 +53,8 @@ second base, so callers that catch it keep working (every timeout is also a
     +-- UsageError                       daemon.cmd_ctl: bad command line (exit status 2)
     +-- ServiceError                     daemon.service: a request the service cannot honour
     |                                    now (``code``: its E_* code)
+    +-- StateDirLocked                   daemon.service: another daemon holds the state
+    |                                    directory's lock file (its pid named)
     +-- StationRejected                  daemon.capture: a station not accepted (``reason``)
     +-- DeviceFault                      daemon.capture: a device link failed (``device``)
     +-- DeviceOpenError                  daemon.devices: a device could not be opened

@@ -7,11 +7,11 @@ fields ``bodies.result_body`` adds), with the stations as the report reads them.
 
 from __future__ import annotations
 
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 
+from cellcal.daemon.config import Solve
 from cellcal.daemon.gates import check_gates
 from cellcal.daemon.solve import wire_result
 from cellcal.solver import (
@@ -26,7 +26,7 @@ from cellcal.solver.se3 import make_transform, se3_inverse, so3_exp
 
 KINDS = ("base_frame", "base_frame_points", "hand_eye", "eye_to_hand", "tool_point")
 
-_SOLVE = SimpleNamespace(max_rms_translation_m=0.5e-3, max_rms_rotation_rad=np.radians(0.1))
+_SOLVE = Solve()  # the [solve] defaults: every gate the daemon applies
 
 
 def _body(kind: str, result: Any, rid: int = 1) -> dict[str, Any]:
