@@ -176,7 +176,10 @@ def test_cia402_base_frame_runs_use_the_identified_model(tmp_path):
     far better than it did with the nominal model."""
     kin = dict(_KIN, use_identified=True)
     with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, robot_transport="canopen",
-                        overrides={"kinematics": kin, "solve": {"max_rms_mm": 5.0}}) as cell:
+                        # CiA 402 moves are SDO by SDO: on a loaded machine (two test workers) a
+                        # move may miss its deadline; the run retries rather than fails on that
+                        overrides={"kinematics": kin, "solve": {"max_rms_mm": 5.0},
+                                   "capture": {"max_consecutive_rejections": 40}}) as cell:
         first = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
         assert _wait_run_end(cell, first, 400.0) in ("done", "failed")
         before = _result_of(cell, first).result["rms_translation_m"]

@@ -287,17 +287,20 @@ def test_cellcal_sim_and_cellcal_run_as_processes_over_a_leica_protocol(tmp_path
 # ---- configuration: a Leica instrument named in the config ----------------------------------
 
 
-def _leica_urls() -> list[str]:
-    return [f"emscon://127.0.0.1:{free_port()}", "geocom:///dev/ttyUSB0?baud=9600",
-            f"geocom+socket://127.0.0.1:{free_port()}"]
+def _leica_url(kind: str) -> str:
+    # Built in the test, not at collection: a port in a test's id would differ between
+    # pytest-xdist's workers, which must collect the same tests.
+    return {"emscon": f"emscon://127.0.0.1:{free_port()}", "geocom-serial": "geocom:///dev/ttyUSB0?baud=9600",
+            "geocom-socket": f"geocom+socket://127.0.0.1:{free_port()}"}[kind]
 
 
-@pytest.mark.parametrize("url", _leica_urls())
-def test_a_pose_measurement_with_a_point_only_instrument_is_refused_naming_the_key(tmp_path, url):
+@pytest.mark.parametrize("kind", ["emscon", "geocom-serial", "geocom-socket"])
+def test_a_pose_measurement_with_a_point_only_instrument_is_refused_naming_the_key(tmp_path, kind):
     """``measure = "pose"`` with an emScon tracker or a GeoCOM total station (both measure a
     reflector's point only, ``measure_kinds``) is refused by ``cellcal check-config`` and by
     ``cellcal run`` with the same message naming ``tracker.measure``; with ``measure =
     "point"`` check-config accepts the file (the drivers are built, no device is opened)."""
+    url = _leica_url(kind)
     cfg = daemon_config(robot_url=f"rtde://127.0.0.1:{free_port()}", tracker_url=url, workdir=tmp_path)
     assert cfg["tracker"]["measure"] == "pose"
     path = write_config(tmp_path / "pose.toml", cfg)
