@@ -768,9 +768,11 @@ def _summary(body: Mapping[str, Any]) -> str:
 def _kin_unit(name: str) -> tuple[str, float, int]:
     """Edge unit, factor from SI and digits of a kinematic parameter (``link{i}.a``/``.d``:
     lengths; ``joint{i}.zero_offset``, ``.alpha``, ``.beta``: angles)."""
+    # Digits to 10 nm and 1e-6 deg: a well-determined sigma is a few micrometres or
+    # thousandths of a degree and must still show two significant digits.
     if name.endswith((".a", ".d")):
-        return "mm", 1e3, 4
-    return "deg", math.degrees(1.0), 5
+        return "mm", 1e3, 5
+    return "deg", math.degrees(1.0), 6
 
 
 def _scaled(v: Any, factor: float, digits: int) -> str:
