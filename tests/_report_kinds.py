@@ -66,8 +66,9 @@ def kinematics_kind(n_fit: int = 40, n_validation: int = 12, seed: int = 7
                                  validation_q=val.q, validation_cell_T_target=val.cell_T_target)
     _, wire = gate_and_wire(result, Config(), [{"plan_index": 0}, {"plan_index": 3}])
     body = _identity(wire, "kinematics", result, 9)
-    stations = [{"plan_index": i, "q_rad": fit.q[i], "base_T_flange": UR5E.forward(fit.q[i]),
-                 "cell_T_target": fit.cell_T_target[i]} for i in range(n_fit)]
+    G = np.asarray(UR5E.forward(fit.q)).reshape(n_fit, 4, 4)  # what the controller's nominal FK reports
+    stations = [{"plan_index": i, "q_rad": fit.q[i], "base_T_flange": G[i], "cell_T_target": fit.cell_T_target[i]}
+                for i in range(n_fit)]
     return body, stations, result
 
 

@@ -12,6 +12,7 @@ its "Kinematic identification" section.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shutil
 import struct
 import subprocess
@@ -22,8 +23,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 from _report_kinds import KINDS, drift_history, every_kind, kinematics_kind
+from storetest_support import make_station
 
 from cellcal.daemon import report_html as R
+from cellcal.daemon.store import Store
 from cellcal.solver import UR5E
 
 XHTML = "{http://www.w3.org/1999/xhtml}"
@@ -381,3 +384,25 @@ def test_a_kinematics_result_without_its_block_still_has_the_section(kinematics)
     root = _parse(R.render_report(body))
     assert "no kinematics block" in "".join(_section(root, R.KINEMATICS_SECTION).itertext())
     assert _ids(root, "figure") == list(R.FIGURES)
+
+
+def test_a_stored_kinematics_result_reports_from_the_store(tmp_path, kinematics):
+    """What the daemon writes: the result and its run's stations read back from the real store
+    (``StationRecord``, the controller's nominal FK), drawn through the identified arm."""
+    body, stations, _ = kinematics
+    with Store(tmp_path / "state").open() as store:
+        run = store.create_run("kinematics", {"identification": {"n_fit": len(stations)}},
+                               config_sha256="ab" * 32, devices={})
+        for s in stations:
+            rec = dataclasses.replace(make_station(s["plan_index"]), base_T_flange=s["base_T_flange"],
+                                      q_rad=s["q_rad"], cell_T_target=s["cell_T_target"],
+                                      cell_p_target=s["cell_T_target"][:3, 3].copy())
+            store.add_station(run, rec)
+        rid = store.add_result(run, "kinematics", body, {})
+        text = R.report_from_store(store, rid)
+    root = _parse(text)
+    assert _ids(root, "section")[:2] == ["summary", R.KINEMATICS_SECTION]
+    assert [r[0] for r in _rows(root, "kinematic-parameters")] == list(body["kinematics"]["parameters"])
+    res = _figure(root, "fig-residuals")
+    assert _classes(res).count("residual") == 2 * len(stations)
+    assert f"(longest {max(body['residuals']['translation_m']) * 1e3:.4f} mm)" in "".join(res.itertext())
