@@ -24,7 +24,8 @@ identified and why, the condition number, the strongest correlations, and the he
 validation before (nominal arm) and after identification.
 
 Inputs are the result body as the daemon publishes it (``bodies.result_body``: any result
-kind on the wire: base frame from poses or points, hand-eye, eye-to-hand, tool point) plus,
+kind on the wire: base frame from poses or points, hand-eye, eye-to-hand, tool point,
+kinematics) plus,
 when known, the run's stations and the result's drift checks. A figure that needs data the
 result does not have (station data of a result solved elsewhere, drift checks before the
 first one) is drawn as a box saying so, never left out, so every report has the same
@@ -895,6 +896,10 @@ def _gates(body: Mapping[str, Any]) -> str:
 
 def _warnings(body: Mapping[str, Any]) -> str:
     ws = [w for w in body.get("warnings") or [] if isinstance(w, Mapping)]
+    if body.get("kind") == "kinematics":  # the identification's warnings live in its own block
+        kin = body.get("kinematics")
+        more = kin.get("warnings") if isinstance(kin, Mapping) else None
+        ws += [w for w in more or [] if isinstance(w, Mapping) and w not in ws]
     items = "".join(f'<div class="warn"><b>{_e(w.get("code", ""))}</b>: {_e(w.get("message", ""))}</div>' for w in ws)
     t = body.get("residual_tests") or {}
     tests = ""

@@ -378,6 +378,17 @@ def test_a_kinematics_result_with_iso9283_figures_shows_them(kinematics):
     assert "bench/kinematics_bench.py" not in "".join(_section(root, R.KINEMATICS_SECTION).itertext())
 
 
+def test_a_kinematics_result_shows_the_identifications_warnings(kinematics):
+    body, stations, _ = kinematics
+    body = copy.deepcopy(body)
+    body["kinematics"]["warnings"] = [{"code": "model_error", "message": "chi-square per dof 3.1 beyond 1.2",
+                                       "value": 3.1}]
+    root = _parse(R.render_report(body, stations=stations))
+    warns = "".join(_section(root, "warnings").itertext())
+    assert "model_error" in warns and "chi-square per dof 3.1 beyond 1.2" in warns
+    assert "No warnings" not in warns
+
+
 def test_a_kinematics_result_without_its_block_still_has_the_section(kinematics):
     body, _, _ = kinematics
     body = {k: v for k, v in body.items() if k != "kinematics"}
