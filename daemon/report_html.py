@@ -25,8 +25,9 @@ validation before (nominal arm) and after identification.
 
 Inputs are the result body as the daemon publishes it (``bodies.result_body``: any result
 kind on the wire: base frame from poses or points, hand-eye, eye-to-hand, tool point,
-kinematics) plus,
-when known, the run's stations and the result's drift checks. A figure that needs data the
+kinematics) plus, when known, the run's stations and the result's drift checks (a
+kinematics result's stations are drawn through its identified arm, to which its base
+frame and target belong). A figure that needs data the
 result does not have (station data of a result solved elsewhere, drift checks before the
 first one) is drawn as a box saying so, never left out, so every report has the same
 sections.
