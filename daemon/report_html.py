@@ -740,6 +740,10 @@ def _summary(body: Mapping[str, Any]) -> str:
     if body.get("suspect"):
         suspect = f'<p class="banner">SUSPECT: {_e(body.get("suspect_reason") or "marked suspect")}</p>'
     u = body.get("uncertainty") or {}
+    # A kinematics result keeps its convergence in its kinematics block.
+    block = body.get("kinematics")
+    kin: Mapping[str, Any] = block if isinstance(block, Mapping) else {}
+    fit = {k: body[k] if k in body else kin[k] for k in ("converged", "stop_reason") if k in body or k in kin}
     rows = [
         ("result", f"{rid} ({kind}), {status}, run {body.get('run_id') or 'none'}"),
         ("stations", f"{body.get('n_stations', '?')} stations, {body.get('n_motions', '?')} motions"),
@@ -750,8 +754,8 @@ def _summary(body: Mapping[str, Any]) -> str:
         ("uncertainty (1 sigma)", f"{_fmt((u.get('sigma_translation_m') or math.nan) * 1e3)} mm, "
                                   f"{_fmt(math.degrees(u.get('sigma_rotation_rad') or math.nan), 5)} deg "
                                   f"(noise: {u.get('noise_source', '?')})"),
-        ("solver", f"{body.get('solver', '?')}; {'converged' if body.get('converged', True) else 'DID NOT CONVERGE'}"
-                   f" ({body.get('stop_reason', '')})"),
+        ("solver", f"{body.get('solver', '?')}; {'converged' if fit.get('converged', True) else 'DID NOT CONVERGE'}"
+                   f" ({fit.get('stop_reason', '')})"),
     ]
     conv = ("Frames and units: a transform named a_T_b maps coordinates in frame b to coordinates in frame a (it is "
             "the pose of b in a). Lengths are shown in millimetres and angles in degrees (the files and the wire use "

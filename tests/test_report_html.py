@@ -344,6 +344,8 @@ def test_a_kinematics_result_shows_its_identification(kinematics):
     for name, why in un:
         assert why and why == result.unidentifiable_reasons[name], name
     assert "folded into the base frame" in dict(un)["joint1.zero_offset"]
+    summary = " ".join("".join(_section(root, "summary").itertext()).split())
+    assert f"identify_kinematics; converged ({result.stop_reason})" in summary
     facts = dict((r[0], r[1]) for r in _rows(root, "kinematic-facts"))
     assert facts["condition number (column-normalised Jacobian)"] == f"{result.condition_number:.1f}"
     # held-out validation before (nominal arm) and after, in mm: identification removed the kinematic error
