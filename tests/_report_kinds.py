@@ -2,7 +2,9 @@
 report tests (``tests/test_report_html.py``).
 
 Each body is what the daemon publishes (``solve.wire_result`` plus the record's identity
-fields ``bodies.result_body`` adds), with the stations as the report reads them.
+fields ``bodies.result_body`` adds), with the stations as the report reads them. A
+``kinematics`` result (:func:`kinematics_kind`) is identified on the simulated arm of
+``tests/_kin_world.py`` and wired by the daemon's own ``kinematics_run.gate_and_wire``.
 """
 
 from __future__ import annotations
@@ -11,15 +13,18 @@ from typing import Any
 
 import numpy as np
 
-from cellcal.daemon.config import Solve
+from cellcal.daemon.config import Config, Solve
 from cellcal.daemon.gates import check_gates
+from cellcal.daemon.kinematics_run import gate_and_wire
 from cellcal.daemon.solve import wire_result
 from cellcal.solver import (
+    UR5E,
     calibrate_base_frame,
     calibrate_base_frame_points,
     calibrate_eye_to_hand,
     calibrate_hand_eye,
     calibrate_tool_point,
+    identify_kinematics,
     synthetic,
 )
 from cellcal.solver.se3 import make_transform, se3_inverse, so3_exp
@@ -29,15 +34,42 @@ KINDS = ("base_frame", "base_frame_points", "hand_eye", "eye_to_hand", "tool_poi
 _SOLVE = Solve()  # the [solve] defaults: every gate the daemon applies
 
 
-def _body(kind: str, result: Any, rid: int = 1) -> dict[str, Any]:
-    body = wire_result(result, check_gates(result, _SOLVE), [{"plan_index": 0}, {"plan_index": 3}])
+def _identity(body: dict[str, Any], kind: str, result: Any, rid: int) -> dict[str, Any]:
     body.update(result_id=str(rid), run_id=str(rid), kind=kind, active=True, suspect=False, suspect_reason="",
                 created_ns=1_700_000_000_000_000_000, valid_from="2026-01-01T00:00:00+00:00",
-                provenance={"config_sha256": "ab" * 32, "cellcal_version": "0.test", "solver": result.solver,
+                provenance={"config_sha256": "ab" * 32, "cellcal_version": "0.test",
+                            "solver": getattr(result, "solver", None) or body.get("solver"),
                             "devices": {"robot": {"model": "UR5e", "serial": "20235500042"},
                                         "tracker": {"model": "sim", "serial": "T-1"}},
                             "robot_serial": "20235500042", "parent_result_id": None})
     return body
+
+
+def _body(kind: str, result: Any, rid: int = 1) -> dict[str, Any]:
+    body = wire_result(result, check_gates(result, _SOLVE), [{"plan_index": 0}, {"plan_index": 3}])
+    return _identity(body, kind, result, rid)
+
+
+def kinematics_kind(n_fit: int = 40, n_validation: int = 12, seed: int = 7
+                    ) -> tuple[dict[str, Any], list[dict[str, Any]], Any]:
+    """(result body, fit stations, the solver's ``KinematicResult``) of a ``kinematics`` run:
+    a UR5e with hidden errors measured as 6-DoF poses, identified with held-out
+    validation stations, gated and wired as the daemon stores it (``[kinematics]`` and
+    ``[solve]`` defaults)."""
+    from _kin_world import measure, random_q, truth_arm
+
+    rng = np.random.default_rng(seed)
+    truth = truth_arm(rng)
+    fit = measure(truth, random_q(rng, n_fit), rng)
+    val = measure(truth, random_q(rng, n_validation), rng)
+    result = identify_kinematics(fit.q, UR5E, cell_T_target=fit.cell_T_target, cell_T_target_cov=fit.pose_cov,
+                                 validation_q=val.q, validation_cell_T_target=val.cell_T_target)
+    _, wire = gate_and_wire(result, Config(), [{"plan_index": 0}, {"plan_index": 3}])
+    body = _identity(wire, "kinematics", result, 9)
+    G = np.asarray(UR5E.forward(fit.q)).reshape(n_fit, 4, 4)  # what the controller's nominal FK reports
+    stations = [{"plan_index": i, "q_rad": fit.q[i], "base_T_flange": G[i], "cell_T_target": fit.cell_T_target[i]}
+                for i in range(n_fit)]
+    return body, stations, result
 
 
 def _stations(G: np.ndarray, key: str | None = None, M: np.ndarray | None = None) -> list[dict[str, Any]]:

@@ -5,12 +5,14 @@ Golden structure, not golden bytes: the document must parse as XML, carry every 
 figure in order, a figure that does not apply must say why, and the same inputs must give
 the same bytes. The render test opens the file in headless Chromium (the Debian package
 ``make os-deps`` installs) and checks the screenshot is not blank and shows each figure's
-colours.
+colours. A ``kinematics`` result (identified on a simulated arm, wired by the daemon) adds
+its "Kinematic identification" section.
 """
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import shutil
 import struct
 import subprocess
@@ -20,9 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _report_kinds import KINDS, drift_history, every_kind
+from _report_kinds import KINDS, drift_history, every_kind, kinematics_kind
+from storetest_support import make_station
 
 from cellcal.daemon import report_html as R
+from cellcal.daemon.store import Store
+from cellcal.solver import UR5E
 
 XHTML = "{http://www.w3.org/1999/xhtml}"
 SVG = "{http://www.w3.org/2000/svg}"
@@ -279,3 +284,138 @@ def test_a_suspect_result_says_so_first(kinds):
     banner = [p for p in summary.iter(XHTML + "p") if p.get("class") == "banner"]
     assert banner and "SUSPECT: drift check: 0.950 mm" in "".join(banner[0].itertext())
     assert "not active" in "".join(summary.itertext())
+
+
+# --------------------------------------------------------------------------------------
+# kinematics
+
+
+@pytest.fixture(scope="module")
+def kinematics():
+    return kinematics_kind()
+
+
+def _section(root: ET.Element, sec_id: str) -> ET.Element:
+    (sec,) = [s for s in root.iter(XHTML + "section") if s.get("id") == sec_id]
+    return sec
+
+
+def _rows(root: ET.Element, cls: str) -> list[list[str]]:
+    (table,) = [t for t in root.iter(XHTML + "table") if t.get("class") == cls]
+    return [["".join(td.itertext()) for td in tr.iter(XHTML + "td")] for tr in table.iter(XHTML + "tr")
+            if tr.find(XHTML + "td") is not None]
+
+
+def _nominal_edge(name: str) -> float:
+    """The nominal UR5e's value of ``name`` in the report's units (mm, deg), from the solver's model."""
+    head, kind = name.split(".")
+    if kind == "zero_offset":
+        return 0.0
+    v = float(getattr(UR5E, kind)[int(head[4:]) - 1])
+    return v * 1e3 if kind in ("a", "d") else float(np.degrees(v))
+
+
+def test_a_kinematics_result_shows_its_identification(kinematics):
+    body, stations, result = kinematics
+    text = R.render_report(body, stations=stations, drift_checks=drift_history())
+    root = _parse(text)  # still well-formed XML
+    want = list(R.SECTIONS)
+    want.insert(1, R.KINEMATICS_SECTION)
+    assert _ids(root, "section") == want
+    assert _ids(root, "figure") == list(R.FIGURES)
+    sec = _section(root, R.KINEMATICS_SECTION)
+    assert sec.find(XHTML + "h2").text == "Kinematic identification"
+    # one row per identified parameter, in the result's order: nominal, identified, delta, 1-sigma at the edge
+    rows = _rows(root, "kinematic-parameters")
+    assert [r[0] for r in rows] == list(result.estimated) and len(rows) > 10
+    for name, unit, nom, ident, delta, sigma in rows:
+        length = name.endswith((".a", ".d"))
+        f, tol = (1e3, 0.51e-5) if length else (float(np.degrees(1.0)), 0.51e-6)  # half the last digit shown
+        assert unit == ("mm" if length else "deg"), name
+        np.testing.assert_allclose(float(nom), _nominal_edge(name), atol=tol, err_msg=name)
+        np.testing.assert_allclose(float(ident), result.parameters[name] * f, atol=tol, err_msg=name)
+        np.testing.assert_allclose(float(delta), result.deltas[name] * f, atol=tol, err_msg=name)
+        np.testing.assert_allclose(float(sigma), result.sigmas[name] * f, atol=tol, err_msg=name)
+        assert float(sigma) >= 10 * tol, name  # at least two significant digits
+    # the unidentifiable ones, each with its reason (this arm: the structural folds)
+    un = _rows(root, "unidentifiable")
+    assert [r[0] for r in un] == list(result.unidentifiable)
+    assert {"joint1.zero_offset", "link2.d"} <= {r[0] for r in un}
+    for name, why in un:
+        assert why and why == result.unidentifiable_reasons[name], name
+    assert "folded into the base frame" in dict(un)["joint1.zero_offset"]
+    summary = " ".join("".join(_section(root, "summary").itertext()).split())
+    assert f"identify_kinematics; converged ({result.stop_reason})" in summary
+    facts = dict((r[0], r[1]) for r in _rows(root, "kinematic-facts"))
+    assert facts["condition number (column-normalised Jacobian)"] == f"{result.condition_number:.1f}"
+    # held-out validation before (nominal arm) and after, in mm: identification removed the kinematic error
+    val = {r[0]: (float(r[1]), float(r[2])) for r in _rows(root, "kinematic-validation")}
+    v = result.validation
+    for label, field in (("RMS [mm]", "rms_translation_m"), ("P50 [mm]", "p50_translation_m"),
+                         ("P90 [mm]", "p90_translation_m"), ("max [mm]", "max_translation_m")):
+        np.testing.assert_allclose(val[label], (getattr(v.before, field) * 1e3, getattr(v.after, field) * 1e3),
+                                   atol=1e-4)
+    assert val["RMS [mm]"][1] < 0.2 * val["RMS [mm]"][0]
+    assert "orientation RMS [deg]" in val  # pose measurements: the orientation closure too
+    # no ISO 9283 figures in a run's result: the report says where they come from
+    sec_text = " ".join("".join(sec.itertext()).split())
+    assert "ISO 9283" in sec_text and "bench/kinematics_bench.py" in sec_text
+    assert not [t for t in sec.iter(XHTML + "table") if t.get("class") == "iso9283"]
+    # the stations are drawn through the identified arm: their residuals are the fit's own
+    res = "".join(_figure(root, "fig-residuals").itertext())
+    assert f"(longest {max(body['residuals']['translation_m']) * 1e3:.4f} mm)" in res
+    assert _classes(_figure(root, "fig-residuals")).count("residual") == 2 * len(stations)
+    # deterministic, like every report
+    assert text == R.render_report(copy.deepcopy(body), stations=copy.deepcopy(stations),
+                                   drift_checks=drift_history())
+
+
+def test_a_kinematics_result_with_iso9283_figures_shows_them(kinematics):
+    body, stations, _ = kinematics
+    body = copy.deepcopy(body)
+    body["kinematics"]["iso9283"] = {"before": {"max_ap_m": 1.25e-3, "max_rp_m": 4.0e-5},
+                                     "after": {"max_ap_m": 8.0e-5, "max_rp_m": 4.1e-5}}
+    root = _parse(R.render_report(body, stations=stations))
+    assert _rows(root, "iso9283") == [["before", "1.2500", "0.0400"], ["after", "0.0800", "0.0410"]]
+    assert "bench/kinematics_bench.py" not in "".join(_section(root, R.KINEMATICS_SECTION).itertext())
+
+
+def test_a_kinematics_result_shows_the_identifications_warnings(kinematics):
+    body, stations, _ = kinematics
+    body = copy.deepcopy(body)
+    body["kinematics"]["warnings"] = [{"code": "model_error", "message": "chi-square per dof 3.1 beyond 1.2",
+                                       "value": 3.1}]
+    root = _parse(R.render_report(body, stations=stations))
+    warns = "".join(_section(root, "warnings").itertext())
+    assert "model_error" in warns and "chi-square per dof 3.1 beyond 1.2" in warns
+    assert "No warnings" not in warns
+
+
+def test_a_kinematics_result_without_its_block_still_has_the_section(kinematics):
+    body, _, _ = kinematics
+    body = {k: v for k, v in body.items() if k != "kinematics"}
+    root = _parse(R.render_report(body))
+    assert "no kinematics block" in "".join(_section(root, R.KINEMATICS_SECTION).itertext())
+    assert _ids(root, "figure") == list(R.FIGURES)
+
+
+def test_a_stored_kinematics_result_reports_from_the_store(tmp_path, kinematics):
+    """What the daemon writes: the result and its run's stations read back from the real store
+    (``StationRecord``, the controller's nominal FK), drawn through the identified arm."""
+    body, stations, _ = kinematics
+    with Store(tmp_path / "state").open() as store:
+        run = store.create_run("kinematics", {"identification": {"n_fit": len(stations)}},
+                               config_sha256="ab" * 32, devices={})
+        for s in stations:
+            rec = dataclasses.replace(make_station(s["plan_index"]), base_T_flange=s["base_T_flange"],
+                                      q_rad=s["q_rad"], cell_T_target=s["cell_T_target"],
+                                      cell_p_target=s["cell_T_target"][:3, 3].copy())
+            store.add_station(run, rec)
+        rid = store.add_result(run, "kinematics", body, {})
+        text = R.report_from_store(store, rid)
+    root = _parse(text)
+    assert _ids(root, "section")[:2] == ["summary", R.KINEMATICS_SECTION]
+    assert [r[0] for r in _rows(root, "kinematic-parameters")] == list(body["kinematics"]["parameters"])
+    res = _figure(root, "fig-residuals")
+    assert _classes(res).count("residual") == 2 * len(stations)
+    assert f"(longest {max(body['residuals']['translation_m']) * 1e3:.4f} mm)" in "".join(res.itertext())
