@@ -237,6 +237,8 @@ class Solve:
     max_iterations: int = _f(20, "max_iterations", doc="Gauss-Newton iteration budget of the refinement")
     require_converged: bool = _f(True, "require_converged", doc="refuse a refinement that stopped early")
     allow_model_error: bool = _f(False, "allow_model_error", doc="accept a result warning model_error")
+    max_model_error_m: float = _f(0.02e-3, "max_model_error_mm", _MM,
+                                  doc="a model_error whose structured residual is at most this passes its gate")
     expected_cell_T_base_m_rad: list | None = _f(None, "expected_cell_T_base_mm_deg",
                                                  doc="[x, y, z mm, rx, ry, rz deg rotation vector] (off unless set)")
     expected_tolerance_m_rad: list = _f([50e-3, math.radians(5.0)], "expected_tolerance_mm_deg",
@@ -411,6 +413,7 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "solve.max_rms_mm": (0.0, 5.0, True),
     "solve.max_rms_deg": (0.0, 1.0, True),
     "solve.robot_repeatability_mm": (0.0, 10.0, False),
+    "solve.max_model_error_mm": (0.0, 10.0, False),
     "solve.robot_repeatability_deg": (0.0, 1.0, False),
     "solve.max_iterations": (1, 1000, False),
     "solve.task_points_mm[][]": (-1e5, 1e5, False),
