@@ -16,11 +16,19 @@ import re
 from pathlib import Path
 
 RESULTS = Path(__file__).with_name("RESULTS.md")
+#: The load average when the benchmark started (this module is imported at its start).
+_LOAD_AT_START = os.getloadavg()
 _HEADER = "# Benchmark results\n\nEach section is written by the benchmark named in it; re-run it to refresh.\n"
 
 
+def _load(values: tuple[float, float, float]) -> str:
+    return " / ".join(f"{v:.2f}" for v in values)
+
+
 def machine_line() -> str:
-    """One line naming the machine, the Python and the date, for every section."""
+    """One line naming the machine, the Python, the date and the load average (1 / 5 / 15 min)
+    at the benchmark's start and now, for every section: the machine is shared, and a figure
+    means little without the load it was measured under."""
     cpu = platform.processor() or platform.machine()
     try:
         with open("/proc/cpuinfo") as f:
@@ -33,7 +41,8 @@ def machine_line() -> str:
     date = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%d %H:%M UTC")
     return (
         f"Machine: {cpu}, {os.cpu_count()} cores, Python {platform.python_version()}, "
-        f"{platform.system()} {platform.release()}; run {date}."
+        f"{platform.system()} {platform.release()}; run {date}. Load average (1 / 5 / 15 min) "
+        f"{_load(_LOAD_AT_START)} at the start, {_load(os.getloadavg())} at the end."
     )
 
 

@@ -63,6 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", default=None, help="keep state, logs and configs here (default: a temporary directory)")
     ap.add_argument("--no-write", action="store_true", help="do not write bench/RESULTS.md")
     args = ap.parse_args(argv)
+    # Imported before the soak: the module notes the load average the soak starts under.
+    from bench._results import machine_line, write_section
 
     def say(msg: str) -> None:
         print(msg, file=sys.stderr, flush=True)
@@ -74,7 +76,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"kill soak FAILED: {exc}", file=sys.stderr)
             return 1
     print(rep.summary())
-    from bench._results import machine_line, write_section
 
     dist = ", ".join(f"{k}: {v}" for k, v in sorted(rep.kills_by_accepted_before.items()))
     killed = [i.state_at_kill for i in rep.instances if i.killed_s is not None]

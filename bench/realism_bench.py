@@ -31,6 +31,7 @@ import math
 import os
 import subprocess
 import sys
+import tempfile
 import time
 import tomllib
 from pathlib import Path
@@ -133,11 +134,14 @@ def monte_carlo(trials: int, average_s: float = 0.2) -> dict:
 
 
 def demo_run(timeout_s: float = 600.0) -> dict | None:
-    cmd = [sys.executable, "-m", "cellcal.daemon.cli", "demo", "--json", "--no-drift-check"]
-    try:
-        out = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True, timeout=timeout_s, check=False)
-    except subprocess.TimeoutExpired:
-        return None
+    # The demo keeps its state directory for a person to open; a benchmark has no use for it.
+    with tempfile.TemporaryDirectory(prefix="cellcal-realism-bench-") as state_dir:
+        cmd = [sys.executable, "-m", "cellcal.daemon.cli", "demo", "--json", "--no-drift-check",
+               "--state-dir", state_dir]
+        try:
+            out = subprocess.run(cmd, cwd=_ROOT, capture_output=True, text=True, timeout=timeout_s, check=False)
+        except subprocess.TimeoutExpired:
+            return None
     if out.returncode != 0 or not out.stdout.strip():
         print(out.stderr[-2000:], file=sys.stderr)
         return None

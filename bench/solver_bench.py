@@ -516,6 +516,11 @@ def main() -> None:
     r1000 = shah[1000] / ours[1000]
     md.append("### Targets")
     md.append("")
+    md.append("The speed targets of the default call at N=20 and N>=1,000 and of the linear call at N=20 "
+              "need a compiled pipeline, not numpy: the call is Python-level overhead (about 1,600 calls "
+              "per default solve). ADR 0017 records why the solver stays plain numpy for now and what "
+              "would change that.")
+    md.append("")
     md.append("| target | required | measured | met |")
     md.append("|---|---|---|---|")
     if DEFAULT_DIFFERS:
