@@ -1,0 +1,341 @@
+"""Cross-check of ``cellcal.solver.identify_kinematics`` against FIGAROH's geometric calibration.
+
+Run ``make bench-figaroh`` (it builds its own environment under ``build/figaroh-venv``), or
+``build/figaroh-venv/bin/python bench/figaroh/crosscheck.py [--no-write]`` from the repository
+root. Never part of ``make test``: FIGAROH needs Pinocchio, which cellcal does not depend on.
+
+The simulated cell is the one of ``bench/kinematics_bench.py``, imported from it (truth arm
+generator, tracker noise, base frame, target, station planner and the order in which the
+seeded generator draws the truth, the fit and the validation measurements), so a seed here
+is the same arm and the same measurements as the same seed there. For each seed and for
+point (3-DoF) and pose (6-DoF) measurements, the *same* measurements go to
+
+(a) ``identify_kinematics`` (UR5e nominal, declared per-station tracker covariance), and
+(b) FIGAROH 1.0.2's ``BaseCalibration`` at ``calibration_level: full_params`` (six placement
+    errors per joint, reduced to an identifiable base set by its QR selection, base frame and
+    marker estimated), on the arm as ``urdf_from_model(UR5E)`` writes it (FIGAROH ships no
+    UR5e model matching our nominal; its UR10 example is a different arm).
+
+Both are judged on the held-out validation stations: RMS / max position error against the
+measurements (with the noise floor), and against the noise-free truth (the model error
+itself, which the noise does not hide). Joint zero offsets, the one quantity named alike in
+both, are listed side by side with our 1-sigma and the truth, and the angles between
+consecutive joint axes, which are the same physical quantity in any parameterisation, are
+compared for all three arms. Writes the ``figaroh`` section of ``bench/RESULTS.md`` unless
+``--no-write``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import io
+import logging
+import math
+import sys
+import tempfile
+import time
+import warnings
+from importlib import metadata
+from pathlib import Path
+
+_ROOT = Path(__file__).resolve().parent.parent.parent
+if str(_ROOT) not in sys.path:
+    sys.path.insert(0, str(_ROOT))
+
+import numpy as np  # noqa: E402
+import pinocchio as pin  # noqa: E402
+from figaroh.calibration.base_calibration import BaseCalibration  # noqa: E402
+from figaroh.calibration.calibration_tools import calc_updated_fkm, update_joint_placement  # noqa: E402
+
+from bench._common import git_state  # noqa: E402
+from bench._results import machine_line, write_section  # noqa: E402
+from bench.kinematics_bench import (  # noqa: E402
+    CELL_P_TRACKER,
+    CELL_T_BASE,
+    FLANGE_T_TARGET,
+    measure,
+    truth_arm,
+)
+from cellcal.solver import UR5E, identify_kinematics, plan_identification_stations  # noqa: E402
+from cellcal.solver.kinematic_export import urdf_from_model  # noqa: E402
+from cellcal.solver.kinematics import DHParameters  # noqa: E402
+
+SEEDS = (0, 1, 2, 3, 4)
+N_STATIONS = 60
+MODES = ("point", "pose")
+#: The seed whose parameters are listed one by one.
+DETAIL_SEED = 0
+#: FIGAROH weights its residuals by one scalar per kind (it has no per-station covariance):
+#: the tracker's typical 1-sigma at 3-4 m (ISO 10360-10 example MPE / 2) and the probe's.
+SIGMA_POSITION_M = 15e-6
+SIGMA_ROTATION_RAD = math.radians(0.005)
+JOINTS = tuple(f"joint{i + 1}" for i in range(6))
+
+_CONFIG = """\
+robot:
+  name: cellcal_arm
+  properties:
+    joints:
+      active_joints: [{joints}]
+tasks:
+  calibration:
+    enabled: true
+    type: kinematic_calibration
+    parameters:
+      calibration_level: full_params
+      include_non_geometric: false
+      regularization_coefficient: 0.0
+      outlier_threshold: 0.05
+      random_seed: 0
+    kinematics:
+      base_frame: universe
+      tool_frame: flange
+    measurements:
+      markers:
+        - name: target
+          reference_joint: joint6
+          measurable_dof: [{dof}]
+    data:
+      source_file: {data}
+      number_of_samples: {n}
+"""
+
+
+class _TrackerCalibration(BaseCalibration):
+    """FIGAROH's calibration with our residuals: the world-frame position error (and, for
+    poses, the SE(3) log-map rotation error), each divided by the tracker's scalar 1-sigma."""
+
+    def cost_function(self, var: np.ndarray) -> np.ndarray:
+        est = calc_updated_fkm(self.model, self.data, var, self.q_measured, self.calib_config)
+        if self.calib_config["calibration_index"] == 3:
+            return (est - self.PEE_measured) / SIGMA_POSITION_M
+        raw = self._compute_logmap_residuals(self.PEE_measured, est, position_frame="world")
+        return self.apply_measurement_weighting(raw, pos_weight=1.0 / SIGMA_POSITION_M,
+                                                orient_weight=1.0 / SIGMA_ROTATION_RAD)
+
+
+def _rows(T: np.ndarray, pose: bool) -> np.ndarray:
+    """(N, 3) points or (N, 6) x y z roll pitch yaw: FIGAROH's measurement columns."""
+    if not pose:
+        return T[:, :3, 3]
+    return np.array([np.concatenate([t[:3, 3], pin.rpy.matrixToRpy(t[:3, :3])]) for t in T])
+
+
+def figaroh_fit(q: np.ndarray, T: np.ndarray, pose: bool, workdir: Path) -> _TrackerCalibration:
+    """FIGAROH's full_params calibration of the nominal URDF from stations ``q`` (N, 6) and
+    measured target poses ``T`` (N, 4, 4), of which only the position is used unless ``pose``."""
+    urdf = workdir / "arm.urdf"
+    urdf.write_text(urdf_from_model(UR5E))
+    data = workdir / "fit.csv"
+    cols = ["x1", "y1", "z1"] + (["phix1", "phiy1", "phiz1"] if pose else [])
+    with open(data, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(cols + list(JOINTS))
+        for qq, mm in zip(q, _rows(T, pose)):
+            w.writerow([repr(float(v)) for v in (*mm, *qq)])
+    cfg = workdir / "calibration.yaml"
+    cfg.write_text(_CONFIG.format(joints=", ".join(JOINTS), data=data, n=len(q),
+                                  dof=", ".join(["true"] * 3 + ["true" if pose else "false"] * 3)))
+    robot = pin.RobotWrapper.BuildFromURDF(str(urdf))
+    cal = _TrackerCalibration(robot, str(cfg))
+    # The unified config has no key for these and 1.0.2 leaves them None, which its own
+    # `is False` tests read as "known": say explicitly that both frames are unknown.
+    cal.calib_config["known_baseframe"] = False
+    cal.calib_config["known_tipframe"] = False
+    with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        cal.initialize()
+        cal.solve(enable_logging=False)
+    return cal
+
+
+def figaroh_predict(cal: _TrackerCalibration, q: np.ndarray) -> np.ndarray:
+    """Predicted target positions (N, 3) at stations ``q`` from FIGAROH's fitted model."""
+    cfg = dict(cal.calib_config, NbSample=len(q))
+    flat = calc_updated_fkm(cal.model, cal.data, cal.var_, q, cfg)
+    return flat.reshape(cfg["calibration_index"], len(q)).T[:, :3]
+
+
+def ours_predict(res, q: np.ndarray) -> np.ndarray:
+    """Predicted target positions (N, 3) from an ``identify_kinematics`` result."""
+    T = res.cell_T_base @ res.model.forward(q)
+    p = res.flange_p_target if res.flange_p_target is not None else res.flange_T_target[:3, 3]
+    return np.einsum("nij,j->ni", T[:, :3, :3], p) + T[:, :3, 3]
+
+
+def _rms_max(err: np.ndarray) -> tuple[float, float]:
+    d = np.linalg.norm(err, axis=1)
+    return float(np.sqrt(np.mean(d ** 2))), float(np.max(d))
+
+
+def axes_dh(m: DHParameters) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Joint axes (point, unit direction) at q = 0 in the model's base frame."""
+    L = m.link_transforms(np.zeros(6))[0]
+    F = np.eye(4)
+    out = []
+    for i in range(6):
+        out.append((F[:3, 3].copy(), F[:3, 2].copy()))
+        F = F @ L[i]
+    return out
+
+
+def axes_figaroh(cal: _TrackerCalibration) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Joint axes at q = 0 of FIGAROH's fitted model (its joint parameters applied to a copy)."""
+    model = cal.model.copy()
+    values = dict(zip(cal.calib_config["param_name"], cal.var_))
+    tpl = ("d_px", "d_py", "d_pz", "d_phix", "d_phiy", "d_phiz")
+    for j_id in cal.calib_config["actJoint_idx"]:
+        name = model.names[j_id]
+        xyz_rpy = np.array([values.get(f"{t}_{name}", 0.0) for t in tpl])
+        update_joint_placement(model, j_id, xyz_rpy)
+    data = model.createData()
+    pin.forwardKinematics(model, data, np.zeros(model.nq))
+    return [(data.oMi[j].translation.copy(), data.oMi[j].rotation[:, 2].copy())
+            for j in cal.calib_config["actJoint_idx"]]
+
+
+def axis_angles(axes: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
+    """Angles between consecutive joint axes (5,), rad: independent of base frame and
+    parameterisation."""
+    out = []
+    for (_, u), (_, v) in zip(axes[:-1], axes[1:]):
+        out.append(math.atan2(float(np.linalg.norm(np.cross(u, v))), float(u @ v)))
+    return np.array(out)
+
+
+def run(seed: int, mode: str, workdir: Path) -> dict:
+    """One arm, one measurement kind: the data as ``bench/kinematics_bench.py`` draws it."""
+    pose = mode == "pose"
+    rng = np.random.default_rng(seed)
+    truth = truth_arm(rng)
+    plan = plan_identification_stations(UR5E, N_STATIONS, measurement=mode, cell_T_base=CELL_T_BASE,
+                                        flange_T_target=FLANGE_T_TARGET, flange_p_target=FLANGE_T_TARGET[:3, 3],
+                                        cell_p_tracker=CELL_P_TRACKER, rng=np.random.default_rng(1000 + seed))
+    Tm, C, _ = measure(truth, plan.q, rng)
+    Vm, _, ve = measure(truth, plan.validation_q, rng)
+    vq = plan.validation_q
+    t0 = time.perf_counter()
+    if pose:
+        res = identify_kinematics(plan.q, UR5E, cell_T_target=Tm, cell_T_target_cov=C,
+                                  validation_q=vq, validation_cell_T_target=Vm)
+    else:
+        res = identify_kinematics(plan.q, UR5E, cell_p_target=Tm[:, :3, 3], cell_p_target_cov=C[:, :3, :3],
+                                  validation_q=vq, validation_cell_p_target=Vm[:, :3, 3])
+    t_ours = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    cal = figaroh_fit(plan.q, Tm, pose, workdir)
+    t_fig = time.perf_counter() - t0
+    true_p = (CELL_T_BASE @ truth.forward(vq) @ FLANGE_T_TARGET)[:, :3, 3]
+    meas_p = Vm[:, :3, 3]
+    p_ours, p_fig = ours_predict(res, vq), figaroh_predict(cal, vq)
+    return dict(
+        truth=truth, res=res, cal=cal, t_ours=t_ours, t_fig=t_fig,
+        floor=math.sqrt(float(np.mean(np.sum(ve[:, :3] ** 2, axis=1)))),
+        before=(res.validation.before.rms_translation_m, res.validation.before.max_translation_m),
+        ours=_rms_max(p_ours - meas_p), fig=_rms_max(p_fig - meas_p),
+        ours_truth=_rms_max(p_ours - true_p), fig_truth=_rms_max(p_fig - true_p),
+        ours_fig=_rms_max(p_ours - p_fig),
+        n_fig=len(cal.calib_config["param_name"]), n_ours=len(res.estimated) + (9 if pose else 6),
+        fig_status=cal.STATUS,
+    )
+
+
+def _zero_table(r: dict) -> list[str]:
+    res, cal, truth = r["res"], r["cal"], r["truth"]
+    fitted = set(cal.calib_config["param_name"])
+    lifted = cal.redistribute_parameters()
+    mdeg = 1e3 * 180.0 / math.pi
+    lines = ["| joint | truth | cellcal ± 1-sigma | FIGAROH `d_phiz` lifted ± its std | FIGAROH: in its fitted set? |",
+             "|---|---:|---:|---:|---|"]
+    for i in range(6):
+        name = f"joint{i + 1}.zero_offset"
+        if name in res.sigmas and name not in res.unidentifiable:
+            ours = f"{res.parameters[name] * mdeg:.2f} ± {res.sigmas[name] * mdeg:.2f}"
+        else:
+            ours = f"fixed ({res.unidentifiable_reasons.get(name, 'not estimated')})"
+        key = f"d_phiz_joint{i + 1}"
+        lv = lifted.get(key, {"value": math.nan, "std_dev": math.nan})
+        lines.append(f"| {i + 1} | {truth.theta[i] * mdeg:.2f} | {ours} | {lv['value'] * mdeg:.2f} ± "
+                     f"{lv['std_dev'] * mdeg:.2f} | {'yes' if key in fitted else 'no'} |")
+    return lines
+
+
+def _axes_table(r: dict) -> list[str]:
+    nominal = axis_angles(axes_dh(UR5E))
+    rows = {"truth": axis_angles(axes_dh(r["truth"])), "cellcal": axis_angles(axes_dh(r["res"].model)),
+            "FIGAROH": axis_angles(axes_figaroh(r["cal"]))}
+    mdeg = 1e3 * 180.0 / math.pi
+    lines = ["| axes | nominal (deg) | truth - nominal | cellcal - truth | FIGAROH - truth |",
+             "|---|---:|---:|---:|---:|"]
+    for k in range(5):
+        lines.append(f"| {k + 1}-{k + 2} | {math.degrees(nominal[k]):.1f} | {(rows['truth'][k] - nominal[k]) * mdeg:.2f} | "
+                     f"{(rows['cellcal'][k] - rows['truth'][k]) * mdeg:.3f} | "
+                     f"{(rows['FIGAROH'][k] - rows['truth'][k]) * mdeg:.3f} |")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--no-write", action="store_true", help="print the section, do not write bench/RESULTS.md")
+    ap.add_argument("--seeds", type=int, default=len(SEEDS), help="number of seeded arms (default %(default)s)")
+    args = ap.parse_args(argv)
+    logging.getLogger("figaroh").setLevel(logging.ERROR)
+    seeds = tuple(range(args.seeds))
+    t_start = time.perf_counter()
+    out: dict[tuple[str, int], dict] = {}
+    with tempfile.TemporaryDirectory(prefix="cellcal-figaroh-") as tmp:
+        for mode in MODES:
+            for seed in seeds:
+                wd = Path(tmp) / f"{mode}-{seed}"
+                wd.mkdir()
+                r = out[(mode, seed)] = run(seed, mode, wd)
+                print(f"{mode} seed {seed}: before {r['before'][0] * 1e3:.4f} ours {r['ours'][0] * 1e3:.4f} "
+                      f"figaroh {r['fig'][0] * 1e3:.4f} floor {r['floor'] * 1e3:.4f} mm; vs truth ours "
+                      f"{r['ours_truth'][0] * 1e3:.4f} figaroh {r['fig_truth'][0] * 1e3:.4f} mm", flush=True)
+    mm = 1e3
+    vers = ", ".join(f"{p} {metadata.version(p)}" for p in ("figaroh", "pin", "numpy", "scipy"))
+    lines = ["## FIGAROH cross-check (`bench/figaroh/crosscheck.py`)", "", machine_line(),
+             f"cellcal: {git_state()}. {vers}. Seeds {', '.join(map(str, seeds))} (arm and noise as in "
+             f"`bench/kinematics_bench.py`, planner seed 1000 + seed), N = {N_STATIONS} fit stations, 30 held-out; "
+             f"whole run {time.perf_counter() - t_start:.0f} s.", "",
+             "**How to read.** The same simulated measurements of the same hidden-error UR5e go to "
+             "`identify_kinematics` (DH + Hayati, per-station tracker covariance) and to FIGAROH's `BaseCalibration` "
+             "(`full_params`: six placement errors per joint reduced by its QR selection to a base set, base frame "
+             "and marker free, residuals divided by one scalar sigma per kind: "
+             f"{SIGMA_POSITION_M * 1e6:.0f} um, {math.degrees(SIGMA_ROTATION_RAD) * 1e3:.0f} mdeg) on the arm as "
+             "`urdf_from_model(UR5E)` writes it. *vs meas.*: held-out position error against the measurements "
+             "(the floor is the RMS of the noise itself there); *vs truth*: the same predictions against the "
+             "noise-free truth (the model error itself); *ours - FIGAROH*: the two predictions against each "
+             "other. RMS / max in mm.", ""]
+    for mode in MODES:
+        lines += [f"### {mode.capitalize()} measurements", "",
+                  "| seed | params ours / FIGAROH | before (nominal) | ours vs meas. | FIGAROH vs meas. | floor "
+                  "| ours vs truth | FIGAROH vs truth | ours - FIGAROH |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for seed in seeds:
+            r = out[(mode, seed)]
+            f = " / ".join
+            lines.append(
+                f"| {seed} | {r['n_ours']} / {r['n_fig']} | {f(f'{v * mm:.3f}' for v in r['before'])} | "
+                f"{f(f'{v * mm:.4f}' for v in r['ours'])} | {f(f'{v * mm:.4f}' for v in r['fig'])} | "
+                f"{r['floor'] * mm:.4f} | {f(f'{v * mm:.4f}' for v in r['ours_truth'])} | "
+                f"{f(f'{v * mm:.4f}' for v in r['fig_truth'])} | {f(f'{v * mm:.4f}' for v in r['ours_fig'])} |")
+        status = sorted({out[(mode, s)]["fig_status"] for s in seeds})
+        lines += ["", f"FIGAROH status: {', '.join(status)}. Wall time per fit (median, loaded machine): ours "
+                  f"{np.median([out[(mode, s)]['t_ours'] for s in seeds]) * 1e3:.0f} ms, FIGAROH "
+                  f"{np.median([out[(mode, s)]['t_fig'] for s in seeds]) * 1e3:.0f} ms.", ""]
+        d = out[(mode, DETAIL_SEED)]
+        lines += [f"Joint zero offsets, {mode} measurements, seed {DETAIL_SEED} (mdeg):", ""] + _zero_table(d) + [""]
+        lines += [f"Angles between consecutive joint axes, {mode} measurements, seed {DETAIL_SEED} (mdeg; the same "
+                  "physical quantity in both parameterisations):", ""] + _axes_table(d) + [""]
+    text = "\n".join(lines)
+    print(text)
+    if not args.no_write:
+        write_section("figaroh", text)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
