@@ -72,6 +72,13 @@ DETAIL_SEED = 0
 SIGMA_POSITION_M = 15e-6
 SIGMA_ROTATION_RAD = math.radians(0.005)
 JOINTS = tuple(f"joint{i + 1}" for i in range(6))
+#: FIGAROH's tool frame: the flange (what a URDF of the arm ends in), or a fixed frame at a
+#: CAD value of the target's position on the flange, 5 mm off the truth on each axis.
+VARIANTS: dict[str, np.ndarray | None] = {
+    "flange": None,
+    "cad": FLANGE_T_TARGET[:3, 3] + np.array([0.005, -0.005, 0.005]),
+}
+VARIANT_LABEL = {"flange": "FIGAROH (tool frame: flange)", "cad": "FIGAROH (tool frame: CAD target)"}
 
 _CONFIG = """\
 robot:
@@ -91,7 +98,7 @@ tasks:
       random_seed: 0
     kinematics:
       base_frame: universe
-      tool_frame: flange
+      tool_frame: {tool}
     measurements:
       markers:
         - name: target
@@ -123,11 +130,24 @@ def _rows(T: np.ndarray, pose: bool) -> np.ndarray:
     return np.array([np.concatenate([t[:3, 3], pin.rpy.matrixToRpy(t[:3, :3])]) for t in T])
 
 
-def figaroh_fit(q: np.ndarray, T: np.ndarray, pose: bool, workdir: Path) -> _TrackerCalibration:
+def figaroh_fit(q: np.ndarray, T: np.ndarray, pose: bool, workdir: Path,
+                tool_offset_m: np.ndarray | None = None) -> _TrackerCalibration:
     """FIGAROH's full_params calibration of the nominal URDF from stations ``q`` (N, 6) and
-    measured target poses ``T`` (N, 4, 4), of which only the position is used unless ``pose``."""
+    measured target poses ``T`` (N, 4, 4), of which only the position is used unless ``pose``.
+
+    The tool frame is the flange, or with ``tool_offset_m`` (3,) a fixed ``target`` frame that
+    far from the flange (a CAD value of the target's position; FIGAROH still fits the marker
+    offset from there)."""
     urdf = workdir / "arm.urdf"
-    urdf.write_text(urdf_from_model(UR5E))
+    text = urdf_from_model(UR5E)
+    tool = "flange"
+    if tool_offset_m is not None:
+        tool = "target"
+        xyz = " ".join(repr(float(v)) for v in tool_offset_m)
+        text = text.replace("</robot>", '  <link name="target"/>\n  <joint name="target_joint" type="fixed">\n'
+                            '    <parent link="flange"/>\n    <child link="target"/>\n'
+                            f'    <origin xyz="{xyz}" rpy="0 0 0"/>\n  </joint>\n</robot>')
+    urdf.write_text(text)
     data = workdir / "fit.csv"
     cols = ["x1", "y1", "z1"] + (["phix1", "phiy1", "phiz1"] if pose else [])
     with open(data, "w", newline="") as f:
@@ -136,7 +156,7 @@ def figaroh_fit(q: np.ndarray, T: np.ndarray, pose: bool, workdir: Path) -> _Tra
         for qq, mm in zip(q, _rows(T, pose)):
             w.writerow([repr(float(v)) for v in (*mm, *qq)])
     cfg = workdir / "calibration.yaml"
-    cfg.write_text(_CONFIG.format(joints=", ".join(JOINTS), data=data, n=len(q),
+    cfg.write_text(_CONFIG.format(joints=", ".join(JOINTS), data=data, n=len(q), tool=tool,
                                   dof=", ".join(["true"] * 3 + ["true" if pose else "false"] * 3)))
     robot = pin.RobotWrapper.BuildFromURDF(str(urdf))
     cal = _TrackerCalibration(robot, str(cfg))
@@ -224,55 +244,63 @@ def run(seed: int, mode: str, workdir: Path) -> dict:
         res = identify_kinematics(plan.q, UR5E, cell_p_target=Tm[:, :3, 3], cell_p_target_cov=C[:, :3, :3],
                                   validation_q=vq, validation_cell_p_target=Vm[:, :3, 3])
     t_ours = time.perf_counter() - t0
-    t0 = time.perf_counter()
-    cal = figaroh_fit(plan.q, Tm, pose, workdir)
-    t_fig = time.perf_counter() - t0
+    cals, t_fig = {}, []
+    for variant, offset in VARIANTS.items():
+        t0 = time.perf_counter()
+        (workdir / variant).mkdir(parents=True, exist_ok=True)
+        cals[variant] = figaroh_fit(plan.q, Tm, pose, workdir / variant, offset)
+        t_fig.append(time.perf_counter() - t0)
     true_p = (CELL_T_BASE @ truth.forward(vq) @ FLANGE_T_TARGET)[:, :3, 3]
     meas_p = Vm[:, :3, 3]
-    p_ours, p_fig = ours_predict(res, vq), figaroh_predict(cal, vq)
-    return dict(
-        truth=truth, res=res, cal=cal, t_ours=t_ours, t_fig=t_fig,
-        floor=math.sqrt(float(np.mean(np.sum(ve[:, :3] ** 2, axis=1)))),
-        before=(res.validation.before.rms_translation_m, res.validation.before.max_translation_m),
-        ours=_rms_max(p_ours - meas_p), fig=_rms_max(p_fig - meas_p),
-        ours_truth=_rms_max(p_ours - true_p), fig_truth=_rms_max(p_fig - true_p),
-        ours_fig=_rms_max(p_ours - p_fig),
-        n_fig=len(cal.calib_config["param_name"]), n_ours=len(res.estimated) + (9 if pose else 6),
-        fig_status=cal.STATUS,
-    )
+    p_ours = ours_predict(res, vq)
+    r = dict(truth=truth, res=res, cals=cals, t_ours=t_ours, t_fig=float(np.mean(t_fig)),
+             floor=math.sqrt(float(np.mean(np.sum(ve[:, :3] ** 2, axis=1)))),
+             before=(res.validation.before.rms_translation_m, res.validation.before.max_translation_m),
+             ours=_rms_max(p_ours - meas_p), ours_truth=_rms_max(p_ours - true_p),
+             n_ours=len(res.estimated) + (12 if pose else 9))
+    for variant, cal in cals.items():
+        p_fig = figaroh_predict(cal, vq)
+        r[variant] = dict(meas=_rms_max(p_fig - meas_p), truth=_rms_max(p_fig - true_p),
+                          ours=_rms_max(p_ours - p_fig), n=len(cal.calib_config["param_name"]),
+                          status=cal.STATUS)
+    return r
 
 
 def _zero_table(r: dict) -> list[str]:
-    res, cal, truth = r["res"], r["cal"], r["truth"]
-    fitted = set(cal.calib_config["param_name"])
-    lifted = cal.redistribute_parameters()
+    res, truth = r["res"], r["truth"]
     mdeg = 1e3 * 180.0 / math.pi
-    lines = ["| joint | truth | cellcal ± 1-sigma | FIGAROH `d_phiz` lifted ± its std | FIGAROH: in its fitted set? |",
-             "|---|---:|---:|---:|---|"]
+    head = "| joint | truth | cellcal ± 1-sigma |"
+    for v in VARIANTS:
+        head += f" {VARIANT_LABEL[v]}: `d_phiz` lifted ± std (in its fitted set?) |"
+    lines = [head, "|---|---:|---:|" + "---:|" * len(VARIANTS)]
+    lifted = {v: r["cals"][v].redistribute_parameters() for v in VARIANTS}
     for i in range(6):
         name = f"joint{i + 1}.zero_offset"
         if name in res.sigmas and name not in res.unidentifiable:
             ours = f"{res.parameters[name] * mdeg:.2f} ± {res.sigmas[name] * mdeg:.2f}"
         else:
-            ours = f"fixed ({res.unidentifiable_reasons.get(name, 'not estimated')})"
+            ours = f"fixed: {res.unidentifiable_reasons.get(name, 'not estimated')}"
+        row = f"| {i + 1} | {truth.theta[i] * mdeg:.2f} | {ours} |"
         key = f"d_phiz_joint{i + 1}"
-        lv = lifted.get(key, {"value": math.nan, "std_dev": math.nan})
-        lines.append(f"| {i + 1} | {truth.theta[i] * mdeg:.2f} | {ours} | {lv['value'] * mdeg:.2f} ± "
-                     f"{lv['std_dev'] * mdeg:.2f} | {'yes' if key in fitted else 'no'} |")
+        for v in VARIANTS:
+            lv = lifted[v].get(key, {"value": math.nan, "std_dev": math.nan})
+            fitted = key in r["cals"][v].calib_config["param_name"]
+            row += f" {lv['value'] * mdeg:.2f} ± {lv['std_dev'] * mdeg:.2f} ({'yes' if fitted else 'no'}) |"
+        lines.append(row)
     return lines
 
 
 def _axes_table(r: dict) -> list[str]:
     nominal = axis_angles(axes_dh(UR5E))
-    rows = {"truth": axis_angles(axes_dh(r["truth"])), "cellcal": axis_angles(axes_dh(r["res"].model)),
-            "FIGAROH": axis_angles(axes_figaroh(r["cal"]))}
+    truth = axis_angles(axes_dh(r["truth"]))
+    rows = {"cellcal": axis_angles(axes_dh(r["res"].model))}
+    rows.update({VARIANT_LABEL[v]: axis_angles(axes_figaroh(r["cals"][v])) for v in VARIANTS})
     mdeg = 1e3 * 180.0 / math.pi
-    lines = ["| axes | nominal (deg) | truth - nominal | cellcal - truth | FIGAROH - truth |",
-             "|---|---:|---:|---:|---:|"]
+    lines = ["| axes | nominal (deg) | truth - nominal | " + " | ".join(f"{k} - truth" for k in rows) + " |",
+             "|---|---:|---:|" + "---:|" * len(rows)]
     for k in range(5):
-        lines.append(f"| {k + 1}-{k + 2} | {math.degrees(nominal[k]):.1f} | {(rows['truth'][k] - nominal[k]) * mdeg:.2f} | "
-                     f"{(rows['cellcal'][k] - rows['truth'][k]) * mdeg:.3f} | "
-                     f"{(rows['FIGAROH'][k] - rows['truth'][k]) * mdeg:.3f} |")
+        lines.append(f"| {k + 1}-{k + 2} | {math.degrees(nominal[k]):.1f} | {(truth[k] - nominal[k]) * mdeg:.2f} | "
+                     + " | ".join(f"{(v[k] - truth[k]) * mdeg:.3f}" for v in rows.values()) + " |")
     return lines
 
 
@@ -291,10 +319,10 @@ def main(argv: list[str] | None = None) -> int:
                 wd = Path(tmp) / f"{mode}-{seed}"
                 wd.mkdir()
                 r = out[(mode, seed)] = run(seed, mode, wd)
-                print(f"{mode} seed {seed}: before {r['before'][0] * 1e3:.4f} ours {r['ours'][0] * 1e3:.4f} "
-                      f"figaroh {r['fig'][0] * 1e3:.4f} floor {r['floor'] * 1e3:.4f} mm; vs truth ours "
-                      f"{r['ours_truth'][0] * 1e3:.4f} figaroh {r['fig_truth'][0] * 1e3:.4f} mm", flush=True)
+                print(f"{mode} seed {seed}: RMS vs truth, mm: ours {r['ours_truth'][0] * 1e3:.4f}, FIGAROH flange "
+                      f"{r['flange']['truth'][0] * 1e3:.4f}, CAD {r['cad']['truth'][0] * 1e3:.4f}", flush=True)
     mm = 1e3
+    summary: dict[str, dict] = {}
     vers = ", ".join(f"{p} {metadata.version(p)}" for p in ("figaroh", "pin", "numpy", "scipy"))
     lines = ["## FIGAROH cross-check (`bench/figaroh/crosscheck.py`)", "", machine_line(),
              f"cellcal: {git_state()}. {vers}. Seeds {', '.join(map(str, seeds))} (arm and noise as in "
@@ -309,27 +337,36 @@ def main(argv: list[str] | None = None) -> int:
              "(the floor is the RMS of the noise itself there); *vs truth*: the same predictions against the "
              "noise-free truth (the model error itself); *ours - FIGAROH*: the two predictions against each "
              "other. RMS / max in mm.", ""]
+    def pair(x: tuple[float, float], digits: int = 4) -> str:
+        return f"{x[0] * mm:.{digits}f} / {x[1] * mm:.{digits}f}"
+
     for mode in MODES:
         lines += [f"### {mode.capitalize()} measurements", "",
-                  "| seed | params ours / FIGAROH | before (nominal) | ours vs meas. | FIGAROH vs meas. | floor "
-                  "| ours vs truth | FIGAROH vs truth | ours - FIGAROH |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "| seed | unknowns: ours / FIGAROH flange / CAD | before (nominal) | floor | ours vs meas. | "
+                  "FIGAROH flange vs meas. | FIGAROH CAD vs meas. | ours vs truth | FIGAROH flange vs truth | "
+                  "FIGAROH CAD vs truth | ours - FIGAROH CAD |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for seed in seeds:
             r = out[(mode, seed)]
-            f = " / ".join
-            lines.append(
-                f"| {seed} | {r['n_ours']} / {r['n_fig']} | {f(f'{v * mm:.3f}' for v in r['before'])} | "
-                f"{f(f'{v * mm:.4f}' for v in r['ours'])} | {f(f'{v * mm:.4f}' for v in r['fig'])} | "
-                f"{r['floor'] * mm:.4f} | {f(f'{v * mm:.4f}' for v in r['ours_truth'])} | "
-                f"{f(f'{v * mm:.4f}' for v in r['fig_truth'])} | {f(f'{v * mm:.4f}' for v in r['ours_fig'])} |")
-        status = sorted({out[(mode, s)]["fig_status"] for s in seeds})
-        lines += ["", f"FIGAROH status: {', '.join(status)}. Wall time per fit (median, loaded machine): ours "
+            fl, cad = r["flange"], r["cad"]
+            lines.append(f"| {seed} | {r['n_ours']} / {fl['n']} / {cad['n']} | {pair(r['before'], 3)} | "
+                         f"{r['floor'] * mm:.4f} | {pair(r['ours'])} | {pair(fl['meas'])} | {pair(cad['meas'])} | "
+                         f"{pair(r['ours_truth'])} | {pair(fl['truth'])} | {pair(cad['truth'])} | {pair(cad['ours'])} |")
+        med = {k: float(np.median([out[(mode, s)][k][0] if k in ("ours", "ours_truth") else
+                                   out[(mode, s)][k[0]][k[1]][0] for s in seeds]))
+               for k in ("ours", "ours_truth", ("flange", "meas"), ("flange", "truth"), ("cad", "meas"),
+                         ("cad", "truth"))}
+        summary[mode] = med
+        status = sorted({out[(mode, s)][v]["status"] for s in seeds for v in VARIANTS})
+        lines += ["", f"Median RMS vs truth: ours {med['ours_truth'] * mm:.4f}, FIGAROH flange "
+                  f"{med[('flange', 'truth')] * mm:.4f}, FIGAROH CAD {med[('cad', 'truth')] * mm:.4f} mm. "
+                  f"FIGAROH status: {', '.join(status)}. Wall time per fit (median, loaded machine): ours "
                   f"{np.median([out[(mode, s)]['t_ours'] for s in seeds]) * 1e3:.0f} ms, FIGAROH "
                   f"{np.median([out[(mode, s)]['t_fig'] for s in seeds]) * 1e3:.0f} ms.", ""]
         d = out[(mode, DETAIL_SEED)]
         lines += [f"Joint zero offsets, {mode} measurements, seed {DETAIL_SEED} (mdeg):", ""] + _zero_table(d) + [""]
         lines += [f"Angles between consecutive joint axes, {mode} measurements, seed {DETAIL_SEED} (mdeg; the same "
-                  "physical quantity in both parameterisations):", ""] + _axes_table(d) + [""]
+                  "physical quantity in any parameterisation):", ""] + _axes_table(d) + [""]
     text = "\n".join(lines)
     print(text)
     if not args.no_write:
