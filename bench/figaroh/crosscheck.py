@@ -178,6 +178,25 @@ def figaroh_predict(cal: _TrackerCalibration, q: np.ndarray) -> np.ndarray:
     return flat.reshape(cfg["calibration_index"], len(q)).T[:, :3]
 
 
+def figaroh_poses(cal: _TrackerCalibration, q: np.ndarray) -> np.ndarray:
+    """Marker poses (N, 4, 4) of FIGAROH's fitted model at ``q`` (for point measurements the
+    marker frame keeps the tool frame's orientation: FIGAROH fits only its position then)."""
+    cfg = dict(cal.calib_config, NbSample=len(q), measurability=[True] * 6, calibration_index=6)
+    rows = calc_updated_fkm(cal.model, cal.data, cal.var_, q, cfg).reshape(6, len(q)).T
+    T = np.tile(np.eye(4), (len(q), 1, 1))
+    T[:, :3, 3] = rows[:, :3]
+    T[:, :3, :3] = [pin.rpy.rpyToMatrix(r) for r in rows[:, 3:]]
+    return T
+
+
+def as_dh(q: np.ndarray, T: np.ndarray):
+    """Any arm's FK (target poses ``T`` (N, 4, 4) at ``q``), re-expressed in our DH + Hayati
+    parameters by a noise-free identification: the parameters FK-equivalent to it, so that
+    FIGAROH's placement errors and the truth's DH errors compare with ours one by one."""
+    cov = np.broadcast_to(np.diag([1e-12] * 3 + [1e-12] * 3), (len(q), 6, 6))
+    return identify_kinematics(q, UR5E, cell_T_target=T, cell_T_target_cov=cov)
+
+
 def ours_predict(res, q: np.ndarray) -> np.ndarray:
     """Predicted target positions (N, 3) from an ``identify_kinematics`` result."""
     T = res.cell_T_base @ res.model.forward(q)
@@ -244,6 +263,14 @@ def run(seed: int, mode: str, workdir: Path) -> dict:
         res = identify_kinematics(plan.q, UR5E, cell_p_target=Tm[:, :3, 3], cell_p_target_cov=C[:, :3, :3],
                                   validation_q=vq, validation_cell_p_target=Vm[:, :3, 3])
     t_ours = time.perf_counter() - t0
+    # The same fit with FIGAROH's weighting (one scalar sigma per kind instead of each station's
+    # covariance): separates what the weighting does from what the solver does.
+    iso = np.diag([SIGMA_POSITION_M ** 2] * 3 + [SIGMA_ROTATION_RAD ** 2] * 3)
+    if pose:
+        res_iso = identify_kinematics(plan.q, UR5E, cell_T_target=Tm, cell_T_target_cov=np.broadcast_to(iso, C.shape))
+    else:
+        res_iso = identify_kinematics(plan.q, UR5E, cell_p_target=Tm[:, :3, 3],
+                                      cell_p_target_cov=np.broadcast_to(iso[:3, :3], (len(Tm), 3, 3)))
     cals, t_fig = {}, []
     for variant, offset in VARIANTS.items():
         t0 = time.perf_counter()
@@ -252,16 +279,20 @@ def run(seed: int, mode: str, workdir: Path) -> dict:
         t_fig.append(time.perf_counter() - t0)
     true_p = (CELL_T_BASE @ truth.forward(vq) @ FLANGE_T_TARGET)[:, :3, 3]
     meas_p = Vm[:, :3, 3]
-    p_ours = ours_predict(res, vq)
+    p_ours, p_iso = ours_predict(res, vq), ours_predict(res_iso, vq)
     r = dict(truth=truth, res=res, cals=cals, t_ours=t_ours, t_fig=float(np.mean(t_fig)),
              floor=math.sqrt(float(np.mean(np.sum(ve[:, :3] ** 2, axis=1)))),
              before=(res.validation.before.rms_translation_m, res.validation.before.max_translation_m),
              ours=_rms_max(p_ours - meas_p), ours_truth=_rms_max(p_ours - true_p),
+             iso_truth=_rms_max(p_iso - true_p),
              n_ours=len(res.estimated) + (12 if pose else 9))
+    q_all = np.concatenate([plan.q, vq])
+    r["truth_dh"] = as_dh(q_all, CELL_T_BASE @ truth.forward(q_all) @ FLANGE_T_TARGET)
     for variant, cal in cals.items():
         p_fig = figaroh_predict(cal, vq)
+        r[variant + "_dh"] = as_dh(q_all, figaroh_poses(cal, q_all))
         r[variant] = dict(meas=_rms_max(p_fig - meas_p), truth=_rms_max(p_fig - true_p),
-                          ours=_rms_max(p_ours - p_fig), n=len(cal.calib_config["param_name"]),
+                          ours=_rms_max(p_ours - p_fig), iso=_rms_max(p_iso - p_fig), n=len(cal.calib_config["param_name"]),
                           status=cal.STATUS)
     return r
 
@@ -269,24 +300,31 @@ def run(seed: int, mode: str, workdir: Path) -> dict:
 def _zero_table(r: dict) -> list[str]:
     res, truth = r["res"], r["truth"]
     mdeg = 1e3 * 180.0 / math.pi
-    head = "| joint | truth | cellcal ± 1-sigma |"
-    for v in VARIANTS:
-        head += f" {VARIANT_LABEL[v]}: `d_phiz` lifted ± std (in its fitted set?) |"
-    lines = [head, "|---|---:|---:|" + "---:|" * len(VARIANTS)]
-    lifted = {v: r["cals"][v].redistribute_parameters() for v in VARIANTS}
+    lines = ["| joint | truth (as drawn) | truth in our parameters | cellcal ± 1-sigma | (cellcal - truth) / sigma | "
+             "FIGAROH flange, in our parameters | FIGAROH CAD, in our parameters | FIGAROH CAD: its own lifted "
+             "`d_phiz` ± std (in its fitted set?) |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    lifted = r["cals"]["cad"].redistribute_parameters()
     for i in range(6):
         name = f"joint{i + 1}.zero_offset"
-        if name in res.sigmas and name not in res.unidentifiable:
-            ours = f"{res.parameters[name] * mdeg:.2f} ± {res.sigmas[name] * mdeg:.2f}"
-        else:
-            ours = f"fixed: {res.unidentifiable_reasons.get(name, 'not estimated')}"
-        row = f"| {i + 1} | {truth.theta[i] * mdeg:.2f} | {ours} |"
         key = f"d_phiz_joint{i + 1}"
-        for v in VARIANTS:
-            lv = lifted[v].get(key, {"value": math.nan, "std_dev": math.nan})
-            fitted = key in r["cals"][v].calib_config["param_name"]
-            row += f" {lv['value'] * mdeg:.2f} ± {lv['std_dev'] * mdeg:.2f} ({'yes' if fitted else 'no'}) |"
-        lines.append(row)
+        lv = lifted.get(key, {"value": math.nan, "std_dev": math.nan})
+        fitted = "yes" if key in r["cals"]["cad"].calib_config["param_name"] else "no"
+        own = f"{lv['value'] * mdeg:.2f} ± {lv['std_dev'] * mdeg:.2f} ({fitted})"
+        if name not in res.estimated:
+            lines.append(f"| {i + 1} | {truth.theta[i] * mdeg:.2f} | fixed: "
+                         f"{res.unidentifiable_reasons.get(name, 'not estimated')} | | | | | {own} |")
+            continue
+        t = r["truth_dh"].parameters[name]
+        lines.append(f"| {i + 1} | {truth.theta[i] * mdeg:.2f} | {t * mdeg:.2f} | {res.parameters[name] * mdeg:.2f} ± "
+                     f"{res.sigmas[name] * mdeg:.2f} | {(res.parameters[name] - t) / res.sigmas[name]:+.1f} | "
+                     f"{r['flange_dh'].parameters[name] * mdeg:.2f} | {r['cad_dh'].parameters[name] * mdeg:.2f} | "
+                     f"{own} |")
+    z = [(res.parameters[n] - r["truth_dh"].parameters[n]) / res.sigmas[n] for n in res.estimated]
+    worst = int(np.argmax(np.abs(z)))
+    lines += ["", f"All {len(z)} estimated parameters against the truth in our parameters: RMS z = "
+              f"{math.sqrt(float(np.mean(np.square(z)))):.2f}, largest |z| = {abs(z[worst]):.1f} "
+              f"({res.estimated[worst]})."]
     return lines
 
 
@@ -344,22 +382,25 @@ def main(argv: list[str] | None = None) -> int:
         lines += [f"### {mode.capitalize()} measurements", "",
                   "| seed | unknowns: ours / FIGAROH flange / CAD | before (nominal) | floor | ours vs meas. | "
                   "FIGAROH flange vs meas. | FIGAROH CAD vs meas. | ours vs truth | FIGAROH flange vs truth | "
-                  "FIGAROH CAD vs truth | ours - FIGAROH CAD |",
-                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                  "FIGAROH CAD vs truth | ours, FIGAROH's weighting, vs truth | ours - FIGAROH CAD | "
+                  "ours with FIGAROH's weighting - FIGAROH CAD |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for seed in seeds:
             r = out[(mode, seed)]
             fl, cad = r["flange"], r["cad"]
             lines.append(f"| {seed} | {r['n_ours']} / {fl['n']} / {cad['n']} | {pair(r['before'], 3)} | "
                          f"{r['floor'] * mm:.4f} | {pair(r['ours'])} | {pair(fl['meas'])} | {pair(cad['meas'])} | "
-                         f"{pair(r['ours_truth'])} | {pair(fl['truth'])} | {pair(cad['truth'])} | {pair(cad['ours'])} |")
-        med = {k: float(np.median([out[(mode, s)][k][0] if k in ("ours", "ours_truth") else
+                         f"{pair(r['ours_truth'])} | {pair(fl['truth'])} | {pair(cad['truth'])} | {pair(r['iso_truth'])} | "
+                         f"{pair(cad['ours'])} | {cad['iso'][0] * 1e9:.2f} / {cad['iso'][1] * 1e9:.2f} nm |")
+        med = {k: float(np.median([out[(mode, s)][k][0] if isinstance(k, str) else
                                    out[(mode, s)][k[0]][k[1]][0] for s in seeds]))
-               for k in ("ours", "ours_truth", ("flange", "meas"), ("flange", "truth"), ("cad", "meas"),
+               for k in ("ours", "ours_truth", "iso_truth", ("flange", "meas"), ("flange", "truth"), ("cad", "meas"),
                          ("cad", "truth"))}
         summary[mode] = med
         status = sorted({out[(mode, s)][v]["status"] for s in seeds for v in VARIANTS})
         lines += ["", f"Median RMS vs truth: ours {med['ours_truth'] * mm:.4f}, FIGAROH flange "
-                  f"{med[('flange', 'truth')] * mm:.4f}, FIGAROH CAD {med[('cad', 'truth')] * mm:.4f} mm. "
+                  f"{med[('flange', 'truth')] * mm:.4f}, FIGAROH CAD {med[('cad', 'truth')] * mm:.4f}, ours with "
+                  f"FIGAROH's weighting {med['iso_truth'] * mm:.4f} mm. "
                   f"FIGAROH status: {', '.join(status)}. Wall time per fit (median, loaded machine): ours "
                   f"{np.median([out[(mode, s)]['t_ours'] for s in seeds]) * 1e3:.0f} ms, FIGAROH "
                   f"{np.median([out[(mode, s)]['t_fig'] for s in seeds]) * 1e3:.0f} ms.", ""]
