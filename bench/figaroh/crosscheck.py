@@ -44,6 +44,10 @@ _ROOT = Path(__file__).resolve().parent.parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+# Pinocchio's and ndcurves' Boost.Python bindings both register one converter; the second
+# registration is harmless and says so on every import.
+warnings.filterwarnings("ignore", message="to-Python converter", category=RuntimeWarning)
+
 import numpy as np  # noqa: E402
 import pinocchio as pin  # noqa: E402
 from figaroh.calibration.base_calibration import BaseCalibration  # noqa: E402
@@ -153,7 +157,7 @@ def figaroh_fit(q: np.ndarray, T: np.ndarray, pose: bool, workdir: Path,
     with open(data, "w", newline="") as f:
         w = csv.writer(f)
         w.writerow(cols + list(JOINTS))
-        for qq, mm in zip(q, _rows(T, pose)):
+        for qq, mm in zip(q, _rows(T, pose), strict=True):
             w.writerow([repr(float(v)) for v in (*mm, *qq)])
     cfg = workdir / "calibration.yaml"
     cfg.write_text(_CONFIG.format(joints=", ".join(JOINTS), data=data, n=len(q), tool=tool,
@@ -223,7 +227,7 @@ def axes_dh(m: DHParameters) -> list[tuple[np.ndarray, np.ndarray]]:
 def axes_figaroh(cal: _TrackerCalibration) -> list[tuple[np.ndarray, np.ndarray]]:
     """Joint axes at q = 0 of FIGAROH's fitted model (its joint parameters applied to a copy)."""
     model = cal.model.copy()
-    values = dict(zip(cal.calib_config["param_name"], cal.var_))
+    values = dict(zip(cal.calib_config["param_name"], cal.var_, strict=True))
     tpl = ("d_px", "d_py", "d_pz", "d_phix", "d_phiy", "d_phiz")
     for j_id in cal.calib_config["actJoint_idx"]:
         name = model.names[j_id]
@@ -239,7 +243,7 @@ def axis_angles(axes: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
     """Angles between consecutive joint axes (5,), rad: independent of base frame and
     parameterisation."""
     out = []
-    for (_, u), (_, v) in zip(axes[:-1], axes[1:]):
+    for (_, u), (_, v) in zip(axes[:-1], axes[1:], strict=True):
         out.append(math.atan2(float(np.linalg.norm(np.cross(u, v))), float(u @ v)))
     return np.array(out)
 
