@@ -166,8 +166,8 @@ def figaroh_fit(q: np.ndarray, T: np.ndarray, pose: bool, workdir: Path,
                                   dof=", ".join(["true"] * 3 + ["true" if pose else "false"] * 3)))
     robot = pin.RobotWrapper.BuildFromURDF(str(urdf))
     cal = _TrackerCalibration(robot, str(cfg))
-    # The unified config has no key for these and 1.0.2 leaves them None, which its own
-    # `is False` tests read as "known": say explicitly that both frames are unknown.
+    # 1.0.2's unified config has no key for these and create_param_list needs them (KeyError
+    # 'known_baseframe' without); only False adds the base frame and marker to the unknowns.
     cal.calib_config["known_baseframe"] = False
     cal.calib_config["known_tipframe"] = False
     with contextlib.redirect_stdout(io.StringIO()), warnings.catch_warnings():
