@@ -332,10 +332,13 @@ def _zero_table(r: dict) -> list[str]:
                      f"{r['flange_dh'].parameters[name] * mdeg:.2f} | {r['cad_dh'].parameters[name] * mdeg:.2f} | "
                      f"{own} |")
     z = -_z(res, r["truth_dh"], res.estimated)
+    rex = max(r[k].rms_translation_m for k in ("truth_dh", "flange_dh", "cad_dh"))
     worst = int(np.argmax(np.abs(z)))
     lines += ["", f"All {len(z)} estimated parameters against the truth in our parameters: RMS z = "
               f"{math.sqrt(float(np.mean(np.square(z)))):.2f}, largest |z| = {abs(z[worst]):.1f} "
-              f"({res.estimated[worst]})."]
+              f"({res.estimated[worst]}). The re-expressions are exact: RMS residual of the noise-free fits over "
+              f"the {r['truth_dh'].n_stations} stations {rex:.1e}"
+              " m at most."]
     return lines
 
 
