@@ -15,7 +15,7 @@ OS_PACKAGES := systemd g++ libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
 # Headless Chromium renders the HTML report in tests/test_report_html.py.
 OS_PACKAGES += chromium-headless-shell
 
-.PHONY: demo test test-stress os-deps lint bench clean
+.PHONY: demo test test-stress os-deps lint bench bench-figaroh clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -82,6 +82,18 @@ test-stress: os-deps $(STAMP)-test
 
 bench: $(STAMP)-test,bench
 	for f in bench/*_bench.py; do $(PY) $$f || exit 1; done
+
+# Cross-check of the kinematic identification against FIGAROH (bench/figaroh/README.md): its own
+# venv, because FIGAROH's Pinocchio stack is large and no cellcal dependency. Never in `make test`.
+FIG_VENV := build/figaroh-venv
+$(FIG_VENV)/.installed: bench/figaroh/requirements.txt pyproject.toml
+	$(PYTHON) -m venv $(FIG_VENV)
+	$(FIG_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -r bench/figaroh/requirements.txt
+	$(FIG_VENV)/bin/python -m pip install --quiet --disable-pip-version-check -e .
+	touch $@
+
+bench-figaroh: $(FIG_VENV)/.installed
+	$(FIG_VENV)/bin/python bench/figaroh/crosscheck.py $(FIGAROH_ARGS)
 
 clean:
 	rm -rf $(VENV) build *.egg-info
