@@ -456,6 +456,15 @@ def _cube(cfg: Any) -> tuple[np.ndarray, float | None, float]:
     return centre, side, room
 
 
+def _tool(result: Any) -> np.ndarray:
+    """A result's target as a tool frame on the flange (a point: with the flange's orientation)."""
+    if result.flange_T_target is not None:
+        return np.asarray(result.flange_T_target, dtype=float)
+    if result.flange_p_target is None:
+        raise ValueError("the identification has no target on the flange")
+    return point_tool(result.flange_p_target)
+
+
 def plan_iso9283(result: Any, stations: Sequence[Any], run_plan: Mapping[str, Any], cfg: Any,
                  model: Any) -> ISO9283Plan:
     """P1-P5 and the joint targets of both phases for an identification ``result``.
@@ -477,11 +486,11 @@ def plan_iso9283(result: Any, stations: Sequence[Any], run_plan: Mapping[str, An
     centre, side, room = _cube(cfg)
     poses = iso9283_test_poses(nominal, cube_centre_m=centre, cube_side_m=side, max_side_m=room)
     point = result.flange_T_target is None
-    tool = point_tool(result.flange_p_target) if point else result.flange_T_target
+    tool = _tool(result)
     commanded = iso9283_commanded(poses.base_T_flange, result.cell_T_base, tool)
     q, kw = _fit_inputs(stations, run_plan, cfg, validation=False)
     rigid = identify_kinematics(q, nominal, parameters=[], max_condition=math.inf, **kw)
-    rigid_tool = point_tool(rigid.flange_p_target) if point else rigid.flange_T_target
+    rigid_tool = _tool(rigid)
     targets: dict[str, np.ndarray] = {}
     for phase, (m, base, t) in zip(ISO9283_PHASES, ((nominal, rigid.cell_T_base, rigid_tool),
                                                     (result.model, result.cell_T_base, tool)), strict=True):
