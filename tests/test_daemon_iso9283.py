@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import math
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -23,7 +24,7 @@ from cellcal.daemon import kinematics_run as K
 from cellcal.daemon import protocol as P
 from cellcal.daemon import report_html as R
 from cellcal.daemon.config import Config, ConfigError, load_config_text
-from cellcal.daemon.harness import inprocess_cell
+from cellcal.daemon.harness import inprocess_cell, run_status
 
 _CYCLES = 3
 # The fewest fit stations a run may plan: the identification still passes its gates, and the
@@ -147,6 +148,30 @@ def test_a_disabled_pose_test_stores_no_block_and_the_report_says_why(iso_run):
     html = R.render_report(shown)
     assert "ISO 9283 not measured: disabled ([kinematics] iso9283_cycles = 0)" in html
     assert 'class="iso9283"' not in html
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_an_abort_during_the_pose_test_ends_the_run(tmp_path):
+    """The pose test's moves go through the capture path: an abort stops the robot and
+    closes the run as aborted, with no result; what was measured stays stored."""
+    kin = dict(_KIN, iso9283_cycles=2)
+    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, overrides={"kinematics": kin}) as cell:
+        run_id = cell.svc.start_run(P.KIND_KINEMATICS, reason="test")
+        cell.wait_for(lambda topic, body: topic == P.TOPIC_STATE and str(body.get("state")).lower() == "capturing"
+                      and "ISO 9283" in str(body.get("reason")), 500.0, "the pose test to start")
+        assert cell.svc.abort() is True
+
+        def ended(_topic: str, _body: dict) -> bool:
+            return run_status(Path(cell.cfg.service.state_dir), run_id) == "aborted"
+
+        if not ended("", {}):
+            cell.wait_for(ended, 60.0, f"run {run_id} to be aborted")
+        assert cell.svc.wait_idle(60.0)
+        assert not [r for r in cell.svc.store.list_results() if r.run_id == run_id]
+        stored = cell.svc.store.stations(run_id)
+        assert len(K.without_iso9283(stored)) == _KIN["n_stations"] + _KIN["n_validation"]
+        assert len([s for s in stored if K.is_iso9283_station(s)]) < 2 * 2 * 5
 
 
 def _model():
