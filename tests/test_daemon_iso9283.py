@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cellcal.daemon import capture as cap
 from cellcal.daemon import kinematics_run as K
 from cellcal.daemon import protocol as P
 from cellcal.daemon import report_html as R
@@ -226,3 +227,60 @@ def test_stations_of_the_pose_test_are_told_apart():
     fit, iso = st(3, {}), st(K.ISO9283_INDEX_BASE + 2, {K.ISO9283_TAG: {"phase": "before", "cycle": 1, "pose": "P3"}})
     assert not K.is_iso9283_station(fit) and K.is_iso9283_station(iso)
     assert K.without_iso9283([fit, iso]) == [fit]
+
+
+
+@pytest.mark.parametrize("measurement", ["point", "pose"])
+def test_the_phase_commands_p1_to_p5_per_cycle_and_reads_points_or_poses(measurement):
+    """``iso9283_phase`` on a simulated UR5e with hidden errors (``tests/_kin_world``), its
+    ``measure`` the truth arm at the commanded joints plus tracker noise: the cycles visit
+    P1..P5 in order, before then after; identification shrinks AP; 3-DoF points give
+    positions only."""
+    import dataclasses
+
+    from _kin_world import measure, random_q, truth_arm
+
+    from cellcal.daemon.store import StationRecord
+    from cellcal.solver import UR5E, identify_kinematics
+
+    rng = np.random.default_rng(3)
+    truth = truth_arm(rng)
+    point = measurement == "point"
+
+    def record(i: int, q: np.ndarray) -> StationRecord:
+        m = measure(truth, q[None, :], rng)
+        return StationRecord(plan_index=i, base_T_flange=UR5E.forward(q)[0], q_rad=q,
+                             cell_T_target=None if point else m.cell_T_target[0], cell_p_target=m.cell_p_target[0],
+                             tracker_std_translation_m=1e-5, tracker_std_rotation_rad=None if point else 1e-4,
+                             sample_count=10, robot_t_device_s=0.0, tracker_t_device_s=0.0, robot_t_host_ns=0,
+                             tracker_t_host_ns=0, settle={}, raw={}, accepted_host_ns=0)
+
+    stations = [record(i, q) for i, q in enumerate(random_q(rng, 70))]
+    run_plan = {"identification": {"n_fit": 40}}
+    cfg = load_config_text('config_version = 1\n[kinematics]\niso9283_cycles = 2\nmax_holdout_rms_mm = 5\n'
+                           '[solve]\nmax_rms_mm = 5\nmax_rms_deg = 1\n')
+    q, kw = K._fit_inputs(stations, run_plan, cfg, validation=True)
+    result = identify_kinematics(q, UR5E, **kw)
+    assert K.gates(result, cfg).passed
+    seen: list[tuple[str, int, str]] = []
+
+    def take(ps, tag):
+        seen.append((tag["phase"], tag["cycle"], tag["pose"]))
+        return dataclasses.replace(record(ps.index, ps.q_rad), raw={K.ISO9283_TAG: tag})
+
+    got = K.iso9283_phase(result, cfg, UR5E, stations, run_plan, take)
+    assert isinstance(got, dict), got
+    names = ["P1", "P2", "P3", "P4", "P5"]
+    assert seen == [(ph, c, n) for ph in ("before", "after") for c in (1, 2) for n in names]
+    assert got["measurement"] == measurement and got["cycles"] == 2
+    assert ("ap_abc_rad" in got["after"]) is (not point)
+    assert got["after"]["max_ap_m"] < got["before"]["max_ap_m"] / 2, (got["after"]["max_ap_m"],
+                                                                       got["before"]["max_ap_m"])
+    # a refused measurement leaves the reason, and the stations measured so far are counted
+    def refuse(ps, tag):
+        if tag["pose"] == "P3":
+            raise cap.StationRejected(cap.RejectReason.MOVE_FAILED, "protective stop")
+        return take(ps, tag)
+
+    why = K.iso9283_phase(result, cfg, UR5E, stations, run_plan, refuse)
+    assert why == "before cycle 1 of 2, P3: move_failed: protective stop (2 pose-test measurements were stored with the run)"
