@@ -546,8 +546,20 @@ def iso9283_phase(result: Any, cfg: Any, model: Any, stations: Sequence[Any], ru
     -------
     dict or str
         The ``kinematics.iso9283`` block, or why the test was not measured. Abort
-        propagates from ``measure``.
+        propagates from ``measure``. A test not measured is logged with
+        its reason.
     """
+    out = _iso9283_phase(result, cfg, model, stations, run_plan, measure, can_move=can_move)
+    if isinstance(out, str):
+        (log.info if int(cfg.kinematics.iso9283_cycles) == 0 else log.warning)("ISO 9283 not measured: %s", out)
+    else:
+        log.info("ISO 9283 pose test, %d cycles: max AP %.4f mm before, %.4f mm after identification", out["cycles"],
+                 out["before"]["max_ap_m"] * 1e3, out["after"]["max_ap_m"] * 1e3)
+    return out
+
+
+def _iso9283_phase(result: Any, cfg: Any, model: Any, stations: Sequence[Any], run_plan: Mapping[str, Any],
+                   measure: Measure, *, can_move: bool = True) -> dict[str, Any] | str:
     k = cfg.kinematics
     cycles = int(k.iso9283_cycles)
     if cycles == 0:

@@ -25,7 +25,7 @@ from cellcal.daemon import kinematics_run as K
 from cellcal.daemon import protocol as P
 from cellcal.daemon import report_html as R
 from cellcal.daemon.config import Config, ConfigError, load_config_text
-from cellcal.daemon.harness import inprocess_cell, run_status
+from cellcal.daemon.harness import inprocess_cell, nonconforming_bodies, run_status
 
 _CYCLES = 3
 # The fewest fit stations a run may plan: the identification still passes its gates, and the
@@ -46,6 +46,8 @@ def iso_run(tmp_path_factory):
         rid = int(str(body["result_id"]).removeprefix("r-"))
         text = R.report_from_store(cell.svc.store, rid)
         solved = K.solve_run(stations, cell.svc.store.get_run(run_id).plan, cell.cfg, cell.svc._devices.model)
+        # every body the run published conforms to the protocol (the result's new keys too)
+        assert nonconforming_bodies(cell.events) == []
         yield body, stations, text, solved
 
 
