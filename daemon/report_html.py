@@ -913,8 +913,8 @@ def _iso9283(iso: Mapping[str, Any]) -> str:
         return _scaled(x, factor, digits)
 
     orient = isinstance(after.get("ap_abc_rad"), (list, tuple)) and bool(after.get("ap_abc_rad"))
-    cols = ["AP before", "AP after", "RP before", "RP after"] + (["orientation AP before [deg]",
-                                                                 "orientation AP after [deg]"] if orient else [])
+    cols = ["AP before", "AP after", "RP before", "RP after"] + (["orientation AP before, |a, b, c| [deg]",
+                                                                 "orientation AP after, |a, b, c| [deg]"] if orient else [])
     body_rows = []
     for j, name in enumerate(names):
         cells = [at(before, "ap_m", j, 1e3, 4), at(after, "ap_m", j, 1e3, 4), at(before, "rp_m", j, 1e3, 4),
