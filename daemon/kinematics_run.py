@@ -583,10 +583,14 @@ def _iso9283_phase(result: Any, cfg: Any, model: Any, stations: Sequence[Any], r
             for j, name in enumerate(ISO9283_POSE_NAMES):  # the standard's order, every cycle
                 idx = _iso_index(p_i, c, j, cycles)
                 rec = done.get(idx)
+                tag = {"phase": phase, "cycle": c + 1, "pose": name}
+                if rec is not None and (rec.raw or {}).get(ISO9283_TAG) != tag:
+                    # Stored before a restart with another iso9283_cycles: not this test's.
+                    return (f"station {idx} of this run was measured as {(rec.raw or {}).get(ISO9283_TAG)}, not "
+                            f"{tag}: [kinematics] iso9283_cycles changed while the run was interrupted")
                 if rec is None:
                     q = plan.q[phase][j]
                     ps = PlannedStation(idx, q.copy(), np.asarray(model.forward(q), dtype=float).reshape(4, 4))
-                    tag = {"phase": phase, "cycle": c + 1, "pose": name}
                     try:
                         rec = measure(ps, tag)
                     except (cap.StationRejected, cap.DeviceFault) as exc:

@@ -286,3 +286,26 @@ def test_the_phase_commands_p1_to_p5_per_cycle_and_reads_points_or_poses(measure
 
     why = K.iso9283_phase(result, cfg, UR5E, stations, run_plan, refuse)
     assert why == "before cycle 1 of 2, P3: move_failed: protective stop (2 pose-test measurements were stored with the run)"
+    # resumed: what is stored is used, not measured again; stored under another cycle count it is refused
+    stored = [take(ps, tag) for ps, tag in _planned(K.plan_iso9283(result, stations, run_plan, cfg, UR5E), UR5E, 2)]
+    seen.clear()
+    again = K.iso9283_phase(result, cfg, UR5E, stations + stored[:7], run_plan, take)
+    assert isinstance(again, dict) and len(seen) == 20 - 7
+    cfg3 = load_config_text('config_version = 1\n[kinematics]\niso9283_cycles = 3\nmax_holdout_rms_mm = 5\n'
+                            '[solve]\nmax_rms_mm = 5\nmax_rms_deg = 1\n')
+    why = K.iso9283_phase(result, cfg3, UR5E, stations + stored, run_plan, take)
+    assert isinstance(why, str) and "iso9283_cycles changed" in why, why
+
+
+def _planned(plan, model, cycles):
+    """The pose test's planned stations and tags, in the order the phase measures them."""
+    from cellcal.daemon.plan import PlannedStation
+
+    out = []
+    for p_i, phase in enumerate(K.ISO9283_PHASES):
+        for c in range(cycles):
+            for j, name in enumerate(["P1", "P2", "P3", "P4", "P5"]):
+                idx = K.ISO9283_INDEX_BASE + (p_i * cycles + c) * 5 + j
+                q = plan.q[phase][j]
+                out.append((PlannedStation(idx, q, model.forward(q)[0]), {"phase": phase, "cycle": c + 1, "pose": name}))
+    return out
