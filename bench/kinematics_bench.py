@@ -42,6 +42,7 @@ from cellcal.solver import (  # noqa: E402
     CellcalError,
     TrackerNoiseModel,
     identify_kinematics,
+    iso9283_commanded,
     iso9283_pose_test,
     iso9283_test_poses,
     plan_identification_stations,
@@ -99,7 +100,7 @@ def run_case(seed: int, n: int, mode: str):
 
 def iso_case(seed: int, res, rigid, truth: DHParameters):
     poses = iso9283_test_poses(UR5E, cube_centre_m=[-0.45, -0.15, 0.35])
-    commanded = np.einsum("ij,njk->nik", CELL_T_BASE, poses.base_T_flange) @ FLANGE_T_TARGET
+    commanded = iso9283_commanded(poses.base_T_flange, CELL_T_BASE, FLANGE_T_TARGET)
     common = dict(true_model=truth, true_cell_T_base=CELL_T_BASE, true_flange_T_tool=FLANGE_T_TARGET,
                   q_seed=poses.q, joint_repeatability_rad=2e-5, measure_std_m=5e-6)
     out = {}

@@ -43,6 +43,15 @@ class Kinematics:
     use_identified: bool = _k(False, "use_identified",
                               doc="CiA 402 arms: later runs and drift checks compute FK with the identified model")
     seed: int = _k(0, "seed", doc="station planning seed")
+    iso9283_cycles: int = _k(30, "iso9283_cycles",
+                             doc="ISO 9283 pose test after identification: cycles of P1-P5 before and after "
+                                 "(30: the standard's count; 0: no pose test; at least 2 otherwise)")
+    iso9283_cube_centre_m: list = _k([], "iso9283_cube_centre_mm", _MM,
+                                     doc="centre of the ISO 9283 cube in the base frame (3 numbers); "
+                                         "empty: the centre of the [plan] workspace box")
+    iso9283_cube_side_m: float = _k(0.0, "iso9283_cube_side_mm", _MM,
+                                    doc="side of the ISO 9283 cube; 0: the largest reachable one inside the "
+                                        "[plan] workspace box")
 
 
 #: (lo, hi, lo_open) in the TOML key's units.
@@ -52,6 +61,8 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "max_condition": (1.0, 1e6, True),
     "max_holdout_rms_mm": (0.0, 5.0, True),
     "seed": (0, 2**63 - 1, False),
+    "iso9283_cycles": (0, 1000, False),
+    "iso9283_cube_side_mm": (0.0, 5000.0, False),
 }
 
 
@@ -66,11 +77,22 @@ def validate_kinematics(k: Kinematics) -> None:
     from cellcal.daemon.config import ConfigError
 
     values = {"n_stations": k.n_stations, "n_validation": k.n_validation, "max_condition": k.max_condition,
-              "max_holdout_rms_mm": k.max_holdout_rms_m / _MM, "seed": k.seed}
+              "max_holdout_rms_mm": k.max_holdout_rms_m / _MM, "seed": k.seed,
+              "iso9283_cycles": k.iso9283_cycles, "iso9283_cube_side_mm": k.iso9283_cube_side_m / _MM}
     for key, v in values.items():
         lo, hi, lo_open = _BOUNDS[key]
         if not ((lo < v) if lo_open else (lo <= v)) or not v <= hi or not math.isfinite(v):
             raise ConfigError(f"kinematics.{key}", f"must be in {'(' if lo_open else '['}{lo:g}, {hi:g}], got {v:g}")
+    if k.iso9283_cycles == 1:
+        raise ConfigError("kinematics.iso9283_cycles",
+                          "must be 0 (no pose test) or at least 2 (repeatability needs two cycles), got 1")
+    centre = k.iso9283_cube_centre_m
+    if len(centre) not in (0, 3):
+        raise ConfigError("kinematics.iso9283_cube_centre_mm",
+                          f"expected 3 numbers (x, y, z in the base frame) or none, got {len(centre)}")
+    for i, v in enumerate(centre):
+        if not isinstance(v, (int, float)) or isinstance(v, bool) or not math.isfinite(v) or abs(v / _MM) > 1e5:
+            raise ConfigError(f"kinematics.iso9283_cube_centre_mm[{i}]", f"must be a number in [-1e5, 1e5] mm, got {v!r}")
     seen: set[str] = set()
     for i, name in enumerate(k.parameters):
         if not isinstance(name, str) or not PARAMETER_NAME.fullmatch(name):

@@ -20,6 +20,19 @@ called from one place each in ``cellcal.daemon.service``:
   condition number, observability, the nominal and identified DH arrays and the held-out
   figures before (nominal arm) and after (``cellcal.solver.kinematic_export``'s dictionary).
 
+* :func:`iso9283_phase`: after an identification that passed its gates, the ISO 9283 pose
+  test measured by the devices (``[kinematics] iso9283_cycles``): P1-P5 of
+  ``iso9283_test_poses`` in the ``[plan]`` workspace box, commanded as cell poses of the
+  target through the identified ``cell_T_base`` and target, reached "before" with joint
+  targets from the nominal arm's inverse kinematics (with its own best rigid base and
+  target) and "after" from the identified arm's, cycle by cycle in the order P1..P5; each
+  measurement moved to, settled and captured like a station and stored with the run at
+  plan index :data:`ISO9283_INDEX_BASE` and up, tagged ``raw["iso9283"]``
+  (:func:`is_iso9283_station`: never part of a fit, a validation or a drift check). AP and
+  RP by ``iso9283_pose_test`` go into ``kinematics.iso9283``; a pose test that cannot be
+  made (disabled, refused identification, IK, a move or capture that fails) leaves the
+  reason in ``kinematics.iso9283_not_measured`` and the identification stands.
+
 Use of the result: for a CiA 402 arm cellcal computes the forward kinematics itself, so with
 ``[kinematics] use_identified = true`` the active kinematics result's model replaces the
 configured one when the robot is opened (:func:`identified_model`): later base-frame runs and
@@ -32,22 +45,35 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
 
+from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
 from cellcal.daemon.gates import GateCheck, GateContext, GateReport, rms_translation
 from cellcal.daemon.plan import PlannedStation
-from cellcal.daemon.report import FRAME_CONVENTION, point_to_wire, transform_to_wire
-from cellcal.solver import DHParameters, identify_kinematics, plan_identification_stations
+from cellcal.daemon.report import FRAME_CONVENTION, UNCERTAINTY_CONVENTION, point_to_wire, transform_to_wire
+from cellcal.solver import (
+    DHParameters,
+    identify_kinematics,
+    iso9283_commanded,
+    iso9283_joint_targets,
+    iso9283_pose_test,
+    iso9283_test_poses,
+    plan_identification_stations,
+)
+from cellcal.solver.errors import CellcalError
+from cellcal.solver.iso9283 import ISO9283_POSE_NAMES, point_tool
 from cellcal.solver.kinematic_export import kinematic_parameters_dict
 
 log = logging.getLogger(__name__)
 
 __all__ = ["solver_model", "driver_model", "make_plan", "plan_extra", "solve_run", "gate_and_wire",
-           "identified_model", "newest_identified", "sync_devices_model", "station_for_check", "SOLVER_NAME", "PLAN_KEY"]
+           "identified_model", "newest_identified", "sync_devices_model", "station_for_check", "SOLVER_NAME", "PLAN_KEY",
+           "iso9283_phase", "plan_iso9283", "ISO9283Plan", "is_iso9283_station", "without_iso9283",
+           "ISO9283_INDEX_BASE", "ISO9283_TAG", "ISO9283_PHASES"]
 
 #: ``solver`` of a kinematics result (provenance and wire).
 SOLVER_NAME = "identify_kinematics"
@@ -129,8 +155,20 @@ def solve_run(stations: Sequence[Any], run_plan: Mapping[str, Any], cfg: Any, mo
     ValueError
         Stations without joint angles or measurements.
     """
+    q, kw = _fit_inputs(stations, run_plan, cfg, validation=True)
+    k = cfg.kinematics
+    return identify_kinematics(q, solver_model(model), parameters=list(k.parameters) or None,
+                               max_condition=k.max_condition, **kw)
+
+
+def _fit_inputs(stations: Sequence[Any], run_plan: Mapping[str, Any], cfg: Any, *,
+                validation: bool) -> tuple[np.ndarray, dict[str, Any]]:
+    """The fit stations' joints (N, 6) and the keywords of ``identify_kinematics`` (their
+    measurements, the declared noise and, with ``validation``, the held-out stations). The
+    ISO 9283 pose test's stations are none of them."""
     from cellcal.daemon.solve import declared_noise, is_point_run
 
+    stations = without_iso9283(stations)
     n_fit = int((run_plan.get(PLAN_KEY) or {}).get("n_fit", cfg.kinematics.n_stations))
     fit = [s for s in stations if s.plan_index < n_fit]
     val = [s for s in stations if s.plan_index >= n_fit]
@@ -148,12 +186,10 @@ def solve_run(stations: Sequence[Any], run_plan: Mapping[str, Any], cfg: Any, mo
     kw: dict[str, Any] = dict(declared_noise(fit, cfg.solve, point=point))
     key = "cell_p_target" if point else "cell_T_target"
     kw[key] = meas(fit)
-    if len(val) >= 3:
+    if validation and len(val) >= 3:
         kw["validation_q"] = np.array([s.q_rad for s in val], dtype=float)
         kw["validation_" + key] = meas(val)
-    k = cfg.kinematics
-    return identify_kinematics(q, solver_model(model), parameters=list(k.parameters) or None,
-                               max_condition=k.max_condition, **kw)
+    return q, kw
 
 
 def _holdout_gate(result: Any, k: Any) -> GateCheck:
@@ -200,8 +236,62 @@ def _f(v: Any) -> float:
     return float(v) if v is not None and math.isfinite(float(v)) else 0.0
 
 
-def gate_and_wire(result: Any, cfg: Any, check_stations: list[dict[str, Any]]) -> tuple[GateReport, dict[str, Any]]:
-    """The gate report and the record the store keeps (module docstring for its keys)."""
+def _matrix(C: np.ndarray) -> dict[str, Any]:
+    C = np.asarray(C, dtype=float)
+    return {"shape": list(C.shape), "values": [_clean(float(v)) for v in C.reshape(-1)]}
+
+
+def _root_trace(C: np.ndarray) -> float | None:
+    t = float(np.trace(C))
+    return math.sqrt(max(t, 0.0)) if math.isfinite(t) else None
+
+
+def _uncertainty(result: Any) -> dict[str, Any]:
+    """``uncertainty`` in the shape every result has (``protocol.Uncertainty``): covariance of
+    ``cell_T_base`` and the target from the identification (the parameters' block under
+    ``parameters``, their 1-sigmas in ``kinematics.parameters``); 1-sigma of ``cell_T_base``."""
+    est = result.transforms()
+    P_ = len(result.estimated)
+    base = np.asarray(est["cell_T_base"].covariance, dtype=float)
+    return {
+        "convention": UNCERTAINTY_CONVENTION,
+        "covariance": {name: _matrix(e.covariance) for name, e in est.items()},
+        "joint": {"order": list(est), **_matrix(np.asarray(result.covariance, dtype=float)[P_:, P_:])},
+        "parameters": {"order": list(result.estimated),
+                       **_matrix(np.asarray(result.covariance, dtype=float)[:P_, :P_])},
+        "sigma_translation_m": _root_trace(base[:3, :3]),
+        "sigma_rotation_rad": _root_trace(base[3:, 3:]),
+        "noise_translation_m": None, "noise_rotation_rad": None,  # per station, declared (docs/kinematics.md)
+        "noise_source": str(result.noise_source),
+        "chi2": _clean(float(result.chi2_per_dof) * int(result.dof)),
+        "dof": int(result.dof), "refined": True, "iterations": int(result.iterations),
+        "downweighted_stations": [int(i) for i in np.asarray(result.downweighted, dtype=int).reshape(-1)],
+    }
+
+
+def _holdout(result: Any) -> dict[str, Any] | None:
+    """``holdout`` in the shape every result has (``protocol.Holdout``): the fit stations'
+    linearised leave-one-out closure (the held-out *validation* stations are in
+    ``kinematics.validation``)."""
+    h = result.holdout
+    if h is None:
+        return None
+    out = {"method": str(h.method), "folds": int(h.folds), "inflation": float(h.inflation),
+           "translation_m": [float(v) for v in h.translation_m], "rotation_rad": [float(v) for v in h.rotation_rad]}
+    for key in ("p50_translation_m", "p90_translation_m", "max_translation_m", "p50_rotation_rad",
+                "p90_rotation_rad", "max_rotation_rad"):
+        out[key] = float(getattr(h, key))
+    return _clean(out)
+
+
+def gate_and_wire(result: Any, cfg: Any, check_stations: list[dict[str, Any]], *,
+                  iso9283: Mapping[str, Any] | str | None = None) -> tuple[GateReport, dict[str, Any]]:
+    """The gate report and the record the store keeps (module docstring for its keys).
+
+    ``iso9283``: the pose test's block (:func:`iso9283_phase`), stored as
+    ``kinematics.iso9283``, or why it was not measured (``kinematics.iso9283_not_measured``);
+    None (no pose test was tried): neither key.
+    """
     report = gates(result, cfg)
     transforms = {"cell_T_base": transform_to_wire("cell_T_base", result.cell_T_base)}
     points: dict[str, Any] = {}
@@ -217,6 +307,10 @@ def gate_and_wire(result: Any, cfg: Any, check_stations: list[dict[str, Any]]) -
     kin["observability_o1"] = _f(result.observability_o1)
     kin["observability_o3"] = _f(result.observability_o3)
     kin["correlations"] = [[a, b, float(r)] for a, b, r in result.correlations]
+    if isinstance(iso9283, str):
+        kin["iso9283_not_measured"] = iso9283
+    elif iso9283 is not None:
+        kin["iso9283"] = dict(iso9283)
     wire: dict[str, Any] = {
         "transforms": transforms, "points": points,
         "n_stations": int(result.n_stations),
@@ -227,6 +321,7 @@ def gate_and_wire(result: Any, cfg: Any, check_stations: list[dict[str, Any]]) -
         "axis_spread": 1.0,  # the identification's own conditioning is in kinematics.condition_number
         "residuals": {"translation_m": [float(v) for v in rt], "rotation_rad": [float(v) for v in rr]},
         "solver": SOLVER_NAME, "frame_convention": FRAME_CONVENTION,
+        "uncertainty": _uncertainty(result), "holdout": _holdout(result),
         "kinematics": _clean(kin),
         "gates": report.to_wire(),
         # Drift checks compare the tracker with cell_T_base, the controller's FK and the
@@ -289,3 +384,233 @@ def station_for_check(rec: Any, station: Any) -> Any:
     if model is None:
         return station
     return dataclasses.replace(station, base_T_flange=np.asarray(model.forward(station.q_rad), dtype=float))
+
+
+# ---- the ISO 9283 pose test (module docstring) ----------------------------------------------
+
+#: Plan index of the pose test's first measurement; a run's own plan (``[kinematics]
+#: n_stations + n_validation``, at most 2000) never reaches it.
+ISO9283_INDEX_BASE = 1_000_000
+#: The key of a pose-test station's ``raw`` dict: ``{"phase", "cycle", "pose"}``.
+ISO9283_TAG = "iso9283"
+#: The two halves of the test: joint targets from the nominal arm, then the identified one.
+ISO9283_PHASES = ("before", "after")
+
+
+def is_iso9283_station(station: Any) -> bool:
+    """True for a measurement of the ISO 9283 pose test (never a fit or validation station)."""
+    raw = getattr(station, "raw", None)
+    tagged = isinstance(raw, Mapping) and ISO9283_TAG in raw
+    return tagged or int(getattr(station, "plan_index", 0)) >= ISO9283_INDEX_BASE
+
+
+def without_iso9283(stations: Sequence[Any]) -> list[Any]:
+    """A run's stations without the pose test's: those a fit, a report's residuals and a
+    drift check's choice are made of."""
+    return [s for s in stations if not is_iso9283_station(s)]
+
+
+def _iso_index(phase: int, cycle: int, pose: int, cycles: int) -> int:
+    return ISO9283_INDEX_BASE + (phase * cycles + cycle) * len(ISO9283_POSE_NAMES) + pose
+
+
+@dataclasses.dataclass(frozen=True)
+class ISO9283Plan:
+    """What the pose test commands (:func:`plan_iso9283`).
+
+    Attributes
+    ----------
+    commanded : numpy.ndarray, shape (5, 4, 4)
+        P1-P5 as poses of the target in the cell (point targets: the point with the
+        flange's orientation), through the identified ``cell_T_base`` and target.
+    q : dict of str to numpy.ndarray, shape (5, 6)
+        Joint targets per phase (:data:`ISO9283_PHASES`), rad.
+    cube_centre_m : numpy.ndarray, shape (3,)
+        Base frame, m.
+    cube_side_m : float
+    point : bool
+        3-DoF measurements: positions only.
+    """
+
+    commanded: np.ndarray
+    q: dict[str, np.ndarray]
+    cube_centre_m: np.ndarray
+    cube_side_m: float
+    point: bool
+
+
+def _cube(cfg: Any) -> tuple[np.ndarray, float | None, float]:
+    """The cube's centre (base frame), its configured side (None: the largest) and the largest
+    side that keeps it inside the ``[plan]`` workspace box, m."""
+    lo = np.asarray(cfg.plan.workspace_min_m, dtype=float)
+    hi = np.asarray(cfg.plan.workspace_max_m, dtype=float)
+    k = cfg.kinematics
+    centre = np.asarray(k.iso9283_cube_centre_m, dtype=float) if len(k.iso9283_cube_centre_m) else 0.5 * (lo + hi)
+    room = 2.0 * float(np.min(np.minimum(centre - lo, hi - centre)))
+    if room <= 0.0:
+        raise ValueError(f"the cube centre {np.round(centre * 1e3, 1).tolist()} mm is outside the [plan] workspace box")
+    side = float(k.iso9283_cube_side_m) or None
+    if side is not None and side > room + 1e-12:
+        raise ValueError(f"a cube of side {side * 1e3:g} mm about {np.round(centre * 1e3, 1).tolist()} mm leaves the "
+                         f"[plan] workspace box (at most {room * 1e3:.1f} mm there)")
+    return centre, side, room
+
+
+def _tool(result: Any) -> np.ndarray:
+    """A result's target as a tool frame on the flange (a point: with the flange's orientation)."""
+    if result.flange_T_target is not None:
+        return np.asarray(result.flange_T_target, dtype=float)
+    if result.flange_p_target is None:
+        raise ValueError("the identification has no target on the flange")
+    return point_tool(result.flange_p_target)
+
+
+def plan_iso9283(result: Any, stations: Sequence[Any], run_plan: Mapping[str, Any], cfg: Any,
+                 model: Any) -> ISO9283Plan:
+    """P1-P5 and the joint targets of both phases for an identification ``result``.
+
+    The test poses are planned on the nominal arm (flange down, the largest reachable cube
+    about ``[kinematics] iso9283_cube_centre_mm`` inside the ``[plan]`` workspace box) and
+    commanded in the cell through the identified base frame and target. "before": the
+    nominal arm's inverse kinematics with its own best rigid base and target, fitted on the
+    run's fit stations (what a base-frame calibration of the nominal arm commands);
+    "after": the identified arm's with the identified base and target.
+
+    Raises
+    ------
+    ValueError
+        Naming why the poses cannot be commanded (outside the box, out of reach, outside
+        the ``[plan]`` joint limits).
+    """
+    nominal = solver_model(model)
+    centre, side, room = _cube(cfg)
+    poses = iso9283_test_poses(nominal, cube_centre_m=centre, cube_side_m=side, max_side_m=room)
+    point = result.flange_T_target is None
+    tool = _tool(result)
+    commanded = iso9283_commanded(poses.base_T_flange, result.cell_T_base, tool)
+    q, kw = _fit_inputs(stations, run_plan, cfg, validation=False)
+    rigid = identify_kinematics(q, nominal, parameters=[], max_condition=math.inf, **kw)
+    rigid_tool = _tool(rigid)
+    targets: dict[str, np.ndarray] = {}
+    for phase, (m, base, t) in zip(ISO9283_PHASES, ((nominal, rigid.cell_T_base, rigid_tool),
+                                                    (result.model, result.cell_T_base, tool)), strict=True):
+        try:
+            targets[phase] = iso9283_joint_targets(commanded, m, base, t, poses.q)
+        except ValueError as exc:
+            raise ValueError(f"{phase}: inverse kinematics failed ({exc})") from None
+        lo, hi = np.asarray(cfg.plan.joint_min_rad, float), np.asarray(cfg.plan.joint_max_rad, float)
+        bad = np.argwhere((targets[phase] < lo) | (targets[phase] > hi))
+        if bad.size:
+            j, i = bad[0]
+            raise ValueError(f"{phase}: {ISO9283_POSE_NAMES[j]} needs joint {i + 1} at "
+                             f"{math.degrees(targets[phase][j, i]):.1f} deg, outside the [plan] joint limits")
+    return ISO9283Plan(commanded=commanded, q=targets, cube_centre_m=np.asarray(poses.cube_centre_m, dtype=float),
+                       cube_side_m=float(poses.cube_side_m), point=point)
+
+
+#: ``measure(planned, tag)``: move to a planned station, capture and store it tagged; raise
+#: ``StationRejected`` / ``DeviceFault`` when it cannot (the service's retries are inside).
+Measure = Callable[[PlannedStation, dict[str, Any]], Any]
+
+
+def _figures(r: Any, point: bool) -> dict[str, Any]:
+    out: dict[str, Any] = {"max_ap_m": float(r.max_ap_m), "max_rp_m": float(r.max_rp_m),
+                           "ap_m": [float(v) for v in r.ap_m], "rp_m": [float(v) for v in r.rp_m]}
+    if not point:
+        out["ap_abc_rad"] = [[float(v) for v in row] for row in r.ap_abc_rad]
+        out["rp_abc_rad"] = [[float(v) for v in row] for row in r.rp_abc_rad]
+    return out
+
+
+def iso9283_phase(result: Any, cfg: Any, model: Any, stations: Sequence[Any], run_plan: Mapping[str, Any],
+                  measure: Measure, *, can_move: bool = True) -> dict[str, Any] | str:
+    """The ISO 9283 pose test of a kinematics run, measured (module docstring).
+
+    Parameters
+    ----------
+    result : cellcal.solver.KinematicResult
+    cfg : Config
+    model : DHModel
+        The robot's nominal kinematics (the controller's).
+    stations : sequence of StationRecord
+        The run's stored stations: pose-test measurements already among them (a resumed
+        run) are used, not measured again.
+    run_plan : dict
+        The run's stored plan (its fit/validation split).
+    measure : callable
+        ``measure(planned, tag) -> StationRecord`` (the service's capture path).
+    can_move : bool
+        False in ``observe`` motion mode: the daemon commands no pose, so no test.
+
+    Returns
+    -------
+    dict or str
+        The ``kinematics.iso9283`` block, or why the test was not measured. Abort
+        propagates from ``measure``. A test not measured is logged with
+        its reason.
+    """
+    out = _iso9283_phase(result, cfg, model, stations, run_plan, measure, can_move=can_move)
+    if isinstance(out, str):
+        (log.info if int(cfg.kinematics.iso9283_cycles) == 0 else log.warning)("ISO 9283 not measured: %s", out)
+    else:
+        log.info("ISO 9283 pose test, %d cycles: max AP %.4f mm before, %.4f mm after identification", out["cycles"],
+                 out["before"]["max_ap_m"] * 1e3, out["after"]["max_ap_m"] * 1e3)
+    return out
+
+
+def _iso9283_phase(result: Any, cfg: Any, model: Any, stations: Sequence[Any], run_plan: Mapping[str, Any],
+                   measure: Measure, *, can_move: bool = True) -> dict[str, Any] | str:
+    k = cfg.kinematics
+    cycles = int(k.iso9283_cycles)
+    if cycles == 0:
+        return "disabled ([kinematics] iso9283_cycles = 0)"
+    if not can_move:
+        return "the daemon does not move the robot in observe mode, so it cannot command the test poses"
+    report = gates(result, cfg)
+    if not report.passed:
+        return f"the identification failed its gates ({report.reason()}); its model was not tested"
+    try:
+        plan = plan_iso9283(result, stations, run_plan, cfg, model)
+    except (ValueError, CellcalError) as exc:
+        return f"the test poses cannot be commanded: {exc}"
+    done = {s.plan_index: s for s in stations if is_iso9283_station(s)}
+    n_pose = len(ISO9283_POSE_NAMES)
+    attained = {ph: np.empty((cycles, n_pose) + ((3,) if plan.point else (4, 4))) for ph in ISO9283_PHASES}
+    indices: dict[str, list[int]] = {ph: [] for ph in ISO9283_PHASES}
+    stored = 0
+    for p_i, phase in enumerate(ISO9283_PHASES):
+        for c in range(cycles):
+            for j, name in enumerate(ISO9283_POSE_NAMES):  # the standard's order, every cycle
+                idx = _iso_index(p_i, c, j, cycles)
+                rec = done.get(idx)
+                tag = {"phase": phase, "cycle": c + 1, "pose": name}
+                if rec is not None and (rec.raw or {}).get(ISO9283_TAG) != tag:
+                    # Stored before a restart with another iso9283_cycles: not this test's.
+                    return (f"station {idx} of this run was measured as {(rec.raw or {}).get(ISO9283_TAG)}, not "
+                            f"{tag}: [kinematics] iso9283_cycles changed while the run was interrupted")
+                if rec is None:
+                    q = plan.q[phase][j]
+                    ps = PlannedStation(idx, q.copy(), np.asarray(model.forward(q), dtype=float).reshape(4, 4))
+                    try:
+                        rec = measure(ps, tag)
+                    except (cap.StationRejected, cap.DeviceFault) as exc:
+                        return (f"{phase} cycle {c + 1} of {cycles}, {name}: {exc} ({stored} pose-test measurements "
+                                "were stored with the run)")
+                stored += 1
+                indices[phase].append(idx)
+                m = rec.cell_p_target if plan.point else rec.cell_T_target
+                if m is None:
+                    return f"{phase} cycle {c + 1}, {name}: station {idx} has no {'point' if plan.point else 'pose'}"
+                attained[phase][c, j] = np.asarray(m, dtype=float)
+    commanded = plan.commanded[:, :3, 3] if plan.point else plan.commanded
+    block: dict[str, Any] = {
+        "cycles": cycles, "cube_side_m": plan.cube_side_m,
+        "cube_centre_m": [float(v) for v in plan.cube_centre_m],
+        "measurement": "point" if plan.point else "pose", "poses": list(ISO9283_POSE_NAMES),
+        "commanded_cell_m": [[float(v) for v in T[:3, 3]] for T in plan.commanded],
+        "plan_indices": indices,
+    }
+    for phase in ISO9283_PHASES:
+        block[phase] = dict(_figures(iso9283_pose_test(commanded, attained[phase]), plan.point),
+                            model="nominal" if phase == "before" else "identified")
+    return block

@@ -864,18 +864,67 @@ def _kin_validation(k: Mapping[str, Any]) -> str:
     else:
         out.append('<p class="na">No held-out validation stations were measured with this result.</p>')
     iso = k.get("iso9283")
+    not_measured = k.get("iso9283_not_measured")
     if isinstance(iso, Mapping) and iso:
-        groups = [(g, iso[g]) for g in ("before", "after") if isinstance(iso.get(g), Mapping)] or [("", iso)]
-        rows = [f'<tr><td>{_e(g or "identified")}</td><td class="num">{_scaled(d.get("max_ap_m"), 1e3, 4)}</td>'
-                f'<td class="num">{_scaled(d.get("max_rp_m"), 1e3, 4)}</td></tr>' for g, d in groups]
-        out.append('<table class="iso9283"><tr><th>ISO 9283, worst pose of P1-P5 [mm]</th><th>AP</th><th>RP</th>'
-                   "</tr>" + "".join(rows) + "</table>")
+        out.append(_iso9283(iso))
+    elif isinstance(not_measured, str) and not_measured:
+        out.append("<h3>ISO 9283 pose test</h3>"
+                   f'<p class="na">ISO 9283 not measured: {_e(not_measured)}</p>')
     else:
         out.append('<p class="na">ISO 9283 pose accuracy (AP) and repeatability (RP) are not part of this result: '
                    "they need repeated cycles at the ISO test poses, which a calibration run does not make; "
                    "bench/kinematics_bench.py measures them in a simulated cell, before and after identification."
                    "</p>")
     return "".join(out)
+
+
+def _iso9283(iso: Mapping[str, Any]) -> str:
+    """The ISO 9283 pose test of a kinematics result: the worst pose before and after, then
+    AP and RP per pose (and orientation AP for 6-DoF measurements)."""
+    groups = [(g, iso[g]) for g in ("before", "after") if isinstance(iso.get(g), Mapping)] or [("", iso)]
+    centre = iso.get("cube_centre_m")
+    where = ""
+    if isinstance(centre, (list, tuple)) and len(centre) == 3:
+        where = (f" on the diagonal plane of a cube of side {_scaled(iso.get('cube_side_m'), 1e3, 1)} mm about "
+                 f"({', '.join(_scaled(v, 1e3, 1) for v in centre)}) mm in the base frame")
+    head = ("<h3>ISO 9283 pose test</h3>"
+            f"<p>P1-P5{where}, {_e(iso.get('cycles', '?'))} cycles, measured by the tracker "
+            f"({_e(iso.get('measurement') or 'pose')} measurements). Before: joint targets from the nominal arm's "
+            "inverse kinematics (with its own best rigid base frame and target); after: from the identified arm's. "
+            "AP: distance of the mean attained position from the commanded one; RP: repeatability (mean + 3 "
+            "standard deviations of the distance from the mean), mm.</p>")
+    rows = [f'<tr><td>{_e(g or "identified")}</td><td class="num">{_scaled(d.get("max_ap_m"), 1e3, 4)}</td>'
+            f'<td class="num">{_scaled(d.get("max_rp_m"), 1e3, 4)}</td></tr>' for g, d in groups]
+    worst = ('<table class="iso9283"><tr><th>ISO 9283, worst pose of P1-P5 [mm]</th><th>AP</th><th>RP</th>'
+             "</tr>" + "".join(rows) + "</table>")
+    before, after = iso.get("before"), iso.get("after")
+    if not (isinstance(before, Mapping) and isinstance(after, Mapping)):
+        return head + worst
+    names = [str(n) for n in iso.get("poses") or ("P1", "P2", "P3", "P4", "P5")]
+
+    def at(d: Mapping[str, Any], key: str, j: int, factor: float, digits: int) -> str:
+        v = d.get(key)
+        if not isinstance(v, (list, tuple)) or j >= len(v):
+            return "n/a"
+        x = v[j]
+        if isinstance(x, (list, tuple)):  # orientation AP a, b, c: its magnitude
+            vals = [float(c) for c in x if isinstance(c, (int, float))]
+            x = math.sqrt(sum(c * c for c in vals)) if len(vals) == 3 else None
+        return _scaled(x, factor, digits)
+
+    orient = isinstance(after.get("ap_abc_rad"), (list, tuple)) and bool(after.get("ap_abc_rad"))
+    cols = ["AP before", "AP after", "RP before", "RP after"] + (["orientation AP before, |a, b, c| [deg]",
+                                                                 "orientation AP after, |a, b, c| [deg]"] if orient else [])
+    body_rows = []
+    for j, name in enumerate(names):
+        cells = [at(before, "ap_m", j, 1e3, 4), at(after, "ap_m", j, 1e3, 4), at(before, "rp_m", j, 1e3, 4),
+                 at(after, "rp_m", j, 1e3, 4)]
+        if orient:
+            cells += [at(before, "ap_abc_rad", j, math.degrees(1.0), 5), at(after, "ap_abc_rad", j, math.degrees(1.0), 5)]
+        body_rows.append(f"<tr><td>{_e(name)}</td>" + "".join(f'<td class="num">{c}</td>' for c in cells) + "</tr>")
+    per_pose = ('<table class="iso9283-poses"><tr><th>pose [mm]</th>' + "".join(f"<th>{_e(c)}</th>" for c in cols)
+                + "</tr>" + "".join(body_rows) + "</table>")
+    return head + worst + per_pose
 
 
 def _gates(body: Mapping[str, Any]) -> str:
@@ -1043,7 +1092,10 @@ def report_from_store(store: Any, result_id: int, *, cell: str = "") -> str:
     body["created_utc"] = rec.created_utc
     stations: list[Any] = []
     if rec.run_id is not None:
-        stations = list(store.stations(rec.run_id))
+        from cellcal.daemon.kinematics_run import without_iso9283
+
+        # A kinematics run's ISO 9283 measurements are not stations of its fit.
+        stations = without_iso9283(store.stations(rec.run_id))
         if not stations:
             run = store.get_run(rec.run_id)
             stations = list((run.plan or {}).get("given") or [])

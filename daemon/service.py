@@ -54,6 +54,7 @@ built by ``bodies``; this module decides what happens when.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import functools
 import logging
@@ -1232,6 +1233,41 @@ class Service:
             return True
         return True
 
+    def _iso9283_station(self, run_id: int, ps: PlannedStation, tag: dict[str, Any]) -> StationRecord:
+        """One measurement of a kinematics run's ISO 9283 pose test
+        (``kinematics_run.iso9283_phase``): moved to and captured like a station, without the
+        duplicate-pose and rough-estimate tests (the test revisits its poses), tagged and
+        stored with the run. A rejection is recorded and retried up to ``[capture]
+        max_attempts_per_station`` times, then raised; a device fault is ridden out like a
+        station's (one that ends the job is raised); an abort ends the job."""
+        detail = f"run {run_id}: ISO 9283 pose test"
+        engine = self._devices.engine
+        if engine is None or self.state != State.CAPTURING:
+            engine = self._ensure_devices(True, State.CAPTURING, detail)
+        attempts = 0
+        while True:
+            self._check_abort()
+            try:
+                engine.move_to(ps, self._abort)
+                rec = engine.capture(ps.index, [], self._abort)
+            except cap.StationRejected as rej:
+                self._check_abort()
+                attempts += 1
+                self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.jsonable(rej.detail))
+                self._progress()
+                if attempts >= self.cfg.capture.max_attempts_per_station:
+                    raise
+                continue
+            except cap.DeviceFault as df:
+                if df.ends_job:
+                    raise
+                engine = self._after_device_fault(df, detail, True, State.CAPTURING)
+                continue
+            rec = dataclasses.replace(rec, raw={**rec.raw, kinematics_run.ISO9283_TAG: tag})
+            self.store.add_station(run_id, rec)  # one transaction: the measurement is safe now
+            self._made_progress()
+            return rec
+
     def _solve_failed(self, run_id: int, exc: BaseException) -> None:
         msg = f"{type(exc).__name__}: {exc}"
         self.store.set_run_status(run_id, RunStatus.FAILED, msg)
@@ -1257,8 +1293,14 @@ class Service:
         the robot poses of client-supplied stations (else those of ``stations``)."""
         run = self.store.get_run(run_id)
         if kind == P.KIND_KINEMATICS:
+            # The ISO 9283 pose test measures the identified arm before its result is stored;
+            # its stations are stored with the run and are never check stations.
+            iso = kinematics_run.iso9283_phase(result, self.cfg, self._devices.model, stations, run.plan,
+                                               functools.partial(self._iso9283_station, run_id),
+                                               can_move=self._motion_mode == P.MOTION_COMMAND)
             report, wire = kinematics_run.gate_and_wire(
-                result, self.cfg, drift.choose_check_stations(stations, run.plan, self.cfg.drift.check_stations))
+                result, self.cfg, drift.choose_check_stations(kinematics_run.without_iso9283(stations), run.plan,
+                                                              self.cfg.drift.check_stations), iso9283=iso)
         else:
             G = solve.station_arrays(stations)[0] if stations else base_T_flange
             report = check_gates(result, self.cfg.solve, context=solve.gate_context(kind, G, self._robot_model()))

@@ -31,6 +31,7 @@ Kinematic identification (ADR 0016)::
         -> KinematicResult
     plan_identification_stations(model, n, ...) -> IdentificationPlan
     iso9283_test_poses(...), iso9283_pose_test(commanded, attained) -> ISO9283Result
+    iso9283_commanded(base_T_flange, cell_T_base, flange_T_tool), iso9283_joint_targets(...)
     kinematic_parameters_json(result), urdf_from_model(model), ur_calibration_yaml(model)
 """
 
@@ -70,6 +71,8 @@ from cellcal.solver.iso9283 import (
     ISO9283Poses,
     ISO9283Result,
     inverse_kinematics,
+    iso9283_commanded,
+    iso9283_joint_targets,
     iso9283_pose_test,
     iso9283_test_poses,
     simulate_iso9283_cycles,
@@ -137,6 +140,8 @@ __all__ = [
     "iso9283_pose_test",
     "simulate_iso9283_cycles",
     "inverse_kinematics",
+    "iso9283_commanded",
+    "iso9283_joint_targets",
     "ISO9283Poses",
     "ISO9283Result",
     "kinematic_parameters_dict",

@@ -25,6 +25,13 @@ cycle: :func:`iso9283_pose_test` computes the figures from the attained and comm
 poses, :func:`simulate_iso9283_cycles` produces the attained poses in a simulated cell
 (a controller that solves inverse kinematics with its model, a true arm, joint
 repeatability and tracker noise).
+
+**Commanding the poses.** The commanded poses are those of the measured target (or of a
+point on the flange, with the flange's orientation) in the cell, the measuring frame:
+:func:`iso9283_commanded` takes P1-P5 there through a base frame and a target. A
+controller reaches them with *its* model, base frame and target (the nominal arm with its
+own best rigid fit, or the identified one): :func:`iso9283_joint_targets` gives the joint
+angles it commands. The daemon's pose test and the simulation share both.
 """
 
 from __future__ import annotations
@@ -46,11 +53,17 @@ __all__ = [
     "iso9283_pose_test",
     "simulate_iso9283_cycles",
     "inverse_kinematics",
+    "iso9283_commanded",
+    "iso9283_joint_targets",
+    "point_tool",
     "ISO9283_CYCLES",
+    "ISO9283_POSE_NAMES",
 ]
 
 #: Cycles ISO 9283 asks for in the pose test.
 ISO9283_CYCLES = 30
+#: The test poses, in the order each cycle visits them.
+ISO9283_POSE_NAMES = ("P1", "P2", "P3", "P4", "P5")
 _JOINTS = tuple(f"joint{i + 1}.zero_offset" for i in range(N_JOINTS))
 
 
@@ -246,6 +259,57 @@ def iso9283_pose_test(commanded: ArrayLike, attained: ArrayLike) -> ISO9283Resul
                          max_ap_m=float(ap.max()), max_rp_m=float(rp.max()))
 
 
+def point_tool(flange_p_target: ArrayLike) -> np.ndarray:
+    """A point on the flange (3,) as a tool frame (4, 4) with the flange's orientation.
+
+    A 3-DoF measurement has no orientation of its own: its "pose" is the point with the
+    flange's orientation, so the commanded and attained positions are the point's.
+    """
+    return make_transform(np.eye(3), np.asarray(flange_p_target, dtype=np.float64).reshape(3))
+
+
+def iso9283_commanded(base_T_flange: ArrayLike, cell_T_base: ArrayLike, flange_T_tool: ArrayLike) -> np.ndarray:
+    """Commanded tool poses in the cell (P, 4, 4) of flange poses in the base (P, 4, 4).
+
+    ``cell_T_base @ base_T_flange[j] @ flange_T_tool``: e.g. :attr:`ISO9283Poses.base_T_flange`
+    through a fitted base frame and target (:func:`point_tool` for a point target).
+    """
+    B = np.asarray(cell_T_base, dtype=np.float64).reshape(4, 4)
+    F = np.asarray(base_T_flange, dtype=np.float64).reshape(-1, 4, 4)
+    return np.einsum("ij,njk->nik", B, F) @ np.asarray(flange_T_tool, dtype=np.float64).reshape(4, 4)
+
+
+def iso9283_joint_targets(commanded_cell_T_tool: ArrayLike, model: DHParameters, cell_T_base: ArrayLike,
+                          flange_T_tool: ArrayLike, q_seed: ArrayLike) -> np.ndarray:
+    """Joint angles (P, 6) a controller commands to reach tool poses in the cell (P, 4, 4).
+
+    The controller's ``model``, base frame ``cell_T_base`` and tool ``flange_T_tool`` (its
+    beliefs): inverse kinematics of ``cell_T_base^-1 @ C_j @ flange_T_tool^-1`` from
+    ``q_seed``, (6,) or one per pose (P, 6) (e.g. :attr:`ISO9283Poses.q`).
+
+    Raises
+    ------
+    ValueError
+        A pose out of reach (:func:`inverse_kinematics`, naming the pose), or bad shapes.
+    """
+    C = np.asarray(commanded_cell_T_tool, dtype=np.float64)
+    if C.ndim != 3 or C.shape[1:] != (4, 4):
+        raise ValueError(f"commanded_cell_T_tool: expected (P, 4, 4), got {C.shape}")
+    cb_inv = se3_inverse(np.asarray(cell_T_base, dtype=np.float64))
+    ct_inv = se3_inverse(np.asarray(flange_T_tool, dtype=np.float64))
+    seeds = np.asarray(q_seed, dtype=np.float64)
+    seeds = np.broadcast_to(seeds, (len(C), N_JOINTS)) if seeds.ndim == 1 else seeds
+    if seeds.shape != (len(C), N_JOINTS):
+        raise ValueError(f"q_seed: expected ({N_JOINTS},) or ({len(C)}, {N_JOINTS}), got {seeds.shape}")
+    out = np.empty((len(C), N_JOINTS))
+    for j, (Tc, s) in enumerate(zip(C, seeds, strict=True)):
+        try:
+            out[j] = inverse_kinematics(model, cb_inv @ Tc @ ct_inv, s)
+        except ValueError as exc:
+            raise ValueError(f"pose {j + 1} of {len(C)}: {exc}") from None
+    return out
+
+
 def simulate_iso9283_cycles(
     commanded_cell_T_tool: ArrayLike,
     *,
@@ -265,22 +329,15 @@ def simulate_iso9283_cycles(
     """Attained tool poses in the cell (cycles, P, 4, 4) for commanded cell poses (P, 4, 4).
 
     The controller turns each commanded pose into joint angles with *its* model, base and
-    tool (inverse kinematics from ``q_seed``, (6,) or one per pose (P, 6), e.g.
+    tool (:func:`iso9283_joint_targets` from ``q_seed``, (6,) or one per pose (P, 6), e.g.
     :attr:`ISO9283Poses.q`); the true arm goes there with a Gaussian
     joint error of ``joint_repeatability_rad`` per cycle; the tracker adds isotropic noise.
     Compare the controller with the nominal model and with an identified one.
     """
     C = np.asarray(commanded_cell_T_tool, dtype=np.float64)
-    cb_inv = se3_inverse(np.asarray(controller_cell_T_base, dtype=np.float64))
-    ct_inv = se3_inverse(np.asarray(controller_flange_T_tool, dtype=np.float64))
     tb = np.asarray(true_cell_T_base, dtype=np.float64)
     tt = np.asarray(true_flange_T_tool, dtype=np.float64)
-    seeds = np.asarray(q_seed, dtype=np.float64)
-    seeds = np.broadcast_to(seeds, (len(C), N_JOINTS)) if seeds.ndim == 1 else seeds
-    if seeds.shape != (len(C), N_JOINTS):
-        raise ValueError(f"q_seed: expected ({N_JOINTS},) or ({len(C)}, {N_JOINTS}), got {seeds.shape}")
-    q_cmd = [inverse_kinematics(controller_model, cb_inv @ Tc @ ct_inv, s) for Tc, s in zip(C, seeds, strict=True)]
-    qc = np.array(q_cmd)
+    qc = iso9283_joint_targets(C, controller_model, controller_cell_T_base, controller_flange_T_tool, q_seed)
     out = np.empty((int(cycles),) + C.shape)
     for i in range(int(cycles)):
         q = qc + rng.normal(0.0, joint_repeatability_rad, size=qc.shape)
