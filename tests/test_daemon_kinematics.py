@@ -18,35 +18,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _kin_daemon import KIN as _KIN
+from _kin_daemon import rms as _rms
+from _kin_daemon import wait_run_end as _wait_run_end
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.client import Client
 from cellcal.daemon.config import ConfigError, load_config_text
-from cellcal.daemon.harness import inprocess_cell, run_status
+from cellcal.daemon.harness import inprocess_cell
 from cellcal.daemon.kinematics_run import driver_model, solver_model, station_for_check
 from cellcal.daemon.report import transform_from_wire
 from cellcal.drivers.kinematics import dh_model
-
-# The ISO 9283 pose test has its own tests (tests/test_daemon_iso9283.py); here it would add
-# 300 measurements to each run.
-_KIN = {"n_stations": 40, "n_validation": 30, "iso9283_cycles": 0}
-
-
-def _rms(x: np.ndarray) -> float:
-    return float(np.sqrt(np.mean(np.asarray(x) ** 2)))
-
-
-def _wait_run_end(cell, run_id: int, timeout_s: float) -> str:
-    state_dir = Path(cell.cfg.service.state_dir)
-
-    def ended(_topic: str, _body: dict) -> bool:
-        return run_status(state_dir, run_id) in ("done", "failed")
-
-    if not ended("", {}):
-        cell.wait_for(ended, timeout_s, f"run {run_id} to end")
-    status = run_status(state_dir, run_id)
-    assert status is not None
-    return status
 
 
 @pytest.mark.slow
@@ -57,7 +39,7 @@ def test_kinematics_run_beats_the_base_frame_and_exports(tmp_path):
         base = cell.wait_result(base_id, timeout_s=300.0)
         with Client(cell.cfg.zmq.cmd_endpoint, timeout_s=5.0, retries=2) as c:
             reply = c.call("start_run", kind=P.KIND_KINEMATICS)
-        assert reply["kind"] == P.KIND_KINEMATICS and reply["planned"] == 70
+        assert reply["kind"] == P.KIND_KINEMATICS and reply["planned"] == _KIN["n_stations"] + _KIN["n_validation"]
         run_id = int(str(reply["run_id"]).removeprefix("run-"))
         body = cell.wait_result(run_id, timeout_s=800.0)
         assert body["kind"] == P.KIND_KINEMATICS and body["active"] is True and body["gates"]["passed"] is True
@@ -162,36 +144,3 @@ def test_kinematics_section_is_typed_and_bounded():
         with pytest.raises(ConfigError) as ei:
             load_config_text(_BASE + "[kinematics]\n" + text + "\n")
         assert ei.value.path == path, (text, ei.value)
-
-
-def _result_of(cell, run_id: int):
-    recs = [r for r in cell.svc.store.list_results(limit=20) if r.run_id == run_id]
-    assert len(recs) == 1, (run_id, cell.svc.store.get_run(run_id))
-    return recs[0]
-
-
-@pytest.mark.slow
-@pytest.mark.timeout(1200)
-def test_cia402_base_frame_runs_use_the_identified_model(tmp_path):
-    """A CiA 402 arm (cellcal computes its FK) with ``use_identified``: after a kinematics
-    run the robot is opened with the identified model, and the same base-frame plan closes
-    far better than it did with the nominal model."""
-    kin = dict(_KIN, use_identified=True)
-    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, robot_transport="canopen",
-                        # CiA 402 moves are SDO by SDO: on a loaded machine (two test workers) a
-                        # move may miss its deadline; the run retries rather than fails on that
-                        overrides={"kinematics": kin, "solve": {"max_rms_mm": 5.0},
-                                   "capture": {"max_consecutive_rejections": 40}}) as cell:
-        first = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
-        assert _wait_run_end(cell, first, 400.0) in ("done", "failed")
-        before = _result_of(cell, first).result["rms_translation_m"]
-        run_id = cell.svc.start_run(P.KIND_KINEMATICS, reason="test")
-        assert _wait_run_end(cell, run_id, 900.0) == "done", cell.svc.store.get_run(run_id).status_reason
-        rec = _result_of(cell, run_id)
-        again = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
-        assert _wait_run_end(cell, again, 400.0) == "done"
-        assert cell.svc._devices.model_override_result == rec.id
-        ident = rec.result["kinematics"]["identified"]
-        assert np.allclose(cell.svc._devices.robot.model.theta_offset_rad, ident["theta"], atol=1e-15)
-        after = _result_of(cell, again).result["rms_translation_m"]
-        assert after < before / 2, (after, before)
