@@ -78,7 +78,10 @@ def measure(truth: DHParameters, q: np.ndarray, rng: np.random.Generator):
     return Tm, C, e
 
 
-def run_case(seed: int, n: int, mode: str):
+def draw_case(seed: int, n: int, mode: str):
+    """One seeded arm and its data: ``(truth, plan, Tm, C, Vm, ve)``, the fit stations'
+    measurements and covariances, the held-out ones and their noise (also used by
+    bench/figaroh/crosscheck.py, so seed k is the same arm there)."""
     rng = np.random.default_rng(seed)
     truth = truth_arm(rng)
     plan = plan_identification_stations(UR5E, n, measurement=mode, cell_T_base=CELL_T_BASE,
@@ -86,13 +89,22 @@ def run_case(seed: int, n: int, mode: str):
                                         cell_p_tracker=CELL_P_TRACKER, rng=np.random.default_rng(1000 + seed))
     Tm, C, _ = measure(truth, plan.q, rng)
     Vm, _, ve = measure(truth, plan.validation_q, rng)
-    t0 = time.perf_counter()
+    return truth, plan, Tm, C, Vm, ve
+
+
+def identify(plan, Tm, C, Vm, mode: str, **kw):
+    """``identify_kinematics`` on the drawn data: poses, or their positions as points."""
     if mode == "pose":
-        res = identify_kinematics(plan.q, UR5E, cell_T_target=Tm, cell_T_target_cov=C,
-                                  validation_q=plan.validation_q, validation_cell_T_target=Vm)
-    else:
-        res = identify_kinematics(plan.q, UR5E, cell_p_target=Tm[:, :3, 3], cell_p_target_cov=C[:, :3, :3],
-                                  validation_q=plan.validation_q, validation_cell_p_target=Vm[:, :3, 3])
+        return identify_kinematics(plan.q, UR5E, cell_T_target=Tm, cell_T_target_cov=C,
+                                   validation_q=plan.validation_q, validation_cell_T_target=Vm, **kw)
+    return identify_kinematics(plan.q, UR5E, cell_p_target=Tm[:, :3, 3], cell_p_target_cov=C[:, :3, :3],
+                               validation_q=plan.validation_q, validation_cell_p_target=Vm[:, :3, 3], **kw)
+
+
+def run_case(seed: int, n: int, mode: str):
+    truth, plan, Tm, C, Vm, ve = draw_case(seed, n, mode)
+    t0 = time.perf_counter()
+    res = identify(plan, Tm, C, Vm, mode)
     dt = time.perf_counter() - t0
     floor = math.sqrt(float(np.mean(np.sum(ve[:, :3] ** 2, axis=1))))
     return res, floor, dt, truth, plan, Tm, C

@@ -56,13 +56,12 @@ from figaroh.calibration.calibration_tools import calc_updated_fkm, update_joint
 from bench._common import git_state  # noqa: E402
 from bench._results import machine_line, write_section  # noqa: E402
 from bench.kinematics_bench import (  # noqa: E402
-    CELL_P_TRACKER,
     CELL_T_BASE,
     FLANGE_T_TARGET,
-    measure,
-    truth_arm,
+    draw_case,
+    identify,
 )
-from cellcal.solver import UR5E, identify_kinematics, plan_identification_stations  # noqa: E402
+from cellcal.solver import UR5E, identify_kinematics  # noqa: E402
 from cellcal.solver.kinematic_export import urdf_from_model  # noqa: E402
 from cellcal.solver.kinematics import DHParameters  # noqa: E402
 
@@ -253,21 +252,10 @@ def axis_angles(axes: list[tuple[np.ndarray, np.ndarray]]) -> np.ndarray:
 def run(seed: int, mode: str, workdir: Path) -> dict:
     """One arm, one measurement kind: the data as ``bench/kinematics_bench.py`` draws it."""
     pose = mode == "pose"
-    rng = np.random.default_rng(seed)
-    truth = truth_arm(rng)
-    plan = plan_identification_stations(UR5E, N_STATIONS, measurement=mode, cell_T_base=CELL_T_BASE,
-                                        flange_T_target=FLANGE_T_TARGET, flange_p_target=FLANGE_T_TARGET[:3, 3],
-                                        cell_p_tracker=CELL_P_TRACKER, rng=np.random.default_rng(1000 + seed))
-    Tm, C, _ = measure(truth, plan.q, rng)
-    Vm, _, ve = measure(truth, plan.validation_q, rng)
+    truth, plan, Tm, C, Vm, ve = draw_case(seed, N_STATIONS, mode)
     vq = plan.validation_q
     t0 = time.perf_counter()
-    if pose:
-        res = identify_kinematics(plan.q, UR5E, cell_T_target=Tm, cell_T_target_cov=C,
-                                  validation_q=vq, validation_cell_T_target=Vm)
-    else:
-        res = identify_kinematics(plan.q, UR5E, cell_p_target=Tm[:, :3, 3], cell_p_target_cov=C[:, :3, :3],
-                                  validation_q=vq, validation_cell_p_target=Vm[:, :3, 3])
+    res = identify(plan, Tm, C, Vm, mode)
     t_ours = time.perf_counter() - t0
     # The same fit with FIGAROH's weighting (one scalar sigma per kind instead of each station's
     # covariance): separates what the weighting does from what the solver does.
@@ -427,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
                   "estimated parameters of (cellcal - truth in our parameters) / sigma, per seed: "
                   f"{', '.join(f'{z:.2f}' for z in med['z_truth'])}; largest |FIGAROH CAD in our parameters - cellcal| / "
                   f"sigma over all seeds and parameters: {med['z_fig_max']:.1f}. "
-                  f"FIGAROH status: {', '.join(status)}. Wall time per fit (median, loaded machine): ours "
+                  f"FIGAROH status: {', '.join(status)}. Wall time per fit (median, at the load stated above): ours "
                   f"{np.median([out[(mode, s)]['t_ours'] for s in seeds]) * 1e3:.0f} ms, FIGAROH "
                   f"{np.median([out[(mode, s)]['t_fig'] for s in seeds]) * 1e3:.0f} ms.", ""]
         d = out[(mode, DETAIL_SEED)]
