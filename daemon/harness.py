@@ -943,9 +943,18 @@ class InProcessCell:
                 self._cond.wait(min(remaining, 0.5))
 
     def wait_result(self, run_id: int | str, timeout_s: float = 40.0) -> dict:
-        """The (not retained) result body of run ``run_id``."""
-        return self.wait_for(lambda t, b: t == P.TOPIC_RESULT and b.get("run_id") == str(run_id) and not b.get("retained"),
-                             timeout_s, f"result of run {run_id}")
+        """The (not retained) result body of run ``run_id``; the HarnessError of a run that
+        gave none says how the run ended (its status and reason in the store)."""
+        try:
+            return self.wait_for(lambda t, b: t == P.TOPIC_RESULT and b.get("run_id") == str(run_id)
+                                 and not b.get("retained"), timeout_s, f"result of run {run_id}")
+        except HarnessError as exc:
+            try:
+                run = self.svc.store.get_run(int(str(run_id).removeprefix("run-")))
+                how = f"run {run_id} is {run.status.value}: {run.status_reason or 'no reason recorded'}"
+            except (CellcalError, sqlite3.Error, ValueError) as why:  # the diagnosis must not hide the timeout
+                how = f"run {run_id}: its record could not be read ({why})"
+            raise HarnessError(f"{exc}; {how}") from None
 
     def nonconforming(self) -> list[tuple[str, list[str], str]]:
         with self._cond:
