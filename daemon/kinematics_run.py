@@ -67,6 +67,7 @@ from cellcal.solver import (
 from cellcal.solver.errors import CellcalError
 from cellcal.solver.iso9283 import ISO9283_POSE_NAMES, point_tool
 from cellcal.solver.kinematic_export import kinematic_parameters_dict
+from cellcal.solver.se3 import make_transform
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,45 @@ def plan_extra(cfg: Any) -> dict[str, Any]:
     """What a kinematics run stores with its plan (merged into the plan's dict): the number of
     fit stations; the rest validate."""
     return {PLAN_KEY: {"n_fit": int(cfg.kinematics.n_stations)}}
+
+
+#: A target offset on the flange (m) for :func:`check_requested`: off every joint axis, so
+#: no parameter is hidden by where the real target sits (that is judged when it is measured).
+_GENERIC_TARGET_M = np.array([0.031, 0.047, 0.083])
+#: A tracker's noise (m, rad): only the weighting of positions against orientations.
+_TRACKER_M, _TRACKER_RAD = 20e-6, math.radians(0.01)
+
+
+def check_requested(run_plan: Mapping[str, Any], cfg: Any, model: Any) -> None:
+    """Refuse, before any station is measured, a ``[kinematics] parameters`` request the
+    planned fit stations cannot determine whatever they measure: the identification's own
+    rank test (``identify_kinematics``) on what the nominal arm predicts at the planned
+    joints, with a generic target offset and no condition gate (both depend on the
+    measurements, and are judged on them after the capture).
+
+    Raises
+    ------
+    DegenerateGeometry
+        Naming the requested parameters that are folded into the base or the target,
+        redundant, or not excited by the planned stations (as the solve would, 40 stations
+        later).
+    """
+    k = cfg.kinematics
+    if not k.parameters:
+        return
+    n_fit = int((run_plan.get(PLAN_KEY) or {}).get("n_fit", k.n_stations))
+    q = np.array([st["q_rad"] for st in (run_plan.get("stations") or [])[:n_fit] if st.get("q_rad") is not None],
+                 dtype=float).reshape(-1, 6)
+    if len(q) == 0:
+        return
+    nominal = solver_model(model)
+    pred = nominal.forward(q) @ make_transform(np.eye(3), _GENERIC_TARGET_M)
+    if cfg.tracker.measure == "point":
+        identify_kinematics(q, nominal, cell_p_target=pred[:, :3, 3], parameters=list(k.parameters),
+                            noise_translation_m=_TRACKER_M, max_condition=math.inf)
+    else:
+        identify_kinematics(q, nominal, cell_T_target=pred, parameters=list(k.parameters),
+                            noise_translation_m=_TRACKER_M, noise_rotation_rad=_TRACKER_RAD, max_condition=math.inf)
 
 
 def solve_run(stations: Sequence[Any], run_plan: Mapping[str, Any], cfg: Any, model: Any) -> Any:
@@ -285,20 +325,18 @@ def _holdout(result: Any) -> dict[str, Any] | None:
 
 
 def gate_and_wire(result: Any, cfg: Any, check_stations: list[dict[str, Any]], *,
-                  iso9283: Mapping[str, Any] | str | None = None) -> tuple[GateReport, dict[str, Any]]:
+                  iso9283: Mapping[str, Any] | str | None = None,
+                  nominal: Any = None) -> tuple[GateReport, dict[str, Any]]:
     """The gate report and the record the store keeps (module docstring for its keys).
 
     ``iso9283``: the pose test's block (:func:`iso9283_phase`), stored as
     ``kinematics.iso9283``, or why it was not measured (``kinematics.iso9283_not_measured``);
-    None (no pose test was tried): neither key.
+    None (no pose test was tried): neither key. ``nominal``: :func:`nominal_fit`, stored as
+    ``kinematics.nominal_fit`` (its ``transforms`` and ``points``, the report's "before" map).
     """
     report = gates(result, cfg)
-    transforms = {"cell_T_base": transform_to_wire("cell_T_base", result.cell_T_base)}
-    points: dict[str, Any] = {}
-    if result.flange_T_target is not None:
-        transforms["flange_T_target"] = transform_to_wire("flange_T_target", result.flange_T_target)
-    if result.flange_p_target is not None:
-        points["flange_p_target"] = point_to_wire("flange", result.flange_p_target)
+    frames = _frames_to_wire(result)
+    transforms, points = frames["transforms"], frames["points"]
     rt = np.asarray(result.residuals.translation_m, dtype=float)
     rr = np.asarray(result.residuals.rotation_rad, dtype=float)
     kin = kinematic_parameters_dict(result)
@@ -307,6 +345,8 @@ def gate_and_wire(result: Any, cfg: Any, check_stations: list[dict[str, Any]], *
     kin["observability_o1"] = _f(result.observability_o1)
     kin["observability_o3"] = _f(result.observability_o3)
     kin["correlations"] = [[a, b, float(r)] for a, b, r in result.correlations]
+    if nominal is not None:
+        kin["nominal_fit"] = _frames_to_wire(nominal)
     if isinstance(iso9283, str):
         kin["iso9283_not_measured"] = iso9283
     elif iso9283 is not None:
@@ -465,6 +505,25 @@ def _tool(result: Any) -> np.ndarray:
     return point_tool(result.flange_p_target)
 
 
+def nominal_fit(stations: Sequence[Any], run_plan: Mapping[str, Any], cfg: Any, model: Any) -> Any:
+    """The nominal arm with its own best rigid base frame and target, fitted on the run's fit
+    stations (no kinematic parameter estimated): what a base-frame calibration of the
+    nominal arm gives, the "before" of the held-out figures, the pose test and the report."""
+    q, kw = _fit_inputs(stations, run_plan, cfg, validation=False)
+    return identify_kinematics(q, solver_model(model), parameters=[], max_condition=math.inf, **kw)
+
+
+def _frames_to_wire(result: Any) -> dict[str, Any]:
+    """A fit's base frame and target as the result body carries them."""
+    out: dict[str, Any] = {"transforms": {"cell_T_base": transform_to_wire("cell_T_base", result.cell_T_base)},
+                           "points": {}}
+    if result.flange_T_target is not None:
+        out["transforms"]["flange_T_target"] = transform_to_wire("flange_T_target", result.flange_T_target)
+    if result.flange_p_target is not None:
+        out["points"]["flange_p_target"] = point_to_wire("flange", result.flange_p_target)
+    return out
+
+
 def plan_iso9283(result: Any, stations: Sequence[Any], run_plan: Mapping[str, Any], cfg: Any,
                  model: Any) -> ISO9283Plan:
     """P1-P5 and the joint targets of both phases for an identification ``result``.
@@ -488,8 +547,7 @@ def plan_iso9283(result: Any, stations: Sequence[Any], run_plan: Mapping[str, An
     point = result.flange_T_target is None
     tool = _tool(result)
     commanded = iso9283_commanded(poses.base_T_flange, result.cell_T_base, tool)
-    q, kw = _fit_inputs(stations, run_plan, cfg, validation=False)
-    rigid = identify_kinematics(q, nominal, parameters=[], max_condition=math.inf, **kw)
+    rigid = nominal_fit(stations, run_plan, cfg, model)
     rigid_tool = _tool(rigid)
     targets: dict[str, np.ndarray] = {}
     for phase, (m, base, t) in zip(ISO9283_PHASES, ((nominal, rigid.cell_T_base, rigid_tool),

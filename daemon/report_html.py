@@ -54,7 +54,7 @@ log = logging.getLogger(__name__)
 
 __all__ = [
     "render_report", "write_report", "report_path", "report_from_store", "export_report", "residual_vectors",
-    "REPORT_SUFFIX", "SECTIONS", "KINEMATICS_SECTION", "FIGURES", "MAX_DRIFT_CHECKS",
+    "REPORT_SUFFIX", "SECTIONS", "KINEMATICS_SECTION", "FIGURES", "KINEMATICS_FIGURE", "MAX_DRIFT_CHECKS",
 ]
 
 #: The report's file name next to the exports: ``result_<id>`` + this.
@@ -67,6 +67,10 @@ KINEMATICS_SECTION = "kinematics"
 MAX_DRIFT_CHECKS = 1000
 #: ``id`` of every figure, in document order.
 FIGURES = ("fig-residuals", "fig-distribution", "fig-ellipses", "fig-observability", "fig-drift")
+#: ``id`` of the figure a ``kinematics`` result adds in its own section (before the others):
+#: the residuals of the nominal arm with its own best rigid fit, the "before" of
+#: ``fig-residuals``, which draws them through the identified arm.
+KINEMATICS_FIGURE = "fig-residuals-nominal"
 
 # Colours of the figures (distinct, readable on white, and distinct in grey-scale print).
 _FIT = "#1f5fbf"
@@ -368,14 +372,14 @@ def residual_vectors(body: Mapping[str, Any], stations: Sequence[Any] | None) ->
 # figures
 
 
-def _fig_residuals(body: Mapping[str, Any], stations: Sequence[Any] | None) -> str:
-    title = "Residual vectors per station (two orthographic views)"
+def _fig_residuals(body: Mapping[str, Any], stations: Sequence[Any] | None, *, fig_id: str = "fig-residuals",
+                   title: str = "Residual vectors per station (two orthographic views)") -> str:
     frame, P_m, R_m = residual_vectors(body, stations)
     if not frame or len(P_m) == 0:
         why = ("the stations of this result are not stored with it (e.g. solved from stations a client sent "
                "without their measurements)" if not stations else
                "this result's kind has no per-station vector residual")
-        return _missing("fig-residuals", title, why)
+        return _missing(fig_id, title, why)
     n = len(P_m)
     held = np.array([math.nan if v is None else float(v) for v in ((body.get("holdout") or {}).get("translation_m")
                                                                   or [])], dtype=float)
@@ -425,7 +429,7 @@ def _fig_residuals(body: Mapping[str, Any], stations: Sequence[Any] | None) -> s
     caption = (f"{n} stations, each drawn at {where} in the {frame} frame, mm. Each line is the station's "
                f"residual (measured minus what the result predicts) magnified x{mag:g}; the magnification is the "
                "same in both views.")
-    return (f'<figure id="fig-residuals" class="figure"><figcaption><b>{_e(title)}</b>. {_e(caption)}</figcaption>'
+    return (f'<figure id="{fig_id}" class="figure"><figcaption><b>{_e(title)}</b>. {_e(caption)}</figcaption>'
             + _svg(840, 450, parts, title) + "</figure>")
 
 
@@ -787,8 +791,9 @@ def _scaled(v: Any, factor: float, digits: int) -> str:
     return _fmt(float(v) * factor, digits)
 
 
-def _kinematics(body: Mapping[str, Any]) -> str:
-    """The "Kinematic identification" section of a ``kinematics`` result ("" for any other)."""
+def _kinematics(body: Mapping[str, Any], before_map: str = "") -> str:
+    """The "Kinematic identification" section of a ``kinematics`` result ("" for any other),
+    ending with ``before_map`` (:func:`_fig_nominal_residuals`)."""
     if body.get("kind") != "kinematics":
         return ""
     k = body.get("kinematics")
@@ -836,7 +841,8 @@ def _kinematics(body: Mapping[str, Any]) -> str:
         facts.append(("strongest correlations", shown + more))
     facts_html = ('<table class="kinematic-facts">'
                   + "".join(f"<tr><td>{_e(a)}</td><td>{_e(b)}</td></tr>" for a, b in facts) + "</table>")
-    return head + f'<p class="convention">{conv}</p>{table}{un}{facts_html}{_kin_validation(k)}</section>'
+    return (head + f'<p class="convention">{conv}</p>{table}{un}{facts_html}{_kin_validation(k)}{before_map}'
+            "</section>")
 
 
 def _kin_validation(k: Mapping[str, Any]) -> str:
@@ -1026,7 +1032,9 @@ def render_report(body: Mapping[str, Any], *, stations: Sequence[Any] | None = N
     """
     kind = body.get("kind", "calibration")
     name, _ = _primary(body)
+    before_map = ""
     if kind == "kinematics":
+        before_map = _fig_nominal_residuals(body, stations)
         stations = _identified_stations(body, stations)
     dist_fig, dist_table = _fig_distribution(body)
     figures = [
@@ -1042,7 +1050,7 @@ def render_report(body: Mapping[str, Any], *, stations: Sequence[Any] | None = N
         '<html xmlns="http://www.w3.org/1999/xhtml" lang="en"><head><meta charset="utf-8"/>'
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
         f"<h1>{_e(title)}</h1>"
-        + _summary(body) + _kinematics(body) + _gates(body) + _warnings(body)
+        + _summary(body) + _kinematics(body, before_map) + _gates(body) + _warnings(body)
         + '<section id="figures"><h2>Figures</h2>' + "".join(figures) + "</section>"
         + _provenance(body)
         + "</body></html>\n"
@@ -1061,6 +1069,12 @@ def _identified_stations(body: Mapping[str, Any], stations: Sequence[Any] | None
     model = identified_model(body)
     if model is None:
         return list(stations)
+    return _through(model, stations)
+
+
+def _through(model: Any, stations: Sequence[Any]) -> list[Any]:
+    """``stations`` with the flange pose ``model`` gives at each one's joints (those without
+    joint angles left out)."""
     out: list[Any] = []
     for s in stations:
         q = s.get("q_rad") if isinstance(s, Mapping) else getattr(s, "q_rad", None)
@@ -1075,6 +1089,28 @@ def _identified_stations(body: Mapping[str, Any], stations: Sequence[Any] | None
             out.append({k: getattr(s, k) for k in ("plan_index", "cell_T_target", "cell_p_target")
                         if getattr(s, k, None) is not None} | {"base_T_flange": G})
     return out
+
+
+def _fig_nominal_residuals(body: Mapping[str, Any], stations: Sequence[Any] | None) -> str:
+    """The residuals before identification: the stations through the nominal arm (its FK at
+    the joints read) against the nominal arm's own best rigid base frame and target
+    (``kinematics.nominal_fit``); the same views as ``fig-residuals``, which shows them
+    after. "" when the result has no nominal fit (stored before it was kept)."""
+    from cellcal.daemon.kinematics_run import driver_model
+
+    k = body.get("kinematics")
+    fit = k.get("nominal_fit") if isinstance(k, Mapping) else None
+    title = "Before identification: residual vectors of the nominal arm with its own best base frame and target"
+    if not isinstance(fit, Mapping):
+        return ""
+    nominal = k.get("nominal") if isinstance(k, Mapping) else None
+    if not nominal or stations is None:
+        return _missing(KINEMATICS_FIGURE, title, "the stations or the nominal arm of this result are not stored "
+                        "with it")
+    before = _through(driver_model(nominal, name=str(nominal.get("name") or "nominal")), stations)
+    view = {**body, "transforms": fit.get("transforms") or {}, "points": fit.get("points") or {},
+            "holdout": None, "downweighted": [], "check_stations": []}
+    return _fig_residuals(view, before, fig_id=KINEMATICS_FIGURE, title=title)
 
 
 def report_path(directory: str | Path, result_id: int | str) -> Path:

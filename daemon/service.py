@@ -1076,6 +1076,12 @@ class Service:
         if "given" in run.plan:
             self._solve_given(run)
             return
+        if run.kind == P.KIND_KINEMATICS and not self.store.stations(run_id):
+            try:  # a requested set the planned stations cannot determine: refused before measuring
+                kinematics_run.check_requested(run.plan, self.cfg, self._devices.model)
+            except CalibrationError as exc:
+                self._solve_failed(run_id, exc)
+                return
         plan = plan_from_dict(run.plan)
         robot_only = run.kind == P.KIND_TOOL_POINT
         what = f"run {run_id}"
@@ -1298,9 +1304,15 @@ class Service:
             iso = kinematics_run.iso9283_phase(result, self.cfg, self._devices.model, stations, run.plan,
                                                functools.partial(self._iso9283_station, run_id),
                                                can_move=self._motion_mode == P.MOTION_COMMAND)
+            try:  # the "before" of the report's residual maps; the result stands without it
+                nominal = kinematics_run.nominal_fit(stations, run.plan, self.cfg, self._devices.model)
+            except (CalibrationError, ValueError, np.linalg.LinAlgError) as exc:
+                log.warning("run %d: no fit of the nominal arm for the report (%s)", run_id, exc)
+                nominal = None
             report, wire = kinematics_run.gate_and_wire(
                 result, self.cfg, drift.choose_check_stations(kinematics_run.without_iso9283(stations), run.plan,
-                                                              self.cfg.drift.check_stations), iso9283=iso)
+                                                              self.cfg.drift.check_stations), iso9283=iso,
+                nominal=nominal)
         else:
             G = solve.station_arrays(stations)[0] if stations else base_T_flange
             report = check_gates(result, self.cfg.solve, context=solve.gate_context(kind, G, self._robot_model()))

@@ -9,6 +9,7 @@ fields ``bodies.result_body`` adds), with the stations as the report reads them.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -64,7 +65,10 @@ def kinematics_kind(n_fit: int = 40, n_validation: int = 12, seed: int = 7
     val = measure(truth, random_q(rng, n_validation), rng)
     result = identify_kinematics(fit.q, UR5E, cell_T_target=fit.cell_T_target, cell_T_target_cov=fit.pose_cov,
                                  validation_q=val.q, validation_cell_T_target=val.cell_T_target)
-    _, wire = gate_and_wire(result, Config(), [{"plan_index": 0}, {"plan_index": 3}])
+    # The nominal arm's own rigid fit on the same stations (the daemon's kinematics_run.nominal_fit).
+    nominal = identify_kinematics(fit.q, UR5E, cell_T_target=fit.cell_T_target, cell_T_target_cov=fit.pose_cov,
+                                  parameters=[], max_condition=math.inf)
+    _, wire = gate_and_wire(result, Config(), [{"plan_index": 0}, {"plan_index": 3}], nominal=nominal)
     body = _identity(wire, "kinematics", result, 9)
     G = np.asarray(UR5E.forward(fit.q)).reshape(n_fit, 4, 4)  # what the controller's nominal FK reports
     stations = [{"plan_index": i, "q_rad": fit.q[i], "base_T_flange": G[i], "cell_T_target": fit.cell_T_target[i]}

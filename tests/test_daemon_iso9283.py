@@ -132,6 +132,10 @@ def test_the_report_shows_the_iso_table(iso_run):
         assert float(row[1]) == pytest.approx(iso["before"]["ap_m"][j] * 1e3, abs=0.6e-4)
         assert float(row[2]) == pytest.approx(iso["after"]["ap_m"][j] * 1e3, abs=0.6e-4)
     assert "not part of this result" not in text and "not measured" not in text
+    # The daemon keeps the nominal arm's rigid fit: the section draws the residuals before too.
+    assert body["kinematics"]["nominal_fit"]["transforms"]["cell_T_base"]
+    figs = [f.get("id") for f in root.iter("{http://www.w3.org/1999/xhtml}figure")]
+    assert figs[0] == R.KINEMATICS_FIGURE and "fig-residuals" in figs
 
 
 @pytest.mark.slow

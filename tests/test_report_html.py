@@ -322,7 +322,7 @@ def test_a_kinematics_result_shows_its_identification(kinematics):
     want = list(R.SECTIONS)
     want.insert(1, R.KINEMATICS_SECTION)
     assert _ids(root, "section") == want
-    assert _ids(root, "figure") == list(R.FIGURES)
+    assert _ids(root, "figure") == [R.KINEMATICS_FIGURE, *R.FIGURES]
     sec = _section(root, R.KINEMATICS_SECTION)
     assert sec.find(XHTML + "h2").text == "Kinematic identification"
     # one row per identified parameter, in the result's order: nominal, identified, delta, 1-sigma at the edge
@@ -419,3 +419,26 @@ def test_a_stored_kinematics_result_reports_from_the_store(tmp_path, kinematics)
     res = _figure(root, "fig-residuals")
     assert _classes(res).count("residual") == 2 * len(stations)
     assert f"(longest {max(body['residuals']['translation_m']) * 1e3:.4f} mm)" in "".join(res.itertext())
+
+
+def test_a_kinematics_result_maps_its_residuals_before_and_after(kinematics):
+    """The section's "before" map draws the nominal arm with its own rigid fit; the residual
+    figure the identified arm: the hidden kinematic errors make the vectors before far
+    longer than after (mm against the tracker's hundredths of a mm)."""
+    body, stations, _ = kinematics
+    assert body["kinematics"]["nominal_fit"]["transforms"]["cell_T_base"]
+    root = _parse(R.render_report(body, stations=stations))
+    sec = _section(root, R.KINEMATICS_SECTION)
+    before = [f for f in sec.iter(XHTML + "figure") if f.get("id") == R.KINEMATICS_FIGURE]
+    assert len(before) == 1 and before[0].find(XHTML + "figcaption") is not None
+
+    def longest_mm(fig) -> float:
+        text = "".join(fig.itertext())
+        return float(text.split("(longest ")[1].split(" mm")[0])
+
+    after = [f for f in root.iter(XHTML + "figure") if f.get("id") == "fig-residuals"][0]
+    assert longest_mm(before[0]) > 10 * longest_mm(after), (longest_mm(before[0]), longest_mm(after))
+    # A body stored before the nominal fit was kept: no "before" figure, nothing broken.
+    old = copy.deepcopy(body)
+    del old["kinematics"]["nominal_fit"]
+    assert _ids(_parse(R.render_report(old, stations=stations)), "figure") == list(R.FIGURES)
