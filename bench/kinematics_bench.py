@@ -49,7 +49,7 @@ from cellcal.solver import (  # noqa: E402
     simulate_iso9283_cycles,
 )
 from cellcal.solver.kinematics import DHParameters  # noqa: E402
-from cellcal.solver.se3 import se3_exp, so3_exp  # noqa: E402
+from cellcal.solver.se3 import se3_exp  # noqa: E402
 
 CELL_T_BASE = se3_exp(np.array([1.2, 0.4, 0.0, 0.0, 0.0, 0.4]))
 FLANGE_T_TARGET = se3_exp(np.array([0.0, 0.03, 0.08, 0.05, 0.0, 0.0]))
@@ -68,13 +68,7 @@ def truth_arm(rng: np.random.Generator) -> DHParameters:
 
 
 def measure(truth: DHParameters, q: np.ndarray, rng: np.random.Generator):
-    T = CELL_T_BASE @ truth.forward(q) @ FLANGE_T_TARGET
-    C = TRACKER.pose_covariance(T)
-    e = np.einsum("nij,nj->ni", np.linalg.cholesky(C), rng.normal(size=(len(q), 6)))
-    Tm = T.copy()
-    Tm[:, :3, 3] += e[:, :3]
-    for k in range(len(q)):
-        Tm[k, :3, :3] = so3_exp(e[k, 3:]) @ T[k, :3, :3]
+    Tm, C, e = TRACKER.sample_poses(rng, CELL_T_BASE @ truth.forward(q) @ FLANGE_T_TARGET)
     return Tm, C, e
 
 

@@ -5,7 +5,7 @@ with its hidden kinematic errors, the tracker with beam-coordinate noise), the d
 (``config/demo.toml``) runs, interleaved in one process:
 
 * **fixed**: the fixed 20-station plan the daemon generated before the planner (tilts from
-  the home orientation about golden-angle axes, reproduced below as :func:`legacy_plan`),
+  the home orientation about golden-angle axes, :func:`legacy_plan`, the daemon's own fallback plan),
   passed to ``start_run`` as an explicit plan;
 * **target**: a run to ``target_sigma_mm`` (0.05 by default) at the task point of
   ``config/demo.toml``: the first 4 planned stations, then the planner's next station after
@@ -40,57 +40,17 @@ sys.path.insert(0, str(ROOT))
 from bench._results import machine_line, write_section  # noqa: E402
 
 
-def _halton(i: int, base: int) -> float:
-    f, r = 1.0, 0.0
-    while i > 0:
-        f /= base
-        r += f * (i % base)
-        i //= base
-    return r
-
-
 def legacy_plan(model: Any, p: Any, n: int) -> list[Any]:
     """The daemon's generated plan before the planner (main before this benchmark): Halton
     positions in the box, tilts from the home orientation about golden-angle axes with a
-    turn about the tool axis, IK from the previous station, a nearest-neighbour tour."""
-    from cellcal.daemon.plan import PlannedStation
-    from cellcal.solver.se3 import make_transform, so3_exp
+    turn about the tool axis, IK from the previous station, a nearest-neighbour tour. It is
+    still the daemon's plan when the tracker's position is not configured
+    (``cellcal.daemon.plan._tilt_plan``), which is called here rather than copied."""
+    from cellcal.daemon.plan import _tilt_plan
 
-    home = np.asarray(p.home_q_rad, float)
-    lo, hi = np.asarray(p.joint_min_rad, float), np.asarray(p.joint_max_rad, float)
-    bmin, bmax = np.asarray(p.workspace_min_m, float), np.asarray(p.workspace_max_m, float)
-    R_home = model.forward(home)[:3, :3]
-    rng = np.random.default_rng(p.seed)
-    shift = rng.uniform(0, 1, 3)
-    golden = math.pi * (3.0 - math.sqrt(5.0))
-    stations: list[tuple[np.ndarray, np.ndarray]] = []
-    draws = 0
-    while len(stations) < n and draws < 20 * n:
-        draws += 1
-        u = np.array([(_halton(draws, b) + s) % 1.0 for b, s in zip((2, 3, 5), shift, strict=True)])
-        pos = bmin + u * (bmax - bmin)
-        phi = golden * draws
-        tilt = p.max_tilt_rad * (0.5 + 0.5 * _halton(draws, 7))
-        yaw = p.max_tilt_rad * (2.0 * _halton(draws, 11) - 1.0)
-        axis = np.array([math.cos(phi), math.sin(phi), 0.0])
-        T = make_transform(R_home @ so3_exp(np.array([0.0, 0.0, yaw])) @ so3_exp(axis * tilt), pos)
-        try:
-            q = model.inverse(T, stations[-1][0] if stations else home)
-        except ValueError:
-            try:
-                q = model.inverse(T, home)
-            except ValueError:
-                continue
-        if np.any(q < lo) or np.any(q > hi):
-            continue
-        stations.append((q, T))
-    left, order, cur = list(range(len(stations))), [], home
-    while left:
-        j = min(left, key=lambda i: float(np.max(np.abs(stations[i][0] - cur))))
-        order.append(j)
-        left.remove(j)
-        cur = stations[j][0]
-    return [PlannedStation(i, stations[j][0], stations[j][1]) for i, j in enumerate(order)]
+    return _tilt_plan(model, n=n, box_min_m=p.workspace_min_m, box_max_m=p.workspace_max_m,
+                      max_tilt_rad=p.max_tilt_rad, home_q_rad=p.home_q_rad, q_min_rad=p.joint_min_rad,
+                      q_max_rad=p.joint_max_rad, seed=p.seed)
 
 
 def _task_error(result: Any, truth_X: np.ndarray, task: np.ndarray) -> float:

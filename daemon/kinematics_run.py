@@ -525,7 +525,7 @@ def _frames_to_wire(result: Any) -> dict[str, Any]:
 
 
 def plan_iso9283(result: Any, stations: Sequence[Any], run_plan: Mapping[str, Any], cfg: Any,
-                 model: Any) -> ISO9283Plan:
+                 model: Any, *, nominal: Any = None) -> ISO9283Plan:
     """P1-P5 and the joint targets of both phases for an identification ``result``.
 
     The test poses are planned on the nominal arm (flange down, the largest reachable cube
@@ -547,7 +547,7 @@ def plan_iso9283(result: Any, stations: Sequence[Any], run_plan: Mapping[str, An
     point = result.flange_T_target is None
     tool = _tool(result)
     commanded = iso9283_commanded(poses.base_T_flange, result.cell_T_base, tool)
-    rigid = nominal_fit(stations, run_plan, cfg, model)
+    rigid = nominal if nominal is not None else nominal_fit(stations, run_plan, cfg, model)
     rigid_tool = _tool(rigid)
     targets: dict[str, np.ndarray] = {}
     for phase, (m, base, t) in zip(ISO9283_PHASES, ((nominal, rigid.cell_T_base, rigid_tool),
@@ -581,7 +581,7 @@ def _figures(r: Any, point: bool) -> dict[str, Any]:
 
 
 def iso9283_phase(result: Any, cfg: Any, model: Any, stations: Sequence[Any], run_plan: Mapping[str, Any],
-                  measure: Measure, *, can_move: bool = True) -> dict[str, Any] | str:
+                  measure: Measure, *, can_move: bool = True, nominal: Any = None) -> dict[str, Any] | str:
     """The ISO 9283 pose test of a kinematics run, measured (module docstring).
 
     Parameters
@@ -599,6 +599,8 @@ def iso9283_phase(result: Any, cfg: Any, model: Any, stations: Sequence[Any], ru
         ``measure(planned, tag) -> StationRecord`` (the service's capture path).
     can_move : bool
         False in ``observe`` motion mode: the daemon commands no pose, so no test.
+    nominal : cellcal.solver.KinematicResult, optional
+        :func:`nominal_fit` of these stations, if the caller has it (else fitted here).
 
     Returns
     -------
@@ -607,7 +609,7 @@ def iso9283_phase(result: Any, cfg: Any, model: Any, stations: Sequence[Any], ru
         propagates from ``measure``. A test not measured is logged with
         its reason.
     """
-    out = _iso9283_phase(result, cfg, model, stations, run_plan, measure, can_move=can_move)
+    out = _iso9283_phase(result, cfg, model, stations, run_plan, measure, can_move=can_move, nominal=nominal)
     if isinstance(out, str):
         (log.info if int(cfg.kinematics.iso9283_cycles) == 0 else log.warning)("ISO 9283 not measured: %s", out)
     else:
@@ -617,7 +619,7 @@ def iso9283_phase(result: Any, cfg: Any, model: Any, stations: Sequence[Any], ru
 
 
 def _iso9283_phase(result: Any, cfg: Any, model: Any, stations: Sequence[Any], run_plan: Mapping[str, Any],
-                   measure: Measure, *, can_move: bool = True) -> dict[str, Any] | str:
+                   measure: Measure, *, can_move: bool = True, nominal: Any = None) -> dict[str, Any] | str:
     k = cfg.kinematics
     cycles = int(k.iso9283_cycles)
     if cycles == 0:
@@ -628,7 +630,7 @@ def _iso9283_phase(result: Any, cfg: Any, model: Any, stations: Sequence[Any], r
     if not report.passed:
         return f"the identification failed its gates ({report.reason()}); its model was not tested"
     try:
-        plan = plan_iso9283(result, stations, run_plan, cfg, model)
+        plan = plan_iso9283(result, stations, run_plan, cfg, model, nominal=nominal)
     except (ValueError, CellcalError) as exc:
         return f"the test poses cannot be commanded: {exc}"
     done = {s.plan_index: s for s in stations if is_iso9283_station(s)}

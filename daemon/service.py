@@ -1301,14 +1301,14 @@ class Service:
         if kind == P.KIND_KINEMATICS:
             # The ISO 9283 pose test measures the identified arm before its result is stored;
             # its stations are stored with the run and are never check stations.
-            iso = kinematics_run.iso9283_phase(result, self.cfg, self._devices.model, stations, run.plan,
-                                               functools.partial(self._iso9283_station, run_id),
-                                               can_move=self._motion_mode == P.MOTION_COMMAND)
-            try:  # the "before" of the report's residual maps; the result stands without it
+            try:  # the "before" of the pose test and of the report's residual maps
                 nominal = kinematics_run.nominal_fit(stations, run.plan, self.cfg, self._devices.model)
             except (CalibrationError, ValueError, np.linalg.LinAlgError) as exc:
-                log.warning("run %d: no fit of the nominal arm for the report (%s)", run_id, exc)
+                log.warning("run %d: no fit of the nominal arm (%s)", run_id, exc)
                 nominal = None
+            iso = kinematics_run.iso9283_phase(result, self.cfg, self._devices.model, stations, run.plan,
+                                               functools.partial(self._iso9283_station, run_id),
+                                               can_move=self._motion_mode == P.MOTION_COMMAND, nominal=nominal)
             report, wire = kinematics_run.gate_and_wire(
                 result, self.cfg, drift.choose_check_stations(kinematics_run.without_iso9283(stations), run.plan,
                                                               self.cfg.drift.check_stations), iso9283=iso,

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
+from cellcal.solver.se3 import so3_exp
+
 __all__ = ["TrackerNoiseModel", "ISO_RADIAL_MPE", "ISO_TRANSVERSE_MPE"]
 
 #: The example MPE figures of a current laser tracker (constant m, per metre of range).
@@ -174,6 +176,28 @@ class TrackerNoiseModel:
         out[:, :3, :3] = self.point_covariance(T[:, :3, 3])
         out[:, 3:, 3:] = self.rotation_std_rad**2 * np.eye(3)
         return out
+
+    def sample_poses(self, rng: np.random.Generator, cell_T_target: ArrayLike
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Measured 6-DoF poses of true poses ``cell_T_target`` (N, 4, 4), for simulations.
+
+        Returns
+        -------
+        measured : numpy.ndarray, shape (N, 4, 4)
+            ``p' = p + dp``, ``R' = Exp(dphi) R`` (the convention of :meth:`pose_covariance`).
+        covariance : numpy.ndarray, shape (N, 6, 6)
+            :meth:`pose_covariance` of the true poses.
+        noise : numpy.ndarray, shape (N, 6)
+            The draws ``(dp, dphi)``, m and rad.
+        """
+        T = np.asarray(cell_T_target, dtype=np.float64)
+        C = self.pose_covariance(T)
+        e = np.einsum("nij,nj->ni", np.linalg.cholesky(C), rng.normal(size=(len(T), 6)))
+        measured = T.copy()
+        measured[:, :3, 3] += e[:, :3]
+        for k in range(len(T)):
+            measured[k, :3, :3] = so3_exp(e[k, 3:]) @ T[k, :3, :3]
+        return measured, C, e
 
     def sample(self, rng: np.random.Generator, cell_p: ArrayLike) -> np.ndarray:
         """Noise draws (N, 3) for points measured at ``cell_p`` (for simulations)."""

@@ -16,7 +16,7 @@ import numpy as np
 
 from cellcal.solver.identify import parameter_names
 from cellcal.solver.kinematics import UR5E, DHParameters
-from cellcal.solver.se3 import se3_exp, so3_exp
+from cellcal.solver.se3 import se3_exp
 from cellcal.solver.tracker_noise import TrackerNoiseModel
 
 CELL_T_BASE = se3_exp(np.array([1.2, 0.4, 0.0, 0.0, 0.0, 0.4]))
@@ -61,13 +61,7 @@ class Stations:
 
 def measure(truth: DHParameters, q: np.ndarray, rng: np.random.Generator) -> Stations:
     """Tracker measurements of the target at joints ``q`` on the truth arm."""
-    T = CELL_T_BASE @ truth.forward(q) @ FLANGE_T_TARGET
-    C = TRACKER.pose_covariance(T)
-    e = np.einsum("nij,nj->ni", np.linalg.cholesky(C), rng.normal(size=(len(q), 6)))
-    Tm = T.copy()
-    Tm[:, :3, 3] += e[:, :3]
-    for k in range(len(q)):
-        Tm[k, :3, :3] = so3_exp(e[k, 3:]) @ T[k, :3, :3]
+    Tm, C, e = TRACKER.sample_poses(rng, CELL_T_BASE @ truth.forward(q) @ FLANGE_T_TARGET)
     return Stations(q=q, cell_T_target=Tm, cell_p_target=Tm[:, :3, 3].copy(), pose_cov=C,
                     point_cov=C[:, :3, :3].copy(), noise=e)
 

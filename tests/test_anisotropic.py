@@ -172,3 +172,22 @@ def test_full_covariance_validation_names_the_station():
     with pytest.raises(ValueError, match=r"cell_p_target_cov\[0\]"):
         calibrate_base_frame_points(sc.base_T_flange, sc.measured[:, :3, 3],
                                     cell_p_target_cov=np.tile(np.full((3, 3), np.nan), (6, 1, 1)))
+
+
+def test_sampled_poses_follow_the_pose_covariance_convention():
+    """``sample_poses``: ``p' = p + dp``, ``R' = Exp(dphi) R`` with (dp, dphi) the returned
+    draws, the covariance that of the true poses, and the draws' spread that covariance."""
+    model = TrackerNoiseModel.from_mpe(np.array([3.0, 1.0, 0.5]), rotation_mpe_rad=math.radians(0.01))
+    rng = np.random.default_rng(5)
+    T = np.stack([se3_exp(np.r_[rng.uniform(-0.5, 0.5, 3), rng.uniform(-1.0, 1.0, 3)]) for _ in range(4000)])
+    M, C, e = model.sample_poses(np.random.default_rng(6), T)
+    assert M.shape == T.shape and C.shape == (4000, 6, 6) and e.shape == (4000, 6)
+    assert np.allclose(C, model.pose_covariance(T))
+    assert np.allclose(M[:, :3, 3] - T[:, :3, 3], e[:, :3], atol=1e-15)
+    for k in (0, 1, 3999):
+        assert np.allclose(so3_log(M[k, :3, :3] @ T[k, :3, :3].T), e[k, 3:], atol=1e-12)
+    # whitened draws have unit covariance (4000 draws: each entry within 0.1)
+    w = np.einsum("nij,nj->ni", np.linalg.inv(np.linalg.cholesky(C)), e)
+    assert np.allclose(np.cov(w.T), np.eye(6), atol=0.1)
+    with pytest.raises(ValueError, match="rotation_std_rad"):
+        TrackerNoiseModel.from_mpe(np.array([3.0, 1.0, 0.5])).sample_poses(rng, T)
