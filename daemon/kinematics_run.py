@@ -525,7 +525,7 @@ def _frames_to_wire(result: Any) -> dict[str, Any]:
 
 
 def plan_iso9283(result: Any, stations: Sequence[Any], run_plan: Mapping[str, Any], cfg: Any,
-                 model: Any, *, nominal: Any = None) -> ISO9283Plan:
+                 model: Any, *, rigid: Any = None) -> ISO9283Plan:
     """P1-P5 and the joint targets of both phases for an identification ``result``.
 
     The test poses are planned on the nominal arm (flange down, the largest reachable cube
@@ -533,7 +533,8 @@ def plan_iso9283(result: Any, stations: Sequence[Any], run_plan: Mapping[str, An
     commanded in the cell through the identified base frame and target. "before": the
     nominal arm's inverse kinematics with its own best rigid base and target, fitted on the
     run's fit stations (what a base-frame calibration of the nominal arm commands);
-    "after": the identified arm's with the identified base and target.
+    "after": the identified arm's with the identified base and target. ``rigid``: that
+    fit (:func:`nominal_fit`) if the caller has it, else fitted here.
 
     Raises
     ------
@@ -547,7 +548,8 @@ def plan_iso9283(result: Any, stations: Sequence[Any], run_plan: Mapping[str, An
     point = result.flange_T_target is None
     tool = _tool(result)
     commanded = iso9283_commanded(poses.base_T_flange, result.cell_T_base, tool)
-    rigid = nominal if nominal is not None else nominal_fit(stations, run_plan, cfg, model)
+    if rigid is None:
+        rigid = nominal_fit(stations, run_plan, cfg, model)
     rigid_tool = _tool(rigid)
     targets: dict[str, np.ndarray] = {}
     for phase, (m, base, t) in zip(ISO9283_PHASES, ((nominal, rigid.cell_T_base, rigid_tool),
@@ -630,7 +632,7 @@ def _iso9283_phase(result: Any, cfg: Any, model: Any, stations: Sequence[Any], r
     if not report.passed:
         return f"the identification failed its gates ({report.reason()}); its model was not tested"
     try:
-        plan = plan_iso9283(result, stations, run_plan, cfg, model, nominal=nominal)
+        plan = plan_iso9283(result, stations, run_plan, cfg, model, rigid=nominal)
     except (ValueError, CellcalError) as exc:
         return f"the test poses cannot be commanded: {exc}"
     done = {s.plan_index: s for s in stations if is_iso9283_station(s)}
