@@ -966,13 +966,31 @@ class Service:
             self._store_fault(job, exc)
         except Exception as exc:  # noqa: BLE001 - the worker must survive any job
             log.exception("job %s failed", job.kind)
-            self._fault(f"{job.kind} failed: {exc}", exc, code=P.E_INTERNAL)
+            self._internal_failure(job, exc)
         finally:
             self._current = None
             job.done.set()
             self._progress()
             if self.state != State.FAULT:
                 self._set_state(State.IDLE)
+
+    def _internal_failure(self, job: _Job, exc: Exception) -> None:
+        """An exception nobody expected (a programming error) ended a job: the run is closed
+        as failed with the exception named, so its waiters and ``list_results`` see why
+        instead of an open run nothing works on (which would also refuse every later
+        ``start_run``); its stations stay stored. FAULT with ``E_INTERNAL``; the daemon
+        keeps serving and the next run starts as usual."""
+        what = f"internal error: {type(exc).__name__}: {exc}"
+        if job.kind == _RUN and job.run_id is not None:
+            try:
+                if self.store.get_run(job.run_id).is_open:
+                    self.store.set_run_status(job.run_id, RunStatus.FAILED, what)
+            except StoreError as store_exc:
+                self._store_fault(job, store_exc, close=(RunStatus.FAILED, what))
+                return
+            self._fault(f"run {job.run_id} failed: {what}", exc, code=P.E_INTERNAL)
+            return
+        self._fault(f"{job.kind} failed: {what}", exc, code=P.E_INTERNAL)
 
     def _give_up(self, job: _Job, exc: _GiveUp) -> None:
         """A fault outlasted ``resume_within_s``: the run is closed as failed, never resumed later."""

@@ -83,3 +83,34 @@ def test_tracker_stamp_in_the_future_is_the_trackers_fault_and_backs_off(tmp_pat
         # No station was taken with the bad stamps; all six are whole and in the store.
         assert [s.plan_index for s in cell.svc.store.stations(int(run_id))] == list(range(6))
         assert cell.nonconforming() == []
+
+
+def test_an_unexpected_exception_fails_the_run_named_and_the_daemon_keeps_serving(tmp_path, monkeypatch):
+    # A programming error inside the solve (not a CalibrationError): before, the run stayed
+    # open with nothing working on it, its waiters only timed out and every later start_run
+    # was refused. Now the run fails with the exception named, its stations stay stored,
+    # the fault says E_INTERNAL, and the next run solves as usual.
+    from cellcal.daemon import solve as solve_mod
+
+    real = solve_mod.solve_stations
+    broken = {"on": True}
+
+    def solve_with_a_bug(*args, **kw):
+        if broken["on"]:
+            raise RuntimeError("a bug in the solve")
+        return real(*args, **kw)
+
+    monkeypatch.setattr(solve_mod, "solve_stations", solve_with_a_bug)
+    with inprocess_cell(tmp_path, n_stations=6) as cell:
+        run_id = str(cell.svc.start_run("base_frame"))
+        fault = cell.wait_for(lambda t, b: t == P.TOPIC_FAULT and b["active"] and b["code"] == P.E_INTERNAL,
+                              WAIT_S, "the internal fault")
+        assert "RuntimeError" in fault["message"] and "a bug in the solve" in fault["message"], fault
+        run = cell.svc.store.get_run(int(run_id))
+        assert run.status.value == "failed" and not run.is_open, run
+        assert "internal error: RuntimeError: a bug in the solve" in run.status_reason
+        assert [s.plan_index for s in cell.svc.store.stations(int(run_id))] == list(range(6))
+        broken["on"] = False
+        second = str(cell.svc.start_run("base_frame"))
+        body = cell.wait_result(second, WAIT_S)
+        assert body["active"] and body["gates"]["passed"]
