@@ -977,8 +977,8 @@ class Service:
     def _internal_failure(self, job: _Job, exc: Exception) -> None:
         """An exception nobody expected (a programming error) ended a job: the run is closed
         as failed with the exception named, so its waiters and ``list_results`` see why
-        instead of an open run nothing works on (which would also refuse every later
-        ``start_run``); its stations stay stored. FAULT with ``E_INTERNAL``; the daemon
+        instead of an open run nothing works on (resumed at the next start as if
+        interrupted); its stations stay stored. FAULT with ``E_INTERNAL``; the daemon
         keeps serving and the next run starts as usual."""
         what = f"internal error: {type(exc).__name__}: {exc}"
         if job.kind == _RUN and job.run_id is not None:

@@ -87,8 +87,8 @@ def test_tracker_stamp_in_the_future_is_the_trackers_fault_and_backs_off(tmp_pat
 
 def test_an_unexpected_exception_fails_the_run_named_and_the_daemon_keeps_serving(tmp_path, monkeypatch):
     # A programming error inside the solve (not a CalibrationError): before, the run stayed
-    # open with nothing working on it, its waiters only timed out and every later start_run
-    # was refused. Now the run fails with the exception named, its stations stay stored,
+    # open with nothing working on it (to be resumed at the next start as if interrupted) and
+    # its waiters only timed out. Now the run fails with the exception named, its stations stay stored,
     # the fault says E_INTERNAL, and the next run solves as usual.
     from cellcal.daemon import solve as solve_mod
 
