@@ -21,7 +21,7 @@ import numpy as np
 
 from cellcal.daemon import protocol as P
 
-__all__ = ["station_line", "result_line", "drift_line", "pose_text", "sigma_of", "main_transform"]
+__all__ = ["station_line", "result_line", "drift_line", "pose_text", "sigma_of", "main_transform", "kinematic_unit"]
 
 
 def _mm(v: Any, digits: int = 3) -> str:
@@ -30,6 +30,17 @@ def _mm(v: Any, digits: int = 3) -> str:
 
 def _deg(v: Any, digits: int = 4) -> str:
     return f"{math.degrees(v):.{digits}f} deg" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
+
+
+def kinematic_unit(name: str) -> tuple[str, float, int]:
+    """Edge unit, factor from SI and digits of a kinematic parameter (``link{i}.a``/``.d``:
+    lengths; ``joint{i}.zero_offset``, ``.alpha``, ``.beta``: angles), for the report and
+    ``cellcal show``."""
+    # Digits to 10 nm and 1e-6 deg: a well-determined sigma is a few micrometres or
+    # thousandths of a degree and must still show two significant digits.
+    if name.endswith((".a", ".d")):
+        return "mm", 1e3, 5
+    return "deg", math.degrees(1.0), 6
 
 
 def _rpy_deg(matrix: Any) -> tuple[float, float, float]:

@@ -48,6 +48,7 @@ from typing import Any
 
 import numpy as np
 
+from cellcal.daemon.human import kinematic_unit
 from cellcal.solver.se3 import quat_from_matrix, so3_log
 
 log = logging.getLogger(__name__)
@@ -775,16 +776,6 @@ def _summary(body: Mapping[str, Any]) -> str:
             f'<p class="convention">{conv}</p>{"".join(est)}</section>')
 
 
-def _kin_unit(name: str) -> tuple[str, float, int]:
-    """Edge unit, factor from SI and digits of a kinematic parameter (``link{i}.a``/``.d``:
-    lengths; ``joint{i}.zero_offset``, ``.alpha``, ``.beta``: angles)."""
-    # Digits to 10 nm and 1e-6 deg: a well-determined sigma is a few micrometres or
-    # thousandths of a degree and must still show two significant digits.
-    if name.endswith((".a", ".d")):
-        return "mm", 1e3, 5
-    return "deg", math.degrees(1.0), 6
-
-
 def _scaled(v: Any, factor: float, digits: int) -> str:
     if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
         return "n/a"
@@ -809,7 +800,7 @@ def _kinematics(body: Mapping[str, Any], before_map: str = "") -> str:
     params = k.get("parameters") or {}
     for name in params:  # the identification's own order (its preference order)
         p = params[name] or {}
-        unit, f, dig = _kin_unit(name)
+        unit, f, dig = kinematic_unit(name)
         val, delta = p.get("value"), p.get("delta")
         nom = float(val) - float(delta) if isinstance(val, (int, float)) and isinstance(delta, (int, float)) else None
         rows.append(f'<tr class="parameter"><td>{_e(name)}</td><td>{unit}</td><td class="num">{_scaled(nom, f, dig)}'

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import copy
 import math
+import subprocess
+import sys
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
@@ -48,7 +50,8 @@ def iso_run(tmp_path_factory):
         solved = K.solve_run(stations, cell.svc.store.get_run(run_id).plan, cell.cfg, cell.svc._devices.model)
         # every body the run published conforms to the protocol (the result's new keys too)
         assert nonconforming_bodies(cell.events) == []
-        yield body, stations, text, solved
+        state_dir = Path(cell.cfg.service.state_dir)
+        yield body, stations, text, solved, state_dir
 
 
 def _rows(root: ET.Element, cls: str) -> list[list[str]]:
@@ -60,7 +63,7 @@ def _rows(root: ET.Element, cls: str) -> list[list[str]]:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_pose_test_is_stored_and_identification_shrinks_ap(iso_run):
-    body, _, _, _ = iso_run
+    body, _, _, _, _ = iso_run
     assert body["kind"] == P.KIND_KINEMATICS and body["gates"]["passed"] is True
     iso = body["kinematics"]["iso9283"]
     assert iso["cycles"] == _CYCLES and iso["poses"] == ["P1", "P2", "P3", "P4", "P5"]
@@ -81,7 +84,7 @@ def test_the_pose_test_is_stored_and_identification_shrinks_ap(iso_run):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_pose_test_stations_are_stored_and_never_fitted(iso_run):
-    body, stations, _, solved = iso_run
+    body, stations, _, solved, _ = iso_run
     iso_st = [s for s in stations if K.is_iso9283_station(s)]
     assert len(iso_st) == 2 * _CYCLES * 5
     iso = body["kinematics"]["iso9283"]
@@ -100,7 +103,7 @@ def test_the_pose_test_stations_are_stored_and_never_fitted(iso_run):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_wire_body_has_uncertainty_and_holdout(iso_run):
-    body, _, text, _ = iso_run
+    body, _, text, _, _ = iso_run
     u = body["uncertainty"]
     assert set(u["covariance"]) == {"cell_T_base", "flange_T_target"}
     assert u["covariance"]["cell_T_base"]["shape"] == [6, 6]
@@ -118,7 +121,7 @@ def test_the_wire_body_has_uncertainty_and_holdout(iso_run):
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_the_report_shows_the_iso_table(iso_run):
-    body, _, text, _ = iso_run
+    body, _, text, _, _ = iso_run
     root = ET.fromstring(text)
     worst = _rows(root, "iso9283")
     assert [r[0] for r in worst] == ["before", "after"]
@@ -140,10 +143,43 @@ def test_the_report_shows_the_iso_table(iso_run):
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
+def test_show_tells_the_identification_and_the_pose_test(iso_run):
+    """``cellcal show`` of the kinematics result, run as a user runs it on the daemon's state:
+    every identified parameter against nominal with its 1-sigma, what was fixed and why,
+    the held-out validation and the pose test's worst AP and RP, before -> after."""
+    body, _, _, _, state_dir = iso_run
+    rid = str(body["result_id"]).removeprefix("r-")
+    r = subprocess.run([sys.executable, "-m", "cellcal.daemon.cli", "show", rid, "--state-dir",
+                        str(state_dir)], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    out = r.stdout
+    kin = body["kinematics"]
+    rows = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("    ") and ln.split()
+            and ln.split()[0] in kin["parameters"]}
+    assert list(rows) == list(kin["parameters"])
+    for name, cols in rows.items():
+        p = kin["parameters"][name]
+        f = 1e3 if cols[1] == "mm" else math.degrees(1.0)
+        assert cols[1] == ("mm" if name.endswith((".a", ".d")) else "deg")
+        assert float(cols[3]) == pytest.approx(p["value"] * f, abs=1e-4)
+        assert float(cols[5]) == pytest.approx(p["sigma"] * f, abs=1e-4)
+    for name in kin["unidentifiable"]:
+        assert f"      {name}: {kin['unidentifiable_reasons'][name]}" in out
+    after = kin["validation"]["after"]
+    assert f"{after['n_stations']} validation stations never fitted" in out
+    iso = kin["iso9283"]
+    line = next(ln for ln in out.splitlines() if ln.startswith("  ISO 9283"))
+    assert f"{iso['cycles']} cycles" in line
+    assert (f"worst AP {iso['before']['max_ap_m'] * 1e3:.4f} -> {iso['after']['max_ap_m'] * 1e3:.4f} mm"
+            in line), line
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
 def test_a_disabled_pose_test_stores_no_block_and_the_report_says_why(iso_run):
     """``iso9283_cycles = 0``: the phase measures nothing (``measure`` is never called) and
     the stored record and its report say why."""
-    body, stations, _, solved = iso_run
+    body, stations, _, solved, _ = iso_run
     cfg = load_config_text('config_version = 1\n[kinematics]\niso9283_cycles = 0\n')
     calls: list[int] = []
     got = K.iso9283_phase(solved, cfg, _model(), stations, {}, lambda ps, tag: calls.append(ps.index))
