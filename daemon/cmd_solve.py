@@ -7,7 +7,10 @@ the likely causes (units, quaternion order, swapped or inverted inputs, a robot 
 error), and a milder excess is reported as a ``model_error`` warning with a widened
 uncertainty. A CSV whose quaternion columns fit far better read as x, y, z, w is named as
 such. ``--expect-base`` checks the answer against the cell drawing; ``--robot-model`` sets
-the arm's reach, which catches swapped arguments and millimetres (ADR 0014).
+the arm's reach, which catches swapped arguments and millimetres (ADR 0014). A base-frame
+file of 3-DoF point stations (``cell_p_target``, ``cellcal.daemon.stations_io``) is solved
+by the point model (``calibrate_base_frame_points``: ``cell_T_base`` and the reflector's
+``flange_p_target``), with ``--noise-mm`` alone.
 
 Exit codes: 0 solved; 2 bad file or arguments (the message names the line); 3 the data
 cannot determine the calibration, or determine one that cannot be right (refused, with
@@ -26,7 +29,13 @@ import numpy as np
 
 from cellcal.daemon.report import format_report, result_to_wire, transforms_of
 from cellcal.daemon.stations_io import StationFileError, read_stations
-from cellcal.solver import CalibrationError, calibrate_base_frame, calibrate_hand_eye, calibrate_tool_point
+from cellcal.solver import (
+    CalibrationError,
+    calibrate_base_frame,
+    calibrate_base_frame_points,
+    calibrate_hand_eye,
+    calibrate_tool_point,
+)
 from cellcal.solver.se3 import make_transform, rotation_angle, se3_inverse, so3_exp
 
 EXIT_INTERNAL = 1
@@ -47,7 +56,8 @@ QUATERNION_ORDER_GAIN = 10.0
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("file", nargs="?", help="station file: .jsonl (SI, 4x4 lists) or .csv (mm + quaternion w,x,y,z)")
+    src.add_argument("file", nargs="?", help="station file: .jsonl (SI, 4x4 lists) or .csv (mm + quaternion w,x,y,z); "
+                                            "a base-frame file may hold 3-DoF point stations (cell_p_target)")
     src.add_argument("--synthetic", type=int, metavar="N", help="solve a seeded synthetic scene of N stations instead")
     p.add_argument("--kind", choices=("base_frame", "hand_eye", "tool_point"), default="base_frame")
     p.add_argument("--format", choices=("auto", "jsonl", "csv"), default="auto", dest="fmt")
@@ -87,7 +97,7 @@ def _numbers(text: str, count: int, option: str) -> list[float]:
     return vals
 
 
-def _options(args: argparse.Namespace) -> dict:
+def _options(args: argparse.Namespace, points: bool = False) -> dict:
     for name in ("noise_mm", "noise_deg"):
         v = getattr(args, name)
         if not (math.isfinite(v) and v > 0.0):
@@ -95,10 +105,8 @@ def _options(args: argparse.Namespace) -> dict:
     kw: dict = {}
     if not args.estimate_noise:
         kw["noise_translation_m"] = args.noise_mm * 1e-3
-        if args.kind != "tool_point":
+        if args.kind != "tool_point" and not points:
             kw["noise_rotation_rad"] = math.radians(args.noise_deg)
-    else:
-        pass
     if args.kind != "tool_point":
         if args.huber is not None:
             kw["huber"] = args.huber
@@ -127,7 +135,9 @@ def _options(args: argparse.Namespace) -> dict:
     return kw
 
 
-def _solve(kind: str, G: np.ndarray, M: np.ndarray | None, kw: dict):
+def _solve(kind: str, G: np.ndarray, M: np.ndarray | None, kw: dict, points: np.ndarray | None = None):
+    if points is not None:  # a base frame measured as 3-DoF points
+        return calibrate_base_frame_points(G, points, **kw)
     if kind == "base_frame":
         return calibrate_base_frame(G, M, **kw)
     if kind == "hand_eye":
@@ -135,10 +145,10 @@ def _solve(kind: str, G: np.ndarray, M: np.ndarray | None, kw: dict):
     return calibrate_tool_point(G, **kw)
 
 
-def _ratios(result, args) -> tuple[float, float]:
+def _ratios(result, args, points: bool = False) -> tuple[float, float]:
     """Per-axis residual RMS over the declared noise: translation, rotation (nan: none)."""
     rt = result.rms_translation_m / math.sqrt(3.0) / (args.noise_mm * 1e-3)
-    if args.kind == "tool_point":
+    if args.kind == "tool_point" or points:
         return rt, math.nan
     rr = result.rms_rotation_rad / math.sqrt(3.0) / math.radians(args.noise_deg)
     return rt, rr
@@ -165,18 +175,19 @@ def _refusal(result, ratios: tuple[float, float], args) -> str:
     )
 
 
-def _quaternion_order_hint(args, kw: dict, base: tuple[float, float]) -> str | None:
+def _quaternion_order_hint(args, kw: dict, base: tuple[float, float], st0) -> str | None:
     """For a CSV that fits badly: does reading its quaternions as x,y,z,w fit far better?"""
     best: tuple[float, str] | None = None
-    prefixes = ("flange",) if args.kind == "tool_point" else ("flange", "target")
+    points = st0.points is not None
+    prefixes = ("flange",) if args.kind == "tool_point" or points else ("flange", "target")
     variants = [{p: "xyzw"} for p in prefixes] + ([{"flange": "xyzw", "target": "xyzw"}] if len(prefixes) == 2 else [])
     for order in variants:
         try:
             st = read_stations(args.file, args.kind, args.fmt, quaternion_order=order)
-            res = _solve(args.kind, st.base_T_flange, st.measured, kw)
+            res = _solve(args.kind, st.base_T_flange, st.measured, kw, st.points)
         except (CalibrationError, ValueError):
             continue
-        w = _worst(_ratios(res, args))
+        w = _worst(_ratios(res, args, points))
         if best is None or w < best[0]:
             best = (w, " and ".join(f"{p}_q*" for p in order))
     if best is None or not best[0] * QUATERNION_ORDER_GAIN <= _worst(base):
@@ -200,11 +211,20 @@ def run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     truth: dict[str, np.ndarray] = {}
     names: list[str] | None = None
+    st = None
+    if args.synthetic is None:
+        try:
+            st = read_stations(args.file, args.kind, args.fmt)
+        except StationFileError as exc:
+            print(f"cellcal solve: {exc}", file=sys.stderr)
+            return EXIT_BAD_INPUT
+    points = st is not None and st.points is not None
     try:
-        kw = _options(args)
+        kw = _options(args, points)
     except _Usage as exc:
         print(f"cellcal solve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    P = None
     if args.synthetic is not None:
         from cellcal.solver import synthetic
 
@@ -222,26 +242,22 @@ def _run(args: argparse.Namespace) -> int:
             keys = ("cell_T_base", "flange_T_target") if args.kind == "base_frame" else ("flange_T_camera", "base_T_target")
             truth = dict(zip(keys, (scene.X, scene.Y), strict=True))
     else:
-        try:
-            st = read_stations(args.file, args.kind, args.fmt)
-        except StationFileError as exc:
-            print(f"cellcal solve: {exc}", file=sys.stderr)
-            return EXIT_BAD_INPUT
-        G, M = st.base_T_flange, st.measured
+        assert st is not None
+        G, M, P = st.base_T_flange, st.measured, st.points
         names = [f"line {n}" for n in st.lines]
     try:
-        result = _solve(args.kind, G, M, kw)
+        result = _solve(args.kind, G, M, kw, P)
     except CalibrationError as exc:
         print(f"cellcal solve: cannot calibrate: {exc}", file=sys.stderr)
         return EXIT_UNDETERMINED
     except ValueError as exc:  # bad station content the file reader could not see
         print(f"cellcal solve: bad input: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    ratios = _ratios(result, args)
+    ratios = _ratios(result, args, points)
     if _worst(ratios) > REFUSE_RATIO:
         hint = None
-        if args.synthetic is None and (args.fmt == "csv" or str(args.file).lower().endswith(".csv")):
-            hint = _quaternion_order_hint(args, kw, ratios)
+        if st is not None and (args.fmt == "csv" or str(args.file).lower().endswith(".csv")):
+            hint = _quaternion_order_hint(args, kw, ratios, st)
         print(f"cellcal solve: {hint}" if hint else f"cellcal solve: {_refusal(result, ratios, args)}", file=sys.stderr)
         return EXIT_UNDETERMINED
     if args.json:

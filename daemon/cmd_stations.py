@@ -7,8 +7,10 @@ a tool point's flange poses), or the stations a client gave with the run (hand-e
 ``camera_T_target``). So ``cellcal solve FILE --kind KIND --estimate-noise`` repeats the
 daemon's solve (the daemon estimates the noise from the residuals too).
 
-A run of 3-DoF point stations (``[tracker] measure = "point"``) is refused: ``cellcal
-solve`` reads pose stations only.
+A base-frame run of 3-DoF point stations (``[tracker] measure = "point"``) is written as
+point stations (``cell_p_target``), which ``cellcal solve`` solves by the point model. A
+kinematics run is refused: its stations need the arm's joint angles and model, and its
+identified parameters are exported with its result (``result_<id>_kinematics.json``).
 
 Exit codes: 0 written; 2 no such run / store / configuration, a run without stations, or
 the file cannot be written.
@@ -33,12 +35,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run_stations(store: object, run_id: int) -> tuple[str, np.ndarray, np.ndarray | None, str]:
-    """``(kind, base_T_flange (N,4,4), measured (N,4,4) or None, where)`` of a stored run.
+    """``(kind, base_T_flange (N,4,4), measured, where)`` of a stored run: ``measured`` the
+    (N,4,4) poses of the kind's measurement, the (N,3) ``cell_p_target`` of a point run
+    (metres), or None (a tool point).
 
     Raises
     ------
     CommandError
-        No such run, no stations, or point stations (not a ``cellcal solve`` format).
+        No such run, no stations, a kind ``cellcal solve`` does not solve, or stations
+        that mix poses and points.
     """
     from cellcal.daemon.stations_io import MEASUREMENT_KEYS
     from cellcal.daemon.store import UnknownRecord
@@ -49,15 +54,19 @@ def run_stations(store: object, run_id: int) -> tuple[str, np.ndarray, np.ndarra
         raise CommandError(f"no run {run_id} in {store.state_dir}") from None  # type: ignore[attr-defined]
     kind = run.kind
     if kind not in MEASUREMENT_KEYS:
+        extra = (" (the identified parameters are exported with its result: result_<id>_kinematics.json)"
+                 if kind == "kinematics" else "")
         raise CommandError(f"run {run_id} is a {kind} run: cellcal solve reads base_frame, hand_eye and "
-                           "tool_point stations")
+                           f"tool_point stations{extra}")
     key = MEASUREMENT_KEYS[kind]
     stations = store.stations(run_id)  # type: ignore[attr-defined]
     if stations:
-        if any(s.cell_T_target is None and s.cell_p_target is not None for s in stations):
-            raise CommandError(f"run {run_id} has 3-DoF point stations ([tracker] measure = \"point\"): cellcal "
-                               "solve reads pose stations only")
         G = np.array([s.base_T_flange for s in stations])
+        point = [s.cell_T_target is None and s.cell_p_target is not None for s in stations]
+        if kind == "base_frame" and any(point):
+            if not all(point):
+                raise CommandError(f"run {run_id} mixes pose and point stations: no station file holds both")
+            return kind, G, np.array([s.cell_p_target for s in stations], dtype=float), "stored point stations"
         if key is None:
             return kind, G, None, "stored stations"
         if key != "cell_T_target" or any(s.cell_T_target is None for s in stations):

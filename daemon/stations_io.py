@@ -7,8 +7,11 @@ measurement under its name, each a nested 4x4 list in metres::
      "cell_T_target": [[...], [...], [...], [0,0,0,1]]}
 
 The measurement key is ``cell_T_target`` for a base-frame calibration and
-``camera_T_target`` for hand-eye; a tool-point file needs only ``base_T_flange``. Blank
-lines and lines starting with ``#`` are skipped.
+``camera_T_target`` for hand-eye; a tool-point file needs only ``base_T_flange``. A
+base-frame file of 3-DoF point stations (a tracker measuring a reflector:
+``[tracker] measure = "point"``) has ``cell_p_target`` instead, a list of three numbers in
+metres; a file holds pose or point stations, never both. Blank lines and lines starting
+with ``#`` are skipped.
 
 CSV (vendor units: millimetres, quaternion ``w, x, y, z``), a header row naming the
 columns, then one station per row::
@@ -17,7 +20,8 @@ columns, then one station per row::
     target_x_mm,target_y_mm,target_z_mm,target_qw,target_qx,target_qy,target_qz
 
 ``flange_*`` is ``base_T_flange``; ``target_*`` is the measurement (``cell_T_target`` or
-``camera_T_target``); a tool-point file has only the ``flange_*`` columns. Quaternions are
+``camera_T_target``); a tool-point file has only the ``flange_*`` columns; a base-frame file
+of point stations has ``target_x_mm, target_y_mm, target_z_mm`` and no ``target_q*`` columns. Quaternions are
 normalised on reading (vendor exports round them), but one with a norm off by more than
 1e-3 is rejected as a typo.
 
@@ -54,11 +58,13 @@ from cellcal.solver.se3 import check_transform, matrix_from_quat, quat_from_matr
 
 __all__ = [
     "StationFileError", "Stations", "read_stations", "write_stations", "MEASUREMENT_KEYS",
-    "MAX_LINE_BYTES", "MAX_STATIONS", "MAX_TRANSLATION_M", "MAX_JSON_DEPTH", "QUATERNION_ORDERS",
+    "POINT_KEYS", "MAX_LINE_BYTES", "MAX_STATIONS", "MAX_TRANSLATION_M", "MAX_JSON_DEPTH", "QUATERNION_ORDERS",
 ]
 
 #: measurement key per calibration kind (None: robot poses only)
 MEASUREMENT_KEYS = {"base_frame": "cell_T_target", "hand_eye": "camera_T_target", "tool_point": None}
+#: the key of a 3-DoF point measurement, per kind that may be measured by points
+POINT_KEYS = {"base_frame": "cell_p_target"}
 
 #: Longest line (CSV: record) read; a station line is about 1 kB.
 MAX_LINE_BYTES = 64 * 1024
@@ -84,14 +90,18 @@ class Stations:
     ----------
     base_T_flange : numpy.ndarray, shape (N, 4, 4)
     measured : numpy.ndarray or None, shape (N, 4, 4)
-        ``cell_T_target`` or ``camera_T_target``; None for a tool point.
+        ``cell_T_target`` or ``camera_T_target``; None for a tool point and for point
+        stations.
     lines : list of int
         File line of each station (1-based), to name stations in reports.
+    points : numpy.ndarray or None, shape (N, 3)
+        ``cell_p_target`` of a base-frame file of 3-DoF point stations, metres; else None.
     """
 
     base_T_flange: np.ndarray
     measured: np.ndarray | None
     lines: list[int]
+    points: np.ndarray | None = None
 
 
 #: Component orders a CSV's quaternion columns may be read in (``read_stations``).
@@ -135,8 +145,8 @@ def read_stations(path: str | Path, kind: str = "base_frame", fmt: str = "auto",
         lines = _Lines(f, str(path))
         try:
             if fmt == "jsonl":
-                return _read_jsonl(lines, str(path), MEASUREMENT_KEYS[kind])
-            return _read_csv(lines, str(path), MEASUREMENT_KEYS[kind], orders)
+                return _read_jsonl(lines, str(path), MEASUREMENT_KEYS[kind], POINT_KEYS.get(kind))
+            return _read_csv(lines, str(path), MEASUREMENT_KEYS[kind], orders, POINT_KEYS.get(kind))
         except OSError as exc:  # a read error half way (EIO, a directory)
             raise StationFileError(f"{path}: cannot read: {exc}") from exc
 
@@ -208,13 +218,16 @@ def _json_depth(line: str) -> int:
     return deepest
 
 
-def _entry(v: object, where: str, key: str, i: int, j: int) -> float:
+def _entry(v: object, where: str, key: str, *index: int) -> float:
+    """One number of a JSON line, ``key[i][j]`` (a matrix) or ``key[i]`` (a point)."""
     # bool is an int in Python and "0.1" would pass np.array(dtype=float): refuse both.
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise StationFileError(f"{where}: {key}[{i}][{j}] must be a number, got {json.dumps(v)[:40]}")
+        raise StationFileError(f"{where}: {key}{''.join(f'[{i}]' for i in index)} must be a number, "
+                               f"got {json.dumps(v)[:40]}")
     x = float(v)  # parse_int made every integer a float already; this is exact
     if not math.isfinite(x):
-        raise StationFileError(f"{where}: {key}[{i}][{j}] is not a finite float 64 ({v!r:.40})")
+        raise StationFileError(f"{where}: {key}{''.join(f'[{i}]' for i in index)} is not a finite float 64 "
+                               f"({v!r:.40})")
     return x
 
 
@@ -232,10 +245,23 @@ def _matrix(value: object, where: str, key: str) -> np.ndarray:
     return a
 
 
-def _read_jsonl(lines: _Lines, name: str, meas_key: str | None) -> Stations:
+def _point(value: object, where: str, key: str) -> np.ndarray:
+    if not (isinstance(value, list) and len(value) == 3):
+        raise StationFileError(f"{where}: {key} is not a list of three numbers (x, y, z in metres)")
+    p = np.array([_entry(value[i], where, key, i) for i in range(3)])
+    t = float(np.max(np.abs(p)))
+    if t > MAX_TRANSLATION_M:
+        raise StationFileError(f"{where}: {key} {t:.6g} m is beyond {MAX_TRANSLATION_M:g} m")
+    return p
+
+
+def _read_jsonl(lines: _Lines, name: str, meas_key: str | None, point_key: str | None = None) -> Stations:
     G: list[np.ndarray] = []
     M: list[np.ndarray] = []
+    Pts: list[np.ndarray] = []
     nums: list[int] = []
+    # Pose or point stations, decided by the first station (when the kind has a point form).
+    points: bool | None = None if point_key else False
     for raw in lines:
         lines.start_record()
         lineno = lines.lineno
@@ -258,16 +284,30 @@ def _read_jsonl(lines: _Lines, name: str, meas_key: str | None) -> Stations:
             raise StationFileError(f"{where}: not valid JSON ({exc})") from None
         if not isinstance(obj, dict):
             raise StationFileError(f"{where}: expected a JSON object per line")
-        needed = ["base_T_flange"] + ([meas_key] if meas_key else [])
+        is_point = point_key is not None and meas_key not in obj and point_key in obj
+        if points is None:
+            points = is_point
+        elif is_point != points and (meas_key in obj or point_key in obj):
+            raise StationFileError(f"{where}: {point_key if is_point else meas_key} where the first station has "
+                                   f"{meas_key if is_point else point_key}: a file holds pose or point stations, "
+                                   "not both")
+        mkey = point_key if points else meas_key
+        needed = ["base_T_flange"] + ([mkey] if mkey else [])
         for key in needed:
             if key not in obj:
-                raise StationFileError(f"{where}: missing key {key!r} (have {sorted(obj)[:10]})")
+                also = f" or {point_key!r}" if key == meas_key and point_key and not nums else ""
+                raise StationFileError(f"{where}: missing key {key!r}{also} (have {sorted(obj)[:10]})")
         G.append(_matrix(obj["base_T_flange"], where, "base_T_flange"))
-        if meas_key:
+        if points:
+            assert point_key is not None
+            Pts.append(_point(obj[point_key], where, point_key))
+        elif meas_key:
             M.append(_matrix(obj[meas_key], where, meas_key))
         nums.append(lineno)
     if not nums:
         raise StationFileError(f"{name}: no stations")
+    if points:
+        return Stations(np.array(G), None, nums, np.array(Pts))
     return Stations(np.array(G), np.array(M) if meas_key else None, nums)
 
 
@@ -302,7 +342,27 @@ def _pose(row: dict[str, str], prefix: str, where: str, order: str = "wxyz") -> 
     return T
 
 
-def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, str] | None = None) -> Stations:
+def _position(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
+    vals = []
+    for col in _POSE_COLS[:3]:
+        key = f"{prefix}_{col}"
+        raw = row.get(key)
+        if raw is None or raw.strip() == "":
+            raise StationFileError(f"{where}: column {key!r} is empty")
+        try:
+            v = float(raw)
+        except ValueError as exc:
+            raise StationFileError(f"{where}: column {key!r} is not a number: {raw[:40]!r}") from exc
+        if not math.isfinite(v):
+            raise StationFileError(f"{where}: column {key!r} is not finite: {raw[:40]!r}")
+        vals.append(v)
+    if max(abs(v) for v in vals) * 1e-3 > MAX_TRANSLATION_M:
+        raise StationFileError(f"{where}: {prefix} position is beyond {MAX_TRANSLATION_M * 1e3:g} mm")
+    return np.array(vals) * 1e-3
+
+
+def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, str] | None = None,
+              point_key: str | None = None) -> Stations:
     orders = orders or {"flange": "wxyz", "target": "wxyz"}
     # '#' comment lines before the header (what write_stations puts there) are skipped
     reader = csv.DictReader(ln for ln in lines if not ln.startswith("#"))
@@ -310,7 +370,11 @@ def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, 
         header = reader.fieldnames or []
     except csv.Error as exc:
         raise StationFileError(f"{name}:{lines.lineno}: not valid CSV ({exc})") from None
-    needed = [f"flange_{c}" for c in _POSE_COLS] + ([f"target_{c}" for c in _POSE_COLS] if meas_key else [])
+    # Point stations: the target's position columns without its quaternion (the kind allows them).
+    points = (point_key is not None and all(f"target_{c}" in header for c in _POSE_COLS[:3])
+              and not any(f"target_{c}" in header for c in _POSE_COLS[3:]))
+    target_cols = _POSE_COLS[:3] if points else _POSE_COLS
+    needed = [f"flange_{c}" for c in _POSE_COLS] + ([f"target_{c}" for c in target_cols] if meas_key else [])
     missing = [c for c in needed if c not in header]
     if missing:
         raise StationFileError(f"{name}:1: header lacks column(s) {', '.join(missing)}")
@@ -334,11 +398,15 @@ def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, 
         if len(nums) >= MAX_STATIONS:
             raise _too_many(name, lineno)
         G.append(_pose(row, "flange", where, orders["flange"]))
-        if meas_key:
+        if points:
+            M.append(_position(row, "target", where))
+        elif meas_key:
             M.append(_pose(row, "target", where, orders["target"]))
         nums.append(lineno)
     if not nums:
         raise StationFileError(f"{name}: no stations")
+    if points:
+        return Stations(np.array(G), None, nums, np.array(M))
     return Stations(np.array(G), np.array(M) if meas_key else None, nums)
 
 
@@ -360,9 +428,10 @@ def write_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.nda
     path : str or Path
     base_T_flange : numpy.ndarray, shape (N, 4, 4)
         Flange poses, metres.
-    measured : numpy.ndarray, shape (N, 4, 4), or None
+    measured : numpy.ndarray, shape (N, 4, 4) or (N, 3), or None
         The measurement of ``kind`` (``MEASUREMENT_KEYS``): ``cell_T_target`` or
-        ``camera_T_target``; None for a tool point.
+        ``camera_T_target``; for a base frame measured by points, ``cell_p_target``
+        (N, 3) in metres (``POINT_KEYS``); None for a tool point.
     kind : str
     comments : tuple of str
         Lines written first, each after ``# `` (where the stations came from).
@@ -389,10 +458,17 @@ def write_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.nda
     G = np.asarray(base_T_flange, dtype=float).reshape(-1, 4, 4)
     key = MEASUREMENT_KEYS[kind]
     M = None
+    points = False
     if key is not None:
         if measured is None:
             raise ValueError(f"a {kind} station file needs {key} for every station")
-        M = np.asarray(measured, dtype=float).reshape(-1, 4, 4)
+        m = np.asarray(measured, dtype=float)
+        points = kind in POINT_KEYS and m.ndim == 2 and m.shape[-1] == 3
+        if points:
+            key = POINT_KEYS[kind]
+            M = m
+        else:
+            M = m.reshape(-1, 4, 4)
         if len(M) != len(G):
             raise ValueError(f"{len(G)} flange poses but {len(M)} {key}: they must pair up")
     out: list[str] = [f"# {c}" for c in comments]
@@ -403,10 +479,12 @@ def write_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.nda
                 obj[key] = M[i].tolist()
             out.append(json.dumps(obj))  # repr of every float: exact
     else:
-        cols = [f"flange_{c}" for c in _POSE_COLS] + ([f"target_{c}" for c in _POSE_COLS] if M is not None else [])
+        target = _POSE_COLS[:3] if points else _POSE_COLS
+        cols = [f"flange_{c}" for c in _POSE_COLS] + ([f"target_{c}" for c in target] if M is not None else [])
         out.append(",".join(cols))
         for i, g in enumerate(G):
-            out.append(",".join(_pose_cells(g) + (_pose_cells(M[i]) if M is not None else [])))
+            meas = [] if M is None else ([repr(float(v) * 1e3) for v in M[i]] if points else _pose_cells(M[i]))
+            out.append(",".join(_pose_cells(g) + meas))
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
     tmp.replace(path)

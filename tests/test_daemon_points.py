@@ -566,3 +566,33 @@ def test_robot_samples_of_two_poses_are_not_one_rest():
     got, allowed = rest_spread(moved, settle)
     assert got > 0.02 > allowed
     assert rest_spread(rest[:1], settle)[0] == 0.0
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_point_stations_round_trip_through_cellcal_stations_and_solve(tmp_path, suffix):
+    """``cellcal stations`` writes a point run's stations as points (``cell_p_target``), and
+    ``cellcal solve`` of that file, with the noise the daemon declared, gives the daemon's
+    point result (``cell_T_base`` and ``flange_p_target``): the command once refused point runs."""
+    with inprocess_cell(tmp_path, n_stations=6, overrides=POINT) as cell:
+        run_id = cell.svc.start_run(P.KIND_BASE_FRAME)
+        body = cell.wait_result(run_id, WAIT_S)
+        state = cell.cfg.service.state_dir
+        f = tmp_path / f"points{suffix}"
+        r = subprocess.run([*CELLCAL, "stations", str(run_id), "-o", str(f), "--state-dir", str(state)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stderr
+        assert "6 stations" in r.stdout
+    text = f.read_text()
+    assert ("cell_p_target" in text) if suffix == ".jsonl" else ("target_z_mm" in text and "target_qw" not in text)
+    u = body["uncertainty"]
+    assert u["noise_rotation_rad"] is None and u["noise_translation_m"] > 0.0
+    s = subprocess.run([*CELLCAL, "solve", str(f), "--kind", "base_frame", "--noise-mm",
+                        repr(u["noise_translation_m"] * 1e3), "--json"], capture_output=True, text=True, timeout=120)
+    assert s.returncode == 0, s.stderr
+    got = json.loads(s.stdout)
+    tol = 1e-9 if suffix == ".jsonl" else 1e-8  # CSV: millimetres in decimal, read back to ~1e-15 relative
+    np.testing.assert_allclose(got["transforms"]["cell_T_base"]["matrix"], body["transforms"]["cell_T_base"]["matrix"],
+                               rtol=0, atol=tol)
+    np.testing.assert_allclose(got["points"]["flange_p_target"]["position_m"],
+                               body["points"]["flange_p_target"]["position_m"], rtol=0, atol=tol)
+    assert got["rms_translation_m"] == pytest.approx(body["rms_translation_m"], abs=tol)

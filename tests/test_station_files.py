@@ -8,8 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import hypothesis.strategies as hs
 import numpy as np
 import pytest
+from hypothesis import given, settings
 
 from cellcal.daemon.stations_io import MAX_LINE_BYTES, StationFileError, read_stations
 
@@ -144,3 +146,100 @@ def test_reader_api_raises_station_file_error_only(tmp_path):
         read_stations(tmp_path)  # a directory
     with pytest.raises(ValueError):
         read_stations(p, kind="nope")
+
+
+# --- 3-DoF point stations (a base frame measured by a reflector) ---------------------------------
+
+
+def _point_scene(n: int = 8, seed: int = 3):
+    from cellcal.solver.synthetic import base_frame_scene
+
+    sc = base_frame_scene(n, np.random.default_rng(seed), noise_mm=0.01, noise_deg=0.0)
+    return sc, sc.measured[:, :3, 3].copy()
+
+
+@pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
+def test_point_stations_are_written_and_read_back_as_points(tmp_path, suffix):
+    from cellcal.daemon.stations_io import write_stations
+
+    sc, pts = _point_scene()
+    p = write_stations(tmp_path / f"p{suffix}", sc.base_T_flange, pts, "base_frame", comments=("from a test",))
+    st = read_stations(p, "base_frame")
+    assert st.measured is None and st.points is not None and st.points.shape == (8, 3)
+    tol = 0.0 if suffix == ".jsonl" else 1e-15
+    np.testing.assert_allclose(st.points, pts, rtol=0, atol=tol)
+    np.testing.assert_allclose(st.base_T_flange, sc.base_T_flange, rtol=0, atol=1e-15)
+    assert st.lines[0] == (2 if suffix == ".jsonl" else 3)  # the comment line (and the CSV header) first
+
+
+def test_cellcal_solve_of_a_point_file_uses_the_point_model(tmp_path, capsys):
+    from cellcal.daemon.cli import main
+    from cellcal.daemon.stations_io import write_stations
+
+    sc, pts = _point_scene(12)
+    p = write_stations(tmp_path / "p.jsonl", sc.base_T_flange, pts, "base_frame")
+    rc = main(["solve", str(p), "--noise-mm", "0.01", "--json"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    got = json.loads(out.out)
+    assert set(got["transforms"]) == {"cell_T_base"} and set(got["points"]) == {"flange_p_target"}
+    X = np.asarray(got["transforms"]["cell_T_base"]["matrix"], dtype=float).reshape(4, 4)
+    assert np.linalg.norm(X[:3, 3] - sc.X[:3, 3]) < 1e-4
+    assert np.linalg.norm(np.asarray(got["points"]["flange_p_target"]["position_m"]) - sc.Y[:3, 3]) < 1e-4
+    assert got["uncertainty"]["noise_rotation_rad"] is None
+
+
+@pytest.mark.parametrize("what, line, needle", [
+    ("a pose after points", _station(), "cell_T_target where the first station has cell_p_target"),
+    ("two numbers", json.dumps({"base_T_flange": EYE, "cell_p_target": [0.1, 0.2]}), "list of three numbers"),
+    ("a string", json.dumps({"base_T_flange": EYE, "cell_p_target": [0.1, "0.2", 0.3]}),
+     "cell_p_target[1] must be a number"),
+    ("absurd", json.dumps({"base_T_flange": EYE, "cell_p_target": [0.1, 1e300, 0.3]}), "beyond"),
+    ("neither", json.dumps({"base_T_flange": EYE}), "missing key 'cell_p_target'"),
+])
+def test_bad_point_lines_are_named(tmp_path, what, line, needle):
+    good = json.dumps({"base_T_flange": EYE, "cell_p_target": [0.1, 0.2, 0.3]})
+    p = tmp_path / "p.jsonl"
+    p.write_text(good + "\n" + line + "\n")
+    with pytest.raises(StationFileError) as ei:
+        read_stations(p, "base_frame")
+    assert "p.jsonl:2" in str(ei.value) and needle in str(ei.value), str(ei.value)
+
+
+def test_points_after_poses_and_points_of_a_kind_without_them_are_refused(tmp_path):
+    p = tmp_path / "p.jsonl"
+    p.write_text(_station() + "\n" + json.dumps({"base_T_flange": EYE, "cell_p_target": [0.1, 0.2, 0.3]}) + "\n")
+    with pytest.raises(StationFileError, match="p.jsonl:2: cell_p_target where the first station has cell_T_target"):
+        read_stations(p, "base_frame")
+    q = tmp_path / "q.jsonl"
+    q.write_text(json.dumps({"base_T_flange": EYE, "cell_p_target": [0.1, 0.2, 0.3]}) + "\n")
+    with pytest.raises(StationFileError, match="missing key 'camera_T_target'"):
+        read_stations(q, "hand_eye")  # hand-eye has no point form
+    with pytest.raises(StationFileError, match="missing key 'cell_T_target' or 'cell_p_target'"):
+        r = tmp_path / "r.jsonl"
+        r.write_text(json.dumps({"base_T_flange": EYE}) + "\n")
+        read_stations(r, "base_frame")
+
+
+def test_a_csv_with_half_a_target_quaternion_is_a_pose_file_missing_columns(tmp_path):
+    cols = [f"flange_{c}" for c in ("x_mm", "y_mm", "z_mm", "qw", "qx", "qy", "qz")] + \
+           ["target_x_mm", "target_y_mm", "target_z_mm", "target_qw"]
+    p = tmp_path / "h.csv"
+    p.write_text(",".join(cols) + "\n" + ",".join(["0", "0", "0", "1", "0", "0", "0", "1", "2", "3", "1"]) + "\n")
+    with pytest.raises(StationFileError, match="header lacks column"):
+        read_stations(p, "base_frame")
+
+
+_finite_mm = hs.floats(min_value=-5e3, max_value=5e3, allow_nan=False, allow_infinity=False)
+
+
+@given(hs.lists(hs.tuples(_finite_mm, _finite_mm, _finite_mm), min_size=1, max_size=20))
+@settings(max_examples=60, deadline=None)
+def test_any_points_round_trip_bit_for_bit_in_jsonl(tmp_path_factory, pts):
+    from cellcal.daemon.stations_io import write_stations
+
+    P = np.asarray(pts, dtype=float) * 1e-3
+    G = np.repeat(np.eye(4)[None], len(P), axis=0)
+    p = write_stations(tmp_path_factory.mktemp("pts") / "p.jsonl", G, P, "base_frame")
+    got = read_stations(p, "base_frame")
+    assert got.points is not None and np.array_equal(got.points, P)
