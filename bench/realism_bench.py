@@ -47,42 +47,13 @@ from cellcal.daemon.config import load_config  # noqa: E402
 from cellcal.daemon.plan import generate_plan  # noqa: E402
 from cellcal.daemon.truth import NEES_BOUND_3SIGMA_6DOF  # noqa: E402
 from cellcal.drivers.kinematics import dh_model  # noqa: E402
-from cellcal.sim.offline import OfflineCell  # noqa: E402
+from cellcal.sim.offline import OfflineCell, arm_trial_scenario  # noqa: E402
 from cellcal.sim.scenario import parse_scenario  # noqa: E402
 from cellcal.solver import calibrate_base_frame  # noqa: E402
 from cellcal.solver.se3 import rotation_angle, se3_inverse, se3_log  # noqa: E402
 
 DEMO_SCENARIO = _ROOT / "config" / "demo-scenario.toml"
 DEMO_CONFIG = _ROOT / "config" / "demo.toml"
-#: residual parameters drawn per trial; joint 1/6 zeros and d1/d6 stay 0 (base and tool frames)
-_MASK = {"theta_delta_deg": [0, 1, 1, 1, 1, 0], "a_delta_mm": [0, 1, 1, 0, 0, 0], "d_delta_mm": [0, 0, 0, 1, 1, 0],
-         "alpha_delta_deg": [1, 0, 0, 1, 1, 0]}
-_NOISE_OFF = {"radial_noise_um": 0.0, "radial_noise_um_per_m": 0.0, "transverse_noise_um": 0.0,
-              "transverse_noise_um_per_m": 0.0, "noise_deg": 0.0, "outlier_probability": 0.0}
-
-
-def _trial_scenario(base: dict, rng: np.random.Generator, *, noise: bool) -> dict:
-    d = json.loads(json.dumps(base))  # deep copy
-    res = d["robot"]["residual"]
-    # the demo's magnitudes as 1-sigma: the RMS of its non-zero values per parameter kind
-    def rms(values) -> float:
-        nz = [float(v) for v in values if v]
-        return math.sqrt(sum(v * v for v in nz) / len(nz)) if nz else 0.0
-
-    for key, mask in _MASK.items():
-        sigma = rms(res[key])
-        res[key] = [float(m * sigma * rng.standard_normal()) for m in mask]
-    sigma_tilt = rms(res["parallel_tilt_deg"])
-    res["parallel_tilt_deg"] = [float(sigma_tilt * rng.standard_normal()) for _ in range(2)]
-    d["tracker"].pop("faults", None)
-    d["tracker"]["beam_breaks_per_h"] = 0.0
-    d.pop("drift", None)
-    if not noise:
-        d["tracker"].update(_NOISE_OFF)
-        d["robot"]["encoder_noise_deg"] = 0.0
-    return d
-
-
 def _plan(seed: int):
     p = load_config(DEMO_CONFIG).plan
     return generate_plan(dh_model("ur5e"), n=p.n_stations, box_min_m=np.array(p.workspace_min_m),
@@ -110,9 +81,9 @@ def monte_carlo(trials: int, average_s: float = 0.2) -> dict:
     for k in range(trials):
         plan = _plan(k)
         rng_seed = 1000 + k
-        noisy = _trial_scenario(base, np.random.default_rng(rng_seed), noise=True)
+        noisy = arm_trial_scenario(base, np.random.default_rng(rng_seed), noise=True)
         noisy["seed"] = 7 + k
-        clean = _trial_scenario(base, np.random.default_rng(rng_seed), noise=False)
+        clean = arm_trial_scenario(base, np.random.default_rng(rng_seed), noise=False)
         r, truth, sts, resid = _run(noisy, plan, average_s)
         _r0, _, _, resid0 = _run(clean, plan, average_s)
         structured = float(np.sum(resid0 * resid0))

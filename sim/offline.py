@@ -12,6 +12,9 @@ through the drivers and the daemon.
 
 from __future__ import annotations
 
+import copy
+import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,7 +25,47 @@ from cellcal.sim.robot_sim import SimRobot
 from cellcal.sim.scenario import Scenario
 from cellcal.solver.se3 import make_transform, se3_inverse, so3_exp
 
-__all__ = ["OfflineCell", "OfflineStation"]
+__all__ = ["OfflineCell", "OfflineStation", "arm_trial_scenario", "ARM_TRIAL_MASK"]
+
+#: The residual DH parameters :func:`arm_trial_scenario` draws; joint 1/6 zeros and d1/d6
+#: stay 0 (they are the base and tool frames, which any calibration absorbs).
+ARM_TRIAL_MASK = {"theta_delta_deg": (0, 1, 1, 1, 1, 0), "a_delta_mm": (0, 1, 1, 0, 0, 0),
+                  "d_delta_mm": (0, 0, 0, 1, 1, 0), "alpha_delta_deg": (1, 0, 0, 1, 1, 0)}
+_NOISE_OFF = {"radial_noise_um": 0.0, "radial_noise_um_per_m": 0.0, "transverse_noise_um": 0.0,
+              "transverse_noise_um_per_m": 0.0, "noise_deg": 0.0, "outlier_probability": 0.0}
+
+
+def arm_trial_scenario(base: Mapping[str, Any], rng: np.random.Generator, *, noise: bool = True) -> dict[str, Any]:
+    """A scenario (its TOML as a dict) with another arm of the same kind: a Monte Carlo trial.
+
+    Each residual DH parameter of :data:`ARM_TRIAL_MASK` is drawn Gaussian, its 1-sigma the
+    RMS of ``base``'s non-zero values of that kind (the demo's magnitudes, ADR 0015), and so
+    are the two parallel-axis tilts; every other error source stays as ``base`` has it
+    (factory table, sag, backlash, warm-up, the beam-coordinate tracker with outliers),
+    except tracker faults, beam breaks and base drift, which a trial leaves out.
+    ``noise=False``: the same arm with every random noise off (the tracker's and the
+    encoders'), for the structured part of the residual. The same ``rng`` state gives the
+    same arm either way.
+    """
+    d = copy.deepcopy(dict(base))
+    res = d["robot"]["residual"]
+
+    def rms(values: Any) -> float:
+        nz = [float(v) for v in values if v]
+        return math.sqrt(sum(v * v for v in nz) / len(nz)) if nz else 0.0
+
+    for key, mask in ARM_TRIAL_MASK.items():
+        sigma = rms(res[key])
+        res[key] = [float(m * sigma * rng.standard_normal()) for m in mask]
+    sigma_tilt = rms(res["parallel_tilt_deg"])
+    res["parallel_tilt_deg"] = [float(sigma_tilt * rng.standard_normal()) for _ in range(2)]
+    d["tracker"].pop("faults", None)
+    d["tracker"]["beam_breaks_per_h"] = 0.0
+    d.pop("drift", None)
+    if not noise:
+        d["tracker"].update(_NOISE_OFF)
+        d["robot"]["encoder_noise_deg"] = 0.0
+    return d
 
 
 @dataclass(frozen=True)

@@ -857,8 +857,10 @@ def _add_model_error(cov: np.ndarray, assessment, blocks) -> np.ndarray:
     """``cov`` plus the rigid robot error of a detected model error (diagnostics module).
 
     ``blocks`` lists ``(start, kind, centroid)``: ``"rigid"`` adds the 6x6 rigid twist
-    about ``centroid`` (the robot-side unknown), ``"iso"`` the isotropic 6x6 (an unknown on
-    the flange), ``"point"`` ``tau_t^2 I`` (a 3-vector).
+    about ``centroid`` (the robot-side unknown), ``"base"`` the same size split between a
+    twist about ``centroid`` and one about the unknown's origin (a robot-side unknown whose
+    frame is the robot's base), ``"iso"`` the isotropic 6x6 (an unknown on the flange),
+    ``"point"`` ``tau_t^2 I`` (a 3-vector).
     """
     if assessment is None or not assessment.model_error:
         return cov
@@ -867,6 +869,8 @@ def _add_model_error(cov: np.ndarray, assessment, blocks) -> np.ndarray:
     for start, kind, c in blocks:
         if kind == "rigid":
             out[start : start + 6, start : start + 6] += _diag.rigid_error_covariance(c, tt, tr)
+        elif kind == "base":
+            out[start : start + 6, start : start + 6] += _diag.absorbed_error_covariance(c, tt, tr)
         elif kind == "iso":
             out[start : start + 6, start : start + 6] += np.diag([tt * tt] * 3 + [tr * tr] * 3)
         else:
@@ -1011,11 +1015,13 @@ def _input_checks(G: np.ndarray, M: np.ndarray | None, n: int, ws: Workspace, ma
     return masked, extra
 
 
-def _pose_blocks(out: _PoseOutcome) -> list:
+def _pose_blocks(out: _PoseOutcome, *, base: bool) -> list:
     """Model-error blocks of the pose model, in model form: the robot-side unknown ``A`` is
-    off by a rigid motion about the stations' centroid, the flange-side ``B`` isotropically."""
+    off by a rigid motion about the stations' centroid (``base``: its frame is the robot's
+    base, and half of that motion is about the base origin instead; diagnostics module),
+    the flange-side ``B`` isotropically."""
     c = out.assessment.centroid if out.assessment is not None else np.zeros(3)
-    return [(0, "rigid", c), (6, "iso", None)]
+    return [(0, "base" if base else "rigid", c), (6, "iso", None)]
 
 
 def _check_determined(cov6: np.ndarray, problem: str, frame: str, obs: _core.Observability, T: np.ndarray) -> None:
@@ -1243,7 +1249,7 @@ def calibrate_base_frame(
         determinacy=lambda C: _check_determined(C[:6, :6], problem, "cell", obs, X), spread=obs.axis_spread,
     )
     noise_covX = out.cov[:6, :6].copy()
-    out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out))
+    out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out, base=True))
     covX, covY = out.cov[:6, :6].copy(), out.cov[6:, 6:].copy()
     _check_determined(noise_covX, problem, "cell", obs, out.A)
     if out.probe_cov is not None:
@@ -1357,7 +1363,7 @@ def calibrate_hand_eye(
         determinacy=lambda C: _check_determined(C[:6, :6], problem, "flange", obs, np.eye(4)),
         spread=obs.axis_spread,
     )
-    out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out))
+    out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out, base=False))
     if out.probe_cov is not None:  # model form: A's child frame is the flange
         _check_determined(out.probe_cov[:6, :6], problem, "flange", obs, np.eye(4))
     Xo, covX, covZ, common = _inverted_first_outcome(
@@ -1479,7 +1485,7 @@ def calibrate_eye_to_hand(
         determinacy=lambda C: _check_determined(C[:6, :6], problem, "base", obs, np.eye(4)),
         spread=obs.axis_spread,
     )
-    out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out))
+    out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out, base=True))
     if out.probe_cov is not None:  # model form: A's child frame is the robot base
         _check_determined(out.probe_cov[:6, :6], problem, "base", obs, np.eye(4))
     Xo, covX, covY, common = _inverted_first_outcome(

@@ -479,7 +479,7 @@ def calibrate_base_frame_points(
     noise_covX = cov[:6, :6].copy()
     if assessment is not None and assessment.model_error:
         cov = cov.copy()
-        cov[:6, :6] += _diag.rigid_error_covariance(assessment.centroid, assessment.tau_t, assessment.tau_r)
+        cov[:6, :6] += _diag.absorbed_error_covariance(assessment.centroid, assessment.tau_t, assessment.tau_r)
         cov[6:, 6:] += assessment.tau_t ** 2 * np.eye(3)
     covX = cov[:6, :6].copy()
     _check_determined(noise_covX, problem, "cell", obs, X)

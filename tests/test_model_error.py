@@ -15,12 +15,13 @@ Criteria and their bands:
   reported sigmas *on every one of its 6 axes* (per axis, from the covariance diagonal) in
   at least 95 % of the robots. For a Gaussian error with an honest covariance that holds
   with probability 0.9973^6 = 98.4 % per robot, so 150 robots fall below 95 % with
-  probability < 1 % (binomial). Measured: 100 %, mean NEES near 1.5 (the widening takes
-  the absorbed error as twice the visible one, which these purely kinematic worlds do
-  not need: ``solver/diagnostics.py``, ``ABSORBED_TO_VISIBLE``).
+  probability < 1 % (binomial). Measured: 100 %, mean NEES near 1.0 (the widening takes
+  the absorbed error as twice the visible one, half of it about the base origin, which
+  these purely kinematic worlds do not need: ``solver/diagnostics.py``,
+  ``ABSORBED_TO_VISIBLE``, ``absorbed_error_covariance``).
 * **Not useless**: the mean NEES at least 0.7 (sigmas at most about 3x the errors' spread;
   a covariance inflated far beyond the error would give NEES near 0), and the reported
-  median widening over the noise-only sigma is bounded (measured about 8x).
+  median widening over the noise-only sigma is bounded (measured about 7x).
 * **False alarms**: with the truth arm equal to the nominal one, the warning on at most 5
   of 200 robots (designed for 1 % = 2 expected: each of the two tests that run at level
   0.5 %; P(6 or more | p = 0.01) = 1.6 %).
@@ -31,9 +32,13 @@ Criteria and their bands:
   solve, noise, and its covariance is the noise's), and it fires falsely on at most 5 of
   200 (P(6 or more | p = 0.01) = 1.6 %). Declaring the noise is what makes detection
   certain.
+* **The realistic cell** (ADR 0015: errors fixed to the base too): on 20 arms the error of
+  ``cell_T_base`` under the 6-dof NEES bound on at least 19, mean NEES between 1.5 and 12
+  (measured 20 of 20, 4.4-4.6), noise declared or estimated.
 """
 
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -123,3 +128,72 @@ def test_structure_alone_detects_it_when_no_noise_is_declared():
     assert "follow the robot pose" in w.message
     clean = _robots(200, 30, seed=14, model_error=False, declared=False)
     assert sum(r["warned"] for r in clean) <= 5
+
+
+# --------------------------------------------------------------------------------------
+# The realistic cell (ADR 0015): base-fixed errors too, not only kinematic ones
+
+
+_ROOT = pathlib.Path(__file__).resolve().parent.parent
+_ARMS = 20
+_NEES_BOUND = 20.06  # chi-square, 6 dof, 99.73 %
+
+
+def _realistic_arms(declared: bool) -> list[float]:
+    """NEES of ``cell_T_base`` on ``_ARMS`` arms of the realistic cell (the realism bench's
+    draw, ``cellcal.sim.offline.arm_trial_scenario``: hidden DH errors at the demo's
+    magnitudes behind the factory table, sag, backlash, warm-up, the beam-coordinate tracker
+    with outliers), the demo's generated 20-station plan with the trial's seed; noise
+    ``declared`` as the daemon declares it (the stations' tracker std with the robot's
+    repeatability) or estimated."""
+    import tomllib
+
+    from cellcal.daemon.config import load_config
+    from cellcal.daemon.plan import generate_plan
+    from cellcal.drivers.kinematics import dh_model
+    from cellcal.sim.offline import OfflineCell, arm_trial_scenario
+    from cellcal.sim.scenario import parse_scenario
+
+    cfg = load_config(_ROOT / "config" / "demo.toml")
+    p, rep_r = cfg.plan, cfg.solve.robot_repeatability_rad
+    with open(_ROOT / "config" / "demo-scenario.toml", "rb") as f:
+        base = tomllib.load(f)
+    out = []
+    for k in range(_ARMS):
+        plan = generate_plan(dh_model("ur5e"), n=20, box_min_m=np.array(p.workspace_min_m),
+                             box_max_m=np.array(p.workspace_max_m), max_tilt_rad=p.max_tilt_rad,
+                             home_q_rad=np.array(p.home_q_rad), q_min_rad=np.array(p.joint_min_rad),
+                             q_max_rad=np.array(p.joint_max_rad), seed=200 + k)
+        scen = arm_trial_scenario(base, np.random.default_rng(3000 + k))
+        scen["seed"] = 300 + k
+        cell = OfflineCell(parse_scenario(scen))
+        sts = [cell.station(ps.q_rad, 0.2) for ps in plan]
+        G = np.array([s.base_T_flange for s in sts])
+        M = np.array([s.cell_T_target for s in sts])
+        kw = {}
+        if declared:
+            st = np.array([s.sample.std_m for s in sts])
+            sr = np.array([s.sample.std_rad for s in sts])
+            kw = dict(noise_translation_m=float(np.sqrt(np.mean(st * st) + cfg.solve.robot_repeatability_m ** 2)),
+                      noise_rotation_rad=float(np.sqrt(np.mean(sr * sr) + rep_r * rep_r)))
+        r = calibrate_base_frame(G, M, holdout=False, **kw)
+        assert any(w.code == "model_error" for w in r.warnings), k
+        d = se3_log(se3_inverse(cell.world.cell_T_base()) @ r.cell_T_base)
+        out.append(float(d @ np.linalg.solve(r.cell_T_base_covariance, d)))
+    return out
+
+
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "estimated"])
+def test_the_realistic_cells_errors_lie_inside_their_reported_uncertainty(declared):
+    """A real arm's errors that are fixed to its base (joint 1, sag, a warming column) pivot
+    about the base, not about the stations: the widening splits the absorbed error between
+    a twist about the stations' centroid and one about the base origin
+    (``diagnostics.absorbed_error_covariance``). With the centroid alone, these arms (held
+    out from the ones the split was chosen on) had 2 of 20 outside the bound (mean NEES
+    9.8 declared, 8.8 estimated; now 4.6 and 4.4): the error lay where the coupled
+    covariance is thin."""
+    nees = np.array(_realistic_arms(declared))
+    assert int(np.sum(nees <= _NEES_BOUND)) >= _ARMS - 1, np.round(nees, 1)
+    # Honest is a mean of 6; the data cannot say how much was absorbed, so conservative is
+    # allowed, useless (a covariance far wider than the error) is not.
+    assert 1.5 <= float(nees.mean()) <= 12.0, np.round(nees, 1)
