@@ -54,6 +54,7 @@ import logging
 import math
 import threading
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -131,6 +132,11 @@ class DeviceFault(CellcalError):
 #: ``DeviceError.code`` of a setting the controller reported differently during a job.
 TCP_OFFSET_CHANGED = "TCP_OFFSET_CHANGED"
 PAYLOAD_CHANGED = "PAYLOAD_CHANGED"
+#: ``DeviceError.code`` of a robot that reopened during a job as another one (serial or
+#: kinematics): reopened again with backoff, its stations never combined with the job's.
+ROBOT_CHANGED = "ROBOT_CHANGED"
+#: ``DeviceError.code`` of the UR driver's refusal to move without its dashboard.
+DASHBOARD_UNAVAILABLE = "DASHBOARD_UNAVAILABLE"
 
 
 def settings_changed(setting: str, before: Any, after: Any) -> DeviceError:
@@ -156,6 +162,11 @@ class Session:
       that reports them); a later sample with other values records the error of
       :func:`settings_changed` in :attr:`changed` (the robot monitor calls
       :meth:`check_settings` for every sample). :meth:`new_job` starts over.
+    * The robot the job started with (serial number and the kinematics its forward
+      kinematics uses, ``devices.robot_identity``): a reopen during the job that finds
+      another one is refused by :meth:`check_robot`. A UR opened while its primary
+      interface is still down (after a controller restart) falls back to the data-sheet
+      model, millimetres from its factory table: the job's stations would mix the two.
     * The newest tracker measurement taken, to tell a frozen instrument
       (:meth:`is_frozen`); kept across jobs, as a frozen tracker stays frozen.
 
@@ -168,11 +179,46 @@ class Session:
         self._payload: float | None = None
         self.changed: DeviceError | None = None
         self._last: tuple[tuple, float] | None = None
+        self._in_job = False
+        self._robot: dict[str, Any] | None = None
 
-    def new_job(self) -> None:
-        """Forget the job's settings baseline (and a change seen before the job began)."""
+    def new_job(self, robot: Mapping[str, Any] | None = None) -> None:
+        """Forget the job's settings baseline (and a change seen before the job began);
+        ``robot``: the identity of the robot already open (else the job's first open sets it)."""
         with self._lock:
             self._tcp, self._payload, self.changed = None, None, None
+            self._in_job, self._robot = True, None if robot is None else dict(robot)
+
+    def end_job(self) -> None:
+        """The job is over: reopens compare with nothing until the next one starts."""
+        with self._lock:
+            self._in_job, self._robot = False, None
+
+    def robot_replaced(self) -> None:
+        """The robot is reopened with another model on purpose (a CiA 402 arm taking an
+        identified model, ``kinematics_run.sync_devices_model``): its next open is the baseline."""
+        with self._lock:
+            self._robot = None
+
+    def check_robot(self, identity: Mapping[str, Any]) -> str | None:
+        """None when a robot just opened is the job's (or opened outside a job, or is the
+        job's first); else why not, for a ``ROBOT_CHANGED`` refusal."""
+        with self._lock:
+            if not self._in_job:
+                return None
+            if self._robot is None:
+                self._robot = dict(identity)
+                return None
+            before = self._robot
+        for key, what in (("serial", "serial number"), ("kinematics_digest", "kinematics")):
+            a, b = before.get(key), identity.get(key)
+            if a is not None and b is not None and a != b:
+                if key == "kinematics_digest":
+                    a = f"{before.get('kinematics', '?')} {a}"
+                    b = f"{identity.get('kinematics', '?')} {b}"
+                return (f"the robot reopened with another {what} ({b}) than the job started with ({a}): its "
+                        "stations cannot be combined with the job's; reopening")
+        return None
 
     def check_settings(self, state: Any) -> None:
         """Compare one robot sample's reported TCP offset and payload with the baseline."""
@@ -694,6 +740,11 @@ class CaptureEngine:
         except DeviceGoneError as exc:
             raise DeviceFault(P.DEVICE_ROBOT, exc) from exc
         except DeviceError as exc:  # protective stop and friends: the cell said no
+            if getattr(exc, "code", "") == DASHBOARD_UNAVAILABLE:
+                # Not the cell's no: the link to the controller's dashboard is down (it comes
+                # back after RTDE when a controller restarts). Ridden out like a lost link,
+                # so the station is not given up for a fault of the connection.
+                raise DeviceFault(P.DEVICE_ROBOT, exc) from exc
             raise StationRejected(RejectReason.PROTECTIVE_STOP, str(exc), {"code": getattr(exc, "code", "")}) from exc
         except DriverTimeoutError as exc:
             raise StationRejected(RejectReason.MOVE_FAILED, str(exc)) from exc

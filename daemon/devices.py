@@ -33,6 +33,7 @@ from typing import Any
 
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
+from cellcal.drivers.errors import DeviceError
 from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
@@ -194,6 +195,14 @@ class CellDevices:
         self._make_engine()
         return failed
 
+    def begin_job(self) -> None:
+        """A job starts: the consistency checks' baselines start over, the robot's identity
+        from the robot already open (else from the job's first open)."""
+        self.session.new_job(robot_identity(self.robot) if self.robot is not None else None)
+
+    def end_job(self) -> None:
+        self.session.end_job()
+
     def _make_engine(self) -> None:
         """The engine of the open devices; kept while they stay the same (it remembers an
         aborted measurement still in flight)."""
@@ -224,8 +233,15 @@ class CellDevices:
             if isinstance(exc, OPEN_ERRORS):
                 raise DeviceOpenError(P.DEVICE_ROBOT, exc) from exc
             raise
-        self.robot, self.monitor = robot, monitor
         ident = robot_identity(robot)
+        changed = self.session.check_robot(ident)
+        if changed is not None:
+            # Another robot, or the same one without its factory table (its primary interface
+            # still down): not this job's; the service retries with backoff.
+            monitor.close()
+            robot.close()
+            raise DeviceOpenError(P.DEVICE_ROBOT, DeviceError(changed, cap.ROBOT_CHANGED))
+        self.robot, self.monitor = robot, monitor
         text = f"{ident['driver']} {ident['model']}" + (f" serial {ident['serial']}" if ident.get("serial") else "")
         self.status[P.DEVICE_ROBOT].update(connected=True, identity=ident, identity_text=text)
 

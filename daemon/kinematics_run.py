@@ -412,6 +412,7 @@ def sync_devices_model(cfg: Any, store: Any, devices: Any) -> None:
         log.info("robot reopened with the kinematic model of result %s", rid)
         devices.close()
     devices.model_override, devices.model_override_result = model, rid
+    devices.session.robot_replaced()
 
 
 def station_for_check(rec: Any, station: Any) -> Any:

@@ -778,7 +778,7 @@ class Service:
         """A new job: a fresh backoff and outage, and a fresh baseline of the controller's settings."""
         self._backoff.reset()
         self._outage_since = None
-        self._devices.session.new_job()
+        self._devices.begin_job()
 
     def _made_progress(self) -> None:
         """Real progress (a station committed, a result stored): faults start over."""
@@ -968,6 +968,7 @@ class Service:
             log.exception("job %s failed", job.kind)
             self._internal_failure(job, exc)
         finally:
+            self._devices.end_job()
             self._current = None
             job.done.set()
             self._progress()

@@ -52,7 +52,7 @@ DEFAULT_INITIAL_Q_DEG = (0.0, -90.0, 90.0, -90.0, -90.0, 0.0)
 
 #: Fault kinds the simulated robot knows.
 FAULT_KINDS = ("disconnect", "never_settles", "protective_stop", "silent_node", "tcp_change", "payload_change",
-               "local_control")
+               "local_control", "interfaces_down")
 #: Default TCP of a ``tcp_change`` fault: a 20 mm tool along the flange's z axis.
 DEFAULT_CHANGED_TCP = (0.0, 0.0, 0.02, 0.0, 0.0, 0.0)
 #: Default payload of a ``payload_change`` fault (kg).

@@ -110,6 +110,13 @@ def dashboard_answer(robot: Any, line: str, version: tuple[int, int, int, int]) 
     return f"could not understand: '{cmd}'"
 
 
+def _down(robot: Any) -> bool:
+    """Whether the dashboard and primary interface refuse connections now: a ``disconnect``
+    (everything is gone) or ``interfaces_down`` (RTDE is back first, as after a controller's
+    reboot, and these two are not yet)."""
+    return robot.fault_active("disconnect") or robot.fault_active("interfaces_down")
+
+
 class _TcpService:
     """One loopback listener whose connections each get a thread running ``handler``."""
 
@@ -224,7 +231,7 @@ class DashboardServer:
         return self._svc.port
 
     def start(self) -> DashboardServer:
-        self._svc.start(lambda: not self.robot.fault_active("disconnect"))
+        self._svc.start(lambda: not _down(self.robot))
         return self
 
     def close(self) -> None:
@@ -238,7 +245,7 @@ class DashboardServer:
         conn.sendall((GREETING + "\n").encode("ascii"))
         reader = LineReader()
         while not self._svc.stopping:
-            if self.robot.fault_active("disconnect"):
+            if _down(self.robot):
                 return
             try:
                 data = conn.recv(4096)
@@ -293,7 +300,7 @@ class PrimaryServer:
         return self._svc.port
 
     def start(self) -> PrimaryServer:
-        self._svc.start(lambda: not self.robot.fault_active("disconnect"))
+        self._svc.start(lambda: not _down(self.robot))
         return self
 
     def close(self) -> None:
@@ -329,7 +336,7 @@ class PrimaryServer:
         try:
             next_t = time.monotonic()
             while not self._svc.stopping:
-                if self.robot.fault_active("disconnect"):
+                if _down(self.robot):
                     return
                 now = time.monotonic()
                 if now >= next_t:

@@ -192,3 +192,27 @@ def test_every_reject_reason_is_documented():
     doc = (Path(__file__).resolve().parents[1] / "docs" / "protocols" / "zeromq.md").read_text(encoding="utf-8")
     missing = [r.value for r in RejectReason if f"| `{r.value}` |" not in doc]
     assert not missing, f"reject reasons not in docs/protocols/zeromq.md: {missing}"
+
+
+def test_a_robot_reopened_as_another_during_a_job_is_named():
+    """``capture.Session.check_robot``: the job's robot is the one open when it began (or its
+    first open); a reopen with another kinematics table or serial number is refused with a
+    reason naming both; outside a job, and after a deliberate model change, anything goes."""
+    from cellcal.daemon.capture import Session
+
+    factory = {"serial": "2023", "kinematics": "factory", "kinematics_digest": "sha256:aa"}
+    sheet = {"serial": "2023", "kinematics": "nominal", "kinematics_digest": "sha256:bb"}
+    s = Session()
+    assert s.check_robot(sheet) is None  # no job: the idle loop opens what it finds
+    s.new_job(factory)
+    assert s.check_robot(factory) is None
+    why = s.check_robot(sheet)
+    assert why is not None and "nominal sha256:bb" in why and "factory sha256:aa" in why, why
+    assert "serial number (2024)" in (s.check_robot({**factory, "serial": "2024"}) or "")
+    assert s.check_robot({**factory, "serial": None}) is None  # a serial not read is no evidence
+    s.robot_replaced()  # the identified model, on purpose: the next open is the baseline
+    assert s.check_robot(sheet) is None and s.check_robot(factory) is not None
+    s.end_job()
+    assert s.check_robot(factory) is None
+    s.new_job()  # nothing open at the start: the first open is the baseline
+    assert s.check_robot(sheet) is None and s.check_robot(factory) is not None

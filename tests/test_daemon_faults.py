@@ -17,6 +17,8 @@ it longer.
 
 from __future__ import annotations
 
+import pytest
+
 from cellcal.daemon import protocol as P
 from cellcal.daemon.harness import inprocess_cell
 
@@ -83,6 +85,51 @@ def test_tracker_stamp_in_the_future_is_the_trackers_fault_and_backs_off(tmp_pat
         # No station was taken with the bad stamps; all six are whole and in the store.
         assert [s.plan_index for s in cell.svc.store.stations(int(run_id))] == list(range(6))
         assert cell.nonconforming() == []
+
+
+def _controller_restart(cell) -> None:
+    """After station 1, the controller restarts: everything gone for 5 s (simulated), then
+    RTDE back while the dashboard and the primary interface stay down 30 s more."""
+    def outage() -> None:
+        cell.robot.robot.inject("disconnect", 5.0)
+        cell.robot.robot.inject("interfaces_down", 30.0)
+
+    cell.on_first(_after_station(1), outage)
+
+
+def test_a_controller_that_serves_rtde_before_its_dashboard_loses_no_station(tmp_path):
+    # A controller coming back from a restart serves RTDE before its dashboard (the sim's
+    # ``interfaces_down``): a driver opened in between refuses to move (no dashboard to ask).
+    # Before, each refusal counted as a protective stop of the station until it was given
+    # up; now it is a fault of the robot's link, ridden out: every planned station.
+    with inprocess_cell(tmp_path, n_stations=6) as cell:
+        _controller_restart(cell)
+        run_id = str(cell.svc.start_run("base_frame"))
+        body = cell.wait_result(run_id, WAIT_S)
+        assert body["active"] and body["gates"]["passed"]
+        assert [s.plan_index for s in cell.svc.store.stations(int(run_id))] == list(range(6))
+        assert [r.reason for r in cell.svc.store.rejections(int(run_id))] == []
+        faults = [b for b in cell.bodies(P.TOPIC_FAULT) if b["active"]]
+        assert {f["device"] for f in faults} == {P.DEVICE_ROBOT}, faults
+        assert any("DashboardClient" in f["message"] or "dashboard" in f["message"] for f in faults), faults
+
+
+@pytest.mark.slow
+def test_a_reopen_without_the_factory_table_is_not_the_jobs_robot(tmp_path):
+    # The realistic cell's controller has a factory table millimetres from the data sheet.
+    # A driver opened while the primary interface is down has only the data sheet: its FK
+    # is not the one the job's stations were checked and planned with. That reopen is
+    # refused as another robot and retried until the controller is whole.
+    with inprocess_cell(tmp_path, scenario="realistic", n_stations=6) as cell:
+        _controller_restart(cell)
+        run_id = str(cell.svc.start_run("base_frame", reason="test"))
+        body = cell.wait_result(run_id, 300.0)
+        assert [s.plan_index for s in cell.svc.store.stations(int(run_id))] == list(range(6))
+        faults = [b["message"] for b in cell.bodies(P.TOPIC_FAULT) if b["active"]]
+        assert any("reopened with another kinematics" in m and "nominal" in m and "factory" in m
+                   for m in faults), faults
+        robot = body["provenance"]["devices"]["robot"]
+        assert robot["kinematics"] == "factory", robot
 
 
 def test_an_unexpected_exception_fails_the_run_named_and_the_daemon_keeps_serving(tmp_path, monkeypatch):
