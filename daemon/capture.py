@@ -54,8 +54,7 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -155,6 +154,16 @@ def _fmt(v: Any) -> str:
     return "p[" + ", ".join(f"{float(x):.6g}" for x in v) + "]"
 
 
+class RobotKey(NamedTuple):
+    """What makes an open robot the job's (:meth:`Session.check_robot`): the controller's
+    serial number (None where none was read), where its forward kinematics comes from
+    (``factory``, ``nominal``, ...) and that table's digest (None if unknown)."""
+
+    serial: str | None
+    source: str
+    digest: str | None
+
+
 class Session:
     """What the consistency checks remember across a job, kept across device reconnects.
 
@@ -180,14 +189,14 @@ class Session:
         self.changed: DeviceError | None = None
         self._last: tuple[tuple, float] | None = None
         self._in_job = False
-        self._robot: dict[str, Any] | None = None
+        self._robot: RobotKey | None = None
 
-    def new_job(self, robot: Mapping[str, Any] | None = None) -> None:
+    def new_job(self, robot: RobotKey | None = None) -> None:
         """Forget the job's settings baseline (and a change seen before the job began);
-        ``robot``: the identity of the robot already open (else the job's first open sets it)."""
+        ``robot``: the robot already open (else the job's first open sets it)."""
         with self._lock:
             self._tcp, self._payload, self.changed = None, None, None
-            self._in_job, self._robot = True, None if robot is None else dict(robot)
+            self._in_job, self._robot = True, robot
 
     def end_job(self) -> None:
         """The job is over: reopens compare with nothing until the next one starts."""
@@ -200,24 +209,24 @@ class Session:
         with self._lock:
             self._robot = None
 
-    def check_robot(self, identity: Mapping[str, Any]) -> str | None:
+    def check_robot(self, robot: RobotKey) -> str | None:
         """None when a robot just opened is the job's (or opened outside a job, or is the
-        job's first); else why not, for a ``ROBOT_CHANGED`` refusal."""
+        job's first); else why not, for a ``ROBOT_CHANGED`` refusal. What is not known on
+        either side (a serial not read) is no evidence either way."""
         with self._lock:
             if not self._in_job:
                 return None
             if self._robot is None:
-                self._robot = dict(identity)
+                self._robot = robot
                 return None
             before = self._robot
-        for key, what in (("serial", "serial number"), ("kinematics_digest", "kinematics")):
-            a, b = before.get(key), identity.get(key)
-            if a is not None and b is not None and a != b:
-                if key == "kinematics_digest":
-                    a = f"{before.get('kinematics', '?')} {a}"
-                    b = f"{identity.get('kinematics', '?')} {b}"
-                return (f"the robot reopened with another {what} ({b}) than the job started with ({a}): its "
-                        "stations cannot be combined with the job's; reopening")
+        if before.serial is not None and robot.serial is not None and before.serial != robot.serial:
+            return (f"the robot reopened with another serial number ({robot.serial}) than the job started with "
+                    f"({before.serial}): its stations cannot be combined with the job's; reopening")
+        if before.digest is not None and robot.digest is not None and before.digest != robot.digest:
+            return (f"the robot reopened with another kinematics table ({robot.source} {robot.digest}) than the job "
+                    f"started with ({before.source} {before.digest}): its stations cannot be combined with the "
+                    "job's; reopening")
         return None
 
     def check_settings(self, state: Any) -> None:

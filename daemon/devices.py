@@ -44,6 +44,12 @@ __all__ = ["DeviceOpenError", "CellDevices", "Backoff", "OPEN_ERRORS", "robot_id
 OPEN_ERRORS: tuple[type[BaseException], ...] = (CellcalError, OSError, ValueError)
 
 
+def _robot_key(robot: Any, ident: dict[str, Any]) -> cap.RobotKey:
+    """The robot as the job's consistency check compares it (``capture.RobotKey``)."""
+    return cap.RobotKey(serial=ident.get("serial"), source=str(getattr(robot, "kinematics_source", "nominal")),
+                        digest=ident.get("kinematics_digest"))
+
+
 def robot_identity(robot: Any) -> dict[str, Any]:
     """What a result's provenance records of an open robot: ``driver``, ``model``, ``serial``
     (the controller's serial number where it tells one, e.g. a UR's dashboard), and the
@@ -198,7 +204,8 @@ class CellDevices:
     def begin_job(self) -> None:
         """A job starts: the consistency checks' baselines start over, the robot's identity
         from the robot already open (else from the job's first open)."""
-        self.session.new_job(robot_identity(self.robot) if self.robot is not None else None)
+        robot = self.robot
+        self.session.new_job(_robot_key(robot, robot_identity(robot)) if robot is not None else None)
 
     def end_job(self) -> None:
         self.session.end_job()
@@ -234,7 +241,7 @@ class CellDevices:
                 raise DeviceOpenError(P.DEVICE_ROBOT, exc) from exc
             raise
         ident = robot_identity(robot)
-        changed = self.session.check_robot(ident)
+        changed = self.session.check_robot(_robot_key(robot, ident))
         if changed is not None:
             # Another robot, or the same one without its factory table (its primary interface
             # still down): not this job's; the service retries with backoff.

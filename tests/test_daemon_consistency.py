@@ -198,18 +198,18 @@ def test_a_robot_reopened_as_another_during_a_job_is_named():
     """``capture.Session.check_robot``: the job's robot is the one open when it began (or its
     first open); a reopen with another kinematics table or serial number is refused with a
     reason naming both; outside a job, and after a deliberate model change, anything goes."""
-    from cellcal.daemon.capture import Session
+    from cellcal.daemon.capture import RobotKey, Session
 
-    factory = {"serial": "2023", "kinematics": "factory", "kinematics_digest": "sha256:aa"}
-    sheet = {"serial": "2023", "kinematics": "nominal", "kinematics_digest": "sha256:bb"}
+    factory = RobotKey(serial="2023", source="factory", digest="sha256:aa")
+    sheet = RobotKey(serial="2023", source="nominal", digest="sha256:bb")
     s = Session()
     assert s.check_robot(sheet) is None  # no job: the idle loop opens what it finds
     s.new_job(factory)
     assert s.check_robot(factory) is None
     why = s.check_robot(sheet)
     assert why is not None and "nominal sha256:bb" in why and "factory sha256:aa" in why, why
-    assert "serial number (2024)" in (s.check_robot({**factory, "serial": "2024"}) or "")
-    assert s.check_robot({**factory, "serial": None}) is None  # a serial not read is no evidence
+    assert "serial number (2024)" in (s.check_robot(factory._replace(serial="2024")) or "")
+    assert s.check_robot(factory._replace(serial=None)) is None  # a serial not read is no evidence
     s.robot_replaced()  # the identified model, on purpose: the next open is the baseline
     assert s.check_robot(sheet) is None and s.check_robot(factory) is not None
     s.end_job()

@@ -126,7 +126,7 @@ def test_a_reopen_without_the_factory_table_is_not_the_jobs_robot(tmp_path):
         body = cell.wait_result(run_id, 300.0)
         assert [s.plan_index for s in cell.svc.store.stations(int(run_id))] == list(range(6))
         faults = [b["message"] for b in cell.bodies(P.TOPIC_FAULT) if b["active"]]
-        assert any("reopened with another kinematics" in m and "nominal" in m and "factory" in m
+        assert any("reopened with another kinematics table" in m and "nominal" in m and "factory" in m
                    for m in faults), faults
         robot = body["provenance"]["devices"]["robot"]
         assert robot["kinematics"] == "factory", robot
