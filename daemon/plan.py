@@ -39,7 +39,8 @@ from cellcal.solver.se3 import make_transform, matrix_from_quat, so3_exp
 
 __all__ = ["PlannedStation", "PlanError", "generate_plan", "sight_of", "explicit_plan", "plan_to_dict",
            "plan_from_dict", "plan_from_config", "to_target", "predicted_task_sigma", "next_station",
-           "stations_to_visit", "FIRST_STATIONS_POSE", "FIRST_STATIONS_POINT", "PLATEAU_STATIONS", "PLATEAU_GAIN", "NEAR_BEST"]
+           "stations_to_visit", "FIRST_STATIONS_POSE", "FIRST_STATIONS_POINT", "PLATEAU_STATIONS", "PLATEAU_GAIN", "NEAR_BEST",
+           "FLOOR_MIN_STATIONS", "model_error_floor", "plateau"]
 
 log = logging.getLogger(__name__)
 
@@ -449,18 +450,24 @@ def predicted_task_sigma(records: list[Any], cfg: Any) -> tuple[float, Any]:
 #: includes), and capturing up to ``max_stations`` would be downtime for nothing.
 PLATEAU_STATIONS = 4
 PLATEAU_GAIN = 0.5
+#: A run to a target stops as soon as the result's model error alone (the robot error a rigid
+#: fit absorbs, which the covariance carries and more stations do not average away) puts
+#: more than the target at a task point, from this many stations on: then the residual of
+#: 8 pose stations has 36 degrees of freedom, and the model error's size is known to about
+#: 12 % (a point run has 24 and about 15 %).
+FLOOR_MIN_STATIONS = 8
 #: Of the candidates whose predicted error at the task points is within this (relative) of
 #: the best, the next station is the one nearest the robot in joint space.
 NEAR_BEST = 0.05
 
 
-def _plateau(records: list[Any], cfg: Any, sigma: float) -> tuple[float, float] | None:
-    """``(best before, best of the last PLATEAU_STATIONS)`` predicted errors when the run's
-    prediction has stopped falling, else None."""
-    n = len(records)
-    if n < FIRST_STATIONS_POINT + PLATEAU_STATIONS or not math.isfinite(sigma):
+def plateau(history: list[float]) -> tuple[float, float] | None:
+    """``(best before, best of the last PLATEAU_STATIONS)`` of a run's predicted errors
+    (``history[k]``: with ``k + 3`` stations, the last with all of them) when they have
+    stopped falling, else None."""
+    n = len(history) + 2
+    if n < FIRST_STATIONS_POINT + PLATEAU_STATIONS or not math.isfinite(history[-1]):
         return None
-    history = [predicted_task_sigma(records[:k], cfg)[0] for k in range(3, n)] + [sigma]
     before, recent = min(history[:-PLATEAU_STATIONS]), min(history[-PLATEAU_STATIONS:])
     averaging = 1.0 - math.sqrt((n - PLATEAU_STATIONS) / n)
     if math.isfinite(before) and recent > (1.0 - PLATEAU_GAIN * averaging) * before:
@@ -468,10 +475,41 @@ def _plateau(records: list[Any], cfg: Any, sigma: float) -> tuple[float, float] 
     return None
 
 
+def _plateau(records: list[Any], cfg: Any, sigma: float) -> tuple[float, float] | None:
+    if len(records) < FIRST_STATIONS_POINT + PLATEAU_STATIONS or not math.isfinite(sigma):
+        return None
+    return plateau([predicted_task_sigma(records[:k], cfg)[0] for k in range(3, len(records))] + [sigma])
+
+
+def model_error_floor(result: Any, records: list[Any], cfg: Any) -> float:
+    """The largest error at the task points (m) that the result's model error alone puts
+    there (:func:`cellcal.solver.diagnostics.absorbed_error_covariance` about the stations'
+    target positions, the size the residual tests found); 0 without a model error. More
+    stations do not lower it: it is the arm's error, not noise."""
+    from cellcal.solver.diagnostics import absorbed_error_covariance
+    from cellcal.solver.uncertainty import point_error
+
+    t = getattr(result, "residual_tests", None)
+    tau_t = float(getattr(t, "model_error_translation_m", 0.0) or 0.0)
+    tau_r = float(getattr(t, "model_error_rotation_rad", 0.0) or 0.0)
+    if not (tau_t > 0.0 or tau_r > 0.0) or not records:
+        return 0.0
+    G = np.array([r.base_T_flange for r in records], dtype=float).reshape(-1, 4, 4)
+    y = getattr(result, "flange_p_target", None)
+    if y is None:
+        y = np.asarray(result.flange_T_target, dtype=float)[:3, 3]
+    c = np.mean(G[:, :3, :3] @ np.asarray(y, dtype=float) + G[:, :3, 3], axis=0)
+    C = absorbed_error_covariance(c, tau_t, tau_r)
+    X = np.asarray(result.cell_T_base, dtype=float)
+    return max(float(point_error(np.eye(4), C, X[:3, :3].T @ (np.asarray(p, float) - X[:3, 3]), "base").sigma_m)
+               for p in cfg.solve.task_points_m)
+
+
 def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, model: Any,
                  index: int) -> PlannedStation | None:
     """The decision of a run to a target: None when the predicted error at the task points
-    is at most ``[plan] target_sigma_mm``, when it no longer falls (``PLATEAU_STATIONS``), or
+    is at most ``[plan] target_sigma_mm``, when the model error alone puts more than the
+    target there (``FLOOR_MIN_STATIONS``), when it no longer falls (``PLATEAU_STATIONS``), or
     when ``max_stations`` were visited; else the station the planner suggests for the task
     points from the stations accepted so far.
 
@@ -496,6 +534,13 @@ def next_station(records: list[Any], visited: list[PlannedStation], cfg: Any, mo
     if sigma <= p.target_sigma_m:
         log.info("plan: predicted error at the task points %.4f mm <= target %.4f mm after %d stations: done",
                  sigma * 1e3, p.target_sigma_m * 1e3, len(records))
+        return None
+    model_floor = model_error_floor(result, records, cfg) if result is not None else 0.0
+    if len(records) >= FLOOR_MIN_STATIONS and model_floor > p.target_sigma_m:
+        log.warning("plan: the arm's model error alone puts %.4f mm at the task points (predicted %.4f mm after %d "
+                    "stations), above the target %.4f mm: more stations do not average it away (a kinematic "
+                    "calibration does); stopping", model_floor * 1e3, sigma * 1e3, len(records),
+                    p.target_sigma_m * 1e3)
         return None
     floor = _plateau(records, cfg, sigma)
     if floor is not None:
