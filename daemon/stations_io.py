@@ -314,9 +314,10 @@ def _read_jsonl(lines: _Lines, name: str, meas_key: str | None, point_key: str |
 # --- CSV -------------------------------------------------------------------------------------
 
 
-def _pose(row: dict[str, str], prefix: str, where: str, order: str = "wxyz") -> np.ndarray:
+def _numbers(row: dict[str, str], prefix: str, cols: tuple[str, ...], where: str) -> list[float]:
+    """The finite numbers of the columns ``{prefix}_{col}`` of a CSV row."""
     vals = []
-    for col in _POSE_COLS:
+    for col in cols:
         key = f"{prefix}_{col}"
         raw = row.get(key)
         if raw is None or raw.strip() == "":
@@ -328,9 +329,20 @@ def _pose(row: dict[str, str], prefix: str, where: str, order: str = "wxyz") -> 
         if not math.isfinite(v):
             raise StationFileError(f"{where}: column {key!r} is not finite: {raw[:40]!r}")
         vals.append(v)
-    if max(abs(v) for v in vals[:3]) * 1e-3 > MAX_TRANSLATION_M:
+    return vals
+
+
+def _position(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
+    """``{prefix}_x_mm .. _z_mm`` in metres, within :data:`MAX_TRANSLATION_M`."""
+    vals = _numbers(row, prefix, _POSE_COLS[:3], where)
+    if max(abs(v) for v in vals) * 1e-3 > MAX_TRANSLATION_M:
         raise StationFileError(f"{where}: {prefix} position is beyond {MAX_TRANSLATION_M * 1e3:g} mm")
-    q = np.array(vals[3:])
+    return np.array(vals) * 1e-3
+
+
+def _pose(row: dict[str, str], prefix: str, where: str, order: str = "wxyz") -> np.ndarray:
+    t = _position(row, prefix, where)
+    q = np.array(_numbers(row, prefix, _POSE_COLS[3:], where))
     if order == "xyzw":  # the qw, qx, qy, qz columns hold x, y, z, w
         q = q[[3, 0, 1, 2]]
     norm = float(np.linalg.norm(q))
@@ -338,27 +350,8 @@ def _pose(row: dict[str, str], prefix: str, where: str, order: str = "wxyz") -> 
         raise StationFileError(f"{where}: {prefix} quaternion has norm {norm:.6g}, expected 1")
     T = np.eye(4)
     T[:3, :3] = matrix_from_quat(q)
-    T[:3, 3] = np.array(vals[:3]) * 1e-3
+    T[:3, 3] = t
     return T
-
-
-def _position(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
-    vals = []
-    for col in _POSE_COLS[:3]:
-        key = f"{prefix}_{col}"
-        raw = row.get(key)
-        if raw is None or raw.strip() == "":
-            raise StationFileError(f"{where}: column {key!r} is empty")
-        try:
-            v = float(raw)
-        except ValueError as exc:
-            raise StationFileError(f"{where}: column {key!r} is not a number: {raw[:40]!r}") from exc
-        if not math.isfinite(v):
-            raise StationFileError(f"{where}: column {key!r} is not finite: {raw[:40]!r}")
-        vals.append(v)
-    if max(abs(v) for v in vals) * 1e-3 > MAX_TRANSLATION_M:
-        raise StationFileError(f"{where}: {prefix} position is beyond {MAX_TRANSLATION_M * 1e3:g} mm")
-    return np.array(vals) * 1e-3
 
 
 def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, str] | None = None,

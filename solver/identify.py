@@ -715,8 +715,15 @@ def _figures(pred: np.ndarray, meas: np.ndarray) -> ValidationFigures:
     )
 
 
-def _absorbed(cov: np.ndarray, P: int, fit: _Fit, q: np.ndarray, Winv: np.ndarray, dof: int, n: int, r: int,
-              pose: bool, excess_t: float) -> np.ndarray:
+def _excess(res: np.ndarray, station_cov: np.ndarray, dof: int, n: int, r: int) -> float:
+    """RMS length of one block of the residuals (translation or rotation) beyond what the
+    declared noise explains: its expected share is the trace of each station's covariance
+    times ``dof / observations``."""
+    expected = float(np.mean(np.trace(station_cov, axis1=1, axis2=2))) * dof / (n * r)
+    return math.sqrt(max(float(np.mean(np.sum(res ** 2, axis=1))) - expected, 0.0))
+
+
+def _absorbed(cov: np.ndarray, P: int, fit: _Fit, q: np.ndarray, excess_t: float, excess_r: float) -> np.ndarray:
     """``cov`` plus the error the identification absorbed unseen into the base frame and the
     target, when its residuals exceed the declared noise.
 
@@ -728,12 +735,7 @@ def _absorbed(cov: np.ndarray, P: int, fit: _Fit, q: np.ndarray, Winv: np.ndarra
     excess per axis, about the stations' centroid and the base origin in halves, and the
     target's block widened isotropically by it.
     """
-    tau_t = excess_t / math.sqrt(3.0)
-    tau_r = 0.0
-    if pose:
-        Cr = np.linalg.inv(np.einsum("nji,njk->nik", Winv, Winv))[:, 3:, 3:]
-        expected = float(np.mean(np.trace(Cr, axis1=1, axis2=2))) * dof / (n * r)
-        tau_r = math.sqrt(max(float(np.mean(np.sum(fit.res[:, 3:] ** 2, axis=1))) - expected, 0.0) / 3.0)
+    tau_t, tau_r = excess_t / math.sqrt(3.0), excess_r / math.sqrt(3.0)
     # Target positions in the base frame: where the stations pin the base.
     p = kinematic_jacobian(fit.model, q, [], np.eye(4), fit.tool)[0]
     p = p[:, :3, 3] if p.ndim == 3 else p
@@ -995,11 +997,9 @@ def identify_kinematics(
         noise_source = "declared"
         if dof > 0 and chi2 > chi2_ppf(0.999, dof):
             cov = cov * chi2_dof
-            # value: RMS (mm) of the translation residual beyond what the declared noise explains
-            # (its expected share, trace of each station's covariance times dof / observations).
-            Ct = np.linalg.inv(np.einsum("nji,njk->nik", Winv, Winv))[:, :3, :3]
-            expected = float(np.mean(np.trace(Ct, axis1=1, axis2=2))) * dof / (n * r)
-            excess = math.sqrt(max(float(np.mean(np.sum(fit.res[:, :3] ** 2, axis=1))) - expected, 0.0))
+            # value: RMS (mm) of the translation residual beyond what the declared noise explains.
+            station_cov = np.linalg.inv(np.einsum("nji,njk->nik", Winv, Winv))
+            excess = _excess(fit.res[:, :3], station_cov[:, :3, :3], dof, n, r)
             warnings.append(SolveWarning(
                 code="model_error", value=excess * 1e3,
                 message=(f"residuals are {math.sqrt(chi2_dof):.1f}x the declared noise after identification "
@@ -1007,7 +1007,8 @@ def identify_kinematics(
                          "an error the model does not describe (thermal, compliance, gear backlash) or "
                          "understated noise; the covariance is inflated by that ratio and the base frame's "
                          "and target's widened by what the fit absorbed of it")))
-            cov = _absorbed(cov, len(est_t), fit, qa, Winv, dof, n, r, pose, excess)
+            excess_r = _excess(fit.res[:, 3:], station_cov[:, 3:, 3:], dof, n, r) if pose else 0.0
+            cov = _absorbed(cov, len(est_t), fit, qa, excess, excess_r)
     else:
         noise_source = "estimated"
         if dof > 2:
