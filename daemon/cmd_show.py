@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from cellcal.daemon.human import kinematic_unit
+from cellcal.daemon import runs
 from cellcal.daemon.results_cli import (
     CommandError,
     add_state_arguments,
@@ -91,68 +91,6 @@ def point_lines(name: str, wire: Mapping[str, Any], C: np.ndarray | None) -> lis
             f"    position mm      x {_pm(p[0], s[0], 3)}, y {_pm(p[1], s[1], 3)}, z {_pm(p[2], s[2], 3)}"]
 
 
-def _num(v: Any, factor: float, digits: int) -> str:
-    if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
-        return "n/a"
-    return f"{float(v) * factor:.{digits}f}"
-
-
-def _map(v: Any) -> Mapping[str, Any]:
-    return v if isinstance(v, Mapping) else {}
-
-
-def kinematics_lines(k: Any) -> list[str]:
-    """The ``kinematics`` block of a kinematics result (``kinematics_run.gate_and_wire``):
-    the identified parameters against nominal with their 1-sigma, what could not be
-    identified and why, the held-out validation before and after, and the ISO 9283 pose
-    test (or why it was not measured). Lengths in mm, angles in degrees."""
-    if not isinstance(k, Mapping):
-        return ["  kinematics       none recorded"]
-    nominal, params = _map(k.get("nominal")), _map(k.get("parameters"))
-    lines = [f"  kinematics       {nominal.get('name') or '?'} nominal, {k.get('measurement') or '?'} measurements, "
-             f"{len(params)} parameters identified; condition number {_num(k.get('condition_number'), 1.0, 1)}, "
-             f"{'converged' if k.get('converged', True) else 'NOT converged'} ({k.get('stop_reason') or '?'})"]
-    if params:
-        width = max(len(str(n)) for n in params)
-        lines.append(f"    {'parameter':<{width}}  unit {'nominal':>12} {'identified':>12} {'delta':>11} {'1-sigma':>10}")
-        for name, p in params.items():
-            p = _map(p)
-            unit, f, dig = kinematic_unit(str(name))
-            val, delta = p.get("value"), p.get("delta")
-            nom = (float(val) - float(delta)
-                   if isinstance(val, (int, float)) and isinstance(delta, (int, float)) else None)
-            lines.append(f"    {name!s:<{width}}  {unit:<4} {_num(nom, f, dig - 1):>12} {_num(val, f, dig - 1):>12} "
-                         f"{_num(delta, f, dig - 1):>11} {_num(p.get('sigma'), f, dig - 1):>10}")
-    reasons = _map(k.get("unidentifiable_reasons"))
-    names = [str(n) for n in k.get("unidentifiable") or []] or sorted(str(n) for n in reasons)
-    if names:
-        lines.append("    not identifiable from these stations (fixed at nominal):")
-        lines += [f"      {n}: {reasons.get(n) or 'no reason recorded'}" for n in names]
-    v = k.get("validation")
-    if isinstance(v, Mapping) and isinstance(v.get("after"), Mapping):
-        before, after = _map(v.get("before")), _map(v["after"])
-        lines.append(f"  held-out         {after.get('n_stations', '?')} validation stations never fitted, "
-                     "nominal arm -> identified arm:")
-        for label, key in (("RMS", "rms_translation_m"), ("P90", "p90_translation_m"), ("max", "max_translation_m")):
-            lines.append(f"    {label:<4} {_num(before.get(key), 1e3, 4):>9} mm -> {_num(after.get(key), 1e3, 4):>9} mm")
-        if isinstance(after.get("rms_rotation_rad"), (int, float)):
-            lines.append(f"    orientation RMS {_num(before.get('rms_rotation_rad'), math.degrees(1.0), 5)} deg -> "
-                         f"{_num(after.get('rms_rotation_rad'), math.degrees(1.0), 5)} deg")
-    else:
-        lines.append("  held-out         no validation stations measured with this result")
-    iso = k.get("iso9283")
-    if isinstance(iso, Mapping) and isinstance(iso.get("before"), Mapping) and isinstance(iso.get("after"), Mapping):
-        b, a = iso["before"], iso["after"]
-        lines.append(f"  ISO 9283         {iso.get('cycles', '?')} cycles at P1-P5, nominal arm -> identified arm: "
-                     f"worst AP {_num(b.get('max_ap_m'), 1e3, 4)} -> {_num(a.get('max_ap_m'), 1e3, 4)} mm, "
-                     f"worst RP {_num(b.get('max_rp_m'), 1e3, 4)} -> {_num(a.get('max_rp_m'), 1e3, 4)} mm")
-    elif isinstance(k.get("iso9283_not_measured"), str) and k["iso9283_not_measured"]:
-        lines.append(f"  ISO 9283         not measured: {k['iso9283_not_measured']}")
-    else:
-        lines.append("  ISO 9283         not part of this result")
-    return lines
-
-
 def show_lines(rec: Any, state_dir: Any) -> list[str]:
     """The text of ``cellcal show`` for one stored result."""
     r = rec.result
@@ -165,8 +103,7 @@ def show_lines(rec: Any, state_dir: Any) -> list[str]:
         lines += transform_lines(name, w, _cov(r, name))
     for name, w in (r.get("points") or {}).items():
         lines += point_lines(name, w, _cov(r, name))
-    if rec.kind == "kinematics":
-        lines += kinematics_lines(r.get("kinematics"))
+    lines += runs.for_body({**r, "kind": rec.kind}).show_lines(r)
     lines.append(f"  residuals        translation RMS {r.get('rms_translation_m', 0.0) * 1e3:.4f} mm, rotation RMS "
                  f"{math.degrees(r.get('rms_rotation_rad', 0.0)):.5f} deg ({r.get('n_stations', '?')} stations)")
     g = r.get("gates") or {}
@@ -177,7 +114,7 @@ def show_lines(rec: Any, state_dir: Any) -> list[str]:
         for c in g.get("checks") or []:
             mark = "n/a " if c.get("applies") is False else ("ok  " if c.get("passed") else "FAIL")
             lines.append(f"    {mark} {c.get('name')}: {c.get('message')}")
-    ws = r.get("warnings") or []
+    ws = runs.for_body({**r, "kind": rec.kind}).warnings(r)
     lines.append(f"  warnings         {'none' if not ws else len(ws)}")
     for w in ws:
         lines.append(f"    {w.get('code')}: {w.get('message')}")

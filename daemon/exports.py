@@ -67,6 +67,7 @@ from typing import Any
 
 import numpy as np
 
+from cellcal.daemon import runs
 from cellcal.daemon.report import transform_from_wire
 from cellcal.daemon.store import StoreError, StoreFullError, StoreReadOnlyError
 from cellcal.solver.se3 import check_transform, se3_inverse, so3_log, xyz_quat_from_transform
@@ -297,7 +298,7 @@ def frame_names(export: Any = None) -> dict[str, str]:
     return names
 
 
-def _robot_name(export: Any) -> str:
+def robot_name(export: Any) -> str:
     name = getattr(export, "robot_name", None) if export is not None and not isinstance(export, Mapping) else None
     return name or "cellcal"
 
@@ -494,7 +495,7 @@ def urdf_robot(result_id: int, result_dict: Mapping[str, Any], export: Any = Non
     """
     items = _exportable(result_dict, frame_names(export), _base_yaw(export))
     tree = _main_tree(items)
-    robot = ET.Element("robot", {"name": _robot_name(export)})
+    robot = ET.Element("robot", {"name": robot_name(export)})
     links: list[str] = []
     for it in tree:
         for f in (it.parent, it.child):
@@ -764,69 +765,8 @@ def write_exports(directory: str | os.PathLike[str], result_id: int, result_dict
                                      ros2_launch_file(result_id, result_dict, export).encode()),
         "ur": atomic_write_bytes(directory / files["ur"], ur_script(result_id, result_dict, export).encode()),
     }
-    if result_dict.get("kind") == "kinematics":
-        out.update(write_kinematics_exports(directory, result_id, result_dict, export))
-    return out
-
-
-def kinematics_export_file_names(result_id: int) -> dict[str, str]:
-    """File name of each export of a kinematics result beside the others, by key."""
-    r = f"result_{int(result_id)}"
-    return {"kinematics": f"{r}_kinematics.json", "arm_urdf": f"{r}_arm.urdf",
-            "ur_calibration": f"{r}_ur_calibration.yaml"}
-
-
-def _is_ur(result_dict: Mapping[str, Any]) -> bool:
-    """Whether the result's robot is a UR controller (its own FK; the ROS driver's YAML applies)."""
-    robot = ((result_dict.get("provenance") or {}).get("devices") or {}).get("robot") or {}
-    return str(robot.get("driver", "")).startswith("Ur")
-
-
-def write_kinematics_exports(directory: str | os.PathLike[str], result_id: int, result_dict: Mapping[str, Any],
-                             export: Any = None) -> dict[str, Path]:
-    """The exports of a kinematics result (``kind = "kinematics"``), each atomically.
-
-    ``result_<id>_kinematics.json``
-        The identified parameters with values, deltas and sigmas, the unidentifiable ones
-        with reasons, the nominal and identified DH arrays, the frames and the held-out
-        figures (``cellcal.solver.kinematic_parameters_json``'s layout, the stored
-        ``kinematics`` of the result).
-    ``result_<id>_arm.urdf``
-        The arm's chain with the calibrated joint origins (``cellcal.solver.urdf_from_model``),
-        robot name ``[export] robot_name`` + ``_arm``.
-    ``result_<id>_ur_calibration.yaml``
-        For a UR robot only: the UR ROS driver's calibration file
-        (``cellcal.solver.ur_calibration_yaml``).
-
-    Raises
-    ------
-    ValueError
-        A result without ``kinematics.identified`` DH arrays.
-    StoreError
-        A file that cannot be written.
-    """
-    from cellcal.solver import DHParameters, ur_calibration_yaml, urdf_from_model
-
-    kin = result_dict.get("kinematics")
-    if not isinstance(kin, Mapping):
-        raise ValueError(f"result {result_id}: a kinematics result without its kinematics")
-    ident = kin.get("identified")
-    if not isinstance(ident, Mapping):
-        raise ValueError(f"result {result_id}: a kinematics result without kinematics.identified DH arrays")
-    model = DHParameters(a=ident["a"], d=ident["d"], alpha=ident["alpha"], theta=ident["theta"],
-                         beta=ident.get("beta", [0.0] * 6), name=str(ident.get("name", "identified")))
-    directory = Path(directory)
-    files = kinematics_export_file_names(result_id)
-    doc = {"result_id": int(result_id), "active": bool(result_dict.get("active", False)),
-           "suspect": bool(result_dict.get("suspect", False)), **kin}
-    out = {
-        "kinematics": write_json_result(directory / files["kinematics"], doc),
-        "arm_urdf": atomic_write_bytes(directory / files["arm_urdf"],
-                                       urdf_from_model(model, robot_name=f"{_robot_name(export)}_arm").encode()),
-    }
-    if _is_ur(result_dict):
-        out["ur_calibration"] = atomic_write_bytes(directory / files["ur_calibration"],
-                                                   ur_calibration_yaml(model).encode())
+    # The kind's own files (a kinematics result's parameters, arm URDF, UR calibration YAML).
+    out.update(runs.for_body(result_dict).write_exports(directory, result_id, result_dict, export))
     return out
 
 

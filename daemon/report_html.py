@@ -16,18 +16,13 @@ primary transform in mm/deg and as a matrix), gates passed and failed, warnings 
 and five figures: residual vectors per station in two orthographic views, the error
 distribution of the fit and of the held-out closure, 1-sigma/2-sigma uncertainty ellipses
 at the task points, axis spread and per-axis uncertainty (observability), the drift history
-with its warn/fail bands and CUSUM; then provenance. A result of run kind ``kinematics``
-(``cellcal.daemon.kinematics_run``) has one more section after the summary,
-"Kinematic identification" (``id`` :data:`KINEMATICS_SECTION`): the identified DH
-parameters against the nominal with their 1-sigma, the parameters that could not be
-identified and why, the condition number, the strongest correlations, and the held-out
-validation before (nominal arm) and after identification.
+with its warn/fail bands and CUSUM; then provenance. A run kind adds its own sections after
+the summary (``RunKind.report_sections``: a kinematics result's "Kinematic identification",
+``cellcal.daemon.runs.kinematics_report``) and may say which stations the figures draw.
 
 Inputs are the result body as the daemon publishes it (``bodies.result_body``: any result
 kind on the wire: base frame from poses or points, hand-eye, eye-to-hand, tool point,
-kinematics) plus, when known, the run's stations and the result's drift checks (a
-kinematics result's stations are drawn through its identified arm, to which its base
-frame and target belong). A figure that needs data the
+kinematics) plus, when known, the run's stations and the result's drift checks. A figure that needs data the
 result does not have (station data of a result solved elsewhere, drift checks before the
 first one) is drawn as a box saying so, never left out, so every report has the same
 sections.
@@ -38,7 +33,6 @@ cell's computer, and the bytes stay deterministic).
 
 from __future__ import annotations
 
-import dataclasses
 import html
 import logging
 import math
@@ -48,30 +42,24 @@ from typing import Any
 
 import numpy as np
 
-from cellcal.daemon.human import kinematic_unit
+from cellcal.daemon import runs
 from cellcal.solver.se3 import quat_from_matrix, so3_log
 
 log = logging.getLogger(__name__)
 
 __all__ = [
     "render_report", "write_report", "report_path", "report_from_store", "export_report", "residual_vectors",
-    "REPORT_SUFFIX", "SECTIONS", "KINEMATICS_SECTION", "FIGURES", "KINEMATICS_FIGURE", "MAX_DRIFT_CHECKS",
+    "REPORT_SUFFIX", "SECTIONS", "FIGURES", "MAX_DRIFT_CHECKS", "e", "fmt", "scaled", "fig_residuals", "missing",
 ]
 
 #: The report's file name next to the exports: ``result_<id>`` + this.
 REPORT_SUFFIX = "_report.html"
 #: ``id`` of every section, in document order (tests and links rely on them).
 SECTIONS = ("summary", "gates", "warnings", "figures", "provenance")
-#: ``id`` of the section only a result of run kind ``kinematics`` has, right after the summary.
-KINEMATICS_SECTION = "kinematics"
 #: The most recent drift checks a report draws (the store keeps them all).
 MAX_DRIFT_CHECKS = 1000
 #: ``id`` of every figure, in document order.
 FIGURES = ("fig-residuals", "fig-distribution", "fig-ellipses", "fig-observability", "fig-drift")
-#: ``id`` of the figure a ``kinematics`` result adds in its own section (before the others):
-#: the residuals of the nominal arm with its own best rigid fit, the "before" of
-#: ``fig-residuals``, which draws them through the identified arm.
-KINEMATICS_FIGURE = "fig-residuals-nominal"
 
 # Colours of the figures (distinct, readable on white, and distinct in grey-scale print).
 _FIT = "#1f5fbf"
@@ -745,10 +733,7 @@ def _summary(body: Mapping[str, Any]) -> str:
     if body.get("suspect"):
         suspect = f'<p class="banner">SUSPECT: {_e(body.get("suspect_reason") or "marked suspect")}</p>'
     u = body.get("uncertainty") or {}
-    # A kinematics result keeps its convergence in its kinematics block.
-    block = body.get("kinematics")
-    kin: Mapping[str, Any] = block if isinstance(block, Mapping) else {}
-    fit = {k: body[k] if k in body else kin[k] for k in ("converged", "stop_reason") if k in body or k in kin}
+    fit = {k: body[k] for k in ("converged", "stop_reason") if k in body}
     rows = [
         ("result", f"{rid} ({kind}), {status}, run {body.get('run_id') or 'none'}"),
         ("stations", f"{body.get('n_stations', '?')} stations, {body.get('n_motions', '?')} motions"),
@@ -782,148 +767,6 @@ def _scaled(v: Any, factor: float, digits: int) -> str:
     return _fmt(float(v) * factor, digits)
 
 
-def _kinematics(body: Mapping[str, Any], before_map: str = "") -> str:
-    """The "Kinematic identification" section of a ``kinematics`` result ("" for any other),
-    ending with ``before_map`` (:func:`_fig_nominal_residuals`)."""
-    if body.get("kind") != "kinematics":
-        return ""
-    k = body.get("kinematics")
-    head = f'<section id="{KINEMATICS_SECTION}"><h2>Kinematic identification</h2>'
-    if not isinstance(k, Mapping):
-        return head + '<p class="na">This result carries no kinematics block.</p></section>'
-    nominal = k.get("nominal") or {}
-    conv = (f"Model: {_e(nominal.get('name') or '?')} nominal, {_e(k.get('convention') or 'standard DH')}. "
-            f"Measured as {_e(k.get('measurement') or '?')}s; noise {_e(k.get('noise_source') or '?')}; "
-            f"{_e(k.get('dof', '?'))} degrees of freedom. Lengths in mm, angles in deg; nominal = identified - "
-            "delta (a joint's zero offset is itself the correction, nominal 0).")
-    rows = []
-    params = k.get("parameters") or {}
-    for name in params:  # the identification's own order (its preference order)
-        p = params[name] or {}
-        unit, f, dig = kinematic_unit(name)
-        val, delta = p.get("value"), p.get("delta")
-        nom = float(val) - float(delta) if isinstance(val, (int, float)) and isinstance(delta, (int, float)) else None
-        rows.append(f'<tr class="parameter"><td>{_e(name)}</td><td>{unit}</td><td class="num">{_scaled(nom, f, dig)}'
-                    f'</td><td class="num">{_scaled(val, f, dig)}</td><td class="num">{_scaled(delta, f, dig)}</td>'
-                    f'<td class="num">{_scaled(p.get("sigma"), f, dig)}</td></tr>')
-    table = ('<table class="kinematic-parameters"><tr><th>parameter</th><th>unit</th><th>nominal</th>'
-             '<th>identified</th><th>delta</th><th>1-sigma</th></tr>' + "".join(rows) + "</table>"
-             if rows else '<p class="na">No parameter was identified.</p>')
-    reasons = k.get("unidentifiable_reasons")
-    if not isinstance(reasons, Mapping):
-        reasons = {}
-    names = [str(n) for n in k.get("unidentifiable") or []] or sorted(str(n) for n in reasons)
-    if names:
-        un = ('<p>Not identifiable from these stations, fixed at their nominal values:</p>'
-              '<table class="unidentifiable"><tr><th>parameter</th><th>why</th></tr>'
-              + "".join(f'<tr class="unidentifiable-parameter"><td>{_e(n)}</td><td>{_e(reasons.get(n) or "")}</td>'
-                        "</tr>" for n in names) + "</table>")
-    else:
-        un = "<p>Every parameter considered was identifiable from these stations.</p>"
-    cond = k.get("condition_number")
-    facts = [("condition number (column-normalised Jacobian)", _fmt(cond, 1)),
-             ("converged", f"{'yes' if k.get('converged', True) else 'NO'} ({k.get('stop_reason', '')})"),
-             ("observability O1, O3", f"{_fmt(k.get('observability_o1'), 6)}, {_fmt(k.get('observability_o3'), 6)}")]
-    corr = [c for c in k.get("correlations") or [] if isinstance(c, (list, tuple)) and len(c) == 3]
-    corr.sort(key=lambda c: (-abs(float(c[2] or 0.0)), str(c[0]), str(c[1])))
-    if corr:
-        shown = ", ".join(f"{c[0]} / {c[1]} {_fmt(c[2], 3)}" for c in corr[:10])
-        more = f" (and {len(corr) - 10} more)" if len(corr) > 10 else ""
-        facts.append(("strongest correlations", shown + more))
-    facts_html = ('<table class="kinematic-facts">'
-                  + "".join(f"<tr><td>{_e(a)}</td><td>{_e(b)}</td></tr>" for a, b in facts) + "</table>")
-    return (head + f'<p class="convention">{conv}</p>{table}{un}{facts_html}{_kin_validation(k)}{before_map}'
-            "</section>")
-
-
-def _kin_validation(k: Mapping[str, Any]) -> str:
-    v = k.get("validation")
-    out = ["<h3>Validation on held-out stations</h3>"]
-    if isinstance(v, Mapping) and isinstance(v.get("after"), Mapping):
-        before, after = v.get("before") or {}, v.get("after") or {}
-        n = after.get("n_stations", before.get("n_stations", "?"))
-        out.append(f"<p>{_e(n)} stations the identification never saw: the error of the nominal arm (its own best "
-                   "base frame and target fitted on the same stations) and of the identified arm.</p>")
-        rows = []
-        for label, key in (("RMS", "rms_translation_m"), ("P50", "p50_translation_m"), ("P90", "p90_translation_m"),
-                           ("max", "max_translation_m"), ("pairwise distance RMS", "pairwise_rms_m"),
-                           ("pairwise distance max", "pairwise_max_m")):
-            rows.append(f'<tr><td>{label} [mm]</td><td class="num">{_scaled(before.get(key), 1e3, 4)}</td>'
-                        f'<td class="num">{_scaled(after.get(key), 1e3, 4)}</td></tr>')
-        for label, key in (("RMS", "rms_rotation_rad"), ("P50", "p50_rotation_rad"), ("P90", "p90_rotation_rad"),
-                           ("max", "max_rotation_rad")):
-            if isinstance(after.get(key), (int, float)):  # None for point measurements: no orientation
-                rows.append(f'<tr><td>orientation {label} [deg]</td><td class="num">'
-                            f'{_scaled(before.get(key), math.degrees(1.0), 5)}</td><td class="num">'
-                            f'{_scaled(after.get(key), math.degrees(1.0), 5)}</td></tr>')
-        out.append('<table class="kinematic-validation"><tr><th>held-out error</th>'
-                   '<th>before (nominal)</th><th>after (identified)</th></tr>' + "".join(rows) + "</table>")
-    else:
-        out.append('<p class="na">No held-out validation stations were measured with this result.</p>')
-    iso = k.get("iso9283")
-    not_measured = k.get("iso9283_not_measured")
-    if isinstance(iso, Mapping) and iso:
-        out.append(_iso9283(iso))
-    elif isinstance(not_measured, str) and not_measured:
-        out.append("<h3>ISO 9283 pose test</h3>"
-                   f'<p class="na">ISO 9283 not measured: {_e(not_measured)}</p>')
-    else:
-        out.append('<p class="na">ISO 9283 pose accuracy (AP) and repeatability (RP) are not part of this result: '
-                   "they need repeated cycles at the ISO test poses, which a calibration run does not make; "
-                   "bench/kinematics_bench.py measures them in a simulated cell, before and after identification."
-                   "</p>")
-    return "".join(out)
-
-
-def _iso9283(iso: Mapping[str, Any]) -> str:
-    """The ISO 9283 pose test of a kinematics result: the worst pose before and after, then
-    AP and RP per pose (and orientation AP for 6-DoF measurements)."""
-    groups = [(g, iso[g]) for g in ("before", "after") if isinstance(iso.get(g), Mapping)] or [("", iso)]
-    centre = iso.get("cube_centre_m")
-    where = ""
-    if isinstance(centre, (list, tuple)) and len(centre) == 3:
-        where = (f" on the diagonal plane of a cube of side {_scaled(iso.get('cube_side_m'), 1e3, 1)} mm about "
-                 f"({', '.join(_scaled(v, 1e3, 1) for v in centre)}) mm in the base frame")
-    head = ("<h3>ISO 9283 pose test</h3>"
-            f"<p>P1-P5{where}, {_e(iso.get('cycles', '?'))} cycles, measured by the tracker "
-            f"({_e(iso.get('measurement') or 'pose')} measurements). Before: joint targets from the nominal arm's "
-            "inverse kinematics (with its own best rigid base frame and target); after: from the identified arm's. "
-            "AP: distance of the mean attained position from the commanded one; RP: repeatability (mean + 3 "
-            "standard deviations of the distance from the mean), mm.</p>")
-    rows = [f'<tr><td>{_e(g or "identified")}</td><td class="num">{_scaled(d.get("max_ap_m"), 1e3, 4)}</td>'
-            f'<td class="num">{_scaled(d.get("max_rp_m"), 1e3, 4)}</td></tr>' for g, d in groups]
-    worst = ('<table class="iso9283"><tr><th>ISO 9283, worst pose of P1-P5 [mm]</th><th>AP</th><th>RP</th>'
-             "</tr>" + "".join(rows) + "</table>")
-    before, after = iso.get("before"), iso.get("after")
-    if not (isinstance(before, Mapping) and isinstance(after, Mapping)):
-        return head + worst
-    names = [str(n) for n in iso.get("poses") or ("P1", "P2", "P3", "P4", "P5")]
-
-    def at(d: Mapping[str, Any], key: str, j: int, factor: float, digits: int) -> str:
-        v = d.get(key)
-        if not isinstance(v, (list, tuple)) or j >= len(v):
-            return "n/a"
-        x = v[j]
-        if isinstance(x, (list, tuple)):  # orientation AP a, b, c: its magnitude
-            vals = [float(c) for c in x if isinstance(c, (int, float))]
-            x = math.sqrt(sum(c * c for c in vals)) if len(vals) == 3 else None
-        return _scaled(x, factor, digits)
-
-    orient = isinstance(after.get("ap_abc_rad"), (list, tuple)) and bool(after.get("ap_abc_rad"))
-    cols = ["AP before", "AP after", "RP before", "RP after"] + (["orientation AP before, |a, b, c| [deg]",
-                                                                 "orientation AP after, |a, b, c| [deg]"] if orient else [])
-    body_rows = []
-    for j, name in enumerate(names):
-        cells = [at(before, "ap_m", j, 1e3, 4), at(after, "ap_m", j, 1e3, 4), at(before, "rp_m", j, 1e3, 4),
-                 at(after, "rp_m", j, 1e3, 4)]
-        if orient:
-            cells += [at(before, "ap_abc_rad", j, math.degrees(1.0), 5), at(after, "ap_abc_rad", j, math.degrees(1.0), 5)]
-        body_rows.append(f"<tr><td>{_e(name)}</td>" + "".join(f'<td class="num">{c}</td>' for c in cells) + "</tr>")
-    per_pose = ('<table class="iso9283-poses"><tr><th>pose [mm]</th>' + "".join(f"<th>{_e(c)}</th>" for c in cols)
-                + "</tr>" + "".join(body_rows) + "</table>")
-    return head + worst + per_pose
-
-
 def _gates(body: Mapping[str, Any]) -> str:
     g = body.get("gates") or {}
     checks = g.get("checks")
@@ -946,11 +789,7 @@ def _gates(body: Mapping[str, Any]) -> str:
 
 
 def _warnings(body: Mapping[str, Any]) -> str:
-    ws = [w for w in body.get("warnings") or [] if isinstance(w, Mapping)]
-    if body.get("kind") == "kinematics":  # the identification's warnings live in its own block
-        kin = body.get("kinematics")
-        more = kin.get("warnings") if isinstance(kin, Mapping) else None
-        ws += [w for w in more or [] if isinstance(w, Mapping) and w not in ws]
+    ws = runs.for_body(body).warnings(body)
     items = "".join(f'<div class="warn"><b>{_e(w.get("code", ""))}</b>: {_e(w.get("message", ""))}</div>' for w in ws)
     t = body.get("residual_tests") or {}
     tests = ""
@@ -1023,10 +862,9 @@ def render_report(body: Mapping[str, Any], *, stations: Sequence[Any] | None = N
     """
     kind = body.get("kind", "calibration")
     name, _ = _primary(body)
-    before_map = ""
-    if kind == "kinematics":
-        before_map = _fig_nominal_residuals(body, stations)
-        stations = _identified_stations(body, stations)
+    parts = runs.for_body(body).report_sections(body, stations)
+    if parts.stations is not None:
+        stations = parts.stations
     dist_fig, dist_table = _fig_distribution(body)
     figures = [
         _fig_residuals(body, stations),
@@ -1041,67 +879,11 @@ def render_report(body: Mapping[str, Any], *, stations: Sequence[Any] | None = N
         '<html xmlns="http://www.w3.org/1999/xhtml" lang="en"><head><meta charset="utf-8"/>'
         f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>"
         f"<h1>{_e(title)}</h1>"
-        + _summary(body) + _kinematics(body, before_map) + _gates(body) + _warnings(body)
+        + _summary(body) + parts.after_summary + _gates(body) + _warnings(body)
         + '<section id="figures"><h2>Figures</h2>' + "".join(figures) + "</section>"
         + _provenance(body)
         + "</body></html>\n"
     )
-
-
-def _identified_stations(body: Mapping[str, Any], stations: Sequence[Any] | None) -> list[Any] | None:
-    """A kinematics result's stations with the flange pose the identified arm gives at the
-    joints read: its ``cell_T_base`` and target belong to that model, and against the
-    controller's nominal FK every residual would show the kinematic error the result
-    removed. Stations without joint angles are left out (nothing to predict them with)."""
-    from cellcal.daemon.kinematics_run import identified_model
-
-    if stations is None:
-        return None
-    model = identified_model(body)
-    if model is None:
-        return list(stations)
-    return _through(model, stations)
-
-
-def _through(model: Any, stations: Sequence[Any]) -> list[Any]:
-    """``stations`` with the flange pose ``model`` gives at each one's joints (those without
-    joint angles left out)."""
-    out: list[Any] = []
-    for s in stations:
-        q = s.get("q_rad") if isinstance(s, Mapping) else getattr(s, "q_rad", None)
-        if q is None or len(q) != 6:
-            continue
-        G = np.asarray(model.forward(np.asarray(q, dtype=float)), dtype=float).reshape(4, 4)
-        if isinstance(s, Mapping):
-            out.append({**s, "base_T_flange": G})
-        elif dataclasses.is_dataclass(s) and not isinstance(s, type):
-            out.append(dataclasses.replace(s, base_T_flange=G))
-        else:
-            out.append({k: getattr(s, k) for k in ("plan_index", "cell_T_target", "cell_p_target")
-                        if getattr(s, k, None) is not None} | {"base_T_flange": G})
-    return out
-
-
-def _fig_nominal_residuals(body: Mapping[str, Any], stations: Sequence[Any] | None) -> str:
-    """The residuals before identification: the stations through the nominal arm (its FK at
-    the joints read) against the nominal arm's own best rigid base frame and target
-    (``kinematics.nominal_fit``); the same views as ``fig-residuals``, which shows them
-    after. "" when the result has no nominal fit (stored before it was kept)."""
-    from cellcal.daemon.kinematics_run import driver_model
-
-    k = body.get("kinematics")
-    fit = k.get("nominal_fit") if isinstance(k, Mapping) else None
-    title = "Before identification: residual vectors of the nominal arm with its own best base frame and target"
-    if not isinstance(fit, Mapping):
-        return ""
-    nominal = k.get("nominal") if isinstance(k, Mapping) else None
-    if not nominal or stations is None:
-        return _missing(KINEMATICS_FIGURE, title, "the stations or the nominal arm of this result are not stored "
-                        "with it")
-    before = _through(driver_model(nominal, name=str(nominal.get("name") or "nominal")), stations)
-    view = {**body, "transforms": fit.get("transforms") or {}, "points": fit.get("points") or {},
-            "holdout": None, "downweighted": [], "check_stations": []}
-    return _fig_residuals(view, before, fig_id=KINEMATICS_FIGURE, title=title)
 
 
 def report_path(directory: str | Path, result_id: int | str) -> Path:
@@ -1119,10 +901,8 @@ def report_from_store(store: Any, result_id: int, *, cell: str = "") -> str:
     body["created_utc"] = rec.created_utc
     stations: list[Any] = []
     if rec.run_id is not None:
-        from cellcal.daemon.kinematics_run import without_iso9283
-
-        # A kinematics run's ISO 9283 measurements are not stations of its fit.
-        stations = without_iso9283(store.stations(rec.run_id))
+        # The stations of the fit (a kinematics run's ISO 9283 measurements are not).
+        stations = runs.for_body(body).fit_stations(store.stations(rec.run_id))
         if not stations:
             run = store.get_run(rec.run_id)
             stations = list((run.plan or {}).get("given") or [])
@@ -1149,3 +929,11 @@ def export_report(store: Any, result_id: int, directory: str | Path, *, cell: st
         return None
     log.info("report of result %s: %s", result_id, path)
     return path
+
+
+# Public names of the helpers a run kind's own report sections use (``RunKind.report_sections``).
+e = _e
+fmt = _fmt
+scaled = _scaled
+fig_residuals = _fig_residuals
+missing = _missing

@@ -1,14 +1,12 @@
-"""Where a run is solved: its stored stations -> the solver -> the result record to store.
+"""Where a run meets the solver: stored stations as the solver's arrays, the noise the daemon
+declares, the rough estimate a new station is judged against, the planner's extra station,
+and a solver result's stored record.
 
-``cellcal.solver`` does the mathematics; this module picks the calibration for a run's
-kind (a base-frame run of 3-DoF point stations, ``[tracker] measure = "point"``, is solved
-with ``calibrate_base_frame_points``: ``cell_T_base`` and the reflector's ``flange_p_target``),
-turns the stored :class:`~cellcal.daemon.store.StationRecord` list (or the stations a
-client supplied) into the solver's arrays, and assembles what the store keeps of a result:
-the solver's wire form (``report.result_to_wire``), the acceptance gates
-(``cellcal.daemon.gates``), the drift check stations (``cellcal.daemon.drift``) and the
-provenance. The service (``cellcal.daemon.service``) calls it from its worker and stores
-and publishes what comes back.
+``cellcal.solver`` does the mathematics; the run kinds (``cellcal.daemon.runs``: base frame,
+points, tool point, hand-eye, kinematics) call it with what these helpers make of their
+stations and store what :func:`calibration_record` makes of its result: the solver's wire
+form (``report.result_to_wire``), the gate report (``cellcal.daemon.gates``) and the drift
+check stations.
 """
 
 from __future__ import annotations
@@ -20,37 +18,31 @@ from typing import Any
 
 import numpy as np
 
-from cellcal.daemon import protocol as P
-from cellcal.daemon.gates import GateContext, model_reach_m
+from cellcal.daemon.capture import Expected
+from cellcal.daemon.config import Plan, Solve
+from cellcal.daemon.gates import GateContext, GateReport, model_reach_m
 from cellcal.daemon.report import result_to_wire
-from cellcal.solver import (
-    CalibrationError,
-    calibrate_base_frame,
-    calibrate_base_frame_points,
-    calibrate_hand_eye,
-    calibrate_tool_point,
-)
-from cellcal.solver.points import MIN_POINT_STATIONS
+from cellcal.daemon.store import StationRecord
+from cellcal.drivers.kinematics import DHModel
+from cellcal.solver import CalibrationError, CalibrationResult, calibrate_base_frame, calibrate_base_frame_points
+from cellcal.solver.planning import NextStation, suggest_next_station
 
 log = logging.getLogger(__name__)
 
-__all__ = ["station_arrays", "station_points", "is_point_run", "solve_stations", "solve_given", "suggest_station",
-           "suggest_for_stations", "wire_result", "gate_context", "given_base_T_flange", "provenance", "rough_estimate",
-           "ESTIMATE_MIN_STATIONS", "ESTIMATE_MIN_POINT_STATIONS", "ESTIMATE_MIN_AXIS_SPREAD"]
+__all__ = ["station_arrays", "station_points", "is_point_run", "declared_noise", "solve_base_frame", "given_poses",
+           "given_base_T_flange",
+           "suggest_station", "calibration_record", "gate_context", "rough_estimate",
+           "ESTIMATE_MIN_STATIONS", "ESTIMATE_MIN_AXIS_SPREAD"]
 
 #: Accepted stations before a run's own estimate checks the next ones (2 motions at least).
 ESTIMATE_MIN_STATIONS = 3
-#: The same for point stations: one more than the point fit's minimum
-#: (``MIN_POINT_STATIONS``), so the estimate has redundant equations and its RMS closure
-#: means something.
-ESTIMATE_MIN_POINT_STATIONS = MIN_POINT_STATIONS + 1
 #: The estimate is used only when the motions' axes are this well spread (0..1): with
 #: near-parallel axes a translation along them is not determined, and a prediction from it
 #: could be off by far more than any bound, rejecting good stations.
 ESTIMATE_MIN_AXIS_SPREAD = 0.1
 
 
-def station_arrays(stations: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | None]:
+def station_arrays(stations: Sequence[StationRecord]) -> tuple[np.ndarray, np.ndarray | None]:
     """``(base_T_flange (N, 4, 4), cell_T_target (N, 4, 4) or None)`` of stored stations.
 
     ``cell_T_target`` is None when a station has no 6-DoF measurement (a robot-only run).
@@ -63,7 +55,7 @@ def station_arrays(stations: Sequence[Any]) -> tuple[np.ndarray, np.ndarray | No
     return G, np.array([s.cell_T_target for s in stations])
 
 
-def station_points(stations: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
+def station_points(stations: Sequence[StationRecord]) -> tuple[np.ndarray, np.ndarray]:
     """``(base_T_flange (N, 4, 4), cell_p_target (N, 3))`` of stored stations (a pose
     station's point is its target's origin)."""
     if not stations:
@@ -72,13 +64,13 @@ def station_points(stations: Sequence[Any]) -> tuple[np.ndarray, np.ndarray]:
             np.array([np.asarray(s.cell_p_target, dtype=float).reshape(3) for s in stations]))
 
 
-def is_point_run(stations: Sequence[Any]) -> bool:
+def is_point_run(stations: Sequence[StationRecord]) -> bool:
     """Whether a base-frame run's stations are 3-DoF points (``[tracker] measure = "point"``):
     some station has a position and no pose. Such a run is solved with the point model."""
     return any(s.cell_T_target is None and s.cell_p_target is not None for s in stations)
 
 
-def declared_noise(stations: Sequence[Any], solve_cfg: Any, *, point: bool) -> dict[str, float]:
+def declared_noise(stations: Sequence[StationRecord], solve_cfg: Solve, *, point: bool) -> dict[str, float]:
     """The measurement noise the daemon declares to the solver for a run's stored stations.
 
     Each station's tracker std (the standard uncertainty of its averaged measurement, per
@@ -101,16 +93,16 @@ def declared_noise(stations: Sequence[Any], solve_cfg: Any, *, point: bool) -> d
         ``{"noise_translation_m": float}`` for a point run, also ``"noise_rotation_rad"`` for
         a pose run, or ``{}``.
     """
-    if not getattr(solve_cfg, "declare_noise", False) or not stations:
+    if not solve_cfg.declare_noise or not stations:
         return {}
     rep_t, rep_r = float(solve_cfg.robot_repeatability_m), float(solve_cfg.robot_repeatability_rad)
-    std_t = np.array([float(getattr(s, "tracker_std_translation_m", 0.0) or 0.0) for s in stations])
+    std_t = np.array([float(s.tracker_std_translation_m or 0.0) for s in stations])
     sig_t = float(np.sqrt(np.mean(std_t * std_t) + rep_t * rep_t))
     if not math.isfinite(sig_t) or sig_t <= 0.0:
         return {}
     if point:
         return {"noise_translation_m": sig_t}
-    std_r = [getattr(s, "tracker_std_rotation_rad", None) for s in stations]
+    std_r = [s.tracker_std_rotation_rad for s in stations]
     if any(v is None for v in std_r):
         return {}
     r = np.array(std_r, dtype=float)
@@ -120,62 +112,38 @@ def declared_noise(stations: Sequence[Any], solve_cfg: Any, *, point: bool) -> d
     return {"noise_translation_m": sig_t, "noise_rotation_rad": sig_r}
 
 
-def solve_stations(kind: str, stations: Sequence[Any], solve_cfg: Any) -> Any:
-    """Calibrate ``kind`` from a run's stored stations (base frame: robot + tracker poses,
-    or robot + tracker points with ``calibrate_base_frame_points``; tool point: the robot
-    alone).
+def solve_base_frame(stations: Sequence[StationRecord], solve_cfg: Solve) -> CalibrationResult:
+    """The base frame of a run's stored stations: robot + tracker poses
+    (``calibrate_base_frame``), or robot + tracker points (:func:`is_point_run`:
+    ``calibrate_base_frame_points``), with ``[solve]``'s spread and iteration limits and the
+    declared noise (:func:`declared_noise`).
 
     Raises
     ------
     CalibrationError
-        ``NotEnoughSamples``, ``DegenerateGeometry`` (the daemon may then add stations).
-    ValueError
-        A kind this cell cannot capture (hand-eye needs camera views: given stations only).
+        ``NotEnoughSamples``, ``DegenerateGeometry`` (the run may then add stations).
     """
-    G, M = station_arrays(stations)
     spread, iters = solve_cfg.min_axis_spread, solve_cfg.max_iterations
-    if kind == P.KIND_BASE_FRAME and is_point_run(stations):
+    if is_point_run(stations):
         return calibrate_base_frame_points(*station_points(stations), min_axis_spread=spread, max_iterations=iters,
                                            **declared_noise(stations, solve_cfg, point=True))
-    if kind == P.KIND_BASE_FRAME:
-        return calibrate_base_frame(G, M if M is not None else np.zeros((0, 4, 4)), min_axis_spread=spread,
-                                    max_iterations=iters, **declared_noise(stations, solve_cfg, point=False))
-    if kind == P.KIND_TOOL_POINT:
-        return calibrate_tool_point(G, min_axis_spread=spread)
-    raise ValueError(f"a {kind} run is solved from client-supplied stations only")
+    G, M = station_arrays(stations)
+    return calibrate_base_frame(G, M if M is not None else np.zeros((0, 4, 4)), min_axis_spread=spread,
+                                max_iterations=iters, **declared_noise(stations, solve_cfg, point=False))
 
 
-def _poses(given: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
+def given_poses(given: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
+    """``(N, 4, 4)`` poses under ``key`` of stations a client supplied (16 row-major numbers
+    each). Raises ``KeyError``, ``TypeError`` or ``ValueError`` when they are malformed."""
     return np.array([np.asarray(s[key], dtype=float).reshape(4, 4) for s in given])
 
 
-def solve_given(kind: str, given: Sequence[Mapping[str, Any]], solve_cfg: Any) -> Any:
-    """Calibrate ``kind`` from stations a client supplied (``{base_T_flange, cell_T_target |
-    camera_T_target}`` as 16 row-major numbers each).
-
-    Raises
-    ------
-    KeyError, TypeError, ValueError
-        A station without the poses the kind needs, or malformed ones.
-    CalibrationError
-    """
-    spread, iters = solve_cfg.min_axis_spread, solve_cfg.max_iterations
-    G = _poses(given, "base_T_flange")
-    if kind == P.KIND_HAND_EYE:
-        return calibrate_hand_eye(G, _poses(given, "camera_T_target"), min_axis_spread=spread, max_iterations=iters)
-    if kind == P.KIND_BASE_FRAME:
-        return calibrate_base_frame(G, _poses(given, "cell_T_target"), min_axis_spread=spread, max_iterations=iters)
-    return calibrate_tool_point(G, min_axis_spread=spread)
-
-
-def suggest_station(G: np.ndarray, M: np.ndarray | None, model: Any, plan_cfg: Any) -> Any:
+def suggest_station(G: np.ndarray, M: np.ndarray | None, model: DHModel, plan_cfg: Plan) -> NextStation | None:
     """The planner's next station for degenerate base-frame data, or None when it has none.
 
     ``model``: the robot's kinematics (``forward``); ``plan_cfg``: ``[plan]`` (joint limits,
     workspace box, seed). Returns ``cellcal.solver.planning.NextStation``.
     """
-    from cellcal.solver.planning import suggest_next_station
-
     try:
         # A rough cell_T_base for the line-of-sight test: the degenerate data still fix it
         # but for one rotation; the tracker sits at the cell origin.
@@ -193,44 +161,16 @@ def suggest_station(G: np.ndarray, M: np.ndarray | None, model: Any, plan_cfg: A
         return None
 
 
-def suggest_for_stations(stations: Sequence[Any], model: Any, plan_cfg: Any) -> Any:
-    """The planner's next station for a run's degenerate base-frame stations (pose or
-    point, as :func:`suggest_station`), or None when it has none."""
-    if not is_point_run(stations):
-        return suggest_station(*station_arrays(stations), model, plan_cfg)
-    from cellcal.solver.planning import suggest_next_station
-
-    G, Pts = station_points(stations)
-    X0, Y0 = np.eye(4), np.eye(4)
-    try:
-        # Rough values for the line-of-sight test and the information of the point model.
-        res = calibrate_base_frame_points(G, Pts, min_axis_spread=0.0, min_point_spread=0.0, refine=False,
-                                          holdout=False)
-        X0, Y0[:3, 3] = res.cell_T_base, res.flange_p_target
-    except (CalibrationError, ValueError):
-        pass
-    p = plan_cfg
-    try:
-        return suggest_next_station(
-            G, model.forward, np.column_stack([p.joint_min_rad, p.joint_max_rad]),
-            (np.array(p.workspace_min_m), np.array(p.workspace_max_m)), np.zeros(3), X0, flange_T_target=Y0,
-            measurement="point", rng=p.seed,
-        )
-    except ValueError as exc:
-        log.warning("no station suggestion: %s", exc)
-        return None
-
-
 def given_base_T_flange(given: Sequence[Mapping[str, Any]]) -> np.ndarray | None:
     """The robot poses (N, 4, 4) of client-supplied stations, or None when they are malformed
     (the solve has then refused them already)."""
     try:
-        return _poses(given, "base_T_flange")
+        return given_poses(given, "base_T_flange")
     except (KeyError, TypeError, ValueError):
         return None
 
 
-def gate_context(kind: str, base_T_flange: np.ndarray | None, model: Any) -> GateContext:
+def gate_context(kind: str, base_T_flange: np.ndarray | None, model: DHModel | None) -> GateContext:
     """What the gates need beyond the result: the run's kind, its robot poses and the reach
     of the robot model (``model``: the driver's kinematics, or None when unknown)."""
     reach = name = None
@@ -242,8 +182,8 @@ def gate_context(kind: str, base_T_flange: np.ndarray | None, model: Any) -> Gat
     return GateContext(kind=kind, base_T_flange=base_T_flange, max_reach_m=reach, robot_model=name or "")
 
 
-def wire_result(result: Any, gates: Any, check_stations: list[dict[str, Any]], *,
-                task_points: Any = None) -> dict[str, Any]:
+def calibration_record(result: CalibrationResult, gates: GateReport, check_stations: list[dict[str, Any]], *,
+                       task_points: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
     """What the store keeps as ``ResultRecord.result``: the solver's wire form (with the
     predicted error at ``task_points``, ``[solve] task_points_m``, when there are any), the
     gate report (``gates.GateReport``) and the check stations."""
@@ -253,31 +193,8 @@ def wire_result(result: Any, gates: Any, check_stations: list[dict[str, Any]], *
     return wire
 
 
-def provenance(cfg: Any, run: Any, result: Any, version: str,
-               devices: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
-    """Where a result came from (the store fills in run id, parent, valid_from).
-
-    ``devices``: the identities of the devices as they are now (``CellDevices.identities``);
-    a device's is taken from them when it is known, else from the run's record (a run is
-    stored before its devices open, so its own record of them is often empty).
-    ``robot_serial`` and ``kinematics_digest`` name the arm and the kinematic table its
-    poses were computed with (``cellcal.daemon.devices.robot_identity``; None when the
-    robot did not say, e.g. a run solved from given stations)."""
-    known = dict(run.devices or {})
-    for name, ident in (devices or {}).items():
-        if ident:
-            known[name] = dict(ident)
-    robot = known.get(P.DEVICE_ROBOT) or {}
-    return {
-        "config_sha256": cfg.sha256, "devices": known, "cellcal_version": version,
-        # A kinematic identification result names no solver of its own: its function does.
-        "solver": getattr(result, "solver", "identify_kinematics"), "cell": cfg.service.name,
-        "robot_serial": robot.get("serial"), "kinematics_digest": robot.get("kinematics_digest"),
-    }
-
-
-def rough_estimate(stations: Sequence[Any], floor_m: float, floor_rad: float) -> Any:
-    """The run's rough current estimate of the cell from its accepted stations, or None.
+def rough_estimate(stations: Sequence[StationRecord], floor_m: float, floor_rad: float) -> Expected | None:
+    """The run's rough current estimate of the cell from its accepted pose stations, or None.
 
     A linear base-frame solve (no refinement, no hold-out) of the stations so far; its
     prediction of the next station's tracker pose (``capture.Expected``) may differ from the
@@ -285,25 +202,8 @@ def rough_estimate(stations: Sequence[Any], floor_m: float, floor_rad: float) ->
     RMS closure, never less than ``floor_m`` / ``floor_rad`` (``[tracker] gross_error_mm`` /
     ``gross_error_deg``). None with fewer than :data:`ESTIMATE_MIN_STATIONS` pose stations,
     or when their motions do not determine the cell well (:data:`ESTIMATE_MIN_AXIS_SPREAD`):
-    then no station is judged against it.
-
-    Point stations (:func:`is_point_run`): the converged point fit
-    (``calibrate_base_frame_points``, unrefined) of at least
-    :data:`ESTIMATE_MIN_POINT_STATIONS`, predicting the next point; only its translation
-    bound applies.
+    then no station is judged against it. (Point stations: ``points.point_estimate``.)
     """
-    from cellcal.daemon.capture import Expected
-
-    if is_point_run(stations):
-        if len(stations) < ESTIMATE_MIN_POINT_STATIONS:
-            return None
-        try:
-            pres = calibrate_base_frame_points(*station_points(stations), min_axis_spread=ESTIMATE_MIN_AXIS_SPREAD,
-                                               refine=False, holdout=False)
-        except (CalibrationError, ValueError):
-            return None
-        bt, _ = Expected.bounds(pres.rms_translation_m, 0.0, floor_m, floor_rad)
-        return Expected.of_point(pres.cell_T_base, pres.flange_p_target, bt, len(stations))
     if len(stations) < ESTIMATE_MIN_STATIONS or any(s.cell_T_target is None for s in stations):
         return None
     G, M = station_arrays(stations)

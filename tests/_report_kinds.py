@@ -1,10 +1,10 @@
 """Result bodies of every kind on the wire, solved from seeded synthetic stations, for the
 report tests (``tests/test_report_html.py``).
 
-Each body is what the daemon publishes (``solve.wire_result`` plus the record's identity
+Each body is what the daemon publishes (``solve.calibration_record`` plus the record's identity
 fields ``bodies.result_body`` adds), with the stations as the report reads them. A
 ``kinematics`` result (:func:`kinematics_kind`) is identified on the simulated arm of
-``tests/_kin_world.py`` and wired by the daemon's own ``kinematics_run.gate_and_wire``.
+``tests/_kin_world.py`` and wired by the daemon's own ``runs.kinematics.gate_and_wire``.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import numpy as np
 
 from cellcal.daemon.config import Config, Solve
 from cellcal.daemon.gates import check_gates
-from cellcal.daemon.kinematics_run import gate_and_wire
-from cellcal.daemon.solve import wire_result
+from cellcal.daemon.runs.kinematics import gate_and_wire
+from cellcal.daemon.solve import calibration_record as wire_result
 from cellcal.solver import (
     UR5E,
     calibrate_base_frame,
@@ -65,7 +65,7 @@ def kinematics_kind(n_fit: int = 40, n_validation: int = 12, seed: int = 7
     val = measure(truth, random_q(rng, n_validation), rng)
     result = identify_kinematics(fit.q, UR5E, cell_T_target=fit.cell_T_target, cell_T_target_cov=fit.pose_cov,
                                  validation_q=val.q, validation_cell_T_target=val.cell_T_target)
-    # The nominal arm's own rigid fit on the same stations (the daemon's kinematics_run.nominal_fit).
+    # The nominal arm's own rigid fit on the same stations (the daemon's runs.kinematics.nominal_fit).
     nominal = identify_kinematics(fit.q, UR5E, cell_T_target=fit.cell_T_target, cell_T_target_cov=fit.pose_cov,
                                   parameters=[], max_condition=math.inf)
     _, wire = gate_and_wire(result, Config(), [{"plan_index": 0}, {"plan_index": 3}], nominal=nominal)

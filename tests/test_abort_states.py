@@ -129,13 +129,13 @@ def test_abort_while_solving(tmp_path: Path, client_of: Callable[[InProcessCell]
                              monkeypatch: pytest.MonkeyPatch) -> None:
     # The solve is held until the test ends: a solve that takes long (a large run).
     release = threading.Event()
-    real = solve_mod.solve_stations
+    real = solve_mod.solve_base_frame
 
     def held(*args: Any, **kw: Any) -> Any:
         release.wait(60.0)
         return real(*args, **kw)
 
-    monkeypatch.setattr(solve_mod, "solve_stations", held)
+    monkeypatch.setattr(solve_mod, "solve_base_frame", held)
     try:
         with _cell(tmp_path) as cell:
             client = client_of(cell)

@@ -7,7 +7,7 @@ import sqlite3
 
 import pytest
 
-from cellcal.daemon import service as service_mod
+from cellcal.daemon.jobs import results as service_mod  # cellcal_version is read there
 from cellcal.daemon.service import cellcal_version, next_deadline
 from cellcal.daemon.store import Store
 

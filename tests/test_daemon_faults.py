@@ -139,7 +139,7 @@ def test_an_unexpected_exception_fails_the_run_named_and_the_daemon_keeps_servin
     # the fault says E_INTERNAL, and the next run solves as usual.
     from cellcal.daemon import solve as solve_mod
 
-    real = solve_mod.solve_stations
+    real = solve_mod.solve_base_frame
     broken = {"on": True}
 
     def solve_with_a_bug(*args, **kw):
@@ -147,7 +147,7 @@ def test_an_unexpected_exception_fails_the_run_named_and_the_daemon_keeps_servin
             raise RuntimeError("a bug in the solve")
         return real(*args, **kw)
 
-    monkeypatch.setattr(solve_mod, "solve_stations", solve_with_a_bug)
+    monkeypatch.setattr(solve_mod, "solve_base_frame", solve_with_a_bug)
     with inprocess_cell(tmp_path, n_stations=6) as cell:
         run_id = str(cell.svc.start_run("base_frame"))
         fault = cell.wait_for(lambda t, b: t == P.TOPIC_FAULT and b["active"] and b["code"] == P.E_INTERNAL,

@@ -1,4 +1,4 @@
-"""The ISO 9283 pose test of a kinematics run, measured by the devices (``kinematics_run.iso9283_phase``).
+"""The ISO 9283 pose test of a kinematics run, measured by the devices (``runs.iso9283.iso9283_phase``).
 
 On the realistic simulated cell (hidden kinematic errors behind the controller's factory
 table, ``harness.REALISTIC_SCENARIO``), through the real drivers and the real daemon: a
@@ -23,11 +23,13 @@ import numpy as np
 import pytest
 
 from cellcal.daemon import capture as cap
-from cellcal.daemon import kinematics_run as K
 from cellcal.daemon import protocol as P
 from cellcal.daemon import report_html as R
 from cellcal.daemon.config import Config, ConfigError, load_config_text
 from cellcal.daemon.harness import inprocess_cell, nonconforming_bodies, run_status
+from cellcal.daemon.runs import iso9283 as ISO
+from cellcal.daemon.runs import kinematics as K
+from cellcal.daemon.runs import kinematics_report as KR
 
 _CYCLES = 3
 # The fewest fit stations a run may plan: the identification still passes its gates, and the
@@ -85,11 +87,11 @@ def test_the_pose_test_is_stored_and_identification_shrinks_ap(iso_run):
 @pytest.mark.timeout(900)
 def test_the_pose_test_stations_are_stored_and_never_fitted(iso_run):
     body, stations, _, solved, _ = iso_run
-    iso_st = [s for s in stations if K.is_iso9283_station(s)]
+    iso_st = [s for s in stations if ISO.is_iso9283_station(s)]
     assert len(iso_st) == 2 * _CYCLES * 5
     iso = body["kinematics"]["iso9283"]
     assert [s.plan_index for s in iso_st] == iso["plan_indices"]["before"] + iso["plan_indices"]["after"]
-    tags = [s.raw[K.ISO9283_TAG] for s in iso_st]
+    tags = [s.raw[ISO.ISO9283_TAG] for s in iso_st]
     assert [t["phase"] for t in tags] == ["before"] * 15 + ["after"] * 15
     assert [t["pose"] for t in tags[:10]] == ["P1", "P2", "P3", "P4", "P5"] * 2  # cycle order P1..P5
     assert all(s.cell_T_target is not None for s in iso_st)
@@ -97,7 +99,7 @@ def test_the_pose_test_stations_are_stored_and_never_fitted(iso_run):
     assert body["n_stations"] == _KIN["n_stations"] == solved.n_stations
     assert body["kinematics"]["validation"]["after"]["n_stations"] == _KIN["n_validation"]
     assert math.isclose(solved.rms_translation_m, body["rms_translation_m"], rel_tol=1e-9)
-    assert all(cs["plan_index"] < K.ISO9283_INDEX_BASE for cs in body["check_stations"])
+    assert all(cs["plan_index"] < ISO.ISO9283_INDEX_BASE for cs in body["check_stations"])
 
 
 @pytest.mark.slow
@@ -138,7 +140,7 @@ def test_the_report_shows_the_iso_table(iso_run):
     # The daemon keeps the nominal arm's rigid fit: the section draws the residuals before too.
     assert body["kinematics"]["nominal_fit"]["transforms"]["cell_T_base"]
     figs = [f.get("id") for f in root.iter("{http://www.w3.org/1999/xhtml}figure")]
-    assert figs[0] == R.KINEMATICS_FIGURE and "fig-residuals" in figs
+    assert figs[0] == KR.KINEMATICS_FIGURE and "fig-residuals" in figs
 
 
 @pytest.mark.slow
@@ -182,7 +184,7 @@ def test_a_disabled_pose_test_stores_no_block_and_the_report_says_why(iso_run):
     body, stations, _, solved, _ = iso_run
     cfg = load_config_text('config_version = 1\n[kinematics]\niso9283_cycles = 0\n')
     calls: list[int] = []
-    got = K.iso9283_phase(solved, cfg, _model(), stations, {}, lambda ps, tag: calls.append(ps.index))
+    got = _phase(solved, cfg, _model(), stations, {}, lambda ps, tag: calls.append(ps.index))
     assert calls == [] and isinstance(got, str) and "iso9283_cycles = 0" in got
     _, wire = K.gate_and_wire(solved, cfg, [], iso9283=got)
     assert "iso9283" not in wire["kinematics"] and wire["kinematics"]["iso9283_not_measured"] == got
@@ -213,8 +215,8 @@ def test_an_abort_during_the_pose_test_ends_the_run(tmp_path):
         assert cell.svc.wait_idle(60.0)
         assert not [r for r in cell.svc.store.list_results() if r.run_id == run_id]
         stored = cell.svc.store.stations(run_id)
-        assert len(K.without_iso9283(stored)) == _KIN["n_stations"] + _KIN["n_validation"]
-        assert len([s for s in stored if K.is_iso9283_station(s)]) < 2 * 2 * 5
+        assert len(ISO.without_iso9283(stored)) == _KIN["n_stations"] + _KIN["n_validation"]
+        assert len([s for s in stored if ISO.is_iso9283_station(s)]) < 2 * 2 * 5
 
 
 def _model():
@@ -249,11 +251,11 @@ def test_iso9283_keys_are_typed_and_bounded():
 def test_the_cube_stays_inside_the_workspace_box():
     cfg = load_config_text('config_version = 1\n[kinematics]\niso9283_cube_centre_mm = [0, 0, 2000]\n')
     with pytest.raises(ValueError, match="outside the \\[plan\\] workspace box"):
-        K._cube(cfg)
+        ISO._cube(cfg)
     cfg = load_config_text('config_version = 1\n[kinematics]\niso9283_cube_side_mm = 400\n')
     with pytest.raises(ValueError, match="leaves the \\[plan\\] workspace box"):
-        K._cube(cfg)
-    centre, side, room = K._cube(Config())
+        ISO._cube(cfg)
+    centre, side, room = ISO._cube(Config())
     assert side is None and np.allclose(centre, [-0.5, -0.1, 0.375]) and math.isclose(room, 0.3)
 
 
@@ -266,9 +268,9 @@ def test_stations_of_the_pose_test_are_told_apart():
                              sample_count=1, robot_t_device_s=0.0, tracker_t_device_s=0.0, robot_t_host_ns=0,
                              tracker_t_host_ns=0, settle={}, raw=raw, accepted_host_ns=0)
 
-    fit, iso = st(3, {}), st(K.ISO9283_INDEX_BASE + 2, {K.ISO9283_TAG: {"phase": "before", "cycle": 1, "pose": "P3"}})
-    assert not K.is_iso9283_station(fit) and K.is_iso9283_station(iso)
-    assert K.without_iso9283([fit, iso]) == [fit]
+    fit, iso = st(3, {}), st(ISO.ISO9283_INDEX_BASE + 2, {ISO.ISO9283_TAG: {"phase": "before", "cycle": 1, "pose": "P3"}})
+    assert not ISO.is_iso9283_station(fit) and ISO.is_iso9283_station(iso)
+    assert ISO.without_iso9283([fit, iso]) == [fit]
 
 
 
@@ -308,9 +310,9 @@ def test_the_phase_commands_p1_to_p5_per_cycle_and_reads_points_or_poses(measure
 
     def take(ps, tag):
         seen.append((tag["phase"], tag["cycle"], tag["pose"]))
-        return dataclasses.replace(record(ps.index, ps.q_rad), raw={K.ISO9283_TAG: tag})
+        return dataclasses.replace(record(ps.index, ps.q_rad), raw={ISO.ISO9283_TAG: tag})
 
-    got = K.iso9283_phase(result, cfg, UR5E, stations, run_plan, take)
+    got = _phase(result, cfg, UR5E, stations, run_plan, take)
     assert isinstance(got, dict), got
     names = ["P1", "P2", "P3", "P4", "P5"]
     assert seen == [(ph, c, n) for ph in ("before", "after") for c in (1, 2) for n in names]
@@ -324,17 +326,26 @@ def test_the_phase_commands_p1_to_p5_per_cycle_and_reads_points_or_poses(measure
             raise cap.StationRejected(cap.RejectReason.MOVE_FAILED, "protective stop")
         return take(ps, tag)
 
-    why = K.iso9283_phase(result, cfg, UR5E, stations, run_plan, refuse)
+    why = _phase(result, cfg, UR5E, stations, run_plan, refuse)
     assert why == "before cycle 1 of 2, P3: move_failed: protective stop (2 pose-test measurements were stored with the run)"
     # resumed: what is stored is used, not measured again; stored under another cycle count it is refused
-    stored = [take(ps, tag) for ps, tag in _planned(K.plan_iso9283(result, stations, run_plan, cfg, UR5E), UR5E, 2)]
+    plan = ISO.plan_iso9283(result, cfg, ISO.solver_params(UR5E), K.nominal_fit(stations, run_plan, cfg, UR5E))
+    stored = [take(ps, tag) for ps, tag in _planned(plan, UR5E, 2)]
     seen.clear()
-    again = K.iso9283_phase(result, cfg, UR5E, stations + stored[:7], run_plan, take)
+    again = _phase(result, cfg, UR5E, stations + stored[:7], run_plan, take)
     assert isinstance(again, dict) and len(seen) == 20 - 7
     cfg3 = load_config_text('config_version = 1\n[kinematics]\niso9283_cycles = 3\nmax_holdout_rms_mm = 5\n'
                             '[solve]\nmax_rms_mm = 5\nmax_rms_deg = 1\n')
-    why = K.iso9283_phase(result, cfg3, UR5E, stations + stored, run_plan, take)
+    why = _phase(result, cfg3, UR5E, stations + stored, run_plan, take)
     assert isinstance(why, str) and "iso9283_cycles changed" in why, why
+
+
+def _phase(result, cfg, model, stations, run_plan, measure):
+    """``iso9283_phase`` as the kinematics kind calls it, with ``measure(planned, tag)``."""
+    report = K.gates(result, cfg)
+    return ISO.iso9283_phase(result, cfg, model, stations, lambda ps, raw, what: measure(ps, raw[ISO.ISO9283_TAG]),
+                             can_move=True, refused="" if report.passed else report.reason(),
+                             rigid=K.nominal_fit(stations, run_plan, cfg, model))
 
 
 def _planned(plan, model, cycles):
@@ -342,10 +353,10 @@ def _planned(plan, model, cycles):
     from cellcal.daemon.plan import PlannedStation
 
     out = []
-    for p_i, phase in enumerate(K.ISO9283_PHASES):
+    for p_i, phase in enumerate(ISO.ISO9283_PHASES):
         for c in range(cycles):
             for j, name in enumerate(["P1", "P2", "P3", "P4", "P5"]):
-                idx = K.ISO9283_INDEX_BASE + (p_i * cycles + c) * 5 + j
+                idx = ISO.ISO9283_INDEX_BASE + (p_i * cycles + c) * 5 + j
                 q = plan.q[phase][j]
                 out.append((PlannedStation(idx, q, model.forward(q)[0]), {"phase": phase, "cycle": c + 1, "pose": name}))
     return out

@@ -1,4 +1,4 @@
-"""Runs of kind ``kinematics`` through the real daemon (``cellcal.daemon.kinematics_run``).
+"""Runs of kind ``kinematics`` through the real daemon (``cellcal.daemon.runs.kinematics``).
 
 On the realistic simulated cell (hidden kinematic errors behind the controller's factory
 table, ``harness.REALISTIC_SCENARIO``): a kinematics run started over ZeroMQ ends with a
@@ -23,11 +23,13 @@ from _kin_daemon import rms as _rms
 from _kin_daemon import wait_run_end as _wait_run_end
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon import runs
 from cellcal.daemon.client import Client
 from cellcal.daemon.config import ConfigError, load_config_text
 from cellcal.daemon.harness import inprocess_cell
-from cellcal.daemon.kinematics_run import driver_model, solver_model, station_for_check
 from cellcal.daemon.report import transform_from_wire
+from cellcal.daemon.runs.iso9283 import solver_params as solver_model
+from cellcal.daemon.runs.kinematics_report import driver_model
 from cellcal.drivers.kinematics import dh_model
 
 
@@ -114,11 +116,11 @@ def test_drift_station_of_a_kinematics_result_uses_the_identified_model():
         result = {"kinematics": {"identified": {"name": "x", **{k: list(getattr(s, k)) for k in
                                                                ("a", "d", "alpha", "theta", "beta")}}}}
 
-    got = station_for_check(Rec(), st)
+    got = runs.for_body({**Rec.result, "kind": Rec.kind}).drift_station(Rec.result, st)
     assert np.allclose(got.base_T_flange, ident.forward(q), atol=1e-12)
     assert not np.allclose(got.base_T_flange, st.base_T_flange, atol=1e-6)
-    Rec.kind = "base_frame"
-    assert station_for_check(Rec(), st) is st
+    # every other kind predicts the station as measured
+    assert runs.for_body({**Rec.result, "kind": "base_frame"}).drift_station(Rec.result, st) is st
 
 
 _BASE = 'config_version = 1\n[solve]\nkind = "kinematics"\n'

@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from cellcal.daemon.config import load_config
-from cellcal.daemon.kinematics_run import make_plan, solver_model
+from cellcal.daemon.runs.iso9283 import solver_params as solver_model
+from cellcal.daemon.runs.kinematics import make_plan
 from cellcal.sim.offline import OfflineCell, arm_trial_scenario
 from cellcal.sim.robot_scenario import parse_robot_table
 from cellcal.sim.scenario import parse_scenario

@@ -19,6 +19,7 @@ import pytest
 from cellcal.daemon import plan as dplan
 from cellcal.daemon.config import ConfigError, load_config, load_config_text
 from cellcal.daemon.harness import inprocess_cell
+from cellcal.daemon.runs import to_target as target
 from cellcal.drivers.kinematics import dh_model
 from cellcal.sim.scenario import load_scenario
 from cellcal.solver import calibrate_base_frame, planning
@@ -249,9 +250,9 @@ def test_daemon_captures_until_the_target_and_stops_there(tmp_path):
         n = len(records)
         assert dplan.FIRST_STATIONS_POSE < n < 20, n  # neither the first plan nor the fixed count
         assert body["n_stations"] == n
-        sigma, result = dplan.predicted_task_sigma(records, cfg)
+        sigma, result = target.predicted_task_sigma(records, cfg)
         assert sigma <= target_m
-        before, _ = dplan.predicted_task_sigma(records[:-1], cfg)
+        before, _ = target.predicted_task_sigma(records[:-1], cfg)
         assert before > target_m
         # The stations after the first plan are the planner's: in the tracker's line of sight.
         X = cell.world.cell_T_base()
@@ -271,7 +272,7 @@ def test_daemon_stops_at_max_stations_when_the_target_is_out_of_reach(tmp_path):
         run_id = cell.svc.start_run("base_frame", reason="test")
         body = cell.wait_result(run_id, timeout_s=240.0)
         assert body["n_stations"] == 6
-        sigma, _ = dplan.predicted_task_sigma(cell.svc.store.stations(run_id), cell.cfg)
+        sigma, _ = target.predicted_task_sigma(cell.svc.store.stations(run_id), cell.cfg)
         assert sigma > 1e-9
 
 
@@ -289,11 +290,11 @@ def test_next_station_decides_from_what_the_run_has(tmp_path):
     ov = {**full["plan"], **full["solve"]}
     with_task = dataclasses.replace(
         base, solve=dataclasses.replace(base.solve, task_points_m=[[v / 1e3 for v in ov["task_points_mm"][0]]]))
-    sigma, result = dplan.predicted_task_sigma(records, with_task)
+    sigma, result = target.predicted_task_sigma(records, with_task)
     assert math.isfinite(sigma) and sigma > 0
     # The exact cell's arm is what its controller believes: no model error, no floor.
     assert not any(w.code == "model_error" for w in result.warnings)
-    assert dplan.model_error_floor(result, records, with_task) == 0.0
+    assert target.model_error_floor(result, records, with_task) == 0.0
 
     def cfg_for(target_m: float):
         return dataclasses.replace(
@@ -301,15 +302,15 @@ def test_next_station_decides_from_what_the_run_has(tmp_path):
                                            tracker_xyz_m=[v / 1e3 for v in ov["tracker_xyz_mm"]]),
             solve=dataclasses.replace(base.solve, task_points_m=[[v / 1e3 for v in ov["task_points_mm"][0]]]))
 
-    assert dplan.next_station(records, [], cfg_for(sigma * 1.01), UR, 6) is None
-    nxt = dplan.next_station(records, [], cfg_for(sigma * 0.5), UR, 6)
+    assert target.next_station(records, [], cfg_for(sigma * 1.01), UR, 6) is None
+    nxt = target.next_station(records, [], cfg_for(sigma * 0.5), UR, 6)
     assert nxt is not None and nxt.index == 6
     assert planning.visible(X @ nxt.base_T_flange @ Y, np.zeros(3))[0]
     assert not any(np.allclose(nxt.base_T_flange, r.base_T_flange) for r in records)
-    again = dplan.next_station(records, [nxt], cfg_for(sigma * 0.5), UR, 7)
+    again = target.next_station(records, [nxt], cfg_for(sigma * 0.5), UR, 7)
     assert again is not None and not np.allclose(again.base_T_flange, nxt.base_T_flange)
     # No stations yet: no prediction, the first station comes from the plan's stand-in.
-    assert dplan.predicted_task_sigma([], cfg_for(1e-5))[0] == math.inf
+    assert target.predicted_task_sigma([], cfg_for(1e-5))[0] == math.inf
 
 
 def test_planned_stations_rotate_about_spread_axes():
@@ -341,10 +342,10 @@ def test_daemon_stops_when_the_arms_model_error_alone_exceeds_the_target(tmp_pat
         run_id = cell.svc.start_run("base_frame", reason="test")
         body = cell.wait_result(run_id, timeout_s=300.0)
         records = cell.svc.store.stations(run_id)
-        assert body["n_stations"] == len(records) == dplan.FLOOR_MIN_STATIONS
+        assert body["n_stations"] == len(records) == target.FLOOR_MIN_STATIONS
         assert any(w["code"] == "model_error" for w in body["warnings"])
-        sigma, result = dplan.predicted_task_sigma(records, cell.cfg)
-        floor = dplan.model_error_floor(result, records, cell.cfg)
+        sigma, result = target.predicted_task_sigma(records, cell.cfg)
+        floor = target.model_error_floor(result, records, cell.cfg)
         # The floor is most of the prediction, and far above the target.
         assert 0.001e-3 < floor <= sigma and floor > 0.5 * sigma, (floor, sigma)
 
@@ -353,14 +354,14 @@ def test_the_plateau_rule_fires_when_the_prediction_stops_falling():
     """``plan.plateau`` on a run's predicted errors (the k-th with k + 3 stations): a
     prediction that keeps falling as averaging does never fires; one that stays within
     PLATEAU_GAIN of averaging for PLATEAU_STATIONS stations does, naming both figures."""
-    n = dplan.FIRST_STATIONS_POINT + dplan.PLATEAU_STATIONS + 3
+    n = dplan.FIRST_STATIONS_POINT + target.PLATEAU_STATIONS + 3
     falling = [1.0 / math.sqrt(k + 3) for k in range(n - 2)]
-    assert dplan.plateau(falling) is None
-    flat = falling[:-dplan.PLATEAU_STATIONS] + [falling[-dplan.PLATEAU_STATIONS - 1] * 0.999] * dplan.PLATEAU_STATIONS
-    got = dplan.plateau(flat)
-    assert got is not None and got[0] == pytest.approx(falling[-dplan.PLATEAU_STATIONS - 1]) and got[1] < got[0]
-    assert dplan.plateau(flat[:3]) is None  # too few stations to judge
-    assert dplan.plateau([*flat[:-1], math.inf]) is None
+    assert target.plateau(falling) is None
+    flat = falling[:-target.PLATEAU_STATIONS] + [falling[-target.PLATEAU_STATIONS - 1] * 0.999] * target.PLATEAU_STATIONS
+    got = target.plateau(flat)
+    assert got is not None and got[0] == pytest.approx(falling[-target.PLATEAU_STATIONS - 1]) and got[1] < got[0]
+    assert target.plateau(flat[:3]) is None  # too few stations to judge
+    assert target.plateau([*flat[:-1], math.inf]) is None
 
 
 def test_a_run_to_a_target_resumed_after_its_planned_stations_goes_on_to_the_target(tmp_path):
@@ -388,9 +389,9 @@ def test_a_run_to_a_target_resumed_after_its_planned_stations_goes_on_to_the_tar
         assert len(records) >= max(n_before, dplan.FIRST_STATIONS_POSE)
         assert body["n_stations"] == len(records) < 20
         assert len({r.plan_index for r in records}) == len(records)
-        sigma, _ = dplan.predicted_task_sigma(records, cell.cfg)
+        sigma, _ = target.predicted_task_sigma(records, cell.cfg)
         assert sigma <= target_m
-        assert dplan.predicted_task_sigma(records[:-1], cell.cfg)[0] > target_m
+        assert target.predicted_task_sigma(records[:-1], cell.cfg)[0] > target_m
 
 
 def test_without_the_trackers_position_a_run_to_a_target_estimates_it_from_its_first_stations(tmp_path):
@@ -410,4 +411,4 @@ def test_without_the_trackers_position_a_run_to_a_target_estimates_it_from_its_f
         assert first < len(records) < 20
         assert not planning.visible(X @ G[:first] @ Y, np.zeros(3)).any()  # home faces the floor
         assert planning.visible(X @ G[first:] @ Y, np.zeros(3)).all()
-        assert dplan.predicted_task_sigma(records, cell.cfg)[0] <= target_m
+        assert target.predicted_task_sigma(records, cell.cfg)[0] <= target_m

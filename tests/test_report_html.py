@@ -26,6 +26,7 @@ from _report_kinds import KINDS, drift_history, every_kind, kinematics_kind
 from storetest_support import make_station
 
 from cellcal.daemon import report_html as R
+from cellcal.daemon.runs import kinematics_report as KR
 from cellcal.daemon.store import Store
 from cellcal.solver import UR5E
 
@@ -320,10 +321,10 @@ def test_a_kinematics_result_shows_its_identification(kinematics):
     text = R.render_report(body, stations=stations, drift_checks=drift_history())
     root = _parse(text)  # still well-formed XML
     want = list(R.SECTIONS)
-    want.insert(1, R.KINEMATICS_SECTION)
+    want.insert(1, KR.KINEMATICS_SECTION)
     assert _ids(root, "section") == want
-    assert _ids(root, "figure") == [R.KINEMATICS_FIGURE, *R.FIGURES]
-    sec = _section(root, R.KINEMATICS_SECTION)
+    assert _ids(root, "figure") == [KR.KINEMATICS_FIGURE, *R.FIGURES]
+    sec = _section(root, KR.KINEMATICS_SECTION)
     assert sec.find(XHTML + "h2").text == "Kinematic identification"
     # one row per identified parameter, in the result's order: nominal, identified, delta, 1-sigma at the edge
     rows = _rows(root, "kinematic-parameters")
@@ -377,7 +378,7 @@ def test_a_kinematics_result_with_iso9283_figures_shows_them(kinematics):
                                      "after": {"max_ap_m": 8.0e-5, "max_rp_m": 4.1e-5}}
     root = _parse(R.render_report(body, stations=stations))
     assert _rows(root, "iso9283") == [["before", "1.2500", "0.0400"], ["after", "0.0800", "0.0410"]]
-    assert "bench/kinematics_bench.py" not in "".join(_section(root, R.KINEMATICS_SECTION).itertext())
+    assert "bench/kinematics_bench.py" not in "".join(_section(root, KR.KINEMATICS_SECTION).itertext())
 
 
 def test_a_kinematics_result_shows_the_identifications_warnings(kinematics):
@@ -395,7 +396,7 @@ def test_a_kinematics_result_without_its_block_still_has_the_section(kinematics)
     body, _, _ = kinematics
     body = {k: v for k, v in body.items() if k != "kinematics"}
     root = _parse(R.render_report(body))
-    assert "no kinematics block" in "".join(_section(root, R.KINEMATICS_SECTION).itertext())
+    assert "no kinematics block" in "".join(_section(root, KR.KINEMATICS_SECTION).itertext())
     assert _ids(root, "figure") == list(R.FIGURES)
 
 
@@ -414,7 +415,7 @@ def test_a_stored_kinematics_result_reports_from_the_store(tmp_path, kinematics)
         rid = store.add_result(run, "kinematics", body, {})
         text = R.report_from_store(store, rid)
     root = _parse(text)
-    assert _ids(root, "section")[:2] == ["summary", R.KINEMATICS_SECTION]
+    assert _ids(root, "section")[:2] == ["summary", KR.KINEMATICS_SECTION]
     assert [r[0] for r in _rows(root, "kinematic-parameters")] == list(body["kinematics"]["parameters"])
     res = _figure(root, "fig-residuals")
     assert _classes(res).count("residual") == 2 * len(stations)
@@ -428,8 +429,8 @@ def test_a_kinematics_result_maps_its_residuals_before_and_after(kinematics):
     body, stations, _ = kinematics
     assert body["kinematics"]["nominal_fit"]["transforms"]["cell_T_base"]
     root = _parse(R.render_report(body, stations=stations))
-    sec = _section(root, R.KINEMATICS_SECTION)
-    before = [f for f in sec.iter(XHTML + "figure") if f.get("id") == R.KINEMATICS_FIGURE]
+    sec = _section(root, KR.KINEMATICS_SECTION)
+    before = [f for f in sec.iter(XHTML + "figure") if f.get("id") == KR.KINEMATICS_FIGURE]
     assert len(before) == 1 and before[0].find(XHTML + "figcaption") is not None
 
     def longest_mm(fig) -> float:

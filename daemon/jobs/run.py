@@ -1,0 +1,292 @@
+"""A calibration run as the worker executes it: capture the stations, solve, keep the result.
+
+What the run *does* is its kind's (``cellcal.daemon.runs``); this job is the loop around it,
+the same for every kind:
+
+1. A run closed by an earlier process between storing its result and closing the run is
+   closed with that result (``ResultKeeper.close_with``); a run of client-supplied stations
+   is solved at once (``RunKind.solve_given``).
+2. Before its first station the kind may refuse the plan (``RunKind.check_plan``).
+3. **Capture**, station by station (``RunKind.visit``: the plan's stations not yet committed,
+   or in ``observe`` mode whatever pose the cell's program rests at): in command mode the robot
+   is moved, then the kind captures (``RunKind.capture``) against its rough estimate
+   (``RunKind.estimate``). A station is committed in one transaction the moment it is
+   accepted; a rejection is stored and published, retried up to ``[capture]
+   max_attempts_per_station`` times (then given up), and ``max_consecutive_rejections`` in a
+   row end the run; a device fault is ridden out with backoff (``JobControl``); a change of
+   the controller's TCP or payload ends the run.
+4. **Solve** (``RunKind.solve``, interruptible): a ``DegenerateGeometry`` in command mode gets
+   the kind's extra station (``RunKind.extra_station``), up to ``[plan] max_extra_stations``;
+   any other refusal fails the run with its reason.
+5. **Finish** (``RunKind.finish``, which may measure more through :meth:`RunJob.measure`) and
+   keep the result (``ResultKeeper.keep``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from cellcal.daemon import bodies, human, runs
+from cellcal.daemon import capture as cap
+from cellcal.daemon import protocol as P
+from cellcal.daemon.config import Config
+from cellcal.daemon.jobs.control import Emit, Job, JobControl, narrative
+from cellcal.daemon.jobs.results import ResultKeeper
+from cellcal.daemon.jobs.resume import ResumePolicy
+from cellcal.daemon.plan import PlannedStation, plan_from_dict
+from cellcal.daemon.runs import RunContext, RunKind
+from cellcal.daemon.store import RunRecord, RunStatus, StationRecord, Store
+from cellcal.solver import CalibrationError, DegenerateGeometry
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RunJob"]
+
+
+class RunJob:
+    """Executes run jobs (module docstring). One per service; used by the worker thread only."""
+
+    def __init__(self, cfg: Config, store: Store, ctx: RunContext, control: JobControl, keeper: ResultKeeper,
+                 policy: ResumePolicy, emit: Emit, run_event: Callable[[int, str, str], None]) -> None:
+        self.cfg = cfg
+        self.store = store
+        self.ctx = ctx
+        self.control = control
+        self.keeper = keeper
+        self.policy = policy
+        self._emit = emit
+        self._run_event = run_event
+        #: The kind of the run being executed (the state messages name it).
+        self.kind: RunKind | None = None
+
+    def _kind(self, run: RunRecord) -> RunKind:
+        return runs.for_run(run, self.cfg.tracker.measure)
+
+    def _station_event(self, body: P.StationBody) -> None:
+        """A station body, logged in words at info (the journal reads like ``cellcal watch``)."""
+        narrative.info("%s", human.station_line(body))
+        self._emit(P.TOPIC_STATION, body)
+
+    # ---- the run ----------------------------------------------------------------------------
+    def execute(self, job: Job) -> None:
+        run_id = job.run_id
+        assert run_id is not None
+        run = self.store.get_run(run_id)
+        kind = self.kind = self._kind(run)
+        prior = next((r for r in self.store.list_results(limit=10) if r.run_id == run_id), None)
+        if prior is not None:
+            self.keeper.close_with(run, prior)
+            return
+        if "given" in run.plan:
+            self._solve_given(run, kind)
+            return
+        if not self.store.station_indices(run_id):
+            try:  # a plan that cannot determine the kind: refused before the first move
+                kind.check_plan(self.ctx, run)
+            except CalibrationError as exc:
+                self._failed(run_id, exc)
+                return
+        if not self._capture(job, run, kind):
+            return
+        self.control.check_abort()
+        self._solve(run_id, kind)
+
+    def _capture(self, job: Job, run: RunRecord, kind: RunKind) -> bool:
+        """Capture the run's stations; False when the run ended (failed, named)."""
+        run_id = run.id
+        plan = plan_from_dict(run.plan)
+        what = f"run {run_id}"
+        detail = what
+        if job.resume is not None:
+            detail = f"{what} resumed after {job.resume}"
+            if self.policy.moves_robot(run):
+                detail += ": the daemon moves the robot (command mode)"
+        self.control.set_state(P.STATE_CAPTURING, detail)
+        c = self.cfg.capture
+        committed = {s.plan_index: s for s in self.store.stations(run_id)}
+        records = [committed[i] for i in sorted(committed)]
+        expected = kind.estimate(self.ctx, records)
+        consecutive = 0
+        observe = not self.ctx.commands_robot
+        todo = [ps for ps in plan if ps.index not in committed]
+        n_planned = kind.planned_count(self.ctx, len(plan))
+        if observe:
+            n_target = max(len(plan), self.cfg.plan.n_stations)
+            next_index = max(committed, default=-1) + 1
+            todo = [PlannedStation(i, None, None) for i in range(next_index, n_target)]
+            n_planned = n_target
+        stations = kind.visit(self.ctx, todo, records)
+        first = next(stations, None)
+        if first is None:
+            return True  # a run resumed after its last station is solved without the devices
+        engine = self.control.ensure_devices(kind.needs_tracker, P.STATE_CAPTURING, detail)
+        ps: PlannedStation | None = first
+        while ps is not None:
+            n_planned = max(n_planned, ps.index + 1)
+            attempts = 0
+            while True:
+                self.control.check_abort()
+                try:
+                    if not observe:
+                        engine.move_to(ps, self.control.abort)
+                    rec = kind.capture(engine, ps, records, self.control.abort, expected)
+                except cap.StationRejected as rej:
+                    self.control.check_abort()
+                    attempts += 1
+                    consecutive += 1
+                    self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.jsonable(rej.detail))
+                    self._station_event(bodies.station(
+                        run_id=run_id, index=ps.index, planned=n_planned, attempt=attempts,
+                        accepted_count=len(records), figures=rej.detail, rejected=rej.reason.value, message=str(rej),
+                    ))
+                    self.control.progress()
+                    if consecutive >= c.max_consecutive_rejections:
+                        msg = f"{consecutive} stations in a row rejected (last: {rej.reason.value})"
+                        self.store.set_run_status(run_id, RunStatus.FAILED, msg)
+                        self.control.fault(msg)
+                        return False
+                    if attempts >= c.max_attempts_per_station and not observe:
+                        break  # give this station up, go on with the plan
+                    continue
+                except cap.DeviceFault as df:
+                    if df.ends_job:
+                        self._invalidated(run_id, df)
+                        return False
+                    engine = self.control.after_device_fault(df, what, kind.needs_tracker, P.STATE_CAPTURING)
+                    continue
+                self.store.add_station(run_id, rec)  # one transaction: the station is safe now
+                records.append(rec)
+                consecutive = 0
+                self.control.made_progress()
+                self._station_event(bodies.station(
+                    run_id=run_id, index=ps.index, planned=n_planned, attempt=attempts + 1,
+                    accepted_count=len(records), figures=rec.settle,
+                ))
+                expected = kind.estimate(self.ctx, records)
+                break
+            ps = next(stations, None)
+        return True
+
+    def _invalidated(self, run_id: int, inv: cap.DeviceFault) -> None:
+        """The controller's TCP or payload changed: the run cannot go on; it fails, named."""
+        self.control.devices.close()
+        self.store.set_run_status(run_id, RunStatus.FAILED, str(inv.cause))
+        self.control.fault(f"run {run_id} failed: {inv.cause}", inv.cause, device=inv.device)
+
+    def _failed(self, run_id: int, exc: BaseException) -> None:
+        msg = f"{type(exc).__name__}: {exc}"
+        self.store.set_run_status(run_id, RunStatus.FAILED, msg)
+        # The result topic carries only calibrations a client may use; a failed run is told
+        # on the state and fault topics (and stays visible in list_results / the store).
+        self.control.fault(f"run {run_id} failed: {msg}", exc, code=P.E_STATE)
+
+    # ---- solving ------------------------------------------------------------------------------
+    def _solve(self, run_id: int, kind: RunKind) -> int | None:
+        extra = 0
+        while True:
+            self.control.set_state(P.STATE_SOLVING, f"run {run_id}")
+            stations = self.store.stations(run_id)
+            run = self.store.get_run(run_id)
+            try:
+                result = self.control.interruptible(kind.solve, self.ctx, run, stations)
+                break
+            except DegenerateGeometry as exc:
+                # The kind names the pose that best fixes the weakest direction; in command
+                # mode we go and measure it instead of ending the run.
+                engine = self.control.devices.engine
+                ps = None
+                if extra < self.cfg.plan.max_extra_stations and engine is not None:
+                    ps = kind.extra_station(self.ctx, stations, exc)
+                if ps is None:
+                    self._failed(run_id, exc)
+                    return None
+                extra += 1
+                log.info("run %d: %s; measuring a suggested station %d", run_id, exc, ps.index)
+                self.control.set_state(P.STATE_CAPTURING, f"run {run_id} (extra station for {exc.frame} axis)")
+                if not self._capture_extra(run_id, kind, ps, stations):
+                    return None
+            except (CalibrationError, ValueError) as exc:
+                self._failed(run_id, exc)
+                return None
+        finished = kind.finish(self.ctx, run, result, stations, self.measure_for(run_id, kind))
+        return self.keeper.keep(run, finished)
+
+    def _solve_given(self, run: RunRecord, kind: RunKind) -> None:
+        """A run whose stations the client supplied (hand-eye, or any kind from elsewhere)."""
+        self.control.set_state(P.STATE_SOLVING, f"run {run.id}")
+        try:
+            result = self.control.interruptible(kind.solve_given, self.ctx, run.plan["given"])
+        except (KeyError, TypeError, ValueError, CalibrationError) as exc:
+            self._failed(run.id, exc)
+            return
+        self.keeper.keep(run, kind.finish(self.ctx, run, result, [], None))
+
+    # ---- stations beyond the plan -------------------------------------------------------------
+    def _capture_extra(self, run_id: int, kind: RunKind, ps: PlannedStation, stations: list[StationRecord]) -> bool:
+        """Measure one kind-suggested station (the same checks as every station); False
+        when the run ended (its controller settings changed)."""
+        detail = self.control.detail
+        engine = self.control.devices.engine
+        assert engine is not None
+        expected = kind.estimate(self.ctx, stations)
+        attempt = 0
+        while attempt < self.cfg.capture.max_attempts_per_station:
+            self.control.check_abort()
+            try:
+                engine.move_to(ps, self.control.abort)
+                got = kind.capture(engine, ps, stations, self.control.abort, expected)
+            except cap.StationRejected as rej:
+                self.control.check_abort()
+                attempt += 1
+                self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.jsonable(rej.detail))
+                continue
+            except cap.DeviceFault as df:
+                if df.ends_job:
+                    self._invalidated(run_id, df)
+                    return False
+                engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING)
+                continue
+            self.store.add_station(run_id, got)
+            self.control.made_progress()
+            return True
+        return True
+
+    def measure_for(self, run_id: int, kind: RunKind) -> runs.Measure:
+        """The ``Measure`` a kind's finish uses: moved to and captured like a station (no
+        duplicate-pose test, no rough estimate: a test may revisit its poses), tagged (``raw``
+        merged into the station's) and stored with the run; a rejection is recorded and
+        retried up to ``[capture] max_attempts_per_station`` times, then raised; a device fault is ridden out like a
+        station's (one that ends the job is raised); an abort ends the job."""
+
+        def measure(ps: PlannedStation, raw: Mapping[str, Any], what: str) -> StationRecord:
+            detail = f"run {run_id}: {what}"
+            engine = self.control.engine_for(kind.needs_tracker, P.STATE_CAPTURING, detail)
+            attempts = 0
+            while True:
+                self.control.check_abort()
+                try:
+                    engine.move_to(ps, self.control.abort)
+                    rec = kind.capture(engine, ps, [], self.control.abort, None)
+                except cap.StationRejected as rej:
+                    self.control.check_abort()
+                    attempts += 1
+                    self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.jsonable(rej.detail))
+                    self.control.progress()
+                    if attempts >= self.cfg.capture.max_attempts_per_station:
+                        raise
+                    continue
+                except cap.DeviceFault as df:
+                    if df.ends_job:
+                        raise
+                    engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING)
+                    continue
+                rec = dataclasses.replace(rec, raw={**rec.raw, **raw})
+                self.store.add_station(run_id, rec)  # one transaction: the measurement is safe now
+                self.control.made_progress()
+                return rec
+
+        return measure
+

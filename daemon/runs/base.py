@@ -1,0 +1,233 @@
+"""The run-kind protocol: everything the service asks of one kind of calibration run.
+
+The service (``cellcal.daemon.service``) is a state machine with a job queue; what a run
+*does* is its kind's: which stations it plans, how a station is captured and judged, how the
+stations are solved, which gates the result must pass, what the store keeps of it, what the
+report, ``cellcal show`` and the exports say about it, and what may stop an interrupted run
+from resuming. A kind is one module in ``cellcal.daemon.runs`` with one :class:`RunKind`
+subclass, registered by name in ``cellcal.daemon.runs`` (ADR 0018). The service, the worker's
+jobs (``cellcal.daemon.jobs``), the report and the command line never branch on a kind's
+name: they call these methods.
+
+The methods, in the order of a run:
+
+* :meth:`RunKind.refuse_start` (a run that cannot start in this cell, e.g. a camera kind
+  without a camera), :meth:`RunKind.plan` (the stations and what else the run stores with
+  its plan), :meth:`RunKind.check_plan` (refuse, before the first move, a plan that cannot
+  determine the calibration whatever it measures);
+* :meth:`RunKind.capture` (one station: the capture policy and what the station records),
+  :meth:`RunKind.estimate` (the run's rough current fit a new station must agree with: the
+  gross-error test), :meth:`RunKind.visit` (the stations to visit, to a target or as planned);
+* :meth:`RunKind.solve` (may raise ``DegenerateGeometry``), :meth:`RunKind.extra_station`
+  (the station that fixes a degenerate direction, measured instead of failing),
+  :meth:`RunKind.solve_given` (stations a client supplied);
+* :meth:`RunKind.finish` (gates and the stored record; it may measure more, as the
+  kinematics run's ISO 9283 pose test does, through :class:`Measure`);
+* :meth:`RunKind.resume_refusal` (why an interrupted run of this kind must not resume);
+* the outputs, pure functions of a stored result: :meth:`RunKind.show_lines`,
+  :meth:`RunKind.report_sections`, :meth:`RunKind.write_exports`, :meth:`RunKind.drift_station`,
+  :meth:`RunKind.fit_stations`, :meth:`RunKind.stations_refusal`.
+
+Every method but :meth:`plan`, :meth:`capture`, :meth:`solve` and :meth:`finish` has a
+default that suits a kind with nothing to say there.
+"""
+
+from __future__ import annotations
+
+import abc
+import logging
+import threading
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from cellcal.daemon import protocol as P
+from cellcal.daemon.capture import CaptureEngine, Expected
+from cellcal.daemon.config import Config, Export
+from cellcal.daemon.gates import GateReport
+from cellcal.daemon.plan import PlannedStation
+from cellcal.daemon.store import RunRecord, StationRecord, Store
+from cellcal.drivers.kinematics import DHModel
+from cellcal.solver import CalibrationError, DegenerateGeometry
+from cellcal.solver.errors import CellcalError
+
+log = logging.getLogger(__name__)
+
+__all__ = ["RunKind", "RunContext", "Finished", "Measure", "ReportParts", "SolverResult", "ResultBody"]
+
+#: A solver result (``cellcal.solver.CalibrationResult`` or ``KinematicResult``): what
+#: :meth:`RunKind.solve` returns and :meth:`RunKind.finish` turns into the stored record.
+SolverResult = Any
+#: The stored record of a result (``ResultRecord.result``) and the wire body built from it: a
+#: JSON object whose shape ``protocol.ResultBody`` checks.
+ResultBody = Mapping[str, Any]
+
+
+class Measure(Protocol):
+    """Measure one more station for a kind's :meth:`RunKind.finish` (the ISO 9283 pose test):
+    move to ``planned``, capture it as the run's stations are captured, store it with the run
+    with ``raw`` merged into its ``raw`` dict (the kind's tag), and return it; ``what`` names
+    the measurement in the service's state detail. Raises ``StationRejected`` after the
+    configured attempts, ``DeviceFault`` when the job must end; an abort propagates."""
+
+    def __call__(self, planned: PlannedStation, raw: Mapping[str, Any], what: str) -> StationRecord: ...
+
+
+@dataclass
+class RunContext:
+    """What a run kind may use of the daemon: the configuration, the store, the robot's
+    kinematic model and the motion mode. The kind never touches the devices or the state
+    machine; the jobs do (``cellcal.daemon.jobs``)."""
+
+    cfg: Config
+    store: Store
+    model_fn: Callable[[], DHModel]
+    motion_mode: P.MotionMode
+    abort: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def model(self) -> DHModel:
+        """The robot's kinematics now (the open driver's, else the configured model)."""
+        return self.model_fn()
+
+    def model_or_none(self) -> DHModel | None:
+        """The robot's kinematics, or None when they cannot be had (a gate that needs them
+        then says it does not apply instead of failing the run)."""
+        try:
+            return self.model_fn()
+        except (CellcalError, ValueError, KeyError, AttributeError) as exc:
+            log.warning("no robot model: %s", exc)
+            return None
+
+    @property
+    def commands_robot(self) -> bool:
+        """Whether the daemon moves the robot (``command`` mode)."""
+        return self.motion_mode == P.MOTION_COMMAND
+
+
+@dataclass(frozen=True)
+class Finished:
+    """What :meth:`RunKind.finish` gives the service to store: the gate report and the
+    record (``ResultRecord.result``: the result's wire form, its gates and check stations)."""
+
+    report: GateReport
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ReportParts:
+    """A kind's part of the HTML report (``cellcal.daemon.report_html``): its sections (HTML
+    ``<section>`` elements) placed after the summary, and the stations the report's residual
+    figures draw when they are not the run's as measured (a kinematics result's, through the
+    arm it identified; None: the run's)."""
+
+    after_summary: str = ""
+    stations: Sequence[Any] | None = None
+
+
+class RunKind(abc.ABC):
+    """One kind of calibration run (module docstring). Subclasses set :attr:`name` and
+    implement :meth:`plan`, :meth:`capture`, :meth:`solve` and :meth:`finish`."""
+
+    #: The wire name (``protocol.RunKind``): ``start_run kind=...``, results' ``kind``.
+    name: ClassVar[P.RunKind]
+    #: Whether its stations need the tracker (a tool-point run measures the robot alone).
+    needs_tracker: ClassVar[bool] = True
+
+    # ---- starting ----------------------------------------------------------------------------
+    def refuse_start(self, ctx: RunContext) -> str | None:
+        """Why a run of this kind cannot be started in this cell without given stations
+        (``E_STATE`` with this sentence), or None."""
+        return None
+
+    @abc.abstractmethod
+    def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> dict[str, Any]:
+        """The plan a new run stores (``plan.plan_to_dict`` of its stations, plus what else
+        the kind keeps with it): ``stations`` when a client named them, else the kind's own.
+        Raises ``PlanError`` when no plan can be made."""
+
+    def check_plan(self, ctx: RunContext, run: RunRecord) -> None:
+        """Refuse, before the first station, a plan that cannot determine this kind whatever
+        it measures: raise ``CalibrationError`` naming why (the run fails with it)."""
+        return None
+
+    # ---- capturing ---------------------------------------------------------------------------
+    @abc.abstractmethod
+    def capture(self, engine: CaptureEngine, planned: PlannedStation, accepted: Sequence[StationRecord],
+                abort: threading.Event, expected: Expected | None) -> StationRecord:
+        """One station at ``planned`` (the robot already moved there in command mode): wait
+        for rest, measure, judge; return the record the store commits. Raises
+        ``StationRejected`` (named reason) or ``DeviceFault``."""
+
+    def estimate(self, ctx: RunContext, records: Sequence[StationRecord]) -> Expected | None:
+        """The run's rough current fit the next station must agree with (None: none yet)."""
+        return None
+
+    def visit(self, ctx: RunContext, todo: list[PlannedStation], records: list[StationRecord]) -> Iterator[PlannedStation]:
+        """The stations to visit after ``records``: by default the plan's ``todo`` as it is."""
+        yield from todo
+
+    def planned_count(self, ctx: RunContext, n_plan: int) -> int:
+        """How many stations the run announces (``planned`` of its station events)."""
+        return n_plan
+
+    # ---- solving -------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def solve(self, ctx: RunContext, run: RunRecord, stations: Sequence[StationRecord]) -> SolverResult:
+        """The calibration of a run's stored stations. Raises ``CalibrationError``
+        (``DegenerateGeometry``: :meth:`extra_station` may add a station) or ``ValueError``."""
+
+    def extra_station(self, ctx: RunContext, stations: Sequence[StationRecord],
+                      exc: DegenerateGeometry) -> PlannedStation | None:
+        """A station that fixes the direction ``exc`` names, measured instead of failing (in
+        command mode, up to ``[plan] max_extra_stations``); None: the run fails."""
+        return None
+
+    def solve_given(self, ctx: RunContext, given: Sequence[Mapping[str, Any]]) -> SolverResult:
+        """The calibration of stations a client supplied (``start_run stations=...``)."""
+        raise CalibrationError(f"a {self.name} run cannot be solved from given stations")
+
+    @abc.abstractmethod
+    def finish(self, ctx: RunContext, run: RunRecord, result: SolverResult, stations: Sequence[StationRecord],
+               measure: Measure | None) -> Finished:
+        """Gate ``result`` and build its stored record. ``stations`` are the run's (empty
+        for given stations: ``run.plan["given"]`` has them); ``measure``: more stations, or
+        None when the daemon cannot measure (given stations)."""
+
+    # ---- resuming ------------------------------------------------------------------------------
+    def resume_refusal(self, ctx: RunContext, run: RunRecord) -> str | None:
+        """Why an interrupted run of this kind must be closed instead of resumed (beyond the
+        rules every run has, ADR 0012), or None."""
+        return None
+
+    # ---- outputs (pure: a stored result) ---------------------------------------------------------
+    def show_lines(self, body: ResultBody) -> list[str]:
+        """Lines ``cellcal show`` prints for this kind after the common ones."""
+        return []
+
+    def warnings(self, body: ResultBody) -> list[Mapping[str, Any]]:
+        """Every warning a stored result carries (``{"code", "message", "value"}``): what
+        ``cellcal show`` and the report list. By default the result's ``warnings``."""
+        return [w for w in body.get("warnings") or [] if isinstance(w, Mapping)]
+
+    def report_sections(self, body: ResultBody, stations: Sequence[StationRecord] | None) -> ReportParts:
+        """This kind's HTML report sections (module docstring of ``report_html``)."""
+        return ReportParts()
+
+    def fit_stations(self, stations: Sequence[StationRecord]) -> list[StationRecord]:
+        """The run's stations that its fit used: what the report draws, the drift check
+        stations are chosen from and ``cellcal stations`` writes (by default all)."""
+        return list(stations)
+
+    def write_exports(self, directory: Path, result_id: int, body: ResultBody, export: Export) -> dict[str, Path]:
+        """The kind's own export files beside the common ones (name -> path)."""
+        return {}
+
+    def drift_station(self, body: ResultBody, station: StationRecord) -> StationRecord:
+        """A drift check station as this result predicts it (by default as measured)."""
+        return station
+
+    def stations_refusal(self, run: RunRecord) -> str | None:
+        """Why ``cellcal stations`` cannot write this run's stations for ``cellcal solve``."""
+        return None
