@@ -52,6 +52,19 @@ residual variance (``noise_source = "estimated"``), with the small-sample ``r/(r
 other results. Correlations between estimated quantities above ``correlation_threshold``
 are listed.
 
+**Consider covariance** (:mod:`cellcal.solver.kinematic_consider`). A parameter fixed at its
+nominal value is still wrong on the real arm, and its error goes into the estimated ones
+(with a still joint, into the other members of the rigid group, leaving no residual). Every
+fixed parameter that the estimate cannot absorb exactly on any station set (not structural:
+not excited, weakly determined, or left out by ``parameters=``) is *considered*: its prior
+(``parameter_prior``, default :data:`DEFAULT_PARAMETER_PRIOR`, a manufacturing tolerance
+per kind) is carried into ``covariance`` through the sensitivity ``(J^T W J)^-1 J^T W J_c``
+at the answer, ``full_covariance`` adds the considered parameters for
+:meth:`KinematicResult.prediction_covariance`, and ``noise_sigmas`` keep the noise-only
+figures. The estimate itself does not change. When the stations left parameters
+undetermined, a ``weak_excitation`` warning names them and the joints whose motion would
+determine them.
+
 **Validation.** ``holdout``: linearised leave-one-out closure of the fit stations (as in
 :mod:`cellcal.solver.validation`). With ``validation_q`` and its measurements, held-out RMS,
 P50, P90 and max of position (and orientation) before (nominal arm, base and target fitted

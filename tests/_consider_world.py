@@ -72,6 +72,22 @@ def true_positions(arm: DHParameters, q: np.ndarray) -> np.ndarray:
     return (CELL_T_BASE @ arm.forward(q) @ FLANGE_T_TARGET)[:, :3, 3]
 
 
+def prior_arm(rng: np.random.Generator) -> DHParameters:
+    """UR5e with errors drawn from the default prior itself (Gaussian, 0.5 mm and 0.1 deg):
+    the arithmetic's check, where a calibrated covariance must give NEES means at the dof."""
+    from cellcal.solver.identify import DEFAULT_PARAMETER_PRIOR as P
+
+    beta = rng.normal(0.0, P["beta"], 6)
+    beta[[0, 3, 4, 5]] = 0.0
+    return UR5E.with_errors(delta_theta=rng.normal(0.0, P["zero_offset"], 6), delta_a=rng.normal(0.0, P["a"], 6),
+                            delta_d=rng.normal(0.0, P["d"], 6), delta_alpha=rng.normal(0.0, P["alpha"], 6),
+                            delta_beta=beta, name="prior truth")
+
+
+#: How exactly :func:`reference` must fit the true arm, m RMS.
+REFERENCE_TOL_M = 1e-6
+
+
 def reference(arm: DHParameters, res: KinematicResult) -> KinematicResult:
     """The truth as ``res``'s parameterisation sees it (module docstring)."""
     names = list(res.considered)
@@ -83,8 +99,9 @@ def reference(arm: DHParameters, res: KinematicResult) -> KinematicResult:
           else dict(cell_p_target=T[:, :3, 3], noise_translation_m=1e-5))
     ref = identify_kinematics(qg, nominal, parameters=list(res.estimated), max_condition=1e9, **kw)
     # Exact to second order: the d of parallel axes slide into each other exactly only while
-    # the axes are parallel; the arm's 0.05 deg tilts leave ~0.3 um, 1 % of the noise.
-    assert ref.rms_translation_m < 1e-6, ref.rms_translation_m
+    # the axes are parallel; the arm's 0.05 deg tilts leave ~0.3 um, 1 % of the noise (the
+    # prior's 0.1 deg arms up to ~3 um: main() of the trials relaxes the bound for them).
+    assert ref.rms_translation_m < REFERENCE_TOL_M, ref.rms_translation_m
     return ref
 
 

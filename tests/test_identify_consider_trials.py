@@ -3,7 +3,8 @@ excited joint, on independently perturbed arms (``_consider_world``), the identi
 parameters' z-scores, the base frame's NEES and the predictions' NEES at joints the
 stations never had are honest; with the noise-only sigmas of before they were not.
 
-``python tests/test_identify_consider_trials.py`` prints the table of ADR 0016's amendment.
+``python tests/test_identify_consider_trials.py [TRIALS] [prior]`` prints the table of ADR
+0016's amendment (``prior``: arms drawn from the default prior itself, the arithmetic's check).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 import pytest
+import _consider_world
 from _consider_world import identify, independent_arm, joints, measure, scores, true_positions
 
 pytestmark = pytest.mark.slow
@@ -50,11 +52,11 @@ def _rms(x: np.ndarray) -> float:
 
 
 def run_case(joint: int | None, range_rad: float, measurement: str, declared: bool, trials: int = _TRIALS,
-             seed0: int = 0) -> Figures:
+             seed0: int = 0, draw_arm=independent_arm) -> Figures:
     z, zn, bn, bnn, pn, pnn, warned = [], [], [], [], [], [], 0
     for t in range(trials):
         rng = np.random.default_rng(7000 + 97 * seed0 + t)
-        arm = independent_arm(rng)
+        arm = draw_arm(rng)
         q = joints(rng, _N_STATIONS, joint, range_rad)
         M = measure(rng, arm, q)
         res = identify(q, M, point=measurement == "point", declared=declared)
@@ -97,11 +99,16 @@ def test_a_well_excited_arm_is_as_before():
 
 
 def main() -> None:
+    trials = int(sys.argv[1]) if len(sys.argv) > 1 else _TRIALS
+    draw = independent_arm
+    if "prior" in sys.argv[2:]:
+        draw = _consider_world.prior_arm
+        _consider_world.REFERENCE_TOL_M = 2e-5
     print("| case | parameters | z RMS / max: noise only -> consider | base NEES mean / max: noise only -> consider "
           "| prediction NEES(3) mean / max: noise only -> consider |")
     print("|---|---|---|---|---|")
     for label, joint, range_rad, measurement, declared in [*CASES, ("all joints moving, poses", None, 0.0, "pose", True)]:
-        f = run_case(joint, range_rad, measurement, declared, trials=int(sys.argv[1]) if len(sys.argv) > 1 else _TRIALS)
+        f = run_case(joint, range_rad, measurement, declared, trials=trials, draw_arm=draw)
         print(f"| {label} | {f.z.size} | {_rms(f.z_noise):.1f} / {np.abs(f.z_noise).max():.0f} -> "
               f"{_rms(f.z):.2f} / {np.abs(f.z).max():.1f} | {f.base_nees_noise.mean():.0f} / {f.base_nees_noise.max():.0f}"
               f" -> {f.base_nees.mean():.1f} / {f.base_nees.max():.1f} | "
