@@ -13,9 +13,9 @@ import math
 import sys
 from dataclasses import dataclass
 
+import _consider_world
 import numpy as np
 import pytest
-import _consider_world
 from _consider_world import identify, independent_arm, joints, measure, scores, true_positions
 
 pytestmark = pytest.mark.slow
