@@ -40,6 +40,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,7 @@ __all__ = [
     "joint_origins",
     "joint_origin_covariances",
     "joint_origin_sigmas",
+    "origin_sigmas_from_parameters",
     "rpy_from_matrix",
     "kinematic_parameters_dict",
     "kinematic_parameters_json",
@@ -162,6 +164,20 @@ def joint_origin_sigmas(result: Any) -> np.ndarray:
     C = np.asarray(result.full_covariance, dtype=np.float64)[np.ix_(idx, idx)]
     cov = joint_origin_covariances(result.model, names, C)
     return np.sqrt(np.maximum(np.diagonal(cov, axis1=1, axis2=2), 0.0))
+
+
+def origin_sigmas_from_parameters(data: Any) -> np.ndarray | None:
+    """The (7, 6) origin sigmas of a parameters dict (:func:`kinematic_parameters_dict`, as
+    stored or read back from its JSON) for ``origin_sigmas=``; None when it has none (a
+    dict written before the sigmas were exported)."""
+    jo = data.get("joint_origins") if isinstance(data, Mapping) else None
+    if not isinstance(jo, Mapping):
+        return None
+    t, r = jo.get("sigma_translation_m"), jo.get("sigma_rotation_rad")
+    if t is None or r is None:
+        return None
+    a = np.column_stack([np.asarray(t, dtype=np.float64), np.asarray(r, dtype=np.float64)])
+    return _check_origin_sigmas(a, N_JOINTS + 1)
 
 
 def _sigma_comment(sig: Any) -> str:

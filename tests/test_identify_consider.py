@@ -17,7 +17,12 @@ from _consider_world import identify, independent_arm, joints, measure, scores, 
 from cellcal.solver import UR5E, kinematic_parameters_json, ur_calibration_yaml, urdf_from_model
 from cellcal.solver.identify import DEFAULT_PARAMETER_PRIOR, parameter_names
 from cellcal.solver.kinematic_consider import PRIOR_KINDS
-from cellcal.solver.kinematic_export import joint_origin_covariances, joint_origin_sigmas, joint_origins
+from cellcal.solver.kinematic_export import (
+    joint_origin_covariances,
+    joint_origin_sigmas,
+    joint_origins,
+    origin_sigmas_from_parameters,
+)
 
 _NO_PRIOR = {k: 0.0 for k in PRIOR_KINDS}
 
@@ -186,6 +191,9 @@ def test_exports_carry_the_sigmas(still5):
     assert np.allclose(np.array(cov["values"]).reshape(cov["shape"]), res.full_covariance)
     sig = joint_origin_sigmas(res)
     assert np.allclose(data["joint_origins"]["sigma_translation_m"], sig[:, :3])
+    # What a writer that only has the stored dict (the daemon) passes to the URDF and YAML.
+    assert np.array_equal(origin_sigmas_from_parameters(data), sig)
+    assert origin_sigmas_from_parameters({"format": "cellcal.kinematics/1"}) is None
     # Joint 5 never moved: its origin carries its fixed neighbours' priors, far beyond what
     # the noise alone says; joint 1's origin (d1 and its zero: the base frame's) is exact.
     noise_only = joint_origin_sigmas(identify(q, M, parameter_prior=_NO_PRIOR))
