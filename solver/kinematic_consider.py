@@ -78,8 +78,10 @@ DEFAULT_PARAMETER_PRIOR: Mapping[str, float] = MappingProxyType({
     "beta": math.radians(0.1),
 })
 
-#: Gain of the orthogonal strength that names a joint as the one whose motion is missing.
-EXCITE_GAIN = 10.0
+#: Gain of a weak column's orthogonal part that names a joint as the one whose motion is
+#: missing: unrelated joints change it by 0.98-1.25, a still joint's spread by 1e4 and more,
+#: joint 5 moving +-0.3 rad instead of its full range (one twist weak for points) by 5.
+EXCITE_GAIN = 3.0
 
 
 def resolve_prior(prior: Mapping[str, float] | None, names: Sequence[str], kind_of: Mapping[str, str]) -> dict[str, float]:

@@ -216,3 +216,15 @@ def test_exports_carry_the_sigmas(still5):
     assert np.allclose(np.array(seg, dtype=float), sig[:6], rtol=1e-2)
     with pytest.raises(ValueError, match="origin_sigmas"):
         urdf_from_model(res.model, origin_sigmas=sig[:3])
+
+
+def test_a_joint_that_moves_but_not_enough_is_named_for_points():
+    # A reflector with joint 5 over +-0.3 rad: the wrist's twist is barely seen (the
+    # condition gate fixes it); moving joint 5 over its range would show it, no other joint.
+    rng = np.random.default_rng(47)
+    arm = independent_arm(rng)
+    q = joints(rng, 50, joint=4, range_rad=0.3)
+    res = identify(q, measure(rng, arm, q), point=True)
+    assert res.weakly_excited == ("link5.alpha",) and res.weakly_excited_joints == (5,)
+    assert "joint 5 does not move enough to identify link5.alpha" in next(
+        w.message for w in res.warnings if w.code == "weak_excitation")
