@@ -52,6 +52,19 @@ residual variance (``noise_source = "estimated"``), with the small-sample ``r/(r
 other results. Correlations between estimated quantities above ``correlation_threshold``
 are listed.
 
+**Consider covariance** (:mod:`cellcal.solver.kinematic_consider`). A parameter fixed at its
+nominal value is still wrong on the real arm, and its error goes into the estimated ones
+(with a still joint, into the other members of the rigid group, leaving no residual). Every
+fixed parameter that the estimate cannot absorb exactly on any station set (not structural:
+not excited, weakly determined, or left out by ``parameters=``) is *considered*: its prior
+(``parameter_prior``, default :data:`DEFAULT_PARAMETER_PRIOR`, a manufacturing tolerance
+per kind) is carried into ``covariance`` through the sensitivity ``(J^T W J)^-1 J^T W J_c``
+at the answer, ``full_covariance`` adds the considered parameters for
+:meth:`KinematicResult.prediction_covariance`, and ``noise_sigmas`` keep the noise-only
+figures. The estimate itself does not change. When the stations left parameters
+undetermined, a ``weak_excitation`` warning names them and the joints whose motion would
+determine them.
+
 **Validation.** ``holdout``: linearised leave-one-out closure of the fit stations (as in
 :mod:`cellcal.solver.validation`). With ``validation_q`` and its measurements, held-out RMS,
 P50, P90 and max of position (and orientation) before (nominal arm, base and target fitted
@@ -62,7 +75,7 @@ validation stations (independent of the base frame).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -72,6 +85,15 @@ from cellcal.solver._stats import chi2_ppf
 from cellcal.solver.calibrate import Estimate, Residuals, calibrate_base_frame
 from cellcal.solver.diagnostics import ABSORBED_TO_VISIBLE, SolveWarning, absorbed_error_covariance
 from cellcal.solver.errors import DegenerateGeometry, NotEnoughSamples
+from cellcal.solver.kinematic_consider import (
+    DEFAULT_PARAMETER_PRIOR,
+    EXCITE_GAIN,
+    consider_blocks,
+    orthogonal_fractions,
+    resolve_prior,
+    sensitivity,
+    unabsorbed,
+)
 from cellcal.solver.kinematics import N_JOINTS, DHParameters, KinematicModel
 from cellcal.solver.points import calibrate_base_frame_points
 from cellcal.solver.se3 import se3_exp, so3_log
@@ -85,6 +107,7 @@ __all__ = [
     "parameter_names",
     "kinematic_jacobian",
     "DEFAULT_MAX_CONDITION",
+    "DEFAULT_PARAMETER_PRIOR",
 ]
 
 #: Condition number of the column-normalised Jacobian above which an answer is refused.
@@ -327,7 +350,11 @@ class KinematicResult:
     deltas : dict of str to float
         ``parameters`` minus the nominal values.
     sigmas : dict of str to float
-        1-sigma of each identified parameter, SI.
+        1-sigma of each identified parameter, SI: the measurement noise and the prior of
+        the ``considered`` parameters (consider covariance, ADR 0016).
+    noise_sigmas : dict of str to float
+        The same from the measurements alone (what the sigmas were before the consider
+        term): the difference is what the fixed parameters' uncertainty adds.
     estimated : tuple of str
         Parameters that were estimated (the keys of ``parameters``), in order.
     unidentifiable : tuple of str
@@ -348,8 +375,27 @@ class KinematicResult:
         Point measurements only, m, flange frame.
     covariance : numpy.ndarray, shape (k, k)
         Of ``covariance_names``: the parameters (SI), then the base twist (right, base
-        frame) and the target twist (right, target frame) or point (flange frame).
+        frame) and the target twist (right, target frame) or point (flange frame);
+        including the considered parameters' prior (:mod:`cellcal.solver.kinematic_consider`).
     covariance_names : tuple of str
+    considered : tuple of str
+        Parameters fixed at nominal whose error the estimate cannot absorb exactly (not
+        excited, weakly determined, or left out by ``parameters=``), in preference order;
+        their prior is in ``covariance``. Fixed parameters not listed are structural
+        (a reparametrisation: folded into the frames or redundant with an estimated one).
+    prior_sigmas : dict of str to float
+        The 1-sigma prior used for each considered parameter, SI.
+    full_covariance : numpy.ndarray, shape (k + c, k + c)
+        Joint covariance of the errors of ``full_covariance_names``: ``covariance_names``
+        then ``considered`` (their reported value, the nominal, is off by minus their
+        error); what :meth:`prediction_covariance` uses.
+    full_covariance_names : tuple of str
+    weakly_excited : tuple of str
+        The considered parameters the stations left undetermined (not excited, or fixed by
+        the condition gate): the ``weak_excitation`` warning's parameters.
+    weakly_excited_joints : tuple of int
+        Joints (1-based) whose motion over their range would determine them: the warning's
+        joints (empty when no single joint would).
     correlations : tuple of (str, str, float)
         Pairs among ``covariance_names`` correlated beyond ``correlation_threshold``.
     residuals : Residuals
@@ -382,6 +428,7 @@ class KinematicResult:
     parameters: dict[str, float]
     deltas: dict[str, float]
     sigmas: dict[str, float]
+    noise_sigmas: dict[str, float]
     estimated: tuple[str, ...]
     unidentifiable: tuple[str, ...]
     unidentifiable_reasons: dict[str, str]
@@ -393,6 +440,12 @@ class KinematicResult:
     flange_p_target: np.ndarray | None
     covariance: np.ndarray
     covariance_names: tuple[str, ...]
+    considered: tuple[str, ...]
+    prior_sigmas: dict[str, float]
+    full_covariance: np.ndarray
+    full_covariance_names: tuple[str, ...]
+    weakly_excited: tuple[str, ...]
+    weakly_excited_joints: tuple[int, ...]
     correlations: tuple[tuple[str, str, float], ...]
     residuals: Residuals
     rms_translation_m: float
@@ -427,6 +480,33 @@ class KinematicResult:
         tool = self.flange_T_target if self.flange_T_target is not None else self.flange_p_target
         assert tool is not None
         return kinematic_jacobian(self.model, q, [], self.cell_T_base, tool)[0]
+
+    def prediction_covariance(self, q: ArrayLike) -> np.ndarray:
+        """Covariance of :meth:`predict`'s error at joints ``q``: from the estimated
+        parameters, the frames and the considered parameters' prior (``full_covariance``),
+        measurement noise not included.
+
+        Parameters
+        ----------
+        q : array_like, shape (N, 6) or (6,)
+            Joint angles, rad.
+
+        Returns
+        -------
+        numpy.ndarray, shape (N, 6, 6) or (N, 3, 3)
+            Cell frame, ``(dp m, dphi rad)`` for poses (the residual convention of
+            :func:`identify_kinematics`), ``dp`` for points.
+        """
+        tool = self.flange_T_target if self.flange_T_target is not None else self.flange_p_target
+        assert tool is not None
+        names = list(self.estimated) + list(self.considered)
+        _, J = kinematic_jacobian(self.model, q, names, self.cell_T_base, tool)
+        E, C = len(self.estimated), len(self.considered)
+        # kinematic_jacobian orders (estimated, considered, frames); full_covariance (estimated,
+        # frames, considered).
+        order = list(range(E)) + list(range(E + C, J.shape[2])) + list(range(E, E + C))
+        Jf = J[:, :, order]
+        return np.asarray(np.einsum("nij,jk,nlk->nil", Jf, self.full_covariance, Jf))
 
 
 # --------------------------------------------------------------------------- checks
@@ -819,6 +899,7 @@ def identify_kinematics(
     huber: float | None = None,
     reject_k: float | None = None,
     max_iterations: int = 100,
+    parameter_prior: Mapping[str, float] | None = None,
 ) -> KinematicResult:
     """Identify a six-joint arm's DH parameters with ``cell_T_base`` and the flange target.
 
@@ -862,6 +943,13 @@ def identify_kinematics(
         fit repeated; named in ``downweighted`` and an ``outliers`` warning.
     max_iterations : int
         Levenberg-Marquardt iteration budget.
+    parameter_prior : mapping of str to float, optional
+        1-sigma (m or rad) of the parameters that are fixed at nominal, by kind
+        (``"zero_offset"``, ``"a"``, ``"d"``, ``"alpha"``, ``"beta"``) or by name; the rest
+        from :data:`DEFAULT_PARAMETER_PRIOR`. The fixed parameters the estimate cannot
+        absorb exactly (``result.considered``) carry it into the sigmas, the frames'
+        covariance and :meth:`KinematicResult.prediction_covariance` (consider covariance,
+        :mod:`cellcal.solver.kinematic_consider`); 0: known exactly, not considered.
 
     Returns
     -------
@@ -897,6 +985,7 @@ def identify_kinematics(
         if val is not None and not (isinstance(val, (int, float)) and val > 0 and math.isfinite(val)):
             raise ValueError(f"{key} must be a positive number, got {val!r}")
     all_names = parameter_names(nominal)
+    prior = resolve_prior(parameter_prior, all_names, {p: _parse(p)[0] for p in all_names})
     if parameters is not None:
         req = [str(p) for p in parameters]
         for p in req:
@@ -1017,6 +1106,26 @@ def identify_kinematics(
             warnings.append(SolveWarning(code="noise_default", message="too few degrees of freedom to estimate "
                                          "the noise: the covariance uses the default weights"))
             noise_source = "default"
+    # Consider covariance: what the fixed parameters' true errors do to the estimate.
+    noise_sig = np.sqrt(np.maximum(np.diag(cov[:len(est_t), :len(est_t)]), 0.0))
+    considered = _considered(nominal, est_t, [p for p in all_names if p not in est_t], base0, tool0, pose,
+                             Winv[0], rank_tol, prior)
+    full_cov = cov
+    if considered:
+        _, Jc = kinematic_jacobian(fit.model, qa, considered, fit.base, fit.tool)
+        Jcw = whitened(Jc[:, :, :len(considered)]) * np.repeat(np.sqrt(fit.weights), r)[:, None]
+        add, cross, Pc = consider_blocks(sensitivity(fit.Jw, Jcw), np.array([prior[p] for p in considered]))
+        cov = cov + add
+        full_cov = np.block([[cov, cross], [cross.T, Pc]])
+    # Named in the warning: those the data left undetermined (a structural sibling of one,
+    # like link2.d of a weak link4.d, is considered too, and named through it).
+    weak = [p for p in considered if p in dep_names and reasons[p].startswith(("not excited", "weakly determined"))]
+    weak_joints: tuple[int, ...] = ()
+    if weak:
+        sig_now = np.sqrt(np.maximum(np.diag(cov[:len(est_t), :len(est_t)]), 0.0))
+        widen = sig_now / np.where(noise_sig > 0, noise_sig, 1.0)
+        weak_joints = tuple(_missing_motion(nominal, est_t, weak, qa, base0, tool0, pose, Winv))
+        warnings.append(_weak_warning(weak, weak_joints, est_t, widen))
     if cond_final > max_condition:
         warnings.append(SolveWarning(code="ill_conditioned", value=cond_final,
                                      message=f"condition number {cond_final:.0f} at the answer exceeds "
@@ -1039,6 +1148,7 @@ def identify_kinematics(
     params = {p: _value(ident, nominal, p) for p in est_t}
     deltas = {p: params[p] - _value(nominal, nominal, p) for p in est_t}
     sigmas = {p: float(sig[i]) for i, p in enumerate(est_t)}
+    noise_sigmas = {p: float(noise_sig[i]) for i, p in enumerate(est_t)}
     ident = KinematicModel.from_dh(ident, name=f"{nominal.name} identified")
     tres = np.linalg.norm(fit.res[:, :3], axis=1)
     rres = np.linalg.norm(fit.res[:, 3:], axis=1) if pose else np.zeros(n)
@@ -1066,16 +1176,78 @@ def identify_kinematics(
         after = _figures(kinematic_jacobian(ident, vq, [], fit.base, fit.tool)[0], vm)
         validation = KinematicValidation(before=before, after=after)
     return KinematicResult(
-        model=ident, nominal=KinematicModel.from_dh(nominal), parameters=params, deltas=deltas, sigmas=sigmas, estimated=est_t,
+        model=ident, nominal=KinematicModel.from_dh(nominal), parameters=params, deltas=deltas, sigmas=sigmas,
+        noise_sigmas=noise_sigmas, estimated=est_t,
         unidentifiable=unident, unidentifiable_reasons={p: reasons[p] for p in unident if p in reasons},
         condition_number=cond_final, observability_o1=o1, observability_o3=o3, cell_T_base=fit.base,
         flange_T_target=fit.tool if pose else None, flange_p_target=None if pose else fit.tool,
-        covariance=cov, covariance_names=cov_names, correlations=tuple(pairs), residuals=residuals,
+        covariance=cov, covariance_names=cov_names, considered=considered,
+        prior_sigmas={p: prior[p] for p in considered}, full_covariance=full_cov,
+        full_covariance_names=cov_names + considered, weakly_excited=tuple(weak), weakly_excited_joints=weak_joints,
+        correlations=tuple(pairs), residuals=residuals,
         rms_translation_m=float(np.sqrt(np.mean(tres**2))), holdout=holdout, validation=validation,
         converged=fit.converged, iterations=fit.iterations, stop_reason=fit.stop_reason,
         noise_source=noise_source, dof=int(dof), chi2_per_dof=chi2_dof, warnings=tuple(warnings),
         downweighted=downweighted, n_stations=n, measurement="pose" if pose else "point",
     )
+
+
+def _considered(nominal: DHParameters, est: Sequence[str], fixed: Sequence[str], base: np.ndarray, tool: np.ndarray,
+                pose: bool, W0: np.ndarray, tol: float, prior: Mapping[str, float]) -> tuple[str, ...]:
+    """The fixed parameters with a prior that the frames and ``est`` do not absorb exactly
+    on a generic station set (:mod:`cellcal.solver.kinematic_consider`)."""
+    fixed = [p for p in fixed if prior[p] > 0]
+    if not fixed:
+        return ()
+    qg = _generic_q()
+    r = 6 if pose else 3
+    _, J = kinematic_jacobian(nominal, qg, list(est) + fixed, base, tool)
+    Jw = np.einsum("ij,njk->nik", W0, J).reshape(qg.shape[0] * r, -1)
+    E, F = len(est), len(fixed)
+    kept = np.concatenate([Jw[:, E + F:], Jw[:, :E]], axis=1)
+    mask = unabsorbed(kept, Jw[:, E:E + F], tol)
+    return tuple(p for p, m in zip(fixed, mask, strict=True) if m)
+
+
+def _missing_motion(nominal: DHParameters, est: Sequence[str], weak: Sequence[str], q: np.ndarray,
+                    base: np.ndarray, tool: np.ndarray, pose: bool, Winv: np.ndarray) -> list[int]:
+    """Joints (1-based) whose motion over their whole range would determine ``weak``: with
+    that joint's angles spread and the others as measured, the weak columns' part orthogonal
+    to the estimated ones grows by ``EXCITE_GAIN`` (:mod:`cellcal.solver.kinematic_consider`)."""
+    n, r = q.shape[0], (6 if pose else 3)
+    E, W = len(est), len(weak)
+
+    def fractions(qq: np.ndarray) -> np.ndarray:
+        _, J = kinematic_jacobian(nominal, qq, list(est) + list(weak), base, tool)
+        Jw = np.einsum("nij,njk->nik", Winv, J).reshape(n * r, -1)
+        return orthogonal_fractions(np.concatenate([Jw[:, E + W:], Jw[:, :E]], axis=1), Jw[:, E:E + W])
+
+    f0 = EXCITE_GAIN * np.maximum(fractions(q), DEFAULT_RANK_TOL)
+    spread = np.random.default_rng(20260102).uniform(-math.pi, math.pi, n)
+    out = []
+    for j in range(N_JOINTS):
+        qq = q.copy()
+        qq[:, j] = spread
+        if np.any(fractions(qq) >= f0):
+            out.append(j + 1)
+    return out
+
+
+def _weak_warning(weak: Sequence[str], joints: Sequence[int], est: Sequence[str], widen: np.ndarray) -> SolveWarning:
+    """``weak_excitation``: the joints, the parameters fixed for lack of motion, and how much
+    their prior widened the estimated ones (``value``: the largest ratio of a sigma to its
+    noise-only part)."""
+    who = (f"joint{'s' if len(joints) > 1 else ''} {', '.join(map(str, joints))} "
+           f"{'do' if len(joints) > 1 else 'does'} not move enough" if joints else "the stations do not excite enough")
+    worst = [est[i] for i in np.argsort(widen)[::-1][:3] if widen[i] > 1.5]
+    factor = float(widen.max()) if widen.size else 1.0
+    msg = (f"{who} to identify {', '.join(weak)}: fixed at nominal, their prior uncertainty (parameter_prior) "
+           "is in the sigmas of the estimated parameters, the frames and the predictions (consider covariance)")
+    if worst:
+        msg += f"; sigmas up to {factor:.1f}x the noise alone ({', '.join(worst)})"
+    msg += (f"; plan stations that move joint{'s' if len(joints) > 1 else ''} {', '.join(map(str, joints))}"
+            if joints else "; add stations")
+    return SolveWarning(code="weak_excitation", value=factor, message=msg)
 
 
 def _weakest(Jn: np.ndarray, est: list[str], n_frame: int) -> list[str]:
