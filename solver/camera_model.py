@@ -174,7 +174,7 @@ def project(
     T = np.asarray(camera_T_target, dtype=float)
     P = np.asarray(target_p, dtype=float)
     R = T[..., :3, :3]
-    Pc = np.einsum("...ij,...j->...i", R, P) + T[..., :3, 3]
+    Pc = (R @ P[..., None])[..., 0] + T[..., :3, 3]
     Z = Pc[..., 2]
     in_front = Z > MIN_DEPTH_M
     iz = np.where(in_front, 1.0 / np.where(in_front, Z, 1.0), np.nan)
