@@ -276,6 +276,35 @@ def _board_texture(target: CalibrationTarget, texels_per_square: int, black: flo
     return black + (white - black) * tex
 
 
+_RAYS: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+_RAYS_LOCK = threading.Lock()
+_RAYS_KEEP = 4
+
+
+def _rays(camera: CameraModel, ss: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Undistorted normalised coordinates of every sub-pixel centre (pixel ``i`` covers
+    ``[i - 0.5, i + 0.5]``) and where the undistortion converged, kept (read-only) for the
+    last few cameras: a second camera of the same model costs nothing (about a second per
+    million sub-pixels otherwise)."""
+    key = (camera.parameters.tobytes(), camera.image_size, int(ss))
+    with _RAYS_LOCK:
+        hit = _RAYS.get(key)
+    if hit is not None:
+        return hit
+    w, h = camera.image_size
+    us = (np.arange(w * ss) + 0.5) / ss - 0.5
+    vs = (np.arange(h * ss) + 0.5) / ss - 0.5
+    xy, ok = camera.undistort(np.stack(np.meshgrid(us, vs), axis=-1))
+    out = (np.where(ok, xy[..., 0], 0.0), np.where(ok, xy[..., 1], 0.0), ok)
+    for a in out:
+        a.setflags(write=False)
+    with _RAYS_LOCK:
+        if len(_RAYS) >= _RAYS_KEEP:
+            _RAYS.pop(next(iter(_RAYS)))
+        _RAYS[key] = out
+    return out
+
+
 class TargetRenderer:
     """Renders a target's reflectance as a camera sees it (module docstring, "Rendering").
 
@@ -307,16 +336,7 @@ class TargetRenderer:
             self.levels.append(cv2.pyrDown(self.levels[-1]))
         self.texels_per_m = texels_per_square / target.square_m
         self.origin_m = target.square_m  # the plate's corner is one square before the print's
-        w, h = camera.image_size
-        s = self.ss
-        # sub-pixel centres: pixel i covers [i - 0.5, i + 0.5]
-        us = (np.arange(w * s) + 0.5) / s - 0.5
-        vs = (np.arange(h * s) + 0.5) / s - 0.5
-        uv = np.stack(np.meshgrid(us, vs), axis=-1)
-        xy, ok = camera.undistort(uv)
-        self._x = np.where(ok, xy[..., 0], 0.0)
-        self._y = np.where(ok, xy[..., 1], 0.0)
-        self._ok = ok
+        self._x, self._y, self._ok = _rays(camera, self.ss)
 
     def _level(self, camera_T_target: np.ndarray) -> int:
         """Pyramid level whose texels match a sub-pixel's footprint at the board's centre."""
