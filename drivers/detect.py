@@ -183,10 +183,11 @@ class TargetDetector:
             cid = np.asarray(ids).reshape(-1).astype(np.intp)
             pts = np.asarray(corners, dtype=float).reshape(-1, 2)
         else:
-            pts = self._chessboard(g8)
+            found = self._chessboard(g8)
             mids, mc = np.zeros(0, dtype=int), np.zeros((0, 4, 2))
-            if pts is None:
+            if found is None:
                 return self._empty(size, mids, mc)
+            pts = found
             cid = np.arange(pts.shape[0], dtype=np.intp)
         order = np.argsort(cid, kind="stable")
         cid, pts = cid[order], pts[order]

@@ -384,7 +384,7 @@ def _camera(t: _Table, source: str) -> CameraConfig:
     dist = t.take("dist_coeffs", lambda v: _vec(5, v), default=np.zeros(5))
     camera = CameraModel(K, dist, size)
     target = _camera_target(t, source)
-    poses = {}
+    poses: dict[str, Any] = {}
     for name in _MOUNT_POSES[mounting]:
         poses[name] = _pose(t, name)
     other = _MOUNT_POSES["eye_to_hand" if mounting == "eye_in_hand" else "eye_in_hand"]

@@ -48,6 +48,8 @@ second base, so callers that catch it keep working (every timeout is also a
     |   +-- ClockNotReady (RuntimeError) drivers.clock: a clock mapping asked of a model
     |                                    that has no sample yet
     +-- UnreachablePose (ValueError)     drivers.kinematics: no joint vector reaches the pose
+    +-- OpenCVUnavailable (ImportError)  drivers.detect: OpenCV (``cv2``) missing or without the
+    |                                    ChArUco detector (the pip line named; ADR 0021)
     +-- SimError                         cellcal.sim.errors: the simulator
     |   +-- ScenarioError (ValueError)   sim.scenario: a scenario file is invalid (dotted path)
     |   +-- SimRefused                   sim.robot_sim: the simulated controller said no

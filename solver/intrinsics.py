@@ -313,7 +313,8 @@ class IntrinsicsResult:
 # -- batched SE(3) for the poses --------------------------------------------------------------
 
 
-def _so3_exp_batch(phi: np.ndarray) -> np.ndarray:
+def _so3_exp_batch(phi: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Rotations (n, 3, 3) of rotation vectors (n, 3), with their hat matrices and squared angles."""
     th2 = np.einsum("ni,ni->n", phi, phi)
     th = np.sqrt(th2)
     small = th2 < 1e-8
@@ -423,13 +424,14 @@ class _Problem:
     def normal(self, params: np.ndarray, poses: np.ndarray):
         pr = project(params, poses[self.view], self.obj, jacobians=True)
         r = self.img - pr.uv
-        Ji = pr.J_uv_intrinsics * self.free  # type: ignore[operator]
+        assert pr.J_uv_intrinsics is not None and pr.J_uv_pose is not None
+        Ji = pr.J_uv_intrinsics * self.free
         Jp = pr.J_uv_pose
         st = self.starts
         # matmul, not einsum: several times faster for these small batched products
         Jif = Ji.reshape(-1, N_PARAMETERS)
         U = Jif.T @ Jif
-        JpT = Jp.swapaxes(1, 2)  # type: ignore[union-attr]
+        JpT = Jp.swapaxes(1, 2)
         V = np.add.reduceat(JpT @ Jp, st, axis=0)
         W = np.add.reduceat(Ji.swapaxes(1, 2) @ Jp, st, axis=0)
         gi = Jif.T @ r.reshape(-1)
