@@ -35,11 +35,11 @@ class FakeClock:
         return self.t
 
 
-def _cell(target=TARGET, clock=None, **kw):
+def _cell(target=TARGET, clock=None, camera=CAMERA, **kw):
     """Eye-to-hand with the camera at the cell origin and the board on the flange, base = cell:
     ``camera_T_target`` is the flange pose, which the test sets."""
     world = World(cell_T_base=np.eye(4), flange_T_target=np.eye(4), clock=clock or FakeClock())
-    cfg = CameraConfig(camera=CAMERA, target=target, mounting="eye_to_hand", cell_T_camera=np.eye(4),
+    cfg = CameraConfig(camera=camera, target=target, mounting="eye_to_hand", cell_T_camera=np.eye(4),
                        flange_T_target=np.eye(4), **kw)
     return world, SimCamera(world, cfg, seed=3)
 
@@ -178,8 +178,9 @@ def test_rolling_shutter_sees_each_row_at_its_own_time():
 def test_auto_exposure_settles_on_its_level():
     # (a level the white squares reach before the full well: a mean-level auto-exposure
     # aiming higher saturates them and crawls, as real ones do; saturated_fraction tells)
+    small = CameraModel.from_parameters(np.r_[TRUE[:4] / 4.0, TRUE[4:]], (200, 150))  # 30 frames: keep them cheap
     world, cam = _cell(auto_exposure=True, exposure_s=0.0005, auto_exposure_time_constant_s=0.1,
-                       auto_exposure_level=0.3)
+                       auto_exposure_level=0.3, camera=small)
     world.set_flange(board_pose([0.1, 0.2, 0.0], [0.0, 0.0, 0.45]))
     t0 = world.clock_s_at(0.0)
     levels, settled = [], []
