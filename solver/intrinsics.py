@@ -616,6 +616,8 @@ def calibrate_intrinsics(
     unknown = [n for n in fix if n not in PARAMETER_NAMES]
     if unknown:
         raise ValueError(f"fix: unknown parameter {unknown[0]!r} (names: {', '.join(PARAMETER_NAMES)})")
+    if initial is None and set(fix) & set(PARAMETER_NAMES[:4]):
+        raise ValueError(f"fix: holding {sorted(set(fix) & set(PARAMETER_NAMES[:4]))} needs initial= (their values)")
     free = np.array([n not in fix for n in PARAMETER_NAMES])
     if noise_px is not None and not (math.isfinite(noise_px) and noise_px > 0):
         raise ValueError(f"noise_px must be > 0, got {noise_px!r}")

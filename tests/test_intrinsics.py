@@ -202,3 +202,13 @@ def test_bad_input_names_the_view():
         calibrate_intrinsics(bad, TARGET, SIZE)
     with pytest.raises(ValueError, match="fix: unknown parameter 'k4'"):
         calibrate_intrinsics(views, TARGET, SIZE, fix=("k4",))
+    with pytest.raises(ValueError, match=r"fix: holding \['cx', 'cy'\] needs initial="):
+        calibrate_intrinsics(views, TARGET, SIZE, fix=("cx", "cy"))
+
+
+def test_a_fixed_principal_point_stays_where_it_is_put():
+    views, _ = synthetic_views(np.random.default_rng(10), 8)
+    start = np.r_[880.0, 880.0, 399.5, 299.5, np.zeros(5)]
+    r = calibrate_intrinsics(views, TARGET, SIZE, fix=("cx", "cy"), initial=start, holdout_folds=0)
+    assert r.parameters[2:4].tolist() == [399.5, 299.5] and np.all(r.sigmas[2:4] == 0.0)
+    assert abs(r.parameters[0] - TRUE[0]) < 20.0  # the focal length absorbs the wrong centre, a little
