@@ -8,11 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from _camera_views import TARGET, board_pose
 from test_sim_camera import _cell
 
 from cellcal.drivers import detect
 from cellcal.drivers.detect import OpenCVUnavailable, TargetDetector
+from cellcal.solver.target import CalibrationTarget
 
 
 def test_a_missing_opencv_names_the_install_line(monkeypatch):
@@ -44,3 +47,20 @@ def test_bad_images_are_refused():
     with pytest.raises(ValueError, match=r"image must be \(H, W\) or \(H, W, 3\)"):
         det.detect(np.zeros((4, 4, 4, 4), dtype=np.uint8))
     assert not det.detect(np.zeros((60, 80), dtype=np.uint8)).found
+
+
+@settings(max_examples=40)
+@given(st.integers(0, 2**32 - 1), st.sampled_from([np.uint8, np.uint16, np.float32]),
+       st.integers(8, 120), st.integers(8, 120))
+def test_noise_images_never_crash_and_never_yield_a_board(seed, dtype, h, w):
+    rng = np.random.default_rng(seed)
+    img = (rng.random((h, w)) * (255 if dtype is np.uint8 else 65535)).astype(dtype)
+    for det in (_CHARUCO, _CHESS):
+        d = det.detect(img)
+        assert d.image_size == (w, h)
+        assert d.ids.shape[0] == d.image_points_px.shape[0]
+        assert not d.found  # noise is never a board
+
+
+_CHARUCO = TargetDetector(TARGET)
+_CHESS = TargetDetector(CalibrationTarget(kind="chessboard", squares_x=9, squares_y=6, square_m=0.03))

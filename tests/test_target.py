@@ -7,6 +7,8 @@ import hashlib
 import cv2
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from cellcal.drivers.detect import load_target
 from cellcal.solver.errors import TargetFileError
@@ -109,3 +111,34 @@ def test_the_file_itself_must_be_a_target_file():
         target_from_toml(CHARUCO + b"extra = 1\n")
     with pytest.raises(TargetFileError, match="not a valid TOML"):
         target_from_toml(b"\xff\xfe[target]")
+
+
+KEYS = ["type", "squares_x", "squares_y", "square_mm", "marker_mm", "dictionary", "legacy_pattern", "flatness_mm"]
+
+
+@settings(max_examples=150)
+@given(st.binary(max_size=300))
+def test_garbage_bytes_are_a_target_file_error_never_a_crash(data):
+    try:
+        t = target_from_toml(data)
+    except TargetFileError:
+        return
+    assert isinstance(t, CalibrationTarget)  # only if the bytes happened to be a valid file
+
+
+_values = st.one_of(st.integers(-5, 300), st.floats(allow_nan=True, allow_infinity=True), st.booleans(),
+                    st.text(max_size=12), st.sampled_from(["charuco", "chessboard", "DICT_5X5_100", "DICT_4X4_50"]),
+                    st.lists(st.integers(), max_size=3))
+
+
+@settings(max_examples=100)
+@given(st.dictionaries(st.sampled_from(KEYS + ["extra"]), _values, max_size=9))
+def test_any_target_table_is_a_target_or_a_named_error(table):
+    from cellcal.solver.target import parse_target
+
+    try:
+        t = parse_target(table)
+    except TargetFileError as exc:
+        assert str(exc).startswith("target") and exc.key.startswith("target")
+        return
+    assert t.n_corners >= 1 and np.all(np.isfinite(t.corners_m))
