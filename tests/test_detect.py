@@ -8,9 +8,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _camera_views import TARGET, board_pose
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from _camera_views import TARGET, board_pose
 from test_sim_camera import _cell
 
 from cellcal.drivers import detect
