@@ -311,3 +311,13 @@ def test_every_camera_key_is_documented():
     assert {k for k, *_ in _CAMERA_SCALARS} <= keys  # the list above is the parser's
     missing = sorted(k for k in keys if k not in documented and k != "target")
     assert not missing, f"camera keys not documented in docs/simulation.md: {missing}"
+
+
+def test_the_documented_example_sees_its_board():
+    doc = (ROOT / "docs" / "simulation.md").read_text()
+    block = doc[doc.index("Example: eye-in-hand"):]
+    toml = block[block.index("```toml\n") + 8:block.index("```\n", block.index("```toml") + 7)]
+    sc = parse_scenario(SCENARIO.split("[camera]")[0] + toml)
+    world = sc.make_world()
+    cam = SimCamera(world, sc.camera, seed=0)
+    assert TargetDetector(sc.camera.target).detect(cam.frame().image).n_corners == sc.camera.target.n_corners
