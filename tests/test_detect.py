@@ -8,13 +8,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from _camera_views import TARGET, board_pose
+from _camera_views import TARGET, TRUE, board_pose
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_sim_camera import _cell
 
 from cellcal.drivers import detect
 from cellcal.drivers.detect import OpenCVUnavailable, TargetDetector
+from cellcal.solver.camera_model import CameraModel
 from cellcal.solver.target import CalibrationTarget
 
 
@@ -29,17 +30,22 @@ def test_a_missing_opencv_names_the_install_line(monkeypatch):
 
 
 def test_colour_and_scaled_16_bit_images_detect_the_same_corners():
-    world, cam = _cell(pixel_format="Mono16", read_noise_e=1.0)
-    world.set_flange(board_pose([0.3, -0.2, 0.4], [0.0, 0.0, 0.45]))
+    # a quarter of the pixels of the other tests' camera, the board nearer: same squares in px
+    small = CameraModel.from_parameters(np.r_[TRUE[:4] / 2.0, TRUE[4:]], (400, 300))
+    world, cam = _cell(pixel_format="Mono16", read_noise_e=1.0, camera=small)
+    world.set_flange(board_pose([0.3, -0.2, 0.4], [0.0, 0.0, 0.38]))
     mono16 = cam.frame().image
     det = TargetDetector(TARGET)
     a = det.detect(mono16)
     lsb = det.detect(mono16 >> 4)  # a 12-bit camera's values at the bottom of 16 bits
     bgr = det.detect(np.repeat((mono16 >> 8).astype(np.uint8)[..., None], 3, axis=2))
-    assert a.n_corners == lsb.n_corners == bgr.n_corners == TARGET.n_corners
-    np.testing.assert_allclose(lsb.image_points_px, a.image_points_px, atol=0.01)
-    np.testing.assert_allclose(bgr.image_points_px, a.image_points_px, atol=0.05)
-    assert a.image_size == (800, 600) and a.kind == "charuco" and a.marker_ids.size == TARGET.n_markers
+    assert a.n_corners == TARGET.n_corners
+    for other, tol in ((lsb, 0.01), (bgr, 0.05)):
+        # (markers of 23 px are near the detector's limit: a corner or two may go missing)
+        assert other.n_corners >= 0.9 * TARGET.n_corners
+        common = np.isin(a.ids, other.ids)
+        np.testing.assert_allclose(other.image_points_px, a.image_points_px[common], atol=tol)
+    assert a.image_size == (400, 300) and a.kind == "charuco" and a.marker_ids.size == TARGET.n_markers
 
 
 def test_bad_images_are_refused():
