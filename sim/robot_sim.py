@@ -231,6 +231,7 @@ class SimRobot:
         self._thread: threading.Thread | None = None
         self.moves = 0
         self._write_world(world.now_s())
+        world.set_flange_trajectory(self.flange_at)
 
     def _initial_joints(self, world: World, sc: RobotScenario) -> np.ndarray:
         """The scenario's initial joints, or else joints putting the true flange where the
@@ -435,6 +436,13 @@ class SimRobot:
         q = q + self.sag_rad(model, q)
         lin, ang = model.flange_speed(q, qd) if np.any(qd) else (0.0, 0.0)
         return model.forward(q), lin, ang
+
+    def flange_at(self, t_s: float) -> np.ndarray:
+        """True ``base_T_flange`` (4, 4) at simulated time ``t_s`` under the current motion,
+        without side effects (a simulated camera samples it over an exposure)."""
+        q, _ = self.physical_joints(t_s)
+        model = self.true_model_at(t_s)
+        return model.forward(q + self.sag_rad(model, q))
 
     def _write_world(self, t: float) -> None:
         T, lin, ang = self.true_flange(t)

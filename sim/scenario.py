@@ -23,9 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from cellcal.sim.camera import MOUNTINGS, PIXEL_FORMATS, SHUTTERS, CameraConfig
 from cellcal.sim.errors import ScenarioError
 from cellcal.sim.world import DriftEvent, World
+from cellcal.solver.camera_model import CameraModel
+from cellcal.solver.errors import TargetFileError
 from cellcal.solver.se3 import make_transform, so3_exp, transform_from_xyz_quat
+from cellcal.solver.target import CalibrationTarget, parse_target, target_from_toml
 
 __all__ = [
     "ScenarioError",
@@ -34,6 +38,7 @@ __all__ = [
     "TrackerConfig",
     "TruthConfig",
     "DriftConfig",
+    "CameraConfig",
     "Scenario",
     "load_scenario",
     "parse_scenario",
@@ -246,6 +251,8 @@ class Scenario:
     drift : tuple of DriftConfig
     robot : dict
         The raw ``[robot]`` table (and its sub-tables), validated by the robot simulator.
+    camera : CameraConfig or None
+        The simulated camera (``[camera]``), if the cell has one.
     source : str
         Where the scenario came from (a path or ``"<string>"``).
     """
@@ -257,6 +264,7 @@ class Scenario:
     tracker: TrackerConfig
     drift: tuple[DriftConfig, ...] = ()
     robot: dict = field(default_factory=dict)
+    camera: CameraConfig | None = None
     source: str = "<string>"
 
     def make_world(self, clock: Callable[[], float] = time.monotonic) -> World:
@@ -322,11 +330,106 @@ def parse_scenario(data: Mapping[str, Any] | str, *, source: str = "<string>") -
 
     tracker = _tracker(top.table("tracker"))
     drift = tuple(_drift(d) for d in top.array_of_tables("drift"))
+    camera = _camera(top.table("camera"), source) if "camera" in top.data else None
     top.finish()
     return Scenario(
         name=name, seed=seed, time_scale=scale, truth=truth, tracker=tracker,
-        drift=drift, robot=robot, source=source,
+        drift=drift, robot=robot, camera=camera, source=source,
     )
+
+
+#: [camera] key -> (CameraConfig field, unit scale, converter); the converters are below.
+_CAMERA_SCALARS = (
+    ("adc_bits", "adc_bits", None, "int"),
+    ("pixel_size_um", "pixel_size_m", 1e-6, "positive"),
+    ("full_well_e", "full_well_e", 1.0, "positive"),
+    ("read_noise_e", "read_noise_e", 1.0, "nonneg"),
+    ("dark_current_e_per_s", "dark_current_e_per_s", 1.0, "nonneg"),
+    ("white_e_per_ms", "white_e_per_s", 1e3, "positive"),
+    ("black_level_dn", "black_level_dn", 1.0, "nonneg"),
+    ("gain_db", "gain_db", 1.0, "gain"),
+    ("exposure_us", "exposure_s", 1e-6, "positive"),
+    ("exposure_min_us", "exposure_min_s", 1e-6, "positive"),
+    ("exposure_max_us", "exposure_max_s", 1e-6, "positive"),
+    ("auto_exposure_level", "auto_exposure_level", 1.0, "fraction"),
+    ("auto_exposure_time_constant_ms", "auto_exposure_time_constant_s", 1e-3, "positive"),
+    ("blur_sigma_px", "blur_sigma_px", 1.0, "nonneg"),
+    ("f_number", "f_number", 1.0, "positive"),
+    ("focus_distance_m", "focus_distance_m", 1.0, "positive"),
+    ("line_time_us", "line_time_s", 1e-6, "positive"),
+    ("trigger_delay_us", "trigger_delay_s", 1e-6, "nonneg"),
+    ("readout_ms", "readout_s", 1e-3, "nonneg"),
+    ("clock_offset_s", "clock_offset_s", 1.0, "nonneg"),
+    ("clock_drift_ppm", "clock_drift_ppm", 1.0, "ppm"),
+    ("supersample", "supersample", None, "supersample"),
+    ("black_reflectance", "black_reflectance", 1.0, "fraction"),
+    ("white_reflectance", "white_reflectance", 1.0, "fraction"),
+    ("background_reflectance", "background_reflectance", 1.0, "fraction"),
+)
+
+#: mounting -> the two poses it needs (the camera's, the target's)
+_MOUNT_POSES = {"eye_in_hand": ("flange_T_camera", "cell_T_target"),
+                "eye_to_hand": ("cell_T_camera", "flange_T_target")}
+
+
+def _camera(t: _Table, source: str) -> CameraConfig:
+    convs: dict[str, Callable[[Any], Any]] = {
+        "int": _int_range(8, 16), "positive": _positive, "nonneg": _nonneg, "gain": _float_range(0.0, 24.0),
+        "fraction": _float_range(0.0, 1.0), "ppm": _float_range(-1000.0, 1000.0), "supersample": _int_range(1, 4),
+    }
+    mounting = t.take("mounting", _choice(MOUNTINGS))
+    size = (t.take("width_px", _int_range(16, 16384)), t.take("height_px", _int_range(16, 16384)))
+    K = np.array([[t.take("fx_px", _positive), 0.0, t.take("cx_px", _number)],
+                  [0.0, t.take("fy_px", _positive), t.take("cy_px", _number)], [0.0, 0.0, 1.0]])
+    dist = t.take("dist_coeffs", lambda v: _vec(5, v), default=np.zeros(5))
+    camera = CameraModel(K, dist, size)
+    target = _camera_target(t, source)
+    poses: dict[str, Any] = {}
+    for name in _MOUNT_POSES[mounting]:
+        poses[name] = _pose(t, name)
+    other = _MOUNT_POSES["eye_to_hand" if mounting == "eye_in_hand" else "eye_in_hand"]
+    for name in other:
+        for suffix in ("_xyz_m", "_quat_wxyz"):
+            if name + suffix in t.data:
+                raise ScenarioError(f"{t.path}.{name}{suffix}: not a key of mounting {mounting!r} "
+                                    f"(it takes {' and '.join(_MOUNT_POSES[mounting])})")
+    kw: dict[str, Any] = {}
+    for key, fname, scale, conv in _CAMERA_SCALARS:
+        if key in t.data:
+            v = t.take(key, convs[conv])
+            kw[fname] = v if scale is None else v * scale
+    kw["pixel_format"] = t.take("pixel_format", _choice(PIXEL_FORMATS), default="Mono8")
+    kw["shutter"] = t.take("shutter", _choice(SHUTTERS), default="global")
+    kw["auto_exposure"] = t.take("auto_exposure", _bool, default=False)
+    for key in ("vendor", "model", "serial"):
+        if key in t.data:
+            kw[key] = t.take(key, _wire_text)
+    t.finish()
+    try:
+        return CameraConfig(camera=camera, target=target, mounting=mounting, **poses, **kw)
+    except ValueError as exc:
+        raise ScenarioError(f"{t.path}: {exc}") from None
+
+
+def _camera_target(t: _Table, source: str) -> CalibrationTarget:
+    """The board: ``target_file`` (relative to the scenario's folder) or an inline ``[camera.target]``."""
+    has_file, has_table = "target_file" in t.data, "target" in t.data
+    if has_file == has_table:
+        raise ScenarioError(f"{t.path}.target_file: give either target_file or a [{t.path}.target] table")
+    if has_table:
+        raw = t.take("target", _raw_table)
+        try:
+            return parse_target(raw, source=f"{source} [{t.path}.target]")
+        except TargetFileError as exc:
+            raise ScenarioError(f"{t.path}.{exc}") from None
+    rel = Path(t.take("target_file", _string))
+    path = rel if rel.is_absolute() or source.startswith("<") else Path(source).parent / rel
+    try:
+        return target_from_toml(path.read_bytes(), source=str(path))
+    except OSError as exc:
+        raise ScenarioError(f"{t.path}.target_file: cannot read {path}: {exc}") from None
+    except TargetFileError as exc:
+        raise ScenarioError(f"{t.path}.target_file ({path}): {exc}") from None
 
 
 #: ``timestamp_at`` values.
@@ -551,6 +654,12 @@ def _quat(v: Any) -> np.ndarray:
     if abs(n - 1.0) > _QUAT_NORM_TOL:
         raise ValueError(f"quaternion (w, x, y, z) must have unit norm, got norm {n:.9g}")
     return q / n
+
+
+def _bool(v: Any) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"expected true or false, got {v!r}")
+    return v
 
 
 def _choice(choices: tuple[str, ...]) -> Callable[[Any], str]:

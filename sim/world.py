@@ -77,6 +77,7 @@ class World:
         )
         self._lin_speed_m_s = 0.0
         self._ang_speed_rad_s = 0.0
+        self._flange_at: Callable[[float], np.ndarray] | None = None
         self._drift = sorted(drift_events, key=lambda e: e.at_s)
         self.time_scale = float(time_scale)
         self._clock = clock
@@ -90,6 +91,16 @@ class World:
     def wall_s(self, sim_s: float) -> float:
         """Wall-clock seconds that ``sim_s`` simulated seconds take."""
         return sim_s / self.time_scale
+
+    def sim_s_at(self, clock_s: float) -> float:
+        """Simulated seconds at the world clock's reading ``clock_s`` (``time.monotonic()``
+        seconds unless a test injected another clock): how a device that is told of a
+        host-clock instant (a camera's trigger) places it in the world."""
+        return (clock_s - self._t0) * self.time_scale
+
+    def clock_s_at(self, sim_s: float) -> float:
+        """The world clock's reading at simulated time ``sim_s`` (inverse of :meth:`sim_s_at`)."""
+        return self._t0 + sim_s / self.time_scale
 
     def sleep(self, sim_s: float) -> None:
         """Sleep for ``sim_s`` simulated seconds."""
@@ -110,6 +121,25 @@ class World:
         """True flange pose in the base frame (a copy)."""
         with self._lock:
             return self._base_T_flange.copy()
+
+    def set_flange_trajectory(self, flange_at: Callable[[float], np.ndarray] | None) -> None:
+        """Register the robot's true flange pose as a function of simulated time.
+
+        The robot writes its pose at its update rate (:meth:`set_flange`); a camera exposing
+        for a few milliseconds while the arm moves needs the pose at any instant of the
+        exposure, which only the robot's motion model knows.
+        """
+        with self._lock:
+            self._flange_at = flange_at
+
+    def base_T_flange_at(self, t_s: float) -> np.ndarray:
+        """True flange pose at simulated time ``t_s``: the robot's trajectory when one is
+        registered (:meth:`set_flange_trajectory`), else the pose last written."""
+        with self._lock:
+            fn = self._flange_at
+        if fn is None:
+            return self.base_T_flange()
+        return np.array(fn(float(t_s)), dtype=float)
 
     def flange_speed(self) -> tuple[float, float]:
         """True flange speeds ``(linear m/s, angular rad/s)`` in simulated time."""

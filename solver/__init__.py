@@ -25,6 +25,12 @@ tracker's beam-coordinate noise into the per-station covariances the solvers tak
 :class:`NotEnoughSamples`, :class:`DegenerateGeometry`) and the SE(3) helpers in
 :mod:`cellcal.solver.se3`; a small standard-DH arm in :mod:`cellcal.solver.kinematics`.
 
+Cameras (ADR 0021, 0022)::
+
+    calibrate_intrinsics(views, target, image_size, *, noise_px=None, fix=(), ...) -> IntrinsicsResult
+    CameraModel (camera_model: pinhole + Brown-Conrady, projection with Jacobians, undistortion)
+    CalibrationTarget, target_from_toml (target: ChArUco / chessboard, the target file)
+
 Kinematic identification (ADR 0016)::
 
     identify_kinematics(q, model, *, cell_T_target=None, cell_p_target=None, parameters=None, ...)
@@ -51,13 +57,18 @@ from cellcal.solver.calibrate import (
     calibrate_hand_eye,
     calibrate_tool_point,
 )
+from cellcal.solver.camera_model import PARAMETER_NAMES as INTRINSICS_PARAMETER_NAMES
+from cellcal.solver.camera_model import CameraModel
 from cellcal.solver.diagnostics import ResidualTests, SolveWarning
 from cellcal.solver.errors import (
     CalibrationError,
     CellcalError,
     DegenerateGeometry,
+    InsufficientCoverage,
+    InsufficientTilt,
     NotEnoughSamples,
     PriorMismatch,
+    TargetFileError,
     UnreachableStations,
 )
 from cellcal.solver.identify import (
@@ -66,6 +77,14 @@ from cellcal.solver.identify import (
     ValidationFigures,
     identify_kinematics,
     parameter_names,
+)
+from cellcal.solver.intrinsics import (
+    CornerResiduals,
+    ImageCoverage,
+    IntrinsicsHoldout,
+    IntrinsicsResult,
+    ViewCorners,
+    calibrate_intrinsics,
 )
 from cellcal.solver.iso9283 import (
     ISO9283Poses,
@@ -87,6 +106,7 @@ from cellcal.solver.kinematic_planning import IdentificationPlan, plan_identific
 from cellcal.solver.kinematics import UR5E, DHParameters, KinematicModel
 from cellcal.solver.planning import NextStation, StationPlan, plan_stations, suggest_next_station
 from cellcal.solver.points import PointBaseFrameResult, calibrate_base_frame_points
+from cellcal.solver.target import CalibrationTarget, target_from_toml
 from cellcal.solver.tracker_noise import TrackerNoiseModel
 from cellcal.solver.uncertainty import PredictedError
 from cellcal.solver.validation import Agreement, HoldoutClosure
@@ -98,6 +118,19 @@ __all__ = [
     "calibrate_tool_point",
     "calibrate_eye_to_hand",
     "calibrate_base_frame_points",
+    "calibrate_intrinsics",
+    "IntrinsicsResult",
+    "IntrinsicsHoldout",
+    "ImageCoverage",
+    "CornerResiduals",
+    "ViewCorners",
+    "CameraModel",
+    "INTRINSICS_PARAMETER_NAMES",
+    "CalibrationTarget",
+    "target_from_toml",
+    "InsufficientTilt",
+    "InsufficientCoverage",
+    "TargetFileError",
     "plan_stations",
     "suggest_next_station",
     "StationPlan",

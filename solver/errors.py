@@ -17,7 +17,13 @@ second base, so callers that catch it keep working (every timeout is also a
     |   +-- PriorMismatch                the answer is far from the one the cell drawing gives
     |   |                                (``expected_cell_T_base``; ADR 0014)
     |   +-- UnreachableStations (ValueError)  robot poses the arm cannot reach (``max_reach_m``:
-    |                                    swapped arguments or millimetres; ADR 0014)
+    |   |                                swapped arguments or millimetres; ADR 0014)
+    |   +-- InsufficientTilt             intrinsics: the target views are (nearly) parallel to
+    |   |                                the image or all tilted about one axis (ADR 0022)
+    |   +-- InsufficientCoverage         intrinsics: the corners cover too little of the image
+    |                                    to determine the distortion (ADR 0022)
+    +-- TargetFileError (ValueError)     a calibration-target file that cannot be read (the key
+    |                                    named: ``target.square_mm``; ADR 0021)
     +-- DriverError                      cellcal.drivers.errors: talking to a device failed
     |   +-- DriverInitError              the device could not be opened, identified, configured
     |   |   +-- RecipeFieldNotFound      drivers.ur_rtde: the controller lacks an RTDE field
@@ -42,6 +48,8 @@ second base, so callers that catch it keep working (every timeout is also a
     |   +-- ClockNotReady (RuntimeError) drivers.clock: a clock mapping asked of a model
     |                                    that has no sample yet
     +-- UnreachablePose (ValueError)     drivers.kinematics: no joint vector reaches the pose
+    +-- OpenCVUnavailable (ImportError)  drivers.detect: OpenCV (``cv2``) missing or without the
+    |                                    ChArUco detector (the pip line named; ADR 0021)
     +-- SimError                         cellcal.sim.errors: the simulator
     |   +-- ScenarioError (ValueError)   sim.scenario: a scenario file is invalid (dotted path)
     |   +-- SimRefused                   sim.robot_sim: the simulated controller said no
@@ -91,6 +99,9 @@ __all__ = [
     "DegenerateGeometry",
     "PriorMismatch",
     "UnreachableStations",
+    "InsufficientTilt",
+    "InsufficientCoverage",
+    "TargetFileError",
 ]
 
 
@@ -212,4 +223,73 @@ class UnreachableStations(CalibrationError, ValueError):
         self.stations = tuple(int(i) for i in stations)
         self.distances_m = tuple(float(d) for d in distances_m)
         self.max_reach_m = float(max_reach_m)
+        super().__init__(message)
+
+
+class InsufficientTilt(CalibrationError):
+    """Intrinsics: the views do not tilt the target enough, about every image axis.
+
+    A fronto-parallel target cannot separate the focal length from the target's distance,
+    and views all tilted about one axis leave the focal length along the other axis (and the
+    aspect ratio) to the noise (ADR 0022).
+
+    Attributes
+    ----------
+    tilt_deg : float
+        The figure refused: RMS over the views of the target normal's tilt component along
+        ``axis`` (degrees).
+    required_deg : float
+        The least accepted (``min_tilt_deg``).
+    axis : numpy.ndarray, shape (2,)
+        Image-plane unit direction (x right, y down) of the weakest tilt.
+    view_tilt_deg : tuple of float
+        Each view's tilt: the angle between the target normal and the optical axis.
+    """
+
+    def __init__(self, message: str, *, tilt_deg: float, required_deg: float, axis: np.ndarray,
+                 view_tilt_deg: tuple[float, ...]) -> None:
+        self.tilt_deg = float(tilt_deg)
+        self.required_deg = float(required_deg)
+        self.axis = np.array(axis, dtype=float)
+        self.view_tilt_deg = tuple(float(t) for t in view_tilt_deg)
+        super().__init__(message)
+
+
+class InsufficientCoverage(CalibrationError):
+    """Intrinsics: the detected corners cover too little of the image.
+
+    Distortion is a polynomial in the radius: fitted on corners near the centre, it is
+    extrapolated everywhere else (ADR 0022).
+
+    Attributes
+    ----------
+    coverage : float
+        Fraction of the cells of a ``grid`` over the image holding at least one corner.
+    required : float
+        The least accepted (``min_coverage``).
+    grid : tuple of int
+        ``(columns, rows)`` of the grid.
+    """
+
+    def __init__(self, message: str, *, coverage: float, required: float, grid: tuple[int, int]) -> None:
+        self.coverage = float(coverage)
+        self.required = float(required)
+        self.grid = (int(grid[0]), int(grid[1]))
+        super().__init__(message)
+
+
+class TargetFileError(CellcalError, ValueError):
+    """A calibration-target file (or ``[target]`` table) that cannot be used.
+
+    The message starts with the dotted key at fault (``target.marker_mm: must be below
+    target.square_mm``), as every configuration error does.
+
+    Attributes
+    ----------
+    key : str
+        The dotted key (``""`` for the file as a whole).
+    """
+
+    def __init__(self, message: str, *, key: str = "") -> None:
+        self.key = key
         super().__init__(message)
