@@ -57,9 +57,10 @@ TYPECHECK := build/typecheck
 lint: $(STAMP)-test
 	$(VENV)/bin/ruff check solver drivers sim daemon tests bench
 	@rm -rf $(TYPECHECK) && mkdir -p $(TYPECHECK)/cellcal && \
-	for d in solver drivers sim daemon; do ln -s "$$PWD/$$d" $(TYPECHECK)/cellcal/$$d; done
+	for d in solver drivers sim daemon; do ln -s "$$PWD/$$d" $(TYPECHECK)/cellcal/$$d; done; \
+	ln -s "$$PWD/daemon/testing" $(TYPECHECK)/cellcal/testing
 	MYPYPATH=$(TYPECHECK) $(VENV)/bin/mypy --cache-dir build/.mypy_cache \
-	  -p cellcal.solver -p cellcal.drivers -p cellcal.sim -p cellcal.daemon
+	  -p cellcal.solver -p cellcal.drivers -p cellcal.sim -p cellcal.daemon -p cellcal.testing
 
 # The simulated cell end to end: sim robot (RTDE) + sim tracker + daemon, a full
 # base-frame calibration, the report and one drift check.

@@ -4,7 +4,7 @@ The cell of ``bench/idle_bench.py`` (``cellcal sim`` and ``cellcal run`` as proc
 at 500 Hz, the robot and the tracker open after a short run, which also makes the active
 result ``to_base`` needs), plus 50 ZeroMQ subscribers on the daemon's PUB socket in another
 process. This process calls ``get_status`` and ``to_base`` in turn through
-``cellcal.daemon.client.Client`` (one DEALER, loopback TCP) and times each round trip with
+``cellcal.daemon.wire.client.Client`` (one DEALER, loopback TCP) and times each round trip with
 ``time.perf_counter``; meanwhile a raw SUB socket records the heartbeats. The heartbeat
 period is measured from the heartbeats' own ``uptime_s`` (the daemon's monotonic clock when
 it built each beat): the mean over the window against ``[zmq] heartbeat_s``, and the largest
@@ -71,7 +71,7 @@ def _subscribers(endpoint: str, n: int, stop) -> None:
 def _window(cell, seconds: float, heartbeat_s: float) -> dict:
     """Interleaved get_status / to_base calls for ``seconds``; heartbeats recorded meanwhile."""
     from cellcal.daemon import protocol as P
-    from cellcal.daemon.client import Client
+    from cellcal.daemon.wire.client import Client
 
     status_ms: list[float] = []
     to_base_ms: list[float] = []
@@ -163,7 +163,7 @@ def main() -> int:
         "",
         "`cellcal run` with the robot (RTDE at 500 Hz) and the tracker open after a run, "
         f"{N_SUBSCRIBERS} subscribers connected to its PUB socket (another process), `[zmq] heartbeat_s = {hb:g}`. "
-        "Round trips through `cellcal.daemon.client.Client` over loopback TCP, `get_status` and `to_base` "
+        "Round trips through `cellcal.daemon.wire.client.Client` over loopback TCP, `get_status` and `to_base` "
         "alternating; heartbeat period from the beats' own `uptime_s`."
         + (f" Rounds interleaved: this tree, {args.compare}, this tree." if args.compare else ""),
         "",

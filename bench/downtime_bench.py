@@ -37,10 +37,10 @@ def main() -> int:
     args = ap.parse_args()
 
     from cellcal.daemon import protocol as P
-    from cellcal.daemon.harness import inprocess_cell
     from cellcal.daemon.store import RunStatus
     from cellcal.sim import robot_sim
     from cellcal.sim.scenario import load_scenario
+    from cellcal.testing.harness import inprocess_cell
 
     scenario = load_scenario(ROOT / "config" / "demo-scenario.toml")
     scenario = dataclasses.replace(scenario, time_scale=args.scale, drift=(),

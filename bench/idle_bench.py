@@ -140,8 +140,8 @@ def idle_cell(workdir: Path, *, frequency_hz: float = 500.0, n_stations: int = 6
     ``baseline_s`` > 0: the daemon's CPU share over that long before the devices open.
     ``daemon_tree``: run the daemon (only) from that tree (:func:`make_tree`).
     """
-    from cellcal.daemon import harness as H
     from cellcal.daemon import protocol as P
+    from cellcal.testing import harness as H
 
     sim = H.SimProcess(H.FAST_SCENARIO, workdir / "sim.log")
     urls = sim.start()

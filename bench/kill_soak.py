@@ -5,7 +5,7 @@ and writes the ``kill_soak`` section of ``bench/RESULTS.md``.
 
 What it does (the promise: "no accepted station is ever lost, kill -9 at any moment"):
 
-1. ``cellcal sim`` on the fast scenario (``cellcal.daemon.harness.FAST_SCENARIO``, time
+1. ``cellcal sim`` on the fast scenario (``cellcal.testing.harness.FAST_SCENARIO``, time
    x10) in its own process, alive for the whole soak: the robot and the tracker (pty) do
    not notice that the daemon in front of them dies and comes back.
 2. A **reference**: one uninterrupted base-frame run with its own state directory.
@@ -23,7 +23,7 @@ What it does (the promise: "no accepted station is ever lost, kill -9 at any mom
    sum of the two results' own covariances, which the solver estimates from the
    residuals, i.e. from the tracker noise the stations really had).
 
-The soak itself is :func:`cellcal.daemon.harness.soak` (``tests/test_daemon_kill.py`` runs
+The soak itself is :func:`cellcal.testing.harness.soak` (``tests/test_daemon_kill.py`` runs
 it with 20+ kills); this script is its command line and its ``RESULTS.md`` section.
 """
 
@@ -41,7 +41,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `bench._results` importable
     sys.path.insert(0, str(ROOT))
 
-from cellcal.daemon.harness import K_SIGMA, SoakError, soak  # noqa: E402
+from cellcal.testing.harness import K_SIGMA, SoakError, soak  # noqa: E402
 
 
 @contextmanager
@@ -87,7 +87,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"`cellcal run` killed with SIGKILL {rep.kills} times at random moments of its capture "
         f"(after 0-2 accepted stations plus 0-0.6 s), restarted on the same state directory each "
-        f"time; simulated cell at x10 (`cellcal.daemon.harness.FAST_SCENARIO`), {args.stations} stations per run, "
+        f"time; simulated cell at x10 (`cellcal.testing.harness.FAST_SCENARIO`), {args.stations} stations per run, "
         f"seed {args.seed}.",
         "",
         "| figure | value |",

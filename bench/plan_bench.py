@@ -45,8 +45,8 @@ def legacy_plan(model: Any, p: Any, n: int) -> list[Any]:
     positions in the box, tilts from the home orientation about golden-angle axes with a
     turn about the tool axis, IK from the previous station, a nearest-neighbour tour. It is
     still the daemon's plan when the tracker's position is not configured
-    (``cellcal.daemon.plan._tilt_plan``), which is called here rather than copied."""
-    from cellcal.daemon.plan import _tilt_plan
+    (``cellcal.daemon.runs.plan._tilt_plan``), which is called here rather than copied."""
+    from cellcal.daemon.runs.plan import _tilt_plan
 
     return _tilt_plan(model, n=n, box_min_m=p.workspace_min_m, box_max_m=p.workspace_max_m,
                       max_tilt_rad=p.max_tilt_rad, home_q_rad=p.home_q_rad, q_min_rad=p.joint_min_rad,
@@ -62,10 +62,10 @@ def _task_error(result: Any, truth_X: np.ndarray, task: np.ndarray) -> float:
 
 
 def one_run(mode: str, scenario: Any, target_m: float, n_fixed: int) -> dict:
-    from cellcal.daemon import plan as dplan
     from cellcal.daemon import protocol as P
-    from cellcal.daemon.harness import inprocess_cell
+    from cellcal.daemon.runs import plan as dplan
     from cellcal.daemon.store import RunStatus
+    from cellcal.testing.harness import inprocess_cell
 
     overrides: dict[str, Any] = {"drift": {"enabled": False}}
     if mode == "target":

@@ -44,11 +44,11 @@ import numpy as np  # noqa: E402
 
 from bench._results import machine_line, write_section  # noqa: E402
 from cellcal.daemon.config import load_config  # noqa: E402
-from cellcal.daemon.plan import generate_plan  # noqa: E402
-from cellcal.daemon.truth import NEES_BOUND_3SIGMA_6DOF  # noqa: E402
+from cellcal.daemon.runs.plan import generate_plan  # noqa: E402
 from cellcal.drivers.kinematics import dh_model  # noqa: E402
 from cellcal.sim.offline import OfflineCell, arm_trial_scenario  # noqa: E402
 from cellcal.sim.scenario import parse_scenario  # noqa: E402
+from cellcal.sim.truth import NEES_BOUND_3SIGMA_6DOF  # noqa: E402
 from cellcal.solver import calibrate_base_frame  # noqa: E402
 from cellcal.solver.se3 import rotation_angle, se3_inverse, se3_log  # noqa: E402
 

@@ -5,8 +5,8 @@ repository root). Writes the ``stations`` section of bench/RESULTS.md.
 
 The simulated cell of ``config/demo-scenario.toml`` without its faults and drift (the
 hidden truth, the arm's settling), the daemon of ``config/demo.toml`` in process
-(``cellcal.daemon.harness.inprocess_cell``, no ZeroMQ: nobody listens), one base-frame run
-per instrument (``cellcal.daemon.instruments``): the cellcal tracker protocol measuring
+(``cellcal.testing.harness.inprocess_cell``, no ZeroMQ: nobody listens), one base-frame run
+per instrument (``cellcal.daemon.cli.instruments``): the cellcal tracker protocol measuring
 poses and points, a Leica emScon tracker (TPI on loopback TCP) and a GeoCOM total station
 (a pty and loopback TCP, checksums on). Per station, on the host's monotonic clock:
 
@@ -54,8 +54,8 @@ def run_case(instrument: str, transport: str, measure: str, scenario, n: int) ->
     """One run; per station ``(commanded, moved, accepted)`` host seconds and the rejections."""
     from cellcal.daemon import capture
     from cellcal.daemon import protocol as P
-    from cellcal.daemon.harness import inprocess_cell
     from cellcal.daemon.store import RunStatus
+    from cellcal.testing.harness import inprocess_cell
 
     commanded: dict[int, float] = {}
     moved: dict[int, float] = {}

@@ -36,7 +36,7 @@ import zmq  # noqa: E402
 from bench._results import machine_line, write_section  # noqa: E402
 from cellcal.daemon import protocol as P  # noqa: E402
 from cellcal.daemon.config import Zmq  # noqa: E402
-from cellcal.daemon.zmq_server import ZmqServer  # noqa: E402
+from cellcal.daemon.wire.zmq_server import ZmqServer  # noqa: E402
 
 BURST = 1000
 

@@ -1,7 +1,7 @@
 """The daemon assembled: store + service + ZeroMQ server, built and torn down in one place.
 
 :class:`App` is what ``cellcal run``, ``cellcal demo``, the in-process test cell
-(``cellcal.daemon.harness``) and the benchmarks run. Construction does no I/O; entering
+(``cellcal.testing.harness``) and the benchmarks run. Construction does no I/O; entering
 it (``with App(cfg) as app:``, or :meth:`App.open`) opens the store, starts the service's
 worker (which resumes unfinished runs), binds the ZeroMQ sockets and, with
 ``supervise=True``, runs the supervising loop (:meth:`Service.serve`) in a thread; leaving

@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.plan import PlannedStation, plan_from_dict
+from cellcal.daemon.runs.plan import PlannedStation, plan_from_dict
 from cellcal.solver.se3 import rotation_angle
 
 __all__ = ["Cusum", "Verdict", "CheckIds", "choose_check_stations", "check_station_plan", "deviation", "judge",

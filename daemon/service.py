@@ -52,9 +52,9 @@ from cellcal.daemon.jobs.outage import StoreOutages
 from cellcal.daemon.jobs.results import ActivationRefused, ResultKeeper, cellcal_version
 from cellcal.daemon.jobs.resume import ResumePolicy, motion_mode
 from cellcal.daemon.jobs.run import RunJob
-from cellcal.daemon.plan import PlannedStation, plan_from_dict
 from cellcal.daemon.runs import RunContext
 from cellcal.daemon.runs.kinematics import sync_devices_model
+from cellcal.daemon.runs.plan import PlannedStation, plan_from_dict
 from cellcal.daemon.sdnotify import Notifier
 from cellcal.daemon.store import ResultRecord, RunStatus, Store, StoreError
 from cellcal.solver.errors import CellcalError
@@ -95,7 +95,7 @@ class State(str, enum.Enum):
 
     @property
     def wire(self) -> P.StateName:
-        return cast(P.StateName, self.value)
+        return self.value
 
 
 class ServiceError(CellcalError):

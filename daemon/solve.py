@@ -24,7 +24,14 @@ from cellcal.daemon.gates import GateContext, GateReport, model_reach_m
 from cellcal.daemon.report import result_to_wire
 from cellcal.daemon.store import StationRecord
 from cellcal.drivers.kinematics import DHModel
-from cellcal.solver import CalibrationError, CalibrationResult, calibrate_base_frame, calibrate_base_frame_points
+from cellcal.solver import (
+    BaseFrameResult,
+    CalibrationError,
+    CalibrationResult,
+    PointBaseFrameResult,
+    calibrate_base_frame,
+    calibrate_base_frame_points,
+)
 from cellcal.solver.planning import NextStation, suggest_next_station
 
 log = logging.getLogger(__name__)
@@ -112,7 +119,7 @@ def declared_noise(stations: Sequence[StationRecord], solve_cfg: Solve, *, point
     return {"noise_translation_m": sig_t, "noise_rotation_rad": sig_r}
 
 
-def solve_base_frame(stations: Sequence[StationRecord], solve_cfg: Solve) -> CalibrationResult:
+def solve_base_frame(stations: Sequence[StationRecord], solve_cfg: Solve) -> BaseFrameResult | PointBaseFrameResult:
     """The base frame of a run's stored stations: robot + tracker poses
     (``calibrate_base_frame``), or robot + tracker points (:func:`is_point_run`:
     ``calibrate_base_frame_points``), with ``[solve]``'s spread and iteration limits and the

@@ -18,7 +18,7 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon.report import transform_from_wire
 from cellcal.daemon.service import Service, ServiceError
 from cellcal.daemon.store import ResultRecord, StoreError, UnknownRecord
-from cellcal.daemon.zmq_server import ZmqServer
+from cellcal.daemon.wire.zmq_server import ZmqServer
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +97,7 @@ class DaemonHandler:
             raise P.CommandError(P.E_STATE, f"this cell runs in {self.svc.cfg.capture.motion_mode} mode")
         plan = None
         if "stations" in args:
-            from cellcal.daemon.plan import PlannedStation
+            from cellcal.daemon.runs.plan import PlannedStation
 
             plan = []
             for i, st in enumerate(args["stations"]):

@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from cellcal.daemon.harness import run_status
+from cellcal.testing.harness import run_status
 
 #: ``[kinematics]`` of the daemon tests: 20 fit stations (the realistic arm's 27 parameters,
 #: base and target are well determined by 20 pose stations: held-out RMS at the tracker's

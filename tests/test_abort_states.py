@@ -21,8 +21,8 @@ import pytest
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon import solve as solve_mod
-from cellcal.daemon.client import Client, CommandFailed
-from cellcal.daemon.harness import InProcessCell, inprocess_cell, run_status
+from cellcal.daemon.wire.client import Client, CommandFailed
+from cellcal.testing.harness import InProcessCell, inprocess_cell, run_status
 
 ABORT_DEADLINE_S = 1.0  # the requirement: abort ends the run within one second
 WAIT_S = 60.0           # reaching a phase on a loaded machine

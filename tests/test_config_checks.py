@@ -13,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from cellcal.daemon import cmd_check_config, cmd_run
 from cellcal.daemon.app import App
+from cellcal.daemon.cli import check_config as cmd_check_config
+from cellcal.daemon.cli import run as cmd_run
 from cellcal.daemon.config import ConfigError, load_config, load_config_text, preflight
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -1,6 +1,6 @@
 """Wrong data never becomes an accepted station: the consistency checks of every station.
 
-Each test runs the in-process cell (``cellcal.daemon.harness.inprocess_cell``: the simulated
+Each test runs the in-process cell (``cellcal.testing.harness.inprocess_cell``: the simulated
 robot over RTDE on loopback, the simulated tracker on a pty, the real store, service and
 ZeroMQ server) and injects one fault into a simulator right after a station was committed
 (``InProcessCell.on_first``, inside the service's emit, before the worker moves on), so
@@ -27,7 +27,7 @@ import numpy as np
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import RejectReason
-from cellcal.daemon.harness import inprocess_cell, scenario_with
+from cellcal.testing.harness import inprocess_cell, scenario_with
 
 WAIT_S = 90.0  # deadlines only
 NEW_REASONS = {RejectReason.FK_MISMATCH.value, RejectReason.TRACKER_OUT_OF_RANGE.value,

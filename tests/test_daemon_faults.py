@@ -1,6 +1,6 @@
 """State honesty during faults: no IDLE mid-run, backoff instead of flapping, the right device.
 
-The in-process cell (``cellcal.daemon.harness.inprocess_cell``; retries 0.2 .. 1.0 s) with a
+The in-process cell (``cellcal.testing.harness.inprocess_cell``; retries 0.2 .. 1.0 s) with a
 fault injected into a simulator right after station 1 was committed:
 
 * the robot's RTDE link drops for a simulated 10 s (1 s wall): the state goes CAPTURING ->
@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.harness import inprocess_cell
+from cellcal.testing.harness import inprocess_cell
 
 WAIT_S = 90.0
 

@@ -27,10 +27,10 @@ from _worlds import ur5e_world
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import ConfigError, load_config_text
-from cellcal.daemon.harness import daemon_config, free_port, inprocess_cell, nonconforming_bodies, to_toml
 from cellcal.daemon.service import Service, ServiceError
 from cellcal.daemon.store import RunStatus
 from cellcal.solver.se3 import so3_log
+from cellcal.testing.harness import daemon_config, free_port, inprocess_cell, nonconforming_bodies, to_toml
 
 # Per-axis tracker noise of the good data: 0.02 mm, 0.005 deg.
 MM, DEG = 0.02, 0.005
@@ -311,8 +311,8 @@ def test_the_simulated_cell_passes_every_gate_set_from_its_truth_and_a_wrong_dra
     """End to end on the exact simulated cell: the gates set from the scenario's truth pass
     and the result is active; the same cell with a drawing 200 mm off stores its result,
     fails the prior by name and keeps no active result."""
-    from cellcal.daemon.harness import FAST_SCENARIO
     from cellcal.sim.scenario import load_scenario
+    from cellcal.testing.harness import FAST_SCENARIO
 
     X = load_scenario(FAST_SCENARIO).make_world().cell_T_base()
     task = (X[:3, 3] + X[:3, :3] @ np.array([-0.5, 0.0, 0.4])) * 1e3  # in the plan's workspace, cell frame

@@ -14,7 +14,7 @@ real small tmpfs filled to the last byte (or, without mount rights, SQLite's
   interrupted too long ago, while the newest, briefly interrupted run resumes, saying so;
 * a result never replaces one that became active after its run started.
 
-In-process cells are ``cellcal.daemon.harness.inprocess_cell``; every wait has a deadline.
+In-process cells are ``cellcal.testing.harness.inprocess_cell``; every wait has a deadline.
 """
 
 from __future__ import annotations
@@ -29,7 +29,11 @@ from storetest_support import fill_filesystem, make_station, small_tmpfs
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import load_config_text
-from cellcal.daemon.harness import (
+from cellcal.daemon.runs.plan import PlannedStation, plan_to_dict
+from cellcal.daemon.service import Service, ServiceError, State
+from cellcal.daemon.store import Store
+from cellcal.solver.se3 import make_transform, so3_exp
+from cellcal.testing.harness import (
     FAST_SCENARIO,
     DaemonProcess,
     Recorder,
@@ -41,10 +45,6 @@ from cellcal.daemon.harness import (
     to_toml,
     write_config,
 )
-from cellcal.daemon.plan import PlannedStation, plan_to_dict
-from cellcal.daemon.service import Service, ServiceError, State
-from cellcal.daemon.store import Store
-from cellcal.solver.se3 import make_transform, so3_exp
 
 WAIT_S = 90.0
 

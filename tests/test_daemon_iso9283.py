@@ -24,12 +24,12 @@ import pytest
 
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
-from cellcal.daemon import report_html as R
 from cellcal.daemon.config import Config, ConfigError, load_config_text
-from cellcal.daemon.harness import inprocess_cell, nonconforming_bodies, run_status
+from cellcal.daemon.report import html as R
 from cellcal.daemon.runs import iso9283 as ISO
 from cellcal.daemon.runs import kinematics as K
 from cellcal.daemon.runs import kinematics_report as KR
+from cellcal.testing.harness import inprocess_cell, nonconforming_bodies, run_status
 
 _CYCLES = 3
 # The fewest fit stations a run may plan: the identification still passes its gates, and the
@@ -350,7 +350,7 @@ def _phase(result, cfg, model, stations, run_plan, measure):
 
 def _planned(plan, model, cycles):
     """The pose test's planned stations and tags, in the order the phase measures them."""
-    from cellcal.daemon.plan import PlannedStation
+    from cellcal.daemon.runs.plan import PlannedStation
 
     out = []
     for p_i, phase in enumerate(ISO.ISO9283_PHASES):

@@ -1,6 +1,6 @@
 """kill -9 of the daemon during capture.
 
-``test_kill_9_during_capture`` runs :func:`cellcal.daemon.harness.soak` with 24 SIGKILLs of a real
+``test_kill_9_during_capture`` runs :func:`cellcal.testing.harness.soak` with 24 SIGKILLs of a real
 ``cellcal run`` process at random moments of its capture (after 0-2 accepted stations plus
 0-0.6 s: moving, settling, measuring or committing), restarting it on the same state
 directory each time while ``cellcal sim`` stays up. ``bench/kill_soak.py --kills 200`` is
@@ -24,10 +24,10 @@ from storetest_support import make_station
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import load_config_text
-from cellcal.daemon.harness import K_SIGMA, daemon_config, free_port, soak, to_toml
-from cellcal.daemon.plan import PlannedStation, plan_to_dict
+from cellcal.daemon.runs.plan import PlannedStation, plan_to_dict
 from cellcal.daemon.service import Service, State
 from cellcal.daemon.store import Store
+from cellcal.testing.harness import K_SIGMA, daemon_config, free_port, soak, to_toml
 
 KILLS = 24
 

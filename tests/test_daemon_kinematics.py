@@ -24,13 +24,13 @@ from _kin_daemon import wait_run_end as _wait_run_end
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon import runs
-from cellcal.daemon.client import Client
 from cellcal.daemon.config import ConfigError, load_config_text
-from cellcal.daemon.harness import inprocess_cell
 from cellcal.daemon.report import transform_from_wire
 from cellcal.daemon.runs.iso9283 import solver_params as solver_model
 from cellcal.daemon.runs.kinematics_report import driver_model
+from cellcal.daemon.wire.client import Client
 from cellcal.drivers.kinematics import dh_model
+from cellcal.testing.harness import inprocess_cell
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ import pytest
 from _kin_daemon import KIN, result_of, wait_run_end
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.harness import inprocess_cell
+from cellcal.testing.harness import inprocess_cell
 
 
 @pytest.mark.slow

@@ -19,9 +19,9 @@ from cellcal.daemon.config import Drift, Solve, load_config_text
 from cellcal.daemon.devices import Backoff, CellDevices, DeviceOpenError
 from cellcal.daemon.drift import CheckIds, Cusum, choose_check_stations, deviation, judge
 from cellcal.daemon.gates import GATES, check_gates, gates_failed, gates_passed
-from cellcal.daemon.harness import FAST_SCENARIO, daemon_config, free_port, to_toml
 from cellcal.daemon.store import Store
 from cellcal.solver.se3 import make_transform, so3_exp
+from cellcal.testing.harness import FAST_SCENARIO, daemon_config, free_port, to_toml
 
 
 def _result(rms_t_m: float, rms_r_rad: float):
@@ -144,9 +144,9 @@ def test_a_result_that_fails_its_gates_is_stored_not_activated_and_its_gates_nam
     """Client-supplied stations with 0.1 mm of noise against a 0.001 mm gate: the result is
     stored with every gate's outcome, not activated, not published on the result topic; the
     run fails with the failed gates by name, told on the state topic (state == previous)."""
-    from cellcal.daemon.harness import nonconforming_bodies
     from cellcal.daemon.service import Service
     from cellcal.daemon.store import RunStatus
+    from cellcal.testing.harness import nonconforming_bodies
 
     rng = np.random.default_rng(3)
     X = make_transform(so3_exp(np.array([0.0, 0.0, 0.8])), np.array([2.5, -0.8, 0.1]))

@@ -1,6 +1,6 @@
 """Point-based (3-DoF) base-frame calibration through the daemon, over every tracker protocol.
 
-The cell is ``cellcal.daemon.harness.inprocess_cell`` with ``instrument=`` the cellcal
+The cell is ``cellcal.testing.harness.inprocess_cell`` with ``instrument=`` the cellcal
 tracker protocol (in point mode), a Leica emScon tracker (TPI on loopback TCP) or a GeoCOM
 total station (a pty, checksums on): the simulated robot over RTDE on loopback, the real
 store, service and ZeroMQ server. A raw SUB socket records what goes out on the wire and a
@@ -32,7 +32,9 @@ import zmq
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import ConfigError, load_config_text
-from cellcal.daemon.harness import (
+from cellcal.daemon.report import transform_from_wire
+from cellcal.solver.se3 import se3_inverse
+from cellcal.testing.harness import (
     CELLCAL,
     K_SIGMA,
     Recorder,
@@ -43,8 +45,6 @@ from cellcal.daemon.harness import (
     transform_and_cov,
     write_config,
 )
-from cellcal.daemon.report import transform_from_wire
-from cellcal.solver.se3 import se3_inverse
 
 WAIT_S = 90.0  # deadlines only: a loaded machine is slow, a broken daemon never answers
 MAX_ERR_T_M = 30e-6
@@ -245,10 +245,10 @@ def test_cellcal_sim_and_cellcal_run_as_processes_over_a_leica_protocol(tmp_path
     ``geocom+socket://127.0.0.1:PORT``): ``cellcal run`` accepts the file (the same checks as
     check-config), the point run's result arrives over ZeroMQ and conforms, and the store
     holds every station once."""
-    from cellcal.daemon.client import Client
-    from cellcal.daemon.harness import FAST_SCENARIO, DaemonProcess, SimProcess, audit_store
-    from cellcal.daemon.instruments import config_overrides
+    from cellcal.daemon.cli.instruments import config_overrides
+    from cellcal.daemon.wire.client import Client
     from cellcal.sim.scenario import load_scenario
+    from cellcal.testing.harness import FAST_SCENARIO, DaemonProcess, SimProcess, audit_store
 
     sim = SimProcess(FAST_SCENARIO, tmp_path / "sim.log", "--instrument", instrument, "--tracker-transport", transport)
     daemon = None
@@ -396,7 +396,7 @@ def test_the_generated_plan_determines_the_point_model(tmp_path):
     at 20 um noise gives every combination a 1-sigma under 0.1 mm, and noise-free stations
     give back the truth."""
     from cellcal.daemon.config import load_config
-    from cellcal.daemon.plan import generate_plan
+    from cellcal.daemon.runs.plan import generate_plan
     from cellcal.drivers.kinematics import dh_model
     from cellcal.solver import calibrate_base_frame_points
     from cellcal.solver.planning import information
@@ -518,9 +518,9 @@ def test_a_run_started_measuring_poses_is_not_resumed_measuring_points(tmp_path)
     ``measure = "point"``: pose and point stations are different models."""
     from storetest_support import make_station
 
-    from cellcal.daemon.harness import to_toml
     from cellcal.daemon.service import Service, State
     from cellcal.daemon.store import Store
+    from cellcal.testing.harness import to_toml
 
     cfg = load_config_text(to_toml(daemon_config(
         robot_url=f"rtde://127.0.0.1:{free_port()}?model=ur5e", tracker_url=f"socket://127.0.0.1:{free_port()}",

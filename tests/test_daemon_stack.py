@@ -1,10 +1,10 @@
 """The daemon end to end: real simulated devices, real sockets, real SQLite.
 
-In-process tests run the cell of :func:`cellcal.daemon.harness.inprocess_cell`: the sim
+In-process tests run the cell of :func:`cellcal.testing.harness.inprocess_cell`: the sim
 world, the sim robot (RTDE on loopback), the sim tracker (a pty) and the daemon's
 :class:`~cellcal.daemon.app.App` (store + service + ZeroMQ server), as ``cellcal demo``
 does; subprocess tests run ``cellcal sim`` and ``cellcal run`` as child processes and drive
-them over ZeroMQ with :class:`~cellcal.daemon.client.Client`. Nothing is mocked. Every
+them over ZeroMQ with :class:`~cellcal.daemon.wire.client.Client`. Nothing is mocked. Every
 wait has a deadline and every child process is killed in ``finally``.
 
 The cell is ``harness.FAST_SCENARIO`` (the demo's truth at time x10) with the daemon
@@ -28,8 +28,11 @@ from pathlib import Path
 import numpy as np
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.client import Client
-from cellcal.daemon.harness import (
+from cellcal.daemon.service import State
+from cellcal.daemon.store import Store
+from cellcal.daemon.wire.client import Client
+from cellcal.sim.scenario import load_scenario
+from cellcal.testing.harness import (
     FAST_SCENARIO,
     K_SIGMA,
     DaemonProcess,
@@ -45,9 +48,6 @@ from cellcal.daemon.harness import (
     transform_and_cov,
     write_config,
 )
-from cellcal.daemon.service import State
-from cellcal.daemon.store import Store
-from cellcal.sim.scenario import load_scenario
 
 MAX_ERR_T_M = 30e-6
 MAX_ERR_R_RAD = math.radians(0.003)

@@ -22,7 +22,9 @@ from storetest_support import fill_filesystem, make_station, remount, small_tmpf
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import load_config_text
-from cellcal.daemon.harness import (
+from cellcal.daemon.service import Service, State
+from cellcal.daemon.store import Store, StoreReadOnlyError
+from cellcal.testing.harness import (
     DaemonProcess,
     audit_store,
     daemon_config,
@@ -32,8 +34,6 @@ from cellcal.daemon.harness import (
     to_toml,
     write_config,
 )
-from cellcal.daemon.service import Service, State
-from cellcal.daemon.store import Store, StoreReadOnlyError
 
 
 def _exports(state: Path) -> dict[str, bytes]:

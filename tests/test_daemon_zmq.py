@@ -1,7 +1,7 @@
 """The daemon behind ZeroMQ, end to end on the simulated cell.
 
 Everything real: the simulated robot on loopback RTDE, the simulated tracker on a pty, the
-service, its ZeroMQ server on loopback TCP, and clients (``cellcal.daemon.client.Client``)
+service, its ZeroMQ server on loopback TCP, and clients (``cellcal.daemon.wire.client.Client``)
 that know only the protocol.
 """
 
@@ -19,11 +19,11 @@ import pytest
 import zmq
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.client import Client, ClientTimeout, CommandFailed
-from cellcal.daemon.harness import inprocess_cell
 from cellcal.daemon.report import transform_from_wire
+from cellcal.daemon.wire.client import Client, ClientTimeout, CommandFailed
 from cellcal.sim.scenario import parse_scenario
 from cellcal.solver.se3 import rotation_angle, se3_inverse
+from cellcal.testing.harness import inprocess_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 

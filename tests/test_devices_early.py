@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.harness import (
+from cellcal.testing.harness import (
     CELLCAL,
     DaemonProcess,
     daemon_config,
@@ -156,7 +156,7 @@ def test_cellcal_run_finds_its_configuration_like_ctl(tmp_path: Path) -> None:
 
 def test_the_daemon_log_has_the_same_lines(tmp_path: Path) -> None:
     """`cellcal run` (what the journal records: stderr) logs the station and result lines."""
-    from cellcal.daemon.client import Client
+    from cellcal.daemon.wire.client import Client
 
     with inprocess_cell(tmp_path / "sims", n_stations=4, zmq=False) as sims:
         conf = write_config(tmp_path / "c.toml", daemon_config(

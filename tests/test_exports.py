@@ -24,7 +24,8 @@ import numpy as np
 import pytest
 from storetest_support import fill_filesystem, remount, small_tmpfs
 
-from cellcal.daemon.exports import (
+from cellcal.daemon.report import result_to_wire
+from cellcal.daemon.report.exports import (
     atomic_write_bytes,
     remove_stale_temporaries,
     ros2_static_tf_command,
@@ -33,7 +34,6 @@ from cellcal.daemon.exports import (
     write_exports,
     write_json_result,
 )
-from cellcal.daemon.report import result_to_wire
 from cellcal.daemon.store import Store, StoreFullError, StoreReadOnlyError
 from cellcal.solver import calibrate_base_frame, calibrate_tool_point
 from cellcal.solver.se3 import make_transform, matrix_from_quat, quat_from_matrix, so3_exp
@@ -255,7 +255,7 @@ def test_tool_point_exports_the_tip_as_a_translation(tmp_path):
 
 _WRITER = """
 import sys
-from cellcal.daemon.exports import atomic_write_bytes
+from cellcal.daemon.report.exports import atomic_write_bytes
 path, n = sys.argv[1], int(sys.argv[2])
 small = b'{"v": "small"}\\n'
 big = b'{"v": "big", "pad": "' + b'x' * 2_000_000 + b'"}\\n'
@@ -334,7 +334,7 @@ def test_full_disk_export_is_typed_and_keeps_the_old_file(tmp_path):
     old = p.read_bytes()
     code = (
         "import resource, signal, sys\n"
-        "from cellcal.daemon.exports import write_json_result\n"
+        "from cellcal.daemon.report.exports import write_json_result\n"
         "from cellcal.daemon.store import StoreError\n"
         "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
         "resource.setrlimit(resource.RLIMIT_FSIZE, (100_000, 100_000))\n"

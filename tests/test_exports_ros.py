@@ -23,7 +23,8 @@ import numpy as np
 import pytest
 
 from cellcal.daemon.config import ConfigError, Export, load_config_text
-from cellcal.daemon.exports import (
+from cellcal.daemon.report import result_to_wire
+from cellcal.daemon.report.exports import (
     active_result_id,
     ros2_launch_file,
     ros2_static_tf_args,
@@ -32,7 +33,6 @@ from cellcal.daemon.exports import (
     ur_pose,
     write_exports,
 )
-from cellcal.daemon.report import result_to_wire
 from cellcal.solver import calibrate_base_frame, calibrate_tool_point
 from cellcal.solver.se3 import make_transform, so3_exp
 from cellcal.solver.synthetic import base_frame_scene, pivot_scene
@@ -413,7 +413,7 @@ def test_daemon_switches_active_on_activation_rollback_and_restart(tmp_path):
     """Two calibrations of the simulated cell: exports/active follows the second, then a
     rollback (activate_result of the first) and a restart that finds the link gone; the
     [export] names reach the files, and each result's own files say whether it is active."""
-    from cellcal.daemon.harness import inprocess_cell
+    from cellcal.testing.harness import inprocess_cell
 
     overrides = {"export": {"cell_frame": "world", "base_frame": "base_link"}}
     state = tmp_path / "state"

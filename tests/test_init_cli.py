@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from cellcal.daemon.cmd_init import ROBOTS, SIM_PORTS, render
+from cellcal.daemon.cli.init import ROBOTS, SIM_PORTS, render
 from cellcal.daemon.config import load_config_text
 
 CLI = [sys.executable, "-m", "cellcal.daemon.cli"]

@@ -149,7 +149,7 @@ def _realistic_arms(declared: bool) -> list[float]:
     import tomllib
 
     from cellcal.daemon.config import load_config
-    from cellcal.daemon.plan import generate_plan
+    from cellcal.daemon.runs.plan import generate_plan
     from cellcal.drivers.kinematics import dh_model
     from cellcal.sim.offline import OfflineCell, arm_trial_scenario
     from cellcal.sim.scenario import parse_scenario

@@ -78,13 +78,13 @@ def test_the_wheel_carries_the_examples_from_config(installed):
             assert f"cellcal/examples/{name}" in names, sorted(n for n in names if "examples" in n)
             # The one copy: the packaged file is config/'s, byte for byte.
             assert z.read(f"cellcal/examples/{name}") == (ROOT / "config" / name).read_bytes()
-        assert "cellcal/daemon/fast_scenario.toml" in names and "cellcal/daemon/exports.py" in names
+        assert "cellcal/testing/fast_scenario.toml" in names and "cellcal/daemon/report/exports.py" in names
 
 
 def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
     bindir, _, work = installed
     r = subprocess.run([str(bindir / "python"), "-c",
-                        "import cellcal.daemon, cellcal.daemon.examples as e; print(cellcal.daemon.__file__); "
+                        "import cellcal.daemon, cellcal.daemon.cli.examples as e; print(cellcal.daemon.__file__); "
                         "print(e.example_path('demo.toml'))"],
                        cwd=work, capture_output=True, text=True, timeout=60, env=_env())
     assert r.returncode == 0, r.stderr

@@ -1,7 +1,7 @@
 """Planning for the uncertainty asked: the one planner, its line of sight, and a daemon that
 captures until the predicted error at the task points reaches ``[plan] target_sigma_mm``.
 
-The daemon runs are the in-process cell of :func:`cellcal.daemon.harness.inprocess_cell`
+The daemon runs are the in-process cell of :func:`cellcal.testing.harness.inprocess_cell`
 (the fast scenario: the demo's truth, a tracker with 10-15 um of raw noise, an arm without
 hidden errors, so the result's covariance is the whole error and the error against the
 truth must be consistent with it).
@@ -16,15 +16,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cellcal.daemon import plan as dplan
 from cellcal.daemon.config import ConfigError, load_config, load_config_text
-from cellcal.daemon.harness import inprocess_cell
+from cellcal.daemon.runs import plan as dplan
 from cellcal.daemon.runs import to_target as target
 from cellcal.drivers.kinematics import dh_model
 from cellcal.sim.scenario import load_scenario
 from cellcal.solver import calibrate_base_frame, planning
 from cellcal.solver.se3 import se3_inverse
 from cellcal.solver.synthetic import perturb
+from cellcal.testing.harness import inprocess_cell
 
 ROOT = Path(__file__).resolve().parents[1]
 UR = dh_model("ur5e")

@@ -11,7 +11,7 @@ noise, outliers, refraction drift, clock jitter): docs/adr/0013. What must hold 
   against the hidden truth is under 1 mm (the bias a rigid base frame takes from 0.25 mm of
   kinematic error: up to ~0.6 mm on this arm);
 * honesty: that error lies within 3 reported sigmas (NEES of ``cell_T_base`` under the
-  chi-square 6-dof 99.73 % bound, ``cellcal.daemon.truth``). This is the solver's promise
+  chi-square 6-dof 99.73 % bound, ``cellcal.sim.truth``). This is the solver's promise
   under robot model error; until results carry the solver's ``model_error`` warning the
   check is an expected failure (it fails on the solver without model-error handling, by a
   NEES of ~200), strict once the warning is there;
@@ -32,13 +32,13 @@ import numpy as np
 import pytest
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.harness import K_SIGMA, REALISTIC_SCENARIO, audit_store, inprocess_cell, scenario_with, soak
 from cellcal.daemon.report import transform_from_wire
-from cellcal.daemon.truth import residual_vs_noise, truth_error
 from cellcal.drivers.kinematics import kinematics_digest
 from cellcal.sim.robot_scenario import parse_robot_table
 from cellcal.sim.scenario import load_scenario
+from cellcal.sim.truth import residual_vs_noise, truth_error
 from cellcal.solver.se3 import se3_inverse
+from cellcal.testing.harness import K_SIGMA, REALISTIC_SCENARIO, audit_store, inprocess_cell, scenario_with, soak
 
 pytestmark = pytest.mark.slow
 

@@ -21,9 +21,9 @@ import pytest
 from conftest import wait_until
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.harness import inprocess_cell
-from cellcal.daemon.report_html import FIGURES, report_path
+from cellcal.daemon.report.html import FIGURES, report_path
 from cellcal.solver.synthetic import hand_eye_scene
+from cellcal.testing.harness import inprocess_cell
 
 CELLCAL = [sys.executable, "-m", "cellcal.daemon.cli"]
 WAIT_S = 90.0

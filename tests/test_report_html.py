@@ -1,4 +1,4 @@
-"""The HTML report (``cellcal.daemon.report_html``): its structure for every result kind,
+"""The HTML report (``cellcal.daemon.report.html``): its structure for every result kind,
 deterministic bytes, and what headless Chromium draws of it.
 
 Golden structure, not golden bytes: the document must parse as XML, carry every section and
@@ -25,7 +25,7 @@ import pytest
 from _report_kinds import KINDS, drift_history, every_kind, kinematics_kind
 from storetest_support import make_station
 
-from cellcal.daemon import report_html as R
+from cellcal.daemon.report import html as R
 from cellcal.daemon.runs import kinematics_report as KR
 from cellcal.daemon.store import Store
 from cellcal.solver import UR5E

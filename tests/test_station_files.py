@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 
-from cellcal.daemon.stations_io import MAX_LINE_BYTES, StationFileError, read_stations
+from cellcal.daemon.cli.stations_io import MAX_LINE_BYTES, StationFileError, read_stations
 
 # The child reports its own peak memory, so other tests' children do not count.
 _RUN = (
@@ -160,7 +160,7 @@ def _point_scene(n: int = 8, seed: int = 3):
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
 def test_point_stations_are_written_and_read_back_as_points(tmp_path, suffix):
-    from cellcal.daemon.stations_io import write_stations
+    from cellcal.daemon.cli.stations_io import write_stations
 
     sc, pts = _point_scene()
     p = write_stations(tmp_path / f"p{suffix}", sc.base_T_flange, pts, "base_frame", comments=("from a test",))
@@ -174,7 +174,7 @@ def test_point_stations_are_written_and_read_back_as_points(tmp_path, suffix):
 
 def test_cellcal_solve_of_a_point_file_uses_the_point_model(tmp_path, capsys):
     from cellcal.daemon.cli import main
-    from cellcal.daemon.stations_io import write_stations
+    from cellcal.daemon.cli.stations_io import write_stations
 
     sc, pts = _point_scene(12)
     p = write_stations(tmp_path / "p.jsonl", sc.base_T_flange, pts, "base_frame")
@@ -236,7 +236,7 @@ _finite_mm = hs.floats(min_value=-5e3, max_value=5e3, allow_nan=False, allow_inf
 @given(hs.lists(hs.tuples(_finite_mm, _finite_mm, _finite_mm), min_size=1, max_size=20))
 @settings(max_examples=60, deadline=None)
 def test_any_points_round_trip_bit_for_bit_in_jsonl(tmp_path_factory, pts):
-    from cellcal.daemon.stations_io import write_stations
+    from cellcal.daemon.cli.stations_io import write_stations
 
     P = np.asarray(pts, dtype=float) * 1e-3
     G = np.repeat(np.eye(4)[None], len(P), axis=0)

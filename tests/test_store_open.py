@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 from storetest_support import make_station
 
-from cellcal.daemon.harness import DaemonProcess, daemon_config, free_port, write_config
 from cellcal.daemon.store import DB_FILENAME, Store, StoreCorruptError, StoreError
+from cellcal.testing.harness import DaemonProcess, daemon_config, free_port, write_config
 
 
 def _digest(p: Path) -> str:

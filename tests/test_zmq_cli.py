@@ -153,7 +153,7 @@ def test_watch_json_topics_and_duration(tmp_path):
     (P.TOPIC_HEARTBEAT, {"weird": [1, 2]}, ["heartbeat"]),
 ])
 def test_watch_formats_every_topic(topic, body, needles):
-    from cellcal.daemon.cmd_watch import format_message
+    from cellcal.daemon.cli.watch import format_message
 
     line = format_message(topic, P.make_envelope(7, "b" * 16, body))
     assert "#7" in line and all(n in line for n in needles), line
@@ -172,7 +172,7 @@ def test_watch_summarises_heartbeats_and_shows_the_pose_with_sigma():
 
 
 def test_watch_progress_lines_when_piped():
-    from cellcal.daemon.cmd_watch import Progress
+    from cellcal.daemon.cli.watch import Progress
 
     p = Progress()
     t0 = 1_000_000_000_000
@@ -190,7 +190,7 @@ def test_watch_progress_lines_when_piped():
 
 def test_watch_progress_from_a_daemon(tmp_path):
     """Against the real (in-process) daemon: a progress line per station when piped."""
-    from cellcal.daemon.harness import inprocess_cell
+    from cellcal.testing.harness import inprocess_cell
 
     with inprocess_cell(tmp_path, n_stations=4) as cell:
         z = cell.cfg.zmq

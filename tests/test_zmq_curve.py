@@ -11,8 +11,8 @@ from conftest import wait_until
 from test_zmq_support import MemoryDaemon, curve_config, curve_setup, dealer, serving, short_tmpdir, zctx, zmq_config
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.client import Client, ClientTimeout, CommandFailed
-from cellcal.daemon.zmq_server import SecurityError, ZmqServer
+from cellcal.daemon.wire.client import Client, ClientTimeout, CommandFailed
+from cellcal.daemon.wire.zmq_server import SecurityError, ZmqServer
 
 ROLES = {"ops": "operator", "viewer": "observer"}
 

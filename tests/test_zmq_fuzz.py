@@ -17,12 +17,12 @@ import numpy as np
 import zmq
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.client import Client
-from cellcal.daemon.harness import DaemonProcess, daemon_config, free_port, write_config
 from cellcal.daemon.report import result_to_wire
 from cellcal.daemon.store import Store
+from cellcal.daemon.wire.client import Client
 from cellcal.solver import calibrate_base_frame
 from cellcal.solver.synthetic import base_frame_scene
+from cellcal.testing.harness import DaemonProcess, daemon_config, free_port, write_config
 
 SEED = 1212
 N_REQUESTS = 3000

@@ -19,12 +19,12 @@ from test_zmq_support import dealer, rpc, serving, zctx, zmq_config
 from cellcal.daemon import protocol as P
 from cellcal.daemon.app import App
 from cellcal.daemon.config import load_config_text
-from cellcal.daemon.harness import daemon_config, free_port, to_toml
 from cellcal.daemon.report import result_to_wire, transform_to_wire
 from cellcal.daemon.store import Store
 from cellcal.solver import calibrate_base_frame
 from cellcal.solver.se3 import make_transform, so3_exp
 from cellcal.solver.synthetic import base_frame_scene
+from cellcal.testing.harness import daemon_config, free_port, to_toml
 
 HUGE = 1.5e308  # finite, but a rotation of it by 45 degrees is not
 

@@ -22,11 +22,11 @@ import pytest
 from test_zmq_support import MemoryDaemon, heartbeating, serving, short_tmpdir, zmq_config
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.client import Client
 from cellcal.daemon.config import ConfigError, Zmq, load_config_text
-from cellcal.daemon.harness import DaemonProcess, daemon_config, free_port, write_config
 from cellcal.daemon.store import Store
-from cellcal.daemon.zmq_server import SecurityError, ZmqServer, check_security, endpoint_kind
+from cellcal.daemon.wire.client import Client
+from cellcal.daemon.wire.zmq_server import SecurityError, ZmqServer, check_security, endpoint_kind
+from cellcal.testing.harness import DaemonProcess, daemon_config, free_port, write_config
 
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching a child to another uid needs root")

@@ -27,8 +27,8 @@ from test_zmq_support import (
 )
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.client import Client, ClientTimeout, CommandFailed
-from cellcal.daemon.zmq_server import BindError, SecurityError, ZmqServer, is_local_endpoint
+from cellcal.daemon.wire.client import Client, ClientTimeout, CommandFailed
+from cellcal.daemon.wire.zmq_server import BindError, SecurityError, ZmqServer, is_local_endpoint
 from cellcal.solver.se3 import se3_inverse
 
 

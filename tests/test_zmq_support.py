@@ -33,7 +33,7 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Drift, Zmq, ZmqClient
 from cellcal.daemon.drift import Verdict
 from cellcal.daemon.report import transform_to_wire
-from cellcal.daemon.zmq_server import ZmqServer
+from cellcal.daemon.wire.zmq_server import ZmqServer
 from cellcal.solver.se3 import so3_exp
 
 RECV_TIMEOUT_MS = 2000

@@ -21,12 +21,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from cellcal.daemon import bodies, drift, human, runs
+from cellcal.daemon import bodies, drift, runs
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
 from cellcal.daemon.jobs.control import Emit, Job, JobControl, narrative
 from cellcal.daemon.jobs.results import ResultKeeper
+from cellcal.daemon.report import human
 from cellcal.daemon.store import Store
 
 log = logging.getLogger(__name__)

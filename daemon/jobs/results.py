@@ -27,13 +27,14 @@ from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
-from cellcal.daemon import bodies, human
+from cellcal.daemon import bodies
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
-from cellcal.daemon.exports import active_result_id, remove_stale_temporaries, sync_active, write_exports
 from cellcal.daemon.gates import gates_failed, gates_passed
 from cellcal.daemon.jobs.control import Emit, JobControl, narrative
-from cellcal.daemon.report_html import export_report
+from cellcal.daemon.report import human
+from cellcal.daemon.report.exports import active_result_id, remove_stale_temporaries, sync_active, write_exports
+from cellcal.daemon.report.html import export_report
 from cellcal.daemon.runs import Finished
 from cellcal.daemon.store import ResultRecord, RunRecord, RunStatus, Store, StoreError
 from cellcal.solver.errors import CellcalError

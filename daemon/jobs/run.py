@@ -29,15 +29,16 @@ import logging
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from cellcal.daemon import bodies, human, runs
+from cellcal.daemon import bodies, runs
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
 from cellcal.daemon.jobs.control import Emit, Job, JobControl, narrative
 from cellcal.daemon.jobs.results import ResultKeeper
 from cellcal.daemon.jobs.resume import ResumePolicy
-from cellcal.daemon.plan import PlannedStation, plan_from_dict
+from cellcal.daemon.report import human
 from cellcal.daemon.runs import RunContext, RunKind
+from cellcal.daemon.runs.plan import PlannedStation, plan_from_dict
 from cellcal.daemon.store import RunRecord, RunStatus, StationRecord, Store
 from cellcal.solver import CalibrationError, DegenerateGeometry
 

@@ -46,7 +46,7 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import CaptureEngine, Expected
 from cellcal.daemon.config import Config, Export
 from cellcal.daemon.gates import GateReport
-from cellcal.daemon.plan import PlannedStation
+from cellcal.daemon.runs.plan import PlannedStation
 from cellcal.daemon.store import RunRecord, StationRecord, Store
 from cellcal.drivers.kinematics import DHModel
 from cellcal.solver import CalibrationError, DegenerateGeometry
@@ -71,7 +71,7 @@ class Measure(Protocol):
     the measurement in the service's state detail. Raises ``StationRejected`` after the
     configured attempts, ``DeviceFault`` when the job must end; an abort propagates."""
 
-    def __call__(self, planned: PlannedStation, raw: Mapping[str, Any], what: str) -> StationRecord: ...
+    def __call__(self, planned: PlannedStation, raw: Mapping[str, Any], what: str, /) -> StationRecord: ...
 
 
 @dataclass
@@ -117,7 +117,7 @@ class Finished:
 
 @dataclass(frozen=True)
 class ReportParts:
-    """A kind's part of the HTML report (``cellcal.daemon.report_html``): its sections (HTML
+    """A kind's part of the HTML report (``cellcal.daemon.report.html``): its sections (HTML
     ``<section>`` elements) placed after the summary, and the stations the report's residual
     figures draw when they are not the run's as measured (a kinematics result's, through the
     arm it identified; None: the run's)."""

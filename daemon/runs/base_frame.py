@@ -6,7 +6,7 @@ target ``M_i = cell_T_target``; ``calibrate_base_frame`` solves ``M_i = X G_i Y`
 measured as 3-DoF points (``[tracker] measure = "point"``) is the same run kind on the wire,
 and its own module: ``cellcal.daemon.runs.points``.
 
-* **Plan**: ``[plan]``'s explicit stations, the generated plan (``cellcal.daemon.plan``), or
+* **Plan**: ``[plan]``'s explicit stations, the generated plan (``cellcal.daemon.runs.plan``), or
   a run to a target (``cellcal.daemon.runs.to_target``), which solves after every station
   and stops when the predicted error at the task points is small enough.
 * **Capture**: robot at rest, tracker at rest, the windows overlapping (``CaptureEngine``);
@@ -30,9 +30,9 @@ from cellcal.daemon import drift, solve
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import CaptureEngine, Expected
 from cellcal.daemon.gates import check_gates
-from cellcal.daemon.plan import PlannedStation, plan_from_config, plan_to_dict, to_target
 from cellcal.daemon.runs import to_target as target
 from cellcal.daemon.runs.base import Finished, Measure, RunContext, RunKind
+from cellcal.daemon.runs.plan import PlannedStation, plan_from_config, plan_to_dict, to_target
 from cellcal.daemon.store import RunRecord, StationRecord
 from cellcal.solver import CalibrationResult, DegenerateGeometry, calibrate_base_frame
 

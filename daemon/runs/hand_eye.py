@@ -17,9 +17,9 @@ from typing import Any
 from cellcal.daemon import protocol as P
 from cellcal.daemon import solve
 from cellcal.daemon.capture import CaptureEngine, Expected
-from cellcal.daemon.plan import PlannedStation
 from cellcal.daemon.runs.base import Finished, Measure, RunContext, RunKind
 from cellcal.daemon.runs.base_frame import finish_calibration
+from cellcal.daemon.runs.plan import PlannedStation
 from cellcal.daemon.store import RunRecord, StationRecord
 from cellcal.solver import CalibrationError, CalibrationResult, calibrate_hand_eye
 

@@ -25,8 +25,8 @@ import numpy as np
 
 from cellcal.daemon import capture as cap
 from cellcal.daemon.config import Config
-from cellcal.daemon.plan import PlannedStation
 from cellcal.daemon.runs.base import Measure
+from cellcal.daemon.runs.plan import PlannedStation
 from cellcal.daemon.store import StationRecord
 from cellcal.drivers.kinematics import DHModel
 from cellcal.solver import (

@@ -52,13 +52,13 @@ from cellcal.daemon.config import Config, Export
 from cellcal.daemon.config import Kinematics as KinematicsSection
 from cellcal.daemon.devices import CellDevices
 from cellcal.daemon.gates import GateCheck, GateContext, GateReport, gates_passed, rms_translation
-from cellcal.daemon.plan import PlannedStation, plan_to_dict
 from cellcal.daemon.report import FRAME_CONVENTION, UNCERTAINTY_CONVENTION, point_to_wire, transform_to_wire
 from cellcal.daemon.runs import iso9283
 from cellcal.daemon.runs import kinematics_report as kr
 from cellcal.daemon.runs.base import Finished, Measure, ReportParts, ResultBody, RunContext, RunKind
 from cellcal.daemon.runs.iso9283 import solver_params, without_iso9283
 from cellcal.daemon.runs.kinematics_report import driver_model, identified_model
+from cellcal.daemon.runs.plan import PlannedStation, plan_to_dict
 from cellcal.daemon.store import RunRecord, StationRecord, Store
 from cellcal.drivers.kinematics import DHModel
 from cellcal.solver import CalibrationError, DHParameters, KinematicResult, identify_kinematics, plan_identification_stations

@@ -19,10 +19,10 @@ from typing import Any
 
 import numpy as np
 
-from cellcal.daemon import report_html as H
 from cellcal.daemon.config import Export
-from cellcal.daemon.exports import atomic_write_bytes, robot_name, write_json_result
-from cellcal.daemon.human import kinematic_unit
+from cellcal.daemon.report import html as H
+from cellcal.daemon.report.exports import atomic_write_bytes, robot_name, write_json_result
+from cellcal.daemon.report.human import kinematic_unit
 from cellcal.daemon.runs.base import ReportParts
 from cellcal.daemon.store import StationRecord
 from cellcal.drivers.kinematics import DHModel

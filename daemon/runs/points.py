@@ -24,9 +24,9 @@ import numpy as np
 from cellcal.daemon import solve
 from cellcal.daemon.capture import Expected
 from cellcal.daemon.config import Plan
-from cellcal.daemon.plan import PlannedStation
 from cellcal.daemon.runs.base import RunContext
 from cellcal.daemon.runs.base_frame import BaseFrame
+from cellcal.daemon.runs.plan import PlannedStation
 from cellcal.daemon.store import StationRecord
 from cellcal.drivers.kinematics import DHModel
 from cellcal.solver import CalibrationError, DegenerateGeometry, calibrate_base_frame_points

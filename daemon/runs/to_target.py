@@ -20,11 +20,11 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 
 from cellcal.daemon.config import Config
-from cellcal.daemon.plan import FIRST_STATIONS_POINT, PlannedStation, candidate_pool, joint_limits
+from cellcal.daemon.runs.plan import FIRST_STATIONS_POINT, PlannedStation, candidate_pool, joint_limits
 from cellcal.daemon.solve import solve_base_frame
 from cellcal.daemon.store import StationRecord
 from cellcal.drivers.kinematics import DHModel
-from cellcal.solver import CalibrationError, CalibrationResult
+from cellcal.solver import BaseFrameResult, CalibrationError, PointBaseFrameResult
 from cellcal.solver.diagnostics import absorbed_error_covariance
 from cellcal.solver.planning import suggest_next_station
 from cellcal.solver.uncertainty import point_error
@@ -35,7 +35,8 @@ __all__ = ["predicted_task_sigma", "next_station", "stations_to_visit", "PLATEAU
 log = logging.getLogger(__name__)
 
 
-def predicted_task_sigma(records: Sequence[StationRecord], cfg: Config) -> tuple[float, CalibrationResult | None]:
+def predicted_task_sigma(records: Sequence[StationRecord],
+                         cfg: Config) -> tuple[float, BaseFrameResult | PointBaseFrameResult | None]:
     """``(largest predicted error at the task points (m), result or None)`` of a base-frame
     run's stations solved as they are (inf when they do not yet determine it)."""
     if len(records) < 3:
@@ -86,7 +87,7 @@ def _plateau(records: Sequence[StationRecord], cfg: Config, sigma: float) -> tup
     return plateau([predicted_task_sigma(records[:k], cfg)[0] for k in range(3, len(records))] + [sigma])
 
 
-def model_error_floor(result: CalibrationResult, records: Sequence[StationRecord], cfg: Config) -> float:
+def model_error_floor(result: BaseFrameResult | PointBaseFrameResult, records: Sequence[StationRecord], cfg: Config) -> float:
     """The largest error at the task points (m) that the result's model error alone puts
     there (:func:`cellcal.solver.diagnostics.absorbed_error_covariance` about the stations'
     target positions, the size the residual tests found); 0 without a model error. More
@@ -97,10 +98,11 @@ def model_error_floor(result: CalibrationResult, records: Sequence[StationRecord
     if not (tau_t > 0.0 or tau_r > 0.0) or not records:
         return 0.0
     G = np.array([r.base_T_flange for r in records], dtype=float).reshape(-1, 4, 4)
-    y = getattr(result, "flange_p_target", None)
-    if y is None:
+    if isinstance(result, PointBaseFrameResult):
+        y = np.asarray(result.flange_p_target, dtype=float)
+    else:
         y = np.asarray(result.flange_T_target, dtype=float)[:3, 3]
-    c = np.mean(G[:, :3, :3] @ np.asarray(y, dtype=float) + G[:, :3, 3], axis=0)
+    c = np.mean(G[:, :3, :3] @ y + G[:, :3, 3], axis=0)
     C = absorbed_error_covariance(c, tau_t, tau_r)
     X = np.asarray(result.cell_T_base, dtype=float)
     return max(float(point_error(np.eye(4), C, X[:3, :3].T @ (np.asarray(p, float) - X[:3, 3]), "base").sigma_m)
@@ -162,7 +164,7 @@ def next_station(records: Sequence[StationRecord], visited: list[PlannedStation]
         # What the stations say: the base in the cell, the target on the flange, and the
         # tracker where the configuration puts it in the cell.
         X, tracker = result.cell_T_base, np.asarray(p.tracker_cell_xyz_m, float)
-        if point:
+        if isinstance(result, PointBaseFrameResult):
             Y[:3, 3] = result.flange_p_target
         else:
             Y = result.flange_T_target

@@ -17,9 +17,9 @@ from typing import Any
 from cellcal.daemon import protocol as P
 from cellcal.daemon import solve
 from cellcal.daemon.capture import CaptureEngine, Expected
-from cellcal.daemon.plan import PlannedStation, plan_from_config, plan_to_dict
 from cellcal.daemon.runs.base import Finished, Measure, RunContext, RunKind
 from cellcal.daemon.runs.base_frame import finish_calibration
+from cellcal.daemon.runs.plan import PlannedStation, plan_from_config, plan_to_dict
 from cellcal.daemon.store import RunRecord, StationRecord
 from cellcal.solver import CalibrationResult, calibrate_tool_point
 

@@ -57,7 +57,7 @@ def _set(text: str, table: str, key: str, value: str, comment: str) -> str:
 
 def render(robot: str) -> str:
     """The configuration text for ``robot`` (a key of :data:`ROBOTS`)."""
-    from cellcal.daemon.examples import example_path
+    from cellcal.daemon.cli.examples import example_path
 
     name, what = ROBOTS[robot]
     body = _body(example_path(name).read_text(encoding="utf-8"))

@@ -8,7 +8,7 @@ error), and a milder excess is reported as a ``model_error`` warning with a wide
 uncertainty. A CSV whose quaternion columns fit far better read as x, y, z, w is named as
 such. ``--expect-base`` checks the answer against the cell drawing; ``--robot-model`` sets
 the arm's reach, which catches swapped arguments and millimetres (ADR 0014). A base-frame
-file of 3-DoF point stations (``cell_p_target``, ``cellcal.daemon.stations_io``) is solved
+file of 3-DoF point stations (``cell_p_target``, ``cellcal.daemon.cli.stations_io``) is solved
 by the point model (``calibrate_base_frame_points``: ``cell_T_base`` and the reflector's
 ``flange_p_target``), with ``--noise-mm`` alone.
 
@@ -27,8 +27,8 @@ import sys
 
 import numpy as np
 
+from cellcal.daemon.cli.stations_io import StationFileError, read_stations
 from cellcal.daemon.report import format_report, result_to_wire, transforms_of
-from cellcal.daemon.stations_io import StationFileError, read_stations
 from cellcal.solver import (
     CalibrationError,
     calibrate_base_frame,

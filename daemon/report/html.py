@@ -912,7 +912,7 @@ def report_from_store(store: Any, result_id: int, *, cell: str = "") -> str:
 
 def write_report(directory: str | Path, result_id: int, text: str) -> Path:
     """Write ``text`` as the report of ``result_id`` in ``directory``, atomically."""
-    from cellcal.daemon.exports import atomic_write_bytes
+    from cellcal.daemon.report.exports import atomic_write_bytes
 
     Path(directory).mkdir(parents=True, exist_ok=True)
     return atomic_write_bytes(report_path(directory, result_id), text.encode("utf-8"))

@@ -6,12 +6,12 @@ in one shared world), starts the daemon on ``config/demo.toml`` pointed at them,
 base-frame calibration in command mode with one progress line per station on stderr,
 prints the report (``cell_T_base`` in mm and deg, residuals, axis_spread and the error
 against the scenario's hidden truth), runs one drift check, writes the HTML report
-(``cellcal.daemon.report_html``) beside the exports and prints its path, and shuts everything
+(``cellcal.daemon.report.html``) beside the exports and prints its path, and shuts everything
 down. The state directory (a new ``cellcal-demo-*`` directory in the system's temporary
 directory unless ``--state-dir`` names one) is kept: the report, the exports and the store
 stay there for ``cellcal show`` and ``cellcal report`` (its path is printed last).
 
-Honesty (``cellcal.daemon.truth``): the report says whether the error against the truth
+Honesty (``cellcal.sim.truth``): the report says whether the error against the truth
 lies inside the result's own reported uncertainty (the NEES of ``cell_T_base`` against the
 3-sigma bound of a chi-square with 6 degrees of freedom), how the residual RMS compares
 with the tracker's noise floor, and the result's warnings (``result["warnings"]``) in words.
@@ -25,7 +25,7 @@ daemon publishes it on ``cellcal/v1/result``, plus ``truth_error`` (with ``nees`
 ``within_3_sigma``), ``residual_vs_noise`` and ``drift_check``.
 
 ``--instrument emscon|geocom`` puts a Leica instrument in the cell instead of the cellcal
-tracker (``cellcal.daemon.instruments``: an emScon laser tracker over TPI on loopback TCP, a
+tracker (``cellcal.daemon.cli.instruments``: an emScon laser tracker over TPI on loopback TCP, a
 GeoCOM total station on a pty with checksums on) and runs the point-based (3-DoF)
 calibration: ``cell_T_base`` and the reflector's ``flange_p_target``, each checked against
 the hidden truth and against its own reported covariance (``truth_error``).
@@ -51,7 +51,7 @@ ROOT = Path(__file__).resolve().parents[1]
 def _default(name: str) -> str:
     # The example files are package data (cellcal.examples, mapped from config/): the same
     # files from a checkout, an editable install or a wheel, whatever the working directory.
-    from cellcal.daemon.examples import example_path
+    from cellcal.daemon.cli.examples import example_path
 
     try:
         return str(example_path(name))
@@ -127,7 +127,7 @@ def _free_if_taken(endpoint: str) -> str:
             s.bind(("127.0.0.1", int(m.group(2))))
             return endpoint
         except OSError:
-            from cellcal.daemon.harness import free_port
+            from cellcal.testing.harness import free_port
 
             return f"tcp://127.0.0.1:{free_port()}"
 
@@ -160,7 +160,7 @@ def honesty_lines(honest: dict, versus_noise: dict, warnings: object) -> list[st
 def _write_report(svc, result: dict, cfg) -> Path | None:
     """The result's HTML report again, now with the demo's drift check in it, beside the
     exports (where the daemon wrote it when it stored the result)."""
-    from cellcal.daemon.report_html import export_report
+    from cellcal.daemon.report.html import export_report
 
     return export_report(svc.store, int(result["result_id"]), Path(cfg.service.state_dir) / "exports",
                          cell=cfg.service.name)
@@ -176,13 +176,13 @@ def _say_kept(report: Path | None, state_dir: str, say) -> None:
 def run(args: argparse.Namespace) -> int:
     from cellcal.daemon import protocol as P
     from cellcal.daemon.app import App
+    from cellcal.daemon.cli.instruments import config_overrides, start_simulated
     from cellcal.daemon.config import ConfigError, load_config
-    from cellcal.daemon.instruments import config_overrides, start_simulated
     from cellcal.daemon.report import transform_from_wire
     from cellcal.daemon.store import RunStatus
-    from cellcal.daemon.truth import residual_vs_noise, truth_error
     from cellcal.sim.robot_sim import start_sim_robot
     from cellcal.sim.scenario import load_scenario
+    from cellcal.sim.truth import residual_vs_noise, truth_error
     from cellcal.solver.errors import CellcalError
     from cellcal.solver.se3 import so3_log
 

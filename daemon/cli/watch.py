@@ -1,6 +1,6 @@
 """``cellcal watch``: the daemon's progress for people, until Ctrl-C.
 
-Joins like any client (subscribe, snapshot, live; see :mod:`cellcal.daemon.client`), so the
+Joins like any client (subscribe, snapshot, live; see :mod:`cellcal.daemon.wire.client`), so the
 first lines are the daemon's current state. Lengths in mm and angles in degrees here, for
 people; the wire is SI. Gaps, restarts and silence are reported on stderr.
 
@@ -11,7 +11,7 @@ people; the wire is SI. Gaps, restarts and silence are reported on stderr.
 * **Heartbeats** are summarised: one is printed when what it says changes (state, devices
   up or down, active result, suspect, run); ``--heartbeats`` prints every one.
 * A **result** line shows the result's main transform (``cell_T_base``) in mm and degrees
-  with its 1-sigma; a **drift** check is said in words (``cellcal.daemon.human``).
+  with its 1-sigma; a **drift** check is said in words (``cellcal.daemon.report.human``).
 
 ``--count N`` stops after N messages, ``--duration S`` after S seconds (for scripts).
 Exit codes: 0 done (Ctrl-C, count reached, or duration over without --count), 2 bad usage,
@@ -28,9 +28,9 @@ import sys
 import time
 from typing import Any
 
-from cellcal.daemon import human
 from cellcal.daemon import protocol as P
-from cellcal.daemon.cmd_ctl import UsageError, add_connection_arguments, make_client
+from cellcal.daemon.cli.ctl import UsageError, add_connection_arguments, make_client
+from cellcal.daemon.report import human
 
 _SHORT = {t.rsplit("/", 1)[1]: t for t in P.TOPICS}
 

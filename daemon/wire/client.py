@@ -171,7 +171,7 @@ class Client:
         self.routing_id = b"cc" + secrets.token_bytes(10)
         self._subs: list[Subscription] = []
         self._closed = False
-        self._log = log or logging.getLogger("cellcal.daemon.client")
+        self._log = log or logging.getLogger("cellcal.daemon.wire.client")
 
     # --- sockets -----------------------------------------------------------------------------
 

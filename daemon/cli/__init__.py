@@ -13,18 +13,18 @@ import sys
 
 # name -> (module, one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
-    "solve": ("cellcal.daemon.cmd_solve", "solve a calibration from a station file"),
+    "solve": ("cellcal.daemon.cli.solve", "solve a calibration from a station file"),
     "sim": ("cellcal.sim.cli", "serve the simulated cell's devices (robot and tracker) until SIGTERM"),
-    "check-config": ("cellcal.daemon.cmd_check_config", "validate a configuration file"),
-    "run": ("cellcal.daemon.cmd_run", "run the calibration service (what systemd starts)"),
-    "demo": ("cellcal.daemon.cmd_demo", "calibrate the simulated cell end to end and print the report"),
-    "keys": ("cellcal.daemon.cmd_keys", "generate a CURVE key pair for the daemon or a client"),
-    "watch": ("cellcal.daemon.cmd_watch", "live view of heartbeat, stations, results and drift"),
-    "ctl": ("cellcal.daemon.cmd_ctl", "send one command to the daemon"),
-    "report": ("cellcal.daemon.cmd_report", "write the HTML report (figures) of a stored result"),
-    "show": ("cellcal.daemon.cmd_show", "a stored result in mm/deg with uncertainty; --diff A B: how the base moved"),
-    "stations": ("cellcal.daemon.cmd_stations", "export a run's stations as a file cellcal solve reads"),
-    "init": ("cellcal.daemon.cmd_init", "write a commented starting configuration (UR, CiA 402 or the simulator)"),
+    "check-config": ("cellcal.daemon.cli.check_config", "validate a configuration file"),
+    "run": ("cellcal.daemon.cli.run", "run the calibration service (what systemd starts)"),
+    "demo": ("cellcal.daemon.cli.demo", "calibrate the simulated cell end to end and print the report"),
+    "keys": ("cellcal.daemon.cli.keys", "generate a CURVE key pair for the daemon or a client"),
+    "watch": ("cellcal.daemon.cli.watch", "live view of heartbeat, stations, results and drift"),
+    "ctl": ("cellcal.daemon.cli.ctl", "send one command to the daemon"),
+    "report": ("cellcal.daemon.cli.report", "write the HTML report (figures) of a stored result"),
+    "show": ("cellcal.daemon.cli.show", "a stored result in mm/deg with uncertainty; --diff A B: how the base moved"),
+    "stations": ("cellcal.daemon.cli.stations", "export a run's stations as a file cellcal solve reads"),
+    "init": ("cellcal.daemon.cli.init", "write a commented starting configuration (UR, CiA 402 or the simulator)"),
 }
 
 

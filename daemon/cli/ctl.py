@@ -24,7 +24,7 @@ import sys
 from typing import Any
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.client import Client, ClientTimeout, load_keypair, load_public_key
+from cellcal.daemon.wire.client import Client, ClientTimeout, load_keypair, load_public_key
 from cellcal.solver.errors import CellcalError
 
 

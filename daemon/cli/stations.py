@@ -1,7 +1,7 @@
 """``cellcal stations RUN_ID -o FILE``: a run's stations as a file ``cellcal solve`` reads.
 
 ``FILE`` ending in ``.csv``: CSV in millimetres and quaternions ``w, x, y, z``; anything
-else: JSON lines in metres (``cellcal.daemon.stations_io``). The stations are the ones the
+else: JSON lines in metres (``cellcal.daemon.cli.stations_io``). The stations are the ones the
 daemon solved: the run's stored stations in plan order (a base frame's ``cell_T_target``,
 a tool point's flange poses), or the stations a client gave with the run (hand-eye:
 ``camera_T_target``). So ``cellcal solve FILE --kind KIND --estimate-noise`` repeats the
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from cellcal.daemon.results_cli import CommandError, add_state_arguments, open_store, parse_id
+from cellcal.daemon.cli.results import CommandError, add_state_arguments, open_store, parse_id
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,7 +45,7 @@ def run_stations(store: object, run_id: int) -> tuple[str, np.ndarray, np.ndarra
         No such run, no stations, a kind ``cellcal solve`` does not solve, or stations
         that mix poses and points.
     """
-    from cellcal.daemon.stations_io import MEASUREMENT_KEYS
+    from cellcal.daemon.cli.stations_io import MEASUREMENT_KEYS
     from cellcal.daemon.store import UnknownRecord
 
     try:
@@ -84,7 +84,7 @@ def run_stations(store: object, run_id: int) -> tuple[str, np.ndarray, np.ndarra
 
 
 def run(args: argparse.Namespace) -> int:
-    from cellcal.daemon.stations_io import write_stations
+    from cellcal.daemon.cli.stations_io import write_stations
 
     try:
         run_id = parse_id(args.run_id, "RUN_ID")

@@ -9,7 +9,7 @@ result A to result B: translation in mm, rotation in degrees, and the same in si
 two results' combined uncertainty (their covariances added: the results are independent
 calibrations).
 
-Reads the daemon's store read-only (``cellcal.daemon.results_cli``: ``--state-dir``, or
+Reads the daemon's store read-only (``cellcal.daemon.cli.results``: ``--state-dir``, or
 the configuration's ``[service] state_dir``). Exit codes: 0 shown; 2 no such result, store
 or configuration, or two results with nothing in common to compare.
 """
@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from cellcal.daemon import runs
-from cellcal.daemon.results_cli import (
+from cellcal.daemon.cli.results import (
     CommandError,
     add_state_arguments,
     export_paths,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, get_type_hints
 
-from cellcal.daemon.kinematics_config import Kinematics, validate_kinematics
+from cellcal.daemon.config.kinematics import Kinematics, validate_kinematics
 from cellcal.solver.errors import CellcalError
 
 __all__ = [
@@ -596,7 +596,7 @@ def load_config_text(text: str, *, source: str = "<string>", overrides: Mapping[
     """Parse and validate TOML text into a :class:`Config` (SI units).
 
     Every check that needs no file, device or socket is made here, the ``[zmq]`` security
-    rules included (:func:`cellcal.daemon.zmq_server.check_security`), and the measurement
+    rules included (:func:`cellcal.daemon.wire.zmq_server.check_security`), and the measurement
     kind against the instrument the tracker URL names (:func:`check_measure_kind`);
     :func:`preflight` adds the rest of what ``cellcal run`` checks before it starts.
 
@@ -735,7 +735,7 @@ def find_config(explicit: str | None, *, environ: Mapping[str, str] | None = Non
 
 def _check_zmq(cfg: Config) -> None:
     # The transport owns what "local" means; its check needs no socket and no file.
-    from cellcal.daemon.zmq_server import check_security
+    from cellcal.daemon.wire.zmq_server import check_security
 
     check_security(cfg.zmq)
 
@@ -764,7 +764,7 @@ def preflight(cfg: Config, *, devices: bool = True) -> None:
         if devices:
             check_devices(cfg)
         if cfg.zmq.curve:
-            from cellcal.daemon.zmq_server import load_server_key
+            from cellcal.daemon.wire.zmq_server import load_server_key
 
             load_server_key(cfg.zmq)
     except ConfigError as exc:

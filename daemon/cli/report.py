@@ -2,7 +2,7 @@
 
 Reads the daemon's store (``--state-dir``, or ``[service] state_dir`` of ``--config`` /
 ``CELLCAL_CONFIG`` / ``/etc/cellcal/cellcal.toml``) read-only, renders the result's report
-with its run's stations and every drift check so far (``cellcal.daemon.report_html``), and
+with its run's stations and every drift check so far (``cellcal.daemon.report.html``), and
 writes it to ``FILE`` (default: ``cellcal-result-<id>.html`` in the working directory;
 ``-o -`` writes to stdout). Without ``RESULT_ID``: the active result. Prints the path.
 
@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from cellcal.daemon.results_cli import CommandError, add_state_arguments, open_store, result_or_active
+from cellcal.daemon.cli.results import CommandError, add_state_arguments, open_store, result_or_active
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,7 +30,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cellcal.daemon.report_html import report_from_store
+    from cellcal.daemon.report.html import report_from_store
 
     try:
         store = open_store(args)

@@ -1,0 +1,11 @@
+"""``cellcal.testing``: a simulated cell and a daemon for simulation-backed CI.
+
+Installed as ``cellcal.testing`` (pyproject's ``package-dir``; its folder sits in
+``daemon/`` because it starts a daemon), with a pytest plugin (entry point ``pytest11``,
+:mod:`cellcal.testing.plugin`) whose fixtures start a simulated cell and a daemon on
+loopback for an integrator's own tests (``docs/testing.md``). :mod:`harness` holds the
+pieces: the in-process cell (:func:`~cellcal.testing.harness.inprocess_cell`), the
+simulator and daemon as processes (:class:`~cellcal.testing.harness.SimProcess`,
+:class:`~cellcal.testing.harness.DaemonProcess`), a recorder of everything published
+(:class:`~cellcal.testing.harness.Recorder`) and the kill -9 soak.
+"""

@@ -1,0 +1,1080 @@
+"""The daemon's test and benchmark harness: the simulated cell in-process or as processes.
+
+One place for what the end-to-end tests (``tests/test_daemon_*.py``,
+``tests/test_contract.py``) and the benchmarks (``bench/kill_soak.py``,
+``bench/downtime_bench.py``) need to build a cell; it may import ``cellcal.sim``.
+
+* **Configuration**: :func:`daemon_config` (the daemon's TOML keys for the fast simulated
+  cell, or on top of a given file), :func:`to_toml`, :func:`write_config`,
+  :func:`free_port` (127.0.0.1 only), :data:`FAST_SCENARIO` (``fast_scenario.toml``: the
+  demo's truth at time x10, an exact arm and tracker) and :func:`scenario_with` (a copy with
+  faults appended).
+* **Realistic cell**: :data:`REALISTIC_SCENARIO` (``realistic_scenario.toml``: the demo's
+  imperfect arm and tracker at time x10). The harness chooses the cell by name
+  (:data:`SCENARIOS`: ``"exact"``, ``"realistic"``) and, with it, the daemon settings such a
+  cell needs (:data:`PROFILE_OVERRIDES`): :func:`inprocess_cell`, :func:`daemon_config`,
+  :func:`reference_run` and :func:`soak` take ``scenario="realistic"`` (or ``profile=``).
+* **In-process cell**: :func:`inprocess_cell` runs the simulated robot (RTDE on loopback,
+  or CiA 402 drives on python-can's virtual bus), the simulated tracker (a pty or loopback
+  TCP; the cellcal tracker protocol, or with ``instrument=`` a Leica emScon tracker or
+  GeoCOM total station, ``cellcal.daemon.cli.instruments``) and the daemon
+  (``cellcal.daemon.app.App``: store + service + ZeroMQ server on loopback) in this
+  process, recording every event (:class:`InProcessCell`); a test injects a fault at a
+  chosen moment with :meth:`InProcessCell.on_first` (inside the service's emit of an
+  event, e.g. right after a station was committed) and reads what followed with
+  :meth:`InProcessCell.mark`, :meth:`~InProcessCell.since` and :meth:`~InProcessCell.states`.
+* **Processes**: :class:`SimProcess` (``cellcal sim``), :class:`DaemonProcess` (``cellcal
+  run``), :class:`Recorder` (a raw SUB socket), :func:`audit_store` (the store read with a
+  separate read-only connection).
+* **kill -9 soak**: :func:`soak` kills ``cellcal run`` at random moments of its capture,
+  restarts it and audits the store (``bench/kill_soak.py`` is its command line); results
+  are compared with :func:`transform_and_cov` and :func:`deviation_sigmas`.
+
+Everything talks to 127.0.0.1, ptys and in-process buses only; every wait has a deadline
+and raises :class:`HarnessError` (an ``AssertionError``, so a test fails with the message).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import random
+import select
+import signal
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+import time
+import tomllib
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from cellcal.daemon import protocol as P
+from cellcal.daemon.store import RunStatus
+from cellcal.solver.errors import CellcalError
+
+if TYPE_CHECKING:
+    from cellcal.sim.scenario import Scenario
+
+__all__ = [
+    "FAST_SCENARIO", "REALISTIC_SCENARIO", "SCENARIOS", "PROFILE_OVERRIDES", "profile_of", "CELLCAL", "K_SIGMA",
+    "HarnessError", "SoakError", "free_port", "to_toml", "daemon_config",
+    "write_config", "scenario_with", "stop_process", "SimProcess", "DaemonProcess", "Recorder", "audit_store",
+    "run_status", "transform_and_cov", "deviation_sigmas", "Instance", "SoakReport", "soak", "reference_run",
+    "check_audit", "InProcessCell", "inprocess_cell", "nonconforming_bodies",
+]
+
+#: The fast simulated cell (the demo's truth, time x10, no faults), a file in this package.
+FAST_SCENARIO = Path(str(resources.files("cellcal.testing").joinpath("fast_scenario.toml")))
+#: The realistic simulated cell (the demo's imperfect arm and tracker, time x10, no faults).
+REALISTIC_SCENARIO = Path(str(resources.files("cellcal.testing").joinpath("realistic_scenario.toml")))
+#: The cells the harness knows by name.
+SCENARIOS: dict[str, Path] = {"exact": FAST_SCENARIO, "realistic": REALISTIC_SCENARIO}
+#: Daemon settings (TOML keys) each named cell needs, merged under a test's own overrides.
+#: The realistic tracker has about 0.02 mm and 0.007 deg of noise per axis in each half of a
+#: 0.2 s station average (docs/adr/0013), so the halves agree within 0.15 mm / 0.04 deg; the
+#: arm's kinematic error leaves ~0.25 mm RMS (up to ~0.5 mm) that the gates and the drift
+#: checks (which compare with the model) must allow. That error is what the solver's
+#: ``model_error`` warning names, and its covariance is widened to cover it (about 0.7 mm
+#: 1-sigma at the base origin from 10 stations, more from fewer): the realistic cell's
+#: runs accept the warning (``allow_model_error``) and gate that sigma at 2 mm.
+PROFILE_OVERRIDES: dict[str, dict[str, Any]] = {
+    "exact": {},
+    "realistic": {
+        "tracker": {"average_s": 0.2, "settle": {"max_std_mm": 0.05, "max_std_deg": 0.02, "agree_mm": 0.15,
+                                                 "agree_deg": 0.04}},
+        "solve": {"max_rms_mm": 0.8, "max_rms_deg": 0.1, "allow_model_error": True,
+                  "max_sigma_mm_at_task_points": 2.0},
+        "drift": {"warn_mm": 0.6, "fail_mm": 0.9, "warn_deg": 0.06, "fail_deg": 0.1, "cusum_k_mm": 0.6,
+                  "cusum_h_mm": 0.9},
+    },
+}
+
+
+def profile_of(scenario: Any) -> str:
+    """The profile name of a scenario given by name or path (``"exact"`` for any other file)."""
+    if isinstance(scenario, str) and scenario in SCENARIOS:
+        return scenario
+    try:
+        return "realistic" if Path(scenario).resolve() == REALISTIC_SCENARIO.resolve() else "exact"
+    except TypeError:
+        return "exact"
+#: ``cellcal`` of the interpreter running us (the venv's), without relying on PATH.
+CELLCAL = [sys.executable, "-m", "cellcal.daemon.cli"]
+#: Results agree when every component of the difference is within this many sigma.
+K_SIGMA = 6.0
+_OPEN = (RunStatus.CAPTURING.value, RunStatus.SOLVING.value)
+
+
+class HarnessError(CellcalError, AssertionError):
+    """The cell under test broke a promise, or did not do something within its deadline."""
+
+
+class SoakError(HarnessError):
+    """The daemon broke a promise during the kill -9 soak (or the soak could not drive it)."""
+
+
+# ---- configuration ------------------------------------------------------------------------
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768  # Linux's default
+
+
+_port_rng = random.Random()
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago.
+
+    Chosen at random *below* the kernel's ephemeral range: a port the OS picks with bind(0)
+    comes from that range, which every outgoing connection on the machine also draws its
+    local port from, so by the time the daemon binds it a client socket may hold it (seen:
+    ``Address already in use`` on a loaded CI machine). Below the range only another
+    listener can take it, and the random draw makes two concurrent suites unlikely to meet.
+    """
+    high = max(_ephemeral_low() - 1, 20001)
+    for _ in range(200):
+        port = _port_rng.randint(20000, high)
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded range: the OS's pick
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return repr(v)
+    if isinstance(v, str):
+        return json.dumps(v)  # a JSON string is a valid TOML basic string
+    if isinstance(v, (list, tuple)):
+        return "[" + ", ".join(_toml_value(x) for x in v) + "]"
+    raise TypeError(f"no TOML for {type(v).__name__}")
+
+
+def _is_table_list(v: Any) -> bool:
+    return isinstance(v, (list, tuple)) and bool(v) and all(isinstance(x, Mapping) for x in v)
+
+
+def to_toml(d: Mapping[str, Any], prefix: str = "") -> str:
+    """TOML text of nested dicts of scalars and lists (tables after the keys, as TOML wants).
+
+    A non-empty list of dicts becomes an array of tables (``[[plan.stations]]``).
+    """
+    lines = [f"{k} = {_toml_value(v)}" for k, v in d.items() if not isinstance(v, Mapping) and not _is_table_list(v)]
+    for k, v in d.items():
+        name = f"{prefix}.{k}" if prefix else k
+        if isinstance(v, Mapping):
+            lines.append(f"\n[{name}]")
+            lines.append(to_toml(v, name))
+        elif _is_table_list(v):
+            for item in v:
+                lines.append(f"\n[[{name}]]")
+                lines.append(to_toml(item, name))
+    return "\n".join(lines) + "\n"
+
+
+def _merge(base: dict, over: Mapping) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def daemon_config(
+    *,
+    robot_url: str,
+    tracker_url: str,
+    workdir: Path,
+    pub_endpoint: str | None = None,
+    cmd_endpoint: str | None = None,
+    n_stations: int | None = 8,
+    overrides: Mapping[str, Any] | None = None,
+    base: str | os.PathLike[str] | None = None,
+    profile: str = "exact",
+) -> dict:
+    """The daemon configuration (TOML keys, as a dict) for the fast simulated cell.
+
+    ``profile``: the named cell's settings (:data:`PROFILE_OVERRIDES`), merged before
+    ``overrides``.
+
+    ``base``: start from this TOML file instead (e.g. ``config/demo.toml``); the devices'
+    URLs, the state and runtime directories, the endpoints and (unless None) ``n_stations``
+    are set either way, then ``overrides`` (TOML keys, nested dicts) are merged in.
+
+    Why the fast cell's values:
+
+    * ``tracker.average_s = 0.04``: the tracker averages in device time (not scaled); 40
+      samples at 1 kHz give 10-15 um / sqrt(40) = 1.6-2.4 um per axis per station.
+    * ``robot.settle.dwell_s = 0.1`` host seconds = 1 simulated second at x10, four
+      ringing periods of the simulated arm.
+    * retries 0.2 .. 1 s: a device fault is retried quickly in tests.
+    """
+    workdir = Path(workdir)
+    if base is not None:
+        with open(base, "rb") as f:
+            cfg = _merge(tomllib.load(f), {
+                "robot": {"url": robot_url}, "tracker": {"url": tracker_url},
+                "service": {"state_dir": str(workdir / "state"), "runtime_dir": str(workdir / "run")},
+                "zmq": {"pub_endpoint": pub_endpoint or f"tcp://127.0.0.1:{free_port()}",
+                        "cmd_endpoint": cmd_endpoint or f"tcp://127.0.0.1:{free_port()}",
+                        # the test cell's clients are this machine's: any local user may command it
+                        "loopback_tcp_any_user": True},
+            })
+        if n_stations is not None:
+            cfg = _merge(cfg, {"plan": {"n_stations": n_stations}})
+        return _merge(_merge(cfg, PROFILE_OVERRIDES[profile]), overrides or {})
+    cfg = {
+        "config_version": 1,
+        "service": {
+            "name": "test-cell", "state_dir": str(workdir / "state"), "runtime_dir": str(workdir / "run"),
+            "log_level": "info", "fault_retry_min_s": 0.2, "fault_retry_max_s": 1.0,
+        },
+        "robot": {
+            "url": robot_url, "read_timeout_s": 1.0,
+            "settle": {"max_joint_speed_deg_s": 0.05, "max_flange_speed_mm_s": 0.5, "max_flange_ang_speed_deg_s": 0.05,
+                       "dwell_s": 0.1, "max_sample_gap_s": 0.25},
+        },
+        "tracker": {
+            "url": tracker_url, "measure": "pose", "average_s": 0.04,
+            "settle": {"max_std_mm": 0.05, "max_std_deg": 0.01, "agree_mm": 0.05, "agree_deg": 0.01},
+            "options": {"timeout_s": 1.0},
+        },
+        "capture": {
+            "motion_mode": "command", "move_speed": 1.0, "sync_window_s": 0.2, "station_timeout_s": 10.0,
+            "max_attempts_per_station": 3, "max_consecutive_rejections": 8,
+        },
+        "plan": {
+            "kind": "generated", "n_stations": 8 if n_stations is None else n_stations,
+            "workspace_min_mm": [-650.0, -350.0, 200.0], "workspace_max_mm": [-350.0, 150.0, 550.0],
+            "max_tilt_deg": 35.0, "home_q_deg": [0.0, -90.0, 90.0, -90.0, -90.0, 0.0], "seed": 0,
+        },
+        "solve": {"kind": "base_frame", "max_rms_mm": 0.5, "max_rms_deg": 0.1},
+        "drift": {"enabled": False},
+        "zmq": {
+            "pub_endpoint": pub_endpoint or f"tcp://127.0.0.1:{free_port()}",
+            "cmd_endpoint": cmd_endpoint or f"tcp://127.0.0.1:{free_port()}",
+            "null_role": "operator", "heartbeat_s": 0.5, "republish_s": 60.0,
+            "loopback_tcp_any_user": True,  # the test cell on loopback: any local user may command it
+        },
+    }
+    return _merge(_merge(cfg, PROFILE_OVERRIDES[profile]), overrides or {})
+
+
+def write_config(path: Path, cfg: Mapping[str, Any]) -> Path:
+    """Write ``cfg`` (TOML keys, as :func:`daemon_config` makes them) to ``path`` as TOML."""
+    path = Path(path)
+    path.write_text(to_toml(cfg))
+    return path
+
+
+def scenario_with(path: Path, extra_toml: str, *, base: Path | str | None = None, scale: float | None = None) -> Path:
+    """A copy of the fast scenario (or ``base``: a path or a name of :data:`SCENARIOS`) with
+    tables appended (faults) and, optionally, another scale."""
+    text = Path(SCENARIOS.get(base, base) if isinstance(base, str) else base if base is not None
+                else FAST_SCENARIO).read_text()
+    if scale is not None:
+        text = text.replace("scale = 10.0", f"scale = {scale!r}")
+    Path(path).write_text(text + "\n" + extra_toml)
+    return Path(path)
+
+
+# ---- processes ------------------------------------------------------------------------------
+
+
+def stop_process(proc: subprocess.Popen | None, timeout_s: float = 5.0) -> int | None:
+    """SIGTERM, then SIGKILL after ``timeout_s``; returns the exit code (never hangs)."""
+    if proc is None:
+        return None
+    if proc.poll() is None:
+        try:
+            proc.send_signal(signal.SIGTERM)
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:  # pragma: no cover - a process SIGKILL cannot stop
+        return None
+
+
+class SimProcess:
+    """``cellcal sim --scenario S`` in a child process; :meth:`start` returns its URLs."""
+
+    def __init__(self, scenario: Path, log_path: Path, *args: str) -> None:
+        self.scenario = Path(scenario)
+        self.log_path = Path(log_path)
+        self.args = list(args)
+        self.proc: subprocess.Popen | None = None
+        self.urls: dict[str, str] = {}
+
+    def start(self, timeout_s: float = 20.0) -> dict[str, str]:
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(
+                [*CELLCAL, "sim", "--scenario", str(self.scenario), *self.args],
+                stdout=subprocess.PIPE, stderr=log, stdin=subprocess.DEVNULL,
+            )
+        line = _read_line(self.proc, timeout_s)
+        try:
+            self.urls = json.loads(line)
+        except json.JSONDecodeError as exc:
+            raise SoakError(f"cellcal sim printed {line!r}, not its JSON line ({self.log_path})") from exc
+        return self.urls
+
+    def stop(self) -> int | None:
+        rc = stop_process(self.proc)
+        if self.proc is not None and self.proc.stdout is not None:
+            self.proc.stdout.close()
+        return rc
+
+    def __enter__(self) -> SimProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _read_line(proc: subprocess.Popen, timeout_s: float) -> str:
+    """One line of ``proc``'s stdout, or SoakError after ``timeout_s`` (never blocks longer)."""
+    if proc.stdout is None:
+        raise HarnessError(f"{proc.args!r}: started without a stdout pipe")
+    fd = proc.stdout.fileno()
+    buf = b""
+    deadline = time.monotonic() + timeout_s
+    while b"\n" not in buf:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise SoakError(f"no line from {proc.args!r} within {timeout_s} s (got {buf!r})")
+        ready, _, _ = select.select([fd], [], [], min(remaining, 0.2))
+        if ready:
+            chunk = os.read(fd, 4096)
+            if not chunk:
+                raise SoakError(f"{proc.args!r} exited with {proc.wait()} before printing a line")
+            buf += chunk
+    return buf.split(b"\n", 1)[0].decode()
+
+
+class DaemonProcess:
+    """``cellcal run --config C`` in a child process, stderr appended to ``log_path``."""
+
+    def __init__(self, config_path: Path, log_path: Path) -> None:
+        self.config_path = Path(config_path)
+        self.log_path = Path(log_path)
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> DaemonProcess:
+        with open(self.log_path, "ab") as log:
+            log.write(f"---- cellcal run started at {time.monotonic():.3f}\n".encode())
+            log.flush()
+            self.proc = subprocess.Popen(
+                [*CELLCAL, "run", "--config", str(self.config_path)],
+                stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+            )
+        return self
+
+    @property
+    def started(self) -> subprocess.Popen:
+        """The child process (HarnessError before :meth:`start`)."""
+        if self.proc is None:
+            raise HarnessError(f"cellcal run ({self.config_path}) was not started")
+        return self.proc
+
+    @property
+    def pid(self) -> int:
+        return self.started.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return None if self.proc is None else self.proc.returncode
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def kill9(self, timeout_s: float = 5.0) -> int:
+        self.started.send_signal(signal.SIGKILL)
+        return self.started.wait(timeout=timeout_s)
+
+    def terminate(self, timeout_s: float = 20.0) -> int:
+        """SIGTERM and wait; the daemon finishes its transaction and exits (0 expected)."""
+        proc = self.started
+        proc.send_signal(signal.SIGTERM)
+        try:
+            return proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=5.0)
+            raise SoakError(f"cellcal run did not exit within {timeout_s} s of SIGTERM ({self.log_path})") from None
+
+    def wait(self, timeout_s: float) -> int:
+        return self.started.wait(timeout=timeout_s)
+
+    def stop(self) -> int | None:
+        return stop_process(self.proc)
+
+    def log_tail(self, n: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return ""
+
+
+# ---- the published messages ----------------------------------------------------------------
+
+
+class Recorder:
+    """A raw ZeroMQ SUB socket on the daemon's PUB endpoint, recording every message.
+
+    Raw on purpose (not the Clone-pattern client): the soak wants exactly what each daemon
+    instance put on the wire, per ``boot_id``, with no snapshot repair. Connected before the
+    daemon binds, ZeroMQ reconnects by itself to every new instance.
+    """
+
+    def __init__(self, pub_endpoint: str) -> None:
+        import zmq
+
+        self._zmq = zmq
+        self.ctx = zmq.Context()
+        self.sock = self.ctx.socket(zmq.SUB)
+        self.sock.linger = 0
+        self.sock.setsockopt(zmq.RECONNECT_IVL, 50)
+        self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
+        self.sock.setsockopt_string(zmq.SUBSCRIBE, P.TOPIC_PREFIX)
+        self.sock.connect(pub_endpoint)
+        self.messages: list[tuple[str, dict]] = []  # (topic, envelope), arrival order
+        self.problems: list[str] = []
+
+    def pump(self, timeout_s: float = 0.05) -> list[tuple[str, dict]]:
+        """Receive what is there (waiting up to ``timeout_s`` for the first message)."""
+        got = []
+        wait_ms = max(0, int(timeout_s * 1000))
+        while self.sock.poll(wait_ms, self._zmq.POLLIN):
+            wait_ms = 0
+            frames = self.sock.recv_multipart(self._zmq.NOBLOCK)
+            if len(frames) != 2:
+                self.problems.append(f"{len(frames)} frames")
+                continue
+            topic = frames[0].decode()
+            env = P.unpack(frames[1], max_array=1 << 24, max_map=1 << 20)
+            bad = P.check_envelope(env)
+            if bad:
+                self.problems.append(f"{topic}: {bad}")
+                continue
+            got.append((topic, env))
+        self.messages.extend(got)
+        return got
+
+    def mark(self) -> int:
+        """A position in :attr:`messages` (receive what is there first): ``wait_for(since=...)``."""
+        self.pump(0.0)
+        return len(self.messages)
+
+    def wait_for(self, pred: Callable[[str, dict], bool], timeout_s: float, *,
+                 alive: Callable[[], bool] | None = None, what: str = "message",
+                 since: int | None = None) -> tuple[str, dict]:
+        """Pump until a message satisfies ``pred(topic, body)``; SoakError on timeout.
+
+        By default only messages received from now on count; ``since`` (a :meth:`mark`) also
+        looks at those received after that mark, so several waits after one action cannot
+        miss a message that came in the same batch as an earlier one.
+        """
+        deadline = time.monotonic() + timeout_s
+        if since is not None:
+            for topic, env in self.messages[since:]:
+                if pred(topic, env["body"]):
+                    return topic, env
+        while True:
+            for topic, env in self.pump(0.05):
+                if pred(topic, env["body"]):
+                    return topic, env
+            if alive is not None and not alive():
+                raise SoakError(f"the daemon exited while waiting for {what}")
+            if time.monotonic() > deadline:
+                raise SoakError(f"no {what} within {timeout_s} s")
+
+    def close(self) -> None:
+        self.sock.close(linger=0)
+        self.ctx.term()
+
+
+# ---- the store ---------------------------------------------------------------------------
+
+
+def audit_store(state_dir: Path) -> dict:
+    """What the store holds, read with a separate read-only SQLite connection."""
+    path = Path(state_dir) / "cellcal.sqlite3"
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0)
+    try:
+        integrity = [r[0] for r in conn.execute("PRAGMA integrity_check")]
+        dups = conn.execute(
+            "SELECT run_id, plan_index, COUNT(*) FROM stations GROUP BY run_id, plan_index HAVING COUNT(*) > 1"
+        ).fetchall()
+        stations = sorted(conn.execute("SELECT run_id, plan_index FROM stations").fetchall())
+        runs = {r[0]: {"status": r[1], "reason": r[2]} for r in conn.execute("SELECT id, status, status_reason FROM runs")}
+        results = conn.execute("SELECT id, run_id, active, result_json FROM results ORDER BY id").fetchall()
+    finally:
+        conn.close()
+    return {
+        "integrity": integrity, "duplicates": dups, "stations": stations, "runs": runs,
+        "results": [{"id": r[0], "run_id": r[1], "active": bool(r[2]), "result": json.loads(r[3])} for r in results],
+    }
+
+
+def run_status(state_dir: Path, run_id: int) -> str | None:
+    path = Path(state_dir) / "cellcal.sqlite3"
+    conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=10.0)
+    try:
+        row = conn.execute("SELECT status FROM runs WHERE id = ?", (run_id,)).fetchone()
+    finally:
+        conn.close()
+    return None if row is None else row[0]
+
+
+# ---- comparing results ----------------------------------------------------------------------
+
+
+def transform_and_cov(result: Mapping[str, Any], name: str = "cell_T_base") -> tuple[np.ndarray, np.ndarray]:
+    """A result's transform ``name`` (4x4) and its 6x6 covariance (right perturbation, m and rad)."""
+    from cellcal.daemon.report import transform_from_wire
+
+    T = transform_from_wire(result["transforms"][name])
+    c = result["uncertainty"]["covariance"][name]
+    return T, np.asarray(c["values"], dtype=float).reshape(c["shape"])
+
+
+def deviation_sigmas(T_ref: np.ndarray, C_ref: np.ndarray, T: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``xi = log(T_ref^-1 T)`` as (rho [m], phi [rad]) and each component in sigma units of
+    ``C_ref + C`` (the two estimates are independent: different stations' noise)."""
+    from cellcal.solver.se3 import se3_inverse, so3_log
+
+    D = se3_inverse(T_ref) @ T
+    phi = so3_log(D[:3, :3])
+    xi = np.concatenate([D[:3, 3], phi])  # rho ~ translation for the tiny angles here
+    sig = np.sqrt(np.clip(np.diag(C_ref + C), 1e-30, None))
+    return xi, np.abs(xi) / sig
+
+
+# ---- the soak ---------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class Instance:
+    """One daemon process of the soak."""
+
+    boot_id: str | None
+    started_s: float
+    killed_s: float | None = None
+    accepted: list[tuple[int, int]] = dataclasses.field(default_factory=list)  # (run_id, index)
+    state_at_kill: str | None = None
+    committed: int = 0  # stations the store gained while this instance ran
+
+
+@dataclasses.dataclass
+class SoakReport:
+    kills: int
+    instances: list[Instance]
+    published_accepted: set[tuple[int, int]]
+    audit: dict
+    reference: dict
+    runs_done: list[int]
+    worst_sigma: float
+    worst_translation_m: float
+    worst_rotation_rad: float
+    wall_s: float
+    kills_by_accepted_before: dict[int, int]
+    rejections_seen: int
+    runs_resumed: int = 0
+
+    def summary(self) -> str:
+        stations = len(self.audit["stations"])
+        return (
+            f"{self.kills} kill -9 over {len(self.instances)} daemon starts in {self.wall_s:.1f} s; "
+            f"{stations} stations committed in {len(self.runs_done)} finished runs, "
+            f"{len(self.published_accepted)} seen published as accepted, all present once; "
+            f"worst result deviation from the uninterrupted run {self.worst_translation_m * 1e6:.2f} um, "
+            f"{math.degrees(self.worst_rotation_rad) * 1e3:.3f} mdeg ({self.worst_sigma:.2f} sigma, limit {K_SIGMA:g})"
+        )
+
+
+def _wait_heartbeat(rec: Recorder, daemon: DaemonProcess, known_boots: set[str], timeout_s: float) -> tuple[str, str]:
+    """``(boot_id, state)`` from the first heartbeat of a new daemon instance.
+
+    The instance's first messages (a resumed run's CAPTURING) may go out before this SUB
+    socket has reconnected (ZeroMQ's slow joiner); the heartbeat repeats the state.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        for topic, env in rec.pump(0.05):
+            if topic == P.TOPIC_HEARTBEAT and env["boot_id"] not in known_boots:
+                return env["boot_id"], env["body"]["state"]
+        if not daemon.alive():
+            raise SoakError(f"cellcal run exited with {daemon.returncode}:\n{daemon.log_tail()}")
+    raise SoakError(f"no heartbeat from the new daemon within {timeout_s} s:\n{daemon.log_tail()}")
+
+
+def _start_run(cmd_endpoint: str) -> int:
+    from cellcal.daemon.wire.client import Client
+
+    with Client(cmd_endpoint, timeout_s=3.0, retries=2) as c:
+        return int(c.call("start_run", kind="base_frame")["run_id"])
+
+
+def reference_run(sim_urls: Mapping[str, str], workdir: Path, *, n_stations: int, timeout_s: float = 60.0,
+                  profile: str = "exact") -> dict:
+    """One uninterrupted run through ``cellcal run`` (stopped with SIGTERM after its result)."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    cfg = daemon_config(robot_url=sim_urls["robot"], tracker_url=sim_urls["tracker"], workdir=workdir, n_stations=n_stations,
+                        profile=profile)
+    conf = write_config(workdir / "cellcal.toml", cfg)
+    rec = Recorder(cfg["zmq"]["pub_endpoint"])
+    daemon = DaemonProcess(conf, workdir / "daemon.log")
+    try:
+        daemon.start()
+        _wait_heartbeat(rec, daemon, set(), 20.0)
+        run_id = _start_run(cfg["zmq"]["cmd_endpoint"])
+        _t, env = rec.wait_for(lambda t, b: t == P.TOPIC_RESULT and b.get("run_id") == str(run_id),
+                               timeout_s, alive=daemon.alive, what=f"the result of reference run {run_id}")
+        rc = daemon.terminate()
+        if rc != 0:
+            raise SoakError(f"reference daemon exited {rc} after SIGTERM:\n{daemon.log_tail()}")
+        return env["body"]
+    finally:
+        daemon.stop()
+        rec.close()
+
+
+def soak(
+    kills: int,
+    *,
+    workdir: Path,
+    seed: int = 0,
+    n_stations: int = 8,
+    scenario: Path | str | None = None,
+    log: Callable[[str], None] = lambda _m: None,
+    per_step_timeout_s: float = 30.0,
+    profile: str | None = None,
+) -> SoakReport:
+    """Kill ``cellcal run`` with SIGKILL ``kills`` times while it captures; audit; return the report.
+
+    Raises SoakError when a promise is broken (a published station missing, a duplicate, a
+    run that does not finish, a result that disagrees with the uninterrupted run).
+    """
+    t0 = time.monotonic()
+    rng = random.Random(seed)
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    profile = (profile_of(scenario) if scenario is not None else "exact") if profile is None else profile
+    sim = SimProcess(SCENARIOS.get(scenario, FAST_SCENARIO) if isinstance(scenario, str)
+                     else scenario if scenario is not None else FAST_SCENARIO, workdir / "sim.log")
+    daemon: DaemonProcess | None = None
+    rec: Recorder | None = None
+    try:
+        urls = sim.start()
+        log(f"sim: {urls}")
+        reference = reference_run(urls, workdir / "reference", n_stations=n_stations, profile=profile)
+        log(f"reference run: {reference['n_stations']} stations, rms {reference['rms_translation_m'] * 1e6:.2f} um")
+
+        kdir = workdir / "killed"
+        kdir.mkdir()
+        cfg = daemon_config(robot_url=urls["robot"], tracker_url=urls["tracker"], workdir=kdir, n_stations=n_stations,
+                            profile=profile)
+        conf = write_config(kdir / "cellcal.toml", cfg)
+        state_dir = Path(cfg["service"]["state_dir"])
+        rec = Recorder(cfg["zmq"]["pub_endpoint"])
+        instances: list[Instance] = []
+        boots: set[str] = set()
+        published: set[tuple[int, int]] = set()
+        by_accepted: dict[int, int] = {}
+        rejections = 0
+        run_id: int | None = None
+        n_kills = 0
+        n_committed = 0
+        interrupted: set[int] = set()  # runs open when an instance was killed
+        while n_kills < kills:
+            # Every message of the new instance counts, also those that came in before its
+            # first heartbeat reached us (the first one can fall in ZeroMQ's join window).
+            cursor = len(rec.messages)
+            daemon = DaemonProcess(conf, kdir / "daemon.log").start()
+            inst = Instance(None, time.monotonic() - t0)
+            instances.append(inst)
+            inst.boot_id, first_state = _wait_heartbeat(rec, daemon, boots, per_step_timeout_s)
+            state: str | None = first_state
+            boots.add(inst.boot_id)
+            if run_id is None or run_status(state_dir, run_id) not in _OPEN:
+                # The previous run finished (maybe just before the last kill): start the next.
+                run_id = _start_run(cfg["zmq"]["cmd_endpoint"])
+                log(f"run {run_id} started")
+            # Kill after a random number of this instance's accepted stations, then a random
+            # delay up to about one station's time: the kill lands in any phase of a station.
+            want = rng.choice((0, 0, 1, 1, 2))
+            delay = rng.uniform(0.0, 0.6)
+            deadline = time.monotonic() + per_step_timeout_s
+            kill_at = None
+            next_poll = time.monotonic() + 0.2
+            while True:
+                rec.pump(0.02)
+                new, cursor = rec.messages[cursor:], len(rec.messages)
+                for topic, env in new:
+                    if env["boot_id"] != inst.boot_id:
+                        continue
+                    b = env["body"]
+                    if topic == P.TOPIC_STATION:
+                        if b["accepted"]:
+                            key = (int(b["run_id"]), int(b["index"]))
+                            if key in published:
+                                raise SoakError(f"station {key} published as accepted twice")
+                            published.add(key)
+                            inst.accepted.append(key)
+                        else:
+                            rejections += 1
+                    elif topic in (P.TOPIC_STATE, P.TOPIC_HEARTBEAT):
+                        state = b["state"]
+                    elif topic == P.TOPIC_RESULT and b.get("run_id") == str(run_id) and not b.get("retained"):
+                        # The run finished before this instance's kill: start another one
+                        # and kill this instance during *its* capture instead.
+                        log(f"run {run_id} done ({b.get('n_stations')} stations)")
+                        run_id = _start_run(cfg["zmq"]["cmd_endpoint"])
+                        log(f"run {run_id} started")
+                        kill_at = None
+                    elif topic == P.TOPIC_FAULT:
+                        log(f"fault: {b.get('message')}")
+                if (kill_at is None and state == P.STATE_IDLE and time.monotonic() >= next_poll
+                        and run_status(state_dir, run_id) not in _OPEN):
+                    # The run closed without us seeing its result (a resumed run that only had
+                    # to be closed, its message sent before our SUB caught up): start the next.
+                    log(f"run {run_id} closed")
+                    run_id = _start_run(cfg["zmq"]["cmd_endpoint"])
+                    log(f"run {run_id} started")
+                    state = None
+                if state == P.STATE_IDLE and time.monotonic() >= next_poll:
+                    next_poll = time.monotonic() + 0.2
+                if kill_at is None and len(inst.accepted) >= want and state == P.STATE_CAPTURING:
+                    kill_at = time.monotonic() + delay
+                if kill_at is not None and time.monotonic() >= kill_at:
+                    break
+                if not daemon.alive():
+                    raise SoakError(f"cellcal run exited by itself ({daemon.returncode}):\n{daemon.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise SoakError(f"instance {len(instances)} did not capture within {per_step_timeout_s} s:\n"
+                                    f"{daemon.log_tail()}")
+            inst.state_at_kill = state
+            interrupted.add(run_id)
+            rc = daemon.kill9()
+            if rc != -signal.SIGKILL:
+                raise SoakError(f"kill -9 gave exit code {rc}")
+            inst.killed_s = time.monotonic() - t0
+            n_kills += 1
+            by_accepted[len(inst.accepted)] = by_accepted.get(len(inst.accepted), 0) + 1
+            # Everything this instance published must be in the store already.
+            now_stored = set(map(tuple, audit_store(state_dir)["stations"]))
+            inst.committed, n_committed = len(now_stored) - n_committed, len(now_stored)
+            missing = set(inst.accepted) - now_stored
+            if missing:
+                raise SoakError(f"stations published as accepted but not in the store after kill {n_kills}: {sorted(missing)}")
+            if n_kills % 10 == 0:
+                log(f"{n_kills} kills, {len(published)} stations published so far")
+
+        # A last instance finishes the open run; SIGTERM stops it cleanly.
+        cursor = len(rec.messages)
+        daemon = DaemonProcess(conf, kdir / "daemon.log").start()
+        inst = Instance(None, time.monotonic() - t0)
+        instances.append(inst)
+        inst.boot_id, _state = _wait_heartbeat(rec, daemon, boots, per_step_timeout_s)
+        assert run_id is not None  # every kill happened during a run
+        if run_status(state_dir, run_id) in _OPEN:
+            deadline = time.monotonic() + per_step_timeout_s * 2
+            while run_status(state_dir, run_id) in _OPEN:
+                rec.pump(0.05)
+                new, cursor = rec.messages[cursor:], len(rec.messages)
+                for topic, env in new:
+                    if topic == P.TOPIC_STATION and env["boot_id"] == inst.boot_id and env["body"]["accepted"]:
+                        published.add((int(env["body"]["run_id"]), int(env["body"]["index"])))
+                if not daemon.alive():
+                    raise SoakError(f"the last daemon exited:\n{daemon.log_tail()}")
+                if time.monotonic() > deadline:
+                    raise SoakError(f"run {run_id} did not finish after the last restart:\n{daemon.log_tail()}")
+        rec.pump(0.1)
+        rc = daemon.terminate()
+        if rc != 0:
+            raise SoakError(f"the last daemon exited {rc} after SIGTERM:\n{daemon.log_tail()}")
+        daemon = None
+
+        audit = audit_store(state_dir)
+        check_audit(audit, published, n_stations)
+        T_ref, C_ref = transform_and_cov(reference)
+        worst = (0.0, 0.0, 0.0)
+        runs_done = sorted(r for r, v in audit["runs"].items() if v["status"] == RunStatus.DONE)
+        for res in audit["results"]:
+            T, C = transform_and_cov(res["result"])
+            xi, sig = deviation_sigmas(T_ref, C_ref, T, C)
+            if float(sig.max()) > K_SIGMA:
+                raise SoakError(
+                    f"result {res['id']} (run {res['run_id']}) differs from the uninterrupted run by "
+                    f"{np.array2string(xi, precision=9)} = {np.array2string(sig, precision=2)} sigma (limit {K_SIGMA})"
+                )
+            worst = (max(worst[0], float(sig.max())), max(worst[1], float(np.linalg.norm(xi[:3]))),
+                     max(worst[2], float(np.linalg.norm(xi[3:]))))
+        return SoakReport(
+            kills=n_kills, instances=instances, published_accepted=published, audit=audit, reference=reference,
+            runs_done=runs_done, worst_sigma=worst[0], worst_translation_m=worst[1], worst_rotation_rad=worst[2],
+            wall_s=time.monotonic() - t0, kills_by_accepted_before=by_accepted, rejections_seen=rejections,
+            runs_resumed=len(interrupted & set(runs_done)),
+        )
+    finally:
+        if daemon is not None:
+            daemon.stop()
+        if rec is not None:
+            rec.close()
+        sim.stop()
+
+
+def check_audit(audit: dict, published: set[tuple[int, int]], n_stations: int) -> None:
+    if audit["integrity"] != ["ok"]:
+        raise SoakError(f"PRAGMA integrity_check: {audit['integrity']}")
+    if audit["duplicates"]:
+        raise SoakError(f"stations stored twice: {audit['duplicates']}")
+    stored = set(map(tuple, audit["stations"]))
+    if missing := published - stored:
+        raise SoakError(f"stations published as accepted but missing from the store: {sorted(missing)}")
+    for run_id, r in audit["runs"].items():
+        if r["status"] != RunStatus.DONE:
+            raise SoakError(f"run {run_id} ended {r['status']} ({r['reason']})")
+        got = sorted(i for (rid, i) in stored if rid == run_id)
+        if got != list(range(n_stations)):
+            raise SoakError(f"run {run_id} has stations {got}, expected 0..{n_stations - 1} once each")
+    per_run: dict[int, int] = {}
+    for res in audit["results"]:
+        per_run[res["run_id"]] = per_run.get(res["run_id"], 0) + 1
+    if per_run != {r: 1 for r in audit["runs"]}:
+        raise SoakError(f"results per run {per_run}: every run must have exactly one")
+
+
+# ---- the in-process cell ----------------------------------------------------------------------
+
+
+def nonconforming_bodies(events: list[tuple[float, str, dict]]) -> list[tuple[str, list[str], str]]:
+    """``(topic, problems, body excerpt)`` of every recorded body that does not conform to its
+    topic's TypedDict (``protocol.check_body``), as the wire carries it."""
+    bad = []
+    for _t, topic, body in events:
+        # The ZeroMQ server sets ``retained`` on the result topic; the listener sees the body
+        # before that, so check what the wire carries.
+        wire = dict(body, retained=bool(body.get("retained", False))) if topic == P.TOPIC_RESULT else body
+        problems = P.check_body(topic, P.unpack(P.pack(wire), max_array=1 << 24, max_map=1 << 20))
+        if problems:
+            bad.append((topic, problems[:3], str(body)[:200]))
+    return bad
+
+
+class InProcessCell:
+    """A running in-process cell: the sims, the daemon's :class:`~cellcal.daemon.app.App`, and
+    every event the service emitted (``(seconds since start, topic, body)``).
+
+    Attributes
+    ----------
+    scenario, world
+        The simulated cell and the truth it hides (``world.cell_T_base()``).
+    robot, tracker
+        The simulator handles (``.url``).
+    cfg : Config
+    app : App
+    svc : Service
+    server : ZmqServer
+    """
+
+    def __init__(self, scenario: Any, world: Any, robot: Any, tracker: Any, cfg: Any) -> None:
+        self.scenario, self.world, self.robot, self.tracker, self.cfg = scenario, world, robot, tracker, cfg
+        self.app: Any = None
+        self.events: list[tuple[float, str, dict]] = []
+        self._cond = threading.Condition()
+        self.t0 = time.monotonic()
+
+    @property
+    def svc(self) -> Any:
+        return self.app.service
+
+    @property
+    def server(self) -> Any:
+        return self.app.server
+
+    def on_event(self, topic: str, body: dict) -> None:
+        with self._cond:
+            self.events.append((time.monotonic() - self.t0, topic, body))
+            self._cond.notify_all()
+
+    def bodies(self, topic: str) -> list[dict]:
+        with self._cond:
+            return [b for _t, top, b in self.events if top == topic]
+
+    def wait_for(self, pred: Callable[[str, dict], bool], timeout_s: float, what: str) -> dict:
+        """The first event body (from the start) with ``pred(topic, body)``; HarnessError after the timeout."""
+        deadline = time.monotonic() + timeout_s
+        i = 0
+        with self._cond:
+            while True:
+                for _t, topic, body in self.events[i:]:
+                    if pred(topic, body):
+                        return body
+                i = len(self.events)
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    last = [(round(t, 2), top, str(b)[:120]) for t, top, b in self.events[-8:]]
+                    raise HarnessError(f"no {what} within {timeout_s} s; state {self.svc.state.value} "
+                                       f"{self.svc.state_detail!r}; last events: {last}")
+                self._cond.wait(min(remaining, 0.5))
+
+    def wait_result(self, run_id: int | str, timeout_s: float = 40.0) -> dict:
+        """The (not retained) result body of run ``run_id``; the HarnessError of a run that
+        gave none says how the run ended (its status and reason in the store)."""
+        try:
+            return self.wait_for(lambda t, b: t == P.TOPIC_RESULT and b.get("run_id") == str(run_id)
+                                 and not b.get("retained"), timeout_s, f"result of run {run_id}")
+        except HarnessError as exc:
+            try:
+                run = self.svc.store.get_run(int(str(run_id).removeprefix("run-")))
+                how = f"run {run_id} is {run.status.value}: {run.status_reason or 'no reason recorded'}"
+            except (CellcalError, sqlite3.Error, ValueError) as why:  # the diagnosis must not hide the timeout
+                how = f"run {run_id}: its record could not be read ({why})"
+            raise HarnessError(f"{exc}; {how}") from None
+
+    def nonconforming(self) -> list[tuple[str, list[str], str]]:
+        with self._cond:
+            return nonconforming_bodies(list(self.events))
+
+    def on_first(self, pred: Callable[[str, dict], bool], action: Callable[[], None]) -> threading.Event:
+        """Run ``action()`` once, inside the service's emit of the first event with
+        ``pred(topic, body)`` (so before the worker moves on: e.g. right after a station was
+        committed and published); the returned event is set once it ran."""
+        done = threading.Event()
+
+        def listener(topic: str, body: dict) -> None:
+            if not done.is_set() and pred(topic, body):
+                try:
+                    action()
+                finally:
+                    done.set()
+
+        self.svc.add_listener(listener)
+        return done
+
+    def states(self, since: int = 0) -> list[dict]:
+        """The ``state`` bodies emitted from event number ``since`` on (see :meth:`mark`)."""
+        with self._cond:
+            return [b for _t, top, b in self.events[since:] if top == P.TOPIC_STATE]
+
+    def mark(self) -> int:
+        """The number of events so far (a position for :meth:`states` and :meth:`since`)."""
+        with self._cond:
+            return len(self.events)
+
+    def since(self, mark: int, topic: str | None = None) -> list[dict]:
+        """Bodies emitted from event number ``mark`` on (of ``topic``, if given)."""
+        with self._cond:
+            return [b for _t, top, b in self.events[mark:] if topic is None or top == topic]
+
+
+@contextmanager
+def inprocess_cell(
+    workdir: Path,
+    *,
+    scenario: str | os.PathLike[str] | Scenario | None = None,
+    n_stations: int | None = 6,
+    overrides: Mapping[str, Any] | None = None,
+    base_config: str | os.PathLike[str] | None = None,
+    state_dir: Path | None = None,
+    robot_transport: str = "rtde",
+    tracker_transport: str | None = None,
+    instrument: str = "cellcal",
+    validate_bodies: bool = False,
+    zmq: bool = True,
+    profile: str | None = None,
+) -> Iterator[InProcessCell]:
+    """The simulated cell and the daemon in this process; stopped and closed on exit.
+
+    Parameters
+    ----------
+    workdir : Path
+        For the store (``workdir/state``, unless ``state_dir``) and the runtime directory.
+    scenario : Path, Scenario or str, optional
+        Default :data:`FAST_SCENARIO`; a name of :data:`SCENARIOS` (``"realistic"``) also
+        brings that cell's daemon settings (:data:`PROFILE_OVERRIDES`, under ``overrides``).
+    n_stations, overrides, base_config
+        As :func:`daemon_config` (``base_config`` is its ``base``).
+    robot_transport : {"rtde", "canopen"}
+        RTDE on loopback, or six CiA 402 drives on a python-can virtual bus of its own.
+    tracker_transport : {"pty", "tcp"}, optional
+        Default: the instrument's first (a pty; emScon: TCP).
+    instrument : {"cellcal", "emscon", "geocom"}
+        The simulated instrument (``cellcal.daemon.cli.instruments``): the cellcal tracker
+        protocol (6-DoF, default), a Leica emScon tracker or a GeoCOM total station; the
+        ``[tracker]`` keys it needs (``measure = "point"`` ...) are merged under
+        ``overrides`` (which win).
+    validate_bodies : bool
+        The ZeroMQ server also checks every body it publishes.
+    zmq : bool
+        Serve ZeroMQ (default); False for a benchmark that only needs the service.
+    profile : str, optional
+        The daemon settings of a named cell (:data:`PROFILE_OVERRIDES`) for a scenario given
+        as a path or a Scenario (e.g. a copy of the realistic cell with a fault appended).
+    """
+    from cellcal.daemon.app import App
+    from cellcal.daemon.cli.instruments import config_overrides, start_simulated
+    from cellcal.daemon.config import load_config_text
+    from cellcal.sim.robot_sim import start_sim_robot
+    from cellcal.sim.scenario import Scenario, load_scenario
+
+    if profile is None:
+        profile = "exact" if scenario is None or isinstance(scenario, Scenario) else profile_of(scenario)
+    if isinstance(scenario, str) and scenario in SCENARIOS:
+        scenario = SCENARIOS[scenario]
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(FAST_SCENARIO if scenario is None else Path(scenario))
+    workdir = Path(workdir)
+    workdir.mkdir(parents=True, exist_ok=True)
+    world = sc.make_world()
+    robot = tracker = app = None
+    try:
+        if robot_transport == "canopen":
+            # A channel of its own: the virtual bus is process-wide, and tests run in one process.
+            robot = start_sim_robot(world, sc.robot, transport="canopen", can_interface="virtual",
+                                    can_channel=f"cellcal-harness-{os.getpid()}-{time.monotonic_ns()}")
+        else:
+            robot = start_sim_robot(world, sc.robot, transport="rtde")
+        tracker = start_simulated(instrument, world, sc.tracker, seed=sc.seed, transport=tracker_transport)
+        cfgd = daemon_config(robot_url=robot.url, tracker_url=tracker.url, workdir=workdir, n_stations=n_stations,
+                             overrides=_merge(config_overrides(instrument), overrides or {}), base=base_config,
+                             profile=profile)
+        if state_dir is not None:
+            cfgd["service"]["state_dir"] = str(state_dir)
+        cfg = load_config_text(to_toml(cfgd), source=str(workdir / "cellcal.toml"))
+        cell = InProcessCell(sc, world, robot, tracker, cfg)
+        app = App(cfg, listeners=[cell.on_event], supervise=True, validate_bodies=validate_bodies, zmq=zmq,
+                  shutdown_timeout_s=15.0)
+        cell.app = app
+        app.open()
+        yield cell
+    finally:
+        if app is not None:
+            app.close()
+        if tracker is not None:
+            tracker.close()
+        if robot is not None:
+            robot.close()

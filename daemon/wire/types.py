@@ -1,0 +1,492 @@
+"""The bodies of the ``cellcal/v1`` topics and the results of its commands, as TypedDicts.
+
+These are the contract the daemon produces and clients read (``docs/protocols/zeromq.md``
+repeats them with units); :func:`check_body`, :func:`check_result` and :func:`check_reply`
+let the daemon's tests assert what it publishes. Read through ``cellcal.daemon.protocol``.
+"""
+
+from __future__ import annotations
+
+import math
+import types
+import typing
+from collections.abc import Mapping
+from typing import Any, Literal, TypedDict, Union
+
+from cellcal.daemon.wire.commands import CommandError, _is_number, _what
+from cellcal.daemon.wire.vocabulary import (
+    E_BAD_REQUEST,
+    ERROR_CODES,
+    TOPIC_DRIFT,
+    TOPIC_FAULT,
+    TOPIC_HEARTBEAT,
+    TOPIC_RESULT,
+    TOPIC_STATE,
+    TOPIC_STATION,
+    DeviceName,
+    DriftAction,
+    DriftStatus,
+    ErrorCode,
+    MotionMode,
+    RunKind,
+    StateName,
+)
+
+# --- bodies of topics and results of commands ----------------------------------------------------
+# These TypedDicts are the contract the daemon produces and clients read (the doc repeats
+# them with units). Optional values are ``X | None`` and always present; the checker below
+# lets the daemon's tests assert what it publishes.
+
+
+class DeviceStatus(TypedDict):
+    connected: bool
+    url: str                      # as configured (robot.url / tracker.url)
+    identity: str | None          # model and serial the device reported; None if never connected
+
+
+class Devices(TypedDict):
+    robot: DeviceStatus
+    tracker: DeviceStatus
+
+
+class HeartbeatBody(TypedDict):
+    cell: str                     # [service] name
+    state: StateName
+    uptime_s: float               # since the daemon started (monotonic)
+    heartbeat_s: float            # the heartbeat period; silence for 3 periods means trouble
+    devices: Devices              # "robot" and "tracker"
+    active_result_id: str | None
+    suspect: bool                 # the active result failed a drift check
+    run_id: str | None            # run or drift check in progress
+    version: str                  # cellcal version
+
+
+StatusResult = HeartbeatBody  # get_status returns the heartbeat body, fresh
+
+
+class StateBody(TypedDict):
+    state: StateName
+    previous: StateName | None    # state before this transition (None at start)
+    reason: str                   # why, for people ("run r-12 started by ops (3f9a1c2e)")
+    run_id: str | None
+    kind: RunKind | None          # run kind while CAPTURING/SOLVING
+    motion_mode: MotionMode
+
+
+class SettleFigures(TypedDict):
+    robot_rest_s: float           # how long the robot had been at rest at capture
+    max_joint_speed_rad_s: float  # over the rest window
+    max_flange_speed_m_s: float
+    tracker_std_translation_m: float
+    tracker_std_rotation_rad: float | None  # None for point (3-DoF) measurements
+    overlap_s: float              # overlap of the robot and tracker rest windows
+
+
+class StationBody(TypedDict):
+    run_id: str
+    index: int                    # 0-based station index in the plan (observe mode: capture number)
+    planned: int                  # stations in the plan (observe mode: stations wanted)
+    attempt: int                  # 1-based attempt at this station
+    accepted: bool
+    reason: str | None            # why rejected; None when accepted
+    accepted_count: int           # accepted stations so far in this run
+    settle: SettleFigures
+
+
+class Quaternion(TypedDict):
+    w: float
+    x: float
+    y: float
+    z: float
+
+
+class Transform(TypedDict):
+    parent_frame: str
+    child_frame: str
+    matrix: list[float]           # 16, row-major, translation in metres
+    translation_m: list[float]    # 3
+    quaternion: Quaternion        # w >= 0
+
+
+class Point(TypedDict):
+    frame: str                    # the frame the coordinates are in (a of a_p_x)
+    position_m: list[float]       # 3
+
+
+class Residuals(TypedDict):
+    translation_m: list[float]    # per station
+    rotation_rad: list[float]
+
+
+class Provenance(TypedDict):
+    config_sha256: str
+    device_serials: dict[str, str]  # "robot", "tracker"
+    solver: str
+    frame_convention: str
+    valid_from_ns: int            # wall-clock UTC ns from which the result describes the cell
+    cellcal_version: str
+
+
+class WeakestAxis(TypedDict):
+    frame: str                    # frame of the unit vector
+    unit: list[float]             # 3, the direction the data determine least well
+
+
+class Covariance(TypedDict):
+    shape: list[int]              # [6, 6] for a transform, [3, 3] for a point
+    values: list[float | None]    # row-major; None where not computed
+
+
+class JointCovariance(TypedDict):
+    order: list[str]              # estimate names, one block each (6 per transform, 3 per point)
+    shape: list[int]              # [k, k]
+    values: list[float | None]    # row-major
+
+
+class Uncertainty(TypedDict):
+    convention: str               # right perturbation T exp(xi), xi = (rho [m], phi [rad]); points m^2
+    covariance: dict[str, Covariance]  # every transform and point of the result, by name
+    joint: JointCovariance
+    sigma_translation_m: float | None   # 1-sigma (root of the trace) of the first estimate
+    sigma_rotation_rad: float | None
+    noise_translation_m: float | None   # per-axis measurement 1-sigma the fit used
+    noise_rotation_rad: float | None    # None for point measurements
+    noise_source: str
+    chi2: float | None
+    dof: int
+    refined: bool                 # maximum-likelihood refinement (False: the linear answer)
+    iterations: int
+    downweighted_stations: list[int]
+
+
+class Holdout(TypedDict):
+    method: str                   # "linearised leave-one-out", "k-fold refit", ...
+    folds: int
+    p50_translation_m: float | None     # None: not determinable without some station
+    p90_translation_m: float | None
+    max_translation_m: float | None
+    p50_rotation_rad: float | None
+    p90_rotation_rad: float | None
+    max_rotation_rad: float | None
+    inflation: float | None       # RMS held-out over RMS in-sample closure
+    translation_m: list[float | None]   # per station
+    rotation_rad: list[float | None]
+
+
+class LinearAgreement(TypedDict):
+    translation_m: float | None
+    rotation_rad: float | None
+    sigmas: float | None          # Mahalanobis length under the refined covariance
+
+
+class _ResultBodyV1(TypedDict):
+    result_id: str
+    run_id: str | None
+    kind: RunKind
+    cell: str
+    created_ns: int               # wall-clock UTC ns
+    active: bool
+    suspect: bool
+    retained: bool                # True when republished unchanged (every [zmq] republish_s)
+    transforms: dict[str, Transform]  # every transform the result estimated, by name
+    n_stations: int
+    rms_translation_m: float
+    max_translation_m: float
+    rms_rotation_rad: float
+    max_rotation_rad: float
+    axis_spread: float            # 0 = parallel rotation axes ... 1 = isotropic
+    residuals: Residuals
+    provenance: Provenance
+
+
+class ResultBody(_ResultBodyV1, total=False):
+    """A calibration result (``cellcal/v1/result``, ``get_result``).
+
+    The keys declared here were added within v1: every result this version solves has them
+    (``cellcal.daemon.report.result_to_wire`` writes them for every result type), results
+    stored by earlier versions may lack them. ``holdout`` and ``linear_agreement`` are
+    ``None`` when the result has none.
+    """
+
+    points: dict[str, Point]      # every point the result estimated, by name (may be empty)
+    n_motions: int
+    weakest_axis: WeakestAxis
+    max_motion_rad: float
+    solver: str
+    frame_convention: str
+    uncertainty: Uncertainty
+    holdout: Holdout | None
+    linear_agreement: LinearAgreement | None
+
+
+class DriftStation(TypedDict):
+    index: int                    # check station index
+    translation_m: float
+    rotation_rad: float | None    # None for point measurements
+
+
+class Cusum(TypedDict):
+    value_m: float                # current CUSUM statistic
+    k_m: float                    # slack per check
+    h_m: float                    # alarm level
+    alarm: bool
+
+
+class DriftBody(TypedDict):
+    result_id: str
+    check_id: int                 # 1-based count of checks of this result
+    deviation_translation_m: float  # worst over the check stations
+    deviation_rotation_rad: float | None
+    warn_translation_m: float
+    fail_translation_m: float
+    warn_rotation_rad: float
+    fail_rotation_rad: float
+    cusum: Cusum
+    status: DriftStatus
+    suspect: bool                 # the result is now marked suspect
+    action: DriftAction
+    stations: list[DriftStation]
+
+
+class FaultBody(TypedDict):
+    code: ErrorCode               # an error code (E_DEVICE, E_INTERNAL, ...)
+    device: DeviceName | None     # "robot", "tracker" or None (the daemon itself)
+    message: str
+    state: StateName              # daemon state after the fault
+    active: bool                  # True when raised, False when cleared
+    retry_in_s: float | None      # next reconnection attempt
+
+
+class SnapshotResult(TypedDict):
+    seq: int
+    boot_id: str
+    messages: dict[str, dict[str, Any]]  # topic -> envelope
+
+
+class ResultSummary(TypedDict):
+    result_id: str
+    run_id: str | None
+    kind: str
+    created_ns: int
+    active: bool
+    suspect: bool
+    accepted: bool                # passed its acceptance gates (only accepted results can be activated)
+    n_stations: int
+    rms_translation_m: float
+    rms_rotation_rad: float
+
+
+class ListResultsResult(TypedDict):
+    results: list[ResultSummary]
+    active_result_id: str | None
+
+
+class ToBasePointResult(TypedDict):
+    result_id: str
+    suspect: bool
+    frame: str                    # "base"
+    point_m: list[float]
+
+
+class ToBasePoseResult(TypedDict):
+    result_id: str
+    suspect: bool
+    pose: Transform               # base_T_<child_frame>
+
+
+class StartRunResult(TypedDict):
+    run_id: str
+    kind: RunKind
+    planned: int
+
+
+class AbortResult(TypedDict):
+    aborted: bool
+    run_id: str | None
+
+
+class DriftCheckResult(TypedDict):
+    result_id: str                # the calibration the queued check will measure
+    check_id: int                 # the check_id its cellcal/v1/drift message will carry (ADR 0009)
+
+
+class ActivateResult(TypedDict):
+    active_result_id: str
+    previous_result_id: str | None
+
+
+BODY_TYPES: dict[str, type] = {
+    TOPIC_HEARTBEAT: HeartbeatBody, TOPIC_STATE: StateBody, TOPIC_STATION: StationBody,
+    TOPIC_RESULT: ResultBody, TOPIC_DRIFT: DriftBody, TOPIC_FAULT: FaultBody,
+}
+RESULT_TYPES: dict[str, Any] = {
+    "get_status": StatusResult, "get_snapshot": SnapshotResult, "get_result": ResultBody,
+    "list_results": ListResultsResult, "to_base": ToBasePointResult | ToBasePoseResult,
+    "start_run": StartRunResult, "abort": AbortResult, "run_drift_check": DriftCheckResult,
+    "activate_result": ActivateResult,
+}
+
+
+def _problems(value: Any, tp: Any, path: str) -> list[str]:
+    origin = typing.get_origin(tp)
+    if tp is Any:
+        return []
+    if tp is type(None):
+        return [] if value is None else [f"{path}: expected nil, got {_what(value)}"]
+    if origin is Union or origin is types.UnionType:
+        options = typing.get_args(tp)
+        attempts = [_problems(value, o, path) for o in options]
+        return [] if any(not a for a in attempts) else min(attempts, key=len)
+    if origin is Literal:
+        return [] if value in typing.get_args(tp) else [f"{path}: expected one of {typing.get_args(tp)}, got {_what(value)}"]
+    if tp is bool:
+        return [] if isinstance(value, bool) else [f"{path}: expected a boolean, got {_what(value)}"]
+    if tp is int:
+        ok = isinstance(value, int) and not isinstance(value, bool)
+        return [] if ok else [f"{path}: expected an integer, got {_what(value)}"]
+    if tp is float:
+        return [] if _is_number(value) else [f"{path}: expected a finite number, got {_what(value)}"]
+    if tp is str:
+        return [] if isinstance(value, str) else [f"{path}: expected a string, got {_what(value)}"]
+    if origin is list:
+        if not isinstance(value, list):
+            return [f"{path}: expected an array, got {_what(value)}"]
+        (et,) = typing.get_args(tp)
+        return [p for i, x in enumerate(value) for p in _problems(x, et, f"{path}[{i}]")]
+    if origin is dict:
+        if not isinstance(value, dict):
+            return [f"{path}: expected a map, got {_what(value)}"]
+        _kt, vt = typing.get_args(tp)
+        return [p for k, x in value.items() for p in _problems(x, vt, f"{path}.{k}")]
+    if typing.is_typeddict(tp):
+        if not isinstance(value, dict):
+            return [f"{path}: expected a map, got {_what(value)}"]
+        hints = typing.get_type_hints(tp)
+        out = []
+        for k, t in hints.items():
+            if k not in value:
+                if k in tp.__required_keys__:
+                    out.append(f"{path}.{k}: missing")
+            else:
+                out += _problems(value[k], t, f"{path}.{k}" if path else k)
+        return out
+    raise TypeError(f"no checker for {tp!r}")  # a schema bug
+
+
+def check_body(topic: str, body: Any) -> list[str]:
+    """What is wrong with ``body`` for ``topic`` (empty list: it conforms; extra fields are allowed)."""
+    if topic not in BODY_TYPES:
+        return [f"unknown topic {topic!r}"]
+    return _problems(body, BODY_TYPES[topic], "body")
+
+
+def check_result(cmd: str, result: Any) -> list[str]:
+    """What is wrong with the ``result`` of command ``cmd`` (empty list: it conforms)."""
+    if cmd not in RESULT_TYPES:
+        return [f"unknown command {cmd!r}"]
+    return _problems(result, RESULT_TYPES[cmd], "result")
+
+
+def check_reply(cmd: str, reply: Any, request_id: str | int | None = None) -> list[str]:
+    """What is wrong with a whole reply to ``cmd``: ``{id, ok, result}`` or ``{id, ok: false, error}``.
+
+    ``request_id``, when given, must be echoed. An ``ok`` reply's ``result`` is checked with
+    :func:`check_result`; an error's ``code`` must be one of ``ERROR_CODES``.
+    """
+    if not isinstance(reply, dict):
+        return [f"reply: expected a map, got {_what(reply)}"]
+    out = []
+    if request_id is not None and (reply.get("id") != request_id or type(reply.get("id")) is not type(request_id)):
+        out.append(f"reply.id: expected {request_id!r}, got {reply.get('id')!r}")
+    ok = reply.get("ok")
+    if not isinstance(ok, bool):
+        return out + [f"reply.ok: expected a boolean, got {_what(ok)}"]
+    if ok:
+        if "result" not in reply:
+            return out + ["reply.result: missing"]
+        return out + check_result(cmd, reply["result"])
+    err = reply.get("error")
+    if not isinstance(err, dict):
+        return out + [f"reply.error: expected a map, got {_what(err)}"]
+    if err.get("code") not in ERROR_CODES:
+        out.append(f"reply.error.code: expected one of {ERROR_CODES}, got {_what(err.get('code'))}")
+    if not isinstance(err.get("message"), str) or not err.get("message"):
+        out.append(f"reply.error.message: expected a non-empty string, got {_what(err.get('message'))}")
+    return out
+
+
+def find_non_finite(obj: Any, path: str = "result", _depth: int = 0) -> str | None:
+    """The path of the first NaN or infinity in ``obj`` (dicts, lists, numbers), or ``None``.
+
+    Replies never carry non-finite numbers (msgpack would, JSON and many clients would not);
+    the server refuses a result holding one. Numpy arrays count like lists.
+    """
+    if isinstance(obj, float):
+        return None if math.isfinite(obj) else path
+    if _depth > 64:
+        return None  # results are shallow; deeper is no number of ours
+    if isinstance(obj, Mapping):
+        for k, v in obj.items():
+            bad = find_non_finite(v, f"{path}.{k}", _depth + 1)
+            if bad:
+                return bad
+        return None
+    if isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            bad = find_non_finite(v, f"{path}[{i}]", _depth + 1)
+            if bad:
+                return bad
+        return None
+    if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
+        return find_non_finite(obj.tolist(), path, _depth + 1)
+    return None
+
+
+# --- to_base -------------------------------------------------------------------------------------
+
+
+def pose_from_wire(pose: Mapping[str, Any]):
+    """4x4 ``numpy`` transform from a validated pose argument (``matrix`` or translation + quaternion)."""
+    import numpy as np
+
+    if "matrix" in pose:
+        return np.array(pose["matrix"], dtype=float).reshape(4, 4)
+    from cellcal.solver.se3 import transform_from_xyz_quat
+
+    q = pose["quaternion"]
+    return transform_from_xyz_quat(np.array(pose["translation_m"], dtype=float),
+                                   np.array([q["w"], q["x"], q["y"], q["z"]], dtype=float))
+
+
+def to_base_reply(cell_T_base: Any, args: Mapping[str, Any], *, result_id: str, suspect: bool) -> dict[str, Any]:
+    """The ``to_base`` result for validated ``args``, given the calibration's ``cell_T_base``.
+
+    A point ``cell_p`` becomes ``base_p = inv(cell_T_base) @ cell_p``; a pose ``cell_T_x``
+    becomes ``base_T_x = inv(cell_T_base) @ cell_T_x``, in wire form with ``child_frame``
+    named by ``args["child_frame"]``.
+    """
+    import numpy as np
+
+    from cellcal.daemon.report import transform_to_wire
+    from cellcal.solver.se3 import se3_inverse
+
+    with np.errstate(over="ignore", invalid="ignore"):
+        base_T_cell = se3_inverse(np.asarray(cell_T_base, dtype=float))
+        if "point_m" in args:
+            p = base_T_cell[:3, :3] @ np.asarray(args["point_m"], dtype=float) + base_T_cell[:3, 3]
+            out: dict[str, Any] = {"result_id": result_id, "suspect": bool(suspect), "frame": "base",
+                                   "point_m": [float(v) for v in p]}
+        else:
+            base_T_x = base_T_cell @ pose_from_wire(args["pose"])
+            if not np.all(np.isfinite(base_T_x)):
+                raise CommandError(E_BAD_REQUEST, "to_base: the pose in the base frame is not finite "
+                                                  "(an argument near the float 64 maximum)")
+            child = args.get("child_frame", "pose")
+            out = {"result_id": result_id, "suspect": bool(suspect), "pose": transform_to_wire(f"base_T_{child}", base_T_x)}
+    bad = find_non_finite(out)
+    if bad:
+        # Refuse rather than send inf: the arguments are in range, so the calibration or the
+        # point is beyond what float 64 can carry through the product.
+        raise CommandError(E_BAD_REQUEST, f"to_base: {bad} would not be finite; the argument is out of range")
+    return out
+
