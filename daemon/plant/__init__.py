@@ -144,12 +144,20 @@ class Plant:
 
     Each adapter's start, events and stop are isolated: an exception is logged and published
     as that interface's fault, and the others go on.
+
+    Attributes
+    ----------
+    adapters : list
+        The enabled interfaces that could be built, in start order.
+    faults : dict
+        The latest fault body (raised or cleared) of each interface that had one.
     """
 
     def __init__(self, port: DaemonPort, cfg: Any) -> None:
         self.port = port
         self.adapters: list[Adapter] = []
         self._faults: dict[str, bool] = {}
+        self.faults: dict[str, P.FaultBody] = {}
         self._lock = threading.Lock()
         for name in enabled_interfaces(cfg):
             try:
@@ -177,6 +185,7 @@ class Plant:
         except Exception:  # noqa: BLE001 - the fault must go out even if the status cannot be read
             state = P.STATE_IDLE
         body = interface_fault(interface, message, state=state, active=active, retry_in_s=retry_in_s)
+        self.faults[interface] = body
         try:
             self.port.publish_fault(body)
         except Exception:  # noqa: BLE001
