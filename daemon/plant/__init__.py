@@ -48,7 +48,7 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict
+from typing import Any, Protocol, TypedDict, cast
 
 from cellcal.daemon import protocol as P
 
@@ -127,7 +127,7 @@ def interface_fault(interface: str, message: str, *, state: str, active: bool,
     """The fault body of a plant interface: ``E_UNAVAILABLE``, no device, the daemon's
     current ``state`` (the service itself is not in FAULT), ``interface`` named."""
     st: Any = state if state in P.STATES else P.STATE_IDLE
-    body = P.FaultBody(code=P.E_UNAVAILABLE, device=None, message=f"{interface}: {message}", state=st,
+    body = P.FaultBody(code=cast(P.ErrorCode, P.E_UNAVAILABLE), device=None, message=f"{interface}: {message}", state=st,
                        active=active, retry_in_s=None if retry_in_s is None else float(retry_in_s))
     out: dict[str, Any] = dict(body)
     out.update(type="PlantInterface", interface=interface)

@@ -287,7 +287,8 @@ def _validate_mqtt(m: Mqtt) -> None:
     if not tls and (m.tls_ca_file or m.tls_cert_file or m.tls_key_file):
         raise _error("mqtt.url", "tls_* files are given but the URL is mqtt:// (use mqtts:// for TLS)")
     if bool(m.tls_cert_file) != bool(m.tls_key_file):
-        raise _error("mqtt.tls_key_file" if m.tls_cert_file else "mqtt.tls_cert_file", "tls_cert_file and tls_key_file go together")
+        raise _error("mqtt.tls_key_file" if m.tls_cert_file else "mqtt.tls_cert_file",
+                     "tls_cert_file and tls_key_file go together")
 
 
 def read_secret(path: str, key: str) -> str:

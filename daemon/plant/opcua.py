@@ -176,7 +176,7 @@ class _Rules(PermissionRuleset):
         role = self.roles.get(name) if name else None
         if role is None:
             return False  # not a session we activated (or a user no longer configured)
-        caller = P.Caller(key_id=f"opcua:{name}", role=role, name=name.split(":", 1)[-1])
+        caller = P.Caller(key_id=f"opcua:{name}", role=role, name=str(name).split(":", 1)[-1])
         _CALLER.set(caller)
         if action_type_id in _READ_TYPES:
             return True
@@ -192,6 +192,11 @@ class _Rules(PermissionRuleset):
                     return False
             return True
         return False  # writes, node management, history updates: nobody
+
+
+def _table(*rows: tuple[str, Any, Any]) -> tuple[tuple[str, Any, Any], ...]:
+    """Rows of (browse name, initial value, variant type) for the address space."""
+    return rows
 
 
 def _dt(ns: int | None) -> datetime | None:
@@ -315,7 +320,7 @@ class OpcUaServer:
 
     async def _build(self) -> Any:
         await self._users.load()
-        server = Server(user_manager=self._users)  # type: ignore[arg-type]
+        server = Server(user_manager=self._users)
         await server.init()
         server.set_endpoint(self.cfg.endpoint)
         server.set_server_name(f"cellcal {self.port.cell}")
@@ -334,7 +339,7 @@ class OpcUaServer:
         self.ns = await server.register_namespace(self.cfg.namespace_uri)
         methods = await self._address_space(server)
         server.set_security_policy([_POLICY[m] for m in self.cfg.security],
-                                   permission_ruleset=_Rules(self._users.roles, methods))  # type: ignore[arg-type]
+                                   permission_ruleset=_Rules(self._users.roles, methods))
         return server
 
     def _id(self, path: str) -> ua.NodeId:
@@ -349,12 +354,12 @@ class OpcUaServer:
         S, B, D, U, T = (ua.VariantType.String, ua.VariantType.Boolean, ua.VariantType.Double, ua.VariantType.UInt32,
                          ua.VariantType.DateTime)
         root = await server.nodes.objects.add_object(self._id("Cellcal"), ua.QualifiedName("Cellcal", self.ns))
-        for name, value, vt in (("Cell", self.port.cell, S), ("Version", self.port.version, S), ("State", "", S),
+        for name, value, vt in _table(("Cell", self.port.cell, S), ("Version", self.port.version, S), ("State", "", S),
                                 ("StateDetail", "", S), ("RunId", "", S), ("RobotConnected", False, B),
                                 ("TrackerConnected", False, B)):
             await self._var(root, f"Cellcal.{name}", name, value, vt)
         res = await root.add_object(self._id("Cellcal.ActiveResult"), ua.QualifiedName("ActiveResult", self.ns))
-        for name, value, vt in (("ResultId", "", S), ("Kind", "", S), ("Created", None, T), ("Suspect", False, B),
+        for name, value, vt in _table(("ResultId", "", S), ("Kind", "", S), ("Created", None, T), ("Suspect", False, B),
                                 ("SuspectReason", "", S), ("NStations", 0, U), ("RmsTranslation_mm", 0.0, D),
                                 ("RmsRotation_deg", 0.0, D), ("SigmaTranslation_mm", 0.0, D),
                                 ("SigmaRotation_deg", 0.0, D)):
@@ -364,7 +369,7 @@ class OpcUaServer:
         self._points_folder = await res.add_object(self._id("Cellcal.ActiveResult.Points"),
                                                    ua.QualifiedName("Points", self.ns))
         drift = await root.add_object(self._id("Cellcal.Drift"), ua.QualifiedName("Drift", self.ns))
-        for name, value, vt in (("ResultId", "", S), ("Status", "", S), ("Action", "", S), ("CheckId", 0, U),
+        for name, value, vt in _table(("ResultId", "", S), ("Status", "", S), ("Action", "", S), ("CheckId", 0, U),
                                 ("DeviationTranslation_mm", 0.0, D), ("DeviationRotation_deg", 0.0, D),
                                 ("Cusum_mm", 0.0, D), ("WarnTranslation_mm", 0.0, D), ("FailTranslation_mm", 0.0, D),
                                 ("CusumAlarm", False, B), ("Time", None, T)):
