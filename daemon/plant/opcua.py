@@ -76,6 +76,9 @@ from cellcal.daemon.plant.config import OpcUa, opcua_host_port, read_secret
 from cellcal.daemon.plant.views import frame_mm_deg, point_mm, sigmas
 
 log = logging.getLogger(__name__)
+# asyncua warns, for every frame it instantiates, that the type node has no AccessLevel (a
+# variable type has none to copy): normal operation, not a warning for the daemon's journal.
+logging.getLogger("asyncua.common.copy_node_util").setLevel(logging.ERROR)
 
 __all__ = ["OpcUaServer", "METHODS", "STATUS_OF", "application_uri"]
 
