@@ -344,6 +344,7 @@ class Config:
 
 
 # Element types of list fields that hold tables.
+# (+ the plant sections' own tables, lists, choices and bounds: cellcal.daemon.plant.config)
 _LIST_OF = {(Plan, "stations"): PlanStation, (Zmq, "clients"): ZmqClient, **_plant.LIST_OF}
 # List fields of integers (every other list of scalars holds numbers with a unit).
 _INT_LISTS = {(Zmq, "ipc_allowed_uids"), (Zmq, "ipc_allowed_gids")}
@@ -929,7 +930,7 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"zmq.{name}", f"expected tcp://, ipc:// or inproc://, got {ep!r}")
     _validate_export(c.export)
     validate_kinematics(c.kinematics)
-    _plant.validate_plant(c.opcua, c.mqtt, c.metrics, cell=c.service.name)
+    _plant.validate_plant(c.opcua, c.mqtt, c.metrics, cell=c.service.name)  # URLs and security rules
 
 
 def check_devices(cfg: Config) -> None:

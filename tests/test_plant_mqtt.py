@@ -18,6 +18,7 @@ Mosquitto comes from ``make os-deps``; without it the tests fail saying so (neve
 
 from __future__ import annotations
 
+import getpass
 import json
 import shutil
 import signal
@@ -240,3 +241,86 @@ def test_a_killed_daemon_leaves_its_last_will_and_a_stopped_one_says_goodbye(bro
     finally:
         daemon.stop()
         sub.close()
+
+
+def _tls_files(tmp: Path) -> tuple[Path, Path, Path]:
+    """A CA and a broker certificate for 127.0.0.1 (cryptography: asyncua's dependency, in the test extra)."""
+    import datetime
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def cert(subject: str, key, issuer: str, issuer_key, ca: bool):
+        b = (x509.CertificateBuilder().subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+             .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)])).public_key(key.public_key())
+             .serial_number(x509.random_serial_number()).not_valid_before(now - datetime.timedelta(minutes=5))
+             .not_valid_after(now + datetime.timedelta(days=1))
+             .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True))
+        if not ca:
+            import ipaddress
+
+            b = b.add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                                critical=False)
+        return b.sign(issuer_key, hashes.SHA256())
+
+    ca_key, srv_key = ec.generate_private_key(ec.SECP256R1()), ec.generate_private_key(ec.SECP256R1())
+    ca = cert("cellcal test CA", ca_key, "cellcal test CA", ca_key, True)
+    srv = cert("127.0.0.1", srv_key, "cellcal test CA", ca_key, False)
+    paths = tmp / "ca.pem", tmp / "broker.pem", tmp / "broker.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(srv.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(srv_key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                               serialization.NoEncryption()))
+    return paths
+
+
+def test_tls_and_a_password_from_the_configuration(tmp_path):
+    from cellcal.daemon.app import App
+    from cellcal.daemon.config import load_config_text
+    from cellcal.daemon.harness import to_toml
+
+    ca, cert, key = _tls_files(tmp_path)
+    passwd = tmp_path / "broker.passwd"
+    subprocess.run(["mosquitto_passwd", "-b", "-c", str(passwd), "cell-9", "pw-of-cell-9"], check=True,
+                   capture_output=True, timeout=30)
+    broker = Mosquitto(tmp_path)
+    # (user: started as root, mosquitto drops to its own user, who cannot read the test's files)
+    broker.conf.write_text(f"listener {broker.port} 127.0.0.1\ncafile {ca}\ncertfile {cert}\nkeyfile {key}\n"
+                           f"allow_anonymous false\npassword_file {passwd}\npersistence false\n"
+                           f"user {getpass.getuser()}\n")
+    (tmp_path / "mqtt.password").write_text("pw-of-cell-9\n")
+    cfgd = daemon_config(robot_url=f"rtde://127.0.0.1:{free_port()}", tracker_url=f"socket://127.0.0.1:{free_port()}",
+                         workdir=tmp_path, overrides={"mqtt": {
+                             "enabled": True, "url": f"mqtts://127.0.0.1:{broker.port}", "cell": "cell-9",
+                             "username": "cell-9", "password_file": str(tmp_path / "mqtt.password"),
+                             "tls_ca_file": str(ca)}})
+    broker.start()
+    try:
+        with App(load_config_text(to_toml(cfgd)), supervise=True) as app:
+            publisher = app.plant.adapter("mqtt")
+            wait_until(lambda: publisher.stats["connections"] >= 1, 20.0, "a TLS connection with the password")
+            got: list[dict] = []
+            sub = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id="tls-sub")
+            sub.tls_set(ca_certs=str(ca))
+            sub.username_pw_set("cell-9", "pw-of-cell-9")
+            sub.on_connect = lambda c, u, f, rc, p: c.subscribe("cellcal/cell-9/state", qos=1)
+            sub.on_message = lambda c, u, m: got.append(json.loads(m.payload))
+            sub.connect("127.0.0.1", broker.port)
+            sub.loop_start()
+            try:
+                wait_until(lambda: any(b.get("online") for b in got), 20.0, "the state over TLS")
+            finally:
+                sub.loop_stop()
+                sub.disconnect()
+        # A wrong password is the broker's refusal: the publisher reports it and retries, the daemon runs.
+        (tmp_path / "mqtt.password").write_text("not-it\n")
+        with App(load_config_text(to_toml(cfgd)), supervise=True) as app:
+            wait_until(lambda: app.plant.faults.get("mqtt", {}).get("active"), 20.0, "the refused connection's fault")
+            assert "refused" in app.plant.faults["mqtt"]["message"]
+            assert app.service.heartbeat()["state"] == P.STATE_IDLE
+    finally:
+        broker.stop()

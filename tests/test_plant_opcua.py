@@ -18,7 +18,6 @@ anonymous reads. The client, like a PLC would:
 from __future__ import annotations
 
 import asyncio
-
 import logging
 import math
 from pathlib import Path
@@ -120,7 +119,7 @@ def test_a_client_reads_the_active_results_frames_sigmas_and_status(opc):
             assert await _value(c, ns, "Cellcal.ActiveResult.Kind") == "base_frame"
             assert await _value(c, ns, "Cellcal.ActiveResult.Suspect") is False
             assert await _value(c, ns, "Cellcal.ActiveResult.NStations") == 6
-            assert await _value(c, ns, "Cellcal.State") == "IDLE"
+            await wait_async(lambda: _value(c, ns, "Cellcal.State"), "IDLE")  # the last state event applied
             assert await _value(c, ns, "Cellcal.RobotConnected") is True
             for name, tr in body["transforms"].items():
                 base = f"Cellcal.ActiveResult.Frames.{name}"

@@ -261,9 +261,11 @@ class MqttPublisher:
         except (OSError, ValueError) as exc:
             return None, f"broker {self.host}:{self.port_number} unreachable: {exc}"
         c.loop_start()
-        if not got.wait(_CONNACK_TIMEOUT_S) or self._stop.is_set():
-            self._drop(c)
-            return None, f"broker {self.host}:{self.port_number}: no CONNACK within {_CONNACK_TIMEOUT_S:g} s"
+        deadline = time.monotonic() + _CONNACK_TIMEOUT_S
+        while not got.wait(0.1):  # in steps: a stop must not wait for a broker that does not answer
+            if self._stop.is_set() or time.monotonic() > deadline:
+                self._drop(c)
+                return None, f"broker {self.host}:{self.port_number}: no CONNACK within {_CONNACK_TIMEOUT_S:g} s"
         reason = connack.get("reason")
         if reason is None or getattr(reason, "is_failure", True) or self._lost.is_set():
             self._drop(c)

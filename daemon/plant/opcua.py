@@ -33,7 +33,9 @@ Address space (namespace ``[opcua] namespace_uri``, string node ids, ``ns=<i>;s=
 Frames and points are the active result's, by their names on the wire (``cell_T_base``,
 ``flange_T_target``, ``flange_p_tip`` ...); they appear and go with the result that has them.
 Every variable is read-only (AccessLevel CurrentRead; writes are refused before they reach
-the address space). Values change when the daemon's events say so (``on_event`` hands the
+the address space). ``State``, ``StateDetail`` and ``RunId`` follow the state events (the
+heartbeat only until the first one), the device links the heartbeat. Values change when the
+daemon's events say so (``on_event`` hands the
 newest body of each topic to the server's loop); a client subscribes to them like to any
 OPC UA variable.
 
@@ -239,6 +241,7 @@ class OpcUaServer:
         self._frames: dict[str, Any] = {}
         self._points: dict[str, Any] = {}
         self.updates = 0
+        self._seen_state = False
 
     @property
     def endpoint(self) -> str:
@@ -456,6 +459,7 @@ class OpcUaServer:
             if P.TOPIC_HEARTBEAT in latest:
                 await self._heartbeat(latest[P.TOPIC_HEARTBEAT])
             if P.TOPIC_STATE in latest:
+                self._seen_state = True
                 b = latest[P.TOPIC_STATE]
                 await self._set("Cellcal.State", str(b.get("state", "")))
                 await self._set("Cellcal.StateDetail", str(b.get("reason", "")))
@@ -469,9 +473,12 @@ class OpcUaServer:
             log.exception("opcua: updating the address space failed")
 
     async def _heartbeat(self, hb: Mapping[str, Any]) -> None:
-        await self._set("Cellcal.State", str(hb.get("state", "")))
-        await self._set("Cellcal.StateDetail", str(hb.get("detail", "")))
-        await self._set("Cellcal.RunId", str(hb.get("run_id") or ""))
+        if not self._seen_state:
+            # The state comes from the state events once there is one: a heartbeat built just
+            # before a transition can arrive after it, and must not put the old state back.
+            await self._set("Cellcal.State", str(hb.get("state", "")))
+            await self._set("Cellcal.StateDetail", str(hb.get("detail", "")))
+            await self._set("Cellcal.RunId", str(hb.get("run_id") or ""))
         devices = hb.get("devices") or {}
         await self._set("Cellcal.RobotConnected", bool((devices.get("robot") or {}).get("connected")))
         await self._set("Cellcal.TrackerConnected", bool((devices.get("tracker") or {}).get("connected")))
