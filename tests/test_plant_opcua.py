@@ -9,7 +9,8 @@ anonymous reads. The client, like a PLC would:
 * reads the active result's frames as the standard 3D frame type (mm, A-B-C degrees; the
   test rebuilds the rotation from A, B, C itself), their sigmas, the result id, status and
   state, and the units the frame's properties declare;
-* calls ``RunDriftCheck`` as operator and reads the drift the check published; is refused
+* calls ``RunDriftCheck`` as operator, sees the check arrive by a data-change subscription and
+  reads the drift the check published; is refused
   ``StartRun`` and ``RunDriftCheck`` as observer and as anonymous, with nothing started;
 * cannot write, cannot log in with a wrong password;
 * connects on the encrypted endpoint with its certificate and starts a run as ``plc``.
@@ -181,18 +182,36 @@ def test_methods_need_the_operator_role_and_run_through_the_daemon(opc):
     assert len(cell.svc.store.list_runs(limit=100)) == runs_before and cell.svc.current_run_id() is None
     assert len(cell.bodies(P.TOPIC_DRIFT)) == drift_before
 
-    async def operator() -> tuple[str, int]:
+    class Changes:
+        """A PLC's subscription: every data change of the node it monitors."""
+
+        def __init__(self) -> None:
+            self.values: list = []
+
+        def datachange_notification(self, node, val, data) -> None:
+            self.values.append(val)
+
+    async def operator() -> tuple[str, int, list]:
         async with client(opc, "ops") as c:
             ns = await c.get_namespace_index(NS)
             root = c.get_node(ua.NodeId("Cellcal", ns))
+            changes = Changes()
+            sub = await c.create_subscription(50, changes)
+            await sub.subscribe_data_change(c.get_node(ua.NodeId("Cellcal.Drift.CheckId", ns)))
             # The command's own argument checks apply: an unknown kind is refused.
             with pytest.raises(ua.uaerrors.BadInvalidArgument):
                 await root.call_method(ua.NodeId("Cellcal.StartRun", ns), "warp_drive")
             result_id, check_id = await root.call_method(ua.NodeId("Cellcal.RunDriftCheck", ns))
-            return result_id, check_id
+            # The check's id arrives by the subscription, as a PLC would see it.
+            deadline = asyncio.get_running_loop().time() + 30.0
+            while check_id not in changes.values and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            await sub.delete()
+            return result_id, check_id, changes.values
 
-    result_id, check_id = asyncio.run(operator())
+    result_id, check_id, notified = asyncio.run(operator())
     assert result_id == opc.body["result_id"] and check_id >= 1
+    assert check_id in notified, notified
     drift = cell.wait_for(lambda t, b: t == P.TOPIC_DRIFT and b["check_id"] == check_id, 30.0, "the requested check")
 
     async def read_drift() -> None:
