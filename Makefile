@@ -14,6 +14,9 @@ PYTEST := $(PY) -m pytest -q -n 3 --dist loadfile
 OS_PACKAGES := systemd g++ libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
 # Headless Chromium renders the HTML report in tests/test_report_html.py.
 OS_PACKAGES += chromium-headless-shell
+# The plant interfaces' peers (tests/test_plant_mqtt.py, tests/test_plant_metrics.py): a real
+# MQTT broker and a real Prometheus server, started by the tests on 127.0.0.1.
+OS_PACKAGES += mosquitto prometheus
 
 .PHONY: demo test test-stress os-deps lint bench bench-figaroh clean
 

@@ -63,6 +63,8 @@ class App:
     store : Store
     service : Service
     server : ZmqServer or None
+    plant : cellcal.daemon.plant.Plant or None
+        The enabled plant interfaces (None when no section enables one).
     """
 
     def __init__(self, cfg: Config, *, notifier: Any = None, listeners: Iterable[Callable[[str, dict], None]] = (),
@@ -81,6 +83,11 @@ class App:
                 log.warning("pyzmq is not installed: running without the ZeroMQ interface")
             else:
                 self.server = zmq_glue.attach(self.service, cfg, validate_bodies=validate_bodies)
+        # Plant interfaces (OPC UA, MQTT, Prometheus; cellcal.daemon.plant): built only when a
+        # section enables one, fed by a listener; each one's failure stays its own.
+        from cellcal.daemon import plant
+
+        self.plant = plant.attach(self.service, cfg, publish=self.server.publish if self.server is not None else None)
         self._supervise = supervise
         self._shutdown_timeout_s = shutdown_timeout_s
         self._stack = contextlib.ExitStack()
@@ -96,10 +103,14 @@ class App:
             stack.callback(self.store.close)
             if self.server is not None:
                 stack.callback(self.server.stop)  # after the service's shutdown (LIFO): its last words go out
+            if self.plant is not None:
+                stack.callback(self.plant.stop)  # likewise: the plant interfaces see the service's last events
             self.service.start()
             stack.callback(self.service.shutdown, self._shutdown_timeout_s)
             if self.server is not None:
                 self.server.start()
+            if self.plant is not None:
+                self.plant.start()  # never raises: an interface that cannot start is a published fault
             if self._supervise:
                 self._loop = threading.Thread(target=self.service.serve, name="cellcal-supervisor", daemon=True)
                 self._loop.start()

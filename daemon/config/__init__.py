@@ -36,6 +36,10 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 from cellcal.daemon.config.kinematics import Kinematics, validate_kinematics
+
+# The plant interfaces' sections (OPC UA, MQTT, Prometheus) live with them in
+# cellcal.daemon.plant.config; this schema only hooks them in (fields, tables, checks).
+from cellcal.daemon.plant import config as _plant
 from cellcal.solver.errors import CellcalError
 
 __all__ = [
@@ -331,12 +335,17 @@ class Config:
     zmq: Zmq = field(default_factory=Zmq, metadata=key("zmq"))
     export: Export = field(default_factory=Export, metadata=key("export"))
     kinematics: Kinematics = field(default_factory=Kinematics, metadata=key("kinematics"))
+    # plant interfaces, each off by default (cellcal.daemon.plant.config)
+    opcua: _plant.OpcUa = field(default_factory=_plant.OpcUa, metadata=key("opcua"))
+    mqtt: _plant.Mqtt = field(default_factory=_plant.Mqtt, metadata=key("mqtt"))
+    metrics: _plant.Metrics = field(default_factory=_plant.Metrics, metadata=key("metrics"))
     sha256: str = field(default="", metadata={"internal": True})
     source: str = field(default="", metadata={"internal": True})
 
 
 # Element types of list fields that hold tables.
-_LIST_OF = {(Plan, "stations"): PlanStation, (Zmq, "clients"): ZmqClient}
+# (+ the plant sections' own tables, lists, choices and bounds: cellcal.daemon.plant.config)
+_LIST_OF = {(Plan, "stations"): PlanStation, (Zmq, "clients"): ZmqClient, **_plant.LIST_OF}
 # List fields of integers (every other list of scalars holds numbers with a unit).
 _INT_LISTS = {(Zmq, "ipc_allowed_uids"), (Zmq, "ipc_allowed_gids")}
 # List fields of points: each entry an array of this many numbers, all with the field's scale.
@@ -348,7 +357,7 @@ _MIXED_SCALES: dict[tuple[type, str], tuple[float, ...]] = {
     (Solve, "expected_tolerance_m_rad"): (_MM, _DEG),
 }
 # List fields of strings.
-_STR_LISTS = {(Kinematics, "parameters")}
+_STR_LISTS = {(Kinematics, "parameters"), *_plant.STR_LISTS}
 _CHOICES = {
     (Tracker, "measure"): ("pose", "point"),
     (Capture, "motion_mode"): ("command", "observe"),
@@ -358,6 +367,7 @@ _CHOICES = {
     (ZmqClient, "role"): ("observer", "operator"),
     (Zmq, "null_role"): ("observer", "operator"),
     (Service, "log_level"): ("debug", "info", "warning", "error"),
+    **_plant.CHOICES,
 }
 
 
@@ -438,6 +448,7 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "zmq.ipc_allowed_gids[]": (0, 2**32 - 2, False),
     "zmq.ipc_socket_mode": (0o600, 0o770, False),
     "export.base_frame_yaw_deg": (-180.0, 180.0, False),
+    **_plant.BOUNDS,
 }
 
 _MAX_LIST = 10_000         # entries of any array
@@ -767,6 +778,8 @@ def preflight(cfg: Config, *, devices: bool = True) -> None:
             from cellcal.daemon.wire.zmq_server import load_server_key
 
             load_server_key(cfg.zmq)
+        # an enabled plant interface: its optional package installed, its files readable
+        _plant.preflight_plant(cfg.opcua, cfg.mqtt, cfg.metrics)
     except ConfigError as exc:
         raise exc.with_file(cfg.source or None) from None
 
@@ -917,6 +930,7 @@ def _validate(c: Config) -> None:
             raise ConfigError(f"zmq.{name}", f"expected tcp://, ipc:// or inproc://, got {ep!r}")
     _validate_export(c.export)
     validate_kinematics(c.kinematics)
+    _plant.validate_plant(c.opcua, c.mqtt, c.metrics, cell=c.service.name)  # URLs and security rules
 
 
 def check_devices(cfg: Config) -> None:

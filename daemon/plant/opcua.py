@@ -1,0 +1,589 @@
+"""The active calibration as an OPC UA server (asyncua, ADR 0024): what a PLC, MES or SCADA reads.
+
+Address space (namespace ``[opcua] namespace_uri``, string node ids, ``ns=<i>;s=...``)::
+
+    Objects/Cellcal                                   s=Cellcal
+        Cell, Version, State, StateDetail, RunId      String
+        RobotConnected, TrackerConnected              Boolean
+        ActiveResult                                  s=Cellcal.ActiveResult
+            ResultId, Kind, SuspectReason             String
+            Created                                   DateTime (UTC)
+            Suspect                                   Boolean
+            NStations                                 UInt32
+            RmsTranslation_mm, RmsRotation_deg        Double
+            SigmaTranslation_mm, SigmaRotation_deg    Double (1-sigma of the primary estimate)
+            Frames/<name>                             3DFrameType (ns=0), s=Cellcal.ActiveResult.Frames.<name>
+                CartesianCoordinates/X, Y, Z          mm (property LengthUnit)
+                Orientation/A, B, C                   deg (property AngleUnit), R = Rz(C) Ry(B) Rx(A)
+                ParentFrame, ChildFrame               String (cellcal's frame names, ADR 0001)
+                Quaternion                            Double[4] (w, x, y, z), w >= 0
+                SigmaTranslation_mm, SigmaRotation_deg
+            Points/<name>                             3DCartesianCoordinatesType (ns=0): X, Y, Z mm,
+                                                      Frame (String), SigmaTranslation_mm
+        Drift                                         s=Cellcal.Drift
+            ResultId, Status, Action                  String (status ok / warn / fail)
+            CheckId                                   UInt32
+            DeviationTranslation_mm, DeviationRotation_deg, Cusum_mm,
+            WarnTranslation_mm, FailTranslation_mm    Double
+            CusumAlarm                                Boolean
+            Time                                      DateTime (when the daemon published it)
+        RunDriftCheck()  -> ResultId (String), CheckId (UInt32)         role operator
+        StartRun(Kind)   -> RunId (String), Planned (UInt32)            role operator
+
+Frames and points are the active result's, by their names on the wire (``cell_T_base``,
+``flange_T_target``, ``flange_p_tip`` ...); they appear and go with the result that has them.
+Every variable is read-only (AccessLevel CurrentRead; writes are refused before they reach
+the address space). ``State``, ``StateDetail`` and ``RunId`` follow the state events (the
+heartbeat only until the first one), the device links the heartbeat. Values change when the
+daemon's events say so (``on_event`` hands the
+newest body of each topic to the server's loop); a client subscribes to them like to any
+OPC UA variable.
+
+Security (``cellcal.daemon.plant.config``)
+------------------------------------------
+Each session is a user: ``[[opcua.users]]`` (user name and password), ``[[opcua.certificates]]``
+(an X.509 user certificate, or the client's application certificate on a secure channel) or,
+with ``anonymous = true``, anonymous as ``observer``. The role decides what a session may do,
+by the same rule as the ZeroMQ command socket: reads, browsing and subscriptions need a known
+user; a method is ``protocol.COMMANDS[cmd].role`` checked with ``protocol.role_allows``
+(``start_run`` and ``run_drift_check`` need ``operator``). A call the role does not allow is
+refused as a whole with ``BadUserAccessDenied`` before any method runs (the permission
+ruleset reads the call's method ids); the method itself checks the role again, then the
+arguments (``protocol.validate_args``), then calls the daemon's handler. A handler error
+becomes the OPC UA status nearest its code (``E_BUSY`` -> ``BadResourceUnavailable``, ...).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import hmac
+import logging
+import math
+import threading
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from asyncua import Server, ua
+from asyncua.common.instantiate_util import instantiate
+from asyncua.crypto import uacrypto
+from asyncua.crypto.permission_rules import PermissionRuleset, User, UserRole
+from asyncua.ua.ua_binary import struct_from_binary
+
+from cellcal.daemon import protocol as P
+from cellcal.daemon.plant import PLANT_CALLER, DaemonPort, call_command
+from cellcal.daemon.plant.config import OpcUa, opcua_host_port, read_secret
+from cellcal.daemon.plant.views import frame_mm_deg, point_mm, sigmas
+
+log = logging.getLogger(__name__)
+# asyncua warns, for every frame it instantiates, that the type node has no AccessLevel (a
+# variable type has none to copy): normal operation, not a warning for the daemon's journal.
+logging.getLogger("asyncua.common.copy_node_util").setLevel(logging.ERROR)
+
+__all__ = ["OpcUaServer", "METHODS", "STATUS_OF", "application_uri"]
+
+#: OPC UA method name -> the protocol command it is.
+METHODS = {"RunDriftCheck": "run_drift_check", "StartRun": "start_run"}
+#: The protocol's error codes as OPC UA status codes.
+STATUS_OF = {
+    P.E_BAD_REQUEST: ua.StatusCodes.BadInvalidArgument,
+    P.E_FORBIDDEN: ua.StatusCodes.BadUserAccessDenied,
+    P.E_NOT_FOUND: ua.StatusCodes.BadNotFound,
+    P.E_BUSY: ua.StatusCodes.BadResourceUnavailable,
+    P.E_STATE: ua.StatusCodes.BadInvalidState,
+    P.E_NO_CALIBRATION: ua.StatusCodes.BadInvalidState,
+    P.E_DEVICE: ua.StatusCodes.BadCommunicationError,
+    P.E_UNAVAILABLE: ua.StatusCodes.BadServerHalted,
+    P.E_INTERNAL: ua.StatusCodes.BadInternalError,
+}
+_POLICY = {
+    "sign_and_encrypt": ua.SecurityPolicyType.Basic256Sha256_SignAndEncrypt,
+    "sign": ua.SecurityPolicyType.Basic256Sha256_Sign,
+    "none": ua.SecurityPolicyType.NoSecurity,
+}
+# UNECE codes as OPC UA EUInformation unit ids (OPC 10000-8): MMT millimetre, DD degree.
+_UNECE_URI = "http://www.opcfoundation.org/UA/units/un/cefact"
+_UNIT_MM = ua.EUInformation(NamespaceUri=_UNECE_URI, UnitId=0x4D4D54, DisplayName=ua.LocalizedText("mm"),
+                            Description=ua.LocalizedText("millimetre"))
+_UNIT_DEG = ua.EUInformation(NamespaceUri=_UNECE_URI, UnitId=0x4444, DisplayName=ua.LocalizedText("°"),
+                             Description=ua.LocalizedText("degree"))
+_START_TIMEOUT_S = 30.0
+
+# Request types a known user may send (reads, browsing, subscriptions, session upkeep).
+_READ_TYPES = frozenset(ua.NodeId(getattr(ua.ObjectIds, f"{n}Request_Encoding_DefaultBinary")) for n in (
+    "Read", "Browse", "BrowseNext", "TranslateBrowsePathsToNodeIds", "CreateSubscription", "ModifySubscription",
+    "DeleteSubscriptions", "TransferSubscriptions", "CreateMonitoredItems", "ModifyMonitoredItems",
+    "DeleteMonitoredItems", "SetMonitoringMode", "SetPublishingMode", "Publish", "Republish", "RegisterNodes",
+    "UnregisterNodes", "CloseSession", "CloseSecureChannel", "GetEndpoints", "FindServers", "HistoryRead",
+))
+_CALL = ua.NodeId(ua.ObjectIds.CallRequest_Encoding_DefaultBinary)
+#: The caller of the OPC UA request being processed (set by the ruleset, read by the methods:
+#: asyncua runs a coroutine method in the task that checked the request).
+_CALLER: contextvars.ContextVar[P.Caller | None] = contextvars.ContextVar("cellcal_opcua_caller", default=None)
+
+
+def application_uri(cell: str) -> str:
+    """The server's application URI (its certificate's subjectAltName URI must be this)."""
+    return f"urn:cellcal:{cell}"
+
+
+class _Users:
+    """asyncua user manager: configured passwords and certificates, anonymous if allowed."""
+
+    def __init__(self, cfg: OpcUa) -> None:
+        self.roles: dict[str, str] = {}   # asyncua user name -> cellcal role
+        self._passwords: dict[str, bytes] = {}
+        self._certs: list[tuple[bytes, str]] = []
+        for i, u in enumerate(cfg.users):
+            self._passwords[u.name] = read_secret(u.password_file, f"opcua.users[{i}].password_file").encode()
+            self.roles[f"user:{u.name}"] = u.role
+        self._cert_files = [(c.file, c.name, c.role) for c in cfg.certificates]
+        self.anonymous = cfg.anonymous
+        if cfg.anonymous:
+            self.roles["anonymous"] = P.ROLE_OBSERVER
+
+    async def load(self) -> None:
+        for path, name, role in self._cert_files:
+            cert = await uacrypto.load_certificate(Path(path))
+            self._certs.append((uacrypto.der_from_x509(cert), f"cert:{name}"))
+            self.roles[f"cert:{name}"] = role
+
+    def get_user(self, iserver: Any, username: str | None = None, password: Any = None,
+                 certificate: Any = None) -> User | None:
+        if username is not None:
+            want = self._passwords.get(username)
+            got = password.encode() if isinstance(password, str) else bytes(password or b"")
+            if want is not None and hmac.compare_digest(want, got):
+                return User(role=UserRole.User, name=f"user:{username}")
+            log.warning("opcua: user %r refused (unknown user or wrong password)", username[:64])
+            return None
+        if certificate is not None:
+            der = certificate if isinstance(certificate, bytes) else uacrypto.der_from_x509(certificate)
+            for known, name in self._certs:
+                if hmac.compare_digest(known, der):
+                    return User(role=UserRole.User, name=name)
+        if self.anonymous:
+            return User(role=UserRole.User, name="anonymous")
+        return None
+
+
+class _Rules(PermissionRuleset):
+    """Who may send which request: the cellcal roles, not asyncua's admin/user split."""
+
+    def __init__(self, roles: Mapping[str, str], methods: dict[ua.NodeId, str]) -> None:
+        self.roles = roles
+        self.methods = methods   # method node id -> protocol command
+
+    def check_validity(self, user: Any, action_type_id: ua.NodeId, body: Any) -> bool:
+        name = getattr(user, "name", None)
+        role = self.roles.get(name) if name else None
+        if role is None:
+            return False  # not a session we activated (or a user no longer configured)
+        caller = P.Caller(key_id=f"opcua:{name}", role=role, name=str(name).split(":", 1)[-1])
+        _CALLER.set(caller)
+        if action_type_id in _READ_TYPES:
+            return True
+        if action_type_id == _CALL:
+            try:
+                params = struct_from_binary(ua.CallParameters, body.copy())
+            except Exception:  # noqa: BLE001 - malformed: refused, never a crash
+                return False
+            for m in params.MethodsToCall:
+                cmd = self.methods.get(m.MethodId)
+                if cmd is not None and not P.role_allows(role, P.COMMANDS[cmd].role):
+                    log.warning("opcua: cmd %s key=%s role=%s -> E_FORBIDDEN", cmd, caller.key_id, role)
+                    return False
+            return True
+        return False  # writes, node management, history updates: nobody
+
+
+def _table(*rows: tuple[str, Any, Any]) -> tuple[tuple[str, Any, Any], ...]:
+    """Rows of (browse name, initial value, variant type) for the address space."""
+    return rows
+
+
+def _dt(ns: int | None) -> datetime | None:
+    return datetime.fromtimestamp(ns * 1e-9, tz=UTC) if ns else None
+
+
+class OpcUaServer:
+    """``[opcua]``: the OPC UA server of one daemon (module docstring).
+
+    Parameters
+    ----------
+    cfg : OpcUa
+        The ``[opcua]`` section.
+    port : DaemonPort
+    fault : callable(interface, message, *, active, retry_in_s=None)
+    """
+
+    name = "opcua"
+
+    def __init__(self, cfg: OpcUa, port: DaemonPort, fault: Callable[..., None]) -> None:
+        self.cfg = cfg
+        self.port = port
+        self._fault = fault
+        self.host, self.port_number = opcua_host_port(cfg)
+        self._users = _Users(cfg)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._latest: dict[str, Mapping[str, Any]] = {}
+        self._latest_lock = threading.Lock()
+        self._wake: asyncio.Event | None = None
+        self._stop: asyncio.Event | None = None
+        self.ns = 0
+        self._server: Any = None
+        self._vars: dict[str, Any] = {}
+        self._frames: dict[str, Any] = {}
+        self._points: dict[str, Any] = {}
+        self.updates = 0
+        self._seen_state = False
+
+    @property
+    def endpoint(self) -> str:
+        return self.cfg.endpoint
+
+    # ---- the daemon's side ---------------------------------------------------------------------
+    def on_event(self, topic: str, body: Mapping[str, Any]) -> None:
+        if topic not in (P.TOPIC_HEARTBEAT, P.TOPIC_RESULT, P.TOPIC_DRIFT, P.TOPIC_STATE):
+            return
+        if topic == P.TOPIC_RESULT and not body.get("active"):
+            return
+        with self._latest_lock:
+            self._latest[topic] = body  # only the newest of each topic matters to a variable
+        loop, wake = self._loop, self._wake
+        if loop is not None and wake is not None:
+            try:
+                loop.call_soon_threadsafe(wake.set)
+            except RuntimeError:  # the loop closed: the server is stopping
+                pass
+
+    def start(self) -> None:
+        if self._thread is not None:
+            return
+        self._thread = threading.Thread(target=self._thread_main, name="cellcal-opcua", daemon=True)
+        self._thread.start()
+        if not self._started.wait(_START_TIMEOUT_S):
+            raise TimeoutError(f"opcua: the server did not start within {_START_TIMEOUT_S:g} s")
+        if self._error is not None:
+            self._thread.join(timeout=5.0)
+            self._thread = None
+            raise self._error
+
+    def stop(self) -> None:
+        loop, stop = self._loop, self._stop
+        if loop is not None and stop is not None:
+            try:
+                loop.call_soon_threadsafe(stop.set)
+            except RuntimeError:
+                pass
+        if self._thread is not None:
+            self._thread.join(timeout=10.0)
+            if self._thread.is_alive():
+                log.warning("opcua: the server thread did not stop in time")
+            self._thread = None
+
+    # ---- the server's loop -------------------------------------------------------------------------
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main())
+        except BaseException as exc:  # noqa: BLE001 - reported to start() or logged
+            if not self._started.is_set():
+                self._error = exc
+            else:
+                log.exception("opcua: the server stopped on an error")
+                self._fault(self.name, f"server stopped: {type(exc).__name__}: {exc}", active=True)
+        finally:
+            self._loop = None
+            self._started.set()
+
+    async def _main(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._wake, self._stop = asyncio.Event(), asyncio.Event()
+        server = await self._build()
+        await server.start()
+        self._server = server
+        log.info("opcua: serving %s (%s)", self.cfg.endpoint, ", ".join(self.cfg.security))
+        self._started.set()
+        try:
+            await self._initial()
+            while not self._stop.is_set():
+                waiter = asyncio.ensure_future(self._wake.wait())
+                stopper = asyncio.ensure_future(self._stop.wait())
+                await asyncio.wait({waiter, stopper}, timeout=self.cfg.update_s * 20,
+                                   return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stopper.cancel()
+                self._wake.clear()
+                await self._apply()
+                await asyncio.sleep(self.cfg.update_s)  # at most one round of writes per period
+        finally:
+            await server.stop()
+
+    async def _build(self) -> Any:
+        await self._users.load()
+        server = Server(user_manager=self._users)
+        await server.init()
+        server.set_endpoint(self.cfg.endpoint)
+        server.set_server_name(f"cellcal {self.port.cell}")
+        await server.set_application_uri(application_uri(self.port.cell))
+        tokens: list[type] = []
+        if self.cfg.anonymous:
+            tokens.append(ua.AnonymousIdentityToken)
+        if self.cfg.users:
+            tokens.append(ua.UserNameIdentityToken)
+        if self.cfg.certificates:
+            tokens.append(ua.X509IdentityToken)
+        server.set_identity_tokens(tokens)
+        if self.cfg.certificate_file:
+            await server.load_certificate(self.cfg.certificate_file)
+            await server.load_private_key(self.cfg.private_key_file)
+        self.ns = await server.register_namespace(self.cfg.namespace_uri)
+        methods = await self._address_space(server)
+        server.set_security_policy([_POLICY[m] for m in self.cfg.security],
+                                   permission_ruleset=_Rules(self._users.roles, methods))
+        return server
+
+    def _id(self, path: str) -> ua.NodeId:
+        return ua.NodeId(path, self.ns)
+
+    async def _var(self, parent: Any, path: str, name: str, value: Any, vtype: ua.VariantType) -> Any:
+        node = await parent.add_variable(self._id(path), ua.QualifiedName(name, self.ns), ua.Variant(value, vtype))
+        self._vars[path] = (node, vtype)
+        return node
+
+    async def _address_space(self, server: Any) -> dict[ua.NodeId, str]:
+        S, B, D, U, T = (ua.VariantType.String, ua.VariantType.Boolean, ua.VariantType.Double, ua.VariantType.UInt32,
+                         ua.VariantType.DateTime)
+        root = await server.nodes.objects.add_object(self._id("Cellcal"), ua.QualifiedName("Cellcal", self.ns))
+        for name, value, vt in _table(("Cell", self.port.cell, S), ("Version", self.port.version, S), ("State", "", S),
+                                ("StateDetail", "", S), ("RunId", "", S), ("RobotConnected", False, B),
+                                ("TrackerConnected", False, B)):
+            await self._var(root, f"Cellcal.{name}", name, value, vt)
+        res = await root.add_object(self._id("Cellcal.ActiveResult"), ua.QualifiedName("ActiveResult", self.ns))
+        for name, value, vt in _table(("ResultId", "", S), ("Kind", "", S), ("Created", None, T), ("Suspect", False, B),
+                                ("SuspectReason", "", S), ("NStations", 0, U), ("RmsTranslation_mm", 0.0, D),
+                                ("RmsRotation_deg", 0.0, D), ("SigmaTranslation_mm", 0.0, D),
+                                ("SigmaRotation_deg", 0.0, D)):
+            await self._var(res, f"Cellcal.ActiveResult.{name}", name, value, vt)
+        self._frames_folder = await res.add_object(self._id("Cellcal.ActiveResult.Frames"),
+                                                   ua.QualifiedName("Frames", self.ns))
+        self._points_folder = await res.add_object(self._id("Cellcal.ActiveResult.Points"),
+                                                   ua.QualifiedName("Points", self.ns))
+        drift = await root.add_object(self._id("Cellcal.Drift"), ua.QualifiedName("Drift", self.ns))
+        for name, value, vt in _table(("ResultId", "", S), ("Status", "", S), ("Action", "", S), ("CheckId", 0, U),
+                                ("DeviationTranslation_mm", 0.0, D), ("DeviationRotation_deg", 0.0, D),
+                                ("Cusum_mm", 0.0, D), ("WarnTranslation_mm", 0.0, D), ("FailTranslation_mm", 0.0, D),
+                                ("CusumAlarm", False, B), ("Time", None, T)):
+            await self._var(drift, f"Cellcal.Drift.{name}", name, value, vt)
+
+        def arg(name: str, vt: ua.VariantType, doc: str) -> ua.Argument:
+            a = ua.Argument()
+            a.Name = name
+            a.DataType = ua.NodeId(vt.value)
+            a.ValueRank = -1
+            a.Description = ua.LocalizedText(doc)
+            return a
+
+        m1 = await root.add_method(self._id("Cellcal.RunDriftCheck"), ua.QualifiedName("RunDriftCheck", self.ns),
+                                   self._run_drift_check, [],
+                                   [arg("ResultId", S, "the calibration the check measures"),
+                                    arg("CheckId", U, "the check_id its drift values will carry")])
+        m2 = await root.add_method(self._id("Cellcal.StartRun"), ua.QualifiedName("StartRun", self.ns),
+                                   self._start_run, [arg("Kind", S, "base_frame, tool_point, hand_eye or kinematics")],
+                                   [arg("RunId", S, "the run started"), arg("Planned", U, "stations planned")])
+        return {m1.nodeid: METHODS["RunDriftCheck"], m2.nodeid: METHODS["StartRun"]}
+
+    # ---- methods -------------------------------------------------------------------------------------
+    async def _call(self, cmd: str, args: dict[str, Any]) -> Any:
+        caller = _CALLER.get()
+        if caller is None:  # the ruleset did not see this call: refuse rather than guess who it is
+            return None, ua.StatusCode(ua.StatusCodes.BadUserAccessDenied)
+        loop = asyncio.get_running_loop()
+        try:
+            # The handler may touch the store: off the server's loop.
+            result = await loop.run_in_executor(None, call_command, self.port, cmd, args, caller)
+        except P.CommandError as exc:
+            log.info("opcua: %s by %s -> %s: %s", cmd, caller.name, exc.code, exc.message)
+            return None, ua.StatusCode(STATUS_OF.get(exc.code, ua.StatusCodes.BadInternalError))
+        except Exception:  # noqa: BLE001 - a bug: logged, a status for the client
+            log.exception("opcua: %s by %s failed", cmd, caller.name)
+            return None, ua.StatusCode(ua.StatusCodes.BadInternalError)
+        return result, None
+
+    async def _run_drift_check(self, parent: ua.NodeId) -> Any:
+        result, status = await self._call("run_drift_check", {})
+        if status is not None:
+            return status
+        return [ua.Variant(str(result["result_id"]), ua.VariantType.String),
+                ua.Variant(int(result["check_id"]), ua.VariantType.UInt32)]
+
+    async def _start_run(self, parent: ua.NodeId, kind: Any = None) -> Any:
+        value = kind.Value if isinstance(kind, ua.Variant) else kind
+        result, status = await self._call("start_run", {"kind": value})
+        if status is not None:
+            return status
+        return [ua.Variant(str(result["run_id"]), ua.VariantType.String),
+                ua.Variant(int(result["planned"]), ua.VariantType.UInt32)]
+
+    # ---- values ----------------------------------------------------------------------------------------
+    async def _set(self, path: str, value: Any) -> None:
+        node, vt = self._vars[path]
+        if vt == ua.VariantType.Double:
+            value = float(value) if value is not None and math.isfinite(float(value)) else math.nan
+        await node.write_value(ua.DataValue(ua.Variant(value, vt)))
+
+    async def _initial(self) -> None:
+        try:
+            st = await asyncio.get_running_loop().run_in_executor(None, self.port.status)
+            active = await asyncio.get_running_loop().run_in_executor(
+                None, call_command, self.port, "get_result", {}, PLANT_CALLER)
+        except P.CommandError:
+            active = None
+        with self._latest_lock:
+            self._latest.setdefault(P.TOPIC_HEARTBEAT, st)
+            if active is not None:
+                self._latest.setdefault(P.TOPIC_RESULT, active)
+            if st.get("last_drift"):
+                self._latest.setdefault(P.TOPIC_DRIFT, st["last_drift"])
+        await self._apply()
+
+    async def _apply(self) -> None:
+        with self._latest_lock:
+            latest, self._latest = self._latest, {}
+        try:
+            if P.TOPIC_HEARTBEAT in latest:
+                await self._heartbeat(latest[P.TOPIC_HEARTBEAT])
+            if P.TOPIC_STATE in latest:
+                self._seen_state = True
+                b = latest[P.TOPIC_STATE]
+                await self._set("Cellcal.State", str(b.get("state", "")))
+                await self._set("Cellcal.StateDetail", str(b.get("reason", "")))
+                await self._set("Cellcal.RunId", str(b.get("run_id") or ""))
+            if P.TOPIC_RESULT in latest:
+                await self._result(latest[P.TOPIC_RESULT])
+            if P.TOPIC_DRIFT in latest:
+                await self._drift(latest[P.TOPIC_DRIFT])
+            self.updates += 1
+        except Exception:  # noqa: BLE001 - one bad body must not end the server
+            log.exception("opcua: updating the address space failed")
+
+    async def _heartbeat(self, hb: Mapping[str, Any]) -> None:
+        if not self._seen_state:
+            # The state comes from the state events once there is one: a heartbeat built just
+            # before a transition can arrive after it, and must not put the old state back.
+            await self._set("Cellcal.State", str(hb.get("state", "")))
+            await self._set("Cellcal.StateDetail", str(hb.get("detail", "")))
+            await self._set("Cellcal.RunId", str(hb.get("run_id") or ""))
+        devices = hb.get("devices") or {}
+        await self._set("Cellcal.RobotConnected", bool((devices.get("robot") or {}).get("connected")))
+        await self._set("Cellcal.TrackerConnected", bool((devices.get("tracker") or {}).get("connected")))
+
+    async def _result(self, r: Mapping[str, Any]) -> None:
+        p = "Cellcal.ActiveResult."
+        await self._set(p + "ResultId", str(r.get("result_id", "")))
+        await self._set(p + "Kind", str(r.get("kind", "")))
+        await self._set(p + "Created", _dt(r.get("created_ns")))
+        await self._set(p + "Suspect", bool(r.get("suspect")))
+        await self._set(p + "SuspectReason", str(r.get("suspect_reason") or ""))
+        await self._set(p + "NStations", int(r.get("n_stations", 0)))
+        await self._set(p + "RmsTranslation_mm", float(r.get("rms_translation_m", math.nan)) * 1e3)
+        await self._set(p + "RmsRotation_deg", math.degrees(float(r.get("rms_rotation_rad", math.nan))))
+        unc = r.get("uncertainty") or {}
+        st, sr = unc.get("sigma_translation_m"), unc.get("sigma_rotation_rad")
+        await self._set(p + "SigmaTranslation_mm", None if st is None else st * 1e3)
+        await self._set(p + "SigmaRotation_deg", None if sr is None else math.degrees(sr))
+        transforms = r.get("transforms") or {}
+        points = r.get("points") or {}
+        for name in [n for n in self._frames if n not in transforms]:
+            await self._server.delete_nodes([self._frames.pop(name)], recursive=True)
+        for name in [n for n in self._points if n not in points]:
+            await self._server.delete_nodes([self._points.pop(name)], recursive=True)
+        for name, tr in transforms.items():
+            await self._frame(name, tr, sigmas(r, name))
+        for name, pt in points.items():
+            await self._point(name, pt, sigmas(r, name)[0])
+
+    async def _frame(self, name: str, tr: Mapping[str, Any], sig: tuple[float | None, float | None]) -> None:
+        base = f"Cellcal.ActiveResult.Frames.{name}"
+        if name not in self._frames:
+            ftype = self._server.get_node(ua.NodeId(ua.ObjectIds.ThreeDFrameType))
+            nodes = await instantiate(self._frames_folder, ftype, nodeid=self._id(base),
+                                      bname=ua.QualifiedName(name, self.ns), idx=self.ns)
+            frame = nodes[0]
+            self._frames[name] = frame
+            by_path = {n.nodeid.Identifier: n for n in nodes if isinstance(n.nodeid.Identifier, str)}
+            for axis in "XYZ":
+                self._vars[f"{base}.CartesianCoordinates.{axis}"] = (by_path[f"{base}.CartesianCoordinates.{axis}"],
+                                                                    ua.VariantType.Double)
+            for axis in "ABC":
+                self._vars[f"{base}.Orientation.{axis}"] = (by_path[f"{base}.Orientation.{axis}"], ua.VariantType.Double)
+            await by_path[f"{base}.CartesianCoordinates"].add_property(
+                self._id(f"{base}.CartesianCoordinates.LengthUnit"), "LengthUnit", _UNIT_MM)
+            await by_path[f"{base}.Orientation"].add_property(
+                self._id(f"{base}.Orientation.AngleUnit"), "AngleUnit", _UNIT_DEG)
+            for leaf in ("Constant", "FixedBase"):
+                if f"{base}.{leaf}" in by_path:
+                    await by_path[f"{base}.{leaf}"].write_value(ua.Variant(True, ua.VariantType.Boolean))
+            S, D = ua.VariantType.String, ua.VariantType.Double
+            await self._var(frame, f"{base}.ParentFrame", "ParentFrame", "", S)
+            await self._var(frame, f"{base}.ChildFrame", "ChildFrame", "", S)
+            await self._var(frame, f"{base}.Quaternion", "Quaternion", [1.0, 0.0, 0.0, 0.0], D)
+            await self._var(frame, f"{base}.SigmaTranslation_mm", "SigmaTranslation_mm", 0.0, D)
+            await self._var(frame, f"{base}.SigmaRotation_deg", "SigmaRotation_deg", 0.0, D)
+        x, y, z, a, b, c = frame_mm_deg(tr)
+        value = ua.ThreeDFrame(CartesianCoordinates=ua.ThreeDCartesianCoordinates(X=x, Y=y, Z=z),
+                               Orientation=ua.ThreeDOrientation(A=a, B=b, C=c))
+        await self._frames[name].write_value(ua.DataValue(ua.Variant(value, ua.VariantType.ExtensionObject)))
+        for axis, v in zip("XYZ", (x, y, z), strict=True):
+            await self._set(f"{base}.CartesianCoordinates.{axis}", v)
+        for axis, v in zip("ABC", (a, b, c), strict=True):
+            await self._set(f"{base}.Orientation.{axis}", v)
+        q = tr.get("quaternion") or {}
+        await self._set(f"{base}.ParentFrame", str(tr.get("parent_frame", "")))
+        await self._set(f"{base}.ChildFrame", str(tr.get("child_frame", "")))
+        node, _vt = self._vars[f"{base}.Quaternion"]
+        await node.write_value(ua.DataValue(ua.Variant([float(q.get(k, math.nan)) for k in "wxyz"], ua.VariantType.Double)))
+        await self._set(f"{base}.SigmaTranslation_mm", None if sig[0] is None else sig[0] * 1e3)
+        await self._set(f"{base}.SigmaRotation_deg", None if sig[1] is None else math.degrees(sig[1]))
+
+    async def _point(self, name: str, pt: Mapping[str, Any], sigma_m: float | None) -> None:
+        base = f"Cellcal.ActiveResult.Points.{name}"
+        if name not in self._points:
+            ptype = self._server.get_node(ua.NodeId(ua.ObjectIds.ThreeDCartesianCoordinatesType))
+            nodes = await instantiate(self._points_folder, ptype, nodeid=self._id(base),
+                                      bname=ua.QualifiedName(name, self.ns), idx=self.ns)
+            self._points[name] = nodes[0]
+            by_path = {n.nodeid.Identifier: n for n in nodes if isinstance(n.nodeid.Identifier, str)}
+            for axis in "XYZ":
+                self._vars[f"{base}.{axis}"] = (by_path[f"{base}.{axis}"], ua.VariantType.Double)
+            await nodes[0].add_property(self._id(f"{base}.LengthUnit"), "LengthUnit", _UNIT_MM)
+            await self._var(nodes[0], f"{base}.Frame", "Frame", "", ua.VariantType.String)
+            await self._var(nodes[0], f"{base}.SigmaTranslation_mm", "SigmaTranslation_mm", 0.0, ua.VariantType.Double)
+        x, y, z = point_mm(pt)
+        value = ua.ThreeDCartesianCoordinates(X=x, Y=y, Z=z)
+        await self._points[name].write_value(ua.DataValue(ua.Variant(value, ua.VariantType.ExtensionObject)))
+        for axis, v in zip("XYZ", (x, y, z), strict=True):
+            await self._set(f"{base}.{axis}", v)
+        await self._set(f"{base}.Frame", str(pt.get("frame", "")))
+        await self._set(f"{base}.SigmaTranslation_mm", None if sigma_m is None else sigma_m * 1e3)
+
+    async def _drift(self, d: Mapping[str, Any]) -> None:
+        p = "Cellcal.Drift."
+        cusum = d.get("cusum") or {}
+        r = d.get("deviation_rotation_rad")
+        await self._set(p + "ResultId", str(d.get("result_id", "")))
+        await self._set(p + "Status", str(d.get("status", "")))
+        await self._set(p + "Action", str(d.get("action", "")))
+        await self._set(p + "CheckId", int(d.get("check_id", 0)))
+        await self._set(p + "DeviationTranslation_mm", float(d.get("deviation_translation_m", math.nan)) * 1e3)
+        await self._set(p + "DeviationRotation_deg", None if r is None else math.degrees(r))
+        await self._set(p + "Cusum_mm", float(cusum.get("value_m", math.nan)) * 1e3)
+        await self._set(p + "WarnTranslation_mm", float(d.get("warn_translation_m", math.nan)) * 1e3)
+        await self._set(p + "FailTranslation_mm", float(d.get("fail_translation_m", math.nan)) * 1e3)
+        await self._set(p + "CusumAlarm", bool(cusum.get("alarm")))
+        await self._set(p + "Time", datetime.now(UTC))

@@ -1,0 +1,274 @@
+"""The OPC UA server read and called by a client nobody here wrote: asyncua's own ``Client``.
+
+One simulated cell for the module (``inprocess_cell``) calibrates once; its ``[opcua]`` section
+offers an unencrypted endpoint on loopback (``allow_none_on_loopback``) and Basic256Sha256
+SignAndEncrypt with a server certificate made by asyncua's certificate tool, two password
+users (``ops`` operator, ``viewer`` observer), one client certificate (``plc``, operator) and
+anonymous reads. The client, like a PLC would:
+
+* reads the active result's frames as the standard 3D frame type (mm, A-B-C degrees; the
+  test rebuilds the rotation from A, B, C itself), their sigmas, the result id, status and
+  state, and the units the frame's properties declare;
+* calls ``RunDriftCheck`` as operator, sees the check arrive by a data-change subscription and
+  reads the drift the check published; is refused
+  ``StartRun`` and ``RunDriftCheck`` as observer and as anonymous, with nothing started;
+* cannot write, cannot log in with a wrong password;
+* connects on the encrypted endpoint with its certificate and starts a run as ``plc``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+# asyncua is in the test extra (pip install -e '.[test]'); without it this module fails to import.
+from asyncua import Client, ua
+from asyncua.crypto.cert_gen import setup_self_signed_certificate
+from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
+from cryptography.x509.oid import ExtendedKeyUsageOID
+
+from cellcal.daemon import protocol as P
+from cellcal.daemon.plant.opcua import application_uri
+from cellcal.daemon.plant.views import sigmas
+from cellcal.testing.harness import free_port, inprocess_cell
+
+pytestmark = pytest.mark.slow
+
+NS = "urn:cellcal"
+PASSWORDS = {"ops": "ops-secret-1", "viewer": "viewer-secret-2"}
+
+
+class Cell:
+    def __init__(self, cell, url: str, client_cert: Path, client_key: Path, server_cert: Path, body: dict) -> None:
+        self.cell, self.url, self.body = cell, url, body
+        self.client_cert, self.client_key, self.server_cert = client_cert, client_key, server_cert
+
+
+@pytest.fixture(scope="module")
+def opc(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("opcua")
+    certs = tmp / "pki"
+    certs.mkdir()
+    server_key, server_cert = certs / "server_key.pem", certs / "server_cert.der"
+    client_key, client_cert = certs / "plc_key.pem", certs / "plc_cert.der"
+    asyncio.run(setup_self_signed_certificate(server_key, server_cert, application_uri("test-cell"), "localhost",
+                                              [ExtendedKeyUsageOID.SERVER_AUTH], {"organizationName": "cellcal tests"}))
+    asyncio.run(setup_self_signed_certificate(client_key, client_cert, "urn:plant:plc-7", "localhost",
+                                              [ExtendedKeyUsageOID.CLIENT_AUTH], {"organizationName": "plant"}))
+    users = []
+    for name, role in (("ops", "operator"), ("viewer", "observer")):
+        pw = tmp / f"{name}.password"
+        pw.write_text(PASSWORDS[name] + "\n")
+        pw.chmod(0o600)
+        users.append({"name": name, "role": role, "password_file": str(pw)})
+    port = free_port()
+    overrides = {"opcua": {
+        "enabled": True, "endpoint": f"opc.tcp://127.0.0.1:{port}", "security": ["none", "sign_and_encrypt"],
+        "allow_none_on_loopback": True, "certificate_file": str(server_cert), "private_key_file": str(server_key),
+        "anonymous": True, "users": users, "certificates": [{"name": "plc", "role": "operator", "file": str(client_cert)}],
+        "update_s": 0.05,
+    }}
+    with inprocess_cell(tmp, n_stations=6, overrides=overrides) as cell:
+        run_id = cell.svc.start_run("base_frame", reason="test")
+        body = cell.wait_result(run_id)
+        assert cell.svc.wait_idle(20.0)
+        yield Cell(cell, f"opc.tcp://127.0.0.1:{port}", client_cert, client_key, server_cert, body)
+
+
+def client(opc: Cell, user: str | None = None, password: str | None = None) -> Client:
+    c = Client(opc.url, timeout=20)
+    if user is not None:
+        c.set_user(user)
+        c.set_password(PASSWORDS[user] if password is None else password)
+    return c
+
+
+async def _value(c: Client, ns: int, path: str, timeout_s: float = 20.0):
+    """The value of a node, waiting for it to exist (the address space follows the events)."""
+    node = c.get_node(ua.NodeId(path, ns))
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    while True:
+        try:
+            return await node.read_value()
+        except ua.UaStatusCodeError:
+            if asyncio.get_running_loop().time() > deadline:
+                raise
+            await asyncio.sleep(0.05)
+
+
+def _rot(a: float, b: float, c: float) -> np.ndarray:
+    """Rz(C) Ry(B) Rx(A), angles in degrees: the test's own reading of the 3D orientation."""
+    a, b, c = (math.radians(v) for v in (a, b, c))
+    rx = np.array([[1, 0, 0], [0, math.cos(a), -math.sin(a)], [0, math.sin(a), math.cos(a)]])
+    ry = np.array([[math.cos(b), 0, math.sin(b)], [0, 1, 0], [-math.sin(b), 0, math.cos(b)]])
+    rz = np.array([[math.cos(c), -math.sin(c), 0], [math.sin(c), math.cos(c), 0], [0, 0, 1]])
+    return rz @ ry @ rx
+
+
+def test_a_client_reads_the_active_results_frames_sigmas_and_status(opc):
+    body = opc.body
+
+    async def read() -> None:
+        async with client(opc, "viewer") as c:
+            ns = await c.get_namespace_index(NS)
+            assert await _value(c, ns, "Cellcal.ActiveResult.ResultId") == body["result_id"]
+            assert await _value(c, ns, "Cellcal.ActiveResult.Kind") == "base_frame"
+            assert await _value(c, ns, "Cellcal.ActiveResult.Suspect") is False
+            assert await _value(c, ns, "Cellcal.ActiveResult.NStations") == 6
+            await wait_async(lambda: _value(c, ns, "Cellcal.State"), "IDLE")  # the last state event applied
+            assert await _value(c, ns, "Cellcal.RobotConnected") is True
+            for name, tr in body["transforms"].items():
+                base = f"Cellcal.ActiveResult.Frames.{name}"
+                frame = await _value(c, ns, base)
+                # The standard type: 3DFrame (ns=0) with cartesian coordinates and orientation.
+                assert isinstance(frame, ua.ThreeDFrame)
+                node = c.get_node(ua.NodeId(base, ns))
+                assert (await node.read_data_type()) == ua.NodeId(ua.ObjectIds.ThreeDFrame)
+                assert (await node.read_type_definition()) == ua.NodeId(ua.ObjectIds.ThreeDFrameType)
+                M = np.array(tr["matrix"]).reshape(4, 4)
+                xyz = frame.CartesianCoordinates
+                assert np.allclose([xyz.X, xyz.Y, xyz.Z], M[:3, 3] * 1e3, atol=1e-9)
+                o = frame.Orientation
+                assert np.allclose(_rot(o.A, o.B, o.C), M[:3, :3], atol=1e-9)
+                # The components are variables too, with their units.
+                assert await _value(c, ns, f"{base}.CartesianCoordinates.X") == pytest.approx(xyz.X)
+                assert await _value(c, ns, f"{base}.Orientation.C") == pytest.approx(o.C)
+                unit = await _value(c, ns, f"{base}.CartesianCoordinates.LengthUnit")
+                assert unit.DisplayName.Text == "mm"
+                assert (await _value(c, ns, f"{base}.Orientation.AngleUnit")).DisplayName.Text == "°"
+                st, sr = sigmas(body, name)
+                assert await _value(c, ns, f"{base}.SigmaTranslation_mm") == pytest.approx(st * 1e3)
+                assert await _value(c, ns, f"{base}.SigmaRotation_deg") == pytest.approx(math.degrees(sr))
+                q = await _value(c, ns, f"{base}.Quaternion")
+                assert q == pytest.approx([tr["quaternion"][k] for k in "wxyz"])
+                assert await _value(c, ns, f"{base}.ParentFrame") == tr["parent_frame"]
+            # Writes are refused: every variable is the daemon's.
+            with pytest.raises(ua.UaStatusCodeError):
+                await c.get_node(ua.NodeId("Cellcal.ActiveResult.ResultId", ns)).write_value("999")
+        assert await_nothing_changed(opc)
+
+    asyncio.run(read())
+
+
+def await_nothing_changed(opc: Cell) -> bool:
+    active = opc.cell.svc.store.active_result()
+    return active is not None and str(active.id) == opc.body["result_id"]
+
+
+def test_methods_need_the_operator_role_and_run_through_the_daemon(opc):
+    cell = opc.cell
+    runs_before = len(cell.svc.store.list_runs(limit=100))
+    drift_before = len(cell.bodies(P.TOPIC_DRIFT))
+
+    async def refused() -> None:
+        for who in (("viewer",), ()):
+            async with client(opc, *who) as c:
+                ns = await c.get_namespace_index(NS)
+                root = c.get_node(ua.NodeId("Cellcal", ns))
+                # Anonymous and observer sessions read ...
+                assert await _value(c, ns, "Cellcal.ActiveResult.ResultId") == opc.body["result_id"]
+                # ... and may call neither method.
+                with pytest.raises(ua.uaerrors.BadUserAccessDenied):
+                    await root.call_method(ua.NodeId("Cellcal.StartRun", ns), "base_frame")
+                with pytest.raises(ua.uaerrors.BadUserAccessDenied):
+                    await root.call_method(ua.NodeId("Cellcal.RunDriftCheck", ns))
+
+    asyncio.run(refused())
+    assert len(cell.svc.store.list_runs(limit=100)) == runs_before and cell.svc.current_run_id() is None
+    assert len(cell.bodies(P.TOPIC_DRIFT)) == drift_before
+
+    class Changes:
+        """A PLC's subscription: every data change of the node it monitors."""
+
+        def __init__(self) -> None:
+            self.values: list = []
+
+        def datachange_notification(self, node, val, data) -> None:
+            self.values.append(val)
+
+    async def operator() -> tuple[str, int, list]:
+        async with client(opc, "ops") as c:
+            ns = await c.get_namespace_index(NS)
+            root = c.get_node(ua.NodeId("Cellcal", ns))
+            changes = Changes()
+            sub = await c.create_subscription(50, changes)
+            await sub.subscribe_data_change(c.get_node(ua.NodeId("Cellcal.Drift.CheckId", ns)))
+            # The command's own argument checks apply: an unknown kind is refused.
+            with pytest.raises(ua.uaerrors.BadInvalidArgument):
+                await root.call_method(ua.NodeId("Cellcal.StartRun", ns), "warp_drive")
+            result_id, check_id = await root.call_method(ua.NodeId("Cellcal.RunDriftCheck", ns))
+            # The check's id arrives by the subscription, as a PLC would see it.
+            deadline = asyncio.get_running_loop().time() + 30.0
+            while check_id not in changes.values and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            await sub.delete()
+            return result_id, check_id, changes.values
+
+    result_id, check_id, notified = asyncio.run(operator())
+    assert result_id == opc.body["result_id"] and check_id >= 1
+    assert check_id in notified, notified
+    drift = cell.wait_for(lambda t, b: t == P.TOPIC_DRIFT and b["check_id"] == check_id, 30.0, "the requested check")
+
+    async def read_drift() -> None:
+        async with client(opc) as c:  # anonymous reads it
+            ns = await c.get_namespace_index(NS)
+            await wait_async(lambda: _value(c, ns, "Cellcal.Drift.CheckId"), check_id)
+            assert await _value(c, ns, "Cellcal.Drift.Status") == drift["status"] == "ok"
+            assert await _value(c, ns, "Cellcal.Drift.ResultId") == result_id
+            dev = await _value(c, ns, "Cellcal.Drift.DeviationTranslation_mm")
+            assert dev == pytest.approx(drift["deviation_translation_m"] * 1e3)
+            assert await _value(c, ns, "Cellcal.Drift.FailTranslation_mm") == pytest.approx(drift["fail_translation_m"] * 1e3)
+
+    asyncio.run(read_drift())
+
+
+async def wait_async(read, want, timeout_s: float = 20.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    got = None
+    while asyncio.get_running_loop().time() < deadline:
+        got = await read()
+        if got == want:
+            return
+        await asyncio.sleep(0.05)
+    raise AssertionError(f"waited for {want!r}, last read {got!r}")
+
+
+def test_a_wrong_password_is_refused(opc):
+    async def login() -> None:
+        async with client(opc, "ops", password="not-the-password"):
+            pass
+
+    with pytest.raises(ua.UaStatusCodeError):
+        asyncio.run(login())
+
+
+def test_the_encrypted_endpoint_and_a_client_certificate_start_a_run(opc, caplog):
+    caplog.set_level(logging.INFO, logger="cellcal.daemon.plant")
+    cell = opc.cell
+    assert cell.svc.wait_idle(30.0)
+
+    async def secure() -> tuple[str, int]:
+        c = Client(opc.url, timeout=20)
+        await c.set_security(SecurityPolicyBasic256Sha256, certificate=str(opc.client_cert),
+                             private_key=str(opc.client_key), server_certificate=str(opc.server_cert),
+                             mode=ua.MessageSecurityMode.SignAndEncrypt)
+        async with c:
+            assert c.security_policy.Mode == ua.MessageSecurityMode.SignAndEncrypt
+            ns = await c.get_namespace_index(NS)
+            assert await _value(c, ns, "Cellcal.ActiveResult.ResultId") == opc.body["result_id"]
+            root = c.get_node(ua.NodeId("Cellcal", ns))
+            run_id, planned = await root.call_method(ua.NodeId("Cellcal.StartRun", ns), "base_frame")
+            return run_id, planned
+
+    run_id, planned = asyncio.run(secure())
+    assert planned == 6
+    body = cell.wait_result(run_id)
+    assert body["active"] is True
+    assert cell.svc.store.get_run(int(run_id)).kind == "base_frame"
+    # The command went through the same path as a ZeroMQ one, logged with the certificate's user.
+    assert any("cmd start_run key=opcua:cert:plc role=operator name=plc -> ok" in r.getMessage() for r in caplog.records)
