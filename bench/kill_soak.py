@@ -23,7 +23,7 @@ What it does (the promise: "no accepted station is ever lost, kill -9 at any mom
    sum of the two results' own covariances, which the solver estimates from the
    residuals, i.e. from the tracker noise the stations really had).
 
-The soak itself is :func:`cellcal.testing.harness.soak` (``tests/test_daemon_kill.py`` runs
+The soak itself is :func:`cellcal.testing.soak.soak` (``tests/test_daemon_kill.py`` runs
 it with 20+ kills); this script is its command line and its ``RESULTS.md`` section.
 """
 
@@ -41,7 +41,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if str(ROOT) not in sys.path:  # run as a script: make `bench._results` importable
     sys.path.insert(0, str(ROOT))
 
-from cellcal.testing.harness import K_SIGMA, SoakError, soak  # noqa: E402
+from cellcal.testing.harness import K_SIGMA, SoakError  # noqa: E402
+from cellcal.testing.soak import soak  # noqa: E402
 
 
 @contextmanager

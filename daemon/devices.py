@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from cellcal.daemon import capture as cap
@@ -149,6 +150,10 @@ class CellDevices:
         self.model_override: Any = None
         self.model_override_result: int | None = None
         self._stop_lock = threading.Lock()
+        # The idle loop's connection attempts (:meth:`connect_idle`).
+        self._idle_backoff = Backoff(cfg.service.fault_retry_min_s, cfg.service.fault_retry_max_s)
+        self._idle_next_try = 0.0
+        self._idle_failures: dict[str, str] = {}
         self.status: dict[str, dict[str, Any]] = {
             P.DEVICE_ROBOT: {"connected": False, "url": cfg.robot.url, "identity": {}, "identity_text": None},
             P.DEVICE_TRACKER: {"connected": False, "url": cfg.tracker.url, "identity": {}, "identity_text": None},
@@ -217,6 +222,30 @@ class CellDevices:
             self.engine = None
         elif self.engine is None or self.engine.monitor is not self.monitor or self.engine.tracker is not self.tracker:
             self.engine = cap.CaptureEngine(self.monitor, self.tracker, self.cfg, session=self.session)
+
+    def connect_idle(self, stop: threading.Event) -> None:
+        """While idle, keep the devices open: connect at start and retry with backoff
+        (``fault_retry_min_s`` .. ``fault_retry_max_s``), so the heartbeat says what is
+        connected and a run's record names its devices from its start. Idle devices that
+        are down are not a FAULT (nothing waits for them); a job that needs them is. Each
+        distinct failure is said once, not at every retry."""
+        if stop.is_set() or self.all_open or time.monotonic() < self._idle_next_try:
+            return
+        failed = self.open_available()
+        if not failed:
+            self._idle_backoff.reset()
+            self._idle_failures.clear()
+            log.info("devices connected: %s", "; ".join(
+                f"{name} {d.get('identity_text') or '?'}" for name, d in self.status.items()))
+            return
+        delay = self._idle_backoff.next_delay()
+        self._idle_next_try = time.monotonic() + delay
+        for name, exc in failed.items():
+            text = f"{type(exc).__name__}: {exc}"
+            if self._idle_failures.get(name) != text:
+                log.warning("%s (%s) not connected: %s; retrying with backoff (next in %.1f s)",
+                            name, self.status[name]["url"], text, delay)
+                self._idle_failures[name] = text
 
     @property
     def all_open(self) -> bool:

@@ -15,7 +15,7 @@ Threads
 
 States (``State``, the protocol's ``StateName``): IDLE, CAPTURING, SOLVING, CHECKING,
 FAULT. The worker connects the devices when it starts and, while idle, retries one that is
-down with backoff (:meth:`Service._connect_idle`): the heartbeat tells the truth and a run's
+down with backoff (``CellDevices.connect_idle``): the heartbeat tells the truth and a run's
 record names its devices from its start. A device down while idle is not a FAULT.
 One daemon per state directory: :class:`StateDirLock` (``<state_dir>/cellcal.lock``).
 
@@ -29,10 +29,8 @@ result is stored, gated, activated and exported in one place (``jobs.results``).
 from __future__ import annotations
 
 import enum
-import fcntl
 import logging
 import math
-import os
 import queue
 import signal
 import threading
@@ -45,7 +43,7 @@ from typing import Any, cast
 from cellcal.daemon import bodies, drift, runs
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
-from cellcal.daemon.devices import Backoff, CellDevices
+from cellcal.daemon.devices import CellDevices
 from cellcal.daemon.jobs.control import JOB_DRIFT, JOB_RUN, Abort, GiveUp, Job, JobControl
 from cellcal.daemon.jobs.drift import DriftJob
 from cellcal.daemon.jobs.outage import StoreOutages
@@ -57,6 +55,7 @@ from cellcal.daemon.runs.kinematics import sync_devices_model
 from cellcal.daemon.runs.plan import PlannedStation, plan_from_dict
 from cellcal.daemon.sdnotify import Notifier
 from cellcal.daemon.store import ResultRecord, RunStatus, Store, StoreError
+from cellcal.daemon.store.lock import StateDirLock, StateDirLocked
 from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
@@ -106,66 +105,6 @@ class ServiceError(CellcalError):
             raise ValueError(f"unknown error code {code!r}")
         self.code = cast(P.ErrorCode, code)
         super().__init__(message)
-
-
-class StateDirLocked(CellcalError):
-    """Another daemon holds the state directory's lock file (the message names its pid)."""
-
-
-class StateDirLock:
-    """``<state_dir>/cellcal.lock``: one daemon per state directory.
-
-    An exclusive ``flock`` on the file, held while the daemon runs; the holder's pid is
-    written into it so a refused second daemon can name it. The kernel drops the lock when
-    its process dies (kill -9 included), so a stale file never blocks a restart.
-    """
-
-    NAME = "cellcal.lock"
-
-    def __init__(self, state_dir: str | Path) -> None:
-        self.path = Path(state_dir) / self.NAME
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        """Take the lock (idempotent).
-
-        Raises
-        ------
-        StateDirLocked
-            Another process (or another daemon in this one) holds it.
-        """
-        if self._fd is not None:
-            return
-        try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            # A state directory nobody can write (read-only, full, not ours): no daemon can
-            # run on it, and the store's own error says why in its words.
-            log.debug("no lock file in %s: %s", self.path.parent, exc)
-            return
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            try:
-                holder = os.pread(fd, 64, 0).decode("ascii", "replace").strip() or "unknown"
-            finally:
-                os.close(fd)
-            raise StateDirLocked(f"state directory {self.path.parent} is in use by another cellcal daemon "
-                                 f"(pid {holder}, lock file {self.path}); stop it, or give this one another "
-                                 "[service] state_dir") from None
-        self._fd = fd
-        try:
-            os.ftruncate(fd, 0)
-            os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
-        except OSError as exc:  # a full disk: the lock holds all the same; the store says what is wrong
-            log.debug("cannot write the pid into %s: %s", self.path, exc)
-
-    def release(self) -> None:
-        """Drop the lock (idempotent); the file stays (removing it would race a new holder)."""
-        fd, self._fd = self._fd, None
-        if fd is not None:
-            os.close(fd)  # closing the descriptor releases the flock
 
 
 class Service:
@@ -218,10 +157,6 @@ class Service:
                            self._run_event)
         self.drift = DriftJob(cfg, self.store, self.control, self.results, self._emit, self._recalibrate)
         self.results.on_activated = self.drift.activated
-        # The idle loop's connection attempts (:meth:`_connect_idle`).
-        self._idle_backoff = Backoff(cfg.service.fault_retry_min_s, cfg.service.fault_retry_max_s)
-        self._idle_next_try = 0.0
-        self._idle_failures: dict[str, str] = {}
 
     @property
     def devices(self) -> dict[str, dict[str, Any]]:
@@ -562,7 +497,7 @@ class Service:
     # ---- the worker ------------------------------------------------------------------------------------
     def _work(self) -> None:
         if self._jobs.empty():
-            self._connect_idle()  # at start: the heartbeat and the first run know the devices
+            self._devices.connect_idle(self.control.stop)  # at start: the heartbeat and the first run know the devices
         while not self.control.stop.is_set():
             if self.outages.pending:
                 resumed = self.outages.step()
@@ -573,34 +508,10 @@ class Service:
                 job = self._jobs.get(timeout=0.2)
             except queue.Empty:
                 self.control.progress()
-                self._connect_idle()
+                self._devices.connect_idle(self.control.stop)
                 continue
             self._run_job(job)
         self._devices.close()
-
-    def _connect_idle(self) -> None:
-        """While idle, keep the devices open: connect at start and retry with backoff
-        (``fault_retry_min_s`` .. ``fault_retry_max_s``), so the heartbeat says what is
-        connected and a run's record names its devices from its start. Idle devices that
-        are down are not a FAULT (nothing waits for them); a job that needs them is."""
-        if self.control.stop.is_set() or self._devices.all_open or time.monotonic() < self._idle_next_try:
-            return
-        failed = self._devices.open_available()
-        if not failed:
-            self._idle_backoff.reset()
-            self._idle_failures.clear()
-            log.info("devices connected: %s", "; ".join(
-                f"{name} {d.get('identity_text') or '?'}" for name, d in self._devices.status.items()))
-            return
-        delay = self._idle_backoff.next_delay()
-        self._idle_next_try = time.monotonic() + delay
-        for name, exc in failed.items():
-            text = f"{type(exc).__name__}: {exc}"
-            # Said once per distinct failure, not at every retry.
-            if self._idle_failures.get(name) != text:
-                log.warning("%s (%s) not connected: %s; retrying with backoff (next in %.1f s)",
-                            name, self._devices.status[name]["url"], text, delay)
-                self._idle_failures[name] = text
 
     def _run_job(self, job: Job) -> None:
         self._current = job

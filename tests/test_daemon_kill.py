@@ -1,6 +1,6 @@
 """kill -9 of the daemon during capture.
 
-``test_kill_9_during_capture`` runs :func:`cellcal.testing.harness.soak` with 24 SIGKILLs of a real
+``test_kill_9_during_capture`` runs :func:`cellcal.testing.soak.soak` with 24 SIGKILLs of a real
 ``cellcal run`` process at random moments of its capture (after 0-2 accepted stations plus
 0-0.6 s: moving, settling, measuring or committing), restarting it on the same state
 directory each time while ``cellcal sim`` stays up. ``bench/kill_soak.py --kills 200`` is
@@ -27,7 +27,8 @@ from cellcal.daemon.config import load_config_text
 from cellcal.daemon.runs.plan import PlannedStation, plan_to_dict
 from cellcal.daemon.service import Service, State
 from cellcal.daemon.store import Store
-from cellcal.testing.harness import K_SIGMA, daemon_config, free_port, soak, to_toml
+from cellcal.testing.harness import K_SIGMA, daemon_config, free_port, to_toml
+from cellcal.testing.soak import soak
 
 KILLS = 24
 

@@ -38,7 +38,8 @@ from cellcal.sim.robot_scenario import parse_robot_table
 from cellcal.sim.scenario import load_scenario
 from cellcal.sim.truth import residual_vs_noise, truth_error
 from cellcal.solver.se3 import se3_inverse
-from cellcal.testing.harness import K_SIGMA, REALISTIC_SCENARIO, audit_store, inprocess_cell, scenario_with, soak
+from cellcal.testing.harness import K_SIGMA, REALISTIC_SCENARIO, audit_store, inprocess_cell, scenario_with
+from cellcal.testing.soak import soak
 
 pytestmark = pytest.mark.slow
 

@@ -4,4 +4,5 @@ import sys
 
 from cellcal.daemon.cli import main
 
-sys.exit(main())
+if __name__ == "__main__":  # imported (by pkgutil.walk_packages, say): nothing runs
+    sys.exit(main())

@@ -14,6 +14,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from cellcal.daemon.config.errors import ConfigError
+
 __all__ = ["Kinematics", "validate_kinematics", "PARAMETER_NAME"]
 
 _MM = 1e-3
@@ -74,8 +76,6 @@ def validate_kinematics(k: Kinematics) -> None:
     cellcal.daemon.config.ConfigError
         Under ``kinematics.<key>`` (``kinematics.parameters[2]`` for a bad name).
     """
-    from cellcal.daemon.config import ConfigError
-
     values = {"n_stations": k.n_stations, "n_validation": k.n_validation, "max_condition": k.max_condition,
               "max_holdout_rms_mm": k.max_holdout_rms_m / _MM, "seed": k.seed,
               "iso9283_cycles": k.iso9283_cycles, "iso9283_cube_side_mm": k.iso9283_cube_side_m / _MM}

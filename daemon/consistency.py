@@ -1,0 +1,282 @@
+"""What a station is judged by and what a job remembers to judge it: rejections, device
+faults, the consistency checks' memory, and the run's rough estimate.
+
+* :class:`RejectReason` / :class:`StationRejected`: a station not accepted, with the reason
+  and its figures (stored and published by name); :class:`DeviceFault`: a link that failed,
+  naming the device at fault (the service rides it out), or a change that ends the job;
+* :class:`Session`: what the checks remember across reconnections within a job (the
+  controller's TCP offset and payload at its start, the robot's identity, the last tracker
+  value, so a frozen instrument is seen);
+* :func:`fk_deviation`: the robot's reported pose against forward kinematics of its joints;
+* :class:`Expected`: the run's rough current estimate a new measurement must agree with.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+import threading
+from typing import Any, NamedTuple
+
+import numpy as np
+
+from cellcal.daemon import protocol as P
+from cellcal.drivers.errors import DeviceError
+from cellcal.solver.errors import CellcalError
+from cellcal.solver.se3 import rotation_angle
+
+log = logging.getLogger(__name__)
+
+#: A gross disagreement is at least this many times the rough estimate's RMS closure (and
+#: at least the configured floor): a good station sits within a few RMS of the fit.
+GROSS_RMS_FACTOR = 20.0
+#: ``tcp_offset`` (m, rad) and ``payload`` (kg) changes smaller than this are float noise.
+_TCP_CHANGE_TOL = 1e-6
+_PAYLOAD_CHANGE_TOL_KG = 1e-6
+
+
+class RejectReason(str, enum.Enum):
+    """Why a station was not accepted (stored and published by name)."""
+
+    NOT_SETTLED = "not_settled"
+    TRACKER_STD = "tracker_std_too_high"
+    TRACKER_DISAGREE = "tracker_averages_disagree"
+    BEAM_BROKEN = "beam_broken"
+    TRACKER_REFUSED = "tracker_refused"
+    SYNC_WINDOW = "outside_sync_window"
+    DUPLICATE_POSE = "duplicate_pose"
+    PROTECTIVE_STOP = "protective_stop"
+    MOVE_FAILED = "move_failed"
+    FK_MISMATCH = "fk_mismatch"
+    TRACKER_OUT_OF_RANGE = "tracker_out_of_range"
+    TRACKER_FROZEN = "tracker_frozen"
+    GROSS_DISAGREEMENT = "gross_disagreement"
+
+
+class StationRejected(CellcalError):
+    """A station that was not accepted; ``reason`` and ``detail`` say why."""
+
+    def __init__(self, reason: RejectReason, message: str, detail: dict | None = None) -> None:
+        self.reason = reason
+        self.detail = detail or {}
+        super().__init__(f"{reason.value}: {message}")
+
+
+class DeviceFault(CellcalError):
+    """A device link failed (gone, timed out, unreadable); ``device`` is ``protocol.DEVICE_ROBOT``
+    or ``protocol.DEVICE_TRACKER``, ``cause`` the driver's error.
+
+    ``ends_job`` is True when what the job's stations rest on changed (the controller's TCP
+    offset or payload, :func:`settings_changed`): reconnecting does not help, the job ends.
+    """
+
+    def __init__(self, device: P.DeviceName, cause: BaseException, *, ends_job: bool = False) -> None:
+        self.device = device
+        self.cause = cause
+        self.ends_job = ends_job
+        super().__init__(f"{device}: {cause}")
+
+
+#: ``DeviceError.code`` of a setting the controller reported differently during a job.
+TCP_OFFSET_CHANGED = "TCP_OFFSET_CHANGED"
+PAYLOAD_CHANGED = "PAYLOAD_CHANGED"
+#: ``DeviceError.code`` of a robot that reopened during a job as another one (serial or
+#: kinematics): reopened again with backoff, its stations never combined with the job's.
+ROBOT_CHANGED = "ROBOT_CHANGED"
+#: ``DeviceError.code`` of the UR driver's refusal to move without its dashboard.
+DASHBOARD_UNAVAILABLE = "DASHBOARD_UNAVAILABLE"
+
+
+def settings_changed(setting: str, before: Any, after: Any) -> DeviceError:
+    """The error of a controller setting (``"tcp_offset"``, ``"payload"``) that changed
+    during a session; its ``code`` is :data:`TCP_OFFSET_CHANGED` or :data:`PAYLOAD_CHANGED`."""
+    code = TCP_OFFSET_CHANGED if setting == "tcp_offset" else PAYLOAD_CHANGED
+    return DeviceError(f"the controller's {setting} changed during the session from {_fmt(before)} to "
+                       f"{_fmt(after)}: stations taken before and after the change cannot be combined", code)
+
+
+def _fmt(v: Any) -> str:
+    if v is None:
+        return "nothing"
+    if isinstance(v, float):
+        return f"{v:g} kg"
+    return "p[" + ", ".join(f"{float(x):.6g}" for x in v) + "]"
+
+
+class RobotKey(NamedTuple):
+    """What makes an open robot the job's (:meth:`Session.check_robot`): the controller's
+    serial number (None where none was read), where its forward kinematics comes from
+    (``factory``, ``nominal``, ...) and that table's digest (None if unknown)."""
+
+    serial: str | None
+    source: str
+    digest: str | None
+
+
+class Session:
+    """What the consistency checks remember across a job, kept across device reconnects.
+
+    * The controller's TCP offset and payload at the start of the job (the first sample
+      that reports them); a later sample with other values records the error of
+      :func:`settings_changed` in :attr:`changed` (the robot monitor calls
+      :meth:`check_settings` for every sample). :meth:`new_job` starts over.
+    * The robot the job started with (serial number and the kinematics its forward
+      kinematics uses, ``devices.robot_identity``): a reopen during the job that finds
+      another one is refused by :meth:`check_robot`. A UR opened while its primary
+      interface is still down (after a controller restart) falls back to the data-sheet
+      model, millimetres from its factory table: the job's stations would mix the two.
+    * The newest tracker measurement taken, to tell a frozen instrument
+      (:meth:`is_frozen`); kept across jobs, as a frozen tracker stays frozen.
+
+    Thread-safe: the robot monitor's thread and the worker share it.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tcp: np.ndarray | None = None
+        self._payload: float | None = None
+        self.changed: DeviceError | None = None
+        self._last: tuple[tuple, float] | None = None
+        self._in_job = False
+        self._robot: RobotKey | None = None
+
+    def new_job(self, robot: RobotKey | None = None) -> None:
+        """Forget the job's settings baseline (and a change seen before the job began);
+        ``robot``: the robot already open (else the job's first open sets it)."""
+        with self._lock:
+            self._tcp, self._payload, self.changed = None, None, None
+            self._in_job, self._robot = True, robot
+
+    def end_job(self) -> None:
+        """The job is over: reopens compare with nothing until the next one starts."""
+        with self._lock:
+            self._in_job, self._robot = False, None
+
+    def robot_replaced(self) -> None:
+        """The robot is reopened with another model on purpose (a CiA 402 arm taking an
+        identified model, ``kinematics_run.sync_devices_model``): its next open is the baseline."""
+        with self._lock:
+            self._robot = None
+
+    def check_robot(self, robot: RobotKey) -> str | None:
+        """None when a robot just opened is the job's (or opened outside a job, or is the
+        job's first); else why not, for a ``ROBOT_CHANGED`` refusal. What is not known on
+        either side (a serial not read) is no evidence either way."""
+        with self._lock:
+            if not self._in_job:
+                return None
+            if self._robot is None:
+                self._robot = robot
+                return None
+            before = self._robot
+        if before.serial is not None and robot.serial is not None and before.serial != robot.serial:
+            return (f"the robot reopened with another serial number ({robot.serial}) than the job started with "
+                    f"({before.serial}): its stations cannot be combined with the job's; reopening")
+        if before.digest is not None and robot.digest is not None and before.digest != robot.digest:
+            return (f"the robot reopened with another kinematics table ({robot.source} {robot.digest}) than the job "
+                    f"started with ({before.source} {before.digest}): its stations cannot be combined with the "
+                    "job's; reopening")
+        return None
+
+    def check_settings(self, state: Any) -> None:
+        """Compare one robot sample's reported TCP offset and payload with the baseline."""
+        tcp, payload = getattr(state, "tcp_offset", None), getattr(state, "payload_kg", None)
+        with self._lock:
+            if self.changed is not None:
+                return
+            if tcp is not None:
+                if self._tcp is None:
+                    self._tcp = np.array(tcp, dtype=float)
+                elif float(np.max(np.abs(np.asarray(tcp) - self._tcp))) > _TCP_CHANGE_TOL:
+                    self.changed = settings_changed("tcp_offset", self._tcp.copy(), np.array(tcp, dtype=float))
+            if payload is not None and self.changed is None:
+                if self._payload is None:
+                    self._payload = float(payload)
+                elif abs(float(payload) - self._payload) > _PAYLOAD_CHANGE_TOL_KG:
+                    self.changed = settings_changed("payload", self._payload, float(payload))
+
+    def is_frozen(self, m: Any) -> bool:
+        """Whether measurement ``m`` repeats the previous one bit for bit with another
+        timestamp; ``m`` becomes the previous one either way."""
+        sig = _signature(m)
+        with self._lock:
+            prev, self._last = self._last, (sig, float(m.t_device_s))
+        return prev is not None and prev[0] == sig and prev[1] != float(m.t_device_s)
+
+
+def _signature(m: Any) -> tuple:
+    """Every value bit of a tracker measurement (not its timestamps)."""
+    def b(a: Any) -> bytes | None:
+        return None if a is None else np.asarray(a, dtype=np.float64).tobytes()
+
+    return (b(m.cell_p_target), b(m.cell_T_target), b(m.std_translation_m), b(m.std_rotation_rad),
+            int(m.sample_count))
+
+
+def fk_deviation(model: Any, q_rad: np.ndarray, base_T_flange: np.ndarray) -> tuple[float, float]:
+    """``(translation_m, rotation_rad)`` between a reported flange pose and the forward
+    kinematics of the reported joints under ``model``.
+
+    Parameters
+    ----------
+    model : object with ``forward(q) -> (4, 4)``
+        The robot's kinematics: the driver's nominal model (``RobotDriver.model``) or a
+        better one (a controller's factory calibration) where available.
+    q_rad : (n,) array
+        Joint angles, rad.
+    base_T_flange : (4, 4) array
+        The flange pose the robot reported (RTDE: ``actual_TCP_pose`` with the configured
+        TCP removed), metres.
+    """
+    fk = model.forward(np.asarray(q_rad, dtype=float))
+    dt = float(np.linalg.norm(fk[:3, 3] - base_T_flange[:3, 3]))
+    dr = rotation_angle(fk[:3, :3].T @ base_T_flange[:3, :3])
+    return dt, dr
+
+
+class Expected:
+    """A rough current estimate of the cell, to predict each station's tracker pose.
+
+    ``cell_T_target = cell_T_base @ base_T_flange @ flange_T_target``; a measurement
+    farther than ``max_translation_m`` / ``max_rotation_rad`` from the prediction is a gross
+    disagreement (:meth:`bounds` says how those are chosen).
+
+    A point estimate (:meth:`of_point`, from a point base-frame fit) knows the reflector's
+    position on the flange but no target orientation (``is_point``): only positions are
+    compared (:meth:`position_deviation`).
+    """
+
+    def __init__(self, cell_T_base: np.ndarray, flange_T_target: np.ndarray, max_translation_m: float,
+                 max_rotation_rad: float, n_stations: int, *, is_point: bool = False) -> None:
+        self.cell_T_base = np.asarray(cell_T_base, dtype=float)
+        self.flange_T_target = np.asarray(flange_T_target, dtype=float)
+        self.max_translation_m = float(max_translation_m)
+        self.max_rotation_rad = float(max_rotation_rad)
+        self.n_stations = int(n_stations)
+        self.is_point = bool(is_point)
+
+    @classmethod
+    def of_point(cls, cell_T_base: np.ndarray, flange_p_target: np.ndarray, max_translation_m: float,
+                 n_stations: int) -> Expected:
+        """The estimate of a point fit: ``cell_p_target = cell_T_base @ base_T_flange @ flange_p_target``."""
+        Y = np.eye(4)
+        Y[:3, 3] = np.asarray(flange_p_target, dtype=float).reshape(3)
+        return cls(cell_T_base, Y, max_translation_m, math.inf, n_stations, is_point=True)
+
+    def position_deviation(self, base_T_flange: np.ndarray, cell_p_target: np.ndarray) -> float:
+        """Distance (m) of a measured target position from the predicted one."""
+        pred = self.cell_T_base @ base_T_flange @ self.flange_T_target
+        return float(np.linalg.norm(pred[:3, 3] - np.asarray(cell_p_target, dtype=float)))
+
+    @staticmethod
+    def bounds(rms_translation_m: float, rms_rotation_rad: float, floor_m: float, floor_rad: float) -> tuple[float, float]:
+        """``max(floor, GROSS_RMS_FACTOR x the fit's RMS closure)``, per component."""
+        return (max(float(floor_m), GROSS_RMS_FACTOR * float(rms_translation_m)),
+                max(float(floor_rad), GROSS_RMS_FACTOR * float(rms_rotation_rad)))
+
+    def deviation(self, base_T_flange: np.ndarray, cell_T_target: np.ndarray) -> tuple[float, float]:
+        """``(translation_m, rotation_rad)`` of a measured target pose from the prediction."""
+        pred = self.cell_T_base @ base_T_flange @ self.flange_T_target
+        return (float(np.linalg.norm(pred[:3, 3] - cell_T_target[:3, 3])),
+                rotation_angle(pred[:3, :3].T @ cell_T_target[:3, :3]))
