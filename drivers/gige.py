@@ -1,0 +1,880 @@
+"""GigE Vision camera backend: GVCP control, GVSP stream, GenICam features (``gige://``).
+
+Our own client on our own codec (:mod:`cellcal.drivers.gige_codec`, ADR 0020), proven
+against Aravis's fake camera (``tests/test_gige_aravis.py``). ``docs/protocols/gige.md``
+is the reference for what is implemented; in short:
+
+* **Opened by address only**: ``gige://127.0.0.1`` sends to that address and nowhere else.
+  There is no discovery (a broadcast by design of the standard) anywhere in this module.
+* **Control channel**: one UDP socket connected to the device's GVCP port (the kernel then
+  drops datagrams from any other source). :meth:`open` takes control privilege (CCP),
+  writes the heartbeat timeout, and a heartbeat thread reads CCP every third of it (the
+  read keeps the session alive and shows whether control was lost); :meth:`close` releases
+  control.
+* **Stream**: a UDP socket bound to the host address the kernel routes to the device (a
+  loopback address for a device on loopback; never ``0.0.0.0``), written into the device's
+  stream-channel destination registers. A receiver thread reassembles leader, payload and
+  trailer packets; a frame missing any packet, or whose size disagrees with its leader, is
+  counted in :attr:`GigeCameraDriver.frames_incomplete` and dropped, never returned.
+* **Clock**: the device timestamp (ticks at the bootstrap tick frequency) is mapped to host
+  ``time.monotonic_ns()`` by latching it (timestamp control register) inside a GVCP round
+  trip: an NTP-like exchange (:class:`~cellcal.drivers.clock.ExchangeClockModel`) repeated on
+  every heartbeat. A device whose latch does not move (Aravis's fake camera) falls back to
+  the stream: leader timestamps against their arrival (lower envelope,
+  :class:`~cellcal.drivers.clock.StreamClockModel`), which reads late by the device's
+  exposure-to-leader delay; the frame's ``t_host_uncertainty_ns`` says which bound applies.
+"""
+
+from __future__ import annotations
+
+import collections
+import ipaddress
+import logging
+import math
+import socket
+import struct
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any, Self
+
+import numpy as np
+
+from cellcal.drivers import gige_codec as gc
+from cellcal.drivers.base import remaining_s
+from cellcal.drivers.camera import (
+    CameraDeviceError,
+    CameraDriver,
+    CameraInfo,
+    CameraTimeoutError,
+    CameraUrl,
+    FeatureUnavailableError,
+    RawFrame,
+    TriggerMode,
+)
+from cellcal.drivers.clock import ClockNotReady, ExchangeClockModel, StreamClockModel
+from cellcal.drivers.errors import DeviceGoneError, DriverError, DriverInitError
+from cellcal.drivers.genicam import (
+    FeatureAccessError,
+    FeatureNotFoundError,
+    GenicamError,
+    NodeMap,
+    parse_xml_url,
+    xml_from_bytes,
+)
+from cellcal.drivers.robot import OptionSpec, merge_options, opt_bool, opt_float, opt_int
+
+__all__ = ["GigeCameraDriver", "GvcpClient", "FrameAssembler", "OPTIONS", "local_address_for"]
+
+log = logging.getLogger(__name__)
+
+_NS_PER_S = 1_000_000_000
+#: How long the receiver thread blocks in one recv (it re-checks its stop flag between).
+_RECV_POLL_S = 0.1
+#: A block with no packet for this long is given up (counted incomplete).
+_STALE_BLOCK_S = 1.0
+#: Blocks reassembled at once; an older one still open when a newer starts is given up.
+_OPEN_BLOCKS = 3
+#: Stream socket receive buffer asked for (the kernel may cap it at net.core.rmem_max).
+_RCVBUF_BYTES = 8 * 1024 * 1024
+
+
+def _opt_choice(*choices: str) -> Callable[[Any], str]:
+    def parse(v: Any) -> str:
+        s = str(v).strip().lower()
+        if s not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return s
+
+    return parse
+
+
+#: ``gige://`` options (URL query keys or keyword options; keyword wins).
+OPTIONS: dict[str, OptionSpec] = {
+    "timeout_s": OptionSpec(opt_float(positive=True), 1.0, "deadline of one request (s)"),
+    "ack_timeout_s": OptionSpec(opt_float(1e-3, 10.0), 0.2, "wait for one GVCP acknowledge before repeating (s)"),
+    "retries": OptionSpec(opt_int(0, 10), 3, "times a GVCP command is repeated after no acknowledge"),
+    "heartbeat_timeout_s": OptionSpec(opt_float(0.5, 60.0), 3.0, "heartbeat timeout written to the device (s)"),
+    "exclusive": OptionSpec(opt_bool, False, "take exclusive (not only control) privilege"),
+    "packet_size": OptionSpec(opt_int(0, 65500), 0, "GVSP packet size to write (bytes, with IP/UDP); 0 keeps the device's"),
+    "clock": OptionSpec(_opt_choice("auto", "latch", "stream"), "auto", "how the device clock is mapped"),
+    "timestamp_marks": OptionSpec(_opt_choice("exposure_start", "exposure_end"), "exposure_start",
+                                  "what instant the leader's timestamp marks"),
+    "queue_frames": OptionSpec(opt_int(1, 64), 4, "complete frames kept for grab (oldest dropped)"),
+    "stream_port": OptionSpec(opt_int(0, 65535), 0, "host UDP port for the stream (0: any free one)"),
+}
+
+
+def local_address_for(host: str, port: int) -> str:
+    """The host's own IPv4 address the kernel would send from to reach ``host``.
+
+    A UDP ``connect`` sends nothing; it only chooses the route. For a device on loopback
+    this is a loopback address.
+    """
+    probe = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    try:
+        probe.connect((host, port))
+        return str(probe.getsockname()[0])
+    finally:
+        probe.close()
+
+
+# -- control channel -----------------------------------------------------------------------
+
+
+class GvcpClient:
+    """GVCP requests to one device, one at a time (a lock serialises the heartbeat and the
+    caller), each repeated after ``ack_timeout_s`` up to ``retries`` times within a deadline.
+
+    Parameters
+    ----------
+    host, port : str, int
+        The device's address and GVCP port.
+    ack_timeout_s, retries : float, int
+        See :data:`OPTIONS`.
+    """
+
+    def __init__(self, host: str, port: int, *, ack_timeout_s: float = 0.2, retries: int = 3) -> None:
+        self.host, self.port = host, int(port)
+        self.ack_timeout_s = float(ack_timeout_s)
+        self.retries = int(retries)
+        self.local_ip = ""
+        self._sock: socket.socket | None = None
+        self._req_id = 0
+        self._lock = threading.Lock()
+        #: datagrams that were not the acknowledge awaited (late answers, garbage)
+        self.stray = 0
+
+    def open(self) -> None:
+        self.local_ip = local_address_for(self.host, self.port)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.bind((self.local_ip, 0))
+            sock.connect((self.host, self.port))
+        except OSError:
+            sock.close()
+            raise
+        self._sock = sock
+
+    def close(self) -> None:
+        sock, self._sock = self._sock, None
+        if sock is not None:
+            sock.close()
+
+    def _next_id(self) -> int:
+        self._req_id = self._req_id % 0xFFFF + 1  # 0 is reserved
+        return self._req_id
+
+    def transact(self, make: Callable[[int], gc.GvcpCmd], expect: type, deadline: float,
+                 ) -> tuple[Any, int, int]:
+        """Send ``make(req_id)``; return ``(ack, t_sent_ns, t_acked_ns)`` of the try answered.
+
+        Raises
+        ------
+        CameraDeviceError
+            The device answered with an error status (``code`` is its name).
+        CameraTimeoutError
+            No acknowledge after every try, or the deadline passed.
+        DeviceGoneError
+            The socket failed (an ICMP port-unreachable on loopback: nothing listens).
+        """
+        with self._lock:
+            sock = self._sock
+            if sock is None:
+                raise DeviceGoneError(f"GVCP {self.host}: not open")
+            req_id = self._next_id()
+            cmd = make(req_id)
+            data = gc.encode_cmd(cmd)
+            for attempt in range(self.retries + 1):
+                left = remaining_s(deadline)
+                if left <= 0:
+                    break
+                t_sent = time.monotonic_ns()
+                try:
+                    sock.send(data)
+                except OSError as exc:
+                    raise DeviceGoneError(f"GVCP {self.host}: send failed: {exc}") from exc
+                try_end = time.monotonic() + min(self.ack_timeout_s, left)
+                while True:
+                    wait = try_end - time.monotonic()
+                    if wait <= 0:
+                        break
+                    sock.settimeout(wait)
+                    try:
+                        reply = sock.recv(2048)
+                    except TimeoutError:
+                        break
+                    except ConnectionRefusedError as exc:
+                        raise DeviceGoneError(f"GVCP {self.host}:{self.port}: nothing listens ({exc})") from exc
+                    except OSError as exc:
+                        raise DeviceGoneError(f"GVCP {self.host}: receive failed: {exc}") from exc
+                    t_ack = time.monotonic_ns()
+                    try:
+                        ack = gc.decode_ack(reply)
+                    except gc.GigeProtocolError as exc:
+                        self.stray += 1
+                        log.debug("GVCP %s: discarded datagram: %s", self.host, exc)
+                        continue
+                    if ack.ack_id != req_id:
+                        self.stray += 1
+                        continue
+                    if isinstance(ack, gc.PendingAck):
+                        # the device asks for more time: extend this try, within the deadline
+                        try_end = min(time.monotonic() + ack.time_ms / 1000 + self.ack_timeout_s, deadline)
+                        continue
+                    if isinstance(ack, gc.StatusAck):
+                        name = gc.Status.name_of(ack.status)
+                        raise CameraDeviceError(f"GVCP {self.host}: {type(cmd).__name__} refused: {name}", name)
+                    if not isinstance(ack, expect):
+                        self.stray += 1
+                        continue
+                    return ack, t_sent, t_ack
+                if attempt < self.retries:
+                    log.debug("GVCP %s: no acknowledge to req %d (try %d)", self.host, req_id, attempt + 1)
+            raise CameraTimeoutError(f"GVCP {self.host}: no acknowledge to {type(cmd).__name__} in time")
+
+    # convenience -------------------------------------------------------------------------
+    def read_regs(self, addresses: tuple[int, ...], deadline: float) -> tuple[int, ...]:
+        """Registers one READREG each: a device need not take several in one command
+        (GVCP's concatenation is a capability; Aravis's fake camera answers the first only)."""
+        out = []
+        for address in addresses:
+            ack, _, _ = self.transact(lambda i, a=address: gc.ReadRegCmd(i, (a,)), gc.ReadRegAck, deadline)
+            if len(ack.values) != 1:
+                raise DriverError(f"GVCP {self.host}: READREG of 0x{address:X} answered {len(ack.values)} values")
+            out.append(ack.values[0])
+        return tuple(out)
+
+    def read_reg(self, address: int, deadline: float) -> int:
+        return self.read_regs((address,), deadline)[0]
+
+    def write_reg(self, address: int, value: int, deadline: float) -> tuple[int, int]:
+        """Write one register; returns the exchange's ``(t_sent_ns, t_acked_ns)``."""
+        _, t1, t4 = self.transact(lambda i: gc.WriteRegCmd(i, ((address, value),)), gc.WriteRegAck, deadline)
+        return t1, t4
+
+    def read_mem(self, address: int, length: int, deadline: float) -> bytes:
+        """``length`` bytes from ``address`` (any alignment; split into 512-byte reads)."""
+        start = address - address % 4
+        end = address + length
+        out = bytearray()
+        pos = start
+        while pos < end:
+            n = min(gc.MAX_READMEM_BYTES, -(-(end - pos) // 4) * 4)
+            ack, _, _ = self.transact(lambda i, p=pos, k=n: gc.ReadMemCmd(i, p, k), gc.ReadMemAck, deadline)
+            if ack.address != pos or len(ack.data) < n:
+                raise DriverError(f"GVCP {self.host}: READMEM at 0x{pos:X} answered {len(ack.data)} bytes "
+                                  f"at 0x{ack.address:X}")
+            out += ack.data[:n]
+            pos += n
+        return bytes(out[address - start:address - start + length])
+
+    def write_mem(self, address: int, data: bytes, deadline: float) -> None:
+        """Write ``data`` at ``address``; unaligned edges are read, merged and written back."""
+        start = address - address % 4
+        end = address + len(data)
+        end4 = -(-end // 4) * 4
+        if start != address or end4 != end:
+            block = bytearray(self.read_mem(start, end4 - start, deadline))
+            block[address - start:address - start + len(data)] = data
+            data, address = bytes(block), start
+        pos = 0
+        while pos < len(data):
+            chunk = data[pos:pos + gc.MAX_READMEM_BYTES]
+            self.transact(lambda i, a=address + pos, c=chunk: gc.WriteMemCmd(i, a, c), gc.WriteMemAck, deadline)
+            pos += len(chunk)
+
+
+class _GvcpPort:
+    """The device's register space for the node map: 4-byte aligned accesses go as
+    READREG/WRITEREG (some devices accept only those on registers), others as memory."""
+
+    def __init__(self, client: GvcpClient) -> None:
+        self.client = client
+        self.deadline = 0.0  # set by the driver before each node-map call
+
+    def read(self, address: int, length: int) -> bytes:
+        if length == 4 and address % 4 == 0:
+            return struct.pack(">I", self.client.read_reg(address, self.deadline))
+        return self.client.read_mem(address, length, self.deadline)
+
+    def write(self, address: int, data: bytes) -> None:
+        if len(data) == 4 and address % 4 == 0:
+            self.client.write_reg(address, struct.unpack(">I", data)[0], self.deadline)
+        else:
+            self.client.write_mem(address, data, self.deadline)
+
+
+# -- stream --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, eq=False)
+class _Complete:
+    leader: gc.GvspLeader
+    data: bytes
+    t_leader_ns: int
+    t_done_ns: int
+
+
+class FrameAssembler:
+    """Leader, payload and trailer packets in; complete frames out (pure, no I/O).
+
+    Payload is joined in packet-id order; a frame is complete when its trailer has come,
+    its leader and every packet id before the trailer's have come, and the bytes add up to
+    what the leader declares (width x height x bits per pixel). Anything else is counted
+    in :attr:`incomplete` and dropped.
+    """
+
+    def __init__(self, on_frame: Callable[[_Complete], None]) -> None:
+        self.on_frame = on_frame
+        self._blocks: collections.OrderedDict[int, dict[str, Any]] = collections.OrderedDict()
+        self.incomplete = 0
+        self.unsupported = 0
+        self.completed = 0
+        self._done_recent: collections.deque[int] = collections.deque(maxlen=8)
+
+    def feed(self, pkt: gc.GvspPacket, t_ns: int) -> None:
+        block = self._blocks.get(pkt.block_id)
+        if block is None:
+            if not isinstance(pkt, gc.GvspLeader) and pkt.block_id in self._done_recent:
+                return  # a duplicate of a block already handed on
+            block = {"leader": None, "parts": {}, "t_leader": 0, "t_last": t_ns}
+            self._blocks[pkt.block_id] = block
+            while len(self._blocks) > _OPEN_BLOCKS:
+                self._blocks.popitem(last=False)
+                self.incomplete += 1
+        block["t_last"] = t_ns
+        if isinstance(pkt, gc.GvspLeader):
+            block["leader"], block["t_leader"] = pkt, t_ns
+        elif isinstance(pkt, gc.GvspPayload):
+            block["parts"][pkt.packet_id] = pkt.data
+        else:
+            del self._blocks[pkt.block_id]
+            self._finish(pkt, block, t_ns)
+
+    def expire(self, now_ns: int) -> None:
+        """Give up blocks that have had no packet for a while."""
+        for bid in [b for b, blk in self._blocks.items() if now_ns - blk["t_last"] > _STALE_BLOCK_S * _NS_PER_S]:
+            del self._blocks[bid]
+            self.incomplete += 1
+
+    def _finish(self, trailer: gc.GvspTrailer, block: dict[str, Any], t_ns: int) -> None:
+        leader: gc.GvspLeader | None = block["leader"]
+        parts: dict[int, bytes] = block["parts"]
+        if leader is None:
+            self.incomplete += 1
+            return
+        if leader.payload_type != gc.PAYLOAD_TYPE_IMAGE or leader.padding_x or leader.padding_y:
+            self.unsupported += 1
+            return
+        first = leader.packet_id + 1
+        if len(parts) != trailer.packet_id - first or any(p not in parts for p in range(first, trailer.packet_id)):
+            self.incomplete += 1
+            return
+        data = b"".join(parts[p] for p in range(first, trailer.packet_id))
+        expected = leader.width * leader.height * gc.bits_per_pixel(leader.pixel_format) // 8
+        if len(data) != expected or expected == 0:
+            self.incomplete += 1
+            return
+        self._done_recent.append(trailer.block_id)
+        self.completed += 1
+        self.on_frame(_Complete(leader, data, block["t_leader"], t_ns))
+
+
+def _to_array(leader: gc.GvspLeader, data: bytes) -> tuple[np.ndarray, str]:
+    name = gc.pixel_format_name(leader.pixel_format)
+    if name is None:
+        raise DriverError(f"pixel format 0x{leader.pixel_format:08X} is not one we turn into an image")
+    h, w = leader.height, leader.width
+    bpp = gc.bits_per_pixel(leader.pixel_format)
+    if bpp == 8:
+        img = np.frombuffer(data, np.uint8).reshape(h, w)
+    elif bpp == 16:
+        img = np.frombuffer(data, "<u2").reshape(h, w).astype(np.uint16)
+    elif bpp == 24:
+        img = np.frombuffer(data, np.uint8).reshape(h, w, 3)
+    else:  # pragma: no cover - PIXEL_FORMATS holds 8, 16 and 24-bit formats only
+        raise DriverError(f"{name}: {bpp} bits per pixel")
+    return img.copy(), name
+
+
+# -- the driver ------------------------------------------------------------------------------
+
+
+class GigeCameraDriver(CameraDriver):
+    """A GigE Vision camera at an IPv4 address (``gige://<ipv4>[:port]``).
+
+    Parameters
+    ----------
+    host : str
+        The device's IPv4 address (never resolved, never broadcast to).
+    port : int
+        Its GVCP port (3956; Aravis's fake camera and ours serve there).
+    **options
+        :data:`OPTIONS`.
+
+    Attributes
+    ----------
+    frames_completed, frames_incomplete, frames_overwritten : int
+        Frames reassembled; given up for a missing packet or a size that disagrees with the
+        leader; dropped unread because :attr:`queue_frames` newer ones were waiting.
+    nodes : NodeMap
+        The device's GenICam node map (after :meth:`open`).
+    clock : ExchangeClockModel or StreamClockModel
+        The device-to-host clock model in use; :attr:`clock_source` says which.
+    """
+
+    backend = "gige"
+
+    def __init__(self, host: str, port: int = gc.GVCP_PORT, **options: Any) -> None:
+        opts = merge_options(OPTIONS, {}, options, f"gige://{host}:{port}")
+        super().__init__(timeout_s=opts["timeout_s"])
+        self.host, self.port = str(ipaddress.IPv4Address(host)), int(port)
+        self.options = opts
+        self.queue_frames = int(opts["queue_frames"])
+        self.nodes: NodeMap | None = None
+        self.clock: ExchangeClockModel | StreamClockModel = ExchangeClockModel()
+        self.clock_source = ""
+        self.tick_frequency_hz = 0.0
+        self.frames_completed = self.frames_incomplete = self.frames_overwritten = 0
+        self.bad_packets = 0
+        self._client: GvcpClient | None = None
+        self._port_access: _GvcpPort | None = None
+        self._stream: socket.socket | None = None
+        self._frames: collections.deque[_Complete] = collections.deque(maxlen=self.queue_frames)
+        self._frames_cv = threading.Condition()
+        self._clock_lock = threading.Lock()
+        self._stop_threads = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._tick_epoch = 0
+        self._gone = ""
+        self._exposure_s: float | None = None
+        self._gain_db: float | None = None
+        self._exposure_feature = ""
+
+    @classmethod
+    def _from_url_internal(cls, url: CameraUrl, options: Mapping[str, Any]) -> Self:
+        merged = dict(merge_options(OPTIONS, url.query, options, f"gige://{url.host}:{url.port}"))
+        return cls(url.host, url.port, **merged)
+
+    def __repr__(self) -> str:
+        return f"GigeCameraDriver('{self.host}:{self.port}')"
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    def _open_internal(self, deadline: float) -> CameraInfo:
+        client = GvcpClient(self.host, self.port, ack_timeout_s=self.options["ack_timeout_s"],
+                            retries=self.options["retries"])
+        try:
+            client.open()
+        except OSError as exc:
+            raise DriverInitError(f"{self}: cannot open a socket to {self.host}: {exc}") from exc
+        self._client, self._gone = client, ""
+        try:
+            info = self._take_control_and_describe(client, deadline)
+        except BaseException as exc:
+            self._release(client)
+            client.close()
+            self._client = None
+            if isinstance(exc, DriverInitError) or not isinstance(exc, Exception):
+                raise
+            raise DriverInitError(f"{self}: cannot open: {exc}") from exc
+        self._stop_threads.clear()
+        beat = threading.Thread(target=self._heartbeat_loop, name=f"gige-heartbeat-{self.host}", daemon=True)
+        self._threads = [beat]
+        beat.start()
+        return info
+
+    def _take_control_and_describe(self, client: GvcpClient, deadline: float) -> CameraInfo:
+        try:
+            ccp = client.read_reg(gc.Reg.CCP, deadline)
+        except CameraTimeoutError as exc:
+            raise DriverInitError(f"{self}: no GVCP answer from {self.host}:{self.port}") from exc
+        want = gc.CCP_CONTROL | (gc.CCP_EXCLUSIVE if self.options["exclusive"] else 0)
+        try:
+            client.write_reg(gc.Reg.CCP, want, deadline)
+        except CameraDeviceError as exc:
+            raise DriverInitError(f"{self}: control refused ({exc.code}): another application "
+                                  f"controls the camera (CCP was 0x{ccp:X})") from exc
+        hb_ms = round(self.options["heartbeat_timeout_s"] * 1000)
+        client.write_reg(gc.Reg.HEARTBEAT_TIMEOUT, hb_ms, deadline)
+        strings = client.read_mem(gc.Reg.MANUFACTURER_NAME, gc.Reg.USER_DEFINED_NAME + 16 - gc.Reg.MANUFACTURER_NAME,
+                                  deadline)
+
+        def s(reg: int) -> str:
+            off = reg - gc.Reg.MANUFACTURER_NAME
+            return gc.decode_string(strings[off:off + gc.STRING_LENGTHS[reg]])
+
+        info = CameraInfo(
+            vendor=s(gc.Reg.MANUFACTURER_NAME), model=s(gc.Reg.MODEL_NAME), serial=s(gc.Reg.SERIAL_NUMBER),
+            firmware=s(gc.Reg.DEVICE_VERSION), user_name=s(gc.Reg.USER_DEFINED_NAME),
+            address=f"{self.host}:{self.port}", backend=self.backend,
+        )
+        self._load_nodes(client, deadline)
+        hi, lo = client.read_regs((gc.Reg.TIMESTAMP_FREQ_HIGH, gc.Reg.TIMESTAMP_FREQ_LOW), deadline)
+        self.tick_frequency_hz = float((hi << 32) | lo)
+        if not self.tick_frequency_hz > 0:
+            raise DriverInitError(f"{self}: the device reports no timestamp tick frequency")
+        self._setup_clock(client, deadline)
+        self._find_exposure()
+        self._refresh_applied(deadline)
+        return info
+
+    def _load_nodes(self, client: GvcpClient, deadline: float) -> None:
+        url_text = gc.decode_string(client.read_mem(gc.Reg.FIRST_URL, 512, deadline))
+        url = parse_xml_url(url_text)
+        if url.scheme != "local":
+            raise DriverInitError(f"{self}: GenICam XML URL {url_text!r}: only Local: (device memory) is fetched")
+        raw = client.read_mem(url.address, url.length, deadline)
+        xml = xml_from_bytes(raw, zipped=url.zipped)
+        self._port_access = _GvcpPort(client)
+        self.nodes = NodeMap(xml, self._port_access)
+        log.debug("%s: GenICam %s (%d bytes%s)", self, url.filename, len(xml), ", zipped" if url.zipped else "")
+
+    def _close_internal(self) -> None:
+        client = self._client
+        if client is not None and not self._gone:
+            try:
+                self._stop_acquisition(time.monotonic() + self.timeout_s)
+            except Exception:  # noqa: BLE001 - best effort: the device may be gone
+                log.debug("%s: stopping acquisition on close failed", self, exc_info=True)
+        self._stop_threads.set()
+        for t in self._threads:
+            t.join(timeout=2.0)
+        self._threads = []
+        self._close_stream()
+        if client is not None:
+            if not self._gone:
+                self._release(client)
+            client.close()
+        self._client = None
+
+    def _release(self, client: GvcpClient) -> None:
+        try:
+            client.write_reg(gc.Reg.CCP, 0, time.monotonic() + self.timeout_s)
+        except Exception:  # noqa: BLE001 - the heartbeat timeout releases it anyway
+            log.debug("%s: releasing control failed", self, exc_info=True)
+
+    # -- clock -------------------------------------------------------------------------------
+    def _latch(self, client: GvcpClient, deadline: float) -> tuple[int, int, int]:
+        """``(t_sent_ns, ticks, t_acked_ns)``: the timestamp latched inside one round trip."""
+        t1, t4 = client.write_reg(gc.Reg.TIMESTAMP_CONTROL, gc.TIMESTAMP_LATCH, deadline)
+        hi, lo = client.read_regs((gc.Reg.TIMESTAMP_VALUE_HIGH, gc.Reg.TIMESTAMP_VALUE_LOW), deadline)
+        return t1, (hi << 32) | lo, t4
+
+    def _dev_s(self, ticks: int) -> float:
+        return (ticks - self._tick_epoch) / self.tick_frequency_hz
+
+    def _setup_clock(self, client: GvcpClient, deadline: float) -> None:
+        mode = self.options["clock"]
+        latch_ok = False
+        if mode in ("auto", "latch"):
+            try:
+                a = self._latch(client, deadline)
+                time.sleep(0.005)
+                b = self._latch(client, deadline)
+                host_s = (b[0] - a[2]) / _NS_PER_S
+                dev_s = (b[1] - a[1]) / self.tick_frequency_hz
+                # the latch moves with the host's clock (to 10 %) and is not a constant
+                latch_ok = a[1] > 0 and b[1] > a[1] and host_s > 0 and abs(dev_s / host_s - 1.0) < 0.1 + 2e-3 / host_s
+            except CameraDeviceError:
+                latch_ok = False
+            if mode == "latch" and not latch_ok:
+                raise DriverInitError(f"{self}: clock=latch, but the device's timestamp latch does not move")
+        if latch_ok:
+            self.clock, self.clock_source = ExchangeClockModel(), "latch"
+            first = self._latch(client, deadline)
+            self._tick_epoch = first[1]
+            self.clock.add_exchange(first[0], 0.0, 0.0, first[2])
+            for _ in range(7):
+                self._clock_sample(client, deadline)
+        else:
+            self.clock, self.clock_source = StreamClockModel(min_samples=4), "stream"
+            self._tick_epoch = 0  # set by the first leader
+        log.info("%s: device clock %.6g Hz mapped by %s", self, self.tick_frequency_hz, self.clock_source)
+
+    def _clock_sample(self, client: GvcpClient, deadline: float) -> None:
+        t1, ticks, t4 = self._latch(client, deadline)
+        with self._clock_lock:
+            d = self._dev_s(ticks)
+            try:
+                self.clock.add_exchange(t1, d, d, t4)  # type: ignore[union-attr]
+            except ValueError:
+                log.debug("%s: latch sample ran backwards, dropped", self)
+
+    # -- heartbeat ---------------------------------------------------------------------------
+    def _heartbeat_loop(self) -> None:
+        period = max(0.05, self.options["heartbeat_timeout_s"] / 3.0)
+        failures = 0
+        while not self._stop_threads.wait(period):
+            client = self._client
+            if client is None:
+                return
+            try:
+                ccp = client.read_reg(gc.Reg.CCP, time.monotonic() + period)
+                if not ccp & gc.CCP_CONTROL:
+                    self._gone = f"control privilege lost (CCP 0x{ccp:X})"
+                    log.warning("%s: %s", self, self._gone)
+                    self._wake()
+                    return
+                if self.clock_source == "latch":
+                    self._clock_sample(client, time.monotonic() + period)
+                failures = 0
+            except (CameraTimeoutError, CameraDeviceError) as exc:
+                failures += 1
+                log.warning("%s: heartbeat failed (%s)", self, exc)
+                if failures >= 3:
+                    self._gone = f"no heartbeat answer {failures} times"
+                    self._wake()
+                    return
+            except DeviceGoneError as exc:
+                self._gone = str(exc)
+                self._wake()
+                return
+
+    def _wake(self) -> None:
+        with self._frames_cv:
+            self._frames_cv.notify_all()
+
+    # -- node-map helpers --------------------------------------------------------------------
+    def _nm(self, deadline: float) -> NodeMap:
+        if self._gone:
+            raise DeviceGoneError(f"{self}: {self._gone}")
+        assert self.nodes is not None and self._port_access is not None
+        self._port_access.deadline = deadline
+        return self.nodes
+
+    def _find_exposure(self) -> None:
+        nm = self.nodes
+        assert nm is not None
+        for name in ("ExposureTime", "ExposureTimeAbs"):
+            if name in nm and nm.kind(name) in ("Float", "Integer"):
+                self._exposure_feature = name
+                return
+        self._exposure_feature = ""
+
+    def _exposure_scale(self) -> float:
+        assert self.nodes is not None
+        unit = self.nodes.unit(self._exposure_feature).strip().lower()
+        return {"s": 1.0, "ms": 1e-3, "ns": 1e-9}.get(unit, 1e-6)  # SFNC: microseconds
+
+    def _refresh_applied(self, deadline: float) -> None:
+        nm = self._nm(deadline)
+        self._exposure_s = self._get_exposure_internal(deadline) if self._exposure_feature else None
+        self._gain_db = float(nm.get("Gain")) if "Gain" in nm else None
+
+    def _feature_call(self, fn: Callable[[], Any], name: str) -> Any:
+        try:
+            return fn()
+        except FeatureNotFoundError:
+            raise FeatureUnavailableError(f"{self}: the camera has no feature {name!r}") from None
+        except (FeatureAccessError, GenicamError) as exc:
+            raise FeatureUnavailableError(f"{self}: {exc}") from exc
+
+    # -- settings hooks ----------------------------------------------------------------------
+    def _get_exposure_internal(self, deadline: float) -> float:
+        if not self._exposure_feature:
+            raise FeatureUnavailableError(f"{self}: the camera has neither ExposureTime nor ExposureTimeAbs")
+        nm = self._nm(deadline)
+        return float(nm.get(self._exposure_feature)) * self._exposure_scale()
+
+    def _set_exposure_internal(self, exposure_s: float, deadline: float) -> float:
+        if not self._exposure_feature:
+            raise FeatureUnavailableError(f"{self}: the camera has neither ExposureTime nor ExposureTimeAbs")
+        nm = self._nm(deadline)
+        if "ExposureAuto" in nm:
+            self._feature_call(lambda: nm.set("ExposureAuto", "Off"), "ExposureAuto")
+        value = exposure_s / self._exposure_scale()
+        if nm.kind(self._exposure_feature) == "Integer":
+            value = round(value)
+        nm.set(self._exposure_feature, value)
+        self._exposure_s = self._get_exposure_internal(deadline)
+        return self._exposure_s
+
+    def _get_gain_internal(self, deadline: float) -> float:
+        nm = self._nm(deadline)
+        return float(self._feature_call(lambda: nm.get("Gain"), "Gain"))
+
+    def _set_gain_internal(self, gain_db: float, deadline: float) -> float:
+        nm = self._nm(deadline)
+        if "Gain" not in nm:
+            raise FeatureUnavailableError(f"{self}: the camera has no feature 'Gain' (dB); "
+                                          "set a raw gain by name with set_feature()")
+        if "GainAuto" in nm:
+            self._feature_call(lambda: nm.set("GainAuto", "Off"), "GainAuto")
+        nm.set("Gain", gain_db)
+        self._gain_db = float(nm.get("Gain"))
+        return self._gain_db
+
+    def _get_pixel_format_internal(self, deadline: float) -> str:
+        nm = self._nm(deadline)
+        return str(self._feature_call(lambda: nm.get("PixelFormat"), "PixelFormat"))
+
+    def _set_pixel_format_internal(self, name: str, deadline: float) -> None:
+        nm = self._nm(deadline)
+        if gc.PIXEL_FORMATS.get(name) is None:
+            raise ValueError(f"{self}: pixel format {name!r} is not one this driver turns into an image "
+                             f"({', '.join(gc.PIXEL_FORMATS)})")
+        self._feature_call(lambda: nm.set("PixelFormat", name), "PixelFormat")
+
+    def _set_trigger_internal(self, mode: str, deadline: float) -> None:
+        nm = self._nm(deadline)
+        if "TriggerSelector" in nm:
+            self._feature_call(lambda: nm.set("TriggerSelector", "FrameStart"), "TriggerSelector")
+        if mode == TriggerMode.SOFTWARE:
+            self._feature_call(lambda: nm.set("TriggerSource", "Software"), "TriggerSource")
+            self._feature_call(lambda: nm.set("TriggerMode", "On"), "TriggerMode")
+        else:
+            self._feature_call(lambda: nm.set("TriggerMode", "Off"), "TriggerMode")
+
+    def _trigger_internal(self, deadline: float) -> None:
+        nm = self._nm(deadline)
+        self._feature_call(lambda: nm.execute("TriggerSoftware"), "TriggerSoftware")
+
+    def _get_feature_internal(self, name: str, deadline: float) -> Any:
+        return self._nm(deadline).get(name)
+
+    def _set_feature_internal(self, name: str, value: Any, deadline: float) -> None:
+        nm = self._nm(deadline)
+        nm.set(name, value)
+        if name in (self._exposure_feature, "Gain", "ExposureAuto", "GainAuto"):
+            self._refresh_applied(deadline)
+
+    def _execute_internal(self, name: str, deadline: float) -> None:
+        self._nm(deadline).execute(name)
+
+    def _grab_budget_s(self) -> float:
+        # an exposure and, free-running, up to a frame period before it starts
+        exp = self._exposure_s or 0.0
+        return 2.0 * exp
+
+    # -- acquisition -------------------------------------------------------------------------
+    def _start_internal(self, deadline: float) -> None:
+        client = self._client
+        assert client is not None
+        nm = self._nm(deadline)
+        self._open_stream(client.local_ip)
+        assert self._stream is not None
+        host_ip, host_port = self._stream.getsockname()
+        if self.options["packet_size"]:
+            scps = client.read_reg(gc.Reg.SCPS0, deadline)
+            scps = (scps & ~gc.SCPS_SIZE_MASK & ~gc.SCPS_FIRE_TEST) | self.options["packet_size"]
+            client.write_reg(gc.Reg.SCPS0, scps, deadline)
+        client.write_reg(gc.Reg.SCDA0, int(ipaddress.IPv4Address(host_ip)), deadline)
+        client.write_reg(gc.Reg.SCP0, host_port, deadline)
+        if "AcquisitionMode" in nm:
+            self._feature_call(lambda: nm.set("AcquisitionMode", "Continuous"), "AcquisitionMode")
+        self._refresh_applied(deadline)
+        with self._frames_cv:
+            self._frames.clear()
+        self._feature_call(lambda: nm.execute("AcquisitionStart"), "AcquisitionStart")
+        log.debug("%s: streaming to %s:%d", self, host_ip, host_port)
+
+    def _stop_internal(self, deadline: float) -> None:
+        self._stop_acquisition(deadline)
+
+    def _stop_acquisition(self, deadline: float) -> None:
+        if self._stream is None:
+            return
+        nm = self._nm(deadline)
+        client = self._client
+        try:
+            self._feature_call(lambda: nm.execute("AcquisitionStop"), "AcquisitionStop")
+        finally:
+            if client is not None:
+                client.write_reg(gc.Reg.SCP0, 0, deadline)  # port 0: the channel sends nothing
+            self._close_stream()
+
+    def _open_stream(self, local_ip: str) -> None:
+        if self._stream is not None:
+            return
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, _RCVBUF_BYTES)
+        except OSError:
+            pass
+        sock.bind((local_ip, self.options["stream_port"]))
+        sock.settimeout(_RECV_POLL_S)
+        self._stream = sock
+        stop = threading.Event()
+        self._stream_stop = stop
+        t = threading.Thread(target=self._receive_loop, args=(sock, stop), name=f"gige-stream-{self.host}", daemon=True)
+        self._stream_thread = t
+        t.start()
+
+    def _close_stream(self) -> None:
+        sock, self._stream = self._stream, None
+        if sock is None:
+            return
+        self._stream_stop.set()
+        self._stream_thread.join(timeout=2.0)
+        sock.close()
+
+    def _receive_loop(self, sock: socket.socket, stop: threading.Event) -> None:
+        asm = FrameAssembler(self._on_complete)
+        buf = bytearray(65536)
+        view = memoryview(buf)
+        while not stop.is_set():
+            try:
+                n, src = sock.recvfrom_into(buf)
+            except TimeoutError:
+                asm.expire(time.monotonic_ns())
+                self.frames_incomplete = asm.incomplete
+                continue
+            except OSError:
+                return
+            t_ns = time.monotonic_ns()
+            if src[0] != self.host:
+                self.bad_packets += 1
+                continue
+            try:
+                pkt = gc.decode_gvsp(view[:n])
+            except gc.GigeProtocolError:
+                self.bad_packets += 1
+                continue
+            if isinstance(pkt, gc.GvspLeader) and self.clock_source == "stream":
+                with self._clock_lock:
+                    if self._tick_epoch == 0:
+                        self._tick_epoch = pkt.timestamp
+                    self.clock.add(self._dev_s(pkt.timestamp), t_ns)  # type: ignore[union-attr]
+            asm.feed(pkt, t_ns)
+            self.frames_incomplete = asm.incomplete + asm.unsupported
+            self.frames_completed = asm.completed
+
+    def _on_complete(self, done: _Complete) -> None:
+        with self._frames_cv:
+            if len(self._frames) == self._frames.maxlen:
+                self.frames_overwritten += 1
+            self._frames.append(done)
+            self._frames_cv.notify_all()
+
+    def _grab_internal(self, deadline: float) -> RawFrame:
+        with self._frames_cv:
+            while not self._frames:
+                if self._gone:
+                    raise DeviceGoneError(f"{self}: {self._gone}")
+                left = remaining_s(deadline)
+                if left <= 0:
+                    raise CameraTimeoutError(
+                        f"{self}: no complete frame in time ({self.frames_incomplete} incomplete so far)")
+                self._frames_cv.wait(left)
+            done = self._frames.popleft()
+        image, name = _to_array(done.leader, done.data)
+        exposure = self._exposure_s
+        ts = done.leader.timestamp
+        start_dev = self._dev_s(ts)
+        half = 0.5 * (exposure or 0.0)
+        mid_dev = start_dev + half if self.options["timestamp_marks"] == "exposure_start" else start_dev - half
+        with self._clock_lock:
+            try:
+                t_host = self.clock.to_host_ns(mid_dev)
+                unc = self.clock.uncertainty_ns
+            except ClockNotReady:
+                t_host, unc = done.t_leader_ns, math.inf
+        return RawFrame(
+            image=image, pixel_format=name, frame_id=done.leader.block_id, device_timestamp=ts,
+            tick_frequency_hz=self.tick_frequency_hz,
+            t_device_s=ts / self.tick_frequency_hz + (mid_dev - start_dev),
+            t_host_ns=int(t_host), t_host_uncertainty_ns=float(unc), t_received_ns=done.t_done_ns,
+            exposure_s=exposure, gain_db=self._gain_db,
+        )
