@@ -136,9 +136,9 @@ def parse_xml_url(url: str) -> XmlUrl:
 
 def xml_from_bytes(raw: bytes, *, zipped: bool) -> bytes:
     """The XML document in ``raw`` (the first ``.xml`` member of a zip if ``zipped``)."""
-    raw = bytes(raw).rstrip(b"\0")
+    raw = bytes(raw)
     if not zipped:
-        return raw
+        return raw.rstrip(b"\0")  # a device may pad the file to its register width
     try:
         with zipfile.ZipFile(io.BytesIO(raw)) as zf:
             names = [n for n in zf.namelist() if n.lower().endswith(".xml")]

@@ -719,7 +719,7 @@ class GigeCameraDriver(CameraDriver):
 
     def _set_trigger_internal(self, mode: str, deadline: float) -> None:
         nm = self._nm(deadline)
-        if "TriggerSelector" in nm:
+        if "TriggerSelector" in nm and nm.get("TriggerSelector") != "FrameStart":
             self._feature_call(lambda: nm.set("TriggerSelector", "FrameStart"), "TriggerSelector")
         if mode == TriggerMode.SOFTWARE:
             self._feature_call(lambda: nm.set("TriggerSource", "Software"), "TriggerSource")
@@ -812,6 +812,7 @@ class GigeCameraDriver(CameraDriver):
 
     def _receive_loop(self, sock: socket.socket, stop: threading.Event) -> None:
         asm = FrameAssembler(self._on_complete)
+        done0, torn0 = self.frames_completed, self.frames_incomplete  # the counters run across streams
         buf = bytearray(65536)
         view = memoryview(buf)
         while not stop.is_set():
@@ -819,7 +820,7 @@ class GigeCameraDriver(CameraDriver):
                 n, src = sock.recvfrom_into(buf)
             except TimeoutError:
                 asm.expire(time.monotonic_ns())
-                self.frames_incomplete = asm.incomplete
+                self.frames_incomplete = torn0 + asm.incomplete + asm.unsupported
                 continue
             except OSError:
                 return
@@ -838,8 +839,8 @@ class GigeCameraDriver(CameraDriver):
                         self._tick_epoch = pkt.timestamp
                     self.clock.add(self._dev_s(pkt.timestamp), t_ns)  # type: ignore[union-attr]
             asm.feed(pkt, t_ns)
-            self.frames_incomplete = asm.incomplete + asm.unsupported
-            self.frames_completed = asm.completed
+            self.frames_incomplete = torn0 + asm.incomplete + asm.unsupported
+            self.frames_completed = done0 + asm.completed
 
     def _on_complete(self, done: _Complete) -> None:
         with self._frames_cv:
