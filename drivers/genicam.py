@@ -38,7 +38,7 @@ import xml.etree.ElementTree as ET
 import zipfile
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from cellcal.drivers.errors import DriverError
 
@@ -613,14 +613,14 @@ class NodeMap:
             self._set(self._ref(node, "pValue"), v)
             return
         if kind == "Float":
-            v = _as_float(value, node.name)
+            fv = _as_float(value, node.name)
             lo, hi = self._value(node, "Min"), self._value(node, "Max")
-            if lo is not None and v < lo or hi is not None and v > hi:
-                raise ValueError(f"feature {node.name!r}: {v} outside [{lo}, {hi}]")
+            if lo is not None and fv < lo or hi is not None and fv > hi:
+                raise ValueError(f"feature {node.name!r}: {fv} outside [{lo}, {hi}]")
             if not node.text("pValue"):
                 raise FeatureAccessError(f"feature {node.name!r} is a constant")
             target = self._ref(node, "pValue")
-            self._set(target, v if target.kind in ("Float", "FloatReg", "Converter") else round(v))
+            self._set(target, fv if target.kind in ("Float", "FloatReg", "Converter") else round(fv))
             return
         if kind == "Enumeration":
             entries = self.enum_entries(node.name)
@@ -774,7 +774,7 @@ class NodeMap:
         address, length = self._address(node), self._length(node)
         if length not in (1, 2, 4, 8):
             raise FeatureUnsupportedError(f"feature {node.name!r}: an integer register of {length} bytes")
-        order = "little" if self._little(node) else "big"
+        order: Literal["little", "big"] = "little" if self._little(node) else "big"
         signed = (node.text("Sign") or "Unsigned") == "Signed"
         if node.kind == "MaskedIntReg":
             shift, width = self._mask(node, length)

@@ -240,7 +240,7 @@ class GvcpClient:
         (GVCP's concatenation is a capability; Aravis's fake camera answers the first only)."""
         out = []
         for address in addresses:
-            ack, _, _ = self.transact(lambda i, a=address: gc.ReadRegCmd(i, (a,)), gc.ReadRegAck, deadline)
+            ack, _, _ = self.transact(_read_reg_cmd(address), gc.ReadRegAck, deadline)
             if len(ack.values) != 1:
                 raise DriverError(f"GVCP {self.host}: READREG of 0x{address:X} answered {len(ack.values)} values")
             out.append(ack.values[0])
@@ -262,7 +262,7 @@ class GvcpClient:
         pos = start
         while pos < end:
             n = min(gc.MAX_READMEM_BYTES, -(-(end - pos) // 4) * 4)
-            ack, _, _ = self.transact(lambda i, p=pos, k=n: gc.ReadMemCmd(i, p, k), gc.ReadMemAck, deadline)
+            ack, _, _ = self.transact(_read_mem_cmd(pos, n), gc.ReadMemAck, deadline)
             if ack.address != pos or len(ack.data) < n:
                 raise DriverError(f"GVCP {self.host}: READMEM at 0x{pos:X} answered {len(ack.data)} bytes "
                                   f"at 0x{ack.address:X}")
@@ -282,8 +282,20 @@ class GvcpClient:
         pos = 0
         while pos < len(data):
             chunk = data[pos:pos + gc.MAX_READMEM_BYTES]
-            self.transact(lambda i, a=address + pos, c=chunk: gc.WriteMemCmd(i, a, c), gc.WriteMemAck, deadline)
+            self.transact(_write_mem_cmd(address + pos, chunk), gc.WriteMemAck, deadline)
             pos += len(chunk)
+
+
+def _read_reg_cmd(address: int) -> Callable[[int], gc.GvcpCmd]:
+    return lambda req_id: gc.ReadRegCmd(req_id, (address,))
+
+
+def _read_mem_cmd(address: int, count: int) -> Callable[[int], gc.GvcpCmd]:
+    return lambda req_id: gc.ReadMemCmd(req_id, address, count)
+
+
+def _write_mem_cmd(address: int, data: bytes) -> Callable[[int], gc.GvcpCmd]:
+    return lambda req_id: gc.WriteMemCmd(req_id, address, data)
 
 
 class _GvcpPort:
@@ -388,6 +400,7 @@ def _to_array(leader: gc.GvspLeader, data: bytes) -> tuple[np.ndarray, str]:
         raise DriverError(f"pixel format 0x{leader.pixel_format:08X} is not one we turn into an image")
     h, w = leader.height, leader.width
     bpp = gc.bits_per_pixel(leader.pixel_format)
+    img: np.ndarray
     if bpp == 8:
         img = np.frombuffer(data, np.uint8).reshape(h, w)
     elif bpp == 16:
@@ -829,7 +842,7 @@ class GigeCameraDriver(CameraDriver):
                 self.bad_packets += 1
                 continue
             try:
-                pkt = gc.decode_gvsp(view[:n])
+                pkt = gc.decode_gvsp(bytes(view[:n]))
             except gc.GigeProtocolError:
                 self.bad_packets += 1
                 continue

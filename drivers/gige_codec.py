@@ -439,7 +439,7 @@ def encode_ack(ack: GvcpAck) -> bytes:
     _u16(ack.status, "status")
     if isinstance(ack, ReadRegAck):
         payload = b"".join(struct.pack(">I", _u32(v, f"value[{i}]")) for i, v in enumerate(ack.values))
-        code = Command.READREG_ACK
+        code: int = Command.READREG_ACK
     elif isinstance(ack, WriteRegAck):
         payload = struct.pack(">HH", 0, _u16(ack.index, "index"))
         code = Command.WRITEREG_ACK
