@@ -99,6 +99,9 @@ OPTIONS: dict[str, OptionSpec] = {
     "exclusive": OptionSpec(opt_bool, False, "take exclusive (not only control) privilege"),
     "packet_size": OptionSpec(opt_int(0, 65500), 0, "GVSP packet size to write (bytes, with IP/UDP); 0 keeps the device's"),
     "clock": OptionSpec(_opt_choice("auto", "latch", "stream"), "auto", "how the device clock is mapped"),
+    "clock_sync_s": OptionSpec(opt_float(0.02, 10.0), 0.25, "interval of the timestamp-latch exchanges (s)"),
+    "max_drift_ppm": OptionSpec(opt_float(0.0, 1e4), 100.0,
+                                "bound on the device clock's rate error while it is not yet fitted (ppm)"),
     "timestamp_marks": OptionSpec(_opt_choice("exposure_start", "exposure_end"), "exposure_start",
                                   "what instant the leader's timestamp marks"),
     "queue_frames": OptionSpec(opt_int(1, 64), 4, "complete frames kept for grab (oldest dropped)"),
@@ -461,6 +464,7 @@ class GigeCameraDriver(CameraDriver):
         self._stop_threads = threading.Event()
         self._threads: list[threading.Thread] = []
         self._tick_epoch = 0
+        self._last_sync_ns = 0
         self._gone = ""
         self._exposure_s: float | None = None
         self._gain_db: float | None = None
@@ -595,11 +599,15 @@ class GigeCameraDriver(CameraDriver):
             if mode == "latch" and not latch_ok:
                 raise DriverInitError(f"{self}: clock=latch, but the device's timestamp latch does not move")
         if latch_ok:
-            self.clock, self.clock_source = ExchangeClockModel(), "latch"
+            # Half of a 32-exchange window (8 s at the default interval) defines the line:
+            # the lowest-delay ones, spread over the window, so the rate is fitted within a
+            # second or two and follows the device's drift.
+            self.clock, self.clock_source = ExchangeClockModel(window=32, keep_fraction=0.5), "latch"
             first = self._latch(client, deadline)
             self._tick_epoch = first[1]
             self.clock.add_exchange(first[0], 0.0, 0.0, first[2])
-            for _ in range(7):
+            self._last_sync_ns = first[2]
+            for _ in range(3):
                 self._clock_sample(client, deadline)
         else:
             self.clock, self.clock_source = StreamClockModel(min_samples=4), "stream"
@@ -612,26 +620,37 @@ class GigeCameraDriver(CameraDriver):
             d = self._dev_s(ticks)
             try:
                 self.clock.add_exchange(t1, d, d, t4)  # type: ignore[union-attr]
+                self._last_sync_ns = t4
             except ValueError:
                 log.debug("%s: latch sample ran backwards, dropped", self)
 
     # -- heartbeat ---------------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
-        period = max(0.05, self.options["heartbeat_timeout_s"] / 3.0)
+        beat_s = max(0.05, self.options["heartbeat_timeout_s"] / 3.0)
+        latch = self.clock_source == "latch"
+        sync_s = self.options["clock_sync_s"]
+        next_beat = time.monotonic()
+        next_sync = next_beat if latch else math.inf
         failures = 0
-        while not self._stop_threads.wait(period):
+        while not self._stop_threads.wait(max(0.0, min(next_beat, next_sync) - time.monotonic())):
             client = self._client
             if client is None:
                 return
+            now = time.monotonic()
             try:
-                ccp = client.read_reg(gc.Reg.CCP, time.monotonic() + period)
-                if not ccp & gc.CCP_CONTROL:
-                    self._gone = f"control privilege lost (CCP 0x{ccp:X})"
-                    log.warning("%s: %s", self, self._gone)
-                    self._wake()
-                    return
-                if self.clock_source == "latch":
-                    self._clock_sample(client, time.monotonic() + period)
+                # Any command from the controller keeps the session; a CCP read also tells
+                # whether control was taken away, so it is the heartbeat whatever else runs.
+                if now >= next_beat:
+                    next_beat = now + beat_s
+                    ccp = client.read_reg(gc.Reg.CCP, now + beat_s)
+                    if not ccp & gc.CCP_CONTROL:
+                        self._gone = f"control privilege lost (CCP 0x{ccp:X})"
+                        log.warning("%s: %s", self, self._gone)
+                        self._wake()
+                        return
+                if latch and now >= next_sync:
+                    next_sync = now + sync_s
+                    self._clock_sample(client, now + beat_s)
                 failures = 0
             except (CameraTimeoutError, CameraDeviceError) as exc:
                 failures += 1
@@ -642,6 +661,11 @@ class GigeCameraDriver(CameraDriver):
                     return
             except DeviceGoneError as exc:
                 self._gone = str(exc)
+                self._wake()
+                return
+            except Exception as exc:  # noqa: BLE001 - a bug must not leave grab() waiting for ever
+                log.exception("%s: heartbeat thread failed", self)
+                self._gone = f"heartbeat thread failed: {exc!r}"
                 self._wake()
                 return
 
@@ -850,7 +874,12 @@ class GigeCameraDriver(CameraDriver):
                 with self._clock_lock:
                     if self._tick_epoch == 0:
                         self._tick_epoch = pkt.timestamp
-                    self.clock.add(self._dev_s(pkt.timestamp), t_ns)  # type: ignore[union-attr]
+                    # A leader cannot leave before its exposure has ended: map that instant
+                    # to the arrival, so the envelope's delay is readout and transfer only.
+                    sent = self._dev_s(pkt.timestamp)
+                    if self.options["timestamp_marks"] == "exposure_start":
+                        sent += self._exposure_s or 0.0
+                    self.clock.add(sent, t_ns)  # type: ignore[union-attr]
             asm.feed(pkt, t_ns)
             self.frames_incomplete = torn0 + asm.incomplete + asm.unsupported
             self.frames_completed = done0 + asm.completed
@@ -883,6 +912,9 @@ class GigeCameraDriver(CameraDriver):
             try:
                 t_host = self.clock.to_host_ns(mid_dev)
                 unc = self.clock.uncertainty_ns
+                if self.clock_source == "latch" and not self.clock.rate_fitted:
+                    # the nominal rate until it is fitted: the drift since the last exchange
+                    unc += abs(t_host - self._last_sync_ns) * self.options["max_drift_ppm"] * 1e-6
             except ClockNotReady:
                 t_host, unc = done.t_leader_ns, math.inf
         return RawFrame(
