@@ -194,9 +194,11 @@ def main() -> None:
         "|---|---:|---:|---:|---:|---:|",
         *clock_rows,
         "",
-        "The stream fallback maps leader timestamps to their arrival, so it reads late by the exposure "
-        "(the leader leaves when the exposure ends) plus the transfer; its stated bound does not cover that "
-        "(docs/protocols/gige.md). The latch is used whenever the device's latch moves.",
+        "The stream fallback maps each leader's exposure end (timestamp + exposure) to its arrival, so it reads "
+        "late by what comes between: readout and transfer (here the simulator rendering and sending the frame). "
+        "Its stated bound does not cover that (docs/protocols/gige.md); the latch is used whenever the device's "
+        "latch moves. The stream figures are limited by the simulated camera (one Python process sending every "
+        "packet), not by either client: compare the clients' CPU, not their frame rates.",
     ])
     write_section("camera", body)
 
