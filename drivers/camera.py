@@ -459,8 +459,9 @@ class CameraDriver(DeviceDriver):
             robot settled is never returned; pass an earlier time to accept a queued one.
             A recording ignores it and replays in order.
 
-        In trigger mode ``"software"`` a trigger is fired first. Incomplete frames are never
-        returned (the backend counts and drops them).
+        In trigger mode ``"software"`` the frames still queued are dropped, a trigger is fired
+        and its frame returned (``after_ns`` does not apply: the trigger was sent after the
+        call). Incomplete frames are never returned (the backend counts and drops them).
 
         Raises
         ------
@@ -474,12 +475,15 @@ class CameraDriver(DeviceDriver):
             self._require_open()
             deadline = self._deadline(timeout_s, extra_s=self._grab_budget_s())
             self._ensure_acquiring(deadline)
-            if self._trigger == TriggerMode.SOFTWARE:
+            triggered = self._trigger == TriggerMode.SOFTWARE
+            if triggered:
+                # the frame of this trigger is the next one: drop any left from earlier ones
+                self._discard_queued_internal()
                 self._trigger_internal(deadline)
             while True:
                 raw = self._grab_internal(deadline)
                 began_ns = raw.t_host_ns - round(0.5 * (raw.exposure_s or 0.0) * 1e9)
-                if self.live and began_ns < after_ns - raw.t_host_uncertainty_ns:
+                if self.live and not triggered and began_ns < after_ns - raw.t_host_uncertainty_ns:
                     log.debug("%s: frame %d exposed before %d, skipped", self, raw.frame_id, after_ns)
                     continue
                 image = raw.image
@@ -538,6 +542,9 @@ class CameraDriver(DeviceDriver):
     @abc.abstractmethod
     def _grab_internal(self, deadline: float) -> RawFrame:
         """The next complete frame (raise :class:`CameraTimeoutError` at the deadline)."""
+
+    def _discard_queued_internal(self) -> None:
+        """Drop complete frames not yet grabbed (before a software trigger)."""
 
     def _get_feature_internal(self, name: str, deadline: float) -> Any:
         raise FeatureUnavailableError(f"{self}: no feature access by name ({name!r})")

@@ -465,6 +465,7 @@ class GigeCameraDriver(CameraDriver):
         self._threads: list[threading.Thread] = []
         self._tick_epoch = 0
         self._last_sync_ns = 0
+        self._sync_hosts: collections.deque[int] = collections.deque(maxlen=32)
         self._gone = ""
         self._exposure_s: float | None = None
         self._gain_db: float | None = None
@@ -607,6 +608,7 @@ class GigeCameraDriver(CameraDriver):
             self._tick_epoch = first[1]
             self.clock.add_exchange(first[0], 0.0, 0.0, first[2])
             self._last_sync_ns = first[2]
+            self._sync_hosts = collections.deque([first[2]], maxlen=self.clock.window)
             for _ in range(3):
                 self._clock_sample(client, deadline)
         else:
@@ -621,8 +623,21 @@ class GigeCameraDriver(CameraDriver):
             try:
                 self.clock.add_exchange(t1, d, d, t4)  # type: ignore[union-attr]
                 self._last_sync_ns = t4
+                self._sync_hosts.append(t4)
             except ValueError:
                 log.debug("%s: latch sample ran backwards, dropped", self)
+
+    @property
+    def clock_rate_bound(self) -> float:
+        """Bound on the model's rate error (dimensionless): ``max_drift_ppm`` until the rate is
+        fitted, then the spread of the exchanges over the span they cover (twice the model's
+        bound over the span), capped at ``max_drift_ppm``. Times the distance from the last
+        exchange, it is what extrapolating the line can add to the model's own bound."""
+        cap = self.options["max_drift_ppm"] * 1e-6
+        if not self.clock.rate_fitted or len(self._sync_hosts) < 2:
+            return cap
+        span_ns = self._sync_hosts[-1] - self._sync_hosts[0]
+        return min(cap, 2.0 * self.clock.uncertainty_ns / span_ns) if span_ns > 0 else cap
 
     # -- heartbeat ---------------------------------------------------------------------------
     def _heartbeat_loop(self) -> None:
@@ -859,7 +874,11 @@ class GigeCameraDriver(CameraDriver):
                 asm.expire(time.monotonic_ns())
                 self.frames_incomplete = torn0 + asm.incomplete + asm.unsupported
                 continue
-            except OSError:
+            except OSError as exc:
+                if not stop.is_set():
+                    log.warning("%s: stream socket failed: %s", self, exc)
+                    self._gone = f"stream socket failed: {exc}"
+                    self._wake()
                 return
             t_ns = time.monotonic_ns()
             if src[0] != self.host:
@@ -870,19 +889,32 @@ class GigeCameraDriver(CameraDriver):
             except gc.GigeProtocolError:
                 self.bad_packets += 1
                 continue
-            if isinstance(pkt, gc.GvspLeader) and self.clock_source == "stream":
-                with self._clock_lock:
-                    if self._tick_epoch == 0:
-                        self._tick_epoch = pkt.timestamp
-                    # A leader cannot leave before its exposure has ended: map that instant
-                    # to the arrival, so the envelope's delay is readout and transfer only.
-                    sent = self._dev_s(pkt.timestamp)
-                    if self.options["timestamp_marks"] == "exposure_start":
-                        sent += self._exposure_s or 0.0
-                    self.clock.add(sent, t_ns)  # type: ignore[union-attr]
-            asm.feed(pkt, t_ns)
+            try:
+                if isinstance(pkt, gc.GvspLeader) and self.clock_source == "stream":
+                    self._stream_clock_sample(pkt, t_ns)
+                asm.feed(pkt, t_ns)
+            except Exception as exc:  # noqa: BLE001 - a bug must not leave grab() waiting for ever
+                log.exception("%s: stream receiver failed", self)
+                self._gone = f"stream receiver failed: {exc!r}"
+                self._wake()
+                return
             self.frames_incomplete = torn0 + asm.incomplete + asm.unsupported
             self.frames_completed = done0 + asm.completed
+
+    def _stream_clock_sample(self, leader: gc.GvspLeader, t_ns: int) -> None:
+        with self._clock_lock:
+            if self._tick_epoch == 0:
+                self._tick_epoch = leader.timestamp
+            # A leader cannot leave before its exposure has ended: map that instant to the
+            # arrival, so the envelope's delay is readout and transfer only.
+            sent = self._dev_s(leader.timestamp)
+            if self.options["timestamp_marks"] == "exposure_start":
+                sent += self._exposure_s or 0.0
+            self.clock.add(sent, t_ns)  # type: ignore[union-attr]
+
+    def _discard_queued_internal(self) -> None:
+        with self._frames_cv:
+            self._frames.clear()
 
     def _on_complete(self, done: _Complete) -> None:
         with self._frames_cv:
@@ -899,7 +931,8 @@ class GigeCameraDriver(CameraDriver):
                 left = remaining_s(deadline)
                 if left <= 0:
                     raise CameraTimeoutError(
-                        f"{self}: no complete frame in time ({self.frames_incomplete} incomplete so far)")
+                        f"{self}: no complete frame in time ({self.frames_completed} complete, "
+                        f"{self.frames_incomplete} incomplete, {self.bad_packets} bad packets so far)")
                 self._frames_cv.wait(left)
             done = self._frames.popleft()
         image, name = _to_array(done.leader, done.data)
@@ -912,9 +945,8 @@ class GigeCameraDriver(CameraDriver):
             try:
                 t_host = self.clock.to_host_ns(mid_dev)
                 unc = self.clock.uncertainty_ns
-                if self.clock_source == "latch" and not self.clock.rate_fitted:
-                    # the nominal rate until it is fitted: the drift since the last exchange
-                    unc += abs(t_host - self._last_sync_ns) * self.options["max_drift_ppm"] * 1e-6
+                if self.clock_source == "latch":
+                    unc += abs(t_host - self._last_sync_ns) * self.clock_rate_bound
             except ClockNotReady:
                 t_host, unc = done.t_leader_ns, math.inf
         return RawFrame(

@@ -10,6 +10,8 @@ at 65401, so the 16-bit block id wraps (to 1, skipping 0) within the first frame
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 from _gige import fake_camera
@@ -69,9 +71,8 @@ def test_frames_size_format_ids_timestamps_and_every_pixel(fake):
         assert all(s >= 1 for s in steps) and 0 not in ids
         ticks = [f.device_timestamp for f in frames]
         assert all(b > a for a, b in zip(ticks, ticks[1:], strict=False))
-        # 25 frames/s free-running: ~40 ms of device time per frame id
-        per_frame_s = (ticks[-1] - ticks[0]) / 1e9 / sum(steps)
-        assert per_frame_s == pytest.approx(0.040, rel=0.1)
+        # the fake camera's ticks are its host's wall clock in nanoseconds (docs/protocols/gige.md)
+        assert abs(ticks[-1] / 1e9 - time.time()) < 60.0
         hosts = [f.t_host_ns for f in frames]
         assert all(b > a for a, b in zip(hosts, hosts[1:], strict=False))
 
