@@ -50,6 +50,18 @@ def test_identity_xml_and_features(fake):
         with pytest.raises(FeatureUnavailableError, match="Gain"):
             cam.set_gain_db(3.0)  # the fake camera has a raw gain only, no dB
         assert cam.get_feature("PayloadSize") == 512 * 512
+        # node kinds of an XML we did not write: a Converter over an Integer, a Boolean with
+        # its own on/off values, big-endian StructReg fields (bit 0 the most significant)
+        assert cam.get_feature("AcquisitionFrameRate") == pytest.approx(25.0)
+        cam.set_feature("AcquisitionFrameRate", 10.0)
+        assert cam.get_feature("AcquisitionFramePeriod") == 100000
+        cam.set_feature("AcquisitionFrameRate", 25.0)
+        cam.set_feature("TestBoolean", True)
+        assert cam.get_feature("TestRegister") == 321
+        cam.set_feature("TestRegister", 0x12345678)
+        assert (cam.get_feature("StructEntry_0_15"), cam.get_feature("StructEntry_16_31")) == (0x1234, 0x5678)
+        cam.set_feature("StructEntry_16_31", -2)  # signed 16-bit field: the other half kept
+        assert cam.get_feature("TestRegister") == 0x1234FFFE
         assert cam.tick_frequency_hz == 1e9
         # its timestamp latch does not move: the stream's lower envelope maps the clock
         assert cam.clock_source == "stream"
