@@ -31,7 +31,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 from urllib.parse import parse_qsl, unquote
 
@@ -100,11 +100,7 @@ class CameraUrl:
     host: str = ""
     port: int = 0
     path: str = ""
-    query: Mapping[str, str] = None  # type: ignore[assignment]
-
-    def __post_init__(self) -> None:
-        if self.query is None:
-            object.__setattr__(self, "query", {})
+    query: Mapping[str, str] = field(default_factory=dict)
 
 
 def parse_camera_url(url: str) -> CameraUrl:

@@ -404,15 +404,16 @@ def _to_array(leader: gc.GvspLeader, data: bytes) -> tuple[np.ndarray, str]:
     h, w = leader.height, leader.width
     bpp = gc.bits_per_pixel(leader.pixel_format)
     img: np.ndarray
+    # Views of the joined bytes, no copy: the frame's image is read-only anyway.
     if bpp == 8:
         img = np.frombuffer(data, np.uint8).reshape(h, w)
     elif bpp == 16:
-        img = np.frombuffer(data, "<u2").reshape(h, w).astype(np.uint16)
+        img = np.frombuffer(data, "<u2").reshape(h, w).astype(np.uint16, copy=False)
     elif bpp == 24:
         img = np.frombuffer(data, np.uint8).reshape(h, w, 3)
     else:  # pragma: no cover - PIXEL_FORMATS holds 8, 16 and 24-bit formats only
         raise DriverError(f"{name}: {bpp} bits per pixel")
-    return img.copy(), name
+    return img, name
 
 
 # -- the driver ------------------------------------------------------------------------------
@@ -467,6 +468,7 @@ class GigeCameraDriver(CameraDriver):
         self._last_sync_ns = 0
         self._sync_hosts: collections.deque[int] = collections.deque(maxlen=32)
         self._gone = ""
+        self._have_control = False
         self._exposure_s: float | None = None
         self._gain_db: float | None = None
         self._exposure_feature = ""
@@ -487,11 +489,12 @@ class GigeCameraDriver(CameraDriver):
             client.open()
         except OSError as exc:
             raise DriverInitError(f"{self}: cannot open a socket to {self.host}: {exc}") from exc
-        self._client, self._gone = client, ""
+        self._client, self._gone, self._have_control = client, "", False
         try:
             info = self._take_control_and_describe(client, deadline)
         except BaseException as exc:
-            self._release(client)
+            if self._have_control:
+                self._release(client)
             client.close()
             self._client = None
             if isinstance(exc, DriverInitError) or not isinstance(exc, Exception):
@@ -514,6 +517,7 @@ class GigeCameraDriver(CameraDriver):
         except CameraDeviceError as exc:
             raise DriverInitError(f"{self}: control refused ({exc.code}): another application "
                                   f"controls the camera (CCP was 0x{ccp:X})") from exc
+        self._have_control = True
         hb_ms = round(self.options["heartbeat_timeout_s"] * 1000)
         client.write_reg(gc.Reg.HEARTBEAT_TIMEOUT, hb_ms, deadline)
         strings = client.read_mem(gc.Reg.MANUFACTURER_NAME, gc.Reg.USER_DEFINED_NAME + 16 - gc.Reg.MANUFACTURER_NAME,
@@ -562,7 +566,7 @@ class GigeCameraDriver(CameraDriver):
         self._threads = []
         self._close_stream()
         if client is not None:
-            if not self._gone:
+            if not self._gone and self._have_control:
                 self._release(client)
             client.close()
         self._client = None
@@ -885,7 +889,7 @@ class GigeCameraDriver(CameraDriver):
                 self.bad_packets += 1
                 continue
             try:
-                pkt = gc.decode_gvsp(bytes(view[:n]))
+                pkt = gc.decode_gvsp(view[:n])
             except gc.GigeProtocolError:
                 self.bad_packets += 1
                 continue

@@ -612,7 +612,7 @@ def encode_trailer(trailer: GvspTrailer) -> bytes:
     return head + _TRAILER.pack(0, _u16(trailer.payload_type, "payload_type"), _u32(trailer.size_y, "size_y"))
 
 
-def decode_gvsp(data: bytes) -> GvspPacket:
+def decode_gvsp(data: bytes | memoryview) -> GvspPacket:
     """One GVSP datagram as a leader, payload or trailer record.
 
     Raises

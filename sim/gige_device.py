@@ -171,6 +171,8 @@ class GigeDevice:
     source : FrameSource, optional
         What the camera sees; :class:`TestPatternSource` by default.
     clock : DeviceClock, optional
+        The camera's clock; any object with ``tick_frequency_hz`` (int), ``ticks(host_ns)``
+        and ``reset(host_ns)`` will do (a renderer with a clock of its own passes that).
     serial, model, vendor, firmware : str
         The bootstrap identity.
     sensor : (int, int)
