@@ -391,7 +391,7 @@ class NodeMap:
     def __init__(self, xml: bytes | str, port: Port | None = None) -> None:
         try:
             root = ET.fromstring(xml)
-        except ET.ParseError as exc:
+        except (ET.ParseError, LookupError, ValueError) as exc:  # LookupError: an unknown encoding
             raise GenicamError(f"GenICam XML does not parse: {exc}") from exc
         if _local(root.tag) != "RegisterDescription":
             raise GenicamError(f"GenICam XML root is <{_local(root.tag)}>, not <RegisterDescription>")

@@ -238,6 +238,11 @@ def test_garbage_xml_raises_genicam_errors_only(data):
         pass
 
 
+def test_an_unknown_encoding_is_a_genicam_error():
+    with pytest.raises(GenicamError, match="foo"):
+        NodeMap(b'<?xml version="1.0" encoding="foo"?><RegisterDescription/>')
+
+
 # -- the XML's URL and zip ----------------------------------------------------------------------
 
 

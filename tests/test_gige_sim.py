@@ -9,6 +9,7 @@ of the frames replayed by ``dir://``.
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 
@@ -17,6 +18,7 @@ import pytest
 from _gige import start_sim
 from conftest import wait_until
 
+from cellcal.drivers import gige_codec as gc
 from cellcal.drivers.camera import TriggerMode, connect_camera
 from cellcal.drivers.camera_dir import write_recording
 from cellcal.drivers.errors import DriverInitError
@@ -110,6 +112,31 @@ def test_torn_frames_are_counted_and_never_returned():
             wait_until(lambda: cam.frames_incomplete > 0, 10.0, "an incomplete frame counted")
             assert cam.frames_completed >= 8
     finally:
+        dev.stop()
+
+
+def test_garbage_on_the_stream_never_yields_a_frame():
+    dev = start_sim(sensor=(64, 48), frame_rate_hz=40.0)
+    rng = np.random.default_rng(0)
+    spray = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    spray.bind((dev.address, 0))  # from the device's own address: past the driver's source check
+    try:
+        with connect_camera(f"gige://{dev.address}") as cam:
+            cam.start()
+            port = cam._stream.getsockname()[1]
+            fakes = [rng.integers(0, 256, int(n), dtype=np.uint8).tobytes() for n in rng.integers(0, 120, 300)]
+            # well-formed packets of blocks that never complete, and leaders that lie about the size
+            fakes += [gc.encode_leader(gc.GvspLeader(int(b), 0, 1, 0, gc.PIXEL_FORMATS["Mono8"], 64, 48))
+                      for b in rng.integers(1, 65535, 50)]
+            fakes += [gc.encode_trailer(gc.GvspTrailer(int(b), 3, 1, 48)) for b in rng.integers(1, 65535, 50)]
+            for data in fakes:
+                spray.sendto(data, (cam._client.local_ip, port))
+            frames = [cam.grab(timeout_s=3.0) for _ in range(4)]
+            for f in frames:
+                check_pattern(f)
+            wait_until(lambda: cam.bad_packets > 0, 5.0, "garbage counted")
+    finally:
+        spray.close()
         dev.stop()
 
 
