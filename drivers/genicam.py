@@ -29,6 +29,7 @@ kind not listed) raises :class:`FeatureUnsupportedError` naming the feature and 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import math
@@ -400,6 +401,7 @@ class NodeMap:
         self.model = root.get("ModelName", "")
         self.schema = f"{root.get('SchemaMajorVersion', '?')}.{root.get('SchemaMinorVersion', '?')}"
         self._nodes: dict[str, _Node] = {}
+        self._chunks: Mapping[int, bytes] | None = None
         self._read(root)
 
     # -- building -------------------------------------------------------------------------
@@ -429,6 +431,16 @@ class NodeMap:
             for child in [*shared, *entry]:
                 node.props.setdefault(_local(child.tag), []).append(child)
             self._nodes[node.name] = node
+
+    @contextlib.contextmanager
+    def chunk_data(self, chunks: Mapping[int, bytes]) -> Iterator[None]:
+        """Within the block, features on a chunk port (a ``Port`` with a ``ChunkID``) read
+        from ``chunks`` (chunk id -> that chunk's bytes, one frame's)."""
+        previous, self._chunks = self._chunks, chunks
+        try:
+            yield
+        finally:
+            self._chunks = previous
 
     # -- introspection --------------------------------------------------------------------
     def __contains__(self, name: object) -> bool:
@@ -670,8 +682,20 @@ class NodeMap:
         port_node = self._nodes.get(port_name or "")
         if port_node is None or port_node.kind != "Port":
             raise FeatureUnsupportedError(f"feature {node.name!r}: pPort {port_name!r} is not a Port of the XML")
-        if port_node.text("ChunkID") is not None or port_node.text("pChunkID") is not None:
-            raise FeatureUnsupportedError(f"feature {node.name!r} lives in chunk data ({port_name}), not read here")
+        if port_node.text("pChunkID") is not None:
+            raise FeatureUnsupportedError(f"feature {node.name!r}: a chunk port with pChunkID ({port_name})")
+        chunk_id = port_node.text("ChunkID")
+        if chunk_id is not None:
+            if self._chunks is None:
+                raise FeatureUnsupportedError(
+                    f"feature {node.name!r} lives in chunk data ({port_name}): read it inside chunk_data()")
+            try:
+                cid = int(chunk_id, 16)
+            except ValueError:
+                raise FeatureUnsupportedError(f"feature {node.name!r}: ChunkID {chunk_id!r} is not hexadecimal") from None
+            if cid not in self._chunks:
+                raise GenicamError(f"feature {node.name!r}: chunk 0x{cid:X} is not in this frame")
+            return _BytesPort(self._chunks[cid])
         if self.port is None:
             raise GenicamError(f"feature {node.name!r} needs the device: this node map has no port")
         return self.port
@@ -799,6 +823,21 @@ class NodeMap:
             raise FeatureUnsupportedError(f"feature {node.name!r}: a FloatReg of {length} bytes")
         fmt = ("<" if self._little(node) else ">") + ("f" if length == 4 else "d")
         self._port_write(node, address, struct.pack(fmt, value))
+
+
+class _BytesPort:
+    """One chunk's bytes as a read-only port (its addresses count from the chunk's start)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = bytes(data)
+
+    def read(self, address: int, length: int) -> bytes:
+        if address < 0 or address + length > len(self.data):
+            raise GenicamError(f"chunk of {len(self.data)} bytes has no bytes {address}..{address + length}")
+        return self.data[address:address + length]
+
+    def write(self, address: int, data: bytes) -> None:
+        raise FeatureAccessError("chunk data is read-only")
 
 
 def _as_int(value: Any, name: str) -> int:

@@ -105,6 +105,7 @@ OPTIONS: dict[str, OptionSpec] = {
     "timestamp_marks": OptionSpec(_opt_choice("exposure_start", "exposure_end"), "exposure_start",
                                   "what instant the leader's timestamp marks"),
     "queue_frames": OptionSpec(opt_int(1, 64), 4, "complete frames kept for grab (oldest dropped)"),
+    "chunks": OptionSpec(opt_bool, True, "ask for the exposure and gain of each frame as chunk data, if the device has them"),
     "stream_port": OptionSpec(opt_int(0, 65535), 0, "host UDP port for the stream (0: any free one)"),
 }
 
@@ -330,6 +331,7 @@ class _Complete:
     data: bytes
     t_leader_ns: int
     t_done_ns: int
+    chunks: Mapping[int, bytes] | None = None
 
 
 class FrameAssembler:
@@ -380,7 +382,8 @@ class FrameAssembler:
         if leader is None:
             self.incomplete += 1
             return
-        if leader.payload_type != gc.PAYLOAD_TYPE_IMAGE or leader.padding_x or leader.padding_y:
+        chunked = leader.payload_type == gc.PAYLOAD_TYPE_IMAGE_CHUNKS
+        if not (chunked or leader.payload_type == gc.PAYLOAD_TYPE_IMAGE) or leader.padding_x or leader.padding_y:
             self.unsupported += 1
             return
         first = leader.packet_id + 1
@@ -389,12 +392,19 @@ class FrameAssembler:
             return
         data = b"".join(parts[p] for p in range(first, trailer.packet_id))
         expected = leader.width * leader.height * gc.bits_per_pixel(leader.pixel_format) // 8
+        chunks = None
+        if chunked and expected:
+            try:
+                data, chunks = gc.parse_chunks(data, expected)
+            except gc.GigeProtocolError:
+                self.incomplete += 1
+                return
         if len(data) != expected or expected == 0:
             self.incomplete += 1
             return
         self._done_recent.append(trailer.block_id)
         self.completed += 1
-        self.on_frame(_Complete(leader, data, block["t_leader"], t_ns))
+        self.on_frame(_Complete(leader, data, block["t_leader"], t_ns, chunks))
 
 
 def _to_array(leader: gc.GvspLeader, data: bytes) -> tuple[np.ndarray, str]:
@@ -414,6 +424,11 @@ def _to_array(leader: gc.GvspLeader, data: bytes) -> tuple[np.ndarray, str]:
     else:  # pragma: no cover - PIXEL_FORMATS holds 8, 16 and 24-bit formats only
         raise DriverError(f"{name}: {bpp} bits per pixel")
     return img, name
+
+
+def _unit_scale(unit: str) -> float:
+    """Seconds per unit of an exposure feature (SFNC: microseconds where no unit is given)."""
+    return {"s": 1.0, "ms": 1e-3, "ns": 1e-9}.get(unit.strip().lower(), 1e-6)
 
 
 # -- the driver ------------------------------------------------------------------------------
@@ -472,6 +487,7 @@ class GigeCameraDriver(CameraDriver):
         self._exposure_s: float | None = None
         self._gain_db: float | None = None
         self._exposure_feature = ""
+        self._chunk_features: tuple[str, ...] = ()
 
     @classmethod
     def _from_url_internal(cls, url: CameraUrl, options: Mapping[str, Any]) -> Self:
@@ -595,10 +611,13 @@ class GigeCameraDriver(CameraDriver):
                 a = self._latch(client, deadline)
                 time.sleep(0.005)
                 b = self._latch(client, deadline)
-                host_s = (b[0] - a[2]) / _NS_PER_S
                 dev_s = (b[1] - a[1]) / self.tick_frequency_hz
-                # the latch moves with the host's clock (to 10 %) and is not a constant
-                latch_ok = a[1] > 0 and b[1] > a[1] and host_s > 0 and abs(dev_s / host_s - 1.0) < 0.1 + 2e-3 / host_s
+                # Each latch happened between its write's send and acknowledge, so the device
+                # time between them lies between these host spans (widened by 10 % for a
+                # clock's rate): a latch that does not move, or moves otherwise, fails.
+                shortest_s = (b[0] - a[2]) / _NS_PER_S
+                longest_s = (b[2] - a[0]) / _NS_PER_S
+                latch_ok = a[1] > 0 and 0.9 * shortest_s <= dev_s <= 1.1 * longest_s and dev_s > 0
             except CameraDeviceError:
                 latch_ok = False
             if mode == "latch" and not latch_ok:
@@ -711,8 +730,7 @@ class GigeCameraDriver(CameraDriver):
 
     def _exposure_scale(self) -> float:
         assert self.nodes is not None
-        unit = self.nodes.unit(self._exposure_feature).strip().lower()
-        return {"s": 1.0, "ms": 1e-3, "ns": 1e-9}.get(unit, 1e-6)  # SFNC: microseconds
+        return _unit_scale(self.nodes.unit(self._exposure_feature))
 
     def _refresh_applied(self, deadline: float) -> None:
         nm = self._nm(deadline)
@@ -820,11 +838,32 @@ class GigeCameraDriver(CameraDriver):
         client.write_reg(gc.Reg.SCP0, host_port, deadline)
         if "AcquisitionMode" in nm:
             self._feature_call(lambda: nm.set("AcquisitionMode", "Continuous"), "AcquisitionMode")
+        self._chunk_features = self._enable_chunks(nm) if self.options["chunks"] else ()
         self._refresh_applied(deadline)
         with self._frames_cv:
             self._frames.clear()
         self._feature_call(lambda: nm.execute("AcquisitionStart"), "AcquisitionStart")
         log.debug("%s: streaming to %s:%d", self, host_ip, host_port)
+
+    def _enable_chunks(self, nm: NodeMap) -> tuple[str, ...]:
+        """Turn on the exposure and gain chunks (SFNC ChunkModeActive / ChunkSelector /
+        ChunkEnable) where the device has them; the chunk features then read per frame."""
+        wanted = [(entry, f"Chunk{entry}") for entry in ("ExposureTime", "Gain")]
+        if not all(n in nm for n in ("ChunkModeActive", "ChunkSelector", "ChunkEnable")):
+            return ()
+        entries = nm.enum_entries("ChunkSelector")
+        have = [(e, f) for e, f in wanted if e in entries and f in nm]
+        if not have:
+            return ()
+        try:
+            nm.set("ChunkModeActive", True)
+            for entry, _ in have:
+                nm.set("ChunkSelector", entry)
+                nm.set("ChunkEnable", True)
+        except (GenicamError, CameraDeviceError, ValueError) as exc:
+            log.info("%s: chunk data not enabled (%s); exposure and gain are the registers'", self, exc)
+            return ()
+        return tuple(f for _, f in have)
 
     def _stop_internal(self, deadline: float) -> None:
         self._stop_acquisition(deadline)
@@ -940,7 +979,9 @@ class GigeCameraDriver(CameraDriver):
                 self._frames_cv.wait(left)
             done = self._frames.popleft()
         image, name = _to_array(done.leader, done.data)
-        exposure = self._exposure_s
+        exposure, gain = self._exposure_s, self._gain_db
+        if done.chunks and self.nodes is not None:
+            exposure, gain = self._from_chunks(done.chunks, exposure, gain)
         ts = done.leader.timestamp
         start_dev = self._dev_s(ts)
         half = 0.5 * (exposure or 0.0)
@@ -958,5 +999,20 @@ class GigeCameraDriver(CameraDriver):
             tick_frequency_hz=self.tick_frequency_hz,
             t_device_s=ts / self.tick_frequency_hz + (mid_dev - start_dev),
             t_host_ns=int(t_host), t_host_uncertainty_ns=float(unc), t_received_ns=done.t_done_ns,
-            exposure_s=exposure, gain_db=self._gain_db,
+            exposure_s=exposure, gain_db=gain,
         )
+
+    def _from_chunks(self, chunks: Mapping[int, bytes], exposure: float | None,
+                     gain: float | None) -> tuple[float | None, float | None]:
+        """The exposure (s) and gain (dB) a frame's chunk data says were applied to it."""
+        assert self.nodes is not None
+        with self.nodes.chunk_data(chunks):
+            try:
+                if "ChunkExposureTime" in self._chunk_features:
+                    exposure = float(self.nodes.get("ChunkExposureTime")) * _unit_scale(
+                        self.nodes.unit("ChunkExposureTime"))
+                if "ChunkGain" in self._chunk_features:
+                    gain = float(self.nodes.get("ChunkGain"))
+            except GenicamError as exc:
+                log.debug("%s: chunk data unreadable (%s); the registers' values stand", self, exc)
+        return exposure, gain

@@ -75,6 +75,10 @@ __all__ = [
     "decode_ack",
     "GvspFormat",
     "PAYLOAD_TYPE_IMAGE",
+    "PAYLOAD_TYPE_IMAGE_CHUNKS",
+    "IMAGE_CHUNK_ID",
+    "encode_chunks",
+    "parse_chunks",
     "GVSP_HEADER_BYTES",
     "GVSP_EXT_HEADER_BYTES",
     "IP_UDP_OVERHEAD",
@@ -521,8 +525,14 @@ class GvspFormat(enum.IntEnum):
     GENDC = 8
 
 
-#: GVSP payload type of an uncompressed image (the only one decoded).
+#: GVSP payload type of an uncompressed image.
 PAYLOAD_TYPE_IMAGE = 0x0001
+#: An image with chunk data after it (GigE Vision 2.0 "extended chunk" mode, bit 14 set).
+PAYLOAD_TYPE_IMAGE_CHUNKS = 0x4001
+#: Chunk id our simulated camera wraps the image in (the parser finds the image as the
+#: first chunk whatever its id).
+IMAGE_CHUNK_ID = 0x00000001
+_IMAGE_TYPES = (PAYLOAD_TYPE_IMAGE, PAYLOAD_TYPE_IMAGE_CHUNKS)
 #: GVSP header bytes: standard ids, extended ids.
 GVSP_HEADER_BYTES = 8
 GVSP_EXT_HEADER_BYTES = 20
@@ -588,7 +598,7 @@ def _gvsp_header(status: int, block_id: int, fmt: int, packet_id: int, extended:
 
 def encode_leader(leader: GvspLeader) -> bytes:
     """An image leader packet (payload type must be :data:`PAYLOAD_TYPE_IMAGE`)."""
-    if leader.payload_type != PAYLOAD_TYPE_IMAGE:
+    if leader.payload_type not in _IMAGE_TYPES:
         raise ValueError(f"only image leaders are encoded, not payload type 0x{leader.payload_type:04X}")
     if not 0 <= leader.timestamp < 2**64:
         raise ValueError(f"timestamp {leader.timestamp} out of range")
@@ -642,7 +652,7 @@ def decode_gvsp(data: bytes | memoryview) -> GvspPacket:
             raise GigeProtocolError(f"GVSP leader of {len(body)} bytes after its header is too short")
         _, ptype, ts_hi, ts_lo = struct.unpack_from(">HHII", body)
         ts = (ts_hi << 32) | ts_lo
-        if (ptype & 0x3FFF) == PAYLOAD_TYPE_IMAGE and not ptype & 0x4000:
+        if ptype in _IMAGE_TYPES:
             if len(body) < _IMAGE_LEADER.size:
                 raise GigeProtocolError(f"GVSP image leader of {len(body)} bytes, expected {_IMAGE_LEADER.size}")
             _, _, _, _, pf, w, h, ox, oy, px, py = _IMAGE_LEADER.unpack_from(body)
@@ -661,6 +671,48 @@ def decode_gvsp(data: bytes | memoryview) -> GvspPacket:
     except ValueError:
         name = f"0x{fmt:02X}"
     raise GigeProtocolError(f"GVSP packet format {name} (block {block_id}) is not one we decode")
+
+
+# -- chunk data -------------------------------------------------------------------------------
+_CHUNK_TAIL = struct.Struct(">II")  # chunk id, length: after each chunk's data
+
+
+def encode_chunks(image: bytes, chunks: list[tuple[int, bytes]], image_id: int = IMAGE_CHUNK_ID) -> bytes:
+    """The payload of an image with chunk data: the image, then each chunk, every one
+    followed by its id and length (u32, big-endian) so a reader walks them from the end."""
+    out = [bytes(image), _CHUNK_TAIL.pack(_u32(image_id, "image_id"), len(image))]
+    for cid, data in chunks:
+        if len(data) % 4:
+            raise ValueError(f"chunk 0x{cid:X}: {len(data)} bytes is not a multiple of 4")
+        out += [bytes(data), _CHUNK_TAIL.pack(_u32(cid, "chunk id"), len(data))]
+    return b"".join(out)
+
+
+def parse_chunks(payload: bytes, image_bytes: int) -> tuple[bytes, dict[int, bytes]]:
+    """Split a chunk payload into ``(image, {chunk id: data})``, walking from the end.
+
+    Raises
+    ------
+    GigeProtocolError
+        The walk does not land exactly on the start, or the first chunk (the image) is not
+        ``image_bytes`` long: a torn or foreign payload, never a frame.
+    """
+    payload = bytes(payload)
+    end = len(payload)
+    found: list[tuple[int, int, int]] = []  # (start, id, length)
+    while end > 0:
+        if end < _CHUNK_TAIL.size or len(found) > 4096:
+            raise GigeProtocolError(f"chunk data: {end} bytes left before a chunk's id and length")
+        cid, length = _CHUNK_TAIL.unpack_from(payload, end - _CHUNK_TAIL.size)
+        start = end - _CHUNK_TAIL.size - length
+        if start < 0:
+            raise GigeProtocolError(f"chunk 0x{cid:X} of {length} bytes runs past the payload's start")
+        found.append((start, cid, length))
+        end = start
+    if not found or found[-1][2] != image_bytes:
+        raise GigeProtocolError(f"chunk data: the first chunk is not the {image_bytes}-byte image")
+    image = payload[:image_bytes]
+    return image, {cid: payload[start:start + length] for start, cid, length in found[:-1]}
 
 
 # -- pixel formats (GenICam PFNC codes) ------------------------------------------------------

@@ -71,8 +71,12 @@ DEVICE_REGS = {
     "PixelFormat": 0x10010, "AcquisitionMode": 0x10018, "AcquisitionStart": 0x1001C,
     "AcquisitionStop": 0x10020, "TriggerMode": 0x10024, "TriggerSource": 0x10028,
     "TriggerSoftware": 0x1002C, "ExposureTime": 0x10030, "GainRaw": 0x10038,
-    "AcquisitionFrameRate": 0x1003C, "ReverseX": 0x10040,
+    "AcquisitionFrameRate": 0x1003C, "ReverseX": 0x10040, "ChunkModeActive": 0x10044,
+    "ChunkSelector": 0x10048, "ChunkEnable": 0x1004C,  # ChunkEnable[selector] at 0x1004C + 4 * selector
 }
+#: Chunk ids of the exposure (us, 8-byte float) and gain (dB, 8-byte float) chunks (the XML's).
+CHUNK_EXPOSURE_ID = 0x0A000001
+CHUNK_GAIN_ID = 0x0A000002
 _MEMORY_BYTES = 0x20000
 _MONO = {gc.PIXEL_FORMATS["Mono8"]: np.uint8, gc.PIXEL_FORMATS["Mono16"]: np.uint16}
 _NS_PER_S = 1_000_000_000
@@ -316,6 +320,8 @@ class GigeDevice:
             return gc.Status.INVALID_PARAMETER
         if address == d["GainRaw"] and value > 240:
             return gc.Status.INVALID_PARAMETER
+        if address == d["ChunkSelector"] and value > 1:
+            return gc.Status.INVALID_PARAMETER
         if address == d["AcquisitionStart"]:
             self._acquiring, self._index = True, 0
             self._wake.set()
@@ -541,6 +547,16 @@ class GigeDevice:
         if img.shape != (h, w):
             raise SimError(f"frame source gave an image of shape {img.shape}, the camera is {(h, w)}")
         data = img.astype("<u2").tobytes() if img.dtype == np.uint16 else img.tobytes()
+        ptype = gc.PAYLOAD_TYPE_IMAGE
+        d = DEVICE_REGS
+        if self._r32(d["ChunkModeActive"]):
+            # what the source applied to this frame, as chunk data after the image
+            chunks = []
+            if self._r32(d["ChunkEnable"]):
+                chunks.append((CHUNK_EXPOSURE_ID, struct.pack(">d", rendered.exposure_s * 1e6)))
+            if self._r32(d["ChunkEnable"] + 4):
+                chunks.append((CHUNK_GAIN_ID, struct.pack(">d", rendered.gain_db)))
+            data, ptype = gc.encode_chunks(data, chunks), gc.PAYLOAD_TYPE_IMAGE_CHUNKS
         self.block_id = self.block_id % 0xFFFF + 1
         bid = self.block_id
         dest = self._destination()
@@ -548,12 +564,12 @@ class GigeDevice:
         if dest is None or sock is None:
             return
         chunk = max(4, psize - gc.IP_UDP_OVERHEAD - gc.GVSP_HEADER_BYTES)
-        packets = [gc.encode_leader(gc.GvspLeader(bid, 0, gc.PAYLOAD_TYPE_IMAGE, self.clock.ticks(t_start), pf, w, h))]
+        packets = [gc.encode_leader(gc.GvspLeader(bid, 0, ptype, self.clock.ticks(t_start), pf, w, h))]
         pid = 1
         for off in range(0, len(data), chunk):
             packets.append(gc.encode_payload(gc.GvspPayload(bid, pid, data[off:off + chunk])))
             pid += 1
-        packets.append(gc.encode_trailer(gc.GvspTrailer(bid, pid, gc.PAYLOAD_TYPE_IMAGE, h)))
+        packets.append(gc.encode_trailer(gc.GvspTrailer(bid, pid, ptype, h)))
         lose = self._rng.random(len(packets)) < self.lost_packet_ratio if self.lost_packet_ratio > 0 else None
         for i, pkt in enumerate(packets):
             if lose is not None and lose[i]:

@@ -224,6 +224,21 @@ def test_what_is_not_interpreted_is_refused_by_name():
             nm.get(name)
 
 
+def test_chunk_features_read_inside_chunk_data(simcam):
+    nm, _ = simcam
+    with pytest.raises(FeatureUnsupportedError, match="chunk"):
+        nm.get("ChunkExposureTime")
+    with nm.chunk_data({0x0A000001: struct.pack(">d", 2500.0)}):
+        assert nm.get("ChunkExposureTime") == 2500.0 and nm.unit("ChunkExposureTime") == "us"
+        with pytest.raises(GenicamError, match="0xA000002"):
+            nm.get("ChunkGain")  # not in this frame
+    nm.set("ChunkModeActive", True)
+    nm.set("ChunkSelector", "Gain")
+    nm.set("ChunkEnable", True)  # pIndex by the selector: the second enable register
+    assert struct.unpack_from(">I", simcam[1].mem, 0x10050)[0] == 1
+    assert nm.get("PayloadSize") == 640 * 480 + 8 + 16  # the image's chunk tail and the gain chunk
+
+
 def test_no_port_no_register_reads():
     nm = NodeMap(wrap(reg("IntReg", "R", 0)), None)
     with pytest.raises(GenicamError, match="no port"):

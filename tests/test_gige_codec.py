@@ -220,6 +220,45 @@ def test_a_leader_whose_size_disagrees_with_the_payload_is_dropped():
     assert out == [] and asm.incomplete == 1
 
 
+def test_chunk_payloads_roundtrip_and_torn_ones_are_refused():
+    image = bytes(range(48))
+    chunks = [(0x0A000001, struct.pack(">d", 1234.5)), (0x0A000002, struct.pack(">d", 3.0))]
+    payload = gc.encode_chunks(image, chunks)
+    assert payload[48:56] == bytes.fromhex("00000001 00000030")  # the image's own id and length
+    assert payload[-8:] == bytes.fromhex("0A000002 00000008")
+    img, found = gc.parse_chunks(payload, 48)
+    assert img == image and found == dict(chunks)
+    with pytest.raises(gc.GigeProtocolError, match="first chunk"):
+        gc.parse_chunks(payload, 47)
+    with pytest.raises(gc.GigeProtocolError):
+        gc.parse_chunks(payload[:-1], 48)
+    with pytest.raises(gc.GigeProtocolError):
+        gc.parse_chunks(payload[8:], 48)
+
+
+@given(st.binary(max_size=200), st.integers(0, 64))
+def test_garbage_chunk_payloads_raise_only_protocol_errors(data, image_bytes):
+    try:
+        img, found = gc.parse_chunks(data, image_bytes)
+    except gc.GigeProtocolError:
+        return
+    assert len(img) == image_bytes and sum(len(v) + 8 for v in found.values()) <= len(data)
+
+
+def test_a_chunked_frame_comes_out_with_its_chunks():
+    image = bytes(range(64))
+    payload = gc.encode_chunks(image, [(7, b"abcd")])
+    pkts = [gc.encode_leader(gc.GvspLeader(5, 0, gc.PAYLOAD_TYPE_IMAGE_CHUNKS, 9, gc.PIXEL_FORMATS["Mono8"], 8, 8)),
+            gc.encode_payload(gc.GvspPayload(5, 1, payload[:40])), gc.encode_payload(gc.GvspPayload(5, 2, payload[40:])),
+            gc.encode_trailer(gc.GvspTrailer(5, 3, gc.PAYLOAD_TYPE_IMAGE_CHUNKS, 8))]
+    out, asm = _assemble(pkts)
+    assert len(out) == 1 and out[0].data == image and out[0].chunks == {7: b"abcd"}
+    liar = gc.encode_chunks(image[:60], [(7, b"abcd")])  # an image chunk of the wrong size
+    pkts[1:3] = [gc.encode_payload(gc.GvspPayload(5, 1, liar[:40])), gc.encode_payload(gc.GvspPayload(5, 2, liar[40:]))]
+    out, asm = _assemble(pkts)
+    assert out == [] and asm.incomplete == 1
+
+
 def test_pixel_formats():
     assert gc.bits_per_pixel(gc.PIXEL_FORMATS["Mono16"]) == 16
     assert gc.bits_per_pixel(gc.PIXEL_FORMATS["RGB8"]) == 24

@@ -79,6 +79,35 @@ def test_frames_carry_mid_exposure_time_through_a_drifting_device_clock():
         dev.stop()
 
 
+class SettlingSource(RecordingSource):
+    """An auto-exposure that has not settled: every frame's exposure differs from the last."""
+
+    def frame(self, request: FrameRequest) -> RenderedFrame:
+        out = super().frame(request)
+        return RenderedFrame(out.image, request.exposure_s * (1.0 + 0.25 * request.index), request.gain_db + 0.5)
+
+
+def test_each_frame_carries_the_exposure_and_gain_applied_to_it():
+    source = SettlingSource()
+    dev = start_sim(source=source, sensor=(64, 48), frame_rate_hz=20.0, exposure_s=0.004)
+    try:
+        with connect_camera(f"gige://{dev.address}") as cam:
+            assert cam.clock_source == "latch"
+            frames = [cam.grab(timeout_s=3.0) for _ in range(3)]
+            assert cam.get_exposure_s() == pytest.approx(0.004)  # the register: what was asked
+        starts = dict(source.starts)  # the next acquisition counts its frames from 0 again
+        with connect_camera(f"gige://{dev.address}", chunks=False) as plain:
+            without = plain.grab(timeout_s=3.0)
+    finally:
+        dev.stop()
+    for f in frames:
+        applied = 0.004 * (1.0 + 0.25 * (f.frame_id - 1))
+        assert f.exposure_s == pytest.approx(applied) and f.gain_db == pytest.approx(0.5)  # from its chunk data
+        truth = starts[f.frame_id - 1] + round(applied / 2 * 1e9)  # mid of the exposure applied
+        assert abs(f.t_host_ns - truth) <= f.t_host_uncertainty_ns
+    assert without.exposure_s == pytest.approx(0.004) and without.gain_db == 0.0  # without chunks: the registers
+
+
 def test_software_trigger_mono16_and_fresh_frames():
     dev = start_sim(sensor=(64, 48), frame_rate_hz=50.0)
     try:

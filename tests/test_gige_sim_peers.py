@@ -105,6 +105,20 @@ def test_arv_camera_test_acquires_our_frames(tmp_path):
     assert sent_to and all(ipaddress.ip_address(a).is_loopback for a in sent_to)
 
 
+def test_arv_camera_test_reads_our_chunk_data():
+    exe = find_tool("arv-camera-test-0.8")
+    dev = start_sim(sensor=(64, 48), frame_rate_hz=20.0, exposure_s=0.0025, gain_db=1.5)
+    try:
+        out = run([exe, "-n", dev.address, "-u", "ExposureTime,Gain", "--duration=1"])
+    finally:
+        dev.stop()
+    exposures = re.findall(r"^ChunkExposureTime = (\S+)$", out, re.M)
+    gains = re.findall(r"^ChunkGain = (\S+)$", out, re.M)
+    assert len(exposures) >= 5 and len(gains) == len(exposures), out
+    assert {float(x) for x in exposures} == {2500.0} and {float(g) for g in gains} == {1.5}
+    assert re.search(r"n_size_mismatch_errors = 0", out)  # PayloadSize counts the chunks
+
+
 def test_our_driver_sends_to_the_device_only(tmp_path):
     dev = start_sim(sensor=(64, 48))
     script = textwrap.dedent(f"""
