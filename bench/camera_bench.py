@@ -22,7 +22,6 @@ import re
 import resource
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 from pathlib import Path
@@ -46,22 +45,18 @@ PACKETS = [1400, 8192]
 N_RTT = 500
 ADDRESS = "127.0.77.2"
 
-SERVE = textwrap.dedent("""
-    import sys
-    from cellcal.sim.gige_device import GigeDevice
-    w, h, fps, psize = int(sys.argv[2]), int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5])
-    dev = GigeDevice(sys.argv[1], sensor=(w, h), frame_rate_hz=fps, packet_size=psize).start()
-    print("ready", flush=True)
-    sys.stdin.read()
-    dev.stop()
-""")
-
-
 def serve(w: int, h: int, psize: int) -> subprocess.Popen:
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, ADDRESS, str(w), str(h), str(FPS), str(psize)],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+    """The simulated camera in a process of its own (``python -m cellcal.sim.gige_device``)."""
+    proc = subprocess.Popen([sys.executable, "-m", "cellcal.sim.gige_device", "--address", ADDRESS,
+                             "--sensor", f"{w}x{h}", "--fps", str(FPS), "--packet-size", str(psize)],
+                            stdout=subprocess.PIPE, text=True)
+    assert proc.stdout is not None and proc.stdout.readline().startswith("serving")
     return proc
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    proc.wait(timeout=10)
 
 
 def ours(w: int, h: int) -> tuple[float, int, float]:
@@ -142,9 +137,7 @@ def main() -> None:
                 o = ours(w, h)
                 a = aravis(w)
             finally:
-                assert proc.stdin is not None
-                proc.stdin.close()
-                proc.wait(timeout=10)
+                stop(proc)
             rows.append(f"| {w} x {h} | {psize} | {o[0]:.1f} | {o[1]} | {o[2]:.2f} | {a[0]:.1f} | {a[1]} | {a[2]:.2f} |")
             print(rows[-1], flush=True)
     sim_rtt = None
@@ -152,9 +145,7 @@ def main() -> None:
     try:
         sim_rtt = rtt(ADDRESS)
     finally:
-        assert proc.stdin is not None
-        proc.stdin.close()
-        proc.wait(timeout=10)
+        stop(proc)
     fake = subprocess.Popen(["arv-fake-gv-camera-0.8", "-i", "127.0.0.1", "-s", "BENCH"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:

@@ -18,7 +18,11 @@ What it does as a device:
   by the timestamp control register and stamped into each leader at the **start of the
   exposure**; the packets of a frame leave after the exposure has ended;
 * streams free-running at ``AcquisitionFrameRate`` or one frame per ``TriggerSoftware``;
+* with ``ChunkModeActive`` on, appends the exposure and gain its frame source applied to each
+  frame as chunk data (payload type 0x4001);
 * answers a DISCOVERY command by unicast to its sender only; it never sends a broadcast.
+
+``python -m cellcal.sim.gige_device --address 127.0.0.2`` serves one in a process of its own.
 
 **Frame source protocol.** What the camera sees comes from a :class:`FrameSource`: one
 method, ``frame(request: FrameRequest) -> RenderedFrame``, called in the stream thread once
@@ -576,3 +580,48 @@ class GigeDevice:
                 continue
             self._sendto(sock, pkt, dest)
         self.frames_sent += 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Serve one simulated camera until SIGINT or SIGTERM: ``python -m cellcal.sim.gige_device
+    --address 127.0.0.2`` (a process of its own, reached through GigE Vision like a camera)."""
+    import argparse
+    import signal
+
+    p = argparse.ArgumentParser(prog="python -m cellcal.sim.gige_device", description=main.__doc__)
+    p.add_argument("--address", required=True, help="IPv4 address to serve on (a loopback address in tests)")
+    p.add_argument("--port", type=int, default=gc.GVCP_PORT, help="GVCP port (default 3956)")
+    p.add_argument("--serial", default="SIM0001")
+    p.add_argument("--sensor", default="640x480", help="WIDTHxHEIGHT in pixels")
+    p.add_argument("--fps", type=float, default=20.0, help="free-running frame rate (Hz)")
+    p.add_argument("--exposure-s", type=float, default=0.005)
+    p.add_argument("--gain-db", type=float, default=0.0)
+    p.add_argument("--packet-size", type=int, default=1400, help="GVSP packet size (bytes, with IP and UDP)")
+    p.add_argument("--tick-hz", type=int, default=125_000_000, help="device timestamp ticks per second")
+    p.add_argument("--clock-offset-s", type=float, default=1000.0)
+    p.add_argument("--clock-drift-ppm", type=float, default=0.0)
+    p.add_argument("--plain-xml", action="store_true", help="serve the GenICam XML unzipped")
+    args = p.parse_args(argv)
+    try:
+        w, h = (int(v) for v in args.sensor.lower().split("x"))
+    except ValueError:
+        p.error(f"--sensor {args.sensor!r}: expected WIDTHxHEIGHT")
+    clock = DeviceClock(args.tick_hz, offset_s=args.clock_offset_s, drift_ppm=args.clock_drift_ppm)
+    dev = GigeDevice(args.address, args.port, clock=clock, serial=args.serial, sensor=(w, h), frame_rate_hz=args.fps,
+                     exposure_s=args.exposure_s, gain_db=args.gain_db, packet_size=args.packet_size,
+                     zip_xml=not args.plain_xml)
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    dev.start()
+    print(f"serving {args.address}:{args.port}", flush=True)
+    try:
+        while not done.wait(0.5):
+            pass
+    finally:
+        dev.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

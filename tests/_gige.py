@@ -58,6 +58,35 @@ def start_sim(**kwargs) -> GigeDevice:
     raise AssertionError(f"no free loopback address for a simulated camera ({last})")
 
 
+@contextlib.contextmanager
+def sim_process(*args: str):
+    """``python -m cellcal.sim.gige_device`` in a process of its own on a free loopback
+    address of this worker; yields the address, and stops the process on exit."""
+    import sys
+
+    for address in loopback_candidates():
+        proc = subprocess.Popen([sys.executable, "-m", "cellcal.sim.gige_device", "--address", address, *args],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # "serving ..." once bound, nothing if it exited
+        if line.startswith("serving"):
+            break
+        proc.wait(timeout=10)
+        if "Address already in use" not in (proc.stderr.read() if proc.stderr else ""):
+            raise AssertionError(f"the simulated camera did not start on {address}: {line!r}")
+    else:
+        raise AssertionError("no free loopback address for a simulated camera process")
+    try:
+        yield address
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
 def _port_free(address: str, port: int) -> bool:
     s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     try:

@@ -18,7 +18,7 @@ import sys
 import textwrap
 
 import pytest
-from _gige import find_tool, start_sim
+from _gige import find_tool, sim_process, start_sim
 
 from cellcal.sim.gige_device import DEVICE_REGS
 
@@ -117,6 +117,18 @@ def test_arv_camera_test_reads_our_chunk_data():
     assert len(exposures) >= 5 and len(gains) == len(exposures), out
     assert {float(x) for x in exposures} == {2500.0} and {float(g) for g in gains} == {1.5}
     assert re.search(r"n_size_mismatch_errors = 0", out)  # PayloadSize counts the chunks
+
+
+def test_the_simulated_camera_as_a_process_of_its_own():
+    from cellcal.drivers.camera import connect_camera
+
+    with sim_process("--serial", "SIMPROC1", "--sensor", "80x60", "--clock-drift-ppm", "150") as address:
+        with connect_camera(f"gige://{address}") as cam:
+            assert cam.info().serial == "SIMPROC1" and cam.clock_source == "latch"
+            f = cam.grab(timeout_s=5.0)
+            assert (f.width, f.height) == (80, 60) and f.tick_frequency_hz == 125e6
+        values = controls(run([find_tool("arv-tool-0.8"), "-a", address, "control", "DeviceSerialNumber"]))
+        assert values["DeviceSerialNumber"] == "SIMPROC1"
 
 
 def test_our_driver_sends_to_the_device_only(tmp_path):
