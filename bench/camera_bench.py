@@ -35,7 +35,7 @@ from bench._common import git_state  # noqa: E402
 from bench._results import machine_line, write_section  # noqa: E402
 from cellcal.drivers import gige_codec as gc  # noqa: E402
 from cellcal.drivers.camera import connect_camera  # noqa: E402
-from cellcal.drivers.gige import GvcpClient  # noqa: E402
+from cellcal.drivers.gige_link import GvcpClient  # noqa: E402
 from cellcal.sim.gige_device import DeviceClock, FrameRequest, GigeDevice, RenderedFrame, TestPatternSource  # noqa: E402
 
 SECONDS = 4.0

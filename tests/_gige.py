@@ -20,7 +20,7 @@ from collections.abc import Iterator
 import pytest
 
 from cellcal.drivers import gige_codec as gc
-from cellcal.drivers.gige import GvcpClient
+from cellcal.drivers.gige_link import GvcpClient
 from cellcal.sim.gige_device import GigeDevice
 
 TOOL_PATH = os.pathsep.join([os.environ.get("PATH", ""), "/usr/bin", "/bin"])

@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from cellcal.drivers import gige_codec as gc
-from cellcal.drivers.gige import FrameAssembler
+from cellcal.drivers.gige_link import FrameAssembler
 
 # -- GVCP -------------------------------------------------------------------------------------
 

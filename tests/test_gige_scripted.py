@@ -16,7 +16,7 @@ import pytest
 from cellcal.drivers import gige_codec as gc
 from cellcal.drivers.camera import CameraDeviceError, CameraTimeoutError, connect_camera, parse_camera_url
 from cellcal.drivers.errors import DeviceGoneError, DriverInitError
-from cellcal.drivers.gige import GvcpClient
+from cellcal.drivers.gige_link import GvcpClient
 
 
 class ScriptedDevice:
