@@ -417,19 +417,26 @@ class GigeDevice:
                 continue
             except OSError:
                 return
-            try:
-                cmd = gc.decode_cmd(data)
-            except gc.GigeProtocolError as exc:
-                log.debug("simulated camera: bad GVCP datagram from %s: %s", sender, exc)
-                if len(data) >= 8 and data[0] == gc.GVCP_KEY and data[1] & gc.FLAG_ACK_REQUIRED:
-                    req_id = struct.unpack_from(">H", data, 6)[0] or 1
-                    code = struct.unpack_from(">H", data, 2)[0]
-                    self._sendto(sock, gc.encode_ack(gc.StatusAck(req_id, gc.Status.NOT_IMPLEMENTED, code + 1)), sender)
-                continue
-            with self._lock:
-                reply = self._handle(cmd, sender)
-            if reply is not None and cmd.flags & gc.FLAG_ACK_REQUIRED:
+            reply = self.answer(data, sender)
+            if reply is not None:
                 self._sendto(sock, reply, sender)
+
+    def answer(self, data: bytes, sender: tuple[str, int]) -> bytes | None:
+        """The device's answer to one GVCP datagram from ``sender`` (None: no answer). Pure
+        of sockets, so garbage can be thrown at it directly: it never raises."""
+        try:
+            cmd = gc.decode_cmd(data)
+        except gc.GigeProtocolError as exc:
+            log.debug("simulated camera: bad GVCP datagram from %s: %s", sender, exc)
+            if len(data) >= 8 and data[0] == gc.GVCP_KEY and data[1] & gc.FLAG_ACK_REQUIRED:
+                # a command we do not decode (PACKETRESEND, FORCEIP...): say so, to its id
+                req_id = struct.unpack_from(">H", data, 6)[0] or 1
+                answer_code = (struct.unpack_from(">H", data, 2)[0] + 1) & 0xFFFF
+                return gc.encode_ack(gc.StatusAck(req_id, gc.Status.NOT_IMPLEMENTED, answer_code))
+            return None
+        with self._lock:
+            reply = self._handle(cmd, sender)
+        return reply if cmd.flags & gc.FLAG_ACK_REQUIRED else None
 
     def _check_heartbeat(self) -> None:
         with self._lock:

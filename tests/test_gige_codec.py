@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from cellcal.drivers import gige_codec as gc
 from cellcal.drivers.gige_link import FrameAssembler
+from cellcal.sim.gige_device import GigeDevice
 
 # -- GVCP -------------------------------------------------------------------------------------
 
@@ -124,6 +125,45 @@ def test_damaged_packets_decode_or_raise_protocol_errors(rec, pos, byte):
         "ReadRegCmd", "WriteRegCmd", "ReadMemCmd", "WriteMemCmd", "DiscoveryCmd", "ReadRegAck", "WriteRegAck",
         "ReadMemAck", "WriteMemAck", "PendingAck", "StatusAck",
     }
+
+
+# -- the simulated device's answers ---------------------------------------------------------------
+
+_ADDR = st.one_of(st.sampled_from([int(r) for r in gc.Reg] + [0x10000 + 4 * i for i in range(24)] + [0x100000]),
+                  st.integers(0, 2**32 - 1))
+_CMD = st.one_of(
+    st.builds(gc.ReadRegCmd, st.integers(1, 65535), st.lists(_ADDR.map(lambda a: a & ~3), min_size=1, max_size=8)
+              .map(tuple)),
+    st.builds(gc.WriteRegCmd, st.integers(1, 65535),
+              st.lists(st.tuples(_ADDR.map(lambda a: a & ~3), st.integers(0, 2**32 - 1)), min_size=1, max_size=4)
+              .map(tuple)),
+    st.builds(gc.ReadMemCmd, st.integers(1, 65535), _ADDR.map(lambda a: a & ~3), st.integers(1, 128).map(lambda n: 4 * n)),
+    st.builds(gc.WriteMemCmd, st.integers(1, 65535), _ADDR.map(lambda a: a & ~3),
+              st.binary(min_size=1, max_size=16).map(lambda b: b.ljust(-(-len(b) // 4) * 4, b"\0"))),
+)
+
+
+@given(st.lists(st.one_of(_CMD.map(gc.encode_cmd), st.binary(max_size=64)), max_size=20),
+       st.sampled_from([("127.0.0.1", 5000), ("127.0.0.1", 5001)]))
+def test_the_simulated_device_answers_anything_without_failing(datagrams, sender):
+    dev = GigeDevice("127.0.0.2")  # no sockets: answer() is the device's whole GVCP logic
+    for data in datagrams:
+        reply = dev.answer(data, sender)
+        if reply is not None:
+            ack = gc.decode_ack(reply)  # whatever it says, it says it in GVCP
+            assert ack.ack_id == (struct.unpack_from(">H", data, 6)[0] or 1)
+
+
+def test_the_simulated_device_refuses_writes_from_a_second_application():
+    dev = GigeDevice("127.0.0.2")
+    a, b = ("127.0.0.1", 5000), ("127.0.0.1", 5001)
+    take = gc.encode_cmd(gc.WriteRegCmd(1, ((gc.Reg.CCP, gc.CCP_CONTROL),)))
+    assert gc.decode_ack(dev.answer(take, a)) == gc.WriteRegAck(1, 0, 1)
+    assert gc.decode_ack(dev.answer(take, b)).status == gc.Status.ACCESS_DENIED
+    read = gc.encode_cmd(gc.ReadRegCmd(2, (gc.Reg.CCP,)))
+    assert gc.decode_ack(dev.answer(read, b)) == gc.ReadRegAck(2, 0, (gc.CCP_CONTROL,))  # reads are answered
+    unknown = bytes.fromhex("42 01 FFFF 0000 0003")
+    assert gc.decode_ack(dev.answer(unknown, a)) == gc.StatusAck(3, gc.Status.NOT_IMPLEMENTED, 0)
 
 
 # -- GVSP -------------------------------------------------------------------------------------
