@@ -594,6 +594,7 @@ def main(argv: list[str] | None = None) -> int:
     --address 127.0.0.2`` (a process of its own, reached through GigE Vision like a camera)."""
     import argparse
     import signal
+    import sys
 
     p = argparse.ArgumentParser(prog="python -m cellcal.sim.gige_device", description=main.__doc__)
     p.add_argument("--address", required=True, help="IPv4 address to serve on (a loopback address in tests)")
@@ -613,14 +614,21 @@ def main(argv: list[str] | None = None) -> int:
         w, h = (int(v) for v in args.sensor.lower().split("x"))
     except ValueError:
         p.error(f"--sensor {args.sensor!r}: expected WIDTHxHEIGHT")
-    clock = DeviceClock(args.tick_hz, offset_s=args.clock_offset_s, drift_ppm=args.clock_drift_ppm)
-    dev = GigeDevice(args.address, args.port, clock=clock, serial=args.serial, sensor=(w, h), frame_rate_hz=args.fps,
-                     exposure_s=args.exposure_s, gain_db=args.gain_db, packet_size=args.packet_size,
-                     zip_xml=not args.plain_xml)
+    try:
+        clock = DeviceClock(args.tick_hz, offset_s=args.clock_offset_s, drift_ppm=args.clock_drift_ppm)
+        dev = GigeDevice(args.address, args.port, clock=clock, serial=args.serial, sensor=(w, h),
+                         frame_rate_hz=args.fps, exposure_s=args.exposure_s, gain_db=args.gain_db,
+                         packet_size=args.packet_size, zip_xml=not args.plain_xml)
+    except (SimError, ValueError) as exc:
+        p.error(str(exc))
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    dev.start()
+    try:
+        dev.start()
+    except OSError as exc:
+        print(f"cannot serve on {args.address}:{args.port}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     print(f"serving {args.address}:{args.port}", flush=True)
     try:
         while not done.wait(0.5):
