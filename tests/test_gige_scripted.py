@@ -191,3 +191,22 @@ def test_urls_and_options():
         connect_camera("gige://127.0.0.5?heartbeat=1")
     with pytest.raises(ValueError, match="clock"):
         connect_camera("gige://127.0.0.5", clock="ntp")
+
+
+def test_camera_backends_are_lazy_and_name_themselves():
+    import subprocess
+    import sys
+
+    from cellcal.drivers.base import load_backend
+    from cellcal.drivers.camera import BACKENDS, CameraDriver
+
+    code = ("import sys, cellcal.drivers.camera;"
+            "assert not {'cv2', 'cellcal.drivers.gige', 'cellcal.drivers.gige_link', 'cellcal.drivers.genicam',"
+            " 'cellcal.drivers.camera_dir'} & set(sys.modules), sorted(sys.modules)")
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=60)
+    for name, spec in BACKENDS.items():
+        assert isinstance(spec, str) and ":" in spec
+        cls = load_backend(BACKENDS, name, "camera URL scheme")
+        assert issubclass(cls, CameraDriver) and cls.backend == name
+    with pytest.raises(ValueError, match="gige"):
+        load_backend(BACKENDS, "usb3", "camera URL scheme")
