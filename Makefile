@@ -14,10 +14,11 @@ PYTEST := $(PY) -m pytest -q -n 3 --dist loadfile
 OS_PACKAGES := systemd g++ libzmq3-dev cppzmq-dev libmsgpack-cxx-dev
 # Headless Chromium renders the HTML report in tests/test_report_html.py.
 OS_PACKAGES += chromium-headless-shell
-# Aravis's fake GigE Vision camera and its command-line tools are the independent peers of the
-# camera tests (tests/test_gige_aravis.py, tests/test_gige_sim_peers.py); strace shows where
-# every datagram of theirs and ours goes (ADR 0020).
-OS_PACKAGES += aravis-tools aravis-tools-cli strace
+# Aravis's fake GigE Vision camera, its command-line tools and its GObject binding (through the
+# system Python) are the independent peers of the camera tests (tests/test_gige_aravis.py,
+# tests/test_gige_sim_peers.py); strace shows where every datagram of theirs and ours goes
+# (ADR 0020).
+OS_PACKAGES += aravis-tools aravis-tools-cli gir1.2-aravis-0.8 python3-gi strace
 
 .PHONY: demo test test-stress os-deps lint bench bench-figaroh clean
 

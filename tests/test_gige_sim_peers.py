@@ -1,8 +1,9 @@
 """Aravis's own tools against our simulated camera, and where every datagram goes.
 
 ``arv-tool-0.8 -a <address>`` reads and writes features through our GenICam XML (zipped and
-plain), ``arv-camera-test-0.8 -n <address>`` acquires frames from our stream: the check the
-other way round from our driver against Aravis's fake camera. Both run under ``strace``, as
+plain), ``arv-camera-test-0.8 -n <address>`` acquires frames and reads their chunk data, and
+Aravis's GObject binding (through the system Python) reads our leader timestamps with our
+tick frequency: the check the other way round from our driver against Aravis's fake camera. Both run under ``strace``, as
 does our own driver in a subprocess: every ``connect``/``sendto``/``sendmsg`` destination of
 every process must be in 127.0.0.0/8 (no broadcast discovery, no other address), and the
 simulated camera's own sends are checked the same way.
@@ -11,6 +12,7 @@ simulated camera's own sends are checked the same way.
 from __future__ import annotations
 
 import ipaddress
+import os
 import re
 import struct
 import subprocess
@@ -129,6 +131,67 @@ def test_the_simulated_camera_as_a_process_of_its_own():
             assert (f.width, f.height) == (80, 60) and f.tick_frequency_hz == 125e6
         values = controls(run([find_tool("arv-tool-0.8"), "-a", address, "control", "DeviceSerialNumber"]))
         assert values["DeviceSerialNumber"] == "SIMPROC1"
+
+
+ARAVIS_GI = textwrap.dedent("""
+    import json, sys
+    import gi
+    gi.require_version("Aravis", "0.8")
+    from gi.repository import Aravis
+    cam = Aravis.Camera.new(sys.argv[1])  # an address: opened without discovery
+    stream = cam.create_stream(None, None)
+    for _ in range(4):
+        stream.push_buffer(Aravis.Buffer.new_allocate(cam.get_payload()))
+    cam.start_acquisition()
+    frames = []
+    for _ in range(4):
+        buf = stream.timeout_pop_buffer(5_000_000)
+        if buf is not None and buf.get_status() == Aravis.BufferStatus.SUCCESS:
+            frames.append([buf.get_frame_id(), buf.get_timestamp(), buf.get_image_width(), bytes(buf.get_data()[:8]).hex()])
+        if buf is not None:
+            stream.push_buffer(buf)
+    cam.stop_acquisition()
+    print(json.dumps({"tick": cam.get_device().get_integer_feature_value("GevTimestampTickFrequency"),
+                      "frames": frames}))
+""")
+
+
+def system_python_with_aravis() -> str:
+    """Debian's own Python, which has Aravis's binding (the project's venv Python has no ``gi``)."""
+    exe = "/usr/bin/python3"
+    probe = subprocess.run([exe, "-c", "import gi; gi.require_version('Aravis', '0.8'); from gi.repository import Aravis"],
+                           capture_output=True, text=True, timeout=60) if os.path.exists(exe) else None
+    if probe is None or probe.returncode != 0:
+        pytest.fail("Aravis's GObject binding is not importable by the system Python (Debian packages python3-gi, "
+                    f"gir1.2-aravis-0.8): run `make os-deps`\n{probe.stderr if probe else exe + ' is missing'}")
+    return exe
+
+
+def test_aravis_binding_reads_our_timestamps_at_exposure_start():
+    import json
+
+    from cellcal.sim.gige_device import DeviceClock, FrameRequest, RenderedFrame, TestPatternSource
+
+    exe = system_python_with_aravis()
+    starts: dict[int, int] = {}
+
+    class Recording(TestPatternSource):
+        def frame(self, request: FrameRequest) -> RenderedFrame:
+            starts[request.index] = request.t_start_ns
+            return super().frame(request)
+
+    clock = DeviceClock(125_000_000, offset_s=5000.0, drift_ppm=80.0)
+    dev = start_sim(source=Recording(), clock=clock, sensor=(64, 48), frame_rate_hz=20.0)
+    try:
+        out = json.loads(run([exe, "-c", ARAVIS_GI, dev.address]).strip().splitlines()[-1])
+    finally:
+        dev.stop()
+    assert out["tick"] == 125_000_000 and len(out["frames"]) >= 3
+    for frame_id, ts_ns, width, head in out["frames"]:
+        # Aravis turns our leader's ticks into ns with our tick frequency: the device clock
+        # at the start of that frame's exposure, to the tick (8 ns)
+        assert abs(ts_ns - clock.seconds(starts[frame_id - 1]) * 1e9) <= 8
+        assert width == 64 and head == bytes((x + frame_id - 1) % 256 for x in range(8)).hex()
 
 
 def test_our_driver_sends_to_the_device_only(tmp_path):
