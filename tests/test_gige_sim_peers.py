@@ -167,7 +167,7 @@ def system_python_with_aravis() -> str:
     return exe
 
 
-def test_aravis_binding_reads_our_timestamps_at_exposure_start():
+def test_aravis_binding_reads_our_timestamps_at_exposure_start(tmp_path):
     import json
 
     from cellcal.sim.gige_device import DeviceClock, FrameRequest, RenderedFrame, TestPatternSource
@@ -183,7 +183,9 @@ def test_aravis_binding_reads_our_timestamps_at_exposure_start():
     clock = DeviceClock(125_000_000, offset_s=5000.0, drift_ppm=80.0)
     dev = start_sim(source=Recording(), clock=clock, sensor=(64, 48), frame_rate_hz=20.0)
     try:
-        out = json.loads(run([exe, "-c", ARAVIS_GI, dev.address]).strip().splitlines()[-1])
+        text, dests = traced([exe, "-c", ARAVIS_GI, dev.address], tmp_path)
+        out = json.loads(next(line for line in text.splitlines() if line.startswith("{")))
+        assert_loopback_only(dests, dev.address)
     finally:
         dev.stop()
     assert out["tick"] == 125_000_000 and len(out["frames"]) >= 3
