@@ -17,6 +17,11 @@ OS_PACKAGES += chromium-headless-shell
 # The plant interfaces' peers (tests/test_plant_mqtt.py, tests/test_plant_metrics.py): a real
 # MQTT broker and a real Prometheus server, started by the tests on 127.0.0.1.
 OS_PACKAGES += mosquitto prometheus
+# Aravis's fake GigE Vision camera, its command-line tools and its GObject binding (through the
+# system Python) are the independent peers of the camera tests (tests/test_gige_aravis.py,
+# tests/test_gige_sim_peers.py); strace shows where every datagram of theirs and ours goes
+# (ADR 0020).
+OS_PACKAGES += aravis-tools aravis-tools-cli gir1.2-aravis-0.8 python3-gi strace
 
 .PHONY: demo test test-stress os-deps lint bench bench-figaroh clean
 

@@ -19,6 +19,11 @@ _LAZY = {
     "RobotDriver": "cellcal.drivers.robot",
     "RobotState": "cellcal.drivers.robot",
     "RobotMode": "cellcal.drivers.robot",
+    "connect_camera": "cellcal.drivers.camera",
+    "parse_camera_url": "cellcal.drivers.camera",
+    "CameraDriver": "cellcal.drivers.camera",
+    "CameraInfo": "cellcal.drivers.camera",
+    "Frame": "cellcal.drivers.camera",
 }
 
 __all__ = sorted(_LAZY)

@@ -29,10 +29,12 @@ second base, so callers that catch it keep working (every timeout is also a
     |   |   +-- RecipeFieldNotFound      drivers.ur_rtde: the controller lacks an RTDE field
     |   +-- DriverTimeoutError (TimeoutError)   no (complete) answer in time
     |   |   +-- TrackerTimeoutError      drivers.tracker
+    |   |   +-- CameraTimeoutError       drivers.camera: no (complete) frame or GVCP answer in time
     |   +-- ProtocolError                bytes that do not form a valid message
     |   |   +-- TrackerProtocolError     drivers.tracker_codec: one bad frame, with its fault
     |   |   +-- TpiProtocolError         drivers.emscon_codec: one bad emScon packet or skipped run
     |   |   +-- GeocomProtocolError      drivers.geocom_codec: one bad GeoCOM line
+    |   |   +-- GigeProtocolError        drivers.gige_codec: one bad GVCP or GVSP packet
     |   +-- DeviceGoneError              the link dropped (port closed, socket reset, bus silent)
     |   |   +-- TrackerGoneError         drivers.tracker
     |   |   +-- HeartbeatLost            drivers.canopen402: a drive stopped beating
@@ -45,6 +47,13 @@ second base, so callers that catch it keep working (every timeout is also a
     |   |           OutOfRangeError, TrackerBusyError, MeasurementAbortedError,
     |   |           RequestRejectedError, NotInitializedError
     |   |           (NoStationaryResultError is a NotStableError: emScon's stationary fail)
+    |   |   +-- CameraDeviceError        drivers.camera: a GVCP refusal, ``code`` its status
+    |   +-- FeatureUnavailableError      drivers.camera: no such feature, or it cannot change
+    |   +-- GenicamError                 drivers.genicam: the node map cannot be read
+    |   |   +-- FeatureNotFoundError (KeyError)  no feature of that name
+    |   |   +-- FeatureUnsupportedError  a node this reader does not interpret (named)
+    |   |   +-- FeatureAccessError       writing a read-only or reading a write-only feature
+    |   +-- RecordingExhausted           drivers.camera_dir: every recorded frame replayed
     |   +-- ClockNotReady (RuntimeError) drivers.clock: a clock mapping asked of a model
     |                                    that has no sample yet
     +-- UnreachablePose (ValueError)     drivers.kinematics: no joint vector reaches the pose
