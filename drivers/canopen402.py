@@ -2032,6 +2032,8 @@ class Cia402Driver(RobotDriver):
                 raise watch.error
             if watch.complete_ns:
                 return
+            if watch.stopped_ns:
+                raise DeviceError(f"{self!r}: the move was stopped before it completed", "STOPPED")
             if left:
                 raise DeviceError(f"{self!r}: node(s) {left} left OPERATION ENABLED during the move", "DISABLED")
             remaining = remaining_s(deadline)
@@ -2043,7 +2045,8 @@ class Cia402Driver(RobotDriver):
                 raise ProtectiveStop(f"{self!r}: quick stop during the move")
             if s.seq == seq:
                 with self._lock:
-                    if self._watch is watch and not (watch.fault or watch.error or watch.complete_ns):
+                    if self._watch is watch and not (watch.fault or watch.error or watch.complete_ns
+                                                     or watch.stopped_ns):
                         self._lock.wait(self.opts["sync_period_ms"] * 1e-3)
                 continue
             seq = s.seq
@@ -2066,6 +2069,9 @@ class Cia402Driver(RobotDriver):
     def _stop_internal(self) -> None:
         with self._lock:
             commanded = [n for n in self.nodes if n in self._commanded]
+            if self._watch is not None:
+                self._watch.stop(time.monotonic_ns())
+                self._lock.notify_all()
         if self.opts["enable"] == "never":
             log.info("%r: stop: enable=never, cellcal commands no drive", self)
             return

@@ -233,11 +233,18 @@ class MoveWatch:
         self.fault: FaultSeen | None = None
         self.error: MoveVerificationError | None = None
         self.complete_ns = 0
+        self.stopped_ns = 0
         self.samples = 0
         self.last_counts = self.start.copy()
         self.held = np.zeros(n, dtype=bool)
 
     # -- inputs ----------------------------------------------------------------------------
+    def stop(self, t_ns: int) -> None:
+        """The move was halted at ``t_ns``: from now on its target is not reached and the
+        rules no longer apply (a halted joint stands short of its target by design)."""
+        if not self.stopped_ns:
+            self.stopped_ns = int(t_ns)
+
     def note_statusword(self, node_id: int, statusword: int, t_ns: int) -> None:
         """Any statusword of node ``node_id`` received at ``t_ns`` (a TPDO, an SDO read)."""
         if self.fault is None and statusword & _SW_FAULT and node_id in self.nodes:
@@ -261,14 +268,14 @@ class MoveWatch:
         bit10 = (sws & _SW_TARGET_REACHED) != 0
         after = t_ns > self.acked_ns
         cmd = np.asarray(commanded, dtype=bool)
-        if after and self.error is None:
+        if after and self.error is None and not self.stopped_ns:
             # only joints still executing the set-point are judged (one that left OPERATION
             # ENABLED is the driver's to report)
             self._moved |= np.abs(counts - self.start) > self.window
             self._check_mismatch(t_ns, counts, err, inside | ~cmd, bit10 & cmd)
             if self.error is None:
                 self._check_stall(t_ns, counts, err, inside | ~cmd, bit10)
-        reached = bool(after and self.fault is None and self.error is None and np.any(cmd)
+        reached = bool(after and self.fault is None and self.error is None and not self.stopped_ns and np.any(cmd)
                        and np.all((self.held & bit10)[cmd]))
         if reached and not self.complete_ns:
             self.complete_ns = int(t_ns)
@@ -339,6 +346,7 @@ class MoveWatch:
             "held": [bool(x) for x in self.held],
             "samples": self.samples,
             "complete": bool(self.complete_ns),
+            "stopped": bool(self.stopped_ns),
             "fault": None if self.fault is None else {"node": self.fault.node_id, "joint": self.fault.joint,
                                                       "statusword": self.fault.statusword},
             "error": None if self.error is None else {"code": self.error.code, "node": self.error.node_id,

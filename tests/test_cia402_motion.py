@@ -170,3 +170,12 @@ def test_the_plan_progress_runs_from_0_to_1_without_going_back(dq, v, a, d):
     # the peak rate of the normalised profile is the plan's: joint 1's speed over its distance
     rate = np.max(np.diff(s) / np.diff(ts))
     assert rate == pytest.approx(plan.speed_rad_s[0] / dq, rel=0.02)
+
+
+def test_a_halted_move_is_not_reached_and_not_judged():
+    w = watch()
+    feed(w, 300, (3_000, 6_000))
+    w.stop(ACK + 310 * MS)
+    for t in range(320, 2000, 10):  # halted short; the drive reports its halt as reached
+        assert not feed(w, t, (3_100, 6_200), (OE_REACHED, OE_REACHED))
+    assert w.error is None and w.report()["stopped"] and not w.report()["complete"]
