@@ -1502,8 +1502,7 @@ class Cia402Driver(RobotDriver):
         self.emergencies.append((node, code, register))
         if code:
             with self._lock:
-                self._emcy_since_move[node] = code
-        if code:
+                self._emcy_since_move[node] = code  # named in a fault during the move
             log.warning("%r: node %d EMCY: error code 0x%04X, error register 0x%02X", self, node, code, register)
         else:
             log.info("%r: node %d EMCY: error reset", self, node)
