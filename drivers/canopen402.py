@@ -18,7 +18,8 @@ writes at open in order, and every URL key; ADR 0011 says why the defaults are w
   them (:mod:`cellcal.drivers.cia402_units`); with ``homing_required`` read the homing
   state; set up sampling (remap TPDO1 to 0x6064 + 0x6041 on SYNC and disable TPDO2-4, or
   with ``remap_pdos=false`` use the drive's own mapping); write the position window if
-  configured; NMT start.
+  configured, then read back every drive's window 0x6067 / 0x6068 (:attr:`Cia402Driver.windows`);
+  NMT start.
 * **Supervision**: a drive with heartbeats is lost when silent for
   ``heartbeat_timeout_factor`` periods; a drive without (0x1017 = 0 and no ``heartbeat_ms``)
   is supervised by SDO: polled (statusword) whenever nothing was heard from it for
@@ -36,14 +37,29 @@ writes at open in order, and every URL key; ADR 0011 says why the defaults are w
   synchronised trapezoid (every joint arrives together) and write profile velocity 0x6081,
   acceleration 0x6083 and deceleration 0x6084 in the drive's units, never above the
   configured limits; write 0x607A, raise new-set-point and poll the set-point acknowledge
-  (statusword bit 12) until ``setpoint_timeout_s``; wait for target reached (bit 10).
+  (statusword bit 12) until ``setpoint_timeout_s``; wait until the move is *verified*
+  (:mod:`cellcal.drivers.cia402_motion`): every joint's actual position 0x6064 inside its
+  position window of the target for the window time, with target reached (bit 10) -- bit 10
+  alone never completes a move. Bit 10 outside the window for ``target_mismatch_s`` raises
+  :class:`TargetMismatch`, a commanded joint that stays put :class:`JointNotMoving`, and
+  FAULT in any statusword :class:`DriveFaultDuringMove`; each halts the drives first.
+  ``RobotState.target_reached`` is that verdict (a fault seen keeps it ``False`` until the
+  next move).
+* **Link**: an SLCAN adapter is read through :class:`~cellcal.drivers.can_link.SlcanLinkBus`:
+  garbled and unknown lines are counted (:attr:`Cia402Driver.link_stats`) and dropped.
+  ``sync_fail_limit`` SYNC sends failing in a row, or python-can's receive thread ending
+  (the port failed), make :meth:`read_state` raise :class:`CanLinkLost`; SYNC failures are
+  logged at most 3 times per 10 s.
 * **Observe**: for drives cellcal does not command (``enable=never``, or not moved yet, or
   no longer OPERATION ENABLED) ``RobotState.target_reached`` is ``None``, so settling is
   judged from positions and velocities alone.
 * **Errors**: SDO aborts raise :class:`SdoAbortError` with the 32-bit abort code; quick
   stop :class:`~cellcal.drivers.robot.ProtectiveStop`; a drive fault, a refused or
   unacknowledged set-point, an unhomed joint with ``homing_required`` a
-  :class:`~cellcal.drivers.errors.DeviceError` with its ``code``.
+  :class:`~cellcal.drivers.errors.DeviceError` with its ``code`` (``TARGET_MISMATCH``,
+  ``JOINT_NOT_MOVING``, ``FAULT``, ``SETPOINT``, ``NOT_HOMED``, ...); a failed link a
+  :class:`~cellcal.drivers.errors.DeviceGoneError` (:class:`HeartbeatLost`,
+  :class:`NodeRebooted`, :class:`CanLinkLost`).
 """
 
 from __future__ import annotations
@@ -63,6 +79,16 @@ import numpy as np
 from canopen.sdo.exceptions import SdoAbortedError, SdoCommunicationError
 
 from cellcal.drivers.base import remaining_s
+from cellcal.drivers.can_link import CanLinkLost, LinkStats, RateLimitedLog, make_bus
+from cellcal.drivers.cia402_motion import (
+    DriveFaultDuringMove,
+    JointNotMoving,
+    MoveVerificationError,
+    MoveWatch,
+    PositionWindow,
+    TargetMismatch,
+    resolve_window,
+)
 from cellcal.drivers.cia402_units import (
     ACCEL_UNITS,
     VELOCITY_UNITS,
@@ -107,6 +133,11 @@ __all__ = [
     "SdoAbortError",
     "HeartbeatLost",
     "NodeRebooted",
+    "CanLinkLost",
+    "TargetMismatch",
+    "JointNotMoving",
+    "MoveVerificationError",
+    "DriveFaultDuringMove",
     "Od",
     "Statusword",
     "Controlword",
@@ -643,6 +674,9 @@ OPTIONS: dict[str, OptionSpec] = {
     "sdo_timeout_s": OptionSpec(opt_float(positive=True), 0.5, "per SDO response"),
     "position_window_counts": OptionSpec(opt_int(-1, 2**32 - 1), -1, "write 0x6067 (-1: keep)"),
     "position_window_time_ms": OptionSpec(opt_int(-1, 65535), -1, "write 0x6068 (-1: keep)"),
+    "target_mismatch_s": OptionSpec(opt_float(0.01, 10.0), 0.2, "bit 10 set outside the window this long: fault"),
+    "stall_timeout_s": OptionSpec(opt_float(0.05, 60.0), 0.5, "a commanded joint still this long: not moving"),
+    "sync_fail_limit": OptionSpec(opt_int(1, 10000), 10, "SYNC sends failing in a row: link fault"),
     "max_joint_speed_rad_s": OptionSpec(_POSITIVE6, np.full(N_JOINTS, 1.05), "joint speed at speed=1"),
     "max_joint_accel_rad_s2": OptionSpec(_POSITIVE6, np.full(N_JOINTS, 1.4), "joint acceleration at speed=1"),
     "max_joint_decel_rad_s2": OptionSpec(lambda v: None if v is None else _POSITIVE6(v), None,
@@ -773,6 +807,19 @@ class Cia402Driver(RobotDriver):
         self._sdo_velocity: bool | None = None  # does the drive have 0x606C?
         self._use_drive_velocity = np.zeros(N_JOINTS, dtype=bool)
         self._hb_logged = False
+        #: what the receive path saw (frames, garbled and unknown lines dropped)
+        self.link_stats = LinkStats()
+        self._link_fault: CanLinkLost | None = None
+        self._link_logged = False
+        #: SYNC frames that could not be sent (all of them; in a row: the link fault)
+        self.sync_send_failures = 0
+        self._sync_failures_in_row = 0
+        self._sync_log = RateLimitedLog(log, logging.WARNING, interval_s=10.0, burst=3)
+        #: each drive's position window the moves are judged with (joint order), after open
+        self.windows: tuple[PositionWindow, ...] = ()
+        self._watch: MoveWatch | None = None
+        self._last_counts: np.ndarray | None = None
+        self._emcy_since_move: dict[int, int] = {}
         #: SYNC cycles given up without a complete vector (all of them / those with some frames)
         self.abandoned_cycles = 0
         self.incomplete_cycles = 0
@@ -835,7 +882,8 @@ class Cia402Driver(RobotDriver):
 
     @property
     def bus_report(self) -> dict[str, Any]:
-        """How the driver uses the bus (sampling, supervision, mapping, units), JSON-ready."""
+        """How the driver uses the bus (sampling, supervision, mapping, units, the position
+        windows moves are judged with, and the link's counters), JSON-ready."""
         return {
             "nmt_master": self.opts["nmt_master"],
             "sync_producer": self.opts["sync_producer"],
@@ -846,6 +894,9 @@ class Cia402Driver(RobotDriver):
                                + ", ".join(f[0] for f in u.fields) for u in uses]
                       for n, uses in self.tpdo_layout.items()},
             "units": [{"velocity": u.velocity_source, "accel": u.accel_source} for u in self.units],
+            "windows": [w.as_dict() for w in self.windows],
+            "link": {**self.link_stats.as_dict(), "sync_send_failures": self.sync_send_failures,
+                     "fault": None if self._link_fault is None else str(self._link_fault)},
         }
 
     # -- SDO helpers ---------------------------------------------------------------------
@@ -863,6 +914,8 @@ class Cia402Driver(RobotDriver):
                 raise DriverTimeoutError(
                     f"node {node_id}: SDO read 0x{index:04X}:{subindex:02X}: {exc}"
                 ) from exc
+            except Exception as exc:
+                raise self._sdo_link_error(exc, node_id, index, subindex, "read") from exc
         rt.seen_ns = time.monotonic_ns()
         return data
 
@@ -880,7 +933,25 @@ class Cia402Driver(RobotDriver):
                 raise DriverTimeoutError(
                     f"node {node_id}: SDO write 0x{index:04X}:{subindex:02X}: {exc}"
                 ) from exc
+            except Exception as exc:
+                raise self._sdo_link_error(exc, node_id, index, subindex, "write") from exc
         rt.seen_ns = time.monotonic_ns()
+
+    def _sdo_link_error(self, exc: Exception, node_id: int, index: int, subindex: int, op: str) -> Exception:
+        """What an unexpected exception from an SDO transfer means: the link failed (a send
+        refused by python-can, or canopen re-raising why its receive thread ended), or
+        else a bug, raised as it is."""
+        import can
+
+        link = self._link_check()
+        if link is None and not isinstance(exc, (can.CanError, OSError)):
+            return exc
+        if link is None:
+            self._fail_link(CanLinkLost(f"{self!r}: the CAN link failed: SDO {op} of node {node_id} "
+                                        f"0x{index:04X}:{subindex:02X}: {exc}", cause=str(exc)))
+            link = self._link_fault
+        assert link is not None
+        return CanLinkLost(f"node {node_id}: SDO {op} 0x{index:04X}:{subindex:02X}: {link}", cause=link.cause)
 
     def _read_u8(self, node_id: int, index: int, sub: int = 0) -> int:
         return self.sdo_read(node_id, index, sub)[0]
@@ -923,15 +994,20 @@ class Cia402Driver(RobotDriver):
         import canopen
 
         o = self.opts
-        net = canopen.Network()
-        net.NOTIFIER_CYCLE = 0.05  # bounds how long close() waits for the receive thread
-        bus_kwargs: dict[str, Any] = {"channel": self.channel, "interface": o["interface"]}
+        bus_kwargs: dict[str, Any] = {}
         if o["bitrate"]:
             bus_kwargs["bitrate"] = o["bitrate"]
         if o["receive_own_messages"]:
             bus_kwargs["receive_own_messages"] = True
         if o["sleep_after_open_s"] is not None:
             bus_kwargs["sleep_after_open"] = o["sleep_after_open_s"]
+        try:
+            # an SLCAN link gets a receive path that drops garbled lines (cellcal.drivers.can_link)
+            bus = make_bus(o["interface"], self.channel, self.link_stats, **bus_kwargs)
+        except (can.CanError, OSError, ValueError, ImportError) as exc:
+            raise DriverInitError(f"{self!r}: cannot open the CAN bus: {exc}") from exc
+        net = canopen.Network(bus)
+        net.NOTIFIER_CYCLE = 0.05  # bounds how long close() waits for the receive thread
         for node_id in self.nodes:
             node = canopen.RemoteNode(node_id, build_object_dictionary())
             node.sdo.RESPONSE_TIMEOUT = o["sdo_timeout_s"]
@@ -941,14 +1017,15 @@ class Cia402Driver(RobotDriver):
             net.subscribe(EMCY_COB_BASE + node_id, self._on_emcy)
         net.subscribe(SYNC_COB_ID, self._on_sync_frame)
         try:
-            net.connect(**bus_kwargs)
-        except (can.CanError, OSError, ValueError, ImportError) as exc:
+            net.connect()
+        except (can.CanError, OSError, ValueError) as exc:
+            bus.shutdown()
             raise DriverInitError(f"{self!r}: cannot open the CAN bus: {exc}") from exc
         self.network = net
         try:
             try:
                 self._configure()
-            except (SdoAbortError, DriverTimeoutError) as exc:
+            except (SdoAbortError, DriverTimeoutError, CanLinkLost) as exc:
                 raise DriverInitError(f"{self!r}: configuration failed: {exc}") from exc
             self._start_threads()
             if self.sampling != SAMPLING_SDO and not self._wait_first_sample():
@@ -991,11 +1068,7 @@ class Cia402Driver(RobotDriver):
         # 6. sampling: PDOs
         if o["pdo"] != "off":
             self._setup_pdos()
-        for n in self.nodes:
-            if o["position_window_counts"] >= 0:
-                self._write_u32(n, Od.POSITION_WINDOW, 0, o["position_window_counts"])
-            if o["position_window_time_ms"] >= 0:
-                self.sdo_write(n, Od.POSITION_WINDOW_TIME, 0, struct.pack("<H", o["position_window_time_ms"]))
+        self._setup_windows()
         # 7. operational, confirmed by the next heartbeat of every beating node
         if o["nmt_master"]:
             with self._lock:
@@ -1022,6 +1095,43 @@ class Cia402Driver(RobotDriver):
             now = time.monotonic_ns()
             for rt in self._rt.values():
                 rt.seen_ns = max(rt.seen_ns, now)  # supervision starts now
+
+    def _setup_windows(self) -> None:
+        """Write the configured position windows, then read back what every drive uses: a
+        move is complete only inside them (``cellcal.drivers.cia402_motion``). A drive
+        without 0x6067 / 0x6068 is judged with the configured values, else the fallback."""
+        o = self.opts
+        counts_per_rad = 1.0 / self.scaling.rad_per_count
+        windows = []
+        for j, n in enumerate(self.nodes):
+            for index, key, pack in ((Od.POSITION_WINDOW, "position_window_counts", "<I"),
+                                     (Od.POSITION_WINDOW_TIME, "position_window_time_ms", "<H")):
+                if o[key] < 0:
+                    continue
+                try:
+                    self.sdo_write(n, index, 0, struct.pack(pack, o[key]))
+                except SdoAbortError as exc:
+                    if exc.abort_code != ABORT_OBJECT_MISSING:
+                        raise
+            read_counts = self._try(self._read_u32, n, Od.POSITION_WINDOW, 0)
+            read_ms = self._try(self._read_u16, n, Od.POSITION_WINDOW_TIME, 0)
+            w = resolve_window(read_counts, read_ms, configured_counts=o["position_window_counts"],
+                               configured_time_ms=o["position_window_time_ms"],
+                               counts_per_rad=float(counts_per_rad[j]))
+            windows.append(w)
+            deg = w.counts * abs(math.degrees(float(self.scaling.rad_per_count[j])))
+            if w.source != "drive":
+                lacks = [f"0x6067 {'switched off' if read_counts is not None else 'missing'}"
+                         if read_counts is None or read_counts == 0xFFFFFFFF else "",
+                         "0x6068 missing" if read_ms is None else ""]
+                log.warning("%r: joint %d (node %d): %s: its moves are judged with %d counts (%.3g deg) for "
+                            "%.0f ms (%s); set position_window_counts and position_window_time_ms to the drive's "
+                            "own window", self, j + 1, n, ", ".join(x for x in lacks if x), w.counts, deg,
+                            w.time_s * 1e3, w.source)
+            else:
+                log.info("%r: joint %d (node %d): position window %d counts (%.3g deg) for %.0f ms", self, j + 1, n,
+                         w.counts, deg, w.time_s * 1e3)
+        self.windows = tuple(windows)
 
     def _nmt_command(self, n: int, cmd: NmtCommand) -> None:
         self._remote[n].nmt.send_command(int(cmd))
@@ -1391,6 +1501,8 @@ class Cia402Driver(RobotDriver):
         self._rt[node].seen_ns = time.monotonic_ns()
         self.emergencies.append((node, code, register))
         if code:
+            with self._lock:
+                self._emcy_since_move[node] = code  # named in a fault during the move
             log.warning("%r: node %d EMCY: error code 0x%04X, error register 0x%02X", self, node, code, register)
         else:
             log.info("%r: node %d EMCY: error reset", self, node)
@@ -1428,6 +1540,9 @@ class Cia402Driver(RobotDriver):
             rt = self._rt[node]
             rt.seen_ns = recv_ns
             rt.nmt = NmtState.OPERATIONAL  # CiA 301: only an operational node sends PDOs
+            if self._watch is not None and "statusword" in values:
+                # every statusword, not only those of complete cycles: a fault must not slip by
+                self._watch.note_statusword(node, values["statusword"], recv_ns)
             if self.sampling == SAMPLING_EVENT:
                 self._async.setdefault(node, {}).update(values)
                 self._async_recv[node] = recv_ns
@@ -1495,15 +1610,22 @@ class Cia402Driver(RobotDriver):
             take = self._use_drive_velocity & (np.abs(v_drive) > np.abs(qd))
             qd = np.where(take, v_drive, qd)
         self._statuswords = sws
+        self._last_counts = counts
         states = [cia402_state(int(s)) for s in sws]
         for j, n in enumerate(self.nodes):
             if n in self._commanded and states[j] is not Cia402State.OPERATION_ENABLED:
                 self._commanded.discard(n)  # no longer executing what cellcal commanded
                 self._left_enabled.add(n)
-        commanded = [j for j, n in enumerate(self.nodes) if n in self._commanded]
         reached: bool | None = None
-        if commanded:
-            reached = bool(all(sws[j] & Statusword.TARGET_REACHED for j in commanded))
+        watch = self._watch
+        if watch is not None:
+            # target reached is the driver's verdict on the actual positions, not bit 10 alone
+            mask = np.array([n in self._commanded for n in self.nodes])
+            verdict = watch.update(t_ns, counts, sws, mask)
+            if watch.fault is not None or watch.error is not None:
+                reached = False  # latched until the next move
+            elif mask.any():
+                reached = verdict
         lin, ang = self.model.flange_speed(q, qd)
         self._seq += 1
         self._latest = RobotState(
@@ -1549,6 +1671,8 @@ class Cia402Driver(RobotDriver):
         """
         period_ns = int(self.opts["sync_period_ms"] * 1e6)
         while not self._stop_evt.is_set():
+            if self._link_check() is not None:
+                return  # the link is down: no SYNC until the driver is reopened
             tick = time.monotonic_ns()
             complete = True
             cyc = _Cycle(time.monotonic_ns())
@@ -1556,8 +1680,10 @@ class Cia402Driver(RobotDriver):
                 self._cycle = cyc if self.sampling == SAMPLING_SYNC else None
             try:
                 self.network.send_message(SYNC_COB_ID, b"")
+                self._sync_failures_in_row = 0
             except Exception as exc:  # noqa: BLE001 - a send error must not kill sampling
-                log.warning("%r: SYNC send failed: %s", self, exc)
+                if self._sync_failed(exc):
+                    return  # the link is down: no SYNC until the driver is reopened
             if self.sampling == SAMPLING_SYNC:
                 deadline = tick + period_ns
                 with self._lock:
@@ -1578,6 +1704,46 @@ class Cia402Driver(RobotDriver):
             if wait_ns > 0:
                 self._stop_evt.wait(wait_ns * 1e-9)
 
+    def _sync_failed(self, exc: Exception) -> bool:
+        """Count a failed SYNC send; log it rate-limited; after ``sync_fail_limit`` in a row
+        the link is failed (``True``: stop producing SYNC)."""
+        self.sync_send_failures += 1
+        self._sync_failures_in_row += 1
+        self._sync_log("%r: SYNC send failed (%d in a row, %d in all): %s", self, self._sync_failures_in_row,
+                       self.sync_send_failures, exc)
+        if self._link_check() is not None:
+            return True  # the receive path is gone already: SYNC cannot help
+        if self._sync_failures_in_row < self.opts["sync_fail_limit"]:
+            return False
+        self._fail_link(CanLinkLost(
+            f"{self!r}: the CAN link failed: {self._sync_failures_in_row} SYNC sends in a row failed ({exc}); "
+            "reopen the driver", failures=self._sync_failures_in_row, cause=str(exc)))
+        return True
+
+    def _fail_link(self, fault: CanLinkLost) -> None:
+        with self._lock:
+            if self._link_fault is None:
+                self._link_fault = fault
+            self._lock.notify_all()
+
+    def _link_check(self) -> CanLinkLost | None:
+        """The link fault, if any: SYNC could not be sent, or python-can's receive thread
+        ended (the adapter's port failed: nothing more is received until a reopen)."""
+        if self._link_fault is not None:
+            return self._link_fault
+        if self.link_stats.port_error:
+            self._fail_link(CanLinkLost(f"{self!r}: the CAN link failed: the adapter's port: "
+                                        f"{self.link_stats.port_error}; reopen the driver",
+                                        cause=self.link_stats.port_error))
+            return self._link_fault
+        net = self.network
+        notifier = getattr(net, "notifier", None)
+        exc = getattr(notifier, "exception", None)
+        if exc is not None:
+            self._fail_link(CanLinkLost(f"{self!r}: the CAN link failed: the receive path stopped ({exc!r}); "
+                                        "reopen the driver", cause=repr(exc)))
+        return self._link_fault
+
     def _supervise_loop(self) -> None:
         """Log a lost node once; poll silent heartbeat-less nodes by SDO."""
         period_s = self.opts["liveness_period_ms"] * 1e-3
@@ -1596,6 +1762,10 @@ class Cia402Driver(RobotDriver):
                         rt.liveness_fail_since_ns = now
                 except Exception:  # noqa: BLE001 - e.g. closing: the loop ends at the next wait
                     pass
+            link = self._link_check()
+            if link is not None and not self._link_logged:
+                log.error("%s", link)
+                self._link_logged = True
             fault = self._heartbeat_fault()
             if fault is not None and not self._hb_logged:
                 log.error("%r: %s", self, fault)
@@ -1627,6 +1797,9 @@ class Cia402Driver(RobotDriver):
         return None
 
     def _read_state_internal(self, deadline: float) -> RobotState | None:
+        link = self._link_check()
+        if link is not None:
+            raise link
         fault = self._heartbeat_fault()
         if fault is not None:
             raise fault
@@ -1642,9 +1815,9 @@ class Cia402Driver(RobotDriver):
                 if remaining <= 0 or self._closed:
                     return None
                 self._lock.wait(min(remaining, 0.05))
-                if self._heartbeat_fault() is not None:
+                if self._link_fault is not None or self._heartbeat_fault() is not None:
                     break
-        fault = self._heartbeat_fault()
+        fault = self._link_check() or self._heartbeat_fault()
         if fault is not None:
             raise fault
         return None
@@ -1773,6 +1946,9 @@ class Cia402Driver(RobotDriver):
         cw = CW_ENABLE_OPERATION | Controlword.CHANGE_SET_IMMEDIATELY
         with self._lock:
             self._left_enabled.clear()
+            self._watch = None  # the previous move's verdict ends with the new set-point
+            self._emcy_since_move.clear()
+            start = self._last_counts if self._last_counts is not None else self.scaling.to_counts(now.q_rad)
         for n in self.nodes:
             self._controlword(n, cw | Controlword.NEW_SET_POINT)
         ack_deadline = time.monotonic() + self.opts["setpoint_timeout_s"]
@@ -1782,54 +1958,119 @@ class Cia402Driver(RobotDriver):
         acked_ns = time.monotonic_ns()
         with self._lock:
             self._commanded = set(self.nodes)
+            self._watch = MoveWatch(
+                nodes=self.nodes, target_counts=counts, start_counts=start, windows=self.windows, plan=plan,
+                acked_ns=acked_ns, deg_per_count=np.degrees(self.scaling.rad_per_count),
+                mismatch_s=self.opts["target_mismatch_s"], stall_timeout_s=self.opts["stall_timeout_s"])
         if wait:
-            self._wait_target(acked_ns, deadline)
+            self._wait_target(deadline)
 
     def _await_ack(self, n: int, deadline: float) -> None:
         """Poll the statusword until set-point acknowledge (bit 12) or the deadline: a drive
         takes its set-point in its next control cycle, which may be milliseconds away."""
         while True:
             sw = self._read_u16(n, Od.STATUSWORD)
-            if sw & Statusword.SET_POINT_ACKNOWLEDGE:
-                return
             state = cia402_state(sw)
             if state is Cia402State.QUICK_STOP_ACTIVE:
                 raise ProtectiveStop(f"node {n}: quick stop while taking the set-point")
-            if state in (Cia402State.FAULT, Cia402State.FAULT_REACTION_ACTIVE):
-                raise DeviceError(f"node {n}: fault while taking the set-point{self._fault_text(n)}", "FAULT")
+            if sw & Statusword.FAULT:
+                self._halt_quietly()
+                raise self._fault_during_move(n, sw, "while taking the set-point")
+            if sw & Statusword.SET_POINT_ACKNOWLEDGE:
+                return
             if time.monotonic() > deadline:
                 raise DeviceError(
                     f"node {n}: set-point not acknowledged within {self.opts['setpoint_timeout_s']:.3g} s "
                     f"(statusword 0x{sw:04X})", "SETPOINT")
             time.sleep(0.001)
 
-    def _wait_target(self, acked_ns: int, deadline: float) -> None:
-        """Wait for a sample taken after every set-point was acknowledged with all drives
-        reporting target reached."""
+    def _fault_during_move(self, n: int, statusword: int, when: str) -> DriveFaultDuringMove:
+        """The typed fault of node ``n``, with its error code 0x603F and last EMCY if known."""
+        try:
+            code = self._read_u16(n, Od.ERROR_CODE)
+        except (DeviceError, DriverTimeoutError, DeviceGoneError):
+            code = None  # a drive that faulted may not answer: the statusword says enough
+        with self._lock:
+            emcy = self._emcy_since_move.get(n)
+        joint = self.nodes.index(n) + 1
+        what = [f"statusword 0x{statusword:04X}"]
+        if code is not None:
+            what.append(f"error code 0x603F = 0x{code:04X}")
+        if emcy is not None:
+            what.append(f"EMCY 0x{emcy:04X}")
+        state = cia402_state(statusword)
+        name = state.value.upper() if state in (Cia402State.FAULT, Cia402State.FAULT_REACTION_ACTIVE) else "FAULT bit"
+        return DriveFaultDuringMove(
+            f"{self!r}: node {n} (joint {joint}): {name} {when} ({', '.join(what)}); the move was stopped and no "
+            "station is taken", node_id=n, joint=joint, statusword=statusword, error_code=code, emcy_code=emcy)
+
+    def _halt_quietly(self) -> None:
+        """Stop the move on every drive (halt); a drive that cannot take it is not waited for."""
+        try:
+            self._stop_internal()
+        except Exception:  # noqa: BLE001 - the fault being raised is what matters
+            log.warning("%r: halting after a fault failed", self, exc_info=True)
+
+    def _wait_target(self, deadline: float) -> None:
+        """Wait until the move's watch says complete (every commanded joint inside its
+        position window for the window time, in samples after the acknowledge, with target
+        reached); raise what it found instead (a fault, a mismatch, a joint not moving),
+        after halting the drives."""
         seq = -1
         while True:
-            remaining = remaining_s(deadline)
-            if remaining <= 0:
-                raise DriverTimeoutError(f"{self!r}: target not reached in time")
-            s = self.read_state(timeout_s=min(remaining, max(self.timeout_s, 0.1)))
-            if s.seq == seq:
-                time.sleep(self.opts["sync_period_ms"] * 1e-3 / 2)
-                continue
-            seq = s.seq
-            if s.mode is RobotMode.PROTECTIVE_STOP:
-                raise ProtectiveStop(f"{self!r}: quick stop during the move")
-            if s.mode is RobotMode.FAULT:
-                raise DeviceError(f"{self!r}: drive fault during the move", "FAULT")
             with self._lock:
+                watch = self._watch
                 left = sorted(self._left_enabled)
+            assert watch is not None
+            if watch.fault is not None:
+                f = watch.fault
+                self._halt_quietly()
+                raise self._fault_during_move(f.node_id, f.statusword, "during the move")
+            if watch.error is not None:
+                self._halt_quietly()
+                raise watch.error
+            if watch.complete_ns:
+                return
+            if watch.stopped_ns:
+                raise DeviceError(f"{self!r}: the move was stopped before it completed", "STOPPED")
             if left:
                 raise DeviceError(f"{self!r}: node(s) {left} left OPERATION ENABLED during the move", "DISABLED")
-            if s.target_reached and s.t_host_ns > acked_ns:
-                return
+            remaining = remaining_s(deadline)
+            if remaining <= 0:
+                self._halt_quietly()
+                raise DriverTimeoutError(f"{self!r}: target not reached in time ({self._move_summary(watch)})")
+            s = self.read_state(timeout_s=min(remaining, max(self.timeout_s, 0.1)))
+            if s.mode is RobotMode.PROTECTIVE_STOP:
+                raise ProtectiveStop(f"{self!r}: quick stop during the move")
+            if s.seq == seq:
+                with self._lock:
+                    if self._watch is watch and not (watch.fault or watch.error or watch.complete_ns
+                                                     or watch.stopped_ns):
+                        self._lock.wait(self.opts["sync_period_ms"] * 1e-3)
+                continue
+            seq = s.seq
+
+    def _move_summary(self, watch: MoveWatch) -> str:
+        r = watch.report()
+        far = int(np.argmax(np.abs(r["error_deg"])))
+        return (f"joint {far + 1} (node {self.nodes[far]}) {r['error_deg'][far]:+.3g} deg from its target, window "
+                f"{r['windows'][far]['counts']} counts, held {r['held'][far]}")
+
+    @property
+    def last_move(self) -> dict[str, Any] | None:
+        """The newest move as the driver judged it (JSON-ready; ``None`` before the first):
+        per joint the target 0x607A, the last actual position 0x6064, the error in counts and
+        degrees, the position window used and whether it is held; ``complete``; the ``fault``
+        (node, joint, statusword) or ``error`` (code, node, joint, message) found."""
+        with self._lock:
+            return None if self._watch is None else self._watch.report()
 
     def _stop_internal(self) -> None:
         with self._lock:
             commanded = [n for n in self.nodes if n in self._commanded]
+            if self._watch is not None:
+                self._watch.stop(time.monotonic_ns())
+                self._lock.notify_all()
         if self.opts["enable"] == "never":
             log.info("%r: stop: enable=never, cellcal commands no drive", self)
             return

@@ -363,6 +363,22 @@ class SyncMove:
     accel_rad_s2: np.ndarray
     decel_rad_s2: np.ndarray
 
+    def progress(self, t_s: float) -> float:
+        """The normalised profile ``s(t)`` in [0, 1]: the fraction of its distance every
+        joint has covered ``t_s`` seconds after the start (0 before, 1 after the end)."""
+        if self.duration_s <= 0 or t_s >= self.duration_s:
+            return 1.0
+        if t_s <= 0:
+            return 0.0
+        ta, tc, td = self.t_accel_s, self.t_cruise_s, self.t_decel_s
+        peak = 1.0 / (0.5 * ta + tc + 0.5 * td)  # the area under the rate profile is 1
+        if t_s < ta:
+            return 0.5 * peak / ta * t_s * t_s
+        if t_s < ta + tc:
+            return peak * (0.5 * ta + (t_s - ta))
+        left = self.duration_s - t_s  # in the deceleration: mirror of the remaining distance
+        return 1.0 - 0.5 * peak / td * left * left if td > 0 else 1.0
+
 
 def plan_sync_move(
     dq_rad: np.ndarray, speed_rad_s: np.ndarray, accel_rad_s2: np.ndarray, decel_rad_s2: np.ndarray

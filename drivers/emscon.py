@@ -36,6 +36,7 @@ from cellcal.drivers.errors import DriverInitError, ProtocolError
 from cellcal.drivers.tracker import (
     BeamBrokenError,
     HostClockTrackerDriver,
+    ImplausibleMeasurementError,
     MeasKind,
     MeasurementFlags,
     NoStationaryResultError,
@@ -258,6 +259,9 @@ class EmsconTrackerDriver(HostClockTrackerDriver):
             raise status_error(rec.status, f"{self}: measurement", lock_lost=self._lock_lost)
         if rec.meas_mode != tpi.MeasMode.STATIONARY:
             raise ProtocolError(f"{self}: result in measurement mode {rec.meas_mode}, expected stationary")
+        problem = tpi.result_problem(rec)
+        if problem is not None:
+            raise ImplausibleMeasurementError(f"{self}: measurement result refused: {problem[1]}", problem[0])
         return RawMeasurement(
             MeasKind.POINT,
             (rec.x, rec.y, rec.z),

@@ -28,6 +28,7 @@ resynchronisation TPI allows.
 from __future__ import annotations
 
 import enum
+import math
 import struct
 from collections import deque
 from collections.abc import Iterable
@@ -85,6 +86,10 @@ __all__ = [
     "SIMPLE_COMMANDS",
     "encode",
     "Decoder",
+    "MAX_RANGE_M",
+    "MIN_RANGE_M",
+    "MAX_STD_M",
+    "result_problem",
 ]
 
 #: emScon's TCP port.
@@ -683,6 +688,42 @@ COMMAND_TYPES: tuple[type[_Packet], ...] = (SimpleCommand, *_TYPED_COMMANDS)
 ANSWER_TYPES: tuple[type[_Packet], ...] = (
     Reply, *_TYPED_ANSWERS, ErrorPacket, SingleMeasResult, SingleMeasResult2, SystemStatusChange,
 )
+
+
+#: Farthest reflector accepted (m from the tracker): beyond the largest measuring volume a
+#: laser tracker has (a few hundred metres across).
+MAX_RANGE_M = 300.0
+#: Nearest reflector accepted (m): closer, it would touch the tracker's head (a zero-filled
+#: result reads as the origin).
+MIN_RANGE_M = 0.1
+#: Largest std accepted for a coordinate (m): an averaged point this uncertain is garbage.
+MAX_STD_M = 1.0
+
+
+def result_problem(rec: SingleMeasResult | SingleMeasResult2) -> tuple[str, str] | None:
+    """Why a measurement result's point or std is not one a tracker can report, or ``None``.
+
+    The point (in the tracker's own frame: cellcal sets no transformation) must be finite,
+    at least :data:`MIN_RANGE_M` and at most :data:`MAX_RANGE_M` from the tracker; each std
+    (``std_x``, ``std_y``, ``std_z``, ``std_total``) finite, >= 0 and at most
+    :data:`MAX_STD_M`. Values are metres: the driver sets metres at open.
+
+    Returns
+    -------
+    (field, reason) or None
+    """
+    p = (rec.x, rec.y, rec.z)
+    if not all(math.isfinite(c) for c in p):
+        return "position", f"position {p} is not finite"
+    r = math.sqrt(sum(c * c for c in p))
+    if not MIN_RANGE_M <= r <= MAX_RANGE_M:
+        return "position", (f"position {p} is {r:.6g} m from the tracker, outside [{MIN_RANGE_M:g}, "
+                            f"{MAX_RANGE_M:g}] m")
+    for name in ("std_x", "std_y", "std_z", "std_total"):
+        s = getattr(rec, name)
+        if not (math.isfinite(s) and 0.0 <= s <= MAX_STD_M):
+            return name, f"{name} {s!r} m is outside [0, {MAX_STD_M:g}] m"
+    return None
 
 
 def encode(packet: Packet) -> bytes:

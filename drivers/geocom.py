@@ -42,6 +42,7 @@ from cellcal.drivers.geocom_codec import RC, Rpc
 from cellcal.drivers.tracker import (
     BeamBrokenError,
     HostClockTrackerDriver,
+    ImplausibleMeasurementError,
     MeasKind,
     MeasurementAbortedError,
     MeasurementFlags,
@@ -314,6 +315,9 @@ class GeocomTrackerDriver(HostClockTrackerDriver):
             raise ProtocolError(f"{self}: TMC_GetSimpleMea values {values}: {exc}") from exc
         if not d > 0:
             raise BeamBrokenError(f"{self}: TMC_GetSimpleMea returned no distance ({d} m)", "NO_DISTANCE")
+        problem = gc.simple_measurement_problem(hz, v, d)
+        if problem is not None:
+            raise ImplausibleMeasurementError(f"{self}: TMC_GetSimpleMea answer refused: {problem[1]}", problem[0])
         xyz = gc.cartesian_from_polar(hz, v, d)
         J = gc.polar_jacobian(hz, v, d)
         sd = self.distance_std_m + self.distance_ppm * 1e-6 * d

@@ -57,6 +57,8 @@ __all__ = [
     "parse_bool",
     "Decoder",
     "rc_name",
+    "MAX_SLOPE_DISTANCE_M",
+    "simple_measurement_problem",
     "cartesian_from_polar",
     "polar_from_cartesian",
     "polar_jacobian",
@@ -521,10 +523,40 @@ class Decoder:
 
 
 # -- angles and coordinates ----------------------------------------------------------------------
-# cellcal's convention for a total station (the same as geocompy's Coordinate.from_polar and
-# the instrument's own E, N, H with the station at the origin): x = easting, y = northing,
-# z = height, a right-handed frame; Hz is the horizontal direction measured clockwise (seen
-# from above) from +y; V is the zenith angle, from +z. The instrument's frame is the cell frame.
+#: Longest slope distance accepted (m): beyond any total station's distance meter to a prism.
+MAX_SLOPE_DISTANCE_M = 12_000.0
+
+
+def simple_measurement_problem(hz_rad: float, v_rad: float, slope_m: float) -> tuple[str, str] | None:
+    """Why Hz, V and a slope distance are not a face I measurement, or ``None`` if they are.
+
+    Hz is a direction on the horizontal circle, in [0, 2 pi) (2 pi itself is accepted as
+    the rounding of a value just below it: the same direction as 0); V the zenith angle in
+    face I, [0, pi]. A V in (pi, 2 pi) is a face II reading: refused too, because the
+    instrument's collimation and trunnion-axis errors change sign between faces, so a
+    station measured in the other face is not comparable with the rest of the run. The
+    distance must be finite and at most :data:`MAX_SLOPE_DISTANCE_M` (a distance <= 0 means
+    "no distance" and is the caller's to report).
+
+    Returns
+    -------
+    (field, reason) or None
+        ``field`` is ``hz``, ``v`` or ``slope_distance``; ``reason`` a sentence naming the
+        value and its range.
+    """
+    for name, value in (("hz", hz_rad), ("v", v_rad), ("slope_distance", slope_m)):
+        if not math.isfinite(value):
+            return name, f"{name} {value!r} is not finite"
+    if not 0.0 <= hz_rad <= 2 * math.pi:
+        return "hz", f"Hz {hz_rad!r} rad is outside the horizontal circle [0, 2 pi)"
+    if math.pi < v_rad < 2 * math.pi:
+        return "v", f"V {v_rad!r} rad is a face II reading (cellcal measures in face I, V in [0, pi])"
+    if not 0.0 <= v_rad <= math.pi:
+        return "v", f"V {v_rad!r} rad is outside the vertical circle (face I: [0, pi])"
+    if slope_m > MAX_SLOPE_DISTANCE_M:
+        return "slope_distance", (f"slope distance {slope_m!r} m is beyond any instrument's range "
+                                  f"({MAX_SLOPE_DISTANCE_M:g} m)")
+    return None
 
 
 def cartesian_from_polar(hz_rad: float, v_rad: float, slope_m: float) -> np.ndarray:

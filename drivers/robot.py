@@ -118,10 +118,12 @@ class RobotState:
     flange_speed_m_s, flange_ang_speed_rad_s : float
         Flange linear (m/s) and angular (rad/s) speed, ``|J(q) qd|``.
     target_reached : bool or None
-        CiA 402: every drive cellcal commands has statusword bit 10 set. ``None`` where the
-        backend has no such flag (RTDE) or commands no drive (CiA 402 before its first move,
-        ``enable=never``, a drive no longer OPERATION ENABLED): settling is then judged from
-        the motion alone.
+        CiA 402: every drive cellcal commands has its actual position held inside its
+        position window of the target for the window time and reports target reached
+        (statusword bit 10); ``False`` from a fault seen during the move until the next one
+        (``docs/protocols/robot.md`` section 3.6). ``None`` where the backend has no such
+        flag (RTDE) or commands no drive (CiA 402 before its first move, ``enable=never``, a
+        drive no longer OPERATION ENABLED): settling is then judged from the motion alone.
     t_recv_host_ns : int
         Host ``monotonic_ns`` at which the sample was received.
     seq : int

@@ -67,6 +67,7 @@ __all__ = [
     "TrackerGoneError",
     "NotInitializedError",
     "NoStationaryResultError",
+    "ImplausibleMeasurementError",
     "HostClockTrackerDriver",
     "BACKENDS",
     "URL_SCHEMES",
@@ -127,6 +128,16 @@ class NotWarmedUpError(TrackerDeviceError):
 
 class OutOfRangeError(TrackerDeviceError):
     """The target is outside the tracker's measuring range."""
+
+
+class ImplausibleMeasurementError(TrackerDeviceError):
+    """The instrument answered with a value it cannot physically report (an angle outside
+    its circle, a distance beyond its range, an absurd std): the measurement is refused,
+    never used. ``code`` is ``IMPLAUSIBLE``; ``field`` names the value."""
+
+    def __init__(self, message: str, field: str = "") -> None:
+        super().__init__(message, "IMPLAUSIBLE")
+        self.field = field
 
 
 class TrackerBusyError(TrackerDeviceError):

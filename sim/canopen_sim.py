@@ -27,7 +27,13 @@ firmware does:
 * **Faults**: ``disconnect`` silences every drive and ``silent_node`` one drive (no
   heartbeat, PDO, SDO or NMT answers); ``protective_stop`` forces QUICK STOP ACTIVE and
   refuses set-points with SDO abort 0x08000022 (after it clears the drive is in SWITCH ON
-  DISABLED and must be re-enabled).
+  DISABLED and must be re-enabled). Drives that lie, for the driver's checks of a move
+  against the actual positions: ``off_target`` (a set-point taken while it lasts stops
+  ``offset_deg`` off the target, and the drive reports target reached there),
+  ``drive_fault`` (FAULT in the statusword and 0x603F, with EMCYs at its start and end,
+  while the motion goes on), ``frozen_joint`` (0x6064 and 0x606C stay where they were when
+  it began, while the drive believes it follows its set-points); and ``garbled_can_line``
+  (damaged lines, :data:`GARBLED_LINES`, pushed once to every host of the SLCAN bridge).
 
 The bus is python-can's in-process ``virtual`` one; other processes reach it through the
 loopback SLCAN bridge (:mod:`cellcal.sim.slcan_bridge`, ``bridge="tcp"`` or ``"pty"``).
@@ -62,7 +68,7 @@ from cellcal.drivers.canopen402 import (
 from cellcal.drivers.kinematics import JointScaling
 from cellcal.sim.robot_sim import SimRefused, SimRobot
 
-__all__ = ["CanopenSimDrives", "SI_UNIT_RPM_VALUE", "POWER_UP_FAULT_CODE"]
+__all__ = ["CanopenSimDrives", "SI_UNIT_RPM_VALUE", "POWER_UP_FAULT_CODE", "GARBLED_LINES"]
 
 log = logging.getLogger(__name__)
 
@@ -75,6 +81,11 @@ POWER_UP_FAULT_CODE = 0x3220  # CiA 301 emergency error code: DC link undervolta
 POWER_UP_ERROR_REGISTER = 0x05  # generic error + voltage
 EVENT_TIMER_MS = 100
 EMCY_COB_BASE = 0x080
+GENERIC_ERROR_REGISTER = 0x01
+#: What a ``garbled_can_line`` fault pushes to each host of the SLCAN bridge: one line of each
+#: kind of damage a serial line does (a non-hex identifier, a non-ASCII byte, a length above
+#: 8, data shorter than its length, a line no adapter sends, a frame line cut by its CR).
+GARBLED_LINES = b"t1G30\rt18\xff\xfe01\rt1819AA\rt18140011\rQ?\rt70\r"
 
 _BASE_STATUS = {
     Cia402State.SWITCH_ON_DISABLED: 0x0040,
@@ -114,6 +125,9 @@ class _Drive:
         self.silent = False
         self.homed = True
         self.fault_code = 0
+        self.lie_counts = 0.0  # off_target: where it really stops, relative to its target
+        self.frozen_counts: int | None = None  # frozen_joint: the actual position it reports
+        self.glitch = False  # drive_fault active (for the EMCYs at its edges)
 
 
 class CanopenSimDrives:
@@ -178,6 +192,9 @@ class CanopenSimDrives:
         self.syncs = 0
         #: (profile velocity rad/s, acceleration rad/s²) of the last move the drives made
         self.last_move: tuple[float, float] | None = None
+        #: garbled_can_line faults served so far, and how many host deliveries they made
+        self.garbled_faults = 0
+        self.garbled_deliveries = 0
 
     @property
     def url(self) -> str:
@@ -355,11 +372,35 @@ class CanopenSimDrives:
                         hb = struct.unpack("<H", d.node.get_data(Od.PRODUCER_HEARTBEAT_TIME, 0))[0]
                         d.node.nmt.start_heartbeat(hb)
                         log.info("sim drive %d: back", d.node_id)
+            self._fault_edges()
             now = time.monotonic()
             with self._lock:
                 for d in self.drives:
                     self._take_pending(d, now)
             self._event_tpdos(now)
+
+    def _fault_edges(self) -> None:
+        """EMCYs at the start and end of a ``drive_fault``; the lines of a ``garbled_can_line``."""
+        for d in self.drives:
+            f = self.robot.active_fault("drive_fault", node=d.node_id)
+            if (f is not None) == d.glitch or self.network is None:
+                continue
+            d.glitch = f is not None
+            if d.silent or self._is_silent(d):
+                continue
+            code = f.error_code or 0 if f is not None else 0
+            payload = struct.pack("<HB5x", code, GENERIC_ERROR_REGISTER) if code else bytes(8)
+            self.network.send_message(EMCY_COB_BASE + d.node_id, payload)
+            log.info("sim drive %d: %s", d.node_id, f"FAULT 0x{code:04X} shown" if code else "FAULT no longer shown")
+        started = self.robot.faults_started("garbled_can_line")
+        while self.garbled_faults < len(started):
+            self.garbled_faults += 1
+            if self.bridge is None:
+                log.info("sim drives: garbled_can_line without an SLCAN bridge: nothing to garble")
+                continue
+            n = self.bridge.send_raw_to_hosts(GARBLED_LINES)
+            self.garbled_deliveries += n
+            log.info("sim drives: garbled lines sent to %d SLCAN host(s)", n)
 
     def _filtered(self, d: _Drive, fn, sdo: bool = False):
         def handler(can_id: int, data: bytearray, timestamp: float) -> None:
@@ -404,13 +445,15 @@ class CanopenSimDrives:
             d.state = Cia402State.SWITCH_ON_DISABLED
         if d.state is not Cia402State.OPERATION_ENABLED:
             d.target = int(counts[-1])
+            d.lie_counts = 0.0
             d.reached = self.can.target_reached_when_disabled
             d.inside_since = None
             d.pending = None
             return
         window = struct.unpack("<I", d.node.get_data(Od.POSITION_WINDOW, 0))[0]
         window_ms = struct.unpack("<H", d.node.get_data(Od.POSITION_WINDOW_TIME, 0))[0]
-        inside = np.abs(counts - d.target) <= window
+        # an off_target drive judges its window where it really goes, and calls that its target
+        inside = np.abs(counts - (d.target + d.lie_counts)) <= window
         if not inside[-1] or d.pending is not None:
             d.inside_since = None
             d.reached = False
@@ -423,6 +466,8 @@ class CanopenSimDrives:
         d.reached = (ts[-1] - d.inside_since) * 1e3 >= window_ms
 
     def _statusword(self, d: _Drive) -> int:
+        if self.robot.fault_active("drive_fault", node=d.node_id):
+            return int(_BASE_STATUS[Cia402State.FAULT] | Statusword.REMOTE)  # shown; the state goes on
         sw = _BASE_STATUS.get(d.state, 0) | Statusword.REMOTE
         if d.mode == MODE_HOMING:
             sw |= Statusword.TARGET_REACHED  # homing completed, or not started
@@ -438,7 +483,8 @@ class CanopenSimDrives:
     def _reader(self, d: _Drive):
         def read(index: int, subindex: int, od: Any) -> Any:
             if index == Od.ERROR_CODE:
-                return d.fault_code
+                glitch = self.robot.active_fault("drive_fault", node=d.node_id)
+                return glitch.error_code if glitch is not None else d.fault_code
             if index == Od.ERROR_REGISTER:
                 return POWER_UP_ERROR_REGISTER if d.fault_code else 0
             if index not in (Od.POSITION_ACTUAL_VALUE, Od.STATUSWORD, Od.VELOCITY_ACTUAL_VALUE,
@@ -448,14 +494,27 @@ class CanopenSimDrives:
             self._take_pending(d, time.monotonic())
             self._update_all(s.t_sim_s)
             if index == Od.POSITION_ACTUAL_VALUE:
-                return int(self._position_counts(s.q_rad)[d.joint])
+                return self._reported_counts(d, int(self._position_counts(s.q_rad)[d.joint]))
             if index == Od.VELOCITY_ACTUAL_VALUE:
-                return self._velocity_units(d, s.qd_rad_s)
+                return 0 if self._frozen(d) else self._velocity_units(d, s.qd_rad_s)
             if index == Od.MODES_OF_OPERATION_DISPLAY:
                 return d.mode
             return self._statusword(d)
 
         return read
+
+    def _frozen(self, d: _Drive) -> bool:
+        return self.robot.fault_active("frozen_joint", node=d.node_id)
+
+    def _reported_counts(self, d: _Drive, counts: int) -> int:
+        """What 0x6064 says: the position, or for a ``frozen_joint`` the one it had when the
+        fault began (the first read after it did)."""
+        if not self._frozen(d):
+            d.frozen_counts = None
+            return counts
+        if d.frozen_counts is None:
+            d.frozen_counts = counts
+        return d.frozen_counts
 
     def _velocity_units(self, d: _Drive, qd_rad_s: np.ndarray) -> int:
         sign = float(self.scaling.sign[d.joint])
@@ -578,6 +637,11 @@ class CanopenSimDrives:
         from canopen.sdo.exceptions import SdoAbortedError
 
         targets = self.scaling.to_rad(np.array([x.target for x in self.drives], dtype=float))
+        for x in self.drives:  # an off_target drive goes elsewhere than it was told
+            f = self.robot.active_fault("off_target", node=x.node_id)
+            off = float(f.offset_rad or 0.0) if f is not None else 0.0
+            targets[x.joint] += off
+            x.lie_counts = off / float(self.scaling.rad_per_count[x.joint])
         q_now = self.robot.sample().q_ctrl_rad
         lead = self.drives[int(np.argmax(np.abs(targets - q_now)))]
         v = self._unit(lead, Od.PROFILE_VELOCITY)
@@ -618,7 +682,10 @@ class CanopenSimDrives:
     def _sample_arrays(self) -> tuple[np.ndarray, np.ndarray]:
         s = self.robot.sample()
         counts = self._position_counts(s.q_rad)
-        vel = np.array([self._velocity_units(d, s.qd_rad_s) for d in self.drives], dtype=float)
+        for d in self.drives:
+            counts[d.joint] = self._reported_counts(d, int(counts[d.joint]))
+        vel = np.array([0 if self._frozen(d) else self._velocity_units(d, s.qd_rad_s) for d in self.drives],
+                       dtype=float)
         self._update_all(s.t_sim_s)
         return counts, vel
 

@@ -37,6 +37,9 @@ __all__ = [
     "CanScenario",
     "FaultSpec",
     "FAULT_KINDS",
+    "NODE_FAULT_KINDS",
+    "DEFAULT_OFF_TARGET_DEG",
+    "DEFAULT_DRIVE_FAULT_CODE",
     "OPTIONAL_RTDE_OUTPUTS",
     "parse_robot_table",
     "DEFAULT_INITIAL_Q_DEG",
@@ -52,7 +55,13 @@ DEFAULT_INITIAL_Q_DEG = (0.0, -90.0, 90.0, -90.0, -90.0, 0.0)
 
 #: Fault kinds the simulated robot knows.
 FAULT_KINDS = ("disconnect", "never_settles", "protective_stop", "silent_node", "tcp_change", "payload_change",
-               "local_control", "interfaces_down")
+               "local_control", "interfaces_down", "off_target", "drive_fault", "frozen_joint", "garbled_can_line")
+#: CAN fault kinds about one drive: they need ``node``.
+NODE_FAULT_KINDS = ("silent_node", "off_target", "drive_fault", "frozen_joint")
+#: Default of an ``off_target`` fault: the drive stops this far from its target (deg).
+DEFAULT_OFF_TARGET_DEG = 0.2
+#: Default error code (0x603F and the EMCY) of a ``drive_fault``: CiA 402 following error.
+DEFAULT_DRIVE_FAULT_CODE = 0x8611
 #: Default TCP of a ``tcp_change`` fault: a 20 mm tool along the flange's z axis.
 DEFAULT_CHANGED_TCP = (0.0, 0.0, 0.02, 0.0, 0.0, 0.0)
 #: Default payload of a ``payload_change`` fault (kg).
@@ -146,19 +155,28 @@ class FaultSpec:
         ``never_settles`` (a persistent oscillation of ``ringing_amplitude``),
         ``protective_stop`` (motion frozen, safety mode PROTECTIVE_STOP / CiA 402 quick
         stop, commands refused), ``silent_node`` (CAN: drive ``node`` stops heartbeat, PDO
-        and SDO).
+        and SDO), ``off_target`` (CAN: drive ``node`` stops ``offset_rad`` from its targets
+        and still reports target reached), ``drive_fault`` (CAN: drive ``node`` shows FAULT
+        in its statusword, 0x603F = ``error_code``, while the fault lasts, then carries on),
+        ``frozen_joint`` (CAN: drive ``node``'s actual position stays where it was when the
+        fault began), ``garbled_can_line`` (CAN through the SLCAN bridge: damaged lines sent
+        to every host once, at the start) and the others in ``docs/simulation-robot.md``.
     start_s : float
         Simulated time the fault starts (s).
     duration_s : float
         How long it lasts (s); ``inf`` (the default) for the rest of the run.
     node : int
-        CAN node id for ``silent_node`` (0 otherwise).
+        CAN node id for the kinds of :data:`NODE_FAULT_KINDS` (0 otherwise).
     tcp_offset : tuple of 6 floats or None
         ``tcp_change``: the controller's TCP ``x, y, z, rx, ry, rz`` (m, rad) while the
         fault lasts, as if changed on the pendant: the reported TCP pose follows it, and so
         does the RTDE ``tcp_offset`` output.
     payload_kg : float or None
         ``payload_change``: the payload mass the controller reports while the fault lasts.
+    offset_rad : float or None
+        ``off_target``: how far (joint rad, signed) the drive stops from its targets.
+    error_code : int or None
+        ``drive_fault``: the error code the drive reports (0x603F, EMCY).
     """
 
     kind: str
@@ -167,6 +185,8 @@ class FaultSpec:
     node: int = 0
     tcp_offset: tuple[float, ...] | None = None
     payload_kg: float | None = None
+    offset_rad: float | None = None
+    error_code: int | None = None
 
     def active(self, t_s: float) -> bool:
         return self.start_s <= t_s < self.start_s + self.duration_s
@@ -376,7 +396,7 @@ _CAN_CHOICES = {
 }
 _CAN_BOOLS = ("announce_units", "extra_tpdos", "target_reached_when_disabled", "homed")
 _CAN_U32 = ("vendor_id", "product_code", "revision", "serial_base")
-_FAULT_KEYS = ("kind", "start_s", "duration_s", "node", "tcp_offset", "payload_kg")
+_FAULT_KEYS = ("kind", "start_s", "duration_s", "node", "tcp_offset", "payload_kg", "offset_deg", "error_code")
 
 
 def _parse_can(t: Mapping[str, Any], path: str) -> CanScenario:
@@ -439,12 +459,23 @@ def _parse_faults(v: Any, path: str) -> tuple[FaultSpec, ...]:
         at = _num(t["start_s"], f"{p}.start_s", nonneg=True)
         dur = _num(t["duration_s"], f"{p}.duration_s", positive=True) if "duration_s" in t else math.inf
         node = 0
-        if kind == "silent_node":
+        if kind in NODE_FAULT_KINDS:
             if "node" not in t:
-                raise ScenarioError(f"{p}.node: required for silent_node")
+                raise ScenarioError(f"{p}.node: required for {kind}")
             node = _int(t["node"], f"{p}.node", 1, 127)
         elif "node" in t:
-            raise ScenarioError(f"{p}.node: only for kind = \"silent_node\"")
+            raise ScenarioError(f"{p}.node: only for kind = {' / '.join(NODE_FAULT_KINDS)}")
+        offset = code = None
+        if kind == "off_target":
+            offset = _num(t.get("offset_deg", DEFAULT_OFF_TARGET_DEG), f"{p}.offset_deg") * _DEG
+            if offset == 0 or abs(offset) > math.pi:
+                raise ScenarioError(f"{p}.offset_deg: must be non-zero and within 180 deg")
+        elif "offset_deg" in t:
+            raise ScenarioError(f"{p}.offset_deg: only for kind = \"off_target\"")
+        if kind == "drive_fault":
+            code = _int(t.get("error_code", DEFAULT_DRIVE_FAULT_CODE), f"{p}.error_code", 1, 0xFFFF)
+        elif "error_code" in t:
+            raise ScenarioError(f"{p}.error_code: only for kind = \"drive_fault\"")
         tcp = payload = None
         if kind == "tcp_change":
             tcp = tuple(float(x) for x in _vec(t.get("tcp_offset", DEFAULT_CHANGED_TCP), f"{p}.tcp_offset", 6))
@@ -454,7 +485,7 @@ def _parse_faults(v: Any, path: str) -> tuple[FaultSpec, ...]:
             payload = _num(t.get("payload_kg", DEFAULT_CHANGED_PAYLOAD_KG), f"{p}.payload_kg", nonneg=True)
         elif "payload_kg" in t:
             raise ScenarioError(f"{p}.payload_kg: only for kind = \"payload_change\"")
-        out.append(FaultSpec(kind, at, dur, node, tcp, payload))
+        out.append(FaultSpec(kind, at, dur, node, tcp, payload, offset, code))
     return tuple(out)
 
 

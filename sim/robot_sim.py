@@ -45,6 +45,7 @@ processes as a loopback SLCAN adapter).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import threading
@@ -286,17 +287,31 @@ class SimRobot:
 
     # -- faults ----------------------------------------------------------------------------
     def inject(self, kind: str, duration_s: float = math.inf, node: int = 0, *,
-               tcp_offset: Any = None, payload_kg: float | None = None) -> None:
+               tcp_offset: Any = None, payload_kg: float | None = None, offset_deg: float | None = None,
+               error_code: int | None = None) -> None:
         """Start a fault now (simulated time) for ``duration_s``.
 
-        ``tcp_offset`` (6 numbers, m and rad) is the TCP of a ``tcp_change`` fault and
-        ``payload_kg`` the payload of a ``payload_change`` fault (defaults: a 20 mm tool,
-        1.5 kg).
+        ``tcp_offset`` (6 numbers, m and rad) is the TCP of a ``tcp_change`` fault,
+        ``payload_kg`` the payload of a ``payload_change`` fault, ``offset_deg`` how far an
+        ``off_target`` drive stops from its targets, ``error_code`` what a ``drive_fault``
+        reports (defaults: a 20 mm tool, 1.5 kg, 0.2 deg, 0x8611).
         """
-        from cellcal.sim.robot_scenario import DEFAULT_CHANGED_PAYLOAD_KG, DEFAULT_CHANGED_TCP, FAULT_KINDS
+        from cellcal.sim.robot_scenario import (
+            DEFAULT_CHANGED_PAYLOAD_KG,
+            DEFAULT_CHANGED_TCP,
+            DEFAULT_DRIVE_FAULT_CODE,
+            DEFAULT_OFF_TARGET_DEG,
+            FAULT_KINDS,
+            NODE_FAULT_KINDS,
+        )
 
         if kind not in FAULT_KINDS:
             raise ValueError(f"unknown fault kind {kind!r}")
+        if kind in NODE_FAULT_KINDS and not 1 <= node <= 127:
+            raise ValueError(f"fault {kind!r} needs the node id of a drive (1..127), got {node!r}")
+        offset = math.radians(DEFAULT_OFF_TARGET_DEG if offset_deg is None else offset_deg) \
+            if kind == "off_target" else None
+        code = int(DEFAULT_DRIVE_FAULT_CODE if error_code is None else error_code) if kind == "drive_fault" else None
         tcp = payload = None
         if kind == "tcp_change":
             tcp = tuple(float(x) for x in np.asarray(DEFAULT_CHANGED_TCP if tcp_offset is None else tcp_offset,
@@ -304,13 +319,26 @@ class SimRobot:
         if kind == "payload_change":
             payload = float(DEFAULT_CHANGED_PAYLOAD_KG if payload_kg is None else payload_kg)
         with self._lock:
-            self._faults.append(FaultSpec(kind, self.world.now_s(), duration_s, node, tcp, payload))
+            self._faults.append(FaultSpec(kind, self.world.now_s(), duration_s, node, tcp, payload, offset, code))
 
-    def _fault_value(self, kind: str, t_s: float) -> FaultSpec | None:
-        """The newest active fault of ``kind`` at ``t_s`` (None if there is none)."""
+    def _fault_value(self, kind: str, t_s: float, node: int | None = None) -> FaultSpec | None:
+        """The newest active fault of ``kind`` (for ``node``, if given) at ``t_s`` (None if
+        there is none)."""
         with self._lock:
-            active = [f for f in self._faults if f.kind == kind and f.active(t_s)]
+            active = [f for f in self._faults
+                      if f.kind == kind and f.active(t_s) and (node is None or f.node == node)]
         return active[-1] if active else None
+
+    def active_fault(self, kind: str, t_s: float | None = None, node: int | None = None) -> FaultSpec | None:
+        """The newest active fault of ``kind`` (for ``node``) at ``t_s`` (default now), with its
+        parameters; ``None`` if there is none."""
+        return self._fault_value(kind, self.world.now_s() if t_s is None else t_s, node)
+
+    def faults_started(self, kind: str, t_s: float | None = None) -> list[FaultSpec]:
+        """Every fault of ``kind`` that has started by ``t_s`` (default now), in order."""
+        t = self.world.now_s() if t_s is None else t_s
+        with self._lock:
+            return [f for f in self._faults if f.kind == kind and f.start_s <= t]
 
     def tcp_at(self, t_s: float) -> tuple[np.ndarray, np.ndarray]:
         """``(tcp_offset (6,), flange_T_tcp (4, 4))`` the controller applies at ``t_s``."""
@@ -331,7 +359,7 @@ class SimRobot:
         with self._lock:
             self._faults = [
                 f if f.kind != kind or not f.active(now)
-                else FaultSpec(f.kind, f.start_s, max(now - f.start_s, 1e-9), f.node)
+                else dataclasses.replace(f, duration_s=max(now - f.start_s, 1e-9))
                 for f in self._faults
             ]
 

@@ -45,7 +45,9 @@ with a ``bitrate``: ``C``, ``Sn``, an empty line, ``O``; then ``O`` again; witho
 opening the port, which the simulator's URL sets to 0.
 
 The codec (:class:`LineSplitter`, :func:`parse_command`, :func:`encode_frame`) is pure
-bytes in, records out; :class:`SlcanAdapter` is the adapter's state without I/O.
+bytes in, records out and lives in :mod:`cellcal.drivers.slcan_codec`, which the CAN
+driver's receive path shares (re-exported here); :class:`SlcanAdapter` is the adapter's
+state without I/O.
 """
 
 from __future__ import annotations
@@ -60,12 +62,24 @@ import threading
 import time
 import tty
 from collections import deque
-from dataclasses import dataclass
 from typing import Any
 
+from cellcal.drivers.slcan_codec import (
+    BEL,
+    CR,
+    MAX_LINE,
+    LineSplitter,
+    SlcanCommand,
+    SlcanFrame,
+    encode_frame,
+    parse_command,
+)
 from cellcal.sim.errors import SimError
 
 __all__ = [
+    "BEL",
+    "CR",
+    "MAX_LINE",
     "SlcanFrame",
     "SlcanCommand",
     "LineSplitter",
@@ -78,9 +92,6 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CR = b"\r"
-BEL = b"\x07"
-MAX_LINE = 64  # the longest valid command is 27 characters (T + 8 + 1 + 16 + timestamp)
 
 #: ``Sn`` code -> bit/s (Lawicel; 9 is the 83.3 kbit/s python-can adds).
 LAWICEL_BITRATES = {
@@ -100,187 +111,6 @@ VERSION_REPLY = b"V0101"
 SERIAL_REPLY = b"NCC01"
 STATUS_DATA_OVERRUN = 0x08
 _POLL_FIFO = 64  # frames an adapter holds when auto-poll is off (then: data overrun)
-_HEX = frozenset(b"0123456789abcdefABCDEF")
-
-
-@dataclass(frozen=True)
-class SlcanFrame:
-    """One classic CAN frame.
-
-    Attributes
-    ----------
-    can_id : int
-        11-bit (``extended=False``) or 29-bit identifier.
-    data : bytes
-        0..8 bytes (empty for a remote frame).
-    extended, remote : bool
-        29-bit identifier; remote transmission request.
-    dlc : int
-        Data length code, 0..8 (for a remote frame, the length requested).
-    """
-
-    can_id: int
-    data: bytes = b""
-    extended: bool = False
-    remote: bool = False
-    dlc: int = -1
-
-    def __post_init__(self) -> None:
-        limit = 0x1FFFFFFF if self.extended else 0x7FF
-        if not 0 <= self.can_id <= limit:
-            raise ValueError(f"CAN id 0x{self.can_id:X} out of range for a {'29' if self.extended else '11'}-bit id")
-        if len(self.data) > 8:
-            raise ValueError(f"CAN frame: {len(self.data)} data bytes (at most 8)")
-        if self.dlc < 0:
-            object.__setattr__(self, "dlc", len(self.data))
-        if not 0 <= self.dlc <= 8 or (not self.remote and self.dlc != len(self.data)):
-            raise ValueError(f"CAN frame: dlc {self.dlc} does not match {len(self.data)} data bytes")
-        if self.remote and self.data:
-            raise ValueError("CAN frame: a remote frame carries no data")
-
-
-@dataclass(frozen=True)
-class SlcanCommand:
-    """One decoded Lawicel command line.
-
-    Attributes
-    ----------
-    kind : str
-        ``transmit``, ``bitrate``, ``btr``, ``open``, ``listen``, ``close``, ``status``,
-        ``version``, ``serial``, ``timestamps``, ``acceptance_code``, ``acceptance_mask``,
-        ``autopoll``, ``poll``, ``poll_all``, ``empty``, or ``invalid``.
-    frame : SlcanFrame or None
-        For ``transmit``.
-    value : int
-        The argument of ``bitrate`` (code), ``btr`` (BTR0 << 8 | BTR1), ``timestamps`` and
-        ``autopoll`` (0/1), ``acceptance_code`` / ``acceptance_mask`` (32 bit).
-    reason : str
-        Why an ``invalid`` line is invalid.
-    """
-
-    kind: str
-    frame: SlcanFrame | None = None
-    value: int = 0
-    reason: str = ""
-
-
-def _invalid(reason: str) -> SlcanCommand:
-    return SlcanCommand("invalid", reason=reason)
-
-
-def _hex(text: bytes) -> int | None:
-    if not text or any(c not in _HEX for c in text):
-        return None
-    return int(text, 16)
-
-
-def _parse_frame(line: bytes) -> SlcanCommand:
-    kind = line[:1]
-    extended = kind in (b"T", b"R")
-    remote = kind in (b"r", b"R")
-    n_id = 8 if extended else 3
-    if len(line) < 1 + n_id + 1:
-        return _invalid(f"{kind.decode()}: too short")
-    can_id = _hex(line[1 : 1 + n_id])
-    dlc = _hex(line[1 + n_id : 2 + n_id])
-    if can_id is None or dlc is None:
-        return _invalid(f"{kind.decode()}: id and length must be hex digits")
-    if dlc > 8:
-        return _invalid(f"{kind.decode()}: length {dlc} > 8")
-    rest = line[2 + n_id :]
-    if remote:
-        if rest:
-            return _invalid(f"{kind.decode()}: a remote frame has no data")
-        data = b""
-    else:
-        if len(rest) != 2 * dlc or (rest and _hex(rest) is None):
-            return _invalid(f"{kind.decode()}: expected {2 * dlc} hex digits of data")
-        data = bytes.fromhex(rest.decode("ascii"))
-    try:
-        frame = SlcanFrame(can_id, data, extended, remote, dlc)
-    except ValueError as exc:
-        return _invalid(str(exc))
-    return SlcanCommand("transmit", frame=frame)
-
-
-_SIMPLE = {b"O": "open", b"L": "listen", b"C": "close", b"F": "status", b"V": "version",
-           b"N": "serial", b"P": "poll", b"A": "poll_all"}
-
-
-def parse_command(line: bytes) -> SlcanCommand:
-    """Decode one command line (without its CR). Never raises: bad input is ``invalid``."""
-    if not line:
-        return SlcanCommand("empty")
-    head = line[:1]
-    if head in (b"t", b"T", b"r", b"R"):
-        return _parse_frame(line)
-    if head in _SIMPLE:
-        if len(line) != 1:
-            return _invalid(f"{head.decode('ascii', 'replace')}: takes no argument")
-        return SlcanCommand(_SIMPLE[head])
-    arg = line[1:]
-    if head == b"S":
-        if len(arg) != 1 or not arg.isdigit():
-            return _invalid("S: expected one digit 0..9")
-        return SlcanCommand("bitrate", value=int(arg))
-    if head == b"s":
-        v = _hex(arg) if len(arg) == 4 else None
-        return _invalid("s: expected 4 hex digits (BTR0 BTR1)") if v is None else SlcanCommand("btr", value=v)
-    if head in (b"Z", b"X"):
-        if arg not in (b"0", b"1"):
-            return _invalid(f"{head.decode()}: expected 0 or 1")
-        return SlcanCommand("timestamps" if head == b"Z" else "autopoll", value=int(arg))
-    if head in (b"M", b"m"):
-        v = _hex(arg) if len(arg) == 8 else None
-        if v is None:
-            return _invalid(f"{head.decode()}: expected 8 hex digits")
-        return SlcanCommand("acceptance_code" if head == b"M" else "acceptance_mask", value=v)
-    return _invalid(f"unknown command {head!r}")
-
-
-def encode_frame(frame: SlcanFrame, timestamp_ms: int | None = None) -> bytes:
-    """The line an adapter sends for a received frame, CR included (``t1816AABB...\\r``)."""
-    kind = ("R" if frame.remote else "T") if frame.extended else ("r" if frame.remote else "t")
-    ident = f"{frame.can_id:08X}" if frame.extended else f"{frame.can_id:03X}"
-    out = f"{kind}{ident}{frame.dlc:d}{frame.data.hex().upper()}"
-    if timestamp_ms is not None:
-        out += f"{timestamp_ms % 60000:04X}"
-    return out.encode("ascii") + CR
-
-
-class LineSplitter:
-    """Bytes in, command lines out (CR-terminated; LF ignored).
-
-    A line longer than :data:`MAX_LINE` is dropped up to its CR and reported as
-    ``None`` (its answer is BEL), so garbage can never grow the buffer.
-    """
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-        self._overlong = False
-
-    def feed(self, data: bytes) -> list[bytes | None]:
-        out: list[bytes | None] = []
-        start = 0
-        data = data.replace(b"\n", b"")
-        while True:
-            k = data.find(CR, start)
-            if k < 0:
-                self._append(data[start:])
-                return out
-            self._append(data[start:k])
-            out.append(None if self._overlong else bytes(self._buf))
-            self._buf.clear()
-            self._overlong = False
-            start = k + 1
-
-    def _append(self, part: bytes) -> None:
-        if self._overlong:
-            return
-        self._buf += part
-        if len(self._buf) > MAX_LINE:
-            self._buf.clear()
-            self._overlong = True
 
 
 class SlcanAdapter:
@@ -482,6 +312,11 @@ class _Link:
                 self._stop.set()
                 return False
 
+    def send_raw(self, data: bytes) -> bool:
+        """Write ``data`` to the host as it is, between two whole lines (a fault injection:
+        what a damaged serial line delivers). ``False`` if it could not be written."""
+        return self._write(bytes(data))
+
     def _read(self) -> bytes | None:
         """Some bytes from the host, b"" on a quiet poll, None once the host is gone."""
         fileno = self.sock.fileno() if self.sock is not None else self.fd
@@ -610,6 +445,11 @@ class SlcanBridge:
         """The adapters currently connected (one per host connection)."""
         with self._lock:
             return [lk for lk in self._links if lk.alive]
+
+    def send_raw_to_hosts(self, data: bytes) -> int:
+        """Write ``data`` unchanged to every connected host, between whole lines (the
+        simulated drives' ``garbled_can_line`` fault); returns how many hosts got it."""
+        return sum(lk.send_raw(data) for lk in self.links)
 
     def start(self) -> SlcanBridge:
         if self._channel_url is not None:

@@ -39,13 +39,22 @@ second base, so callers that catch it keep working (every timeout is also a
     |   |   +-- TrackerGoneError         drivers.tracker
     |   |   +-- HeartbeatLost            drivers.canopen402: a drive stopped beating
     |   |   +-- NodeRebooted             drivers.canopen402: a drive rebooted after set-up
+    |   |   +-- CanLinkLost              drivers.can_link: the CAN adapter's port failed, or
+    |   |                                SYNC could not be sent ``sync_fail_limit`` times in a row
     |   +-- DeviceError                  the device answered with an error; ``code`` names it
     |   |   +-- ProtectiveStop           drivers.robot: safety stop, needs an operator
     |   |   +-- SdoAbortError            drivers.canopen402: SDO abort, ``abort_code``
+    |   |   +-- MoveVerificationError    drivers.cia402_motion: a drive's account of a move
+    |   |   |   |                        disagrees with its actual position (node, joint)
+    |   |   |   +-- TargetMismatch       target reached reported outside the position window
+    |   |   |   +-- JointNotMoving       a commanded joint whose actual position stays
+    |   |   +-- DriveFaultDuringMove     drivers.cia402_motion: FAULT in a statusword during a
+    |   |   |                            move (node, 0x603F, EMCY)
     |   |   +-- TrackerDeviceError       drivers.tracker: a NAK, ``code`` the protocol's
     |   |       +-- NoTargetError, BeamBrokenError, NotStableError, NotWarmedUpError,
     |   |           OutOfRangeError, TrackerBusyError, MeasurementAbortedError,
-    |   |           RequestRejectedError, NotInitializedError
+    |   |           RequestRejectedError, NotInitializedError,
+    |   |           ImplausibleMeasurementError (a value no instrument can report: ``field``)
     |   |           (NoStationaryResultError is a NotStableError: emScon's stationary fail)
     |   |   +-- CameraDeviceError        drivers.camera: a GVCP refusal, ``code`` its status
     |   +-- FeatureUnavailableError      drivers.camera: no such feature, or it cannot change

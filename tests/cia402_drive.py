@@ -109,6 +109,9 @@ class Factory:
     target_reached_when_disabled : bool
         Statusword bit 10 outside OPERATION ENABLED (CiA 402 leaves it open; many drives
         clear it).
+    window_objects : bool
+        6067h and 6068h exist (false: the drive judges target reached by its profile alone,
+        with no window objects to read or write: SDO abort 0x06020000).
     """
 
     heartbeat_ms: int = 0
@@ -126,6 +129,7 @@ class Factory:
     power_up_fault: bool = False
     homed: bool = True
     target_reached_when_disabled: bool = False
+    window_objects: bool = True
 
     @property
     def velocity_unit_inc_s(self) -> float:
@@ -256,8 +260,9 @@ def _od(f: Factory) -> odm.ObjectDictionary:
     add(0x6060, "Modes of operation", I8, "rw", 0, True)
     add(0x6061, "Modes of operation display", I8, "ro", 0, True)
     add(0x6064, "Position actual value", I32, "ro", 0, True)
-    add(0x6067, "Position window", U32, "rw", 50)
-    add(0x6068, "Position window time", U16, "rw", 5)
+    if f.window_objects:
+        add(0x6067, "Position window", U32, "rw", 50)
+        add(0x6068, "Position window time", U16, "rw", 5)
     add(0x606C, "Velocity actual value", I32, "ro", 0, True)
     add(0x607A, "Target position", I32, "rw", 0, True)
     add(0x607F, "Max profile velocity", U32, "rw", f.max_profile_velocity)
@@ -386,7 +391,7 @@ class FactoryDrive:
                 sw |= SW_TARGET_REACHED  # homing not started
             return sw
         if self.state == OP_ENABLED and self.mode == PP:
-            window_s = self._u(0x6068) * 1e-3
+            window_s = self._u(0x6068) * 1e-3 if self.f.window_objects else 0.0
             if self.pending is None and now >= self.profile.t_end + window_s:
                 sw |= SW_TARGET_REACHED
             if self.ack:

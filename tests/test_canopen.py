@@ -7,6 +7,7 @@ import itertools
 import math
 import multiprocessing as mp
 import struct
+import threading
 import time
 
 import numpy as np
@@ -23,7 +24,7 @@ from cellcal.drivers.canopen402 import (
     cia402_state,
     parse_nodes,
 )
-from cellcal.drivers.errors import DriverInitError, DriverTimeoutError
+from cellcal.drivers.errors import DeviceError, DriverInitError, DriverTimeoutError
 from cellcal.drivers.kinematics import dh_model
 from cellcal.drivers.robot import ProtectiveStop, RobotMode
 from cellcal.drivers.settle import SettleConfig
@@ -195,6 +196,29 @@ def test_move_profile_position_until_target_reached(sim):
         s, _ = robot.wait_settled(SettleConfig(dwell_s=0.2, max_joint_speed_rad_s=math.radians(0.1),
                                                max_flange_ang_speed_rad_s=math.radians(0.1)), 10)
         assert np.linalg.norm(s.base_T_flange[:3, 3] - goal[:3, 3]) < 2e-4
+
+
+def test_stop_ends_a_waiting_move_and_its_target_is_not_reached(sim):
+    """What the daemon's abort does: stop() from another thread while move_to waits."""
+    with connect_robot(sim.url) as robot:
+        failure: list[BaseException] = []
+
+        def move():
+            try:
+                robot.move_to(q_rad=Q_HOME + np.deg2rad(40.0), speed=0.2, timeout_s=30)
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                failure.append(exc)
+
+        t = threading.Thread(target=move, daemon=True)
+        t.start()
+        deadline = time.monotonic() + 5.0
+        while not robot.read_state().moving:
+            assert time.monotonic() < deadline
+            time.sleep(0.005)
+        robot.stop()
+        t.join(5.0)
+        assert not t.is_alive() and isinstance(failure[0], DeviceError) and failure[0].code == "STOPPED"
+        assert robot.read_state().target_reached is False and robot.last_move["stopped"]
 
 
 def test_protective_stop_is_quick_stop_and_needs_reenable(sim):

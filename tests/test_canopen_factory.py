@@ -408,3 +408,29 @@ def test_observe_mode_settles_from_positions_with_disabled_drives(factory_drives
             robot.move_to(q_rad=np.zeros(6))
         robot.stop()  # nothing commanded: nothing written
         assert all(d.cw == 0 for d in fd.drives)
+
+
+# -- 6. position windows ---------------------------------------------------------------------
+def test_the_position_window_is_read_from_each_drive_and_moves_complete_inside_it(factory_drives):
+    fd, url = factory_drives()
+    with connect_robot(url(position_window_time_ms=8)) as robot:
+        assert [(w.counts, w.time_s, w.source) for w in robot.windows] == [(50, 0.008, "drive")] * 6
+        q0 = robot.read_state().q_rad
+        robot.move_to(q_rad=q0 + 0.05, speed=1.0, timeout_s=10)
+        move = robot.last_move
+        assert move["complete"] and all(abs(e) <= 50 for e in move["error_counts"])
+
+
+def test_a_drive_without_window_objects_is_judged_with_the_configured_window_or_the_fallback(factory_drives, caplog):
+    factory = Factory(increments_per_rev=INC_PER_REV, window_objects=False)
+    fd, url = factory_drives(factory)
+    with caplog.at_level(logging.WARNING), connect_robot(url()) as robot:
+        fallback = math.floor(math.radians(0.01) / RAD_PER_INC)
+        assert [(w.counts, w.source) for w in robot.windows] == [(fallback, "fallback")] * 6
+        assert "0x6067 missing, 0x6068 missing" in caplog.text and "position_window_counts" in caplog.text
+        q0 = robot.read_state().q_rad
+        robot.move_to(q_rad=q0 + 0.05, speed=1.0, timeout_s=10)
+        assert robot.read_state().target_reached
+    fd2, url2 = factory_drives(factory)
+    with connect_robot(url2(position_window_counts=80, position_window_time_ms=4)) as robot:  # written: aborted
+        assert [(w.counts, w.time_s, w.source) for w in robot.windows] == [(80, 0.004, "configured")] * 6

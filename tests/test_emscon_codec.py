@@ -172,3 +172,25 @@ def test_memory_is_bounded_by_the_largest_packet():
 def test_status_names_and_ok():
     assert tpi.status_name(10009) == "NO_STATIONARY_RESULT" and tpi.status_name(4242) == "STATUS_4242"
     assert tpi.is_ok(0) and tpi.is_ok(11) and not tpi.is_ok(12) and not tpi.is_ok(39)
+
+
+def _result(x=1.0, y=2.0, z=0.5, std=(1e-6, 1e-6, 1e-6), total=2e-6):
+    return tpi.SingleMeasResult(0, 0, 0, x, y, z, *std, total, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 20.0, 1013.25, 50.0)
+
+
+def test_result_plausibility_by_hand():
+    assert tpi.result_problem(_result()) is None
+    assert tpi.result_problem(_result(x=299.0, y=0.0, z=0.0)) is None
+    assert tpi.result_problem(_result(x=1e6))[0] == "position"  # the 1e9 mm of an earlier attack
+    assert tpi.result_problem(_result(x=0.0, y=0.0, z=0.0))[0] == "position"
+    assert tpi.result_problem(_result(x=float("nan")))[0] == "position"
+    assert tpi.result_problem(_result(std=(1e-6, 2.0, 1e-6)))[0] == "std_y"
+    assert tpi.result_problem(_result(total=float("inf")))[0] == "std_total"
+
+
+@given(st.tuples(*[st.floats(-400.0, 400.0)] * 3), st.tuples(*[st.floats(-2.0, 2.0)] * 4))
+def test_result_plausibility_is_exactly_the_documented_ranges(p, s):
+    rec = _result(*p, std=s[:3], total=s[3])
+    r = sum(c * c for c in p) ** 0.5
+    ok = tpi.MIN_RANGE_M <= r <= tpi.MAX_RANGE_M and all(0.0 <= x <= tpi.MAX_STD_M for x in s)
+    assert (tpi.result_problem(rec) is None) == ok

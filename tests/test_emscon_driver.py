@@ -248,3 +248,17 @@ def test_backend_must_agree_with_the_scheme_and_options_are_checked():
         connect_tracker("emscon://127.0.0.1", initialize="sometimes")
     with pytest.raises(TypeError):
         connect_tracker("emscon://127.0.0.1", baudrate=9600)  # not an emScon option
+
+
+@pytest.mark.parametrize("kw, field", [
+    ({"x": 1e6}, "position"),  # a kilometre away: beyond any tracker
+    ({"x": 0.0, "y": 0.0, "z": 0.0}, "position"),  # a zero-filled result
+    ({"std": (1e-6, 5.0, 3e-6)}, "std_y"),
+    ({"std": (-1e-6, 2e-6, 3e-6)}, "std_x"),
+])
+def test_values_outside_the_trackers_range_are_refused(kw, field):
+    with ScriptedDevice(_measure_script(ans(Command.START_MEASUREMENT), result(**kw)), "tcp") as dev:
+        with _driver(_url(dev)) as drv, pytest.raises(trk.ImplausibleMeasurementError) as ei:
+            drv.measure("point")
+        assert ei.value.field == field and ei.value.code == "IMPLAUSIBLE"
+        dev.assert_done()

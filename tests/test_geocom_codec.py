@@ -203,3 +203,26 @@ def test_polar_jacobian_by_finite_differences():
             dq[k] = 1e-6
             num[:, k] = (gc.cartesian_from_polar(*(q + dq)) - gc.cartesian_from_polar(*(q - dq))) / 2e-6
         np.testing.assert_allclose(J, num, atol=1e-6)
+
+
+@given(st.floats(-1e3, 1e3), st.floats(-1e3, 1e3), st.floats(-1e3, 1e3))
+def test_every_point_an_instrument_can_see_is_a_plausible_measurement(x, y, z):
+    """polar_from_cartesian spans exactly what simple_measurement_problem accepts (face I)."""
+    d = math.sqrt(x * x + y * y + z * z)
+    if d < 1e-3:
+        return
+    hz, v, d = gc.polar_from_cartesian((x, y, z))
+    # as the instrument prints them (15 decimals): a value just below 2 pi may round to it
+    hz, v = (float(gc.format_value(a)) for a in (hz, v))
+    assert gc.simple_measurement_problem(hz, v, d) is None
+
+
+@given(st.floats(allow_nan=True, allow_infinity=True), st.floats(allow_nan=True, allow_infinity=True),
+       st.floats(0.0, 2e4, exclude_min=True))
+def test_values_off_the_circles_are_named(hz, v, d):
+    problem = gc.simple_measurement_problem(hz, v, d)
+    in_range = (math.isfinite(hz) and math.isfinite(v) and 0 <= hz <= 2 * math.pi and 0 <= v <= math.pi
+                and d <= gc.MAX_SLOPE_DISTANCE_M)
+    assert (problem is None) == in_range
+    if problem is not None:
+        assert problem[0] in ("hz", "v", "slope_distance") and problem[1]

@@ -229,3 +229,21 @@ def test_options_are_checked_and_must_agree_with_the_url():
             connect_tracker("geocom:///dev/x", **bad)
     with pytest.raises(ValueError, match="point only"):
         connect_tracker("geocom:///dev/x").measure("pose")
+
+
+@pytest.mark.parametrize("hz, v, d, field", [
+    (100.0, V, D, "hz"),  # +100 rad: the attack that was accepted
+    (-0.01, V, D, "hz"),
+    (2 * math.pi + 1e-6, V, D, "hz"),
+    (HZ, 3.5, D, "v"),  # a face II zenith angle
+    (HZ, -0.2, D, "v"),
+    (HZ, 7.0, D, "v"),
+    (HZ, V, 1.0e5, "slope_distance"),
+])
+def test_angles_and_distances_no_instrument_reports_are_refused(hz, v, d, field):
+    with ScriptedDevice([*OPEN, *measure_steps(8, p(10, RC.OK, hz, v, d))], "tcp") as dev:
+        with _driver(_url(dev)) as drv, pytest.raises(trk.ImplausibleMeasurementError) as ei:
+            drv.measure("point")
+        assert ei.value.field == field and ei.value.code == "IMPLAUSIBLE"
+        assert isinstance(ei.value, trk.TrackerDeviceError)  # a refused station, not a link fault
+        dev.assert_done()

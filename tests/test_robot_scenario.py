@@ -68,6 +68,14 @@ def test_defaults_and_units():
         ({"faults": [{"kind": "disconnect"}]}, r"robot\.faults\[0\]\.start_s"),
         ({"faults": [{"kind": "disconnect", "start_s": 1, "node": 2}]}, r"robot\.faults\[0\]\.node"),
         ({"faults": [{"kind": "silent_node", "start_s": 1}]}, r"robot\.faults\[0\]\.node"),
+        ({"faults": [{"kind": "frozen_joint", "start_s": 1}]}, r"robot\.faults\[0\]\.node"),
+        ({"faults": [{"kind": "off_target", "start_s": 1, "node": 2, "offset_deg": 0}]},
+         r"robot\.faults\[0\]\.offset_deg"),
+        ({"faults": [{"kind": "drive_fault", "start_s": 1, "node": 2, "offset_deg": 1}]},
+         r"robot\.faults\[0\]\.offset_deg"),
+        ({"faults": [{"kind": "drive_fault", "start_s": 1, "node": 2, "error_code": 0x10000}]},
+         r"robot\.faults\[0\]\.error_code"),
+        ({"faults": [{"kind": "garbled_can_line", "start_s": 1, "node": 2}]}, r"robot\.faults\[0\]\.node"),
         ({"initial_q_deg": [0, 0, 0]}, r"robot\.initial_q_deg"),
         ({"encoder_noise_deg": -1}, r"robot\.encoder_noise_deg"),
         ({"model": "ur99"}, r"robot\.model"),
@@ -80,6 +88,21 @@ def test_defaults_and_units():
 def test_bad_keys_are_named_by_dotted_path(table, path):
     with pytest.raises(ValueError, match=path):
         parse_robot_table(table)
+
+
+def test_lying_drive_faults_parse_with_their_defaults():
+    faults = parse_robot_table({"faults": [
+        {"kind": "off_target", "start_s": 0, "node": 2},
+        {"kind": "drive_fault", "start_s": 5, "duration_s": 1.5, "node": 3},
+        {"kind": "frozen_joint", "start_s": 1, "node": 4},
+        {"kind": "garbled_can_line", "start_s": 2},
+        {"kind": "off_target", "start_s": 0, "node": 1, "offset_deg": -0.5},
+        {"kind": "drive_fault", "start_s": 0, "node": 1, "error_code": 0x2310},
+    ]}).faults
+    assert faults[0].offset_rad == pytest.approx(math.radians(0.2)) and faults[0].node == 2
+    assert (faults[1].error_code, faults[1].duration_s) == (0x8611, 1.5)
+    assert faults[2].node == 4 and faults[3].node == 0 and faults[3].offset_rad is None
+    assert faults[4].offset_rad == pytest.approx(math.radians(-0.5)) and faults[5].error_code == 0x2310
 
 
 def test_user_dh_model():
