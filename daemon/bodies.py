@@ -7,6 +7,26 @@ checker sees a missing field here and ``protocol.check_body`` / ``check_result``
 the tests. The service and the ZeroMQ glue decide *what* to say; this module decides how
 it looks on the wire. Nothing here does I/O.
 
+A result's wire form is built here too, once for every result type
+(:func:`result_to_wire`: it walks ``result.transforms()``, name ->
+:class:`cellcal.solver.Estimate`, so a base frame, hand-eye, eye-to-hand, point base frame
+and tool point result all publish every transform and point they estimated, each with its
+covariance), and the stored record becomes the published body in :func:`result_body`. The
+wire form of a transform named ``a_T_b``::
+
+    {"parent_frame": "a", "child_frame": "b", "matrix": [16 floats, row-major],
+     "translation_m": [x, y, z], "quaternion": {"w": .., "x": .., "y": .., "z": ..}}
+
+with SI units and ``w >= 0``; of a point named ``a_p_x``: ``{"frame": "a", "position_m":
+[x, y, z]}``. Covariances go under ``uncertainty.covariance`` by the same names (6x6 twist
+``(rho, phi)`` in m and rad for a transform, 3x3 in m^2 for a point, row-major), and the
+joint one under ``uncertainty.joint`` with the order of its blocks. Numbers that are not
+finite are ``None`` on the wire. What acceptance gates read is at the top level too:
+``converged``, ``stop_reason``, ``iterations``, ``dof``, ``downweighted``, ``warnings`` (a
+list of ``{"code", "message", "value"}``) and ``residual_tests``;
+``result_to_wire(result, task_points=...)`` adds ``task_points``: the predicted error of
+each cell-frame task point (:func:`task_point_errors`).
+
 Fields beyond the TypedDicts (``detail`` on state and heartbeat, ``type`` on faults, edge
 units on drift, ...) are additions clients may ignore (``docs/protocols/zeromq.md``
 section 11); they are added last, by :func:`_with`, so the contract's fields are always
@@ -20,12 +40,18 @@ from collections.abc import Iterable, Mapping
 from datetime import datetime
 from typing import Any, TypeVar, cast
 
+import numpy as np
+
 from cellcal.daemon import protocol as P
+from cellcal.solver.calibrate import CalibrationResult, Estimate
+from cellcal.solver.se3 import quat_from_matrix, se3_inverse, transform_from_xyz_quat
 
 __all__ = [
     "iso_ns", "heartbeat", "status", "state", "settle_figures", "station", "fault", "fault_cleared",
     "drift_station", "drift", "result_body", "result_summary", "list_results", "start_run_reply",
-    "abort_reply", "drift_check_reply", "activate_reply",
+    "abort_reply", "drift_check_reply", "activate_reply", "transform_to_wire", "transform_from_wire", "point_to_wire",
+    "result_to_wire", "transforms_of", "task_point_errors", "warnings_to_wire", "FRAME_CONVENTION",
+    "UNCERTAINTY_CONVENTION", "pose_from_wire", "to_base_reply",
 ]
 
 _T = TypeVar("_T", bound=Mapping[str, Any])
@@ -241,3 +267,238 @@ def drift_check_reply(result_id: int | str, check_id: int) -> P.DriftCheckResult
 
 def activate_reply(result_id: int | str, previous_result_id: int | str | None) -> P.ActivateResult:
     return P.ActivateResult(active_result_id=str(result_id), previous_result_id=_id(previous_result_id))
+
+
+# --- a result's wire form (module docstring) ---------------------------------------------------
+
+
+#: The ``frame_convention`` every result carries (ADR 0001).
+FRAME_CONVENTION = "a_T_b maps coordinates in frame b to frame a; SI units; quaternion w,x,y,z with w >= 0"
+
+
+#: The ``uncertainty.convention`` every result carries (ADR 0004).
+UNCERTAINTY_CONVENTION = (
+    "right perturbation T exp(xi), xi = (rho [m], phi [rad]); 6x6 row-major per transform, "
+    "3x3 [m^2] in the point's frame per point; joint: blocks in the order given"
+)
+
+
+def transform_to_wire(name: str, T: np.ndarray) -> dict[str, Any]:
+    """Wire form of the transform called ``name`` (``"parent_T_child"``)."""
+    parent, sep, child = name.partition("_T_")
+    if not sep or not parent or not child:
+        raise ValueError(f"transform name must look like parent_T_child, got {name!r}")
+    T = np.asarray(T, dtype=float)
+    q = quat_from_matrix(T[:3, :3])
+    return {
+        "parent_frame": parent,
+        "child_frame": child,
+        "matrix": [float(v) for v in T.reshape(16)],
+        "translation_m": [float(v) for v in T[:3, 3]],
+        "quaternion": {"w": float(q[0]), "x": float(q[1]), "y": float(q[2]), "z": float(q[3])},
+    }
+
+
+def transform_from_wire(obj: dict[str, Any]) -> np.ndarray:
+    """4x4 transform from its wire form (the ``matrix`` field is authoritative)."""
+    m = np.array(obj["matrix"], dtype=float)
+    if m.shape != (16,):
+        raise ValueError(f"matrix must have 16 numbers, got {m.shape}")
+    return m.reshape(4, 4)
+
+
+def point_to_wire(frame: str, p: np.ndarray) -> dict[str, Any]:
+    """Wire form of a point given in ``frame``: ``{"frame", "position_m"}``."""
+    return {"frame": frame, "position_m": [float(v) for v in np.asarray(p, dtype=float).reshape(3)]}
+
+
+def transforms_of(result: CalibrationResult) -> dict[str, np.ndarray]:
+    """The named transforms and points a result carries: name -> (4, 4) or (3,) value.
+
+    The values of ``result.transforms()``, for callers that need no covariance.
+    """
+    return {name: e.value for name, e in result.transforms().items()}
+
+
+def _f(v: Any) -> float | None:
+    v = float(v)
+    return v if math.isfinite(v) else None
+
+
+def _matrix_to_wire(C: np.ndarray) -> dict[str, Any]:
+    C = np.asarray(C, dtype=float)
+    return {"shape": list(C.shape), "values": [_f(v) for v in C.reshape(-1)]}
+
+
+def warnings_to_wire(result: CalibrationResult) -> list[dict[str, Any]]:
+    """``[{"code", "message", "value"}]`` of a result's warnings (``value`` None if absent)."""
+    return [{"code": w.code, "message": w.message, "value": None if w.value is None else _f(w.value)}
+            for w in getattr(result, "warnings", ())]
+
+
+def task_point_errors(result: CalibrationResult, task_points: Any) -> list[dict[str, Any]]:
+    """Predicted error of each task point through the result (``predicted_error_at``).
+
+    Parameters
+    ----------
+    result : CalibrationResult
+        Any result; a tool point has one figure, its tip, whatever points are asked.
+    task_points : array_like, shape (K, 3)
+        Points in the frame the result's ``predicted_error_at`` takes (the cell for a base
+        frame, the camera for hand-eye), metres.
+
+    Returns
+    -------
+    list of dict
+        ``{"point_m", "sigma_m", "sigma_max_m", "frame", "lever_arm_m"}`` per point.
+    """
+    pts = np.asarray(task_points, dtype=float).reshape(-1, 3)
+    out = []
+    for p in pts:
+        try:
+            pe = result.predicted_error_at(p)  # type: ignore[attr-defined]
+        except TypeError:  # the tool point: its tip only
+            pe = result.predicted_error_at()  # type: ignore[attr-defined]
+        out.append({"point_m": [float(v) for v in p], "sigma_m": _f(pe.sigma_m), "sigma_max_m": _f(pe.sigma_max_m),
+                    "frame": pe.frame, "lever_arm_m": _f(pe.lever_arm_m)})
+    return out
+
+
+def _tests_to_wire(result: CalibrationResult) -> dict[str, Any] | None:
+    t = getattr(result, "residual_tests", None)
+    if t is None:
+        return None
+    return {
+        "declared_noise": bool(t.declared_noise), "chi2_per_dof": _f(t.chi2_per_dof), "chi2_p": _f(t.chi2_p),
+        "structure_f": _f(t.structure_f), "structure_p": _f(t.structure_p),
+        "structure_dof": [int(v) for v in t.structure_dof],
+        "redundancy_translation": _f(t.redundancy_translation), "redundancy_rotation": _f(t.redundancy_rotation),
+        "variance_factor_translation": _f(t.variance_factor_translation),
+        "variance_factor_rotation": _f(t.variance_factor_rotation),
+        "small_sample_factor": _f(t.small_sample_factor),
+        "model_error_translation_m": _f(t.model_error_translation_m),
+        "model_error_rotation_rad": _f(t.model_error_rotation_rad),
+        "inflation_translation": _f(t.inflation_translation), "inflation_rotation": _f(t.inflation_rotation),
+        "false_alarm_rate": _f(t.false_alarm_rate),
+    }
+
+
+def result_to_wire(result: CalibrationResult, *, task_points: Any = None) -> dict[str, Any]:
+    """JSON-ready dict of a calibration result of any type.
+
+    Fields: ``transforms`` (name -> transform) and ``points`` (name -> point), both always
+    present and together every estimate of ``result.transforms()``; the closure figures,
+    ``weakest_axis``, per-station ``residuals``, ``solver``, ``frame_convention``;
+    ``uncertainty`` (per-estimate and joint covariance, noise, chi2); ``holdout`` and
+    ``linear_agreement`` (``None`` when the result has none); ``converged``, ``stop_reason``,
+    ``iterations``, ``dof``, ``downweighted``, ``warnings``, ``residual_tests``; with
+    ``task_points`` (K, 3) also ``task_points`` (:func:`task_point_errors`).
+    ``docs/protocols/zeromq.md`` documents every field.
+    """
+    estimates = result.transforms()
+    out: dict[str, Any] = {
+        "transforms": {k: transform_to_wire(k, e.value) for k, e in estimates.items() if not e.is_point},
+        "points": {k: point_to_wire(e.frame, e.value) for k, e in estimates.items() if e.is_point},
+        "n_stations": result.n_stations,
+        "n_motions": result.n_motions,
+        "rms_translation_m": result.rms_translation_m,
+        "max_translation_m": result.max_translation_m,
+        "rms_rotation_rad": result.rms_rotation_rad,
+        "max_rotation_rad": result.max_rotation_rad,
+        "axis_spread": result.axis_spread,
+        "weakest_axis": {"frame": result.axis_frame, "unit": [float(v) for v in result.weakest_axis]},
+        "max_motion_rad": result.max_motion_rad,
+        "residuals": {
+            "translation_m": [float(v) for v in result.residuals.translation_m],
+            "rotation_rad": [float(v) for v in result.residuals.rotation_rad],
+        },
+        "solver": result.solver,
+        "frame_convention": FRAME_CONVENTION,
+        "uncertainty": _uncertainty_to_wire(result, estimates),
+        "holdout": None,
+        "linear_agreement": None,
+        "converged": bool(getattr(result, "converged", True)),
+        "stop_reason": str(getattr(result, "stop_reason", "")),
+        "iterations": int(result.iterations),
+        "dof": int(result.dof),
+        "downweighted": [int(i) for i in np.asarray(result.downweighted, dtype=int).reshape(-1)],
+        "warnings": warnings_to_wire(result),
+        "residual_tests": _tests_to_wire(result),
+    }
+    if task_points is not None:
+        out["task_points"] = task_point_errors(result, task_points)
+    h = result.holdout
+    if h is not None:
+        out["holdout"] = {
+            "method": h.method, "folds": int(h.folds),
+            "p50_translation_m": _f(h.p50_translation_m), "p90_translation_m": _f(h.p90_translation_m),
+            "max_translation_m": _f(h.max_translation_m), "p50_rotation_rad": _f(h.p50_rotation_rad),
+            "p90_rotation_rad": _f(h.p90_rotation_rad), "max_rotation_rad": _f(h.max_rotation_rad),
+            "inflation": _f(h.inflation),
+            "translation_m": [_f(v) for v in h.translation_m], "rotation_rad": [_f(v) for v in h.rotation_rad],
+        }
+    a = result.linear_agreement
+    if a is not None:
+        out["linear_agreement"] = {
+            "translation_m": _f(a.translation_m), "rotation_rad": _f(a.rotation_rad), "sigmas": _f(a.sigmas),
+        }
+    return out
+
+
+def _uncertainty_to_wire(result: CalibrationResult, estimates: dict[str, Estimate]) -> dict[str, Any]:
+    """Covariances (per estimate and joint), the primary's 1-sigma, the noise the fit used."""
+    return {
+        "convention": UNCERTAINTY_CONVENTION,
+        "covariance": {name: _matrix_to_wire(e.covariance) for name, e in estimates.items()},
+        "joint": {"order": list(estimates), **_matrix_to_wire(result.covariance)},
+        "sigma_translation_m": _f(result.sigma_translation_mm * 1e-3),
+        "sigma_rotation_rad": _f(math.radians(result.sigma_rotation_deg)),
+        "noise_translation_m": _f(result.noise_translation_m),
+        "noise_rotation_rad": _f(result.noise_rotation_rad),
+        "noise_source": result.noise_source,
+        "chi2": _f(result.chi2),
+        "dof": int(result.dof),
+        "refined": bool(result.refined),
+        "iterations": int(result.iterations),
+        "downweighted_stations": [int(i) for i in np.asarray(result.downweighted, dtype=int).reshape(-1)],
+    }
+
+
+# --- to_base -------------------------------------------------------------------------------------
+
+
+def pose_from_wire(pose: Mapping[str, Any]) -> np.ndarray:
+    """4x4 ``numpy`` transform from a validated pose argument (``matrix`` or translation + quaternion)."""
+    if "matrix" in pose:
+        return np.array(pose["matrix"], dtype=float).reshape(4, 4)
+    q = pose["quaternion"]
+    return transform_from_xyz_quat(np.array(pose["translation_m"], dtype=float),
+                                   np.array([q["w"], q["x"], q["y"], q["z"]], dtype=float))
+
+
+def to_base_reply(cell_T_base: Any, args: Mapping[str, Any], *, result_id: str, suspect: bool) -> dict[str, Any]:
+    """The ``to_base`` result for validated ``args``, given the calibration's ``cell_T_base``.
+
+    A point ``cell_p`` becomes ``base_p = inv(cell_T_base) @ cell_p``; a pose ``cell_T_x``
+    becomes ``base_T_x = inv(cell_T_base) @ cell_T_x``, in wire form with ``child_frame``
+    named by ``args["child_frame"]``.
+    """
+    with np.errstate(over="ignore", invalid="ignore"):
+        base_T_cell = se3_inverse(np.asarray(cell_T_base, dtype=float))
+        if "point_m" in args:
+            p = base_T_cell[:3, :3] @ np.asarray(args["point_m"], dtype=float) + base_T_cell[:3, 3]
+            out: dict[str, Any] = {"result_id": result_id, "suspect": bool(suspect), "frame": "base",
+                                   "point_m": [float(v) for v in p]}
+        else:
+            base_T_x = base_T_cell @ pose_from_wire(args["pose"])
+            if not np.all(np.isfinite(base_T_x)):
+                raise P.CommandError(P.E_BAD_REQUEST, "to_base: the pose in the base frame is not finite "
+                                                  "(an argument near the float 64 maximum)")
+            child = args.get("child_frame", "pose")
+            out = {"result_id": result_id, "suspect": bool(suspect), "pose": transform_to_wire(f"base_T_{child}", base_T_x)}
+    bad = P.find_non_finite(out)
+    if bad:
+        # Refuse rather than send inf: the arguments are in range, so the calibration or the
+        # point is beyond what float 64 can carry through the product.
+        raise P.CommandError(P.E_BAD_REQUEST, f"to_base: {bad} would not be finite; the argument is out of range")
+    return out

@@ -89,7 +89,7 @@ def check_station_plan(cs: Mapping[str, Any]) -> PlannedStation:
 def model_of(result: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
     """``(cell_T_base (4, 4), flange_T_target (4, 4) or flange_p_target (3,))`` of a stored
     result's wire form, or None when it has neither a target pose nor a reflector point."""
-    from cellcal.daemon.report import transform_from_wire
+    from cellcal.daemon.bodies import transform_from_wire
 
     transforms, points = result.get("transforms") or {}, result.get("points") or {}
     if "cell_T_base" not in transforms:

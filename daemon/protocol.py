@@ -141,8 +141,6 @@ from cellcal.daemon.wire.types import (  # noqa: F401 - re-exported
     check_reply,
     check_result,
     find_non_finite,
-    pose_from_wire,
-    to_base_reply,
 )
 from cellcal.daemon.wire.vocabulary import (  # noqa: F401 - re-exported
     ACTION_MARKED_SUSPECT,
@@ -222,7 +220,7 @@ __all__ = [
     "pack", "unpack", "new_boot_id", "make_envelope", "pack_envelope", "packed_map", "check_envelope",
     "ok_reply", "error_reply", "pack_ok", "pack_error",
     "check_body", "check_result", "BODY_TYPES", "RESULT_TYPES",
-    "pose_from_wire", "to_base_reply", "find_non_finite", "v_record_id", "v_name",
+    "find_non_finite", "v_record_id", "v_name",
     "MAX_POSITION_M", "MAX_JOINT_RAD",
     "HeartbeatBody", "DeviceStatus", "StateBody", "StationBody", "SettleFigures", "ResultBody", "Transform",
     "Quaternion", "Residuals", "Provenance", "DriftBody", "DriftStation", "Cusum", "FaultBody",

@@ -18,10 +18,10 @@ from typing import Any
 
 import numpy as np
 
+from cellcal.daemon.bodies import result_to_wire
 from cellcal.daemon.capture import Expected
 from cellcal.daemon.config import Plan, Solve
 from cellcal.daemon.gates import GateContext, GateReport, model_reach_m
-from cellcal.daemon.report import result_to_wire
 from cellcal.daemon.store import StationRecord
 from cellcal.drivers.kinematics import DHModel
 from cellcal.solver import (

@@ -15,7 +15,7 @@ import numpy as np
 
 from cellcal.daemon import bodies
 from cellcal.daemon import protocol as P
-from cellcal.daemon.report import transform_from_wire
+from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.service import Service, ServiceError
 from cellcal.daemon.store import ResultRecord, StoreError, UnknownRecord
 from cellcal.daemon.wire.zmq_server import ZmqServer
@@ -85,7 +85,8 @@ class DaemonHandler:
         tr = rec.result.get("transforms", {})
         if "cell_T_base" not in tr:
             raise P.CommandError(P.E_NO_CALIBRATION, f"result {rec.id} ({rec.kind}) has no cell_T_base")
-        return P.to_base_reply(transform_from_wire(tr["cell_T_base"]), args, result_id=str(rec.id), suspect=bool(rec.suspect))
+        return bodies.to_base_reply(transform_from_wire(tr["cell_T_base"]), args, result_id=str(rec.id),
+                                    suspect=bool(rec.suspect))
 
     # -- operator ---------------------------------------------------------------------------------
     def _cmd_start_run(self, args: dict, caller: P.Caller) -> P.StartRunResult:
@@ -104,7 +105,7 @@ class DaemonHandler:
                 if "q_rad" in st:
                     plan.append(PlannedStation(i, np.asarray(st["q_rad"], dtype=float), None))
                 else:
-                    plan.append(PlannedStation(i, None, P.pose_from_wire(st["base_T_flange"])))
+                    plan.append(PlannedStation(i, None, bodies.pose_from_wire(st["base_T_flange"])))
         run_id = self.svc.start_run(kind, plan=plan, reason=f"requested by {caller.name} ({caller.key_id})")
         planned = len(plan) if plan is not None else len(self.svc.store.get_run(run_id).plan.get("stations", []))
         return bodies.start_run_reply(run_id, kind, planned)

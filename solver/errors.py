@@ -72,30 +72,36 @@ second base, so callers that catch it keep working (every timeout is also a
     |   +-- ScenarioError (ValueError)   sim.scenario: a scenario file is invalid (dotted path)
     |   +-- SimRefused                   sim.robot_sim: the simulated controller said no
     +-- ConfigError (ValueError)         cellcal.daemon.config: invalid configuration (dotted path)
-    |   +-- SecurityError                daemon.zmq_server: ``[zmq]`` would expose the daemon
+    |   +-- SecurityError                daemon.wire.security: ``[zmq]`` would expose the daemon
     |                                    (a network endpoint without CURVE, bad keys)
-    +-- StationFileError (ValueError)    daemon.stations_io: a station file that cannot be read
-    +-- PlanError (ValueError)           daemon.plan: no station plan from the settings given
-    +-- UsageError                       daemon.cmd_ctl: bad command line (exit status 2)
+    +-- StationFileError (ValueError)    daemon.cli.stations_io: a station file that cannot be read
+    +-- PlanError (ValueError)           daemon.runs.plan: no station plan from the settings given
+    +-- UsageError                       daemon.cli.ctl: bad command line (exit status 2)
     +-- ServiceError                     daemon.service: a request the service cannot honour
     |                                    now (``code``: its E_* code)
-    +-- StateDirLocked                   daemon.service: another daemon holds the state
+    +-- StateDirLocked                   daemon.store.lock: another daemon holds the state
     |                                    directory's lock file (its pid named)
-    +-- StationRejected                  daemon.capture: a station not accepted (``reason``)
-    +-- DeviceFault                      daemon.capture: a device link failed (``device``)
+    +-- ActivationRefused                daemon.jobs.results: a result that failed its gates
+    |                                    cannot be activated
+    +-- Abort                            daemon.jobs.control: the current job was aborted or the
+    |                                    service stops (control flow inside the worker only)
+    +-- GiveUp                           daemon.jobs.control: a fault outlasted resume_within_s
+    |                                    (control flow inside the worker only)
+    +-- StationRejected                  daemon.consistency: a station not accepted (``reason``)
+    +-- DeviceFault                      daemon.consistency: a device link failed (``device``)
     +-- DeviceOpenError                  daemon.devices: a device could not be opened
     |                                    (``device`` names which one)
     +-- StoreError                       daemon.store: the SQLite store
     |   +-- StoreFullError, StoreReadOnlyError, StoreCorruptError, DuplicateStation,
     |       UnknownRecord (LookupError), RunClosed
-    +-- CommandError                     daemon.protocol: a command failed, ``code`` is its
+    +-- CommandError                     daemon.wire.commands: a command failed, ``code`` is its
     |   |                                E_* error code on the wire
     |   +-- BadRequest                   a malformed request (E_BAD_REQUEST)
-    +-- ClientError                      daemon.client: the ZeroMQ client
+    +-- ClientError                      daemon.wire.client: the ZeroMQ client
     |   +-- CommandFailed                the daemon answered ``ok: false`` (``code``)
     |   +-- ClientTimeout (TimeoutError) no reply in time
-    +-- BindError (OSError)              daemon.zmq_server: an endpoint could not be bound
-    +-- HarnessError (AssertionError)    daemon.harness: the simulated test cell misbehaved
+    +-- BindError (OSError)              daemon.wire.security: an endpoint could not be bound
+    +-- HarnessError (AssertionError)    cellcal.testing.harness: the simulated test cell misbehaved
         +-- SoakError                    the daemon broke a promise during the kill -9 soak
 
 Errors from a dependency (pyserial, python-can, canopen, pyzmq, sqlite3) are re-raised as

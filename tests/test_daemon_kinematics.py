@@ -24,8 +24,8 @@ from _kin_daemon import wait_run_end as _wait_run_end
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon import runs
+from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.config import ConfigError, load_config_text
-from cellcal.daemon.report import transform_from_wire
 from cellcal.daemon.runs.iso9283 import solver_params as solver_model
 from cellcal.daemon.runs.kinematics_report import driver_model
 from cellcal.daemon.wire.client import Client

@@ -31,8 +31,8 @@ import pytest
 import zmq
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.config import ConfigError, load_config_text
-from cellcal.daemon.report import transform_from_wire
 from cellcal.solver.se3 import se3_inverse
 from cellcal.testing.harness import (
     CELLCAL,

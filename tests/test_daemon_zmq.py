@@ -19,7 +19,7 @@ import pytest
 import zmq
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.report import transform_from_wire
+from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.wire.client import Client, ClientTimeout, CommandFailed
 from cellcal.sim.scenario import parse_scenario
 from cellcal.solver.se3 import rotation_angle, se3_inverse

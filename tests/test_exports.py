@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 from storetest_support import fill_filesystem, remount, small_tmpfs
 
-from cellcal.daemon.report import result_to_wire
+from cellcal.daemon.bodies import result_to_wire
 from cellcal.daemon.report.exports import (
     atomic_write_bytes,
     remove_stale_temporaries,

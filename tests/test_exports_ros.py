@@ -22,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from cellcal.daemon.bodies import result_to_wire
 from cellcal.daemon.config import ConfigError, Export, load_config_text
-from cellcal.daemon.report import result_to_wire
 from cellcal.daemon.report.exports import (
     active_result_id,
     ros2_launch_file,
@@ -167,7 +167,7 @@ def test_urdf_rpy_convention_at_gimbal_lock_and_half_turns(tmp_path):
 
 
 def result_to_wire_transform(T: np.ndarray) -> dict:
-    from cellcal.daemon.report import transform_to_wire
+    from cellcal.daemon.bodies import transform_to_wire
 
     return {"kind": "base_frame", "transforms": {"cell_T_base": transform_to_wire("cell_T_base", T)}}
 
@@ -463,7 +463,7 @@ def test_base_frame_yaw_turns_the_exported_base_only(base_result, tmp_path):
     lines = dict(ln.split(" = ", 1) for ln in paths["ur"].read_text().splitlines() if not ln.startswith("#"))
     assert np.max(np.abs(parse_ur_pose(lines["cellcal_world"]) @ res.cell_T_base - np.eye(4))) < 1e-9
     # A transform whose parent is the base turns the other way: E_T_child = Rz(-yaw) B_T_child.
-    from cellcal.daemon.report import transform_to_wire
+    from cellcal.daemon.bodies import transform_to_wire
 
     B_T_cam = make_transform(so3_exp([0.1, 0.2, 0.3]), [0.5, 0.1, 0.9])
     eth = {"kind": "hand_eye", "transforms": {"base_T_camera": transform_to_wire("base_T_camera", B_T_cam)},

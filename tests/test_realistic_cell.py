@@ -32,7 +32,7 @@ import numpy as np
 import pytest
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.report import transform_from_wire
+from cellcal.daemon.bodies import transform_from_wire
 from cellcal.drivers.kinematics import kinematics_digest
 from cellcal.sim.robot_scenario import parse_robot_table
 from cellcal.sim.scenario import load_scenario

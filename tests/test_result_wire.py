@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.report import format_report, result_to_wire, transform_from_wire, transforms_of
+from cellcal.daemon.bodies import result_to_wire, transform_from_wire, transforms_of
+from cellcal.daemon.report import format_report
 from cellcal.daemon.report.exports import write_exports
 from cellcal.solver import (
     BaseFrameResult,

@@ -19,7 +19,7 @@ import numpy as np
 import pytest
 from storetest_support import fill_filesystem, make_station, remount, same_station, small_tmpfs
 
-from cellcal.daemon.report import result_to_wire
+from cellcal.daemon.bodies import result_to_wire
 from cellcal.daemon.store import (
     DB_FILENAME,
     MIGRATIONS,

@@ -22,6 +22,7 @@ import pytest
 from conftest import wait_until
 from test_zmq_support import CELL_T_BASE, curve_config, curve_setup, serving, short_tmpdir, zmq_config
 
+from cellcal.daemon import bodies
 from cellcal.daemon import protocol as P
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocols" / "zeromq.md"
@@ -76,7 +77,7 @@ def test_to_base_examples_are_the_transform_of_the_result_example(shape):
     cell_T_base = np.array(result["transforms"]["cell_T_base"]["matrix"]).reshape(4, 4)
     req = P.parse_request(P.pack(json.loads(dict(_blocks("request"))[f"to_base_{shape}"])))
     expected = json.loads(dict(_blocks("result"))[f"to_base_{shape}"])
-    got = P.to_base_reply(cell_T_base, P.validate_args("to_base", req.args), result_id=result["result_id"], suspect=False)
+    got = bodies.to_base_reply(cell_T_base, P.validate_args("to_base", req.args), result_id=result["result_id"], suspect=False)
     assert got.keys() == expected.keys()
     flat = lambda d: np.array([v for v in _numbers(d)])  # noqa: E731
     np.testing.assert_allclose(flat(got), flat(expected), atol=1e-12)

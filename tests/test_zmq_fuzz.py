@@ -17,7 +17,7 @@ import numpy as np
 import zmq
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.report import result_to_wire
+from cellcal.daemon.bodies import result_to_wire
 from cellcal.daemon.store import Store
 from cellcal.daemon.wire.client import Client
 from cellcal.solver import calibrate_base_frame

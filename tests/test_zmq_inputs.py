@@ -18,8 +18,8 @@ from test_zmq_support import dealer, rpc, serving, zctx, zmq_config
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.app import App
+from cellcal.daemon.bodies import result_to_wire, transform_to_wire
 from cellcal.daemon.config import load_config_text
-from cellcal.daemon.report import result_to_wire, transform_to_wire
 from cellcal.daemon.store import Store
 from cellcal.solver import calibrate_base_frame
 from cellcal.solver.se3 import make_transform, so3_exp

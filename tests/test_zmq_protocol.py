@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 from test_zmq_support import CELL_T_BASE, MemoryDaemon, pose
 
+from cellcal.daemon import bodies
 from cellcal.daemon import protocol as P
 from cellcal.solver.se3 import quat_from_matrix, se3_inverse
 
@@ -184,14 +185,14 @@ def test_body_checker_finds_missing_and_mistyped_fields():
 def test_to_base_point_and_pose_agree_with_the_inverse(xi, p):
     cell_T_base = pose(xi[:3], xi[3:])
     base_T_cell = se3_inverse(cell_T_base)
-    out = P.to_base_reply(cell_T_base, P.validate_args("to_base", {"point_m": p}), result_id="r", suspect=True)
+    out = bodies.to_base_reply(cell_T_base, P.validate_args("to_base", {"point_m": p}), result_id="r", suspect=True)
     assert out["suspect"] is True and out["frame"] == "base"
     np.testing.assert_allclose(out["point_m"], base_T_cell[:3, :3] @ p + base_T_cell[:3, 3], atol=1e-9)
     cell_T_x = pose(p, xi[3:][::-1])
     q = quat_from_matrix(cell_T_x[:3, :3])
-    a = P.to_base_reply(cell_T_base, P.validate_args("to_base", {"pose": {"matrix": cell_T_x.reshape(16).tolist()}}),
+    a = bodies.to_base_reply(cell_T_base, P.validate_args("to_base", {"pose": {"matrix": cell_T_x.reshape(16).tolist()}}),
                         result_id="r", suspect=False)
-    b = P.to_base_reply(cell_T_base, P.validate_args("to_base", {"pose": {
+    b = bodies.to_base_reply(cell_T_base, P.validate_args("to_base", {"pose": {
         "translation_m": list(p), "quaternion": dict(zip("wxyz", map(float, q), strict=True))}, "child_frame": "tcp"}),
         result_id="r", suspect=False)
     np.testing.assert_allclose(a["pose"]["matrix"], (base_T_cell @ cell_T_x).reshape(16), atol=1e-9)

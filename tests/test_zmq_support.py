@@ -30,9 +30,9 @@ import zmq
 
 from cellcal.daemon import bodies
 from cellcal.daemon import protocol as P
+from cellcal.daemon.bodies import transform_to_wire
 from cellcal.daemon.config import Drift, Zmq, ZmqClient
 from cellcal.daemon.drift import Verdict
-from cellcal.daemon.report import transform_to_wire
 from cellcal.daemon.wire.zmq_server import ZmqServer
 from cellcal.solver.se3 import so3_exp
 
@@ -199,7 +199,7 @@ class MemoryDaemon:
         if "cell_T_base" not in r["transforms"]:
             raise P.CommandError(P.E_NO_CALIBRATION, f"result {r['result_id']} ({r['kind']}) has no cell_T_base")
         m = np.array(r["transforms"]["cell_T_base"]["matrix"]).reshape(4, 4)
-        return P.to_base_reply(m, args, result_id=r["result_id"], suspect=r["suspect"])
+        return bodies.to_base_reply(m, args, result_id=r["result_id"], suspect=r["suspect"])
 
     def _cmd_start_run(self, args, caller):
         if self.block:

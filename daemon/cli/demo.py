@@ -84,7 +84,7 @@ _CHI2_999 = {3: 16.266, 6: 22.458}
 def _point_truth(result: dict, world) -> dict:
     """Errors of a point result against the scenario's truth, and whether each lies inside
     its own reported covariance (NEES below the 99.9 % chi-square quantile)."""
-    from cellcal.daemon.report import transform_from_wire
+    from cellcal.daemon.bodies import transform_from_wire
     from cellcal.solver.se3 import se3_inverse, so3_log
 
     cov = result["uncertainty"]["covariance"]
@@ -176,9 +176,9 @@ def _say_kept(report: Path | None, state_dir: str, say) -> None:
 def run(args: argparse.Namespace) -> int:
     from cellcal.daemon import protocol as P
     from cellcal.daemon.app import App
+    from cellcal.daemon.bodies import transform_from_wire
     from cellcal.daemon.cli.instruments import config_overrides, start_simulated
     from cellcal.daemon.config import ConfigError, load_config
-    from cellcal.daemon.report import transform_from_wire
     from cellcal.daemon.store import RunStatus
     from cellcal.sim.robot_sim import start_sim_robot
     from cellcal.sim.scenario import load_scenario

@@ -27,8 +27,9 @@ import sys
 
 import numpy as np
 
+from cellcal.daemon.bodies import result_to_wire, transforms_of
 from cellcal.daemon.cli.stations_io import StationFileError, read_stations
-from cellcal.daemon.report import format_report, result_to_wire, transforms_of
+from cellcal.daemon.report import format_report
 from cellcal.solver import (
     CalibrationError,
     calibrate_base_frame,

@@ -68,7 +68,7 @@ from typing import Any
 import numpy as np
 
 from cellcal.daemon import runs
-from cellcal.daemon.report import transform_from_wire
+from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.store import StoreError, StoreFullError, StoreReadOnlyError
 from cellcal.solver.se3 import check_transform, se3_inverse, so3_log, xyz_quat_from_transform
 

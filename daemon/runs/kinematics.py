@@ -47,12 +47,12 @@ import numpy as np
 
 from cellcal.daemon import drift, solve
 from cellcal.daemon import protocol as P
+from cellcal.daemon.bodies import FRAME_CONVENTION, UNCERTAINTY_CONVENTION, point_to_wire, transform_to_wire
 from cellcal.daemon.capture import CaptureEngine, Expected
 from cellcal.daemon.config import Config, Export
 from cellcal.daemon.config import Kinematics as KinematicsSection
 from cellcal.daemon.devices import CellDevices
 from cellcal.daemon.gates import GateCheck, GateContext, GateReport, gates_passed, rms_translation
-from cellcal.daemon.report import FRAME_CONVENTION, UNCERTAINTY_CONVENTION, point_to_wire, transform_to_wire
 from cellcal.daemon.runs import iso9283
 from cellcal.daemon.runs import kinematics_report as kr
 from cellcal.daemon.runs.base import Finished, Measure, ReportParts, ResultBody, RunContext, RunKind

@@ -551,7 +551,7 @@ def run_status(state_dir: Path, run_id: int) -> str | None:
 
 def transform_and_cov(result: Mapping[str, Any], name: str = "cell_T_base") -> tuple[np.ndarray, np.ndarray]:
     """A result's transform ``name`` (4x4) and its 6x6 covariance (right perturbation, m and rad)."""
-    from cellcal.daemon.report import transform_from_wire
+    from cellcal.daemon.bodies import transform_from_wire
 
     T = transform_from_wire(result["transforms"][name])
     c = result["uncertainty"]["covariance"][name]

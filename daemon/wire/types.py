@@ -13,9 +13,8 @@ import typing
 from collections.abc import Mapping
 from typing import Any, Literal, TypedDict, Union
 
-from cellcal.daemon.wire.commands import CommandError, _is_number, _what
+from cellcal.daemon.wire.commands import _is_number, _what
 from cellcal.daemon.wire.vocabulary import (
-    E_BAD_REQUEST,
     ERROR_CODES,
     TOPIC_DRIFT,
     TOPIC_FAULT,
@@ -440,53 +439,3 @@ def find_non_finite(obj: Any, path: str = "result", _depth: int = 0) -> str | No
     if hasattr(obj, "tolist") and not isinstance(obj, (str, bytes)):
         return find_non_finite(obj.tolist(), path, _depth + 1)
     return None
-
-
-# --- to_base -------------------------------------------------------------------------------------
-
-
-def pose_from_wire(pose: Mapping[str, Any]):
-    """4x4 ``numpy`` transform from a validated pose argument (``matrix`` or translation + quaternion)."""
-    import numpy as np
-
-    if "matrix" in pose:
-        return np.array(pose["matrix"], dtype=float).reshape(4, 4)
-    from cellcal.solver.se3 import transform_from_xyz_quat
-
-    q = pose["quaternion"]
-    return transform_from_xyz_quat(np.array(pose["translation_m"], dtype=float),
-                                   np.array([q["w"], q["x"], q["y"], q["z"]], dtype=float))
-
-
-def to_base_reply(cell_T_base: Any, args: Mapping[str, Any], *, result_id: str, suspect: bool) -> dict[str, Any]:
-    """The ``to_base`` result for validated ``args``, given the calibration's ``cell_T_base``.
-
-    A point ``cell_p`` becomes ``base_p = inv(cell_T_base) @ cell_p``; a pose ``cell_T_x``
-    becomes ``base_T_x = inv(cell_T_base) @ cell_T_x``, in wire form with ``child_frame``
-    named by ``args["child_frame"]``.
-    """
-    import numpy as np
-
-    from cellcal.daemon.report import transform_to_wire
-    from cellcal.solver.se3 import se3_inverse
-
-    with np.errstate(over="ignore", invalid="ignore"):
-        base_T_cell = se3_inverse(np.asarray(cell_T_base, dtype=float))
-        if "point_m" in args:
-            p = base_T_cell[:3, :3] @ np.asarray(args["point_m"], dtype=float) + base_T_cell[:3, 3]
-            out: dict[str, Any] = {"result_id": result_id, "suspect": bool(suspect), "frame": "base",
-                                   "point_m": [float(v) for v in p]}
-        else:
-            base_T_x = base_T_cell @ pose_from_wire(args["pose"])
-            if not np.all(np.isfinite(base_T_x)):
-                raise CommandError(E_BAD_REQUEST, "to_base: the pose in the base frame is not finite "
-                                                  "(an argument near the float 64 maximum)")
-            child = args.get("child_frame", "pose")
-            out = {"result_id": result_id, "suspect": bool(suspect), "pose": transform_to_wire(f"base_T_{child}", base_T_x)}
-    bad = find_non_finite(out)
-    if bad:
-        # Refuse rather than send inf: the arguments are in range, so the calibration or the
-        # point is beyond what float 64 can carry through the product.
-        raise CommandError(E_BAD_REQUEST, f"to_base: {bad} would not be finite; the argument is out of range")
-    return out
-
