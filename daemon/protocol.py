@@ -118,6 +118,8 @@ from cellcal.daemon.wire.types import (  # noqa: F401 - re-exported
     HeartbeatBody,
     Holdout,
     JointCovariance,
+    JsonObject,
+    JsonValue,
     LinearAgreement,
     ListResultsResult,
     Point,
@@ -226,5 +228,6 @@ __all__ = [
     "Quaternion", "Residuals", "Provenance", "DriftBody", "DriftStation", "Cusum", "FaultBody",
     "StatusResult", "SnapshotResult", "ResultSummary", "ListResultsResult", "ToBasePointResult",
     "ToBasePoseResult", "StartRunResult", "AbortResult", "DriftCheckResult", "ActivateResult",
-    "Point", "WeakestAxis", "Covariance", "JointCovariance", "Uncertainty", "Holdout", "LinearAgreement",
+    "JsonValue", "JsonObject", "Point", "WeakestAxis", "Covariance", "JointCovariance", "Uncertainty", "Holdout",
+    "LinearAgreement",
 ]

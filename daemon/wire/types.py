@@ -11,7 +11,7 @@ import math
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypedDict, Union
+from typing import Any, Literal, TypeAlias, TypedDict, Union
 
 from cellcal.daemon.wire.commands import _is_number, _what
 from cellcal.daemon.wire.vocabulary import (
@@ -35,6 +35,15 @@ from cellcal.daemon.wire.vocabulary import (
 # These TypedDicts are the contract the daemon produces and clients read (the doc repeats
 # them with units). Optional values are ``X | None`` and always present; the checker below
 # lets the daemon's tests assert what it publishes.
+
+
+#: A JSON value as the daemon stores and sends it (what ``json`` and msgpack carry both ways):
+#: the type of records whose shape is open (a result's stored record, a station's settle
+#: figures and raw samples). Code that reads one narrows it (``isinstance``) or reads it
+#: through the TypedDicts below; code that writes one builds it from these cases only.
+JsonValue: TypeAlias = None | bool | int | float | str | list["JsonValue"] | dict[str, "JsonValue"]
+#: A JSON object (a map with string keys).
+JsonObject: TypeAlias = dict[str, JsonValue]
 
 
 class DeviceStatus(TypedDict):
