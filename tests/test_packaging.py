@@ -2,7 +2,8 @@
 and `cellcal demo`, `cellcal init` and `cellcal check-config` work from any directory.
 
 The wheel is built from a copy of the source tree (so the checkout gets no build/ or
-egg-info) as pip builds it for a user (build isolation, like `make`'s install), installed
+egg-info) without network access (``--no-build-isolation``: the build backend, setuptools
+>= 77, is in the test extra), installed
 with ``--no-deps --no-index`` into a fresh venv that sees the test venv's site-packages for
 numpy, pyzmq ... (a plain path entry: the checkout's editable-install hook there is a .pth
 file, which a plain path entry does not run), and run from an empty directory outside the
@@ -42,9 +43,10 @@ def installed(tmp_path_factory):
         ".venv", ".git", "build", "dist", "*.egg-info", "__pycache__", ".pytest_cache", ".hypothesis", "_work",
         ".cellcal-demo"))
     out = base / "dist"
-    # Build isolation, as `make` installs: the build backend pyproject.toml asks for (setuptools
-    # >= 77) comes from the package index, whatever setuptools the test venv has.
-    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), str(src)],
+    # No build isolation: the build backend pyproject.toml asks for (setuptools >= 77) is the
+    # test venv's own (the test extra), so the build needs no package index.
+    r = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index", "-q",
+                        "-w", str(out), str(src)],
                        capture_output=True, text=True, timeout=300, env=_env(), stdin=subprocess.DEVNULL)
     assert r.returncode == 0, f"building the wheel failed:\n{r.stdout}\n{r.stderr}"
     (wheel,) = out.glob("cellcal-*.whl")
@@ -117,3 +119,18 @@ def test_init_from_the_wheel_writes_a_config_check_config_accepts(installed, rob
     assert r.returncode == 0 and out.is_file(), r.stderr
     r = _run(installed, "check-config", "--quiet", str(out))
     assert r.returncode == 0, r.stderr
+
+
+def test_an_integrators_test_runs_from_its_own_folder_against_the_wheel(installed):
+    """docs/testing.md's example, copied into a folder of its own, run by pytest with the wheel
+    installed: the plugin's fixtures (entry point pytest11) start a simulated cell and a
+    daemon as processes, and the client's calibration maps a cell point into the base."""
+    bindir, _, work = installed
+    mine = work / "integrator"
+    mine.mkdir()
+    shutil.copy(ROOT / "docs" / "examples" / "test_my_client.py", mine / "test_my_client.py")
+    r = subprocess.run([str(bindir / "python"), "-m", "pytest", "-q", "-p", "no:cacheprovider",
+                        "test_my_client.py"], cwd=mine, capture_output=True, text=True, timeout=500, env=_env(),
+                       stdin=subprocess.DEVNULL)
+    assert r.returncode == 0, r.stdout[-4000:] + r.stderr[-2000:]
+    assert "1 passed" in r.stdout, r.stdout

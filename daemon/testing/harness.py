@@ -52,16 +52,21 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
+import zmq
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.app import App
+from cellcal.daemon.bodies import transform_from_wire
+from cellcal.daemon.cli.instruments import config_overrides
+from cellcal.daemon.config import load_config_text
 from cellcal.daemon.store import RunStatus
+from cellcal.sim.scenario import Scenario, load_scenario
 from cellcal.solver.errors import CellcalError
-
-if TYPE_CHECKING:
-    from cellcal.sim.scenario import Scenario
+from cellcal.solver.se3 import se3_inverse, so3_log
+from cellcal.testing.simulators import simulated_devices
 
 __all__ = [
     "FAST_SCENARIO", "REALISTIC_SCENARIO", "SCENARIOS", "PROFILE_OVERRIDES", "profile_of", "CELLCAL", "K_SIGMA",
@@ -447,8 +452,6 @@ class Recorder:
     """
 
     def __init__(self, pub_endpoint: str) -> None:
-        import zmq
-
         self._zmq = zmq
         self.ctx = zmq.Context()
         self.sock = self.ctx.socket(zmq.SUB)
@@ -551,8 +554,6 @@ def run_status(state_dir: Path, run_id: int) -> str | None:
 
 def transform_and_cov(result: Mapping[str, Any], name: str = "cell_T_base") -> tuple[np.ndarray, np.ndarray]:
     """A result's transform ``name`` (4x4) and its 6x6 covariance (right perturbation, m and rad)."""
-    from cellcal.daemon.bodies import transform_from_wire
-
     T = transform_from_wire(result["transforms"][name])
     c = result["uncertainty"]["covariance"][name]
     return T, np.asarray(c["values"], dtype=float).reshape(c["shape"])
@@ -561,8 +562,6 @@ def transform_and_cov(result: Mapping[str, Any], name: str = "cell_T_base") -> t
 def deviation_sigmas(T_ref: np.ndarray, C_ref: np.ndarray, T: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """``xi = log(T_ref^-1 T)`` as (rho [m], phi [rad]) and each component in sigma units of
     ``C_ref + C`` (the two estimates are independent: different stations' noise)."""
-    from cellcal.solver.se3 import se3_inverse, so3_log
-
     D = se3_inverse(T_ref) @ T
     phi = so3_log(D[:3, :3])
     xi = np.concatenate([D[:3, 3], phi])  # rho ~ translation for the tiny angles here
@@ -741,12 +740,6 @@ def inprocess_cell(
         The daemon settings of a named cell (:data:`PROFILE_OVERRIDES`) for a scenario given
         as a path or a Scenario (e.g. a copy of the realistic cell with a fault appended).
     """
-    from cellcal.daemon.app import App
-    from cellcal.daemon.cli.instruments import config_overrides, start_simulated
-    from cellcal.daemon.config import load_config_text
-    from cellcal.sim.robot_sim import start_sim_robot
-    from cellcal.sim.scenario import Scenario, load_scenario
-
     if profile is None:
         profile = "exact" if scenario is None or isinstance(scenario, Scenario) else profile_of(scenario)
     if isinstance(scenario, str) and scenario in SCENARIOS:
@@ -754,32 +747,20 @@ def inprocess_cell(
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(FAST_SCENARIO if scenario is None else Path(scenario))
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    world = sc.make_world()
-    robot = tracker = app = None
-    try:
-        if robot_transport == "canopen":
-            # A channel of its own: the virtual bus is process-wide, and tests run in one process.
-            robot = start_sim_robot(world, sc.robot, transport="canopen", can_interface="virtual",
-                                    can_channel=f"cellcal-harness-{os.getpid()}-{time.monotonic_ns()}")
-        else:
-            robot = start_sim_robot(world, sc.robot, transport="rtde")
-        tracker = start_simulated(instrument, world, sc.tracker, seed=sc.seed, transport=tracker_transport)
-        cfgd = daemon_config(robot_url=robot.url, tracker_url=tracker.url, workdir=workdir, n_stations=n_stations,
-                             overrides=_merge(config_overrides(instrument), overrides or {}), base=base_config,
-                             profile=profile)
+    with simulated_devices(sc, instrument=instrument, robot_transport=robot_transport,
+                           tracker_transport=tracker_transport) as devices:
+        cfgd = daemon_config(robot_url=devices.robot.url, tracker_url=devices.tracker.url, workdir=workdir,
+                             n_stations=n_stations, overrides=_merge(config_overrides(instrument), overrides or {}),
+                             base=base_config, profile=profile)
         if state_dir is not None:
             cfgd["service"]["state_dir"] = str(state_dir)
         cfg = load_config_text(to_toml(cfgd), source=str(workdir / "cellcal.toml"))
-        cell = InProcessCell(sc, world, robot, tracker, cfg)
+        cell = InProcessCell(sc, devices.world, devices.robot, devices.tracker, cfg)
         app = App(cfg, listeners=[cell.on_event], supervise=True, validate_bodies=validate_bodies, zmq=zmq,
                   shutdown_timeout_s=15.0)
         cell.app = app
         app.open()
-        yield cell
-    finally:
-        if app is not None:
+        try:
+            yield cell
+        finally:
             app.close()
-        if tracker is not None:
-            tracker.close()
-        if robot is not None:
-            robot.close()

@@ -20,6 +20,7 @@ import numpy as np
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.store import RunStatus
+from cellcal.daemon.wire.client import Client
 from cellcal.testing.harness import (
     _OPEN,
     FAST_SCENARIO,
@@ -99,8 +100,6 @@ def _wait_heartbeat(rec: Recorder, daemon: DaemonProcess, known_boots: set[str],
 
 
 def _start_run(cmd_endpoint: str) -> int:
-    from cellcal.daemon.wire.client import Client
-
     with Client(cmd_endpoint, timeout_s=3.0, retries=2) as c:
         return int(c.call("start_run", kind="base_frame")["run_id"])
 
