@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import ipaddress
 import json
 import logging
 import os
@@ -82,10 +83,32 @@ def _start_robot(args: argparse.Namespace, scenario: Scenario, world: World) -> 
     )
 
 
-#: device name -> starter, in start order; ``None`` prints ``null`` (not simulated).
+def _start_camera(args: argparse.Namespace, scenario: Scenario, world: World) -> Any:
+    """``--camera MOUNTING``: the scenario's ``[camera]`` (it must be mounted so), or a default
+    camera of that mounting (``cellcal.sim.camera_device.default_camera``), served as a GigE
+    Vision device on ``--camera-address``."""
+    if args.camera is None:
+        return None
+    from cellcal.sim.camera_device import default_camera, start_sim_camera  # only a cell with a camera needs it
+
+    if not ipaddress.ip_address(args.camera_address).is_loopback:
+        # The simulator serves loopback only: a simulated camera on a real network would answer
+        # whoever discovers cameras there.
+        print(f"cellcal sim: --camera-address {args.camera_address} is not a loopback address", file=sys.stderr)
+        raise SystemExit(2)
+    config = scenario.camera if scenario.camera is not None else default_camera(scenario, args.camera)
+    if config.mounting != args.camera:
+        print(f"cellcal sim: the scenario's [camera] is mounted {config.mounting}, not {args.camera}", file=sys.stderr)
+        raise SystemExit(2)
+    return start_sim_camera(world, config, args.camera_address, seed=scenario.seed)
+
+
+#: device name -> starter, in start order; ``None`` (or a starter returning None) prints
+#: ``null`` (not simulated).
 DEVICE_STARTERS: dict[str, Callable[[argparse.Namespace, Scenario, World], Any] | None] = {
     "tracker": _start_tracker,
     "robot": _start_robot,
+    "camera": _start_camera,
 }
 
 
@@ -123,6 +146,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--can-port", type=int, default=0, help="SLCAN bridge TCP port (0: any free port)")
     parser.add_argument("--can-channel", default="",
                         help="name of the drives' in-process virtual bus (default: cellcal-sim-<pid>)")
+    parser.add_argument(
+        "--camera", choices=("eye_in_hand", "eye_to_hand"), default=None,
+        help="also serve a rendered camera as a GigE Vision device: on the flange looking at a board in the cell, "
+             "or in the cell looking at a board on the flange (the scenario's [camera], else a default one)",
+    )
+    parser.add_argument("--camera-address", default="127.0.0.1",
+                        help="loopback address the camera's GVCP port 3956 listens on (default 127.0.0.1)")
     parser.add_argument("--log-level", default="WARNING", help="stderr log level (default WARNING)")
 
 
@@ -153,6 +183,9 @@ def run(args: argparse.Namespace) -> int:
                     urls[name] = None
                     continue
                 device = starter(args, scenario, world)
+                if device is None:
+                    urls[name] = None
+                    continue
                 stack.callback(device.close)
                 urls[name] = device.url
                 if name == "robot":

@@ -112,6 +112,16 @@ class FrameSource(Protocol):
     def frame(self, request: FrameRequest) -> RenderedFrame: ...
 
 
+class TimestampClock(Protocol):
+    """The device's timestamp counter (:class:`DeviceClock`, or a rendered camera's own clock)."""
+
+    tick_frequency_hz: int
+
+    def ticks(self, host_ns: int) -> int: ...
+
+    def reset(self, host_ns: int) -> None: ...
+
+
 class TestPatternSource:
     """A deterministic pattern: pixel ``(x, y)`` of frame ``index`` is ``(x + y + index) % 256``
     (Mono8) or that times 256 (Mono16). :meth:`expected` gives it back, so a test can check
@@ -198,7 +208,7 @@ class GigeDevice:
     """
 
     def __init__(self, address: str, port: int = gc.GVCP_PORT, *, source: FrameSource | None = None,
-                 clock: DeviceClock | None = None, serial: str = "SIM0001", model: str = "SimCam",
+                 clock: TimestampClock | None = None, serial: str = "SIM0001", model: str = "SimCam",
                  vendor: str = "cellcal", firmware: str = "1.0.0", sensor: tuple[int, int] = (640, 480),
                  frame_rate_hz: float = 20.0, exposure_s: float = 0.005, gain_db: float = 0.0,
                  packet_size: int = 1400, zip_xml: bool = True, lost_packet_ratio: float = 0.0,
@@ -208,7 +218,7 @@ class GigeDevice:
             raise SimError(f"the simulated camera serves on one address, not {address}")
         self.address, self.port = str(addr), int(port)
         self.source: FrameSource = source or TestPatternSource()
-        self.clock = clock or DeviceClock()
+        self.clock: TimestampClock = clock or DeviceClock()
         self.lost_packet_ratio = float(lost_packet_ratio)
         self._rng = np.random.default_rng(seed)
         self._mem = bytearray(_MEMORY_BYTES)

@@ -218,6 +218,8 @@ def test_run_kinds_live_in_one_package():
     from cellcal.daemon import runs
 
     assert set(runs.names()) == set(P.RUN_KINDS)
+    for name in runs.KINDS:  # the registry is lazy: a typo in it would otherwise wait for its first run
+        assert runs.get(name).name == name.partition(":")[0]
     pattern = re.compile(r"\bKIND_[A-Z_]+\b")
     bad = []
     for name, path in MODULES.items():
