@@ -23,7 +23,7 @@ OS_PACKAGES += mosquitto prometheus
 # (ADR 0020).
 OS_PACKAGES += aravis-tools aravis-tools-cli gir1.2-aravis-0.8 python3-gi strace
 
-.PHONY: demo test test-stress os-deps lint bench bench-figaroh clean
+.PHONY: demo test check test-stress os-deps lint bench bench-figaroh clean
 
 $(PY):
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,12 @@ demo: $(STAMP)-test
 
 test: os-deps $(STAMP)-test lint
 	$(PYTEST)
+
+# The fast tier for the developer's loop (under 2 minutes on 2 cores): lint, then every test not
+# marked slow (unit, codec, solver and property tests; nothing that runs a simulated cell in real
+# time or starts a process). `make test` (what .ci/run calls) runs everything.
+check: $(STAMP)-test lint
+	$(PYTEST) -m "not slow"
 
 # The whole suite with two CPU-burning processes beside it (the suite must pass on a loaded
 # 2-core machine). The burners are killed however pytest ends, and also stop by themselves

@@ -30,11 +30,18 @@ LONGER_TIMEOUT_S = {
 }
 
 
+#: Files of the slow tier whose source stays as it is (the ZeroMQ contract tests are kept
+#: untouched): marked here instead of by their own ``pytestmark``.
+SLOW_FILES = {"test_contract.py"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         test = item.nodeid.rsplit("/", 1)[-1]  # the same from the repository or from tests/
         if test in LONGER_TIMEOUT_S:
             item.add_marker(pytest.mark.timeout(LONGER_TIMEOUT_S[test]))
+        if test.split("::", 1)[0] in SLOW_FILES:
+            item.add_marker(pytest.mark.slow)
 
 
 T = TypeVar("T")

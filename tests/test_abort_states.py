@@ -24,6 +24,9 @@ from cellcal.daemon import solve as solve_mod
 from cellcal.daemon.wire.client import Client, CommandFailed
 from cellcal.testing.harness import InProcessCell, inprocess_cell, run_status
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 ABORT_DEADLINE_S = 1.0  # the requirement: abort ends the run within one second
 WAIT_S = 60.0           # reaching a phase on a loaded machine
 

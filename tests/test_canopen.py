@@ -31,6 +31,9 @@ from cellcal.drivers.settle import SettleConfig
 from cellcal.sim.robot_sim import start_sim_robot
 from cellcal.sim.world import World
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 UR5E = dh_model("ur5e")
 HOME_FLANGE = UR5E.forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))
 Q_HOME = np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0])

@@ -27,6 +27,9 @@ from cellcal.drivers.errors import DeviceError, DriverInitError
 from cellcal.drivers.robot import RobotMode
 from cellcal.drivers.settle import SettleConfig
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 INC_PER_REV = 131072
 GEAR = 101.0
 _channels = itertools.count()

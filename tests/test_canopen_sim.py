@@ -28,6 +28,9 @@ from cellcal.sim.robot_scenario import parse_robot_table
 from cellcal.sim.robot_sim import start_sim_robot
 from cellcal.sim.world import World
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 Q_HOME = np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0])
 HOME_FLANGE = dh_model("ur5e").forward(Q_HOME)
 ROOT = Path(__file__).resolve().parents[1]

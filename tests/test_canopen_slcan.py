@@ -26,6 +26,9 @@ from cellcal.sim.slcan_bridge import (
     parse_command,
 )
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 _channels = itertools.count()
 
 

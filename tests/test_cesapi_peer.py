@@ -26,6 +26,9 @@ import pytest
 from cellcal.sim.emscon_sim import SimEmscon
 from cellcal.sim.scenario import FaultConfig, FaultKind, parse_scenario
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 PACKAGE = "cesapi==1.1.3"
 PEER_TIMEOUT_S = 60.0
 

@@ -24,10 +24,14 @@ station is never rejected).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import RejectReason
 from cellcal.testing.harness import inprocess_cell, scenario_with
+
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
 
 WAIT_S = 90.0  # deadlines only
 NEW_REASONS = {RejectReason.FK_MISMATCH.value, RejectReason.TRACKER_OUT_OF_RANGE.value,

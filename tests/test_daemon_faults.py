@@ -22,6 +22,9 @@ import pytest
 from cellcal.daemon import protocol as P
 from cellcal.testing.harness import inprocess_cell
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 WAIT_S = 90.0
 
 

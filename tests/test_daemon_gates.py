@@ -32,6 +32,9 @@ from cellcal.daemon.store import RunStatus
 from cellcal.solver.se3 import so3_log
 from cellcal.testing.harness import daemon_config, free_port, inprocess_cell, nonconforming_bodies, to_toml
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 # Per-axis tracker noise of the good data: 0.02 mm, 0.005 deg.
 MM, DEG = 0.02, 0.005
 ALL_GATES = {"rms_translation", "rms_rotation", "converged", "model_error", "sigma_at_task_points", "reach"}

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import pytest
 from storetest_support import make_station
 
 from cellcal.daemon import protocol as P
@@ -29,6 +30,9 @@ from cellcal.daemon.service import Service, State
 from cellcal.daemon.store import Store
 from cellcal.testing.harness import K_SIGMA, daemon_config, free_port, to_toml
 from cellcal.testing.soak import soak
+
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
 
 KILLS = 24
 

@@ -46,6 +46,9 @@ from cellcal.testing.harness import (
     write_config,
 )
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 WAIT_S = 90.0  # deadlines only: a loaded machine is slow, a broken daemon never answers
 MAX_ERR_T_M = 30e-6
 MAX_ERR_R_RAD = math.radians(0.003)

@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.service import State
@@ -48,6 +49,9 @@ from cellcal.testing.harness import (
     transform_and_cov,
     write_config,
 )
+
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
 
 MAX_ERR_T_M = 30e-6
 MAX_ERR_R_RAD = math.radians(0.003)

@@ -35,6 +35,9 @@ from cellcal.testing.harness import (
     write_config,
 )
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 
 def _exports(state: Path) -> dict[str, bytes]:
     d = state / "exports"

@@ -25,6 +25,9 @@ from cellcal.sim.scenario import parse_scenario
 from cellcal.solver.se3 import rotation_angle, se3_inverse
 from cellcal.testing.harness import inprocess_cell
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 
 SCENARIO = """

@@ -7,6 +7,10 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
+
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
 
 
 def test_demo_json_is_the_published_result_with_truth_error(tmp_path):

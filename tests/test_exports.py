@@ -287,6 +287,7 @@ def test_a_reader_never_sees_a_torn_file(tmp_path):
     assert seen == {"small", "big"} and reads > 20
 
 
+@pytest.mark.slow  # kills writer processes at random moments
 def test_kill_9_mid_write_leaves_the_old_or_the_new_file(tmp_path):
     """SIGKILL a writer at random moments: the file is always a complete version (a
     temporary may be left behind; remove_stale_temporaries clears exactly those)."""

@@ -37,6 +37,9 @@ from cellcal.solver import calibrate_base_frame, calibrate_tool_point
 from cellcal.solver.se3 import make_transform, so3_exp
 from cellcal.solver.synthetic import base_frame_scene, pivot_scene
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 ROS_NAMES = Export(cell_frame="world", base_frame="base_link", flange_frame="tool0", target_frame="smr",
                    robot_name="cell_7")
 

@@ -28,6 +28,9 @@ from cellcal.drivers import geocom_codec as gc
 from cellcal.sim.geocom_sim import SimGeocom
 from cellcal.sim.scenario import parse_scenario
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 PEER_TIMEOUT_S = 60.0
 SCENARIO = """
 seed = 9

@@ -31,6 +31,9 @@ from cellcal.sim.scenario import parse_scenario
 from cellcal.solver import identify_kinematics
 from cellcal.solver.se3 import se3_inverse, se3_log
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 _ROOT = pathlib.Path(__file__).resolve().parent.parent
 _ARMS = 6
 _NEES_BOUND = 20.06  # chi-square, 6 dof, 99.73 %

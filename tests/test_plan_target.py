@@ -26,6 +26,9 @@ from cellcal.solver.se3 import se3_inverse
 from cellcal.solver.synthetic import perturb
 from cellcal.testing.harness import inprocess_cell
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 UR = dh_model("ur5e")
 HOME = np.radians([0.0, -90.0, 90.0, -90.0, -90.0, 0.0])

@@ -25,6 +25,9 @@ from cellcal.daemon.report.html import FIGURES, report_path
 from cellcal.solver.synthetic import hand_eye_scene
 from cellcal.testing.harness import inprocess_cell
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 CELLCAL = [sys.executable, "-m", "cellcal.daemon.cli"]
 WAIT_S = 90.0
 

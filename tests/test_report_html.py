@@ -242,6 +242,7 @@ def _hex(colour: str) -> tuple[int, int, int]:
     return int(colour[1:3], 16), int(colour[3:5], 16), int(colour[5:7], 16)
 
 
+@pytest.mark.slow  # starts a headless Chromium
 def test_headless_chromium_draws_the_figures(tmp_path, kinds):
     chromium = _chromium()
     body, stations = kinds["base_frame"]

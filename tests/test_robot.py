@@ -19,6 +19,9 @@ from cellcal.drivers.settle import SettleConfig
 from cellcal.sim.robot_sim import start_sim_robot
 from cellcal.sim.world import World
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 UR5E = dh_model("ur5e")
 Q_HOME = np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0])
 _ch = itertools.count()

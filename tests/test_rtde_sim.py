@@ -24,6 +24,9 @@ from cellcal.sim.rtde_server import parse_urscript
 from cellcal.sim.world import World
 from cellcal.solver.se3 import se3_inverse, so3_log
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 UR5E = dh_model("ur5e")
 HOME_FLANGE = UR5E.forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))
 P = rc.PacketType

@@ -22,6 +22,9 @@ from cellcal.sim.offline import OfflineCell
 from cellcal.sim.robot_scenario import ALUMINIUM_EXPANSION_PER_K, parse_robot_table
 from cellcal.sim.scenario import parse_scenario
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 Q0 = np.deg2rad([10.0, -80.0, 100.0, -110.0, -90.0, 20.0])
 UR5E = dh_model("ur5e")
 

@@ -23,6 +23,9 @@ from cellcal.sim.emscon_sim import SimEmscon
 from cellcal.sim.geocom_sim import SimGeocom
 from cellcal.sim.scenario import FaultConfig, FaultKind, load_scenario, parse_scenario
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "config" / "demo-scenario.toml"
 WAIT_S = 20.0

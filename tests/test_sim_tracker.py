@@ -29,6 +29,9 @@ from cellcal.sim.scenario import parse_scenario
 from cellcal.sim.tracker_sim import SimTracker, TrackerDevice
 from cellcal.solver.se3 import se3_inverse, so3_log
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 BASE = """
 seed = {seed}
 [time]

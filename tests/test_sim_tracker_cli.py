@@ -15,6 +15,9 @@ import pytest
 from cellcal.drivers import connect_robot, connect_tracker
 from cellcal.sim.scenario import load_scenario
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 ROOT = Path(__file__).resolve().parents[1]
 DEMO = ROOT / "config" / "demo-scenario.toml"
 START_TIMEOUT_S = 60.0  # a fresh interpreter on a loaded machine
@@ -45,7 +48,8 @@ def test_sim_prints_urls_serves_and_stops(transport, sig):
     proc = _start("--scenario", str(DEMO), "--tracker-transport", transport)
     try:
         urls = json.loads(_first_line(proc))
-        assert set(urls) == {"tracker", "robot", "dashboard", "primary"} and urls["robot"].startswith("rtde://127.0.0.1:")
+        assert set(urls) == {"tracker", "robot", "camera", "dashboard", "primary"} and urls["robot"].startswith("rtde://127.0.0.1:")
+        assert urls["camera"] is None  # no --camera: none served
         with connect_tracker(urls["tracker"], timeout_s=2.0) as tracker:
             assert tracker.identify().model == "CELLCAL-SIM-T1"
             m = tracker.measure("pose", average_s=0.01)

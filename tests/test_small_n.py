@@ -81,6 +81,7 @@ def cells():
     return {(n, ratio): _cell(n, *RATIOS[ratio]) for n, ratio in CELLS}
 
 
+@pytest.mark.slow  # thousands of seeded trials (the module fixture)
 @pytest.mark.parametrize("n, ratio", CELLS)
 def test_mean_nees_is_inside_its_band(cells, n, ratio):
     nees, red, _ = cells[(n, ratio)]
@@ -88,6 +89,7 @@ def test_mean_nees_is_inside_its_band(cells, n, ratio):
     assert lo <= nees.mean() <= hi, (n, ratio, nees.mean(), (lo, hi), float(np.median(red)))
 
 
+@pytest.mark.slow  # thousands of seeded trials (the module fixture)
 def test_at_most_the_expected_number_of_small_n_cells_leave_their_95_percent_band(cells):
     outside = []
     for n, ratio in CELLS:
@@ -100,6 +102,7 @@ def test_at_most_the_expected_number_of_small_n_cells_leave_their_95_percent_ban
     assert len(outside) <= 2, outside
 
 
+@pytest.mark.slow  # thousands of seeded trials (the module fixture)
 def test_the_grand_mean_is_inside_its_band(cells):
     nees = np.concatenate([cells[c][0] for c in CELLS])
     red = np.concatenate([cells[c][1] for c in CELLS])
@@ -117,6 +120,7 @@ def test_the_band_is_the_chi_square_band_at_large_redundancy():
     assert lo == pytest.approx(wh[0], rel=0.02) and hi == pytest.approx(wh[1], rel=0.02)
 
 
+@pytest.mark.slow  # thousands of seeded trials (the module fixture)
 def test_the_uncorrected_plug_in_covariance_would_fail(cells):
     # Sensitivity: without the small-sample correction (the reported covariance with its
     # small-sample widening taken out, about the plug-in) the small-N cells leave their

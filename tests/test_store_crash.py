@@ -25,6 +25,9 @@ from storetest_support import make_station, same_station
 
 from cellcal.daemon.store import DB_FILENAME, Store
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 HELPER = str(Path(__file__).with_name("storetest_support.py"))
 KILLS = 24
 PLAN_LEN = 1000

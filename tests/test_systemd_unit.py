@@ -17,6 +17,9 @@ from pathlib import Path
 
 import pytest
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 UNIT = REPO / "systemd" / "cellcal.service"
 SYSUSERS = REPO / "systemd" / "cellcal.sysusers.conf"

@@ -20,6 +20,9 @@ import sys
 import numpy as np
 import pytest
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 pytest.importorskip("rtde_control")
 
 HOST = "127.0.0.2"

@@ -15,6 +15,9 @@ import numpy as np
 import pytest
 from conftest import wait_until
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 rtde_receive = pytest.importorskip("rtde_receive")
 
 PORT = 30004

@@ -15,6 +15,9 @@ from test_zmq_support import curve_config, curve_setup, heartbeating, serving, s
 
 from cellcal.daemon import protocol as P
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 TIMEOUT_S = 20.0
 
 

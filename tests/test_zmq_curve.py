@@ -14,6 +14,9 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon.wire.client import Client, ClientTimeout, CommandFailed
 from cellcal.daemon.wire.zmq_server import SecurityError, ZmqServer
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 ROLES = {"ops": "operator", "viewer": "observer"}
 
 

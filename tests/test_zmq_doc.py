@@ -25,6 +25,9 @@ from test_zmq_support import CELL_T_BASE, curve_config, curve_setup, serving, sh
 from cellcal.daemon import bodies
 from cellcal.daemon import protocol as P
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "protocols" / "zeromq.md"
 TEXT = DOC.read_text(encoding="utf-8")
 BLOCK = re.compile(r"<!-- check: (\w+)(?: (\S+))? -->\s*```(\w+)\n(.*?)```", re.S)

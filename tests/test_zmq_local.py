@@ -28,6 +28,9 @@ from cellcal.daemon.wire.client import Client
 from cellcal.daemon.wire.zmq_server import SecurityError, ZmqServer, check_security, endpoint_kind
 from cellcal.testing.harness import DaemonProcess, daemon_config, free_port, write_config
 
+# The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
+pytestmark = pytest.mark.slow
+
 NOBODY = 65534
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="switching a child to another uid needs root")
 
