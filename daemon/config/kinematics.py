@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 from cellcal.daemon.config.errors import ConfigError
 
@@ -24,10 +24,13 @@ _MM = 1e-3
 PARAMETER_NAME = re.compile(r"joint[1-6]\.zero_offset|link[1-6]\.(a|d|alpha|beta)")
 
 
-def _k(default: Any, name: str, scale: float = 1.0, doc: str = "") -> Any:
+_T = TypeVar("_T")
+
+
+def _k(default: _T, name: str, scale: float = 1.0, doc: str = "") -> _T:
     meta = {"key": name, "scale": scale, "doc": doc}
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 

@@ -5,17 +5,21 @@ a gate off (``docs/configuration.md`` lists them all; a test keeps it complete).
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
+# The plant interfaces' sections (OPC UA, MQTT, Prometheus) are defined beside the schema, in
+# cellcal.daemon.config.plant (the interfaces read them as cellcal.daemon.plant.config); this
+# schema only hooks them in (fields, tables, checks).
+from cellcal.daemon.config import plant as _plant
 from cellcal.daemon.config.errors import ConfigError
 from cellcal.daemon.config.kinematics import Kinematics
 
-# The plant interfaces' sections (OPC UA, MQTT, Prometheus) live with them in
-# cellcal.daemon.plant.config; this schema only hooks them in (fields, tables, checks).
-from cellcal.daemon.plant import config as _plant
+_T = TypeVar("_T")
 
 SUPPORTED_CONFIG_VERSIONS = (1,)
 
@@ -26,15 +30,17 @@ _MM = 1e-3
 _DEG = math.pi / 180.0
 
 
-def key(name: str, scale: float = 1.0, doc: str = "") -> dict[str, Any]:
+def key(name: str, scale: float = 1.0, doc: str = "") -> dict[str, str | float]:
     """Field metadata: the TOML key (with its unit) and the factor to SI."""
     return {"key": name, "scale": scale, "doc": doc}
 
 
-def _f(default: Any, name: str, scale: float = 1.0, doc: str = "", **kw: Any) -> Any:
+def _f(default: _T, name: str, scale: float = 1.0, doc: str = "") -> _T:
+    """A field with its TOML key: ``default``, copied for each instance when it is a list or
+    a dict (frozen dataclasses share nothing mutable)."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=key(name, scale, doc), **kw)
-    return field(default=default, metadata=key(name, scale, doc), **kw)
+        return field(default_factory=lambda: type(default)(default), metadata=key(name, scale, doc))
+    return field(default=default, metadata=key(name, scale, doc))
 
 
 @dataclass(frozen=True)
@@ -267,7 +273,7 @@ class Config:
     zmq: Zmq = field(default_factory=Zmq, metadata=key("zmq"))
     export: Export = field(default_factory=Export, metadata=key("export"))
     kinematics: Kinematics = field(default_factory=Kinematics, metadata=key("kinematics"))
-    # plant interfaces, each off by default (cellcal.daemon.plant.config)
+    # plant interfaces, each off by default (cellcal.daemon.config.plant)
     opcua: _plant.OpcUa = field(default_factory=_plant.OpcUa, metadata=key("opcua"))
     mqtt: _plant.Mqtt = field(default_factory=_plant.Mqtt, metadata=key("mqtt"))
     metrics: _plant.Metrics = field(default_factory=_plant.Metrics, metadata=key("metrics"))
@@ -276,7 +282,7 @@ class Config:
 
 
 # Element types of list fields that hold tables.
-# (+ the plant sections' own tables, lists, choices and bounds: cellcal.daemon.plant.config)
+# (+ the plant sections' own tables, lists, choices and bounds: cellcal.daemon.config.plant)
 _LIST_OF = {(Plan, "stations"): PlanStation, (Zmq, "clients"): ZmqClient, **_plant.LIST_OF}
 
 
@@ -425,7 +431,7 @@ def _check_bound(path: str, value: float) -> None:
         raise ConfigError(path, f"must be in {'(' if lo_open else '['}{show(lo)}, {show(hi)}], got {value!r}")
 
 
-def _finite(value: Any, path: str) -> float:
+def _finite(value: object, path: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(path, f"expected a finite number, got {_show(value)}")
     try:
@@ -437,20 +443,18 @@ def _finite(value: Any, path: str) -> float:
     return x
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     r = repr(value)
     return r if len(r) <= 60 else r[:57] + "..."
 
 
-def _depth(value: Any, limit: int) -> int:
+def _depth(value: object, limit: int) -> int:
     """Nesting depth of tables and arrays, counted up to ``limit + 1``."""
     if limit < 0 or not isinstance(value, (dict, list)):
         return 0
     items = value.values() if isinstance(value, dict) else value
     return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
-def _near(k: str, known: dict) -> str | None:
-    import difflib
-
+def _near(k: str, known: Iterable[str]) -> str | None:
     m = difflib.get_close_matches(k, list(known), n=1, cutoff=0.6)
     return m[0] if m else None
