@@ -59,7 +59,7 @@ Roles
     ``list_results``, ``to_base``); ``operator`` may also move the robot or change the
     active calibration (``start_run``, ``abort``, ``run_drift_check``,
     ``activate_result``). Under CURVE the role comes from the allow-listed client key;
-    without CURVE an admitted local peer (``zmq_server.check_security``) has ``[zmq]
+    without CURVE an admitted local peer (``config.security.check_security``) has ``[zmq]
     null_role`` (default ``observer``).
 
 Inputs

@@ -1,7 +1,7 @@
 """The configuration's checks beyond its types: bounds and relations between keys
 (:func:`_validate`), the devices' URLs and options built by the drivers' own parsers
 (:func:`check_devices`, :func:`check_tracker_url`, :func:`check_can_interface`), the ZeroMQ
-security rules (``cellcal.daemon.wire.security``), and :func:`preflight`, which
+security rules (``cellcal.daemon.config.security``), and :func:`preflight`, which
 ``cellcal run`` and ``cellcal check-config`` both call.
 """
 
@@ -353,7 +353,8 @@ def check_tracker_url(url: str) -> None:
         return
     scheme = url.split("://", 1)[0].lower()
     try:
-        # pyserial only for a URL to check: the configuration loads without the port's driver.
+        # pyserial only when a tracker URL is checked: loading a configuration (and the drivers'
+        # registry) never loads the serial stack.
         import serial
 
         serial.serial_for_url(url, do_not_open=True)

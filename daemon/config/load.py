@@ -154,7 +154,7 @@ def load_config_text(text: str, *, source: str = "<string>", overrides: Mapping[
     """Parse and validate TOML text into a :class:`Config` (SI units).
 
     Every check that needs no file, device or socket is made here, the ``[zmq]`` security
-    rules included (:func:`cellcal.daemon.wire.zmq_server.check_security`), and the measurement
+    rules included (:func:`cellcal.daemon.config.security.check_security`), and the measurement
     kind against the instrument the tracker URL names (:func:`check_measure_kind`);
     :func:`preflight` adds the rest of what ``cellcal run`` checks before it starts.
 
