@@ -42,7 +42,7 @@ class Kinematics:
     n_validation: int = _k(30, "n_validation", doc="held-out validation stations, never fitted")
     max_condition: float = _k(100.0, "max_condition",
                               doc="gate on the condition number of the column-normalised Jacobian")
-    parameters: list = _k([], "parameters", doc="names to identify; empty: every one the stations determine")
+    parameters: list[str] = _k([], "parameters", doc="names to identify; empty: every one the stations determine")
     max_holdout_rms_m: float = _k(0.3e-3, "max_holdout_rms_mm", _MM,
                                   doc="acceptance gate: held-out RMS position error after identification")
     use_identified: bool = _k(False, "use_identified",
@@ -51,7 +51,7 @@ class Kinematics:
     iso9283_cycles: int = _k(30, "iso9283_cycles",
                              doc="ISO 9283 pose test after identification: cycles of P1-P5 before and after "
                                  "(30: the standard's count; 0: no pose test; at least 2 otherwise)")
-    iso9283_cube_centre_m: list = _k([], "iso9283_cube_centre_mm", _MM,
+    iso9283_cube_centre_m: list[float] = _k([], "iso9283_cube_centre_mm", _MM,
                                      doc="centre of the ISO 9283 cube in the base frame (3 numbers); "
                                          "empty: the centre of the [plan] workspace box")
     iso9283_cube_side_m: float = _k(0.0, "iso9283_cube_side_mm", _MM,

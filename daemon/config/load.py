@@ -58,6 +58,9 @@ def _convert(cls: type, fname: str, ftype: object, value: object, scale: float, 
     if typing.get_origin(ftype) in (typing.Union, types.UnionType):
         # ``X | None``: an optional key (TOML has no null, so a value given is an X)
         ftype = next(a for a in typing.get_args(ftype) if a is not type(None))
+    # ``list[float]``, ``dict[str, object]``: a list or table (the elements' types and units
+    # are the tables' below: _LIST_OF, _INT_LISTS, ...)
+    base = typing.get_origin(ftype) or ftype
     if dataclasses.is_dataclass(ftype):
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a table, got {type(value).__name__}")
@@ -87,14 +90,14 @@ def _convert(cls: type, fname: str, ftype: object, value: object, scale: float, 
         if choices and value not in choices:
             raise ConfigError(path, f"expected one of {', '.join(choices)}, got {_show(value)}")
         return value
-    if ftype is dict:
+    if base is dict:
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a table, got {_show(value)}")
         for k, v in value.items():
             if _depth(v, _MAX_OPTION_DEPTH) > _MAX_OPTION_DEPTH:
                 raise ConfigError(f"{path}.{k}", f"nested deeper than {_MAX_OPTION_DEPTH} tables/arrays")
         return dict(value)
-    if ftype is list:
+    if base is list:
         if not isinstance(value, list):
             raise ConfigError(path, f"expected an array, got {_show(value)}")
         if len(value) > _MAX_LIST:

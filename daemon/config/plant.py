@@ -32,6 +32,7 @@ import importlib.util
 import ipaddress
 import math
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TypeVar
@@ -91,15 +92,15 @@ class OpcUa:
     enabled: bool = _k(False, "enabled")
     endpoint: str = _k("opc.tcp://127.0.0.1:4840", "endpoint", doc="opc.tcp://host:port the server binds")
     namespace_uri: str = _k("urn:cellcal", "namespace_uri", doc="the namespace of the Cellcal object's nodes")
-    security: list = _k(["sign_and_encrypt"], "security",
+    security: list[str] = _k(["sign_and_encrypt"], "security",
                         doc="message security modes offered: sign_and_encrypt, sign, none (Basic256Sha256)")
     allow_none_on_loopback: bool = _k(False, "allow_none_on_loopback",
                                       doc="accept security none (only with a loopback endpoint)")
     certificate_file: str = _k("", "certificate_file", doc="the server's application certificate (PEM or DER)")
     private_key_file: str = _k("", "private_key_file", doc="its private key (PEM)")
     anonymous: bool = _k(False, "anonymous", doc="anonymous sessions, role observer (read, no methods)")
-    users: list = _k([], "users", doc="[[opcua.users]] tables")
-    certificates: list = _k([], "certificates", doc="[[opcua.certificates]] tables")
+    users: list[OpcUaUser] = _k([], "users", doc="[[opcua.users]] tables")
+    certificates: list[OpcUaCertificate] = _k([], "certificates", doc="[[opcua.certificates]] tables")
     update_s: float = _k(0.5, "update_s", doc="heartbeat values (state, devices) at most this often")
 
 
@@ -258,7 +259,9 @@ def _validate_opcua(o: OpcUa) -> None:
             if not getattr(o, key):
                 raise _error(f"opcua.{key}", f"required for security {secure[0]}")
     names: set[str] = set()
-    for table, entries, what in (("users", o.users, "password_file"), ("certificates", o.certificates, "file")):
+    tables: tuple[tuple[str, Sequence[OpcUaUser | OpcUaCertificate], str], ...] = (
+        ("users", o.users, "password_file"), ("certificates", o.certificates, "file"))
+    for table, entries, what in tables:
         for i, e in enumerate(entries):
             path = f"opcua.{table}[{i}]"
             if not _NAME.fullmatch(e.name):

@@ -78,7 +78,7 @@ class Robot:
     max_fk_error_m: float = _f(10e-3, "max_fk_error_mm", _MM, doc="reported pose vs FK of the joints, per station")
     max_fk_error_rad: float = _f(math.radians(1.0), "max_fk_error_deg", _DEG)
     settle: RobotSettle = field(default_factory=RobotSettle, metadata=key("settle"))
-    options: dict = _f({}, "options", doc="passed to cellcal.drivers.connect_robot")
+    options: dict[str, object] = _f({}, "options", doc="passed to cellcal.drivers.connect_robot")
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Tracker:
     gross_error_m: float = _f(25e-3, "gross_error_mm", _MM, doc="floor of the gross-disagreement bound")
     gross_error_rad: float = _f(math.radians(2.0), "gross_error_deg", _DEG)
     settle: TrackerSettle = field(default_factory=TrackerSettle, metadata=key("settle"))
-    options: dict = _f({}, "options", doc="passed to cellcal.drivers.connect_tracker")
+    options: dict[str, object] = _f({}, "options", doc="passed to cellcal.drivers.connect_tracker")
 
 
 @dataclass(frozen=True)
@@ -124,9 +124,9 @@ class Capture:
 class PlanStation:
     """One explicit station: joints, or a flange pose in the base frame."""
 
-    q_rad: list = _f([], "q_deg", _DEG)
-    flange_xyz_m: list = _f([], "flange_xyz_mm", _MM)
-    flange_quat_wxyz: list = _f([], "flange_quat_wxyz")
+    q_rad: list[float] = _f([], "q_deg", _DEG)
+    flange_xyz_m: list[float] = _f([], "flange_xyz_mm", _MM)
+    flange_quat_wxyz: list[float] = _f([], "flange_quat_wxyz")
 
 
 @dataclass(frozen=True)
@@ -135,21 +135,21 @@ class Plan:
 
     kind: str = _f("generated", "kind", doc="generated or explicit")
     n_stations: int = _f(20, "n_stations")
-    workspace_min_m: list = _f([-0.65, -0.35, 0.2], "workspace_min_mm", _MM, doc="box in the base frame")
-    workspace_max_m: list = _f([-0.35, 0.15, 0.55], "workspace_max_mm", _MM)
+    workspace_min_m: list[float] = _f([-0.65, -0.35, 0.2], "workspace_min_mm", _MM, doc="box in the base frame")
+    workspace_max_m: list[float] = _f([-0.35, 0.15, 0.55], "workspace_max_mm", _MM)
     max_tilt_rad: float = _f(math.radians(35.0), "max_tilt_deg", _DEG, doc="from the home orientation")
-    home_q_rad: list = _f([0.0, -math.pi / 2, math.pi / 2, -math.pi / 2, -math.pi / 2, 0.0], "home_q_deg", _DEG)
-    joint_min_rad: list = _f([-2 * math.pi] * 6, "joint_min_deg", _DEG)
-    joint_max_rad: list = _f([2 * math.pi] * 6, "joint_max_deg", _DEG)
+    home_q_rad: list[float] = _f([0.0, -math.pi / 2, math.pi / 2, -math.pi / 2, -math.pi / 2, 0.0], "home_q_deg", _DEG)
+    joint_min_rad: list[float] = _f([-2 * math.pi] * 6, "joint_min_deg", _DEG)
+    joint_max_rad: list[float] = _f([2 * math.pi] * 6, "joint_max_deg", _DEG)
     max_extra_stations: int = _f(4, "max_extra_stations", doc="planner stations added when the motions are degenerate")
     seed: int = _f(0, "seed")
-    stations: list = _f([], "stations", doc="explicit: [[plan.stations]] tables")
+    stations: list[PlanStation] = _f([], "stations", doc="explicit: [[plan.stations]] tables")
     target_sigma_m: float = _f(0.0, "target_sigma_mm", _MM,
                                doc="capture until the predicted error at the task points is this (0: a fixed count)")
     max_stations: int = _f(40, "max_stations", doc="with target_sigma_mm: stations at most")
-    tracker_xyz_m: list = _f([], "tracker_xyz_mm", _MM, doc="rough tracker position, robot base frame ([]: unknown)")
-    tracker_cell_xyz_m: list = _f([0.0, 0.0, 0.0], "tracker_cell_xyz_mm", _MM, doc="tracker position, cell frame")
-    target_axis: list = _f([0.0, 0.0, 1.0], "target_axis", doc="direction the target faces, flange frame")
+    tracker_xyz_m: list[float] = _f([], "tracker_xyz_mm", _MM, doc="rough tracker position, robot base frame ([]: unknown)")
+    tracker_cell_xyz_m: list[float] = _f([0.0, 0.0, 0.0], "tracker_cell_xyz_mm", _MM, doc="tracker position, cell frame")
+    target_axis: list[float] = _f([0.0, 0.0, 1.0], "target_axis", doc="direction the target faces, flange frame")
     cone_rad: float = _f(math.radians(45.0), "cone_deg", _DEG, doc="target's acceptance half-angle")
 
 
@@ -170,7 +170,7 @@ class Solve:
                              doc="give the solver each station's tracker std plus the robot's repeatability")
     robot_repeatability_m: float = _f(0.01e-3, "robot_repeatability_mm", _MM, doc="1-sigma, position")
     robot_repeatability_rad: float = _f(math.radians(0.005), "robot_repeatability_deg", _DEG, doc="1-sigma, orientation")
-    task_points_m: list = _f([], "task_points_mm", _MM,
+    task_points_m: list[list[float]] = _f([], "task_points_mm", _MM,
                              doc="[[x, y, z], ...] where the calibration is used (cell frame for a base frame)")
     max_sigma_m_at_task_points: float = _f(1e-3, "max_sigma_mm_at_task_points", _MM,
                                            doc="predicted 1-sigma position error at each task point")
@@ -181,9 +181,9 @@ class Solve:
     allow_model_error: bool = _f(False, "allow_model_error", doc="accept a result warning model_error")
     max_model_error_m: float = _f(0.02e-3, "max_model_error_mm", _MM,
                                   doc="a model_error whose structured residual is at most this passes its gate")
-    expected_cell_T_base_m_rad: list | None = _f(None, "expected_cell_T_base_mm_deg",
+    expected_cell_T_base_m_rad: list[float] | None = _f(None, "expected_cell_T_base_mm_deg",
                                                  doc="[x, y, z mm, rx, ry, rz deg rotation vector] (off unless set)")
-    expected_tolerance_m_rad: list = _f([50e-3, math.radians(5.0)], "expected_tolerance_mm_deg",
+    expected_tolerance_m_rad: list[float] = _f([50e-3, math.radians(5.0)], "expected_tolerance_mm_deg",
                                         doc="[mm, deg] of expected_cell_T_base_mm_deg")
     check_reach: bool = _f(True, "check_reach", doc="refuse robot poses beyond the robot model's reach")
 
@@ -228,12 +228,12 @@ class Zmq:
                                                         "or anyone on loopback TCP with loopback_tcp_any_user)")
     loopback_tcp_any_user: bool = _f(False, "loopback_tcp_any_user",
                                      doc="allow a loopback tcp:// endpoint without CURVE: EVERY local user then has null_role")
-    ipc_allowed_uids: list = _f([], "ipc_allowed_uids", doc="without CURVE, ipc peers of these uids get null_role "
+    ipc_allowed_uids: list[int] = _f([], "ipc_allowed_uids", doc="without CURVE, ipc peers of these uids get null_role "
                                                             "(besides the daemon's own uid and root)")
-    ipc_allowed_gids: list = _f([], "ipc_allowed_gids", doc="... and peers in these groups (besides the daemon's own)")
+    ipc_allowed_gids: list[int] = _f([], "ipc_allowed_gids", doc="... and peers in these groups (besides the daemon's own)")
     ipc_socket_mode: int = _f(0o660, "ipc_socket_mode", doc="mode of ipc socket files the daemon binds (no bits for others)")
     server_secret_key_file: str = _f("", "server_secret_key_file")
-    clients: list = _f([], "clients", doc="[[zmq.clients]] tables")
+    clients: list[ZmqClient] = _f([], "clients", doc="[[zmq.clients]] tables")
 
 
 @dataclass(frozen=True)
