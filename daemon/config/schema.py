@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import TypeVar
+from typing import Any, TypeAlias, TypeVar
 
 # The plant interfaces' sections (OPC UA, MQTT, Prometheus) are defined beside the schema, in
 # cellcal.daemon.config.plant (the interfaces read them as cellcal.daemon.plant.config); this
@@ -20,6 +20,11 @@ from cellcal.daemon.config.errors import ConfigError
 from cellcal.daemon.config.kinematics import Kinematics
 
 _T = TypeVar("_T")
+
+#: A device's ``[robot.options]`` / ``[tracker.options]``: TOML values forwarded as keyword
+#: arguments to the driver's ``connect_robot`` / ``connect_tracker``, which check them
+#: (``check_devices`` names the key): ``Any`` as the drivers take them.
+DriverOptions: TypeAlias = dict[str, Any]
 
 SUPPORTED_CONFIG_VERSIONS = (1,)
 
@@ -78,7 +83,7 @@ class Robot:
     max_fk_error_m: float = _f(10e-3, "max_fk_error_mm", _MM, doc="reported pose vs FK of the joints, per station")
     max_fk_error_rad: float = _f(math.radians(1.0), "max_fk_error_deg", _DEG)
     settle: RobotSettle = field(default_factory=RobotSettle, metadata=key("settle"))
-    options: dict[str, object] = _f({}, "options", doc="passed to cellcal.drivers.connect_robot")
+    options: DriverOptions = _f({}, "options", doc="passed to cellcal.drivers.connect_robot")
 
 
 @dataclass(frozen=True)
@@ -103,7 +108,7 @@ class Tracker:
     gross_error_m: float = _f(25e-3, "gross_error_mm", _MM, doc="floor of the gross-disagreement bound")
     gross_error_rad: float = _f(math.radians(2.0), "gross_error_deg", _DEG)
     settle: TrackerSettle = field(default_factory=TrackerSettle, metadata=key("settle"))
-    options: dict[str, object] = _f({}, "options", doc="passed to cellcal.drivers.connect_tracker")
+    options: DriverOptions = _f({}, "options", doc="passed to cellcal.drivers.connect_tracker")
 
 
 @dataclass(frozen=True)
