@@ -325,10 +325,10 @@ def _column_kind(tp: object) -> tuple[str, bool]:
     return kinds[origin], nullable
 
 
-_COLUMNS: dict[type, tuple[StationColumn, ...]] = {}
+_COLUMNS: dict[type[StationRecord], tuple[StationColumn, ...]] = {}
 
 
-def station_columns(cls: type = StationRecord) -> tuple[StationColumn, ...]:
+def station_columns(cls: type[StationRecord] = StationRecord) -> tuple[StationColumn, ...]:
     """The ``stations`` columns of a station record class, in field order.
 
     Every dataclass field of ``cls`` is one column (see :class:`StationColumn`); the table
@@ -349,7 +349,7 @@ def station_columns(cls: type = StationRecord) -> tuple[StationColumn, ...]:
     return _COLUMNS[cls]
 
 
-def station_column_ddl(cls: type, name: str) -> str:
+def station_column_ddl(cls: type[StationRecord], name: str) -> str:
     """The ``ALTER TABLE stations ADD COLUMN ...`` that a migration adding field ``name`` runs.
 
     A new column must be nullable (``X | None``) or have a scalar default, so the stations
