@@ -59,7 +59,7 @@ Roles
     ``list_results``, ``to_base``); ``operator`` may also move the robot or change the
     active calibration (``start_run``, ``abort``, ``run_drift_check``,
     ``activate_result``). Under CURVE the role comes from the allow-listed client key;
-    without CURVE an admitted local peer (``zmq_server.check_security``) has ``[zmq]
+    without CURVE an admitted local peer (``config.security.check_security``) has ``[zmq]
     null_role`` (default ``observer``).
 
 Inputs
@@ -68,8 +68,12 @@ Inputs
     (``find_non_finite``; ``to_base`` refuses instead).
 
 Bodies of topics and results of commands are the TypedDicts below (``HeartbeatBody``,
-``ResultBody``, ...). Within ``v = 1`` fields may be added, never removed or retyped, so
-clients must ignore fields they do not know.
+``ResultBody``, ..., and ``Envelope`` around them). Within ``v = 1`` fields may be added,
+never removed or retyped, so clients must ignore fields they do not know.
+
+What the store keeps of runs and results is JSON of the shapes ``RunPlan``, ``StoredResult``,
+``StoredProvenance`` and ``DriftRecord`` (every key optional: records of earlier versions
+may lack some); records of open shape are ``JsonObject``.
 """
 
 
@@ -98,6 +102,9 @@ from cellcal.daemon.wire.commands import (  # noqa: F401 - re-exported
     Command,
     CommandError,
     Handler,
+    PoseArg,
+    StationArg,
+    Validator,
     v_name,
     v_record_id,
     validate_args,
@@ -107,33 +114,43 @@ from cellcal.daemon.wire.types import (  # noqa: F401 - re-exported
     RESULT_TYPES,
     AbortResult,
     ActivateResult,
+    CheckStationRecord,
     Covariance,
     Cusum,
     Devices,
     DeviceStatus,
     DriftBody,
     DriftCheckResult,
+    DriftRecord,
     DriftStation,
+    Envelope,
     FaultBody,
     HeartbeatBody,
     Holdout,
+    Identification,
     JointCovariance,
     JsonObject,
     JsonValue,
     LinearAgreement,
     ListResultsResult,
+    PlanStationRecord,
     Point,
     Provenance,
     Quaternion,
     Residuals,
     ResultBody,
     ResultSummary,
+    RunPlan,
+    RunStart,
     SettleFigures,
     SnapshotResult,
     StartRunResult,
     StateBody,
     StationBody,
     StatusResult,
+    StoredGates,
+    StoredProvenance,
+    StoredResult,
     ToBasePointResult,
     ToBasePoseResult,
     Transform,
@@ -229,5 +246,7 @@ __all__ = [
     "StatusResult", "SnapshotResult", "ResultSummary", "ListResultsResult", "ToBasePointResult",
     "ToBasePoseResult", "StartRunResult", "AbortResult", "DriftCheckResult", "ActivateResult",
     "JsonValue", "JsonObject", "Point", "WeakestAxis", "Covariance", "JointCovariance", "Uncertainty", "Holdout",
-    "LinearAgreement",
+    "LinearAgreement", "Envelope", "PoseArg", "StationArg", "Validator",
+    "RunPlan", "PlanStationRecord", "RunStart", "Identification", "CheckStationRecord", "StoredGates", "StoredResult",
+    "StoredProvenance", "DriftRecord",
 ]

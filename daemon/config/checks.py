@@ -1,7 +1,7 @@
 """The configuration's checks beyond its types: bounds and relations between keys
 (:func:`_validate`), the devices' URLs and options built by the drivers' own parsers
 (:func:`check_devices`, :func:`check_tracker_url`, :func:`check_can_interface`), the ZeroMQ
-security rules (``cellcal.daemon.wire.security``), and :func:`preflight`, which
+security rules (``cellcal.daemon.config.security``), and :func:`preflight`, which
 ``cellcal run`` and ``cellcal check-config`` both call.
 """
 
@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from urllib.parse import parse_qs, urlsplit
 
+# The plant interfaces' sections (OPC UA, MQTT, Prometheus): cellcal.daemon.config.plant.
+from cellcal.daemon.config import plant as _plant
 from cellcal.daemon.config.errors import ConfigError
 from cellcal.daemon.config.kinematics import validate_kinematics
 from cellcal.daemon.config.schema import (
@@ -24,10 +26,12 @@ from cellcal.daemon.config.schema import (
     _near,
     _show,
 )
-
-# The plant interfaces' sections (OPC UA, MQTT, Prometheus) live with them in
-# cellcal.daemon.plant.config; this schema only hooks them in (fields, tables, checks).
-from cellcal.daemon.plant import config as _plant
+from cellcal.daemon.config.security import check_security, load_server_key
+from cellcal.drivers import connect_robot, connect_tracker
+from cellcal.drivers.base import load_backend
+from cellcal.drivers.geocom import serial_url
+from cellcal.drivers.tracker import BACKENDS, backend_for_url
+from cellcal.solver.points import MIN_POINT_STATIONS
 
 
 def check_measure_kind(tracker: Tracker) -> None:
@@ -47,9 +51,6 @@ def check_measure_kind(tracker: Tracker) -> None:
     """
     if not tracker.url:
         return
-    from cellcal.drivers.base import load_backend
-    from cellcal.drivers.tracker import BACKENDS, backend_for_url
-
     name = backend_for_url(tracker.url) or tracker.options.get("backend") or "serial"
     if not isinstance(name, str):
         return
@@ -66,9 +67,8 @@ def check_measure_kind(tracker: Tracker) -> None:
 
 
 def _check_zmq(cfg: Config) -> None:
-    # The transport owns what "local" means; its check needs no socket and no file.
-    from cellcal.daemon.wire.zmq_server import check_security
-
+    # What "local" means is the security rules' (the transport enforces the same); the check
+    # needs no socket and no file.
     check_security(cfg.zmq)
 
 
@@ -96,8 +96,6 @@ def preflight(cfg: Config, *, devices: bool = True) -> None:
         if devices:
             check_devices(cfg)
         if cfg.zmq.curve:
-            from cellcal.daemon.wire.zmq_server import load_server_key
-
             load_server_key(cfg.zmq)
         # an enabled plant interface: its optional package installed, its files readable
         _plant.preflight_plant(cfg.opcua, cfg.mqtt, cfg.metrics)
@@ -221,8 +219,6 @@ def _validate(c: Config) -> None:
             if has_pose and abs(math.sqrt(sum(x * x for x in st.flange_quat_wxyz)) - 1) > 1e-3:
                 raise ConfigError(f"{where}.flange_quat_wxyz", "quaternion must have unit norm")
     if c.tracker.measure == "point" and c.solve.kind == "base_frame":
-        from cellcal.solver.points import MIN_POINT_STATIONS
-
         n, where = (p.n_stations, "plan.n_stations") if p.kind == "generated" else (len(p.stations), "plan.stations")
         if n < MIN_POINT_STATIONS:
             raise ConfigError(where, f"a point base-frame calibration ([tracker] measure = \"point\") needs at least "
@@ -266,8 +262,6 @@ def check_devices(cfg: Config) -> None:
     also checked the way pyserial will open it (:func:`check_tracker_url`), and a CiA 402
     robot's python-can interface against python-can's (:func:`check_can_interface`).
     """
-    from cellcal.drivers import connect_robot, connect_tracker
-
     for section, url, options, connect in (
         ("robot", cfg.robot.url, cfg.robot.options, connect_robot),
         ("tracker", cfg.tracker.url, cfg.tracker.options, connect_tracker),
@@ -284,13 +278,11 @@ def check_devices(cfg: Config) -> None:
             check_can_interface(url, options)
 
 
-def check_can_interface(url: str, options: Mapping[str, Any]) -> None:
+def check_can_interface(url: str, options: Mapping[str, object]) -> None:
     """A ``canopen://`` robot's python-can ``interface`` must be one python-can knows
     (``socketcan``, ``virtual``, ``slcan``, ...): a typo (``sockcan``) would otherwise pass
     here and fail at every reconnection. Named under ``robot.options.interface`` when the
     option gives it, else ``robot.url`` (its query)."""
-    from urllib.parse import parse_qs, urlsplit
-
     if not url.lower().startswith("canopen://"):
         return
     if "interface" in options:
@@ -301,6 +293,8 @@ def check_can_interface(url: str, options: Mapping[str, Any]) -> None:
             return  # the driver's default
         value, path = query["interface"][-1], "robot.url"
     try:
+        # python-can is loaded only to check a CiA 402 robot's interface (the other cells never
+        # need it), and a build without it lets the driver say so when it is built.
         from can.interfaces import VALID_INTERFACES
     except ImportError:  # python-can missing: the driver says so when it is built
         return
@@ -311,7 +305,7 @@ def check_can_interface(url: str, options: Mapping[str, Any]) -> None:
                                 f"{', '.join(sorted(VALID_INTERFACES))})")
 
 
-def _try_build(connect: Any, url: str, options: dict, path: str) -> None:
+def _try_build(connect: Callable[..., object], url: str, options: Mapping[str, object], path: str) -> None:
     try:
         driver = connect(url, **options)
     except TypeError as exc:
@@ -339,16 +333,10 @@ def check_tracker_url(url: str) -> None:
     ConfigError
         Under ``tracker.url``.
     """
-    from urllib.parse import urlsplit
-
-    from cellcal.drivers.tracker import backend_for_url
-
     named = backend_for_url(url)
     if named == "emscon":
         return
     if named == "geocom":
-        from cellcal.drivers.geocom import serial_url
-
         try:
             port_url, _options = serial_url(url)
         except ValueError as exc:
@@ -365,6 +353,8 @@ def check_tracker_url(url: str) -> None:
         return
     scheme = url.split("://", 1)[0].lower()
     try:
+        # pyserial only when a tracker URL is checked: loading a configuration (and the drivers'
+        # registry) never loads the serial stack.
         import serial
 
         serial.serial_for_url(url, do_not_open=True)

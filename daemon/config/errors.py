@@ -5,8 +5,6 @@ configuration).
 
 from __future__ import annotations
 
-# The plant interfaces' sections (OPC UA, MQTT, Prometheus) live with them in
-# cellcal.daemon.plant.config; this schema only hooks them in (fields, tables, checks).
 from cellcal.solver.errors import CellcalError
 
 

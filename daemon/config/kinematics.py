@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
 from cellcal.daemon.config.errors import ConfigError
 
@@ -24,10 +24,13 @@ _MM = 1e-3
 PARAMETER_NAME = re.compile(r"joint[1-6]\.zero_offset|link[1-6]\.(a|d|alpha|beta)")
 
 
-def _k(default: Any, name: str, scale: float = 1.0, doc: str = "") -> Any:
+_T = TypeVar("_T")
+
+
+def _k(default: _T, name: str, scale: float = 1.0, doc: str = "") -> _T:
     meta = {"key": name, "scale": scale, "doc": doc}
     if isinstance(default, list):
-        return field(default_factory=lambda: list(default), metadata=meta)
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
 
 
@@ -39,7 +42,7 @@ class Kinematics:
     n_validation: int = _k(30, "n_validation", doc="held-out validation stations, never fitted")
     max_condition: float = _k(100.0, "max_condition",
                               doc="gate on the condition number of the column-normalised Jacobian")
-    parameters: list = _k([], "parameters", doc="names to identify; empty: every one the stations determine")
+    parameters: list[str] = _k([], "parameters", doc="names to identify; empty: every one the stations determine")
     max_holdout_rms_m: float = _k(0.3e-3, "max_holdout_rms_mm", _MM,
                                   doc="acceptance gate: held-out RMS position error after identification")
     use_identified: bool = _k(False, "use_identified",
@@ -48,7 +51,7 @@ class Kinematics:
     iso9283_cycles: int = _k(30, "iso9283_cycles",
                              doc="ISO 9283 pose test after identification: cycles of P1-P5 before and after "
                                  "(30: the standard's count; 0: no pose test; at least 2 otherwise)")
-    iso9283_cube_centre_m: list = _k([], "iso9283_cube_centre_mm", _MM,
+    iso9283_cube_centre_m: list[float] = _k([], "iso9283_cube_centre_mm", _MM,
                                      doc="centre of the ISO 9283 cube in the base frame (3 numbers); "
                                          "empty: the centre of the [plan] workspace box")
     iso9283_cube_side_m: float = _k(0.0, "iso9283_cube_side_mm", _MM,

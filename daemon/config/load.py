@@ -14,7 +14,7 @@ import types
 import typing
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, get_type_hints
+from typing import TYPE_CHECKING, TypeVar, get_type_hints
 
 from cellcal.daemon.config.checks import _check_zmq, _validate, check_measure_kind
 from cellcal.daemon.config.errors import ConfigError
@@ -39,22 +39,32 @@ from cellcal.daemon.config.schema import (
     _show,
 )
 
-# The plant interfaces' sections (OPC UA, MQTT, Prometheus) live with them in
-# cellcal.daemon.plant.config; this schema only hooks them in (fields, tables, checks).
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+#: A section's class (a dataclass of the schema).
+_Section = TypeVar("_Section", bound="DataclassInstance")
 
 
-def _typename(t: Any) -> str:
-    return {float: "a number", int: "an integer", str: "a string", bool: "true or false",
-            list: "an array", dict: "a table"}.get(t, getattr(t, "__name__", str(t)))
+def _typename(t: object) -> str:
+    names: dict[object, str] = {float: "a number", int: "an integer", str: "a string", bool: "true or false",
+                                list: "an array", dict: "a table"}
+    return names.get(t, getattr(t, "__name__", str(t)))
 
 
-def _convert(cls: type, fname: str, ftype: Any, value: Any, scale: float, path: str) -> Any:
+def _convert(cls: type, fname: str, ftype: object, value: object, scale: float, path: str) -> object:
+    """``value`` from the TOML as the field's type ``ftype`` wants it (SI: times ``scale``),
+    checked against its bounds, choices and sizes; ConfigError under ``path``."""
     if typing.get_origin(ftype) in (typing.Union, types.UnionType):
         # ``X | None``: an optional key (TOML has no null, so a value given is an X)
         ftype = next(a for a in typing.get_args(ftype) if a is not type(None))
+    # ``list[float]``, ``dict[str, object]``: a list or table (the elements' types and units
+    # are the tables' below: _LIST_OF, _INT_LISTS, ...)
+    base = typing.get_origin(ftype) or ftype
     if dataclasses.is_dataclass(ftype):
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a table, got {type(value).__name__}")
+        # A field's annotation is a class, never an instance: is_dataclass said it is one.
         return _build(typing.cast(type, ftype), value, path)
     if ftype is bool:
         if not isinstance(value, bool):
@@ -80,14 +90,14 @@ def _convert(cls: type, fname: str, ftype: Any, value: Any, scale: float, path: 
         if choices and value not in choices:
             raise ConfigError(path, f"expected one of {', '.join(choices)}, got {_show(value)}")
         return value
-    if ftype is dict:
+    if base is dict:
         if not isinstance(value, dict):
             raise ConfigError(path, f"expected a table, got {_show(value)}")
         for k, v in value.items():
             if _depth(v, _MAX_OPTION_DEPTH) > _MAX_OPTION_DEPTH:
                 raise ConfigError(f"{path}.{k}", f"nested deeper than {_MAX_OPTION_DEPTH} tables/arrays")
         return dict(value)
-    if ftype is list:
+    if base is list:
         if not isinstance(value, list):
             raise ConfigError(path, f"expected an array, got {_show(value)}")
         if len(value) > _MAX_LIST:
@@ -105,28 +115,33 @@ def _convert(cls: type, fname: str, ftype: Any, value: Any, scale: float, path: 
             for i, pt in enumerate(value):
                 if not isinstance(pt, list) or len(pt) != width:
                     raise ConfigError(f"{path}[{i}]", f"expected an array of {width} numbers, got {_show(pt)}")
-                points.append(_convert(cls, "", list, pt, scale, f"{path}[{i}]"))
+                points.append(_numbers(pt, scale, f"{path}[{i}]"))
             return points
         scales = _MIXED_SCALES.get((cls, fname))
         if scales is not None:
             if len(value) != len(scales):
                 raise ConfigError(path, f"expected {len(scales)} numbers, got {len(value)}")
-            return [x * k for x, k in zip(_convert(cls, "", list, value, 1.0, path), scales, strict=True)]
+            return [x * k for x, k in zip(_numbers(value, 1.0, path), scales, strict=True)]
         if (cls, fname) in _STR_LISTS:
             return [_convert(cls, fname, str, v, 1.0, f"{path}[{i}]") for i, v in enumerate(value)]
-        out = []
-        for i, v in enumerate(value):
-            x = _finite(v, f"{path}[{i}]")
-            _check_bound(f"{path}[{i}]", x)
-            out.append(x * scale)
-        return out
+        return _numbers(value, scale, path)
     raise ConfigError(path, f"unsupported type {ftype!r}")  # a schema bug, not a user error
 
 
-def _build(cls: type, table: dict, prefix: str) -> Any:
+def _numbers(value: list[object], scale: float, path: str) -> list[float]:
+    """An array of numbers with the unit of ``path`` (each within its bounds) in SI."""
+    out = []
+    for i, v in enumerate(value):
+        x = _finite(v, f"{path}[{i}]")
+        _check_bound(f"{path}[{i}]", x)
+        out.append(x * scale)
+    return out
+
+
+def _build(cls: type[_Section], table: Mapping[str, object], prefix: str) -> _Section:
     hints = get_type_hints(cls)
     by_key = {f.metadata["key"]: f for f in dataclasses.fields(cls) if not f.metadata.get("internal")}
-    kwargs = {}
+    kwargs: dict[str, object] = {}
     for k, v in table.items():
         path = f"{prefix}.{k}" if prefix else k
         f = by_key.get(k)
@@ -138,11 +153,11 @@ def _build(cls: type, table: dict, prefix: str) -> Any:
 
 
 
-def load_config_text(text: str, *, source: str = "<string>", overrides: Mapping[str, Any] | None = None) -> Config:
+def load_config_text(text: str, *, source: str = "<string>", overrides: Mapping[str, object] | None = None) -> Config:
     """Parse and validate TOML text into a :class:`Config` (SI units).
 
     Every check that needs no file, device or socket is made here, the ``[zmq]`` security
-    rules included (:func:`cellcal.daemon.wire.zmq_server.check_security`), and the measurement
+    rules included (:func:`cellcal.daemon.config.security.check_security`), and the measurement
     kind against the instrument the tracker URL names (:func:`check_measure_kind`);
     :func:`preflight` adds the rest of what ``cellcal run`` checks before it starts.
 
@@ -188,15 +203,16 @@ def load_config_text(text: str, *, source: str = "<string>", overrides: Mapping[
     return dataclasses.replace(cfg, sha256=digest, source=source)
 
 
-def _merged(base: dict, over: Mapping[str, Any]) -> dict:
+def _merged(base: dict[str, object], over: Mapping[str, object]) -> dict[str, object]:
     """``base`` with ``over`` merged in, table by table (a scalar or array replaces)."""
     out = dict(base)
     for k, v in over.items():
-        out[k] = _merged(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
+        cur = out.get(k)
+        out[k] = _merged(cur, v) if isinstance(v, Mapping) and isinstance(cur, dict) else v
     return out
 
 
-def load_config(path: str | Path, *, overrides: Mapping[str, Any] | None = None) -> Config:
+def load_config(path: str | Path, *, overrides: Mapping[str, object] | None = None) -> Config:
     """Read a TOML file; errors name the file and the dotted key path (``overrides``: as
     :func:`load_config_text`)."""
     path = Path(path)
@@ -246,16 +262,17 @@ def find_config(explicit: str | None, *, environ: Mapping[str, str] | None = Non
     return None, tried
 
 
-def as_toml_dict(obj: Any) -> dict:
+def as_toml_dict(obj: DataclassInstance) -> dict[str, object]:
     """The dataclass as a plain dict of SI values (for ``check-config`` to print)."""
-    out = {}
+    out: dict[str, object] = {}
     for f in dataclasses.fields(obj):
         if f.metadata.get("internal"):
             continue
         v = getattr(obj, f.name)
-        if dataclasses.is_dataclass(v):
+        # (a field's value is an instance, never a class: is_dataclass of it is of an instance)
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
             v = as_toml_dict(v)
         elif isinstance(v, list):
-            v = [as_toml_dict(x) if dataclasses.is_dataclass(x) else x for x in v]
+            v = [as_toml_dict(x) if dataclasses.is_dataclass(x) and not isinstance(x, type) else x for x in v]
         out[f.name] = v
     return out

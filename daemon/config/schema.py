@@ -5,17 +5,26 @@ a gate off (``docs/configuration.md`` lists them all; a test keeps it complete).
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeAlias, TypeVar
 
+# The plant interfaces' sections (OPC UA, MQTT, Prometheus) are defined beside the schema, in
+# cellcal.daemon.config.plant (the interfaces read them as cellcal.daemon.plant.config); this
+# schema only hooks them in (fields, tables, checks).
+from cellcal.daemon.config import plant as _plant
 from cellcal.daemon.config.errors import ConfigError
 from cellcal.daemon.config.kinematics import Kinematics
 
-# The plant interfaces' sections (OPC UA, MQTT, Prometheus) live with them in
-# cellcal.daemon.plant.config; this schema only hooks them in (fields, tables, checks).
-from cellcal.daemon.plant import config as _plant
+_T = TypeVar("_T")
+
+#: A device's ``[robot.options]`` / ``[tracker.options]``: TOML values forwarded as keyword
+#: arguments to the driver's ``connect_robot`` / ``connect_tracker``, which check them
+#: (``check_devices`` names the key): ``Any`` as the drivers take them.
+DriverOptions: TypeAlias = dict[str, Any]
 
 SUPPORTED_CONFIG_VERSIONS = (1,)
 
@@ -26,15 +35,17 @@ _MM = 1e-3
 _DEG = math.pi / 180.0
 
 
-def key(name: str, scale: float = 1.0, doc: str = "") -> dict[str, Any]:
+def key(name: str, scale: float = 1.0, doc: str = "") -> dict[str, str | float]:
     """Field metadata: the TOML key (with its unit) and the factor to SI."""
     return {"key": name, "scale": scale, "doc": doc}
 
 
-def _f(default: Any, name: str, scale: float = 1.0, doc: str = "", **kw: Any) -> Any:
+def _f(default: _T, name: str, scale: float = 1.0, doc: str = "") -> _T:
+    """A field with its TOML key: ``default``, copied for each instance when it is a list or
+    a dict (frozen dataclasses share nothing mutable)."""
     if isinstance(default, (list, dict)):
-        return field(default_factory=lambda: type(default)(default), metadata=key(name, scale, doc), **kw)
-    return field(default=default, metadata=key(name, scale, doc), **kw)
+        return field(default_factory=lambda: type(default)(default), metadata=key(name, scale, doc))
+    return field(default=default, metadata=key(name, scale, doc))
 
 
 @dataclass(frozen=True)
@@ -72,7 +83,7 @@ class Robot:
     max_fk_error_m: float = _f(10e-3, "max_fk_error_mm", _MM, doc="reported pose vs FK of the joints, per station")
     max_fk_error_rad: float = _f(math.radians(1.0), "max_fk_error_deg", _DEG)
     settle: RobotSettle = field(default_factory=RobotSettle, metadata=key("settle"))
-    options: dict = _f({}, "options", doc="passed to cellcal.drivers.connect_robot")
+    options: DriverOptions = _f({}, "options", doc="passed to cellcal.drivers.connect_robot")
 
 
 @dataclass(frozen=True)
@@ -97,7 +108,7 @@ class Tracker:
     gross_error_m: float = _f(25e-3, "gross_error_mm", _MM, doc="floor of the gross-disagreement bound")
     gross_error_rad: float = _f(math.radians(2.0), "gross_error_deg", _DEG)
     settle: TrackerSettle = field(default_factory=TrackerSettle, metadata=key("settle"))
-    options: dict = _f({}, "options", doc="passed to cellcal.drivers.connect_tracker")
+    options: DriverOptions = _f({}, "options", doc="passed to cellcal.drivers.connect_tracker")
 
 
 @dataclass(frozen=True)
@@ -118,9 +129,9 @@ class Capture:
 class PlanStation:
     """One explicit station: joints, or a flange pose in the base frame."""
 
-    q_rad: list = _f([], "q_deg", _DEG)
-    flange_xyz_m: list = _f([], "flange_xyz_mm", _MM)
-    flange_quat_wxyz: list = _f([], "flange_quat_wxyz")
+    q_rad: list[float] = _f([], "q_deg", _DEG)
+    flange_xyz_m: list[float] = _f([], "flange_xyz_mm", _MM)
+    flange_quat_wxyz: list[float] = _f([], "flange_quat_wxyz")
 
 
 @dataclass(frozen=True)
@@ -129,21 +140,21 @@ class Plan:
 
     kind: str = _f("generated", "kind", doc="generated or explicit")
     n_stations: int = _f(20, "n_stations")
-    workspace_min_m: list = _f([-0.65, -0.35, 0.2], "workspace_min_mm", _MM, doc="box in the base frame")
-    workspace_max_m: list = _f([-0.35, 0.15, 0.55], "workspace_max_mm", _MM)
+    workspace_min_m: list[float] = _f([-0.65, -0.35, 0.2], "workspace_min_mm", _MM, doc="box in the base frame")
+    workspace_max_m: list[float] = _f([-0.35, 0.15, 0.55], "workspace_max_mm", _MM)
     max_tilt_rad: float = _f(math.radians(35.0), "max_tilt_deg", _DEG, doc="from the home orientation")
-    home_q_rad: list = _f([0.0, -math.pi / 2, math.pi / 2, -math.pi / 2, -math.pi / 2, 0.0], "home_q_deg", _DEG)
-    joint_min_rad: list = _f([-2 * math.pi] * 6, "joint_min_deg", _DEG)
-    joint_max_rad: list = _f([2 * math.pi] * 6, "joint_max_deg", _DEG)
+    home_q_rad: list[float] = _f([0.0, -math.pi / 2, math.pi / 2, -math.pi / 2, -math.pi / 2, 0.0], "home_q_deg", _DEG)
+    joint_min_rad: list[float] = _f([-2 * math.pi] * 6, "joint_min_deg", _DEG)
+    joint_max_rad: list[float] = _f([2 * math.pi] * 6, "joint_max_deg", _DEG)
     max_extra_stations: int = _f(4, "max_extra_stations", doc="planner stations added when the motions are degenerate")
     seed: int = _f(0, "seed")
-    stations: list = _f([], "stations", doc="explicit: [[plan.stations]] tables")
+    stations: list[PlanStation] = _f([], "stations", doc="explicit: [[plan.stations]] tables")
     target_sigma_m: float = _f(0.0, "target_sigma_mm", _MM,
                                doc="capture until the predicted error at the task points is this (0: a fixed count)")
     max_stations: int = _f(40, "max_stations", doc="with target_sigma_mm: stations at most")
-    tracker_xyz_m: list = _f([], "tracker_xyz_mm", _MM, doc="rough tracker position, robot base frame ([]: unknown)")
-    tracker_cell_xyz_m: list = _f([0.0, 0.0, 0.0], "tracker_cell_xyz_mm", _MM, doc="tracker position, cell frame")
-    target_axis: list = _f([0.0, 0.0, 1.0], "target_axis", doc="direction the target faces, flange frame")
+    tracker_xyz_m: list[float] = _f([], "tracker_xyz_mm", _MM, doc="rough tracker position, robot base frame ([]: unknown)")
+    tracker_cell_xyz_m: list[float] = _f([0.0, 0.0, 0.0], "tracker_cell_xyz_mm", _MM, doc="tracker position, cell frame")
+    target_axis: list[float] = _f([0.0, 0.0, 1.0], "target_axis", doc="direction the target faces, flange frame")
     cone_rad: float = _f(math.radians(45.0), "cone_deg", _DEG, doc="target's acceptance half-angle")
 
 
@@ -164,7 +175,7 @@ class Solve:
                              doc="give the solver each station's tracker std plus the robot's repeatability")
     robot_repeatability_m: float = _f(0.01e-3, "robot_repeatability_mm", _MM, doc="1-sigma, position")
     robot_repeatability_rad: float = _f(math.radians(0.005), "robot_repeatability_deg", _DEG, doc="1-sigma, orientation")
-    task_points_m: list = _f([], "task_points_mm", _MM,
+    task_points_m: list[list[float]] = _f([], "task_points_mm", _MM,
                              doc="[[x, y, z], ...] where the calibration is used (cell frame for a base frame)")
     max_sigma_m_at_task_points: float = _f(1e-3, "max_sigma_mm_at_task_points", _MM,
                                            doc="predicted 1-sigma position error at each task point")
@@ -175,9 +186,9 @@ class Solve:
     allow_model_error: bool = _f(False, "allow_model_error", doc="accept a result warning model_error")
     max_model_error_m: float = _f(0.02e-3, "max_model_error_mm", _MM,
                                   doc="a model_error whose structured residual is at most this passes its gate")
-    expected_cell_T_base_m_rad: list | None = _f(None, "expected_cell_T_base_mm_deg",
+    expected_cell_T_base_m_rad: list[float] | None = _f(None, "expected_cell_T_base_mm_deg",
                                                  doc="[x, y, z mm, rx, ry, rz deg rotation vector] (off unless set)")
-    expected_tolerance_m_rad: list = _f([50e-3, math.radians(5.0)], "expected_tolerance_mm_deg",
+    expected_tolerance_m_rad: list[float] = _f([50e-3, math.radians(5.0)], "expected_tolerance_mm_deg",
                                         doc="[mm, deg] of expected_cell_T_base_mm_deg")
     check_reach: bool = _f(True, "check_reach", doc="refuse robot poses beyond the robot model's reach")
 
@@ -222,12 +233,12 @@ class Zmq:
                                                         "or anyone on loopback TCP with loopback_tcp_any_user)")
     loopback_tcp_any_user: bool = _f(False, "loopback_tcp_any_user",
                                      doc="allow a loopback tcp:// endpoint without CURVE: EVERY local user then has null_role")
-    ipc_allowed_uids: list = _f([], "ipc_allowed_uids", doc="without CURVE, ipc peers of these uids get null_role "
+    ipc_allowed_uids: list[int] = _f([], "ipc_allowed_uids", doc="without CURVE, ipc peers of these uids get null_role "
                                                             "(besides the daemon's own uid and root)")
-    ipc_allowed_gids: list = _f([], "ipc_allowed_gids", doc="... and peers in these groups (besides the daemon's own)")
+    ipc_allowed_gids: list[int] = _f([], "ipc_allowed_gids", doc="... and peers in these groups (besides the daemon's own)")
     ipc_socket_mode: int = _f(0o660, "ipc_socket_mode", doc="mode of ipc socket files the daemon binds (no bits for others)")
     server_secret_key_file: str = _f("", "server_secret_key_file")
-    clients: list = _f([], "clients", doc="[[zmq.clients]] tables")
+    clients: list[ZmqClient] = _f([], "clients", doc="[[zmq.clients]] tables")
 
 
 @dataclass(frozen=True)
@@ -267,7 +278,7 @@ class Config:
     zmq: Zmq = field(default_factory=Zmq, metadata=key("zmq"))
     export: Export = field(default_factory=Export, metadata=key("export"))
     kinematics: Kinematics = field(default_factory=Kinematics, metadata=key("kinematics"))
-    # plant interfaces, each off by default (cellcal.daemon.plant.config)
+    # plant interfaces, each off by default (cellcal.daemon.config.plant)
     opcua: _plant.OpcUa = field(default_factory=_plant.OpcUa, metadata=key("opcua"))
     mqtt: _plant.Mqtt = field(default_factory=_plant.Mqtt, metadata=key("mqtt"))
     metrics: _plant.Metrics = field(default_factory=_plant.Metrics, metadata=key("metrics"))
@@ -276,7 +287,7 @@ class Config:
 
 
 # Element types of list fields that hold tables.
-# (+ the plant sections' own tables, lists, choices and bounds: cellcal.daemon.plant.config)
+# (+ the plant sections' own tables, lists, choices and bounds: cellcal.daemon.config.plant)
 _LIST_OF = {(Plan, "stations"): PlanStation, (Zmq, "clients"): ZmqClient, **_plant.LIST_OF}
 
 
@@ -425,7 +436,7 @@ def _check_bound(path: str, value: float) -> None:
         raise ConfigError(path, f"must be in {'(' if lo_open else '['}{show(lo)}, {show(hi)}], got {value!r}")
 
 
-def _finite(value: Any, path: str) -> float:
+def _finite(value: object, path: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise ConfigError(path, f"expected a finite number, got {_show(value)}")
     try:
@@ -437,20 +448,18 @@ def _finite(value: Any, path: str) -> float:
     return x
 
 
-def _show(value: Any) -> str:
+def _show(value: object) -> str:
     r = repr(value)
     return r if len(r) <= 60 else r[:57] + "..."
 
 
-def _depth(value: Any, limit: int) -> int:
+def _depth(value: object, limit: int) -> int:
     """Nesting depth of tables and arrays, counted up to ``limit + 1``."""
     if limit < 0 or not isinstance(value, (dict, list)):
         return 0
     items = value.values() if isinstance(value, dict) else value
     return 1 + max((_depth(v, limit - 1) for v in items), default=0)
 
-def _near(k: str, known: dict) -> str | None:
-    import difflib
-
+def _near(k: str, known: Iterable[str]) -> str | None:
     m = difflib.get_close_matches(k, list(known), n=1, cutoff=0.6)
     return m[0] if m else None

@@ -48,14 +48,26 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Protocol, TypedDict, cast
+from typing import Protocol, TypedDict, cast
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.config import Config
+from cellcal.daemon.service import Service, cellcal_version
+from cellcal.daemon.zmq_glue import DaemonHandler
+from cellcal.drivers.base import load_backend
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DaemonPort", "RunSummary", "Adapter", "Plant", "attach", "enabled_interfaces", "call_command",
-           "PLANT_CALLER", "interface_fault"]
+__all__ = ["DaemonPort", "RunSummary", "Adapter", "FaultFn", "Plant", "attach", "enabled_interfaces", "call_command",
+           "PLANT_CALLER", "interface_fault", "ADAPTERS"]
+
+#: Interface name -> ``"module:Class"`` of its adapter, imported only when the configuration
+#: enables it (each needs its optional package: asyncua, paho-mqtt, prometheus-client).
+ADAPTERS: dict[str, str] = {
+    "opcua": "cellcal.daemon.plant.opcua:OpcUaServer",
+    "mqtt": "cellcal.daemon.plant.mqtt:MqttPublisher",
+    "metrics": "cellcal.daemon.plant.metrics:MetricsExporter",
+}
 
 #: Who the adapters are when they read for themselves (``get_result`` at start).
 PLANT_CALLER = P.Caller(key_id="plant", role=P.ROLE_OBSERVER, name="plant")
@@ -76,7 +88,7 @@ class DaemonPort:
     boot_id: str
     version: str
     motion_mode: str
-    status: Callable[[], Mapping[str, Any]]
+    status: Callable[[], Mapping[str, object]]
     handler: P.Handler
     last_run: Callable[[], RunSummary | None]
     publish_fault: Callable[[P.FaultBody], None]
@@ -91,10 +103,16 @@ class Adapter(Protocol):
 
     def stop(self) -> None: ...
 
-    def on_event(self, topic: str, body: Mapping[str, Any]) -> None: ...
+    def on_event(self, topic: str, body: Mapping[str, object]) -> None: ...
 
 
-def call_command(port: DaemonPort, cmd: str, args: Mapping[str, Any], caller: P.Caller) -> Any:
+class FaultFn(Protocol):
+    """How an adapter raises (``active``) or clears its interface's fault: :meth:`Plant.fault`."""
+
+    def __call__(self, interface: str, message: str, *, active: bool, retry_in_s: float | None = None) -> None: ...
+
+
+def call_command(port: DaemonPort, cmd: str, args: Mapping[str, object], caller: P.Caller) -> object:
     """Run ``cmd`` for ``caller`` through the same checks as the ZeroMQ command socket.
 
     The role first (``E_FORBIDDEN``, nothing runs), then the arguments (``E_BAD_REQUEST``),
@@ -126,15 +144,16 @@ def interface_fault(interface: str, message: str, *, state: str, active: bool,
                     retry_in_s: float | None = None) -> P.FaultBody:
     """The fault body of a plant interface: ``E_UNAVAILABLE``, no device, the daemon's
     current ``state`` (the service itself is not in FAULT), ``interface`` named."""
-    st: Any = state if state in P.STATES else P.STATE_IDLE
+    # (STATES are the StateName values; E_UNAVAILABLE is an ErrorCode value)
+    st = cast(P.StateName, state if state in P.STATES else P.STATE_IDLE)
     body = P.FaultBody(code=cast(P.ErrorCode, P.E_UNAVAILABLE), device=None, message=f"{interface}: {message}", state=st,
                        active=active, retry_in_s=None if retry_in_s is None else float(retry_in_s))
-    out: dict[str, Any] = dict(body)
+    out: dict[str, object] = dict(body)
     out.update(type="PlantInterface", interface=interface)
-    return out  # type: ignore[return-value]
+    return cast(P.FaultBody, out)  # the FaultBody's fields, and two more after them
 
 
-def enabled_interfaces(cfg: Any) -> list[str]:
+def enabled_interfaces(cfg: Config) -> list[str]:
     """Names of the interfaces the configuration enables, in start order."""
     return [name for name in ("metrics", "mqtt", "opcua") if getattr(getattr(cfg, name, None), "enabled", False)]
 
@@ -153,7 +172,7 @@ class Plant:
         The latest fault body (raised or cleared) of each interface that had one.
     """
 
-    def __init__(self, port: DaemonPort, cfg: Any) -> None:
+    def __init__(self, port: DaemonPort, cfg: Config) -> None:
         self.port = port
         self.adapters: list[Adapter] = []
         self._faults: dict[str, bool] = {}
@@ -166,7 +185,7 @@ class Plant:
                 log.error("%s interface not available: %s", name, exc)
                 self.fault(name, f"not available: {exc}", active=True)
 
-    def adapter(self, name: str) -> Any:
+    def adapter(self, name: str) -> Adapter | None:
         """The adapter called ``name`` (tests, benchmarks), or None."""
         return next((a for a in self.adapters if a.name == name), None)
 
@@ -194,13 +213,13 @@ class Plant:
             if a.name != interface:
                 self._deliver(a, P.TOPIC_FAULT, body)
 
-    def on_event(self, topic: str, body: Mapping[str, Any]) -> None:
+    def on_event(self, topic: str, body: Mapping[str, object]) -> None:
         """The service's listener: every adapter gets the event (none may block)."""
         for a in self.adapters:
             self._deliver(a, topic, body)
 
     @staticmethod
-    def _deliver(a: Adapter, topic: str, body: Mapping[str, Any]) -> None:
+    def _deliver(a: Adapter, topic: str, body: Mapping[str, object]) -> None:
         try:
             a.on_event(topic, body)
         except Exception:  # noqa: BLE001 - an interface must not break the daemon's emit
@@ -224,37 +243,23 @@ class Plant:
                 log.exception("plant interface %s failed to stop cleanly", a.name)
 
 
-def _build(name: str, port: DaemonPort, cfg: Any, fault: Callable[..., None]) -> Adapter:
-    # Imported only when configured: each needs its optional package.
-    if name == "opcua":
-        from cellcal.daemon.plant.opcua import OpcUaServer
-
-        return OpcUaServer(cfg.opcua, port, fault)
-    if name == "mqtt":
-        from cellcal.daemon.plant.mqtt import MqttPublisher
-
-        return MqttPublisher(cfg.mqtt, port, fault)
-    if name == "metrics":
-        from cellcal.daemon.plant.metrics import MetricsExporter
-
-        return MetricsExporter(cfg.metrics, port, fault)
-    raise ValueError(f"no plant interface {name!r}")
+def _build(name: str, port: DaemonPort, cfg: Config, fault: FaultFn) -> Adapter:
+    # Imported only when configured: each needs its optional package (an ImportError then).
+    try:
+        # Each adapter takes its own section ([opcua], [mqtt], [metrics]), the port and fault.
+        make: Callable[..., Adapter] = load_backend(ADAPTERS, name, "plant interface")
+    except ValueError:
+        raise ValueError(f"no plant interface {name!r}") from None
+    return make(getattr(cfg, name), port, fault)
 
 
-def attach(svc: Any, cfg: Any, *, publish: Callable[..., None] | None) -> Plant | None:
+def attach(svc: Service, cfg: Config, *, publish: Callable[[str, Mapping[str, object]], None] | None) -> Plant | None:
     """The configured interfaces of the daemon ``svc`` (not started), its listener added.
 
     ``publish``: the ZeroMQ server's ``publish(topic, body)`` (interface faults go out on
     it), or None. Returns None when no interface is enabled.
     """
     if not enabled_interfaces(cfg):
-        return None
-    from cellcal.daemon.service import cellcal_version
-
-    try:
-        from cellcal.daemon.zmq_glue import DaemonHandler  # the command handler lives with the ZeroMQ glue
-    except ImportError as exc:
-        log.error("plant interfaces not started: the daemon's command handler needs pyzmq (%s)", exc)
         return None
 
     def last_run() -> RunSummary | None:

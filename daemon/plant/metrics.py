@@ -33,13 +33,18 @@ import logging
 import math
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from typing import TYPE_CHECKING
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.plant import PLANT_CALLER, DaemonPort, call_command
+from cellcal.daemon.plant import PLANT_CALLER, DaemonPort, FaultFn, call_command
 from cellcal.daemon.plant.config import Metrics, parse_listen
-from cellcal.daemon.plant.views import sigmas
+from cellcal.daemon.plant.views import as_float, as_int, as_map, sigmas
+
+if TYPE_CHECKING:
+    from wsgiref.simple_server import WSGIServer
+
+    from prometheus_client.core import Metric
 
 log = logging.getLogger(__name__)
 
@@ -63,7 +68,8 @@ class MetricsExporter:
 
     name = "metrics"
 
-    def __init__(self, cfg: Metrics, port: DaemonPort, fault: Callable[..., None]) -> None:
+    def __init__(self, cfg: Metrics, port: DaemonPort, fault: FaultFn) -> None:
+        # prometheus-client is the optional extra cellcal[metrics]: loaded when [metrics] is enabled.
         from prometheus_client import CollectorRegistry, Counter, Histogram
 
         self.cfg = cfg
@@ -82,21 +88,21 @@ class MetricsExporter:
         for status in P.DRIFT_STATUSES:
             self._drifts.labels(status)
         self._lock = threading.Lock()
-        self._active: Mapping[str, Any] | None = None
-        self._drift: Mapping[str, Any] | None = None
+        self._active: Mapping[str, object] | None = None
+        self._drift: Mapping[str, object] | None = None
         self._drift_wall_s: float | None = None
         self._solving_since: float | None = None
         self._accepted = 0
-        self._server: Any = None
+        self._server: WSGIServer | None = None
         self._thread: threading.Thread | None = None
         self.registry.register(_Snapshot(self))
 
     # ---- events (any thread; a counter or an assignment, never I/O) ------------------------------
-    def on_event(self, topic: str, body: Mapping[str, Any]) -> None:
+    def on_event(self, topic: str, body: Mapping[str, object]) -> None:
         if topic == P.TOPIC_STATION:
             self._stations.labels("accepted" if body.get("accepted") else "rejected").inc()
             with self._lock:
-                self._accepted = int(body.get("accepted_count", 0))
+                self._accepted = as_int(body.get("accepted_count", 0))
         elif topic == P.TOPIC_FAULT:
             if body.get("active"):
                 self._faults.labels(str(body.get("device") or "none"), str(body.get("code", ""))).inc()
@@ -113,7 +119,7 @@ class MetricsExporter:
         elif topic == P.TOPIC_STATE:
             self._on_state(body)
 
-    def _on_state(self, body: Mapping[str, Any]) -> None:
+    def _on_state(self, body: Mapping[str, object]) -> None:
         state, previous = body.get("state"), body.get("previous")
         now = time.monotonic()
         with self._lock:
@@ -127,14 +133,15 @@ class MetricsExporter:
 
     # ---- lifecycle ----------------------------------------------------------------------------------
     def start(self) -> None:
-        from prometheus_client import start_http_server
+        from prometheus_client import start_http_server  # the optional extra (see __init__)
 
         try:
-            self._active = call_command(self.port, "get_result", {}, PLANT_CALLER)
+            active = call_command(self.port, "get_result", {}, PLANT_CALLER)
         except P.CommandError:
-            self._active = None
+            active = None
+        self._active = active if isinstance(active, Mapping) else None  # the active result's body
         last = (self.port.status() or {}).get("last_drift")
-        if last:
+        if last and isinstance(last, Mapping):
             self._drift = last
         self._server, self._thread = start_http_server(self.port_number, addr=self.host, registry=self.registry)
         log.info("metrics: /metrics on http://%s:%d", self.host, self.port_number)
@@ -154,9 +161,9 @@ class MetricsExporter:
         return f"http://{host}:{self.port_number}/metrics"
 
 
-def _finite(v: Any) -> float | None:
+def _finite(v: object) -> float | None:
     try:
-        f = float(v)
+        f = as_float(v)
     except (TypeError, ValueError):
         return None
     return f if math.isfinite(f) else None
@@ -168,13 +175,14 @@ class _Snapshot:
     def __init__(self, owner: MetricsExporter) -> None:
         self.owner = owner
 
-    def describe(self) -> list[Any]:
+    def describe(self) -> list[Metric]:
         return []  # unchecked: the families depend on what the daemon has (no result yet, ...)
 
-    def collect(self) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily  # the optional extra (see MetricsExporter)
 
         o = self.owner
+        st: Mapping[str, object]
         try:
             st = o.port.status()
         except Exception as exc:  # noqa: BLE001 - a scrape must answer; the error is its finding
@@ -183,7 +191,7 @@ class _Snapshot:
         with o._lock:
             active, drift, drift_wall, accepted = o._active, o._drift, o._drift_wall_s, o._accepted
 
-        def gauge(name: str, doc: str, value: float | None, labels: Mapping[str, str] | None = None) -> Any:
+        def gauge(name: str, doc: str, value: float | None, labels: Mapping[str, str] | None = None) -> Metric:
             g = GaugeMetricFamily(name, doc, labels=list(labels) if labels else None)
             if value is not None:
                 g.add_metric(list(labels.values()) if labels else [], value)
@@ -199,11 +207,11 @@ class _Snapshot:
             yield gauge("cellcal_uptime_seconds", "since the daemon started", _finite(st.get("uptime_s")))
             g = GaugeMetricFamily("cellcal_device_connected", "1 while the device's link is up", labels=["device"])
             for dev in P.DEVICES:
-                g.add_metric([dev], 1.0 if ((st.get("devices") or {}).get(dev) or {}).get("connected") else 0.0)
+                g.add_metric([dev], 1.0 if as_map(as_map(st.get("devices")).get(dev)).get("connected") else 0.0)
             yield g
             yield gauge("cellcal_queued_jobs", "runs and checks waiting", _finite(st.get("queued_jobs")))
             yield gauge("cellcal_drift_cusum_mm", "CUSUM of the drift checks of the active result",
-                        _finite((st.get("cusum_m") or 0.0) * 1e3))
+                        _finite(as_float(st.get("cusum_m") or 0.0) * 1e3))
         yield from self._active_metrics(active)
         yield from self._drift_metrics(drift, drift_wall)
         yield gauge("cellcal_run_stations_accepted", "stations accepted in the current or last run", float(accepted))
@@ -220,8 +228,8 @@ class _Snapshot:
             yield g
 
     @staticmethod
-    def _active_metrics(active: Mapping[str, Any] | None) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
+    def _active_metrics(active: Mapping[str, object] | None) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily  # the optional extra (see MetricsExporter)
 
         if active is None:
             return
@@ -230,7 +238,7 @@ class _Snapshot:
         created = active.get("created_ns") or 0
         if created:
             yield GaugeMetricFamily("cellcal_active_result_age_seconds", "since the active result was created",
-                                    value=max(0.0, time.time() - created * 1e-9))
+                                    value=max(0.0, time.time() - as_float(created) * 1e-9))
         yield GaugeMetricFamily("cellcal_active_result_suspect", "1 if a drift check failed it",
                                 value=1.0 if active.get("suspect") else 0.0)
         rms_t, rms_r = _finite(active.get("rms_translation_m")), _finite(active.get("rms_rotation_rad"))
@@ -238,7 +246,7 @@ class _Snapshot:
             yield GaugeMetricFamily("cellcal_active_result_rms_mm", "closure RMS, translation", value=rms_t * 1e3)
         if rms_r is not None:
             yield GaugeMetricFamily("cellcal_active_result_rms_deg", "closure RMS, rotation", value=math.degrees(rms_r))
-        names = [*(active.get("transforms") or {}), *(active.get("points") or {})]
+        names = [*as_map(active.get("transforms")), *as_map(active.get("points"))]
         g_t = GaugeMetricFamily("cellcal_active_result_sigma_mm", "1-sigma translation (root of the covariance trace)",
                                 labels=["estimate"])
         g_r = GaugeMetricFamily("cellcal_active_result_sigma_deg", "1-sigma rotation (root of the covariance trace)",
@@ -253,8 +261,8 @@ class _Snapshot:
         yield g_r
 
     @staticmethod
-    def _drift_metrics(drift: Mapping[str, Any] | None, wall_s: float | None) -> Iterator[Any]:
-        from prometheus_client.core import GaugeMetricFamily
+    def _drift_metrics(drift: Mapping[str, object] | None, wall_s: float | None) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily  # the optional extra (see MetricsExporter)
 
         if drift is None:
             return
@@ -272,7 +280,7 @@ class _Snapshot:
         for s in P.DRIFT_STATUSES:
             g.add_metric([s], 1.0 if drift.get("status") == s else 0.0)
         yield g
-        alarm = (drift.get("cusum") or {}).get("alarm")
+        alarm = as_map(drift.get("cusum")).get("alarm")
         yield GaugeMetricFamily("cellcal_drift_cusum_alarm", "1 when the CUSUM passed its alarm level",
                                 value=1.0 if alarm else 0.0)
         if wall_s is not None:

@@ -38,14 +38,19 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, cast
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.devices import Backoff
-from cellcal.daemon.plant import PLANT_CALLER, DaemonPort, call_command
+from cellcal.daemon.plant import PLANT_CALLER, DaemonPort, FaultFn, call_command
 from cellcal.daemon.plant.config import Mqtt, mqtt_broker, read_secret
 from cellcal.daemon.plant.views import to_json
+
+if TYPE_CHECKING:
+    from paho.mqtt.client import Client, ConnectFlags, DisconnectFlags, MQTTMessageInfo
+    from paho.mqtt.properties import Properties
+    from paho.mqtt.reasoncodes import ReasonCode
 
 log = logging.getLogger(__name__)
 
@@ -97,7 +102,7 @@ class MqttPublisher:
 
     name = "mqtt"
 
-    def __init__(self, cfg: Mqtt, port: DaemonPort, fault: Callable[..., None]) -> None:
+    def __init__(self, cfg: Mqtt, port: DaemonPort, fault: FaultFn) -> None:
         import paho.mqtt.client  # noqa: F401 - fail at build time (the Plant reports it), not in the thread
 
         self.cfg = cfg
@@ -110,17 +115,17 @@ class MqttPublisher:
         self._password = read_secret(cfg.password_file, "mqtt.password_file") if cfg.password_file else None
         self._cond = threading.Condition()
         self._queue: collections.deque[_Item] = collections.deque()
-        self._bodies: collections.deque[tuple[str, Mapping[str, Any]]] = collections.deque()
+        self._bodies: collections.deque[tuple[str, Mapping[str, object]]] = collections.deque()
         self._retained: dict[str, bytes] = {}   # full topic -> the newest payload
         self._last_active: bytes | None = None  # result/active as last published (without "retained")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._client: Any = None
+        self._client: Client | None = None
         self._lost = threading.Event()
         self.stats = {"published": 0, "dropped": 0, "connections": 0, "requeued": 0, "encode_errors": 0}
 
     # ---- the daemon's side (any thread, never blocks) -------------------------------------------
-    def on_event(self, topic: str, body: Mapping[str, Any]) -> None:
+    def on_event(self, topic: str, body: Mapping[str, object]) -> None:
         if topic not in _ROUTES or (topic == P.TOPIC_HEARTBEAT and not self.cfg.heartbeat):
             return
         with self._cond:
@@ -139,7 +144,7 @@ class MqttPublisher:
             result = call_command(self.port, "get_result", {}, PLANT_CALLER)
         except P.CommandError:
             result = None  # no active calibration yet
-        if result is not None:
+        if isinstance(result, Mapping):  # the active result's body
             self._set_active(result)
         self._thread = threading.Thread(target=self._run, name="cellcal-mqtt", daemon=True)
         self._thread.start()
@@ -155,15 +160,18 @@ class MqttPublisher:
             self._thread = None
 
     # ---- payloads --------------------------------------------------------------------------------
-    def _state_body(self, hb: Mapping[str, Any]) -> dict[str, Any]:
+    def _state_body(self, hb: Mapping[str, object]) -> dict[str, object]:
         """A state body for the start (the service emits one only on a change)."""
-        body = dict(P.StateBody(state=hb["state"], previous=None, reason="online", run_id=hb.get("run_id"),
-                                kind=None, motion_mode=self.port.motion_mode))  # type: ignore[typeddict-item]
+        # The heartbeat's state and run id (a StateName, a str or None: protocol.HeartbeatBody)
+        # and [capture] motion_mode (a MotionMode: the configuration's choices).
+        body: dict[str, object] = dict(P.StateBody(
+            state=cast(P.StateName, hb["state"]), previous=None, reason="online",
+            run_id=cast("str | None", hb.get("run_id")), kind=None, motion_mode=cast(P.MotionMode, self.port.motion_mode)))
         body["detail"] = "online"
         body["online"] = True
         return body
 
-    def _set_active(self, body: Mapping[str, Any]) -> bool:
+    def _set_active(self, body: Mapping[str, object]) -> bool:
         """Keep ``body`` as result/active; False when it says nothing new (the periodic
         retained republish of the same result)."""
         if not body.get("active", False):
@@ -177,7 +185,7 @@ class MqttPublisher:
         self._retained[self.topics[_ACTIVE]] = key
         return True
 
-    def _items_of(self, topic: str, body: Mapping[str, Any]) -> list[_Item]:
+    def _items_of(self, topic: str, body: Mapping[str, object]) -> list[_Item]:
         """The MQTT messages of one event (encoded here, on the publisher's thread)."""
         sub, qos, retain = _ROUTES[topic]
         out: list[_Item] = []
@@ -220,8 +228,8 @@ class MqttPublisher:
         c = self._client
         return c is not None and not self._lost.is_set() and c.is_connected()
 
-    def _new_client(self) -> Any:
-        import paho.mqtt.client as mqtt
+    def _new_client(self) -> Client:
+        import paho.mqtt.client as mqtt  # the optional extra cellcal[mqtt]: only when [mqtt] is enabled
 
         c = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=self.client_id, clean_session=True,
                         protocol=mqtt.MQTTv311, reconnect_on_failure=False)
@@ -236,16 +244,18 @@ class MqttPublisher:
         c.max_queued_messages_set(self.cfg.max_queued)
         return c
 
-    def _connect(self) -> tuple[Any, str | None]:
+    def _connect(self) -> tuple[Client | None, str | None]:
         """A connected client, or (None, why not)."""
-        connack: dict[str, Any] = {}
+        connack: dict[str, ReasonCode] = {}
         got = threading.Event()
 
-        def on_connect(client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        def on_connect(client: Client, userdata: object, flags: ConnectFlags, reason: ReasonCode,
+                       properties: Properties | None) -> None:
             connack["reason"] = reason
             got.set()
 
-        def on_disconnect(client: Any, userdata: Any, flags: Any, reason: Any, properties: Any) -> None:
+        def on_disconnect(client: Client, userdata: object, flags: DisconnectFlags, reason: ReasonCode,
+                          properties: Properties | None) -> None:
             connack.setdefault("reason", reason)
             self._lost.set()
             got.set()
@@ -273,7 +283,7 @@ class MqttPublisher:
         return c, None
 
     @staticmethod
-    def _drop(c: Any) -> None:
+    def _drop(c: Client) -> None:
         try:
             c.disconnect()
         except Exception:  # noqa: BLE001 - already gone
@@ -312,10 +322,10 @@ class MqttPublisher:
     def _wait(self, delay: float) -> None:
         self._stop.wait(delay)
 
-    def _serve(self, client: Any) -> list[tuple[Any, _Item]]:
+    def _serve(self, client: Client) -> list[tuple[MQTTMessageInfo, _Item]]:
         """Publish on one connection until it drops or the publisher stops; returns the QoS 1
         messages not yet acknowledged when it ended."""
-        inflight: list[tuple[Any, _Item]] = []
+        inflight: list[tuple[MQTTMessageInfo, _Item]] = []
         queued_retained = {it.topic for it in self._queue if it.retain}
         # The newest payload of every retained topic the queue does not bring anyway: a broker
         # that restarted without persistence gets them back.
@@ -335,7 +345,7 @@ class MqttPublisher:
             self._take_bodies()
         return inflight
 
-    def _goodbye(self, client: Any) -> None:
+    def _goodbye(self, client: Client) -> None:
         """A clean stop: the queue, then ``state`` offline (retained: the will is not sent on a
         clean disconnect), then disconnect."""
         try:

@@ -61,21 +61,25 @@ import hmac
 import logging
 import math
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, cast
 
-from asyncua import Server, ua
+from asyncua import Node, Server, ua
 from asyncua.common.instantiate_util import instantiate
 from asyncua.crypto import uacrypto
 from asyncua.crypto.permission_rules import PermissionRuleset, User, UserRole
 from asyncua.ua.ua_binary import struct_from_binary
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.plant import PLANT_CALLER, DaemonPort, call_command
+from cellcal.daemon.plant import PLANT_CALLER, DaemonPort, FaultFn, call_command
 from cellcal.daemon.plant.config import OpcUa, opcua_host_port, read_secret
-from cellcal.daemon.plant.views import frame_mm_deg, point_mm, sigmas
+from cellcal.daemon.plant.views import as_float, as_int, as_map, frame_mm_deg, point_mm, sigmas
+
+if TYPE_CHECKING:
+    from asyncua.common.utils import Buffer
+    from asyncua.server.internal_server import InternalServer
 
 log = logging.getLogger(__name__)
 # asyncua warns, for every frame it instantiates, that the type node has no AccessLevel (a
@@ -150,8 +154,8 @@ class _Users:
             self._certs.append((uacrypto.der_from_x509(cert), f"cert:{name}"))
             self.roles[f"cert:{name}"] = role
 
-    def get_user(self, iserver: Any, username: str | None = None, password: Any = None,
-                 certificate: Any = None) -> User | None:
+    def get_user(self, iserver: InternalServer, username: str | None = None, password: str | bytes | None = None,
+                 certificate: object = None) -> User | None:
         if username is not None:
             want = self._passwords.get(username)
             got = password.encode() if isinstance(password, str) else bytes(password or b"")
@@ -176,7 +180,7 @@ class _Rules(PermissionRuleset):
         self.roles = roles
         self.methods = methods   # method node id -> protocol command
 
-    def check_validity(self, user: Any, action_type_id: ua.NodeId, body: Any) -> bool:
+    def check_validity(self, user: User | None, action_type_id: ua.NodeId, body: Buffer) -> bool:
         name = getattr(user, "name", None)
         role = self.roles.get(name) if name else None
         if role is None:
@@ -199,13 +203,13 @@ class _Rules(PermissionRuleset):
         return False  # writes, node management, history updates: nobody
 
 
-def _table(*rows: tuple[str, Any, Any]) -> tuple[tuple[str, Any, Any], ...]:
+def _table(*rows: tuple[str, object, ua.VariantType]) -> tuple[tuple[str, object, ua.VariantType], ...]:
     """Rows of (browse name, initial value, variant type) for the address space."""
     return rows
 
 
-def _dt(ns: int | None) -> datetime | None:
-    return datetime.fromtimestamp(ns * 1e-9, tz=UTC) if ns else None
+def _dt(ns: object) -> datetime | None:
+    return datetime.fromtimestamp(as_float(ns) * 1e-9, tz=UTC) if ns else None
 
 
 class OpcUaServer:
@@ -221,7 +225,7 @@ class OpcUaServer:
 
     name = "opcua"
 
-    def __init__(self, cfg: OpcUa, port: DaemonPort, fault: Callable[..., None]) -> None:
+    def __init__(self, cfg: OpcUa, port: DaemonPort, fault: FaultFn) -> None:
         self.cfg = cfg
         self.port = port
         self._fault = fault
@@ -231,15 +235,15 @@ class OpcUaServer:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
-        self._latest: dict[str, Mapping[str, Any]] = {}
+        self._latest: dict[str, Mapping[str, object]] = {}
         self._latest_lock = threading.Lock()
         self._wake: asyncio.Event | None = None
         self._stop: asyncio.Event | None = None
         self.ns = 0
-        self._server: Any = None
-        self._vars: dict[str, Any] = {}
-        self._frames: dict[str, Any] = {}
-        self._points: dict[str, Any] = {}
+        self._server: Server | None = None
+        self._vars: dict[str, tuple[Node, ua.VariantType]] = {}   # path -> (variable, its type)
+        self._frames: dict[str, Node] = {}
+        self._points: dict[str, Node] = {}
         self.updates = 0
         self._seen_state = False
 
@@ -248,7 +252,7 @@ class OpcUaServer:
         return self.cfg.endpoint
 
     # ---- the daemon's side ---------------------------------------------------------------------
-    def on_event(self, topic: str, body: Mapping[str, Any]) -> None:
+    def on_event(self, topic: str, body: Mapping[str, object]) -> None:
         if topic not in (P.TOPIC_HEARTBEAT, P.TOPIC_RESULT, P.TOPIC_DRIFT, P.TOPIC_STATE):
             return
         if topic == P.TOPIC_RESULT and not body.get("active"):
@@ -324,7 +328,7 @@ class OpcUaServer:
         finally:
             await server.stop()
 
-    async def _build(self) -> Any:
+    async def _build(self) -> Server:
         await self._users.load()
         server = Server(user_manager=self._users)
         await server.init()
@@ -351,12 +355,12 @@ class OpcUaServer:
     def _id(self, path: str) -> ua.NodeId:
         return ua.NodeId(path, self.ns)
 
-    async def _var(self, parent: Any, path: str, name: str, value: Any, vtype: ua.VariantType) -> Any:
+    async def _var(self, parent: Node, path: str, name: str, value: object, vtype: ua.VariantType) -> Node:
         node = await parent.add_variable(self._id(path), ua.QualifiedName(name, self.ns), ua.Variant(value, vtype))
         self._vars[path] = (node, vtype)
         return node
 
-    async def _address_space(self, server: Any) -> dict[ua.NodeId, str]:
+    async def _address_space(self, server: Server) -> dict[ua.NodeId, str]:
         S, B, D, U, T = (ua.VariantType.String, ua.VariantType.Boolean, ua.VariantType.Double, ua.VariantType.UInt32,
                          ua.VariantType.DateTime)
         root = await server.nodes.objects.add_object(self._id("Cellcal"), ua.QualifiedName("Cellcal", self.ns))
@@ -399,7 +403,7 @@ class OpcUaServer:
         return {m1.nodeid: METHODS["RunDriftCheck"], m2.nodeid: METHODS["StartRun"]}
 
     # ---- methods -------------------------------------------------------------------------------------
-    async def _call(self, cmd: str, args: dict[str, Any]) -> Any:
+    async def _call(self, cmd: str, args: Mapping[str, object]) -> tuple[object, ua.StatusCode | None]:
         caller = _CALLER.get()
         if caller is None:  # the ruleset did not see this call: refuse rather than guess who it is
             return None, ua.StatusCode(ua.StatusCodes.BadUserAccessDenied)
@@ -415,26 +419,30 @@ class OpcUaServer:
             return None, ua.StatusCode(ua.StatusCodes.BadInternalError)
         return result, None
 
-    async def _run_drift_check(self, parent: ua.NodeId) -> Any:
+    async def _run_drift_check(self, parent: ua.NodeId) -> list[ua.Variant] | ua.StatusCode:
         result, status = await self._call("run_drift_check", {})
         if status is not None:
             return status
-        return [ua.Variant(str(result["result_id"]), ua.VariantType.String),
-                ua.Variant(int(result["check_id"]), ua.VariantType.UInt32)]
+        # The handler's run_drift_check result (protocol.DriftCheckResult).
+        r = cast(P.DriftCheckResult, result)
+        return [ua.Variant(str(r["result_id"]), ua.VariantType.String),
+                ua.Variant(int(r["check_id"]), ua.VariantType.UInt32)]
 
-    async def _start_run(self, parent: ua.NodeId, kind: Any = None) -> Any:
+    async def _start_run(self, parent: ua.NodeId, kind: object = None) -> list[ua.Variant] | ua.StatusCode:
         value = kind.Value if isinstance(kind, ua.Variant) else kind
         result, status = await self._call("start_run", {"kind": value})
         if status is not None:
             return status
-        return [ua.Variant(str(result["run_id"]), ua.VariantType.String),
-                ua.Variant(int(result["planned"]), ua.VariantType.UInt32)]
+        # The handler's start_run result (protocol.StartRunResult).
+        r = cast(P.StartRunResult, result)
+        return [ua.Variant(str(r["run_id"]), ua.VariantType.String),
+                ua.Variant(int(r["planned"]), ua.VariantType.UInt32)]
 
     # ---- values ----------------------------------------------------------------------------------------
-    async def _set(self, path: str, value: Any) -> None:
+    async def _set(self, path: str, value: object) -> None:
         node, vt = self._vars[path]
         if vt == ua.VariantType.Double:
-            value = float(value) if value is not None and math.isfinite(float(value)) else math.nan
+            value = as_float(value) if value is not None and math.isfinite(as_float(value)) else math.nan
         await node.write_value(ua.DataValue(ua.Variant(value, vt)))
 
     async def _initial(self) -> None:
@@ -446,10 +454,11 @@ class OpcUaServer:
             active = None
         with self._latest_lock:
             self._latest.setdefault(P.TOPIC_HEARTBEAT, st)
-            if active is not None:
+            if isinstance(active, Mapping):  # the active result's body (None: there is none)
                 self._latest.setdefault(P.TOPIC_RESULT, active)
-            if st.get("last_drift"):
-                self._latest.setdefault(P.TOPIC_DRIFT, st["last_drift"])
+            last_drift = st.get("last_drift")
+            if last_drift and isinstance(last_drift, Mapping):
+                self._latest.setdefault(P.TOPIC_DRIFT, last_drift)
         await self._apply()
 
     async def _apply(self) -> None:
@@ -472,46 +481,49 @@ class OpcUaServer:
         except Exception:  # noqa: BLE001 - one bad body must not end the server
             log.exception("opcua: updating the address space failed")
 
-    async def _heartbeat(self, hb: Mapping[str, Any]) -> None:
+    async def _heartbeat(self, hb: Mapping[str, object]) -> None:
         if not self._seen_state:
             # The state comes from the state events once there is one: a heartbeat built just
             # before a transition can arrive after it, and must not put the old state back.
             await self._set("Cellcal.State", str(hb.get("state", "")))
             await self._set("Cellcal.StateDetail", str(hb.get("detail", "")))
             await self._set("Cellcal.RunId", str(hb.get("run_id") or ""))
-        devices = hb.get("devices") or {}
-        await self._set("Cellcal.RobotConnected", bool((devices.get("robot") or {}).get("connected")))
-        await self._set("Cellcal.TrackerConnected", bool((devices.get("tracker") or {}).get("connected")))
+        devices = as_map(hb.get("devices"))
+        await self._set("Cellcal.RobotConnected", bool(as_map(devices.get("robot")).get("connected")))
+        await self._set("Cellcal.TrackerConnected", bool(as_map(devices.get("tracker")).get("connected")))
 
-    async def _result(self, r: Mapping[str, Any]) -> None:
+    async def _result(self, r: Mapping[str, object]) -> None:
         p = "Cellcal.ActiveResult."
         await self._set(p + "ResultId", str(r.get("result_id", "")))
         await self._set(p + "Kind", str(r.get("kind", "")))
         await self._set(p + "Created", _dt(r.get("created_ns")))
         await self._set(p + "Suspect", bool(r.get("suspect")))
         await self._set(p + "SuspectReason", str(r.get("suspect_reason") or ""))
-        await self._set(p + "NStations", int(r.get("n_stations", 0)))
-        await self._set(p + "RmsTranslation_mm", float(r.get("rms_translation_m", math.nan)) * 1e3)
-        await self._set(p + "RmsRotation_deg", math.degrees(float(r.get("rms_rotation_rad", math.nan))))
-        unc = r.get("uncertainty") or {}
+        await self._set(p + "NStations", as_int(r.get("n_stations", 0)))
+        await self._set(p + "RmsTranslation_mm", as_float(r.get("rms_translation_m", math.nan)) * 1e3)
+        await self._set(p + "RmsRotation_deg", math.degrees(as_float(r.get("rms_rotation_rad", math.nan))))
+        unc = as_map(r.get("uncertainty"))
         st, sr = unc.get("sigma_translation_m"), unc.get("sigma_rotation_rad")
-        await self._set(p + "SigmaTranslation_mm", None if st is None else st * 1e3)
-        await self._set(p + "SigmaRotation_deg", None if sr is None else math.degrees(sr))
-        transforms = r.get("transforms") or {}
-        points = r.get("points") or {}
+        await self._set(p + "SigmaTranslation_mm", None if st is None else as_float(st) * 1e3)
+        await self._set(p + "SigmaRotation_deg", None if sr is None else math.degrees(as_float(sr)))
+        transforms = as_map(r.get("transforms"))
+        points = as_map(r.get("points"))
+        server = self._server
+        assert server is not None  # _main serves before it applies a body
         for name in [n for n in self._frames if n not in transforms]:
-            await self._server.delete_nodes([self._frames.pop(name)], recursive=True)
+            await server.delete_nodes([self._frames.pop(name)], recursive=True)
         for name in [n for n in self._points if n not in points]:
-            await self._server.delete_nodes([self._points.pop(name)], recursive=True)
+            await server.delete_nodes([self._points.pop(name)], recursive=True)
         for name, tr in transforms.items():
-            await self._frame(name, tr, sigmas(r, name))
+            await self._frame(server, name, as_map(tr), sigmas(r, name))
         for name, pt in points.items():
-            await self._point(name, pt, sigmas(r, name)[0])
+            await self._point(server, name, as_map(pt), sigmas(r, name)[0])
 
-    async def _frame(self, name: str, tr: Mapping[str, Any], sig: tuple[float | None, float | None]) -> None:
+    async def _frame(self, server: Server, name: str, tr: Mapping[str, object],
+                     sig: tuple[float | None, float | None]) -> None:
         base = f"Cellcal.ActiveResult.Frames.{name}"
         if name not in self._frames:
-            ftype = self._server.get_node(ua.NodeId(ua.ObjectIds.ThreeDFrameType))
+            ftype = server.get_node(ua.NodeId(ua.ObjectIds.ThreeDFrameType))
             nodes = await instantiate(self._frames_folder, ftype, nodeid=self._id(base),
                                       bname=ua.QualifiedName(name, self.ns), idx=self.ns)
             frame = nodes[0]
@@ -543,18 +555,18 @@ class OpcUaServer:
             await self._set(f"{base}.CartesianCoordinates.{axis}", v)
         for axis, v in zip("ABC", (a, b, c), strict=True):
             await self._set(f"{base}.Orientation.{axis}", v)
-        q = tr.get("quaternion") or {}
+        q = as_map(tr.get("quaternion"))
         await self._set(f"{base}.ParentFrame", str(tr.get("parent_frame", "")))
         await self._set(f"{base}.ChildFrame", str(tr.get("child_frame", "")))
         node, _vt = self._vars[f"{base}.Quaternion"]
-        await node.write_value(ua.DataValue(ua.Variant([float(q.get(k, math.nan)) for k in "wxyz"], ua.VariantType.Double)))
+        await node.write_value(ua.DataValue(ua.Variant([as_float(q.get(k, math.nan)) for k in "wxyz"], ua.VariantType.Double)))
         await self._set(f"{base}.SigmaTranslation_mm", None if sig[0] is None else sig[0] * 1e3)
         await self._set(f"{base}.SigmaRotation_deg", None if sig[1] is None else math.degrees(sig[1]))
 
-    async def _point(self, name: str, pt: Mapping[str, Any], sigma_m: float | None) -> None:
+    async def _point(self, server: Server, name: str, pt: Mapping[str, object], sigma_m: float | None) -> None:
         base = f"Cellcal.ActiveResult.Points.{name}"
         if name not in self._points:
-            ptype = self._server.get_node(ua.NodeId(ua.ObjectIds.ThreeDCartesianCoordinatesType))
+            ptype = server.get_node(ua.NodeId(ua.ObjectIds.ThreeDCartesianCoordinatesType))
             nodes = await instantiate(self._points_folder, ptype, nodeid=self._id(base),
                                       bname=ua.QualifiedName(name, self.ns), idx=self.ns)
             self._points[name] = nodes[0]
@@ -572,18 +584,18 @@ class OpcUaServer:
         await self._set(f"{base}.Frame", str(pt.get("frame", "")))
         await self._set(f"{base}.SigmaTranslation_mm", None if sigma_m is None else sigma_m * 1e3)
 
-    async def _drift(self, d: Mapping[str, Any]) -> None:
+    async def _drift(self, d: Mapping[str, object]) -> None:
         p = "Cellcal.Drift."
-        cusum = d.get("cusum") or {}
+        cusum = as_map(d.get("cusum"))
         r = d.get("deviation_rotation_rad")
         await self._set(p + "ResultId", str(d.get("result_id", "")))
         await self._set(p + "Status", str(d.get("status", "")))
         await self._set(p + "Action", str(d.get("action", "")))
-        await self._set(p + "CheckId", int(d.get("check_id", 0)))
-        await self._set(p + "DeviationTranslation_mm", float(d.get("deviation_translation_m", math.nan)) * 1e3)
-        await self._set(p + "DeviationRotation_deg", None if r is None else math.degrees(r))
-        await self._set(p + "Cusum_mm", float(cusum.get("value_m", math.nan)) * 1e3)
-        await self._set(p + "WarnTranslation_mm", float(d.get("warn_translation_m", math.nan)) * 1e3)
-        await self._set(p + "FailTranslation_mm", float(d.get("fail_translation_m", math.nan)) * 1e3)
+        await self._set(p + "CheckId", as_int(d.get("check_id", 0)))
+        await self._set(p + "DeviationTranslation_mm", as_float(d.get("deviation_translation_m", math.nan)) * 1e3)
+        await self._set(p + "DeviationRotation_deg", None if r is None else math.degrees(as_float(r)))
+        await self._set(p + "Cusum_mm", as_float(cusum.get("value_m", math.nan)) * 1e3)
+        await self._set(p + "WarnTranslation_mm", as_float(d.get("warn_translation_m", math.nan)) * 1e3)
+        await self._set(p + "FailTranslation_mm", as_float(d.get("fail_translation_m", math.nan)) * 1e3)
         await self._set(p + "CusumAlarm", bool(cusum.get("alarm")))
         await self._set(p + "Time", datetime.now(UTC))

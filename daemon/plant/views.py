@@ -9,25 +9,47 @@
   right perturbation: rho then phi).
 * :func:`to_json`: a body as the JSON bytes MQTT carries (the same values the ZeroMQ body
   carries in msgpack; a non-finite number is refused, as on ZeroMQ).
+* :func:`as_map`, :func:`as_float`, :func:`as_int`: a value read from a body, narrowed (a
+  body is a ``Mapping[str, object]``: the adapters read what the daemon emits, never trust it).
 """
 
 from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import SupportsFloat, SupportsIndex, SupportsInt
 
 import numpy as np
 
 from cellcal.daemon.report.exports import rpy_from_matrix
 
-__all__ = ["frame_mm_deg", "sigmas", "point_mm", "to_json", "FrameMmDeg"]
+__all__ = ["frame_mm_deg", "sigmas", "point_mm", "to_json", "FrameMmDeg", "as_map", "as_float", "as_int"]
 
 FrameMmDeg = tuple[float, float, float, float, float, float]
 
 
-def frame_mm_deg(transform: Mapping[str, Any]) -> FrameMmDeg:
+def as_map(v: object) -> Mapping[str, object]:
+    """``v`` if it is a map (a body's table), else an empty one: what ``v or {}`` reads of a
+    table that is missing or ``None``."""
+    return v if isinstance(v, Mapping) else {}
+
+
+def as_float(v: object) -> float:
+    """``float(v)`` of a value read from a body (``TypeError`` for what ``float()`` refuses)."""
+    if isinstance(v, (SupportsFloat, SupportsIndex, str, bytes)):
+        return float(v)
+    raise TypeError(f"expected a number, got {type(v).__name__}")
+
+
+def as_int(v: object) -> int:
+    """``int(v)`` of a value read from a body (``TypeError`` for what ``int()`` refuses)."""
+    if isinstance(v, (SupportsInt, SupportsIndex, str, bytes)):
+        return int(v)
+    raise TypeError(f"expected an integer, got {type(v).__name__}")
+
+
+def frame_mm_deg(transform: Mapping[str, object]) -> FrameMmDeg:
     """``(x, y, z)`` mm and ``(A, B, C)`` deg of a wire transform (its ``matrix`` is authoritative).
 
     Parameters
@@ -46,43 +68,48 @@ def frame_mm_deg(transform: Mapping[str, Any]) -> FrameMmDeg:
     return x, y, z, math.degrees(a), math.degrees(b), math.degrees(c)
 
 
-def point_mm(point: Mapping[str, Any]) -> tuple[float, float, float]:
+def point_mm(point: Mapping[str, object]) -> tuple[float, float, float]:
     """A wire point (``{"frame", "position_m"}``) in mm."""
-    x, y, z = (float(v) * 1e3 for v in point["position_m"])
+    position = point["position_m"]
+    if not isinstance(position, Iterable):
+        raise TypeError(f"position_m: expected an array, got {type(position).__name__}")
+    x, y, z = (as_float(v) * 1e3 for v in position)
     return x, y, z
 
 
-def sigmas(result: Mapping[str, Any], name: str) -> tuple[float | None, float | None]:
+def sigmas(result: Mapping[str, object], name: str) -> tuple[float | None, float | None]:
     """1-sigma translation (m) and rotation (rad) of the estimate ``name`` of a result body.
 
     ``None`` where the result carries no such covariance, or a value in it was not computed;
     the rotation is ``None`` for a point (a 3x3 covariance).
     """
-    cov = ((result.get("uncertainty") or {}).get("covariance") or {}).get(name)
+    cov = as_map(as_map(as_map(result.get("uncertainty")).get("covariance")).get(name))
     if not cov:
         return None, None
-    shape = cov.get("shape") or []
-    values = cov.get("values") or []
+    shape, values = cov.get("shape") or [], cov.get("values") or []
+    if not isinstance(shape, (list, tuple)) or not isinstance(values, (list, tuple)):
+        return None, None
     if len(shape) != 2 or shape[0] != shape[1] or shape[0] not in (3, 6) or len(values) != shape[0] ** 2:
         return None, None
-    n = shape[0]
+    n: int = shape[0]
 
     def trace_root(lo: int) -> float | None:
         diag = [values[i * n + i] for i in range(lo, lo + 3)]
-        if any(d is None or not math.isfinite(d) for d in diag):
+        finite = [float(d) for d in diag if isinstance(d, (SupportsFloat, SupportsIndex)) and math.isfinite(d)]
+        if len(finite) < len(diag):
             return None
-        return math.sqrt(max(sum(diag), 0.0))
+        return math.sqrt(max(sum(finite), 0.0))
 
     return trace_root(0), (trace_root(3) if n == 6 else None)
 
 
-def _default(obj: Any) -> Any:
+def _default(obj: object) -> object:
     if hasattr(obj, "tolist"):  # numpy arrays and scalars: their exact values
         return obj.tolist()
     raise TypeError(f"cannot encode {type(obj).__name__} as JSON")
 
 
-def to_json(body: Mapping[str, Any]) -> bytes:
+def to_json(body: Mapping[str, object]) -> bytes:
     """Compact UTF-8 JSON of ``body``.
 
     Raises

@@ -18,6 +18,15 @@ from typing import Any
 
 import numpy as np
 
+from cellcal.daemon.wire.types import (
+    DriftRecord,
+    JsonObject,
+    JsonValue,  # noqa: F401 - get_type_hints resolves JsonObject's values here
+    RunPlan,
+    StoredProvenance,
+    StoredResult,
+)
+
 __all__ = ["RunStatus", "RunRecord", "StationRecord", "StationColumn", "station_columns", "station_column_ddl",
            "RejectionRecord", "ResultRecord", "DriftCheckRecord", "ActivationRecord"]
 
@@ -51,11 +60,11 @@ class RunRecord:
     status : RunStatus
     status_reason : str
         Why the run ended (or "" while it is open).
-    plan : dict
-        The station plan as the capture engine gave it.
+    plan : protocol.RunPlan
+        The station plan as the run kind gave it, and what the run remembers of its start.
     config_sha256 : str
-    devices : dict
-        Device identities (model, serial, firmware) at the start of the run.
+    devices : dict of str to JsonObject
+        Device identities (model, serial, firmware) at the start of the run, by device name.
     parent_result_id : int or None
         The result this run recalibrates, if any.
     created_utc, updated_utc : str
@@ -68,9 +77,9 @@ class RunRecord:
     kind: str
     status: RunStatus
     status_reason: str
-    plan: dict[str, Any]
+    plan: RunPlan
     config_sha256: str
-    devices: dict[str, Any]
+    devices: dict[str, JsonObject]
     parent_result_id: int | None
     created_utc: str
     updated_utc: str
@@ -82,7 +91,7 @@ class RunRecord:
         return self.status in _OPEN_STATUSES
 
 
-def _frozen_array(value: Any, name: str, shape: tuple[int, ...] | None, plan_index: Any) -> np.ndarray:
+def _frozen_array(value: object, name: str, shape: tuple[int, ...] | None, plan_index: object) -> np.ndarray:
     a = np.array(value, dtype=np.float64)  # a copy: the caller may reuse its buffer
     if shape is not None and a.shape != shape:
         raise ValueError(f"station {plan_index}: {name} must have shape {shape}, got {a.shape}")
@@ -94,7 +103,7 @@ def _frozen_array(value: Any, name: str, shape: tuple[int, ...] | None, plan_ind
     return a
 
 
-def _finite_float(value: Any, name: str, plan_index: Any) -> float:
+def _finite_float(value: object, name: str, plan_index: object) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
         raise ValueError(f"station {plan_index}: {name} must be a number, got {value!r}")
     f = float(value)
@@ -103,7 +112,7 @@ def _finite_float(value: Any, name: str, plan_index: Any) -> float:
     return f
 
 
-def _int(value: Any, name: str, plan_index: Any) -> int:
+def _int(value: object, name: str, plan_index: object) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"station {plan_index}: {name} must be an integer, got {value!r}")
     i = int(value)
@@ -112,10 +121,12 @@ def _int(value: Any, name: str, plan_index: Any) -> int:
     return i
 
 
-def _field(*, shape: tuple[int, ...] | None = None, minimum: float | None = None, **kw: Any) -> Any:
+# ``Any`` as ``dataclasses.field()`` itself returns it: a placeholder the dataclass machinery
+# replaces, assigned to fields of every type (int, float, arrays, JSON objects).
+def _field(*, shape: tuple[int, ...] | None = None, minimum: float | None = None) -> Any:
     """A station field with what its codec needs: an array's ``shape`` (None: 1-D of any
     length), a number's ``minimum``."""
-    return field(metadata={"shape": shape, "min": minimum}, **kw)
+    return field(metadata={"shape": shape, "min": minimum})
 
 
 @dataclass(frozen=True, eq=False)
@@ -154,9 +165,9 @@ class StationRecord:
         Raw device clock stamps, seconds.
     robot_t_host_ns, tracker_t_host_ns : int
         The same instants mapped to host ``time.monotonic_ns()``.
-    settle : dict
+    settle : JsonObject
         Settle figures (dwell, max joint speed, TCP speed, thresholds ...), SI units.
-    raw : dict
+    raw : JsonObject
         Raw samples, JSON-serialisable (string keys, finite floats).
     accepted_host_ns : int
         Host ``time.monotonic_ns()`` when the capture engine accepted the station.
@@ -174,8 +185,8 @@ class StationRecord:
     robot_t_host_ns: int = _field()
     tracker_t_device_s: float = _field()
     tracker_t_host_ns: int = _field()
-    settle: dict[str, Any] = _field()
-    raw: dict[str, Any] = _field()
+    settle: JsonObject = _field()
+    raw: JsonObject = _field()
     accepted_host_ns: int = _field()
 
     def __post_init__(self) -> None:
@@ -215,14 +226,15 @@ class StationColumn:
     shape: tuple[int, ...] | None = None
     minimum: float | None = None
 
-    def validate(self, value: Any, plan_index: Any) -> Any:
+    def validate(self, value: object, plan_index: object) -> object:
         """The value as stored (arrays: read-only float64 copies); ``ValueError`` naming the station."""
         if value is None:
             if self.nullable:
                 return None
             raise ValueError(f"station {plan_index}: {self.name} must not be None")
+        out: int | float
         if self.kind == "int":
-            out: Any = _int(value, self.name, plan_index)
+            out = _int(value, self.name, plan_index)
         elif self.kind == "float":
             out = _finite_float(value, self.name, plan_index)
         elif self.kind == "array":
@@ -239,27 +251,30 @@ class StationColumn:
             raise ValueError(f"station {plan_index}: {self.name} must be >= {self.minimum:g}, got {out!r}")
         return out
 
-    def encode(self, value: Any, plan_index: Any) -> Any:
+    def encode(self, value: object, plan_index: object) -> object:
         """The SQLite value of an already validated field."""
         if value is None:
             return None
         if self.kind == "array":
-            return _blob(value)
+            # validate() made it a float64 array
+            return _blob(typing.cast(np.ndarray, value))
         if self.kind == "json":
             return _to_json(value, f"station {plan_index} {self.name}")
         return value
 
-    def decode(self, value: Any) -> Any:
+    def decode(self, value: object) -> object:
         """The field value of a column read back (validated again by the record)."""
         if value is None:
             return None
         if self.kind == "array":
-            return _array(value, self.shape)
+            # an array column holds BLOBs (its CHECK: a length of 8 bytes per element)
+            return _array(typing.cast(bytes, value), self.shape)
         if self.kind == "json":
-            return json.loads(value)
+            # a JSON column holds the TEXT encode() wrote
+            return json.loads(typing.cast(str, value))
         return value
 
-    def ddl(self, default: Any = None) -> str:
+    def ddl(self, default: object = None) -> str:
         """The column definition (type, NOT NULL, CHECK) as migration 1 writes it."""
         c = self.column
         sql_type = {"int": "INTEGER", "float": "", "str": "TEXT", "array": "BLOB", "json": "TEXT"}[self.kind]
@@ -281,7 +296,7 @@ class StationColumn:
         return " ".join(parts)
 
 
-def _sql_literal(v: Any) -> str:
+def _sql_literal(v: object) -> str:
     if isinstance(v, bool) or not isinstance(v, (int, float, str)):
         raise ValueError(f"no SQL literal for a default of {v!r}")
     if isinstance(v, str):
@@ -291,7 +306,7 @@ def _sql_literal(v: Any) -> str:
     return repr(float(v)) if isinstance(v, float) else str(int(v))
 
 
-def _column_kind(tp: Any) -> tuple[str, bool]:
+def _column_kind(tp: object) -> tuple[str, bool]:
     """``(kind, nullable)`` of a field annotation."""
     args = typing.get_args(tp)
     nullable = False
@@ -304,16 +319,16 @@ def _column_kind(tp: Any) -> tuple[str, bool]:
     origin = typing.get_origin(tp) or tp
     if origin is bool:
         raise TypeError("no station column for bool (store an int)")
-    kinds = {int: "int", float: "float", str: "str", np.ndarray: "array", dict: "json"}
+    kinds: dict[object, str] = {int: "int", float: "float", str: "str", np.ndarray: "array", dict: "json"}
     if origin not in kinds:
         raise TypeError(f"no station column for {tp!r}")
     return kinds[origin], nullable
 
 
-_COLUMNS: dict[type, tuple[StationColumn, ...]] = {}
+_COLUMNS: dict[type[StationRecord], tuple[StationColumn, ...]] = {}
 
 
-def station_columns(cls: type = StationRecord) -> tuple[StationColumn, ...]:
+def station_columns(cls: type[StationRecord] = StationRecord) -> tuple[StationColumn, ...]:
     """The ``stations`` columns of a station record class, in field order.
 
     Every dataclass field of ``cls`` is one column (see :class:`StationColumn`); the table
@@ -334,7 +349,7 @@ def station_columns(cls: type = StationRecord) -> tuple[StationColumn, ...]:
     return _COLUMNS[cls]
 
 
-def station_column_ddl(cls: type, name: str) -> str:
+def station_column_ddl(cls: type[StationRecord], name: str) -> str:
     """The ``ALTER TABLE stations ADD COLUMN ...`` that a migration adding field ``name`` runs.
 
     A new column must be nullable (``X | None``) or have a scalar default, so the stations
@@ -358,7 +373,7 @@ class RejectionRecord:
     run_id: int
     plan_index: int
     reason: str
-    detail: dict[str, Any]
+    detail: JsonObject
     recorded_utc: str
 
 
@@ -371,9 +386,9 @@ class ResultRecord:
     id : int
     run_id : int or None
     kind : str
-    result : dict
-        The JSON-ready wire dict (``cellcal.daemon.report.result_to_wire``).
-    provenance : dict
+    result : protocol.StoredResult
+        The result's wire form, its gates and check stations (``RunKind.finish``).
+    provenance : protocol.StoredProvenance
         ``config_sha256``, ``devices``, ``cellcal_version``, ``solver``,
         ``frame_convention``, ``valid_from`` (ISO 8601 UTC), ``parent_result_id``,
         ``run_id``, plus whatever the caller added.
@@ -389,8 +404,8 @@ class ResultRecord:
     id: int
     run_id: int | None
     kind: str
-    result: dict[str, Any]
-    provenance: dict[str, Any]
+    result: StoredResult
+    provenance: StoredProvenance
     parent_result_id: int | None
     valid_from_utc: str
     created_utc: str
@@ -399,7 +414,7 @@ class ResultRecord:
     suspect_reason: str
     suspect_utc: str | None
 
-    def to_export_dict(self) -> dict[str, Any]:
+    def to_export_dict(self) -> dict[str, object]:
         """The result file's content: id, kind, the wire result, provenance and status."""
         return {
             "result_id": self.id,
@@ -418,7 +433,7 @@ class DriftCheckRecord:
 
     id: int
     result_id: int
-    record: dict[str, Any]
+    record: DriftRecord
     recorded_utc: str
 
 
@@ -437,7 +452,7 @@ class ActivationRecord:
 # Encoding
 
 
-def _json_default(obj: Any) -> Any:
+def _json_default(obj: object) -> object:
     # numpy scalars and arrays appear in settle figures and raw samples; write them as the
     # plain numbers they are (float(np.float64) is exact, so the round trip stays exact).
     if isinstance(obj, np.ndarray):
@@ -451,7 +466,7 @@ def _json_default(obj: Any) -> Any:
     raise TypeError(f"{type(obj).__name__} is not JSON-serialisable")
 
 
-def _to_json(obj: Any, what: str) -> str:
+def _to_json(obj: object, what: str) -> str:
     try:
         return json.dumps(obj, allow_nan=False, separators=(",", ":"), default=_json_default)
     except (TypeError, ValueError) as exc:

@@ -9,9 +9,10 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import UTC, datetime
+from importlib.metadata import version
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +68,10 @@ _RESULT_COLUMNS = (
     " active, suspect, suspect_reason, suspect_utc"
 )
 
+#: A row as sqlite3 gives it: the selected columns' values, whose types the schema fixes
+#: (sqlite3 itself types them ``Any``; the records' constructors name them).
+_Row = Sequence[Any]
+
 # Primary SQLite result codes (the low byte of an extended code).
 _SQLITE_PERM, _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT = 3, 8, 10, 11
 _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_AUTH, _SQLITE_NOTADB = 13, 14, 23, 26
@@ -74,8 +79,6 @@ _SQLITE_FULL, _SQLITE_CANTOPEN, _SQLITE_AUTH, _SQLITE_NOTADB = 13, 14, 23, 26
 
 def _cellcal_version() -> str:
     try:
-        from importlib.metadata import version
-
         return version("cellcal")
     except Exception:  # not installed (running from a bare checkout): say so, do not fail
         return "unknown"
@@ -94,7 +97,7 @@ def _check_limit(limit: int) -> int:
     return limit
 
 
-def _check_id(value: Any, name: str) -> int:
+def _check_id(value: object, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise ValueError(f"{name} must be an integer id, got {value!r}")
     return int(value)
@@ -392,7 +395,7 @@ class Store:
     def __exit__(self, *exc_info: object) -> None:
         self.close()
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self) -> dict[str, str | int]:
         """The connection's durability settings and schema version, as SQLite reports them.
 
         Returns
@@ -402,7 +405,7 @@ class Store:
             ``schema_version``, ``integrity_check`` (``"ok"``).
         """
         with self._read("reading settings") as conn:
-            out: dict[str, Any] = {}
+            out: dict[str, str | int] = {}
             for name in ("journal_mode", "synchronous", "foreign_keys"):
                 (out[name],) = conn.execute(f"PRAGMA {name}").fetchone()
             (out["schema_version"],) = conn.execute("SELECT max(version) FROM schema_version").fetchone()
@@ -432,10 +435,10 @@ class Store:
     def create_run(
         self,
         kind: str,
-        plan: dict[str, Any],
+        plan: Mapping[str, object],
         *,
         config_sha256: str,
-        devices: dict[str, Any],
+        devices: Mapping[str, object],
         parent_result_id: int | None = None,
     ) -> int:
         """Start a run in status ``capturing``.
@@ -444,12 +447,13 @@ class Store:
         ----------
         kind : str
             ``"base_frame"``, ``"tool_point"``, ``"hand_eye"``, ...
-        plan : dict
-            The station plan (JSON-serialisable).
+        plan : mapping
+            The station plan (JSON-serialisable; read back as ``RunRecord.plan``,
+            ``protocol.RunPlan``).
         config_sha256 : str
             Hash of the configuration file the daemon runs with.
-        devices : dict
-            Device identities (model, serial, firmware).
+        devices : mapping
+            Device identities (model, serial, firmware) by device name.
         parent_result_id : int, optional
             The result this run recalibrates.
 
@@ -579,8 +583,11 @@ class Store:
         with self._read(f"reading the stations of run {run_id}") as conn:
             self._require(conn, "run", run_id)
             rows = conn.execute(self._station_select, (run_id,)).fetchall()
-        cols, cls = self._station_cols, self.station_type
-        return [cls(**{c.name: c.decode(v) for c, v in zip(cols, r, strict=True)}) for r in rows]
+        # The station class takes its fields by name (a subclass has more of them) and
+        # validates each one as it is built (StationRecord.__post_init__).
+        build: Callable[..., StationRecord] = self.station_type
+        cols = self._station_cols
+        return [build(**{c.name: c.decode(v) for c, v in zip(cols, r, strict=True)}) for r in rows]
 
     def station_indices(self, run_id: int) -> list[int]:
         """Plan indices committed for a run, ascending (cheap: for resuming after a crash)."""
@@ -590,7 +597,7 @@ class Store:
             rows = conn.execute("SELECT plan_index FROM stations WHERE run_id = ? ORDER BY plan_index", (run_id,))
             return [r[0] for r in rows]
 
-    def add_rejection(self, run_id: int, plan_index: int, reason: str, detail: dict[str, Any]) -> int:
+    def add_rejection(self, run_id: int, plan_index: int, reason: str, detail: Mapping[str, object]) -> int:
         """Record a refused capture and why (``detail``: the figures behind the reason).
 
         Raises
@@ -628,8 +635,8 @@ class Store:
         self,
         run_id: int | None,
         kind: str,
-        result: dict[str, Any],
-        provenance: dict[str, Any],
+        result: Mapping[str, object],
+        provenance: Mapping[str, object],
         *,
         parent_result_id: int | None = None,
         activate: bool = False,
@@ -649,8 +656,10 @@ class Store:
             The run that produced it (None for a result imported from elsewhere).
         kind : str
         result : dict
-            JSON-ready wire dict (``result_to_wire``).
+            JSON-ready: the result's wire form, gates and check stations (read back as
+            ``ResultRecord.result``, ``protocol.StoredResult``).
         provenance : dict
+            Read back as ``ResultRecord.provenance`` (``protocol.StoredProvenance``).
         parent_result_id : int, optional
             The result this one supersedes.
         activate : bool, optional
@@ -777,7 +786,7 @@ class Store:
 
     # ---- drift checks ----------------------------------------------------------------
 
-    def add_drift_check(self, result_id: int, record: dict[str, Any]) -> int:
+    def add_drift_check(self, result_id: int, record: Mapping[str, object]) -> int:
         """Store one drift check of a result (deviation, thresholds, verdict, CUSUM ...)."""
         result_id = _check_id(result_id, "result_id")
         record_json = _to_json(record, "drift check record")
@@ -888,7 +897,7 @@ class Store:
         )
 
     @staticmethod
-    def _run(r: Sequence[Any]) -> RunRecord:
+    def _run(r: _Row) -> RunRecord:
         return RunRecord(
             id=r[0],
             kind=r[1],
@@ -904,7 +913,7 @@ class Store:
         )
 
     @staticmethod
-    def _result(r: Sequence[Any]) -> ResultRecord:
+    def _result(r: _Row) -> ResultRecord:
         return ResultRecord(
             id=r[0],
             run_id=r[1],

@@ -34,7 +34,7 @@ import secrets
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from typing import Any
+from typing import Literal, cast, overload
 
 import zmq
 import zmq.auth
@@ -77,10 +77,10 @@ class CommandFailed(ClientError):
         The whole reply.
     """
 
-    def __init__(self, code: str, message: str, reply: dict[str, Any] | None = None) -> None:
+    def __init__(self, code: str, message: str, reply: dict[str, object] | None = None) -> None:
         self.code = code
         self.message = message
-        self.reply = reply or {}
+        self.reply: dict[str, object] = reply or {}
         super().__init__(f"{code}: {message}")
 
 
@@ -208,12 +208,12 @@ class Client:
     def request(
         self,
         cmd: str,
-        args: Mapping[str, Any] | None = None,
+        args: Mapping[str, object] | None = None,
         *,
         request_id: str | int | None = None,
         timeout_s: float | None = None,
         retries: int | None = None,
-    ) -> dict[str, Any]:
+    ) -> dict[str, object]:
         """Send one request and return the whole reply ``{id, ok, result | error}``.
 
         Raises
@@ -244,7 +244,7 @@ class Client:
                 time.sleep(min(0.05 * attempt, 0.5))  # do not hammer a daemon that is restarting
         raise ClientTimeout(f"no reply to {cmd} from {self.cmd_endpoint} after {attempts} attempt(s) of {timeout:g} s")
 
-    def _await_reply(self, sock: zmq.Socket, rid: str | int, deadline: float) -> dict[str, Any] | None:
+    def _await_reply(self, sock: zmq.Socket, rid: str | int, deadline: float) -> dict[str, object] | None:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0 or not sock.poll(_ms(remaining), zmq.POLLIN):
@@ -264,7 +264,31 @@ class Client:
                 return reply
             # else: a late reply to an earlier request that timed out; drop it
 
-    def call(self, cmd: str, /, **args: Any) -> Any:
+    # The result of each command is typed as the protocol promises it (``protocol.RESULT_TYPES``;
+    # the daemon's tests hold its replies to it with ``protocol.check_result``); a command this
+    # client does not know returns what the daemon sent.
+    @overload
+    def call(self, cmd: Literal["get_status"], /, **args: object) -> P.StatusResult: ...
+    @overload
+    def call(self, cmd: Literal["get_snapshot"], /, **args: object) -> P.SnapshotResult: ...
+    @overload
+    def call(self, cmd: Literal["get_result"], /, **args: object) -> P.ResultBody: ...
+    @overload
+    def call(self, cmd: Literal["list_results"], /, **args: object) -> P.ListResultsResult: ...
+    @overload
+    def call(self, cmd: Literal["to_base"], /, **args: object) -> P.ToBasePointResult | P.ToBasePoseResult: ...
+    @overload
+    def call(self, cmd: Literal["start_run"], /, **args: object) -> P.StartRunResult: ...
+    @overload
+    def call(self, cmd: Literal["abort"], /, **args: object) -> P.AbortResult: ...
+    @overload
+    def call(self, cmd: Literal["run_drift_check"], /, **args: object) -> P.DriftCheckResult: ...
+    @overload
+    def call(self, cmd: Literal["activate_result"], /, **args: object) -> P.ActivateResult: ...
+    @overload
+    def call(self, cmd: str, /, **args: object) -> object: ...
+
+    def call(self, cmd: str, /, **args: object) -> object:
         """Run ``cmd`` with keyword ``args``; return its ``result``.
 
         Raises
@@ -278,7 +302,7 @@ class Client:
         if reply["ok"]:
             return reply.get("result")
         error = reply.get("error")
-        err: dict[str, Any] = error if isinstance(error, dict) else {}
+        err: dict[str, object] = error if isinstance(error, dict) else {}
         raise CommandFailed(str(err.get("code", "?")), str(err.get("message", "")), reply)
 
     # --- subscriptions -----------------------------------------------------------------------
@@ -369,8 +393,8 @@ class Subscription:
         self.boot_id: str | None = None
         self.last_seq: int | None = None
         self._delivered: dict[str, int] = {}
-        self._pending: collections.deque[tuple[str, dict]] = collections.deque()
-        self._buffer: collections.deque[tuple[str, dict]] = collections.deque(maxlen=_BUFFER_MAX)
+        self._pending: collections.deque[tuple[str, P.Envelope]] = collections.deque()
+        self._buffer: collections.deque[tuple[str, P.Envelope]] = collections.deque(maxlen=_BUFFER_MAX)
         self._need_snapshot = True
         self._next_snapshot = 0.0
         self._backoff = _SNAPSHOT_BACKOFF_S[0]
@@ -424,7 +448,7 @@ class Subscription:
 
     # --- receiving ---------------------------------------------------------------------------
 
-    def recv(self, timeout_s: float | None = None) -> tuple[str, dict[str, Any]] | None:
+    def recv(self, timeout_s: float | None = None) -> tuple[str, P.Envelope] | None:
         """The next ``(topic, envelope)``, or ``None`` if none came within ``timeout_s``.
 
         When a snapshot is due it is fetched first, which may take up to the client's
@@ -458,7 +482,7 @@ class Subscription:
                         break
                     self._on_live(frames)
 
-    def __iter__(self) -> Iterator[tuple[str, dict[str, Any]]]:
+    def __iter__(self) -> Iterator[tuple[str, P.Envelope]]:
         while not self._closed:
             msg = self.recv(1.0)
             if msg is not None:
@@ -478,9 +502,10 @@ class Subscription:
             self.bad_messages += 1
             self._client._log.warning("dropped a malformed message from %s: %s", self._client.pub_endpoint, exc)
             return
-        self._on_envelope(topic, env)
+        # check_envelope has just checked every field of it, and that its body is a map.
+        self._on_envelope(topic, cast(P.Envelope, env))
 
-    def _on_envelope(self, topic: str, env: dict[str, Any]) -> None:
+    def _on_envelope(self, topic: str, env: P.Envelope) -> None:
         seq, boot = env["seq"], env["boot_id"]
         if self._need_snapshot and time.monotonic() >= self._next_snapshot:
             self._buffer.append((topic, env))  # a snapshot is about to be taken: sort it out then
@@ -517,7 +542,7 @@ class Subscription:
             self._on_restart(old, boot)
         self._due_snapshot()
 
-    def _deliver(self, topic: str, env: dict[str, Any]) -> None:
+    def _deliver(self, topic: str, env: P.Envelope) -> None:
         if env["seq"] <= self._delivered.get(topic, 0):
             return
         self._delivered[topic] = env["seq"]
@@ -529,7 +554,8 @@ class Subscription:
         try:
             reply = self._client.request("get_snapshot", {}, timeout_s=timeout, retries=0)
             if not reply["ok"]:
-                err = reply.get("error") or {}
+                error = reply.get("error")
+                err: dict[str, object] = error if isinstance(error, dict) else {}
                 raise CommandFailed(str(err.get("code", "?")), str(err.get("message", "")), reply)
             snap = reply["result"]
             if not (isinstance(snap, dict) and isinstance(snap.get("seq"), int) and isinstance(snap.get("boot_id"), str)

@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import secrets
 import time
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import NoReturn, TypeGuard
 
 import msgpack
 
@@ -20,7 +19,7 @@ from cellcal.daemon.wire.vocabulary import E_BAD_REQUEST, MAX_ID_CHARS, MAX_REQU
 # --- msgpack -------------------------------------------------------------------------------------
 
 
-def _default(obj: Any) -> Any:
+def _default(obj: object) -> object:
     # numpy arrays and scalars (duck-typed so this module does not need numpy): their exact
     # Python values. Anything else is a bug in the caller, reported as such.
     if hasattr(obj, "tolist"):
@@ -28,19 +27,22 @@ def _default(obj: Any) -> Any:
     raise TypeError(f"cannot encode {type(obj).__name__} on the cellcal wire")
 
 
-def pack(obj: Any) -> bytes:
+def pack(obj: object) -> bytes:
     """msgpack bytes of ``obj`` (str as msgpack str, bytes as bin, floats as float 64)."""
     return msgpack.packb(obj, use_bin_type=True, default=_default)
 
 
-def _no_ext(code: int, data: bytes) -> Any:
+def _no_ext(code: int, data: bytes) -> NoReturn:
     # (msgpack's timestamp, type -1, is decoded before this hook; as an argument it fails
     # the type checks like any other wrong value.)
     raise ValueError(f"msgpack extension type {code} is not used by cellcal")
 
 
-def unpack(data: bytes, *, max_array: int = MAX_REQUEST_ARRAY, max_map: int = MAX_REQUEST_MAP) -> Any:
+def unpack(data: bytes, *, max_array: int = MAX_REQUEST_ARRAY, max_map: int = MAX_REQUEST_MAP) -> object:
     """Decode msgpack strictly: UTF-8 strings, string map keys, no extension types, bounded.
+
+    Returns what the bytes say (``None``, ``bool``, ``int``, ``float``, ``str``, ``bytes``,
+    lists and string-keyed dicts of them): the caller narrows it.
 
     Raises
     ------
@@ -68,7 +70,7 @@ class Request:
 
     id: str | int
     cmd: str
-    args: dict[str, Any]
+    args: dict[str, object]
 
 
 class BadRequest(CommandError):
@@ -79,7 +81,7 @@ class BadRequest(CommandError):
         self.request_id = request_id
 
 
-def _valid_id(rid: Any) -> bool:
+def _valid_id(rid: object) -> TypeGuard[str | int]:
     if isinstance(rid, bool):
         return False
     if isinstance(rid, int):
@@ -120,18 +122,18 @@ def parse_request(data: bytes) -> Request:
         args = {}
     if not isinstance(args, dict):
         raise BadRequest(f"args: expected a map, got {_what(args)}", rid)
-    return Request(typing.cast("str | int", rid), cmd, args)
+    return Request(rid, cmd, args)
 
 
-def ok_reply(request_id: str | int | None, result: Any) -> dict[str, Any]:
+def ok_reply(request_id: str | int | None, result: object) -> dict[str, object]:
     return {"id": request_id, "ok": True, "result": result}
 
 
-def error_reply(request_id: str | int | None, code: str, message: str) -> dict[str, Any]:
+def error_reply(request_id: str | int | None, code: str, message: str) -> dict[str, object]:
     return {"id": request_id, "ok": False, "error": {"code": code, "message": message}}
 
 
-def pack_ok(request_id: str | int | None, result: Any) -> bytes:
+def pack_ok(request_id: str | int | None, result: object) -> bytes:
     return pack(ok_reply(request_id, result))
 
 
@@ -147,8 +149,9 @@ def new_boot_id() -> str:
     return secrets.token_hex(8)
 
 
-def make_envelope(seq: int, boot_id: str, body: Mapping[str, Any], ts_ns: int | None = None) -> dict[str, Any]:
-    """The envelope as a dict (``ts_ns`` defaults to now, wall-clock UTC ns)."""
+def make_envelope(seq: int, boot_id: str, body: Mapping[str, object], ts_ns: int | None = None) -> dict[str, object]:
+    """The envelope as a dict (``ts_ns`` defaults to now, wall-clock UTC ns): the shape of
+    ``protocol.Envelope``."""
     return {"schema": SCHEMA, "v": V, "seq": int(seq), "boot_id": boot_id,
             "ts_ns": time.time_ns() if ts_ns is None else int(ts_ns), "body": dict(body)}
 
@@ -176,7 +179,7 @@ def packed_map(items: list[tuple[str, bytes]]) -> bytes:
     return head + b"".join(pack(k) + v for k, v in items)
 
 
-def check_envelope(env: Any) -> str | None:
+def check_envelope(env: object) -> str | None:
     """``None`` if ``env`` is a well-formed v1 envelope, else what is wrong."""
     if not isinstance(env, dict):
         return f"envelope must be a map, got {_what(env)}"

@@ -8,9 +8,9 @@ argument validators, :data:`COMMANDS` (every command with its role and typed arg
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol, TypeAlias
 
 from cellcal.daemon.wire.vocabulary import (
     E_BAD_REQUEST,
@@ -79,10 +79,12 @@ class Handler(Protocol):
     float, bool, None; numpy arrays and scalars are converted) or raises
     :class:`CommandError`. Any other exception becomes ``E_INTERNAL`` and is logged. It must
     not block for long (start a run, do not wait for it): commands queue behind it.
-    ``get_snapshot`` never reaches the handler.
+    ``get_snapshot`` never reaches the handler. The arguments' values are what the
+    validators of ``COMMANDS[cmd]`` return (``str``, ``int``, ``list[float]``,
+    :data:`PoseArg`, ``list[StationArg]``): the handler narrows the ones it reads.
     """
 
-    def handle(self, cmd: str, args: dict[str, Any], caller: Caller) -> Any: ...
+    def handle(self, cmd: str, args: dict[str, object], caller: Caller) -> object: ...
 
 
 # --- argument validation -------------------------------------------------------------------------
@@ -93,7 +95,7 @@ class _ArgError(ValueError):
     the argument by :func:`validate_args`; never leaves this module."""
 
 
-def _what(v: Any) -> str:
+def _what(v: object) -> str:
     if v is None:
         return "nil"
     if isinstance(v, bool):
@@ -109,19 +111,29 @@ def _what(v: Any) -> str:
     return type(v).__name__
 
 
-def _names(keys: Any, limit: int = 5) -> str:
+def _names(keys: Iterable[object], limit: int = 5) -> str:
     """Some keys for a message, each shortened: a request's keys are the client's, any size."""
-    keys = list(keys)
-    shown = ", ".join(repr(k[:40] if isinstance(k, str) else k) for k in keys[:limit])
-    return shown + (f" and {len(keys) - limit} more" if len(keys) > limit else "")
+    names = list(keys)
+    shown = ", ".join(repr(k[:40] if isinstance(k, str) else k) for k in names[:limit])
+    return shown + (f" and {len(names) - limit} more" if len(names) > limit else "")
 
 
-def _is_number(v: Any) -> bool:
+def _is_number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
-def v_string(max_len: int = 256) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
+#: A validated pose argument: ``{"matrix": [16]}`` or ``{"translation_m": [3], "quaternion":
+#: {"w", "x", "y", "z"}}`` (:func:`v_pose`).
+PoseArg: TypeAlias = dict[str, list[float] | dict[str, float]]
+#: A validated explicit station: ``{"q_rad": [n]}`` or ``{"base_T_flange": PoseArg}`` (:func:`v_stations`).
+StationArg: TypeAlias = dict[str, list[float] | PoseArg]
+#: An argument's validator: the value from the wire in, the value the handler gets out (or
+#: ``_ArgError``); each carries a ``type_name`` for messages and the catalogue.
+Validator: TypeAlias = Callable[[object], object]
+
+
+def v_string(max_len: int = 256) -> Callable[[object], str]:
+    def check(v: object) -> str:
         if not isinstance(v, str) or not 1 <= len(v) <= max_len:
             raise _ArgError(f"expected a string of 1..{max_len} characters, got {_what(v)}")
         return v
@@ -132,7 +144,7 @@ def v_string(max_len: int = 256) -> Callable[[Any], str]:
 _ID_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._:-")
 
 
-def v_record_id(v: Any) -> str:
+def v_record_id(v: object) -> str:
     """A record id (``result_id``, ``run_id``): 1..64 of ``[A-Za-z0-9._:-]``; a decimal id
     fits int64, as the store's ids do (a longer number names nothing and must not reach it)."""
     if not isinstance(v, str) or not 1 <= len(v) <= MAX_RECORD_ID_CHARS or not set(v) <= _ID_CHARS:
@@ -145,7 +157,7 @@ def v_record_id(v: Any) -> str:
 v_record_id.type_name = f"id (1..{MAX_RECORD_ID_CHARS} chars [A-Za-z0-9._:-])"  # type: ignore[attr-defined]
 
 
-def v_name(v: Any) -> str:
+def v_name(v: object) -> str:
     """A frame or plan name: 1..64 of ``[A-Za-z0-9._:-]`` (it ends up in names on the wire)."""
     if not isinstance(v, str) or not 1 <= len(v) <= MAX_NAME_CHARS or not set(v) <= _ID_CHARS:
         raise _ArgError(f"expected a name of 1..{MAX_NAME_CHARS} characters [A-Za-z0-9._:-], got {_what(v)}")
@@ -155,8 +167,8 @@ def v_name(v: Any) -> str:
 v_name.type_name = f"name (1..{MAX_NAME_CHARS} chars [A-Za-z0-9._:-])"  # type: ignore[attr-defined]
 
 
-def v_choice(*choices: str) -> Callable[[Any], str]:
-    def check(v: Any) -> str:
+def v_choice(*choices: str) -> Callable[[object], str]:
+    def check(v: object) -> str:
         if not isinstance(v, str) or v not in choices:
             raise _ArgError(f"expected one of {', '.join(choices)}, got {_what(v)}")
         return v
@@ -164,8 +176,8 @@ def v_choice(*choices: str) -> Callable[[Any], str]:
     return check
 
 
-def v_int(lo: int, hi: int) -> Callable[[Any], int]:
-    def check(v: Any) -> int:
+def v_int(lo: int, hi: int) -> Callable[[object], int]:
+    def check(v: object) -> int:
         if isinstance(v, bool) or not isinstance(v, int) or not lo <= v <= hi:
             raise _ArgError(f"expected an integer in [{lo}, {hi}], got {_what(v)}")
         return v
@@ -173,7 +185,7 @@ def v_int(lo: int, hi: int) -> Callable[[Any], int]:
     return check
 
 
-def _numbers(v: Any, n: int | tuple[int, int], what: str, bound: float | None = None) -> list[float]:
+def _numbers(v: object, n: int | tuple[int, int], what: str, bound: float | None = None) -> list[float]:
     lo, hi = (n, n) if isinstance(n, int) else n
     count = f"{lo}" if lo == hi else f"{lo}..{hi}"
     within = f" within +-{bound:g}" if bound is not None else ""
@@ -187,14 +199,14 @@ def _numbers(v: Any, n: int | tuple[int, int], what: str, bound: float | None = 
     return [float(x) for x in v]
 
 
-def v_vec3(v: Any) -> list[float]:
+def v_vec3(v: object) -> list[float]:
     return _numbers(v, 3, "[x, y, z] in metres", MAX_POSITION_M)
 
 
 v_vec3.type_name = f"array of 3 numbers within +-{MAX_POSITION_M:g} m"  # type: ignore[attr-defined]
 
 
-def _quat(v: Any) -> dict[str, float]:
+def _quat(v: object) -> dict[str, float]:
     if not isinstance(v, dict) or set(v) != {"w", "x", "y", "z"} or not all(_is_number(v[k]) for k in "wxyz"):
         raise _ArgError(f"quaternion: expected a map {{w, x, y, z}} of finite numbers, got {_what(v)}")
     n = math.sqrt(sum(v[k] ** 2 for k in "wxyz"))
@@ -203,7 +215,7 @@ def _quat(v: Any) -> dict[str, float]:
     return {k: float(v[k]) for k in "wxyz"}
 
 
-def v_pose(v: Any) -> dict[str, Any]:
+def v_pose(v: object) -> PoseArg:
     """A pose: ``{matrix: [16]}`` or ``{translation_m: [3], quaternion: {w,x,y,z}}``."""
     if not isinstance(v, dict):
         raise _ArgError(f"expected a map with matrix, or translation_m and quaternion, got {_what(v)}")
@@ -232,11 +244,11 @@ def v_pose(v: Any) -> dict[str, Any]:
 v_pose.type_name = "pose map"  # type: ignore[attr-defined]
 
 
-def v_stations(v: Any) -> list[dict[str, Any]]:
+def v_stations(v: object) -> list[StationArg]:
     """Explicit stations: ``[{q_rad: [n]}]`` or ``[{base_T_flange: pose}]``."""
     if not isinstance(v, (list, tuple)) or not 1 <= len(v) <= MAX_STATIONS:
         raise _ArgError(f"expected an array of 1..{MAX_STATIONS} stations, got {_what(v)}")
-    out: list[dict[str, Any]] = []
+    out: list[StationArg] = []
     for i, st in enumerate(v):
         try:
             if isinstance(st, dict) and set(st) == {"q_rad"}:
@@ -258,9 +270,9 @@ class Arg:
     """One command argument: its validator, whether it is required, and its default."""
 
     name: str
-    check: Callable[[Any], Any]
+    check: Validator
     required: bool = False
-    default: Any = None
+    default: object = None
     doc: str = ""
 
     @property
@@ -313,7 +325,7 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
 )}
 
 
-def validate_args(cmd: str, args: Any) -> dict[str, Any]:
+def validate_args(cmd: str, args: object) -> dict[str, object]:
     """Check ``args`` against the catalogue entry of ``cmd``; return them with defaults filled.
 
     Raises
@@ -333,7 +345,7 @@ def validate_args(cmd: str, args: Any) -> dict[str, Any]:
     if unknown:
         accepted = ", ".join(known) if known else "none"
         raise CommandError(E_BAD_REQUEST, f"{cmd}: unknown argument(s) {_names(unknown)} (accepted: {accepted})")
-    out: dict[str, Any] = {}
+    out: dict[str, object] = {}
     for a in spec.args:
         if a.name in args:
             try:

@@ -11,7 +11,7 @@ import math
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, Literal, TypeAlias, TypedDict, Union
+from typing import Literal, TypeAlias, TypedDict, Union
 
 from cellcal.daemon.wire.commands import _is_number, _what
 from cellcal.daemon.wire.vocabulary import (
@@ -265,10 +265,22 @@ class FaultBody(TypedDict):
     retry_in_s: float | None      # next reconnection attempt
 
 
+class Envelope(TypedDict):
+    """One PUB message's frame 1 (``codec.make_envelope``, ``codec.check_envelope``): the body
+    is the topic's TypedDict (``BODY_TYPES``), read here as the map it is on the wire."""
+
+    schema: str                   # "cellcal/v1"
+    v: int                        # 1
+    seq: int                      # 1, 2, ... per daemon start, across all topics
+    boot_id: str                  # 16 hex characters, new at each daemon start
+    ts_ns: int                    # wall-clock UTC ns when the daemon produced the message
+    body: dict[str, object]
+
+
 class SnapshotResult(TypedDict):
     seq: int
     boot_id: str
-    messages: dict[str, dict[str, Any]]  # topic -> envelope
+    messages: dict[str, Envelope]  # topic -> envelope
 
 
 class ResultSummary(TypedDict):
@@ -323,11 +335,145 @@ class ActivateResult(TypedDict):
     previous_result_id: str | None
 
 
+# --- what the store keeps (``cellcal.daemon.store``) --------------------------------------------------
+# The records below are JSON the store writes and reads back as it was written; every key is
+# optional (``total=False``): a record stored by an earlier version, or by a kind with less to
+# say, may lack some. Code that reads one takes ``Mapping[str, object]`` and narrows, or reads
+# the keys declared here; code that writes one builds these shapes.
+
+
+class PlanStationRecord(TypedDict):
+    """One station of a run's stored plan (``runs.plan.plan_to_dict``)."""
+
+    index: int
+    q_rad: list[float] | None         # joint targets, rad (None: a flange pose target)
+    base_T_flange: list[float] | None  # 16, row-major, metres (None: a joint target)
+
+
+class RunStart(TypedDict, total=False):
+    """What a run remembers of its start (``RunPlan.started``)."""
+
+    motion_mode: str                  # protocol.MotionMode it may resume in
+    measure: str                      # [tracker] measure: what its stations measure
+    last_activation_id: int           # the newest activation then (0: none)
+
+
+class Identification(TypedDict, total=False):
+    """A kinematics run's split of its stations (``RunPlan.identification``)."""
+
+    n_fit: int                        # the first n_fit stations are fitted, the rest validate
+
+
+class RunPlan(TypedDict, total=False):
+    """``RunRecord.plan``: a run's station plan and what it remembers of its start."""
+
+    stations: list[PlanStationRecord]  # the planned stations (empty for given stations)
+    given: list[JsonObject]            # stations a client supplied (start_run stations=...)
+    started: RunStart
+    identification: Identification    # kinematics runs only
+
+
+class CheckStationRecord(TypedDict):
+    """One check station of a result (``drift.choose_check_stations``)."""
+
+    plan_index: int
+    q_rad: list[float]
+    base_T_flange: list[float]        # 16, row-major, metres
+
+
+class StoredGates(TypedDict, total=False):
+    """A result's acceptance gates (``gates.GateReport.to_wire``)."""
+
+    passed: bool
+    failed: list[str]                 # the failed gates' messages
+    checks: list[JsonObject]          # {name, value, limit, unit, passed, message[, applies]}
+
+
+class StoredResult(TypedDict, total=False):
+    """``ResultRecord.result``: what a run stores of its result (the result's wire form, its
+    gates and check stations); the published ``ResultBody`` is built from it.
+
+    A calibration's record (``bodies.result_to_wire``) has the ``ResultBody`` keys and the
+    gate readers' (``converged`` ... ``task_points``); a kinematics record
+    (``runs.kinematics``) has its own ``uncertainty`` and ``holdout`` and the identification
+    under ``kinematics``, and may give ``None`` for a closure figure that is not finite.
+    """
+
+    transforms: dict[str, Transform]
+    points: dict[str, Point]
+    n_stations: int
+    n_motions: int
+    rms_translation_m: float | None
+    max_translation_m: float | None
+    rms_rotation_rad: float | None
+    max_rotation_rad: float | None
+    axis_spread: float
+    weakest_axis: WeakestAxis
+    max_motion_rad: float
+    residuals: Residuals
+    solver: str
+    frame_convention: str
+    uncertainty: JsonObject           # a calibration's: the shape of Uncertainty
+    holdout: JsonObject | None        # a calibration's: the shape of Holdout
+    linear_agreement: LinearAgreement | None
+    converged: bool
+    stop_reason: str
+    iterations: int
+    dof: int
+    downweighted: list[int]
+    warnings: list[JsonObject]        # {code, message, value}
+    residual_tests: JsonObject | None
+    task_points: list[JsonObject]     # {point_m, sigma_m, sigma_max_m, frame, lever_arm_m}
+    kinematics: JsonObject            # kinematics results: the identified parameters and their tests
+    gates: StoredGates
+    check_stations: list[CheckStationRecord]
+
+
+class StoredProvenance(TypedDict, total=False):
+    """``ResultRecord.provenance``: where a result came from (the store fills in the ids,
+    ``valid_from``, ``cellcal_version``, ``solver`` and ``frame_convention`` it is not given)."""
+
+    config_sha256: str
+    devices: dict[str, JsonObject]    # device name -> identity (model, serial, firmware, ...)
+    cellcal_version: str
+    solver: str
+    frame_convention: str
+    valid_from: str                   # ISO 8601 UTC
+    run_id: int | None
+    parent_result_id: int | None
+    cell: str
+    robot_serial: str | None
+    kinematics_digest: str | None
+
+
+class DriftRecord(TypedDict, total=False):
+    """``DriftCheckRecord.record``: one drift check as stored (the ``DriftBody`` it published,
+    with the same figures in edge units)."""
+
+    result_id: str
+    check_id: int
+    deviation_translation_m: float
+    deviation_rotation_rad: float | None
+    warn_translation_m: float
+    fail_translation_m: float
+    warn_rotation_rad: float
+    fail_rotation_rad: float
+    cusum: Cusum
+    status: DriftStatus
+    suspect: bool
+    action: DriftAction
+    stations: list[DriftStation]
+    reason: str
+    deviation_mm: float
+    deviation_deg: float | None
+
+
 BODY_TYPES: dict[str, type] = {
     TOPIC_HEARTBEAT: HeartbeatBody, TOPIC_STATE: StateBody, TOPIC_STATION: StationBody,
     TOPIC_RESULT: ResultBody, TOPIC_DRIFT: DriftBody, TOPIC_FAULT: FaultBody,
 }
-RESULT_TYPES: dict[str, Any] = {
+#: Command -> the type its result conforms to (a TypedDict, or a union of them for ``to_base``).
+RESULT_TYPES: dict[str, object] = {
     "get_status": StatusResult, "get_snapshot": SnapshotResult, "get_result": ResultBody,
     "list_results": ListResultsResult, "to_base": ToBasePointResult | ToBasePoseResult,
     "start_run": StartRunResult, "abort": AbortResult, "run_drift_check": DriftCheckResult,
@@ -335,9 +481,9 @@ RESULT_TYPES: dict[str, Any] = {
 }
 
 
-def _problems(value: Any, tp: Any, path: str) -> list[str]:
+def _problems(value: object, tp: object, path: str) -> list[str]:
     origin = typing.get_origin(tp)
-    if tp is Any:
+    if tp is object:
         return []
     if tp is type(None):
         return [] if value is None else [f"{path}: expected nil, got {_what(value)}"]
@@ -370,10 +516,11 @@ def _problems(value: Any, tp: Any, path: str) -> list[str]:
         if not isinstance(value, dict):
             return [f"{path}: expected a map, got {_what(value)}"]
         hints = typing.get_type_hints(tp)
+        required: frozenset[str] = getattr(tp, "__required_keys__", frozenset())
         out = []
         for k, t in hints.items():
             if k not in value:
-                if k in tp.__required_keys__:
+                if k in required:
                     out.append(f"{path}.{k}: missing")
             else:
                 out += _problems(value[k], t, f"{path}.{k}" if path else k)
@@ -381,21 +528,21 @@ def _problems(value: Any, tp: Any, path: str) -> list[str]:
     raise TypeError(f"no checker for {tp!r}")  # a schema bug
 
 
-def check_body(topic: str, body: Any) -> list[str]:
+def check_body(topic: str, body: object) -> list[str]:
     """What is wrong with ``body`` for ``topic`` (empty list: it conforms; extra fields are allowed)."""
     if topic not in BODY_TYPES:
         return [f"unknown topic {topic!r}"]
     return _problems(body, BODY_TYPES[topic], "body")
 
 
-def check_result(cmd: str, result: Any) -> list[str]:
+def check_result(cmd: str, result: object) -> list[str]:
     """What is wrong with the ``result`` of command ``cmd`` (empty list: it conforms)."""
     if cmd not in RESULT_TYPES:
         return [f"unknown command {cmd!r}"]
     return _problems(result, RESULT_TYPES[cmd], "result")
 
 
-def check_reply(cmd: str, reply: Any, request_id: str | int | None = None) -> list[str]:
+def check_reply(cmd: str, reply: object, request_id: str | int | None = None) -> list[str]:
     """What is wrong with a whole reply to ``cmd``: ``{id, ok, result}`` or ``{id, ok: false, error}``.
 
     ``request_id``, when given, must be echoed. An ``ok`` reply's ``result`` is checked with
@@ -423,7 +570,7 @@ def check_reply(cmd: str, reply: Any, request_id: str | int | None = None) -> li
     return out
 
 
-def find_non_finite(obj: Any, path: str = "result", _depth: int = 0) -> str | None:
+def find_non_finite(obj: object, path: str = "result", _depth: int = 0) -> str | None:
     """The path of the first NaN or infinity in ``obj`` (dicts, lists, numbers), or ``None``.
 
     Replies never carry non-finite numbers (msgpack would, JSON and many clients would not);

@@ -46,18 +46,20 @@ import collections
 import logging
 import math
 import os
+import pwd
 import queue
 import threading
 import time
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import cast
 
 import zmq
 import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from cellcal.daemon import protocol as P
-from cellcal.daemon.wire.security import (
+from cellcal.daemon.config.schema import Zmq
+from cellcal.daemon.config.security import (
     MAX_IPC_PATH_BYTES,
     BindError,
     SecurityError,
@@ -115,8 +117,6 @@ class _PeerPolicy:
         if hit is not None and now - hit[0] < self._CACHE_S:
             return hit[1] | {gid}
         try:
-            import pwd
-
             groups = frozenset(os.getgrouplist(pwd.getpwuid(uid).pw_name, gid))
         except (KeyError, OSError):  # a uid without a name (a container's): its gid only
             groups = frozenset()
@@ -257,7 +257,7 @@ class ZmqServer:
 
     def __init__(
         self,
-        config_zmq: Any,
+        config_zmq: Zmq,
         handler: P.Handler | None,
         *,
         context: zmq.Context | None = None,
@@ -344,10 +344,11 @@ class ZmqServer:
         """Counters: published, requests, bad_requests, forbidden, busy, dedup_hits, replies, ..."""
         return dict(self._stats)
 
-    def latest(self, topic: str) -> dict[str, Any] | None:
+    def latest(self, topic: str) -> P.Envelope | None:
         """The latest envelope published on ``topic`` (decoded), or ``None``."""
         item = self._latest.get(topic)
-        return P.unpack(item[3], max_array=1 << 24, max_map=1 << 20) if item else None
+        # The bytes are the envelope _send_pub packed (pack_envelope): an Envelope.
+        return cast(P.Envelope, P.unpack(item[3], max_array=1 << 24, max_map=1 << 20)) if item else None
 
     # --- lifecycle ---------------------------------------------------------------------------
 
@@ -450,7 +451,7 @@ class ZmqServer:
 
     # --- the API for the daemon (any thread) -------------------------------------------------
 
-    def publish(self, topic: str, body: Mapping[str, Any], *, retained: bool = False) -> None:
+    def publish(self, topic: str, body: Mapping[str, object], *, retained: bool = False) -> None:
         """Queue one message for the PUB socket; never blocks. Safe from any thread.
 
         The envelope (seq, boot_id, ts_ns) is added here and on the I/O thread; ``ts_ns`` is
@@ -608,7 +609,8 @@ class ZmqServer:
         item = self._latest.get(topic)
         if item is None:
             return
-        body = P.unpack(item[2], max_array=1 << 24, max_map=1 << 20)
+        # The bytes are a body publish() packed from a mapping: a map again.
+        body = cast(dict[str, object], P.unpack(item[2], max_array=1 << 24, max_map=1 << 20))
         body["retained"] = True
         self._send_pub(pub, topic, time.time_ns(), P.pack(body))
         self._stats["republished"] += 1
@@ -711,7 +713,8 @@ class ZmqServer:
         self._queued += 1
         self._jobs.put((dedup_key, req.id, req.cmd, args, caller, time.monotonic()))
 
-    def _bad(self, router: zmq.Socket, prefix: tuple[bytes, ...], rid: Any, message: str, caller: P.Caller) -> None:
+    def _bad(self, router: zmq.Socket, prefix: tuple[bytes, ...], rid: str | int | None, message: str,
+             caller: P.Caller) -> None:
         self._stats["bad_requests"] += 1
         self._send_reply(router, prefix, P.pack_error(rid, P.E_BAD_REQUEST, message))
         # Garbage is logged in summary: a flood of it must not become a flood of log lines.
@@ -728,7 +731,7 @@ class ZmqServer:
             self._bad_since_log = 0
             self._bad_last_log = now
 
-    def _snapshot_reply(self, rid: Any) -> bytes:
+    def _snapshot_reply(self, rid: str | int) -> bytes:
         messages = P.packed_map([(t, item[3]) for t, item in self._latest.items()])
         result = P.packed_map([("seq", P.pack(self._seq)), ("boot_id", P.pack(self.boot_id)), ("messages", messages)])
         return P.packed_map([("id", P.pack(rid)), ("ok", P.pack(True)), ("result", result)])
@@ -761,7 +764,7 @@ class ZmqServer:
             self._post(("reply", dedup_key, reply, outcome))
 
 
-    def _internal_error(self, cmd: str, rid: Any, caller: P.Caller, exc: BaseException) -> None:
+    def _internal_error(self, cmd: str, rid: str | int, caller: P.Caller, exc: BaseException) -> None:
         # A bug a client can trigger at will must not become a flood of tracebacks: the full
         # traceback once per period for each (command, exception type), then a count.
         key = (cmd, type(exc).__name__)
