@@ -75,10 +75,11 @@ def _with(body: _T, **extra: object) -> _T:
 
 
 def as_json(body: Mapping[str, object]) -> P.JsonObject:
-    """A wire TypedDict (``Transform``, ``Point``, ...) as the JSON object it is, to nest in
-    a record of open shape (``result_to_wire``)."""
-    # True of every TypedDict of the wire: their fields are str, bool, numbers, None, lists
-    # of those and nested TypedDicts of the same (wire/types.py), all JSON values.
+    """A body or record this module built (a wire TypedDict such as ``Transform``, or
+    :func:`result_to_wire`'s record) as the JSON object it is, to store or nest in a record
+    of open shape."""
+    # True of what this module builds: str, bool, finite numbers or None, lists of those and
+    # nested dicts and TypedDicts of the same (wire/types.py), all JSON values.
     return cast(P.JsonObject, body)
 
 

@@ -388,7 +388,8 @@ GATES: tuple[Gate, ...] = (rms_translation, rms_rotation, converged, model_error
                            holdout_p90, expected_cell_T_base, reach)
 
 
-def check_gates(result: CalibrationResult, solve: Solve, gates: Sequence[Gate] = GATES, context: GateContext | None = None) -> GateReport:
+def check_gates(result: CalibrationResult, solve: Solve, gates: Sequence[Gate] = GATES,
+                context: GateContext | None = None) -> GateReport:
     """Run every gate on a solver result (``solve``: the ``[solve]`` configuration;
     ``context``: the run's kind, robot poses and reach, default none of them)."""
     ctx = context if context is not None else GateContext()
