@@ -42,7 +42,8 @@ def started_measure(ctx: RunContext, run: RunRecord) -> str:
     """What the run's stations measure (``[tracker] measure`` when it started; runs stored
     before the start record: the configuration's)."""
     started = run.plan.get("started") or {}
-    return str(started.get("measure", ctx.cfg.tracker.measure))
+    measure = started.get("measure", ctx.cfg.tracker.measure) if isinstance(started, Mapping) else ctx.cfg.tracker.measure
+    return str(measure)
 
 
 class BaseFrame(RunKind):
