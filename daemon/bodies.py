@@ -59,7 +59,7 @@ __all__ = [
     "drift_station", "drift", "result_body", "result_summary", "list_results", "start_run_reply",
     "abort_reply", "drift_check_reply", "activate_reply", "transform_to_wire", "transform_from_wire", "point_to_wire",
     "result_to_wire", "transforms_of", "task_point_errors", "warnings_to_wire", "FRAME_CONVENTION",
-    "UNCERTAINTY_CONVENTION", "pose_from_wire", "to_base_reply",
+    "UNCERTAINTY_CONVENTION", "pose_from_wire", "to_base_reply", "as_json",
 ]
 
 _T = TypeVar("_T", bound=Mapping[str, object])

@@ -140,7 +140,7 @@ class Session:
         self._tcp: np.ndarray | None = None
         self._payload: float | None = None
         self.changed: DeviceError | None = None
-        self._last: tuple[tuple, float] | None = None
+        self._last: tuple[tuple[bytes | int | None, ...], float] | None = None
         self._in_job = False
         self._robot: RobotKey | None = None
 

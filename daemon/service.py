@@ -108,7 +108,7 @@ class ServiceError(CellcalError):
     def __init__(self, code: str, message: str) -> None:
         if code not in P.ERROR_CODES:
             raise ValueError(f"unknown error code {code!r}")
-        self.code = cast(P.ErrorCode, code)
+        self.code = cast(P.ErrorCode, code)  # checked against ERROR_CODES, the ErrorCode literals, above
         super().__init__(message)
 
 
@@ -235,7 +235,7 @@ class Service:
 
     def _run_event(self, run_id: int, kind: str | None, reason: str) -> None:
         """A state message for something that happened to a run without a state change."""
-        known = cast(P.RunKind, kind) if kind in P.RUN_KINDS else None
+        known = cast(P.RunKind, kind) if kind in P.RUN_KINDS else None  # RUN_KINDS: the RunKind literals
         self._emit(P.TOPIC_STATE, bodies.state(self.state.wire, previous=self.state.wire, reason=reason, run_id=run_id,
                                                kind=known, motion_mode=self._motion_mode))
 

@@ -313,7 +313,7 @@ def _coarse_ik(model: DHModel) -> Callable[[np.ndarray, np.ndarray], np.ndarray]
     return ik
 
 
-_POOLS: dict[tuple, tuple[tuple[np.ndarray, np.ndarray], np.ndarray, float]] = {}
+_POOLS: dict[tuple[object, ...], tuple[tuple[np.ndarray, np.ndarray], np.ndarray, float]] = {}
 
 
 def candidate_pool(model: DHModel, *, n: int, box_min_m: Vector, box_max_m: Vector, max_tilt_rad: float,
