@@ -60,11 +60,9 @@ from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["State", "Service", "ServiceError", "StateDirLock", "StateDirLocked", "cellcal_version", "next_deadline",
-           "Listener"]
+__all__ = ["State", "Service", "ServiceError", "StateDirLock", "StateDirLocked", "cellcal_version", "next_deadline", "Listener"]
 
-#: Called with every event the service publishes: ``(topic, body)``, the body a dict (the
-#: wire TypedDicts of ``protocol`` are dicts) that the listener must not change.
+#: ``fn(topic, body)`` for every event; the body is a dict (the wire TypedDicts are), not to be changed.
 Listener: TypeAlias = Callable[[str, dict[str, object]], None]
 
 
