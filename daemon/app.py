@@ -24,12 +24,22 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-from collections.abc import Callable, Iterable
-from typing import Any
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
 
+from cellcal.daemon import plant
 from cellcal.daemon.config import Config
-from cellcal.daemon.service import Service
+from cellcal.daemon.sdnotify import Notifier
+from cellcal.daemon.service import Listener, Service
 from cellcal.daemon.store import Store
+
+try:
+    from cellcal.daemon import zmq_glue
+except ImportError:  # the ZeroMQ transport (pyzmq) is not installed in this build
+    zmq_glue = None  # type: ignore[assignment]
+
+if TYPE_CHECKING:
+    from cellcal.daemon.wire.zmq_server import ZmqServer
 
 log = logging.getLogger(__name__)
 
@@ -67,7 +77,7 @@ class App:
         The enabled plant interfaces (None when no section enables one).
     """
 
-    def __init__(self, cfg: Config, *, notifier: Any = None, listeners: Iterable[Callable[[str, dict], None]] = (),
+    def __init__(self, cfg: Config, *, notifier: Notifier | None = None, listeners: Iterable[Listener] = (),
                  zmq: bool = True, validate_bodies: bool = False, supervise: bool = False,
                  shutdown_timeout_s: float = 30.0) -> None:
         self.cfg = cfg
@@ -75,18 +85,14 @@ class App:
         self.service = Service(cfg, store=self.store, notifier=notifier)
         for fn in listeners:
             self.service.add_listener(fn)
-        self.server: Any = None
+        self.server: ZmqServer | None = None
         if zmq:
-            try:
-                from cellcal.daemon import zmq_glue
-            except ImportError:  # ZeroMQ transport not installed in this build
+            if zmq_glue is None:
                 log.warning("pyzmq is not installed: running without the ZeroMQ interface")
             else:
                 self.server = zmq_glue.attach(self.service, cfg, validate_bodies=validate_bodies)
         # Plant interfaces (OPC UA, MQTT, Prometheus; cellcal.daemon.plant): built only when a
         # section enables one, fed by a listener; each one's failure stays its own.
-        from cellcal.daemon import plant
-
         self.plant = plant.attach(self.service, cfg, publish=self.server.publish if self.server is not None else None)
         self._supervise = supervise
         self._shutdown_timeout_s = shutdown_timeout_s

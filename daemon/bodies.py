@@ -38,30 +38,64 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from datetime import datetime
-from typing import Any, TypeVar, cast
+from typing import TYPE_CHECKING, SupportsFloat, SupportsInt, TypeVar, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.config import Drift
+from cellcal.daemon.gates import gates_passed
+from cellcal.daemon.store import ResultRecord
 from cellcal.solver.calibrate import CalibrationResult, Estimate
+from cellcal.solver.diagnostics import ResidualTests
 from cellcal.solver.se3 import quat_from_matrix, se3_inverse, transform_from_xyz_quat
+
+if TYPE_CHECKING:  # drift imports this module (its check stations' transforms)
+    from cellcal.daemon.drift import Verdict
 
 __all__ = [
     "iso_ns", "heartbeat", "status", "state", "settle_figures", "station", "fault", "fault_cleared",
     "drift_station", "drift", "result_body", "result_summary", "list_results", "start_run_reply",
     "abort_reply", "drift_check_reply", "activate_reply", "transform_to_wire", "transform_from_wire", "point_to_wire",
     "result_to_wire", "transforms_of", "task_point_errors", "warnings_to_wire", "FRAME_CONVENTION",
-    "UNCERTAINTY_CONVENTION", "pose_from_wire", "to_base_reply",
+    "UNCERTAINTY_CONVENTION", "pose_from_wire", "to_base_reply", "as_json",
 ]
 
-_T = TypeVar("_T", bound=Mapping[str, Any])
+_T = TypeVar("_T", bound=Mapping[str, object])
 
 
-def _with(body: _T, **extra: Any) -> _T:
+def _with(body: _T, **extra: object) -> _T:
     """``body`` with fields that are not (yet) in its TypedDict added after the contract's."""
     out = dict(body)
     out.update(extra)
+    # A TypedDict is a dict at runtime: the copy is one with every field of ``body``, and
+    # the extra keys are additions its type does not name (module docstring).
     return cast(_T, out)
+
+
+def as_json(body: Mapping[str, object]) -> P.JsonObject:
+    """A body or record this module built (a wire TypedDict such as ``Transform``, or
+    :func:`result_to_wire`'s record) as the JSON object it is, to store or nest in a record
+    of open shape."""
+    # True of what this module builds: str, bool, finite numbers or None, lists of those and
+    # nested dicts and TypedDicts of the same (wire/types.py), all JSON values.
+    return cast(P.JsonObject, body)
+
+
+def _opt_str(v: object) -> str | None:
+    return v if v is None or isinstance(v, str) else str(v)
+
+
+def _map(v: object) -> Mapping[str, object]:
+    """A value read from a stored record as the JSON object it should be ({} if it is not one)."""
+    return v if isinstance(v, Mapping) else {}
+
+
+def _int(v: object) -> int:
+    if isinstance(v, (SupportsInt, str)):
+        return int(v)
+    raise TypeError(f"an integer was expected, got {type(v).__name__}")
 
 
 def _id(value: int | str | None) -> str | None:
@@ -80,13 +114,13 @@ def iso_ns(text: str | None) -> int:
 # --- heartbeat and status --------------------------------------------------------------------------
 
 
-def _device(status: Mapping[str, Any]) -> P.DeviceStatus:
+def _device(status: Mapping[str, object]) -> P.DeviceStatus:
     return P.DeviceStatus(connected=bool(status["connected"]), url=str(status["url"]),
-                          identity=status.get("identity_text"))
+                          identity=_opt_str(status.get("identity_text")))
 
 
 def heartbeat(*, cell: str, state: P.StateName, detail: str, uptime_s: float, heartbeat_s: float,
-              devices: Mapping[str, Mapping[str, Any]], active_result_id: int | str | None, suspect: bool,
+              devices: Mapping[str, Mapping[str, object]], active_result_id: int | str | None, suspect: bool,
               run_id: str | None, version: str) -> P.HeartbeatBody:
     """``cellcal/v1/heartbeat`` (and ``get_status``); ``devices``: ``CellDevices.status``."""
     body = P.HeartbeatBody(
@@ -97,7 +131,7 @@ def heartbeat(*, cell: str, state: P.StateName, detail: str, uptime_s: float, he
     return _with(body, detail=detail)
 
 
-def status(hb: P.HeartbeatBody, *, queued_jobs: int, last_drift: Mapping[str, Any] | None,
+def status(hb: P.HeartbeatBody, *, queued_jobs: int, last_drift: Mapping[str, object] | None,
            cusum_m: float) -> P.StatusResult:
     """The heartbeat plus what an operator asks the service object for (queue, last drift)."""
     return _with(hb, queued_jobs=int(queued_jobs), last_drift=last_drift, cusum_m=float(cusum_m))
@@ -118,7 +152,14 @@ def state(state: P.StateName, *, previous: P.StateName | None, reason: str, run_
 # --- station -------------------------------------------------------------------------------------
 
 
-def settle_figures(fig: Mapping[str, Any]) -> P.SettleFigures:
+def _number(v: object) -> float:
+    """A figure read from a station's stored ``settle`` dict (numbers, or numeric text)."""
+    if isinstance(v, (SupportsFloat, str)):
+        return float(v)
+    raise TypeError(f"a settle figure must be a number, got {type(v).__name__}")
+
+
+def settle_figures(fig: Mapping[str, object]) -> P.SettleFigures:
     """``protocol.SettleFigures`` from the capture engine's figures (0 where not measured).
 
     Reads both the engine's names (``robot_quiet_s``, ...) and a robot-only station's
@@ -126,7 +167,7 @@ def settle_figures(fig: Mapping[str, Any]) -> P.SettleFigures:
     """
     def num(key: str) -> float:
         v = fig.get(key)
-        return 0.0 if v is None else float(v)
+        return 0.0 if v is None else _number(v)
 
     rot = fig.get("tracker_std_rotation_rad")
     return P.SettleFigures(
@@ -134,13 +175,13 @@ def settle_figures(fig: Mapping[str, Any]) -> P.SettleFigures:
         max_joint_speed_rad_s=num("robot_max_joint_speed_rad_s") or num("max_joint_speed_rad_s"),
         max_flange_speed_m_s=num("robot_max_flange_speed_m_s"),
         tracker_std_translation_m=num("tracker_std_translation_m"),
-        tracker_std_rotation_rad=None if rot is None else float(rot),
+        tracker_std_rotation_rad=None if rot is None else _number(rot),
         overlap_s=num("tracker_window_s"),
     )
 
 
 def station(*, run_id: int | str, index: int, planned: int, attempt: int, accepted_count: int,
-            figures: Mapping[str, Any], rejected: str | None = None, message: str | None = None) -> P.StationBody:
+            figures: Mapping[str, object], rejected: str | None = None, message: str | None = None) -> P.StationBody:
     """``cellcal/v1/station``: one capture attempt, accepted (``rejected`` None) or rejected
     with the reason's name (``capture.RejectReason`` value) and ``message`` for people."""
     body = P.StationBody(
@@ -174,7 +215,7 @@ def drift_station(index: int, translation_m: float, rotation_rad: float | None) 
                           rotation_rad=None if rotation_rad is None else float(rotation_rad))
 
 
-def drift(*, result_id: int | str, check_id: int, verdict: Any, cfg: Any, stations: list[P.DriftStation],
+def drift(*, result_id: int | str, check_id: int, verdict: Verdict, cfg: Drift, stations: list[P.DriftStation],
           suspect: bool, reason: str) -> P.DriftBody:
     """``cellcal/v1/drift`` (also what the store keeps of the check): ``verdict`` is a
     ``drift.Verdict``, ``cfg`` the ``[drift]`` section."""
@@ -194,19 +235,19 @@ def drift(*, result_id: int | str, check_id: int, verdict: Any, cfg: Any, statio
 # --- results -------------------------------------------------------------------------------------
 
 
-def result_body(rec: Any, *, cell: str, retained: bool = False) -> dict[str, Any]:
+def result_body(rec: ResultRecord, *, cell: str, retained: bool = False) -> dict[str, object]:
     """``cellcal/v1/result`` (and ``get_result``): a stored ``ResultRecord`` as ``protocol.ResultBody``.
 
     The solver's wire dict (``report.result_to_wire``, stored as ``rec.result``) with the
     record's identity, status and provenance.
     """
-    body = dict(rec.result)
-    prov = dict(rec.provenance)
-    devices = prov.get("devices") or {}
+    body: dict[str, object] = dict(rec.result)
+    prov: Mapping[str, object] = dict(rec.provenance)
+    devices = _map(prov.get("devices") or {})
 
     def serial(dev: str) -> str:
         # A serial number, or "" when the device told none: never the driver's class name.
-        d = devices.get(dev) or {}
+        d = _map(devices.get(dev) or {})
         return str(d.get("serial", "") or "")
 
     body.update(
@@ -222,9 +263,9 @@ def result_body(rec: Any, *, cell: str, retained: bool = False) -> dict[str, Any
             "valid_from_ns": iso_ns(rec.valid_from_utc),
             "cellcal_version": prov.get("cellcal_version", ""),
             "devices": devices,
-            "robot_serial": prov.get("robot_serial", (devices.get(P.DEVICE_ROBOT) or {}).get("serial")),
+            "robot_serial": prov.get("robot_serial", _map(devices.get(P.DEVICE_ROBOT) or {}).get("serial")),
             "kinematics_digest": prov.get("kinematics_digest",
-                                          (devices.get(P.DEVICE_ROBOT) or {}).get("kinematics_digest")),
+                                          _map(devices.get(P.DEVICE_ROBOT) or {}).get("kinematics_digest")),
             "parent_result_id": _id(rec.parent_result_id),
             "valid_from": rec.valid_from_utc,
         },
@@ -233,20 +274,18 @@ def result_body(rec: Any, *, cell: str, retained: bool = False) -> dict[str, Any
     return body
 
 
-def result_summary(rec: Any) -> P.ResultSummary:
+def result_summary(rec: ResultRecord) -> P.ResultSummary:
     """One row of ``list_results``."""
-    from cellcal.daemon.gates import gates_passed
-
-    r = rec.result
+    r: Mapping[str, object] = rec.result
     return P.ResultSummary(
         result_id=str(rec.id), run_id=_id(rec.run_id), kind=rec.kind, created_ns=iso_ns(rec.created_utc),
         active=bool(rec.active), suspect=bool(rec.suspect), accepted=gates_passed(r),
-        n_stations=int(r.get("n_stations", 0)), rms_translation_m=float(r.get("rms_translation_m", 0.0)),
-        rms_rotation_rad=float(r.get("rms_rotation_rad", 0.0)),
+        n_stations=_int(r.get("n_stations", 0)), rms_translation_m=_number(r.get("rms_translation_m", 0.0)),
+        rms_rotation_rad=_number(r.get("rms_rotation_rad", 0.0)),
     )
 
 
-def list_results(recs: Iterable[Any], active_result_id: int | str | None) -> P.ListResultsResult:
+def list_results(recs: Iterable[ResultRecord], active_result_id: int | str | None) -> P.ListResultsResult:
     return P.ListResultsResult(results=[result_summary(r) for r in recs], active_result_id=_id(active_result_id))
 
 
@@ -283,7 +322,7 @@ UNCERTAINTY_CONVENTION = (
 )
 
 
-def transform_to_wire(name: str, T: np.ndarray) -> dict[str, Any]:
+def transform_to_wire(name: str, T: np.ndarray) -> P.Transform:
     """Wire form of the transform called ``name`` (``"parent_T_child"``)."""
     parent, sep, child = name.partition("_T_")
     if not sep or not parent or not child:
@@ -299,7 +338,7 @@ def transform_to_wire(name: str, T: np.ndarray) -> dict[str, Any]:
     }
 
 
-def transform_from_wire(obj: dict[str, Any]) -> np.ndarray:
+def transform_from_wire(obj: Mapping[str, object]) -> np.ndarray:
     """4x4 transform from its wire form (the ``matrix`` field is authoritative)."""
     m = np.array(obj["matrix"], dtype=float)
     if m.shape != (16,):
@@ -307,7 +346,7 @@ def transform_from_wire(obj: dict[str, Any]) -> np.ndarray:
     return m.reshape(4, 4)
 
 
-def point_to_wire(frame: str, p: np.ndarray) -> dict[str, Any]:
+def point_to_wire(frame: str, p: np.ndarray) -> P.Point:
     """Wire form of a point given in ``frame``: ``{"frame", "position_m"}``."""
     return {"frame": frame, "position_m": [float(v) for v in np.asarray(p, dtype=float).reshape(3)]}
 
@@ -320,23 +359,23 @@ def transforms_of(result: CalibrationResult) -> dict[str, np.ndarray]:
     return {name: e.value for name, e in result.transforms().items()}
 
 
-def _f(v: Any) -> float | None:
-    v = float(v)
-    return v if math.isfinite(v) else None
+def _f(v: SupportsFloat) -> float | None:
+    x = float(v)
+    return x if math.isfinite(x) else None
 
 
-def _matrix_to_wire(C: np.ndarray) -> dict[str, Any]:
+def _matrix_to_wire(C: np.ndarray) -> P.Covariance:
     C = np.asarray(C, dtype=float)
     return {"shape": list(C.shape), "values": [_f(v) for v in C.reshape(-1)]}
 
 
-def warnings_to_wire(result: CalibrationResult) -> list[dict[str, Any]]:
+def warnings_to_wire(result: CalibrationResult) -> list[P.JsonObject]:
     """``[{"code", "message", "value"}]`` of a result's warnings (``value`` None if absent)."""
     return [{"code": w.code, "message": w.message, "value": None if w.value is None else _f(w.value)}
             for w in getattr(result, "warnings", ())]
 
 
-def task_point_errors(result: CalibrationResult, task_points: Any) -> list[dict[str, Any]]:
+def task_point_errors(result: CalibrationResult, task_points: npt.ArrayLike) -> list[P.JsonObject]:
     """Predicted error of each task point through the result (``predicted_error_at``).
 
     Parameters
@@ -353,7 +392,7 @@ def task_point_errors(result: CalibrationResult, task_points: Any) -> list[dict[
         ``{"point_m", "sigma_m", "sigma_max_m", "frame", "lever_arm_m"}`` per point.
     """
     pts = np.asarray(task_points, dtype=float).reshape(-1, 3)
-    out = []
+    out: list[P.JsonObject] = []
     for p in pts:
         try:
             pe = result.predicted_error_at(p)  # type: ignore[attr-defined]
@@ -364,8 +403,8 @@ def task_point_errors(result: CalibrationResult, task_points: Any) -> list[dict[
     return out
 
 
-def _tests_to_wire(result: CalibrationResult) -> dict[str, Any] | None:
-    t = getattr(result, "residual_tests", None)
+def _tests_to_wire(result: CalibrationResult) -> P.JsonObject | None:
+    t: ResidualTests | None = getattr(result, "residual_tests", None)
     if t is None:
         return None
     return {
@@ -383,7 +422,7 @@ def _tests_to_wire(result: CalibrationResult) -> dict[str, Any] | None:
     }
 
 
-def result_to_wire(result: CalibrationResult, *, task_points: Any = None) -> dict[str, Any]:
+def result_to_wire(result: CalibrationResult, *, task_points: npt.ArrayLike | None = None) -> dict[str, object]:
     """JSON-ready dict of a calibration result of any type.
 
     Fields: ``transforms`` (name -> transform) and ``points`` (name -> point), both always
@@ -396,7 +435,7 @@ def result_to_wire(result: CalibrationResult, *, task_points: Any = None) -> dic
     ``docs/protocols/zeromq.md`` documents every field.
     """
     estimates = result.transforms()
-    out: dict[str, Any] = {
+    out: dict[str, object] = {
         "transforms": {k: transform_to_wire(k, e.value) for k, e in estimates.items() if not e.is_point},
         "points": {k: point_to_wire(e.frame, e.value) for k, e in estimates.items() if e.is_point},
         "n_stations": result.n_stations,
@@ -429,7 +468,7 @@ def result_to_wire(result: CalibrationResult, *, task_points: Any = None) -> dic
         out["task_points"] = task_point_errors(result, task_points)
     h = result.holdout
     if h is not None:
-        out["holdout"] = {
+        holdout: P.Holdout = {
             "method": h.method, "folds": int(h.folds),
             "p50_translation_m": _f(h.p50_translation_m), "p90_translation_m": _f(h.p90_translation_m),
             "max_translation_m": _f(h.max_translation_m), "p50_rotation_rad": _f(h.p50_rotation_rad),
@@ -437,20 +476,23 @@ def result_to_wire(result: CalibrationResult, *, task_points: Any = None) -> dic
             "inflation": _f(h.inflation),
             "translation_m": [_f(v) for v in h.translation_m], "rotation_rad": [_f(v) for v in h.rotation_rad],
         }
+        out["holdout"] = holdout
     a = result.linear_agreement
     if a is not None:
-        out["linear_agreement"] = {
+        agreement: P.LinearAgreement = {
             "translation_m": _f(a.translation_m), "rotation_rad": _f(a.rotation_rad), "sigmas": _f(a.sigmas),
         }
+        out["linear_agreement"] = agreement
     return out
 
 
-def _uncertainty_to_wire(result: CalibrationResult, estimates: dict[str, Estimate]) -> dict[str, Any]:
+def _uncertainty_to_wire(result: CalibrationResult, estimates: dict[str, Estimate]) -> P.Uncertainty:
     """Covariances (per estimate and joint), the primary's 1-sigma, the noise the fit used."""
+    joint = _matrix_to_wire(result.covariance)
     return {
         "convention": UNCERTAINTY_CONVENTION,
         "covariance": {name: _matrix_to_wire(e.covariance) for name, e in estimates.items()},
-        "joint": {"order": list(estimates), **_matrix_to_wire(result.covariance)},
+        "joint": {"order": list(estimates), "shape": joint["shape"], "values": joint["values"]},
         "sigma_translation_m": _f(result.sigma_translation_mm * 1e-3),
         "sigma_rotation_rad": _f(math.radians(result.sigma_rotation_deg)),
         "noise_translation_m": _f(result.noise_translation_m),
@@ -467,16 +509,17 @@ def _uncertainty_to_wire(result: CalibrationResult, estimates: dict[str, Estimat
 # --- to_base -------------------------------------------------------------------------------------
 
 
-def pose_from_wire(pose: Mapping[str, Any]) -> np.ndarray:
+def pose_from_wire(pose: Mapping[str, object]) -> np.ndarray:
     """4x4 ``numpy`` transform from a validated pose argument (``matrix`` or translation + quaternion)."""
     if "matrix" in pose:
         return np.array(pose["matrix"], dtype=float).reshape(4, 4)
-    q = pose["quaternion"]
+    q = _map(pose["quaternion"])
     return transform_from_xyz_quat(np.array(pose["translation_m"], dtype=float),
                                    np.array([q["w"], q["x"], q["y"], q["z"]], dtype=float))
 
 
-def to_base_reply(cell_T_base: Any, args: Mapping[str, Any], *, result_id: str, suspect: bool) -> dict[str, Any]:
+def to_base_reply(cell_T_base: npt.ArrayLike, args: Mapping[str, object], *, result_id: str,
+                  suspect: bool) -> P.ToBasePointResult | P.ToBasePoseResult:
     """The ``to_base`` result for validated ``args``, given the calibration's ``cell_T_base``.
 
     A point ``cell_p`` becomes ``base_p = inv(cell_T_base) @ cell_p``; a pose ``cell_T_x``
@@ -487,10 +530,10 @@ def to_base_reply(cell_T_base: Any, args: Mapping[str, Any], *, result_id: str, 
         base_T_cell = se3_inverse(np.asarray(cell_T_base, dtype=float))
         if "point_m" in args:
             p = base_T_cell[:3, :3] @ np.asarray(args["point_m"], dtype=float) + base_T_cell[:3, 3]
-            out: dict[str, Any] = {"result_id": result_id, "suspect": bool(suspect), "frame": "base",
-                                   "point_m": [float(v) for v in p]}
+            out: P.ToBasePointResult | P.ToBasePoseResult = {
+                "result_id": result_id, "suspect": bool(suspect), "frame": "base", "point_m": [float(v) for v in p]}
         else:
-            base_T_x = base_T_cell @ pose_from_wire(args["pose"])
+            base_T_x = base_T_cell @ pose_from_wire(_map(args["pose"]))
             if not np.all(np.isfinite(base_T_x)):
                 raise P.CommandError(P.E_BAD_REQUEST, "to_base: the pose in the base frame is not finite "
                                                   "(an argument near the float 64 maximum)")

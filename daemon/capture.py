@@ -53,11 +53,13 @@ import logging
 import math
 import threading
 import time
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, TypeVar, cast
 
 import numpy as np
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.config import Config
 
 # The checks and the monitor the engine uses, re-exported: ``capture`` is the name the
 # service, the jobs and the tests know them by (``capture as cap``).
@@ -79,14 +81,28 @@ from cellcal.daemon.consistency import (
 from cellcal.daemon.monitor import MONITOR_LINGER_S, RobotMonitor, rest_spread, settle_config
 from cellcal.daemon.store import StationRecord
 from cellcal.drivers.errors import DeviceError, DeviceGoneError, DriverError, DriverTimeoutError, ProtocolError
-from cellcal.solver.se3 import rotation_angle
+from cellcal.drivers.kinematics import DHModel
+from cellcal.drivers.robot import RobotState
+from cellcal.drivers.tracker import (
+    BeamBrokenError,
+    NotStableError,
+    TrackerBusyError,
+    TrackerDriver,
+    TrackerMeasurement,
+)
+from cellcal.solver.se3 import quat_from_matrix, rotation_angle
+
+if TYPE_CHECKING:  # the run kinds' package imports this module (a station's capture)
+    from cellcal.daemon.runs.plan import PlannedStation
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RejectReason", "StationRejected", "DeviceFault", "RobotMonitor", "CaptureEngine", "Capture", "Session",
            "Expected", "fk_deviation", "settings_changed", "TCP_OFFSET_CHANGED", "PAYLOAD_CHANGED", "ROBOT_CHANGED",
-           "DASHBOARD_UNAVAILABLE", "GROSS_RMS_FACTOR", "MONITOR_LINGER_S", "RobotKey", "jsonable", "rest_spread",
-           "settle_config"]
+           "DASHBOARD_UNAVAILABLE", "GROSS_RMS_FACTOR", "MONITOR_LINGER_S", "RobotKey", "jsonable", "json_object",
+           "rest_spread", "settle_config"]
+
+_T = TypeVar("_T")
 
 #: What the engine returns for one station is the record the store persists (one definition).
 Capture = StationRecord
@@ -120,7 +136,7 @@ class CaptureEngine:
         Default: the monitor's.
     """
 
-    def __init__(self, monitor: RobotMonitor, tracker: Any, cfg: Any, *, model: Any = None,
+    def __init__(self, monitor: RobotMonitor, tracker: TrackerDriver | None, cfg: Config, *, model: DHModel | None = None,
                  session: Session | None = None) -> None:
         self.monitor = monitor
         self.robot = monitor.robot
@@ -138,7 +154,7 @@ class CaptureEngine:
         #: "measuring" or "" (between stations).
         self.phase = ""
 
-    def _check_fk(self, q_rad: np.ndarray, base_T_flange: np.ndarray, figures: dict[str, Any]) -> None:
+    def _check_fk(self, q_rad: np.ndarray, base_T_flange: np.ndarray, figures: dict[str, object]) -> None:
         """Reject the station if the reported pose disagrees with forward kinematics."""
         r = self.cfg.robot
         dt, dr = fk_deviation(self.model, q_rad, base_T_flange)
@@ -154,7 +170,7 @@ class CaptureEngine:
             )
 
     # -- moving ------------------------------------------------------------------------------
-    def move_to(self, planned: Any, abort: threading.Event | None = None) -> None:
+    def move_to(self, planned: PlannedStation, abort: threading.Event | None = None) -> None:
         """Command mode: move to a planned station (joints when known).
 
         With ``abort``, the wait for the move's end checks it every 50 ms: the driver's own
@@ -170,13 +186,14 @@ class CaptureEngine:
             return
         self._abortable(self._move, (planned,), abort, "move", stop_robot=True)
 
-    def _abortable(self, fn: Any, args: tuple, abort: threading.Event, what: str, *, stop_robot: bool = False) -> Any:
+    def _abortable(self, fn: Callable[..., _T], args: tuple[object, ...], abort: threading.Event, what: str, *,
+                   stop_robot: bool = False) -> _T:
         """``fn(*args)`` (a driver call that blocks: a move, a measurement) in a helper
         thread, its end awaited in 50 ms steps that check ``abort``. Aborted: the robot is
         stopped (``stop_robot``), the helper gets 0.2 s to notice, and if it still waits it
         is left as :attr:`pending_move` (the service then closes the devices, which ends it);
         ``StationRejected`` (``MOVE_FAILED`` / ``NOT_SETTLED``, ``{"aborted": True}``) is raised."""
-        out: list[Any] = []
+        out: list[_T] = []
         failure: list[BaseException] = []
 
         def call() -> None:
@@ -207,7 +224,7 @@ class CaptureEngine:
             raise failure[0]
         return out[0]
 
-    def _move(self, planned: Any) -> None:
+    def _move(self, planned: PlannedStation) -> None:
         speed = self.cfg.capture.move_speed
         timeout_s = self.cfg.capture.station_timeout_s
         self.monitor.restart_window()
@@ -232,7 +249,12 @@ class CaptureEngine:
         self.monitor.restart_window()
 
     # -- measuring ------------------------------------------------------------------------------
-    def _measure_half(self, kind: str, average_s: float) -> Any:
+    def _tracker(self) -> TrackerDriver:
+        if self.tracker is None:  # an engine for a robot-only kind (no tracker opened) never measures
+            raise DriverError("no tracker is open")
+        return self.tracker
+
+    def _measure_half(self, kind: str, average_s: float) -> TrackerMeasurement:
         pending = self.pending_measure
         if pending is not None:
             # An aborted measurement still averaging: the link is the tracker's until it ends.
@@ -242,10 +264,8 @@ class CaptureEngine:
                     "the tracker's previous (aborted) measurement did not end"))
             self.pending_measure = None
         try:
-            return self.tracker.measure(kind, average_s)
+            return self._tracker().measure(kind, average_s)
         except DeviceError as exc:
-            from cellcal.drivers.tracker import BeamBrokenError, TrackerBusyError
-
             if isinstance(exc, BeamBrokenError):
                 raise StationRejected(RejectReason.BEAM_BROKEN, str(exc), {"code": exc.code}) from exc
             if isinstance(exc, TrackerBusyError):
@@ -267,8 +287,6 @@ class CaptureEngine:
         A tracker that says its target is not stable yet (the arm still settling) is asked
         again until the station's timeout, as an operator would; only then is it a rejection.
         """
-        from cellcal.drivers.tracker import NotStableError
-
         deadline = time.monotonic() + self.cfg.capture.station_timeout_s
         while True:
             try:
@@ -300,7 +318,7 @@ class CaptureEngine:
             cell_p_target=None, tracker_std_translation_m=0.0, tracker_std_rotation_rad=None, sample_count=0,
             robot_t_device_s=state.t_device_s, robot_t_host_ns=state.t_host_ns, tracker_t_device_s=0.0,
             tracker_t_host_ns=0,
-            settle=jsonable({"quiet_s": status.quiet_s, "max_joint_speed_rad_s": status.max_joint_speed_rad_s}),
+            settle=json_object({"quiet_s": status.quiet_s, "max_joint_speed_rad_s": status.max_joint_speed_rad_s}),
             raw={}, accepted_host_ns=time.monotonic_ns(),
         )
 
@@ -367,8 +385,8 @@ class CaptureEngine:
         std_t = max(float(np.max(m1.std_translation_m)), float(np.max(m2.std_translation_m)))
         std_r = None
         if kind == "pose":
-            std_r = max(float(np.max(m1.std_rotation_rad)), float(np.max(m2.std_rotation_rad)))
-        figures = {
+            std_r = max(float(np.max(_rotation_std(m1))), float(np.max(_rotation_std(m2))))
+        figures: dict[str, object] = {
             "robot_quiet_s": st_now.quiet_s if st_now else 0.0,
             "robot_max_joint_speed_rad_s": st_now.max_joint_speed_rad_s if st_now else None,
             "robot_max_flange_speed_m_s": st_now.max_flange_speed_m_s if st_now else None,
@@ -381,7 +399,7 @@ class CaptureEngine:
         if std_t > s.max_std_translation_m or (std_r is not None and std_r > s.max_std_rotation_rad):
             raise StationRejected(RejectReason.TRACKER_STD, f"tracker std {std_t * 1e3:.4f} mm too high", figures)
         d_t = float(np.linalg.norm(m1.cell_p_target - m2.cell_p_target))
-        d_r = rotation_angle(m1.cell_T_target[:3, :3].T @ m2.cell_T_target[:3, :3]) if kind == "pose" else None
+        d_r = rotation_angle(_pose(m1)[:3, :3].T @ _pose(m2)[:3, :3]) if kind == "pose" else None
         figures.update(tracker_halves_delta_m=d_t, tracker_halves_delta_rad=d_r)
         if d_t > s.agree_translation_m or (d_r is not None and d_r > s.agree_rotation_rad):
             rot = "" if d_r is None else f" / {math.degrees(d_r):.4f} deg"
@@ -400,7 +418,7 @@ class CaptureEngine:
         # tracker's window for the clock mapping's uncertainty, but reaching further back
         # than the rest window's start would average in the end of the move and the ringing
         # (whenever sync_window_s exceeds the dwell): a pose off by the ringing amplitude.
-        samples = self.monitor.samples_between(max(t0 - tol_ns, st_now.window_start_ns), t1 + tol_ns) or [latest]
+        samples = self.monitor.samples_between(max(t0 - tol_ns, st_now.window_start_ns), t1 + tol_ns) or [_sampled(latest)]
         # The samples averaged must be one pose (rest_spread): samples stamped into the
         # window that belong elsewhere (a backlog of the link mapped onto the wrong host
         # times) would average two poses into one that was never measured.
@@ -432,13 +450,13 @@ class CaptureEngine:
         p = (w1 * m1.cell_p_target + w2 * m2.cell_p_target) / wsum
         M = None
         if kind == "pose":
-            M = _mean_pose([m1.cell_T_target, m2.cell_T_target])
+            M = _mean_pose([_pose(m1), _pose(m2)])
             M[:3, 3] = p
         # 5d. the measurement agrees with the pose (or point) the run's estimate predicts.
         if expected is not None:
             _check_expected(expected, G, M, p, figures)
         std_pooled = float(math.sqrt(0.5 * (np.max(m1.std_translation_m) ** 2 + np.max(m2.std_translation_m) ** 2) / 2.0))
-        raw = {
+        raw: dict[str, object] = {
             "tracker_halves": [_meas_raw(m) for m in (m1, m2)],
             "robot_samples": len(samples),
             "robot_q_std_rad": [float(v) for v in np.std([smp.q_rad for smp in samples], axis=0)],
@@ -457,14 +475,14 @@ class CaptureEngine:
             robot_t_host_ns=int(mid.t_host_ns),
             tracker_t_device_s=0.5 * (m1.t_device_s + m2.t_device_s),
             tracker_t_host_ns=(m1.t_host_ns + m2.t_host_ns) // 2,
-            settle=jsonable(figures),
-            raw=jsonable(raw),
+            settle=json_object(figures),
+            raw=json_object(raw),
             accepted_host_ns=time.monotonic_ns(),
         )
 
 
 def _check_expected(expected: Expected, G: np.ndarray, M: np.ndarray | None, p: np.ndarray,
-                    figures: dict[str, Any]) -> None:
+                    figures: dict[str, object]) -> None:
     """Reject a station far from the run's estimate: the pose when both the measurement and
     the estimate have an orientation, else the position alone."""
     if M is not None and not expected.is_point:
@@ -492,7 +510,29 @@ def _check_expected(expected: Expected, G: np.ndarray, M: np.ndarray | None, p: 
         )
 
 
-def _meas_raw(m: Any) -> dict:
+def _sampled(state: RobotState | None) -> RobotState:
+    """The monitor's newest sample, which the wait for a sample after the tracker window has
+    just seen (None only if the monitor slept since: its link is then the robot's fault)."""
+    if state is None:
+        raise DeviceFault(P.DEVICE_ROBOT, DriverTimeoutError("no robot sample after the tracker window"))
+    return state
+
+
+def _pose(m: TrackerMeasurement) -> np.ndarray:
+    """A pose measurement's ``cell_T_target`` (the driver sets it for ``kind = "pose"``)."""
+    if m.cell_T_target is None:
+        raise ProtocolError("the tracker's pose measurement carries no pose")
+    return m.cell_T_target
+
+
+def _rotation_std(m: TrackerMeasurement) -> np.ndarray:
+    """A pose measurement's ``std_rotation_rad`` (the driver sets it for ``kind = "pose"``)."""
+    if m.std_rotation_rad is None:
+        raise ProtocolError("the tracker's pose measurement carries no rotation uncertainty")
+    return m.std_rotation_rad
+
+
+def _meas_raw(m: TrackerMeasurement) -> dict[str, object]:
     return {
         "cell_p_target_m": [float(v) for v in m.cell_p_target],
         "quat_wxyz": None if m.cell_T_target is None else _quat(m.cell_T_target),
@@ -505,12 +545,15 @@ def _meas_raw(m: Any) -> dict:
 
 
 def _quat(T: np.ndarray) -> list[float]:
-    from cellcal.solver.se3 import quat_from_matrix
-
     return [float(v) for v in quat_from_matrix(T[:3, :3])]
 
 
-def jsonable(obj: Any) -> Any:
+def json_object(obj: Mapping[str, object]) -> P.JsonObject:
+    """:func:`jsonable` of a dict (a station's ``settle`` and ``raw``, a rejection's figures)."""
+    return {str(k): jsonable(v) for k, v in obj.items()}
+
+
+def jsonable(obj: object) -> P.JsonValue:
     """Plain JSON types (numpy scalars and arrays become floats and lists; NaN/inf -> None)."""
     if isinstance(obj, dict):
         return {str(k): jsonable(v) for k, v in obj.items()}
@@ -524,5 +567,7 @@ def jsonable(obj: Any) -> Any:
     if isinstance(obj, (np.integer,)):
         return int(obj)
     if isinstance(obj, enum.Enum):
-        return obj.value
-    return obj
+        obj = obj.value
+    # str, int, bool and None as they are, and an enum's value (ours are strings); anything
+    # else too: the store's encoder refuses what is no JSON value, naming the record.
+    return cast(P.JsonValue, obj)

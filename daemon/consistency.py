@@ -17,12 +17,15 @@ import enum
 import logging
 import math
 import threading
-from typing import Any, NamedTuple
+from typing import NamedTuple
 
 import numpy as np
 
 from cellcal.daemon import protocol as P
 from cellcal.drivers.errors import DeviceError
+from cellcal.drivers.kinematics import DHModel
+from cellcal.drivers.robot import RobotState
+from cellcal.drivers.tracker import TrackerMeasurement
 from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import rotation_angle
 
@@ -57,7 +60,7 @@ class RejectReason(str, enum.Enum):
 class StationRejected(CellcalError):
     """A station that was not accepted; ``reason`` and ``detail`` say why."""
 
-    def __init__(self, reason: RejectReason, message: str, detail: dict | None = None) -> None:
+    def __init__(self, reason: RejectReason, message: str, detail: dict[str, object] | None = None) -> None:
         self.reason = reason
         self.detail = detail or {}
         super().__init__(f"{reason.value}: {message}")
@@ -88,7 +91,7 @@ ROBOT_CHANGED = "ROBOT_CHANGED"
 DASHBOARD_UNAVAILABLE = "DASHBOARD_UNAVAILABLE"
 
 
-def settings_changed(setting: str, before: Any, after: Any) -> DeviceError:
+def settings_changed(setting: str, before: np.ndarray | float | None, after: np.ndarray | float | None) -> DeviceError:
     """The error of a controller setting (``"tcp_offset"``, ``"payload"``) that changed
     during a session; its ``code`` is :data:`TCP_OFFSET_CHANGED` or :data:`PAYLOAD_CHANGED`."""
     code = TCP_OFFSET_CHANGED if setting == "tcp_offset" else PAYLOAD_CHANGED
@@ -96,7 +99,7 @@ def settings_changed(setting: str, before: Any, after: Any) -> DeviceError:
                        f"{_fmt(after)}: stations taken before and after the change cannot be combined", code)
 
 
-def _fmt(v: Any) -> str:
+def _fmt(v: np.ndarray | float | None) -> str:
     if v is None:
         return "nothing"
     if isinstance(v, float):
@@ -137,7 +140,7 @@ class Session:
         self._tcp: np.ndarray | None = None
         self._payload: float | None = None
         self.changed: DeviceError | None = None
-        self._last: tuple[tuple, float] | None = None
+        self._last: tuple[tuple[bytes | int | None, ...], float] | None = None
         self._in_job = False
         self._robot: RobotKey | None = None
 
@@ -179,7 +182,7 @@ class Session:
                     "job's; reopening")
         return None
 
-    def check_settings(self, state: Any) -> None:
+    def check_settings(self, state: RobotState) -> None:
         """Compare one robot sample's reported TCP offset and payload with the baseline."""
         tcp, payload = getattr(state, "tcp_offset", None), getattr(state, "payload_kg", None)
         with self._lock:
@@ -196,7 +199,7 @@ class Session:
                 elif abs(float(payload) - self._payload) > _PAYLOAD_CHANGE_TOL_KG:
                     self.changed = settings_changed("payload", self._payload, float(payload))
 
-    def is_frozen(self, m: Any) -> bool:
+    def is_frozen(self, m: TrackerMeasurement) -> bool:
         """Whether measurement ``m`` repeats the previous one bit for bit with another
         timestamp; ``m`` becomes the previous one either way."""
         sig = _signature(m)
@@ -205,22 +208,22 @@ class Session:
         return prev is not None and prev[0] == sig and prev[1] != float(m.t_device_s)
 
 
-def _signature(m: Any) -> tuple:
+def _signature(m: TrackerMeasurement) -> tuple[bytes | int | None, ...]:
     """Every value bit of a tracker measurement (not its timestamps)."""
-    def b(a: Any) -> bytes | None:
+    def b(a: np.ndarray | None) -> bytes | None:
         return None if a is None else np.asarray(a, dtype=np.float64).tobytes()
 
     return (b(m.cell_p_target), b(m.cell_T_target), b(m.std_translation_m), b(m.std_rotation_rad),
             int(m.sample_count))
 
 
-def fk_deviation(model: Any, q_rad: np.ndarray, base_T_flange: np.ndarray) -> tuple[float, float]:
+def fk_deviation(model: DHModel, q_rad: np.ndarray, base_T_flange: np.ndarray) -> tuple[float, float]:
     """``(translation_m, rotation_rad)`` between a reported flange pose and the forward
     kinematics of the reported joints under ``model``.
 
     Parameters
     ----------
-    model : object with ``forward(q) -> (4, 4)``
+    model : DHModel
         The robot's kinematics: the driver's nominal model (``RobotDriver.model``) or a
         better one (a controller's factory calibration) where available.
     q_rad : (n,) array

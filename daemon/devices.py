@@ -30,41 +30,58 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TypedDict
 
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
+from cellcal.daemon.config import Config
 from cellcal.drivers.errors import DeviceError
+from cellcal.drivers.kinematics import DHModel, dh_model, kinematics_digest
+from cellcal.drivers.robot import RobotDriver, connect_robot
+from cellcal.drivers.tracker import TrackerDriver, connect_tracker
 from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["DeviceOpenError", "CellDevices", "Backoff", "OPEN_ERRORS", "robot_identity"]
+__all__ = ["DeviceOpenError", "CellDevices", "Backoff", "OPEN_ERRORS", "robot_identity", "DeviceState"]
 
 #: What opening a device may raise that is the device's (or its URL's) fault, not a bug.
 OPEN_ERRORS: tuple[type[BaseException], ...] = (CellcalError, OSError, ValueError)
 
 
-def _robot_key(robot: Any, ident: dict[str, Any]) -> cap.RobotKey:
+class DeviceState(TypedDict):
+    """What the daemon knows of one device now (:attr:`CellDevices.status`)."""
+
+    connected: bool
+    url: str                      # as configured
+    identity: P.JsonObject        # driver, model, serial, firmware ... ({} until it opened)
+    identity_text: str | None     # for people; None until it opened
+
+
+def _str_or_none(v: object) -> str | None:
+    return v if isinstance(v, str) else None
+
+
+def _robot_key(robot: RobotDriver, ident: Mapping[str, object]) -> cap.RobotKey:
     """The robot as the job's consistency check compares it (``capture.RobotKey``)."""
-    return cap.RobotKey(serial=ident.get("serial"), source=str(getattr(robot, "kinematics_source", "nominal")),
-                        digest=ident.get("kinematics_digest"))
+    return cap.RobotKey(serial=_str_or_none(ident.get("serial")),
+                        source=str(getattr(robot, "kinematics_source", "nominal")),
+                        digest=_str_or_none(ident.get("kinematics_digest")))
 
 
-def robot_identity(robot: Any) -> dict[str, Any]:
+def robot_identity(robot: RobotDriver) -> P.JsonObject:
     """What a result's provenance records of an open robot: ``driver``, ``model``, ``serial``
     (the controller's serial number where it tells one, e.g. a UR's dashboard), and the
     ``kinematics`` its forward kinematics uses (``factory``: the controller's own
     calibration table; ``nominal``: a data-sheet model) with that table's
     ``kinematics_digest`` (:func:`cellcal.drivers.kinematics.kinematics_digest`)."""
-    from cellcal.drivers.kinematics import kinematics_digest
-
     model = robot.model
     digest = getattr(robot, "kinematics_digest", None)
     if digest is None and getattr(model, "is_plain_dh", False):
         digest = kinematics_digest(model)
     # Keyword form: this "kinematics" (the table's source) is a field name, not the run kind.
-    ident: dict[str, Any] = dict(driver=type(robot).__name__, model=model.name,
+    ident: P.JsonObject = dict(driver=type(robot).__name__, model=model.name,
                                  kinematics=getattr(robot, "kinematics_source", "nominal"), kinematics_digest=digest)
     serial = getattr(robot, "serial_number", None)
     if not serial:
@@ -79,7 +96,7 @@ def robot_identity(robot: Any) -> dict[str, Any]:
         serials = [str(x) for x in (drives or {}).get("serials", []) if x is not None]
         if serials:
             serial = ",".join(serials)
-            ident["drive_serials"] = serials
+            ident["drive_serials"] = list(serials)
     if serial:
         ident["serial"] = str(serial)
     return ident
@@ -136,10 +153,10 @@ class CellDevices:
         heartbeat's ``devices`` are built from it.
     """
 
-    def __init__(self, cfg: Any) -> None:
+    def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.robot: Any = None
-        self.tracker: Any = None
+        self.robot: RobotDriver | None = None
+        self.tracker: TrackerDriver | None = None
         self.monitor: cap.RobotMonitor | None = None
         self.engine: cap.CaptureEngine | None = None
         #: The consistency checks' memory, kept across close() and open().
@@ -147,31 +164,29 @@ class CellDevices:
         #: A kinematic model the robot is opened with instead of the configured one (a CiA 402
         #: arm with ``[kinematics] use_identified``: ``cellcal.daemon.kinematics_run``), and
         #: the id of the result it comes from.
-        self.model_override: Any = None
+        self.model_override: DHModel | None = None
         self.model_override_result: int | None = None
         self._stop_lock = threading.Lock()
         # The idle loop's connection attempts (:meth:`connect_idle`).
         self._idle_backoff = Backoff(cfg.service.fault_retry_min_s, cfg.service.fault_retry_max_s)
         self._idle_next_try = 0.0
         self._idle_failures: dict[str, str] = {}
-        self.status: dict[str, dict[str, Any]] = {
+        self.status: dict[str, DeviceState] = {
             P.DEVICE_ROBOT: {"connected": False, "url": cfg.robot.url, "identity": {}, "identity_text": None},
             P.DEVICE_TRACKER: {"connected": False, "url": cfg.tracker.url, "identity": {}, "identity_text": None},
         }
 
     @property
-    def model(self) -> Any:
+    def model(self) -> DHModel:
         """The robot's kinematic model (the configured one while the robot is not open)."""
         if self.robot is not None:
             return self.robot.model
         if self.model_override is not None:
             return self.model_override
-        from cellcal.drivers.kinematics import dh_model
-
         name = self.cfg.robot.options.get("model", "ur5e")
         return dh_model(name if isinstance(name, str) else "ur5e")
 
-    def identities(self) -> dict[str, dict[str, Any]]:
+    def identities(self) -> dict[str, P.JsonObject]:
         """Device identities as known now (stored with each run)."""
         return {k: dict(v.get("identity") or {}) for k, v in self.status.items()}
 
@@ -252,8 +267,6 @@ class CellDevices:
         return self.robot is not None and self.tracker is not None
 
     def _open_robot(self) -> None:
-        from cellcal.drivers import connect_robot
-
         try:
             options = dict(self.cfg.robot.options)
             if self.model_override is not None:
@@ -279,11 +292,9 @@ class CellDevices:
             raise DeviceOpenError(P.DEVICE_ROBOT, DeviceError(changed, cap.ROBOT_CHANGED))
         self.robot, self.monitor = robot, monitor
         text = f"{ident['driver']} {ident['model']}" + (f" serial {ident['serial']}" if ident.get("serial") else "")
-        self.status[P.DEVICE_ROBOT].update(connected=True, identity=ident, identity_text=text)
+        self.status[P.DEVICE_ROBOT].update({"connected": True, "identity": ident, "identity_text": text})
 
     def _open_tracker(self) -> None:
-        from cellcal.drivers import connect_tracker
-
         try:
             tracker = connect_tracker(self.cfg.tracker.url, **self.cfg.tracker.options)
         except OPEN_ERRORS as exc:
@@ -297,10 +308,10 @@ class CellDevices:
                 raise DeviceOpenError(P.DEVICE_TRACKER, exc) from exc
             raise
         self.tracker = tracker
-        self.status[P.DEVICE_TRACKER].update(connected=True, identity={
+        self.status[P.DEVICE_TRACKER].update({"connected": True, "identity": {
             "model": info.model, "serial": info.serial, "firmware": info.firmware,
             "protocol": str(info.protocol_version),
-        }, identity_text=f"{info.model} {info.serial} fw {info.firmware}")
+        }, "identity_text": f"{info.model} {info.serial} fw {info.firmware}"})
 
     def close(self) -> None:
         """Close everything (idempotent; a device that fails to close is logged, not raised)."""

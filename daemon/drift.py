@@ -27,19 +27,26 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.bodies import transform_from_wire
+from cellcal.daemon.config import Drift
 from cellcal.daemon.runs.plan import PlannedStation, plan_from_dict
+from cellcal.daemon.store import StationRecord, Store
 from cellcal.solver.se3 import rotation_angle
 
 __all__ = ["Cusum", "Verdict", "CheckIds", "choose_check_stations", "check_station_plan", "deviation", "judge",
            "model_of"]
 
 
-def choose_check_stations(stations: Sequence[Any], plan: Mapping[str, Any], k: int) -> list[dict[str, Any]]:
+def _map(v: object) -> Mapping[str, object]:
+    """A part of a stored record that should be a JSON object (``{}`` when it is not)."""
+    return v if isinstance(v, Mapping) else {}
+
+
+def choose_check_stations(stations: Sequence[StationRecord], plan: Mapping[str, object], k: int) -> list[P.JsonObject]:
     """Farthest-point choice of ``k`` of a run's stations over the workspace.
 
     The first is the station farthest from the centroid of the flange positions, each next
@@ -70,7 +77,7 @@ def choose_check_stations(stations: Sequence[Any], plan: Mapping[str, Any], k: i
         d = np.min(np.linalg.norm(P_m[:, None, :] - P_m[None, chosen, :], axis=2), axis=1)
         chosen.append(int(np.argmax(d)))
     planned = {ps.index: ps for ps in plan_from_dict(dict(plan))} if plan.get("stations") else {}
-    out = []
+    out: list[P.JsonObject] = []
     for i in chosen:
         s = stations[i]
         ps = planned.get(s.plan_index)
@@ -80,29 +87,34 @@ def choose_check_stations(stations: Sequence[Any], plan: Mapping[str, Any], k: i
     return out
 
 
-def check_station_plan(cs: Mapping[str, Any]) -> PlannedStation:
+def _int(v: object) -> int:
+    if isinstance(v, (int, float, str)):
+        return int(v)
+    raise TypeError(f"a check station's plan_index must be a number, got {type(v).__name__}")
+
+
+def check_station_plan(cs: Mapping[str, object]) -> PlannedStation:
     """The planned station of one stored check station (``choose_check_stations`` output)."""
-    return PlannedStation(int(cs["plan_index"]), np.asarray(cs["q_rad"], dtype=float),
+    return PlannedStation(_int(cs["plan_index"]), np.asarray(cs["q_rad"], dtype=float),
                           np.asarray(cs["base_T_flange"], dtype=float).reshape(4, 4))
 
 
-def model_of(result: Mapping[str, Any]) -> tuple[np.ndarray, np.ndarray] | None:
+def model_of(result: Mapping[str, object]) -> tuple[np.ndarray, np.ndarray] | None:
     """``(cell_T_base (4, 4), flange_T_target (4, 4) or flange_p_target (3,))`` of a stored
     result's wire form, or None when it has neither a target pose nor a reflector point."""
-    from cellcal.daemon.bodies import transform_from_wire
-
-    transforms, points = result.get("transforms") or {}, result.get("points") or {}
+    transforms, points = _map(result.get("transforms") or {}), _map(result.get("points") or {})
     if "cell_T_base" not in transforms:
         return None
-    X = transform_from_wire(transforms["cell_T_base"])
+    X = transform_from_wire(_map(transforms["cell_T_base"]))
     if "flange_T_target" in transforms:
-        return X, transform_from_wire(transforms["flange_T_target"])
+        return X, transform_from_wire(_map(transforms["flange_T_target"]))
     if "flange_p_target" in points:
-        return X, np.asarray(points["flange_p_target"]["position_m"], dtype=float).reshape(3)
+        return X, np.asarray(_map(points["flange_p_target"])["position_m"], dtype=float).reshape(3)
     return None
 
 
-def deviation(cell_T_base: np.ndarray, flange_T_target: np.ndarray, station: Any) -> tuple[float, float | None]:
+def deviation(cell_T_base: np.ndarray, flange_T_target: np.ndarray,
+              station: StationRecord) -> tuple[float, float | None]:
     """``(translation_m, rotation_rad)`` of a measured station against the model ``X G Y``.
 
     ``flange_T_target`` is the target pose on the flange (4, 4), or the reflector's point
@@ -152,7 +164,7 @@ class Verdict:
         return self.status == P.DRIFT_FAIL
 
 
-def judge(dev_t: Sequence[float], dev_r: Sequence[float | None], cusum: Cusum, cfg: Any) -> Verdict:
+def judge(dev_t: Sequence[float], dev_r: Sequence[float | None], cusum: Cusum, cfg: Drift) -> Verdict:
     """The verdict of one check from its per-station deviations; updates ``cusum``.
 
     Parameters
@@ -193,7 +205,7 @@ class CheckIds:
     longer active) is not reused: ids increase but may skip (ADR 0009). Thread-safe.
     """
 
-    def __init__(self, store: Any) -> None:
+    def __init__(self, store: Store) -> None:
         self._store = store
         self._last: dict[int, int] = {}
         self._lock = threading.Lock()

@@ -67,9 +67,14 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
+
+from cellcal.daemon import protocol as P
+from cellcal.daemon.config import Solve
+from cellcal.drivers.kinematics import DHModel
+from cellcal.solver import CalibrationResult, KinematicResult, PointBaseFrameResult, ToolPointResult
+from cellcal.solver.se3 import make_transform, rotation_angle, so3_exp
 
 __all__ = ["GateCheck", "GateReport", "GateContext", "Gate", "GATES", "check_gates", "gates_passed", "gates_failed",
            "describe_gates", "model_reach_m", "rms_translation", "rms_rotation", "converged", "model_error",
@@ -111,8 +116,8 @@ class GateCheck:
         """The record of a gate that does not apply to a result (``why``: for people)."""
         return cls(name, None, float(limit), unit, True, f"does not apply: {why}", applies=False)
 
-    def to_wire(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"name": self.name, "value": _finite_or_none(self.value),
+    def to_wire(self) -> P.JsonObject:
+        out: P.JsonObject = {"name": self.name, "value": _finite_or_none(self.value),
                                "limit": _finite_or_none(self.limit), "unit": self.unit, "passed": bool(self.passed),
                                "message": self.message}
         if not self.applies:
@@ -127,10 +132,8 @@ def _finite_or_none(v: float | None) -> float | None:
     return v if math.isfinite(v) else None
 
 
-def _without_rotation(result: Any) -> str | None:
+def _without_rotation(result: CalibrationResult) -> str | None:
     """Why ``result`` has no rotation residuals to judge (None when it has them)."""
-    from cellcal.solver import PointBaseFrameResult, ToolPointResult
-
     if isinstance(result, PointBaseFrameResult):
         return ("a point base-frame fit (3-DoF tracker) has no rotation residuals: the reflector's "
                 "positions carry no orientation")
@@ -157,7 +160,7 @@ class GateReport:
         """Each failed gate by name with its sentence, ``"; "``-joined ("" when every gate passed)."""
         return "; ".join(f"{c.name}: {c.message}" for c in self.failed)
 
-    def to_wire(self) -> dict[str, Any]:
+    def to_wire(self) -> P.JsonObject:
         return {"passed": self.passed, "failed": [c.message for c in self.failed],
                 "checks": [c.to_wire() for c in self.checks]}
 
@@ -187,10 +190,10 @@ class GateContext:
 
 #: A gate: ``(result, solve_config, context) -> GateCheck``, a list of them, or None when it
 #: does not apply.
-Gate = Callable[[Any, Any, GateContext], "GateCheck | list[GateCheck] | None"]
+Gate = Callable[[CalibrationResult, Solve, GateContext], "GateCheck | list[GateCheck] | None"]
 
 
-def model_reach_m(model: Any) -> float:
+def model_reach_m(model: DHModel) -> float:
     """The farthest a flange can be from the base of a DH arm: the sum of its link lengths
     and offsets (``|a| + |d|``, metres), the bound the inverse kinematics refuses beyond."""
     return float(np.sum(np.abs(model.a_m)) + np.sum(np.abs(model.d_m)))
@@ -200,14 +203,14 @@ def _cmp(ok: bool) -> str:
     return "<=" if ok else ">"
 
 
-def rms_translation(result: Any, solve: Any, ctx: GateContext) -> GateCheck:
+def rms_translation(result: CalibrationResult | KinematicResult, solve: Solve, ctx: GateContext) -> GateCheck:
     """RMS per-station translation closure at most ``[solve] max_rms_mm``."""
     v, lim = float(result.rms_translation_m), float(solve.max_rms_translation_m)
     ok = v <= lim
     return GateCheck("rms_translation", v, lim, "m", ok, f"rms translation {v * 1e3:.3f} mm {_cmp(ok)} {lim * 1e3:.3f} mm")
 
 
-def rms_rotation(result: Any, solve: Any, ctx: GateContext) -> GateCheck:
+def rms_rotation(result: CalibrationResult, solve: Solve, ctx: GateContext) -> GateCheck:
     """RMS per-station rotation closure at most ``[solve] max_rms_deg``; recorded as not
     applying to a fit without rotation residuals (point base frame, tool point)."""
     lim = float(solve.max_rms_rotation_rad)
@@ -220,7 +223,7 @@ def rms_rotation(result: Any, solve: Any, ctx: GateContext) -> GateCheck:
                      f"rms rotation {math.degrees(v):.4f} deg {_cmp(ok)} {math.degrees(lim):.4f} deg")
 
 
-def converged(result: Any, solve: Any, ctx: GateContext) -> GateCheck | None:
+def converged(result: CalibrationResult, solve: Solve, ctx: GateContext) -> GateCheck | None:
     """The fit converged (``[solve] require_converged``)."""
     if not solve.require_converged:
         return None
@@ -230,7 +233,7 @@ def converged(result: Any, solve: Any, ctx: GateContext) -> GateCheck | None:
     return GateCheck("converged", float(ok), 1.0, "bool", ok, msg)
 
 
-def model_error(result: Any, solve: Any, ctx: GateContext) -> GateCheck | None:
+def model_error(result: CalibrationResult, solve: Solve, ctx: GateContext) -> GateCheck | None:
     """No ``model_error`` warning with a structured residual beyond
     ``[solve] max_model_error_mm`` unless ``[solve] allow_model_error``.
 
@@ -252,7 +255,7 @@ def model_error(result: Any, solve: Any, ctx: GateContext) -> GateCheck | None:
                      f"{'' if ok else '; allow_model_error = false'})")
 
 
-def sigma_at_task_points(result: Any, solve: Any, ctx: GateContext) -> GateCheck:
+def sigma_at_task_points(result: CalibrationResult, solve: Solve, ctx: GateContext) -> GateCheck:
     """Predicted 1-sigma position error at the task points at most
     ``[solve] max_sigma_mm_at_task_points`` (see the module docstring for which points)."""
     lim = float(solve.max_sigma_m_at_task_points)
@@ -291,7 +294,7 @@ def sigma_at_task_points(result: Any, solve: Any, ctx: GateContext) -> GateCheck
                      f"predicted 1-sigma error {worst * 1e3:.3f} mm{where} {_cmp(ok)} {lim * 1e3:.3f} mm")
 
 
-def holdout_p90(result: Any, solve: Any, ctx: GateContext) -> list[GateCheck]:
+def holdout_p90(result: CalibrationResult, solve: Solve, ctx: GateContext) -> list[GateCheck]:
     """Held-out closure P90 at most ``[solve] max_holdout_p90_mm`` / ``max_holdout_p90_deg``."""
     out = []
     h = result.holdout
@@ -317,7 +320,7 @@ def holdout_p90(result: Any, solve: Any, ctx: GateContext) -> list[GateCheck]:
     return out
 
 
-def expected_cell_T_base(result: Any, solve: Any, ctx: GateContext) -> list[GateCheck]:
+def expected_cell_T_base(result: CalibrationResult, solve: Solve, ctx: GateContext) -> list[GateCheck]:
     """A base-frame answer within ``[solve] expected_tolerance_mm_deg`` of
     ``expected_cell_T_base_mm_deg`` (off unless set; other results: not applicable)."""
     e = solve.expected_cell_T_base_m_rad
@@ -329,8 +332,6 @@ def expected_cell_T_base(result: Any, solve: Any, ctx: GateContext) -> list[Gate
         why = f"a {type(result).__name__.removesuffix('Result')} result has no cell_T_base"
         return [GateCheck.not_applicable("expected_cell_T_base_translation", tol_m, "m", why),
                 GateCheck.not_applicable("expected_cell_T_base_rotation", tol_rad, "rad", why)]
-    from cellcal.solver.se3 import make_transform, rotation_angle, so3_exp
-
     E = make_transform(so3_exp(np.asarray(e[3:], dtype=float)), np.asarray(e[:3], dtype=float))
     T = np.asarray(T, dtype=float)
     dt = float(np.linalg.norm(T[:3, 3] - E[:3, 3]))
@@ -355,7 +356,7 @@ def expected_cell_T_base(result: Any, solve: Any, ctx: GateContext) -> list[Gate
     ]
 
 
-def reach(result: Any, solve: Any, ctx: GateContext) -> GateCheck | None:
+def reach(result: CalibrationResult, solve: Solve, ctx: GateContext) -> GateCheck | None:
     """Every robot pose within the robot model's reach (``[solve] check_reach``)."""
     if not solve.check_reach:
         return None
@@ -387,7 +388,8 @@ GATES: tuple[Gate, ...] = (rms_translation, rms_rotation, converged, model_error
                            holdout_p90, expected_cell_T_base, reach)
 
 
-def check_gates(result: Any, solve: Any, gates: Sequence[Gate] = GATES, context: GateContext | None = None) -> GateReport:
+def check_gates(result: CalibrationResult, solve: Solve, gates: Sequence[Gate] = GATES,
+                context: GateContext | None = None) -> GateReport:
     """Run every gate on a solver result (``solve``: the ``[solve]`` configuration;
     ``context``: the run's kind, robot poses and reach, default none of them)."""
     ctx = context if context is not None else GateContext()
@@ -400,7 +402,7 @@ def check_gates(result: Any, solve: Any, gates: Sequence[Gate] = GATES, context:
     return GateReport(tuple(checks))
 
 
-def describe_gates(solve: Any) -> list[str]:
+def describe_gates(solve: Solve) -> list[str]:
     """The gates a ``[solve]`` configuration sets, one sentence each in edge units (what
     ``cellcal check-config`` prints)."""
     s = solve
@@ -427,15 +429,26 @@ def describe_gates(solve: Any) -> list[str]:
     return out
 
 
-def gates_passed(wire_result: Mapping[str, Any]) -> bool:
+def _map(v: object) -> Mapping[str, object]:
+    """A part of a stored record that should be a JSON object (``{}`` when it is not)."""
+    return v if isinstance(v, Mapping) else {}
+
+
+def _items(v: object) -> list[object]:
+    """A part of a stored record that should be a JSON array (``[]`` when it is not)."""
+    return list(v) if isinstance(v, (list, tuple)) else []
+
+
+def gates_passed(wire_result: Mapping[str, object]) -> bool:
     """Whether a stored result passed its gates (a result stored without gates counts as passed)."""
-    return bool(wire_result.get("gates", {}).get("passed", True))
+    return bool(_map(wire_result.get("gates", {})).get("passed", True))
 
 
-def gates_failed(wire_result: Mapping[str, Any]) -> list[str]:
+def gates_failed(wire_result: Mapping[str, object]) -> list[str]:
     """The failed gates of a stored result, each ``"name: sentence"`` (a result stored
     before gates had names: the sentence alone)."""
-    g = wire_result.get("gates", {})
+    g = _map(wire_result.get("gates", {}))
     if "checks" in g:
-        return [f"{c['name']}: {c['message']}" for c in g["checks"] if not c["passed"]]
-    return [str(m) for m in g.get("failed", [])]
+        checks = [_map(c) for c in _items(g["checks"])]
+        return [f"{c['name']}: {c['message']}" for c in checks if not c["passed"]]
+    return [str(m) for m in _items(g.get("failed", []))]

@@ -14,13 +14,16 @@ import logging
 import math
 import threading
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import cast
 
 import numpy as np
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.config import RobotSettle
 from cellcal.daemon.consistency import DeviceFault, RejectReason, Session, StationRejected
 from cellcal.drivers.errors import DriverError, DriverTimeoutError, ProtocolError
+from cellcal.drivers.robot import RobotDriver, RobotState
 from cellcal.drivers.settle import SettleConfig, SettleDetector, SettleStatus
 
 log = logging.getLogger(__name__)
@@ -31,7 +34,7 @@ log = logging.getLogger(__name__)
 _Q_NOISE_RAD = 1e-4
 
 
-def settle_config(cfg_settle: Any) -> SettleConfig:
+def settle_config(cfg_settle: RobotSettle) -> SettleConfig:
     """The driver-side settle thresholds from the daemon's ``[robot.settle]`` (SI)."""
     return SettleConfig(
         max_joint_speed_rad_s=cfg_settle.max_joint_speed_rad_s,
@@ -79,15 +82,15 @@ class RobotMonitor:
     ``wait_for_sample_after``) instead of polling.
     """
 
-    def __init__(self, robot: Any, settle: SettleConfig, *, history_s: float = 30.0,
+    def __init__(self, robot: RobotDriver, settle: SettleConfig, *, history_s: float = 30.0,
                  session: Session | None = None, linger_s: float = MONITOR_LINGER_S) -> None:
         self.robot = robot
         self.session = session if session is not None else Session()
         self.detector = SettleDetector(settle)
         self.history_ns = int(history_s * 1e9)
-        self._samples: collections.deque = collections.deque()
+        self._samples: collections.deque[RobotState] = collections.deque()
         self._status: SettleStatus | None = None
-        self._latest: Any = None
+        self._latest: RobotState | None = None
         self._error: BaseException | None = None
         self._cond = threading.Condition()
         self._stop = threading.Event()
@@ -180,7 +183,7 @@ class RobotMonitor:
         self._wake.wait()
         self._asleep = False
 
-    def _take(self, st: Any) -> None:
+    def _take(self, st: RobotState) -> None:
         """One new sample: the session's checks, the settle detector, the history."""
         self._last_seq = st.seq
         self.session.check_settings(st)
@@ -207,14 +210,19 @@ class RobotMonitor:
             self.detector.reset()
             self._status = None
 
-    def status(self) -> tuple[Any, SettleStatus | None]:
+    def status(self) -> tuple[RobotState | None, SettleStatus | None]:
         """``(latest state, its settle status)``."""
         self._want()
         with self._cond:
             self._check()
             return self._latest, self._status
 
-    def wait_settled(self, timeout_s: float, abort: threading.Event | None = None) -> tuple[Any, SettleStatus]:
+    def _latest_with_status(self) -> RobotState:
+        # A status is only ever set together with the sample it judged (``_take``), and both
+        # are cleared together (``_sleep_until_wanted``): with a status there is a sample.
+        return cast(RobotState, self._latest)
+
+    def wait_settled(self, timeout_s: float, abort: threading.Event | None = None) -> tuple[RobotState, SettleStatus]:
         """Block until the robot is settled; ``StationRejected(NOT_SETTLED)`` after the timeout."""
         self._want()
         deadline = time.monotonic() + timeout_s
@@ -222,7 +230,7 @@ class RobotMonitor:
             while True:
                 self._check()
                 if self._status is not None and self._status.settled:
-                    return self._latest, self._status
+                    return self._latest_with_status(), self._status
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or (abort is not None and abort.is_set()):
                     reason = self._status.reason if self._status is not None else "no samples"
@@ -235,7 +243,7 @@ class RobotMonitor:
 
     def wait_quiet(
         self, timeout_s: float, abort: threading.Event | None = None, min_quiet_s: float = 0.0
-    ) -> tuple[Any, SettleStatus]:
+    ) -> tuple[RobotState, SettleStatus]:
         """Block until the robot has been quiet for ``min_quiet_s`` (the dwell may still run)."""
         self._want()
         deadline = time.monotonic() + timeout_s
@@ -243,7 +251,7 @@ class RobotMonitor:
             while True:
                 self._check()
                 if self._status is not None and self._status.n_samples > 0 and self._status.quiet_s >= min_quiet_s:
-                    return self._latest, self._status
+                    return self._latest_with_status(), self._status
                 remaining = deadline - time.monotonic()
                 if remaining <= 0 or (abort is not None and abort.is_set()):
                     reason = self._status.reason if self._status is not None else "no samples"
@@ -301,13 +309,13 @@ class RobotMonitor:
                     raise DeviceFault(P.DEVICE_ROBOT, DriverTimeoutError("no robot sample after the tracker window"))
                 self._wait_cond(remaining)
 
-    def samples_between(self, t0_ns: int, t1_ns: int) -> list:
+    def samples_between(self, t0_ns: int, t1_ns: int) -> list[RobotState]:
         self._want()
         with self._cond:
             return [s for s in self._samples if t0_ns <= s.t_host_ns <= t1_ns]
 
 
-def rest_spread(samples: list[Any], settle: Any) -> tuple[float, float]:
+def rest_spread(samples: Sequence[RobotState], settle: RobotSettle) -> tuple[float, float]:
     """``(range, allowed)``, rad: the largest range of one joint over robot samples that are
     to be averaged as one pose at rest, and the most rest allows: the joint speed limit
     (``[robot.settle] max_joint_speed_deg_s``) over the samples' span on the controller's

@@ -36,14 +36,14 @@ import signal
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any, cast
+from typing import TypeAlias, cast
 
 from cellcal.daemon import bodies, drift, runs
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
-from cellcal.daemon.devices import CellDevices
+from cellcal.daemon.devices import CellDevices, DeviceState
 from cellcal.daemon.jobs.control import JOB_DRIFT, JOB_RUN, Abort, GiveUp, Job, JobControl
 from cellcal.daemon.jobs.drift import DriftJob
 from cellcal.daemon.jobs.outage import StoreOutages
@@ -60,7 +60,10 @@ from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["State", "Service", "ServiceError", "StateDirLock", "StateDirLocked", "cellcal_version", "next_deadline"]
+__all__ = ["State", "Service", "ServiceError", "StateDirLock", "StateDirLocked", "cellcal_version", "next_deadline", "Listener"]
+
+#: ``fn(topic, body)`` for every event; the body is a dict (the wire TypedDicts are), not to be changed.
+Listener: TypeAlias = Callable[[str, dict[str, object]], None]
 
 
 def next_deadline(deadline: float, period_s: float, now: float) -> float:
@@ -103,7 +106,7 @@ class ServiceError(CellcalError):
     def __init__(self, code: str, message: str) -> None:
         if code not in P.ERROR_CODES:
             raise ValueError(f"unknown error code {code!r}")
-        self.code = cast(P.ErrorCode, code)
+        self.code = cast(P.ErrorCode, code)  # checked against ERROR_CODES, the ErrorCode literals, above
         super().__init__(message)
 
 
@@ -131,7 +134,7 @@ class Service:
         self.cfg = cfg
         self.notifier = notifier
         self._publish_fn = publish
-        self._listeners: list[Callable[[str, Any], None]] = []
+        self._listeners: list[Listener] = []
         self._owns_store = store is None
         self.lock = StateDirLock(cfg.service.state_dir)
         self.store = store if store is not None else Store(cfg.service.state_dir)
@@ -159,22 +162,24 @@ class Service:
         self.results.on_activated = self.drift.activated
 
     @property
-    def devices(self) -> dict[str, dict[str, Any]]:
+    def devices(self) -> dict[str, DeviceState]:
         """Per device: connected, url, identity (``CellDevices.status``)."""
         return self._devices.status
 
     # ---- events ----------------------------------------------------------------------------
-    def add_listener(self, fn: Callable[[str, Any], None]) -> None:
+    def add_listener(self, fn: Listener) -> None:
         """Call ``fn(topic, body)`` for every event (the demo prints progress from it)."""
         self._listeners.append(fn)
 
     def set_publisher(self, publish: Callable[..., None]) -> None:
         self._publish_fn = publish
 
-    def _emit(self, topic: str, body: Any, *, retained: bool = False) -> None:
+    def _emit(self, topic: str, body: Mapping[str, object], *, retained: bool = False) -> None:
+        # Every body is built as a dict (bodies.py: TypedDicts are dicts at runtime).
+        as_dict = cast(dict[str, object], body)
         for fn in list(self._listeners):
             try:
-                fn(topic, body)
+                fn(topic, as_dict)
             except Exception:  # noqa: BLE001 - a listener must not break the daemon
                 log.exception("event listener failed")
         if self._publish_fn is not None:
@@ -228,7 +233,7 @@ class Service:
 
     def _run_event(self, run_id: int, kind: str | None, reason: str) -> None:
         """A state message for something that happened to a run without a state change."""
-        known = cast(P.RunKind, kind) if kind in P.RUN_KINDS else None
+        known = cast(P.RunKind, kind) if kind in P.RUN_KINDS else None  # RUN_KINDS: the RunKind literals
         self._emit(P.TOPIC_STATE, bodies.state(self.state.wire, previous=self.state.wire, reason=reason, run_id=run_id,
                                                kind=known, motion_mode=self._motion_mode))
 
@@ -357,7 +362,7 @@ class Service:
         return current.run_id if self.store.get_run(current.run_id).is_open else None
 
     def start_run(self, kind: str | None = None, *, plan: list[PlannedStation] | None = None,
-                  stations: list[dict[str, Any]] | None = None, parent_result_id: int | None = None,
+                  stations: list[P.JsonObject] | None = None, parent_result_id: int | None = None,
                   reason: str = "") -> int:
         """Queue a calibration run; returns its id (the run is stored before this returns)."""
         name = kind or self.cfg.solve.kind
@@ -370,12 +375,13 @@ class Service:
             refusal = run_kind.refuse_start(self.ctx)
             if refusal is not None:
                 raise ServiceError(P.E_STATE, refusal)
-        plan_dict = {"stations": [], "given": stations} if stations is not None else run_kind.plan(self.ctx, plan)
+        plan_dict: P.JsonObject = ({"stations": [], "given": list(stations)} if stations is not None
+                                   else run_kind.plan(self.ctx, plan))
         run_id = self._create_run(name, plan_dict, parent_result_id)
         self._jobs.put(Job(JOB_RUN, run_id, reason or "requested"))
         return run_id
 
-    def _create_run(self, kind: str, plan_dict: dict[str, Any], parent_result_id: int | None) -> int:
+    def _create_run(self, kind: str, plan_dict: P.JsonObject, parent_result_id: int | None) -> int:
         """Store a run with its plan and what it remembers of its start: the motion mode it
         may resume in, what its stations measure, and the newest activation then (a result
         activated later is newer than the run, and the run's result will not replace it)."""
@@ -468,7 +474,7 @@ class Service:
         return plan_from_dict(runs.for_new_run(name, self.cfg.tracker.measure).plan(self.ctx))
 
     # ---- results for clients -----------------------------------------------------------------------
-    def result_body(self, rec: ResultRecord, *, retained: bool = False) -> dict[str, Any]:
+    def result_body(self, rec: ResultRecord, *, retained: bool = False) -> dict[str, object]:
         """The ``cellcal/v1/result`` body (``protocol.ResultBody``) of a stored result."""
         return self.results.body(rec, retained=retained)
 

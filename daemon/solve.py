@@ -14,11 +14,12 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
 
-from cellcal.daemon.bodies import result_to_wire
+from cellcal.daemon import protocol as P
+from cellcal.daemon.bodies import as_json, result_to_wire
 from cellcal.daemon.capture import Expected
 from cellcal.daemon.config import Plan, Solve
 from cellcal.daemon.gates import GateContext, GateReport, model_reach_m
@@ -39,7 +40,7 @@ log = logging.getLogger(__name__)
 __all__ = ["station_arrays", "station_points", "is_point_run", "declared_noise", "solve_base_frame", "given_poses",
            "given_base_T_flange",
            "suggest_station", "calibration_record", "gate_context", "rough_estimate",
-           "ESTIMATE_MIN_STATIONS", "ESTIMATE_MIN_AXIS_SPREAD"]
+           "ESTIMATE_MIN_STATIONS", "ESTIMATE_MIN_AXIS_SPREAD", "DeclaredNoise"]
 
 #: Accepted stations before a run's own estimate checks the next ones (2 motions at least).
 ESTIMATE_MIN_STATIONS = 3
@@ -77,7 +78,14 @@ def is_point_run(stations: Sequence[StationRecord]) -> bool:
     return any(s.cell_T_target is None and s.cell_p_target is not None for s in stations)
 
 
-def declared_noise(stations: Sequence[StationRecord], solve_cfg: Solve, *, point: bool) -> dict[str, float]:
+class DeclaredNoise(TypedDict, total=False):
+    """The solvers' noise keywords (:func:`declared_noise`): both, the translation alone, or none."""
+
+    noise_translation_m: float
+    noise_rotation_rad: float
+
+
+def declared_noise(stations: Sequence[StationRecord], solve_cfg: Solve, *, point: bool) -> DeclaredNoise:
     """The measurement noise the daemon declares to the solver for a run's stored stations.
 
     Each station's tracker std (the standard uncertainty of its averaged measurement, per
@@ -139,7 +147,7 @@ def solve_base_frame(stations: Sequence[StationRecord], solve_cfg: Solve) -> Bas
                                 max_iterations=iters, **declared_noise(stations, solve_cfg, point=False))
 
 
-def given_poses(given: Sequence[Mapping[str, Any]], key: str) -> np.ndarray:
+def given_poses(given: Sequence[Mapping[str, object]], key: str) -> np.ndarray:
     """``(N, 4, 4)`` poses under ``key`` of stations a client supplied (16 row-major numbers
     each). Raises ``KeyError``, ``TypeError`` or ``ValueError`` when they are malformed."""
     return np.array([np.asarray(s[key], dtype=float).reshape(4, 4) for s in given])
@@ -168,9 +176,11 @@ def suggest_station(G: np.ndarray, M: np.ndarray | None, model: DHModel, plan_cf
         return None
 
 
-def given_base_T_flange(given: Sequence[Mapping[str, Any]]) -> np.ndarray | None:
-    """The robot poses (N, 4, 4) of client-supplied stations, or None when they are malformed
-    (the solve has then refused them already)."""
+def given_base_T_flange(given: object) -> np.ndarray | None:
+    """The robot poses (N, 4, 4) of client-supplied stations (a run's stored ``plan["given"]``),
+    or None when they are malformed (the solve has then refused them already)."""
+    if not isinstance(given, (list, tuple)) or not all(isinstance(s, Mapping) for s in given):
+        return None
     try:
         return given_poses(given, "base_T_flange")
     except (KeyError, TypeError, ValueError):
@@ -189,14 +199,14 @@ def gate_context(kind: str, base_T_flange: np.ndarray | None, model: DHModel | N
     return GateContext(kind=kind, base_T_flange=base_T_flange, max_reach_m=reach, robot_model=name or "")
 
 
-def calibration_record(result: CalibrationResult, gates: GateReport, check_stations: list[dict[str, Any]], *,
-                       task_points: Sequence[Sequence[float]] | None = None) -> dict[str, Any]:
+def calibration_record(result: CalibrationResult, gates: GateReport, check_stations: list[P.JsonObject], *,
+                       task_points: Sequence[Sequence[float]] | None = None) -> P.JsonObject:
     """What the store keeps as ``ResultRecord.result``: the solver's wire form (with the
     predicted error at ``task_points``, ``[solve] task_points_m``, when there are any), the
     gate report (``gates.GateReport``) and the check stations."""
-    wire = result_to_wire(result, task_points=task_points if task_points else None)
+    wire = as_json(result_to_wire(result, task_points=task_points if task_points else None))
     wire["gates"] = gates.to_wire()
-    wire["check_stations"] = check_stations
+    wire["check_stations"] = list[P.JsonValue](check_stations)
     return wire
 
 

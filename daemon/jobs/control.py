@@ -173,6 +173,7 @@ class JobControl:
               code: str = P.E_DEVICE, retry_in_s: float | None = None) -> None:
         """FAULT with ``message``, and the fault body published (cleared when FAULT ends)."""
         self.set_state(P.STATE_FAULT, message)
+        # ``code`` is one of the protocol's E_* constants, the ErrorCode literals (typed str there).
         body = bodies.fault(code=cast(P.ErrorCode, code), device=device, message=message, retry_in_s=retry_in_s,
                             exc=exc)
         self.last_fault = body

@@ -18,8 +18,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Mapping
 
 from cellcal.daemon import bodies, drift, runs
 from cellcal.daemon import capture as cap
@@ -49,7 +48,7 @@ class DriftJob:
         self.cusum = drift.Cusum()
         self.check_ids = drift.CheckIds(store)
         #: The last drift record (``get_status``).
-        self.last: dict[str, Any] | None = None
+        self.last: dict[str, object] | None = None
         #: ``time.monotonic()`` when the next scheduled check is due (None: none scheduled).
         self.next_due_s: float | None = None
 
@@ -83,9 +82,10 @@ class DriftJob:
         dev_t: list[float] = []
         dev_r: list[float | None] = []
         per = []
-        for cs in rec.result.get("check_stations", []):
+        checks = rec.result.get("check_stations", [])
+        for cs in checks if isinstance(checks, list) else []:
             self.control.check_abort()
-            ps = drift.check_station_plan(cs)
+            ps = drift.check_station_plan(cs if isinstance(cs, Mapping) else {})
             got = None
             for _attempt in range(self.cfg.capture.max_attempts_per_station):
                 try:

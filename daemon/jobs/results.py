@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping
 from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
-from typing import Any
 
 from cellcal.daemon import bodies
 from cellcal.daemon import protocol as P
@@ -58,8 +57,8 @@ class ActivationRefused(CellcalError):
     """``activate_result`` of a result that failed its acceptance gates."""
 
 
-def provenance(cfg: Config, run: RunRecord, record: Mapping[str, Any],
-               devices: Mapping[str, Mapping[str, Any]] | None = None) -> dict[str, Any]:
+def provenance(cfg: Config, run: RunRecord, record: Mapping[str, object],
+               devices: Mapping[str, P.JsonObject] | None = None) -> P.JsonObject:
     """Where a result came from (the store fills in run id, parent, valid_from).
 
     ``record``: the result's stored record (its ``solver``). ``devices``: the identities of
@@ -69,11 +68,12 @@ def provenance(cfg: Config, run: RunRecord, record: Mapping[str, Any],
     the arm and the kinematic table its poses were computed with
     (``cellcal.daemon.devices.robot_identity``; None when the robot did not say, e.g. a run
     solved from given stations)."""
-    known = dict(run.devices or {})
+    known: P.JsonObject = dict(run.devices or {})
     for name, ident in (devices or {}).items():
         if ident:
             known[name] = dict(ident)
     robot = known.get(P.DEVICE_ROBOT) or {}
+    robot = robot if isinstance(robot, dict) else {}
     return {
         "config_sha256": cfg.sha256, "devices": known, "cellcal_version": cellcal_version(),
         "solver": str(record.get("solver") or "unknown"), "cell": cfg.service.name,
@@ -116,7 +116,7 @@ class ResultKeeper:
         except StoreError:
             return None
 
-    def body(self, rec: ResultRecord, *, retained: bool = False) -> dict[str, Any]:
+    def body(self, rec: ResultRecord, *, retained: bool = False) -> dict[str, object]:
         """The ``cellcal/v1/result`` body (``protocol.ResultBody``) of a stored result."""
         return bodies.result_body(rec, cell=self.cfg.service.name, retained=retained)
 
@@ -127,7 +127,8 @@ class ResultKeeper:
         active = self.store.active_result()
         if active is None:
             return None
-        last = (run.plan.get("started") or {}).get("last_activation_id")
+        started = run.plan.get("started") or {}
+        last = started.get("last_activation_id") if isinstance(started, Mapping) else None
         if isinstance(last, int) and not isinstance(last, bool):
             hist = self.store.activation_history(limit=1)
             return active if hist and hist[0].id > last else None

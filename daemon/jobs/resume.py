@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from cellcal.daemon import bodies, runs
 from cellcal.daemon import protocol as P
@@ -61,7 +61,8 @@ class ResumePolicy:
         """Whether resuming ``run`` moves the robot (command mode, stations left to take)."""
         if "given" in run.plan or not self.ctx.commands_robot:
             return False
-        return run.n_stations < len(run.plan.get("stations", []))
+        planned = run.plan.get("stations", [])
+        return run.n_stations < (len(planned) if isinstance(planned, (list, tuple)) else 0)
 
     def why_not(self, run: RunRecord, interrupted_s: float | None, cause: str) -> str | None:
         """Why an interrupted ``run`` must be closed instead of resumed (None: it may resume)."""
@@ -72,7 +73,7 @@ class ResumePolicy:
         if "given" in run.plan:
             return None  # solved from client-supplied stations: resuming moves nothing
         started = run.plan.get("started") or {}
-        mode = started.get("motion_mode", self.ctx.motion_mode)
+        mode = started.get("motion_mode", self.ctx.motion_mode) if isinstance(started, Mapping) else self.ctx.motion_mode
         if mode != self.ctx.motion_mode:
             return (f"run {run.id} closed, not resumed: started in {mode} mode, the daemon now runs in "
                     f"{self.ctx.motion_mode} mode")

@@ -26,8 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable, Mapping
-from typing import Any
+from collections.abc import Callable
 
 from cellcal.daemon import bodies, runs
 from cellcal.daemon import capture as cap
@@ -138,7 +137,7 @@ class RunJob:
                     self.control.check_abort()
                     attempts += 1
                     consecutive += 1
-                    self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.jsonable(rej.detail))
+                    self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.json_object(rej.detail))
                     self._station_event(bodies.station(
                         run_id=run_id, index=ps.index, planned=n_planned, attempt=attempts,
                         accepted_count=len(records), figures=rej.detail, rejected=rej.reason.value, message=str(rej),
@@ -242,7 +241,7 @@ class RunJob:
             except cap.StationRejected as rej:
                 self.control.check_abort()
                 attempt += 1
-                self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.jsonable(rej.detail))
+                self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.json_object(rej.detail))
                 continue
             except cap.DeviceFault as df:
                 if df.ends_job:
@@ -262,7 +261,7 @@ class RunJob:
         retried up to ``[capture] max_attempts_per_station`` times, then raised; a device fault is ridden out like a
         station's (one that ends the job is raised); an abort ends the job."""
 
-        def measure(ps: PlannedStation, raw: Mapping[str, Any], what: str) -> StationRecord:
+        def measure(ps: PlannedStation, raw: P.JsonObject, what: str) -> StationRecord:
             detail = f"run {run_id}: {what}"
             engine = self.control.engine_for(kind.needs_tracker, P.STATE_CAPTURING, detail)
             attempts = 0
@@ -274,7 +273,7 @@ class RunJob:
                 except cap.StationRejected as rej:
                     self.control.check_abort()
                     attempts += 1
-                    self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.jsonable(rej.detail))
+                    self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.json_object(rej.detail))
                     self.control.progress()
                     if attempts >= self.cfg.capture.max_attempts_per_station:
                         raise

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Mapping
-from typing import Any
 
 from cellcal.daemon.runs.base import Finished, Measure, ReportParts, RunContext, RunKind
 from cellcal.daemon.store import RunRecord
@@ -84,10 +83,11 @@ def for_run(run: RunRecord, default_measure: str) -> RunKind:
     """The kind of a stored run: its name and what its stations measure (the ``measure`` of
     its start record; ``default_measure`` for runs stored before it was recorded)."""
     started = run.plan.get("started") or {}
-    return _of(run.kind, str(started.get("measure", default_measure)))
+    measure = started.get("measure", default_measure) if isinstance(started, Mapping) else default_measure
+    return _of(run.kind, str(measure))
 
 
-def for_body(body: Mapping[str, Any]) -> RunKind:
+def for_body(body: Mapping[str, object]) -> RunKind:
     """The kind of a stored result (its ``kind``): what its outputs are drawn by. Results
     of a kind this build does not know (a newer store) are shown as base-frame results,
     whose outputs need nothing beyond the keys every result has."""

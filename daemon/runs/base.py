@@ -40,7 +40,7 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import ClassVar, Protocol, TypeAlias
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import CaptureEngine, Expected
@@ -49,19 +49,36 @@ from cellcal.daemon.gates import GateReport
 from cellcal.daemon.runs.plan import PlannedStation
 from cellcal.daemon.store import RunRecord, StationRecord, Store
 from cellcal.drivers.kinematics import DHModel
-from cellcal.solver import CalibrationError, DegenerateGeometry
+from cellcal.solver import CalibrationError, CalibrationResult, DegenerateGeometry, KinematicResult
 from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunKind", "RunContext", "Finished", "Measure", "ReportParts", "SolverResult", "ResultBody"]
+__all__ = ["RunKind", "RunContext", "Finished", "Measure", "ReportParts", "SolverResult", "ResultBody", "as_calibration",
+           "as_kinematic"]
 
 #: A solver result (``cellcal.solver.CalibrationResult`` or ``KinematicResult``): what
 #: :meth:`RunKind.solve` returns and :meth:`RunKind.finish` turns into the stored record.
-SolverResult = Any
+SolverResult: TypeAlias = CalibrationResult | KinematicResult
 #: The stored record of a result (``ResultRecord.result``) and the wire body built from it: a
-#: JSON object whose shape ``protocol.ResultBody`` checks.
-ResultBody = Mapping[str, Any]
+#: JSON object whose shape ``protocol.ResultBody`` checks, read here as what it is to a reader
+#: (a map of JSON values, narrowed where they are used).
+ResultBody: TypeAlias = Mapping[str, object]
+
+
+def as_calibration(result: SolverResult) -> CalibrationResult:
+    """The ``CalibrationResult`` that a ``calibrate_*`` kind's own :meth:`RunKind.solve` (or
+    :meth:`RunKind.solve_given`) returned, handed back to its :meth:`RunKind.finish`."""
+    if not isinstance(result, CalibrationResult):
+        raise TypeError(f"a calibration result was expected, got {type(result).__name__}")
+    return result
+
+
+def as_kinematic(result: SolverResult) -> KinematicResult:
+    """The ``KinematicResult`` that the kinematics kind's :meth:`RunKind.solve` returned."""
+    if not isinstance(result, KinematicResult):
+        raise TypeError(f"a kinematic result was expected, got {type(result).__name__}")
+    return result
 
 
 class Measure(Protocol):
@@ -71,7 +88,7 @@ class Measure(Protocol):
     the measurement in the service's state detail. Raises ``StationRejected`` after the
     configured attempts, ``DeviceFault`` when the job must end; an abort propagates."""
 
-    def __call__(self, planned: PlannedStation, raw: Mapping[str, Any], what: str, /) -> StationRecord: ...
+    def __call__(self, planned: PlannedStation, raw: P.JsonObject, what: str, /) -> StationRecord: ...
 
 
 @dataclass
@@ -112,7 +129,7 @@ class Finished:
     record (``ResultRecord.result``: the result's wire form, its gates and check stations)."""
 
     report: GateReport
-    record: dict[str, Any]
+    record: P.JsonObject
 
 
 @dataclass(frozen=True)
@@ -123,7 +140,7 @@ class ReportParts:
     arm it identified; None: the run's)."""
 
     after_summary: str = ""
-    stations: Sequence[Any] | None = None
+    stations: Sequence[StationRecord | Mapping[str, object]] | None = None
 
 
 class RunKind(abc.ABC):
@@ -142,7 +159,7 @@ class RunKind(abc.ABC):
         return None
 
     @abc.abstractmethod
-    def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> dict[str, Any]:
+    def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> P.JsonObject:
         """The plan a new run stores (``plan.plan_to_dict`` of its stations, plus what else
         the kind keeps with it): ``stations`` when a client named them, else the kind's own.
         Raises ``PlanError`` when no plan can be made."""
@@ -184,7 +201,7 @@ class RunKind(abc.ABC):
         command mode, up to ``[plan] max_extra_stations``); None: the run fails."""
         return None
 
-    def solve_given(self, ctx: RunContext, given: Sequence[Mapping[str, Any]]) -> SolverResult:
+    def solve_given(self, ctx: RunContext, given: Sequence[Mapping[str, object]]) -> SolverResult:
         """The calibration of stations a client supplied (``start_run stations=...``)."""
         raise CalibrationError(f"a {self.name} run cannot be solved from given stations")
 
@@ -206,10 +223,11 @@ class RunKind(abc.ABC):
         """Lines ``cellcal show`` prints for this kind after the common ones."""
         return []
 
-    def warnings(self, body: ResultBody) -> list[Mapping[str, Any]]:
+    def warnings(self, body: ResultBody) -> list[Mapping[str, object]]:
         """Every warning a stored result carries (``{"code", "message", "value"}``): what
         ``cellcal show`` and the report list. By default the result's ``warnings``."""
-        return [w for w in body.get("warnings") or [] if isinstance(w, Mapping)]
+        listed = body.get("warnings") or []
+        return [w for w in listed if isinstance(w, Mapping)] if isinstance(listed, (list, tuple)) else []
 
     def report_sections(self, body: ResultBody, stations: Sequence[StationRecord] | None) -> ReportParts:
         """This kind's HTML report sections (module docstring of ``report_html``)."""

@@ -24,14 +24,13 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from typing import Any
 
 from cellcal.daemon import drift, solve
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import CaptureEngine, Expected
 from cellcal.daemon.gates import check_gates
 from cellcal.daemon.runs import to_target as target
-from cellcal.daemon.runs.base import Finished, Measure, RunContext, RunKind
+from cellcal.daemon.runs.base import Finished, Measure, RunContext, RunKind, SolverResult, as_calibration
 from cellcal.daemon.runs.plan import PlannedStation, plan_from_config, plan_to_dict, to_target
 from cellcal.daemon.store import RunRecord, StationRecord
 from cellcal.solver import CalibrationResult, DegenerateGeometry, calibrate_base_frame
@@ -43,7 +42,8 @@ def started_measure(ctx: RunContext, run: RunRecord) -> str:
     """What the run's stations measure (``[tracker] measure`` when it started; runs stored
     before the start record: the configuration's)."""
     started = run.plan.get("started") or {}
-    return str(started.get("measure", ctx.cfg.tracker.measure))
+    measure = started.get("measure", ctx.cfg.tracker.measure) if isinstance(started, Mapping) else ctx.cfg.tracker.measure
+    return str(measure)
 
 
 class BaseFrame(RunKind):
@@ -51,7 +51,7 @@ class BaseFrame(RunKind):
 
     name = P.KIND_BASE_FRAME
 
-    def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> dict[str, Any]:
+    def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> P.JsonObject:
         return plan_to_dict(stations if stations is not None else plan_from_config(ctx.cfg, ctx.model))
 
     def _adaptive(self, ctx: RunContext) -> bool:
@@ -85,14 +85,14 @@ class BaseFrame(RunKind):
         index = max((s.plan_index for s in stations), default=-1) + 1
         return PlannedStation(index, nxt.q_rad, nxt.base_T_flange)
 
-    def solve_given(self, ctx: RunContext, given: Sequence[Mapping[str, Any]]) -> CalibrationResult:
+    def solve_given(self, ctx: RunContext, given: Sequence[Mapping[str, object]]) -> CalibrationResult:
         s = ctx.cfg.solve
         return calibrate_base_frame(solve.given_poses(given, "base_T_flange"), solve.given_poses(given, "cell_T_target"),
                                     min_axis_spread=s.min_axis_spread, max_iterations=s.max_iterations)
 
-    def finish(self, ctx: RunContext, run: RunRecord, result: CalibrationResult, stations: Sequence[StationRecord],
+    def finish(self, ctx: RunContext, run: RunRecord, result: SolverResult, stations: Sequence[StationRecord],
                measure: Measure | None) -> Finished:
-        return finish_calibration(self.name, ctx, run, result, stations)
+        return finish_calibration(self.name, ctx, run, as_calibration(result), stations)
 
     def resume_refusal(self, ctx: RunContext, run: RunRecord) -> str | None:
         measure = started_measure(ctx, run)

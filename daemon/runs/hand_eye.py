@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon import solve
 from cellcal.daemon.capture import CaptureEngine, Expected
-from cellcal.daemon.runs.base import Finished, Measure, RunContext, RunKind
+from cellcal.daemon.runs.base import Finished, Measure, RunContext, RunKind, SolverResult, as_calibration
 from cellcal.daemon.runs.base_frame import finish_calibration
 from cellcal.daemon.runs.plan import PlannedStation
 from cellcal.daemon.store import RunRecord, StationRecord
@@ -35,7 +34,7 @@ class HandEye(RunKind):
         return ("hand_eye needs camera observations, and this cell has no camera device: solve them with "
                 "`cellcal solve --kind hand_eye` (or the solver API)")
 
-    def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> dict[str, Any]:
+    def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> P.JsonObject:
         raise CalibrationError("a hand_eye run has no plan of its own: its stations are given")
 
     def capture(self, engine: CaptureEngine, planned: PlannedStation, accepted: Sequence[StationRecord],
@@ -45,11 +44,11 @@ class HandEye(RunKind):
     def solve(self, ctx: RunContext, run: RunRecord, stations: Sequence[StationRecord]) -> CalibrationResult:
         raise CalibrationError("a hand_eye run is solved from client-supplied stations only")
 
-    def solve_given(self, ctx: RunContext, given: Sequence[Mapping[str, Any]]) -> CalibrationResult:
+    def solve_given(self, ctx: RunContext, given: Sequence[Mapping[str, object]]) -> CalibrationResult:
         s = ctx.cfg.solve
         return calibrate_hand_eye(solve.given_poses(given, "base_T_flange"), solve.given_poses(given, "camera_T_target"),
                                   min_axis_spread=s.min_axis_spread, max_iterations=s.max_iterations)
 
-    def finish(self, ctx: RunContext, run: RunRecord, result: CalibrationResult, stations: Sequence[StationRecord],
+    def finish(self, ctx: RunContext, run: RunRecord, result: SolverResult, stations: Sequence[StationRecord],
                measure: Measure | None) -> Finished:
-        return finish_calibration(self.name, ctx, run, result, stations)
+        return finish_calibration(self.name, ctx, run, as_calibration(result), stations)

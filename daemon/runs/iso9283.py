@@ -19,11 +19,11 @@ import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 import numpy as np
 
 from cellcal.daemon import capture as cap
+from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
 from cellcal.daemon.runs.base import Measure
 from cellcal.daemon.runs.plan import PlannedStation
@@ -31,6 +31,7 @@ from cellcal.daemon.store import StationRecord
 from cellcal.drivers.kinematics import DHModel
 from cellcal.solver import (
     DHParameters,
+    ISO9283Result,
     KinematicResult,
     iso9283_commanded,
     iso9283_joint_targets,
@@ -65,7 +66,7 @@ ISO9283_TAG = "iso9283"
 ISO9283_PHASES = ("before", "after")
 
 
-def is_iso9283_station(station: StationRecord | Mapping[str, Any]) -> bool:
+def is_iso9283_station(station: StationRecord | Mapping[str, object]) -> bool:
     """True for a measurement of the ISO 9283 pose test (never a fit or validation station)."""
     raw = getattr(station, "raw", None)
     tagged = isinstance(raw, Mapping) and ISO9283_TAG in raw
@@ -173,8 +174,8 @@ def plan_iso9283(result: KinematicResult, cfg: Config, nominal: DHParameters, ri
                        cube_side_m=float(poses.cube_side_m), point=point)
 
 
-def _figures(r: Any, point: bool) -> dict[str, Any]:
-    out: dict[str, Any] = {"max_ap_m": float(r.max_ap_m), "max_rp_m": float(r.max_rp_m),
+def _figures(r: ISO9283Result, point: bool) -> P.JsonObject:
+    out: P.JsonObject = {"max_ap_m": float(r.max_ap_m), "max_rp_m": float(r.max_rp_m),
                            "ap_m": [float(v) for v in r.ap_m], "rp_m": [float(v) for v in r.rp_m]}
     if not point:
         out["ap_abc_rad"] = [[float(v) for v in row] for row in r.ap_abc_rad]
@@ -184,7 +185,7 @@ def _figures(r: Any, point: bool) -> dict[str, Any]:
 
 def iso9283_phase(result: KinematicResult, cfg: Config, model: DHModel, stations: Sequence[StationRecord],
                   measure: Measure | None, *, can_move: bool, refused: str, rigid: KinematicResult | None
-                  ) -> dict[str, Any] | str:
+                  ) -> P.JsonObject | str:
     """The ISO 9283 pose test of a kinematics run, measured (module docstring).
 
     Parameters
@@ -218,13 +219,20 @@ def iso9283_phase(result: KinematicResult, cfg: Config, model: DHModel, stations
         (log.info if int(cfg.kinematics.iso9283_cycles) == 0 else log.warning)("ISO 9283 not measured: %s", out)
     else:
         log.info("ISO 9283 pose test, %d cycles: max AP %.4f mm before, %.4f mm after identification", out["cycles"],
-                 out["before"]["max_ap_m"] * 1e3, out["after"]["max_ap_m"] * 1e3)
+                 _max_ap_m(out, "before") * 1e3, _max_ap_m(out, "after") * 1e3)
     return out
+
+
+def _max_ap_m(block: P.JsonObject, phase: str) -> float:
+    """The worst AP of one phase of the block :func:`_iso9283_phase` built (m)."""
+    figures = block.get(phase)
+    v = figures.get("max_ap_m") if isinstance(figures, dict) else None
+    return float(v) if isinstance(v, (int, float)) else math.nan
 
 
 def _iso9283_phase(result: KinematicResult, cfg: Config, model: DHModel, stations: Sequence[StationRecord],
                    measure: Measure | None, *, can_move: bool, refused: str, rigid: KinematicResult | None
-                   ) -> dict[str, Any] | str:
+                   ) -> P.JsonObject | str:
     k = cfg.kinematics
     cycles = int(k.iso9283_cycles)
     if cycles == 0:
@@ -249,7 +257,7 @@ def _iso9283_phase(result: KinematicResult, cfg: Config, model: DHModel, station
             for j, name in enumerate(ISO9283_POSE_NAMES):  # the standard's order, every cycle
                 idx = _iso_index(p_i, c, j, cycles)
                 rec = done.get(idx)
-                tag = {"phase": phase, "cycle": c + 1, "pose": name}
+                tag: P.JsonObject = {"phase": phase, "cycle": c + 1, "pose": name}
                 if rec is not None and (rec.raw or {}).get(ISO9283_TAG) != tag:
                     # Stored before a restart with another iso9283_cycles: not this test's.
                     return (f"station {idx} of this run was measured as {(rec.raw or {}).get(ISO9283_TAG)}, not "
@@ -269,12 +277,12 @@ def _iso9283_phase(result: KinematicResult, cfg: Config, model: DHModel, station
                     return f"{phase} cycle {c + 1}, {name}: station {idx} has no {'point' if plan.point else 'pose'}"
                 attained[phase][c, j] = np.asarray(m, dtype=float)
     commanded = plan.commanded[:, :3, 3] if plan.point else plan.commanded
-    block: dict[str, Any] = {
+    block: P.JsonObject = {
         "cycles": cycles, "cube_side_m": plan.cube_side_m,
         "cube_centre_m": [float(v) for v in plan.cube_centre_m],
         "measurement": "point" if plan.point else "pose", "poses": list(ISO9283_POSE_NAMES),
         "commanded_cell_m": [[float(v) for v in T[:3, 3]] for T in plan.commanded],
-        "plan_indices": indices,
+        "plan_indices": {ph: list(ix) for ph, ix in indices.items()},
     }
     for phase in ISO9283_PHASES:
         block[phase] = dict(_figures(iso9283_pose_test(commanded, attained[phase]), plan.point),

@@ -41,21 +41,30 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import SupportsFloat, TypedDict, cast
 
 import numpy as np
 
 from cellcal.daemon import drift, solve
 from cellcal.daemon import protocol as P
-from cellcal.daemon.bodies import FRAME_CONVENTION, UNCERTAINTY_CONVENTION, point_to_wire, transform_to_wire
+from cellcal.daemon.bodies import FRAME_CONVENTION, UNCERTAINTY_CONVENTION, as_json, point_to_wire, transform_to_wire
 from cellcal.daemon.capture import CaptureEngine, Expected
-from cellcal.daemon.config import Config, Export
+from cellcal.daemon.config import Config, Export, Plan
 from cellcal.daemon.config import Kinematics as KinematicsSection
 from cellcal.daemon.devices import CellDevices
 from cellcal.daemon.gates import GateCheck, GateContext, GateReport, gates_passed, rms_translation
 from cellcal.daemon.runs import iso9283
 from cellcal.daemon.runs import kinematics_report as kr
-from cellcal.daemon.runs.base import Finished, Measure, ReportParts, ResultBody, RunContext, RunKind
+from cellcal.daemon.runs.base import (
+    Finished,
+    Measure,
+    ReportParts,
+    ResultBody,
+    RunContext,
+    RunKind,
+    SolverResult,
+    as_kinematic,
+)
 from cellcal.daemon.runs.iso9283 import solver_params, without_iso9283
 from cellcal.daemon.runs.kinematics_report import driver_model, identified_model
 from cellcal.daemon.runs.plan import PlannedStation, plan_to_dict
@@ -74,7 +83,7 @@ __all__ = ["Kinematics", "driver_model", "identified_model", "newest_identified"
 SOLVER_NAME = "identify_kinematics"
 
 
-def _limits(plan_cfg: Any) -> np.ndarray:
+def _limits(plan_cfg: Plan) -> np.ndarray:
     lo = np.clip(np.asarray(plan_cfg.joint_min_rad, dtype=float), -math.pi, math.pi)
     hi = np.clip(np.asarray(plan_cfg.joint_max_rad, dtype=float), -math.pi, math.pi)
     return np.column_stack([lo, hi])
@@ -108,7 +117,7 @@ def make_plan(cfg: Config, model: DHModel | DHParameters, cell_T_base: np.ndarra
 PLAN_KEY = "identification"
 
 
-def plan_extra(cfg: Config) -> dict[str, Any]:
+def plan_extra(cfg: Config) -> P.JsonObject:
     """What a kinematics run stores with its plan (merged into the plan's dict): the number of
     fit stations; the rest validate."""
     return {PLAN_KEY: {"n_fit": int(cfg.kinematics.n_stations)}}
@@ -121,7 +130,20 @@ _GENERIC_TARGET_M = np.array([0.031, 0.047, 0.083])
 _TRACKER_M, _TRACKER_RAD = 20e-6, math.radians(0.01)
 
 
-def check_requested(run_plan: Mapping[str, Any], cfg: Config, model: DHModel) -> None:
+def _map(v: object) -> Mapping[str, object]:
+    """A part of a stored plan or record that should be a JSON object (``{}`` when it is not)."""
+    return v if isinstance(v, Mapping) else {}
+
+
+def _n_fit(run_plan: Mapping[str, object], cfg: Config) -> int:
+    """How many of a run's planned stations are fit stations (:data:`PLAN_KEY`)."""
+    n = _map(run_plan.get(PLAN_KEY) or {}).get("n_fit", cfg.kinematics.n_stations)
+    if isinstance(n, (int, float, str)):
+        return int(n)
+    raise TypeError(f"plan[{PLAN_KEY!r}]['n_fit'] must be a number, got {type(n).__name__}")
+
+
+def check_requested(run_plan: Mapping[str, object], cfg: Config, model: DHModel) -> None:
     """Refuse, before any station is measured, a ``[kinematics] parameters`` request the
     planned fit stations cannot determine whatever they measure: the identification's own
     rank test (``identify_kinematics``) on what the nominal arm predicts at the planned
@@ -138,9 +160,10 @@ def check_requested(run_plan: Mapping[str, Any], cfg: Config, model: DHModel) ->
     k = cfg.kinematics
     if not k.parameters:
         return
-    n_fit = int((run_plan.get(PLAN_KEY) or {}).get("n_fit", k.n_stations))
-    q = np.array([st["q_rad"] for st in (run_plan.get("stations") or [])[:n_fit] if st.get("q_rad") is not None],
-                 dtype=float).reshape(-1, 6)
+    n_fit = _n_fit(run_plan, cfg)
+    planned = run_plan.get("stations") or []
+    fit = [_map(st) for st in (planned if isinstance(planned, (list, tuple)) else [])[:n_fit]]
+    q = np.array([st["q_rad"] for st in fit if st.get("q_rad") is not None], dtype=float).reshape(-1, 6)
     if len(q) == 0:
         return
     nominal = solver_params(model)
@@ -153,7 +176,7 @@ def check_requested(run_plan: Mapping[str, Any], cfg: Config, model: DHModel) ->
                             noise_translation_m=_TRACKER_M, noise_rotation_rad=_TRACKER_RAD, max_condition=math.inf)
 
 
-def solve_run(stations: Sequence[StationRecord], run_plan: Mapping[str, Any], cfg: Config,
+def solve_run(stations: Sequence[StationRecord], run_plan: Mapping[str, object], cfg: Config,
               model: DHModel) -> KinematicResult:
     """Identify the arm from a run's stored stations.
 
@@ -175,13 +198,25 @@ def solve_run(stations: Sequence[StationRecord], run_plan: Mapping[str, Any], cf
                                max_condition=k.max_condition, **kw)
 
 
-def _fit_inputs(stations: Sequence[StationRecord], run_plan: Mapping[str, Any], cfg: Config, *,
-                validation: bool) -> tuple[np.ndarray, dict[str, Any]]:
+class _FitKeywords(TypedDict, total=False):
+    """The measurements, declared noise and held-out stations ``identify_kinematics`` takes."""
+
+    noise_translation_m: float
+    noise_rotation_rad: float
+    cell_T_target: np.ndarray
+    cell_p_target: np.ndarray
+    validation_q: np.ndarray
+    validation_cell_T_target: np.ndarray
+    validation_cell_p_target: np.ndarray
+
+
+def _fit_inputs(stations: Sequence[StationRecord], run_plan: Mapping[str, object], cfg: Config, *,
+                validation: bool) -> tuple[np.ndarray, _FitKeywords]:
     """The fit stations' joints (N, 6) and the keywords of ``identify_kinematics`` (their
     measurements, the declared noise and, with ``validation``, the held-out stations). The
     ISO 9283 pose test's stations are none of them."""
     stations = without_iso9283(stations)
-    n_fit = int((run_plan.get(PLAN_KEY) or {}).get("n_fit", cfg.kinematics.n_stations))
+    n_fit = _n_fit(run_plan, cfg)
     fit = [s for s in stations if s.plan_index < n_fit]
     val = [s for s in stations if s.plan_index >= n_fit]
     point = solve.is_point_run(stations)
@@ -195,12 +230,17 @@ def _fit_inputs(stations: Sequence[StationRecord], run_plan: Mapping[str, Any], 
         return np.array([s.cell_T_target for s in group])
 
     q = np.array([s.q_rad for s in fit], dtype=float)
-    kw: dict[str, Any] = dict(solve.declared_noise(fit, cfg.solve, point=point))
-    key = "cell_p_target" if point else "cell_T_target"
-    kw[key] = meas(fit)
+    kw: _FitKeywords = {**solve.declared_noise(fit, cfg.solve, point=point)}
+    if point:
+        kw["cell_p_target"] = meas(fit)
+    else:
+        kw["cell_T_target"] = meas(fit)
     if validation and len(val) >= 3:
         kw["validation_q"] = np.array([s.q_rad for s in val], dtype=float)
-        kw["validation_" + key] = meas(val)
+        if point:
+            kw["validation_cell_p_target"] = meas(val)
+        else:
+            kw["validation_cell_T_target"] = meas(val)
     return q, kw
 
 
@@ -233,7 +273,7 @@ def gates(result: KinematicResult, cfg: Config) -> GateReport:
     return GateReport(tuple(checks))
 
 
-def _clean(obj: Any) -> Any:
+def _clean(obj: object) -> P.JsonValue:
     """JSON-safe: non-finite floats (e.g. rotation figures of point stations) become None."""
     if isinstance(obj, float):
         return obj if math.isfinite(obj) else None
@@ -241,14 +281,21 @@ def _clean(obj: Any) -> Any:
         return {str(k): _clean(v) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
         return [_clean(v) for v in obj]
-    return obj
+    # Strings, ints, bools and None as they are; numpy integers too (kinematic_export writes
+    # plain numbers), which the store's JSON encoder writes as the numbers they are.
+    return cast(P.JsonValue, obj)
 
 
-def _f(v: Any) -> float:
+def _clean_object(obj: Mapping[str, object]) -> P.JsonObject:
+    """:func:`_clean` of a JSON object."""
+    return {str(k): _clean(v) for k, v in obj.items()}
+
+
+def _f(v: SupportsFloat | None) -> float:
     return float(v) if v is not None and math.isfinite(float(v)) else 0.0
 
 
-def _matrix(C: np.ndarray) -> dict[str, Any]:
+def _matrix(C: np.ndarray) -> P.JsonObject:
     C = np.asarray(C, dtype=float)
     return {"shape": list(C.shape), "values": [_clean(float(v)) for v in C.reshape(-1)]}
 
@@ -258,7 +305,7 @@ def _root_trace(C: np.ndarray) -> float | None:
     return math.sqrt(max(t, 0.0)) if math.isfinite(t) else None
 
 
-def _uncertainty(result: KinematicResult) -> dict[str, Any]:
+def _uncertainty(result: KinematicResult) -> P.JsonObject:
     """``uncertainty`` in the shape every result has (``protocol.Uncertainty``): covariance of
     ``cell_T_base`` and the target from the identification (the parameters' block under
     ``parameters``, their 1-sigmas in ``kinematics.parameters``); 1-sigma of ``cell_T_base``."""
@@ -281,24 +328,24 @@ def _uncertainty(result: KinematicResult) -> dict[str, Any]:
     }
 
 
-def _holdout(result: KinematicResult) -> dict[str, Any] | None:
+def _holdout(result: KinematicResult) -> P.JsonObject | None:
     """``holdout`` in the shape every result has (``protocol.Holdout``): the fit stations'
     linearised leave-one-out closure (the held-out *validation* stations are in
     ``kinematics.validation``)."""
     h = result.holdout
     if h is None:
         return None
-    out = {"method": str(h.method), "folds": int(h.folds), "inflation": float(h.inflation),
+    out: P.JsonObject = {"method": str(h.method), "folds": int(h.folds), "inflation": float(h.inflation),
            "translation_m": [float(v) for v in h.translation_m], "rotation_rad": [float(v) for v in h.rotation_rad]}
     for key in ("p50_translation_m", "p90_translation_m", "max_translation_m", "p50_rotation_rad",
                 "p90_rotation_rad", "max_rotation_rad"):
         out[key] = float(getattr(h, key))
-    return _clean(out)
+    return _clean_object(out)
 
 
-def gate_and_wire(result: KinematicResult, cfg: Config, check_stations: list[dict[str, Any]], *,
-                  iso9283: Mapping[str, Any] | str | None = None,
-                  nominal: KinematicResult | None = None) -> tuple[GateReport, dict[str, Any]]:
+def gate_and_wire(result: KinematicResult, cfg: Config, check_stations: list[P.JsonObject], *,
+                  iso9283: Mapping[str, object] | str | None = None,
+                  nominal: KinematicResult | None = None) -> tuple[GateReport, P.JsonObject]:
     """The gate report and the record the store keeps (module docstring for its keys).
 
     ``iso9283``: the pose test's block (``iso9283.iso9283_phase``), stored as
@@ -311,8 +358,8 @@ def gate_and_wire(result: KinematicResult, cfg: Config, check_stations: list[dic
     transforms, points = frames["transforms"], frames["points"]
     rt = np.asarray(result.residuals.translation_m, dtype=float)
     rr = np.asarray(result.residuals.rotation_rad, dtype=float)
-    kin = kinematic_parameters_dict(result)
-    kin["unidentifiable_reasons"] = dict(kin["unidentifiable"])
+    kin: dict[str, object] = kinematic_parameters_dict(result)
+    kin["unidentifiable_reasons"] = dict(_map(kin["unidentifiable"]))
     kin["unidentifiable"] = list(result.unidentifiable)
     kin["observability_o1"] = _f(result.observability_o1)
     kin["observability_o3"] = _f(result.observability_o3)
@@ -323,7 +370,7 @@ def gate_and_wire(result: KinematicResult, cfg: Config, check_stations: list[dic
         kin["iso9283_not_measured"] = iso9283
     elif iso9283 is not None:
         kin["iso9283"] = dict(iso9283)
-    wire: dict[str, Any] = {
+    wire: P.JsonObject = {
         "transforms": transforms, "points": points,
         "n_stations": int(result.n_stations),
         "rms_translation_m": _f(result.rms_translation_m),
@@ -338,11 +385,11 @@ def gate_and_wire(result: KinematicResult, cfg: Config, check_stations: list[dic
         "converged": bool(result.converged), "stop_reason": str(result.stop_reason),
         "warnings": _clean(kin.get("warnings") or []),
         "uncertainty": _uncertainty(result), "holdout": _holdout(result),
-        "kinematics": _clean(kin),
+        "kinematics": _clean_object(kin),
         "gates": report.to_wire(),
         # Drift checks compare the tracker with cell_T_base, the controller's FK and the
         # target: only meaningful where that FK is the identified model (module docstring).
-        "check_stations": check_stations,
+        "check_stations": list[P.JsonValue](check_stations),
     }
     return report, wire
 
@@ -381,7 +428,7 @@ def sync_devices_model(cfg: Config, store: Store, devices: CellDevices) -> None:
 
 
 
-def nominal_fit(stations: Sequence[StationRecord], run_plan: Mapping[str, Any], cfg: Config,
+def nominal_fit(stations: Sequence[StationRecord], run_plan: Mapping[str, object], cfg: Config,
                 model: DHModel) -> KinematicResult:
     """The nominal arm with its own best rigid base frame and target, fitted on the run's fit
     stations (no kinematic parameter estimated): what a base-frame calibration of the
@@ -390,14 +437,15 @@ def nominal_fit(stations: Sequence[StationRecord], run_plan: Mapping[str, Any], 
     return identify_kinematics(q, solver_params(model), parameters=[], max_condition=math.inf, **kw)
 
 
-def _frames_to_wire(result: KinematicResult) -> dict[str, Any]:
+def _frames_to_wire(result: KinematicResult) -> P.JsonObject:
     """A fit's base frame and target as the result body carries them."""
-    out: dict[str, Any] = {"transforms": {"cell_T_base": transform_to_wire("cell_T_base", result.cell_T_base)},
-                           "points": {}}
+    transforms: P.JsonObject = {"cell_T_base": as_json(transform_to_wire("cell_T_base", result.cell_T_base))}
+    points: P.JsonObject = {}
+    out: P.JsonObject = {"transforms": transforms, "points": points}
     if result.flange_T_target is not None:
-        out["transforms"]["flange_T_target"] = transform_to_wire("flange_T_target", result.flange_T_target)
+        transforms["flange_T_target"] = as_json(transform_to_wire("flange_T_target", result.flange_T_target))
     if result.flange_p_target is not None:
-        out["points"]["flange_p_target"] = point_to_wire("flange", result.flange_p_target)
+        points["flange_p_target"] = as_json(point_to_wire("flange", result.flange_p_target))
     return out
 
 
@@ -406,7 +454,7 @@ class Kinematics(RunKind):
 
     name = P.KIND_KINEMATICS
 
-    def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> dict[str, Any]:
+    def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> P.JsonObject:
         return {**plan_to_dict(stations if stations is not None else make_plan(ctx.cfg, ctx.model)), **plan_extra(ctx.cfg)}
 
     def check_plan(self, ctx: RunContext, run: RunRecord) -> None:
@@ -419,8 +467,9 @@ class Kinematics(RunKind):
     def solve(self, ctx: RunContext, run: RunRecord, stations: Sequence[StationRecord]) -> KinematicResult:
         return solve_run(stations, run.plan, ctx.cfg, ctx.model)
 
-    def finish(self, ctx: RunContext, run: RunRecord, result: KinematicResult, stations: Sequence[StationRecord],
+    def finish(self, ctx: RunContext, run: RunRecord, solved: SolverResult, stations: Sequence[StationRecord],
                measure: Measure | None) -> Finished:
+        result = as_kinematic(solved)
         # The ISO 9283 pose test measures the identified arm before its result is stored;
         # its stations are stored with the run and are never check stations.
         try:  # the "before" of the pose test and of the report's residual maps
@@ -451,12 +500,13 @@ class Kinematics(RunKind):
         return ("its stations need the arm's joint angles and model, and its identified parameters are exported with "
                 "its result (result_<id>_kinematics.json)")
 
-    def warnings(self, body: ResultBody) -> list[Mapping[str, Any]]:
+    def warnings(self, body: ResultBody) -> list[Mapping[str, object]]:
         # Results stored before the warnings were copied to the top keep them in their block.
         out = super().warnings(body)
         block = body.get("kinematics")
         more = block.get("warnings") if isinstance(block, Mapping) else None
-        return out + [w for w in more or [] if isinstance(w, Mapping) and w not in out]
+        listed = more if isinstance(more, (list, tuple)) else []
+        return out + [w for w in listed if isinstance(w, Mapping) and w not in out]
 
     def show_lines(self, body: ResultBody) -> list[str]:
         return kr.show_lines(body)

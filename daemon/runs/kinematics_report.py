@@ -15,7 +15,6 @@ import math
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -39,16 +38,18 @@ KINEMATICS_SECTION = "kinematics"
 KINEMATICS_FIGURE = "fig-residuals-nominal"
 
 #: A stored result body.
-ResultBody = Mapping[str, Any]
+ResultBody = Mapping[str, object]
+#: A station the report draws: a stored one, or a client-supplied one as its dict.
+ReportStation = StationRecord | Mapping[str, object]
 
 
-def _num(v: Any, factor: float, digits: int) -> str:
+def _num(v: object, factor: float, digits: int) -> str:
     if v is None or isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)):
         return "n/a"
     return f"{float(v) * factor:.{digits}f}"
 
 
-def _map(v: Any) -> Mapping[str, Any]:
+def _map(v: object) -> Mapping[str, object]:
     return v if isinstance(v, Mapping) else {}
 
 
@@ -69,7 +70,7 @@ def write_exports(directory: Path, result_id: int, body: ResultBody, export: Exp
     return write_kinematics_exports(directory, result_id, body, export)
 
 
-def driver_model(params: DHParameters | Mapping[str, Any], name: str | None = None) -> DHModel:
+def driver_model(params: DHParameters | Mapping[str, object], name: str | None = None) -> DHModel:
     """The solver's model (or the ``identified`` dict of a stored result) as a drivers' ``DHModel``."""
     get = params.get if isinstance(params, Mapping) else (lambda k, d=None: getattr(params, k, d))
     label = name or str(get("name", "identified") or "identified")
@@ -78,17 +79,17 @@ def driver_model(params: DHParameters | Mapping[str, Any], name: str | None = No
                    np.asarray(get("beta"), dtype=float))
 
 
-def identified_model(result: Mapping[str, Any] | None) -> DHModel | None:
+def identified_model(result: Mapping[str, object] | None) -> DHModel | None:
     """The identified arm of a stored kinematics result as a ``DHModel`` (None without one)."""
     if not result:
         return None
-    ident = (result.get("kinematics") or {}).get("identified")
-    if not ident:
+    ident = _map(result.get("kinematics") or {}).get("identified")
+    if not ident or not isinstance(ident, Mapping):
         return None
     return driver_model(ident, name=f"{ident.get('name') or 'identified'}")
 
 
-def kinematics_lines(k: Any) -> list[str]:
+def kinematics_lines(k: object) -> list[str]:
     """The ``kinematics`` block of a kinematics result (``kinematics.gate_and_wire``):
     the identified parameters against nominal with their 1-sigma, what could not be
     identified and why, the held-out validation before and after, and the ISO 9283 pose
@@ -192,7 +193,7 @@ def identification_section(body: ResultBody, before_map: str = "") -> str:
             "</section>")
 
 
-def _validation(k: Mapping[str, Any]) -> str:
+def _validation(k: Mapping[str, object]) -> str:
     v = k.get("validation")
     out = ["<h3>Validation on held-out stations</h3>"]
     if isinstance(v, Mapping) and isinstance(v.get("after"), Mapping):
@@ -231,10 +232,10 @@ def _validation(k: Mapping[str, Any]) -> str:
     return "".join(out)
 
 
-def _iso9283(iso: Mapping[str, Any]) -> str:
+def _iso9283(iso: Mapping[str, object]) -> str:
     """The ISO 9283 pose test of a kinematics result: the worst pose before and after, then
     AP and RP per pose (and orientation AP for 6-DoF measurements)."""
-    groups = [(g, iso[g]) for g in ("before", "after") if isinstance(iso.get(g), Mapping)] or [("", iso)]
+    groups = [(g, _map(iso[g])) for g in ("before", "after") if isinstance(iso.get(g), Mapping)] or [("", iso)]
     centre = iso.get("cube_centre_m")
     where = ""
     if isinstance(centre, (list, tuple)) and len(centre) == 3:
@@ -253,9 +254,10 @@ def _iso9283(iso: Mapping[str, Any]) -> str:
     before, after = iso.get("before"), iso.get("after")
     if not (isinstance(before, Mapping) and isinstance(after, Mapping)):
         return head + worst
-    names = [str(n) for n in iso.get("poses") or ("P1", "P2", "P3", "P4", "P5")]
+    poses = iso.get("poses") or ("P1", "P2", "P3", "P4", "P5")
+    names = [str(n) for n in (poses if isinstance(poses, (list, tuple)) else ())]
 
-    def at(d: Mapping[str, Any], key: str, j: int, factor: float, digits: int) -> str:
+    def at(d: Mapping[str, object], key: str, j: int, factor: float, digits: int) -> str:
         v = d.get(key)
         if not isinstance(v, (list, tuple)) or j >= len(v):
             return "n/a"
@@ -280,7 +282,8 @@ def _iso9283(iso: Mapping[str, Any]) -> str:
     return head + worst + per_pose
 
 
-def identified_stations(body: ResultBody, stations: Sequence[StationRecord] | None) -> list[StationRecord] | None:
+def identified_stations(body: ResultBody,
+                        stations: Sequence[StationRecord] | None) -> list[ReportStation] | None:
     """A kinematics result's stations with the flange pose the identified arm gives at the
     joints read: its ``cell_T_base`` and target belong to that model, and against the
     controller's nominal FK every residual would show the kinematic error the result
@@ -293,13 +296,13 @@ def identified_stations(body: ResultBody, stations: Sequence[StationRecord] | No
     return _through(model, stations)
 
 
-def _through(model: Any, stations: Sequence[Any]) -> list[Any]:
+def _through(model: DHModel, stations: Sequence[ReportStation]) -> list[ReportStation]:
     """``stations`` with the flange pose ``model`` gives at each one's joints (those without
     joint angles left out)."""
-    out: list[Any] = []
+    out: list[ReportStation] = []
     for s in stations:
         q = s.get("q_rad") if isinstance(s, Mapping) else getattr(s, "q_rad", None)
-        if q is None or len(q) != 6:
+        if not isinstance(q, (list, tuple, np.ndarray)) or len(q) != 6:
             continue
         G = np.asarray(model.forward(np.asarray(q, dtype=float)), dtype=float).reshape(4, 4)
         if isinstance(s, Mapping):
@@ -339,14 +342,14 @@ def kinematics_export_file_names(result_id: int) -> dict[str, str]:
             "ur_calibration": f"{r}_ur_calibration.yaml"}
 
 
-def _is_ur(result_dict: Mapping[str, Any]) -> bool:
+def _is_ur(result_dict: Mapping[str, object]) -> bool:
     """Whether the result's robot is a UR controller (its own FK; the ROS driver's YAML applies)."""
-    robot = ((result_dict.get("provenance") or {}).get("devices") or {}).get("robot") or {}
+    robot = _map(_map(_map(result_dict.get("provenance") or {}).get("devices") or {}).get("robot") or {})
     return str(robot.get("driver", "")).startswith("Ur")
 
 
-def write_kinematics_exports(directory: str | os.PathLike[str], result_id: int, result_dict: Mapping[str, Any],
-                             export: Any = None) -> dict[str, Path]:
+def write_kinematics_exports(directory: str | os.PathLike[str], result_id: int, result_dict: Mapping[str, object],
+                             export: Export | None = None) -> dict[str, Path]:
     """The exports of a kinematics result (``kind = "kinematics"``), each atomically.
 
     ``result_<id>_kinematics.json``

@@ -26,11 +26,15 @@ from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TypeAlias
 
 import numpy as np
 
+from cellcal.daemon import protocol as P
+from cellcal.daemon.config import Config, Plan, PlanStation
+from cellcal.drivers.kinematics import DHModel
 from cellcal.solver.errors import CellcalError
 from cellcal.solver.planning import candidate_stations, plan_stations
 from cellcal.solver.se3 import make_transform, matrix_from_quat, so3_exp
@@ -76,9 +80,12 @@ _FAR_M = 1e3
 #: The target's offset from the flange along its axis assumed for the plan's information.
 _NOMINAL_OFFSET_M = 0.05
 
+#: A vector given as numbers (a configuration list) or an array.
+Vector: TypeAlias = Sequence[float] | np.ndarray
 
-def sight_of(model: Any, *, home_q_rad: np.ndarray, max_tilt_rad: float, tracker_base_m: Any = None,
-             target_axis: Any = (0.0, 0.0, 1.0), cone_rad: float = math.radians(45.0)) -> tuple[np.ndarray, float]:
+
+def sight_of(model: DHModel, *, home_q_rad: np.ndarray, max_tilt_rad: float, tracker_base_m: Vector | None = None,
+             target_axis: Vector = (0.0, 0.0, 1.0), cone_rad: float = math.radians(45.0)) -> tuple[np.ndarray, float]:
     """The line of sight a plan is made for: ``(tracker position in the base frame (3,), cone_deg)``.
 
     With the tracker's rough position (``[plan] tracker_xyz_mm``) that position and the
@@ -104,7 +111,7 @@ def _halton(i: int, base: int) -> float:
 
 
 def _tilt_plan(
-    model: Any,
+    model: DHModel,
     *,
     n: int,
     box_min_m: np.ndarray,
@@ -190,7 +197,7 @@ def _tilt_plan(
 
 
 def generate_plan(
-    model: Any,
+    model: DHModel,
     *,
     n: int,
     box_min_m: np.ndarray,
@@ -201,8 +208,8 @@ def generate_plan(
     q_max_rad: np.ndarray | None = None,
     seed: int = 0,
     max_draws: int | None = None,
-    tracker_base_m: Any = None,
-    target_axis: Any = (0.0, 0.0, 1.0),
+    tracker_base_m: Vector | None = None,
+    target_axis: Vector = (0.0, 0.0, 1.0),
     cone_rad: float = math.radians(45.0),
     min_separation_m: float = 5e-3,
     min_separation_rad: float = math.radians(2.0),
@@ -291,13 +298,13 @@ def generate_plan(
     return [PlannedStation(i, chosen.q_rad[j], chosen.base_T_flange[j]) for i, j in enumerate(order)]
 
 
-def joint_limits(home: np.ndarray, q_min_rad: Any, q_max_rad: Any) -> np.ndarray:
+def joint_limits(home: np.ndarray, q_min_rad: Vector | None, q_max_rad: Vector | None) -> np.ndarray:
     lo = np.full(home.shape, -2 * math.pi) if q_min_rad is None else np.asarray(q_min_rad, float)
     hi = np.full(home.shape, 2 * math.pi) if q_max_rad is None else np.asarray(q_max_rad, float)
     return np.column_stack([lo, hi])
 
 
-def _coarse_ik(model: Any) -> Any:
+def _coarse_ik(model: DHModel) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
     """The model's IK to a micrometre: a candidate's pose is ``forward(q)`` of the joints
     found, so it need not be the pose asked for exactly, and the plan is made in the API
     call that starts a run (it must be quick)."""
@@ -306,12 +313,13 @@ def _coarse_ik(model: Any) -> Any:
     return ik
 
 
-_POOLS: dict[tuple, tuple[tuple[np.ndarray, np.ndarray], np.ndarray, float]] = {}
+_POOLS: dict[tuple[object, ...], tuple[tuple[np.ndarray, np.ndarray], np.ndarray, float]] = {}
 
 
-def candidate_pool(model: Any, *, n: int, box_min_m: Any, box_max_m: Any, max_tilt_rad: float, home_q_rad: np.ndarray,
-          q_min_rad: Any, q_max_rad: Any, seed: int, max_draws: int | None, tracker_base_m: Any,
-          target_axis: Any, cone_rad: float) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, float]:
+def candidate_pool(model: DHModel, *, n: int, box_min_m: Vector, box_max_m: Vector, max_tilt_rad: float,
+                   home_q_rad: np.ndarray, q_min_rad: Vector | None, q_max_rad: Vector | None, seed: int,
+                   max_draws: int | None, tracker_base_m: Vector | None, target_axis: Vector,
+                   cone_rad: float) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, float]:
     """The candidate pool of a plan, ``((Q, G), tracker_base (3,), cone_deg)``; its joints
     are cached per inputs (a deterministic function of them), so the next-station choices of
     a run do not solve the inverse kinematics again."""
@@ -354,7 +362,7 @@ def _tour(qs: list[np.ndarray], start: np.ndarray) -> list[int]:
     return order
 
 
-def explicit_plan(stations: list[Any], model: Any | None = None) -> list[PlannedStation]:
+def explicit_plan(stations: Sequence[PlanStation], model: DHModel | None = None) -> list[PlannedStation]:
     """A plan from the configuration's ``[[plan.stations]]`` (already in SI)."""
     out = []
     for i, st in enumerate(stations):
@@ -368,27 +376,45 @@ def explicit_plan(stations: list[Any], model: Any | None = None) -> list[Planned
     return out
 
 
-def plan_to_dict(plan: list[PlannedStation]) -> dict:
+def plan_to_dict(plan: Sequence[PlannedStation]) -> P.JsonObject:
     """JSON-ready form stored with a run."""
-    return {
-        "stations": [
-            {
-                "index": s.index,
-                "q_rad": None if s.q_rad is None else [float(v) for v in s.q_rad],
-                "base_T_flange": None if s.base_T_flange is None else [float(v) for v in np.asarray(s.base_T_flange).reshape(16)],
-            }
-            for s in plan
-        ]
-    }
+    stations: list[P.JsonValue] = [
+        {
+            "index": s.index,
+            "q_rad": None if s.q_rad is None else [float(v) for v in s.q_rad],
+            "base_T_flange": None if s.base_T_flange is None else [float(v) for v in np.asarray(s.base_T_flange).reshape(16)],
+        }
+        for s in plan
+    ]
+    return {"stations": stations}
 
 
-def plan_from_dict(d: dict) -> list[PlannedStation]:
+def _list(v: object) -> list[object]:
+    if isinstance(v, (list, tuple)):
+        return list(v)
+    raise TypeError(f"a stored plan's stations must be a list, got {type(v).__name__}")
+
+
+def _station(v: object) -> Mapping[str, object]:
+    if isinstance(v, Mapping):
+        return v
+    raise TypeError(f"a stored plan's station must be an object, got {type(v).__name__}")
+
+
+def _index(v: object) -> int:
+    if isinstance(v, (int, float, str)):
+        return int(v)
+    raise TypeError(f"a stored plan station's index must be a number, got {type(v).__name__}")
+
+
+def plan_from_dict(d: Mapping[str, object]) -> list[PlannedStation]:
     """Inverse of :func:`plan_to_dict`."""
     out = []
-    for s in d["stations"]:
+    for item in _list(d["stations"]):
+        s = _station(item)
         q = None if s["q_rad"] is None else np.asarray(s["q_rad"], dtype=float)
         T = None if s["base_T_flange"] is None else np.asarray(s["base_T_flange"], dtype=float).reshape(4, 4)
-        out.append(PlannedStation(int(s["index"]), q, T))
+        out.append(PlannedStation(_index(s["index"]), q, T))
     return out
 
 
@@ -401,12 +427,12 @@ FIRST_STATIONS_POSE = 4
 FIRST_STATIONS_POINT = 5
 
 
-def to_target(plan_cfg: Any) -> bool:
+def to_target(plan_cfg: Plan) -> bool:
     """Whether runs capture until ``[plan] target_sigma_mm`` is reached."""
     return float(plan_cfg.target_sigma_m) > 0.0 and plan_cfg.kind == "generated"
 
 
-def plan_from_config(cfg: Any, model: Any) -> list[PlannedStation]:
+def plan_from_config(cfg: Config, model: DHModel) -> list[PlannedStation]:
     """The plan of a new run: ``[plan]``'s explicit stations, the generated plan, or (to a
     target) the first stations of the generated plan."""
     p = cfg.plan

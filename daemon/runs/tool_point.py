@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Mapping, Sequence
-from typing import Any
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon import solve
 from cellcal.daemon.capture import CaptureEngine, Expected
-from cellcal.daemon.runs.base import Finished, Measure, RunContext, RunKind
+from cellcal.daemon.runs.base import Finished, Measure, RunContext, RunKind, SolverResult, as_calibration
 from cellcal.daemon.runs.base_frame import finish_calibration
 from cellcal.daemon.runs.plan import PlannedStation, plan_from_config, plan_to_dict
 from cellcal.daemon.store import RunRecord, StationRecord
@@ -32,7 +31,7 @@ class ToolPoint(RunKind):
     name = P.KIND_TOOL_POINT
     needs_tracker = False
 
-    def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> dict[str, Any]:
+    def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> P.JsonObject:
         return plan_to_dict(stations if stations is not None else plan_from_config(ctx.cfg, ctx.model))
 
     def capture(self, engine: CaptureEngine, planned: PlannedStation, accepted: Sequence[StationRecord],
@@ -42,10 +41,10 @@ class ToolPoint(RunKind):
     def solve(self, ctx: RunContext, run: RunRecord, stations: Sequence[StationRecord]) -> CalibrationResult:
         return calibrate_tool_point(solve.station_arrays(stations)[0], min_axis_spread=ctx.cfg.solve.min_axis_spread)
 
-    def solve_given(self, ctx: RunContext, given: Sequence[Mapping[str, Any]]) -> CalibrationResult:
+    def solve_given(self, ctx: RunContext, given: Sequence[Mapping[str, object]]) -> CalibrationResult:
         return calibrate_tool_point(solve.given_poses(given, "base_T_flange"),
                                     min_axis_spread=ctx.cfg.solve.min_axis_spread)
 
-    def finish(self, ctx: RunContext, run: RunRecord, result: CalibrationResult, stations: Sequence[StationRecord],
+    def finish(self, ctx: RunContext, run: RunRecord, result: SolverResult, stations: Sequence[StationRecord],
                measure: Measure | None) -> Finished:
-        return finish_calibration(self.name, ctx, run, result, stations)
+        return finish_calibration(self.name, ctx, run, as_calibration(result), stations)
