@@ -73,6 +73,7 @@ def _main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     if args.version:
+        # Loaded for --version only: every other command would pay for the metadata machinery.
         from importlib.metadata import version
 
         print(version("cellcal"))

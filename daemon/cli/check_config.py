@@ -28,10 +28,11 @@ import argparse
 import json
 import math
 import sys
-from typing import Any
 
-from cellcal.daemon.config import ConfigError, as_toml_dict, load_config, preflight
+from cellcal.daemon.config import Config, ConfigError, as_toml_dict, load_config, preflight
+from cellcal.daemon.devices import robot_identity
 from cellcal.daemon.gates import describe_gates
+from cellcal.drivers import connect_robot, connect_tracker
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,10 +44,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also open each device, read its identity and one sample, and report (never moves the robot)")
 
 
-def _probe_robot(cfg: Any) -> str:
-    from cellcal.daemon.devices import robot_identity
-    from cellcal.drivers import connect_robot
-
+def _probe_robot(cfg: Config) -> str:
     robot = connect_robot(cfg.robot.url, **cfg.robot.options)
     try:
         robot.open()
@@ -62,9 +60,7 @@ def _probe_robot(cfg: Any) -> str:
             f"{', moving' if state.moving else ''}")
 
 
-def _probe_tracker(cfg: Any) -> str:
-    from cellcal.drivers import connect_tracker
-
+def _probe_tracker(cfg: Config) -> str:
     tracker = connect_tracker(cfg.tracker.url, **cfg.tracker.options)
     try:
         tracker.open()
@@ -77,7 +73,7 @@ def _probe_tracker(cfg: Any) -> str:
             f"{cfg.tracker.measure} at ({x:.3f}, {y:.3f}, {z:.3f}) mm")
 
 
-def probe(cfg: Any) -> list[tuple[str, bool, str]]:
+def probe(cfg: Config) -> list[tuple[str, bool, str]]:
     """Open each configured device, read its identity and one sample, close it.
 
     Returns
@@ -113,8 +109,6 @@ def run(args: argparse.Namespace) -> int:
     if args.no_devices:
         print("cellcal check-config: device URLs and options not checked (--no-devices)", file=sys.stderr)
     if not args.quiet:
-        out = as_toml_dict(cfg)
-        out["sha256"] = cfg.sha256
-        out["gates"] = describe_gates(cfg.solve)
+        out: dict[str, object] = {**as_toml_dict(cfg), "sha256": cfg.sha256, "gates": describe_gates(cfg.solve)}
         print(json.dumps(out, indent=2, default=str))
     return 0

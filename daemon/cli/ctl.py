@@ -21,9 +21,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.config import ConfigError, Zmq, find_config, load_config
 from cellcal.daemon.wire.client import Client, ClientTimeout, load_keypair, load_public_key
 from cellcal.solver.errors import CellcalError
 
@@ -47,11 +47,9 @@ def add_connection_arguments(p: argparse.ArgumentParser, *, pub: bool) -> None:
     p.add_argument("--retries", type=int, default=1, help="re-sends after a timeout (default 1)")
 
 
-def _find_zmq(args: argparse.Namespace) -> tuple[Any, str | None, list[str]]:
+def _find_zmq(args: argparse.Namespace) -> tuple[Zmq, str | None, list[str]]:
     """The ``[zmq]`` section the endpoints come from, the file it was read from (None:
     built-in defaults) and what was tried, found the way ``cellcal run`` finds its file."""
-    from cellcal.daemon.config import ConfigError, Zmq, find_config, load_config
-
     path, tried = find_config(args.config)
     if path is None:
         return Zmq(), None, tried
@@ -156,14 +154,14 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.parse_args = parse  # type: ignore[method-assign,assignment]
 
 
-def parse_args_list(pairs: list[str], json_args: str | None, cmd: str | None = None) -> dict[str, Any]:
+def parse_args_list(pairs: list[str], json_args: str | None, cmd: str | None = None) -> P.JsonObject:
     """``key=value`` strings (and an optional JSON object) into the command's ``args``.
 
     An argument the catalogue types as a record id (``result_id``, ``run_id``: strings on
     the wire) is sent as a string when typed as a bare number (``result_id=1``), as a
     person types it.
     """
-    out: dict[str, Any] = {}
+    out: P.JsonObject = {}
     if json_args:
         try:
             obj = json.loads(json_args)

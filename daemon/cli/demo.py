@@ -37,13 +37,34 @@ import argparse
 import dataclasses
 import json
 import math
+import re
+import socket
 import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
+
+from cellcal.daemon import protocol as P
+from cellcal.daemon.app import App
+from cellcal.daemon.bodies import transform_from_wire
+from cellcal.daemon.cli.examples import example_path
+from cellcal.daemon.cli.instruments import config_overrides, start_simulated
+from cellcal.daemon.config import Config, ConfigError, load_config
+from cellcal.daemon.harness import free_port  # the harness's port choice (cellcal.testing.harness)
+from cellcal.daemon.report.html import export_report
+from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
+from cellcal.daemon.service import Service
+from cellcal.daemon.store import RunStatus
+from cellcal.solver.errors import CellcalError
+from cellcal.solver.se3 import se3_inverse, so3_log
+
+if TYPE_CHECKING:  # the simulator itself is loaded in run() only
+    from cellcal.sim.world import World
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -51,8 +72,6 @@ ROOT = Path(__file__).resolve().parents[1]
 def _default(name: str) -> str:
     # The example files are package data (cellcal.examples, mapped from config/): the same
     # files from a checkout, an editable install or a wheel, whatever the working directory.
-    from cellcal.daemon.cli.examples import example_path
-
     try:
         return str(example_path(name))
     except (OSError, ValueError):
@@ -81,17 +100,30 @@ _DEMO_TRANSPORT = {"cellcal": "tcp", "emscon": "tcp", "geocom": "pty"}
 _CHI2_999 = {3: 16.266, 6: 22.458}
 
 
-def _point_truth(result: dict, world) -> dict:
+class _EstimateTruth(TypedDict, total=False):
+    """One estimate of a point result against the truth (``--json``: ``truth_error.<name>``)."""
+
+    error_m: float
+    error_rad: float  # cell_T_base only
+    nees: float | None
+    dof: int
+    within_uncertainty: bool
+
+
+def _wire(result: Mapping[str, object], group: str, name: str) -> Mapping[str, object]:
+    """``result[group][name]``: a transform's or a point's wire form."""
+    return as_map(as_map(result[group], group)[name], f"{group}.{name}")
+
+
+def _point_truth(result: Mapping[str, object], world: World) -> dict[str, _EstimateTruth]:
     """Errors of a point result against the scenario's truth, and whether each lies inside
     its own reported covariance (NEES below the 99.9 % chi-square quantile)."""
-    from cellcal.daemon.bodies import transform_from_wire
-    from cellcal.solver.se3 import se3_inverse, so3_log
-
-    cov = result["uncertainty"]["covariance"]
+    cov = as_map(as_map(result["uncertainty"], "uncertainty")["covariance"], "uncertainty.covariance")
 
     def matrix(name: str) -> np.ndarray:
-        c = cov[name]
-        return np.array([np.nan if v is None else v for v in c["values"]], dtype=float).reshape(c["shape"])
+        c = as_map(cov[name], name)
+        shape = tuple(to_int(n) for n in as_list(c["shape"], "shape"))
+        return np.array([np.nan if v is None else v for v in as_list(c["values"], "values")], dtype=float).reshape(shape)
 
     def nees(err: np.ndarray, C: np.ndarray) -> float | None:
         try:
@@ -100,12 +132,12 @@ def _point_truth(result: dict, world) -> dict:
             return None
         return v if math.isfinite(v) else None
 
-    X = transform_from_wire(result["transforms"]["cell_T_base"])
+    X = transform_from_wire(dict(_wire(result, "transforms", "cell_T_base")))  # a plain dict, as it takes
     D = se3_inverse(world.cell_T_base()) @ X
     xi = np.concatenate([D[:3, 3], so3_log(D[:3, :3])])  # right perturbation: truth exp(xi) = X
-    y = np.asarray(result["points"]["flange_p_target"]["position_m"], dtype=float)
+    y = np.asarray(_wire(result, "points", "flange_p_target")["position_m"], dtype=float)
     ey = y - world.flange_T_target()[:3, 3]
-    out = {}
+    out: dict[str, _EstimateTruth] = {}
     for name, err, dof in (("cell_T_base", xi, 6), ("flange_p_target", ey, 3)):
         v = nees(err, matrix(name))
         out[name] = {"error_m": float(np.linalg.norm(err[:3])), "nees": v, "dof": dof,
@@ -116,9 +148,6 @@ def _point_truth(result: dict, world) -> dict:
 
 def _free_if_taken(endpoint: str) -> str:
     """``endpoint`` if its loopback TCP port can be bound now, else the same host on a free port."""
-    import re
-    import socket
-
     m = re.fullmatch(r"tcp://(127\.0\.0\.1|localhost):(\d+)", endpoint)
     if not m:
         return endpoint
@@ -127,8 +156,6 @@ def _free_if_taken(endpoint: str) -> str:
             s.bind(("127.0.0.1", int(m.group(2))))
             return endpoint
         except OSError:
-            from cellcal.testing.harness import free_port
-
             return f"tcp://127.0.0.1:{free_port()}"
 
 
@@ -136,37 +163,37 @@ def _say(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
 
 
-def honesty_lines(honest: dict, versus_noise: dict, warnings: object) -> list[str]:
+def honesty_lines(honest: Mapping[str, object], versus_noise: Mapping[str, object], warnings: object) -> list[str]:
     """The truth-and-honesty part of the text report, one line each."""
     out = []
     if honest.get("nees") is None:
         out.append("within the reported uncertainty: unknown (the result has no usable covariance)")
     else:
         st, sr = honest.get("sigma_translation_m"), honest.get("sigma_rotation_rad")
-        sig = (f"reported 1-sigma along the error {st * 1e3:.4f} mm, {math.degrees(sr):.5f} deg; "
+        sig = (f"reported 1-sigma along the error {to_float(st) * 1e3:.4f} mm, {math.degrees(to_float(sr)):.5f} deg; "
                if st is not None and sr is not None else "")
         out.append(f"within 3 sigma: {'yes' if honest['within_3_sigma'] else 'NO'} ({sig}NEES {honest['nees']:.2f}, "
                    f"3-sigma bound {honest['nees_3sigma_bound']:.2f} for 6 dof)")
-    if versus_noise.get("ratio") is not None:
-        out.append(f"residual vs tracker noise: RMS {versus_noise['rms_translation_m'] * 1e3:.4f} mm is "
-                   f"{versus_noise['ratio']:.1f}x the tracker's noise floor {versus_noise['tracker_noise_m'] * 1e3:.4f} mm"
-                   + (" (structured: the robot's kinematics, not the tracker)" if versus_noise["ratio"] > 3 else ""))
+    ratio = versus_noise.get("ratio")
+    if ratio is not None:
+        rms_m, noise_m = to_float(versus_noise["rms_translation_m"]), to_float(versus_noise["tracker_noise_m"])
+        out.append(f"residual vs tracker noise: RMS {rms_m * 1e3:.4f} mm is "
+                   f"{ratio:.1f}x the tracker's noise floor {noise_m * 1e3:.4f} mm"
+                   + (" (structured: the robot's kinematics, not the tracker)" if to_float(ratio) > 3 else ""))
     for w in warnings if isinstance(warnings, list) else []:
         if isinstance(w, dict):
             out.append(f"warning {w.get('code')}: {w.get('message')}")
     return out
 
 
-def _write_report(svc, result: dict, cfg) -> Path | None:
+def _write_report(svc: Service, result: Mapping[str, object], cfg: Config) -> Path | None:
     """The result's HTML report again, now with the demo's drift check in it, beside the
     exports (where the daemon wrote it when it stored the result)."""
-    from cellcal.daemon.report.html import export_report
-
-    return export_report(svc.store, int(result["result_id"]), Path(cfg.service.state_dir) / "exports",
+    return export_report(svc.store, to_int(result["result_id"]), Path(cfg.service.state_dir) / "exports",
                          cell=cfg.service.name)
 
 
-def _say_kept(report: Path | None, state_dir: str, say) -> None:
+def _say_kept(report: Path | None, state_dir: str, say: Callable[[str], None]) -> None:
     if report is not None:
         say(f"  report: {report}")
     say(f"  kept: {Path(state_dir).parent} (store and exports in {state_dir}; "
@@ -174,17 +201,10 @@ def _say_kept(report: Path | None, state_dir: str, say) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cellcal.daemon import protocol as P
-    from cellcal.daemon.app import App
-    from cellcal.daemon.bodies import transform_from_wire
-    from cellcal.daemon.cli.instruments import config_overrides, start_simulated
-    from cellcal.daemon.config import ConfigError, load_config
-    from cellcal.daemon.store import RunStatus
-    from cellcal.sim.robot_sim import start_sim_robot
-    from cellcal.sim.scenario import load_scenario
-    from cellcal.sim.truth import residual_vs_noise, truth_error
-    from cellcal.solver.errors import CellcalError
-    from cellcal.solver.se3 import so3_log
+    # The simulator, loaded here only: the daemon's other commands never load it.
+    from cellcal.sim.robot_sim import start_sim_robot  # lazy: the simulated robot
+    from cellcal.sim.scenario import load_scenario  # lazy: the simulated cell
+    from cellcal.sim.truth import residual_vs_noise, truth_error  # lazy: the simulator's hidden truth
 
     try:
         scenario = load_scenario(args.scenario)
@@ -227,18 +247,18 @@ def run(args: argparse.Namespace) -> int:
              f"({cfg.tracker.measure} stations), time x{scenario.time_scale:g}")
         _say(f"cellcal demo: ZeroMQ PUB {zcfg.pub_endpoint}, commands {zcfg.cmd_endpoint}")
         done = threading.Event()
-        outcome: dict = {}
+        outcome: dict[str, Mapping[str, object]] = {}
 
-        def on_event(topic: str, body: dict) -> None:
+        def on_event(topic: str, body: Mapping[str, object]) -> None:
             el = time.monotonic() - t0
             if topic == P.TOPIC_STATION:
                 if body.get("accepted"):
-                    s = body.get("settle", {})
-                    _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: accepted "
-                         f"(tracker std {1e3 * (s.get('tracker_std_translation_m') or 0):.4f} mm, "
+                    s = as_map(body.get("settle", {}), "settle")
+                    _say(f"[{el:6.1f} s] station {to_int(body['index']) + 1:2d}/{body['planned']}: accepted "
+                         f"(tracker std {1e3 * to_float(s.get('tracker_std_translation_m') or 0):.4f} mm, "
                          f"robot at rest {s.get('robot_rest_s', 0):.2f} s)")
                 else:
-                    _say(f"[{el:6.1f} s] station {body['index'] + 1:2d}/{body['planned']}: rejected, {body['reason']} "
+                    _say(f"[{el:6.1f} s] station {to_int(body['index']) + 1:2d}/{body['planned']}: rejected, {body['reason']} "
                          f"(attempt {body.get('attempt')}), retrying")
             elif topic == P.TOPIC_RESULT:
                 outcome["result"] = body
@@ -249,11 +269,11 @@ def run(args: argparse.Namespace) -> int:
             elif topic == P.TOPIC_FAULT:
                 _say(f"[{el:6.1f} s] fault: {body.get('message')}")
             elif topic == P.TOPIC_STATE and body.get("state") in (P.STATE_SOLVING, P.STATE_CHECKING):
-                _say(f"[{el:6.1f} s] {body['state'].lower()} {body.get('detail', '')}")
+                _say(f"[{el:6.1f} s] {str(body['state']).lower()} {body.get('detail', '')}")
 
         app = App(cfg, listeners=[on_event], supervise=True).open()
         svc = app.service
-        run_id = svc.start_run(P.KIND_BASE_FRAME, reason="demo")
+        run_id = svc.start_run(reason="demo")  # the kind the demo's configuration names (base_frame)
         deadline = t0 + args.timeout_s
         run = svc.store.get_run(run_id)
         while time.monotonic() < deadline:
@@ -267,11 +287,12 @@ def run(args: argparse.Namespace) -> int:
             return 1
         result = outcome["result"]
         truth = world.cell_T_base()
-        X = transform_from_wire(result["transforms"]["cell_T_base"])
+        X = transform_from_wire(dict(_wire(result, "transforms", "cell_T_base")))
         honest = truth_error(result, X, truth)
         err_t, err_r = honest["translation_m"], honest["rotation_rad"]
         versus_noise = residual_vs_noise(result, [st.tracker_std_translation_m for st in svc.store.stations(run_id)])
-        point_truth = _point_truth(result, world) if "flange_p_target" in result.get("points", {}) else None
+        points = as_map(result.get("points", {}), "points")
+        point_truth = _point_truth(result, world) if "flange_p_target" in points else None
         if not args.no_drift_check and svc.store.active_result() is not None:
             done.clear()
             svc.request_drift_check("demo")
@@ -280,40 +301,42 @@ def run(args: argparse.Namespace) -> int:
         el = time.monotonic() - t0
         report = _write_report(svc, result, cfg)
         if args.json:
-            out = dict(result)
+            out: dict[str, object] = dict(result)
             out["report_path"] = None if report is None else str(report)
             out["truth_error"] = honest
             out["residual_vs_noise"] = versus_noise
             if point_truth is not None:
-                out["truth_error"].update(point_truth)
+                honest.update(point_truth)  # out["truth_error"]
             out["drift_check"] = outcome.get("drift")
             print(json.dumps(out))
         else:
             t = X[:3, 3] * 1e3
             rv = np.degrees(so3_log(X[:3, :3]))
-            q = result["transforms"]["cell_T_base"]["quaternion"]
+            q = as_map(_wire(result, "transforms", "cell_T_base")["quaternion"], "quaternion")
             print(f"cellcal demo: base-frame calibration of the simulated cell ({result['n_stations']} stations, {el:.1f} s)")
             print(f"  cell_T_base translation_mm [{t[0]:10.3f} {t[1]:10.3f} {t[2]:10.3f}]")
             print(f"  cell_T_base rotvec_deg     [{rv[0]:10.4f} {rv[1]:10.4f} {rv[2]:10.4f}]  "
                   f"quat_wxyz [{q['w']:.6f} {q['x']:.6f} {q['y']:.6f} {q['z']:.6f}]")
-            print(f"  residual translation: RMS {result['rms_translation_m'] * 1e3:.4f} mm, "
-                  f"worst {result['max_translation_m'] * 1e3:.4f} mm")
+            print(f"  residual translation: RMS {to_float(result['rms_translation_m']) * 1e3:.4f} mm, "
+                  f"worst {to_float(result['max_translation_m']) * 1e3:.4f} mm")
             if point_truth is None:
-                print(f"  residual rotation:    RMS {math.degrees(result['rms_rotation_rad']):.5f} deg, "
-                      f"worst {math.degrees(result['max_rotation_rad']):.5f} deg")
+                print(f"  residual rotation:    RMS {math.degrees(to_float(result['rms_rotation_rad'])):.5f} deg, "
+                      f"worst {math.degrees(to_float(result['max_rotation_rad'])):.5f} deg")
             else:
                 print("  residual rotation:    none (point stations measure no orientation)")
-            gates = result.get("gates", {})
-            verdict = "passed" if gates.get("passed") else "FAILED: " + "; ".join(gates.get("failed", []))
+            gates = as_map(result.get("gates", {}), "gates")
+            failed = as_list(gates.get("failed", []), "gates.failed")
+            verdict = "passed" if gates.get("passed") else "FAILED: " + "; ".join(str(f) for f in failed)
             print(f"  axis_spread {result['axis_spread']:.4f}; gates {verdict}")
-            prov = result.get("provenance", {})
+            prov = as_map(result.get("provenance", {}), "provenance")
             if prov.get("robot_serial") or prov.get("kinematics_digest"):
+                robot = as_map(as_map(prov.get("devices", {}), "devices").get("robot"), "devices.robot")
                 print(f"  robot serial {prov.get('robot_serial') or 'unknown'}; kinematics "
-                      f"{(prov.get('devices', {}).get('robot') or {}).get('kinematics', '?')} "
+                      f"{robot.get('kinematics', '?')} "
                       f"{prov.get('kinematics_digest') or ''}")
             print(f"  error against the scenario's truth: {err_t * 1e3:.4f} mm, {math.degrees(err_r):.5f} deg")
             if point_truth is not None:
-                yp = np.asarray(result["points"]["flange_p_target"]["position_m"]) * 1e3
+                yp = np.asarray(_wire(result, "points", "flange_p_target")["position_m"]) * 1e3
                 print(f"  flange_p_target_mm         [{yp[0]:10.3f} {yp[1]:10.3f} {yp[2]:10.3f}]  (the reflector)")
                 for name, e in point_truth.items():
                     nees = "not computed" if e["nees"] is None else f"NEES {e['nees']:.2f} (dof {e['dof']})"
@@ -324,9 +347,10 @@ def run(args: argparse.Namespace) -> int:
             d = outcome.get("drift")
             if d:
                 r = d["deviation_rotation_rad"]
-                rot = "no rotation (points)" if r is None else f"{math.degrees(r):.5f} deg"
-                print(f"  drift check: {d['status']} ({d['deviation_translation_m'] * 1e3:.4f} mm, "
-                      f"{rot}; warn {d['warn_translation_m'] * 1e3:.3f} mm, fail {d['fail_translation_m'] * 1e3:.3f} mm)")
+                rot = "no rotation (points)" if r is None else f"{math.degrees(to_float(r)):.5f} deg"
+                print(f"  drift check: {d['status']} ({to_float(d['deviation_translation_m']) * 1e3:.4f} mm, "
+                      f"{rot}; warn {to_float(d['warn_translation_m']) * 1e3:.3f} mm, "
+                      f"fail {to_float(d['fail_translation_m']) * 1e3:.3f} mm)")
         _say_kept(report, cfg.service.state_dir, print if not args.json else _say)
         if honest.get("within_3_sigma") is False:
             # The demo knows the truth: an answer outside its own reported uncertainty is a

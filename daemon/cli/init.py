@@ -19,6 +19,8 @@ import re
 import sys
 from pathlib import Path
 
+from cellcal.daemon.cli.examples import example_path
+
 #: --robot -> (example file, what it is).
 ROBOTS = {
     "ur": ("cellcal.toml", "a Universal Robots arm over RTDE and a laser tracker on a serial port"),
@@ -57,8 +59,6 @@ def _set(text: str, table: str, key: str, value: str, comment: str) -> str:
 
 def render(robot: str) -> str:
     """The configuration text for ``robot`` (a key of :data:`ROBOTS`)."""
-    from cellcal.daemon.cli.examples import example_path
-
     name, what = ROBOTS[robot]
     body = _body(example_path(name).read_text(encoding="utf-8"))
     head = [

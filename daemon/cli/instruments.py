@@ -29,7 +29,14 @@ Everything runs on 127.0.0.1 or a pty.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING
+
+from cellcal.daemon import protocol as P
+
+if TYPE_CHECKING:  # the simulator is loaded only when an instrument is started
+    from cellcal.sim.link import LinkServer
+    from cellcal.sim.scenario import TrackerConfig
+    from cellcal.sim.world import World
 
 __all__ = ["INSTRUMENTS", "TRACKER_KEYS", "SOLVE_KEYS", "simulator_class", "start_simulated", "config_overrides"]
 
@@ -37,7 +44,7 @@ __all__ = ["INSTRUMENTS", "TRACKER_KEYS", "SOLVE_KEYS", "simulator_class", "star
 INSTRUMENTS: tuple[str, ...] = ("cellcal", "emscon", "geocom")
 
 #: Per instrument: ``[tracker]`` keys (TOML names and units) the daemon needs for it.
-TRACKER_KEYS: dict[str, dict[str, Any]] = {
+TRACKER_KEYS: dict[str, P.JsonObject] = {
     "cellcal": {},
     "emscon": {"measure": "point"},
     "geocom": {
@@ -56,7 +63,7 @@ TRACKER_KEYS: dict[str, dict[str, Any]] = {
 #: the demo cell's 6 stations (a laser tracker: hundredths of a mm), so the default 1 mm
 #: sigma gate would refuse every result; 10 mm still refuses an undetermined one. A cell
 #: that needs better measures with a laser tracker, or more stations.
-SOLVE_KEYS: dict[str, dict[str, Any]] = {
+SOLVE_KEYS: dict[str, P.JsonObject] = {
     "cellcal": {},
     "emscon": {},
     "geocom": {"max_sigma_mm_at_task_points": 10.0},
@@ -68,17 +75,22 @@ def _check(instrument: str) -> None:
         raise ValueError(f"instrument must be one of {', '.join(INSTRUMENTS)}, got {instrument!r}")
 
 
-def simulator_class(instrument: str) -> Any:
+def simulator_class(instrument: str) -> type[LinkServer]:
     """The simulated instrument's server class (``cellcal.sim.cli.INSTRUMENTS``)."""
     _check(instrument)
+    # The simulator, loaded lazily: only the demo, `cellcal sim` and the tests serve instruments.
     from cellcal.sim.cli import INSTRUMENTS as SIMULATORS
+    from cellcal.sim.link import LinkServer
 
     module, name = SIMULATORS[instrument]
-    return getattr(importlib.import_module(module), name)
+    cls = getattr(importlib.import_module(module), name)
+    if not (isinstance(cls, type) and issubclass(cls, LinkServer)):
+        raise TypeError(f"{module}:{name} is no LinkServer")
+    return cls
 
 
-def start_simulated(instrument: str, world: Any, tracker_config: Any, *, seed: int = 0,
-                    transport: str | None = None, port: int = 0) -> Any:
+def start_simulated(instrument: str, world: World, tracker_config: TrackerConfig, *, seed: int = 0,
+                    transport: str | None = None, port: int = 0) -> LinkServer:
     """Serve ``instrument`` from ``world`` (started; ``close()`` it); its ``url`` is what the
     daemon's ``tracker.url`` names.
 
@@ -107,17 +119,17 @@ def start_simulated(instrument: str, world: Any, tracker_config: Any, *, seed: i
     return cls(world, tracker_config, transport=transport, seed=seed, port=port).start()
 
 
-def config_overrides(instrument: str) -> dict[str, Any]:
+def config_overrides(instrument: str) -> dict[str, P.JsonObject]:
     """``{"tracker": TRACKER_KEYS[instrument], "solve": SOLVE_KEYS[instrument]}`` (the
     sections that have keys; empty for ``cellcal``): merge it over a configuration's TOML
     keys."""
     _check(instrument)
-    out = {}
+    out: dict[str, P.JsonObject] = {}
     for section, table in (("tracker", TRACKER_KEYS), ("solve", SOLVE_KEYS)):
         if table[instrument]:
             out[section] = _copy(table[instrument])
     return out
 
 
-def _copy(d: dict[str, Any]) -> dict[str, Any]:
+def _copy(d: P.JsonObject) -> P.JsonObject:
     return {k: _copy(v) if isinstance(v, dict) else v for k, v in d.items()}

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from cellcal.daemon.cli.results import CommandError, add_state_arguments, open_store, result_or_active
+from cellcal.daemon.report.html import report_from_store
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -30,8 +31,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from cellcal.daemon.report.html import report_from_store
-
     try:
         store = open_store(args)
         try:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import argparse
 import os
 from pathlib import Path
-from typing import Any
 
+from cellcal.daemon.config import ConfigError, load_config
+from cellcal.daemon.store import DB_FILENAME, ResultRecord, Store, UnknownRecord
 from cellcal.solver.errors import CellcalError
 
 __all__ = ["DEFAULT_CONFIG", "CommandError", "add_state_arguments", "state_dir_of", "open_store", "parse_id",
@@ -45,8 +46,6 @@ def state_dir_of(args: argparse.Namespace) -> Path:
     """
     if getattr(args, "state_dir", None):
         return Path(args.state_dir)
-    from cellcal.daemon.config import ConfigError, load_config
-
     path, why = args.config, "--config"
     if not path:
         path, why = os.environ.get("CELLCAL_CONFIG") or DEFAULT_CONFIG, "CELLCAL_CONFIG"
@@ -58,16 +57,14 @@ def state_dir_of(args: argparse.Namespace) -> Path:
         raise CommandError(f"configuration {path} (from {why}): {exc}; give --config FILE or --state-dir DIR") from exc
 
 
-def open_store(args: argparse.Namespace) -> Any:
-    """The store of ``args``' state directory, opened read-only (a ``Store``; close it).
+def open_store(args: argparse.Namespace) -> Store:
+    """The store of ``args``' state directory, opened read-only (close it).
 
     Raises
     ------
     CommandError
         No store there, or it cannot be read (the message names the directory).
     """
-    from cellcal.daemon.store import DB_FILENAME, Store
-
     d = state_dir_of(args)
     if not (d / DB_FILENAME).exists():
         raise CommandError(f"no cellcal store in {d} (no {DB_FILENAME}): is this the daemon's state directory?")
@@ -77,7 +74,7 @@ def open_store(args: argparse.Namespace) -> Any:
         raise CommandError(f"cannot open the store in {d}: {exc}") from exc
 
 
-def parse_id(text: Any, what: str) -> int:
+def parse_id(text: object, what: str) -> int:
     """An id as a person types it: ``7``, ``"7"``, ``result_7``, ``#7`` (a positive integer).
 
     Raises
@@ -95,7 +92,7 @@ def parse_id(text: Any, what: str) -> int:
     return int(s)
 
 
-def result_or_active(store: Any, text: Any) -> Any:
+def result_or_active(store: Store, text: object) -> ResultRecord:
     """The result record named by ``text`` (an id), or the active one when ``text`` is None.
 
     Raises
@@ -103,8 +100,6 @@ def result_or_active(store: Any, text: Any) -> Any:
     CommandError
         No such result, or none active.
     """
-    from cellcal.daemon.store import UnknownRecord
-
     if text is None:
         rec = store.active_result()
         if rec is None:

@@ -21,6 +21,7 @@ import faulthandler
 import logging
 import sys
 
+from cellcal.daemon.app import App
 from cellcal.daemon.config import (
     CONFIG_ENV,
     DEFAULT_CONFIG_PATH,
@@ -30,6 +31,7 @@ from cellcal.daemon.config import (
     load_config,
     preflight,
 )
+from cellcal.daemon.sdnotify import Notifier
 from cellcal.solver.errors import CellcalError
 
 
@@ -69,11 +71,7 @@ def run(args: argparse.Namespace) -> int:
         stream=sys.stderr,
     )
     faulthandler.enable()  # a watchdog SIGABRT then leaves every thread's stack in the journal
-    from cellcal.daemon.sdnotify import Notifier
-
     notifier = Notifier()
-    from cellcal.daemon.app import App
-
     try:
         app = App(cfg, notifier=notifier)  # no I/O, but refuses an insecure [zmq] section
         app.service.install_signal_handlers()

@@ -20,7 +20,7 @@ import argparse
 import math
 import sys
 from collections.abc import Mapping
-from typing import Any
+from pathlib import Path
 
 import numpy as np
 
@@ -32,6 +32,9 @@ from cellcal.daemon.cli.results import (
     open_store,
     result_or_active,
 )
+from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
+from cellcal.daemon.store import ResultRecord
+from cellcal.solver.se3 import so3_log
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -42,12 +45,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_state_arguments(p)
 
 
-def _cov(result: Mapping[str, Any], name: str) -> np.ndarray | None:
-    c = ((result.get("uncertainty") or {}).get("covariance") or {}).get(name)
+def _cov(result: Mapping[str, object], name: str) -> np.ndarray | None:
+    u = as_map(result.get("uncertainty"), "uncertainty")
+    c = as_map(as_map(u.get("covariance"), "uncertainty.covariance").get(name), name)
     if not c:
         return None
-    vals = [math.nan if v is None else float(v) for v in c["values"]]
-    return np.array(vals, dtype=float).reshape(c["shape"])
+    vals = [math.nan if v is None else to_float(v) for v in as_list(c["values"], "values")]
+    return np.array(vals, dtype=float).reshape(tuple(to_int(n) for n in as_list(c["shape"], "shape")))
+
+
+def _entry(result: Mapping[str, object], group: str, name: str) -> Mapping[str, object]:
+    """``result[group][name]``: a transform's or a point's wire form."""
+    return as_map(as_map(result[group], group)[name], f"{group}.{name}")
 
 
 def _pm(v: float, s: float | None, digits: int) -> str:
@@ -63,15 +72,13 @@ def _sigmas(C: np.ndarray | None, n: int) -> list[float | None]:
     return [math.sqrt(v) if math.isfinite(v) and v >= 0 else None for v in d]
 
 
-def transform_lines(name: str, wire: Mapping[str, Any], C: np.ndarray | None) -> list[str]:
+def transform_lines(name: str, wire: Mapping[str, object], C: np.ndarray | None) -> list[str]:
     """``name`` in mm and deg, each axis with its 1-sigma."""
-    from cellcal.solver.se3 import so3_log
-
     T = np.array(wire["matrix"], dtype=float).reshape(4, 4)
     s = _sigmas(C, 6)
     t = T[:3, 3] * 1e3
     rv = np.degrees(so3_log(T[:3, :3]))
-    q = wire.get("quaternion") or {}
+    q = as_map(wire.get("quaternion"), "quaternion")
     st = [None if v is None else v * 1e3 for v in s[:3]]
     sr = [None if v is None else math.degrees(v) for v in s[3:]]
     return [
@@ -84,34 +91,35 @@ def transform_lines(name: str, wire: Mapping[str, Any], C: np.ndarray | None) ->
     ]
 
 
-def point_lines(name: str, wire: Mapping[str, Any], C: np.ndarray | None) -> list[str]:
+def point_lines(name: str, wire: Mapping[str, object], C: np.ndarray | None) -> list[str]:
     p = np.asarray(wire["position_m"], dtype=float) * 1e3
     s = [None if v is None else v * 1e3 for v in _sigmas(C, 3)]
     return [f"  {name}  (a point in {wire.get('frame', '?')}; 1-sigma per axis)",
             f"    position mm      x {_pm(p[0], s[0], 3)}, y {_pm(p[1], s[1], 3)}, z {_pm(p[2], s[2], 3)}"]
 
 
-def show_lines(rec: Any, state_dir: Any) -> list[str]:
+def show_lines(rec: ResultRecord, state_dir: Path) -> list[str]:
     """The text of ``cellcal show`` for one stored result."""
-    r = rec.result
+    r: Mapping[str, object] = rec.result
     status = ["active" if rec.active else "not active"]
     if rec.suspect:
         status.append(f"SUSPECT ({rec.suspect_reason})")
     lines = [f"result {rec.id}: {rec.kind}, {', '.join(status)}; run {rec.run_id if rec.run_id is not None else '-'}, "
              f"created {rec.created_utc}, parent result {rec.parent_result_id or '-'}"]
-    for name, w in (r.get("transforms") or {}).items():
-        lines += transform_lines(name, w, _cov(r, name))
-    for name, w in (r.get("points") or {}).items():
-        lines += point_lines(name, w, _cov(r, name))
+    for name, w in as_map(r.get("transforms"), "transforms").items():
+        lines += transform_lines(name, as_map(w, name), _cov(r, name))
+    for name, w in as_map(r.get("points"), "points").items():
+        lines += point_lines(name, as_map(w, name), _cov(r, name))
     lines += runs.for_body({**r, "kind": rec.kind}).show_lines(r)
-    lines.append(f"  residuals        translation RMS {r.get('rms_translation_m', 0.0) * 1e3:.4f} mm, rotation RMS "
-                 f"{math.degrees(r.get('rms_rotation_rad', 0.0)):.5f} deg ({r.get('n_stations', '?')} stations)")
-    g = r.get("gates") or {}
+    lines.append(f"  residuals        translation RMS {to_float(r.get('rms_translation_m', 0.0)) * 1e3:.4f} mm, "
+                 f"rotation RMS {math.degrees(to_float(r.get('rms_rotation_rad', 0.0))):.5f} deg "
+                 f"({r.get('n_stations', '?')} stations)")
+    g = as_map(r.get("gates"), "gates")
     if not g:
         lines.append("  gates            none recorded")
     else:
         lines.append(f"  gates            {'passed' if g.get('passed', True) else 'FAILED'}")
-        for c in g.get("checks") or []:
+        for c in (as_map(check, "gates.checks") for check in as_list(g.get("checks"), "gates.checks")):
             mark = "n/a " if c.get("applies") is False else ("ok  " if c.get("passed") else "FAIL")
             lines.append(f"    {mark} {c.get('name')}: {c.get('message')}")
     ws = runs.for_body({**r, "kind": rec.kind}).warnings(r)
@@ -124,41 +132,40 @@ def show_lines(rec: Any, state_dir: Any) -> list[str]:
     return lines
 
 
-def _primary_common(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[str, bool]:
-    ta, tb = a.get("transforms") or {}, b.get("transforms") or {}
+def _primary_common(a: Mapping[str, object], b: Mapping[str, object]) -> tuple[str, bool]:
+    ta, tb = as_map(a.get("transforms"), "transforms"), as_map(b.get("transforms"), "transforms")
     if "cell_T_base" in ta and "cell_T_base" in tb:
         return "cell_T_base", False
     for name in ta:
         if name in tb:
             return name, False
-    pa, pb = a.get("points") or {}, b.get("points") or {}
+    pa, pb = as_map(a.get("points"), "points"), as_map(b.get("points"), "points")
     for name in pa:
         if name in pb:
             return name, True
     raise CommandError("the two results estimate nothing in common (different kinds): nothing to compare")
 
 
-def diff_lines(ra: Any, rb: Any) -> list[str]:
+def diff_lines(ra: ResultRecord, rb: ResultRecord) -> list[str]:
     """The text of ``cellcal show --diff A B``: how the primary estimate moved from A to B."""
-    from cellcal.solver.se3 import so3_log
-
-    a, b = ra.result, rb.result
+    a: Mapping[str, object] = ra.result
+    b: Mapping[str, object] = rb.result
     name, is_point = _primary_common(a, b)
     Ca, Cb = _cov(a, name), _cov(b, name)
     C = None if Ca is None or Cb is None else Ca + Cb
     head = f"result {ra.id} -> result {rb.id}: {name}"
     if is_point:
-        pa = np.asarray(a["points"][name]["position_m"], dtype=float)
-        pb = np.asarray(b["points"][name]["position_m"], dtype=float)
+        pa = np.asarray(_entry(a, "points", name)["position_m"], dtype=float)
+        pb = np.asarray(_entry(b, "points", name)["position_m"], dtype=float)
         d = pb - pa
         lines = [head, f"  moved mm         x {d[0] * 1e3:.4f}, y {d[1] * 1e3:.4f}, z {d[2] * 1e3:.4f} "
-                       f"(|d| {np.linalg.norm(d) * 1e3:.4f} mm, in {a['points'][name].get('frame', '?')})"]
+                       f"(|d| {np.linalg.norm(d) * 1e3:.4f} mm, in {_entry(a, 'points', name).get('frame', '?')})"]
         lines.append("  in sigmas        " + _mahalanobis_text(d, C))
         return lines
-    Ta = np.array(a["transforms"][name]["matrix"], dtype=float).reshape(4, 4)
-    Tb = np.array(b["transforms"][name]["matrix"], dtype=float).reshape(4, 4)
-    parent = a["transforms"][name].get("parent_frame", "?")
-    child = a["transforms"][name].get("child_frame", "?")
+    Ta = np.array(_entry(a, "transforms", name)["matrix"], dtype=float).reshape(4, 4)
+    Tb = np.array(_entry(b, "transforms", name)["matrix"], dtype=float).reshape(4, 4)
+    parent = _entry(a, "transforms", name).get("parent_frame", "?")
+    child = _entry(a, "transforms", name).get("child_frame", "?")
     dt = Tb[:3, 3] - Ta[:3, 3]
     D = np.linalg.inv(Ta) @ Tb  # B's pose in A's: the right perturbation the covariances are in
     rho, phi = D[:3, 3], so3_log(D[:3, :3])

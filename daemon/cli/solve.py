@@ -24,18 +24,22 @@ import argparse
 import json
 import math
 import sys
+from typing import Any, TypeAlias
 
 import numpy as np
 
 from cellcal.daemon.bodies import result_to_wire, transforms_of
-from cellcal.daemon.cli.stations_io import StationFileError, read_stations
+from cellcal.daemon.cli.stations_io import StationFileError, Stations, read_stations
 from cellcal.daemon.report import format_report
+from cellcal.drivers.kinematics import dh_model
 from cellcal.solver import (
     CalibrationError,
+    CalibrationResult,
     calibrate_base_frame,
     calibrate_base_frame_points,
     calibrate_hand_eye,
     calibrate_tool_point,
+    synthetic,
 )
 from cellcal.solver.se3 import make_transform, rotation_angle, se3_inverse, so3_exp
 
@@ -53,6 +57,11 @@ DEFAULT_NOISE_DEG = 0.05
 REFUSE_RATIO = 10.0
 #: The x,y,z,w reading is named when it fits at least this much better.
 QUATERNION_ORDER_GAIN = 10.0
+
+#: The solver's keyword arguments the options set, forwarded to the calibrate function the
+#: kind picks: each takes its own subset with its own types (floats, a transform), so the
+#: values are typed by the function that receives them.
+_SolverKeywords: TypeAlias = dict[str, Any]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -98,12 +107,12 @@ def _numbers(text: str, count: int, option: str) -> list[float]:
     return vals
 
 
-def _options(args: argparse.Namespace, points: bool = False) -> dict:
+def _options(args: argparse.Namespace, points: bool = False) -> _SolverKeywords:
     for name in ("noise_mm", "noise_deg"):
         v = getattr(args, name)
         if not (math.isfinite(v) and v > 0.0):
             raise _Usage(f"--{name.replace('_', '-')} must be a positive number, got {v!r}")
-    kw: dict = {}
+    kw: _SolverKeywords = {}
     if not args.estimate_noise:
         kw["noise_translation_m"] = args.noise_mm * 1e-3
         if args.kind != "tool_point" and not points:
@@ -126,8 +135,6 @@ def _options(args: argparse.Namespace, points: bool = False) -> dict:
         kw["expected_tolerance_m"] = mm * 1e-3
         kw["expected_tolerance_rad"] = math.radians(deg)
     if args.robot_model is not None:
-        from cellcal.drivers.kinematics import dh_model
-
         try:
             model = dh_model(args.robot_model)
         except ValueError as exc:
@@ -136,7 +143,8 @@ def _options(args: argparse.Namespace, points: bool = False) -> dict:
     return kw
 
 
-def _solve(kind: str, G: np.ndarray, M: np.ndarray | None, kw: dict, points: np.ndarray | None = None):
+def _solve(kind: str, G: np.ndarray, M: np.ndarray | None, kw: _SolverKeywords,
+           points: np.ndarray | None = None) -> CalibrationResult:
     if points is not None:  # a base frame measured as 3-DoF points
         return calibrate_base_frame_points(G, points, **kw)
     if kind == "base_frame":
@@ -146,7 +154,7 @@ def _solve(kind: str, G: np.ndarray, M: np.ndarray | None, kw: dict, points: np.
     return calibrate_tool_point(G, **kw)
 
 
-def _ratios(result, args, points: bool = False) -> tuple[float, float]:
+def _ratios(result: CalibrationResult, args: argparse.Namespace, points: bool = False) -> tuple[float, float]:
     """Per-axis residual RMS over the declared noise: translation, rotation (nan: none)."""
     rt = result.rms_translation_m / math.sqrt(3.0) / (args.noise_mm * 1e-3)
     if args.kind == "tool_point" or points:
@@ -159,7 +167,7 @@ def _worst(r: tuple[float, float]) -> float:
     return max(v for v in r if math.isfinite(v))
 
 
-def _refusal(result, ratios: tuple[float, float], args) -> str:
+def _refusal(result: CalibrationResult, ratios: tuple[float, float], args: argparse.Namespace) -> str:
     rt, rr = ratios
     what = [f"translation {result.rms_translation_m * 1e3:.3g} mm RMS ({rt:.0f}x the declared "
             f"{args.noise_mm:g} mm)"]
@@ -176,7 +184,8 @@ def _refusal(result, ratios: tuple[float, float], args) -> str:
     )
 
 
-def _quaternion_order_hint(args, kw: dict, base: tuple[float, float], st0) -> str | None:
+def _quaternion_order_hint(args: argparse.Namespace, kw: _SolverKeywords, base: tuple[float, float],
+                           st0: Stations) -> str | None:
     """For a CSV that fits badly: does reading its quaternions as x,y,z,w fit far better?"""
     best: tuple[float, str] | None = None
     points = st0.points is not None
@@ -227,8 +236,6 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_BAD_INPUT
     P = None
     if args.synthetic is not None:
-        from cellcal.solver import synthetic
-
         if args.synthetic < 1:
             print("cellcal solve: --synthetic needs N >= 1", file=sys.stderr)
             return EXIT_BAD_INPUT
@@ -275,7 +282,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _truth_error(result, truth: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
+def _truth_error(result: CalibrationResult, truth: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
     est = transforms_of(result)
     out = {}
     for name, T in truth.items():

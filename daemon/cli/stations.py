@@ -25,6 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from cellcal.daemon.cli.results import CommandError, add_state_arguments, open_store, parse_id
+from cellcal.daemon.cli.stations_io import MEASUREMENT_KEYS, write_stations
+from cellcal.daemon.report.reading import as_list, as_map
+from cellcal.daemon.store import Store, UnknownRecord
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -34,7 +37,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_state_arguments(p)
 
 
-def run_stations(store: object, run_id: int) -> tuple[str, np.ndarray, np.ndarray | None, str]:
+def run_stations(store: Store, run_id: int) -> tuple[str, np.ndarray, np.ndarray | None, str]:
     """``(kind, base_T_flange (N,4,4), measured, where)`` of a stored run: ``measured`` the
     (N,4,4) poses of the kind's measurement, the (N,3) ``cell_p_target`` of a point run
     (metres), or None (a tool point).
@@ -45,13 +48,10 @@ def run_stations(store: object, run_id: int) -> tuple[str, np.ndarray, np.ndarra
         No such run, no stations, a kind ``cellcal solve`` does not solve, or stations
         that mix poses and points.
     """
-    from cellcal.daemon.cli.stations_io import MEASUREMENT_KEYS
-    from cellcal.daemon.store import UnknownRecord
-
     try:
-        run = store.get_run(run_id)  # type: ignore[attr-defined]
+        run = store.get_run(run_id)
     except UnknownRecord:
-        raise CommandError(f"no run {run_id} in {store.state_dir}") from None  # type: ignore[attr-defined]
+        raise CommandError(f"no run {run_id} in {store.state_dir}") from None
     kind = run.kind
     if kind not in MEASUREMENT_KEYS:
         extra = (" (the identified parameters are exported with its result: result_<id>_kinematics.json)"
@@ -59,7 +59,7 @@ def run_stations(store: object, run_id: int) -> tuple[str, np.ndarray, np.ndarra
         raise CommandError(f"run {run_id} is a {kind} run: cellcal solve reads base_frame, hand_eye and "
                            f"tool_point stations{extra}")
     key = MEASUREMENT_KEYS[kind]
-    stations = store.stations(run_id)  # type: ignore[attr-defined]
+    stations = store.stations(run_id)
     if stations:
         G = np.array([s.base_T_flange for s in stations])
         point = [s.cell_T_target is None and s.cell_p_target is not None for s in stations]
@@ -72,20 +72,19 @@ def run_stations(store: object, run_id: int) -> tuple[str, np.ndarray, np.ndarra
         if key != "cell_T_target" or any(s.cell_T_target is None for s in stations):
             raise CommandError(f"run {run_id} ({kind}) has stations without {key}")
         return kind, G, np.array([s.cell_T_target for s in stations]), "stored stations"
-    given = (run.plan or {}).get("given") or []
-    if not given:
+    listed = as_map(run.plan, "plan").get("given")
+    if not listed:
         raise CommandError(f"run {run_id} has no stations (status {run.status.value}: {run.status_reason or 'open'})")
     try:
-        G = np.array([np.asarray(s["base_T_flange"], dtype=float).reshape(4, 4) for s in given])
-        M = None if key is None else np.array([np.asarray(s[key], dtype=float).reshape(4, 4) for s in given])
+        given = as_list(listed, "plan.given")
+        G = np.array([np.asarray(as_map(s)["base_T_flange"], dtype=float).reshape(4, 4) for s in given])
+        M = None if key is None else np.array([np.asarray(as_map(s)[key], dtype=float).reshape(4, 4) for s in given])
     except (KeyError, TypeError, ValueError) as exc:
         raise CommandError(f"run {run_id}: the given stations lack what a {kind} needs ({exc})") from None
     return kind, G, M, "stations given with the run"
 
 
 def run(args: argparse.Namespace) -> int:
-    from cellcal.daemon.cli.stations_io import write_stations
-
     try:
         run_id = parse_id(args.run_id, "RUN_ID")
         store = open_store(args)

@@ -26,11 +26,13 @@ import json
 import math
 import sys
 import time
-from typing import Any
+from collections.abc import Mapping
+from typing import TextIO
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.cli.ctl import UsageError, add_connection_arguments, make_client
 from cellcal.daemon.report import human
+from cellcal.daemon.report.reading import as_map, to_float, to_int
 
 _SHORT = {t.rsplit("/", 1)[1]: t for t in P.TOPICS}
 
@@ -45,26 +47,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="print every heartbeat (default: only when what it says changes)")
 
 
-def _mm(v: Any) -> str:
+def _mm(v: object) -> str:
     return f"{v * 1e3:.3f}mm" if isinstance(v, (int, float)) else "-"
 
 
-def _deg(v: Any) -> str:
+def _deg(v: object) -> str:
     return f"{math.degrees(v):.4f}deg" if isinstance(v, (int, float)) else "-"
 
 
-def _describe(name: str, b: dict[str, Any]) -> str:
+def _number(v: object, what: str) -> int | float:
+    """``v`` where the line does arithmetic with it (TypeError otherwise, as the sum gave)."""
+    if isinstance(v, (int, float)):
+        return v
+    raise TypeError(f"{what}: expected a number, got {type(v).__name__}")
+
+
+def _describe(name: str, b: Mapping[str, object]) -> str:
     if name == "heartbeat":
-        devs = b.get("devices") or {}
-        dev = " ".join(f"{k}={'up' if (v or {}).get('connected') else 'DOWN'}" for k, v in sorted(devs.items()))
+        devs = as_map(b.get("devices"), "devices")
+        dev = " ".join(f"{k}={'up' if as_map(v, k).get('connected') else 'DOWN'}" for k, v in sorted(devs.items()))
         return (f"state={b.get('state', '?')} up={b.get('uptime_s', 0):.0f}s active={b.get('active_result_id') or '-'}"
                 f"{' SUSPECT' if b.get('suspect') else ''} run={b.get('run_id') or '-'} {dev}").rstrip()
     if name == "state":
         return f"{b.get('previous') or '-'} -> {b.get('state', '?')} run={b.get('run_id') or '-'}: {b.get('reason', '')}"
     if name == "station":
-        s = b.get("settle") or {}
+        s = as_map(b.get("settle"), "settle")
         verdict = "accepted" if b.get("accepted") else f"REJECTED ({b.get('reason')})"
-        return (f"run={b.get('run_id')} {b.get('index', 0) + 1}/{b.get('planned', '?')} attempt {b.get('attempt', 1)} "
+        index = _number(b.get("index", 0), "index")
+        return (f"run={b.get('run_id')} {index + 1}/{b.get('planned', '?')} attempt {b.get('attempt', 1)} "
                 f"{verdict} rest={s.get('robot_rest_s', 0):.2f}s tracker_std={_mm(s.get('tracker_std_translation_m'))}")
     if name == "result":
         main = human.main_transform(b)
@@ -81,19 +91,19 @@ def _describe(name: str, b: dict[str, Any]) -> str:
     return json.dumps(b, default=repr)
 
 
-def format_message(topic: str, env: dict[str, Any]) -> str:
+def format_message(topic: str, env: Mapping[str, object]) -> str:
     """One line for people: local time, seq, topic, the body's essentials in mm and deg."""
     name = topic.rsplit("/", 1)[-1]
     body = env.get("body") or {}
     try:
-        text = _describe(name, body)
+        text = _describe(name, as_map(body, "body"))
     except (TypeError, ValueError, AttributeError):  # a body from another version: show it raw
         text = json.dumps(body, default=repr)
     return f"{_prefix(env, name)} {text}"
 
 
-def _prefix(env: dict[str, Any], name: str) -> str:
-    t = _dt.datetime.fromtimestamp(env["ts_ns"] / 1e9).strftime("%H:%M:%S.%f")[:-3]
+def _prefix(env: Mapping[str, object], name: str) -> str:
+    t = _dt.datetime.fromtimestamp(to_float(env["ts_ns"]) / 1e9).strftime("%H:%M:%S.%f")[:-3]
     return f"{t} #{env['seq']:<6} {name:<9}"
 
 
@@ -103,10 +113,10 @@ def _clock(seconds: float) -> str:
     return f"{h}:{rem // 60:02d}:{rem % 60:02d}" if h else f"{rem // 60:d}:{rem % 60:02d}"
 
 
-def _heartbeat_summary(b: dict[str, Any]) -> tuple:
-    devs = b.get("devices") or {}
+def _heartbeat_summary(b: Mapping[str, object]) -> tuple[object, ...]:
+    devs = as_map(b.get("devices"), "devices")
     return (b.get("state"), b.get("active_result_id"), bool(b.get("suspect")), b.get("run_id"),
-            tuple(sorted((k, bool((v or {}).get("connected"))) for k, v in devs.items())))
+            tuple(sorted((k, bool(as_map(v, k).get("connected"))) for k, v in devs.items())))
 
 
 class Progress:
@@ -122,12 +132,12 @@ class Progress:
         self.planned = 0
         self.rejected = 0
 
-    def update(self, body: dict[str, Any], ts_ns: int) -> None:
+    def update(self, body: Mapping[str, object], ts_ns: int) -> None:
         run_id = str(body.get("run_id"))
         if run_id != self.run_id:
             self.run_id, self.t0_ns, self.rejected = run_id, ts_ns, 0
-        self.done = int(body.get("accepted_count") or 0)
-        self.planned = int(body.get("planned") or 0)
+        self.done = to_int(body.get("accepted_count") or 0)
+        self.planned = to_int(body.get("planned") or 0)
         if not body.get("accepted"):
             self.rejected += 1
         self.t_last_ns = ts_ns
@@ -153,7 +163,7 @@ class Printer:
     """Where lines go: plain lines, or on a terminal a progress bar redrawn in place that
     a normal line first moves out of the way."""
 
-    def __init__(self, out: Any, tty: bool) -> None:
+    def __init__(self, out: TextIO, tty: bool) -> None:
         self.out, self.tty = out, tty
         self._bar_shown = False
 
@@ -208,7 +218,7 @@ def run(args: argparse.Namespace) -> int:
     warned_silence = False
     printer = Printer(sys.stdout, sys.stdout.isatty())
     progress = Progress()
-    last_beat: tuple | None = None
+    last_beat: tuple[object, ...] | None = None
     with client:
         sub = client.subscribe(topics, on_gap=on_gap, on_restart=on_restart)
         try:
@@ -230,7 +240,7 @@ def run(args: argparse.Namespace) -> int:
                             last_beat = summary
                         if name == "station" and isinstance(body, dict):
                             try:
-                                progress.update(body, int(env["ts_ns"]))
+                                progress.update(body, to_int(env["ts_ns"]))
                             except (TypeError, ValueError):
                                 printer.line(format_message(topic, env))
                             else:
@@ -241,7 +251,7 @@ def run(args: argparse.Namespace) -> int:
                         else:
                             if (name == "state" and isinstance(body, dict) and body.get("state") == P.STATE_CAPTURING
                                     and body.get("run_id") is not None):
-                                progress.start(str(body["run_id"]), int(env.get("ts_ns") or 0))
+                                progress.start(str(body["run_id"]), to_int(env.get("ts_ns") or 0))
                             printer.line(format_message(topic, env))
                     n += 1
                     if args.count is not None and n >= args.count:

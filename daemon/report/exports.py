@@ -57,20 +57,27 @@ import math
 import os
 import re
 import shlex
+import shutil
 import tempfile
 import threading
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 
 from cellcal.daemon import runs
 from cellcal.daemon.bodies import transform_from_wire
+from cellcal.daemon.config import Export
+from cellcal.daemon.report.reading import as_map
 from cellcal.daemon.store import StoreError, StoreFullError, StoreReadOnlyError
 from cellcal.solver.se3 import check_transform, se3_inverse, so3_log, xyz_quat_from_transform
+
+if TYPE_CHECKING:
+    # The stubs' name for a comment's tag (the Comment factory itself), for _comment's type.
+    from xml.etree.ElementTree import _ElementCallable
 
 __all__ = [
     "atomic_write_bytes",
@@ -93,7 +100,12 @@ __all__ = [
     "sync_active",
     "active_result_id",
     "ACTIVE_NAME",
+    "ExportNames",
 ]
+
+#: What names the frames in the exported files: the ``[export]`` section, a mapping of
+#: cellcal's frame names to exported ones (``{"cell": "world"}``), or None (cellcal's own).
+ExportNames: TypeAlias = Export | Mapping[str, str] | None
 
 
 # --------------------------------------------------------------------------------------
@@ -193,7 +205,7 @@ def remove_stale_temporaries(directory: str | os.PathLike[str]) -> list[Path]:
     return removed
 
 
-def write_json_result(path: str | os.PathLike[str], result_dict: dict[str, Any]) -> Path:
+def write_json_result(path: str | os.PathLike[str], result_dict: Mapping[str, object]) -> Path:
     """Write a result (the wire dict, ideally with provenance) as JSON, atomically.
 
     NaN and infinity are refused (``ValueError``): they are not JSON and a client would
@@ -262,7 +274,7 @@ def _num(v: float) -> str:
     return repr(float(v))
 
 
-def _frame(name: Any, what: str) -> str:
+def _frame(name: object, what: str) -> str:
     if not isinstance(name, str) or not name or any(c.isspace() for c in name):
         raise ValueError(f"{what} must be a non-empty frame name without whitespace, got {name!r}")
     return name
@@ -278,7 +290,7 @@ _RENAMED = {
 _PRIMARY = ("cell_T_base", "flange_T_camera", "base_T_camera", "flange_p_tip")
 
 
-def frame_names(export: Any = None) -> dict[str, str]:
+def frame_names(export: ExportNames = None) -> dict[str, str]:
     """cellcal frame name -> exported name, from an ``[export]`` section (``None``: identity).
 
     Parameters
@@ -298,15 +310,28 @@ def frame_names(export: Any = None) -> dict[str, str]:
     return names
 
 
-def robot_name(export: Any) -> str:
-    name = getattr(export, "robot_name", None) if export is not None and not isinstance(export, Mapping) else None
+def robot_name(export: ExportNames) -> str:
+    """The URDF ``<robot name>``: ``[export] robot_name`` (``"cellcal"`` without a section)."""
+    name = export.robot_name if isinstance(export, Export) else None
     return name or "cellcal"
 
 
-def _base_yaw(export: Any) -> float:
-    if export is None or isinstance(export, Mapping):
+def _base_yaw(export: ExportNames) -> float:
+    if not isinstance(export, Export):
         return 0.0
-    return float(getattr(export, "base_frame_yaw_rad", 0.0))
+    return float(export.base_frame_yaw_rad)
+
+
+def _as_export(export: ExportNames) -> Export:
+    """``export`` as an ``[export]`` section, for a run kind's own files
+    (``RunKind.write_exports``): itself, or a section with the frame names a mapping gives
+    and the defaults otherwise (cellcal's names, robot ``cellcal``, no yaw: what
+    :func:`frame_names`, :func:`robot_name` and :func:`_base_yaw` read from a mapping)."""
+    if isinstance(export, Export):
+        return export
+    n = frame_names(export)
+    return Export(cell_frame=n["cell"], base_frame=n["base"], flange_frame=n["flange"], target_frame=n["target"],
+                  camera_frame=n["camera"], tip_frame=n["tip"], pivot_frame=n["pivot"])
 
 
 @dataclass(frozen=True, eq=False)  # compared by identity: they hold arrays
@@ -326,7 +351,7 @@ class _Item:
     T_ours: np.ndarray
 
 
-def _exportable(result_dict: Mapping[str, Any], names: Mapping[str, str], yaw: float = 0.0) -> list[_Item]:
+def _exportable(result_dict: Mapping[str, object], names: Mapping[str, str], yaw: float = 0.0) -> list[_Item]:
     """Every transform and point of a wire result, frames renamed, the base turned by ``yaw``.
 
     ``yaw`` (radians) is the exported base frame E about the controller base B's z axis,
@@ -351,23 +376,31 @@ def _exportable(result_dict: Mapping[str, Any], names: Mapping[str, str], yaw: f
         return T
 
     out: list[_Item] = []
-    for name, wire in (result_dict.get("transforms") or {}).items():
-        parent = wire.get("parent_frame") or name.partition("_T_")[0]
-        child = wire.get("child_frame") or name.partition("_T_")[2]
-        T = transform_from_wire(wire)
+    for name, wire in as_map(result_dict.get("transforms"), "transforms").items():
+        w = as_map(wire, f"transforms.{name}")
+        parent = _name_in(w, "parent_frame") or name.partition("_T_")[0]
+        child = _name_in(w, "child_frame") or name.partition("_T_")[2]
+        T = transform_from_wire(dict(w))  # a plain dict, the type transform_from_wire takes
         out.append(_Item(name, (parent, child), names.get(parent, parent), names.get(child, child),
                          turned(parent, child, T, False), False, T))
     # A point a_p_b (e.g. the tool tip) becomes a frame b with a's orientation.
-    for name, point in (result_dict.get("points") or {}).items():
+    for name, point in as_map(result_dict.get("points"), "points").items():
         parent, sep, child = name.partition("_p_")
         if not sep:
             continue
-        parent = point.get("frame") or parent
+        p = as_map(point, f"points.{name}")
+        parent = _name_in(p, "frame") or parent
         T = np.eye(4)
-        T[:3, 3] = np.asarray(point["position_m"], dtype=float)
+        T[:3, 3] = np.asarray(p["position_m"], dtype=float)
         out.append(_Item(name, (parent, child), names.get(parent, parent), names.get(child, child),
                          turned(parent, child, T, True), True, T))
     return out
+
+
+def _name_in(wire: Mapping[str, object], key: str) -> str:
+    """A frame name a wire transform or point gives (``""``: none, the caller's default)."""
+    v = wire.get(key)
+    return v if isinstance(v, str) else ""
 
 
 def _main_tree(items: list[_Item]) -> list[_Item]:
@@ -395,14 +428,14 @@ def _main_tree(items: list[_Item]) -> list[_Item]:
     return tree if len(roots) == 1 else [primary]
 
 
-def _suspect_text(result_dict: Mapping[str, Any]) -> str:
+def _suspect_text(result_dict: Mapping[str, object]) -> str:
     if result_dict.get("suspect"):
         reason = result_dict.get("suspect_reason") or "no reason recorded"
         return f"SUSPECT: true ({reason}): re-check the cell before relying on it"
     return "suspect: false"
 
 
-def _header(result_id: int, result_dict: Mapping[str, Any]) -> str:
+def _header(result_id: int, result_dict: Mapping[str, object]) -> str:
     """One line, for a comment in any of the formats: control characters (a newline in a
     suspect reason would end a shell or Python comment and start code) become spaces."""
     kind = result_dict.get("kind", "calibration")
@@ -415,7 +448,7 @@ def _header(result_id: int, result_dict: Mapping[str, Any]) -> str:
 # URDF and xacro
 
 
-def _comment(text: str) -> ET.Element[Any]:
+def _comment(text: str) -> ET.Element[_ElementCallable]:
     # "--" may not appear inside an XML comment ("---" too: every dash before a dash is spaced).
     return ET.Comment(" " + re.sub(r"-(?=-)", "- ", text) + " ")
 
@@ -468,13 +501,13 @@ def _joint_name(parent: str, child: str) -> str:
     return f"cellcal_{parent}_to_{child}".replace("/", "_")
 
 
-def _xml(root: ET.Element[Any], comments: list[str]) -> bytes:
+def _xml(root: ET.Element, comments: list[str]) -> bytes:
     ET.indent(root, space="  ")
     head = "".join(ET.tostring(_comment(c), encoding="unicode") + "\n" for c in comments)
     return ('<?xml version="1.0"?>\n' + head + ET.tostring(root, encoding="unicode") + "\n").encode()
 
 
-def urdf_robot(result_id: int, result_dict: Mapping[str, Any], export: Any = None) -> str:
+def urdf_robot(result_id: int, result_dict: Mapping[str, object], export: ExportNames = None) -> str:
     """A complete URDF of the result's main tree: ``<robot>``, one link per frame, fixed joints.
 
     Parameters
@@ -522,7 +555,7 @@ def urdf_robot(result_id: int, result_dict: Mapping[str, Any], export: Any = Non
 _DESCRIBED = ("base", "flange")
 
 
-def xacro_macros(result_id: int, result_dict: Mapping[str, Any], export: Any = None) -> str:
+def xacro_macros(result_id: int, result_dict: Mapping[str, object], export: ExportNames = None) -> str:
     """A xacro file with one macro per estimate, the parent link a parameter.
 
     ``<xacro:cellcal_base parent="world"/>`` puts the fixed joint ``world -> base`` (the
@@ -595,7 +628,7 @@ def ros2_static_tf_command(parent: str, child: str, T: np.ndarray) -> str:
     return shlex.join(["ros2", "run", "tf2_ros", "static_transform_publisher", *ros2_static_tf_args(parent, child, T)])
 
 
-def _ros2_script(result_id: int, result_dict: Mapping[str, Any], items: list[_Item]) -> str:
+def _ros2_script(result_id: int, result_dict: Mapping[str, object], items: list[_Item]) -> str:
     lines = [
         "#!/bin/sh",
         f"# {_header(result_id, result_dict)}: ROS 2 Humble or newer static transforms.",
@@ -609,7 +642,7 @@ def _ros2_script(result_id: int, result_dict: Mapping[str, Any], items: list[_It
     return "\n".join(lines) + "\n"
 
 
-def ros2_launch_file(result_id: int, result_dict: Mapping[str, Any], export: Any = None) -> str:
+def ros2_launch_file(result_id: int, result_dict: Mapping[str, object], export: ExportNames = None) -> str:
     """A ROS 2 Python launch file starting one ``static_transform_publisher`` per estimate.
 
     The same arguments as the ``_static_tf.sh`` script (:func:`ros2_static_tf_args`), as
@@ -672,7 +705,7 @@ def _identifier(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9_]", "_", name)
 
 
-def ur_script(result_id: int, result_dict: Mapping[str, Any], export: Any = None) -> str:
+def ur_script(result_id: int, result_dict: Mapping[str, object], export: ExportNames = None) -> str:
     """URScript pose lines for a UR controller, each with what it is and where it goes.
 
     * ``cell_T_base`` gives a **base feature**: the cell frame in the robot base,
@@ -725,8 +758,8 @@ def export_file_names(result_id: int) -> dict[str, str]:
     }
 
 
-def write_exports(directory: str | os.PathLike[str], result_id: int, result_dict: dict[str, Any],
-                  export: Any = None) -> dict[str, Path]:
+def write_exports(directory: str | os.PathLike[str], result_id: int, result_dict: Mapping[str, object],
+                  export: ExportNames = None) -> dict[str, Path]:
     """Write the export files of one result, each atomically (the module docstring lists them).
 
     Parameters
@@ -766,7 +799,7 @@ def write_exports(directory: str | os.PathLike[str], result_id: int, result_dict
         "ur": atomic_write_bytes(directory / files["ur"], ur_script(result_id, result_dict, export).encode()),
     }
     # The kind's own files (a kinematics result's parameters, arm URDF, UR calibration YAML).
-    out.update(runs.for_body(result_dict).write_exports(directory, result_id, result_dict, export))
+    out.update(runs.for_body(result_dict).write_exports(directory, result_id, result_dict, _as_export(export)))
     return out
 
 
@@ -872,8 +905,6 @@ def update_active(directory: str | os.PathLike[str], result_id: int) -> Path:
                 os.unlink(tmp_link)
             os.symlink(new.name, tmp_link)
             if link.is_dir() and not link.is_symlink():
-                import shutil
-
                 shutil.rmtree(link)  # a plain directory left by hand: replaced by the symlink
             os.replace(tmp_link, link)
             tmp_link = None
@@ -893,8 +924,6 @@ def update_active(directory: str | os.PathLike[str], result_id: int) -> Path:
 
 
 def _remove_tree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
 
 

@@ -37,12 +37,17 @@ import html
 import logging
 import math
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import TypeAlias, cast
 
 import numpy as np
 
 from cellcal.daemon import runs
+from cellcal.daemon.bodies import result_body
+from cellcal.daemon.report.exports import atomic_write_bytes
+from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
+from cellcal.daemon.store import StationRecord, Store
 from cellcal.solver.se3 import quat_from_matrix, so3_log
 
 log = logging.getLogger(__name__)
@@ -50,7 +55,12 @@ log = logging.getLogger(__name__)
 __all__ = [
     "render_report", "write_report", "report_path", "report_from_store", "export_report", "residual_vectors",
     "REPORT_SUFFIX", "SECTIONS", "FIGURES", "MAX_DRIFT_CHECKS", "e", "fmt", "scaled", "fig_residuals", "missing",
+    "Station",
 ]
+
+#: A station as the report draws it: one the store kept (``StationRecord``), or one a client
+#: gave with the run (a mapping with the poses as 16 numbers, ``run.plan["given"]``).
+Station: TypeAlias = StationRecord | Mapping[str, object]
 
 #: The report's file name next to the exports: ``result_<id>`` + this.
 REPORT_SUFFIX = "_report.html"
@@ -90,16 +100,16 @@ svg text{font-family:sans-serif}
 # small helpers
 
 
-def _e(text: Any) -> str:
+def _e(text: object) -> str:
     return html.escape(str(text), quote=True)
 
 
-def _fmt(v: Any, digits: int = 4, unit: str = "") -> str:
+def _fmt(v: object, digits: int = 4, unit: str = "") -> str:
     """A number for people (``n/a`` when missing or not finite), fixed digits."""
     if v is None or isinstance(v, bool):
         return "n/a"
     try:
-        x = float(v)
+        x = to_float(v)
     except (TypeError, ValueError):
         return "n/a"
     if not math.isfinite(x):
@@ -115,31 +125,32 @@ def _num(v: float) -> str:
     return "0.00" if s == "-0.00" else s
 
 
-def _matrix_of(wire: Mapping[str, Any]) -> np.ndarray:
-    return np.array(wire["matrix"], dtype=float).reshape(4, 4)
+def _matrix_of(wire: object) -> np.ndarray:
+    return np.array(as_map(wire, "transform")["matrix"], dtype=float).reshape(4, 4)
 
 
-def _covariance(body: Mapping[str, Any], name: str) -> np.ndarray | None:
-    c = ((body.get("uncertainty") or {}).get("covariance") or {}).get(name)
+def _covariance(body: Mapping[str, object], name: str) -> np.ndarray | None:
+    u = as_map(body.get("uncertainty"), "uncertainty")
+    c = as_map(as_map(u.get("covariance"), "uncertainty.covariance").get(name), name)
     if not c:
         return None
-    vals = [math.nan if v is None else float(v) for v in c.get("values", [])]
-    shape = tuple(int(s) for s in c.get("shape", []))
+    vals = [math.nan if v is None else to_float(v) for v in as_list(c.get("values", []), "values")]
+    shape = tuple(to_int(s) for s in as_list(c.get("shape", []), "shape"))
     if not shape or int(np.prod(shape)) != len(vals):
         return None
     return np.array(vals, dtype=float).reshape(shape)
 
 
-def _primary(body: Mapping[str, Any]) -> tuple[str, np.ndarray | None]:
+def _primary(body: Mapping[str, object]) -> tuple[str, np.ndarray | None]:
     """The result's main estimate: ``cell_T_base`` when present, else the first transform,
     else the first point (name, value: (4, 4) or (3,))."""
-    tf = body.get("transforms") or {}
+    tf = as_map(body.get("transforms"), "transforms")
     if "cell_T_base" in tf:
         return "cell_T_base", _matrix_of(tf["cell_T_base"])
     for name, w in tf.items():
         return name, _matrix_of(w)
-    for name, p in (body.get("points") or {}).items():
-        return name, np.asarray(p["position_m"], dtype=float)
+    for name, p in as_map(body.get("points"), "points").items():
+        return name, np.asarray(as_map(p, name)["position_m"], dtype=float)
     return "", None
 
 
@@ -264,7 +275,7 @@ def _legend(x: float, y: float, items: Sequence[tuple[str, str]]) -> list[str]:
 # station data
 
 
-def _station_dicts(stations: Sequence[Any] | None) -> list[dict[str, np.ndarray]]:
+def _station_dicts(stations: Sequence[Station] | None) -> list[dict[str, np.ndarray]]:
     """Stations as ``{base_T_flange, cell_T_target?, cell_p_target?, camera_T_target?}`` arrays,
     from store records (``StationRecord``) or from given stations (dicts of 16 numbers)."""
     out: list[dict[str, np.ndarray]] = []
@@ -280,7 +291,8 @@ def _station_dicts(stations: Sequence[Any] | None) -> list[dict[str, np.ndarray]
     return out
 
 
-def residual_vectors(body: Mapping[str, Any], stations: Sequence[Any] | None) -> tuple[str, np.ndarray, np.ndarray]:
+def residual_vectors(body: Mapping[str, object],
+                     stations: Sequence[Station] | None) -> tuple[str, np.ndarray, np.ndarray]:
     """Where each station is and how far the fit misses it, as 3-D vectors.
 
     Parameters
@@ -305,8 +317,8 @@ def residual_vectors(body: Mapping[str, Any], stations: Sequence[Any] | None) ->
         (base frame), the tool tip against the pivot (tool point), the target in the base
         seen through the camera against the estimate (hand-eye, eye-to-hand).
     """
-    tf = body.get("transforms") or {}
-    pts = body.get("points") or {}
+    tf = as_map(body.get("transforms"), "transforms")
+    pts = as_map(body.get("points"), "points")
     st = _station_dicts(stations)
     empty = ("", np.zeros((0, 3)), np.zeros((0, 3)))
     if not st:
@@ -316,7 +328,7 @@ def residual_vectors(body: Mapping[str, Any], stations: Sequence[Any] | None) ->
         return _matrix_of(tf[name])
 
     def p(name: str) -> np.ndarray:
-        return np.asarray(pts[name]["position_m"], dtype=float).reshape(3)
+        return np.asarray(as_map(pts[name], name)["position_m"], dtype=float).reshape(3)
 
     pos: list[np.ndarray] = []
     res: list[np.ndarray] = []
@@ -361,7 +373,7 @@ def residual_vectors(body: Mapping[str, Any], stations: Sequence[Any] | None) ->
 # figures
 
 
-def _fig_residuals(body: Mapping[str, Any], stations: Sequence[Any] | None, *, fig_id: str = "fig-residuals",
+def _fig_residuals(body: Mapping[str, object], stations: Sequence[Station] | None, *, fig_id: str = "fig-residuals",
                    title: str = "Residual vectors per station (two orthographic views)") -> str:
     frame, P_m, R_m = residual_vectors(body, stations)
     if not frame or len(P_m) == 0:
@@ -370,13 +382,13 @@ def _fig_residuals(body: Mapping[str, Any], stations: Sequence[Any] | None, *, f
                "this result's kind has no per-station vector residual")
         return _missing(fig_id, title, why)
     n = len(P_m)
-    held = np.array([math.nan if v is None else float(v) for v in ((body.get("holdout") or {}).get("translation_m")
-                                                                  or [])], dtype=float)
+    held_m = as_list(as_map(body.get("holdout"), "holdout").get("translation_m"), "holdout.translation_m")
+    held = np.array([math.nan if v is None else to_float(v) for v in held_m], dtype=float)
     held_marked: set[int] = set()
     if held.size == n and np.isfinite(held).any():
         p90 = float(np.percentile(held[np.isfinite(held)], 90))
         held_marked = {i for i in range(n) if not math.isfinite(held[i]) or held[i] > p90}
-    down = {int(i) for i in body.get("downweighted") or []}
+    down = {to_int(i) for i in as_list(body.get("downweighted"), "downweighted")}
     check = _check_positions(body, stations)
     P_mm, R_mm = P_m * 1e3, R_m * 1e3
     extent = float(np.max(np.ptp(P_mm, axis=0))) if n > 1 else 100.0
@@ -422,10 +434,11 @@ def _fig_residuals(body: Mapping[str, Any], stations: Sequence[Any] | None, *, f
             + _svg(840, 450, parts, title) + "</figure>")
 
 
-def _check_positions(body: Mapping[str, Any], stations: Sequence[Any] | None) -> set[int]:
+def _check_positions(body: Mapping[str, object], stations: Sequence[Station] | None) -> set[int]:
     """Indices (in station order) of the drift check stations."""
     idx = [getattr(s, "plan_index", None) for s in stations or ()]
-    want = {cs.get("plan_index") for cs in body.get("check_stations") or [] if isinstance(cs, Mapping)}
+    want = {cs.get("plan_index") for cs in as_list(body.get("check_stations"), "check_stations")
+            if isinstance(cs, Mapping)}
     return {i for i, pi in enumerate(idx) if pi is not None and pi in want}
 
 
@@ -440,12 +453,14 @@ def _cdf(panel: _Panel, v_mm: np.ndarray, colour: str, cls: str) -> list[str]:
     return [f'<polyline class="{cls}" points="{" ".join(pts)}" fill="none" stroke="{colour}" stroke-width="2.5"/>']
 
 
-def _fig_distribution(body: Mapping[str, Any]) -> tuple[str, str]:
+def _fig_distribution(body: Mapping[str, object]) -> tuple[str, str]:
     title = "Error distribution: fit residuals and held-out closure"
-    res = body.get("residuals") or {}
-    fit = np.array([math.nan if v is None else float(v) for v in res.get("translation_m") or []], dtype=float) * 1e3
-    h = body.get("holdout") or {}
-    held = np.array([math.nan if v is None else float(v) for v in h.get("translation_m") or []], dtype=float) * 1e3
+    res = as_map(body.get("residuals"), "residuals")
+    fit = np.array([math.nan if v is None else to_float(v) for v in as_list(res.get("translation_m"), "translation_m")],
+                   dtype=float) * 1e3
+    h = as_map(body.get("holdout"), "holdout")
+    held = np.array([math.nan if v is None else to_float(v) for v in as_list(h.get("translation_m"), "translation_m")],
+                    dtype=float) * 1e3
     table = _distribution_table(body, fit, held)
     if fit.size == 0 or not np.isfinite(fit).any():
         return _missing("fig-distribution", title, "the result has no per-station residuals"), table
@@ -473,13 +488,13 @@ def _fig_distribution(body: Mapping[str, Any]) -> tuple[str, str]:
     return fig, table
 
 
-def _distribution_table(body: Mapping[str, Any], fit_mm: np.ndarray, held_mm: np.ndarray) -> str:
+def _distribution_table(body: Mapping[str, object], fit_mm: np.ndarray, held_mm: np.ndarray) -> str:
     rows = []
     for label, v in (("fit", fit_mm), ("held-out", held_mm)):
         p50, p90, mx = _percentiles(v) if v.size else (math.nan, math.nan, math.nan)
         rows.append(f'<tr><td>{label}</td><td class="num">{_fmt(p50)}</td><td class="num">{_fmt(p90)}</td>'
                     f'<td class="num">{_fmt(mx)}</td></tr>')
-    method = (body.get("holdout") or {}).get("method")
+    method = as_map(body.get("holdout"), "holdout").get("method")
     note = f"held-out method: {_e(method)}" if method else "no held-out closure for this result"
     return ('<table class="distribution"><tr><th>translation error [mm]</th><th>P50</th><th>P90</th><th>max</th></tr>'
             + "".join(rows) + f'</table><p class="na">{note}</p>')
@@ -494,16 +509,18 @@ def _ellipse(C2: np.ndarray, k: float) -> tuple[float, float, float]:
     return a, b, ang
 
 
-def _task_points(body: Mapping[str, Any], stations: Sequence[Any] | None) -> tuple[str, np.ndarray, list[np.ndarray]]:
+def _task_points(body: Mapping[str, object],
+                 stations: Sequence[Station] | None) -> tuple[str, np.ndarray, list[np.ndarray]]:
     """``(frame, points (K, 3) m, covariances (K, 3x3) m^2 in that frame)`` of the task points."""
-    tf = body.get("transforms") or {}
-    pts = body.get("points") or {}
+    tf = as_map(body.get("transforms"), "transforms")
+    pts = as_map(body.get("points"), "points")
     if "cell_T_base" in tf:
         X = _matrix_of(tf["cell_T_base"])
         C6 = _covariance(body, "cell_T_base")
         if C6 is None or not np.all(np.isfinite(C6)):
             return "", np.zeros((0, 3)), []
-        given = [np.asarray(t["point_m"], dtype=float) for t in body.get("task_points") or []]
+        given = [np.asarray(as_map(t, "task point")["point_m"], dtype=float)
+                 for t in as_list(body.get("task_points"), "task_points")]
         frame, P_m, _ = residual_vectors(body, stations)
         cand = np.array(given) if given else P_m
         if len(cand) == 0:
@@ -519,7 +536,8 @@ def _task_points(body: Mapping[str, Any], stations: Sequence[Any] | None) -> tup
         C3 = _covariance(body, "flange_p_tip")
         if C3 is None or not np.all(np.isfinite(C3)):
             return "", np.zeros((0, 3)), []
-        return "flange", np.asarray(pts["flange_p_tip"]["position_m"], dtype=float).reshape(1, 3), [C3]
+        tip = as_map(pts["flange_p_tip"], "flange_p_tip")
+        return "flange", np.asarray(tip["position_m"], dtype=float).reshape(1, 3), [C3]
     for name in ("flange_T_camera", "base_T_camera"):
         if name in tf:
             T = _matrix_of(tf[name])
@@ -541,7 +559,7 @@ def _hat(v: np.ndarray) -> np.ndarray:
     return np.array([[0.0, -v[2], v[1]], [v[2], 0.0, -v[0]], [-v[1], v[0], 0.0]])
 
 
-def _fig_ellipses(body: Mapping[str, Any], stations: Sequence[Any] | None) -> str:
+def _fig_ellipses(body: Mapping[str, object], stations: Sequence[Station] | None) -> str:
     title = "Uncertainty at the task points: 1-sigma and 2-sigma ellipses"
     frame, P_m, covs = _task_points(body, stations)
     if not frame:
@@ -586,7 +604,7 @@ def _fig_ellipses(body: Mapping[str, Any], stations: Sequence[Any] | None) -> st
             + _svg(840, 430, parts, title) + "</figure>")
 
 
-def _fig_observability(body: Mapping[str, Any]) -> str:
+def _fig_observability(body: Mapping[str, object]) -> str:
     title = "Axis spread and observability"
     name, _ = _primary(body)
     C = _covariance(body, name) if name else None
@@ -601,8 +619,8 @@ def _fig_observability(body: Mapping[str, Any]) -> str:
         s = min(max(float(spread), 0.0), 1.0)
         parts.append(f'<rect class="spread" x="70" y="40" width="{_num(700 * s)}" height="24" fill="{_FIT}"/>')
         parts.append(f'<text x="{_num(gauge.px(s) + 4)}" y="57" font-size="11">{s:.4f}</text>')
-    wa = body.get("weakest_axis") or {}
-    unit = wa.get("unit") or []
+    wa = as_map(body.get("weakest_axis"), "weakest_axis")
+    unit = as_list(wa.get("unit"), "weakest_axis.unit")
     if len(unit) == 3:
         parts.append(f'<text x="70" y="82" font-size="11">weakest axis [{unit[0]:.3f} {unit[1]:.3f} {unit[2]:.3f}] '
                      f'in the {_e(wa.get("frame", "?"))} frame</text>')
@@ -639,18 +657,18 @@ def _fig_observability(body: Mapping[str, Any]) -> str:
             f'</figcaption>{_svg(840, 300, parts, title)}</figure>')
 
 
-def _fig_drift(drift_checks: Sequence[Mapping[str, Any]] | None) -> str:
+def _fig_drift(drift_checks: Sequence[Mapping[str, object]] | None) -> str:
     title = "Drift history with warn/fail bands and CUSUM"
     checks = [d for d in drift_checks or [] if isinstance(d.get("deviation_translation_m"), (int, float))]
     if not checks:
         return _missing("fig-drift", title, "no drift check of this result yet (run one: cellcal ctl request_drift_check; "
                                             "then regenerate the report with cellcal report)")
-    checks = sorted(checks, key=lambda d: int(d.get("check_id", 0)))
-    dev = np.array([float(d["deviation_translation_m"]) for d in checks]) * 1e3
-    warn = float(checks[-1].get("warn_translation_m") or 0.0) * 1e3
-    fail = float(checks[-1].get("fail_translation_m") or 0.0) * 1e3
-    cus = np.array([float((d.get("cusum") or {}).get("value_m") or 0.0) for d in checks]) * 1e3
-    h = float((checks[-1].get("cusum") or {}).get("h_m") or 0.0) * 1e3
+    checks = sorted(checks, key=lambda d: to_int(d.get("check_id", 0)))
+    dev = np.array([to_float(d["deviation_translation_m"]) for d in checks]) * 1e3
+    warn = to_float(checks[-1].get("warn_translation_m") or 0.0) * 1e3
+    fail = to_float(checks[-1].get("fail_translation_m") or 0.0) * 1e3
+    cus = np.array([to_float(as_map(d.get("cusum"), "cusum").get("value_m") or 0.0) for d in checks]) * 1e3
+    h = to_float(as_map(checks[-1].get("cusum"), "cusum").get("h_m") or 0.0) * 1e3
     n = len(checks)
     hi = max(float(dev.max()), fail, warn) * 1.2 or 1.0
     parts: list[str] = []
@@ -713,7 +731,8 @@ def _transform_html(name: str, T: np.ndarray, C: np.ndarray | None) -> str:
             f'<p>Matrix (4x4, row-major, translation in metres):</p><pre class="matrix">{_e(rows)}</pre>')
 
 
-def _point_html(name: str, wire: Mapping[str, Any], C: np.ndarray | None) -> str:
+def _point_html(name: str, point: object, C: np.ndarray | None) -> str:
+    wire = as_map(point, name)
     p = np.asarray(wire["position_m"], dtype=float) * 1e3
     frame = wire.get("frame") or name.partition("_p_")[0]
     sig = ""
@@ -725,24 +744,24 @@ def _point_html(name: str, wire: Mapping[str, Any], C: np.ndarray | None) -> str
             f'{sig}</table>')
 
 
-def _summary(body: Mapping[str, Any]) -> str:
+def _summary(body: Mapping[str, object]) -> str:
     kind = body.get("kind", "calibration")
     rid = body.get("result_id", "?")
     status = "active" if body.get("active") else "not active"
     suspect = ""
     if body.get("suspect"):
         suspect = f'<p class="banner">SUSPECT: {_e(body.get("suspect_reason") or "marked suspect")}</p>'
-    u = body.get("uncertainty") or {}
+    u = as_map(body.get("uncertainty"), "uncertainty")
     fit = {k: body[k] for k in ("converged", "stop_reason") if k in body}
     rows = [
         ("result", f"{rid} ({kind}), {status}, run {body.get('run_id') or 'none'}"),
         ("stations", f"{body.get('n_stations', '?')} stations, {body.get('n_motions', '?')} motions"),
-        ("residual translation", f"RMS {_fmt((body.get('rms_translation_m') or 0) * 1e3)} mm, worst "
-                                 f"{_fmt((body.get('max_translation_m') or 0) * 1e3)} mm"),
-        ("residual rotation", f"RMS {_fmt(math.degrees(body.get('rms_rotation_rad') or 0), 5)} deg, worst "
-                              f"{_fmt(math.degrees(body.get('max_rotation_rad') or 0), 5)} deg"),
-        ("uncertainty (1 sigma)", f"{_fmt((u.get('sigma_translation_m') or math.nan) * 1e3)} mm, "
-                                  f"{_fmt(math.degrees(u.get('sigma_rotation_rad') or math.nan), 5)} deg "
+        ("residual translation", f"RMS {_fmt(to_float(body.get('rms_translation_m') or 0) * 1e3)} mm, worst "
+                                 f"{_fmt(to_float(body.get('max_translation_m') or 0) * 1e3)} mm"),
+        ("residual rotation", f"RMS {_fmt(math.degrees(to_float(body.get('rms_rotation_rad') or 0)), 5)} deg, worst "
+                              f"{_fmt(math.degrees(to_float(body.get('max_rotation_rad') or 0)), 5)} deg"),
+        ("uncertainty (1 sigma)", f"{_fmt(to_float(u.get('sigma_translation_m') or math.nan) * 1e3)} mm, "
+                                  f"{_fmt(math.degrees(to_float(u.get('sigma_rotation_rad') or math.nan)), 5)} deg "
                                   f"(noise: {u.get('noise_source', '?')})"),
         ("solver", f"{body.get('solver', '?')}; {'converged' if fit.get('converged', True) else 'DID NOT CONVERGE'}"
                    f" ({fit.get('stop_reason', '')})"),
@@ -752,30 +771,30 @@ def _summary(body: Mapping[str, Any]) -> str:
             "metres and radians). Quaternions are in the order w, x, y, z with w &gt;= 0. Rotation vectors are the "
             "axis times the angle.")
     est = []
-    for name, w in (body.get("transforms") or {}).items():
+    for name, w in as_map(body.get("transforms"), "transforms").items():
         est.append(_transform_html(name, _matrix_of(w), _covariance(body, name)))
-    for name, w in (body.get("points") or {}).items():
+    for name, w in as_map(body.get("points"), "points").items():
         est.append(_point_html(name, w, _covariance(body, name)))
     table = "".join(f"<tr><td>{_e(k)}</td><td>{_e(v)}</td></tr>" for k, v in rows)
     return (f'<section id="summary"><h2>Summary</h2>{suspect}<table class="summary">{table}</table>'
             f'<p class="convention">{conv}</p>{"".join(est)}</section>')
 
 
-def _scaled(v: Any, factor: float, digits: int) -> str:
+def _scaled(v: object, factor: float, digits: int) -> str:
     if v is None or isinstance(v, bool) or not isinstance(v, (int, float)):
         return "n/a"
     return _fmt(float(v) * factor, digits)
 
 
-def _gates(body: Mapping[str, Any]) -> str:
-    g = body.get("gates") or {}
+def _gates(body: Mapping[str, object]) -> str:
+    g = as_map(body.get("gates"), "gates")
     checks = g.get("checks")
     if not g:
         return '<section id="gates"><h2>Acceptance gates</h2><p class="na">No gates recorded with this result.</p></section>'
     verdict = ('<p class="pass">All gates passed: the result may become the active one.</p>' if g.get("passed", True)
                else '<p class="fail">Gates FAILED: the result was not activated.</p>')
     rows = []
-    for c in checks or []:
+    for c in (as_map(check, "gates.checks") for check in as_list(checks, "gates.checks")):
         if c.get("applies") is False:
             state = '<span class="na">does not apply</span>'
         else:
@@ -783,15 +802,15 @@ def _gates(body: Mapping[str, Any]) -> str:
         rows.append(f"<tr><td>{_e(c.get('name', ''))}</td><td>{state}</td><td>{_e(c.get('message', ''))}</td></tr>")
     if checks is None:
         rows = [f'<tr><td>?</td><td><span class="fail">FAILED</span></td><td>{_e(m)}</td></tr>'
-                for m in g.get("failed", [])]
+                for m in as_list(g.get("failed", []), "gates.failed")]
     return (f'<section id="gates"><h2>Acceptance gates</h2>{verdict}<table class="gates"><tr><th>gate</th>'
             f'<th>outcome</th><th>measured</th></tr>{"".join(rows)}</table></section>')
 
 
-def _warnings(body: Mapping[str, Any]) -> str:
+def _warnings(body: Mapping[str, object]) -> str:
     ws = runs.for_body(body).warnings(body)
     items = "".join(f'<div class="warn"><b>{_e(w.get("code", ""))}</b>: {_e(w.get("message", ""))}</div>' for w in ws)
-    t = body.get("residual_tests") or {}
+    t = as_map(body.get("residual_tests"), "residual_tests")
     tests = ""
     if t:
         tests = (f"<p>Residual tests: chi-square per degree of freedom {_fmt(t.get('chi2_per_dof'), 2)}"
@@ -802,8 +821,8 @@ def _warnings(body: Mapping[str, Any]) -> str:
     return f'<section id="warnings"><h2>Warnings</h2>{items}{none}{tests}</section>'
 
 
-def _provenance(body: Mapping[str, Any]) -> str:
-    prov = body.get("provenance") or {}
+def _provenance(body: Mapping[str, object]) -> str:
+    prov = as_map(body.get("provenance"), "provenance")
     rows: list[tuple[str, str]] = [
         ("config sha256", str(prov.get("config_sha256") or "unknown")),
         ("cellcal version", str(prov.get("cellcal_version") or "unknown")),
@@ -815,9 +834,9 @@ def _provenance(body: Mapping[str, Any]) -> str:
         ("robot serial", str(prov.get("robot_serial") or "unknown")),
         ("kinematics digest", str(prov.get("kinematics_digest") or "unknown")),
     ]
-    devices = prov.get("devices") or {}
+    devices = as_map(prov.get("devices"), "provenance.devices")
     for dev in sorted(devices):
-        ident = devices[dev] or {}
+        ident: object = devices[dev] or {}
         if isinstance(ident, Mapping):
             text = ", ".join(f"{k} {ident[k]}" for k in sorted(ident) if not isinstance(ident[k], (dict, list)))
         else:
@@ -828,11 +847,9 @@ def _provenance(body: Mapping[str, Any]) -> str:
             f'<p class="convention">{_e(body.get("frame_convention") or "")}</p></section>')
 
 
-def _ns_text(ns: Any) -> str:
+def _ns_text(ns: object) -> str:
     if not isinstance(ns, int) or ns <= 0:
         return "unknown"
-    from datetime import UTC, datetime
-
     return datetime.fromtimestamp(ns / 1e9, tz=UTC).isoformat(timespec="seconds")
 
 
@@ -840,8 +857,8 @@ def _ns_text(ns: Any) -> str:
 # the document
 
 
-def render_report(body: Mapping[str, Any], *, stations: Sequence[Any] | None = None,
-                  drift_checks: Sequence[Mapping[str, Any]] | None = None) -> str:
+def render_report(body: Mapping[str, object], *, stations: Sequence[Station] | None = None,
+                  drift_checks: Sequence[Mapping[str, object]] | None = None) -> str:
     """The HTML report of one result (a complete, self-contained document).
 
     Parameters
@@ -862,7 +879,10 @@ def render_report(body: Mapping[str, Any], *, stations: Sequence[Any] | None = N
     """
     kind = body.get("kind", "calibration")
     name, _ = _primary(body)
-    parts = runs.for_body(body).report_sections(body, stations)
+    # Given stations (mappings) go to the kind as they come: a kind's sections read a station
+    # through getattr or as a mapping, as these figures do (kinematics_report._through);
+    # RunKind.report_sections declares the stored ones only.
+    parts = runs.for_body(body).report_sections(body, cast(Sequence[StationRecord] | None, stations))
     if parts.stations is not None:
         stations = parts.stations
     dist_fig, dist_table = _fig_distribution(body)
@@ -891,34 +911,30 @@ def report_path(directory: str | Path, result_id: int | str) -> Path:
     return Path(directory) / f"result_{int(result_id)}{REPORT_SUFFIX}"
 
 
-def report_from_store(store: Any, result_id: int, *, cell: str = "") -> str:
+def report_from_store(store: Store, result_id: int, *, cell: str = "") -> str:
     """The report of a stored result, with its run's stations (or given stations) and its
-    drift checks, read from ``store`` (a :class:`cellcal.daemon.store.Store`)."""
-    from cellcal.daemon.bodies import result_body
-
+    drift checks, read from ``store``."""
     rec = store.get_result(int(result_id))
-    body = result_body(rec, cell=cell)
-    body["created_utc"] = rec.created_utc
-    stations: list[Any] = []
+    body: dict[str, object] = {**result_body(rec, cell=cell), "created_utc": rec.created_utc}
+    stations: Sequence[Station] = []
     if rec.run_id is not None:
         # The stations of the fit (a kinematics run's ISO 9283 measurements are not).
         stations = runs.for_body(body).fit_stations(store.stations(rec.run_id))
         if not stations:
             run = store.get_run(rec.run_id)
-            stations = list((run.plan or {}).get("given") or [])
+            given = as_list(as_map(run.plan, "plan").get("given"), "plan.given")
+            stations = [s for s in given if isinstance(s, Mapping)]
     checks = [d.record for d in store.drift_checks(rec.id, limit=MAX_DRIFT_CHECKS)]
     return render_report(body, stations=stations, drift_checks=checks)
 
 
 def write_report(directory: str | Path, result_id: int, text: str) -> Path:
     """Write ``text`` as the report of ``result_id`` in ``directory``, atomically."""
-    from cellcal.daemon.report.exports import atomic_write_bytes
-
     Path(directory).mkdir(parents=True, exist_ok=True)
     return atomic_write_bytes(report_path(directory, result_id), text.encode("utf-8"))
 
 
-def export_report(store: Any, result_id: int, directory: str | Path, *, cell: str = "") -> Path | None:
+def export_report(store: Store, result_id: int, directory: str | Path, *, cell: str = "") -> Path | None:
     """Render and write a stored result's report next to its exports (what the daemon calls
     when it stores a result). A failure is logged, never raised: the result and its other
     exports stand without the report, and ``cellcal report`` can make it later."""

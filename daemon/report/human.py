@@ -15,20 +15,20 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
 
 import numpy as np
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
 
 __all__ = ["station_line", "result_line", "drift_line", "pose_text", "sigma_of", "main_transform", "kinematic_unit"]
 
 
-def _mm(v: Any, digits: int = 3) -> str:
+def _mm(v: object, digits: int = 3) -> str:
     return f"{v * 1e3:.{digits}f} mm" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
 
-def _deg(v: Any, digits: int = 4) -> str:
+def _deg(v: object, digits: int = 4) -> str:
     return f"{math.degrees(v):.{digits}f} deg" if isinstance(v, (int, float)) and math.isfinite(v) else "-"
 
 
@@ -43,7 +43,7 @@ def kinematic_unit(name: str) -> tuple[str, float, int]:
     return "deg", math.degrees(1.0), 6
 
 
-def _rpy_deg(matrix: Any) -> tuple[float, float, float]:
+def _rpy_deg(matrix: object) -> tuple[float, float, float]:
     R = np.asarray(matrix, dtype=float).reshape(4, 4)[:3, :3]
     pitch = math.asin(max(-1.0, min(1.0, -R[2, 0])))
     roll = math.atan2(R[2, 1], R[2, 2])
@@ -51,29 +51,30 @@ def _rpy_deg(matrix: Any) -> tuple[float, float, float]:
     return math.degrees(roll), math.degrees(pitch), math.degrees(yaw)
 
 
-def main_transform(body: Mapping[str, Any]) -> str | None:
+def main_transform(body: Mapping[str, object]) -> str | None:
     """The transform a result is about: ``cell_T_base`` when it has one, else its first."""
-    transforms = body.get("transforms") or {}
+    transforms = as_map(body.get("transforms"), "transforms")
     if "cell_T_base" in transforms:
         return "cell_T_base"
     return next(iter(transforms), None)
 
 
-def sigma_of(body: Mapping[str, Any], name: str) -> tuple[float | None, float | None]:
+def sigma_of(body: Mapping[str, object], name: str) -> tuple[float | None, float | None]:
     """1-sigma of transform ``name`` (m, rad): roots of the traces of its covariance's
     translation and rotation blocks (None where the result has no covariance)."""
-    cov = ((body.get("uncertainty") or {}).get("covariance") or {}).get(name) or {}
+    uncertainty = as_map(body.get("uncertainty"), "uncertainty")
+    cov = as_map(as_map(uncertainty.get("covariance"), "uncertainty.covariance").get(name), name)
     values = cov.get("values")
-    if cov.get("shape") != [6, 6] or not values or any(v is None for v in values):
+    if cov.get("shape") != [6, 6] or not values or any(v is None for v in as_list(values, "values")):
         return None, None
     C = np.asarray(values, dtype=float).reshape(6, 6)
     return math.sqrt(max(0.0, float(np.trace(C[:3, :3])))), math.sqrt(max(0.0, float(np.trace(C[3:, 3:]))))
 
 
-def pose_text(body: Mapping[str, Any], name: str) -> str:
+def pose_text(body: Mapping[str, object], name: str) -> str:
     """``cell_T_base = (x, y, z) mm +- s mm, rpy (r, p, y) deg +- s deg``."""
-    t = (body.get("transforms") or {}).get(name) or {}
-    xyz = [float(v) * 1e3 for v in t.get("translation_m") or []]
+    t = as_map(as_map(body.get("transforms"), "transforms").get(name), name)
+    xyz = [to_float(v) * 1e3 for v in as_list(t.get("translation_m"), "translation_m")]
     if len(xyz) != 3 or "matrix" not in t:
         return f"{name} = ?"
     r, p, y = _rpy_deg(t["matrix"])
@@ -84,11 +85,11 @@ def pose_text(body: Mapping[str, Any], name: str) -> str:
             f"rpy ({r:.4f}, {p:.4f}, {y:.4f}) deg{sr}")
 
 
-def station_line(body: Mapping[str, Any]) -> str:
+def station_line(body: Mapping[str, object]) -> str:
     """One station attempt (``cellcal/v1/station``) in words."""
-    where = f"run {body.get('run_id')}: station {int(body.get('index', 0)) + 1}/{body.get('planned', '?')}"
+    where = f"run {body.get('run_id')}: station {to_int(body.get('index', 0)) + 1}/{body.get('planned', '?')}"
     if body.get("accepted"):
-        s = body.get("settle") or {}
+        s = as_map(body.get("settle"), "settle")
         rest = s.get("robot_rest_s")
         rest_text = f"robot at rest {rest:.2f} s" if isinstance(rest, (int, float)) else "robot at rest"
         return (f"{where} accepted (attempt {body.get('attempt', 1)}, {body.get('accepted_count', '?')} accepted so "
@@ -97,7 +98,7 @@ def station_line(body: Mapping[str, Any]) -> str:
             f"{body.get('message') or body.get('reason')}")
 
 
-def result_line(body: Mapping[str, Any], *, exports: str | None = None, report: str | None = None) -> str:
+def result_line(body: Mapping[str, object], *, exports: str | None = None, report: str | None = None) -> str:
     """A result (``cellcal/v1/result``) in words: its main transform with 1-sigma, fit, status."""
     name = main_transform(body)
     status = "active" if body.get("active") else "stored, not active"
@@ -123,15 +124,15 @@ _ACTION_WORDS = {P.ACTION_NONE: "nothing to do", P.ACTION_MARKED_SUSPECT: "the r
                  P.ACTION_RECALIBRATING: "the result is marked suspect and a recalibration starts"}
 
 
-def drift_line(body: Mapping[str, Any]) -> str:
+def drift_line(body: Mapping[str, object]) -> str:
     """A drift check (``cellcal/v1/drift``) in words."""
     status = str(body.get("status", "?"))
     dev_r = body.get("deviation_rotation_rad")
     dev = _mm(body.get("deviation_translation_m")) + ("" if dev_r is None else f" / {_deg(dev_r)}")
-    cusum = body.get("cusum") or {}
+    cusum = as_map(body.get("cusum"), "cusum")
     alarm = " (CUSUM alarm)" if cusum.get("alarm") else ""
     return (f"drift check {body.get('check_id')} of result {body.get('result_id')}: {status.upper()}, the cell moved "
-            f"{dev} at worst over {len(body.get('stations') or [])} check stations, "
+            f"{dev} at worst over {len(as_list(body.get('stations'), 'stations'))} check stations, "
             f"{_DRIFT_WORDS.get(status, status)} (warn {_mm(body.get('warn_translation_m'))}, fail "
             f"{_mm(body.get('fail_translation_m'))}); CUSUM {_mm(cusum.get('value_m'))} of "
             f"{_mm(cusum.get('h_m'))}{alarm}; {_ACTION_WORDS.get(str(body.get('action')), str(body.get('action')))}")
