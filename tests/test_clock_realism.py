@@ -248,4 +248,4 @@ def test_robot_stamps_map_to_the_truth_through_the_driver_under_jitter_and_drift
             time.sleep(0.02)
         # Within 3 ms on an idle machine, and always inside the mapping's own bound (a loaded
         # host delays every packet for a while: the envelope sits higher, and says so).
-        assert all(abs(e) < max(3e6, 3.0 * u) for e, u in zip(errs, bounds, strict=True)), list(zip(errs, bounds))
+        assert all(abs(e) < max(3e6, 3.0 * u) for e, u in zip(errs, bounds, strict=True)), list(zip(errs, bounds, strict=True))

@@ -55,11 +55,11 @@ from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.cli.examples import example_path
 from cellcal.daemon.cli.instruments import config_overrides, start_simulated
 from cellcal.daemon.config import Config, ConfigError, load_config
-from cellcal.daemon.harness import free_port  # the harness's port choice (cellcal.testing.harness)
 from cellcal.daemon.report.html import export_report
 from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
 from cellcal.daemon.service import Service
 from cellcal.daemon.store import RunStatus
+from cellcal.daemon.wire.endpoints import free_port
 from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import se3_inverse, so3_log
 

@@ -38,10 +38,8 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import select
 import signal
-import socket
 import sqlite3
 import subprocess
 import sys
@@ -52,7 +50,7 @@ from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import cast
 
 import numpy as np
 import zmq
@@ -61,9 +59,15 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon.app import App
 from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.cli.instruments import config_overrides
-from cellcal.daemon.config import load_config_text
+from cellcal.daemon.config import Config, load_config_text
+from cellcal.daemon.service import Service
 from cellcal.daemon.store import RunStatus
+from cellcal.daemon.wire.endpoints import free_port
+from cellcal.daemon.wire.zmq_server import ZmqServer
+from cellcal.sim.link import LinkServer
+from cellcal.sim.robot_sim import SimRobotHandle
 from cellcal.sim.scenario import Scenario, load_scenario
+from cellcal.sim.world import World
 from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import se3_inverse, so3_log
 from cellcal.testing.simulators import simulated_devices
@@ -89,7 +93,7 @@ SCENARIOS: dict[str, Path] = {"exact": FAST_SCENARIO, "realistic": REALISTIC_SCE
 #: ``model_error`` warning names, and its covariance is widened to cover it (about 0.7 mm
 #: 1-sigma at the base origin from 10 stations, more from fewer): the realistic cell's
 #: runs accept the warning (``allow_model_error``) and gate that sigma at 2 mm.
-PROFILE_OVERRIDES: dict[str, dict[str, Any]] = {
+PROFILE_OVERRIDES: dict[str, dict[str, object]] = {
     "exact": {},
     "realistic": {
         "tracker": {"average_s": 0.2, "settle": {"max_std_mm": 0.05, "max_std_deg": 0.02, "agree_mm": 0.15,
@@ -102,14 +106,13 @@ PROFILE_OVERRIDES: dict[str, dict[str, Any]] = {
 }
 
 
-def profile_of(scenario: Any) -> str:
+def profile_of(scenario: str | os.PathLike[str] | Scenario | None) -> str:
     """The profile name of a scenario given by name or path (``"exact"`` for any other file)."""
     if isinstance(scenario, str) and scenario in SCENARIOS:
         return scenario
-    try:
-        return "realistic" if Path(scenario).resolve() == REALISTIC_SCENARIO.resolve() else "exact"
-    except TypeError:
+    if scenario is None or isinstance(scenario, Scenario):
         return "exact"
+    return "realistic" if Path(scenario).resolve() == REALISTIC_SCENARIO.resolve() else "exact"
 #: ``cellcal`` of the interpreter running us (the venv's), without relying on PATH.
 CELLCAL = [sys.executable, "-m", "cellcal.daemon.cli"]
 #: Results agree when every component of the difference is within this many sigma.
@@ -128,41 +131,7 @@ class SoakError(HarnessError):
 # ---- configuration ------------------------------------------------------------------------
 
 
-def _ephemeral_low() -> int:
-    try:
-        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
-            return int(f.read().split()[0])
-    except (OSError, ValueError, IndexError):
-        return 32768  # Linux's default
-
-
-_port_rng = random.Random()
-
-
-def free_port() -> int:
-    """A TCP port on 127.0.0.1 that was free a moment ago.
-
-    Chosen at random *below* the kernel's ephemeral range: a port the OS picks with bind(0)
-    comes from that range, which every outgoing connection on the machine also draws its
-    local port from, so by the time the daemon binds it a client socket may hold it (seen:
-    ``Address already in use`` on a loaded CI machine). Below the range only another
-    listener can take it, and the random draw makes two concurrent suites unlikely to meet.
-    """
-    high = max(_ephemeral_low() - 1, 20001)
-    for _ in range(200):
-        port = _port_rng.randint(20000, high)
-        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-            try:
-                s.bind(("127.0.0.1", port))
-            except OSError:
-                continue
-            return port
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:  # a crowded range: the OS's pick
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _toml_value(v: Any) -> str:
+def _toml_value(v: object) -> str:
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
@@ -174,11 +143,11 @@ def _toml_value(v: Any) -> str:
     raise TypeError(f"no TOML for {type(v).__name__}")
 
 
-def _is_table_list(v: Any) -> bool:
+def _is_table_list(v: object) -> bool:
     return isinstance(v, (list, tuple)) and bool(v) and all(isinstance(x, Mapping) for x in v)
 
 
-def to_toml(d: Mapping[str, Any], prefix: str = "") -> str:
+def to_toml(d: Mapping[str, object], prefix: str = "") -> str:
     """TOML text of nested dicts of scalars and lists (tables after the keys, as TOML wants).
 
     A non-empty list of dicts becomes an array of tables (``[[plan.stations]]``).
@@ -190,13 +159,13 @@ def to_toml(d: Mapping[str, Any], prefix: str = "") -> str:
             lines.append(f"\n[{name}]")
             lines.append(to_toml(v, name))
         elif _is_table_list(v):
-            for item in v:
+            for item in v:  # type: ignore[attr-defined]  # _is_table_list: a list of mappings
                 lines.append(f"\n[[{name}]]")
                 lines.append(to_toml(item, name))
     return "\n".join(lines) + "\n"
 
 
-def _merge(base: dict, over: Mapping) -> dict:
+def _merge(base: dict, over: Mapping[str, object]) -> dict:
     out = dict(base)
     for k, v in over.items():
         out[k] = _merge(out[k], v) if isinstance(v, Mapping) and isinstance(out.get(k), dict) else v
@@ -211,7 +180,7 @@ def daemon_config(
     pub_endpoint: str | None = None,
     cmd_endpoint: str | None = None,
     n_stations: int | None = 8,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
     base: str | os.PathLike[str] | None = None,
     profile: str = "exact",
 ) -> dict:
@@ -283,7 +252,7 @@ def daemon_config(
     return _merge(_merge(cfg, PROFILE_OVERRIDES[profile]), overrides or {})
 
 
-def write_config(path: Path, cfg: Mapping[str, Any]) -> Path:
+def write_config(path: Path, cfg: Mapping[str, object]) -> Path:
     """Write ``cfg`` (TOML keys, as :func:`daemon_config` makes them) to ``path`` as TOML."""
     path = Path(path)
     path.write_text(to_toml(cfg))
@@ -460,12 +429,12 @@ class Recorder:
         self.sock.setsockopt(zmq.RECONNECT_IVL_MAX, 200)
         self.sock.setsockopt_string(zmq.SUBSCRIBE, P.TOPIC_PREFIX)
         self.sock.connect(pub_endpoint)
-        self.messages: list[tuple[str, dict]] = []  # (topic, envelope), arrival order
+        self.messages: list[tuple[str, P.Envelope]] = []  # (topic, envelope), arrival order
         self.problems: list[str] = []
 
-    def pump(self, timeout_s: float = 0.05) -> list[tuple[str, dict]]:
+    def pump(self, timeout_s: float = 0.05) -> list[tuple[str, P.Envelope]]:
         """Receive what is there (waiting up to ``timeout_s`` for the first message)."""
-        got = []
+        got: list[tuple[str, P.Envelope]] = []
         wait_ms = max(0, int(timeout_s * 1000))
         while self.sock.poll(wait_ms, self._zmq.POLLIN):
             wait_ms = 0
@@ -479,7 +448,7 @@ class Recorder:
             if bad:
                 self.problems.append(f"{topic}: {bad}")
                 continue
-            got.append((topic, env))
+            got.append((topic, cast(P.Envelope, env)))  # check_envelope just said it is one
         self.messages.extend(got)
         return got
 
@@ -490,7 +459,7 @@ class Recorder:
 
     def wait_for(self, pred: Callable[[str, dict], bool], timeout_s: float, *,
                  alive: Callable[[], bool] | None = None, what: str = "message",
-                 since: int | None = None) -> tuple[str, dict]:
+                 since: int | None = None) -> tuple[str, P.Envelope]:
         """Pump until a message satisfies ``pred(topic, body)``; SoakError on timeout.
 
         By default only messages received from now on count; ``since`` (a :meth:`mark`) also
@@ -552,10 +521,13 @@ def run_status(state_dir: Path, run_id: int) -> str | None:
 # ---- comparing results ----------------------------------------------------------------------
 
 
-def transform_and_cov(result: Mapping[str, Any], name: str = "cell_T_base") -> tuple[np.ndarray, np.ndarray]:
+def transform_and_cov(result: Mapping[str, object], name: str = "cell_T_base") -> tuple[np.ndarray, np.ndarray]:
     """A result's transform ``name`` (4x4) and its 6x6 covariance (right perturbation, m and rad)."""
-    T = transform_from_wire(result["transforms"][name])
-    c = result["uncertainty"]["covariance"][name]
+    transforms, unc = result.get("transforms"), result.get("uncertainty")
+    if not isinstance(transforms, Mapping) or not isinstance(unc, Mapping) or not isinstance(
+            cov := unc.get("covariance"), Mapping) or not isinstance(c := cov.get(name), Mapping):
+        raise HarnessError(f"the result has no {name} with its covariance")
+    T = transform_from_wire(transforms[name])
     return T, np.asarray(c["values"], dtype=float).reshape(c["shape"])
 
 
@@ -605,20 +577,26 @@ class InProcessCell:
     server : ZmqServer
     """
 
-    def __init__(self, scenario: Any, world: Any, robot: Any, tracker: Any, cfg: Any) -> None:
+    def __init__(self, scenario: Scenario, world: World, robot: SimRobotHandle, tracker: LinkServer,
+                 cfg: Config) -> None:
         self.scenario, self.world, self.robot, self.tracker, self.cfg = scenario, world, robot, tracker, cfg
-        self.app: Any = None
+        self.app: App | None = None
         self.events: list[tuple[float, str, dict]] = []
         self._cond = threading.Condition()
         self.t0 = time.monotonic()
 
-    @property
-    def svc(self) -> Any:
-        return self.app.service
+    def _app(self) -> App:
+        if self.app is None:
+            raise HarnessError("the cell's daemon is not running")
+        return self.app
 
     @property
-    def server(self) -> Any:
-        return self.app.server
+    def svc(self) -> Service:
+        return self._app().service
+
+    @property
+    def server(self) -> ZmqServer | None:
+        return self._app().server
 
     def on_event(self, topic: str, body: dict) -> None:
         with self._cond:
@@ -702,7 +680,7 @@ def inprocess_cell(
     *,
     scenario: str | os.PathLike[str] | Scenario | None = None,
     n_stations: int | None = 6,
-    overrides: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, object] | None = None,
     base_config: str | os.PathLike[str] | None = None,
     state_dir: Path | None = None,
     robot_transport: str = "rtde",

@@ -93,7 +93,7 @@ def _wait_heartbeat(rec: Recorder, daemon: DaemonProcess, known_boots: set[str],
     while time.monotonic() < deadline:
         for topic, env in rec.pump(0.05):
             if topic == P.TOPIC_HEARTBEAT and env["boot_id"] not in known_boots:
-                return env["boot_id"], env["body"]["state"]
+                return env["boot_id"], str(env["body"]["state"])
         if not daemon.alive():
             raise SoakError(f"cellcal run exited with {daemon.returncode}:\n{daemon.log_tail()}")
     raise SoakError(f"no heartbeat from the new daemon within {timeout_s} s:\n{daemon.log_tail()}")
@@ -205,7 +205,7 @@ def soak(
                     b = env["body"]
                     if topic == P.TOPIC_STATION:
                         if b["accepted"]:
-                            key = (int(b["run_id"]), int(b["index"]))
+                            key = (int(str(b["run_id"])), int(str(b["index"])))
                             if key in published:
                                 raise SoakError(f"station {key} published as accepted twice")
                             published.add(key)
@@ -213,7 +213,7 @@ def soak(
                         else:
                             rejections += 1
                     elif topic in (P.TOPIC_STATE, P.TOPIC_HEARTBEAT):
-                        state = b["state"]
+                        state = str(b["state"])
                     elif topic == P.TOPIC_RESULT and b.get("run_id") == str(run_id) and not b.get("retained"):
                         # The run finished before this instance's kill: start another one
                         # and kill this instance during *its* capture instead.
@@ -273,7 +273,7 @@ def soak(
                 new, cursor = rec.messages[cursor:], len(rec.messages)
                 for topic, env in new:
                     if topic == P.TOPIC_STATION and env["boot_id"] == inst.boot_id and env["body"]["accepted"]:
-                        published.add((int(env["body"]["run_id"]), int(env["body"]["index"])))
+                        published.add((int(str(env["body"]["run_id"])), int(str(env["body"]["index"]))))
                 if not daemon.alive():
                     raise SoakError(f"the last daemon exited:\n{daemon.log_tail()}")
                 if time.monotonic() > deadline:
