@@ -570,8 +570,11 @@ def assess(
     Ft = _translation_information(model, n, ws, H)
     cov = _component_covariance(Hinv, H, Ft, vt, vr, two)
     small = 1.0
-    if est_t or est_r:
-        count = float(n) if vm is None else float(vm.sum())
+    count = float(n) if vm is None else float(vm.sum())
+    if getattr(nz, "pooled", False) and estimated_ok and two:
+        # One factor for both figures: the one-component law, r / (r - 2), r = r_t + r_r.
+        cov, small = _kenward_roger(Hinv, H, H, cov, True, False, 6.0 * count, blocks)
+    elif est_t or est_r:
         cov, small = _kenward_roger(Hinv, H, Ft, cov, est_t, est_r, 3.0 * count, blocks)
     warnings: list[SolveWarning] = []
     tau_t = tau_r = 0.0

@@ -431,61 +431,82 @@ def field_terms(model, n: int, ws: Workspace, Hinv: np.ndarray, *, flange_p: np.
 # --- the matched test and its power ---------------------------------------------------------
 
 
-def _moments(t: FieldTerms, ws_share: float = 0.5) -> tuple[float, float, float]:
-    """``(e^T C e, tr(R C), tr(R C R C))`` for ``C = (1 - s) Z Z^T + s W`` (unit field)."""
-    a, b = 1.0 - ws_share, ws_share
-    q = a * float(np.vdot(t.zy, t.zy)) + b * t.ywy
-    m1 = a * t.trace_rs() + b * t.trace_rw()
-    m2 = a * a * t.trace_rsrs() + 2.0 * a * b * t.trace_rsrw() + b * b * t.trace_rwrw()
-    return q, m1, m2
+def _pearson(lam: np.ndarray, th: float = 0.0) -> tuple[float, float, float]:
+    """``(c1, c2, h)`` of ``sum_j lam_j (1 + th lam_j) chi2_1``: its mean, variance / 2 and
+    Pearson's degrees of freedom ``h = c2^3 / c3^2`` (the central chi-square matching its
+    first three cumulants: close in the upper tail, where a test's level lives)."""
+    w = lam * (1.0 + th * lam)
+    c1, c2, c3 = float(w.sum()), float((w * w).sum()), float((w * w * w).sum())
+    return c1, c2, c2 ** 3 / c3 ** 2 if c3 > 0.0 else 1.0
 
 
-def _test_share(declared: bool) -> float:
-    """Share of the rough part in the matched test's field. With the noise estimated, a rough
-    (per-station) error is indistinguishable from noise, and its absorbed part is the noise's
-    (``1/N``): the test looks for the structured part alone."""
-    return 0.5 if declared else 0.0
+def _structured_eigenvalues(t: FieldTerms) -> np.ndarray:
+    """Non-zero eigenvalues of ``R Z Z^T R``: those of ``Z^T R Z`` (18 x 18)."""
+    M = t.Szz - t.Q.T @ t.Hinv @ t.Q
+    lam = np.linalg.eigvalsh(0.5 * (M + M.T))
+    return lam[lam > 1e-12 * max(float(lam[-1]), 1e-300)]
 
 
 def field_test(t: FieldTerms, declared: bool) -> tuple[float, float, tuple[float, float]]:
-    """The score test of "no field": ``(statistic, p, (h, d2))``.
+    """The score test of "no structured field": ``(statistic, p, (h, d2))``.
 
-    ``T = e^T C e`` is, under noise alone, a weighted sum of chi-squares; Satterthwaite's
-    ``g chi2_h`` (``g = tr(RCRC) / tr(RC)``, ``h = tr(RC)^2 / tr(RCRC)``) matches its mean
-    and variance. With estimated noise the whitening already divides by the estimate, so
-    ``T / (g h)`` is compared with ``F(h, nu)``.
+    ``T = |Z^T e|^2`` (``Z`` the structured columns) is, under noise alone, ``sum_j lam_j
+    chi2_1`` with ``lam`` the eigenvalues of ``Z^T R Z``: exactly known, compared by
+    Pearson's three-moment chi-square. With the noise estimated the whitening already
+    divides by the estimate, and the standardised statistic is compared with ``F(h, nu)``.
+    The rough part is not in the test: it is white across stations, which the chi-square
+    test sees with declared noise and nothing can tell from noise without.
     """
-    q, m1, m2 = _moments(t, _test_share(declared))
-    if not (m1 > 0.0 and m2 > 0.0):
+    lam = _structured_eigenvalues(t)
+    if lam.size == 0:
         return math.nan, math.nan, (0.0, 0.0)
-    g, h = m2 / m1, m1 * m1 / m2
+    c1, c2, h = _pearson(lam)
+    T = float(np.vdot(t.zy, t.zy))
+    if not declared:
+        T /= max(t.yy / t.nu, 1e-300)
+    x = h + (T - c1) * math.sqrt(h / c2)
     if declared:
-        return q / g, _stats.chi2_sf(q / g, h), (h, 0.0)
+        return x, _stats.chi2_sf(max(x, 0.0), h), (h, 0.0)
     d2 = max(t.nu - h, 1.0)
-    F = (q / (g * h)) / max((t.yy - q * 0.0) / t.nu, 1e-300)
-    return F, _stats.f_sf(F, h, d2), (h, d2)
+    return x / h, _stats.f_sf(max(x / h, 0.0), h, d2), (h, d2)
 
 
 def detectable_size(t: FieldTerms, declared: bool, alpha: float) -> float:
     """Smallest field (RMS flange position error, m) the matched test finds with
-    :data:`DETECTION_POWER` at level ``alpha``.
-
-    With the eigenvalues of ``R C`` taken alike (Satterthwaite's approximation again), a
-    field of variance ``th`` scales the statistic by ``1 + th g``: ``T ~ g (1 + th g)
-    chi2_h``, so the power is ``P(chi2_h > crit / (g (1 + th g)))`` and the size has a
-    closed form.
-    """
-    q, m1, m2 = _moments(t, _test_share(declared))
-    if not (m1 > 0.0 and m2 > 0.0):
+    :data:`DETECTION_POWER` at level ``alpha``: under a structured field of variance
+    ``th`` the statistic is ``sum_j lam_j (1 + th lam_j) chi2_1``; its power by the same
+    three-moment approximation, solved for ``th`` by bisection. The rough part is counted
+    as the structured part's own share of the accuracy (half)."""
+    lam = _structured_eigenvalues(t)
+    if lam.size == 0:
         return math.inf
-    g, h = m2 / m1, m1 * m1 / m2
+    c1, c2, h = _pearson(lam)
     if declared:
-        crit = _stats.chi2_ppf(1.0 - alpha, h)
+        xc = _stats.chi2_ppf(1.0 - alpha, h)
     else:
-        crit = h * _stats.f_ppf(1.0 - alpha, h, max(t.nu - h, 1.0))
-    x = _stats.chi2_ppf(1.0 - DETECTION_POWER, h)
-    th = (crit / x - 1.0) / g
-    return math.sqrt(max(th, 0.0))
+        xc = h * _stats.f_ppf(1.0 - alpha, h, max(t.nu - h, 1.0))
+    Tc = c1 + (xc - h) * math.sqrt(c2 / h)  # critical value of T
+
+    def power(th: float) -> float:
+        a1, a2, ha = _pearson(lam, th)
+        return _stats.chi2_sf(max(ha + (Tc - a1) * math.sqrt(ha / a2), 0.0), ha)
+
+    if power(0.0) >= DETECTION_POWER:
+        return 0.0
+    hi = 1e-14
+    while power(hi) < DETECTION_POWER:
+        hi *= 4.0
+        if hi > 1e6:
+            return math.inf
+    lo = hi / 4.0
+    for _ in range(50):
+        mid = math.sqrt(lo * hi)
+        if power(mid) < DETECTION_POWER:
+            lo = mid
+        else:
+            hi = mid
+    # th is the structured part's variance; the robot's error is twice it (half rough).
+    return math.sqrt(2.0 * hi)
 
 
 # --- REML and the widening ------------------------------------------------------------------
