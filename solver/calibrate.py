@@ -1127,6 +1127,35 @@ def _field_spec(G: np.ndarray, o: SolverOptions, n: int, time_s, speed, *, robot
                            speed_m_s=_capture_array(speed, "capture_speed_m_s", n))
 
 
+def _pairing_check(out: _PoseOutcome | None, assessment, extra: list, linear, G: np.ndarray, meas: np.ndarray,
+                   time_s) -> None:
+    """With capture times: do the instrument's rows fit the robot's one station apart better
+    than as paired (a measurement logged late or early)? The linear solve's closure on the
+    stations but one, paired as given and shifted either way in capture order; a shift that
+    closes :data:`~cellcal.solver.diagnostics.PAIRING_RATIO` better appends
+    ``"pairing_suspect"`` to ``extra``. Allocates (three more linear solves): it runs only
+    when the caller passes capture times."""
+    if time_s is None or assessment is None:
+        return
+    n = G.shape[0]
+    if n < 5:
+        return
+    o = np.argsort(np.asarray(time_s, dtype=float).reshape(-1), kind="stable")
+    a, b = o[:-1], o[1:]
+    try:
+        base = linear(G[a], meas[a])
+        fwd = linear(G[a], meas[b])
+        bwd = linear(G[b], meas[a])
+    except (CalibrationError, ValueError, np.linalg.LinAlgError, FloatingPointError):
+        return
+    if not base > 0.0:
+        return
+    ratio, shift = min((fwd / base, 1), (bwd / base, -1))
+    assessment.tests = dataclasses.replace(assessment.tests, pairing_ratio=float(ratio))
+    if ratio < _diag.PAIRING_RATIO:
+        extra.append(_diag.pairing_warning(ratio, shift))
+
+
 # --- public API ------------------------------------------------------------------------------------
 
 
@@ -1257,6 +1286,9 @@ def calibrate_base_frame(
     if out.probe_cov is not None:
         _check_determined(out.probe_cov[:6, :6], problem, "cell", obs, out.A)
     _sanity.check_prior(out.A, expected_cell_T_base, o.expected_tolerance_m, o.expected_tolerance_rad, "cell_T_base")
+    _pairing_check(out, out.assessment, extra, lambda g, m_: calibrate_base_frame(
+        g, m_, refine=False, holdout=False, uncertainty=False, max_target_offset_m=None,
+        min_axis_spread=0.0).rms_translation_m, G, M, capture_time_s)
     if not any(w.code == "units" for w in extra):  # millimetres: the units warning says what is wrong
         _sanity.check_offset(out.B[:3, 3], o.max_target_offset_m, "flange_T_target", "the tracker target")
     linear = f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation"
@@ -1369,6 +1401,9 @@ def calibrate_hand_eye(
     out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out, base=False))
     if out.probe_cov is not None:  # model form: A's child frame is the flange
         _check_determined(out.probe_cov[:6, :6], problem, "flange", obs, np.eye(4))
+    _pairing_check(out, out.assessment, extra, lambda g, m_: calibrate_hand_eye(
+        g, m_, refine=False, holdout=False, uncertainty=False, min_axis_spread=0.0).rms_translation_m,
+        G, O, capture_time_s)
     Xo, covX, covZ, common = _inverted_first_outcome(
         out, X, n, m, obs, "flange", pairs, translation, huber, ws, workspace is None, reject_k, extra
     )
@@ -1484,6 +1519,9 @@ def calibrate_eye_to_hand(
     out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out, base=True))
     if out.probe_cov is not None:  # model form: A's child frame is the robot base
         _check_determined(out.probe_cov[:6, :6], problem, "base", obs, np.eye(4))
+    _pairing_check(out, out.assessment, extra, lambda g, m_: calibrate_eye_to_hand(
+        g, m_, refine=False, holdout=False, uncertainty=False, max_target_offset_m=None,
+        min_axis_spread=0.0).rms_translation_m, G, O, capture_time_s)
     Xo, covX, covY, common = _inverted_first_outcome(
         out, X, n, m, obs, "base", pairs, translation, huber, ws, workspace is None, reject_k, extra
     )

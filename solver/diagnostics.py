@@ -180,9 +180,12 @@ class ResidualTests:
         With a detected model error: RMS flange position error (3-D, m) of the fitted field's
         structured (link) and rough (per-station) parts; their absorbed part is in the
         covariance. With an untested one, the robot accuracy's halves.
-    pairing_f, pairing_p, motion_f, motion_p : float
-        The capture-signature tests (``"pairing_suspect"``, ``"motion_during_capture"``;
-        NaN unless capture times or speeds were given).
+    pairing_ratio : float
+        With capture times: the linear solve's closure with the instrument's rows shifted by
+        one station in capture order (the better shift) over its closure as paired; below
+        :data:`PAIRING_RATIO` raises ``"pairing_suspect"`` (NaN without capture times).
+    motion_f, motion_p : float
+        The motion test (``"motion_during_capture"``; NaN without capture speeds).
     """
 
     declared_noise: bool
@@ -208,8 +211,7 @@ class ResidualTests:
     robot_accuracy_m: float = math.nan
     model_error_structured_m: float = 0.0
     model_error_rough_m: float = 0.0
-    pairing_f: float = math.nan
-    pairing_p: float = math.nan
+    pairing_ratio: float = math.nan
     motion_f: float = math.nan
     motion_p: float = math.nan
 
@@ -615,7 +617,7 @@ def assess(
         det = _me.detectable_size(terms, declared, alpha)
         acc = field.robot_accuracy_m
         extra["model_error_detectable_m"] = det
-        if acc > 0.0 and not det <= acc:
+        if acc > 0.0 and not det <= _me.TESTED_FRACTION * acc:
             absorbed = _me.robot_term(terms, acc)
             tau_t, tau_r = _me.field_rms(terms, 0.5 * acc * acc, 0.5 * acc * acc)
             half = acc / math.sqrt(2.0)
@@ -623,14 +625,13 @@ def assess(
             warnings.append(SolveWarning(code="model_error_untested", message=(
                 f"these residuals cannot reveal a robot kinematic error smaller than about {1e3 * det:.2f} mm RMS "
                 f"(too few stations{'' if declared else ', noise estimated from the residuals'}), and a real arm's "
-                f"is about {1e3 * acc:.2f} mm: the covariance carries the part of such an error a rigid calibration "
+                f"can be about {1e3 * acc:.2f} mm: the covariance carries the part of such an error a rigid calibration "
                 f"absorbs; declare the instrument's noise or add stations to test it"),
                 value=1e3 * det if math.isfinite(det) else math.inf))
     if terms is not None and field is not None and (field.time_s is not None or field.speed_m_s is not None):
         sig = _me.signature_tests(model, n, ws, terms, flange_T=field.flange_T, a_cols=field.a_cols,
                                   robot_map=field.robot_map, time_s=field.time_s, speed_m_s=field.speed_m_s)
-        extra.update(pairing_f=sig["pairing_f"], pairing_p=sig["pairing_p"], motion_f=sig["motion_f"],
-                     motion_p=sig["motion_p"])
+        extra.update(motion_f=sig["motion_f"], motion_p=sig["motion_p"])
         warnings.extend(_signature_warnings(sig))
     tests = ResidualTests(
         declared_noise=declared, chi2_per_dof=chi2_per_dof, chi2_p=chi2_p, structure_f=F, structure_p=pF,
@@ -644,20 +645,23 @@ def assess(
     return Assessment(tests, warnings, cov, model_error, tau_t, tau_r, centroid, L, absorbed)
 
 
-#: Level of each capture-signature test (pairing, motion): noise alone raises each with
-#: at most this probability.
+#: Level of the motion test: noise alone raises it with at most this probability.
 SIGNATURE_FALSE_ALARM = 0.005
+#: Rows shifted by one station that close this much better than as paired are suspect.
+PAIRING_RATIO = 0.5
+
+
+def pairing_warning(ratio: float, shift: int) -> SolveWarning:
+    """``"pairing_suspect"``: the rows fit better one station apart (capture order)."""
+    which = "next" if shift > 0 else "previous"
+    return SolveWarning(code="pairing_suspect", message=(
+        f"the instrument's measurements fit the robot poses of the {which} station (in capture order) "
+        f"{1.0 / ratio:.1f}x better than their own: the rows are likely paired one station apart (a "
+        f"measurement logged late or early); check the pairing before using the answer"), value=float(ratio))
 
 
 def _signature_warnings(sig: dict[str, float]) -> list[SolveWarning]:
     out = []
-    p = sig["pairing_p"]
-    if math.isfinite(p) and p < SIGNATURE_FALSE_ALARM:
-        out.append(SolveWarning(code="pairing_suspect", message=(
-            f"the residuals follow the step from each station to the next or previous one in capture order "
-            f"(F = {sig['pairing_f']:.1f}, p = {p:.1g}): the robot and instrument rows may be paired one station "
-            f"apart, or the robot was moving while it was measured; check the pairing before using the answer"),
-            value=float(sig["pairing_f"])))
     p = sig["motion_p"]
     if math.isfinite(p) and p < SIGNATURE_FALSE_ALARM:
         dt = abs(sig["motion_dt_s"])

@@ -48,6 +48,7 @@ from cellcal.solver.calibrate import (
     _field_spec,
     _input_checks,
     _nan_tests,
+    _pairing_check,
     _PoseOutcome,
     _readonly,
     _residuals,
@@ -473,6 +474,9 @@ def calibrate_base_frame_points(
     _sanity.check_prior(X, expected_cell_T_base, o.expected_tolerance_m, o.expected_tolerance_rad, "cell_T_base")
     if not any(w.code == "units" for w in extra):
         _sanity.check_offset(yo, o.max_target_offset_m, "flange_p_target", "the reflector")
+    _pairing_check(None, assessment, extra, lambda g, m_: calibrate_base_frame_points(
+        g, m_, refine=False, holdout=False, max_target_offset_m=None, min_axis_spread=0.0,
+        min_point_spread=0.0).rms_translation_m, G, p, capture_time_s)
     st, sr = sigma_figures(covX)
     rms_t, max_t, _, _ = stats
     solver = f"{init}" + ("" if refine else " (converged)" if alt_converged else " (not converged)")
