@@ -1571,8 +1571,7 @@ def calibrate_tool_point(
     ``r = 3N - 6`` (few degrees of freedom, ADR 0004); a given one is tested against the
     scatter (chi-square), and the scatter is tested for a pattern in the flange position
     (``warnings``, ``residual_tests``). A tip farther from the flange than
-    ``max_target_offset_m``, or a pivot beyond the reach plus that, is refused
-    (:class:`~cellcal.solver.ImplausibleGeometry`).
+    ``max_target_offset_m`` is refused (:class:`~cellcal.solver.ImplausibleGeometry`).
 
     Huber and ``reject_k`` are not offered: the pivot is one closed-form linear solve;
     screen outlier stations by their residuals and solve again.
@@ -1666,7 +1665,6 @@ def calibrate_tool_point(
     if expected_flange_p_tip is not None:
         _check_point_prior(p_tip, expected_flange_p_tip, expected_tolerance_m, "flange_p_tip")
     _sanity.check_offset(p_tip, o.max_target_offset_m, "flange_p_tip", "the tool tip")
-    _sanity.check_pivot_reach(p_pivot, max_reach_m, o.max_target_offset_m)
     out = _PoseOutcome(None, None, cov, None, fit, ho, False, nz, assessment, True)
     tests = _diag.with_inflation(assessment.tests, _pad6(noise_cov[:3, :3]), _pad6(cov[:3, :3]))
     return ToolPointResult(

@@ -92,8 +92,7 @@ class SolverOptions:
         an answer farther raises :class:`~cellcal.solver.PriorMismatch` (ADR 0014).
     max_reach_m : float, optional
         The arm's reach: flange poses farther from the base raise
-        :class:`~cellcal.solver.UnreachableStations` (swapped arguments, millimetres), and a
-        fitted pivot farther than reach plus target offset is refused as implausible.
+        :class:`~cellcal.solver.UnreachableStations` (swapped arguments, millimetres).
     max_target_offset_m : float or None
         Largest plausible distance of the flange-mounted thing the calibration fits from the
         flange (the tracker target, a camera, a reflector, a tool tip); default

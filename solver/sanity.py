@@ -271,18 +271,3 @@ def check_offset(offset: np.ndarray, limit_m: float | None, name: str, what: str
         name=name, distance_m=d, limit_m=lim,
     )
 
-
-def check_pivot_reach(pivot: np.ndarray, max_reach_m: float | None, limit_m: float | None) -> None:
-    """Raise :class:`ImplausibleGeometry` if a pivot is farther from the base than the arm
-    reaches plus the tool's offset (the tip is at the pivot)."""
-    if max_reach_m is None:
-        return
-    d = float(np.linalg.norm(np.asarray(pivot, dtype=float)))
-    lim = float(max_reach_m) + (float(limit_m) if limit_m is not None else 0.0)
-    if d <= lim:
-        return
-    raise ImplausibleGeometry(
-        f"base_p_pivot: the fit puts the pivot {d:.3f} m from the base, beyond the arm's reach plus the tool "
-        f"({lim:.3f} m): are the poses inverted (flange_T_base given for base_T_flange) or in millimetres?",
-        name="base_p_pivot", distance_m=d, limit_m=lim,
-    )
