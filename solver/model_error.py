@@ -204,7 +204,7 @@ class _Scratch:
         self.v2 = np.empty((c, 6, _M_ISO))
         self.yv = np.empty((c, 6))
         # Accumulators of the sums over the stations and their per-chunk parts (p <= 12).
-        shapes = dict(Q=(12, _M_ARM), Szz=(_M_ARM, _M_ARM), zy=(_M_ARM,), Xw=(12, 12), Xw2=(12, 12),
+        shapes = dict(Q=(12, _M_ARM), Szz=(_M_ARM, _M_ARM), zy=(_M_ARM,), xy=(12,), Xw=(12, 12), Xw2=(12, 12),
                       XwZ=(12, _M_ARM), Zw=(_M_ARM, _M_ARM), Qi=(12, _M_ISO))
         self.acc = {k: np.zeros(v) for k, v in shapes.items()}
         self.part = {k: np.zeros(v) for k, v in shapes.items()}
@@ -344,10 +344,10 @@ def field_terms(model, n: int, ws: Workspace, Hinv: np.ndarray, *, flange_p: np.
     Jw, _, ewh = model.views()
     rows, p = model.rows, model.nparam
     S = _scratch(ws)
-    acc = {k: (v[:p] if k in ("Q", "Xw", "XwZ", "Qi") else v) for k, v in S.acc.items()}
+    acc = {k: (v[:p] if k in ("Q", "Xw", "XwZ", "Qi", "xy") else v) for k, v in S.acc.items()}
     acc["Xw"] = S.acc["Xw"][:p, :p]
     acc["Xw2"] = S.acc["Xw2"][:p, :p]
-    part = {k: (v[:p] if k in ("Q", "Xw", "XwZ", "Qi") else v) for k, v in S.part.items()}
+    part = {k: (v[:p] if k in ("Q", "Xw", "XwZ", "Qi", "xy") else v) for k, v in S.part.items()}
     part["Xw"] = S.part["Xw"][:p, :p]
     part["Xw2"] = S.part["Xw2"][:p, :p]
     for v in acc.values():
@@ -393,6 +393,7 @@ def field_terms(model, n: int, ws: Workspace, Hinv: np.ndarray, *, flange_p: np.
         add("Q", "nri,nrj->ij", X, Z)
         add("Szz", "nri,nrj->ij", Z, Z)
         add("zy", "nri,nr->i", Z, y)
+        add("xy", "nri,nr->i", X, y)
         WX = S.u[:c, :rows, :p]
         np.matmul(W, X, out=WX)
         add("Xw", "nri,nrj->ij", X, WX)
@@ -425,7 +426,13 @@ def field_terms(model, n: int, ws: Workspace, Hinv: np.ndarray, *, flange_p: np.
     XwZ *= kw * sa
     Zw *= kw * ka
     Qi *= math.sqrt(ki)
-    yy = float(np.vdot(ewh, ewh))
+    # The residual's part outside the fit's span: at a linear (not least-squares) answer the
+    # residual is not orthogonal to the Jacobian, and what the fit could still take must not
+    # read as a field.
+    xy = acc["xy"]
+    hxy = Hinv @ xy
+    zy -= Q.T @ hxy
+    yy = float(np.vdot(ewh, ewh)) - float(xy @ hxy)
     nu = float(dof) if dof is not None else float(rows * n - p)
     return FieldTerms(p=p, nu=nu, yy=yy, Q=Q, Szz=Szz, zy=zy, Xw=Xw, Xw2=Xw2, XwZ=XwZ, Zw=Zw,
                       trW=trW * kw, trW2=trW2 * kw * kw, ywy=ywy * kw, Qi=Qi, trZi=trZi * ki,
