@@ -600,7 +600,7 @@ def assess(
             absorbed = _me.field_covariance(terms, ff.structured, ff.rough, ff.excess)
             if not declared:
                 cov = cov * ff.noise_factor  # the noise's share of the residual, the rest is the field
-            tau_t, tau_r = _me.field_rms(terms, ff.structured, ff.rough)
+            tau_t, tau_r = _absorbed_sigmas(absorbed, blocks)
             extra.update(model_error_structured_m=math.sqrt(ff.structured), model_error_rough_m=math.sqrt(ff.rough),
                          model_error_detectable_m=_me.detectable_size(terms, declared, alpha))
             warnings.append(_model_error_warning(excess, structured or matched, dec_t, st2,
@@ -619,7 +619,7 @@ def assess(
         extra["model_error_detectable_m"] = det
         if acc > 0.0 and not det <= _me.TESTED_FRACTION * acc:
             absorbed = _me.robot_term(terms, acc)
-            tau_t, tau_r = _me.field_rms(terms, 0.5 * acc * acc, 0.5 * acc * acc)
+            tau_t, tau_r = _absorbed_sigmas(absorbed, blocks)
             half = acc / math.sqrt(2.0)
             extra.update(model_error_tested=False, model_error_structured_m=half, model_error_rough_m=half)
             warnings.append(SolveWarning(code="model_error_untested", message=(
@@ -643,6 +643,16 @@ def assess(
         false_alarm_rate=MODEL_ERROR_FALSE_ALARM, **extra,
     )
     return Assessment(tests, warnings, cov, model_error, tau_t, tau_r, centroid, L, absorbed)
+
+
+def _absorbed_sigmas(C: np.ndarray, blocks) -> tuple[float, float]:
+    """Per-axis 1-sigma (translation m, rotation rad) of the primary unknown's share of an
+    added model-error covariance (a 3-block unknown has no rotation)."""
+    start, size = blocks[0]
+    B = C[start : start + size, start : start + size]
+    t = math.sqrt(max(float(np.trace(B[:3, :3])), 0.0) / 3.0)
+    r = math.sqrt(max(float(np.trace(B[3:6, 3:6])), 0.0) / 3.0) if size >= 6 else 0.0
+    return t, r
 
 
 #: Level of the motion test: noise alone raises it with at most this probability.
