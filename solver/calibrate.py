@@ -236,8 +236,10 @@ class CalibrationResult(abc.ABC):
         (m). It is the inverse Fisher information of the measurement model at the answer
         (ADR 0004): the covariance of the refined estimate, a lower bound for a linear one
         (``refined`` False), with each estimated noise component's share scaled for the
-        few degrees of freedom it was estimated from, and widened by the rigid error a
-        detected model error implies (``residual_tests``). Not finite when the solve
+        few degrees of freedom it was estimated from, and widened by the part of a robot
+        error field fitted to the residuals that the answer absorbed (a detected model
+        error), or of one of the robot's accuracy (an untested one; ``residual_tests``,
+        :mod:`cellcal.solver.model_error`). Not finite when the solve
         skipped it (``uncertainty=False``).
     sigma_translation_mm, sigma_rotation_deg : float
         1-sigma of the primary unknown (the first transform or point of the result): RMS
@@ -272,8 +274,11 @@ class CalibrationResult(abc.ABC):
     warnings : tuple of SolveWarning
         Things a person should know, each with a ``code``, a sentence (``message``) and
         its figure (``value``): ``"model_error"`` (the residuals are not noise; value:
-        RMS of their structured part, mm), ``"not_converged"``, ``"noise_default"``,
-        ``"duplicate_stations"``, ``"units"``, ``"outliers"``.
+        RMS of their structured part, mm), ``"model_error_untested"`` (they cannot reveal a
+        robot error of the robot's accuracy; value: the smallest they could, mm; the
+        covariance carries that accuracy), ``"pairing_suspect"``, ``"motion_during_capture"``
+        (capture signatures, with capture times or speeds), ``"not_converged"``,
+        ``"noise_default"``, ``"duplicate_stations"``, ``"units"``, ``"outliers"``.
     residual_tests : ResidualTests
         The figures behind those warnings and behind the covariance: chi-square against
         declared noise, the structure test, redundancies, the small-sample and

@@ -119,8 +119,10 @@ class SolveWarning:
     Attributes
     ----------
     code : str
-        Stable identifier: ``"model_error"``, ``"not_converged"``, ``"noise_default"``,
-        ``"duplicate_stations"``, ``"units"``, ``"outliers"``.
+        Stable identifier: ``"model_error"``, ``"model_error_untested"`` (the residuals
+        cannot reveal a robot error of the robot's accuracy; value: the smallest they could,
+        mm), ``"pairing_suspect"``, ``"motion_during_capture"``, ``"not_converged"``,
+        ``"noise_default"``, ``"duplicate_stations"``, ``"units"``, ``"outliers"``.
     message : str
         A sentence for a person, with the figures that matter.
     value : float or None

@@ -657,7 +657,7 @@ def fit_field(model, n: int, ws: Workspace, t: FieldTerms, *, flange_p: np.ndarr
         np.multiply(va, wv, out=va)  # P y
         # Diagonal components: the rough part (gamma = lam) and the noise (gamma = 1).
         np.multiply(wv, wv, out=vb)  # w^2
-        G2 = {"w": None, "n": None}
+        G2: dict[str, np.ndarray] = {}
         np.multiply(vb, l2, out=ws.fZ[:N])
         G2["w"] = gram(ws.fZ[:N])
         if not declared:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, TypedDict
 
@@ -160,7 +161,7 @@ _FIELDS = frozenset(f.name for f in dataclasses.fields(SolverOptions))
 _DEFAULT = SolverOptions()
 
 
-def resolve_options(fn: str, options: SolverOptions | None, overrides: dict[str, Any],
+def resolve_options(fn: str, options: SolverOptions | None, overrides: Mapping[str, Any],
                     accepted: frozenset[str]) -> SolverOptions:
     """The record a call runs with: ``options`` (or the defaults) with ``overrides`` applied.
 
@@ -176,4 +177,4 @@ def resolve_options(fn: str, options: SolverOptions | None, overrides: dict[str,
         if key not in _FIELDS or key not in accepted:
             raise TypeError(f"{fn}() got an unexpected keyword argument {key!r}")
     base = options if options is not None else _DEFAULT
-    return dataclasses.replace(base, **overrides) if overrides else base
+    return dataclasses.replace(base, **dict(overrides)) if overrides else base

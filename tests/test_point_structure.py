@@ -45,7 +45,7 @@ def test_points_are_warned_like_poses():
 def test_noise_alone_rarely_warns_points():
     alarms = 0
     rng = np.random.default_rng(77)
-    for k in range(200):
+    for _ in range(200):
         sc = base_frame_scene(20, rng, noise_mm=0.02)
         p = (sc.X @ sc.base_T_flange @ np.array([0.0, 0.03, 0.1, 1.0]))[:, :3] + rng.normal(scale=2e-5, size=(20, 3))
         r = calibrate_base_frame_points(sc.base_T_flange, p, holdout=False, robot_accuracy_m=0.0)
