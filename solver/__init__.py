@@ -19,7 +19,9 @@ Every result also says whether it ``converged`` (``stop_reason``), what a person
 (``warnings``: :class:`SolveWarning` records, e.g. ``"model_error"``) and the residual tests
 behind them (:class:`ResidualTests`); ADR 0004. Inputs are checked for what residuals
 cannot show (ADR 0014): ``expected_cell_T_base`` (:class:`PriorMismatch`), ``max_reach_m``
-(:class:`UnreachableStations`), duplicates and units. :class:`TrackerNoiseModel` turns a
+(:class:`UnreachableStations`), ``max_target_offset_m`` (:class:`ImplausibleGeometry`),
+duplicates and units. How to solve and what to trust is one record, :class:`SolverOptions`,
+taken by every ``calibrate_*`` as ``options=`` (its fields also as keywords). :class:`TrackerNoiseModel` turns a
 tracker's beam-coordinate noise into the per-station covariances the solvers take. Plus
 :class:`Workspace`, the error tree (:class:`CellcalError`, :class:`CalibrationError`,
 :class:`NotEnoughSamples`, :class:`DegenerateGeometry`) and the SE(3) helpers in
@@ -64,6 +66,7 @@ from cellcal.solver.errors import (
     CalibrationError,
     CellcalError,
     DegenerateGeometry,
+    ImplausibleGeometry,
     InsufficientCoverage,
     InsufficientTilt,
     NotEnoughSamples,
@@ -104,6 +107,7 @@ from cellcal.solver.kinematic_export import (
 )
 from cellcal.solver.kinematic_planning import IdentificationPlan, plan_identification_stations
 from cellcal.solver.kinematics import UR5E, DHParameters, KinematicModel
+from cellcal.solver.options import DEFAULT_MAX_TARGET_OFFSET_M, SolverOptions
 from cellcal.solver.planning import NextStation, StationPlan, plan_stations, suggest_next_station
 from cellcal.solver.points import PointBaseFrameResult, calibrate_base_frame_points
 from cellcal.solver.target import CalibrationTarget, target_from_toml
@@ -153,6 +157,9 @@ __all__ = [
     "DegenerateGeometry",
     "PriorMismatch",
     "UnreachableStations",
+    "ImplausibleGeometry",
+    "SolverOptions",
+    "DEFAULT_MAX_TARGET_OFFSET_M",
     "SolveWarning",
     "ResidualTests",
     "TrackerNoiseModel",

@@ -29,7 +29,7 @@ import abc
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -40,8 +40,9 @@ from cellcal.solver import sanity as _sanity
 from cellcal.solver import validation as _validation
 from cellcal.solver.diagnostics import ResidualTests, SolveWarning
 from cellcal.solver.errors import CalibrationError, DegenerateGeometry, NotEnoughSamples
-from cellcal.solver.refine import DEFAULT_MAX_ITERATIONS
-from cellcal.solver.se3 import se3_inverse
+from cellcal.solver.model_error import DEFAULT_ROBOT_ACCURACY_M
+from cellcal.solver.options import SolverOptions, SolverOptionsKeywords, resolve_options
+from cellcal.solver.se3 import se3_adjoint, se3_inverse
 from cellcal.solver.uncertainty import (
     PredictedError,
     covariance_point_error,
@@ -235,8 +236,10 @@ class CalibrationResult(abc.ABC):
         (m). It is the inverse Fisher information of the measurement model at the answer
         (ADR 0004): the covariance of the refined estimate, a lower bound for a linear one
         (``refined`` False), with each estimated noise component's share scaled for the
-        few degrees of freedom it was estimated from, and widened by the rigid error a
-        detected model error implies (``residual_tests``). Not finite when the solve
+        few degrees of freedom it was estimated from, and widened by the part of a robot
+        error field fitted to the residuals that the answer absorbed (a detected model
+        error), or of one of the robot's accuracy (an untested one; ``residual_tests``,
+        :mod:`cellcal.solver.model_error`). Not finite when the solve
         skipped it (``uncertainty=False``).
     sigma_translation_mm, sigma_rotation_deg : float
         1-sigma of the primary unknown (the first transform or point of the result): RMS
@@ -271,8 +274,11 @@ class CalibrationResult(abc.ABC):
     warnings : tuple of SolveWarning
         Things a person should know, each with a ``code``, a sentence (``message``) and
         its figure (``value``): ``"model_error"`` (the residuals are not noise; value:
-        RMS of their structured part, mm), ``"not_converged"``, ``"noise_default"``,
-        ``"duplicate_stations"``, ``"units"``, ``"outliers"``.
+        RMS of their structured part, mm), ``"model_error_untested"`` (they cannot reveal a
+        robot error of the robot's accuracy; value: the smallest they could, mm; the
+        covariance carries that accuracy), ``"pairing_suspect"``, ``"motion_during_capture"``
+        (capture signatures, with capture times or speeds), ``"not_converged"``,
+        ``"noise_default"``, ``"duplicate_stations"``, ``"units"``, ``"outliers"``.
     residual_tests : ResidualTests
         The figures behind those warnings and behind the covariance: chi-square against
         declared noise, the structure test, redundancies, the small-sample and
@@ -785,7 +791,7 @@ def _pose_finish(
     reject_k: float | None = None, masked: bool = False,
     uncertainty: bool = True,
     max_iterations: int, fit_subset, stats: tuple, measurement_residuals: bool,
-    determinacy=None, spread: float = 1.0,
+    determinacy=None, spread: float = 1.0, field=None,
 ) -> _PoseOutcome:
     """Refinement (or the covariance at the linear answer), residual tests, residuals and
     hold-out closure of the pose model ``M_i = A G_i B`` started from the linear ``(A0, B0)``.
@@ -838,9 +844,10 @@ def _pose_finish(
     if fit.ok:
         # Features: the target positions in the robot-side frame (ws.q4, left by the model).
         np.copyto(ws.v3d[:n], ws.q4[:n, :3])
+        spec = field(fit.state) if callable(field) else field
         assessment = _diag.assess(model, fit, noise, n, ws, robot_p=ws.v3d[:n], a_cols=slice(0, 6),
                                   huber=huber, masked=masked or reject_k is not None,
-                                  converged=converged, estimated_ok=not noise.reset)
+                                  converged=converged, estimated_ok=not noise.reset, field=spec)
     if refined or measurement_residuals:
         model.norms(ws.res_t[:n], ws.res_r[:n])
         stats = _core.closure_stats(n, ws)
@@ -862,6 +869,10 @@ def _add_model_error(cov: np.ndarray, assessment, blocks) -> np.ndarray:
     frame is the robot's base), ``"iso"`` the isotropic 6x6 (an unknown on the flange),
     ``"point"`` ``tau_t^2 I`` (a 3-vector).
     """
+    if assessment is not None and assessment.absorbed is not None:
+        # The fitted error field's absorbed part (model_error), or the robot accuracy's when
+        # the residuals could not test for it.
+        return cov + assessment.absorbed
     if assessment is None or not assessment.model_error:
         return cov
     out = cov.copy()
@@ -1082,6 +1093,74 @@ def _inverse_stack(G: np.ndarray, out: np.ndarray, ws: Workspace) -> np.ndarray:
     return out
 
 
+# --- options and the robot behind the fit ----------------------------------------------------
+
+_ALL_KEYS = frozenset(SolverOptions.__dataclass_fields__)
+#: The options each kind of calibration can use (a keyword outside them is a TypeError).
+POSE_KEYS = _ALL_KEYS - {"min_point_spread"}
+POINT_KEYS = _ALL_KEYS - {"pairs", "translation", "noise_rotation_rad", "uncertainty"}
+PIVOT_KEYS = frozenset({"pairs", "min_axis_spread", "min_rotation_rad", "holdout", "noise_translation_m",
+                        "expected_tolerance_m", "max_reach_m", "max_target_offset_m"})
+
+
+def _capture_array(a, name: str, n: int) -> np.ndarray | None:
+    if a is None:
+        return None
+    v = np.asarray(a, dtype=np.float64).reshape(-1)
+    if v.shape != (n,):
+        raise ValueError(f"{name}: expected {n} values (one per station), got shape {np.shape(a)}")
+    if not np.all(np.isfinite(v)):
+        raise ValueError(f"{name}[{int(np.argmin(np.isfinite(v)))}]: not a finite number")
+    return v
+
+
+def _robot_accuracy(o: SolverOptions) -> float:
+    if o.robot_accuracy_m is None:
+        return DEFAULT_ROBOT_ACCURACY_M
+    v = float(o.robot_accuracy_m)
+    if not (math.isfinite(v) and v >= 0.0):
+        raise ValueError(f"robot_accuracy_m must be a non-negative finite number, got {o.robot_accuracy_m!r}")
+    return v
+
+
+def _field_spec(G: np.ndarray, o: SolverOptions, n: int, time_s, speed, *, robot_map=None,
+                a_cols: slice = slice(0, 6)) -> _diag.FieldSpec:
+    """The robot behind a fit (its flange poses, accuracy, capture times) for the model-error
+    field (:mod:`cellcal.solver.model_error`)."""
+    return _diag.FieldSpec(flange_T=G, robot_map=robot_map, robot_accuracy_m=_robot_accuracy(o), a_cols=a_cols,
+                           time_s=_capture_array(time_s, "capture_time_s", n),
+                           speed_m_s=_capture_array(speed, "capture_speed_m_s", n))
+
+
+def _pairing_check(out: _PoseOutcome | None, assessment, extra: list, linear, G: np.ndarray, meas: np.ndarray,
+                   time_s) -> None:
+    """With capture times: do the instrument's rows fit the robot's one station apart better
+    than as paired (a measurement logged late or early)? The linear solve's closure on the
+    stations but one, paired as given and shifted either way in capture order; a shift that
+    closes :data:`~cellcal.solver.diagnostics.PAIRING_RATIO` better appends
+    ``"pairing_suspect"`` to ``extra``. Allocates (three more linear solves): it runs only
+    when the caller passes capture times."""
+    if time_s is None or assessment is None:
+        return
+    n = G.shape[0]
+    if n < 5:
+        return
+    o = np.argsort(np.asarray(time_s, dtype=float).reshape(-1), kind="stable")
+    a, b = o[:-1], o[1:]
+    try:
+        base = linear(G[a], meas[a])
+        fwd = linear(G[a], meas[b])
+        bwd = linear(G[b], meas[a])
+    except (CalibrationError, ValueError, np.linalg.LinAlgError, FloatingPointError):
+        return
+    if not base > 0.0:
+        return
+    ratio, shift = min((fwd / base, 1), (bwd / base, -1))
+    assessment.tests = dataclasses.replace(assessment.tests, pairing_ratio=float(ratio))
+    if ratio < _diag.PAIRING_RATIO:
+        extra.append(_diag.pairing_warning(ratio, shift))
+
+
 # --- public API ------------------------------------------------------------------------------------
 
 
@@ -1090,25 +1169,14 @@ def calibrate_base_frame(
     base_T_flange: np.ndarray,
     cell_T_target: np.ndarray,
     *,
+    options: SolverOptions | None = None,
     workspace: Workspace | None = None,
-    pairs: str = "all",
-    translation: str = "stations",
-    min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
-    min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
-    refine: bool = True,
-    holdout: bool = True,
-    uncertainty: bool = True,
-    noise_translation_m: float | None = None,
-    noise_rotation_rad: float | None = None,
     cell_T_target_std: np.ndarray | None = None,
     cell_T_target_cov: np.ndarray | None = None,
-    huber: float | None = None,
-    reject_k: float | None = None,
-    max_iterations: int = DEFAULT_MAX_ITERATIONS,
     expected_cell_T_base: np.ndarray | None = None,
-    expected_tolerance_m: float = DEFAULT_EXPECTED_TOLERANCE_M,
-    expected_tolerance_rad: float = DEFAULT_EXPECTED_TOLERANCE_RAD,
-    max_reach_m: float | None = None,
+    capture_time_s: np.ndarray | None = None,
+    capture_speed_m_s: np.ndarray | None = None,
+    **overrides: Unpack[SolverOptionsKeywords],
 ) -> BaseFrameResult:
     """Where the robot base sits in the cell, from paired robot and tracker stations.
 
@@ -1118,74 +1186,36 @@ def calibrate_base_frame(
         Flange poses in the robot base frame from the controller's forward kinematics, m.
     cell_T_target : array_like, shape (N, 4, 4)
         The same stations measured by the tracker: target pose in the cell frame, m.
+    options : SolverOptions, optional
+        How to solve and what to trust (refinement, hold-out, noise figures, robust loss,
+        refusal thresholds, reach, target offset, robot accuracy), documented once on
+        :class:`~cellcal.solver.SolverOptions`; defaults when not given.
     workspace : Workspace, optional
         Preallocated buffers (capacity >= N). With one, a warmed-up solve allocates nothing
         that grows with N, and ``residuals`` are views into it.
-    pairs : {"all", "ring", "consecutive", "star"}
-        Motion pairs for the AX=XB rotation solve (ADR 0003). ``"all"`` (default) uses every
-        ordered station pair at O(N) cost; the others are explicit O(N) subsets.
-    translation : {"stations", "pairs"}
-        ``"stations"`` (default) solves the translations of both unknowns from the
-        stations in the fixed 6x6 (Schur 3x3) pivot form; ``"pairs"`` uses the first design's
-        pairwise system ``sum (R_A - I)^T (R_A - I) t_X = ...``, which multiplies the
-        tracker's orientation noise by the cell-to-robot lever arm (ADR 0003 has numbers).
-    min_axis_spread : float
-        Refuse motions whose ``axis_spread`` is below this (ADR 0002).
-    min_rotation_rad : float
-        Refuse data in which no motion rotates more than this.
-    refine : bool
-        Refine the linear answer to the maximum-likelihood fit of the absolute station
-        model (ADR 0004; default True). ``False`` returns the linear answer exactly as the
-        linear solve gives it; its covariance is then the inverse Fisher information at
-        that answer, a lower bound for the linear estimate's own error.
-    holdout : bool
-        Compute the held-out station closure (default True; needs N >= 4): linearised
-        leave-one-out at the answer, refined or linear (one batch of 6x6 solves); k-fold
-        refits (k = min(N, 10)) of the linear solve only where the information matrix at
-        the answer is singular.
-    uncertainty : bool
-        With ``refine=False``, also evaluate the covariance at the linear answer (default
-        True). ``False`` skips it for the fastest linear solve: covariance and sigma
-        figures are then not finite. A refined answer always has its covariance.
-    noise_translation_m, noise_rotation_rad : float, optional
-        Per-axis 1-sigma of the measurement's position (m, along the axes of its parent
-        frame) and orientation (rad, about the axes of its child frame). Each one not
-        given is estimated from the residuals (variance components, starting from 0.1 mm
-        and 0.05 deg); their ratio weighs positions against orientations.
-        Declared figures are tested against the residuals (chi-square, ADR 0004); a
-        detected excess widens the covariance and raises a ``"model_error"`` warning.
     cell_T_target_std : array_like, shape (N, 6), optional
-        Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
-        in rad, as above. Excludes the scalar figures.
+        Per-station 1-sigma from the instrument: ``(x, y, z)`` in m (cell axes), then
+        ``(rx, ry, rz)`` in rad (about the target's axes). Excludes the scalar figures.
     cell_T_target_cov : array_like, shape (N, 6, 6), optional
         Per-station covariance from the instrument in the **cell** frame, ordered
         ``(dx, dy, dz)`` of the target origin (m), then ``dphi`` about the cell axes (rad),
         i.e. ``p' = p + dp`` and ``R' = Exp(dphi) R`` (e.g. from
-        :meth:`~cellcal.solver.TrackerNoiseModel.pose_covariance`). The refinement whitens
-        each station by its Cholesky factor (a tracker's anisotropy along and across the
-        beam is used: ADR 0004). Excludes every other noise figure.
-    huber : float, optional
-        Huber threshold in sigmas on each station's whitened residual length (3 resists
-        gross outliers well; 4.1 is the 99 % point of a 6-D Gaussian's length); stations
-        beyond it are down-weighted and listed in ``downweighted``. With estimated noise
-        the scale is robust (median, then the stations inside the 99.9 % cut), not the
-        contaminated residual RMS. None (default): plain least squares.
-    reject_k : float, optional
-        Hard rejection: after convergence, stations whose robust whitened length exceeds
-        ``reject_k`` are dropped and the fit repeated until none is; they are listed in
-        ``downweighted`` and no longer count in ``dof``.
-    max_iterations : int
-        Gauss-Newton iterations at most per fit (default 20; 2-4 are typical; a robust fit
-        gets three times as many, and each rejection round a new budget).
+        :meth:`~cellcal.solver.TrackerNoiseModel.pose_covariance`: a laser tracker's radial
+        and transverse noise). The refinement whitens each station by its Cholesky factor.
+        Excludes every other noise figure.
     expected_cell_T_base : array_like, shape (4, 4), optional
-        The answer the cell drawing gives: an answer farther than the tolerances raises
-        :class:`~cellcal.solver.PriorMismatch` (swapped or inverted inputs fit exactly and
-        are caught only this way; ADR 0014).
-    expected_tolerance_m, expected_tolerance_rad : float
-        Its tolerances (defaults 0.05 m and 5 deg).
-    max_reach_m : float, optional
-        The arm's reach: flange poses farther from the base raise
-        :class:`~cellcal.solver.UnreachableStations` naming them (swapped arguments, mm).
+        The answer the cell drawing gives: an answer farther than the options' tolerances
+        raises :class:`~cellcal.solver.PriorMismatch` (ADR 0014).
+    capture_time_s : array_like, shape (N,), optional
+        When each station was captured (s, any monotonic origin). Orders the stations for the
+        pairing test: residuals that follow the step to the next or previous station raise
+        ``"pairing_suspect"`` (rows shifted by one, or a robot moving during capture).
+    capture_speed_m_s : array_like, shape (N,), optional
+        The flange's speed when each station was captured (m/s): residuals that follow the
+        motion raise ``"motion_during_capture"`` (a clock offset between robot and tracker).
+    **overrides
+        Any field of :class:`~cellcal.solver.SolverOptions` by name (``huber=3.0``,
+        ``noise_translation_m=2e-5``, ...): applied over ``options``.
 
     Returns
     -------
@@ -1217,6 +1247,10 @@ def calibrate_base_frame(
     ``ValueError``. The result says whether it ``converged``; its ``warnings`` and
     ``residual_tests`` say whether the residuals are the noise they claim to be.
     """
+    o = resolve_options("calibrate_base_frame", options, overrides, POSE_KEYS)
+    pairs, translation, refine, holdout, uncertainty = o.pairs, o.translation, o.refine, o.holdout, o.uncertainty
+    min_axis_spread, min_rotation_rad, max_reach_m = o.min_axis_spread, o.min_rotation_rad, o.max_reach_m
+    huber, reject_k, max_iterations = o.huber, o.reject_k, o.max_iterations
     problem = "base-frame calibration"
     pair_t = _check_translation_mode(translation, pairs)
     (G, M), n, ws = _prepare(
@@ -1224,9 +1258,10 @@ def calibrate_base_frame(
     )
     masked, extra = _input_checks(G, M, n, ws, max_reach_m, "cell_T_target")
     noise = _refine.prepare_noise(
-        cell_T_target_std, "cell_T_target_std", noise_translation_m, noise_rotation_rad, n, ws, 6,
+        cell_T_target_std, "cell_T_target_std", o.noise_translation_m, o.noise_rotation_rad, n, ws, 6,
         cov=cell_T_target_cov, cov_name="cell_T_target_cov", R_meas=M[:, :3, :3],
     )
+    field = _field_spec(G, o, n, capture_time_s, capture_speed_m_s)
     Rx, tx, Ry, ty, m, obs = _absolute_linear(G, M, n, ws, pairs, pair_t, min_axis_spread, min_rotation_rad)
     X, Y = _transform(Rx, tx), _transform(Ry, ty)
     stats = _core.closure_stats(n, ws)
@@ -1247,6 +1282,7 @@ def calibrate_base_frame(
         masked=masked, max_iterations=max_iterations,
         fit_subset=fit_subset, stats=stats, measurement_residuals=False,
         determinacy=lambda C: _check_determined(C[:6, :6], problem, "cell", obs, X), spread=obs.axis_spread,
+        field=field,
     )
     noise_covX = out.cov[:6, :6].copy()
     out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out, base=True))
@@ -1254,7 +1290,12 @@ def calibrate_base_frame(
     _check_determined(noise_covX, problem, "cell", obs, out.A)
     if out.probe_cov is not None:
         _check_determined(out.probe_cov[:6, :6], problem, "cell", obs, out.A)
-    _sanity.check_prior(out.A, expected_cell_T_base, expected_tolerance_m, expected_tolerance_rad, "cell_T_base")
+    _sanity.check_prior(out.A, expected_cell_T_base, o.expected_tolerance_m, o.expected_tolerance_rad, "cell_T_base")
+    _pairing_check(out, out.assessment, extra, lambda g, m_: calibrate_base_frame(
+        g, m_, refine=False, holdout=False, uncertainty=False, max_target_offset_m=None,
+        min_axis_spread=0.0).rms_translation_m, G, M, capture_time_s)
+    if not any(w.code == "units" for w in extra):  # millimetres: the units warning says what is wrong
+        _sanity.check_offset(out.B[:3, 3], o.max_target_offset_m, "flange_T_target", "the tracker target")
     linear = f"quaternion-linear AX=XB rotation ({pairs} pairs), {translation} translation"
     return BaseFrameResult(
         n_stations=n, n_motions=m, **_stats_fields(out.stats),
@@ -1274,25 +1315,14 @@ def calibrate_hand_eye(
     base_T_flange: np.ndarray,
     camera_T_target: np.ndarray,
     *,
+    options: SolverOptions | None = None,
     workspace: Workspace | None = None,
-    pairs: str = "all",
-    translation: str = "stations",
-    min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
-    min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
-    refine: bool = True,
-    holdout: bool = True,
-    uncertainty: bool = True,
-    noise_translation_m: float | None = None,
-    noise_rotation_rad: float | None = None,
     camera_T_target_std: np.ndarray | None = None,
     camera_T_target_cov: np.ndarray | None = None,
-    huber: float | None = None,
-    reject_k: float | None = None,
-    max_iterations: int = DEFAULT_MAX_ITERATIONS,
     expected_flange_T_camera: np.ndarray | None = None,
-    expected_tolerance_m: float = DEFAULT_EXPECTED_TOLERANCE_M,
-    expected_tolerance_rad: float = DEFAULT_EXPECTED_TOLERANCE_RAD,
-    max_reach_m: float | None = None,
+    capture_time_s: np.ndarray | None = None,
+    capture_speed_m_s: np.ndarray | None = None,
+    **overrides: Unpack[SolverOptionsKeywords],
 ) -> HandEyeResult:
     """Eye-in-hand calibration: the camera on the flange, from views of a static target.
 
@@ -1302,17 +1332,16 @@ def calibrate_hand_eye(
         Flange poses in the robot base frame, m.
     camera_T_target : array_like, shape (N, 4, 4)
         The static target as the camera sees it at each station, m.
-    workspace, pairs, translation, min_axis_spread, min_rotation_rad
-        As for :func:`calibrate_base_frame`.
-    refine, holdout, uncertainty, noise_translation_m, noise_rotation_rad, huber, reject_k, max_iterations
-        As for :func:`calibrate_base_frame`.
+    options, workspace, capture_time_s, capture_speed_m_s, **overrides
+        As for :func:`calibrate_base_frame` (:class:`~cellcal.solver.SolverOptions`;
+        ``max_target_offset_m`` does not apply: a camera's mount is checked by its prior).
     camera_T_target_std : array_like, shape (N, 6), optional
         Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
         in rad. Excludes the scalar figures.
     camera_T_target_cov : array_like, shape (N, 6, 6), optional
         Per-station covariance in the **camera** frame, ``(dp, dphi)`` as
         ``cell_T_target_cov`` of :func:`calibrate_base_frame`.
-    expected_flange_T_camera, expected_tolerance_m, expected_tolerance_rad, max_reach_m
+    expected_flange_T_camera : array_like, shape (4, 4), optional
         Input sanity as for :func:`calibrate_base_frame`, on ``flange_T_camera`` (ADR 0014).
 
     Returns
@@ -1328,6 +1357,10 @@ def calibrate_hand_eye(
         As for :func:`calibrate_base_frame`; ``DegenerateGeometry.axis`` is in the flange
         frame (the camera's rotation about it and translation along it are undetermined).
     """
+    o = resolve_options("calibrate_hand_eye", options, overrides, POSE_KEYS)
+    pairs, translation, refine, holdout, uncertainty = o.pairs, o.translation, o.refine, o.holdout, o.uncertainty
+    min_axis_spread, min_rotation_rad, max_reach_m = o.min_axis_spread, o.min_rotation_rad, o.max_reach_m
+    huber, reject_k, max_iterations = o.huber, o.reject_k, o.max_iterations
     problem = "hand-eye calibration"
     pair_t = _check_translation_mode(translation, pairs)
     (G, O), n, ws = _prepare(
@@ -1335,9 +1368,16 @@ def calibrate_hand_eye(
     )
     masked, extra = _input_checks(G, O, n, ws, max_reach_m, "camera_T_target")
     noise = _refine.prepare_noise(
-        camera_T_target_std, "camera_T_target_std", noise_translation_m, noise_rotation_rad, n, ws, 6,
+        camera_T_target_std, "camera_T_target_std", o.noise_translation_m, o.noise_rotation_rad, n, ws, 6,
         cov=camera_T_target_cov, cov_name="camera_T_target_cov", R_meas=O[:, :3, :3],
     )
+    spec = _field_spec(G, o, n, capture_time_s, capture_speed_m_s, a_cols=slice(6, 12))
+
+    def field(state):
+        # The robot's error enters on the target's side: inv(Exp(xi) G) = inv(G) Exp(-xi),
+        # a right twist -Ad(inv(base_T_target)) xi of base_T_target.
+        return dataclasses.replace(spec, robot_map=-se3_adjoint(se3_inverse(state[1])))
+
     Rx, tx, Rz, tz, m, obs = _hand_eye_linear(G, O, n, ws, pairs, pair_t, min_axis_spread, min_rotation_rad)
     X, Z = _transform(Rx, tx), _transform(Rz, tz)
     stats = _core.closure_stats(n, ws)
@@ -1361,16 +1401,19 @@ def calibrate_hand_eye(
         max_iterations=max_iterations, fit_subset=fit_subset, stats=stats,
         measurement_residuals=False,
         determinacy=lambda C: _check_determined(C[:6, :6], problem, "flange", obs, np.eye(4)),
-        spread=obs.axis_spread,
+        spread=obs.axis_spread, field=field,
     )
     out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out, base=False))
     if out.probe_cov is not None:  # model form: A's child frame is the flange
         _check_determined(out.probe_cov[:6, :6], problem, "flange", obs, np.eye(4))
+    _pairing_check(out, out.assessment, extra, lambda g, m_: calibrate_hand_eye(
+        g, m_, refine=False, holdout=False, uncertainty=False, min_axis_spread=0.0).rms_translation_m,
+        G, O, capture_time_s)
     Xo, covX, covZ, common = _inverted_first_outcome(
         out, X, n, m, obs, "flange", pairs, translation, huber, ws, workspace is None, reject_k, extra
     )
     _check_determined(out.noise_cov[:6, :6], problem, "flange", obs, np.eye(4))
-    _sanity.check_prior(Xo, expected_flange_T_camera, expected_tolerance_m, expected_tolerance_rad, "flange_T_camera")
+    _sanity.check_prior(Xo, expected_flange_T_camera, o.expected_tolerance_m, o.expected_tolerance_rad, "flange_T_camera")
     return HandEyeResult(
         **common, flange_T_camera=Xo, base_T_target=out.B,
         flange_T_camera_covariance=covX, base_T_target_covariance=covZ,
@@ -1382,25 +1425,14 @@ def calibrate_eye_to_hand(
     base_T_flange: np.ndarray,
     camera_T_target: np.ndarray,
     *,
+    options: SolverOptions | None = None,
     workspace: Workspace | None = None,
-    pairs: str = "all",
-    translation: str = "stations",
-    min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
-    min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
-    refine: bool = True,
-    holdout: bool = True,
-    uncertainty: bool = True,
-    noise_translation_m: float | None = None,
-    noise_rotation_rad: float | None = None,
     camera_T_target_std: np.ndarray | None = None,
     camera_T_target_cov: np.ndarray | None = None,
-    huber: float | None = None,
-    reject_k: float | None = None,
-    max_iterations: int = DEFAULT_MAX_ITERATIONS,
     expected_base_T_camera: np.ndarray | None = None,
-    expected_tolerance_m: float = DEFAULT_EXPECTED_TOLERANCE_M,
-    expected_tolerance_rad: float = DEFAULT_EXPECTED_TOLERANCE_RAD,
-    max_reach_m: float | None = None,
+    capture_time_s: np.ndarray | None = None,
+    capture_speed_m_s: np.ndarray | None = None,
+    **overrides: Unpack[SolverOptionsKeywords],
 ) -> EyeToHandResult:
     """Eye-to-hand (robot-world / hand-eye) calibration: a camera fixed in the cell sees a
     target carried on the flange.
@@ -1418,17 +1450,16 @@ def calibrate_eye_to_hand(
         Flange poses in the robot base frame, m.
     camera_T_target : array_like, shape (N, 4, 4)
         The flange-mounted target as the fixed camera sees it at each station, m.
-    workspace, pairs, translation, min_axis_spread, min_rotation_rad
-        As for :func:`calibrate_base_frame`.
-    refine, holdout, uncertainty, noise_translation_m, noise_rotation_rad, huber, reject_k, max_iterations
-        As for :func:`calibrate_base_frame`.
+    options, workspace, capture_time_s, capture_speed_m_s, **overrides
+        As for :func:`calibrate_base_frame` (:class:`~cellcal.solver.SolverOptions`; the
+        options' ``max_target_offset_m`` applies to the target's distance from the flange).
     camera_T_target_std : array_like, shape (N, 6), optional
         Per-station 1-sigma from the instrument: ``(x, y, z)`` in m, then ``(rx, ry, rz)``
         in rad. Excludes the scalar figures.
     camera_T_target_cov : array_like, shape (N, 6, 6), optional
         Per-station covariance in the **camera** frame, ``(dp, dphi)`` as
         ``cell_T_target_cov`` of :func:`calibrate_base_frame`.
-    expected_base_T_camera, expected_tolerance_m, expected_tolerance_rad, max_reach_m
+    expected_base_T_camera : array_like, shape (4, 4), optional
         Input sanity as for :func:`calibrate_base_frame`, on ``base_T_camera`` (ADR 0014).
 
     Returns
@@ -1447,6 +1478,10 @@ def calibrate_eye_to_hand(
         base frame; the camera's rotation about it and its translation along it are
         undetermined.
     """
+    o = resolve_options("calibrate_eye_to_hand", options, overrides, POSE_KEYS)
+    pairs, translation, refine, holdout, uncertainty = o.pairs, o.translation, o.refine, o.holdout, o.uncertainty
+    min_axis_spread, min_rotation_rad, max_reach_m = o.min_axis_spread, o.min_rotation_rad, o.max_reach_m
+    huber, reject_k, max_iterations = o.huber, o.reject_k, o.max_iterations
     problem = "eye-to-hand calibration"
     pair_t = _check_translation_mode(translation, pairs)
     (G, O), n, ws = _prepare(
@@ -1454,9 +1489,10 @@ def calibrate_eye_to_hand(
     )
     masked, extra = _input_checks(G, O, n, ws, max_reach_m, "camera_T_target")
     noise = _refine.prepare_noise(
-        camera_T_target_std, "camera_T_target_std", noise_translation_m, noise_rotation_rad, n, ws, 6,
+        camera_T_target_std, "camera_T_target_std", o.noise_translation_m, o.noise_rotation_rad, n, ws, 6,
         cov=camera_T_target_cov, cov_name="camera_T_target_cov", R_meas=O[:, :3, :3],
     )
+    field = _field_spec(G, o, n, capture_time_s, capture_speed_m_s)
     labels: dict[str, Any] = dict(problem=problem, frame="base", what_rot="camera rotation",
                                   what_trans="camera translation", robot_is_g=False)
     # G_i = X O_i inv(Y): the base frame's form with G measured and O as the "robot".
@@ -1483,16 +1519,21 @@ def calibrate_eye_to_hand(
         max_iterations=max_iterations, fit_subset=fit_subset, stats=stats,
         measurement_residuals=True,
         determinacy=lambda C: _check_determined(C[:6, :6], problem, "base", obs, np.eye(4)),
-        spread=obs.axis_spread,
+        spread=obs.axis_spread, field=field,
     )
     out.cov = _add_model_error(out.cov, out.assessment, _pose_blocks(out, base=True))
     if out.probe_cov is not None:  # model form: A's child frame is the robot base
         _check_determined(out.probe_cov[:6, :6], problem, "base", obs, np.eye(4))
+    _pairing_check(out, out.assessment, extra, lambda g, m_: calibrate_eye_to_hand(
+        g, m_, refine=False, holdout=False, uncertainty=False, max_target_offset_m=None,
+        min_axis_spread=0.0).rms_translation_m, G, O, capture_time_s)
     Xo, covX, covY, common = _inverted_first_outcome(
         out, X, n, m, obs, "base", pairs, translation, huber, ws, workspace is None, reject_k, extra
     )
     _check_determined(out.noise_cov[:6, :6], problem, "base", obs, np.eye(4))
-    _sanity.check_prior(Xo, expected_base_T_camera, expected_tolerance_m, expected_tolerance_rad, "base_T_camera")
+    _sanity.check_prior(Xo, expected_base_T_camera, o.expected_tolerance_m, o.expected_tolerance_rad, "base_T_camera")
+    if not any(w.code == "units" for w in extra):
+        _sanity.check_offset(out.B[:3, 3], o.max_target_offset_m, "flange_T_target", "the target")
     return EyeToHandResult(
         **common, base_T_camera=Xo, flange_T_target=out.B,
         base_T_camera_covariance=covX, flange_T_target_covariance=covY,
@@ -1503,15 +1544,10 @@ def calibrate_eye_to_hand(
 def calibrate_tool_point(
     base_T_flange: np.ndarray,
     *,
+    options: SolverOptions | None = None,
     workspace: Workspace | None = None,
-    pairs: str = "all",
-    min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
-    min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
-    holdout: bool = True,
-    noise_translation_m: float | None = None,
     expected_flange_p_tip: np.ndarray | None = None,
-    expected_tolerance_m: float = DEFAULT_EXPECTED_TOLERANCE_M,
-    max_reach_m: float | None = None,
+    **overrides: Unpack[SolverOptionsKeywords],
 ) -> ToolPointResult:
     """Pivot calibration: the tool tip on the flange, held at one point while the flange turns.
 
@@ -1522,27 +1558,25 @@ def calibrate_tool_point(
     ----------
     base_T_flange : array_like, shape (N, 4, 4)
         Flange poses in the robot base frame, m.
-    workspace, pairs, min_axis_spread, min_rotation_rad
-        As for :func:`calibrate_base_frame`; ``pairs`` picks the relative rotations the
-        observability test looks at.
-    holdout : bool
-        Compute the held-out closure (default True, N >= 4). The pivot is linear least
-        squares, so its leave-one-out through the hat matrix is exact, not linearised.
-    noise_translation_m : float, optional
-        Per-axis 1-sigma of the tip's position scatter (m); estimated from the residuals
-        (``sum |r|^2 / (3N - 6)``) when not given. The least-squares answer does not
-        depend on it, only the covariance does: an estimated figure's is scaled by
-        ``r / (r - 2)``, ``r = 3N - 6`` (few degrees of freedom, ADR 0004); a given one is
-        tested against the scatter (chi-square), and the scatter is tested for a pattern
-        in the flange position (``warnings``, ``residual_tests``).
+    options, workspace, **overrides
+        As for :func:`calibrate_base_frame` (:class:`~cellcal.solver.SolverOptions`). The
+        pivot uses ``pairs`` (the relative rotations the observability test looks at),
+        ``min_axis_spread``, ``min_rotation_rad``, ``holdout``, ``noise_translation_m``,
+        ``expected_tolerance_m``, ``max_reach_m`` and ``max_target_offset_m``; the rest of a
+        record is ignored, and as a keyword is a ``TypeError``.
     expected_flange_p_tip : array_like, shape (3,), optional
-        The tip from the tool's drawing, m: an answer farther than ``expected_tolerance_m``
-        raises :class:`~cellcal.solver.PriorMismatch` (ADR 0014).
-    expected_tolerance_m : float
-        Its tolerance (default 0.05 m).
-    max_reach_m : float, optional
-        Refuse flange poses farther than this from the base
-        (:class:`~cellcal.solver.UnreachableStations`).
+        The tip from the tool's drawing, m: an answer farther than the options'
+        ``expected_tolerance_m`` raises :class:`~cellcal.solver.PriorMismatch` (ADR 0014).
+
+    The pivot is linear least squares, so its leave-one-out (``holdout``) through the hat
+    matrix is exact, not linearised. ``noise_translation_m`` is the per-axis 1-sigma of
+    the tip's position scatter (m); estimated from the residuals
+    (``sum |r|^2 / (3N - 6)``) when not given. The least-squares answer does not depend on
+    it, only the covariance does: an estimated figure's is scaled by ``r / (r - 2)``,
+    ``r = 3N - 6`` (few degrees of freedom, ADR 0004); a given one is tested against the
+    scatter (chi-square), and the scatter is tested for a pattern in the flange position
+    (``warnings``, ``residual_tests``). A tip farther from the flange than
+    ``max_target_offset_m`` is refused (:class:`~cellcal.solver.ImplausibleGeometry`).
 
     Huber and ``reject_k`` are not offered: the pivot is one closed-form linear solve;
     screen outlier stations by their residuals and solve again.
@@ -1562,6 +1596,9 @@ def calibrate_tool_point(
         All relative rotations about one axis (flange frame): the tip position along it
         cannot be recovered.
     """
+    o = resolve_options("calibrate_tool_point", options, overrides, PIVOT_KEYS)
+    pairs, holdout, min_axis_spread, min_rotation_rad = o.pairs, o.holdout, o.min_axis_spread, o.min_rotation_rad
+    noise_translation_m, max_reach_m, expected_tolerance_m = o.noise_translation_m, o.max_reach_m, o.expected_tolerance_m
     problem = "tool-point calibration"
     _core.check_pair_scheme(pairs)
     (G,), n, ws = _prepare([(base_T_flange, "base_T_flange")], workspace, problem)
@@ -1632,6 +1669,7 @@ def calibrate_tool_point(
     tr = float(np.trace(tip_cov))
     if expected_flange_p_tip is not None:
         _check_point_prior(p_tip, expected_flange_p_tip, expected_tolerance_m, "flange_p_tip")
+    _sanity.check_offset(p_tip, o.max_target_offset_m, "flange_p_tip", "the tool tip")
     out = _PoseOutcome(None, None, cov, None, fit, ho, False, nz, assessment, True)
     tests = _diag.with_inflation(assessment.tests, _pad6(noise_cov[:3, :3]), _pad6(cov[:3, :3]))
     return ToolPointResult(

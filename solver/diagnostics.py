@@ -83,7 +83,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cellcal.solver import _stats
-from cellcal.solver.refine import Fit, Noise, component_redundancy
+from cellcal.solver import model_error as _me
+from cellcal.solver.refine import NOISE_FLOOR_M, NOISE_FLOOR_RAD, Fit, Noise, component_redundancy
 from cellcal.solver.se3 import hat
 from cellcal.solver.workspace import Workspace
 
@@ -118,8 +119,10 @@ class SolveWarning:
     Attributes
     ----------
     code : str
-        Stable identifier: ``"model_error"``, ``"not_converged"``, ``"noise_default"``,
-        ``"duplicate_stations"``, ``"units"``, ``"outliers"``.
+        Stable identifier: ``"model_error"``, ``"model_error_untested"`` (the residuals
+        cannot reveal a robot error of the robot's accuracy; value: the smallest they could,
+        mm), ``"pairing_suspect"``, ``"motion_during_capture"``, ``"not_converged"``,
+        ``"noise_default"``, ``"duplicate_stations"``, ``"units"``, ``"outliers"``.
     message : str
         A sentence for a person, with the figures that matter.
     value : float or None
@@ -164,6 +167,27 @@ class ResidualTests:
         ratio; 1 when nothing was added).
     false_alarm_rate : float
         The level the model-error decision was designed for (noise-only data).
+    field_statistic, field_p : float
+        The score test matched to a robot's error field
+        (:mod:`cellcal.solver.model_error`): statistic and p-value (NaN when it did not run).
+    model_error_detectable_m : float
+        The smallest robot error (RMS flange position error, 3-D, m) the tests find with 90 %
+        power on these stations (NaN when not computed).
+    model_error_tested : bool
+        False when that exceeds the robot's accuracy: the residuals cannot test for a real
+        arm's error, and the covariance carries a robot error of ``robot_accuracy_m``.
+    robot_accuracy_m : float
+        The robot accuracy the decision used (declared, or the default).
+    model_error_structured_m, model_error_rough_m : float
+        With a detected model error: RMS flange position error (3-D, m) of the fitted field's
+        structured (link) and rough (per-station) parts; their absorbed part is in the
+        covariance. With an untested one, the robot accuracy's halves.
+    pairing_ratio : float
+        With capture times: the linear solve's closure with the instrument's rows shifted by
+        one station in capture order (the better shift) over its closure as paired; below
+        :data:`PAIRING_RATIO` raises ``"pairing_suspect"`` (NaN without capture times).
+    motion_f, motion_p : float
+        The motion test (``"motion_during_capture"``; NaN without capture speeds).
     """
 
     declared_noise: bool
@@ -182,6 +206,16 @@ class ResidualTests:
     inflation_translation: float
     inflation_rotation: float
     false_alarm_rate: float = MODEL_ERROR_FALSE_ALARM
+    field_statistic: float = math.nan
+    field_p: float = math.nan
+    model_error_detectable_m: float = math.nan
+    model_error_tested: bool = True
+    robot_accuracy_m: float = math.nan
+    model_error_structured_m: float = 0.0
+    model_error_rough_m: float = 0.0
+    pairing_ratio: float = math.nan
+    motion_f: float = math.nan
+    motion_p: float = math.nan
 
 
 def small_sample_factor(redundancy: float) -> float:
@@ -216,6 +250,28 @@ def absorbed_error_covariance(c: np.ndarray, tau_t: float, tau_r: float) -> np.n
     return 0.5 * (rigid_error_covariance(c, tau_t, tau_r) + D)
 
 
+@dataclass(frozen=True)
+class FieldSpec:
+    """Internal: the robot behind a fit, for the model-error field (:mod:`model_error`).
+
+    ``flange_T`` (N, 4, 4) the robot's ``base_T_flange``; ``robot_map`` (6, 6) maps a
+    base-frame twist of the flange into the twist of the Jacobian columns ``a_cols`` (None:
+    identity); ``robot_accuracy_m`` the robot's accuracy (RMS flange error, 3-D, m);
+    ``time_s`` / ``speed_m_s`` the stations' capture times and speeds (optional).
+    """
+
+    flange_T: np.ndarray
+    robot_map: np.ndarray | None
+    robot_accuracy_m: float
+    a_cols: slice = dataclasses.field(default_factory=lambda: slice(0, 6))
+    time_s: np.ndarray | None = None
+    speed_m_s: np.ndarray | None = None
+
+    @property
+    def flange_p(self) -> np.ndarray:
+        return self.flange_T[:, :3, 3]
+
+
 @dataclass
 class Assessment:
     """Internal: the tests and the covariance pieces :func:`assess` computed."""
@@ -228,6 +284,7 @@ class Assessment:
     tau_r: float
     centroid: np.ndarray  # (3,) base frame
     spread_m: float
+    absorbed: np.ndarray | None = None  # (p, p) model-error covariance to add (field model)
 
 
 def _features(p: np.ndarray, n: int, ws: Workspace, weights: np.ndarray | None) -> tuple[np.ndarray, float, np.ndarray]:
@@ -292,13 +349,23 @@ def _structure_test(model, n: int, ws: Workspace, Hinv: np.ndarray, a_cols: slic
     # Principal angles: whiten by Z^T Z, then the eigenvalues of the projected Gram matrix
     # are the squared sines of the angles between span(Z) and span(J).
     lz, U = np.linalg.eigh(Gz)
-    if not float(lz[0]) > 1e-12 * float(lz[-1]):
-        return math.nan, math.nan, (0, 0), 0.0  # features degenerate (stations too alike)
-    np.multiply(U, 1.0 / np.sqrt(lz), out=U)  # W = U diag(lz^-1/2): W^T Gz W = I
-    np.matmul(Gp, U, out=Gz)
-    np.matmul(U.T, Gz, out=Gp)
-    lam, V = np.linalg.eigh(Gp)
-    w = V.T @ (U.T @ zp)
+    if not float(lz[-1]) > 0.0:
+        return math.nan, math.nan, (0, 0), 0.0  # no features (stations too alike)
+    if float(lz[0]) > 1e-12 * float(lz[-1]):
+        np.multiply(U, 1.0 / np.sqrt(lz), out=U)  # W = U diag(lz^-1/2): W^T Gz W = I
+        np.matmul(Gp, U, out=Gz)
+        np.matmul(U.T, Gz, out=Gp)
+        lam, V = np.linalg.eigh(Gp)
+        w = V.T @ (U.T @ zp)
+    else:
+        # Dependent features: a point's residual is a translation, and the pose-linear twist
+        # ``f_a e_a x q`` summed over a is ``f x (c + L f) = f x c``, a linear translation field
+        # already among the features. Test in the span the features do have (their Gram
+        # matrix's range), with as many degrees of freedom as it has dimensions.
+        kept = lz > 1e-10 * float(lz[-1])
+        Ur = U[:, kept] / np.sqrt(lz[kept])
+        lam, V = np.linalg.eigh(Ur.T @ Gp @ Ur)
+        w = V.T @ (Ur.T @ zp)
     keep = lam > _MIN_SINE * _MIN_SINE
     p1 = int(np.count_nonzero(keep))
     d2 = nu - p1
@@ -409,7 +476,7 @@ def _kenward_roger(Hinv: np.ndarray, H: np.ndarray, Ft: np.ndarray, base: np.nda
 def assess(
     model, fit: Fit, nz: Noise, n: int, ws: Workspace, *, robot_p: np.ndarray, a_cols: slice,
     huber: float | None, masked: bool, converged: bool, estimated_ok: bool = True,
-    blocks: tuple = ((0, 6), (6, 6)),
+    blocks: tuple = ((0, 6), (6, 6)), field: FieldSpec | None = None,
 ) -> Assessment:
     """Residual tests, small-sample and excess factors, and the model-error decision.
 
@@ -429,6 +496,11 @@ def assess(
         False: the residual is not at a minimum; no test runs, factors are 1.
     estimated_ok : bool
         False when the estimated figures were discarded (``nz.reset``).
+    field : FieldSpec, optional
+        The robot whose error the answer may have absorbed: with it, the matched field test
+        runs, a detected model error widens the covariance by the fitted field's absorbed
+        part, and an untested one by the robot accuracy's (``Assessment.absorbed``;
+        :mod:`cellcal.solver.model_error`). Without it (the pivot), the rigid-twist rule.
     """
     Hinv = fit.covariance
     finite = bool(np.all(np.isfinite(Hinv)))
@@ -473,26 +545,48 @@ def assess(
         F, pF, sdof, qz = _structure_test(model, n, ws, Hinv, a_cols, f, red)
     if math.isfinite(pF):
         tests_run += 1
+    terms = None
+    fT, fp = math.nan, math.nan
+    # Noise-free data (an estimate at its floor, residuals at rounding level) carry no model
+    # error worth a test: rounding is structured, and a field of nanometres widens nothing.
+    at_floor = (wants_t and nz.sigma_t <= 2.0 * NOISE_FLOOR_M) or (wants_r and nz.sigma_r <= 2.0 * NOISE_FLOOR_RAD)
+    if field is not None and red > 0.0 and not at_floor:
+        terms = _me.field_terms(model, n, ws, Hinv, flange_p=field.flange_p, a_cols=field.a_cols,
+                                robot_map=field.robot_map, dof=red)
+        fT, fp, _ = _me.field_test(terms, declared)
+        if math.isfinite(fp):
+            tests_run += 1
     alpha = MODEL_ERROR_FALSE_ALARM / max(tests_run, 1)
     chi2_p = _stats.chi2_sf(chi2_stat, chi2_red) if chi2_red > 0.0 else math.nan
     excess = math.isfinite(chi2_p) and chi2_p < alpha
     structured = math.isfinite(pF) and pF < alpha
-    model_error = excess or structured
+    matched = math.isfinite(fp) and fp < alpha
+    model_error = excess or structured or matched
     # Variance factors of each component's share of the covariance.
     st2 = qt / rt if rt > 0 else 1.0
     sr2 = (qr / rr if rr > 0 else 1.0) if two else 1.0
-    # Declared figures the residuals exceed: their components' shares scaled by the excess.
-    vt = max(1.0, st2) if (model_error and dec_t) else 1.0
-    vr = (max(1.0, sr2) if (model_error and dec_r) else 1.0) if two else vt
+    # Declared figures the residuals exceed: their components' shares scaled by the excess
+    # (the rigid-twist rule; the field model explains the excess by the field instead).
+    widen_noise = model_error and terms is None
+    vt = max(1.0, st2) if (widen_noise and dec_t) else 1.0
+    vr = (max(1.0, sr2) if (widen_noise and dec_r) else 1.0) if two else vt
     H = np.linalg.inv(Hinv)
     Ft = _translation_information(model, n, ws, H)
     cov = _component_covariance(Hinv, H, Ft, vt, vr, two)
     small = 1.0
-    if est_t or est_r:
-        count = float(n) if vm is None else float(vm.sum())
+    count = float(n) if vm is None else float(vm.sum())
+    if getattr(nz, "pooled", False) and estimated_ok and two:
+        # One factor for both figures: the one-component law, r / (r - 2), r = r_t + r_r.
+        cov, small = _kenward_roger(Hinv, H, H, cov, True, False, 6.0 * count, blocks)
+    elif est_t or est_r:
         cov, small = _kenward_roger(Hinv, H, Ft, cov, est_t, est_r, 3.0 * count, blocks)
     warnings: list[SolveWarning] = []
     tau_t = tau_r = 0.0
+    absorbed = None
+    extra: dict = {}
+    if terms is not None:
+        acc = field.robot_accuracy_m if field is not None else _me.DEFAULT_ROBOT_ACCURACY_M
+        extra = dict(field_statistic=fT, field_p=fp, robot_accuracy_m=acc)
     if model_error:
         # Per-axis size of what is not noise (module docstring).
         var_t = nz.sigma_t ** 2
@@ -502,11 +596,45 @@ def assess(
             tau_r = math.sqrt(var_r * max(sr2 - 1.0, 0.0)) if dec_r else math.sqrt(var_r * sr2)
         if L > 0.0:
             tau_r = max(tau_r, tau_t / L)
-        warnings.append(_model_error_warning(excess, structured, dec_t, st2, tau_t, F, pF, chi2_p))
-        # What the residuals show is the part the rigid fit left; the part it absorbed is
-        # taken as ABSORBED_TO_VISIBLE times that (module docstring).
-        tau_t *= ABSORBED_TO_VISIBLE
-        tau_r *= ABSORBED_TO_VISIBLE
+        if terms is not None and field is not None:
+            ff = _me.fit_field(model, n, ws, terms, flange_p=field.flange_p, a_cols=field.a_cols,
+                               robot_map=field.robot_map, declared=declared)
+            absorbed = _me.field_covariance(terms, ff.structured, ff.rough, ff.excess)
+            if not declared:
+                cov = cov * ff.noise_factor  # the noise's share of the residual, the rest is the field
+            tau_t, tau_r = _absorbed_sigmas(absorbed, blocks)
+            extra.update(model_error_structured_m=math.sqrt(ff.structured), model_error_rough_m=math.sqrt(ff.rough),
+                         model_error_detectable_m=_me.detectable_size(terms, declared, alpha))
+            warnings.append(_model_error_warning(excess, structured or matched, dec_t, st2,
+                                                 math.sqrt(var_t * max(st2 - (1.0 if dec_t else 0.0), 0.0)),
+                                                 F if math.isfinite(pF) else fT, pF if math.isfinite(pF) else fp,
+                                                 chi2_p, field_mm=1e3 * math.sqrt(ff.structured + ff.rough)))
+        else:
+            warnings.append(_model_error_warning(excess, structured, dec_t, st2, tau_t, F, pF, chi2_p))
+            # What the residuals show is the part the rigid fit left; the part it absorbed is
+            # taken as ABSORBED_TO_VISIBLE times that (module docstring).
+            tau_t *= ABSORBED_TO_VISIBLE
+            tau_r *= ABSORBED_TO_VISIBLE
+    elif terms is not None and field is not None:
+        det = _me.detectable_size(terms, declared, alpha)
+        acc = field.robot_accuracy_m
+        extra["model_error_detectable_m"] = det
+        if acc > 0.0 and not det <= _me.TESTED_FRACTION * acc:
+            absorbed = _me.robot_term(terms, acc)
+            tau_t, tau_r = _absorbed_sigmas(absorbed, blocks)
+            half = acc / math.sqrt(2.0)
+            extra.update(model_error_tested=False, model_error_structured_m=half, model_error_rough_m=half)
+            warnings.append(SolveWarning(code="model_error_untested", message=(
+                f"these residuals cannot reveal a robot kinematic error smaller than about {1e3 * det:.2f} mm RMS "
+                f"(too few stations{'' if declared else ', noise estimated from the residuals'}), and a real arm's "
+                f"can be about {1e3 * acc:.2f} mm: the covariance carries the part of such an error a rigid calibration "
+                f"absorbs; declare the instrument's noise or add stations to test it"),
+                value=1e3 * det if math.isfinite(det) else math.inf))
+    if terms is not None and field is not None and (field.time_s is not None or field.speed_m_s is not None):
+        sig = _me.signature_tests(model, n, ws, terms, flange_T=field.flange_T, a_cols=field.a_cols,
+                                  robot_map=field.robot_map, time_s=field.time_s, speed_m_s=field.speed_m_s)
+        extra.update(motion_f=sig["motion_f"], motion_p=sig["motion_p"])
+        warnings.extend(_signature_warnings(sig))
     tests = ResidualTests(
         declared_noise=declared, chi2_per_dof=chi2_per_dof, chi2_p=chi2_p, structure_f=F, structure_p=pF,
         structure_dof=sdof, redundancy_translation=rt, redundancy_rotation=rr if two else math.nan,
@@ -514,22 +642,62 @@ def assess(
         small_sample_factor=small,
         model_error_translation_m=tau_t, model_error_rotation_rad=tau_r,
         inflation_translation=1.0, inflation_rotation=1.0,
-        false_alarm_rate=MODEL_ERROR_FALSE_ALARM,
+        false_alarm_rate=MODEL_ERROR_FALSE_ALARM, **extra,
     )
-    return Assessment(tests, warnings, cov, model_error, tau_t, tau_r, centroid, L)
+    return Assessment(tests, warnings, cov, model_error, tau_t, tau_r, centroid, L, absorbed)
+
+
+def _absorbed_sigmas(C: np.ndarray, blocks) -> tuple[float, float]:
+    """Per-axis 1-sigma (translation m, rotation rad) of the primary unknown's share of an
+    added model-error covariance (a 3-block unknown has no rotation)."""
+    start, size = blocks[0]
+    B = C[start : start + size, start : start + size]
+    t = math.sqrt(max(float(np.trace(B[:3, :3])), 0.0) / 3.0)
+    r = math.sqrt(max(float(np.trace(B[3:6, 3:6])), 0.0) / 3.0) if size >= 6 else 0.0
+    return t, r
+
+
+#: Level of the motion test: noise alone raises it with at most this probability.
+SIGNATURE_FALSE_ALARM = 0.005
+#: Rows shifted by one station that close this much better than as paired are suspect.
+PAIRING_RATIO = 0.5
+
+
+def pairing_warning(ratio: float, shift: int) -> SolveWarning:
+    """``"pairing_suspect"``: the rows fit better one station apart (capture order)."""
+    which = "next" if shift > 0 else "previous"
+    return SolveWarning(code="pairing_suspect", message=(
+        f"the instrument's measurements fit the robot poses of the {which} station (in capture order) "
+        f"{1.0 / ratio:.1f}x better than their own: the rows are likely paired one station apart (a "
+        f"measurement logged late or early); check the pairing before using the answer"), value=float(ratio))
+
+
+def _signature_warnings(sig: dict[str, float]) -> list[SolveWarning]:
+    out = []
+    p = sig["motion_p"]
+    if math.isfinite(p) and p < SIGNATURE_FALSE_ALARM:
+        dt = abs(sig["motion_dt_s"])
+        out.append(SolveWarning(code="motion_during_capture", message=(
+            f"the residuals follow the flange's motion at capture (F = {sig['motion_f']:.1f}, p = {p:.1g}): the "
+            f"robot was moving while it was measured, as if its clock and the instrument's differed by about "
+            f"{1e3 * dt:.1f} ms; let it settle, or synchronise the clocks"), value=1e3 * dt))
+    return out
 
 
 def _model_error_warning(excess: bool, structured: bool, declared_t: bool, st2: float, tau_t: float,
-                         F: float, pF: float, chi2_p: float) -> SolveWarning:
+                         F: float, pF: float, chi2_p: float, field_mm: float | None = None) -> SolveWarning:
     rms_mm = 1e3 * math.sqrt(3.0) * tau_t
     ratio = math.sqrt(st2)
+    widened = ("The covariance is widened to cover it." if field_mm is None else
+               f"The covariance carries the part of it the answer absorbed (the residuals fit a robot error "
+               f"of about {field_mm:.2f} mm RMS at the flange).")
     if structured:
         lead = (f"residuals are {ratio:.0f}x the tracker noise and follow the robot pose"
                 if declared_t and excess and ratio >= 1.5 else
                 "residuals follow the robot pose")
         msg = (f"{lead} (structure test F = {F:.1f}, p = {pF:.1g}): robot kinematic error of about "
                f"{rms_mm:.2f} mm RMS that a rigid calibration cannot absorb; consider a kinematic "
-               f"calibration. The covariance is widened to cover it.")
+               f"calibration. {widened}")
     else:
         msg = (f"residuals are {ratio:.1f}x the declared tracker noise (p = {chi2_p:.1g}) but show no "
                f"pattern in the robot pose: the noise is larger than declared, or an error the pose does "

@@ -18,6 +18,8 @@ second base, so callers that catch it keep working (every timeout is also a
     |   |                                (``expected_cell_T_base``; ADR 0014)
     |   +-- UnreachableStations (ValueError)  robot poses the arm cannot reach (``max_reach_m``:
     |   |                                swapped arguments or millimetres; ADR 0014)
+    |   +-- ImplausibleGeometry          the fit puts the target metres from the flange
+    |   |                                (``max_target_offset_m``: inverted inputs; ADR 0014)
     |   +-- InsufficientTilt             intrinsics: the target views are (nearly) parallel to
     |   |                                the image or all tilted about one axis (ADR 0022)
     |   +-- InsufficientCoverage         intrinsics: the corners cover too little of the image
@@ -126,6 +128,7 @@ __all__ = [
     "InsufficientTilt",
     "InsufficientCoverage",
     "TargetFileError",
+    "ImplausibleGeometry",
 ]
 
 
@@ -247,6 +250,32 @@ class UnreachableStations(CalibrationError, ValueError):
         self.stations = tuple(int(i) for i in stations)
         self.distances_m = tuple(float(d) for d in distances_m)
         self.max_reach_m = float(max_reach_m)
+        super().__init__(message)
+
+
+class ImplausibleGeometry(CalibrationError):
+    """The fit puts something where no cell has it: the flange-mounted target (or camera,
+    reflector, tool tip) farther from the flange than ``max_target_offset_m``, or a pivot
+    farther from the base than the arm reaches.
+
+    Inverted inputs (``flange_T_base`` and ``target_T_cell`` given for ``base_T_flange`` and
+    ``cell_T_target``) and swapped ones fit *exactly* (ADR 0014): the "target" the fit finds
+    is then the cell's origin seen from the base, metres from the flange.
+
+    Attributes
+    ----------
+    name : str
+        The estimate that is implausible (``"flange_T_target"``, ``"flange_p_tip"`` ...).
+    distance_m : float
+        Its distance (from the flange, or for a pivot from the base), metres.
+    limit_m : float
+        The limit it exceeds.
+    """
+
+    def __init__(self, message: str, *, name: str, distance_m: float, limit_m: float) -> None:
+        self.name = name
+        self.distance_m = float(distance_m)
+        self.limit_m = float(limit_m)
         super().__init__(message)
 
 

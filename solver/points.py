@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Unpack
 
 import numpy as np
 
@@ -38,24 +39,23 @@ from cellcal.solver import refine as _refine
 from cellcal.solver import sanity as _sanity
 from cellcal.solver import validation as _validation
 from cellcal.solver.calibrate import (
-    DEFAULT_EXPECTED_TOLERANCE_M,
-    DEFAULT_EXPECTED_TOLERANCE_RAD,
-    DEFAULT_MIN_AXIS_SPREAD,
-    DEFAULT_MIN_ROTATION_RAD,
+    POINT_KEYS,
     CalibrationResult,
     Estimate,
     _check_determined,
     _common_warnings,
     _estimates,
+    _field_spec,
     _input_checks,
     _nan_tests,
+    _pairing_check,
     _PoseOutcome,
     _readonly,
     _residuals,
     _transform,
 )
 from cellcal.solver.errors import CalibrationError, DegenerateGeometry, NotEnoughSamples
-from cellcal.solver.refine import DEFAULT_MAX_ITERATIONS
+from cellcal.solver.options import SolverOptions, SolverOptionsKeywords, resolve_options
 from cellcal.solver.uncertainty import PredictedError, point_error, sigma_figures
 from cellcal.solver.workspace import Workspace
 
@@ -288,23 +288,15 @@ def calibrate_base_frame_points(
     base_T_flange: np.ndarray,
     cell_p_target: np.ndarray,
     *,
+    options: SolverOptions | None = None,
     workspace: Workspace | None = None,
-    min_axis_spread: float = DEFAULT_MIN_AXIS_SPREAD,
-    min_rotation_rad: float = DEFAULT_MIN_ROTATION_RAD,
-    min_point_spread: float = DEFAULT_MIN_POINT_SPREAD,
-    refine: bool = True,
-    holdout: bool = True,
     noise_m: float | None = None,
-    noise_translation_m: float | None = None,
     cell_p_target_std: np.ndarray | None = None,
     cell_p_target_cov: np.ndarray | None = None,
-    huber: float | None = None,
-    reject_k: float | None = None,
-    max_iterations: int = DEFAULT_MAX_ITERATIONS,
     expected_cell_T_base: np.ndarray | None = None,
-    expected_tolerance_m: float = DEFAULT_EXPECTED_TOLERANCE_M,
-    expected_tolerance_rad: float = DEFAULT_EXPECTED_TOLERANCE_RAD,
-    max_reach_m: float | None = None,
+    capture_time_s: np.ndarray | None = None,
+    capture_speed_m_s: np.ndarray | None = None,
+    **overrides: Unpack[SolverOptionsKeywords],
 ) -> PointBaseFrameResult:
     """Where the robot base sits in the cell, from a 3-DoF tracker's points.
 
@@ -314,35 +306,23 @@ def calibrate_base_frame_points(
         Flange poses in the robot base frame, m.
     cell_p_target : array_like, shape (N, 3)
         The reflector's centre measured by the tracker at each station, cell frame, m.
-    workspace : Workspace, optional
-        Preallocated buffers (capacity >= N); with one, a warmed-up solve allocates
-        nothing that grows with N and the per-station arrays are views into it.
-    min_axis_spread, min_rotation_rad : float
-        Refusal thresholds on the flange's rotations (ADR 0002), as for the tool point.
-    min_point_spread : float
-        Refuse target positions whose ``point_spread`` is below this.
-    refine : bool
-        Refine to the (weighted) maximum-likelihood fit (default True); ``False`` returns
-        the converged alternation (unweighted least squares).
-    holdout : bool
-        Held-out closure (default True, N >= 4): linearised leave-one-out at the answer
-        (refined or not); k-fold refits of the alternation only where its covariance is
-        singular.
-    noise_m, noise_translation_m : float, optional
-        Per-axis 1-sigma of the measured points, m (two names for one figure; give at most
-        one); estimated from the residuals (``sum |r|^2 / (3N - 9)``) when not given.
+    options, workspace, capture_time_s, capture_speed_m_s, **overrides
+        As for :func:`~cellcal.solver.calibrate_base_frame` (:class:`~cellcal.solver.SolverOptions`;
+        points use ``min_point_spread`` too, and not ``pairs``, ``translation``,
+        ``uncertainty`` or ``noise_rotation_rad``). ``refine=False`` returns the converged
+        alternation (unweighted least squares). ``huber``: 3.4 is the 99 % point of a 3-D
+        Gaussian's length. ``max_target_offset_m`` applies to the reflector's distance from
+        the flange.
+    noise_m : float, optional
+        Another name of ``noise_translation_m`` (per-axis 1-sigma of the measured points, m;
+        give at most one); estimated from the residuals when neither is given.
     cell_p_target_std : array_like, shape (N, 3) or (N,), optional
         Per-station 1-sigma from the tracker (per cell axis, or isotropic), m.
     cell_p_target_cov : array_like, shape (N, 3, 3), optional
         Per-station covariance of each point in the cell frame, m^2 (e.g. from
         :class:`~cellcal.solver.TrackerNoiseModel`): the refinement whitens each station by
         its Cholesky factor, so a tracker's anisotropy along and across the beam is used.
-    huber, reject_k : float, optional
-        Robust fit, as for :func:`~cellcal.solver.calibrate_base_frame` (on each station's
-        3-D whitened residual length: 3.4 is the 99 % point of a 3-D Gaussian's length).
-    max_iterations : int
-        Gauss-Newton iterations at most.
-    expected_cell_T_base, expected_tolerance_m, expected_tolerance_rad, max_reach_m
+    expected_cell_T_base : array_like, shape (4, 4), optional
         Input sanity, as for :func:`~cellcal.solver.calibrate_base_frame` (ADR 0014).
 
     Returns
@@ -362,6 +342,11 @@ def calibrate_base_frame_points(
         offset along ``.axis`` is undetermined), or the target positions are collinear
         (``.frame == "cell"``: the base's rotation about that line is undetermined).
     """
+    o = resolve_options("calibrate_base_frame_points", options, overrides, POINT_KEYS)
+    refine, holdout, huber, reject_k, max_iterations = o.refine, o.holdout, o.huber, o.reject_k, o.max_iterations
+    min_axis_spread, min_rotation_rad, min_point_spread = o.min_axis_spread, o.min_rotation_rad, o.min_point_spread
+    max_reach_m, noise_translation_m = o.max_reach_m, (o.noise_translation_m if "noise_translation_m" in overrides
+                                                         or noise_m is None else None)
     problem = "point base-frame calibration"
     G = _core.as_stack(base_T_flange, "base_T_flange")
     n = G.shape[0]
@@ -382,6 +367,7 @@ def calibrate_base_frame_points(
     noise = _refine.prepare_noise(cell_p_target_std, "cell_p_target_std",
                                   noise_m if noise_m is not None else noise_translation_m, None, n, ws, 3,
                                   cov=cell_p_target_cov, cov_name="cell_p_target_cov")
+    field = _field_spec(G, o, n, capture_time_s, capture_speed_m_s)
 
     # Observability of the flange rotations (the tool point's test: same unknown kind).
     np.einsum("kij->ij", G[:, :3, :3], out=ws.R3)
@@ -458,7 +444,7 @@ def calibrate_base_frame_points(
         assessment = _diag.assess(model, fit, noise, n, ws, robot_p=ws.v3d[:n], a_cols=slice(0, 6),
                                   huber=huber, masked=masked or reject_k is not None,
                                   converged=converged, estimated_ok=not noise.reset,
-                                  blocks=((0, 6), (6, 3)))
+                                  blocks=((0, 6), (6, 3)), field=field)
     if refined:
         model.norms(ws.res_t[:n], ws.res_r[:n])
         stats = _core.closure_stats(n, ws)
@@ -477,13 +463,20 @@ def calibrate_base_frame_points(
     X, yo = fit.state if refined else (X0, y)
     cov = assessment.covariance if assessment is not None else fit.covariance
     noise_covX = cov[:6, :6].copy()
-    if assessment is not None and assessment.model_error:
+    if assessment is not None and assessment.absorbed is not None:
+        cov = cov + assessment.absorbed
+    elif assessment is not None and assessment.model_error:
         cov = cov.copy()
         cov[:6, :6] += _diag.absorbed_error_covariance(assessment.centroid, assessment.tau_t, assessment.tau_r)
         cov[6:, 6:] += assessment.tau_t ** 2 * np.eye(3)
     covX = cov[:6, :6].copy()
     _check_determined(noise_covX, problem, "cell", obs, X)
-    _sanity.check_prior(X, expected_cell_T_base, expected_tolerance_m, expected_tolerance_rad, "cell_T_base")
+    _sanity.check_prior(X, expected_cell_T_base, o.expected_tolerance_m, o.expected_tolerance_rad, "cell_T_base")
+    if not any(w.code == "units" for w in extra):
+        _sanity.check_offset(yo, o.max_target_offset_m, "flange_p_target", "the reflector")
+    _pairing_check(None, assessment, extra, lambda g, m_: calibrate_base_frame_points(
+        g, m_, refine=False, holdout=False, max_target_offset_m=None, min_axis_spread=0.0,
+        min_point_spread=0.0).rms_translation_m, G, p, capture_time_s)
     st, sr = sigma_figures(covX)
     rms_t, max_t, _, _ = stats
     solver = f"{init}" + ("" if refine else " (converged)" if alt_converged else " (not converged)")

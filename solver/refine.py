@@ -162,6 +162,7 @@ class Noise:
     fallback_t: bool = False  # wanted an estimate, redundancy too low: the start figure kept
     fallback_r: bool = False
     reset: str = ""  # why the estimate was discarded for the start figures ("" if it was not)
+    pooled: bool = False  # one factor estimated for both figures (too few stations for two)
 
     @property
     def estimated(self) -> bool:
@@ -185,6 +186,9 @@ class Noise:
             value = f"{start * 1e3:.3g} mm" if unit == "mm" else f"{math.degrees(start):.3g} deg"
             if self.reset:
                 parts.append(f"{name} default {value} (not estimated: {self.reset})")
+            elif self.pooled:
+                parts.append(f"{name} estimated from the residuals with the other, in the ratio of the defaults "
+                             "(too few stations to estimate them apart)")
             elif fb:
                 parts.append(f"{name} default {value} (too few stations to estimate it)")
             else:
@@ -844,6 +848,21 @@ def _vce(model, n: int, ws: Workspace, nz: Noise, Hinv: np.ndarray, vm: np.ndarr
         qr /= _VAR_TRUNC[model.rows]
     nz.redundancy_t, nz.redundancy_r = rt, rr
     moved = False
+    if (nz.estimate_t and nz.estimate_r and not (rt >= MIN_NOISE_REDUNDANCY and rr >= MIN_NOISE_REDUNDANCY)
+            and rt + rr >= MIN_NOISE_REDUNDANCY):
+        # Too few stations to estimate the two figures apart (three stations: about 3 each),
+        # enough for one factor on both: their ratio stays the start figures', and the
+        # covariance is scaled by that one estimate's small-sample law, r / (r - 2) with
+        # r = r_t + r_r (diagnostics), instead of falling back to a default it cannot test.
+        f = math.sqrt((qt + qr) / (rt + rr)) if qt + qr > 0.0 else 0.0
+        new_t = max(nz.sigma_t * f, NOISE_FLOOR_M)
+        new_r = max(nz.sigma_r * f, NOISE_FLOOR_RAD)
+        moved = abs(new_t / nz.sigma_t - 1.0) > _VCE_TOL
+        nz.sigma_t, nz.sigma_r = new_t, new_r
+        nz.fallback_t = nz.fallback_r = False
+        nz.pooled = True
+        return moved
+    nz.pooled = False
     for name, red, q in (("t", rt, qt), ("r", rr, qr)):
         if not (nz.estimate_t if name == "t" else nz.estimate_r):
             continue

@@ -12,6 +12,10 @@ those mistakes; these checks can:
 * **Prior** (``expected_<name>``): the answer against the cell drawing, with a tolerance;
   :class:`~cellcal.solver.errors.PriorMismatch` carries the difference, and says when the
   *inverse* of the answer would have matched (inverted or swapped inputs).
+* **Mount** (``max_target_offset_m``, on by default): the fitted target (camera, reflector,
+  tool tip) must sit on the tool, within the limit of the flange.
+  :class:`~cellcal.solver.errors.ImplausibleGeometry` otherwise: inverted inputs fit exactly
+  and put it where the cell's origin is seen from the base.
 * **Units** (always): a warning when translations are far beyond anything a robot cell has
   (the flange a median 5 m or more from the base, a tracker target 200 m or more away):
   probably millimetres.
@@ -27,7 +31,7 @@ import math
 import numpy as np
 
 from cellcal.solver.diagnostics import SolveWarning
-from cellcal.solver.errors import PriorMismatch, UnreachableStations
+from cellcal.solver.errors import ImplausibleGeometry, PriorMismatch, UnreachableStations
 from cellcal.solver.se3 import rotation_angle
 from cellcal.solver.workspace import Workspace
 
@@ -41,6 +45,7 @@ __all__ = [
     "units_warnings",
     "mark_duplicates",
     "check_prior",
+    "check_offset",
 ]
 
 #: Translations beyond this (100 km) are refused as bad input: no cell is that large, and
@@ -242,3 +247,27 @@ def check_prior(T: np.ndarray, expected: np.ndarray | None, tol_m: float, tol_ra
         f"{1e3 * tol_m:.1f} mm, {math.degrees(tol_rad):.2f} deg){hint}",
         translation_m=dt, rotation_rad=dr, tolerance_m=tol_m, tolerance_rad=tol_rad, name=name,
     )
+
+
+def check_offset(offset: np.ndarray, limit_m: float | None, name: str, what: str) -> None:
+    """Raise :class:`ImplausibleGeometry` if the flange-mounted ``offset`` (3,) is farther
+    than ``limit_m`` from the flange (``what`` names it in the message: "the tracker target").
+
+    ``limit_m`` None disables the check.
+    """
+    if limit_m is None:
+        return
+    lim = float(limit_m)
+    if not (math.isfinite(lim) and lim > 0.0):
+        raise ValueError(f"max_target_offset_m must be a positive finite number or None, got {limit_m!r}")
+    d = float(np.linalg.norm(np.asarray(offset, dtype=float)))
+    if d <= lim:
+        return
+    raise ImplausibleGeometry(
+        f"{name}: the fit puts {what} {d:.3f} m from the flange (max_target_offset_m {lim:.3f} m), where no tool "
+        f"carries it: are the inputs inverted (flange_T_base and target_T_cell given for base_T_flange and "
+        f"cell_T_target) or the robot and instrument arrays swapped? These fit exactly, so the residuals cannot "
+        f"tell; if the mount really is that long, raise max_target_offset_m",
+        name=name, distance_m=d, limit_m=lim,
+    )
+

@@ -232,6 +232,16 @@ class Workspace:
         self.g12c = a.empty(12, f8)
         self.g12 = a.empty(12, f8)
         self.Hd12 = a.empty((12, 12), f8)
+        # Model-error field (model_error): per station its rotated columns (18 + 12) and
+        # the diagonal of its rough block, for the variance-component fit.
+        self.fU = a.empty(n * 6 * 30, f8)
+        self.fT = a.empty(n * 6 * 30, f8)
+        self.fL = a.empty(n * 6, f8)
+        self.fY = a.empty(n * 6, f8)
+        self.fW = a.empty(n * 6, f8)
+        self.fV = a.empty(n * 6, f8)
+        self.fX = a.empty(n * 6, f8)
+        self.fZ = a.empty(n * 6, f8)
         self.lev6 = a.empty(6, f8)  # leverage and squared residual per residual row
         self.sq6 = a.empty(6, f8)
         self.eye3 = a.eye(3)

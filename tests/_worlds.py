@@ -101,8 +101,14 @@ def ur5e_truth(rng: np.random.Generator, joint_deg: float = 0.1, link_mm: float 
 
 
 def ur5e_world(n: int, rng: np.random.Generator, *, mm: float, deg: float, model_error: bool = True,
-               joint_deg: float = 0.1, link_mm: float = 0.3):
-    """``(G nominal FK (n, 4, 4), M tracker (n, 4, 4), X cell_T_base, Y flange_T_target)``."""
+               joint_deg: float = 0.1, link_mm: float = 0.3, fk_base: bool = False):
+    """``(G nominal FK (n, 4, 4), M tracker (n, 4, 4), X cell_T_base, Y flange_T_target)``.
+
+    ``fk_base``: ``X`` is the base *as the controller's FK uses it* (DESIGN, frames): joint 1's
+    zero error and ``d1``'s are a rotation about and a shift along the base's z axis before
+    every other joint, so they are the base frame's, and a calibration is right to absorb
+    them; the same measurements, only the truth they are compared with differs.
+    """
     truth = ur5e_truth(rng, joint_deg, link_mm) if model_error else UR5E
     q = ur5e_joints(n, rng)
     d = rng.normal(size=3)
@@ -110,4 +116,10 @@ def ur5e_world(n: int, rng: np.random.Generator, *, mm: float, deg: float, model
     X = _transforms(random_rotations(rng, ()), 2.0 * d)
     Y = _transforms(so3_exp_batch(rng.normal(scale=0.3, size=3)), rng.uniform(-0.1, 0.1, 3))
     M = perturb(X @ truth.forward(q) @ Y, rng, mm, deg)
+    if fk_base:
+        dth, dd = float(truth.theta[0] - UR5E.theta[0]), float(truth.d[0] - UR5E.d[0])
+        B = np.eye(4)
+        B[:2, :2] = [[math.cos(dth), -math.sin(dth)], [math.sin(dth), math.cos(dth)]]
+        B[2, 3] = dd
+        X = X @ B
     return UR5E.forward(q), M, X, Y

@@ -11,30 +11,32 @@ Criteria and their bands:
 * **Detection**, noise declared (0.02 mm / 0.01 deg): the ``"model_error"`` warning on at
   least 98 % of 150 robots (measured: all). The kinematic error leaves ~0.5 mm per axis,
   25x the noise: chi-square per degree of freedom near 600, far past any threshold.
-* **Coverage**: the error of ``cell_T_base`` against the truth arm's base within 3
-  reported sigmas *on every one of its 6 axes* (per axis, from the covariance diagonal) in
-  at least 95 % of the robots. For a Gaussian error with an honest covariance that holds
-  with probability 0.9973^6 = 98.4 % per robot, so 150 robots fall below 95 % with
-  probability < 1 % (binomial). Measured: 100 %, mean NEES near 1.0 (the widening takes
-  the absorbed error as twice the visible one, half of it about the base origin, which
-  these purely kinematic worlds do not need: ``solver/diagnostics.py``,
-  ``ABSORBED_TO_VISIBLE``, ``absorbed_error_covariance``).
+* **Coverage**: the error of ``cell_T_base`` against the truth arm's base (as the
+  controller's FK uses it: joint 1's zero and ``d1`` errors are the base frame's,
+  ``ur5e_world(fk_base=True)``) within 3 reported sigmas *on every one of its 6 axes* (per
+  axis, from the covariance diagonal) in at least 95 % of the robots. For a Gaussian error
+  with an honest covariance that holds with probability 0.9973^6 = 98.4 % per robot, so 150
+  robots fall below 95 % with probability < 1 % (binomial). Measured: 98 %, mean NEES 4.6
+  (the widening is the absorbed part of an error field fitted to the residuals,
+  ``solver/model_error.py``; ADR 0004, "A calibrated widening").
 * **Not useless**: the mean NEES at least 0.7 (sigmas at most about 3x the errors' spread;
-  a covariance inflated far beyond the error would give NEES near 0), and the reported
-  median widening over the noise-only sigma is bounded (measured about 7x).
+  a covariance inflated far beyond the error would give NEES near 0); the reported
+  widening over the tracker-only sigma is reported (about 70-90x: a 1 mm arm on a 0.02 mm
+  tracker).
 * **False alarms**: with the truth arm equal to the nominal one, the warning on at most 5
   of 200 robots (designed for 1 % = 2 expected: each of the two tests that run at level
   0.5 %; P(6 or more | p = 0.01) = 1.6 %).
 * **Without declared noise** the structure test alone decides (regression of the residual
-  on a pose-linear error field, F-test): at 30 stations it fires on at least 85 % of 80
-  robots (measured 90 %), the robots it fires on are covered at least 93 % (measured 97 %),
-  all of them at least 85 % (measured 89 %: a model error the test misses is, for this
-  solve, noise, and its covariance is the noise's), and it fires falsely on at most 5 of
-  200 (P(6 or more | p = 0.01) = 1.6 %). Declaring the noise is what makes detection
-  certain.
+  on a pose-linear error field, F-test, and the score test matched to the error field): at 30
+  stations they fire on at least 85 % of 80 robots (measured 90 %; the rest are
+  ``model_error_untested`` and carry the robot-accuracy term), the robots they fire on are
+  covered at least 93 % (measured 99 %), all of them at least 85 % (measured 98 %), and they
+  fire falsely on at most 5 of 200 (P(6 or more | p = 0.01) = 1.6 %). Declaring the noise is
+  what makes detection certain.
 * **The realistic cell** (ADR 0015: errors fixed to the base too): on 20 arms the error of
   ``cell_T_base`` under the 6-dof NEES bound on at least 19, mean NEES between 1.5 and 12
-  (measured 20 of 20, 4.4-4.6), noise declared or estimated.
+  (measured 20 of 20, mean 2.6 declared and 2.9 estimated; 4.4-4.6 with the fixed factor
+  before), noise declared or estimated.
 """
 
 import math
@@ -56,7 +58,7 @@ def _robots(count, n, seed, *, model_error=True, declared=True):
     ws = Workspace(n)
     out = []
     for _ in range(count):
-        G, M, X, _ = ur5e_world(n, rng, mm=MM, deg=DEG, model_error=model_error)
+        G, M, X, _ = ur5e_world(n, rng, mm=MM, deg=DEG, model_error=model_error, fk_base=True)
         r = calibrate_base_frame(G, M, holdout=False, workspace=ws, **(DECLARED if declared else {}))
         d = se3_log(se3_inverse(X) @ r.cell_T_base)
         C = r.cell_T_base_covariance
@@ -92,8 +94,11 @@ def test_the_widened_covariance_covers_the_error(declared):
     infl = np.median([r["infl"] for r in declared], axis=0)
     assert cover >= 0.95, (cover, nees, infl)
     assert 0.7 <= nees <= 12.0, nees
-    # Reported, and bounded: widened a few times over the noise-only figure, not a hundred.
-    assert 1.5 < infl[0] < 10 and 1.5 < infl[1] < 10, infl
+    # Reported. (It was bounded by 10x while the widening also scaled the declared noise by
+    # the excess; now the noise part is the tracker's alone and the field carries the rest,
+    # so a 1 mm arm on a 0.02 mm tracker is rightly ~50-90x: the mean NEES above is what
+    # keeps the widening from being useless.)
+    assert infl[0] > 1.5 and infl[1] > 1.5, infl
 
 
 def test_without_the_correction_the_covariance_would_not_cover():
@@ -102,7 +107,7 @@ def test_without_the_correction_the_covariance_would_not_cover():
     rng = np.random.default_rng(11)
     covered = 0
     for _ in range(40):
-        G, M, X, _ = ur5e_world(20, rng, mm=MM, deg=DEG)
+        G, M, X, _ = ur5e_world(20, rng, mm=MM, deg=DEG, fk_base=True)
         r = calibrate_base_frame(G, M, holdout=False, **DECLARED)
         d = se3_log(se3_inverse(X) @ r.cell_T_base)
         infl = np.array([r.residual_tests.inflation_translation] * 3 + [r.residual_tests.inflation_rotation] * 3)
@@ -185,13 +190,12 @@ def _realistic_arms(declared: bool) -> list[float]:
 
 @pytest.mark.parametrize("declared", [True, False], ids=["declared", "estimated"])
 def test_the_realistic_cells_errors_lie_inside_their_reported_uncertainty(declared):
-    """A real arm's errors that are fixed to its base (joint 1, sag, a warming column) pivot
-    about the base, not about the stations: the widening splits the absorbed error between
-    a twist about the stations' centroid and one about the base origin
-    (``diagnostics.absorbed_error_covariance``). With the centroid alone, these arms (held
-    out from the ones the split was chosen on) had 2 of 20 outside the bound (mean NEES
-    9.8 declared, 8.8 estimated; now 4.6 and 4.4): the error lay where the coupled
-    covariance is thin."""
+    """A real arm's errors that are fixed to its base (sag, a warming column) rotate with the
+    arm, not about the stations: the fitted error field's link frames turn with the arm's
+    azimuth about a shoulder on the base axis (``solver/model_error.py``), so the absorbed
+    part lies where these errors put it. (The fixed-factor rule needed a twist split between
+    the centroid and the base origin to cover these arms: mean NEES 4.6 declared, 4.4
+    estimated; the fitted field: 2.6 and 2.9, every arm inside the bound.)"""
     nees = np.array(_realistic_arms(declared))
     assert int(np.sum(nees <= _NEES_BOUND)) >= _ARMS - 1, np.round(nees, 1)
     # Honest is a mean of 6; the data cannot say how much was absorbed, so conservative is

@@ -132,15 +132,24 @@ def test_task_point_sigma_is_what_the_refined_calibration_reports():
     st, sr = planning.DEFAULT_PLAN_NOISE_M, planning.DEFAULT_PLAN_NOISE_RAD
     rng = np.random.default_rng(5)
     z2 = []
+    alarms = 0
     for _ in range(20):
         M = np.array([perturb(X @ g @ Y, rng, st * 1e3, math.degrees(sr)) for g in pl.base_T_flange])
-        r = calibrate_base_frame(pl.base_T_flange, M, noise_translation_m=st, noise_rotation_rad=sr)
+        # An exact robot (robot_accuracy_m=0): the planner predicts the noise's part; with the
+        # default accuracy, 8 stations at this noise cannot test for a real arm's error and the
+        # result also carries that (ADR 0004, "A calibrated widening").
+        r = calibrate_base_frame(pl.base_T_flange, M, noise_translation_m=st, noise_rotation_rad=sr,
+                                 robot_accuracy_m=0.0)
         pe = r.predicted_error_at(task)
+        if any(w.code == "model_error" for w in r.warnings):
+            alarms += 1  # a false alarm widens the result: not the noise's part any more
+            continue
         assert pe.sigma_m == pytest.approx(predicted, rel=0.05)
         err = (se3_inverse(r.cell_T_base) @ np.r_[task, 1.0])[:3] - (se3_inverse(X) @ np.r_[task, 1.0])[:3]
         z2.append(float(err @ err) / pe.sigma_m**2)
     # E|err|^2 = sigma^2 (sigma is the root of the trace): the mean of 20 draws is near 1.
     assert 0.4 < np.mean(z2) < 2.0, np.mean(z2)
+    assert alarms <= 1, alarms  # the three tests' 1 % level: one in 20 is already unlucky (draw 13, p = 0.002)
 
 
 def test_suggestion_for_task_points_lowers_their_error_more_than_the_eigenvalue_choice():
