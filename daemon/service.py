@@ -1,26 +1,24 @@
 """The calibration service: the state machine, its job queue and its supervising loop.
 
-Threads
--------
-* The **supervising loop** (the caller of :meth:`Service.serve`, normally the main
-  thread) publishes the heartbeat, republishes the active result, sends systemd STATUS and
-  WATCHDOG (only while the worker shows progress or is idle and healthy), starts the
-  scheduled drift checks and turns SIGTERM into an orderly stop.
-* The **worker** runs one job at a time from a queue: a calibration run
-  (``cellcal.daemon.jobs.run``), a drift check (``jobs.drift``). It owns the devices
-  (``cellcal.daemon.devices``). Between steps it checks ``abort`` (end the job) and ``stop``
-  (end the process): a station being committed is always committed whole before either takes
-  effect (one SQLite transaction per station). The long waits inside a step check them too
-  (``jobs.control``), so an abort ends the job within a second in every state.
+Threads: the **supervising loop** (the caller of :meth:`Service.serve`, normally the main
+thread) publishes the heartbeat, republishes the active result, sends systemd STATUS and
+WATCHDOG (only while the worker shows progress or is idle and healthy), starts the scheduled
+drift checks and turns SIGTERM into an orderly stop. The **worker** runs one job at a time
+from the queue (``jobs.control.JobQueue``): a run (``jobs.run``), a drift check
+(``jobs.drift``); it owns the devices (``cellcal.daemon.devices``). Between steps it checks
+``abort`` (end the job) and ``stop`` (end the process): a station being committed is always
+committed whole first (one SQLite transaction per station), and the long waits check them
+too (``jobs.control``), so an abort ends the job within a second in every state. A run that
+is queued but not begun is already in progress for a client: a second ``start_run`` is
+refused and an ``abort`` closes it before it moves anything.
 
 States (``State``, the protocol's ``StateName``): IDLE, CAPTURING, SOLVING, CHECKING,
 FAULT. The worker connects the devices when it starts and, while idle, retries one that is
-down with backoff (``CellDevices.connect_idle``): the heartbeat tells the truth and a run's
-record names its devices from its start. A device down while idle is not a FAULT.
-One daemon per state directory: :class:`StateDirLock` (``<state_dir>/cellcal.lock``).
+down with backoff (``CellDevices.connect_idle``): a device down while idle is not a FAULT.
+One daemon per state directory (``store.lock.StateDirLock``).
 
 What a run does is its kind's (``cellcal.daemon.runs``: one module per kind, never a branch
-here). Faults and interrupted runs (ADR 0012): a device fault is ridden out with backoff
+here). Faults and interrupted runs (ADR 0012): device faults are ridden out with backoff
 (``jobs.control``), a store that fails a write is probed until it takes writes
 (``jobs.outage``), an interrupted run resumes at once or is closed (``jobs.resume``); a
 result is stored, gated, activated and exported in one place (``jobs.results``).
@@ -31,7 +29,6 @@ from __future__ import annotations
 import enum
 import logging
 import math
-import queue
 import signal
 import threading
 import time
@@ -44,7 +41,7 @@ from cellcal.daemon import bodies, drift, runs
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
 from cellcal.daemon.devices import CellDevices, DeviceState
-from cellcal.daemon.jobs.control import JOB_DRIFT, JOB_RUN, Abort, GiveUp, Job, JobControl
+from cellcal.daemon.jobs.control import JOB_DRIFT, JOB_RUN, Abort, GiveUp, Job, JobControl, JobQueue
 from cellcal.daemon.jobs.drift import DriftJob
 from cellcal.daemon.jobs.outage import StoreOutages
 from cellcal.daemon.jobs.results import ActivationRefused, ResultKeeper, cellcal_version
@@ -142,7 +139,7 @@ class Service:
         self.state_detail = ""
         self.boot_id = uuid.uuid4().hex
         self._t_start = time.monotonic()
-        self._jobs: queue.Queue[Job] = queue.Queue()
+        self._jobs = JobQueue()
         self._current: Job | None = None
         self._lock = threading.RLock()
         self._worker: threading.Thread | None = None
@@ -259,7 +256,7 @@ class Service:
         """Tell systemd the service is up (after the sockets are bound)."""
         if self.notifier is not None:
             self.notifier.ready()
-            self.notifier.status(f"{self.state.value}")
+            self.notifier.status(self.state.value)
 
     def request_stop(self, *_: object) -> None:
         """Finish the current transaction and stop (signal-handler safe)."""
@@ -344,9 +341,12 @@ class Service:
                              cusum_m=self.drift.cusum.value_m)
 
     def current_run_id(self) -> int | None:
-        """The run the worker is on now (None when idle or on a drift check)."""
+        """The run the worker is on now, else the run queued next (None when there is none)."""
         job = self._current
-        return job.run_id if job is not None else None
+        if job is not None:
+            return job.run_id
+        queued = self._jobs.runs()
+        return queued[0].run_id if queued else None
 
     def _run_in_progress(self) -> int | None:
         """The open run being worked on, if any (``-1`` for a run job without an id yet).
@@ -356,7 +356,8 @@ class Service:
         """
         current = self._current
         if current is None or current.kind != JOB_RUN:
-            return None
+            queued = self._jobs.runs()  # started, not yet taken by the worker: in progress too
+            return next((j.run_id for j in queued if j.run_id is not None), -1) if queued else None
         if current.run_id is None:
             return -1
         return current.run_id if self.store.get_run(current.run_id).is_open else None
@@ -423,6 +424,8 @@ class Service:
         """
         if self._current is None and self.outages.abort_waiting_run():
             return True  # the run waits for the store: it will be closed as aborted, never resumed
+        if self._current is None and self.policy.abort_queued(self._jobs.take_runs()):
+            return True  # started but not yet begun: closed before they move anything
         busy = self._current is not None
         if busy:
             self.control.abort.set()
@@ -510,9 +513,8 @@ class Service:
                 if resumed is not None:
                     self._run_job(resumed)
                 continue
-            try:
-                job = self._jobs.get(timeout=0.2)
-            except queue.Empty:
+            job = self._jobs.get(timeout_s=0.2)
+            if job is None:
                 self.control.progress()
                 self._devices.connect_idle(self.control.stop)
                 continue

@@ -180,3 +180,29 @@ def test_a_result_that_fails_its_gates_is_stored_not_activated_and_its_gates_nam
         assert nonconforming_bodies(events) == []
     finally:
         svc.shutdown(timeout_s=10.0)
+
+
+def test_a_run_queued_but_not_begun_is_in_progress_and_an_abort_closes_it(tmp_path):
+    # start_run returns the run's id before the worker takes it: in that gap a second start_run
+    # must be refused (two runs would both move the robot) and an abort must close the queued
+    # run (it used to answer "nothing to abort", and the run then started).
+    from cellcal.daemon.service import Service, ServiceError
+    from cellcal.daemon.store import RunStatus
+
+    cfgd = daemon_config(robot_url=f"rtde://127.0.0.1:{free_port()}?model=ur5e",
+                         tracker_url=f"socket://127.0.0.1:{free_port()}", workdir=tmp_path)
+    svc = Service(load_config_text(to_toml(cfgd)))
+    svc.store.open()  # no worker: every run stays queued
+    try:
+        run_id = svc.start_run(P.KIND_BASE_FRAME)
+        assert svc.current_run_id() == run_id
+        with pytest.raises(ServiceError) as busy:
+            svc.start_run(P.KIND_BASE_FRAME)
+        assert busy.value.code == P.E_BUSY and f"run {run_id}" in str(busy.value)
+        assert svc.abort() is True
+        run = svc.store.get_run(run_id)
+        assert run.status == RunStatus.ABORTED and not run.is_open
+        assert svc.current_run_id() is None and svc.abort() is False
+        assert svc.start_run(P.KIND_BASE_FRAME) == run_id + 1  # nothing in progress any more
+    finally:
+        svc.store.close()

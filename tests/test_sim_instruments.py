@@ -212,7 +212,7 @@ def test_cellcal_sim_serves_each_instrument_from_the_one_world(instrument, trans
         r, _, _ = select.select([proc.stdout], [], [], WAIT_S)
         assert r, "cellcal sim printed nothing"
         urls = json.loads(proc.stdout.readline())
-        assert set(urls) == {"tracker", "robot", "dashboard", "primary"} and urls["tracker"].startswith(prefix)
+        assert set(urls) == {"tracker", "robot", "camera", "dashboard", "primary"} and urls["tracker"].startswith(prefix)
         with connect_tracker(urls["tracker"], timeout_s=3.0) as tracker, connect_robot(urls["robot"]) as robot:
             m = tracker.measure("point")
             st = robot.read_state(timeout_s=2.0)

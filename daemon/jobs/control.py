@@ -19,6 +19,7 @@ It never decides what a job does; the jobs do, and the service runs them one at 
 
 from __future__ import annotations
 
+import collections
 import logging
 import threading
 import time
@@ -40,7 +41,7 @@ log = logging.getLogger(__name__)
 #: whatever module of the worker took the step.
 narrative = logging.getLogger("cellcal.daemon.service")
 
-__all__ = ["JobControl", "narrative", "Job", "Abort", "GiveUp", "JOB_RUN", "JOB_DRIFT", "SetState", "Emit"]
+__all__ = ["JobControl", "JobQueue", "narrative", "Job", "Abort", "GiveUp", "JOB_RUN", "JOB_DRIFT", "SetState", "Emit"]
 
 T = TypeVar("T")
 
@@ -82,6 +83,47 @@ class Job:
     check_id: int | None = None   # drift: its id, promised in the run_drift_check reply
     resume: str | None = None     # run: what it resumes after ("a restart", "the store fault cleared")
     done: threading.Event = field(default_factory=threading.Event)
+
+
+class JobQueue:
+    """The worker's queue of jobs, which (unlike ``queue.Queue``) says what it holds: a run
+    that is queued is already a run in progress for a client (``start_run`` returned its id),
+    so a second ``start_run`` is refused and an ``abort`` takes it out of the queue."""
+
+    def __init__(self) -> None:
+        self._jobs: collections.deque[Job] = collections.deque()
+        self._cond = threading.Condition()
+
+    def put(self, job: Job) -> None:
+        with self._cond:
+            self._jobs.append(job)
+            self._cond.notify()
+
+    def get(self, timeout_s: float) -> Job | None:
+        """The next job, or None after ``timeout_s``."""
+        with self._cond:
+            if not self._jobs:
+                self._cond.wait(timeout_s)
+            return self._jobs.popleft() if self._jobs else None
+
+    def runs(self) -> list[Job]:
+        """The queued run jobs, oldest first."""
+        with self._cond:
+            return [j for j in self._jobs if j.kind == JOB_RUN]
+
+    def take_runs(self) -> list[Job]:
+        """Remove the queued run jobs and return them (an abort before the worker took them)."""
+        with self._cond:
+            taken = [j for j in self._jobs if j.kind == JOB_RUN]
+            self._jobs = collections.deque(j for j in self._jobs if j.kind != JOB_RUN)
+            return taken
+
+    def qsize(self) -> int:
+        with self._cond:
+            return len(self._jobs)
+
+    def empty(self) -> bool:
+        return self.qsize() == 0
 
 
 class JobControl:

@@ -93,6 +93,16 @@ class ResumePolicy:
         self.store.set_run_status(run.id, RunStatus.FAILED, why)
         self.announce(run, why)
 
+    def abort_queued(self, jobs: list[Job]) -> bool:
+        """Close the runs of ``jobs`` (taken out of the queue before the worker began them) as
+        aborted; False when there were none."""
+        for job in jobs:
+            if job.run_id is not None and (run := self.store.get_run(job.run_id)).is_open:
+                self.store.set_run_status(run.id, RunStatus.ABORTED, "aborted by request")
+                self.announce(run, f"run {run.id} aborted")
+            job.done.set()
+        return bool(jobs)
+
     def announce(self, run: RunRecord, reason: str) -> None:
         """Publish what happened to ``run`` (a ``state`` message without a state change)."""
         self._run_event(run.id, run.kind, reason)

@@ -75,6 +75,8 @@ class RunJob:
         run_id = job.run_id
         assert run_id is not None
         run = self.store.get_run(run_id)
+        if not run.is_open:
+            return  # closed while it waited in the queue (an abort before it began)
         kind = self.kind = self._kind(run)
         prior = next((r for r in self.store.list_results(limit=10) if r.run_id == run_id), None)
         if prior is not None:
