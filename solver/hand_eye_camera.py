@@ -110,6 +110,8 @@ DEFAULT_REPEATABILITY_RAD = 1.5e-5
 #: Bootstrap replicates by default (the cross-check's gate needs at least 10).
 DEFAULT_N_BOOTSTRAP = 30
 MIN_VIEWS = 3
+#: Estimated corner noise never goes below this (px): noise-free data reach the rounding floor.
+NOISE_FLOOR_PX = 1e-6
 _MAX_ITERATIONS = 50
 _HOLDOUT_FOLDS = 5
 _FALSE_ALARM = 0.01
@@ -271,6 +273,7 @@ class CameraChainResult(CalibrationResult):
     camera_tests : CameraResidualTests
     pose_level : HandEyeResult or EyeToHandResult
         The AX=XB answer on the PnP poses (the start; ``linear_agreement`` compares it).
+    target : CalibrationTarget
     target_sha256 : str or None
     """
 
@@ -307,6 +310,7 @@ class CameraChainResult(CalibrationResult):
     bootstrap: Bootstrap | None
     camera_tests: CameraResidualTests
     pose_level: CalibrationResult
+    target: CalibrationTarget
     target_sha256: str | None
 
     @property
@@ -902,7 +906,9 @@ def _calibrate(setup, views, target, base_T_flange, intrinsics, intrinsics_covar
     if sigma0 is None:
         e = img - _project(k, O[view], obj)
         sigma0 = math.sqrt(float(np.sum(e * e)) / max(2 * n - 6 * nv, 1))
-        sigma0 = max(sigma0, 1e-6)
+    # noise-free data: residuals at rounding, which no test can read
+    floor = noise_px is None and sigma0 < NOISE_FLOOR_PX
+    sigma0 = max(sigma0, NOISE_FLOOR_PX) if noise_px is None else sigma0
 
     # the AX=XB start, with its refusals
     init_kw = {kk: axxb[kk] for kk in ("min_axis_spread", "min_rotation_rad", "pairs") if kk in axxb}
@@ -932,14 +938,14 @@ def _calibrate(setup, views, target, base_T_flange, intrinsics, intrinsics_covar
             k_prior = (k.copy(), Ik)
     prior_sd = np.tile(np.array([math.hypot(rep_m, acc_m)] * 3 + [math.hypot(rep_rad, acc_rad)] * 3), (nv, 1))
     state = _chain.ChainState(X0.copy(), Z0.copy(), k.copy(), np.zeros((nv, 6)))
-    declared = noise_px is not None
+    declared = noise_px is not None or floor
     # first fit at the declared priors: the robot's tests are decided there
     fit0 = _fit(setup, obj, img, view, G, state, sigma0, declared, prior_sd, free, k_prior, huber, max_iterations, None)
     red0 = _redundancies(fit0.prob, fit0.state, fit0.Sinv, fit0.Cd, fit0.pieces)
     F_c, p_c, dof_c = _consistency_test(fit0, red0, O, obj, img, view)
     rob_r, rob_chi = float(red0.robot.sum()), float(red0.chi_robot.sum())
-    tests_run = 2 + (rob_r >= 1.0) + declared + math.isfinite(p_c)
-    alpha = _FALSE_ALARM / tests_run
+    tests_run = 2 + (rob_r >= 1.0) + (noise_px is not None) + math.isfinite(p_c)
+    alpha = _FALSE_ALARM / tests_run if not floor else 0.0
     p_rob = _stats.chi2_sf(rob_chi, rob_r) if rob_r >= 1.0 else math.nan
     robot_excess = (math.isfinite(p_rob) and p_rob < alpha) or (math.isfinite(p_c) and p_c < alpha)
     fit = fit0
@@ -953,9 +959,9 @@ def _calibrate(setup, views, target, base_T_flange, intrinsics, intrinsics_covar
     red = _redundancies(fit.prob, fit.state, fit.Sinv, fit.Cd, fit.pieces)
     r_img, chi_img, n_kp = red.image, red.chi_image, red.n_k_prior
     F_s, p_s, dof_s, rms_s = _structure_test(fit, size)
-    p_img = _stats.chi2_sf(chi_img, r_img) if declared and r_img > 0 else math.nan
+    p_img = _stats.chi2_sf(chi_img, r_img) if noise_px is not None and r_img > 0 else math.nan
     structured = math.isfinite(p_s) and p_s < alpha
-    image_excess = math.isfinite(p_img) and p_img < alpha
+    image_excess = math.isfinite(p_img) and p_img < alpha and noise_px is not None
     image_factor = 1.0
     if image_excess or structured:
         # the corner noise is larger than declared (or the model misses a smooth field): the
@@ -1023,7 +1029,7 @@ def _calibrate(setup, views, target, base_T_flange, intrinsics, intrinsics_covar
             f"corner residuals are {ratio:.2f}x the declared {noise_px:.3g} px (chi2 {chi_img:.0f} for "
             f"{r_img:.0f} dof): the covariance takes the measured noise")))
     robust = 1.4826 * float(np.median(np.abs(r_px)))
-    if robust > 0:
+    if robust > 0 and not floor:
         out = np.flatnonzero(np.sqrt(res2) > _OUTLIER_SIGMAS * robust * math.sqrt(2.0))
         if out.size:
             warnings.append(SolveWarning(code="outliers", value=float(out.size), message=(
@@ -1037,7 +1043,7 @@ def _calibrate(setup, views, target, base_T_flange, intrinsics, intrinsics_covar
     if holdout and nv >= 2 * MIN_VIEWS:
         h_closure, hv, h_rms = _holdout(setup, obj, img, view, G, st, prob, O_f, ct, max_iterations)
         in_rms = rms_px
-        if math.isfinite(h_rms) and h_rms > _WARN_HOLDOUT * in_rms:
+        if math.isfinite(h_rms) and h_rms > _WARN_HOLDOUT * in_rms and not floor:
             warnings.append(SolveWarning(code="holdout", value=h_rms / in_rms, message=(
                 f"held-out views reproject at {h_rms:.3f} px RMS, {h_rms / in_rms:.2f}x the fit's {in_rms:.3f} px: "
                 "the chain leans on particular views")))
@@ -1081,7 +1087,7 @@ def _calibrate(setup, views, target, base_T_flange, intrinsics, intrinsics_covar
     vis_t = float(np.sqrt(np.mean(st.d[:, :3] ** 2))) if robot_excess else 0.0
     vis_r = float(np.sqrt(np.mean(st.d[:, 3:] ** 2))) if robot_excess else 0.0
     rt = ResidualTests(
-        declared_noise=declared, chi2_per_dof=chi_img / r_img if r_img > 0 else math.nan,
+        declared_noise=noise_px is not None, chi2_per_dof=chi_img / r_img if r_img > 0 else math.nan,
         chi2_p=p_img, structure_f=F_s, structure_p=p_s, structure_dof=dof_s,
         redundancy_translation=math.nan, redundancy_rotation=math.nan,
         variance_factor_translation=image_factor, variance_factor_rotation=rf,
@@ -1089,7 +1095,7 @@ def _calibrate(setup, views, target, base_T_flange, intrinsics, intrinsics_covar
         inflation_translation=st_mm / nt if nt > 0 else 1.0, inflation_rotation=sr_deg / nr if nr > 0 else 1.0,
         false_alarm_rate=_FALSE_ALARM)
     ctests = CameraResidualTests(
-        declared_noise=declared, image_chi2=chi_img, image_redundancy=r_img, image_chi2_p=p_img,
+        declared_noise=noise_px is not None, image_chi2=chi_img, image_redundancy=r_img, image_chi2_p=p_img,
         robot_chi2=rob_chi, robot_redundancy=rob_r, robot_chi2_p=p_rob, consistency_f=F_c, consistency_p=p_c,
         consistency_dof=dof_c, structure_f=F_s, structure_p=p_s,
         structure_dof=dof_s, structure_rms_px=rms_s, image_variance_factor=image_factor,
@@ -1109,7 +1115,9 @@ def _calibrate(setup, views, target, base_T_flange, intrinsics, intrinsics_covar
                 f"(intrinsics {mode}, robot corrections under a prior), from AX=XB on PnP poses"),
         covariance=cov12, sigma_translation_mm=st_mm, sigma_rotation_deg=sr_deg,
         noise_translation_m=math.nan, noise_rotation_rad=math.nan,
-        noise_source="declared" if declared else "estimated", chi2=chi2, dof=dof, refined=True,
+        noise_source=("declared" if noise_px is not None else
+                      f"estimated, at its floor of {NOISE_FLOOR_PX:g} px (noise-free data: no residual test ran)"
+                      if floor else "estimated"), chi2=chi2, dof=dof, refined=True,
         converged=fit.converged, iterations=fit.iterations, stop_reason=fit.stop,
         downweighted=np.array([used[i] for i in down_views], dtype=int), warnings=tuple(warnings),
         residual_tests=rt, holdout=h_closure, linear_agreement=lin,
@@ -1123,7 +1131,7 @@ def _calibrate(setup, views, target, base_T_flange, intrinsics, intrinsics_covar
         robot_corrections_covariance=Cd, base_T_flange=G, camera_T_target=P, pnp_camera_T_target=O_f,
         pnp_covariance=pnp_c, parameter_names=GLOBAL_PARAMETER_NAMES, joint_covariance=joint,
         views=tuple(used), views_dropped=dropped, holdout_view_rms_px=hv, holdout_reprojection_rms_px=h_rms,
-        cross_check=xc, bootstrap=boot, camera_tests=ctests, pose_level=pose_level, target_sha256=target.sha256,
+        cross_check=xc, bootstrap=boot, camera_tests=ctests, pose_level=pose_level, target=target, target_sha256=target.sha256,
     )
     if setup == _chain.EYE_IN_HAND:
         return HandEyeCameraResult(**common, flange_T_camera=X, base_T_target=Z, flange_T_camera_covariance=covX,
