@@ -257,7 +257,7 @@ def _look_at(eye, at, roll) -> np.ndarray:
     if np.linalg.norm(x) < 1e-6:
         x = np.cross([1.0, 0.0, 0.0], z)
     x /= np.linalg.norm(x)
-    return make_transform(np.column_stack([x, np.cross(z, x), z]) @ so3_exp([0.0, 0.0, roll]), eye)
+    return make_transform(np.column_stack([x, np.cross(z, x), z]) @ so3_exp(np.array([0.0, 0.0, roll])), eye)
 
 
 def _anchor_pose(setup, rng, camera, target, A, B, distance_m, tilt_deg, cone_deg, roll_rad, margin_px) -> np.ndarray:
@@ -284,7 +284,7 @@ def _anchor_pose(setup, rng, camera, target, A, B, distance_m, tilt_deg, cone_de
     zt = -los
     xt = np.cross([0.0, 1.0, 0.0], zt)
     xt /= np.linalg.norm(xt)
-    Rt = np.column_stack([xt, np.cross(zt, xt), zt]) @ so3_exp([0.0, 0.0, roll])
+    Rt = np.column_stack([xt, np.cross(zt, xt), zt]) @ so3_exp(np.array([0.0, 0.0, roll]))
     O = make_transform(Rt, p - Rt @ centre)
     return X @ O @ se3_inverse(Y)
 

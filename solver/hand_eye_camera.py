@@ -580,6 +580,14 @@ def _redundancies(prob: _chain.ChainProblem, state: _chain.ChainState, Sinv, Cd,
     r_img = 2 * n - (p_tot - float(tr_d.sum()) - tr_k)
     r_rob = 3 * prob.n_views - tr_d
     chi_img = float(np.sum(w[:, None] * r * r)) / prob.sigma_px**2
+    if prob.huber is not None:
+        # the corner noise from the corners inside the Huber threshold, for the truncation of
+        # a 2-D Gaussian's squared length there (outliers must not set the scale)
+        s2 = np.sum(r * r, axis=1) / prob.sigma_px**2
+        k2 = prob.huber**2
+        inside = s2 <= k2
+        m_k = 2.0 - (k2 + 2.0) * math.exp(-0.5 * k2)  # E[chi2_2 ; chi2_2 <= k^2]
+        chi_img = float(np.sum(s2[inside])) * 2.0 / m_k
     q = (state.d / prob.prior_sd) ** 2
     chi_rob = np.array([float(q[:, :3].sum()), float(q[:, 3:].sum())])
     return _Redundancy(r_img, r_rob, chi_img, chi_rob, n_kp)
