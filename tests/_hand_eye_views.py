@@ -77,7 +77,7 @@ def _unit_cone(rng, axis: np.ndarray, cone_rad: float) -> np.ndarray:
 
 def scene(setup: str, n: int, rng, *, noise_px: float = 0.0, robot_sd=(0.0, 0.0), params=TRUE, size=SIZE,
           target=TARGET, cone_deg: float = 35.0, max_roll_deg: float = 60.0, min_corners: int = 30,
-          axis: np.ndarray | None = None, kinematic_error=None) -> Scene:
+          axis: np.ndarray | None = None, kinematic_error=None, distance_m=None) -> Scene:
     """``n`` views of the setup (module docstring). ``axis``: every camera (eye-in-hand) or
     board (eye-to-hand) rotation about this one base-frame axis only (degenerate)."""
     cam = CameraModel.from_parameters(params, size)
@@ -93,7 +93,7 @@ def scene(setup: str, n: int, rng, *, noise_px: float = 0.0, robot_sd=(0.0, 0.0)
             normal = -Z_EIH[:3, 2]  # toward a viewer of the print
             if axis is None:
                 d = _unit_cone(rng, normal, math.radians(cone_deg))
-                eye = Zc + rng.uniform(0.3, 0.55) * d
+                eye = Zc + rng.uniform(*(distance_m or (0.3, 0.55))) * d
                 at = Zc + rng.normal(0, 0.02, 3)
                 base_T_cam = _look_at(eye, at, rng.uniform(-1, 1) * math.radians(max_roll_deg))
             else:
@@ -105,7 +105,7 @@ def scene(setup: str, n: int, rng, *, noise_px: float = 0.0, robot_sd=(0.0, 0.0)
             O = se3_inverse(Gi @ X_EIH) @ Z_EIH
         else:
             if axis is None:
-                d = rng.uniform(0.35, 0.6)
+                d = rng.uniform(*(distance_m or (0.35, 0.6)))
                 p_cam = np.array([rng.uniform(-0.06, 0.06), rng.uniform(-0.05, 0.05), d])
                 facing = _unit_cone(rng, np.array([0.0, 0.0, -1.0]), math.radians(cone_deg))  # board normal toward camera
                 zt = -facing  # target z points away from the viewer
