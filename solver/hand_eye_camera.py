@@ -50,37 +50,48 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from cellcal.solver import _camera_chain as _chain
 from cellcal.solver import _stats
+from cellcal.solver._camera_fit import (
+    MIN_VIEWS,
+    _bootstrap,
+    _closures,
+    _consistency_test,
+    _fit,
+    _holdout,
+    _implied_corrections,
+    _pnp,
+    _project,
+    _redundancies,
+    _structure_test,
+)
 from cellcal.solver.calibrate import (
     MAX_ROTATION_SIGMA_RAD,
     CalibrationResult,
-    Estimate,
     Residuals,
     calibrate_eye_to_hand,
     calibrate_hand_eye,
 )
-from cellcal.solver.camera_model import N_PARAMETERS, PARAMETER_NAMES, CameraModel, camera_matrix_from_parameters, undistort
+from cellcal.solver.camera_model import N_PARAMETERS, PARAMETER_NAMES, CameraModel, camera_matrix_from_parameters
+from cellcal.solver.camera_results import (
+    FALSE_ALARM,
+    Bootstrap,
+    CameraChainResult,
+    CameraResidualTests,
+    EyeToHandCameraResult,
+    HandEyeCameraResult,
+)
 from cellcal.solver.diagnostics import ResidualTests, SolveWarning
 from cellcal.solver.errors import DegenerateGeometry, NotEnoughSamples
-from cellcal.solver.intrinsics import (
-    MIN_VIEW_CORNERS,
-    CornerResiduals,
-    IntrinsicsResult,
-    _fit_poses,
-    _homography,
-    _pose_from_homography,
-    calibrate_intrinsics,
-)
+from cellcal.solver.intrinsics import MIN_VIEW_CORNERS, CornerResiduals, IntrinsicsResult, calibrate_intrinsics
 from cellcal.solver.se3 import check_transform, se3_inverse
 from cellcal.solver.target import CalibrationTarget
-from cellcal.solver.uncertainty import PredictedError, point_error, sigma_figures
-from cellcal.solver.validation import HoldoutClosure, agreement
+from cellcal.solver.uncertainty import sigma_figures
+from cellcal.solver.validation import agreement
 
 __all__ = [
     "calibrate_hand_eye_camera",
@@ -109,314 +120,13 @@ DEFAULT_REPEATABILITY_M = 1.0e-5
 DEFAULT_REPEATABILITY_RAD = 1.5e-5
 #: Bootstrap replicates by default (the cross-check's gate needs at least 10).
 DEFAULT_N_BOOTSTRAP = 30
-MIN_VIEWS = 3
 #: Estimated corner noise never goes below this (px): noise-free data reach the rounding floor.
 NOISE_FLOOR_PX = 1e-6
 _MAX_ITERATIONS = 50
-_HOLDOUT_FOLDS = 5
-_FALSE_ALARM = 0.01
+_FALSE_ALARM = FALSE_ALARM
 _WARN_HOLDOUT = 1.5
 _WARN_BOOTSTRAP = 2.0
 _OUTLIER_SIGMAS = 5.0
-#: Variance-component rounds (noise estimate, robot prior factor) at most.
-_VCE_ROUNDS = 8
-_VCE_TOL = 0.01
-#: Directions of the structure basis with less than this sine of principal angle to the
-#: model's span are the model's own (absorbed).
-_MIN_SINE = 0.01
-_MIN_STRUCTURE_DOF = 10
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class CameraResidualTests:
-    """The residual tests of a camera-chain fit (module docstring, step 5).
-
-    Attributes
-    ----------
-    declared_noise : bool
-        ``noise_px`` was given (so ``image_chi2_p`` was computed).
-    image_chi2, image_redundancy, image_chi2_p : float
-        Whitened image residual energy, its redundancy (corners' degrees of freedom left
-        after the fit), ``P(chi2_r > chi2)`` (NaN with estimated noise).
-    robot_chi2, robot_redundancy, robot_chi2_p : float
-        The same for the robot corrections against their declared prior (NaN when the
-        corrections are not observable: redundancy below 1).
-    consistency_f, consistency_p : float
-        Nested F test of the chain (at the declared priors) against each view's pose fitted
-        alone: the views disagree with one rigid chain beyond the corner noise (the robot's
-        kinematic error, or held intrinsics that are wrong). It runs whatever the prior's
-        redundancy, which a repeatability far below the PnP's precision leaves near 0.
-    consistency_dof : tuple of int
-    structure_f, structure_p : float
-        F test of a smooth field over the image (cubic in the image coordinates, per axis)
-        in the image residuals beyond what the model absorbs (NaN when it could not run).
-    structure_dof : tuple of int
-    structure_rms_px : float
-        RMS per corner of the residual's part in that field, px.
-    image_variance_factor, robot_variance_factor : float
-        Factors the corner noise's and the robot prior's variances carry in the final fit
-        (1: as declared; the robot's, the larger of its translation and rotation factors).
-    model_error : bool
-        A test fired.
-    false_alarm_rate : float
-        Noise-only probability of ``model_error`` (split over the tests run).
-    """
-
-    declared_noise: bool
-    image_chi2: float
-    image_redundancy: float
-    image_chi2_p: float
-    robot_chi2: float
-    robot_redundancy: float
-    robot_chi2_p: float
-    consistency_f: float
-    consistency_p: float
-    consistency_dof: tuple[int, int]
-    structure_f: float
-    structure_p: float
-    structure_dof: tuple[int, int]
-    structure_rms_px: float
-    image_variance_factor: float
-    robot_variance_factor: float
-    model_error: bool
-    false_alarm_rate: float = _FALSE_ALARM
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class Bootstrap:
-    """Resampling the views with replacement and refitting (validation ladder level 3).
-
-    Attributes
-    ----------
-    n : int
-        Replicates that fitted (of ``n_requested``).
-    n_requested : int
-    seed : int
-    covariance : dict of str to numpy.ndarray (6, 6)
-        Per transform name, the replicates' covariance in the result's convention (right
-        perturbation of the full-data answer).
-    sigma_ratio_translation, sigma_ratio_rotation : float
-        Bootstrap over analytic 1-sigma (root of the traces) of the primary transform: near 1
-        when the covariance describes the data's spread.
-    primary : numpy.ndarray, shape (n, 6)
-        The primary transform's replicates, as twists from the full-data answer.
-    """
-
-    n: int
-    n_requested: int
-    seed: int
-    covariance: dict[str, np.ndarray]
-    sigma_ratio_translation: float
-    sigma_ratio_rotation: float
-    primary: np.ndarray
-
-
-@dataclass(frozen=True, kw_only=True)
-class CameraChainResult(CalibrationResult):
-    """What both camera setups report beside :class:`~cellcal.solver.calibrate.CalibrationResult`.
-
-    The closure figures (``rms_translation_m``, ``residuals``, ``holdout``) are each view's
-    static-target closure in the base frame: eye-in-hand ``base_T_flange @ flange_T_camera @
-    camera_T_target`` (the view's own PnP pose) against ``base_T_target``; eye-to-hand
-    ``base_T_camera @ camera_T_target`` against ``base_T_flange @ flange_T_target``.
-    ``axis_spread``, ``weakest_axis``, ``n_motions``, ``max_motion_rad`` are the AX=XB
-    start's. ``noise_translation_m`` and ``noise_rotation_rad`` are NaN (the measurement is
-    in pixels: ``noise_px``); ``residual_tests`` holds what has the same meaning as for a
-    pose fit (the image tests; model-error sizes of the robot) and ``camera_tests`` all of it.
-
-    Attributes
-    ----------
-    setup : {"eye_in_hand", "eye_to_hand"}
-    camera_matrix : numpy.ndarray, shape (3, 3)
-    dist_coeffs : numpy.ndarray, shape (5,)
-    image_size : tuple of int
-    intrinsics : numpy.ndarray, shape (9,)
-        Ordered :data:`~cellcal.solver.camera_model.PARAMETER_NAMES`.
-    intrinsics_covariance : numpy.ndarray, shape (9, 9)
-        Zero rows and columns for fixed parameters (``intrinsics_fixed``).
-    intrinsics_mode : {"prior", "fixed", "joint"}
-    intrinsics_fixed : tuple of str
-    reprojection_rms_px : float
-        RMS residual length over every corner.
-    view_rms_px : numpy.ndarray, shape (N,)
-    noise_px : float
-        Corner noise the fit used (1-sigma per image axis), ``noise_source`` says whence.
-    corner_residuals : CornerResiduals
-    robot_repeatability_m, robot_repeatability_rad, robot_accuracy_m, robot_accuracy_rad : float
-        The declared priors (1-sigma per axis).
-    robot_variance_factor : numpy.ndarray, shape (2,)
-        Factors on the prior's translation and rotation variances in the final fit (1 unless
-        a robot test fired).
-    robot_corrections : numpy.ndarray, shape (N, 6)
-        Each view's fitted correction of ``base_T_flange`` ``(rho, phi)`` (m, rad, flange
-        frame): ``base_T_flange_true = base_T_flange @ [exp(phi), rho]``.
-    robot_corrections_covariance : numpy.ndarray, shape (N, 6, 6)
-    base_T_flange : numpy.ndarray, shape (N, 4, 4)
-        The robot poses used, m.
-    camera_T_target : numpy.ndarray, shape (N, 4, 4)
-        The fitted chain's pose of the target in each view.
-    pnp_camera_T_target, pnp_covariance : numpy.ndarray, shape (N, 4, 4) and (N, 6, 6)
-        Each view's pose fitted alone under the final intrinsics (right perturbation, target
-        frame; corner noise only): what the closures and the cross-checks use.
-    parameter_names : tuple of str
-        Order of ``joint_covariance``: :data:`GLOBAL_PARAMETER_NAMES` (the primary transform,
-        the second one, the nine intrinsics).
-    joint_covariance : numpy.ndarray, shape (21, 21)
-    views, views_dropped : tuple of int
-        Caller's indices of the views used, and of those with too few corners.
-    holdout_view_rms_px : numpy.ndarray, shape (N,)
-        Each view's RMS reprojection through the chain fitted without it (NaN: not held out).
-    holdout_reprojection_rms_px : float
-    cross_check : CrossCheck or None
-        OpenCV's five closed forms on the same PnP poses (None: not run or unavailable).
-    bootstrap : Bootstrap or None
-    camera_tests : CameraResidualTests
-    pose_level : HandEyeResult or EyeToHandResult
-        The AX=XB answer on the PnP poses (the start; ``linear_agreement`` compares it).
-    target : CalibrationTarget
-    target_sha256 : str or None
-    """
-
-    setup: str
-    camera_matrix: np.ndarray
-    dist_coeffs: np.ndarray
-    image_size: tuple[int, int]
-    intrinsics: np.ndarray
-    intrinsics_covariance: np.ndarray
-    intrinsics_mode: str
-    intrinsics_fixed: tuple[str, ...]
-    reprojection_rms_px: float
-    view_rms_px: np.ndarray
-    noise_px: float
-    corner_residuals: CornerResiduals
-    robot_repeatability_m: float
-    robot_repeatability_rad: float
-    robot_accuracy_m: float
-    robot_accuracy_rad: float
-    robot_variance_factor: np.ndarray
-    robot_corrections: np.ndarray
-    robot_corrections_covariance: np.ndarray
-    base_T_flange: np.ndarray
-    camera_T_target: np.ndarray
-    pnp_camera_T_target: np.ndarray
-    pnp_covariance: np.ndarray
-    parameter_names: tuple[str, ...]
-    joint_covariance: np.ndarray
-    views: tuple[int, ...]
-    views_dropped: tuple[int, ...]
-    holdout_view_rms_px: np.ndarray
-    holdout_reprojection_rms_px: float
-    cross_check: Any
-    bootstrap: Bootstrap | None
-    camera_tests: CameraResidualTests
-    pose_level: CalibrationResult
-    target: CalibrationTarget
-    target_sha256: str | None
-
-    @property
-    def camera(self) -> CameraModel:
-        """The intrinsics as a :class:`~cellcal.solver.camera_model.CameraModel`."""
-        return CameraModel(self.camera_matrix, self.dist_coeffs, self.image_size)
-
-    @property
-    def primary_name(self) -> str:
-        return next(iter(self.transforms()))
-
-    def nees(self, truth: dict[str, np.ndarray]) -> float:
-        """Normalised estimation error squared of the transforms named in ``truth`` (jointly,
-        with their cross-covariance): ``xi^T C^-1 xi`` with ``xi = log(T^-1 T_true)`` each;
-        its mean is 6 per transform for an honest covariance (simulation)."""
-        est = self.transforms()
-        names = [n for n in est if n in truth]
-        if not names:
-            raise ValueError(f"truth names none of {list(est)}")
-        xi = np.concatenate([_chain.log_batch(se3_inverse(est[n].value) @ np.asarray(truth[n], float)) for n in names])
-        idx = np.concatenate([np.arange(6) + 6 * list(est).index(n) for n in names])
-        C = self.covariance[np.ix_(idx, idx)]
-        return float(xi @ np.linalg.solve(C, xi))
-
-
-@dataclass(frozen=True, kw_only=True)
-class HandEyeCameraResult(CameraChainResult):
-    """Eye-in-hand on the image: ``flange_T_camera`` and ``base_T_target``.
-
-    Attributes
-    ----------
-    flange_T_camera, base_T_target : numpy.ndarray, shape (4, 4)
-        Metres. ``base_T_flange @ flange_T_camera @ camera_T_target = base_T_target``.
-    flange_T_camera_covariance, base_T_target_covariance : numpy.ndarray, shape (6, 6)
-        Right perturbation ``(rho, phi)`` in each transform's child frame (ADR 0004);
-        ``covariance`` (12, 12) is the joint one, ordered ``[flange_T_camera, base_T_target]``.
-    """
-
-    flange_T_camera: np.ndarray
-    base_T_target: np.ndarray
-    flange_T_camera_covariance: np.ndarray
-    base_T_target_covariance: np.ndarray
-
-    def transforms(self) -> dict[str, Estimate]:
-        """``flange_T_camera``, ``base_T_target``."""
-        return {
-            "flange_T_camera": Estimate.of("flange_T_camera", self.flange_T_camera, self.flange_T_camera_covariance),
-            "base_T_target": Estimate.of("base_T_target", self.base_T_target, self.base_T_target_covariance),
-        }
-
-    def predicted_error_at(self, camera_p_task) -> PredictedError:
-        """Error of a point the camera sees, mapped to the flange with ``flange_T_camera``.
-
-        Parameters
-        ----------
-        camera_p_task : array_like, shape (3,)
-            The point in the camera frame, m.
-
-        Returns
-        -------
-        PredictedError
-            Covariance of ``flange_T_camera @ camera_p`` in the flange frame; lever arm
-            ``|camera_p|``. Only the calibration's error (not the camera's sighting of the point).
-        """
-        return point_error(self.flange_T_camera, self.flange_T_camera_covariance, camera_p_task, "flange")
-
-
-@dataclass(frozen=True, kw_only=True)
-class EyeToHandCameraResult(CameraChainResult):
-    """Eye-to-hand on the image: ``base_T_camera`` and ``flange_T_target``.
-
-    Attributes
-    ----------
-    base_T_camera, flange_T_target : numpy.ndarray, shape (4, 4)
-        Metres. ``base_T_camera @ camera_T_target = base_T_flange @ flange_T_target``.
-    base_T_camera_covariance, flange_T_target_covariance : numpy.ndarray, shape (6, 6)
-        Right perturbation ``(rho, phi)``; ``covariance`` (12, 12) ordered
-        ``[base_T_camera, flange_T_target]``.
-    """
-
-    base_T_camera: np.ndarray
-    flange_T_target: np.ndarray
-    base_T_camera_covariance: np.ndarray
-    flange_T_target_covariance: np.ndarray
-
-    def transforms(self) -> dict[str, Estimate]:
-        """``base_T_camera``, ``flange_T_target``."""
-        return {
-            "base_T_camera": Estimate.of("base_T_camera", self.base_T_camera, self.base_T_camera_covariance),
-            "flange_T_target": Estimate.of("flange_T_target", self.flange_T_target, self.flange_T_target_covariance),
-        }
-
-    def predicted_error_at(self, camera_p_task) -> PredictedError:
-        """Error of a point the camera sees, mapped to the robot base with ``base_T_camera``.
-
-        Parameters
-        ----------
-        camera_p_task : array_like, shape (3,)
-            The point in the camera frame, m.
-
-        Returns
-        -------
-        PredictedError
-            Covariance of ``base_T_camera @ camera_p`` in the base frame; lever arm ``|camera_p|``.
-        """
-        return point_error(self.base_T_camera, self.base_T_camera_covariance, camera_p_task, "base")
 
 
 # -- inputs ---------------------------------------------------------------------------------------
@@ -494,253 +204,6 @@ def _intrinsics(intrinsics, intrinsics_covariance, intrinsics_mode, image_size):
     if mode == "prior" and cov is None:
         raise ValueError("intrinsics_mode='prior' needs a covariance (an IntrinsicsResult or intrinsics_covariance=)")
     return k, cov, mode, fixed, (int(size[0]), int(size[1]))
-
-
-# -- PnP -------------------------------------------------------------------------------------------
-
-
-def _pnp(k: np.ndarray, obj: np.ndarray, img: np.ndarray, view: np.ndarray, nv: int, start: np.ndarray | None = None):
-    """Each view's pose alone under intrinsics ``k``: homography on the undistorted corners,
-    then Gauss-Newton on the image. Returns poses (nv, 4, 4) and their covariance per unit
-    corner variance (nv, 6, 6)."""
-    if start is None:
-        xy, ok = undistort(k, img)
-        starts = np.searchsorted(view, np.arange(nv))
-        ends = np.append(starts[1:], view.shape[0])
-        poses = np.empty((nv, 4, 4))
-        for j, (a, b) in enumerate(zip(starts, ends, strict=True)):
-            m = ok[a:b]
-            if m.sum() < 4:
-                m = np.ones(b - a, bool)
-            H = _homography(obj[a:b][m, :2], np.where(np.isfinite(xy[a:b][m]), xy[a:b][m], 0.0))
-            poses[j] = _pose_from_homography(np.eye(3), H)
-    else:
-        poses = start.copy()
-    poses = _fit_poses(k, obj, img, view, poses)
-    from cellcal.solver.camera_model import project
-
-    pr = project(k, poses[view], obj, jacobians=True)
-    assert pr.J_uv_pose is not None
-    Jp = pr.J_uv_pose
-    info = np.add.reduceat(np.swapaxes(Jp, 1, 2) @ Jp, np.searchsorted(view, np.arange(nv)), axis=0)
-    with np.errstate(all="ignore"):
-        try:
-            cov = np.linalg.inv(info)
-        except np.linalg.LinAlgError:
-            cov = np.full((nv, 6, 6), np.inf)
-    return poses, cov
-
-
-# -- the fit ---------------------------------------------------------------------------------------
-
-
-@dataclass
-class _Fit:
-    prob: _chain.ChainProblem
-    state: _chain.ChainState
-    iterations: int
-    converged: bool
-    stop: str
-    Sinv: np.ndarray
-    Cd: np.ndarray
-    pieces: tuple
-    robot_factor: np.ndarray  # (2,): translation, rotation
-
-
-@dataclass
-class _Redundancy:
-    image: float
-    robot: np.ndarray  # (2,) translation rows, rotation rows
-    chi_image: float
-    chi_robot: np.ndarray  # (2,)
-    n_k_prior: int
-
-
-def _problem(setup, obj, img, view, G, sigma, prior_sd, free, k_prior, huber, twist=None) -> _chain.ChainProblem:
-    return _chain.ChainProblem(setup, obj, img, view, G, sigma, prior_sd, free, k_prior=k_prior, twist=twist,
-                               huber=huber)
-
-
-def _redundancies(prob: _chain.ChainProblem, state: _chain.ChainState, Sinv, Cd, pieces) -> _Redundancy:
-    """Image and robot (translation, rotation) redundancy numbers and whitened chi-squares
-    (Foerstner: a group's expected weighted residual energy is its redundancy)."""
-    r, w, U, V, W, S, Vinv = pieces
-    info = 1.0 / prob.prior_sd**2
-    td = np.einsum("nii->ni", Cd) * info
-    tr_d = np.array([float(td[:, :3].sum()), float(td[:, 3:].sum())])
-    tr_k = 0.0
-    n_kp = 0
-    if prob.k_prior is not None:
-        fk = prob.free[_chain.SL_K]
-        C = Sinv[_chain.SL_K, _chain.SL_K]
-        tr_k = float(np.trace(C @ (prob.k_prior[1] * np.outer(fk, fk))))
-        n_kp = int(fk.sum())
-    p_tot = int(prob.free.sum()) + 6 * prob.n_views
-    n = r.shape[0]
-    r_img = 2 * n - (p_tot - float(tr_d.sum()) - tr_k)
-    r_rob = 3 * prob.n_views - tr_d
-    chi_img = float(np.sum(w[:, None] * r * r)) / prob.sigma_px**2
-    if prob.huber is not None:
-        # the corner noise from the corners inside the Huber threshold, for the truncation of
-        # a 2-D Gaussian's squared length there (outliers must not set the scale)
-        s2 = np.sum(r * r, axis=1) / prob.sigma_px**2
-        k2 = prob.huber**2
-        inside = s2 <= k2
-        m_k = 2.0 - (k2 + 2.0) * math.exp(-0.5 * k2)  # E[chi2_2 ; chi2_2 <= k^2]
-        chi_img = float(np.sum(s2[inside])) * 2.0 / m_k
-    q = (state.d / prob.prior_sd) ** 2
-    chi_rob = np.array([float(q[:, :3].sum()), float(q[:, 3:].sum())])
-    return _Redundancy(r_img, r_rob, chi_img, chi_rob, n_kp)
-
-
-def _fit(setup, obj, img, view, G, state, sigma, declared: bool, prior_sd0, free, k_prior, huber, max_iter,
-         robot_factor0: np.ndarray | None) -> _Fit:
-    """Refine, estimating the corner noise (unless declared) and, given ``robot_factor0``
-    (translation, rotation), the factors on the robot prior's variance (never below 1)
-    until all settle (variance-component estimation)."""
-    vce = robot_factor0 is not None
-    factor = np.ones(2) if robot_factor0 is None else np.maximum(np.asarray(robot_factor0, float), 1.0)
-    it_total = 0
-    conv, stop = False, _chain.STOP_ITERATIONS
-    for _round in range(_VCE_ROUNDS * (2 if vce else 1)):
-        sd = prior_sd0 * np.repeat(np.sqrt(factor), 3)
-        prob = _problem(setup, obj, img, view, G, sigma, sd, free, k_prior, huber)
-        state, it, conv, stop = _chain.refine_chain(prob, state, max_iter)
-        it_total += it
-        Sinv, Cd, pieces = prob.covariance(state)
-        if not conv:
-            break
-        red = _redundancies(prob, state, Sinv, Cd, pieces)
-        changed = False
-        if not declared and red.image > 0:
-            f = red.chi_image / red.image
-            if abs(f - 1.0) > _VCE_TOL:
-                sigma *= math.sqrt(f)
-                changed = True
-        if vce:
-            for c in range(2):
-                if red.robot[c] >= 0.5:
-                    f = max(1.0, factor[c] * red.chi_robot[c] / red.robot[c])
-                    if abs(f / factor[c] - 1.0) > 0.02:
-                        factor[c] = f
-                        changed = True
-        if not changed:
-            break
-    return _Fit(prob, state, it_total, conv, stop, Sinv, Cd, pieces, factor)
-
-
-def _implied_corrections(setup: str, X, Z, G, O) -> np.ndarray:
-    """(N, 6) the corrections that would make the chain reproduce each view's own PnP pose."""
-    if setup == _chain.EYE_IN_HAND:
-        D = _chain.inverse_batch(G) @ Z @ _chain.inverse_batch(X @ O)  # D = G^-1 Z O^-1 X^-1
-    else:
-        D = _chain.inverse_batch(G) @ X @ O @ se3_inverse(Z)
-    return np.concatenate([D[:, :3, 3], _chain.log_batch(D)[:, 3:]], axis=1)
-
-
-def _consistency_test(fit: _Fit, red: _Redundancy, O: np.ndarray, obj, img, view) -> tuple[float, float, tuple[int, int]]:
-    """Nested F test of the chain against every view's pose fitted alone: do the views agree
-    with one rigid chain within the corner noise? ``(F, p, (q, dof))``."""
-    prob = fit.prob
-    e = img - _project(fit.state.k, O[view], obj)
-    ssr_p = float(np.sum(e * e))
-    dof_p = 2 * img.shape[0] - 6 * prob.n_views
-    ssr_c = prob.sigma_px**2 * (red.chi_image + float(red.chi_robot.sum()))
-    q = 6 * prob.n_views + red.n_k_prior - int(prob.free.sum())
-    if q <= 0 or dof_p <= 0 or ssr_p <= 0:
-        return math.nan, math.nan, (0, 0)
-    F = max(ssr_c - ssr_p, 0.0) / q / (ssr_p / dof_p)
-    return F, _stats.f_sf(F, q, dof_p), (q, dof_p)
-
-
-def _structure_basis(img: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-    """(n, 2, 20): cubic monomials of the normalised image coordinates, one set per axis."""
-    w, h = size
-    a = (img[:, 0] - 0.5 * (w - 1)) / (0.5 * w)
-    b = (img[:, 1] - 0.5 * (h - 1)) / (0.5 * h)
-    mons = np.stack([np.ones_like(a), a, b, a * a, a * b, b * b, a**3, a * a * b, a * b * b, b**3], axis=1)
-    Z = np.zeros((img.shape[0], 2, 20))
-    Z[:, 0, :10] = mons
-    Z[:, 1, 10:] = mons
-    return Z
-
-
-def _structure_test(fit: _Fit, size: tuple[int, int]) -> tuple[float, float, tuple[int, int], float]:
-    """F test of the image residuals' part in a smooth image field (ADR 0027); returns
-    ``(F, p, (p1, nu - p1), rms_px)`` (NaN when it cannot run)."""
-    prob, st = fit.prob, fit.state
-    r, w, U, V, W, S, Vinv = fit.pieces
-    _r, Jg, Jd = prob.jacobians(st)
-    sq = (np.sqrt(w) / prob.sigma_px)[:, None, None]
-    Jg, Jd = Jg * sq, Jd * sq
-    rw = (r * sq[:, :, 0])
-    Zb = _structure_basis(prob.img, size) * sq
-    q = Zb.shape[2]
-    Zf = Zb.reshape(-1, q)
-    ZZ = Zf.T @ Zf
-    try:
-        L = np.linalg.cholesky(ZZ + 1e-12 * np.trace(ZZ) / q * np.eye(q))
-    except np.linalg.LinAlgError:
-        return math.nan, math.nan, (0, 0), math.nan
-    Li = np.linalg.inv(L)
-    Zo = Zb @ Li.T  # orthonormal columns over the image rows
-    Ag = Jg.reshape(-1, Jg.shape[2]).T @ Zo.reshape(-1, q)
-    Ad = np.add.reduceat(np.swapaxes(Jd, 1, 2) @ Zo, prob.starts, axis=0)
-    fixed = ~prob.free
-    Ag[fixed] = 0.0
-    WVi = W @ Vinv
-    yg = np.linalg.solve(S, Ag - np.einsum("nij,njq->iq", WVi, Ad))
-    yg[fixed] = 0.0
-    yd = Vinv @ (Ad - np.swapaxes(W, 1, 2) @ yg[None])
-    M = np.eye(q) - (Ag.T @ yg + np.einsum("niq,nir->qr", Ad, yd))
-    lam, E = np.linalg.eigh(0.5 * (M + M.T))
-    keep = lam > _MIN_SINE**2
-    p1 = int(keep.sum())
-    n_obs = 2 * prob.img.shape[0] + (int(prob.free[_chain.SL_K].sum()) if prob.k_prior is not None else 0)
-    nu = n_obs - int(prob.free.sum())
-    if p1 == 0 or nu - p1 < _MIN_STRUCTURE_DOF:
-        return math.nan, math.nan, (0, 0), math.nan
-    b = Zo.reshape(-1, q).T @ rw.reshape(-1)
-    Ek = E[:, keep]
-    qz = float(np.sum((Ek.T @ b) ** 2 / lam[keep]))
-    ssr = float(np.sum(rw * rw)) + float(np.sum((st.d / prob.prior_sd) ** 2))
-    if prob.k_prior is not None:
-        e = st.k - prob.k_prior[0]
-        ssr += float(e @ prob.k_prior[1] @ e)
-    rest = max(ssr - qz, 1e-300)
-    F = (qz / p1) / (rest / (nu - p1))
-    p = _stats.f_sf(F, p1, nu - p1)
-    rms = prob.sigma_px * math.sqrt(qz / prob.img.shape[0])
-    return F, p, (p1, nu - p1), rms
-
-
-def _closures(setup: str, X, Z, G, O) -> tuple[np.ndarray, np.ndarray]:
-    """Per view static-target closure in the base frame: translation (m) and angle (rad)."""
-    if setup == _chain.EYE_IN_HAND:
-        A = G @ X @ O  # base_T_target seen by each view
-        B = np.broadcast_to(Z, A.shape)
-    else:
-        A = X @ O  # the target in the base through the camera
-        B = G @ Z  # ... and through the robot
-    dt = np.linalg.norm(A[:, :3, 3] - B[:, :3, 3], axis=1)
-    Rrel = np.swapaxes(B[:, :3, :3], 1, 2) @ A[:, :3, :3]
-    cos = np.clip((np.trace(Rrel, axis1=1, axis2=2) - 1.0) * 0.5, -1.0, 1.0)
-    return dt, np.arccos(cos)
-
-
-def _percentile(x: np.ndarray, q: float) -> float:
-    x = np.sort(x[np.isfinite(x)]) if np.any(np.isfinite(x)) else np.array([math.inf])
-    return float(np.percentile(x, q)) if x.size else math.inf
-
-
-def _subset(obj, img, view, ids: np.ndarray, nv: int):
-    """Corners of views ``ids`` (in that order, repeats allowed) with views renumbered."""
-    starts = np.searchsorted(view, np.arange(nv))
-    ends = np.append(starts[1:], view.shape[0])
-    sel = [np.arange(starts[i], ends[i]) for i in ids]
-    idx = np.concatenate(sel)
-    nview = np.concatenate([np.full(s.size, j, dtype=np.intp) for j, s in enumerate(sel)])
-    return obj[idx], img[idx], nview
 
 
 # -- the public solves ---------------------------------------------------------------------------
@@ -1148,12 +611,6 @@ def _calibrate(setup, views, target, base_T_flange, intrinsics, intrinsics_covar
                                  flange_T_target_covariance=covZ)
 
 
-def _project(k, P, obj) -> np.ndarray:
-    from cellcal.solver.camera_model import project
-
-    return project(k, P, obj).uv
-
-
 def _consider(prob: _chain.ChainProblem, st: _chain.ChainState, kcov: np.ndarray, fixed_k: np.ndarray) -> np.ndarray:
     """What fixed intrinsics' covariance adds to the globals' (the consider covariance):
     ``A C_k A^T`` with ``A = -S_gg^-1 S_gk`` from the information with the intrinsics free."""
@@ -1222,97 +679,3 @@ def _determined(covX: np.ndarray, X: np.ndarray, problem: str, frame: str, pose_
         f"({frame} frame) only to {math.degrees(sig):.1f} deg (1 sigma): add views that rotate about another axis",
         axis=axis, frame=frame, axis_spread=pose_level.axis_spread,
         unrecoverable=("rotation about axis", "translation along axis"), max_rotation_rad=pose_level.max_motion_rad)
-
-
-def _refit(setup, obj, img, view, G, st: _chain.ChainState, prob: _chain.ChainProblem, ids: np.ndarray, nv: int,
-           max_iter: int) -> _chain.ChainState | None:
-    """The chain refitted on views ``ids`` (repeats allowed) from the full answer, at the
-    full fit's noise and priors."""
-    o, im, vw = _subset(obj, img, view, ids, nv)
-    sub = _chain.ChainProblem(setup, o, im, vw, G[ids], prob.sigma_px, prob.prior_sd[ids], prob.free,
-                              k_prior=prob.k_prior, huber=prob.huber)
-    s0 = _chain.ChainState(st.X.copy(), st.Z.copy(), st.k.copy(), st.d[ids].copy())
-    s, _it, conv, _stop = _chain.refine_chain(sub, s0, max_iter)
-    return s if np.all(np.isfinite(s.X)) and np.all(np.isfinite(s.Z)) else None
-
-
-def _holdout(setup, obj, img, view, G, st, prob, O_f, ct_in, max_iter):
-    nv = prob.n_views
-    k = min(_HOLDOUT_FOLDS, nv)
-    hv = np.full(nv, np.nan)
-    ht = np.full(nv, np.inf)
-    hr = np.full(nv, np.inf)
-    sq, cnt = 0.0, 0
-    for f in range(k):
-        out = np.arange(f, nv, k)
-        keep = np.setdiff1d(np.arange(nv), out)
-        s = _refit(setup, obj, img, view, G, st, prob, keep, nv, max_iter)
-        if s is None:
-            continue
-        o, im, vw = _subset(obj, img, view, out, nv)
-        Gout = G[out]
-        tmp = _chain.ChainProblem(setup, o, im, vw, Gout, prob.sigma_px, prob.prior_sd[out], prob.free)
-        e = im - _project(s.k, tmp.poses(_chain.ChainState(s.X, s.Z, s.k, np.zeros((out.size, 6))))[0][vw], o)
-        e2 = np.sum(e * e, axis=1)
-        hv[out] = np.sqrt(np.bincount(vw, weights=e2, minlength=out.size) / np.bincount(vw, minlength=out.size))
-        sq += float(e2.sum())
-        cnt += int(e2.size)
-        O_out, _c = _pnp(s.k, o, im, vw, out.size, start=O_f[out])
-        t, r = _closures(setup, s.X, s.Z, Gout, O_out)
-        ht[out], hr[out] = t, r
-    h_rms = math.sqrt(sq / cnt) if cnt else math.nan
-    in_rms = float(np.sqrt(np.mean(ct_in**2)))
-    fin = ht[np.isfinite(ht)]
-    infl = float(np.sqrt(np.mean(fin**2))) / in_rms if fin.size and in_rms > 0 else math.inf
-    closure = HoldoutClosure(
-        method="k-fold refit", folds=k, translation_m=ht, rotation_rad=hr,
-        p50_translation_m=_percentile(ht, 50), p90_translation_m=_percentile(ht, 90),
-        max_translation_m=float(np.max(ht)), p50_rotation_rad=_percentile(hr, 50),
-        p90_rotation_rad=_percentile(hr, 90), max_rotation_rad=float(np.max(hr)), inflation=infl)
-    return closure, hv, h_rms
-
-
-def _bootstrap(setup, obj, img, view, G, st, prob, O_f, n_boot, seed, names, covX, covZ, with_cv, max_iter):
-    """Views resampled with replacement, the chain refitted from the full answer; with the
-    cross-check, OpenCV's closed forms on each replicate's distinct views (paired)."""
-    rng = np.random.default_rng(seed)
-    nv = prob.n_views
-    xs: list[np.ndarray] = []
-    zs: list[np.ndarray] = []
-    pairs: list[tuple[np.ndarray, dict[str, np.ndarray]]] = []
-    cv = False
-    if with_cv:
-        from cellcal.solver import camera_checks
-
-        cv = camera_checks.closed_forms_available()
-    for _ in range(n_boot):
-        ids = np.sort(rng.integers(0, nv, nv))
-        if np.unique(ids).size < MIN_VIEWS:
-            continue
-        s = _refit(setup, obj, img, view, G, st, prob, ids, nv, min(max_iter, 20))
-        if s is None:
-            continue
-        xi_x = _chain.log_batch(se3_inverse(st.X) @ s.X)
-        xi_z = _chain.log_batch(se3_inverse(st.Z) @ s.Z)
-        xs.append(xi_x)
-        zs.append(xi_z)
-        if cv:
-            from cellcal.solver import camera_checks
-
-            u = np.unique(ids)
-            try:
-                sols = camera_checks.opencv_closed_forms(setup, G[u], O_f[u])
-            except Exception:  # noqa: BLE001 - a closed form failing on a replicate is a figure, not an error
-                sols = {}
-            pairs.append((s.X, sols))
-    if not xs:
-        return None, []
-    Xs, Zs = np.array(xs), np.array(zs)
-    cx = np.cov(Xs.T) if len(xs) > 1 else np.full((6, 6), np.nan)
-    cz = np.cov(Zs.T) if len(zs) > 1 else np.full((6, 6), np.nan)
-    bt, br = sigma_figures(cx)
-    at, ar = sigma_figures(covX)
-    boot = Bootstrap(n=len(xs), n_requested=n_boot, seed=seed, covariance={names[0]: cx, names[1]: cz},
-                     sigma_ratio_translation=bt / at if at > 0 else math.inf,
-                     sigma_ratio_rotation=br / ar if ar > 0 else math.inf, primary=Xs)
-    return boot, pairs
