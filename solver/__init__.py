@@ -33,6 +33,14 @@ Cameras (ADR 0021, 0022)::
     CameraModel (camera_model: pinhole + Brown-Conrady, projection with Jacobians, undistortion)
     CalibrationTarget, target_from_toml (target: ChArUco / chessboard, the target file)
 
+Hand-eye with a camera, refined on the image (ADR 0027)::
+
+    calibrate_hand_eye_camera(views, target, base_T_flange, *, intrinsics=None, ...) -> HandEyeCameraResult
+    calibrate_eye_to_hand_camera(views, target, base_T_flange, *, intrinsics=None, ...) -> EyeToHandCameraResult
+    plan_camera_stations(fk, joint_limits_rad, workspace_box_m, camera, target, setup, n, ...) -> CameraStationPlan
+    tracker_check(result, cell_p_measured, *, target_p, cell_T_base, tracker_noise_m, ...) -> TrackerCheck
+    estimate_latency(result, views, base_T_flange, flange_velocity, ...) -> LatencyEstimate
+
 Kinematic identification (ADR 0016)::
 
     identify_kinematics(q, model, *, cell_T_target=None, cell_p_target=None, parameters=None, ...)
@@ -59,8 +67,11 @@ from cellcal.solver.calibrate import (
     calibrate_hand_eye,
     calibrate_tool_point,
 )
+from cellcal.solver.camera_checks import CrossCheck, TrackerCheck, tracker_check
 from cellcal.solver.camera_model import PARAMETER_NAMES as INTRINSICS_PARAMETER_NAMES
 from cellcal.solver.camera_model import CameraModel
+from cellcal.solver.camera_planning import CameraStationPlan, plan_camera_stations
+from cellcal.solver.camera_temporal import LatencyEstimate, estimate_latency
 from cellcal.solver.diagnostics import ResidualTests, SolveWarning
 from cellcal.solver.errors import (
     CalibrationError,
@@ -73,6 +84,15 @@ from cellcal.solver.errors import (
     PriorMismatch,
     TargetFileError,
     UnreachableStations,
+)
+from cellcal.solver.hand_eye_camera import (
+    Bootstrap,
+    CameraChainResult,
+    CameraResidualTests,
+    EyeToHandCameraResult,
+    HandEyeCameraResult,
+    calibrate_eye_to_hand_camera,
+    calibrate_hand_eye_camera,
 )
 from cellcal.solver.identify import (
     KinematicResult,
@@ -124,6 +144,20 @@ __all__ = [
     "calibrate_base_frame_points",
     "calibrate_intrinsics",
     "IntrinsicsResult",
+    "calibrate_hand_eye_camera",
+    "calibrate_eye_to_hand_camera",
+    "HandEyeCameraResult",
+    "EyeToHandCameraResult",
+    "CameraChainResult",
+    "CameraResidualTests",
+    "Bootstrap",
+    "CrossCheck",
+    "TrackerCheck",
+    "tracker_check",
+    "LatencyEstimate",
+    "estimate_latency",
+    "plan_camera_stations",
+    "CameraStationPlan",
     "IntrinsicsHoldout",
     "ImageCoverage",
     "CornerResiduals",
