@@ -131,6 +131,9 @@ OPTIONAL_RECIPE = ("tcp_offset", "payload")
 #: Tolerance of the ``tcp_offset`` comparison at open (m and rad: the controller reports
 #: the value it was given, so anything beyond float formatting is a different TCP).
 _TCP_MATCH_TOL = 1e-6
+#: A package stamped this much (s) before the last one means the controller's clock started
+#: again (a restart: its timestamp counts from power-on); less is a package out of order.
+_CLOCK_RESTART_S = 0.5
 
 
 class RecipeFieldNotFound(DriverInitError):
@@ -530,6 +533,7 @@ class UrRtdeDriver(RobotDriver):
         #: controller clock (RTDE ``timestamp``) -> host ``monotonic_ns``
         self.clock = StreamClockModel(window=256)
         self._last_t_dev = -math.inf
+        self._out_of_order = 0
         self._last_clock_feed = -math.inf
         self._resync_logged = -math.inf
 
@@ -823,10 +827,20 @@ class UrRtdeDriver(RobotDriver):
     def _sample(self, f: Mapping[str, Any], recv_ns: int) -> _Raw:
         """What a data package that becomes a sample costs: the clock model and its stamps."""
         t_dev = float(f["timestamp"])
-        if t_dev < self._last_t_dev:
-            log.warning("%r: controller clock went backwards (restart?): clock model reset", self)
+        if t_dev < self._last_t_dev - _CLOCK_RESTART_S:
+            log.warning("%r: controller clock went back %.3f s (controller restarted?): clock model reset",
+                        self, self._last_t_dev - t_dev)
             self.clock.reset()
             self._last_clock_feed = -math.inf
+        elif t_dev < self._last_t_dev:
+            # An older stamp than the last by less than a restart: a package out of order. Its
+            # mapping is still good; it is not fed to the clock model (the model wants time order).
+            self._out_of_order += 1
+            log.debug("%r: package stamped %.6f s before the last one (%d so far)", self,
+                      self._last_t_dev - t_dev, self._out_of_order)
+            t_host = int(self.clock.to_host_ns(t_dev)) if self.clock.ready else recv_ns
+            self._seq += 1
+            return _Raw(f, t_dev, t_host, recv_ns, self._seq)
         self._last_t_dev = t_dev
         # A refit of the envelope costs milliseconds at a full window: feed the model at
         # most clock_feed_hz (the mapping itself is cheap and applies to every sample).

@@ -465,6 +465,7 @@ class _Session:
         self._text_lock = threading.Lock()
         self._dead = False
         self._send_lock = threading.Lock()
+        self._last_sample_s = -math.inf  # the stamp of the last package sent (they never go back)
 
     def kill(self) -> None:
         if self._dead:
@@ -528,9 +529,14 @@ class _Session:
         robot = self.server.robot
         jitter_ms = robot.scenario.latency_jitter_ms
         if jitter_ms > 0:
-            # the package leaves late: its sample (and stamp) is older than the sending
+            # The package leaves late: its sample (and stamp) is older than the sending. A
+            # controller samples in order and TCP keeps the order, so a package never carries
+            # an older stamp than the one before it (a late one is followed by stale ones).
             late_s = float(self.server._jitter_rng.exponential(jitter_ms)) / 1000.0
-            f = self.server.fields(robot.sample(robot.world.now_s() - robot.world.time_scale * late_s))
+            now = robot.world.now_s()
+            t = min(now, max(now - robot.world.time_scale * late_s, self._last_sample_s))
+            self._last_sample_s = t
+            f = self.server.fields(robot.sample(t))
         else:
             f = self.server.fields(robot.sample())
         f.pop("_flange_speed", None)
