@@ -268,6 +268,9 @@ def run(args: argparse.Namespace) -> int:
                 done.set()
             elif topic == P.TOPIC_FAULT:
                 _say(f"[{el:6.1f} s] fault: {body.get('message')}")
+                if str(body.get("message", "")).startswith("drift check") and "result" in outcome:
+                    outcome["drift_fault"] = body  # the check ended without a verdict
+                    done.set()
             elif topic == P.TOPIC_STATE and body.get("state") in (P.STATE_SOLVING, P.STATE_CHECKING):
                 _say(f"[{el:6.1f} s] {str(body['state']).lower()} {body.get('detail', '')}")
 
@@ -296,7 +299,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.no_drift_check and svc.store.active_result() is not None:
             done.clear()
             svc.request_drift_check("demo")
-            while "drift" not in outcome and time.monotonic() < deadline:
+            while "drift" not in outcome and "drift_fault" not in outcome and time.monotonic() < deadline:
                 done.wait(0.1)
         el = time.monotonic() - t0
         report = _write_report(svc, result, cfg)
@@ -308,6 +311,8 @@ def run(args: argparse.Namespace) -> int:
             if point_truth is not None:
                 honest.update(point_truth)  # out["truth_error"]
             out["drift_check"] = outcome.get("drift")
+            if "drift_fault" in outcome:
+                out["drift_check_fault"] = as_map(outcome["drift_fault"], "fault").get("message")
             print(json.dumps(out))
         else:
             t = X[:3, 3] * 1e3
@@ -345,6 +350,8 @@ def run(args: argparse.Namespace) -> int:
             for line in honesty_lines(honest, versus_noise, result.get("warnings")):
                 print("  " + line)
             d = outcome.get("drift")
+            if "drift_fault" in outcome:
+                print(f"  drift check: not made ({as_map(outcome['drift_fault'], 'fault').get('message')})")
             if d:
                 r = d["deviation_rotation_rad"]
                 rot = "no rotation (points)" if r is None else f"{math.degrees(to_float(r)):.5f} deg"
