@@ -419,6 +419,11 @@ def _tests_to_wire(result: CalibrationResult) -> P.JsonObject | None:
         "model_error_rotation_rad": _f(t.model_error_rotation_rad),
         "inflation_translation": _f(t.inflation_translation), "inflation_rotation": _f(t.inflation_rotation),
         "false_alarm_rate": _f(t.false_alarm_rate),
+        "field_statistic": _f(t.field_statistic), "field_p": _f(t.field_p),
+        "model_error_tested": bool(t.model_error_tested),
+        "model_error_detectable_m": _f(t.model_error_detectable_m), "robot_accuracy_m": _f(t.robot_accuracy_m),
+        "model_error_structured_m": _f(t.model_error_structured_m), "model_error_rough_m": _f(t.model_error_rough_m),
+        "pairing_ratio": _f(t.pairing_ratio), "motion_f": _f(t.motion_f), "motion_p": _f(t.motion_p),
     }
 
 

@@ -11,6 +11,7 @@ check stations.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Mapping, Sequence
@@ -33,11 +34,15 @@ from cellcal.solver import (
     calibrate_base_frame,
     calibrate_base_frame_points,
 )
+from cellcal.solver.options import SolverOptions
 from cellcal.solver.planning import NextStation, suggest_next_station
+from cellcal.solver.tracker_noise import TrackerNoiseModel
 
 log = logging.getLogger(__name__)
 
-__all__ = ["station_arrays", "station_points", "is_point_run", "declared_noise", "solve_base_frame", "given_poses",
+__all__ = ["station_arrays", "station_points", "is_point_run", "declared_noise", "station_covariance", "beam_covariance",
+           "capture_signature", "solver_options",
+           "solve_settings", "settings_solve", "SOLVE_SETTING_KEYS", "CaptureSignature", "solve_base_frame", "given_poses",
            "given_base_T_flange",
            "suggest_station", "calibration_record", "gate_context", "rough_estimate",
            "ESTIMATE_MIN_STATIONS", "ESTIMATE_MIN_AXIS_SPREAD", "DeclaredNoise"]
@@ -79,72 +84,229 @@ def is_point_run(stations: Sequence[StationRecord]) -> bool:
 
 
 class DeclaredNoise(TypedDict, total=False):
-    """The solvers' noise keywords (:func:`declared_noise`): both, the translation alone, or none."""
+    """The solvers' per-station noise keywords (:func:`declared_noise`): one covariance per
+    station, of a pose (``cell_T_target_cov``) or of a point (``cell_p_target_cov``), or none."""
 
-    noise_translation_m: float
-    noise_rotation_rad: float
+    cell_T_target_cov: np.ndarray
+    cell_p_target_cov: np.ndarray
 
 
-def declared_noise(stations: Sequence[StationRecord], solve_cfg: Solve, *, point: bool) -> DeclaredNoise:
-    """The measurement noise the daemon declares to the solver for a run's stored stations.
+class CaptureSignature(TypedDict):
+    """When and how still each station was captured (:func:`capture_signature`)."""
 
-    Each station's tracker std (the standard uncertainty of its averaged measurement, per
-    axis, as the instrument reports it) combined in quadrature with the robot's
-    repeatability (``[solve] robot_repeatability_mm / _deg``: the flange's pose scatters that
-    much between visits of one pose, which the tracker sees as measurement noise), then the
-    RMS over the run's stations: one figure per component, so that a run's exported stations
-    (``cellcal stations``) solve to the same answer with ``cellcal solve --noise-mm X
-    --noise-deg Y`` (the result's ``noise_translation_m`` / ``noise_rotation_rad``). With
-    declared noise the solver tests the residuals against it (chi-square): a cell whose
-    residuals are several times the noise (robot kinematic error) gets a ``model_error``
-    warning and a widened covariance even from a few stations, where a noise estimated from
-    the residuals takes the model error for noise and reports it as precision. ``{}`` (noise
-    estimated from the residuals) when ``[solve] declare_noise = false`` or a station lacks a
-    usable std.
+    capture_time_s: np.ndarray
+    capture_speed_m_s: np.ndarray
+
+
+#: Floor of a station's instrument variance (m^2, rad^2): a reported std of zero is no
+#: measurement without noise, and a singular covariance cannot whiten a residual.
+_MIN_VAR = 1e-18
+
+
+def _halves(station: StationRecord, key: str) -> np.ndarray | None:
+    """The per-axis std (3,) the instrument reported for each of a station's two averaged
+    halves (``raw["tracker_halves"]``), as an array (2, 3); None when the station lacks them."""
+    halves = station.raw.get("tracker_halves") if isinstance(station.raw, Mapping) else None
+    if not isinstance(halves, list) or len(halves) != 2:
+        return None
+    out = []
+    for h in halves:
+        v = h.get(key) if isinstance(h, Mapping) else None
+        if not isinstance(v, list) or len(v) != 3:
+            return None
+        row = [float(x) for x in v if isinstance(x, (int, float)) and not isinstance(x, bool)]
+        if len(row) != 3:
+            return None
+        out.append(row)
+    return np.array(out)
+
+
+def beam_covariance(cell_p: np.ndarray, axis_var_m2: np.ndarray, cell_p_instrument: np.ndarray | None = None
+                    ) -> np.ndarray:
+    """A laser tracker's position covariance (3, 3) in the cell frame from the variances it
+    reported along the cell axes.
+
+    A tracker's noise is along the beam (its distance meter) and across it (its angle
+    encoders, times the range), uncorrelated in beam coordinates: ``C = a d d^T + b (I - d
+    d^T)`` with ``d`` the beam's direction from the instrument (default the cell origin) to
+    the point (:class:`~cellcal.solver.tracker_noise.TrackerNoiseModel`). The per-axis
+    variances it reports are that covariance's diagonal, ``var_k = a d_k^2 + b (1 - d_k^2)``.
+    ``(a, b)`` is fitted to them by least squares with the total variance kept (``a + 2 b =
+    sum(var)``: the figures' size is the instrument's statement; only its split between the
+    beam's directions is inferred). A beam along a cell diagonal, whose diagonal cannot tell
+    the two apart, and figures that no beam model reproduces give the isotropic covariance of
+    the same total.
+    """
+    origin = np.zeros(3) if cell_p_instrument is None else np.asarray(cell_p_instrument, dtype=float).reshape(3)
+    p = np.asarray(cell_p, dtype=float).reshape(3)
+    v = np.maximum(np.asarray(axis_var_m2, dtype=float).reshape(3), _MIN_VAR)
+    total = float(np.sum(v))
+    r = float(np.linalg.norm(p - origin))
+    if not math.isfinite(r) or r < 1e-6:
+        return np.diag(v)
+    d = (p - origin) / r
+    d2 = d * d
+    u = 1.0 - 3.0 * d2  # d var / d b at a fixed total
+    uu = float(u @ u)
+    b = total / 3.0 if uu < 1e-6 else float(u @ (v - d2 * total)) / uu
+    b = min(max(b, _MIN_VAR), total / 2.0 - _MIN_VAR / 2.0)
+    a = max(total - 2.0 * b, _MIN_VAR)
+    model = TrackerNoiseModel(radial_std_m=math.sqrt(a), transverse_std_m=math.sqrt(b), cell_p_instrument=origin)
+    return model.point_covariance(p)[0]
+
+
+def station_covariance(station: StationRecord, solve_cfg: Solve, *, point: bool) -> np.ndarray | None:
+    """A station's measurement covariance as the solver takes it: the instrument's plus the
+    robot's repeatability (the flange's pose scatters that much between visits of one pose,
+    which the tracker sees as measurement noise).
+
+    The instrument's: its reported per-axis std of each of the station's two averaged halves
+    (the station is their mean: variance ``(v1 + v2) / 4``), read as a laser tracker's noise
+    along and across the beam (:func:`beam_covariance`); an orientation's, about the target's
+    own axes, rotated into the cell's (the solver's convention: ``R' = Exp(dphi) R``, ``dphi``
+    about the cell axes). A station stored without its halves' figures falls back on its
+    pooled scalar std, isotropic. None when it has no usable figure (the noise is then
+    estimated from the residuals).
 
     Returns
     -------
-    dict
-        ``{"noise_translation_m": float}`` for a point run, also ``"noise_rotation_rad"`` for
-        a pose run, or ``{}``.
+    numpy.ndarray or None
+        (3, 3) m^2 for a point, (6, 6) ``(dp [m], dphi [rad])`` for a pose.
+    """
+    rep_t, rep_r = float(solve_cfg.robot_repeatability_m), float(solve_cfg.robot_repeatability_rad)
+    p = np.asarray(station.cell_p_target, dtype=float).reshape(3)
+    ht = _halves(station, "std_translation_m")
+    if ht is not None:
+        var_t = (ht[0] ** 2 + ht[1] ** 2) / 4.0
+    elif station.tracker_std_translation_m and math.isfinite(station.tracker_std_translation_m):
+        var_t = np.full(3, float(station.tracker_std_translation_m) ** 2)
+    else:
+        return None
+    C_t = beam_covariance(p, var_t) + rep_t * rep_t * np.eye(3)
+    if point:
+        return C_t
+    if station.cell_T_target is None:
+        return None
+    hr = _halves(station, "std_rotation_rad")
+    if hr is not None:
+        var_r = (hr[0] ** 2 + hr[1] ** 2) / 4.0
+    elif station.tracker_std_rotation_rad is not None and math.isfinite(station.tracker_std_rotation_rad):
+        var_r = np.full(3, float(station.tracker_std_rotation_rad) ** 2)
+    else:
+        return None
+    R = np.asarray(station.cell_T_target, dtype=float)[:3, :3]
+    C = np.zeros((6, 6))
+    C[:3, :3] = C_t
+    C_r = R @ np.diag(np.maximum(var_r, _MIN_VAR)) @ R.T
+    C[3:, 3:] = 0.5 * (C_r + C_r.T) + rep_r * rep_r * np.eye(3)  # symmetric to the last bit
+    return C
+
+
+def declared_noise(stations: Sequence[StationRecord], solve_cfg: Solve, *, point: bool) -> DeclaredNoise:
+    """The measurement covariance the daemon declares to the solver for each of a run's
+    stored stations (:func:`station_covariance`). With it the solver tests the residuals
+    against the noise: a cell whose residuals are several times the noise (robot kinematic
+    error) gets a ``model_error`` warning and a widened covariance even from a few stations,
+    where a noise estimated from the residuals would take the model error for noise and
+    report it as precision. ``{}`` (noise estimated from the residuals) when ``[solve]
+    declare_noise = false`` or a station has no usable figure.
     """
     if not solve_cfg.declare_noise or not stations:
         return {}
-    rep_t, rep_r = float(solve_cfg.robot_repeatability_m), float(solve_cfg.robot_repeatability_rad)
-    std_t = np.array([float(s.tracker_std_translation_m or 0.0) for s in stations])
-    sig_t = float(np.sqrt(np.mean(std_t * std_t) + rep_t * rep_t))
-    if not math.isfinite(sig_t) or sig_t <= 0.0:
+    covs = [station_covariance(s, solve_cfg, point=point) for s in stations]
+    if any(c is None for c in covs):
         return {}
-    if point:
-        return {"noise_translation_m": sig_t}
-    std_r = [s.tracker_std_rotation_rad for s in stations]
-    if any(v is None for v in std_r):
-        return {}
-    r = np.array(std_r, dtype=float)
-    sig_r = float(np.sqrt(np.mean(r * r) + rep_r * rep_r))
-    if not math.isfinite(sig_r) or sig_r <= 0.0:
-        return {}
-    return {"noise_translation_m": sig_t, "noise_rotation_rad": sig_r}
+    stack = np.array(covs)
+    return {"cell_p_target_cov": stack} if point else {"cell_T_target_cov": stack}
+
+
+def capture_signature(stations: Sequence[StationRecord]) -> CaptureSignature:
+    """Each station's capture time (s, host monotonic clock, from the run's first station) and
+    the flange's largest speed while it was taken (m/s, the settle detector's figure): what
+    the solver's motion and pairing tests read (``motion_during_capture``, ``pairing_suspect``)."""
+    t0 = min((s.robot_t_host_ns for s in stations), default=0)
+    speeds = []
+    for s in stations:
+        v = s.settle.get("robot_max_flange_speed_m_s") if isinstance(s.settle, Mapping) else None
+        speeds.append(float(v) if isinstance(v, (int, float)) and math.isfinite(v) else 0.0)
+    return {"capture_time_s": np.array([(s.robot_t_host_ns - t0) * 1e-9 for s in stations], dtype=float),
+            "capture_speed_m_s": np.array(speeds, dtype=float)}
+
+
+def solver_options(solve_cfg: Solve) -> SolverOptions:
+    """``[solve]`` as the solver's options record: the refusal thresholds, the iteration
+    budget, the arm's accuracy and the target's mount."""
+    return SolverOptions(min_axis_spread=solve_cfg.min_axis_spread, max_iterations=solve_cfg.max_iterations,
+                         robot_accuracy_m=solve_cfg.robot_accuracy_m, max_target_offset_m=solve_cfg.max_target_offset_m)
+
+
+#: The ``[solve]`` keys a solve of stored stations depends on (:func:`solve_settings`).
+SOLVE_SETTING_KEYS = ("declare_noise", "robot_repeatability_m", "robot_repeatability_rad", "min_axis_spread",
+                      "max_iterations", "robot_accuracy_m", "max_target_offset_m")
+
+
+def solve_settings(solve_cfg: Solve) -> dict[str, float | int | bool]:
+    """The ``[solve]`` settings a solve of stored stations depends on, SI, as plain JSON: a
+    result's provenance carries them and ``cellcal stations`` writes them into the station
+    file, so ``cellcal solve FILE`` repeats the daemon's solve whatever the configuration is
+    by then (:func:`settings_solve` reads them back)."""
+    out: dict[str, float | int | bool] = {}
+    for key in SOLVE_SETTING_KEYS:
+        v = getattr(solve_cfg, key)
+        out[key] = v if isinstance(v, (bool, int)) else float(v)
+    return out
+
+
+def settings_solve(settings: Mapping[str, object], base: Solve | None = None) -> Solve:
+    """``base`` (default ``Solve()``) with the :func:`solve_settings` in ``settings``; a key
+    missing keeps ``base``'s value.
+
+    Raises
+    ------
+    ValueError
+        A value of the wrong type (names the key).
+    """
+    ref = base if base is not None else Solve()
+
+    def num(key: str, whole: bool = False) -> float:
+        v = settings.get(key, getattr(ref, key))
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(float(v)) \
+                or (whole and float(v) != int(v)):
+            raise ValueError(f"solve setting {key}: expected {'an integer' if whole else 'a number'}, got {v!r}")
+        return float(v)
+
+    declare = settings.get("declare_noise", ref.declare_noise)
+    if not isinstance(declare, bool):
+        raise ValueError(f"solve setting declare_noise: expected true or false, got {declare!r}")
+    return dataclasses.replace(
+        ref, declare_noise=declare, robot_repeatability_m=num("robot_repeatability_m"),
+        robot_repeatability_rad=num("robot_repeatability_rad"), min_axis_spread=num("min_axis_spread"),
+        max_iterations=int(num("max_iterations", whole=True)), robot_accuracy_m=num("robot_accuracy_m"),
+        max_target_offset_m=num("max_target_offset_m"))
 
 
 def solve_base_frame(stations: Sequence[StationRecord], solve_cfg: Solve) -> BaseFrameResult | PointBaseFrameResult:
     """The base frame of a run's stored stations: robot + tracker poses
     (``calibrate_base_frame``), or robot + tracker points (:func:`is_point_run`:
-    ``calibrate_base_frame_points``), with ``[solve]``'s spread and iteration limits and the
-    declared noise (:func:`declared_noise`).
+    ``calibrate_base_frame_points``), with ``[solve]``'s options (:func:`solver_options`),
+    each station's declared covariance (:func:`declared_noise`) and the capture signature
+    (:func:`capture_signature`). ``cellcal stations`` writes exactly these into a station file,
+    so ``cellcal solve FILE`` repeats this solve.
 
     Raises
     ------
     CalibrationError
-        ``NotEnoughSamples``, ``DegenerateGeometry`` (the run may then add stations).
+        ``NotEnoughSamples``, ``DegenerateGeometry`` (the run may then add stations),
+        ``ImplausibleGeometry``.
     """
-    spread, iters = solve_cfg.min_axis_spread, solve_cfg.max_iterations
+    opts = solver_options(solve_cfg)
+    sig = capture_signature(stations)
     if is_point_run(stations):
-        return calibrate_base_frame_points(*station_points(stations), min_axis_spread=spread, max_iterations=iters,
-                                           **declared_noise(stations, solve_cfg, point=True))
+        return calibrate_base_frame_points(*station_points(stations), options=opts,
+                                           **declared_noise(stations, solve_cfg, point=True), **sig)
     G, M = station_arrays(stations)
-    return calibrate_base_frame(G, M if M is not None else np.zeros((0, 4, 4)), min_axis_spread=spread,
-                                max_iterations=iters, **declared_noise(stations, solve_cfg, point=False))
+    return calibrate_base_frame(G, M if M is not None else np.zeros((0, 4, 4)), options=opts,
+                                **declared_noise(stations, solve_cfg, point=False), **sig)
 
 
 def given_poses(given: Sequence[Mapping[str, object]], key: str) -> np.ndarray:

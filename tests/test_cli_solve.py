@@ -228,3 +228,22 @@ def test_no_input_gives_a_traceback(tmp_path):
         assert "Traceback" not in r.stderr and r.stderr.startswith("cellcal solve:"), (name, r.stderr)
     r = run("solve", "--synthetic", "20", "--noise-mm", "-1")
     assert r.returncode == 2 and "--noise-mm" in r.stderr
+
+
+def test_robot_accuracy_and_target_offset_options(tmp_path, scene):
+    """``--robot-accuracy-mm`` is what a few stations' uncertainty carries when they cannot test
+    for model error; ``--max-target-offset-mm`` refuses a target implausibly far from the
+    flange; bad values are usage errors (exit 2)."""
+    f = tmp_path / "few.jsonl"
+    write_jsonl(f, scene.base_T_flange[:4], scene.measured[:4])
+    sig = {}
+    for acc in ("0", "2"):
+        r = run("solve", str(f), "--estimate-noise", "--robot-accuracy-mm", acc, "--json")
+        assert r.returncode == 0, r.stderr
+        sig[acc] = json.loads(r.stdout)["uncertainty"]["sigma_translation_m"]
+    assert sig["2"] > 2 * sig["0"], sig
+    far = run("solve", str(f), "--max-target-offset-mm", "1", "--json")
+    assert far.returncode == 3 and "flange" in far.stderr, far.stderr
+    for bad in (("--robot-accuracy-mm", "-1"), ("--max-target-offset-mm", "0"), ("--robot-accuracy-mm", "nan")):
+        r = run("solve", str(f), *bad)
+        assert r.returncode == 2 and bad[0] in r.stderr, r.stderr

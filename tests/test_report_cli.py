@@ -9,7 +9,6 @@ subprocesses reading that state directory, beside the still running daemon.
 from __future__ import annotations
 
 import json
-import math
 import os
 import subprocess
 import sys
@@ -144,25 +143,39 @@ def test_show_diff_says_how_the_base_moved_in_mm_deg_and_sigmas(cell_state):
 
 @pytest.mark.parametrize("suffix", [".jsonl", ".csv"])
 def test_stations_round_trip_through_cellcal_solve(cell_state, tmp_path, suffix):
-    """The exported stations solved by ``cellcal solve`` give the daemon's result to 1e-9."""
+    """The exported stations carry the daemon's settings and covariances: ``cellcal solve``
+    of the file, with no option, gives the stored result to 1e-9 m and says so."""
     state = str(cell_state["state"])
     body = cell_state["bodies"][0]
     f = tmp_path / f"run1{suffix}"
     r = cellcal("stations", body["run_id"], "-o", str(f), "--state-dir", state)
     assert r.returncode == 0, r.stderr
-    assert "6 stations" in r.stdout
-    # The daemon declared the run's noise (tracker std with the robot's repeatability,
-    # ``[solve] declare_noise``): the same figures given to ``cellcal solve``.
-    u = body["uncertainty"]
-    assert u["noise_source"] == "translation given, rotation given", u["noise_source"]
-    noise = ["--noise-mm", repr(u["noise_translation_m"] * 1e3), "--noise-deg", repr(math.degrees(u["noise_rotation_rad"]))]
-    s = cellcal("solve", str(f), "--kind", "base_frame", *noise, "--json")
+    assert "6 stations" in r.stdout and "with the settings it was solved with" in r.stdout
+    text = f.read_text()
+    assert f"# solve again with: cellcal solve {f.name} --kind base_frame (" in text
+    # The daemon declared each station's covariance (the tracker's figures with the robot's
+    # repeatability, ``[solve] declare_noise``): the file carries them.
+    assert body["uncertainty"]["noise_source"] != "estimated", body["uncertainty"]
+    s = cellcal("solve", str(f), "--kind", "base_frame", "--json")
     assert s.returncode == 0, s.stderr
     got = json.loads(s.stdout)
     for name in ("cell_T_base", "flange_T_target"):
         np.testing.assert_allclose(got["transforms"][name]["matrix"], body["transforms"][name]["matrix"],
                                    rtol=0, atol=1e-9, err_msg=name)
+        np.testing.assert_allclose(got["uncertainty"]["covariance"][name]["values"],
+                                   body["uncertainty"]["covariance"][name]["values"], rtol=1e-6, atol=1e-18,
+                                   err_msg=name)
     assert got["rms_translation_m"] == pytest.approx(body["rms_translation_m"], abs=1e-9)
+    again = got["reproduces"]
+    assert again["result_id"] == int(body["result_id"]) and again["same"] is True
+    assert again["differences"]["cell_T_base"]["translation_m"] <= 1e-9
+    human = cellcal("solve", str(f), "--kind", "base_frame")
+    assert human.returncode == 0 and f"against stored result {body['result_id']}" in human.stdout
+    assert "the same solve" in human.stdout
+    # Declaring another noise is a different solve, and the command says so.
+    other = cellcal("solve", str(f), "--kind", "base_frame", "--noise-mm", "0.5", "--json")
+    assert other.returncode == 0, other.stderr
+    assert "reproduces" not in json.loads(other.stdout)
 
 
 def test_hand_eye_stations_given_with_a_run_round_trip_through_cellcal_solve(cell_state, tmp_path):
@@ -170,12 +183,13 @@ def test_hand_eye_stations_given_with_a_run_round_trip_through_cellcal_solve(cel
     f = tmp_path / "he.jsonl"
     r = cellcal("stations", body["run_id"], "-o", str(f), "--state-dir", str(cell_state["state"]))
     assert r.returncode == 0 and "10 stations" in r.stdout, r.stderr
-    s = cellcal("solve", str(f), "--kind", "hand_eye", "--estimate-noise", "--json")
+    s = cellcal("solve", str(f), "--kind", "hand_eye", "--json")
     assert s.returncode == 0, s.stderr
     got = json.loads(s.stdout)
     for name in ("flange_T_camera", "base_T_target"):
         np.testing.assert_allclose(got["transforms"][name]["matrix"], body["transforms"][name]["matrix"],
                                    rtol=0, atol=1e-9, err_msg=name)
+    assert got["reproduces"]["same"] is True
 
 
 def test_commands_refuse_what_is_not_there_clearly(cell_state, tmp_path):

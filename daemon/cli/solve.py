@@ -12,6 +12,12 @@ file of 3-DoF point stations (``cell_p_target``, ``cellcal.daemon.cli.stations_i
 by the point model (``calibrate_base_frame_points``: ``cell_T_base`` and the reflector's
 ``flange_p_target``), with ``--noise-mm`` alone.
 
+A station file written by ``cellcal stations`` carries what the daemon solved it with (its
+``# cellcal-settings:`` line, each station's covariance, capture times and speeds:
+``cellcal.daemon.cli.stations_io``); unless a noise option or ``--ignore-file-settings`` is
+given, the solve uses them, repeats the daemon's solve, and says how far its answer lies from
+the stored result's (``reproduces`` in ``--json``).
+
 Exit codes: 0 solved; 2 bad file or arguments (the message names the line); 3 the data
 cannot determine the calibration, or determine one that cannot be right (refused, with
 the reason). No input produces a traceback: an unexpected failure is reported in one line
@@ -28,6 +34,7 @@ from typing import Any, TypeAlias
 
 import numpy as np
 
+from cellcal.daemon import solve as daemon_solve
 from cellcal.daemon.bodies import result_to_wire, transforms_of
 from cellcal.daemon.cli.stations_io import StationFileError, Stations, read_stations
 from cellcal.daemon.report import format_report
@@ -55,6 +62,8 @@ DEFAULT_NOISE_DEG = 0.05
 #: or model error makes it; wrong inputs do. 0.5-1 mm of robot kinematic error is 3-6x the
 #: default noise (a warning), a unit or quaternion mix-up hundreds of times it.
 REFUSE_RATIO = 10.0
+#: A repeated solve within this of the stored result (m, every transform) is the same solve.
+REPRODUCE_TOLERANCE_M = 1e-9
 #: The x,y,z,w reading is named when it fits at least this much better.
 QUATERNION_ORDER_GAIN = 10.0
 
@@ -72,15 +81,24 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kind", choices=("base_frame", "hand_eye", "tool_point"), default="base_frame")
     p.add_argument("--format", choices=("auto", "jsonl", "csv"), default="auto", dest="fmt")
     p.add_argument("--json", action="store_true", help="print the result as one JSON object")
-    p.add_argument("--noise-mm", type=float, default=DEFAULT_NOISE_MM, metavar="MM",
+    p.add_argument("--noise-mm", type=float, default=None, metavar="MM",
                    help=f"declared measurement noise per axis, 1 sigma, mm (default {DEFAULT_NOISE_MM}: a laser tracker "
                         "with a 6-DoF probe, about 0.02 mm, plus a robot's repeatability); the residuals are tested "
                         "against it, and --synthetic draws its noise with it")
-    p.add_argument("--noise-deg", type=float, default=DEFAULT_NOISE_DEG, metavar="DEG",
+    p.add_argument("--noise-deg", type=float, default=None, metavar="DEG",
                    help=f"declared orientation noise per axis, 1 sigma, deg (default {DEFAULT_NOISE_DEG})")
     p.add_argument("--estimate-noise", action="store_true",
                    help="estimate the noise from the residuals instead of declaring it (the refusal threshold still "
                         "uses --noise-mm / --noise-deg)")
+    p.add_argument("--robot-accuracy-mm", type=float, default=None, metavar="MM",
+                   help="the arm's absolute accuracy, 1 sigma at the flange: what the uncertainty carries when too few "
+                        "stations test for model error (default 1 mm; 0: an exact arm, a simulation)")
+    p.add_argument("--max-target-offset-mm", type=float, default=None, metavar="MM",
+                   help="refuse a fit that puts the target farther than this from the flange (default 1000 mm: "
+                        "inverted or swapped inputs fit exactly and put it metres away)")
+    p.add_argument("--ignore-file-settings", action="store_true",
+                   help="solve a file written by `cellcal stations` with this command's defaults instead of the "
+                        "settings and covariances the daemon solved it with")
     p.add_argument("--expect-base", metavar="X,Y,Z,RX,RY,RZ",
                    help="expected cell_T_base from the cell drawing: translation in mm and rotation vector in deg "
                         "(as on a UR pendant); an answer outside --expect-tolerance is refused")
@@ -107,12 +125,91 @@ def _numbers(text: str, count: int, option: str) -> list[float]:
     return vals
 
 
+def _noise_given(args: argparse.Namespace) -> bool:
+    return args.noise_mm is not None or args.noise_deg is not None or bool(args.estimate_noise)
+
+
+def _file_settings(args: argparse.Namespace, st: Stations | None) -> dict[str, object] | None:
+    """The daemon's settings a ``cellcal stations`` file carries, unless the command line
+    declares its own noise or ignores them."""
+    if st is None or st.settings is None or args.ignore_file_settings or _noise_given(args):
+        return None
+    return st.settings
+
+
+def _reproduce(args: argparse.Namespace, st: Stations, settings: dict[str, object], points: bool,
+               kw: _SolverKeywords) -> None:
+    """The keywords that repeat the daemon's solve: its options, each station's covariance,
+    the capture signature; and the noise the refusal test compares with (their RMS)."""
+    raw = settings.get("solve")
+    if not isinstance(raw, dict):
+        raise _Usage("the file's cellcal-settings line has no \"solve\" object")
+    try:
+        solve_cfg = daemon_solve.settings_solve(raw)
+    except ValueError as exc:
+        raise _Usage(f"the file's cellcal-settings: {exc}") from None
+    opts = daemon_solve.solver_options(solve_cfg)
+    changes: dict[str, float] = {}
+    if args.robot_accuracy_mm is not None:
+        changes["robot_accuracy_m"] = args.robot_accuracy_mm * 1e-3
+    if args.max_target_offset_mm is not None:
+        changes["max_target_offset_m"] = args.max_target_offset_mm * 1e-3
+    kw.pop("robot_accuracy_m", None)
+    kw.pop("max_target_offset_m", None)
+    kw["options"] = opts.replace(**changes) if changes else opts
+    if settings.get("noise") == "estimated":
+        args.estimate_noise = True
+    elif args.kind == "base_frame" and st.covariances is not None:
+        C = st.covariances
+        kw["cell_p_target_cov" if points else "cell_T_target_cov"] = C
+        args.noise_mm = math.sqrt(float(np.mean(np.trace(C[:, :3, :3], axis1=1, axis2=2))) / 3.0) * 1e3
+        if not points:
+            args.noise_deg = math.degrees(math.sqrt(float(np.mean(np.trace(C[:, 3:, 3:], axis1=1, axis2=2))) / 3.0))
+    if args.kind != "tool_point":
+        if st.capture_time_s is not None:
+            kw["capture_time_s"] = st.capture_time_s
+        if st.capture_speed_m_s is not None:
+            kw["capture_speed_m_s"] = st.capture_speed_m_s
+
+
+def _reproduction(result: CalibrationResult, settings: dict[str, object] | None) -> dict[str, object] | None:
+    """How far this solve's transforms lie from the stored result's the file names."""
+    ref = settings.get("result") if settings else None
+    if not isinstance(ref, dict) or not isinstance(ref.get("transforms"), dict):
+        return None
+    est = transforms_of(result)
+    diffs: dict[str, object] = {}
+    worst = 0.0
+    for name, M in ref["transforms"].items():
+        if name not in est:
+            continue
+        try:
+            T = np.asarray(M, dtype=float).reshape(4, 4)
+        except (TypeError, ValueError):
+            continue
+        E = se3_inverse(T) @ est[name]
+        dt = float(np.linalg.norm(T[:3, 3] - est[name][:3, 3]))
+        worst = max(worst, dt)
+        diffs[name] = {"translation_m": dt, "rotation_rad": rotation_angle(E[:3, :3])}
+    if not diffs:
+        return None
+    return {"result_id": ref.get("id"), "run_id": ref.get("run_id"), "differences": diffs,
+            "same": worst <= REPRODUCE_TOLERANCE_M}
+
+
 def _options(args: argparse.Namespace, points: bool = False) -> _SolverKeywords:
     for name in ("noise_mm", "noise_deg"):
         v = getattr(args, name)
         if not (math.isfinite(v) and v > 0.0):
             raise _Usage(f"--{name.replace('_', '-')} must be a positive number, got {v!r}")
     kw: _SolverKeywords = {}
+    for name, key in (("robot_accuracy_mm", "robot_accuracy_m"), ("max_target_offset_mm", "max_target_offset_m")):
+        v = getattr(args, name)
+        if v is not None:
+            if not (math.isfinite(v) and v >= 0.0) or (key == "max_target_offset_m" and v <= 0.0):
+                what = "positive" if key == "max_target_offset_m" else "non-negative"
+                raise _Usage(f"--{name.replace('_', '-')} must be a {what} number, got {v!r}")
+            kw[key] = v * 1e-3
     if not args.estimate_noise:
         kw["noise_translation_m"] = args.noise_mm * 1e-3
         if args.kind != "tool_point" and not points:
@@ -229,8 +326,18 @@ def _run(args: argparse.Namespace) -> int:
             print(f"cellcal solve: {exc}", file=sys.stderr)
             return EXIT_BAD_INPUT
     points = st is not None and st.points is not None
+    settings = _file_settings(args, st)
+    if args.noise_mm is None:
+        args.noise_mm = DEFAULT_NOISE_MM
+    if args.noise_deg is None:
+        args.noise_deg = DEFAULT_NOISE_DEG
     try:
         kw = _options(args, points)
+        if settings is not None:
+            assert st is not None
+            for key in ("noise_translation_m", "noise_rotation_rad"):
+                kw.pop(key, None)
+            _reproduce(args, st, settings, points, kw)
     except _Usage as exc:
         print(f"cellcal solve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -268,13 +375,27 @@ def _run(args: argparse.Namespace) -> int:
             hint = _quaternion_order_hint(args, kw, ratios, st)
         print(f"cellcal solve: {hint}" if hint else f"cellcal solve: {_refusal(result, ratios, args)}", file=sys.stderr)
         return EXIT_UNDETERMINED
+    again = _reproduction(result, settings)
     if args.json:
         out = result_to_wire(result)
         if truth:
             out["truth_error"] = _truth_error(result, truth)
+        if settings is not None:
+            out["settings"] = "from the file (the daemon's)"
+        if again is not None:
+            out["reproduces"] = again
         print(json.dumps(out))
         return 0
     print(format_report(result, station_names=names))
+    if settings is not None:
+        print("  settings: the daemon's, from the file (its [solve], each station's covariance and capture times)")
+    if again is not None:
+        diffs = again["differences"]
+        assert isinstance(diffs, dict)
+        figures = ", ".join(f"{name} {d['translation_m'] * 1e3:.2g} mm, {math.degrees(d['rotation_rad']):.2g} deg"
+                            for name, d in diffs.items())
+        verdict = "the same solve" if again["same"] else "NOT the same solve (different settings or stations?)"
+        print(f"  against stored result {again['result_id']}: {figures}: {verdict}")
     if truth:
         print("  error against the synthetic truth:")
         for name, (t_m, r_rad) in _truth_error(result, truth).items():

@@ -4,8 +4,16 @@
 else: JSON lines in metres (``cellcal.daemon.cli.stations_io``). The stations are the ones the
 daemon solved: the run's stored stations in plan order (a base frame's ``cell_T_target``,
 a tool point's flange poses), or the stations a client gave with the run (hand-eye:
-``camera_T_target``). So ``cellcal solve FILE --kind KIND --estimate-noise`` repeats the
-daemon's solve (the daemon estimates the noise from the residuals too).
+``camera_T_target``).
+
+The file also carries what the daemon solved them with: the ``[solve]`` settings of the run's
+result (its provenance's ``solve_settings``, one ``# cellcal-settings:`` line naming the
+result and its transforms), each station's measurement covariance as the daemon declared it
+(``cellcal.daemon.solve.station_covariance``, from the stored tracker figures) and its capture
+time and speed. ``cellcal solve FILE --kind KIND`` then repeats the daemon's solve and says
+how far its answer is from the stored one (1e-9 m and below: the same solve). A run without
+a stored result, or one stored before results carried their settings, is written with the
+stations alone, and the file says so.
 
 A base-frame run of 3-DoF point stations (``[tracker] measure = "point"``) is written as
 point stations (``cell_p_target``), which ``cellcal solve`` solves by the point model. A
@@ -20,14 +28,18 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from cellcal.daemon import solve
+from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.cli.results import CommandError, add_state_arguments, open_store, parse_id
 from cellcal.daemon.cli.stations_io import MEASUREMENT_KEYS, write_stations
 from cellcal.daemon.report.reading import as_list, as_map
-from cellcal.daemon.store import Store, UnknownRecord
+from cellcal.daemon.store import ResultRecord, StationRecord, Store, UnknownRecord
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -35,6 +47,61 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="the station file to write: .csv (mm, quaternion w,x,y,z) or .jsonl (SI, 4x4 lists)")
     add_state_arguments(p)
+
+
+@dataclass
+class SolvedWith:
+    """What a run's result was solved with (:func:`solved_with`): the station file's extras."""
+
+    settings: dict[str, object] | None = None
+    covariances: np.ndarray | None = None
+    capture_time_s: np.ndarray | None = None
+    capture_speed_m_s: np.ndarray | None = None
+    note: str = ""
+
+
+def _last_result(store: Store, run_id: int) -> ResultRecord | None:
+    found = [r for r in store.list_results(limit=100_000) if r.run_id == run_id]
+    return max(found, key=lambda r: r.id) if found else None
+
+
+def solved_with(store: Store, run_id: int, stations: Sequence[StationRecord], *, point: bool,
+                measured: bool = True) -> SolvedWith:
+    """The settings, covariances and capture signature the daemon solved a run's stored
+    stations with, from its latest result's provenance; an empty record (with a ``note``)
+    when there is no result or it does not carry them."""
+    res = _last_result(store, run_id)
+    if res is None:
+        return SolvedWith(note="the run has no stored result: cellcal solve uses its own defaults")
+    raw = res.provenance.get("solve_settings")
+    if not isinstance(raw, dict):
+        return SolvedWith(note=f"result {res.id} does not record its solve settings: cellcal solve uses its own "
+                               "defaults")
+    try:
+        cfg = solve.settings_solve(raw)
+    except ValueError as exc:
+        return SolvedWith(note=f"result {res.id}'s solve settings cannot be read ({exc})")
+    body = res.result if isinstance(res.result, dict) else {}
+    transforms = body.get("transforms") if isinstance(body, dict) else None
+    named: dict[str, object] = {}
+    if isinstance(transforms, dict):
+        for name, t in transforms.items():
+            try:
+                named[str(name)] = transform_from_wire(as_map(t)).tolist()
+            except (KeyError, TypeError, ValueError):
+                continue
+    settings: dict[str, object] = {"solve": dict(solve.solve_settings(cfg)), "noise": "estimated",
+                                   "result": {"id": res.id, "run_id": run_id, "transforms": named}}
+    if not measured or not stations:
+        # A tool point (the flange poses alone) or stations given with the run: solved with
+        # the options, the noise estimated from the residuals.
+        return SolvedWith(settings)
+    noise = solve.declared_noise(stations, cfg, point=point)
+    covs = noise.get("cell_p_target_cov") if point else noise.get("cell_T_target_cov")
+    if covs is not None:
+        settings["noise"] = "declared per station"
+    sig = solve.capture_signature(stations)
+    return SolvedWith(settings, covs, sig["capture_time_s"], sig["capture_speed_m_s"])
 
 
 def run_stations(store: Store, run_id: int) -> tuple[str, np.ndarray, np.ndarray | None, str]:
@@ -91,18 +158,28 @@ def run(args: argparse.Namespace) -> int:
         try:
             kind, G, M, where = run_stations(store, run_id)
             state_dir = store.state_dir
+            extras = solved_with(store, run_id, store.stations(run_id), point=M is not None and M.ndim == 2,
+                                 measured=M is not None)
         finally:
             store.close()
     except CommandError as exc:
         print(f"cellcal stations: {exc}", file=sys.stderr)
         return 2
     out = Path(args.output)
-    comments = (f"cellcal run {run_id} ({kind}): {len(G)} {where} from {state_dir}",
-                f"solve again with: cellcal solve {out.name} --kind {kind} --estimate-noise")
+    again = f"solve again with: cellcal solve {out.name} --kind {kind}"
+    if extras.settings is not None:
+        result_id = as_map(extras.settings["result"]).get("id")
+        comments = (f"cellcal run {run_id} ({kind}): {len(G)} {where} from {state_dir}",
+                    f"{again} (the settings and covariances result {result_id} was solved with: it repeats that solve)")
+    else:
+        comments = (f"cellcal run {run_id} ({kind}): {len(G)} {where} from {state_dir}", f"{again} ({extras.note})")
     try:
-        write_stations(out, G, M, kind, comments=comments)
+        write_stations(out, G, M, kind, comments=comments, covariances=extras.covariances,
+                       capture_time_s=extras.capture_time_s, capture_speed_m_s=extras.capture_speed_m_s,
+                       settings=extras.settings)
     except OSError as exc:
         print(f"cellcal stations: cannot write {out}: {exc}", file=sys.stderr)
         return 2
-    print(f"run {run_id} ({kind}): {len(G)} stations written to {out}")
+    said = "with the settings it was solved with" if extras.settings is not None else f"({extras.note})"
+    print(f"run {run_id} ({kind}): {len(G)} stations written to {out} {said}")
     return 0

@@ -33,6 +33,23 @@ at most 64 arrays/objects deep. Matrix entries must be JSON numbers (not strings
 origin (a cell is not kilometres wide; beyond, the solve would lose its digits to squares of
 huge numbers). So memory is bounded per line, whatever the file holds.
 
+**What the daemon solved with** (optional, all or none per file; ``cellcal stations`` writes
+them so that ``cellcal solve FILE`` repeats the daemon's solve):
+
+* each station's measurement covariance, SI (m^2; for a pose ``(dx, dy, dz, dphi_x, dphi_y,
+  dphi_z)`` about the cell axes, ``R' = Exp(dphi) R``, rad): in JSON lines under
+  ``cell_T_target_cov`` (6x6 list) or ``cell_p_target_cov`` (3x3 list); in CSV as the upper
+  triangle, columns ``target_cov_<i><j>`` for ``i <= j`` (0-based; SI, whatever the poses'
+  units);
+* its capture time (``capture_time_s``: seconds from the run's first station) and the
+  flange's largest speed while it was taken (``capture_speed_m_s``), a key or column each;
+* the solve's settings, one comment line ``# cellcal-settings: {...}`` (a JSON object:
+  ``solve``, the daemon's ``[solve]`` settings in SI; ``noise``, ``"declared per station"``
+  (the covariances) or ``"estimated"`` (from the residuals); ``result``, the stored result
+  they reproduce: ``id``, ``run_id`` and its ``transforms``, name -> 4x4 list).
+
+A covariance must be symmetric and positive definite; an entry that is not is named.
+
 Every error is a :class:`StationFileError` naming the file, the line and what is wrong.
 
 :func:`write_stations` writes the same formats (``cellcal stations RUN_ID -o FILE``): JSON
@@ -58,7 +75,8 @@ from cellcal.solver.se3 import check_transform, matrix_from_quat, quat_from_matr
 
 __all__ = [
     "StationFileError", "Stations", "read_stations", "write_stations", "MEASUREMENT_KEYS",
-    "POINT_KEYS", "MAX_LINE_BYTES", "MAX_STATIONS", "MAX_TRANSLATION_M", "MAX_JSON_DEPTH", "QUATERNION_ORDERS",
+    "POINT_KEYS", "COV_KEYS", "SETTINGS_PREFIX",
+    "MAX_LINE_BYTES", "MAX_STATIONS", "MAX_TRANSLATION_M", "MAX_JSON_DEPTH", "QUATERNION_ORDERS",
 ]
 
 #: measurement key per calibration kind (None: robot poses only)
@@ -76,6 +94,11 @@ MAX_TRANSLATION_M = 1e4
 MAX_JSON_DEPTH = 64
 
 _POSE_COLS = ("x_mm", "y_mm", "z_mm", "qw", "qx", "qy", "qz")
+
+#: The comment line that carries the solve's settings (a JSON object after the prefix).
+SETTINGS_PREFIX = "# cellcal-settings: "
+#: The per-station covariance key of a pose and of a point station (JSON lines).
+COV_KEYS = {"pose": "cell_T_target_cov", "point": "cell_p_target_cov"}
 
 
 class StationFileError(CellcalError, ValueError):
@@ -96,12 +119,22 @@ class Stations:
         File line of each station (1-based), to name stations in reports.
     points : numpy.ndarray or None, shape (N, 3)
         ``cell_p_target`` of a base-frame file of 3-DoF point stations, metres; else None.
+    covariances : numpy.ndarray or None, shape (N, 6, 6) or (N, 3, 3)
+        Each station's measurement covariance (SI) when the file carries them.
+    capture_time_s, capture_speed_m_s : numpy.ndarray or None, shape (N,)
+        Capture times (s) and the flange's speed while captured (m/s), when carried.
+    settings : dict or None
+        The ``# cellcal-settings:`` object, when the file has one.
     """
 
     base_T_flange: np.ndarray
     measured: np.ndarray | None
     lines: list[int]
     points: np.ndarray | None = None
+    covariances: np.ndarray | None = None
+    capture_time_s: np.ndarray | None = None
+    capture_speed_m_s: np.ndarray | None = None
+    settings: dict[str, object] | None = None
 
 
 #: Component orders a CSV's quaternion columns may be read in (``read_stations``).
@@ -162,6 +195,7 @@ class _Lines:
         self.lineno = 0
         self.record_bytes = 0
         self._record_line = 1
+        self.settings: dict[str, object] | None = None
 
     def start_record(self) -> None:
         self.record_bytes = 0
@@ -180,9 +214,78 @@ class _Lines:
                     f"{self.name}:{self.lineno}: {what} longer than {MAX_LINE_BYTES} bytes (a station needs about 1 kB)"
                 )
             try:
-                yield raw.decode("utf-8-sig" if self.lineno == 1 else "utf-8")
+                text = raw.decode("utf-8-sig" if self.lineno == 1 else "utf-8")
             except UnicodeDecodeError as exc:
                 raise StationFileError(f"{self.name}:{self.lineno}: not UTF-8 text ({exc.reason})") from None
+            if text.startswith(SETTINGS_PREFIX):
+                self.settings = _settings(text[len(SETTINGS_PREFIX):], f"{self.name}:{self.lineno}")
+            yield text
+
+
+def _settings(text: str, where: str) -> dict[str, object]:
+    try:
+        obj = json.loads(text, parse_constant=_no_constant)
+    except (ValueError, RecursionError) as exc:
+        raise StationFileError(f"{where}: the cellcal-settings line is not a JSON object ({exc})") from None
+    if not isinstance(obj, dict):
+        raise StationFileError(f"{where}: the cellcal-settings line is not a JSON object")
+    return obj
+
+
+def _covariance(C: np.ndarray, where: str, key: str) -> np.ndarray:
+    """A measurement covariance: finite, symmetric, positive definite."""
+    if float(np.max(np.abs(C - C.T))) > 1e-9 * float(np.max(np.abs(C))):
+        raise StationFileError(f"{where}: {key} is not symmetric")
+    try:
+        np.linalg.cholesky(C)
+    except np.linalg.LinAlgError:
+        raise StationFileError(f"{where}: {key} is not positive definite") from None
+    return C
+
+
+def _scalar(v: object, where: str, key: str) -> float:
+    x = _entry(v, where, key)
+    if x < 0.0:
+        raise StationFileError(f"{where}: {key} must not be negative, got {x!r}")
+    return x
+
+
+class _Extras:
+    """The optional per-station figures (covariance, capture time and speed): all stations
+    carry each or none does, decided by the first."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.cov: list[np.ndarray] = []
+        self.t: list[float] = []
+        self.v: list[float] = []
+        self.has: dict[str, bool] | None = None
+
+    def add(self, where: str, found: dict[str, object | None], cov_key: str, n: int) -> None:
+        present = {k: v is not None for k, v in found.items()}
+        if self.has is None:
+            self.has = present
+        for k, here in present.items():
+            if here != self.has[k]:
+                k = cov_key if k == "cov" else k
+                raise StationFileError(f"{where}: {'has' if here else 'lacks'} {k} where the first station "
+                                       f"{'lacks' if here else 'has'} it: a file gives it for every station or none")
+        if found["cov"] is not None:
+            C = found["cov"]
+            assert isinstance(C, np.ndarray)
+            if C.shape != (n, n):
+                raise StationFileError(f"{where}: {cov_key} must be {n}x{n}")
+            self.cov.append(_covariance(C, where, cov_key))
+        if found["capture_time_s"] is not None:
+            self.t.append(_scalar(found["capture_time_s"], where, "capture_time_s"))
+        if found["capture_speed_m_s"] is not None:
+            self.v.append(_scalar(found["capture_speed_m_s"], where, "capture_speed_m_s"))
+
+    def stations(self, G: list[np.ndarray], M: np.ndarray | None, lines: list[int], points: np.ndarray | None,
+                 settings: dict[str, object] | None) -> Stations:
+        return Stations(np.array(G), M, lines, points, covariances=np.array(self.cov) if self.cov else None,
+                        capture_time_s=np.array(self.t) if self.t else None,
+                        capture_speed_m_s=np.array(self.v) if self.v else None, settings=settings)
 
 
 def _too_many(name: str, lineno: int) -> StationFileError:
@@ -260,6 +363,7 @@ def _read_jsonl(lines: _Lines, name: str, meas_key: str | None, point_key: str |
     M: list[np.ndarray] = []
     Pts: list[np.ndarray] = []
     nums: list[int] = []
+    extras = _Extras(name)
     # Pose or point stations, decided by the first station (when the kind has a point form).
     points: bool | None = None if point_key else False
     for raw in lines:
@@ -303,12 +407,23 @@ def _read_jsonl(lines: _Lines, name: str, meas_key: str | None, point_key: str |
             Pts.append(_point(obj[point_key], where, point_key))
         elif meas_key:
             M.append(_matrix(obj[meas_key], where, meas_key))
+        cov_key = COV_KEYS["point" if points else "pose"]
+        n = 3 if points else 6
+        raw_cov = obj.get(cov_key)
+        cov = None
+        if raw_cov is not None:
+            if not (isinstance(raw_cov, list) and len(raw_cov) == n
+                    and all(isinstance(r, list) and len(r) == n for r in raw_cov)):
+                raise StationFileError(f"{where}: {cov_key} is not a {n}x{n} list of numbers")
+            cov = np.array([[_entry(raw_cov[i][j], where, cov_key, i, j) for j in range(n)] for i in range(n)])
+        extras.add(where, {"cov": cov, "capture_time_s": obj.get("capture_time_s"),
+                           "capture_speed_m_s": obj.get("capture_speed_m_s")}, cov_key, n)
         nums.append(lineno)
     if not nums:
         raise StationFileError(f"{name}: no stations")
     if points:
-        return Stations(np.array(G), None, nums, np.array(Pts))
-    return Stations(np.array(G), np.array(M) if meas_key else None, nums)
+        return extras.stations(G, None, nums, np.array(Pts), lines.settings)
+    return extras.stations(G, np.array(M) if meas_key else None, nums, None, lines.settings)
 
 
 # --- CSV -------------------------------------------------------------------------------------
@@ -371,9 +486,16 @@ def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, 
     missing = [c for c in needed if c not in header]
     if missing:
         raise StationFileError(f"{name}:1: header lacks column(s) {', '.join(missing)}")
+    n = 3 if points else 6
+    cov_cols = [f"target_cov_{i}{j}" for i in range(n) for j in range(i, n)]
+    have_cov = [c in header for c in cov_cols]
+    if any(have_cov) and not all(have_cov):
+        raise StationFileError(f"{name}:1: header has some target_cov_* columns but lacks "
+                               f"{', '.join(c for c, h in zip(cov_cols, have_cov, strict=True) if not h)}")
     G: list[np.ndarray] = []
     M: list[np.ndarray] = []
     nums: list[int] = []
+    extras = _Extras(name)
     while True:
         lines.start_record()
         try:
@@ -395,12 +517,23 @@ def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, 
             M.append(_position(row, "target", where))
         elif meas_key:
             M.append(_pose(row, "target", where, orders["target"]))
+        cov = None
+        if all(have_cov):
+            upper = _numbers(row, "target", tuple(c[len("target_"):] for c in cov_cols), where)
+            cov = np.zeros((n, n))
+            cov[np.triu_indices(n)] = upper
+            cov = cov + np.triu(cov, 1).T
+        found: dict[str, object | None] = {"cov": cov}
+        for key in ("capture_time_s", "capture_speed_m_s"):
+            found[key] = _numbers(row, key.split("_", 1)[0], (key.split("_", 1)[1],), where)[0] \
+                if key in header else None
+        extras.add(where, found, "target_cov", n)
         nums.append(lineno)
     if not nums:
         raise StationFileError(f"{name}: no stations")
     if points:
-        return Stations(np.array(G), None, nums, np.array(M))
-    return Stations(np.array(G), np.array(M) if meas_key else None, nums)
+        return extras.stations(G, None, nums, np.array(M), lines.settings)
+    return extras.stations(G, np.array(M) if meas_key else None, nums, None, lines.settings)
 
 
 # --- writing ---------------------------------------------------------------------------------
@@ -412,7 +545,9 @@ def _pose_cells(T: np.ndarray) -> list[str]:
 
 
 def write_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.ndarray | None, kind: str = "base_frame",
-                   *, fmt: str = "auto", comments: tuple[str, ...] = ()) -> Path:
+                   *, fmt: str = "auto", comments: tuple[str, ...] = (), covariances: np.ndarray | None = None,
+                   capture_time_s: np.ndarray | None = None, capture_speed_m_s: np.ndarray | None = None,
+                   settings: dict[str, object] | None = None) -> Path:
     """Write stations in the format :func:`read_stations` reads (``fmt="auto"``: by extension,
     ``.csv`` or else JSON lines).
 
@@ -428,6 +563,11 @@ def write_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.nda
     kind : str
     comments : tuple of str
         Lines written first, each after ``# `` (where the stations came from).
+    covariances : numpy.ndarray, shape (N, 6, 6) or (N, 3, 3), optional
+        Each station's measurement covariance, SI (the module docstring's columns and keys).
+    capture_time_s, capture_speed_m_s : numpy.ndarray, shape (N,), optional
+    settings : dict, optional
+        Written as the ``# cellcal-settings:`` line (plain JSON types).
 
     Returns
     -------
@@ -464,20 +604,45 @@ def write_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.nda
             M = m.reshape(-1, 4, 4)
         if len(M) != len(G):
             raise ValueError(f"{len(G)} flange poses but {len(M)} {key}: they must pair up")
+    n = 3 if points else 6
+    C = None
+    if covariances is not None:
+        C = np.asarray(covariances, dtype=float)
+        if M is None or C.shape != (len(G), n, n):
+            raise ValueError(f"covariances: expected shape ({len(G)}, {n}, {n}) for these stations, got {C.shape}")
+    extra: dict[str, np.ndarray] = {}
+    for name, v in (("capture_time_s", capture_time_s), ("capture_speed_m_s", capture_speed_m_s)):
+        if v is not None:
+            a = np.asarray(v, dtype=float).reshape(-1)
+            if len(a) != len(G):
+                raise ValueError(f"{name}: {len(a)} values for {len(G)} stations")
+            extra[name] = a
     out: list[str] = [f"# {c}" for c in comments]
+    if settings is not None:
+        out.append(SETTINGS_PREFIX + json.dumps(settings, allow_nan=False))
+    cov_key = COV_KEYS["point" if points else "pose"]
+    upper = np.triu_indices(n)
     if fmt == "jsonl":
         for i, g in enumerate(G):
-            obj = {"base_T_flange": g.tolist()}
+            obj: dict[str, object] = {"base_T_flange": g.tolist()}
             if M is not None and key is not None:
                 obj[key] = M[i].tolist()
+            if C is not None:
+                obj[cov_key] = C[i].tolist()
+            for name, a in extra.items():
+                obj[name] = float(a[i])
             out.append(json.dumps(obj))  # repr of every float: exact
     else:
         target = _POSE_COLS[:3] if points else _POSE_COLS
         cols = [f"flange_{c}" for c in _POSE_COLS] + ([f"target_{c}" for c in target] if M is not None else [])
+        if C is not None:
+            cols += [f"target_cov_{i}{j}" for i, j in zip(*upper, strict=True)]
+        cols += list(extra)
         out.append(",".join(cols))
         for i, g in enumerate(G):
             meas = [] if M is None else ([repr(float(v) * 1e3) for v in M[i]] if points else _pose_cells(M[i]))
-            out.append(",".join(_pose_cells(g) + meas))
+            cov = [] if C is None else [repr(float(v)) for v in C[i][upper]]
+            out.append(",".join(_pose_cells(g) + meas + cov + [repr(float(a[i])) for a in extra.values()]))
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
     tmp.replace(path)

@@ -175,6 +175,11 @@ class Solve:
                              doc="give the solver each station's tracker std plus the robot's repeatability")
     robot_repeatability_m: float = _f(0.01e-3, "robot_repeatability_mm", _MM, doc="1-sigma, position")
     robot_repeatability_rad: float = _f(math.radians(0.005), "robot_repeatability_deg", _DEG, doc="1-sigma, orientation")
+    robot_accuracy_m: float = _f(1e-3, "robot_accuracy_mm", _MM,
+                                 doc="the arm's kinematic (absolute) accuracy, 1-sigma at the flange: what the "
+                                     "uncertainty carries when too few stations test for model error (0: exact)")
+    max_target_offset_m: float = _f(1.0, "max_target_offset_mm", _MM,
+                                    doc="refuse a fit that puts the target farther from the flange (inverted inputs)")
     task_points_m: list[list[float]] = _f([], "task_points_mm", _MM,
                              doc="[[x, y, z], ...] where the calibration is used (cell frame for a base frame)")
     max_sigma_m_at_task_points: float = _f(1e-3, "max_sigma_mm_at_task_points", _MM,
@@ -378,6 +383,10 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "solve.robot_repeatability_mm": (0.0, 10.0, False),
     "solve.max_model_error_mm": (0.0, 10.0, False),
     "solve.robot_repeatability_deg": (0.0, 1.0, False),
+    # A robot's absolute accuracy: a calibrated arm's 0.1 mm to an uncalibrated one's few mm.
+    "solve.robot_accuracy_mm": (0.0, 50.0, False),
+    # A tracker target, reflector or camera sits centimetres to a metre from the flange.
+    "solve.max_target_offset_mm": (1.0, 10000.0, False),
     "solve.max_iterations": (1, 1000, False),
     "solve.task_points_mm[][]": (-1e5, 1e5, False),
     "solve.max_sigma_mm_at_task_points": (0.0, 100.0, True),

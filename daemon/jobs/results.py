@@ -26,7 +26,7 @@ from functools import cache
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
-from cellcal.daemon import bodies
+from cellcal.daemon import bodies, solve
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
 from cellcal.daemon.gates import gates_failed, gates_passed
@@ -67,7 +67,9 @@ def provenance(cfg: Config, run: RunRecord, record: Mapping[str, object],
     its own record of them is often empty). ``robot_serial`` and ``kinematics_digest`` name
     the arm and the kinematic table its poses were computed with
     (``cellcal.daemon.devices.robot_identity``; None when the robot did not say, e.g. a run
-    solved from given stations)."""
+    solved from given stations). ``solve_settings``: the ``[solve]`` settings its stations
+    were solved with (``solve.solve_settings``), which ``cellcal stations`` writes into the
+    station file so ``cellcal solve FILE`` repeats the solve."""
     known: P.JsonObject = dict(run.devices or {})
     for name, ident in (devices or {}).items():
         if ident:
@@ -78,6 +80,7 @@ def provenance(cfg: Config, run: RunRecord, record: Mapping[str, object],
         "config_sha256": cfg.sha256, "devices": known, "cellcal_version": cellcal_version(),
         "solver": str(record.get("solver") or "unknown"), "cell": cfg.service.name,
         "robot_serial": robot.get("serial"), "kinematics_digest": robot.get("kinematics_digest"),
+        "solve_settings": dict(solve.solve_settings(cfg.solve)),
     }
 
 

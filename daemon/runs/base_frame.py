@@ -86,9 +86,8 @@ class BaseFrame(RunKind):
         return PlannedStation(index, nxt.q_rad, nxt.base_T_flange)
 
     def solve_given(self, ctx: RunContext, given: Sequence[Mapping[str, object]]) -> CalibrationResult:
-        s = ctx.cfg.solve
         return calibrate_base_frame(solve.given_poses(given, "base_T_flange"), solve.given_poses(given, "cell_T_target"),
-                                    min_axis_spread=s.min_axis_spread, max_iterations=s.max_iterations)
+                                    options=solve.solver_options(ctx.cfg.solve))
 
     def finish(self, ctx: RunContext, run: RunRecord, result: SolverResult, stations: Sequence[StationRecord],
                measure: Measure | None) -> Finished:

@@ -45,9 +45,8 @@ class HandEye(RunKind):
         raise CalibrationError("a hand_eye run is solved from client-supplied stations only")
 
     def solve_given(self, ctx: RunContext, given: Sequence[Mapping[str, object]]) -> CalibrationResult:
-        s = ctx.cfg.solve
         return calibrate_hand_eye(solve.given_poses(given, "base_T_flange"), solve.given_poses(given, "camera_T_target"),
-                                  min_axis_spread=s.min_axis_spread, max_iterations=s.max_iterations)
+                                  options=solve.solver_options(ctx.cfg.solve))
 
     def finish(self, ctx: RunContext, run: RunRecord, result: SolverResult, stations: Sequence[StationRecord],
                measure: Measure | None) -> Finished:

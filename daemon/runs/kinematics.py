@@ -201,8 +201,8 @@ def solve_run(stations: Sequence[StationRecord], run_plan: Mapping[str, object],
 class _FitKeywords(TypedDict, total=False):
     """The measurements, declared noise and held-out stations ``identify_kinematics`` takes."""
 
-    noise_translation_m: float
-    noise_rotation_rad: float
+    cell_T_target_cov: np.ndarray
+    cell_p_target_cov: np.ndarray
     cell_T_target: np.ndarray
     cell_p_target: np.ndarray
     validation_q: np.ndarray

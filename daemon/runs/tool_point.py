@@ -39,11 +39,11 @@ class ToolPoint(RunKind):
         return engine.capture_robot_only(planned.index, [s.base_T_flange for s in accepted], abort)
 
     def solve(self, ctx: RunContext, run: RunRecord, stations: Sequence[StationRecord]) -> CalibrationResult:
-        return calibrate_tool_point(solve.station_arrays(stations)[0], min_axis_spread=ctx.cfg.solve.min_axis_spread)
+        return calibrate_tool_point(solve.station_arrays(stations)[0], options=solve.solver_options(ctx.cfg.solve))
 
     def solve_given(self, ctx: RunContext, given: Sequence[Mapping[str, object]]) -> CalibrationResult:
         return calibrate_tool_point(solve.given_poses(given, "base_T_flange"),
-                                    min_axis_spread=ctx.cfg.solve.min_axis_spread)
+                                    options=solve.solver_options(ctx.cfg.solve))
 
     def finish(self, ctx: RunContext, run: RunRecord, result: SolverResult, stations: Sequence[StationRecord],
                measure: Measure | None) -> Finished:

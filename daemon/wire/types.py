@@ -444,6 +444,7 @@ class StoredProvenance(TypedDict, total=False):
     cell: str
     robot_serial: str | None
     kinematics_digest: str | None
+    solve_settings: JsonObject        # the [solve] settings the stations were solved with (SI)
 
 
 class DriftRecord(TypedDict, total=False):
