@@ -541,9 +541,9 @@ def check_tracker_url(url: str) -> None:
                 port = None
             if port is None or not 0 < port < 65536:
                 raise ConfigError("tracker.url", f"expected {scheme}://host:port with a port in 1..65535, got {_show(url)}")
-        port_object = serial.serial_for_url(url, do_not_open=True)
         try:
-            port_object.from_url(urlunsplit(parts._replace(query=query)))  # the handler's own parser
+            # the handler's own parser, on an instance that names no port (so nothing is opened)
+            handler.Serial(None).from_url(urlunsplit(parts._replace(query=query)))
         except Exception as exc:  # noqa: BLE001 - SerialException, or whatever the handler raises
             raise ConfigError("tracker.url", f"{_show(url)}: {exc}") from None
     elif scheme == "alt" and handler is not None:
@@ -637,6 +637,7 @@ def check_tracker_options(url: str, options: Mapping[str, object]) -> None:
         if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
             raise ConfigError("tracker.options.baudrate", f"expected a line speed above 0 (9600, 115200), got {_show(b)}")
         if "://" in url and backend_for_url(url) is None:
+            # pyserial only for a tracker with a baudrate (see check_tracker_url)
             import serial
 
             try:
