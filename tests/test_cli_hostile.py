@@ -246,3 +246,33 @@ def test_ctl_replies_in_words():
     assert replies.reply_lines("abort", {"ok": False, "error": {"code": "E_STATE", "message": "no run"}}) == [
         "abort refused: E_STATE: no run"]
     assert replies.reply_lines("some_new_command", {"ok": True, "result": {"a": 1}}) == ["a: 1"]
+
+
+# --- no placeholders -----------------------------------------------------------------------------
+
+
+def test_summaries_leave_out_what_a_fit_does_not_have(state, capsys):
+    """A point base frame and a tool point fit positions only: no rotation RMS of 0, no sigma
+    in degrees, no '0 motions'; a kinematics result has no motion count, and says none, not '?'."""
+    import html as html_mod
+    import re
+
+    from _report_kinds import kinematics_kind
+
+    from cellcal.daemon.report.html import _summary
+
+    kinds = list(every_kind(n=8))
+    for rid, kind in enumerate(kinds, start=1):
+        rc, out, err = _cellcal(capsys, "show", str(rid), "--state-dir", str(state))
+        assert rc == 0, err
+        (line,) = [ln for ln in out.splitlines() if ln.strip().startswith("residuals")]
+        positions_only = kind in ("base_frame_points", "tool_point")
+        assert ("rotation RMS n/a" in line) == positions_only and "0.00000 deg" not in line, (kind, line)
+    bodies = {k: b for k, (b, _s) in every_kind(n=8).items()}
+    bodies["kinematics"] = kinematics_kind(n_fit=24, n_validation=6)[0]
+    for kind, body in bodies.items():
+        text = html_mod.unescape(re.sub(r"<[^>]+>", "|", _summary(body)))
+        assert "?" not in text.split("Frames and units")[0], (kind, text[:400])
+        if kind in ("base_frame_points", "tool_point"):
+            assert "residual rotation|" in text and "|n/a: " in text and "0 motions" not in text, text[:600]
+            assert " deg (noise" not in text, text[:600]
