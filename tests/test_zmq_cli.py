@@ -99,7 +99,7 @@ def test_ctl_under_curve_with_key_files_and_config(tmp_path):
         cfg = curve_config(keys, server_file, {"ops": "operator", "viewer": "observer"})
         with serving(cfg) as (srv, daemon):
             common = ["--endpoint", srv.cmd_endpoint, "--server-key", f"{d}/server.key"]
-            r = cellcal("ctl", "start_run", "kind=base_frame", "--key", f"{d}/viewer.key_secret", *common)
+            r = cellcal("ctl", "start_run", "kind=base_frame", "--key", f"{d}/viewer.key_secret", "--json", *common)
             assert r.returncode == 1 and json.loads(r.stdout)["error"]["code"] == P.E_FORBIDDEN
             r = cellcal("ctl", "start_run", "kind=base_frame", "--key", f"{d}/ops.key_secret", *common)
             assert r.returncode == 0, r.stderr
