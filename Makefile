@@ -30,6 +30,11 @@ $(PY):
 	$(PIP) install --quiet --upgrade pip
 
 # Re-install when pyproject.toml changes; the install is editable so code edits need nothing.
+# $(STAMP): the runtime dependencies only (what `make demo` needs); $(STAMP)-EXTRA: with an extra.
+$(STAMP): pyproject.toml | $(PY)
+	$(PIP) install --quiet -e .
+	touch $@
+
 $(STAMP)-%: pyproject.toml | $(PY)
 	$(PIP) install --quiet -e ".[$*]"
 	touch $@
@@ -71,8 +76,9 @@ lint: $(STAMP)-test
 	  -p cellcal.solver -p cellcal.drivers -p cellcal.sim -p cellcal.daemon -p cellcal.testing
 
 # The simulated cell end to end: sim robot (RTDE) + sim tracker + daemon, a full
-# base-frame calibration, the report and one drift check.
-demo: $(STAMP)-test
+# base-frame calibration, the report and one drift check. Only the runtime dependencies are
+# installed: the demo needs no test tool (tests/test_packaging.py runs it from the bare wheel).
+demo: $(STAMP)
 	$(VENV)/bin/cellcal demo
 
 test: os-deps $(STAMP)-test lint

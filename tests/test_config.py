@@ -89,9 +89,13 @@ def test_check_config_cli(tmp_path):
     cli = [sys.executable, "-m", "cellcal.daemon.cli", "check-config"]
     good = tmp_path / "good.toml"
     good.write_text("config_version = 1\n[robot.settle]\ndwell_s = 2\n")
-    r = subprocess.run([*cli, str(good), "--no-devices"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([*cli, str(good), "--no-devices", "--json"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["robot"]["settle"]["dwell_s"] == 2.0
+    # without --json: a summary for people, the gates in words
+    r = subprocess.run([*cli, str(good), "--no-devices"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and r.stdout.startswith(f"{good}: valid (cell 'cell'"), r.stdout
+    assert "rms_translation: at most 0.5 mm" in r.stdout and "{" not in r.stdout
     bad = tmp_path / "bad.toml"
     bad.write_text("config_version = 1\n[tracker.settle]\nmax_std_um = 1\n")
     r = subprocess.run([*cli, str(bad)], capture_output=True, text=True, timeout=60)

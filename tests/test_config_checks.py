@@ -5,6 +5,7 @@ that parse badly, every option error under its own dotted key, and ``cellcal run
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import re
 import subprocess
@@ -103,10 +104,108 @@ def test_device_errors_name_their_own_key(kw, path):
     assert "d.toml" in str(ei.value)
 
 
+def _basic_devices(robot: str = "rtde://127.0.0.1", tracker: str = "socket://127.0.0.1:4000", robot_opts: str = "",
+                   tracker_opts: str = "") -> str:
+    """:func:`_devices` with the URLs as TOML basic strings (JSON's escapes: any character); an
+    emScon or GeoCOM URL measures points."""
+    measure = "point" if tracker.lower().startswith(("emscon", "geocom")) else "pose"
+    return (f"{BASE}[robot]\nurl = {json.dumps(robot)}\n[robot.options]\n{robot_opts}\n"
+            f"[tracker]\nurl = {json.dumps(tracker)}\nmeasure = '{measure}'\n[tracker.options]\n{tracker_opts}\n")
+
+
+@pytest.mark.parametrize("kw, path, needle", [
+    # what the drivers (or pyserial at open) would fail on, or misread, each refused under its key
+    ({"robot": "rtde://[::1"}, "robot.url", "without its ']'"),
+    ({"robot": "rtde://h\x00:1"}, "robot.url", "control character"),
+    ({"robot": "rtde://[::1]x"}, "robot.url", "after ']'"),
+    ({"robot": "rtde://[host]:30004"}, "robot.url", "IPv6"),
+    ({"robot": "rtde://999.1.1.1"}, "robot.url", "not an IPv4 address"),
+    ({"robot": "rtde://ur controller"}, "robot.url", "control character or a space"),
+    ({"robot": "rtde://host:0"}, "robot.url", "1..65535"),
+    ({"robot": "rtde://a..b"}, "robot.url", "not a host name"),
+    ({"tracker": "spy://"}, "tracker.url", "names no port"),
+    ({"tracker": "spy://x?raw"}, "tracker.url", "absolute device path"),
+    ({"tracker": "spy:///dev/ttyUSB0?bogus"}, "tracker.url", "unknown spy option"),
+    ({"tracker": "loop://?logging=bogus"}, "tracker.url", "pyserial's levels"),
+    ({"tracker": "loop://?colour=1"}, "tracker.url", "unknown option"),
+    ({"tracker": "hwgrep://"}, "tracker.url", "needs a pattern"),
+    ({"tracker": "alt://x"}, "tracker.url", "absolute device path"),
+    ({"tracker": "alt:///dev/ttyUSB0?class=Nope"}, "tracker.url", "unknown class"),
+    ({"tracker": "socket://[::1"}, "tracker.url", "Invalid IPv6 URL"),
+    ({"tracker": "socket://h\x00:1"}, "tracker.url", "control character"),
+    ({"tracker": "socket://bad_host!:4000"}, "tracker.url", "not a host name"),
+    ({"tracker": "socket://127.0.0.1:4000?logging=loud"}, "tracker.url", "pyserial's levels"),
+    ({"tracker": "rfc2217://127.0.0.1:2217?timeout=x"}, "tracker.url", "could not convert"),
+    ({"tracker": "emscon://[::1"}, "tracker.url", "Invalid IPv6 URL"),
+    ({"tracker": "/dev/tty\x00USB0"}, "tracker.url", "control character"),
+    ({"tracker_opts": "baudrate = -1"}, "tracker.options.baudrate", "above 0"),
+    ({"tracker_opts": "baudrate = 0"}, "tracker.options.baudrate", "above 0"),
+    ({"tracker_opts": "baudrate = true"}, "tracker.options.baudrate", "an integer"),
+    ({"tracker_opts": "auto_reconnect = 'maybe'"}, "tracker.options.auto_reconnect", "true or false"),
+    ({"tracker_opts": "auto_reconnect = 1"}, "tracker.options.auto_reconnect", "true or false"),
+    ({"tracker_opts": "retries = 2.5"}, "tracker.options.retries", "an integer"),
+    ({"tracker_opts": "clock_resync_s = '5'"}, "tracker.options.clock_resync_s", "a number"),
+    ({"robot_opts": "auto_reconnect = 'maybe'"}, "robot.options.auto_reconnect", "unknown option key"),
+])
+def test_values_the_drivers_would_fail_on_are_refused_under_their_key(kw, path, needle):
+    cfg = load_config_text(_basic_devices(**kw), source="d.toml")
+    with pytest.raises(ConfigError) as ei:
+        preflight(cfg)
+    assert ei.value.path == path, str(ei.value)
+    assert needle in ei.value.message, str(ei.value)
+
+
 def test_good_device_urls_pass(tmp_path):
     for tracker in ("socket://127.0.0.1:4000", "/dev/ttyUSB0", "/dev/serial/by-id/usb-FTDI-if00", "loop://",
-                    "spy:///dev/ttyUSB0"):
+                    "spy:///dev/ttyUSB0", "loop://?logging=debug", "spy://socket://127.0.0.1:4000?raw",
+                    "alt:///dev/ttyUSB0?class=PosixPollSerial", "socket://[::1]:4000", "socket://cell-7_tracker.local:4000",
+                    "rfc2217://127.0.0.1:2217?timeout=3&poll_modem"):
         preflight(load_config_text(_devices(tracker=tracker)))
+    for robot in ("rtde://[::1]:30004", "rtde://::1", "rtde://ur-5e.cell.local:30004", "rtde://10.0.0.7"):
+        preflight(load_config_text(_devices(robot=robot)))
+    preflight(load_config_text(_devices(tracker_opts="baudrate = 115200\nauto_reconnect = false\nretries = 3")))
+
+
+_URL_SEEDS = {"robot.url": ["rtde://127.0.0.1:30004", "rtde://[::1]:30004", "rtde://ur.local?frequency_hz=125"],
+              "tracker.url": ["socket://127.0.0.1:4000", "spy://socket://127.0.0.1:4000?raw", "loop://?logging=info",
+                              "alt:///dev/ttyUSB0?class=PosixPollSerial", "rfc2217://[::1]:2217", "/dev/ttyUSB0",
+                              "emscon://10.0.0.5:700"]}
+_URL_CHARS = ["[", "]", "\x00", ":", "?", "&", "=", "%", "@", " ", "\u00e9", "#", "/", "\\", "\u0661", "\t", "99999"]
+_URL_QUERIES = ["logging=bogus", "logging=debug", "class=Nope", "class=Serial", "n=1", "raw", "file", "timeout=x"]
+
+
+def _mutate_url(rng: random.Random, url: str) -> str:
+    for _ in range(rng.randint(1, 3)):
+        op = rng.random()
+        j = rng.randrange(len(url) + 1)
+        if op < 0.45:
+            url = url[:j] + rng.choice(_URL_CHARS) + url[j:]
+        elif op < 0.65:
+            url = url[:j]
+        elif op < 0.8:
+            url += ("&" if "?" in url else "?") + rng.choice(_URL_QUERIES)
+        else:
+            url = url[:j] + url[j + 1:]
+    return url
+
+
+def test_fuzz_device_urls_pass_or_are_refused_under_their_key():
+    """Mutated device URLs (unclosed brackets, control characters, truncations, hostile query
+    options): preflight accepts a URL or refuses it under its key, never raises anything else."""
+    rng = random.Random(20270101)
+    seen = {"ok": 0, "refused": 0}
+    for n in range(600):
+        key = rng.choice(sorted(_URL_SEEDS))
+        url = _mutate_url(rng, rng.choice(_URL_SEEDS[key]))
+        cfg = load_config_text(_basic_devices(**({"robot": url} if key == "robot.url" else {"tracker": url})),
+                               source="u.toml")
+        try:
+            preflight(cfg)
+            seen["ok"] += 1
+        except ConfigError as exc:
+            assert exc.path in (key, "tracker.measure"), (n, url, str(exc))
+            seen["refused"] += 1
+    assert seen["ok"] > 30 and seen["refused"] > 200, seen
 
 
 def test_run_and_check_config_refuse_the_same_files_with_the_same_key(tmp_path):
@@ -139,8 +238,11 @@ def test_run_and_check_config_refuse_the_same_files_with_the_same_key(tmp_path):
 _HOSTILE = ["1e308", "-1e308", "-1", "0", "1", "0.0", "-0.0", "inf", "-inf", "nan", "9" * 40, "9" * 400, "true",
             "false", "'text'", "''", "[]", "[1, 2]", "[[1]]", "{}", "{a = 1}", "1979-05-27T07:32:00Z", "0o777",
             "'" + "x" * 300 + "'", "[" * 60 + "]" * 60, "{a = " * 40 + "1" + "}" * 40, "0x7fffffffffffffff",
-            "'tcp://0.0.0.0:1'", "'ipc://@x'", "'ipc://rel'", "'socket://h'", "'rtde://'", "-9223372036854775809"]
-_KEYS = ["bogus", "timeout_s", "max_rms_deg", "url", "null_role", "sndhwm", "x"]
+            "'tcp://0.0.0.0:1'", "'ipc://@x'", "'ipc://rel'", "'socket://h'", "'rtde://'", "-9223372036854775809",
+            # device URLs and options the drivers fail on or misread (issue 24): refused by key
+            "'rtde://[::1'", "'rtde://h\\u0000:1'", "'spy://'", "'loop://?logging=bogus'", "'hwgrep://'", "'alt://x'",
+            "'socket://[::1'", "'maybe'"]
+_KEYS = ["bogus", "timeout_s", "max_rms_deg", "url", "null_role", "sndhwm", "x", "baudrate", "auto_reconnect"]
 
 
 def _mutate(rng: random.Random, text: str) -> str:

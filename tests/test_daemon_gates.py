@@ -297,7 +297,7 @@ def test_check_config_lists_every_gate_with_its_limit(tmp_path):
                                               "task_points_mm": [[1, 2, 3], [4, 5, 6]]}})
     path = tmp_path / "cellcal.toml"
     path.write_text(to_toml(cfgd))
-    r = subprocess.run([sys.executable, "-m", "cellcal.daemon.cli", "check-config", "--no-devices", str(path)],
+    r = subprocess.run([sys.executable, "-m", "cellcal.daemon.cli", "check-config", "--no-devices", "--json", str(path)],
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import socket
 import subprocess
 import threading
@@ -220,7 +221,25 @@ def test_check_config_probe_reports_each_device(tmp_path: Path) -> None:
         robot, tracker = r.stdout.splitlines()
         assert robot.startswith("robot: ok: UrRtdeDriver") and f"serial {sims.robot.robot.scenario.serial_number}" in robot
         assert "sample: q = [" in robot and " mm" in robot
+        assert robot.endswith("can be commanded (dashboard: robotmode RUNNING, safetystatus NORMAL, is in remote "
+                              "control: true)"), robot
         assert tracker.startswith("tracker: ok: ") and "serial " in tracker and "sample: pose at (" in tracker
+        # A robot the daemon could not command is not ok: the pendant in local control, or a
+        # dashboard server that does not answer (moves are refused either way).
+        sims.robot.robot.set_remote_control(False)
+        r = _cellcal("check-config", "--probe", str(good))
+        assert r.returncode == 1, r.stdout + r.stderr
+        robot = r.stdout.splitlines()[0]
+        assert robot.startswith("robot: FAILED: rtde://") and "CANNOT BE COMMANDED" in robot, robot
+        assert "is in remote control: false" in robot and "sample: q = [" in robot, robot
+        sims.robot.robot.set_remote_control(True)
+        url = re.sub(r"dashboard_port=\d+", f"dashboard_port={free_port()}", sims.robot.url)
+        assert url != sims.robot.url
+        cut = write_config(tmp_path / "cut.toml", daemon_config(robot_url=url, tracker_url=sims.tracker.url,
+                                                                   workdir=tmp_path / "d"))
+        r = _cellcal("check-config", "--probe", str(cut))
+        assert r.returncode == 1 and "CANNOT BE COMMANDED: moves are refused" in r.stdout, r.stdout + r.stderr
+        assert "dashboard server" in r.stdout.splitlines()[0] and r.stdout.splitlines()[1].startswith("tracker: ok")
         dead = write_config(tmp_path / "dead.toml", daemon_config(
             robot_url=sims.robot.url, tracker_url=f"socket://127.0.0.1:{free_port()}", workdir=tmp_path / "d",
             overrides={"tracker": {"options": {"timeout_s": 0.5}}}))

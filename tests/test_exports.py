@@ -241,6 +241,35 @@ def test_write_exports_writes_files_that_round_trip(tmp_path):
     assert _no_temporaries(out)
 
 
+def test_a_refused_result_is_exported_apart_and_says_so_in_every_first_line(tmp_path):
+    """A result that failed its gates: its files under exports/GATES_FAILED_not_for_use/, none
+    beside the active ones; every first line says GATES FAILED; the scripts refuse to run."""
+    from cellcal.daemon.cli.results import export_paths
+    from cellcal.daemon.report.exports import REFUSED_DIR, REFUSED_MARK
+
+    _rid, doc, res = _base_frame_result(tmp_path)
+    doc = {**doc, "active": False, "gates": {"passed": False, "failed": ["rms 2.1 mm > 0.5 mm"], "checks": [
+        {"name": "rms_translation", "value": 2.1e-3, "limit": 0.5e-3, "unit": "m", "passed": False,
+         "message": "rms translation 2.100 mm > 0.500 mm"}]}}
+    out = tmp_path / "state" / "exports"
+    paths = write_exports(out, 5, doc)
+    assert {p.parent for p in paths.values()} == {out / REFUSED_DIR}
+    assert not list(out.glob("result_5*"))  # nothing where a loadable export is looked for
+    for key, path in paths.items():
+        first = path.read_text().splitlines()[1 if key == "json" else 0]  # JSON: its first key, after "{"
+        assert REFUSED_MARK in first and "rms_translation: rms translation 2.100 mm" in first, (key, first)
+    assert list(json.loads(paths["json"].read_text()))[0] == "GATES_FAILED"
+    ET.fromstring(paths["urdf"].read_text())  # still well-formed XML, for whoever inspects it
+    assert not os.access(paths["ros2"], os.X_OK)
+    run = subprocess.run(["sh", str(paths["ros2"])], capture_output=True, text=True, timeout=30)
+    assert run.returncode == 1 and REFUSED_MARK in run.stderr  # exits before any publisher starts
+    run = subprocess.run([sys.executable, str(paths["launch"])], capture_output=True, text=True, timeout=60)
+    assert run.returncode == 1 and REFUSED_MARK in run.stderr and "launch" not in run.stderr.split(REFUSED_MARK)[0]
+    ur = paths["ur"].read_text().splitlines()
+    assert ur[1].startswith("popup(") and ur[2] == "halt" and not any(ln.startswith("cellcal_") for ln in ur[:3])
+    assert sorted(export_paths(tmp_path / "state", 5)) == sorted(paths.values())  # what cellcal show lists
+
+
 def test_tool_point_exports_the_tip_as_a_translation(tmp_path):
     base_T_flange, _, _ = pivot_scene(10, np.random.default_rng(6), noise_mm=0.01)
     wire = result_to_wire(calibrate_tool_point(base_T_flange))

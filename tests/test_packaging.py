@@ -83,6 +83,15 @@ def test_the_wheel_carries_the_examples_from_config(installed):
         assert "cellcal/testing/fast_scenario.toml" in names and "cellcal/daemon/report/exports.py" in names
 
 
+def test_the_wheel_carries_the_licence(installed):
+    _, wheel, _ = installed
+    with zipfile.ZipFile(wheel) as z:
+        (lic,) = [n for n in z.namelist() if n.endswith(".dist-info/licenses/LICENSE")]
+        assert z.read(lic) == (ROOT / "LICENSE").read_bytes()
+        (meta,) = [n for n in z.namelist() if n.endswith(".dist-info/METADATA")]
+        assert "License-Expression: Apache-2.0" in z.read(meta).decode()
+
+
 def test_the_installed_package_is_the_wheel_not_the_checkout(installed):
     bindir, _, work = installed
     r = subprocess.run([str(bindir / "python"), "-c",

@@ -644,3 +644,29 @@ def test_publish_rejects_unknown_topic_and_unencodable_body():
             srv.publish(P.TOPIC_HEARTBEAT, {"state": "IDLE"})
         daemon.publish_heartbeat()  # a conforming body passes
         assert wait_until(lambda: srv.seq == 1)
+
+
+def test_per_peer_state_stays_bounded_however_many_clients_come_and_go():
+    """Short-lived clients, each with its own routing id (a `cellcal ctl` per command): the
+    stored replies never exceed their bound, reads store nothing, nothing stays in flight; and a
+    retried state-changing command still gets its stored reply. Counts, not memory."""
+    with serving(zmq_config(null_role="operator"), dedup_entries=16) as (srv, daemon), zctx() as ctx:
+        for i in range(120):
+            s = dealer(ctx, srv.cmd_endpoint)
+            assert rpc(s, {"id": i, "cmd": "get_status"})["ok"] is True
+            assert rpc(s, {"id": f"r{i}", "cmd": "list_results"})["ok"] is True
+            s.close(linger=0)
+        assert srv.peer_state()["stored_replies"] == 0  # 240 reads from 120 peers: nothing kept
+        for i in range(200):
+            s = dealer(ctx, srv.cmd_endpoint, routing_id=f"peer-{i}".encode())
+            assert rpc(s, {"id": f"a{i}", "cmd": "abort"})["ok"] is True
+            s.close(linger=0)
+            state = srv.peer_state()
+            assert state["stored_replies"] <= 16 and state["inflight"] == 0 and state["queued"] == 0, state
+        assert srv.peer_state()["stored_replies"] == 16
+        assert srv.peer_state()["stored_reply_bytes"] <= 16 * 200  # each abort reply is small
+        again = dealer(ctx, srv.cmd_endpoint, routing_id=b"peer-199")  # the newest survives: its retry is safe
+        hits = srv.stats().get("dedup_hits", 0)
+        assert rpc(again, {"id": "a199", "cmd": "abort"})["ok"] is True
+        assert srv.stats()["dedup_hits"] == hits + 1 and daemon.count("abort") == 200
+        assert all(v <= 1000 for v in srv.peer_state().values())

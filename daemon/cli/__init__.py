@@ -10,6 +10,8 @@ import argparse
 import importlib
 import os
 import sys
+from collections.abc import Iterable
+from typing import TextIO, cast
 
 # name -> (module, one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -39,25 +41,83 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _quiet_broken_pipe() -> int:
-    """The reader of our stdout went away (``cellcal ... | head``): exit quietly.
+#: The exit status after the reader of stdout went away: the shell's status of a process killed
+#: by SIGPIPE (128 + 13), what ``cat`` or ``yes`` give under ``set -o pipefail``. Python ignores
+#: SIGPIPE (a closed socket must raise in the daemon, not kill it), so the status is returned.
+EXIT_BROKEN_PIPE = 141
 
-    stdout is pointed at /dev/null so that the interpreter's final flush does not raise
-    (and print) a second BrokenPipeError; the exit code is the shell's for SIGPIPE.
+
+class _StdoutGone(BaseException):
+    """The reader of stdout went away (``cellcal solve ... | head``).
+
+    A ``BaseException``, like ``KeyboardInterrupt``: a command's own catch-all (``except
+    Exception``, which ``cellcal solve`` turns into "internal error") must not swallow it.
+    """
+
+
+class _GuardedStdout:
+    """``sys.stdout`` while a command runs: a write or flush into a closed pipe raises
+    :class:`_StdoutGone` instead of ``BrokenPipeError``; everything else is the stream's."""
+
+    def __init__(self, inner: TextIO) -> None:
+        self._inner = inner
+
+    def write(self, text: str) -> int:
+        try:
+            return self._inner.write(text)
+        except BrokenPipeError:
+            raise _StdoutGone from None
+
+    def writelines(self, lines: Iterable[str]) -> None:
+        for line in lines:
+            self.write(line)
+
+    def flush(self) -> None:
+        try:
+            self._inner.flush()
+        except BrokenPipeError:
+            raise _StdoutGone from None
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._inner, name)
+
+
+def _quiet_broken_pipe(stdout: TextIO | None) -> int:
+    """The reader of our stdout went away: exit quietly with :data:`EXIT_BROKEN_PIPE`.
+
+    stdout is pointed at /dev/null so that the interpreter's final flush of what is still
+    buffered does not raise (and print) a second BrokenPipeError.
     """
     try:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
-    except (OSError, ValueError):  # stdout already closed or not a file
+        if stdout is not None:
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, stdout.fileno())
+            os.close(devnull)
+    except (OSError, ValueError):  # stdout already closed, or not a file (a test's capture)
         pass
-    return 141
+    return EXIT_BROKEN_PIPE
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``cellcal COMMAND ...``; the exit status. A closed stdout ends any command quietly
+    (:data:`EXIT_BROKEN_PIPE`), whatever the command was doing."""
+    stdout = sys.stdout
+    guard = None if stdout is None or isinstance(stdout, _GuardedStdout) else _GuardedStdout(stdout)
+    if guard is not None:
+        sys.stdout = cast(TextIO, guard)
     try:
-        return _main(argv)
-    except BrokenPipeError:
-        return _quiet_broken_pipe()
+        try:
+            rc = _main(argv)
+        except SystemExit:  # argparse's --help and usage errors: their output is flushed here too
+            sys.stdout.flush()
+            raise
+        sys.stdout.flush()  # a pipe closed early fails here, inside the guard, not at exit
+        return rc
+    except (_StdoutGone, BrokenPipeError):
+        return _quiet_broken_pipe(stdout)
+    finally:
+        if guard is not None and sys.stdout is cast(TextIO, guard):
+            sys.stdout = stdout
 
 
 def _main(argv: list[str] | None = None) -> int:

@@ -1,6 +1,8 @@
 """``cellcal ctl <cmd> [key=value ...] [--json-args '{...}']``: send one command to the daemon.
 
-Prints the reply (``{id, ok, result}`` or ``{id, ok: false, error}``) as JSON on stdout.
+Prints the reply in words (``cellcal.daemon.cli.replies``: mm, degrees, rotation vectors; an
+error reply on stderr), or with ``--json`` the reply itself (``{id, ok, result}`` or ``{id, ok:
+false, error}``) as JSON on stdout.
 Values of ``key=value`` are JSON when they parse as JSON (``limit=5``, ``point_m=[1,0,0.5]``,
 ``flag=true``) and strings otherwise (``kind=base_frame``); ``--json-args`` gives them all
 as one JSON object (``key=value`` pairs override it).
@@ -20,9 +22,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.cli.replies import reply_lines
+from cellcal.daemon.cli.results import CommandError, parse_id
 from cellcal.daemon.config import ConfigError, Zmq, find_config, load_config
 from cellcal.daemon.wire.client import Client, ClientTimeout, load_keypair, load_public_key
 from cellcal.solver.errors import CellcalError
@@ -30,6 +35,10 @@ from cellcal.solver.errors import CellcalError
 
 class UsageError(CellcalError):
     """Bad command line or configuration: exit 2."""
+
+
+# A record id that is a name, not a number (the wire's character set, P.v_record_id).
+_NAME_ID = re.compile(r"[A-Za-z0-9._:-]{1,64}")
 
 
 def add_connection_arguments(p: argparse.ArgumentParser, *, pub: bool) -> None:
@@ -137,6 +146,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("cmd", help="the command (listed below)")
     p.add_argument("args", nargs="*", metavar="key=value", help="arguments (values parsed as JSON when they can be)")
     p.add_argument("--json-args", help="arguments as one JSON object")
+    p.add_argument("--json", action="store_true",
+                   help="print the reply ({id, ok, result} or {id, ok: false, error}) as JSON instead of in words")
     add_connection_arguments(p, pub=False)
     # key=value pairs may follow options (`ctl to_base --endpoint X point_m=[1,0,0]`); plain
     # parse_args stops filling a nargs="*" positional at the first option. cli.main calls
@@ -154,22 +165,59 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.parse_args = parse  # type: ignore[method-assign,assignment]
 
 
+def _record_id(name: str, raw: object) -> str:
+    """A record-id argument as the wire takes it: a decimal id as people type it (``7``,
+    ``result_7``, ``#7``) becomes ``"7"``; anything numeric that is not such an id (``-1``,
+    ``1e3``, ``7.0``, a Unicode digit, a number past the store's range) is refused here, naming
+    the argument; another name (``r-404``) goes to the daemon as typed (ids are strings on the
+    wire, ADR 0007; the daemon says whether it knows it)."""
+    try:
+        return str(parse_id(raw, name))
+    except CommandError as exc:
+        if isinstance(raw, str) and _NAME_ID.fullmatch(raw) and not _numeric(raw):
+            return raw
+        raise UsageError(str(exc)) from None
+
+
+def _numeric(text: str) -> bool:
+    """Whether ``text`` reads as a number in Python (``1e3``, ``-1``, ``0x10``, ``1_0``, ``inf``)."""
+    for parse in (float, lambda t: int(t, 0)):
+        try:
+            parse(text)
+        except ValueError:
+            continue
+        return True
+    return False
+
+
 def parse_args_list(pairs: list[str], json_args: str | None, cmd: str | None = None) -> P.JsonObject:
     """``key=value`` strings (and an optional JSON object) into the command's ``args``.
 
     An argument the catalogue types as a record id (``result_id``, ``run_id``: strings on
-    the wire) is sent as a string when typed as a bare number (``result_id=1``), as a
-    person types it.
+    the wire) is read by :func:`_record_id` from the text as typed (``result_id=1`` is sent
+    as ``"1"``; ``result_id=1e3`` is refused, not sent as ``1000.0``).
+
+    Raises
+    ------
+    UsageError
+        Naming the pair or the argument.
     """
     out: P.JsonObject = {}
+    typed: dict[str, object] = {}
+    huge: dict[str, str] = {}
     if json_args:
         try:
             obj = json.loads(json_args)
         except json.JSONDecodeError as exc:
             raise UsageError(f"--json-args is not JSON: {exc}") from None
+        except RecursionError:
+            raise UsageError("--json-args is nested too deep") from None
+        except ValueError as exc:  # an integer of thousands of digits
+            raise UsageError(f"--json-args: {exc}") from None
         if not isinstance(obj, dict):
             raise UsageError("--json-args must be a JSON object")
         out.update(obj)
+        typed.update(obj)
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
@@ -178,11 +226,24 @@ def parse_args_list(pairs: list[str], json_args: str | None, cmd: str | None = N
             out[key] = json.loads(value)
         except json.JSONDecodeError:
             out[key] = value
+        except RecursionError:
+            raise UsageError(f"{key}: the value is nested too deep") from None
+        except ValueError as exc:  # an integer of thousands of digits: a record id says so, others here
+            out[key] = value
+            huge[key] = str(exc)
+        typed[key] = value
     spec = P.COMMANDS.get(cmd) if cmd is not None else None
     for a in spec.args if spec is not None else ():
-        v = out.get(a.name)
-        if a.check is P.v_record_id and isinstance(v, int) and not isinstance(v, bool):
-            out[a.name] = str(v)
+        if a.check is P.v_record_id and a.name in out:
+            out[a.name] = _record_id(a.name, typed[a.name])
+            huge.pop(a.name, None)
+    for key, why in huge.items():
+        raise UsageError(f"{key}: {why}")
+    for key, v in out.items():
+        try:
+            P.pack(v)  # what the wire cannot carry (an integer past 64 bits) is the argument's error
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise UsageError(f"{key}: cannot be sent ({exc}; integers must fit 64 bits)") from None
     return out
 
 
@@ -202,5 +263,10 @@ def run(args: argparse.Namespace) -> int:
         except ClientTimeout as exc:
             print(f"cellcal ctl: {exc}; is the daemon running? {args.tried}", file=sys.stderr)
             return 3
-    print(json.dumps(reply, indent=2, default=repr))
+    if args.json:
+        print(json.dumps(reply, indent=2, default=repr))
+    elif reply.get("ok") is True:
+        print("\n".join(reply_lines(args.cmd, reply)))
+    else:
+        print(f"cellcal ctl: {reply_lines(args.cmd, reply)[0]}", file=sys.stderr)
     return 0 if reply.get("ok") is True else 1

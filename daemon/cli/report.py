@@ -4,7 +4,8 @@ Reads the daemon's store (``--state-dir``, or ``[service] state_dir`` of ``--con
 ``CELLCAL_CONFIG`` / ``/etc/cellcal/cellcal.toml``) read-only, renders the result's report
 with its run's stations and every drift check so far (``cellcal.daemon.report.html``), and
 writes it to ``FILE`` (default: ``cellcal-result-<id>.html`` in the working directory;
-``-o -`` writes to stdout). Without ``RESULT_ID``: the active result. Prints the path.
+``-o -`` writes to stdout). Without ``RESULT_ID``: the active result. Prints the path. An
+existing file or a symlink there is refused unless ``--force`` (``cellcal.daemon.cli.output``).
 
 The daemon writes the same report beside the exports when it stores a result; this command
 makes it again later, with the drift checks made since.
@@ -16,9 +17,9 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-from cellcal.daemon.cli.results import CommandError, add_state_arguments, open_store, result_or_active
+from cellcal.daemon.cli.output import OutputRefused, check_output, write_output
+from cellcal.daemon.cli.results import CommandError, add_state_arguments, open_store, parse_id, result_or_active
 from cellcal.daemon.report.html import report_from_store
 
 
@@ -27,32 +28,32 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="the result (default: the active one)")
     p.add_argument("-o", "--output", default=None, metavar="FILE",
                    help="where to write the report (default: cellcal-result-<id>.html here; '-': stdout)")
+    p.add_argument("--force", action="store_true", help="replace FILE if it exists (a symlink: the link, not its target)")
     add_state_arguments(p)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.result_id is not None:
+            parse_id(args.result_id, "RESULT_ID")  # before the store: a typo is the argument's error
+        if args.output not in (None, "-"):
+            check_output(args.output, force=args.force)  # before the work (and again when written)
         store = open_store(args)
         try:
             rec = result_or_active(store, args.result_id)
             text = report_from_store(store, rec.id)
         finally:
             store.close()
-    except CommandError as exc:
+    except (CommandError, OutputRefused) as exc:
         print(f"cellcal report: {exc}", file=sys.stderr)
         return 2
     if args.output == "-":
         sys.stdout.write(text)
         return 0
-    out = Path(args.output or f"cellcal-result-{rec.id}.html")
     try:
-        if out.parent != Path(""):
-            out.parent.mkdir(parents=True, exist_ok=True)
-        tmp = out.with_name(out.name + ".tmp")
-        tmp.write_text(text, encoding="utf-8")
-        tmp.replace(out)
-    except OSError as exc:
-        print(f"cellcal report: cannot write {out}: {exc}", file=sys.stderr)
+        out = write_output(args.output or f"cellcal-result-{rec.id}.html", text, force=args.force, make_parents=True)
+    except OutputRefused as exc:
+        print(f"cellcal report: {exc}", file=sys.stderr)
         return 2
     print(f"report of result {rec.id}: {out.resolve()}")
     return 0

@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 from pathlib import Path
 
 from cellcal.daemon.config import ConfigError, load_config
+from cellcal.daemon.report.refused import REFUSED_DIR
 from cellcal.daemon.store import DB_FILENAME, ResultRecord, Store, UnknownRecord
 from cellcal.solver.errors import CellcalError
 
-__all__ = ["DEFAULT_CONFIG", "CommandError", "add_state_arguments", "state_dir_of", "open_store", "parse_id",
+__all__ = ["DEFAULT_CONFIG", "MAX_ID", "CommandError", "add_state_arguments", "state_dir_of", "open_store", "parse_id",
            "result_or_active", "export_paths"]
 
 #: The configuration read when neither ``--config`` nor ``CELLCAL_CONFIG`` names one.
@@ -74,8 +76,20 @@ def open_store(args: argparse.Namespace) -> Store:
         raise CommandError(f"cannot open the store in {d}: {exc}") from exc
 
 
+#: The largest id the store can hold: SQLite's INTEGER PRIMARY KEY is a signed 64-bit integer.
+MAX_ID = 2**63 - 1
+
+# ASCII digits only: str.isdigit() (and int()) also take Arabic-Indic and other Unicode digits,
+# so "\u0661" would name result 1, and superscripts, which int() then refuses.
+_DIGITS = re.compile(r"[0-9]+")
+
+
 def parse_id(text: object, what: str) -> int:
-    """An id as a person types it: ``7``, ``"7"``, ``result_7``, ``#7`` (a positive integer).
+    """An id as a person types it: ``7``, ``"7"``, ``result_7``, ``#7``: ASCII digits naming
+    a positive integer the store can hold (1 .. 2**63 - 1).
+
+    ``-1``, ``1e3``, ``+7``, ``7.0``, a Unicode digit (``\u0661``) or a 20-digit number are
+    refused here, before the store is asked.
 
     Raises
     ------
@@ -84,11 +98,17 @@ def parse_id(text: object, what: str) -> int:
     """
     s = str(text).strip().strip("'\"").lstrip("#")
     for prefix in ("result_", "result", "run_", "run"):
-        if s.lower().startswith(prefix) and s[len(prefix):].strip().isdigit():
+        if s.lower().startswith(prefix) and _DIGITS.fullmatch(s[len(prefix):].strip()):
             s = s[len(prefix):].strip()
             break
-    if not s.isdigit() or int(s) < 1:
-        raise CommandError(f"{what} must be a positive integer (e.g. 3), got {text!r}")
+    shown = str(text)
+    shown = repr(shown if len(shown) <= 40 else shown[:40] + "...")
+    if not _DIGITS.fullmatch(s) or not s.strip("0"):
+        raise CommandError(f"{what} must be a positive integer in ASCII digits (e.g. 3), got {shown}")
+    # The length first: int() of thousands of digits raises, and past 2**63 - 1 SQLite would
+    # overflow (OverflowError) where the store is asked.
+    if len(s.lstrip("0")) > 19 or int(s) > MAX_ID:
+        raise CommandError(f"{what} must be at most {MAX_ID} (the store's largest id), got {shown}")
     return int(s)
 
 
@@ -116,9 +136,10 @@ def result_or_active(store: Store, text: object) -> ResultRecord:
 
 def export_paths(state_dir: Path, result_id: int) -> list[Path]:
     """The files the daemon exported for a result (``exports/result_<id>.*`` and
-    ``exports/result_<id>_*``), sorted; only those that exist."""
-    d = Path(state_dir) / "exports"
-    if not d.is_dir():
-        return []
-    found = {p for pat in (f"result_{result_id}.*", f"result_{result_id}_*") for p in d.glob(pat) if p.is_file()}
+    ``exports/result_<id>_*``; a result that failed its gates: under
+    ``exports/GATES_FAILED_not_for_use/``), sorted; only those that exist."""
+    found: set[Path] = set()
+    for d in (Path(state_dir) / "exports", Path(state_dir) / "exports" / REFUSED_DIR):
+        if d.is_dir():
+            found |= {p for pat in (f"result_{result_id}.*", f"result_{result_id}_*") for p in d.glob(pat) if p.is_file()}
     return sorted(p for p in found if not p.name.endswith(".cellcal-tmp"))

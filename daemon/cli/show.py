@@ -30,8 +30,10 @@ from cellcal.daemon.cli.results import (
     add_state_arguments,
     export_paths,
     open_store,
+    parse_id,
     result_or_active,
 )
+from cellcal.daemon.report import human
 from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
 from cellcal.daemon.store import ResultRecord
 from cellcal.solver.se3 import so3_log
@@ -98,6 +100,20 @@ def point_lines(name: str, wire: Mapping[str, object], C: np.ndarray | None) -> 
             f"    position mm      x {_pm(p[0], s[0], 3)}, y {_pm(p[1], s[1], 3)}, z {_pm(p[2], s[2], 3)}"]
 
 
+def residual_line(r: Mapping[str, object]) -> str:
+    """The closure of the fit: translation RMS, and rotation RMS where the fit has rotation
+    residuals (a point base frame or a tool point has none: said so, never printed as 0)."""
+    t = r.get("rms_translation_m")
+    parts = [f"translation RMS {to_float(t) * 1e3:.4f} mm" if isinstance(t, (int, float)) else "translation RMS n/a"]
+    rot = r.get("rms_rotation_rad")
+    if human.no_rotation_reason(r) is not None:
+        parts.append("rotation RMS n/a (no orientation measured)")
+    elif isinstance(rot, (int, float)):
+        parts.append(f"rotation RMS {math.degrees(to_float(rot)):.5f} deg")
+    n = r.get("n_stations")
+    return f"  residuals        {', '.join(parts)}" + (f" ({n} stations)" if isinstance(n, int) else "")
+
+
 def show_lines(rec: ResultRecord, state_dir: Path) -> list[str]:
     """The text of ``cellcal show`` for one stored result."""
     r: Mapping[str, object] = rec.result
@@ -111,9 +127,7 @@ def show_lines(rec: ResultRecord, state_dir: Path) -> list[str]:
     for name, w in as_map(r.get("points"), "points").items():
         lines += point_lines(name, as_map(w, name), _cov(r, name))
     lines += runs.for_body({**r, "kind": rec.kind}).show_lines(r)
-    lines.append(f"  residuals        translation RMS {to_float(r.get('rms_translation_m', 0.0)) * 1e3:.4f} mm, "
-                 f"rotation RMS {math.degrees(to_float(r.get('rms_rotation_rad', 0.0))):.5f} deg "
-                 f"({r.get('n_stations', '?')} stations)")
+    lines.append(residual_line({**r, "kind": rec.kind}))
     g = as_map(r.get("gates"), "gates")
     if not g:
         lines.append("  gates            none recorded")
@@ -202,12 +216,17 @@ def _mahalanobis_text(d: np.ndarray, C: np.ndarray | None, *, short: bool = Fals
 
 def run(args: argparse.Namespace) -> int:
     try:
+        if args.diff:
+            if args.result_id is not None:
+                raise CommandError("give either RESULT_ID or --diff A B, not both")
+            # Both ids read before the store is opened: a typo is the argument's error.
+            ids = [parse_id(x, what) for x, what in zip(args.diff, ("--diff A", "--diff B"), strict=True)]
+        elif args.result_id is not None:
+            parse_id(args.result_id, "RESULT_ID")
         store = open_store(args)
         try:
             if args.diff:
-                if args.result_id is not None:
-                    raise CommandError("give either RESULT_ID or --diff A B, not both")
-                ra, rb = (result_or_active(store, x) for x in args.diff)
+                ra, rb = (result_or_active(store, x) for x in ids)
                 lines = diff_lines(ra, rb)
             else:
                 lines = show_lines(result_or_active(store, args.result_id), store.state_dir)

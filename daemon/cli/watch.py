@@ -15,7 +15,10 @@ people; the wire is SI. Gaps, restarts and silence are reported on stderr.
 
 ``--count N`` stops after N messages, ``--duration S`` after S seconds (for scripts).
 Exit codes: 0 done (Ctrl-C, count reached, or duration over without --count), 2 bad usage,
-3 duration over before --count messages arrived.
+3 no daemon answered (no snapshot reply and no message within :data:`NO_ANSWER_S`, or within
+the duration when that is shorter; the message says what was tried) or the duration was over
+before --count messages arrived. A daemon that answered once and then goes silent (a
+restart) is waited for, and said on stderr.
 """
 
 from __future__ import annotations
@@ -33,8 +36,15 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon.cli.ctl import UsageError, add_connection_arguments, make_client
 from cellcal.daemon.report import human
 from cellcal.daemon.report.reading import as_map, to_float, to_int
+from cellcal.daemon.wire.client import Subscription
 
 _SHORT = {t.rsplit("/", 1)[1]: t for t in P.TOPICS}
+
+#: Seconds without any answer (no snapshot reply, no message) after which watch gives up
+#: with exit 3: three heartbeat periods of the default configuration.
+NO_ANSWER_S = 3.0
+
+EXIT_NO_ANSWER = 3
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -79,9 +89,11 @@ def _describe(name: str, b: Mapping[str, object]) -> str:
     if name == "result":
         main = human.main_transform(b)
         pose = f" {human.pose_text(b, main)};" if main is not None else ""
+        rotation = "" if human.no_rotation_reason(b) is not None else f"/{_deg(b.get('rms_rotation_rad'))}"
+        spread = b.get("axis_spread")
         return (f"{b.get('result_id')} {b.get('kind')} {'active' if b.get('active') else 'inactive'}"
-                f"{' SUSPECT' if b.get('suspect') else ''}:{pose} rms={_mm(b.get('rms_translation_m'))}/"
-                f"{_deg(b.get('rms_rotation_rad'))} spread={b.get('axis_spread', float('nan')):.3f}"
+                f"{' SUSPECT' if b.get('suspect') else ''}:{pose} rms={_mm(b.get('rms_translation_m'))}{rotation}"
+                f"{f' spread={spread:.3f}' if isinstance(spread, (int, float)) else ''}"
                 f"{' (retained)' if b.get('retained') else ''}")
     if name == "drift":
         return human.drift_line(b)
@@ -189,6 +201,11 @@ class Printer:
             self._bar_shown = False
 
 
+def answered(sub: Subscription, delivered: int) -> bool:
+    """Whether the daemon ever answered this watch: a snapshot taken, or a message seen."""
+    return sub.snapshots > 0 or delivered > 0 or sub.boot_id is not None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         topics = None
@@ -256,12 +273,22 @@ def run(args: argparse.Namespace) -> int:
                     n += 1
                     if args.count is not None and n >= args.count:
                         return 0
-                elif sub.stale_s() > 3.0 and not warned_silence:
+                elif sub.stale_s() > NO_ANSWER_S and not warned_silence:
+                    if not answered(sub, n):
+                        print(f"cellcal watch: no daemon answered at {client.pub_endpoint} (commands "
+                              f"{client.cmd_endpoint}) within {NO_ANSWER_S:g} s; is the daemon running? "
+                              f"{args.tried}", file=sys.stderr, flush=True)
+                        return EXIT_NO_ANSWER
                     print(f"# no message for {sub.stale_s():.0f} s from {client.pub_endpoint}; is the daemon running? "
                           f"{args.tried}", file=sys.stderr, flush=True)
                     warned_silence = True
                 if deadline is not None and time.monotonic() >= deadline:
-                    return 3 if args.count is not None else 0
+                    if not answered(sub, n):
+                        print(f"cellcal watch: no daemon answered at {client.pub_endpoint} (commands "
+                              f"{client.cmd_endpoint}) in {args.duration:g} s; is the daemon running? {args.tried}",
+                              file=sys.stderr, flush=True)
+                        return EXIT_NO_ANSWER
+                    return EXIT_NO_ANSWER if args.count is not None else 0
         except KeyboardInterrupt:
             return 0
         finally:

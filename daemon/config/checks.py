@@ -7,10 +7,14 @@ security rules (``cellcal.daemon.config.security``), and :func:`preflight`, whic
 
 from __future__ import annotations
 
+import importlib
+import inspect
+import ipaddress
 import math
 import re
 from collections.abc import Callable, Mapping
-from urllib.parse import parse_qs, urlsplit
+from types import ModuleType
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 # The plant interfaces' sections (OPC UA, MQTT, Prometheus): cellcal.daemon.config.plant.
 from cellcal.daemon.config import plant as _plant
@@ -30,6 +34,7 @@ from cellcal.daemon.config.security import check_security, load_server_key
 from cellcal.drivers import connect_robot, connect_tracker
 from cellcal.drivers.base import load_backend
 from cellcal.drivers.geocom import serial_url
+from cellcal.drivers.robot import parse_robot_url
 from cellcal.drivers.tracker import BACKENDS, backend_for_url
 from cellcal.solver.points import MIN_POINT_STATIONS
 
@@ -259,8 +264,10 @@ def check_devices(cfg: Config) -> None:
     The URL alone is tried first (an error is the URL's: ``robot.url``, including its query
     keys), then every option alone (an error is that option's: ``robot.options.timeout_s``),
     then all together (an error of the combination: ``robot.options``). A tracker URL is
-    also checked the way pyserial will open it (:func:`check_tracker_url`), and a CiA 402
-    robot's python-can interface against python-can's (:func:`check_can_interface`).
+    also checked the way pyserial will open it (:func:`check_tracker_url`) and its options'
+    types against the backend's (:func:`check_tracker_options`); a robot URL is split by the
+    drivers' own parser and its host checked (:func:`check_robot_url`), and a CiA 402 robot's
+    python-can interface checked against python-can's (:func:`check_can_interface`).
     """
     for section, url, options, connect in (
         ("robot", cfg.robot.url, cfg.robot.options, connect_robot),
@@ -270,12 +277,16 @@ def check_devices(cfg: Config) -> None:
             raise ConfigError(f"{section}.url", "missing")
         if section == "tracker":
             check_tracker_url(url)
+        else:
+            check_robot_url(url)
         _try_build(connect, url, {}, f"{section}.url")
         for k, v in options.items():
             _try_build(connect, url, {k: v}, f"{section}.options.{k}")
         _try_build(connect, url, options, f"{section}.options")
         if section == "robot":
             check_can_interface(url, options)
+        else:
+            check_tracker_options(url, options)
 
 
 def check_can_interface(url: str, options: Mapping[str, object]) -> None:
@@ -317,24 +328,165 @@ def _try_build(connect: Callable[..., object], url: str, options: Mapping[str, o
         close()  # never opened: a no-op, but leaves nothing behind
 
 
-def check_tracker_url(url: str) -> None:
-    """A tracker URL checked without opening it.
+# --- device URLs, checked by the parsers the drivers use, without opening anything ---------------
 
-    * A protocol URL: ``emscon://host[:port]`` (a Leica emScon tracker over TCP; its host and
-      port are the driver's to check, :func:`check_devices` builds it), or
+# A host as a socket will resolve it: an RFC 1123 name (letters, digits, "-", "_" inside a label),
+# or an address. Anything else (a NUL, a space, an unclosed "[") would fail at the first
+# connection, every reconnection, as a traceback or a retry loop, never as a message naming the key.
+_LABEL = re.compile(r"[A-Za-z0-9_](?:[A-Za-z0-9_-]{0,61}[A-Za-z0-9_])?")
+_CONTROL = re.compile(r"[\x00-\x20\x7f]")
+
+
+def _check_text(path: str, url: str) -> None:
+    bad = _CONTROL.search(url)
+    if bad:
+        raise ConfigError(path, f"{_show(url)} holds a control character or a space ({bad.group()!r} at offset "
+                                f"{bad.start()}): a URL or a device path has none")
+
+
+def check_host(host: str, path: str, url: str) -> None:
+    """``host`` (of ``url``) as a socket will take it: an IPv4 or IPv6 address, or a DNS name of
+    labels (letters, digits, ``-``, ``_``) at most 253 characters long.
+
+    Raises
+    ------
+    ConfigError
+        Under ``path``.
+    """
+    if not host:
+        raise ConfigError(path, f"no host in {_show(url)}")
+    if ":" in host:
+        try:
+            ipaddress.IPv6Address(host)
+        except ValueError:
+            raise ConfigError(path, f"{host!r} (in {_show(url)}) is not an IPv6 address") from None
+        return
+    labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+    if all(lb.isdigit() for lb in labels):
+        try:
+            ipaddress.IPv4Address(host)
+        except ValueError:
+            raise ConfigError(path, f"{host!r} (in {_show(url)}) is not an IPv4 address") from None
+        return
+    if len(host) > 253 or not all(_LABEL.fullmatch(lb) for lb in labels):
+        raise ConfigError(path, f"{host!r} (in {_show(url)}) is not a host name (letters, digits, '-' and '_' "
+                                "between dots) nor an address")
+
+
+def _host_port(target: str, path: str, url: str) -> tuple[str, int | None]:
+    """``host[:port]``, ``[v6][:port]`` or a bare IPv6 address, the way the RTDE driver splits
+    its target; the port (None: the default) must be 1..65535."""
+    port_text: str | None = None
+    if target.startswith("["):
+        host, sep, rest = target[1:].partition("]")
+        if not sep:
+            raise ConfigError(path, f"{_show(url)}: '[' without its ']' (an IPv6 address is written [::1]:30004)")
+        if rest:
+            if not rest.startswith(":"):
+                raise ConfigError(path, f"{_show(url)}: expected :port after ']', got {rest!r}")
+            port_text = rest[1:]
+        if ":" not in host:
+            raise ConfigError(path, f"{_show(url)}: brackets hold an IPv6 address, got {host!r}")
+    elif target.count(":") == 1:
+        host, port_text = target.split(":")
+    else:
+        host = target
+    check_host(host, path, url)
+    if port_text is None:
+        return host, None
+    if not port_text.isascii() or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigError(path, f"{_show(url)}: the port must be 1..65535, got {port_text!r}")
+    return host, int(port_text)
+
+
+def check_robot_url(url: str) -> None:
+    """A robot URL split by the drivers' own parser (:func:`cellcal.drivers.robot.parse_robot_url`),
+    then its target checked the way the backend will use it, without connecting: an RTDE
+    controller's ``host[:port]`` (:func:`check_host`; ``[v6]:port`` for IPv6), a CAN channel
+    without control characters. Query keys and options are the driver's to check
+    (:func:`check_devices` builds it).
+
+    Raises
+    ------
+    ConfigError
+        Under ``robot.url``.
+    """
+    _check_text("robot.url", url)
+    try:
+        u = parse_robot_url(url)
+    except ValueError as exc:
+        raise ConfigError("robot.url", str(exc)) from None
+    if u.scheme == "rtde":
+        _host_port(u.target, "robot.url", url)
+
+
+#: pyserial URL schemes whose handler's parser does more than parse (see check_tracker_url).
+_ACTING_HANDLERS = ("spy", "hwgrep")
+
+
+def _pyserial_handler(scheme: str) -> ModuleType | None:
+    """The handler module pyserial loads for ``scheme://`` (its own ``serial.urlhandler``)."""
+    try:
+        return importlib.import_module(f"serial.urlhandler.protocol_{scheme}")
+    except ImportError:
+        return None
+
+
+#: The query options of the pyserial handlers whose parser is called here (their from_url).
+_HANDLER_OPTIONS = {"socket": ("logging",), "loop": ("logging",),
+                    "rfc2217": ("logging", "ign_set_control", "poll_modem", "timeout")}
+
+
+def _check_query(scheme: str, query: str, levels: Mapping[str, object], url: str) -> str:
+    """A pyserial handler's options by name, and ``logging=<level>`` against the handler's own
+    level table; returns the query without ``logging``. (The handler's parser calls
+    ``logging.basicConfig()`` for it, which no library may do in the daemon; it raises
+    ``KeyError`` for an unknown level, and the loop handler's message for an unknown option
+    is itself a ``KeyError``.)"""
+    kept = []
+    for option, value in parse_qsl(query, keep_blank_values=True):
+        if option not in _HANDLER_OPTIONS[scheme]:
+            raise ConfigError("tracker.url", f"{_show(url)}: unknown option {option!r} (pyserial's {scheme}:// "
+                                             f"takes {', '.join(_HANDLER_OPTIONS[scheme])})")
+        if option == "logging":
+            if value not in levels:
+                raise ConfigError("tracker.url", f"{_show(url)}: logging={value!r}; pyserial's levels: "
+                                                 f"{', '.join(sorted(levels))}")
+        else:
+            kept.append((option, value))
+    return urlencode(kept)
+
+
+def check_tracker_url(url: str) -> None:
+    """A tracker URL checked without opening it, by the parsers the driver will use.
+
+    * A protocol URL: ``emscon://host[:port]`` (a Leica emScon tracker over TCP; its host is
+      checked here, its port and the rest by the driver, which :func:`check_devices` builds), or
       ``geocom://<device>[?baud=N]`` / ``geocom+<transport>://...`` (a Leica GeoCOM
       instrument), whose serial part is checked as below.
-    * Otherwise what ``serial.serial_for_url`` will take: an absolute device path
-      (``/dev/ttyUSB0``, a pty, ``/dev/serial/by-id/...``), or a pyserial URL whose scheme
-      pyserial knows and, for ``socket://`` and ``rfc2217://``, a host and a port in 1..65535.
+    * An absolute device path (``/dev/ttyUSB0``, a pty, ``/dev/serial/by-id/...``).
+    * A pyserial URL whose scheme pyserial knows, checked by that scheme's own handler where
+      its parser only parses: ``socket://host:port`` and ``rfc2217://host:port`` (a host,
+      :func:`check_host`, and a port in 1..65535; their options), ``loop://`` (its options),
+      ``alt://<port>?class=...`` (the class pyserial would use); and by the handler's rules
+      where its parser would act (``spy://`` would open its ``file=``, ``hwgrep://`` would
+      list and open ports): ``spy://<port>`` and ``alt://<port>`` need a port, itself checked
+      as a tracker URL; ``hwgrep://<pattern>`` a pattern that compiles and valid options.
 
     Raises
     ------
     ConfigError
         Under ``tracker.url``.
     """
+    _check_text("tracker.url", url)
     named = backend_for_url(url)
     if named == "emscon":
+        try:
+            host = urlsplit(url).hostname
+        except ValueError as exc:
+            raise ConfigError("tracker.url", f"{_show(url)}: {exc}") from None
+        if host:
+            check_host(host, "tracker.url", url)
         return
     if named == "geocom":
         try:
@@ -357,17 +509,138 @@ def check_tracker_url(url: str) -> None:
         # registry) never loads the serial stack.
         import serial
 
-        serial.serial_for_url(url, do_not_open=True)
+        if scheme in _ACTING_HANDLERS:
+            # Their parsers act when the port is named (spy opens its file= for writing, hwgrep
+            # lists the ports and with skip_busy opens each): only the scheme is looked up here.
+            if _pyserial_handler(scheme) is None:
+                raise ValueError(f"invalid URL, protocol {scheme!r} not known")
+        else:
+            serial.serial_for_url(url, do_not_open=True)
     except (ValueError, OSError) as exc:
         raise ConfigError("tracker.url", f"pyserial cannot open {_show(url)}: {exc} (cellcal's own protocol "
                                          "URLs: emscon://host[:port], geocom://<device>, geocom+socket://host:port)") from None
     except Exception as exc:  # noqa: BLE001 - a URL handler pyserial loads may raise anything
         raise ConfigError("tracker.url", f"pyserial cannot open {_show(url)}: {type(exc).__name__}: {exc}") from None
-    if scheme in ("socket", "rfc2217"):
+    try:
         parts = urlsplit(url)
+    except ValueError as exc:  # "socket://[::1": an unclosed IPv6 bracket
+        raise ConfigError("tracker.url", f"{_show(url)}: {exc}") from None
+    handler = _pyserial_handler(scheme)
+    if scheme in ("socket", "rfc2217", "loop") and handler is not None:
+        levels = getattr(handler, "LOGGER_LEVELS", None)
+        if levels is None and scheme == "rfc2217":
+            levels = getattr(importlib.import_module("serial.rfc2217"), "LOGGER_LEVELS", {})
+        query = _check_query(scheme, parts.query, levels or {}, url)
+        if scheme in ("socket", "rfc2217"):
+            if not parts.hostname:
+                raise ConfigError("tracker.url", f"expected {scheme}://host:port with a port in 1..65535, got {_show(url)}")
+            check_host(parts.hostname, "tracker.url", url)
+            try:
+                port = parts.port
+            except ValueError:
+                port = None
+            if port is None or not 0 < port < 65536:
+                raise ConfigError("tracker.url", f"expected {scheme}://host:port with a port in 1..65535, got {_show(url)}")
         try:
-            port = parts.port
-        except ValueError:
-            port = None
-        if not parts.hostname or port is None or not 0 < port < 65536:
-            raise ConfigError("tracker.url", f"expected {scheme}://host:port with a port in 1..65535, got {_show(url)}")
+            # the handler's own parser, on an instance that names no port (so nothing is opened)
+            handler.Serial(None).from_url(urlunsplit(parts._replace(query=query)))
+        except Exception as exc:  # noqa: BLE001 - SerialException, or whatever the handler raises
+            raise ConfigError("tracker.url", f"{_show(url)}: {exc}") from None
+    elif scheme == "alt" and handler is not None:
+        try:
+            inner, _cls = handler.serial_class_for_url(url)  # the handler's own parser: pure
+        except Exception as exc:  # noqa: BLE001 - SerialException, ValueError for an unknown class
+            raise ConfigError("tracker.url", f"{_show(url)}: {exc}") from None
+        _check_inner_port(inner, url)
+    elif scheme == "spy":
+        for option, _value in parse_qsl(parts.query, keep_blank_values=True):
+            if option not in ("file", "color", "raw", "all"):
+                raise ConfigError("tracker.url", f"{_show(url)}: unknown spy option {option!r} (pyserial's: file, "
+                                                 "color, raw, all)")
+        _check_inner_port(parts.netloc + parts.path, url)  # what spy opens (its handler's rule)
+    elif scheme == "hwgrep":
+        _check_hwgrep(url)
+
+
+def _check_inner_port(inner: str, url: str) -> None:
+    """The port a wrapping pyserial URL (``spy://``, ``alt://``) opens: itself a tracker URL."""
+    if not inner:
+        raise ConfigError("tracker.url", f"{_show(url)} names no port to open (spy:///dev/ttyUSB0, "
+                                         "spy://socket://host:port)")
+    try:
+        check_tracker_url(inner)
+    except ConfigError as exc:
+        raise ConfigError("tracker.url", f"{exc.message} (the port inside {_show(url)})") from None
+
+
+def _check_hwgrep(url: str) -> None:
+    # pyserial's hwgrep parser lists (and with skip_busy opens) the serial ports: its grammar,
+    # checked here without that. "hwgrep://<regexp>[&n=N][&skip_busy]"; n must be >= 2 there.
+    pattern, *options = url[len("hwgrep://"):].split("&")
+    if not pattern:
+        raise ConfigError("tracker.url", f"{_show(url)}: hwgrep:// needs a pattern (hwgrep://FTDI)")
+    try:
+        re.compile(pattern, re.I)
+    except re.error as exc:
+        raise ConfigError("tracker.url", f"{_show(url)}: the pattern does not compile: {exc}") from None
+    for opt in options:
+        name, _, value = opt.partition("=")
+        if name == "n":
+            if not (value.isascii() and value.isdigit() and int(value) >= 2):
+                raise ConfigError("tracker.url", f"{_show(url)}: n={value!r}; pyserial's hwgrep takes an integer n >= 2")
+        elif name != "skip_busy":
+            raise ConfigError("tracker.url", f"{_show(url)}: unknown hwgrep option {name!r} (pyserial's: n, skip_busy)")
+
+
+def _annotation_types(cls: type) -> dict[str, str]:
+    """Keyword parameter -> annotation (as written) of a driver's constructors, its own first."""
+    out: dict[str, str] = {}
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        for name, param in inspect.signature(init).parameters.items():
+            if param.kind is param.KEYWORD_ONLY and name not in out and isinstance(param.annotation, str):
+                out[name] = param.annotation
+    return out
+
+
+def check_tracker_options(url: str, options: Mapping[str, object]) -> None:
+    """Each tracker option of the type its backend's constructors declare (``auto_reconnect:
+    bool`` takes ``true``/``false``, not ``"maybe"``, which ``bool()`` would read as true; ``int``
+    no float or bool; ``float`` a number), and a ``baudrate`` pyserial takes, above 0.
+
+    Raises
+    ------
+    ConfigError
+        Under ``tracker.options.<key>``.
+    """
+    name = options.get("backend") or backend_for_url(url) or "serial"
+    if not isinstance(name, str):
+        return
+    try:
+        cls = load_backend(BACKENDS, name, "tracker backend")
+    except (ValueError, ImportError, AttributeError):
+        return  # check_devices has reported it
+    declared = _annotation_types(cls)
+    for key, value in options.items():
+        want = declared.get(key)
+        path = f"tracker.options.{key}"
+        if want == "bool" and not isinstance(value, bool):
+            raise ConfigError(path, f"expected true or false, got {_show(value)}")
+        if want == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+            raise ConfigError(path, f"expected an integer, got {_show(value)}")
+        if want == "float" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            raise ConfigError(path, f"expected a number, got {_show(value)}")
+    if "baudrate" in options:
+        b = options["baudrate"]
+        if isinstance(b, bool) or not isinstance(b, int) or b <= 0:
+            raise ConfigError("tracker.options.baudrate", f"expected a line speed above 0 (9600, 115200), got {_show(b)}")
+        if "://" in url and backend_for_url(url) is None:
+            # pyserial only for a tracker with a baudrate (see check_tracker_url)
+            import serial
+
+            try:
+                serial.serial_for_url(url, do_not_open=True, baudrate=b)  # pyserial's own check of it
+            except (ValueError, OSError) as exc:
+                raise ConfigError("tracker.options.baudrate", f"pyserial refuses {b}: {exc}") from None

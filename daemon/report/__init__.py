@@ -25,6 +25,7 @@ from cellcal.daemon.bodies import (  # noqa: F401 - re-exported (module docstrin
     transforms_of,
     warnings_to_wire,
 )
+from cellcal.solver import PointBaseFrameResult, ToolPointResult
 from cellcal.solver.calibrate import CalibrationResult, Estimate
 from cellcal.solver.se3 import quat_from_matrix, so3_log
 
@@ -67,6 +68,8 @@ def _estimate_lines(e: Estimate) -> str:
 def format_report(result: CalibrationResult, *, station_names: list[str] | None = None, worst: int = 3) -> str:
     """Human-readable report: every transform and point in mm/deg with its 1-sigma, the
     axis spread, RMS and worst residuals, uncertainty, held-out closure."""
+    # A point base frame or a tool point fits positions only: no rotation figure to print as 0.
+    positions_only = isinstance(result, (PointBaseFrameResult, ToolPointResult))
     lines = [f"cellcal {type(result).__name__.removesuffix('Result')} calibration ({result.solver})"]
     lines += [_estimate_lines(e) for e in result.transforms().values()]
     a = result.weakest_axis
@@ -77,10 +80,12 @@ def format_report(result: CalibrationResult, *, station_names: list[str] | None 
         f"[{a[0]:.3f} {a[1]:.3f} {a[2]:.3f}] in {result.axis_frame}",
         f"  residual translation: RMS {result.rms_translation_m * 1e3:.4f} mm, worst "
         f"{result.max_translation_m * 1e3:.4f} mm",
-        f"  residual rotation:    RMS {math.degrees(result.rms_rotation_rad):.5f} deg, worst "
-        f"{math.degrees(result.max_rotation_rad):.5f} deg",
-        f"  uncertainty (1 sigma): {result.sigma_translation_mm:.4f} mm, {result.sigma_rotation_deg:.5f} deg"
-        f" ({'refined' if result.refined else 'linear'}; noise {result.noise_source})",
+        ("  residual rotation:    n/a (the measurements carry no orientation)" if positions_only else
+         f"  residual rotation:    RMS {math.degrees(result.rms_rotation_rad):.5f} deg, worst "
+         f"{math.degrees(result.max_rotation_rad):.5f} deg"),
+        f"  uncertainty (1 sigma): {result.sigma_translation_mm:.4f} mm"
+        + ("" if positions_only else f", {result.sigma_rotation_deg:.5f} deg")
+        + f" ({'refined' if result.refined else 'linear'}; noise {result.noise_source})",
     ]
     lines.append(f"  solve: {'converged' if result.converged else 'DID NOT CONVERGE'} ({result.stop_reason}; "
                  f"{result.iterations} iterations, {result.dof} degrees of freedom)")
@@ -97,11 +102,12 @@ def format_report(result: CalibrationResult, *, station_names: list[str] | None 
     lines.append("  residual tests: " + "; ".join(parts))
     h = result.holdout
     if h is not None:
+        rotation = "" if positions_only else (
+            f"; rotation P50 {math.degrees(h.p50_rotation_rad):.5f} / P90 {math.degrees(h.p90_rotation_rad):.5f} / max "
+            f"{math.degrees(h.max_rotation_rad):.5f} deg")
         lines.append(
             f"  held-out closure ({h.method}): translation P50 {h.p50_translation_m * 1e3:.4f} / P90 "
-            f"{h.p90_translation_m * 1e3:.4f} / max {h.max_translation_m * 1e3:.4f} mm; rotation P50 "
-            f"{math.degrees(h.p50_rotation_rad):.5f} / P90 {math.degrees(h.p90_rotation_rad):.5f} / max "
-            f"{math.degrees(h.max_rotation_rad):.5f} deg"
+            f"{h.p90_translation_m * 1e3:.4f} / max {h.max_translation_m * 1e3:.4f} mm{rotation}"
         )
     la = result.linear_agreement
     if la is not None:
@@ -117,8 +123,6 @@ def format_report(result: CalibrationResult, *, station_names: list[str] | None 
         lines.append("  worst-fitting stations:")
         for i in result.residuals.worst(worst):
             label = station_names[i] if station_names else f"station {i}"
-            lines.append(
-                f"    {label}: {result.residuals.translation_m[i] * 1e3:.4f} mm, "
-                f"{math.degrees(result.residuals.rotation_rad[i]):.5f} deg"
-            )
+            rotation = "" if positions_only else f", {math.degrees(result.residuals.rotation_rad[i]):.5f} deg"
+            lines.append(f"    {label}: {result.residuals.translation_m[i] * 1e3:.4f} mm{rotation}")
     return "\n".join(lines)

@@ -19,6 +19,13 @@ For result ``<id>`` the directory (``<state_dir>/exports``) holds:
 ``active``
     A symlink to a directory holding the active result's files under stable names
     (``result.json``, ``result.urdf`` ...), switched atomically (:func:`update_active`).
+``GATES_FAILED_not_for_use/``
+    The files of a result that failed its acceptance gates (:data:`REFUSED_DIR`), never beside
+    the others: nothing that reads ``exports/result_<id>.urdf`` or ``exports/active/`` finds a
+    refused result, and the path itself says it. Each text file's first line says
+    ``GATES FAILED: not for use`` with the failed gates; the ROS 2 script and launch file exit
+    before they publish, and the UR script stops (``halt``) before it defines a pose; the JSON's
+    first key is ``GATES_FAILED``. A refused result cannot be activated, so nothing moves them.
 
 Frame names in the URDF, xacro, ROS 2 and UR files come from ``[export]``
 (:class:`cellcal.daemon.config.Export`): ``cell_frame = "world"`` names the cell frame
@@ -71,7 +78,9 @@ import numpy as np
 from cellcal.daemon import runs
 from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.config import Export
+from cellcal.daemon.gates import gates_passed
 from cellcal.daemon.report.reading import as_map
+from cellcal.daemon.report.refused import REFUSED_DIR, REFUSED_MARK, mark_refused, refused_text
 from cellcal.daemon.store import StoreError, StoreFullError, StoreReadOnlyError
 from cellcal.solver.se3 import check_transform, se3_inverse, so3_log, xyz_quat_from_transform
 
@@ -95,6 +104,8 @@ __all__ = [
     "ur_script",
     "frame_names",
     "export_file_names",
+    "REFUSED_DIR",
+    "REFUSED_MARK",
     "write_exports",
     "update_active",
     "sync_active",
@@ -776,7 +787,8 @@ def write_exports(directory: str | os.PathLike[str], result_id: int, result_dict
     Returns
     -------
     dict
-        ``{"json", "urdf", "xacro", "ros2", "launch", "ur"}`` -> Path.
+        ``{"json", "urdf", "xacro", "ros2", "launch", "ur"}`` -> Path; in
+        ``directory / REFUSED_DIR`` for a result that failed its gates (module docstring).
     """
     directory = Path(directory)
     if isinstance(result_id, bool) or not isinstance(result_id, (int, np.integer)):
@@ -786,18 +798,30 @@ def write_exports(directory: str | os.PathLike[str], result_id: int, result_dict
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise _export_error(exc, directory / f"result_{result_id}", "creating the directory for") from exc
+    refused = not gates_passed(result_dict)
+    if refused:
+        directory = directory / REFUSED_DIR
+        try:
+            directory.mkdir(exist_ok=True)
+        except OSError as exc:
+            raise _export_error(exc, directory / f"result_{result_id}", "creating the directory for") from exc
     items = _exportable(result_dict, frame_names(export), _base_yaw(export))
     files = export_file_names(result_id)
-    out = {
-        "json": write_json_result(directory / files["json"], result_dict),
-        "urdf": atomic_write_bytes(directory / files["urdf"], urdf_robot(result_id, result_dict, export).encode()),
-        "xacro": atomic_write_bytes(directory / files["xacro"], xacro_macros(result_id, result_dict, export).encode()),
-        "ros2": atomic_write_bytes(directory / files["ros2"], _ros2_script(result_id, result_dict, items).encode(),
-                                   mode=0o755),
-        "launch": atomic_write_bytes(directory / files["launch"],
-                                     ros2_launch_file(result_id, result_dict, export).encode()),
-        "ur": atomic_write_bytes(directory / files["ur"], ur_script(result_id, result_dict, export).encode()),
+    texts = {
+        "urdf": urdf_robot(result_id, result_dict, export),
+        "xacro": xacro_macros(result_id, result_dict, export),
+        "ros2": _ros2_script(result_id, result_dict, items),
+        "launch": ros2_launch_file(result_id, result_dict, export),
+        "ur": ur_script(result_id, result_dict, export),
     }
+    if refused:
+        texts = {k: mark_refused(k, t, result_dict) for k, t in texts.items()}
+    doc = {"GATES_FAILED": refused_text(result_dict), **result_dict} if refused else result_dict
+    out = {"json": write_json_result(directory / files["json"], doc)}
+    for key, text in texts.items():
+        # A refused result's script is not made executable: it is not for running.
+        mode = 0o755 if key == "ros2" and not refused else 0o644
+        out[key] = atomic_write_bytes(directory / files[key], text.encode(), mode=mode)
     # The kind's own files (a kinematics result's parameters, arm URDF, UR calibration YAML).
     out.update(runs.for_body(result_dict).write_exports(directory, result_id, result_dict, _as_export(export)))
     return out

@@ -46,6 +46,7 @@ import numpy as np
 from cellcal.daemon import runs
 from cellcal.daemon.bodies import result_body
 from cellcal.daemon.report.exports import atomic_write_bytes
+from cellcal.daemon.report.human import no_rotation_reason
 from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
 from cellcal.daemon.store import StationRecord, Store
 from cellcal.solver.se3 import quat_from_matrix, so3_log
@@ -661,7 +662,7 @@ def _fig_drift(drift_checks: Sequence[Mapping[str, object]] | None) -> str:
     title = "Drift history with warn/fail bands and CUSUM"
     checks = [d for d in drift_checks or [] if isinstance(d.get("deviation_translation_m"), (int, float))]
     if not checks:
-        return _missing("fig-drift", title, "no drift check of this result yet (run one: cellcal ctl request_drift_check; "
+        return _missing("fig-drift", title, "no drift check of this result yet (run one: cellcal ctl run_drift_check; "
                                             "then regenerate the report with cellcal report)")
     checks = sorted(checks, key=lambda d: to_int(d.get("check_id", 0)))
     dev = np.array([to_float(d["deviation_translation_m"]) for d in checks]) * 1e3
@@ -753,16 +754,22 @@ def _summary(body: Mapping[str, object]) -> str:
         suspect = f'<p class="banner">SUSPECT: {_e(body.get("suspect_reason") or "marked suspect")}</p>'
     u = as_map(body.get("uncertainty"), "uncertainty")
     fit = {k: body[k] for k in ("converged", "stop_reason") if k in body}
+    no_rotation = no_rotation_reason({**body, "kind": kind})
+    # A positions-only fit (point base frame, pivot) pairs no motions: its 0 is not a figure.
+    counts = [f"{body[k]} {k[2:]}" for k in ("n_stations", "n_motions")
+              if isinstance(body.get(k), int) and not (k == "n_motions" and no_rotation is not None and not body[k])]
     rows = [
         ("result", f"{rid} ({kind}), {status}, run {body.get('run_id') or 'none'}"),
-        ("stations", f"{body.get('n_stations', '?')} stations, {body.get('n_motions', '?')} motions"),
-        ("residual translation", f"RMS {_fmt(to_float(body.get('rms_translation_m') or 0) * 1e3)} mm, worst "
-                                 f"{_fmt(to_float(body.get('max_translation_m') or 0) * 1e3)} mm"),
-        ("residual rotation", f"RMS {_fmt(math.degrees(to_float(body.get('rms_rotation_rad') or 0)), 5)} deg, worst "
-                              f"{_fmt(math.degrees(to_float(body.get('max_rotation_rad') or 0)), 5)} deg"),
-        ("uncertainty (1 sigma)", f"{_fmt(to_float(u.get('sigma_translation_m') or math.nan) * 1e3)} mm, "
-                                  f"{_fmt(math.degrees(to_float(u.get('sigma_rotation_rad') or math.nan)), 5)} deg "
-                                  f"(noise: {u.get('noise_source', '?')})"),
+        ("stations", ", ".join(counts) or "n/a"),
+        ("residual translation", f"RMS {_scaled(body.get('rms_translation_m'), 1e3, 4)} mm, worst "
+                                 f"{_scaled(body.get('max_translation_m'), 1e3, 4)} mm"),
+        ("residual rotation", f"n/a: {no_rotation.removeprefix('does not apply: ')}" if no_rotation is not None else
+         f"RMS {_scaled(body.get('rms_rotation_rad'), math.degrees(1.0), 5)} deg, worst "
+         f"{_scaled(body.get('max_rotation_rad'), math.degrees(1.0), 5)} deg"),
+        ("uncertainty (1 sigma)", f"{_scaled(u.get('sigma_translation_m'), 1e3, 4)} mm"
+                                  + ("" if no_rotation is not None else
+                                     f", {_scaled(u.get('sigma_rotation_rad'), math.degrees(1.0), 5)} deg")
+                                  + (f" (noise: {u['noise_source']})" if u.get("noise_source") else "")),
         ("solver", f"{body.get('solver', '?')}; {'converged' if fit.get('converged', True) else 'DID NOT CONVERGE'}"
                    f" ({fit.get('stop_reason', '')})"),
     ]

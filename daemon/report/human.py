@@ -5,10 +5,12 @@ drift check; the systemd journal shows the same lines) and ``cellcal watch`` say
 thing. Input: the protocol's bodies (``cellcal.daemon.protocol``: SI, quaternions w, x, y, z);
 output: lengths in mm, angles in degrees, with the unit written out.
 
-The pose of a transform ``a_T_b`` is given as its translation (mm) and its rotation as
-fixed-axis X-Y-Z angles (roll, pitch, yaw, degrees: ``R = Rz(yaw) Ry(pitch) Rx(roll)``),
-the convention of a URDF ``rpy``; its 1-sigma is the root of the trace of the covariance's
-translation (rotation) block, the convention of ``protocol.Uncertainty``.
+The pose of a transform ``a_T_b`` is given as its translation (mm) and its rotation as a
+rotation vector (the axis times the angle, in degrees), the form ``cellcal show``, the report
+and the UR exports use too; its 1-sigma is the root of the trace of the covariance's
+translation (rotation) block, the convention of ``protocol.Uncertainty``. A fit without
+rotation residuals (a 3-DoF point base frame, a tool point) has no rotation RMS to show: its
+figure is left out, never printed as 0 (:func:`no_rotation_reason`).
 """
 
 from __future__ import annotations
@@ -20,8 +22,10 @@ import numpy as np
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
+from cellcal.solver.se3 import so3_log
 
-__all__ = ["station_line", "result_line", "drift_line", "pose_text", "sigma_of", "main_transform", "kinematic_unit"]
+__all__ = ["station_line", "result_line", "drift_line", "pose_text", "fit_text", "no_rotation_reason", "sigma_of",
+           "main_transform", "kinematic_unit"]
 
 
 def _mm(v: object, digits: int = 3) -> str:
@@ -43,12 +47,27 @@ def kinematic_unit(name: str) -> tuple[str, float, int]:
     return "deg", math.degrees(1.0), 6
 
 
-def _rpy_deg(matrix: object) -> tuple[float, float, float]:
+def _rotation_vector_deg(matrix: object) -> tuple[float, float, float]:
     R = np.asarray(matrix, dtype=float).reshape(4, 4)[:3, :3]
-    pitch = math.asin(max(-1.0, min(1.0, -R[2, 0])))
-    roll = math.atan2(R[2, 1], R[2, 2])
-    yaw = math.atan2(R[1, 0], R[0, 0])
-    return math.degrees(roll), math.degrees(pitch), math.degrees(yaw)
+    rx, ry, rz = (math.degrees(float(v)) for v in so3_log(R))
+    return rx, ry, rz
+
+
+def no_rotation_reason(body: Mapping[str, object]) -> str | None:
+    """Why a result has no rotation residuals (None when it has): its ``rms_rotation`` gate
+    recorded as not applying (``cellcal.daemon.gates``: a point base frame, a tool point), or a
+    tool point (whose fit is of positions only) stored without gates. Summaries leave the
+    rotation RMS out for such a result rather than print its 0."""
+    gates = body.get("gates")
+    checks = gates.get("checks") if isinstance(gates, Mapping) else None
+    for c in checks if isinstance(checks, list) else ():
+        if isinstance(c, Mapping) and c.get("name") == "rms_rotation" and c.get("applies") is False:
+            return str(c.get("message") or "the measurements carry no orientation")
+    if body.get("kind") == "tool_point":
+        return "a tool point (pivot) fit has no rotation residuals: only the tip's positions are fitted"
+    if body.get("rms_rotation_rad") is None:
+        return "no rotation residual recorded"
+    return None
 
 
 def main_transform(body: Mapping[str, object]) -> str | None:
@@ -72,17 +91,26 @@ def sigma_of(body: Mapping[str, object], name: str) -> tuple[float | None, float
 
 
 def pose_text(body: Mapping[str, object], name: str) -> str:
-    """``cell_T_base = (x, y, z) mm +- s mm, rpy (r, p, y) deg +- s deg``."""
+    """``cell_T_base = (x, y, z) mm +- s mm, rotation vector (rx, ry, rz) deg +- s deg``
+    (``name = unknown`` when the result does not carry it whole)."""
     t = as_map(as_map(body.get("transforms"), "transforms").get(name), name)
     xyz = [to_float(v) * 1e3 for v in as_list(t.get("translation_m"), "translation_m")]
     if len(xyz) != 3 or "matrix" not in t:
-        return f"{name} = ?"
-    r, p, y = _rpy_deg(t["matrix"])
+        return f"{name} = unknown (not in the result)"
+    rx, ry, rz = _rotation_vector_deg(t["matrix"])
     s_t, s_r = sigma_of(body, name)
     st = "" if s_t is None else f" +- {s_t * 1e3:.3f} mm"
     sr = "" if s_r is None else f" +- {math.degrees(s_r):.4f} deg"
     return (f"{name} = ({xyz[0]:.3f}, {xyz[1]:.3f}, {xyz[2]:.3f}) mm{st}, "
-            f"rpy ({r:.4f}, {p:.4f}, {y:.4f}) deg{sr}")
+            f"rotation vector ({rx:.4f}, {ry:.4f}, {rz:.4f}) deg{sr}")
+
+
+def fit_text(body: Mapping[str, object]) -> str:
+    """``fit rms 0.012 mm / 0.0031 deg``; the rotation left out for a fit without rotation
+    residuals (:func:`no_rotation_reason`)."""
+    rot = body.get("rms_rotation_rad")
+    rotation = "" if no_rotation_reason(body) is not None else f" / {_deg(rot)}"
+    return f"fit rms {_mm(body.get('rms_translation_m'))}{rotation}"
 
 
 def station_line(body: Mapping[str, object]) -> str:
@@ -104,13 +132,11 @@ def result_line(body: Mapping[str, object], *, exports: str | None = None, repor
     status = "active" if body.get("active") else "stored, not active"
     if body.get("suspect"):
         status += ", SUSPECT"
-    parts = [f"result {body.get('result_id')} ({body.get('kind')}, run {body.get('run_id') or '-'}, "
-             f"{body.get('n_stations', '?')} stations) {status}"]
+    stations = f", {body['n_stations']} stations" if isinstance(body.get("n_stations"), int) else ""
+    parts = [f"result {body.get('result_id')} ({body.get('kind')}, run {body.get('run_id') or '-'}{stations}) {status}"]
     if name is not None:
         parts.append(pose_text(body, name))
-    rot = body.get("rms_rotation_rad")
-    parts.append(f"fit rms {_mm(body.get('rms_translation_m'))}"
-                 + (f" / {_deg(rot)}" if isinstance(rot, (int, float)) and rot > 0 else ""))
+    parts.append(fit_text(body))
     if exports is not None:
         parts.append(f"exports in {exports}")
     if report is not None:

@@ -13,6 +13,20 @@ snapshots, and the daemon never sees two commands at once). ``get_snapshot`` is 
 the I/O thread itself from the latest message of every topic, so its ``seq`` is exactly
 the last message that left before the reply.
 
+Per-peer state
+--------------
+Clients come and go (a ``cellcal ctl`` per command, a PLC that reconnects for every read), so
+nothing kept per peer may grow with the number of peers ever seen. What is kept, each
+bounded by a count (:meth:`ZmqServer.peer_state` reports them): the stored replies that make
+a Lazy-Pirate retry safe, only for commands that change state (the operator's: a retried
+read is simply answered again), at most ``dedup_entries`` (1024) and ``dedup_bytes`` (1 MiB),
+least recent out; the requests in flight (at most ``max_queued_commands``); the ipc peers'
+group memberships and the refusal-log stamps (at most 1000 each, then cleared); the
+internal-error log stamps (at most 256). libzmq frees a peer's pipes when it disconnects, once
+the socket processes its commands: the I/O thread polls the PUB socket too (it never has
+input) so that it does at once, not only when it next publishes. No socket monitor runs in
+the server.
+
 Back-pressure
 -------------
 PUB drops messages for a subscriber whose queue holds ``[zmq] sndhwm`` messages (ZeroMQ's
@@ -227,6 +241,11 @@ class _ReplyCache:
     def __len__(self) -> int:
         return len(self._d)
 
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the replies held."""
+        return self._bytes
+
 
 class ZmqServer:
     """PUB + ROUTER endpoints of the daemon. The constructor does no I/O; :meth:`start` binds.
@@ -265,8 +284,8 @@ class ZmqServer:
         boot_id: str | None = None,
         republish_topics: Iterable[str] = (P.TOPIC_RESULT,),
         validate_bodies: bool = False,
-        dedup_entries: int = 4096,
-        dedup_bytes: int = 16 << 20,
+        dedup_entries: int = 1024,
+        dedup_bytes: int = 1 << 20,
         max_queued_commands: int = 64,
     ) -> None:
         self._allow = check_security(config_zmq)
@@ -300,6 +319,7 @@ class ZmqServer:
         self._wake_w: int | None = None
         self._ctx: zmq.Context | None = None
         self._auth: ThreadAuthenticator | None = None
+        self._allow_list: _AllowList | None = None
         self._io: threading.Thread | None = None
         self._worker: threading.Thread | None = None
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
@@ -344,6 +364,21 @@ class ZmqServer:
         """Counters: published, requests, bad_requests, forbidden, busy, dedup_hits, replies, ..."""
         return dict(self._stats)
 
+    def peer_state(self) -> dict[str, int]:
+        """How many entries each store kept about peers holds now (module docstring, "Per-peer
+        state"): ``stored_replies``, ``stored_reply_bytes``, ``inflight``, ``queued``,
+        ``peer_groups``, ``peer_refusals``, ``key_refusals``, ``internal_errors_logged``.
+        Read from any thread (the sizes of containers the I/O thread owns: a snapshot)."""
+        peers, allow = self._peers, self._allow_list
+        return {
+            "stored_replies": len(self._replies), "stored_reply_bytes": self._replies.nbytes,
+            "inflight": len(self._inflight), "queued": self._queued,
+            "peer_groups": len(peers._groups) if peers is not None else 0,
+            "peer_refusals": len(peers._last_refusal) if peers is not None else 0,
+            "key_refusals": len(allow._last_refusal) if allow is not None else 0,
+            "internal_errors_logged": len(self._internal_logged),
+        }
+
     def latest(self, topic: str) -> P.Envelope | None:
         """The latest envelope published on ``topic`` (decoded), or ``None``."""
         item = self._latest.get(topic)
@@ -375,7 +410,8 @@ class ZmqServer:
                 self._auth = _Authenticator(self._ctx, self._peers, logging.getLogger(self._log.name + ".zap"))
                 self._auth.start()
                 if self._curve:
-                    self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=_AllowList(self._allow, self._log))
+                    self._allow_list = _AllowList(self._allow, self._log)
+                    self._auth.configure_curve_callback(ZAP_DOMAIN, credentials_provider=self._allow_list)
             r, w = os.pipe()
             os.set_blocking(r, False)
             os.set_blocking(w, False)
@@ -549,6 +585,12 @@ class ZmqServer:
         assert wake_r is not None  # start() made the pipe before this thread
         poller.register(router, zmq.POLLIN)
         poller.register(wake_r, zmq.POLLIN)
+        # The PUB never has input, but polling it makes libzmq process its commands as they
+        # come: a subscriber that connected and left is detached (its pipe and buffers freed)
+        # at once, not at the next publish. Without it every subscriber between two heartbeats
+        # stayed allocated: a churn of short-lived subscribers grew the daemon by megabytes
+        # (bench/zmq_churn_bench.py).
+        poller.register(pub, zmq.POLLIN)
         period = float(self._cfg.republish_s)
         next_republish = time.monotonic() + period
         # Messages published before start() were queued without a wake-up byte.
@@ -586,7 +628,8 @@ class ZmqServer:
                 self._stats["commands"] += 1
                 if outcome == P.E_INTERNAL:
                     self._stats["internal_errors"] += 1
-                self._replies.put(key, reply)
+                if key[-1]:  # a command that changes state: its retries get this reply
+                    self._replies.put(key, reply)
                 for prefix in self._inflight.pop(key, ()):
                     self._send_reply(router, prefix, reply)
             elif kind == "republish":
@@ -688,7 +731,9 @@ class ZmqServer:
             self._send_reply(router, prefix, self._snapshot_reply(req.id))
             self._audit.debug("cmd get_snapshot id=%r key=%s -> ok (seq %d)", req.id, caller.key_id, self._seq)
             return
-        dedup_key = (key, identity, type(req.id).__name__, req.id)
+        # A retried read is answered afresh; only a command that changes state (the operator's)
+        # must not run twice, so only its reply is stored (the "Per-peer state" bound).
+        dedup_key = (key, identity, type(req.id).__name__, req.id, spec.role == P.ROLE_OPERATOR)
         cached = self._replies.get(dedup_key)
         if cached is not None:
             self._stats["dedup_hits"] += 1
