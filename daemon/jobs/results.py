@@ -67,18 +67,23 @@ def provenance(cfg: Config, run: RunRecord, record: Mapping[str, object],
     its own record of them is often empty). ``robot_serial`` and ``kinematics_digest`` name
     the arm and the kinematic table its poses were computed with
     (``cellcal.daemon.devices.robot_identity``; None when the robot did not say, e.g. a run
-    solved from given stations)."""
+    solved from given stations). A camera result's record names its target file's sha256
+    (``target_sha256``), which the provenance keeps."""
     known: P.JsonObject = dict(run.devices or {})
     for name, ident in (devices or {}).items():
         if ident:
             known[name] = dict(ident)
     robot = known.get(P.DEVICE_ROBOT) or {}
     robot = robot if isinstance(robot, dict) else {}
-    return {
+    out: P.JsonObject = {
         "config_sha256": cfg.sha256, "devices": known, "cellcal_version": cellcal_version(),
         "solver": str(record.get("solver") or "unknown"), "cell": cfg.service.name,
         "robot_serial": robot.get("serial"), "kinematics_digest": robot.get("kinematics_digest"),
     }
+    target = record.get("target_sha256")
+    if isinstance(target, str) and target:  # a camera result: the target file it was solved with (ADR 0030)
+        out["target_sha256"] = target
+    return out
 
 
 class ResultKeeper:
