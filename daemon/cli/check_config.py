@@ -12,8 +12,9 @@ rights. ``--no-devices`` skips the drivers (then it checks less than ``run`` doe
 
 ``--probe`` then opens each device (as the daemon's user, on the daemon's network), reads
 its identity and one sample (the robot's state; one tracker measurement of the configured
-``[tracker] measure``), closes it and prints one line per device instead of the JSON. The
-robot is only read, never moved.
+``[tracker] measure``; with a ``[camera]``, one frame with the configured settings and the
+target's corners found in it), closes it and prints one line per device instead of the JSON.
+The robot is only read, never moved.
 
 Exit codes: 0 valid (the configuration is printed back in SI units as JSON, with ``gates``:
 each acceptance gate of ``[solve]`` in a sentence with its limit in mm and deg, or "off";
@@ -29,10 +30,12 @@ import json
 import math
 import sys
 
+from cellcal.daemon.camera_capture import CameraCapture
 from cellcal.daemon.config import Config, ConfigError, as_toml_dict, load_config, preflight
 from cellcal.daemon.devices import robot_identity
 from cellcal.daemon.gates import describe_gates
 from cellcal.drivers import connect_robot, connect_tracker
+from cellcal.drivers.camera import connect_camera
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -73,6 +76,24 @@ def _probe_tracker(cfg: Config) -> str:
             f"{cfg.tracker.measure} at ({x:.3f}, {y:.3f}, {z:.3f}) mm")
 
 
+def _probe_camera(cfg: Config) -> str:
+    cc = cfg.camera
+    assert cc is not None
+    camera = connect_camera(cc.url, **cc.options)
+    try:
+        camera.open()
+        capture = CameraCapture(camera, cfg)  # the configured settings applied, as the daemon does
+        frame, _n = capture.settled_frame()
+        det = capture.detect(frame)
+    finally:
+        camera.close()
+    i = capture.info
+    exposure = f"{frame.exposure_s * 1e3:.3f} ms" if frame.exposure_s is not None else "exposure not reported"
+    return (f"{i.vendor} {i.model} serial {i.serial} firmware {i.firmware} at {i.address}; frame {frame.width} x "
+            f"{frame.height} {frame.pixel_format}, {exposure}; target ({capture.target.describe()}): "
+            f"{det.n_corners} of {capture.target.n_corners} corners found")
+
+
 def probe(cfg: Config) -> list[tuple[str, bool, str]]:
     """Open each configured device, read its identity and one sample, close it.
 
@@ -82,11 +103,13 @@ def probe(cfg: Config) -> list[tuple[str, bool, str]]:
         One per device, ``text`` the identity and sample, or why it failed.
     """
     out = []
-    for name, fn in (("robot", _probe_robot), ("tracker", _probe_tracker)):
+    devices = [("robot", _probe_robot, cfg.robot.url), ("tracker", _probe_tracker, cfg.tracker.url)]
+    if cfg.camera is not None:
+        devices.append(("camera", _probe_camera, cfg.camera.url))
+    for name, fn, url in devices:
         try:
             out.append((name, True, fn(cfg)))
         except Exception as exc:  # noqa: BLE001 - any failure of a device is the probe's finding
-            url = cfg.robot.url if name == "robot" else cfg.tracker.url
             out.append((name, False, f"{url}: {type(exc).__name__}: {exc}"))
     return out
 

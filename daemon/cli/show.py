@@ -111,9 +111,10 @@ def show_lines(rec: ResultRecord, state_dir: Path) -> list[str]:
     for name, w in as_map(r.get("points"), "points").items():
         lines += point_lines(name, as_map(w, name), _cov(r, name))
     lines += runs.for_body({**r, "kind": rec.kind}).show_lines(r)
-    lines.append(f"  residuals        translation RMS {to_float(r.get('rms_translation_m', 0.0)) * 1e3:.4f} mm, "
-                 f"rotation RMS {math.degrees(to_float(r.get('rms_rotation_rad', 0.0))):.5f} deg "
-                 f"({r.get('n_stations', '?')} stations)")
+    if "reprojection_rms_px" not in r:  # a camera's intrinsics have no pose residuals (their lines say the pixels')
+        lines.append(f"  residuals        translation RMS {to_float(r.get('rms_translation_m', 0.0)) * 1e3:.4f} mm, "
+                     f"rotation RMS {math.degrees(to_float(r.get('rms_rotation_rad', 0.0))):.5f} deg "
+                     f"({r.get('n_stations', '?')} stations)")
     g = as_map(r.get("gates"), "gates")
     if not g:
         lines.append("  gates            none recorded")

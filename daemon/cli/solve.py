@@ -12,6 +12,9 @@ file of 3-DoF point stations (``cell_p_target``, ``cellcal.daemon.cli.stations_i
 by the point model (``calibrate_base_frame_points``: ``cell_T_base`` and the reflector's
 ``flange_p_target``), with ``--noise-mm`` alone.
 
+``cellcal solve DATASET_DIR --setup intrinsics`` solves a camera dataset folder instead
+(``cellcal.daemon.cli.solve_camera``).
+
 Exit codes: 0 solved; 2 bad file or arguments (the message names the line); 3 the data
 cannot determine the calibration, or determine one that cannot be right (refused, with
 the reason). No input produces a traceback: an unexpected failure is reported in one line
@@ -29,6 +32,7 @@ from typing import Any, TypeAlias
 import numpy as np
 
 from cellcal.daemon.bodies import result_to_wire, transforms_of
+from cellcal.daemon.cli import solve_camera
 from cellcal.daemon.cli.stations_io import StationFileError, Stations, read_stations
 from cellcal.daemon.report import format_report
 from cellcal.drivers.kinematics import dh_model
@@ -91,6 +95,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--huber", type=float, metavar="K", help="robust fit: Huber threshold in sigmas (e.g. 3)")
     p.add_argument("--reject-k", type=float, metavar="K", help="robust fit: drop stations beyond K robust sigmas")
     p.add_argument("--seed", type=int, default=0, help="synthetic: random seed")
+    solve_camera.add_arguments(p)  # --setup DATASET_DIR and its options (ADR 0030)
 
 
 class _Usage(Exception):
@@ -208,6 +213,8 @@ def _quaternion_order_hint(args: argparse.Namespace, kw: _SolverKeywords, base: 
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "setup", None):
+        return solve_camera.run(args)
     try:
         return _run(args)
     except (KeyboardInterrupt, SystemExit):

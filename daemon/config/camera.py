@@ -149,6 +149,9 @@ class Camera:
     target_sha256: str = field(default="", metadata={"internal": True})
     #: ``target_file`` resolved against the configuration's folder.
     target_path: str = field(default="", metadata={"internal": True})
+    #: The target file's text as read (a camera run keeps it with its plan: its stations are
+    #: written out with the very file they were captured with, ``cellcal stations``).
+    target_toml: str = field(default="", metadata={"internal": True})
 
     @property
     def pivot(self) -> tuple[float, float, float]:
@@ -294,4 +297,5 @@ def load_camera_target(camera: Camera | None, source: str) -> Camera | None:
         target = target_from_toml(data, source=str(path))
     except TargetFileError as exc:
         raise ConfigError("camera.target_file", f"{path}: {exc}") from None
-    return dataclasses.replace(camera, target=target, target_sha256=str(target.sha256 or ""), target_path=str(path))
+    return dataclasses.replace(camera, target=target, target_sha256=str(target.sha256 or ""), target_path=str(path),
+                               target_toml=data.decode("utf-8"))

@@ -59,13 +59,24 @@ from cellcal.solver.errors import InsufficientTilt
 from cellcal.solver.intrinsics import MIN_VIEWS, ViewCorners
 from cellcal.solver.target import CalibrationTarget
 
-__all__ = ["Intrinsics", "SOLVER_NAME", "VIEW_KEY", "views_of_stations", "solve_views", "intrinsics_record",
-           "intrinsics_gates", "target_wire"]
+__all__ = ["Intrinsics", "SOLVER_NAME", "VIEW_KEY", "TARGET_KEY", "views_of_stations", "solve_views",
+           "intrinsics_record", "intrinsics_gates", "target_wire", "camera_plan_extra"]
 
 #: ``solver`` of an intrinsics result (provenance and wire).
 SOLVER_NAME = "calibrate_intrinsics: Zhang's start, maximum likelihood on the image corners (ADR 0022)"
 #: The key of a camera run's plan that records the view pose it was planned from.
 VIEW_KEY = "camera_view"
+#: The key of a camera run's plan that keeps its target file (``{"sha256", "toml"}``).
+TARGET_KEY = "camera_target"
+
+
+def camera_plan_extra(cfg: Config) -> P.JsonObject:
+    """What every camera run stores with its plan: the target file it captures with (its
+    text and sha256), so ``cellcal stations`` writes its stations with exactly that file."""
+    cam = cfg.camera
+    if cam is None:
+        return {}
+    return {TARGET_KEY: {"sha256": cam.target_sha256, "toml": cam.target_toml, "mounting": cam.mounting}}
 
 
 def _map(v: object) -> Mapping[str, object]:
@@ -253,8 +264,8 @@ class Intrinsics(RunKind):
     def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> P.JsonObject:
         q, T = camera_plan.view_pose(ctx.cfg, ctx.model)
         planned = stations if stations is not None else camera_plan.camera_views(ctx.cfg, ctx.model)
-        return {**plan_to_dict(planned), VIEW_KEY: {"q_rad": [float(v) for v in q],
-                                                    "base_T_flange": [float(v) for v in T.reshape(16)]}}
+        return {**plan_to_dict(planned), **camera_plan_extra(ctx.cfg),
+                VIEW_KEY: {"q_rad": [float(v) for v in q], "base_T_flange": [float(v) for v in T.reshape(16)]}}
 
     def check_plan(self, ctx: RunContext, run: RunRecord) -> None:
         cam = ctx.cfg.camera

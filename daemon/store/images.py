@@ -71,7 +71,9 @@ def write_temporary(final: Path, data: bytes) -> Path:
     final.parent.mkdir(parents=True, exist_ok=True)
     for new_dir in reversed(made):  # each new folder's name is on disk in its parent
         fsync_directory(new_dir.parent)
-    tmp = final.with_name(f".{final.name}.{os.getpid()}{_TMP_SUFFIX}")
+    # One name per station: a temporary a kill left is overwritten when the station is captured
+    # again (one daemon writes a state directory: its lock), so at most one lingers per station.
+    tmp = final.with_name(f".{final.name}{_TMP_SUFFIX}")
     with open(tmp, "wb") as f:
         f.write(data)
         f.flush()

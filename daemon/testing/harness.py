@@ -297,7 +297,9 @@ def camera_section(url: str, mounting: str, scenario: Scenario, workdir: Path, *
     """
     cam = scenario.camera if scenario.camera is not None else default_camera(scenario, mounting)
     source = Path(cam.target.source)
-    if cam.target.sha256 is not None and source.is_file():
+    if scenario.camera is None:
+        target_file = TARGET_FILE  # the default camera's board
+    elif cam.target.sha256 is not None and source.is_file():
         target_file = source
     else:
         target_file = Path(workdir) / "target.toml"

@@ -446,6 +446,7 @@ class RunPlan(TypedDict, total=False):
     started: RunStart
     identification: Identification    # kinematics runs only
     camera_view: JsonObject            # camera runs: the view pose planned from (q_rad, base_T_flange)
+    camera_target: JsonObject          # camera runs: the target file captured with (sha256, toml, mounting)
 
 
 class CheckStationRecord(TypedDict):
