@@ -111,10 +111,12 @@ from cellcal.daemon.wire.commands import (  # noqa: F401 - re-exported
 )
 from cellcal.daemon.wire.types import (  # noqa: F401 - re-exported
     BODY_TYPES,
+    INTRINSICS_RESULT_KEYS,
     RESULT_TYPES,
     AbortResult,
     ActivateResult,
     CheckStationRecord,
+    CornerResidualsWire,
     Covariance,
     Cusum,
     Devices,
@@ -128,6 +130,9 @@ from cellcal.daemon.wire.types import (  # noqa: F401 - re-exported
     HeartbeatBody,
     Holdout,
     Identification,
+    ImageCoverageWire,
+    Intrinsics,
+    IntrinsicsHoldoutWire,
     JointCovariance,
     JsonObject,
     JsonValue,
@@ -151,6 +156,7 @@ from cellcal.daemon.wire.types import (  # noqa: F401 - re-exported
     StoredGates,
     StoredProvenance,
     StoredResult,
+    TargetWire,
     ToBasePointResult,
     ToBasePoseResult,
     Transform,
@@ -251,5 +257,6 @@ __all__ = [
     "JsonValue", "JsonObject", "Point", "WeakestAxis", "Covariance", "JointCovariance", "Uncertainty", "Holdout",
     "LinearAgreement", "Envelope", "PoseArg", "StationArg", "Validator",
     "RunPlan", "PlanStationRecord", "RunStart", "Identification", "CheckStationRecord", "StoredGates", "StoredResult",
-    "StoredProvenance", "DriftRecord",
+    "StoredProvenance", "DriftRecord", "INTRINSICS_RESULT_KEYS", "Intrinsics", "CornerResidualsWire",
+    "ImageCoverageWire", "IntrinsicsHoldoutWire", "TargetWire",
 ]

@@ -27,13 +27,13 @@ from cellcal.daemon.bodies import result_body
 from cellcal.daemon.cli import solve
 from cellcal.daemon.cli.dataset import COLUMNS, DatasetError, read_dataset, write_dataset
 from cellcal.daemon.cli.show import show_lines
-from cellcal.daemon.config import Export
+from cellcal.daemon.config import Camera, Export
 from cellcal.daemon.report.exports import write_exports
 from cellcal.daemon.report.html import render_report
 from cellcal.daemon.runs import intrinsics_report as ir
-from cellcal.daemon.runs.intrinsics import intrinsics_record
+from cellcal.daemon.runs.intrinsics import intrinsics_record, stored_intrinsics
 from cellcal.daemon.store import Store
-from cellcal.solver import calibrate_intrinsics
+from cellcal.solver import CalibrationError, calibrate_intrinsics
 
 SYSTEM_PYTHON = "/usr/bin/python3"
 
@@ -191,3 +191,13 @@ def test_solve_setup_exit_codes(tmp_path, capsys):
     assert "target.toml" in capsys.readouterr().err
     assert _solve(str(d), "--setup", "intrinsics", "--noise-px", "-1") == 2
 
+
+
+def test_use_intrinsics_finds_the_stored_result_later_kinds_take(stored):
+    d, rec, _body, _r = stored
+    with Store(d, read_only=True) as store:
+        assert stored_intrinsics(store, Camera(use_intrinsics="latest")).id == rec.id
+        assert stored_intrinsics(store, Camera(use_intrinsics=f"result:{rec.id}")).id == rec.id
+        assert stored_intrinsics(store, Camera(use_intrinsics="estimate")) is None
+        with pytest.raises(CalibrationError, match="does not hold"):
+            stored_intrinsics(store, Camera(use_intrinsics="result:999"))

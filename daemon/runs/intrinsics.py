@@ -39,7 +39,8 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import FRAME_CONVENTION, UNCERTAINTY_CONVENTION
 from cellcal.daemon.capture import CaptureEngine, Expected
 from cellcal.daemon.config import Camera, Config, Export
-from cellcal.daemon.gates import GateCheck, GateReport
+from cellcal.daemon.config.camera import stored_intrinsics_id
+from cellcal.daemon.gates import GateCheck, GateReport, gates_passed
 from cellcal.daemon.runs import camera_plan
 from cellcal.daemon.runs import intrinsics_report as ir
 from cellcal.daemon.runs.base import (
@@ -53,14 +54,14 @@ from cellcal.daemon.runs.base import (
     as_intrinsics,
 )
 from cellcal.daemon.runs.plan import PlannedStation, plan_to_dict
-from cellcal.daemon.store import RunRecord, StationRecord
+from cellcal.daemon.store import ResultRecord, RunRecord, StationRecord, Store, UnknownRecord
 from cellcal.solver import CalibrationError, IntrinsicsResult, NotEnoughSamples, calibrate_intrinsics
 from cellcal.solver.errors import InsufficientTilt
 from cellcal.solver.intrinsics import MIN_VIEWS, ViewCorners
 from cellcal.solver.target import CalibrationTarget
 
 __all__ = ["Intrinsics", "SOLVER_NAME", "VIEW_KEY", "TARGET_KEY", "views_of_stations", "solve_views",
-           "intrinsics_record", "intrinsics_gates", "target_wire", "camera_plan_extra"]
+           "intrinsics_record", "intrinsics_gates", "target_wire", "camera_plan_extra", "stored_intrinsics"]
 
 #: ``solver`` of an intrinsics result (provenance and wire).
 SOLVER_NAME = "calibrate_intrinsics: Zhang's start, maximum likelihood on the image corners (ADR 0022)"
@@ -247,6 +248,29 @@ def intrinsics_gates(result: IntrinsicsResult, cfg: Config) -> GateReport:
         checks.append(GateCheck("converged", 1.0 if ok else 0.0, 1.0, "bool", ok,
                                 "refinement converged" if ok else f"refinement did not converge ({result.stop_reason})"))
     return GateReport(tuple(checks))
+
+
+def stored_intrinsics(store: Store, camera: Camera, *, limit: int = 50) -> ResultRecord | None:
+    """The intrinsics result later camera kinds take (``[camera] use_intrinsics``): ``result:<id>``
+    that result (``CalibrationError`` unless it is an intrinsics result that passed its gates);
+    ``latest`` the newest intrinsics result among the ``limit`` newest that passed its gates
+    and is not suspect (None without one); ``estimate`` None (the kind estimates them)."""
+    rid = stored_intrinsics_id(camera)
+    if rid is not None:
+        try:
+            rec = store.get_result(rid)
+        except UnknownRecord:
+            raise CalibrationError(f"[camera] use_intrinsics names result {rid}, which the store does not hold") from None
+        if rec.kind != P.KIND_INTRINSICS or not gates_passed(rec.result):
+            raise CalibrationError(f"[camera] use_intrinsics names result {rid}, a {rec.kind} result"
+                                   f"{'' if gates_passed(rec.result) else ' that failed its gates'}: not usable intrinsics")
+        return rec
+    if camera.use_intrinsics != "latest":
+        return None
+    for rec in store.list_results(limit=limit):
+        if rec.kind == P.KIND_INTRINSICS and not rec.suspect and gates_passed(rec.result):
+            return rec
+    return None
 
 
 class Intrinsics(RunKind):

@@ -301,6 +301,11 @@ class ResultBody(_ResultBodyV1, total=False):
     intrinsics: Intrinsics
 
 
+#: The keys of ``ResultBody`` only an intrinsics result has (every other key declared there
+#: beyond ``_ResultBodyV1`` is every result's).
+INTRINSICS_RESULT_KEYS = frozenset({"camera_matrix", "dist_coeffs", "image_size", "reprojection_rms_px", "intrinsics"})
+
+
 class DriftStation(TypedDict):
     index: int                    # check station index
     translation_m: float
