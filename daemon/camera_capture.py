@@ -263,7 +263,7 @@ class CameraCapture:
         if abort is None:
             frame, n_frames = self.settled_frame()
         else:
-            frame, n_frames = engine._abortable(self.settled_frame, (), abort, "measurement")
+            frame, n_frames = engine.abortable(self.settled_frame, (), abort, "measurement")
         try:
             return self._judge(engine, frame, n_frames, window_start, plan_index, accepted_poses, abort)
         finally:

@@ -203,6 +203,11 @@ class CaptureEngine:
             return
         self._abortable(self._move, (planned,), abort, "move", stop_robot=True)
 
+    def abortable(self, fn: Callable[..., _T], args: tuple[object, ...], abort: threading.Event, what: str) -> _T:
+        """``fn(*args)``, a device call that blocks (a camera's frame), ended early by
+        ``abort`` as a measurement is (:meth:`_abortable`): for other capture paths."""
+        return self._abortable(fn, args, abort, what)
+
     def _abortable(self, fn: Callable[..., _T], args: tuple[object, ...], abort: threading.Event, what: str, *,
                    stop_robot: bool = False) -> _T:
         """``fn(*args)`` (a driver call that blocks: a move, a measurement) in a helper
