@@ -22,6 +22,9 @@ OS_PACKAGES += mosquitto prometheus
 # tests/test_gige_sim_peers.py); strace shows where every datagram of theirs and ours goes
 # (ADR 0020).
 OS_PACKAGES += aravis-tools aravis-tools-cli gir1.2-aravis-0.8 python3-gi strace
+# PyYAML of the system Python reads the ROS camera_info export back, as ROS's Python side
+# does (tests/test_intrinsics_outputs.py, ADR 0030).
+OS_PACKAGES += python3-yaml
 
 .PHONY: demo test check test-stress os-deps lint bench bench-figaroh clean
 

@@ -123,9 +123,11 @@ def heartbeat(*, cell: str, state: P.StateName, detail: str, uptime_s: float, he
               devices: Mapping[str, Mapping[str, object]], active_result_id: int | str | None, suspect: bool,
               run_id: str | None, version: str) -> P.HeartbeatBody:
     """``cellcal/v1/heartbeat`` (and ``get_status``); ``devices``: ``CellDevices.status``."""
+    listed = P.Devices(robot=_device(devices[P.DEVICE_ROBOT]), tracker=_device(devices[P.DEVICE_TRACKER]))
+    if P.DEVICE_CAMERA in devices:  # a cell with a [camera] section (ADR 0030): an addition within v1
+        listed[P.DEVICE_CAMERA] = _device(devices[P.DEVICE_CAMERA])
     body = P.HeartbeatBody(
-        cell=cell, state=state, uptime_s=float(uptime_s), heartbeat_s=float(heartbeat_s),
-        devices=P.Devices(robot=_device(devices[P.DEVICE_ROBOT]), tracker=_device(devices[P.DEVICE_TRACKER])),
+        cell=cell, state=state, uptime_s=float(uptime_s), heartbeat_s=float(heartbeat_s), devices=listed,
         active_result_id=_id(active_result_id), suspect=bool(suspect), run_id=run_id, version=version,
     )
     return _with(body, detail=detail)
@@ -188,7 +190,15 @@ def station(*, run_id: int | str, index: int, planned: int, attempt: int, accept
         run_id=str(run_id), index=int(index), planned=int(planned), attempt=int(attempt), accepted=rejected is None,
         reason=rejected, accepted_count=int(accepted_count), settle=settle_figures(figures),
     )
+    # A camera station's frame (ADR 0030): an addition clients may ignore (zeromq.md, 4.4.3).
+    frame = {k: figures[k] for k in _FRAME_FIGURES if figures.get(k) is not None}
+    if frame:
+        body = _with(body, frame=frame)
     return body if rejected is None else _with(body, message=message or rejected)
+
+
+#: The figures of a camera station's frame its station body carries under ``frame``.
+_FRAME_FIGURES = ("n_corners", "blur_px", "exposure_s", "gain_db", "exposure_frames")
 
 
 # --- fault ---------------------------------------------------------------------------------------
@@ -268,6 +278,8 @@ def result_body(rec: ResultRecord, *, cell: str, retained: bool = False) -> dict
                                           _map(devices.get(P.DEVICE_ROBOT) or {}).get("kinematics_digest")),
             "parent_result_id": _id(rec.parent_result_id),
             "valid_from": rec.valid_from_utc,
+            # a camera result's target file (ADR 0030); None for every other result
+            "target_sha256": prov.get("target_sha256"),
         },
     )
     body.setdefault("transforms", {})

@@ -93,6 +93,7 @@ from cellcal.drivers.tracker import (
 from cellcal.solver.se3 import quat_from_matrix, rotation_angle
 
 if TYPE_CHECKING:  # the run kinds' package imports this module (a station's capture)
+    from cellcal.daemon.camera_capture import CameraCapture
     from cellcal.daemon.runs.plan import PlannedStation
 
 log = logging.getLogger(__name__)
@@ -137,10 +138,13 @@ class CaptureEngine:
     """
 
     def __init__(self, monitor: RobotMonitor, tracker: TrackerDriver | None, cfg: Config, *, model: DHModel | None = None,
-                 session: Session | None = None) -> None:
+                 session: Session | None = None, camera: CameraCapture | None = None) -> None:
         self.monitor = monitor
         self.robot = monitor.robot
         self.tracker = tracker
+        #: The open camera and its station path (``cellcal.daemon.camera_capture``), in a cell
+        #: with a ``[camera]`` whose camera is open; else None.
+        self.camera = camera
         self.cfg = cfg
         self.model = model if model is not None else monitor.robot.model
         self.session = session if session is not None else monitor.session
@@ -169,6 +173,19 @@ class CaptureEngine:
                 figures,
             )
 
+    def check_fk(self, q_rad: np.ndarray, base_T_flange: np.ndarray, figures: dict[str, object]) -> None:
+        """Reject a station whose reported pose disagrees with forward kinematics of its
+        joints (``FK_MISMATCH``): the check every station makes, for other capture paths."""
+        self._check_fk(q_rad, base_T_flange, figures)
+
+    def capture_camera(self, plan_index: int, accepted_poses: list[np.ndarray],
+                       abort: threading.Event | None = None) -> StationRecord:
+        """A camera station (``cellcal.daemon.camera_capture.CameraCapture.station``): the
+        robot at rest, a settled frame exposed while it rests, the target detected."""
+        if self.camera is None:  # a camera kind's engine always has one (RunKind.needs_camera)
+            raise DeviceFault(P.DEVICE_CAMERA, DriverError("no camera is open"))
+        return self.camera.station(self, plan_index, accepted_poses, abort)
+
     # -- moving ------------------------------------------------------------------------------
     def move_to(self, planned: PlannedStation, abort: threading.Event | None = None) -> None:
         """Command mode: move to a planned station (joints when known).
@@ -185,6 +202,11 @@ class CaptureEngine:
             self._move(planned)
             return
         self._abortable(self._move, (planned,), abort, "move", stop_robot=True)
+
+    def abortable(self, fn: Callable[..., _T], args: tuple[object, ...], abort: threading.Event, what: str) -> _T:
+        """``fn(*args)``, a device call that blocks (a camera's frame), ended early by
+        ``abort`` as a measurement is (:meth:`_abortable`): for other capture paths."""
+        return self._abortable(fn, args, abort, what)
 
     def _abortable(self, fn: Callable[..., _T], args: tuple[object, ...], abort: threading.Event, what: str, *,
                    stop_robot: bool = False) -> _T:

@@ -55,6 +55,12 @@ class RejectReason(str, enum.Enum):
     TRACKER_OUT_OF_RANGE = "tracker_out_of_range"
     TRACKER_FROZEN = "tracker_frozen"
     GROSS_DISAGREEMENT = "gross_disagreement"
+    # A camera station's (cellcal.daemon.camera_capture, ADR 0030):
+    NO_TARGET = "no_target_in_view"
+    TOO_FEW_CORNERS = "too_few_corners"
+    BLURRED = "image_blurred"
+    MOVED_DURING_EXPOSURE = "moved_during_exposure"
+    EXPOSURE_NOT_SETTLED = "exposure_not_settled"
 
 
 class StationRejected(CellcalError):
@@ -67,8 +73,8 @@ class StationRejected(CellcalError):
 
 
 class DeviceFault(CellcalError):
-    """A device link failed (gone, timed out, unreadable); ``device`` is ``protocol.DEVICE_ROBOT``
-    or ``protocol.DEVICE_TRACKER``, ``cause`` the driver's error.
+    """A device link failed (gone, timed out, unreadable); ``device`` is ``protocol.DEVICE_ROBOT``,
+    ``protocol.DEVICE_TRACKER`` or ``protocol.DEVICE_CAMERA``, ``cause`` the driver's error.
 
     ``ends_job`` is True when what the job's stations rest on changed (the controller's TCP
     offset or payload, :func:`settings_changed`): reconnecting does not help, the job ends.

@@ -4,11 +4,14 @@ The worker opens them at start and keeps them open while idle (:meth:`CellDevice
 retries each one that is down on its own); a job opens what is missing
 (:meth:`CellDevices.open`).
 
-:class:`CellDevices` opens the robot and the tracker *separately*, so a failure is
-attributed by which one raised (:class:`DeviceOpenError` carries ``device``), never by
-reading an error message. Opening the robot also starts its
-:class:`~cellcal.daemon.capture.RobotMonitor`; with both open, :attr:`CellDevices.engine` is
-the :class:`~cellcal.daemon.capture.CaptureEngine` that takes stations.
+:class:`CellDevices` opens the robot, the tracker and (in a cell with a ``[camera]``
+section, ADR 0030) the camera *separately*, so a failure is attributed by which one raised
+(:class:`DeviceOpenError` carries ``device``), never by reading an error message. Opening the
+robot also starts its :class:`~cellcal.daemon.capture.RobotMonitor`; with it open,
+:attr:`CellDevices.engine` is the :class:`~cellcal.daemon.capture.CaptureEngine` that takes
+stations (with the open camera's :class:`~cellcal.daemon.camera_capture.CameraCapture`: the
+camera identified, its settings applied, its target's detector built). A cell without a
+``[camera]`` never opens, names or waits for a camera.
 
 Only the worker thread opens, uses and closes the devices. The one exception is
 :meth:`CellDevices.stop_robot`, which an abort calls from the command thread: a stop must
@@ -35,7 +38,9 @@ from typing import TypedDict
 
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
+from cellcal.daemon.camera_capture import CameraCapture, camera_identity
 from cellcal.daemon.config import Config
+from cellcal.drivers.camera import CameraDriver, connect_camera
 from cellcal.drivers.errors import DeviceError
 from cellcal.drivers.kinematics import DHModel, dh_model, kinematics_digest
 from cellcal.drivers.robot import RobotDriver, connect_robot
@@ -157,6 +162,9 @@ class CellDevices:
         self.cfg = cfg
         self.robot: RobotDriver | None = None
         self.tracker: TrackerDriver | None = None
+        #: The camera (a cell with a ``[camera]`` section) and its station path, once open.
+        self.camera: CameraDriver | None = None
+        self.camera_capture: CameraCapture | None = None
         self.monitor: cap.RobotMonitor | None = None
         self.engine: cap.CaptureEngine | None = None
         #: The consistency checks' memory, kept across close() and open().
@@ -175,6 +183,9 @@ class CellDevices:
             P.DEVICE_ROBOT: {"connected": False, "url": cfg.robot.url, "identity": {}, "identity_text": None},
             P.DEVICE_TRACKER: {"connected": False, "url": cfg.tracker.url, "identity": {}, "identity_text": None},
         }
+        if cfg.camera is not None:
+            self.status[P.DEVICE_CAMERA] = {"connected": False, "url": cfg.camera.url, "identity": {},
+                                            "identity_text": None}
 
     @property
     def model(self) -> DHModel:
@@ -190,19 +201,23 @@ class CellDevices:
         """Device identities as known now (stored with each run)."""
         return {k: dict(v.get("identity") or {}) for k, v in self.status.items()}
 
-    def open(self, need_tracker: bool) -> None:
-        """Open what is not open yet: the robot (and its monitor), and the tracker if needed.
+    def open(self, need_tracker: bool, need_camera: bool = False) -> None:
+        """Open what is not open yet: the robot (and its monitor), the tracker if needed,
+        and the camera if needed.
 
         Raises
         ------
         DeviceOpenError
-            Naming the device that failed. What was opened before stays open; the caller
-            decides (the service closes everything and retries with :class:`Backoff`).
+            Naming the device that failed (the camera when one is needed and the cell has
+            none). What was opened before stays open; the caller decides (the service closes
+            everything and retries with :class:`Backoff`).
         """
         if self.robot is None:
             self._open_robot()
         if need_tracker and self.tracker is None:
             self._open_tracker()
+        if need_camera and self.camera is None:
+            self._open_camera()
         self._make_engine()
 
     def open_available(self) -> dict[str, BaseException]:
@@ -211,8 +226,9 @@ class CellDevices:
         (empty: everything is open)."""
         failed: dict[str, BaseException] = {}
         for name, is_open, opener in ((P.DEVICE_ROBOT, self.robot is not None, self._open_robot),
-                                      (P.DEVICE_TRACKER, self.tracker is not None, self._open_tracker)):
-            if is_open:
+                                      (P.DEVICE_TRACKER, self.tracker is not None, self._open_tracker),
+                                      (P.DEVICE_CAMERA, self.camera is not None, self._open_camera)):
+            if is_open or name not in self.status:  # no [camera]: no camera to open
                 continue
             try:
                 opener()
@@ -236,7 +252,10 @@ class CellDevices:
         if self.monitor is None:
             self.engine = None
         elif self.engine is None or self.engine.monitor is not self.monitor or self.engine.tracker is not self.tracker:
-            self.engine = cap.CaptureEngine(self.monitor, self.tracker, self.cfg, session=self.session)
+            self.engine = cap.CaptureEngine(self.monitor, self.tracker, self.cfg, session=self.session,
+                                            camera=self.camera_capture)
+        else:
+            self.engine.camera = self.camera_capture  # opened (or closed) since the engine was made
 
     def connect_idle(self, stop: threading.Event) -> None:
         """While idle, keep the devices open: connect at start and retry with backoff
@@ -264,7 +283,8 @@ class CellDevices:
 
     @property
     def all_open(self) -> bool:
-        return self.robot is not None and self.tracker is not None
+        camera_ok = self.camera is not None or P.DEVICE_CAMERA not in self.status
+        return self.robot is not None and self.tracker is not None and camera_ok
 
     def _open_robot(self) -> None:
         try:
@@ -313,13 +333,35 @@ class CellDevices:
             "protocol": str(info.protocol_version),
         }, "identity_text": f"{info.model} {info.serial} fw {info.firmware}"})
 
+    def _open_camera(self) -> None:
+        cc = self.cfg.camera
+        if cc is None:
+            raise DeviceOpenError(P.DEVICE_CAMERA, DeviceError("this cell has no camera ([camera] is not configured)"))
+        try:
+            camera = connect_camera(cc.url, **cc.options)
+        except OPEN_ERRORS as exc:
+            raise DeviceOpenError(P.DEVICE_CAMERA, exc) from exc
+        try:
+            camera.open()
+            capture = CameraCapture(camera, self.cfg)  # identified, its settings applied, its detector built
+        except BaseException as exc:
+            camera.close()
+            if isinstance(exc, OPEN_ERRORS):
+                raise DeviceOpenError(P.DEVICE_CAMERA, exc) from exc
+            raise
+        self.camera, self.camera_capture = camera, capture
+        ident = camera_identity(capture.info)
+        self.status[P.DEVICE_CAMERA].update({"connected": True, "identity": ident, "identity_text": (
+            f"{capture.info.vendor} {capture.info.model} serial {capture.info.serial}".strip())})
+
     def close(self) -> None:
         """Close everything (idempotent; a device that fails to close is logged, not raised)."""
         if self.monitor is not None:
             self.monitor.close()
             self.monitor = None
         with self._stop_lock:
-            devices, self.robot, self.tracker = ((P.DEVICE_ROBOT, self.robot), (P.DEVICE_TRACKER, self.tracker)), None, None
+            devices = ((P.DEVICE_ROBOT, self.robot), (P.DEVICE_TRACKER, self.tracker), (P.DEVICE_CAMERA, self.camera))
+            self.robot, self.tracker, self.camera, self.camera_capture = None, None, None, None
         for name, dev in devices:
             if dev is not None:
                 try:

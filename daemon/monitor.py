@@ -286,15 +286,18 @@ class RobotMonitor:
                     return None
                 self._wait_cond(remaining)
 
-    def wait_sample_after(self, t_host_ns: int, timeout_s: float) -> None:
+    def wait_sample_after(self, t_host_ns: int, timeout_s: float, stamped_by: P.DeviceName = P.DEVICE_TRACKER) -> None:
         """Block until a sample stamped after ``t_host_ns`` has been seen.
 
-        Raises ``DeviceFault`` naming the robot when its samples stopped, and naming the
-        tracker when the robot streams on but ``t_host_ns`` (the tracker's stamp) stays
-        ahead of every sample: then the stamp is what is wrong.
+        Raises ``DeviceFault`` naming the robot when its samples stopped, and naming
+        ``stamped_by`` (the tracker, or the camera for a frame's exposure) when the robot
+        streams on but ``t_host_ns`` (that device's stamp) stays ahead of every sample: then
+        the stamp is what is wrong.
         """
         self._want()
         deadline = time.monotonic() + timeout_s
+        what, window = (("camera frame", "camera frame's exposure") if stamped_by == P.DEVICE_CAMERA
+                        else ("tracker measurement", "tracker window"))
         with self._cond:
             while self._latest is None or self._latest.t_host_ns <= t_host_ns:
                 self._check()
@@ -303,10 +306,10 @@ class RobotMonitor:
                     latest = self._latest
                     if latest is not None and time.monotonic_ns() - latest.t_recv_host_ns < 1_000_000_000:
                         ahead = (t_host_ns - latest.t_host_ns) * 1e-9
-                        raise DeviceFault(P.DEVICE_TRACKER, ProtocolError(
-                            f"tracker measurement stamped {ahead:.3f} s after the newest robot sample while the "
-                            "robot streams: the tracker's timestamp is ahead of the host clock"))
-                    raise DeviceFault(P.DEVICE_ROBOT, DriverTimeoutError("no robot sample after the tracker window"))
+                        raise DeviceFault(stamped_by, ProtocolError(
+                            f"{what} stamped {ahead:.3f} s after the newest robot sample while the "
+                            f"robot streams: the {stamped_by}'s timestamp is ahead of the host clock"))
+                    raise DeviceFault(P.DEVICE_ROBOT, DriverTimeoutError(f"no robot sample after the {window}"))
                 self._wait_cond(remaining)
 
     def samples_between(self, t0_ns: int, t1_ns: int) -> list[RobotState]:

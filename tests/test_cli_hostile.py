@@ -4,7 +4,7 @@
   ``ctl``'s ``result_id`` / ``run_id``) reads ASCII digits within the store's range; a 20-digit
   id, an Arabic-Indic digit, ``-1``, ``1e3`` are each a clear error (exit 2) naming the
   argument, before any store or socket is touched; and a fuzz of ids through the real store.
-* Output files (``report -o``): a symlink or an existing file is refused unless ``--force``,
+* Output files (``report -o``, ``stations -o``, ``init -o``): a symlink or an existing file is refused unless ``--force``,
   which replaces the link itself, never its target; nothing is left half-written.
 * A reader that went away (``cellcal ... | head``): every command that prints ends quietly
   with 141, never a traceback or "internal error".
@@ -166,6 +166,26 @@ def test_report_o_refuses_a_symlink_and_an_existing_file_unless_forced(state, tm
     assert rc == 0 and not link.is_symlink() and "<!DOCTYPE html>" in link.read_text(), err
     assert target.read_text() == "root:x:0:0\n"
     rc, _out, err = _cellcal(capsys, "report", "-o", str(link), "--state-dir", str(state))
+    assert rc == 2 and "exists; not replaced (--force replaces it)" in err, err
+
+
+def test_stations_o_and_init_o_refuse_a_symlink_and_an_existing_file_unless_forced(state, tmp_path, capsys):
+    target = tmp_path / "precious"
+    target.write_text("keep\n")
+    link = tmp_path / "s.jsonl"
+    link.symlink_to(target)
+    # refused before the store's stations are read (run 1 has none: that error would come next)
+    rc, _out, err = _cellcal(capsys, "stations", "1", "-o", str(link), "--state-dir", str(state))
+    assert rc == 2 and "symbolic link" in err and target.read_text() == "keep\n", err
+    rc, _out, err = _cellcal(capsys, "stations", "1", "-o", str(link), "--force", "--state-dir", str(state))
+    assert rc == 2 and "has no stations" in err and target.read_text() == "keep\n", err
+    conf = tmp_path / "cellcal.toml"
+    conf.symlink_to(target)
+    rc, _out, err = _cellcal(capsys, "init", "--robot", "sim", "-o", str(conf))
+    assert rc == 2 and "symbolic link" in err and target.read_text() == "keep\n", err
+    rc, _out, err = _cellcal(capsys, "init", "--robot", "sim", "-o", str(conf), "--force")
+    assert rc == 0 and not conf.is_symlink() and "[robot]" in conf.read_text() and target.read_text() == "keep\n"
+    rc, _out, err = _cellcal(capsys, "init", "--robot", "sim", "-o", str(conf))
     assert rc == 2 and "exists; not replaced (--force replaces it)" in err, err
 
 

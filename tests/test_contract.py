@@ -239,8 +239,8 @@ def test_the_checkers_catch_the_shapes_that_once_drifted():
     assert P.check_reply("run_drift_check", {"id": 1, "ok": True, "result": {"queued": True}})
     assert P.check_reply("abort", {"id": 1, "ok": False, "error": {"code": "E_OOPS", "message": "x"}})
     assert P.check_reply("abort", {"id": 2, "ok": True, "result": {"aborted": True, "run_id": None}}, 1)
-    assert P.check_body(P.TOPIC_FAULT, {"code": "E_DEVICE", "device": "camera", "message": "m", "state": "FAULT",
-                                        "active": True, "retry_in_s": None})
+    assert P.check_body(P.TOPIC_FAULT, {"code": "E_DEVICE", "device": "gripper", "message": "m", "state": "FAULT",
+                                        "active": True, "retry_in_s": None})  # (a camera is a device since ADR 0030)
     heartbeat_without_tracker = {
         "cell": "c", "state": "IDLE", "uptime_s": 1.0, "heartbeat_s": 1.0,
         "devices": {"robot": {"connected": True, "url": "rtde://x", "identity": None}},

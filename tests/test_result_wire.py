@@ -105,8 +105,10 @@ def test_wire_form_carries_every_estimate_and_conforms_to_the_result_body(result
     joint = wire["uncertainty"]["joint"]
     assert joint["order"] == list(est)
     assert np.array_equal(np.array(joint["values"], dtype=float).reshape(joint["shape"]), result.covariance)
-    # Every field the result body declares beyond the daemon's own is written, and conforms.
-    assert P.ResultBody.__optional_keys__ <= wire.keys()
+    # Every field the result body declares beyond the daemon's own is written, and conforms
+    # (but the intrinsics keys, which only an intrinsics result has: tests/test_intrinsics_outputs.py).
+    assert P.ResultBody.__optional_keys__ - P.INTRINSICS_RESULT_KEYS <= wire.keys()
+    assert not P.INTRINSICS_RESULT_KEYS & wire.keys()
     body = {**wire, "result_id": "r-1", "run_id": None, "kind": "base_frame", "cell": "c", "created_ns": 1,
             "active": True, "suspect": False, "retained": False,
             "provenance": {"config_sha256": "0" * 64, "device_serials": {"robot": "", "tracker": ""},

@@ -24,6 +24,7 @@ from cellcal.daemon.store import (
     DB_FILENAME,
     MIGRATIONS,
     SCHEMA_VERSION,
+    TRANSIENT,
     DuplicateStation,
     RunClosed,
     RunStatus,
@@ -100,7 +101,7 @@ def test_newer_schema_is_refused_and_left_untouched(tmp_path):
         Store(d).open()
     assert str(d) in str(ei.value)
     conn = sqlite3.connect(d / DB_FILENAME)
-    assert [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY version")] == [1, 99]
+    assert [r[0] for r in conn.execute("SELECT version FROM schema_version ORDER BY version")] == [*sorted(MIGRATIONS), 99]
 
 
 def test_migration_steps_apply_in_order_and_atomically(tmp_path):
@@ -108,18 +109,19 @@ def test_migration_steps_apply_in_order_and_atomically(tmp_path):
     with Store(d) as s:
         new_run(s)
     conn = sqlite3.connect(d / DB_FILENAME, isolation_level=None)
-    bad = {**MIGRATIONS, 2: ("half-good step", ("ALTER TABLE runs ADD COLUMN note TEXT", "ALTER TABLE nosuch ADD x"))}
+    nxt = SCHEMA_VERSION + 1  # the next step after today's
+    bad = {**MIGRATIONS, nxt: ("half-good step", ("ALTER TABLE runs ADD COLUMN note TEXT", "ALTER TABLE nosuch ADD x"))}
     with pytest.raises(sqlite3.OperationalError, match="nosuch"):
         migrate(conn, bad)
     cols = [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
     assert "note" not in cols  # the good statement of the failed step was rolled back too
-    assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == 1
-    good = {**MIGRATIONS, 2: ("add a note to runs", ("ALTER TABLE runs ADD COLUMN note TEXT DEFAULT ''",))}
-    assert migrate(conn, good) == 2
+    assert conn.execute("SELECT max(version) FROM schema_version").fetchone()[0] == SCHEMA_VERSION
+    good = {**MIGRATIONS, nxt: ("add a note to runs", ("ALTER TABLE runs ADD COLUMN note TEXT DEFAULT ''",))}
+    assert migrate(conn, good) == nxt
     assert "note" in [r[1] for r in conn.execute("PRAGMA table_info(runs)")]
     assert conn.execute("SELECT count(*) FROM runs").fetchone()[0] == 1  # data carried over
-    assert migrate(conn, good) == 2  # idempotent
-    assert conn.execute("SELECT count(*) FROM schema_version").fetchone()[0] == 2
+    assert migrate(conn, good) == nxt  # idempotent
+    assert conn.execute("SELECT count(*) FROM schema_version").fetchone()[0] == nxt
 
 
 # ---- runs ------------------------------------------------------------------------------
@@ -238,15 +240,16 @@ def test_the_stations_table_is_the_station_record(store):
     fields in order, with the types and NOT NULLs the codec derives from the field types:
     the INSERT and the decoder built from the fields fit the schema migration 1 created."""
     cols = station_columns()
-    assert [c.name for c in cols] == [f.name for f in dataclasses.fields(StationRecord)]
+    assert [c.name for c in cols] == [f.name for f in dataclasses.fields(StationRecord) if not f.metadata.get(TRANSIENT)]
     info = {r[1]: r for r in store._connection().execute("PRAGMA table_info(stations)")}
     assert [n for n in info if n not in ("id", "run_id", "stored_utc")] == [c.column for c in cols]
     for c in cols:
         _cid, _name, decl, notnull, _default, _pk = info[c.column]
         assert decl == {"int": "INTEGER", "float": "", "array": "BLOB", "json": "TEXT"}[c.kind], c
         assert bool(notnull) == (not c.nullable), c
-    assert {c.name: c.kind for c in cols if c.kind == "json"} == {"settle": "json", "raw": "json"}
-    assert [c.name for c in cols if c.nullable] == ["cell_T_target", "cell_p_target", "tracker_std_rotation_rad"]
+    assert {c.name: c.kind for c in cols if c.kind == "json"} == {"settle": "json", "raw": "json", "camera": "json"}
+    assert [c.name for c in cols if c.nullable] == ["cell_T_target", "cell_p_target", "tracker_std_rotation_rad",
+                                                    "camera"]
 
 
 @dataclasses.dataclass(frozen=True, eq=False)
@@ -267,10 +270,10 @@ def test_a_new_station_field_is_one_edit_and_a_migration(tmp_path):
     ddl = station_column_ddl(StationWithHumidity, "humidity_pct")
     assert ddl == ("ALTER TABLE stations ADD COLUMN humidity_pct "
                    "CHECK (humidity_pct IS NULL OR typeof(humidity_pct) = 'real')")
-    migrations = {**MIGRATIONS, 2: ("stations: humidity_pct", (ddl,))}
+    migrations = {**MIGRATIONS, SCHEMA_VERSION + 1: ("stations: humidity_pct", (ddl,))}
     fields = {k: getattr(make_station(1), k) for k in StationRecord.__dataclass_fields__}
     with Store(d, station_type=StationWithHumidity, migrations=migrations) as s:
-        assert s.settings()["schema_version"] == 2
+        assert s.settings()["schema_version"] == SCHEMA_VERSION + 1
         s.add_station(run, StationWithHumidity(**fields, humidity_pct=41.5))
         old, new = s.stations(run)
         assert isinstance(old, StationWithHumidity) and old.humidity_pct is None

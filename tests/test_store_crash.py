@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 from storetest_support import make_station, same_station
 
-from cellcal.daemon.store import DB_FILENAME, Store
+from cellcal.daemon.store import DB_FILENAME, SCHEMA_VERSION, Store
 
 # The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
 pytestmark = pytest.mark.slow
@@ -173,6 +173,6 @@ def test_kill_9_while_creating_a_fresh_database(tmp_path):
         proc.communicate(timeout=30)
         with Store(state) as store:
             assert store.settings()["integrity_check"] == "ok"
-            assert store.settings()["schema_version"] == 1
+            assert store.settings()["schema_version"] == SCHEMA_VERSION
             assert len(store.list_runs()) <= 1
             store.create_run("base_frame", {}, config_sha256="0" * 64, devices={})

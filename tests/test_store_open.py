@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from storetest_support import make_station
 
-from cellcal.daemon.store import DB_FILENAME, Store, StoreCorruptError, StoreError
+from cellcal.daemon.store import DB_FILENAME, SCHEMA_VERSION, Store, StoreCorruptError, StoreError
 from cellcal.testing.harness import DaemonProcess, daemon_config, free_port, write_config
 
 
@@ -79,7 +79,7 @@ def test_absent_file_is_created_whole_and_a_half_made_one_is_cleaned(tmp_path):
     (d / (DB_FILENAME + ".creating")).write_bytes(b"")
     (d / (DB_FILENAME + ".creating-wal")).write_bytes(b"x" * 100)
     with Store(d) as s:
-        assert s.settings()["schema_version"] == 1 and s.settings()["journal_mode"] == "wal"
+        assert s.settings()["schema_version"] == SCHEMA_VERSION and s.settings()["journal_mode"] == "wal"
         s.create_run("base_frame", {}, config_sha256="0" * 64, devices={})
     assert not any(n.startswith(DB_FILENAME + ".creating") for n in _siblings(d))
     with Store(d, read_only=True) as ro:

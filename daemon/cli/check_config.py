@@ -17,8 +17,9 @@ sentence with its limit in mm and deg, or "off".
 
 ``--probe`` then opens each device (as the daemon's user, on the daemon's network), reads
 its identity and one sample (the robot's state; one tracker measurement of the configured
-``[tracker] measure``), closes it and prints one line per device instead. The robot is only
-read, never moved; in ``command`` motion mode it must also be one the daemon can command,
+``[tracker] measure``; with a ``[camera]``, one frame with the configured settings and the
+target's corners found in it), closes it and prints one line per device instead. The robot is
+only read, never moved; in ``command`` motion mode it must also be one the daemon can command,
 else its line says FAILED and why: a UR controller whose dashboard server cannot be reached
 or says the robot may not move (not in remote control, not RUNNING, a protective stop), a
 robot in a stop or fault mode, CiA 402 drives with ``enable=never``.
@@ -36,10 +37,12 @@ import json
 import math
 import sys
 
+from cellcal.daemon.camera_capture import CameraCapture
 from cellcal.daemon.config import Config, ConfigError, as_toml_dict, load_config, preflight
 from cellcal.daemon.devices import robot_identity
 from cellcal.daemon.gates import describe_gates
 from cellcal.drivers import connect_robot, connect_tracker
+from cellcal.drivers.camera import connect_camera
 from cellcal.drivers.errors import DeviceError
 from cellcal.drivers.robot import RobotDriver, RobotMode, RobotState
 from cellcal.solver.errors import CellcalError
@@ -131,6 +134,24 @@ def _probe_tracker(cfg: Config) -> str:
             f"{cfg.tracker.measure} at ({x:.3f}, {y:.3f}, {z:.3f}) mm")
 
 
+def _probe_camera(cfg: Config) -> str:
+    cc = cfg.camera
+    assert cc is not None
+    camera = connect_camera(cc.url, **cc.options)
+    try:
+        camera.open()
+        capture = CameraCapture(camera, cfg)  # the configured settings applied, as the daemon does
+        frame, _n = capture.settled_frame()
+        det = capture.detect(frame)
+    finally:
+        camera.close()
+    i = capture.info
+    exposure = f"{frame.exposure_s * 1e3:.3f} ms" if frame.exposure_s is not None else "exposure not reported"
+    return (f"{i.vendor} {i.model} serial {i.serial} firmware {i.firmware} at {i.address}; frame {frame.width} x "
+            f"{frame.height} {frame.pixel_format}, {exposure}; target ({capture.target.describe()}): "
+            f"{det.n_corners} of {capture.target.n_corners} corners found")
+
+
 def probe(cfg: Config) -> list[tuple[str, bool, str]]:
     """Open each configured device, read its identity and one sample, close it.
 
@@ -140,8 +161,10 @@ def probe(cfg: Config) -> list[tuple[str, bool, str]]:
         One per device, ``text`` the identity and sample, or why it failed.
     """
     out = []
-    for name, fn in (("robot", _probe_robot), ("tracker", _probe_tracker)):
-        url = cfg.robot.url if name == "robot" else cfg.tracker.url
+    devices = [("robot", _probe_robot, cfg.robot.url), ("tracker", _probe_tracker, cfg.tracker.url)]
+    if cfg.camera is not None:
+        devices.append(("camera", _probe_camera, cfg.camera.url))
+    for name, fn, url in devices:
         try:
             out.append((name, True, fn(cfg)))
         except NotCommandable as exc:

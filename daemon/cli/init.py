@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 from cellcal.daemon.cli.examples import example_path
+from cellcal.daemon.cli.output import OutputRefused, write_output
 
 #: --robot -> (example file, what it is).
 ROBOTS = {
@@ -106,11 +107,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"cellcal init: {out} is a directory; give a file name (-o {out / 'cellcal.toml'})", file=sys.stderr)
         return 2
     try:
-        # "x": never replace a file someone wrote unless told to.
-        with open(out, "w" if args.force else "x", encoding="utf-8") as f:
-            f.write(text)
-    except FileExistsError:
-        print(f"cellcal init: {out} exists; not replaced (--force replaces it)", file=sys.stderr)
+        # Never replace a file someone wrote, nor write through a link, unless told to.
+        write_output(out, text, force=args.force)
+    except OutputRefused as exc:
+        print(f"cellcal init: {exc}", file=sys.stderr)
         return 2
     except OSError as exc:
         print(f"cellcal init: cannot write {out}: {exc.strerror or exc}", file=sys.stderr)

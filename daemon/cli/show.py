@@ -127,7 +127,8 @@ def show_lines(rec: ResultRecord, state_dir: Path) -> list[str]:
     for name, w in as_map(r.get("points"), "points").items():
         lines += point_lines(name, as_map(w, name), _cov(r, name))
     lines += runs.for_body({**r, "kind": rec.kind}).show_lines(r)
-    lines.append(residual_line({**r, "kind": rec.kind}))
+    if "reprojection_rms_px" not in r:  # a camera's intrinsics have no pose residuals (their lines say the pixels')
+        lines.append(residual_line({**r, "kind": rec.kind}))
     g = as_map(r.get("gates"), "gates")
     if not g:
         lines.append("  gates            none recorded")

@@ -18,6 +18,9 @@ A station file written by ``cellcal stations`` carries what the daemon solved it
 given, the solve uses them, repeats the daemon's solve, and says how far its answer lies from
 the stored result's (``reproduces`` in ``--json``).
 
+``cellcal solve DATASET_DIR --setup intrinsics`` solves a camera dataset folder instead
+(``cellcal.daemon.cli.solve_camera``).
+
 Exit codes: 0 solved; 2 bad file or arguments (the message names the line); 3 the data
 cannot determine the calibration, or determine one that cannot be right (refused, with
 the reason). No input produces a traceback: an unexpected failure is reported in one line
@@ -36,6 +39,7 @@ import numpy as np
 
 from cellcal.daemon import solve as daemon_solve
 from cellcal.daemon.bodies import result_to_wire, transforms_of
+from cellcal.daemon.cli import solve_camera
 from cellcal.daemon.cli.stations_io import StationFileError, Stations, read_stations
 from cellcal.daemon.report import format_report
 from cellcal.drivers.kinematics import dh_model
@@ -109,6 +113,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--huber", type=float, metavar="K", help="robust fit: Huber threshold in sigmas (e.g. 3)")
     p.add_argument("--reject-k", type=float, metavar="K", help="robust fit: drop stations beyond K robust sigmas")
     p.add_argument("--seed", type=int, default=0, help="synthetic: random seed")
+    solve_camera.add_arguments(p)  # --setup DATASET_DIR and its options (ADR 0030)
 
 
 class _Usage(Exception):
@@ -305,6 +310,8 @@ def _quaternion_order_hint(args: argparse.Namespace, kw: _SolverKeywords, base: 
 
 
 def run(args: argparse.Namespace) -> int:
+    if getattr(args, "setup", None):
+        return solve_camera.run(args)
     try:
         return _run(args)
     except (KeyboardInterrupt, SystemExit):

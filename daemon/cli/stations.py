@@ -20,13 +20,23 @@ point stations (``cell_p_target``), which ``cellcal solve`` solves by the point 
 kinematics run is refused: its stations need the arm's joint angles and model, and its
 identified parameters are exported with its result (``result_<id>_kinematics.json``).
 
-Exit codes: 0 written; 2 no such run / store / configuration, a run without stations, or
-the file cannot be written.
+A camera run (its stations have images: ``intrinsics``) is written as a dataset folder
+(``FILE`` is the folder, ``cellcal.daemon.cli.dataset``): each station's stored PNG as it is
+(same bytes, same sha256), ``stations.csv`` with the flange pose of each, and ``target.toml``,
+the target file the run captured with (kept with its plan). ``cellcal solve DIR --setup
+intrinsics`` solves it to the daemon's answer.
+
+An existing ``FILE``, or a symbolic link there, is refused unless ``--force``
+(``cellcal.daemon.cli.output``).
+
+Exit codes: 0 written; 2 no such run / store / configuration, a run without stations, an
+existing file without ``--force``, or the file cannot be written.
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -36,16 +46,22 @@ import numpy as np
 
 from cellcal.daemon import solve
 from cellcal.daemon.bodies import transform_from_wire
+from cellcal.daemon.cli.dataset import DatasetError, write_dataset
+from cellcal.daemon.cli.output import OutputRefused, check_output, write_output
 from cellcal.daemon.cli.results import CommandError, add_state_arguments, open_store, parse_id
-from cellcal.daemon.cli.stations_io import MEASUREMENT_KEYS, write_stations
+from cellcal.daemon.cli.stations_io import MEASUREMENT_KEYS, format_stations
 from cellcal.daemon.report.reading import as_list, as_map
-from cellcal.daemon.store import ResultRecord, StationRecord, Store, UnknownRecord
+from cellcal.daemon.runs.intrinsics import TARGET_KEY
+from cellcal.daemon.store import ResultRecord, StationRecord, Store, StoreError, UnknownRecord
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("run_id", metavar="RUN_ID", help="the run whose stations to export")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
-                   help="the station file to write: .csv (mm, quaternion w,x,y,z) or .jsonl (SI, 4x4 lists)")
+                   help="the station file to write: .csv (mm, quaternion w,x,y,z) or .jsonl (SI, 4x4 lists); "
+                        "for a camera run the dataset folder (images, stations.csv, target.toml)")
+    p.add_argument("--force", action="store_true",
+                   help="replace FILE if it exists (a symlink: the link, not its target)")
     add_state_arguments(p)
 
 
@@ -151,20 +167,63 @@ def run_stations(store: Store, run_id: int) -> tuple[str, np.ndarray, np.ndarray
     return kind, G, M, "stations given with the run"
 
 
+def camera_rows(store: Store, run_id: int) -> tuple[str, str, list[tuple[str, bytes, np.ndarray | None]]] | None:
+    """``(kind, target file text, [(image name, PNG bytes, base_T_flange)])`` of a camera run
+    (its stations have images), or None for any other run.
+
+    Raises
+    ------
+    CommandError
+        A station's image is missing or not the one its row names (its sha256), or the run
+        kept no target file.
+    """
+    try:
+        run = store.get_run(run_id)
+    except UnknownRecord:
+        raise CommandError(f"no run {run_id} in {store.state_dir}") from None
+    stations = store.stations(run_id)
+    if not stations or all(s.camera is None for s in stations):
+        return None
+    target = as_map(as_map(run.plan, "plan").get(TARGET_KEY), TARGET_KEY)
+    toml = target.get("toml")
+    if not isinstance(toml, str) or not toml:
+        raise CommandError(f"run {run_id} kept no target file with its plan: its stations cannot be written as a dataset")
+    rows: list[tuple[str, bytes, np.ndarray | None]] = []
+    for s in stations:
+        cam = as_map(s.camera, "camera")
+        rel = cam.get("image")
+        if not isinstance(rel, str):
+            raise CommandError(f"run {run_id} station {s.plan_index} has no image")
+        path = store.state_dir / rel
+        try:
+            data = path.read_bytes()
+        except OSError as exc:
+            raise CommandError(f"run {run_id} station {s.plan_index}: cannot read its image {path}: {exc}") from None
+        if hashlib.sha256(data).hexdigest() != cam.get("image_sha256"):
+            raise CommandError(f"run {run_id} station {s.plan_index}: {path} is not the image its row names (sha256)")
+        rows.append((f"station_{s.plan_index}.png", data, np.asarray(s.base_T_flange, dtype=float)))
+    return run.kind, toml, rows
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         run_id = parse_id(args.run_id, "RUN_ID")
         store = open_store(args)
         try:
-            kind, G, M, where = run_stations(store, run_id)
+            camera = camera_rows(store, run_id)
             state_dir = store.state_dir
-            extras = solved_with(store, run_id, store.stations(run_id), point=M is not None and M.ndim == 2,
-                                 measured=M is not None)
+            if camera is None:
+                check_output(args.output, force=args.force)  # before the work (and again when written)
+                kind, G, M, where = run_stations(store, run_id)
+                extras = solved_with(store, run_id, store.stations(run_id), point=M is not None and M.ndim == 2,
+                                     measured=M is not None)
         finally:
             store.close()
-    except CommandError as exc:
+    except (CommandError, OutputRefused) as exc:
         print(f"cellcal stations: {exc}", file=sys.stderr)
         return 2
+    if camera is not None:
+        return _write_camera(Path(args.output), run_id, state_dir, *camera)
     out = Path(args.output)
     again = f"solve again with: cellcal solve {out.name} --kind {kind}"
     if extras.settings is not None:
@@ -174,12 +233,30 @@ def run(args: argparse.Namespace) -> int:
     else:
         comments = (f"cellcal run {run_id} ({kind}): {len(G)} {where} from {state_dir}", f"{again} ({extras.note})")
     try:
-        write_stations(out, G, M, kind, comments=comments, covariances=extras.covariances,
-                       capture_time_s=extras.capture_time_s, capture_speed_m_s=extras.capture_speed_m_s,
-                       settings=extras.settings)
+        text = format_stations(out, G, M, kind, comments=comments, covariances=extras.covariances,
+                               capture_time_s=extras.capture_time_s, capture_speed_m_s=extras.capture_speed_m_s,
+                               settings=extras.settings)
+        write_output(out, text, force=args.force)
+    except OutputRefused as exc:
+        print(f"cellcal stations: {exc}", file=sys.stderr)
+        return 2
     except OSError as exc:
         print(f"cellcal stations: cannot write {out}: {exc}", file=sys.stderr)
         return 2
     said = "with the settings it was solved with" if extras.settings is not None else f"({extras.note})"
     print(f"run {run_id} ({kind}): {len(G)} stations written to {out} {said}")
+    return 0
+
+
+def _write_camera(out: Path, run_id: int, state_dir: Path, kind: str, toml: str,
+                  rows: list[tuple[str, bytes, np.ndarray | None]]) -> int:
+    """A camera run's stations as a dataset folder (module docstring)."""
+    comments = (f"cellcal run {run_id} ({kind}): {len(rows)} camera stations from {state_dir}",
+                f"solve again with: cellcal solve {out} --setup intrinsics")
+    try:
+        write_dataset(out, toml, rows, comments=comments)
+    except (DatasetError, StoreError, OSError) as exc:
+        print(f"cellcal stations: cannot write {out}: {exc}", file=sys.stderr)
+        return 2
+    print(f"run {run_id} ({kind}): {len(rows)} camera stations written to {out}/")
     return 0

@@ -74,7 +74,7 @@ from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import check_transform, matrix_from_quat, quat_from_matrix
 
 __all__ = [
-    "StationFileError", "Stations", "read_stations", "write_stations", "MEASUREMENT_KEYS",
+    "StationFileError", "Stations", "read_stations", "write_stations", "format_stations", "MEASUREMENT_KEYS",
     "POINT_KEYS", "COV_KEYS", "SETTINGS_PREFIX",
     "MAX_LINE_BYTES", "MAX_STATIONS", "MAX_TRANSLATION_M", "MAX_JSON_DEPTH", "QUATERNION_ORDERS",
 ]
@@ -548,8 +548,29 @@ def write_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.nda
                    *, fmt: str = "auto", comments: tuple[str, ...] = (), covariances: np.ndarray | None = None,
                    capture_time_s: np.ndarray | None = None, capture_speed_m_s: np.ndarray | None = None,
                    settings: dict[str, object] | None = None) -> Path:
-    """Write stations in the format :func:`read_stations` reads (``fmt="auto"``: by extension,
-    ``.csv`` or else JSON lines).
+    """Write stations in the format :func:`read_stations` reads: :func:`format_stations`'s
+    text, to a temporary name first and then renamed (its parameters and errors).
+
+    Returns
+    -------
+    Path
+        ``path``, written whole.
+    """
+    path = Path(path)
+    text = format_stations(path, base_T_flange, measured, kind, fmt=fmt, comments=comments, covariances=covariances,
+                           capture_time_s=capture_time_s, capture_speed_m_s=capture_speed_m_s, settings=settings)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text, encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def format_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.ndarray | None, kind: str = "base_frame",
+                    *, fmt: str = "auto", comments: tuple[str, ...] = (), covariances: np.ndarray | None = None,
+                    capture_time_s: np.ndarray | None = None, capture_speed_m_s: np.ndarray | None = None,
+                    settings: dict[str, object] | None = None) -> str:
+    """The text of a station file in the format :func:`read_stations` reads (``fmt="auto"``:
+    by ``path``'s extension, ``.csv`` or else JSON lines).
 
     Parameters
     ----------
@@ -571,15 +592,13 @@ def write_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.nda
 
     Returns
     -------
-    Path
-        ``path``, written whole: to a temporary name first, then renamed.
+    str
+        The file's text (``path`` names the format when ``fmt="auto"``).
 
     Raises
     ------
     ValueError
         An unknown ``kind`` or ``fmt``, or poses of the wrong shape or count.
-    OSError
-        The file cannot be written.
     """
     if kind not in MEASUREMENT_KEYS:
         raise ValueError(f"kind must be one of {sorted(MEASUREMENT_KEYS)}, got {kind!r}")
@@ -643,7 +662,4 @@ def write_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.nda
             meas = [] if M is None else ([repr(float(v) * 1e3) for v in M[i]] if points else _pose_cells(M[i]))
             cov = [] if C is None else [repr(float(v)) for v in C[i][upper]]
             out.append(",".join(_pose_cells(g) + meas + cov + [repr(float(a[i])) for a in extra.values()]))
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text("\n".join(out) + "\n", encoding="utf-8")
-    tmp.replace(path)
-    return path
+    return "\n".join(out) + "\n"

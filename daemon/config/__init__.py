@@ -21,6 +21,7 @@ the ``[zmq]`` security rules included; :func:`preflight` adds the drivers and th
 
 from __future__ import annotations
 
+from cellcal.daemon.config.camera import Camera, CameraCapture, CameraIntrinsics, CameraPlan
 from cellcal.daemon.config.checks import (
     check_can_interface,
     check_devices,
@@ -55,4 +56,5 @@ __all__ = [
     "check_can_interface", "check_measure_kind", "preflight", "SUPPORTED_CONFIG_VERSIONS", "DEFAULT_CONFIG_PATH",
     "CONFIG_ENV", "find_config", "as_toml_dict", "Service", "RobotSettle", "Robot", "TrackerSettle", "Tracker",
     "Capture", "PlanStation", "Plan", "Solve", "Drift", "ZmqClient", "Zmq", "Export", "Kinematics", "_BOUNDS",
+    "Camera", "CameraCapture", "CameraPlan", "CameraIntrinsics",
 ]

@@ -18,6 +18,9 @@ from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 # The plant interfaces' sections (OPC UA, MQTT, Prometheus): cellcal.daemon.config.plant.
 from cellcal.daemon.config import plant as _plant
+
+# The camera's section (ADR 0030) is checked by its own module, hooked in once in _validate.
+from cellcal.daemon.config.camera import validate_camera
 from cellcal.daemon.config.errors import ConfigError
 from cellcal.daemon.config.kinematics import validate_kinematics
 from cellcal.daemon.config.schema import (
@@ -255,6 +258,7 @@ def _validate(c: Config) -> None:
     _validate_export(c.export)
     validate_kinematics(c.kinematics)
     _plant.validate_plant(c.opcua, c.mqtt, c.metrics, cell=c.service.name)  # URLs and security rules
+    validate_camera(c.camera)  # [camera]: its URL by the driver's parser, its options, its keys (ADR 0030)
 
 
 def check_devices(cfg: Config) -> None:

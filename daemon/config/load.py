@@ -16,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, TypeVar, get_type_hints
 
+from cellcal.daemon.config.camera import load_camera_target
 from cellcal.daemon.config.checks import _check_zmq, _validate, check_measure_kind
 from cellcal.daemon.config.errors import ConfigError
 from cellcal.daemon.config.schema import (
@@ -194,6 +195,8 @@ def load_config_text(text: str, *, source: str = "<string>", overrides: Mapping[
         _validate(cfg)
         check_measure_kind(cfg.tracker)
         _check_zmq(cfg)
+        # [camera] target_file: read and checked now, its sha256 kept (ADR 0030)
+        cfg = dataclasses.replace(cfg, camera=load_camera_target(cfg.camera, source))
     except ConfigError as exc:
         raise exc.with_file(source) from None
     data = text.encode("utf-8", "surrogatepass")

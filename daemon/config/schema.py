@@ -12,6 +12,10 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, TypeAlias, TypeVar
 
+# The camera's section ([camera], ADR 0030) is defined beside the schema too
+# (cellcal.daemon.config.camera); the schema hooks it in (a field, its choices, lists and bounds).
+from cellcal.daemon.config import camera as _camera
+
 # The plant interfaces' sections (OPC UA, MQTT, Prometheus) are defined beside the schema, in
 # cellcal.daemon.config.plant (the interfaces read them as cellcal.daemon.plant.config); this
 # schema only hooks them in (fields, tables, checks).
@@ -167,7 +171,7 @@ class Solve:
     ``expected_cell_T_base_m_rad`` is ``[x, y, z]`` in m then a rotation vector in rad.
     """
 
-    kind: str = _f("base_frame", "kind", doc="base_frame, tool_point, hand_eye or kinematics")
+    kind: str = _f("base_frame", "kind", doc="base_frame, tool_point, hand_eye, kinematics or intrinsics")
     min_axis_spread: float = _f(1e-4, "min_axis_spread")
     max_rms_translation_m: float = _f(0.5e-3, "max_rms_mm", _MM, doc="acceptance gate")
     max_rms_rotation_rad: float = _f(math.radians(0.1), "max_rms_deg", _DEG)
@@ -287,6 +291,8 @@ class Config:
     opcua: _plant.OpcUa = field(default_factory=_plant.OpcUa, metadata=key("opcua"))
     mqtt: _plant.Mqtt = field(default_factory=_plant.Mqtt, metadata=key("mqtt"))
     metrics: _plant.Metrics = field(default_factory=_plant.Metrics, metadata=key("metrics"))
+    # the camera (cellcal.daemon.config.camera): None without a [camera] section
+    camera: _camera.Camera | None = field(default=None, metadata=key("camera"))
     sha256: str = field(default="", metadata={"internal": True})
     source: str = field(default="", metadata={"internal": True})
 
@@ -313,19 +319,20 @@ _MIXED_SCALES: dict[tuple[type, str], tuple[float, ...]] = {
 
 
 # List fields of strings.
-_STR_LISTS = {(Kinematics, "parameters"), *_plant.STR_LISTS}
+_STR_LISTS = {(Kinematics, "parameters"), *_plant.STR_LISTS, *_camera.STR_LISTS}
 
 
 _CHOICES = {
     (Tracker, "measure"): ("pose", "point"),
     (Capture, "motion_mode"): ("command", "observe"),
     (Plan, "kind"): ("generated", "explicit"),
-    (Solve, "kind"): ("base_frame", "tool_point", "hand_eye", "kinematics"),
+    (Solve, "kind"): ("base_frame", "tool_point", "hand_eye", "kinematics", "intrinsics"),
     (Drift, "on_drift"): ("mark", "recalibrate"),
     (ZmqClient, "role"): ("observer", "operator"),
     (Zmq, "null_role"): ("observer", "operator"),
     (Service, "log_level"): ("debug", "info", "warning", "error"),
     **_plant.CHOICES,
+    **_camera.CHOICES,
 }
 
 
@@ -411,6 +418,7 @@ _BOUNDS: dict[str, tuple[float, float, bool]] = {
     "zmq.ipc_socket_mode": (0o600, 0o770, False),
     "export.base_frame_yaw_deg": (-180.0, 180.0, False),
     **_plant.BOUNDS,
+    **_camera.BOUNDS,
 }
 
 

@@ -253,8 +253,9 @@ class JobControl:
         self.check_abort()
 
     # ---- the devices ---------------------------------------------------------------------------
-    def ensure_devices(self, need_tracker: bool, state: StateName, detail: str) -> CaptureEngine:
-        """Open the devices; in FAULT retry with the job's backoff until ``resume_within_s``.
+    def ensure_devices(self, need_tracker: bool, state: StateName, detail: str, *, need_camera: bool = False) -> CaptureEngine:
+        """Open the devices (the camera too with ``need_camera``); in FAULT retry with the
+        job's backoff until ``resume_within_s``.
 
         When they are open the service is in ``state`` (with ``detail``): from FAULT it goes
         there directly, never through IDLE.
@@ -263,7 +264,7 @@ class JobControl:
         while True:
             self.check_abort()
             try:
-                self.devices.open(need_tracker)
+                self.devices.open(need_tracker, need_camera)
             except DeviceOpenError as exc:
                 self.devices.close()
                 message = f"cannot open devices: {exc.cause}"
@@ -280,19 +281,22 @@ class JobControl:
             assert engine is not None  # open() made it with the robot
             return engine
 
-    def after_device_fault(self, df: DeviceFault, what: str, need_tracker: bool, state: StateName) -> CaptureEngine:
+    def after_device_fault(self, df: DeviceFault, what: str, need_tracker: bool, state: StateName, *,
+                           need_camera: bool = False) -> CaptureEngine:
         """A link failed mid-job: close everything, say so, back off, reopen and carry on."""
         self.devices.close()
         self.check_window(str(df), df.cause, df.device)
         delay = self.retry_delay()
         self.fault(str(df), df.cause, device=df.device, retry_in_s=delay)
         self.wait_retry(delay)
-        return self.ensure_devices(need_tracker, state, f"{what}: resumed after the {df.device} fault cleared")
+        return self.ensure_devices(need_tracker, state, f"{what}: resumed after the {df.device} fault cleared",
+                                   need_camera=need_camera)
 
-    def engine_for(self, need_tracker: bool, state: StateName, detail: str) -> CaptureEngine:
+    def engine_for(self, need_tracker: bool, state: StateName, detail: str, *, need_camera: bool = False) -> CaptureEngine:
         """The open engine if the job is already in ``state`` with what it needs, else
         :meth:`ensure_devices`."""
         engine = self.devices.engine
-        if engine is None or self.state != state or (need_tracker and self.devices.tracker is None):
-            return self.ensure_devices(need_tracker, state, detail)
+        if engine is None or self.state != state or (need_tracker and self.devices.tracker is None) or (
+                need_camera and engine.camera is None):
+            return self.ensure_devices(need_tracker, state, detail, need_camera=need_camera)
         return engine

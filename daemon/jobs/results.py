@@ -69,19 +69,24 @@ def provenance(cfg: Config, run: RunRecord, record: Mapping[str, object],
     (``cellcal.daemon.devices.robot_identity``; None when the robot did not say, e.g. a run
     solved from given stations). ``solve_settings``: the ``[solve]`` settings its stations
     were solved with (``solve.solve_settings``), which ``cellcal stations`` writes into the
-    station file so ``cellcal solve FILE`` repeats the solve."""
+    station file so ``cellcal solve FILE`` repeats the solve. A camera result's record names
+    its target file's sha256 (``target_sha256``), which the provenance keeps."""
     known: P.JsonObject = dict(run.devices or {})
     for name, ident in (devices or {}).items():
         if ident:
             known[name] = dict(ident)
     robot = known.get(P.DEVICE_ROBOT) or {}
     robot = robot if isinstance(robot, dict) else {}
-    return {
+    out: P.JsonObject = {
         "config_sha256": cfg.sha256, "devices": known, "cellcal_version": cellcal_version(),
         "solver": str(record.get("solver") or "unknown"), "cell": cfg.service.name,
         "robot_serial": robot.get("serial"), "kinematics_digest": robot.get("kinematics_digest"),
         "solve_settings": dict(solve.solve_settings(cfg.solve)),
     }
+    target = record.get("target_sha256")
+    if isinstance(target, str) and target:  # a camera result: the target file it was solved with (ADR 0030)
+        out["target_sha256"] = target
+    return out
 
 
 class ResultKeeper:

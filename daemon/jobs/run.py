@@ -124,7 +124,7 @@ class RunJob:
         first = next(stations, None)
         if first is None:
             return True  # a run resumed after its last station is solved without the devices
-        engine = self.control.ensure_devices(kind.needs_tracker, P.STATE_CAPTURING, detail)
+        engine = self.control.ensure_devices(kind.needs_tracker, P.STATE_CAPTURING, detail, need_camera=kind.needs_camera)
         ps: PlannedStation | None = first
         while ps is not None:
             n_planned = max(n_planned, ps.index + 1)
@@ -157,7 +157,8 @@ class RunJob:
                     if df.ends_job:
                         self._invalidated(run_id, df)
                         return False
-                    engine = self.control.after_device_fault(df, what, kind.needs_tracker, P.STATE_CAPTURING)
+                    engine = self.control.after_device_fault(df, what, kind.needs_tracker, P.STATE_CAPTURING,
+                                                             need_camera=kind.needs_camera)
                     continue
                 self.store.add_station(run_id, rec)  # one transaction: the station is safe now
                 records.append(rec)
@@ -249,7 +250,8 @@ class RunJob:
                 if df.ends_job:
                     self._invalidated(run_id, df)
                     return False
-                engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING)
+                engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
+                                                         need_camera=kind.needs_camera)
                 continue
             self.store.add_station(run_id, got)
             self.control.made_progress()
@@ -265,7 +267,7 @@ class RunJob:
 
         def measure(ps: PlannedStation, raw: P.JsonObject, what: str) -> StationRecord:
             detail = f"run {run_id}: {what}"
-            engine = self.control.engine_for(kind.needs_tracker, P.STATE_CAPTURING, detail)
+            engine = self.control.engine_for(kind.needs_tracker, P.STATE_CAPTURING, detail, need_camera=kind.needs_camera)
             attempts = 0
             while True:
                 self.control.check_abort()
@@ -283,7 +285,8 @@ class RunJob:
                 except cap.DeviceFault as df:
                     if df.ends_job:
                         raise
-                    engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING)
+                    engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
+                                                         need_camera=kind.needs_camera)
                     continue
                 rec = dataclasses.replace(rec, raw={**rec.raw, **raw})
                 self.store.add_station(run_id, rec)  # one transaction: the measurement is safe now

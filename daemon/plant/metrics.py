@@ -206,8 +206,11 @@ class _Snapshot:
             yield g
             yield gauge("cellcal_uptime_seconds", "since the daemon started", _finite(st.get("uptime_s")))
             g = GaugeMetricFamily("cellcal_device_connected", "1 while the device's link is up", labels=["device"])
+            listed = as_map(st.get("devices"))
             for dev in P.DEVICES:
-                g.add_metric([dev], 1.0 if as_map(as_map(st.get("devices")).get(dev)).get("connected") else 0.0)
+                if dev == P.DEVICE_CAMERA and dev not in listed:
+                    continue  # a cell without a camera has none to report (ADR 0030)
+                g.add_metric([dev], 1.0 if as_map(listed.get(dev)).get("connected") else 0.0)
             yield g
             yield gauge("cellcal_queued_jobs", "runs and checks waiting", _finite(st.get("queued_jobs")))
             yield gauge("cellcal_drift_cusum_mm", "CUSUM of the drift checks of the active result",

@@ -773,6 +773,9 @@ def _summary(body: Mapping[str, object]) -> str:
         ("solver", f"{body.get('solver', '?')}; {'converged' if fit.get('converged', True) else 'DID NOT CONVERGE'}"
                    f" ({fit.get('stop_reason', '')})"),
     ]
+    if "reprojection_rms_px" in body:  # a camera's intrinsics: residuals in pixels, no pose (ADR 0030)
+        rows[1:5] = [("views", f"{body.get('n_stations', '?')} views of the target"),
+                     ("reprojection", f"RMS {_fmt(body.get('reprojection_rms_px'))} px (section Camera intrinsics)")]
     conv = ("Frames and units: a transform named a_T_b maps coordinates in frame b to coordinates in frame a (it is "
             "the pose of b in a). Lengths are shown in millimetres and angles in degrees (the files and the wire use "
             "metres and radians). Quaternions are in the order w, x, y, z with w &gt;= 0. Rotation vectors are the "

@@ -120,8 +120,14 @@ def station_line(body: Mapping[str, object]) -> str:
         s = as_map(body.get("settle"), "settle")
         rest = s.get("robot_rest_s")
         rest_text = f"robot at rest {rest:.2f} s" if isinstance(rest, (int, float)) else "robot at rest"
+        frame = as_map(body.get("frame"), "frame")
+        corners, blur = frame.get("n_corners"), frame.get("blur_px")
+        if isinstance(corners, int):  # a camera station (ADR 0030): what the frame showed
+            seen = f"{corners} corners" + (f", blur {blur:.2f} px" if isinstance(blur, (int, float)) else "")
+        else:
+            seen = f"tracker std {_mm(s.get('tracker_std_translation_m'), 4)}"
         return (f"{where} accepted (attempt {body.get('attempt', 1)}, {body.get('accepted_count', '?')} accepted so "
-                f"far; {rest_text}, tracker std {_mm(s.get('tracker_std_translation_m'), 4)})")
+                f"far; {rest_text}, {seen})")
     return (f"{where} rejected on attempt {body.get('attempt', 1)} ({body.get('reason')}): "
             f"{body.get('message') or body.get('reason')}")
 
@@ -136,7 +142,11 @@ def result_line(body: Mapping[str, object], *, exports: str | None = None, repor
     parts = [f"result {body.get('result_id')} ({body.get('kind')}, run {body.get('run_id') or '-'}{stations}) {status}"]
     if name is not None:
         parts.append(pose_text(body, name))
-    parts.append(fit_text(body))
+    px = body.get("reprojection_rms_px")
+    if isinstance(px, (int, float)):  # a camera's intrinsics (ADR 0030): fitted in pixels
+        parts.append(f"reprojection rms {px:.4f} px")
+    else:
+        parts.append(fit_text(body))
     if exports is not None:
         parts.append(f"exports in {exports}")
     if report is not None:

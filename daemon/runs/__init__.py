@@ -13,6 +13,8 @@ name               module                                  what it calibrates
 ``hand_eye``       ``hand_eye``                            ``flange_T_camera`` (given stations)
 ``kinematics``     ``kinematics`` (+ ``iso9283``,          the arm's DH parameters
                    ``kinematics_report``)
+``intrinsics``     ``intrinsics`` (+ ``camera_plan``,      a camera's intrinsics (``[camera]``)
+                   ``intrinsics_report``)
 =================  ======================================  ==========================================
 
 Adding a kind is one module plus one line in :data:`KINDS` (and its name in
@@ -43,6 +45,7 @@ KINDS: dict[str, str] = {
     "tool_point": "cellcal.daemon.runs.tool_point:ToolPoint",
     "hand_eye": "cellcal.daemon.runs.hand_eye:HandEye",
     "kinematics": "cellcal.daemon.runs.kinematics:Kinematics",
+    "intrinsics": "cellcal.daemon.runs.intrinsics:Intrinsics",
 }
 
 

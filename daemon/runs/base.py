@@ -49,17 +49,18 @@ from cellcal.daemon.gates import GateReport
 from cellcal.daemon.runs.plan import PlannedStation
 from cellcal.daemon.store import RunRecord, StationRecord, Store
 from cellcal.drivers.kinematics import DHModel
-from cellcal.solver import CalibrationError, CalibrationResult, DegenerateGeometry, KinematicResult
+from cellcal.solver import CalibrationError, CalibrationResult, DegenerateGeometry, IntrinsicsResult, KinematicResult
 from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
 
 __all__ = ["RunKind", "RunContext", "Finished", "Measure", "ReportParts", "SolverResult", "ResultBody", "as_calibration",
-           "as_kinematic"]
+           "as_kinematic", "as_intrinsics"]
 
-#: A solver result (``cellcal.solver.CalibrationResult`` or ``KinematicResult``): what
-#: :meth:`RunKind.solve` returns and :meth:`RunKind.finish` turns into the stored record.
-SolverResult: TypeAlias = CalibrationResult | KinematicResult
+#: A solver result (``cellcal.solver.CalibrationResult``, ``KinematicResult`` or
+#: ``IntrinsicsResult``): what :meth:`RunKind.solve` returns and :meth:`RunKind.finish` turns
+#: into the stored record.
+SolverResult: TypeAlias = CalibrationResult | KinematicResult | IntrinsicsResult
 #: The stored record of a result (``ResultRecord.result``) and the wire body built from it: a
 #: JSON object whose shape ``protocol.ResultBody`` checks, read here as what it is to a reader
 #: (a map of JSON values, narrowed where they are used).
@@ -78,6 +79,13 @@ def as_kinematic(result: SolverResult) -> KinematicResult:
     """The ``KinematicResult`` that the kinematics kind's :meth:`RunKind.solve` returned."""
     if not isinstance(result, KinematicResult):
         raise TypeError(f"a kinematic result was expected, got {type(result).__name__}")
+    return result
+
+
+def as_intrinsics(result: SolverResult) -> IntrinsicsResult:
+    """The ``IntrinsicsResult`` that the intrinsics kind's :meth:`RunKind.solve` returned."""
+    if not isinstance(result, IntrinsicsResult):
+        raise TypeError(f"an intrinsics result was expected, got {type(result).__name__}")
     return result
 
 
@@ -151,6 +159,9 @@ class RunKind(abc.ABC):
     name: ClassVar[P.RunKind]
     #: Whether its stations need the tracker (a tool-point run measures the robot alone).
     needs_tracker: ClassVar[bool] = True
+    #: Whether its stations need the camera (``[camera]``, ADR 0030): the jobs open it with
+    #: the robot, and the engine's ``capture_camera`` takes its stations.
+    needs_camera: ClassVar[bool] = False
 
     # ---- starting ----------------------------------------------------------------------------
     def refuse_start(self, ctx: RunContext) -> str | None:

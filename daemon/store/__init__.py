@@ -7,6 +7,12 @@ One SQLite file, ``cellcal.sqlite3``, in the state directory (systemd's
   COMMIT`` in WAL mode with ``synchronous=FULL``: when it returns, the station is in the
   fsynced WAL and survives ``kill -9`` or power loss; when the process dies before it
   returns, the station is either wholly there or wholly absent, never half written.
+* **No camera station without its image.** A station carrying an image
+  (``StationRecord.image_png``) has it written beside the database first
+  (``images/run_<id>/station_<index>.png``: a temporary file, fsynced, renamed, the folder
+  fsynced) and its row, which holds the image's path and sha256, committed after: a
+  ``kill -9`` at any moment leaves at most an image without a row (written again when the
+  station is captured again), never a row without its image or a torn image.
 * **None is duplicated.** ``(run_id, plan_index)`` is unique. After a crash the daemon may
   not know whether the station it was storing got committed; re-adding it raises the typed
   :class:`DuplicateStation` instead of writing a second row, so "resume from what I last
@@ -20,7 +26,7 @@ One SQLite file, ``cellcal.sqlite3``, in the state directory (systemd's
   the failed transaction is rolled back, committed data stays readable, and the same open
   store works again once space is freed.
 
-Schema (version 1; ``schema_version`` records every migration applied)::
+Schema (version 2; ``schema_version`` records every migration applied)::
 
     schema_version(version PK, description, applied_utc)
     store_meta(key PK, value)                      -- created_utc, last_opened_utc
@@ -30,7 +36,9 @@ Schema (version 1; ``schema_version`` records every migration applied)::
          base_T_flange BLOB(128), q_rad BLOB(8n), cell_T_target BLOB(128)?, cell_p_target BLOB(24)?,
          tracker_std_translation_m, tracker_std_rotation_rad?, sample_count,
          robot_t_device_s, robot_t_host_ns, tracker_t_device_s, tracker_t_host_ns,
-         settle_json, raw_json, accepted_host_ns, stored_utc)
+         settle_json, raw_json, accepted_host_ns, stored_utc,
+         camera_json?)                                -- migration 2: a camera station's
+    images/run_<id>/station_<index>.png             -- a camera station's image, beside the file
     rejections(id PK, run_id -> runs, plan_index, reason, detail_json, recorded_utc)
     results(id PK, run_id -> runs?, kind, result_json, provenance_json,
          parent_result_id -> results?, valid_from_utc, created_utc,
@@ -73,7 +81,9 @@ from cellcal.daemon.store.errors import (  # noqa: F401 - the store's public nam
     StoreReadOnlyError,
     UnknownRecord,
 )
+from cellcal.daemon.store.images import IMAGES_DIR, station_image_path  # noqa: F401 - the store's public names
 from cellcal.daemon.store.records import (  # noqa: F401 - the store's public names
+    TRANSIENT,
     ActivationRecord,
     DriftCheckRecord,
     RejectionRecord,
@@ -108,6 +118,9 @@ __all__ = [
     "StationColumn",
     "station_columns",
     "station_column_ddl",
+    "TRANSIENT",
+    "IMAGES_DIR",
+    "station_image_path",
     "RejectionRecord",
     "ResultRecord",
     "DriftCheckRecord",

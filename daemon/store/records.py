@@ -27,7 +27,7 @@ from cellcal.daemon.wire.types import (
     StoredResult,
 )
 
-__all__ = ["RunStatus", "RunRecord", "StationRecord", "StationColumn", "station_columns", "station_column_ddl",
+__all__ = ["RunStatus", "RunRecord", "StationRecord", "StationColumn", "station_columns", "station_column_ddl", "TRANSIENT",
            "RejectionRecord", "ResultRecord", "DriftCheckRecord", "ActivationRecord"]
 
 
@@ -121,6 +121,11 @@ def _int(value: object, name: str, plan_index: object) -> int:
     return i
 
 
+#: Field metadata of a :class:`StationRecord` field that is no column (what the record carries
+#: to the store, never stored in the row: a camera station's image).
+TRANSIENT = "transient"
+
+
 # ``Any`` as ``dataclasses.field()`` itself returns it: a placeholder the dataclass machinery
 # replaces, assigned to fields of every type (int, float, arrays, JSON objects).
 def _field(*, shape: tuple[int, ...] | None = None, minimum: float | None = None) -> Any:
@@ -171,6 +176,16 @@ class StationRecord:
         Raw samples, JSON-serialisable (string keys, finite floats).
     accepted_host_ns : int
         Host ``time.monotonic_ns()`` when the capture engine accepted the station.
+    camera : JsonObject or None
+        A camera station's frame and detection (``cellcal.daemon.camera_capture``, ADR
+        0030): the image's path (relative to the state directory) and sha256, the frame's
+        stamps and exposure, the target's corner ids and image points, the robot state's
+        interpolation to mid-exposure. None for a station without a camera.
+    image_png : bytes or None
+        Not a column: the PNG a camera station was captured with, on its way to the store,
+        which writes it beside the database (``<state_dir>/images/run_<id>/station_<index>.png``)
+        before the row commits and fills in ``camera["image"]`` and ``camera["image_sha256"]``
+        (``Store.add_station``). None in every station read back (the image is on disk).
     """
 
     plan_index: int = _field(minimum=0)
@@ -188,11 +203,17 @@ class StationRecord:
     settle: JsonObject = _field()
     raw: JsonObject = _field()
     accepted_host_ns: int = _field()
+    # Added by migration 2 (a camera station's, ADR 0030): None for every other station.
+    camera: JsonObject | None = field(default=None, metadata={"shape": None, "min": None})
+    # Not a column (``TRANSIENT``): the image travels with the record to the store.
+    image_png: bytes | None = field(default=None, repr=False, metadata={TRANSIENT: True})
 
     def __post_init__(self) -> None:
         idx = self.plan_index
         for col in station_columns(type(self)):
             object.__setattr__(self, col.name, col.validate(getattr(self, col.name), idx))
+        if self.image_png is not None and not isinstance(self.image_png, bytes):
+            raise ValueError(f"station {idx}: image_png must be bytes, got {type(self.image_png).__name__}")
 
 
 # --------------------------------------------------------------------------------------
@@ -340,6 +361,8 @@ def station_columns(cls: type[StationRecord] = StationRecord) -> tuple[StationCo
     hints = typing.get_type_hints(cls)
     out = []
     for f in dataclasses.fields(cls):
+        if f.metadata.get(TRANSIENT):
+            continue
         kind, nullable = _column_kind(hints[f.name])
         out.append(StationColumn(
             name=f.name, column=f"{f.name}_json" if kind == "json" else f.name, kind=kind, nullable=nullable,

@@ -14,7 +14,7 @@ __all__ = ["SCHEMA_VERSION", "MIGRATIONS", "migrate"]
 # --------------------------------------------------------------------------------------
 # Schema and migrations
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 # version -> (description, statements). A migration runs in one transaction with the
 # version row it inserts, so a crash mid-migration leaves the previous version intact.
@@ -103,6 +103,12 @@ MIGRATIONS: dict[int, tuple[str, Sequence[str]]] = {
             )""",
             "CREATE INDEX drift_checks_by_result ON drift_checks(result_id, id)",
         ),
+    ),
+    # A camera station's frame and detection (StationRecord.camera, ADR 0030); what
+    # station_column_ddl(StationRecord, "camera") writes (tests/test_camera_store.py checks).
+    2: (
+        "stations: camera_json (a camera station's frame, detection and image)",
+        ("ALTER TABLE stations ADD COLUMN camera_json TEXT",),
     ),
 }
 

@@ -27,6 +27,7 @@ from cellcal.daemon.store.errors import (
     StoreReadOnlyError,
     UnknownRecord,
 )
+from cellcal.daemon.store.images import put_in_place, with_image_path, write_temporary
 from cellcal.daemon.store.records import (
     _OPEN_STATUSES,
     ActivationRecord,
@@ -53,8 +54,6 @@ FRAME_CONVENTION = "a_T_b maps coordinates in frame b to frame a; SI units; quat
 
 # Seconds a writer waits for another process's write lock before SQLITE_BUSY.
 _BUSY_TIMEOUT_S = 10.0
-
-
 
 # --------------------------------------------------------------------------------------
 # The store
@@ -560,22 +559,37 @@ class Store:
             raise TypeError(f"add_station needs a StationRecord, got {type(st).__name__}")
         if not isinstance(st, self.station_type):
             raise TypeError(f"this store holds {self.station_type.__name__} stations, got {type(st).__name__}")
-        # Encode before taking the write lock: a bad dict fails without touching the file.
-        values = [c.encode(getattr(st, c.name), st.plan_index) for c in self._station_cols]
-        with self._write(f"adding station {st.plan_index} to run {run_id}") as conn:
-            self._require_open_run(conn, run_id, f"cannot add station {st.plan_index}")
-            if conn.execute(
-                "SELECT 1 FROM stations WHERE run_id = ? AND plan_index = ?", (run_id, st.plan_index)
-            ).fetchone():
-                raise DuplicateStation(
-                    f"run {run_id} already has station {st.plan_index} (state directory {self.state_dir})",
-                    run_id=run_id,
-                    plan_index=st.plan_index,
-                    state_dir=self.state_dir,
-                )
-            cur = conn.execute(self._station_insert, (run_id, *values, _utc_now()))
-            conn.execute("UPDATE runs SET updated_utc = ? WHERE id = ?", (_utc_now(), run_id))
-            return _rowid(cur)
+        st, final, image = with_image_path(st, run_id, self.state_dir)  # a camera station: images.py
+        values = [c.encode(getattr(st, c.name), st.plan_index) for c in self._station_cols]  # before the lock
+        tmp = None if final is None or image is None else self._image(write_temporary, final, image)
+        try:
+            with self._write(f"adding station {st.plan_index} to run {run_id}") as conn:
+                self._require_open_run(conn, run_id, f"cannot add station {st.plan_index}")
+                if conn.execute(
+                    "SELECT 1 FROM stations WHERE run_id = ? AND plan_index = ?", (run_id, st.plan_index)
+                ).fetchone():
+                    raise DuplicateStation(
+                        f"run {run_id} already has station {st.plan_index} (state directory {self.state_dir})",
+                        run_id=run_id,
+                        plan_index=st.plan_index,
+                        state_dir=self.state_dir,
+                    )
+                if tmp is not None:  # after the duplicate test, before the row (images.py)
+                    tmp = self._image(put_in_place, tmp, final)
+                cur = conn.execute(self._station_insert, (run_id, *values, _utc_now()))
+                conn.execute("UPDATE runs SET updated_utc = ? WHERE id = ?", (_utc_now(), run_id))
+                return _rowid(cur)
+        finally:
+            if tmp is not None:
+                with contextlib.suppress(OSError):
+                    tmp.unlink()
+
+    def _image(self, step: Callable[..., Path | None], *args: object) -> Path | None:
+        """One of ``images``' steps, its ``OSError`` the store's typed error."""
+        try:
+            return step(*args)
+        except OSError as exc:
+            raise self._os_error(exc, "writing a station's image") from exc
 
     def stations(self, run_id: int) -> list[StationRecord]:
         """Every committed station of a run, in plan order."""

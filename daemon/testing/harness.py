@@ -23,6 +23,13 @@ One place for what the end-to-end tests (``tests/test_daemon_*.py``,
   chosen moment with :meth:`InProcessCell.on_first` (inside the service's emit of an
   event, e.g. right after a station was committed) and reads what followed with
   :meth:`InProcessCell.mark`, :meth:`~InProcessCell.since` and :meth:`~InProcessCell.states`.
+* **Camera**: ``inprocess_cell(camera="eye_in_hand" | "eye_to_hand")`` serves a rendered
+  camera as a GigE Vision device on a loopback address of its own
+  (``cellcal.testing.simulators.start_camera``) and gives the daemon its ``[camera]``
+  section (:func:`camera_section`: the device's URL, the board's target file, the view pose
+  and pivot the simulator's truth puts the board at); a camera in another process is
+  ``SimProcess(..., "--camera", mounting, "--camera-address", address)`` with a free address
+  from :func:`free_camera_address`.
 * **Processes**: :class:`SimProcess` (``cellcal sim``), :class:`DaemonProcess` (``cellcal
   run``), :class:`Recorder` (a raw SUB socket), :func:`audit_store` (the store read with a
   separate read-only connection).
@@ -40,6 +47,7 @@ import json
 import os
 import select
 import signal
+import socket
 import sqlite3
 import subprocess
 import sys
@@ -64,19 +72,21 @@ from cellcal.daemon.service import Service
 from cellcal.daemon.store import RunStatus
 from cellcal.daemon.wire.endpoints import free_port
 from cellcal.daemon.wire.zmq_server import ZmqServer
+from cellcal.sim.camera_device import SimCameraDevice, default_camera
 from cellcal.sim.link import LinkServer
 from cellcal.sim.robot_sim import SimRobotHandle
 from cellcal.sim.scenario import Scenario, load_scenario
 from cellcal.sim.world import World
 from cellcal.solver.errors import CellcalError
-from cellcal.solver.se3 import se3_inverse, so3_log
-from cellcal.testing.simulators import simulated_devices
+from cellcal.solver.se3 import se3_inverse, so3_log, xyz_quat_from_transform
+from cellcal.testing.simulators import camera_addresses, simulated_devices
 
 __all__ = [
     "FAST_SCENARIO", "REALISTIC_SCENARIO", "SCENARIOS", "PROFILE_OVERRIDES", "profile_of", "CELLCAL", "K_SIGMA",
     "HarnessError", "SoakError", "free_port", "to_toml", "daemon_config",
     "write_config", "scenario_with", "stop_process", "SimProcess", "DaemonProcess", "Recorder", "audit_store",
     "run_status", "transform_and_cov", "deviation_sigmas", "InProcessCell", "inprocess_cell", "nonconforming_bodies",
+    "camera_section", "free_camera_address", "TARGET_FILE",
 ]
 
 #: The fast simulated cell (the demo's truth, time x10, no faults), a file in this package.
@@ -113,6 +123,9 @@ def profile_of(scenario: str | os.PathLike[str] | Scenario | None) -> str:
     if scenario is None or isinstance(scenario, Scenario):
         return "exact"
     return "realistic" if Path(scenario).resolve() == REALISTIC_SCENARIO.resolve() else "exact"
+#: The default board's target file (``config/charuco-7x5.toml``, installed as ``cellcal.examples``):
+#: what the default simulated camera sees.
+TARGET_FILE = Path(str(resources.files("cellcal.examples").joinpath("charuco-7x5.toml")))
 #: ``cellcal`` of the interpreter running us (the venv's), without relying on PATH.
 CELLCAL = [sys.executable, "-m", "cellcal.daemon.cli"]
 #: Results agree when every component of the difference is within this many sigma.
@@ -268,6 +281,59 @@ def scenario_with(path: Path, extra_toml: str, *, base: Path | str | None = None
         text = text.replace("scale = 10.0", f"scale = {scale!r}")
     Path(path).write_text(text + "\n" + extra_toml)
     return Path(path)
+
+
+# ---- a camera ---------------------------------------------------------------------------------
+
+
+def camera_section(url: str, mounting: str, scenario: Scenario, workdir: Path, *, n_views: int = 12) -> dict:
+    """The daemon's ``[camera]`` (TOML keys) for the scenario's simulated camera at ``url``.
+
+    The target file is the scenario camera's (its board written to ``workdir/target.toml``
+    when it is not from a file; the default camera's is :data:`TARGET_FILE`); the plan's view
+    pose is the robot's initial flange pose (where the simulated cell shows the board) and its
+    pivot the board's centre as the truth puts it (on the flange, or where the camera on the
+    flange sees it): what an integrator measures roughly with a ruler.
+    """
+    cam = scenario.camera if scenario.camera is not None else default_camera(scenario, mounting)
+    source = Path(cam.target.source)
+    if scenario.camera is None:
+        target_file = TARGET_FILE  # the default camera's board
+    elif cam.target.sha256 is not None and source.is_file():
+        target_file = source
+    else:
+        target_file = Path(workdir) / "target.toml"
+        table = {k: v for k, v in cam.target.to_dict().items() if k != "sha256"}
+        target_file.write_text(to_toml({"target": table}))
+    truth = scenario.truth
+    centre = np.array([*(0.5 * np.asarray(cam.target.size_m)), 0.0, 1.0])
+    if cam.mounting == "eye_in_hand":
+        assert cam.cell_T_target is not None
+        pivot = (se3_inverse(truth.cell_T_base @ truth.base_T_flange) @ cam.cell_T_target @ centre)[:3]
+    else:
+        assert cam.flange_T_target is not None
+        pivot = (cam.flange_T_target @ centre)[:3]
+    xyz, q = xyz_quat_from_transform(truth.base_T_flange)
+    return {
+        "url": url, "target_file": str(target_file), "mounting": cam.mounting,
+        "options": {"timeout_s": 2.0},
+        "plan": {"n_views": int(n_views), "view_flange_xyz_mm": [float(v) * 1e3 for v in xyz],
+                 "view_flange_quat_wxyz": [float(v) for v in q], "pivot_mm": [float(v) * 1e3 for v in pivot]},
+    }
+
+
+def free_camera_address() -> str:
+    """A loopback address whose GVCP port (UDP 3956) is free now, for a simulated camera in
+    another process (``cellcal sim --camera-address``); 127.0.0.1 is never offered (Aravis's
+    fake camera can serve only there, and its tests wait for it)."""
+    for address in camera_addresses():
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            try:
+                s.bind((address, 3956))
+            except OSError:
+                continue
+        return address
+    raise HarnessError("no free loopback address for a simulated camera")
 
 
 # ---- processes ------------------------------------------------------------------------------
@@ -578,8 +644,10 @@ class InProcessCell:
     """
 
     def __init__(self, scenario: Scenario, world: World, robot: SimRobotHandle, tracker: LinkServer,
-                 cfg: Config) -> None:
+                 cfg: Config, camera: SimCameraDevice | None = None) -> None:
         self.scenario, self.world, self.robot, self.tracker, self.cfg = scenario, world, robot, tracker, cfg
+        #: The simulated camera (``inprocess_cell(camera=...)``), else None.
+        self.camera = camera
         self.app: App | None = None
         self.events: list[tuple[float, str, dict]] = []
         self._cond = threading.Condition()
@@ -689,6 +757,8 @@ def inprocess_cell(
     validate_bodies: bool = False,
     zmq: bool = True,
     profile: str | None = None,
+    camera: str | None = None,
+    camera_views: int = 12,
 ) -> Iterator[InProcessCell]:
     """The simulated cell and the daemon in this process; stopped and closed on exit.
 
@@ -717,6 +787,10 @@ def inprocess_cell(
     profile : str, optional
         The daemon settings of a named cell (:data:`PROFILE_OVERRIDES`) for a scenario given
         as a path or a Scenario (e.g. a copy of the realistic cell with a fault appended).
+    camera : {"eye_in_hand", "eye_to_hand"}, optional
+        Also a rendered camera as a GigE Vision device on a loopback address of its own, and
+        the daemon's ``[camera]`` for it (:func:`camera_section`, ``camera_views`` views;
+        ``overrides["camera"]`` merged over it).
     """
     if profile is None:
         profile = "exact" if scenario is None or isinstance(scenario, Scenario) else profile_of(scenario)
@@ -726,14 +800,17 @@ def inprocess_cell(
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     with simulated_devices(sc, instrument=instrument, robot_transport=robot_transport,
-                           tracker_transport=tracker_transport) as devices:
+                           tracker_transport=tracker_transport, camera=camera) as devices:
+        over = _merge(config_overrides(instrument), overrides or {})
+        if devices.camera is not None and camera is not None:
+            section = camera_section(devices.camera.url, camera, sc, workdir, n_views=camera_views)
+            over = _merge(over, {"camera": _merge(section, dict(over.get("camera") or {}))})
         cfgd = daemon_config(robot_url=devices.robot.url, tracker_url=devices.tracker.url, workdir=workdir,
-                             n_stations=n_stations, overrides=_merge(config_overrides(instrument), overrides or {}),
-                             base=base_config, profile=profile)
+                             n_stations=n_stations, overrides=over, base=base_config, profile=profile)
         if state_dir is not None:
             cfgd["service"]["state_dir"] = str(state_dir)
         cfg = load_config_text(to_toml(cfgd), source=str(workdir / "cellcal.toml"))
-        cell = InProcessCell(sc, devices.world, devices.robot, devices.tracker, cfg)
+        cell = InProcessCell(sc, devices.world, devices.robot, devices.tracker, cfg, devices.camera)
         app = App(cfg, listeners=[cell.on_event], supervise=True, validate_bodies=validate_bodies, zmq=zmq,
                   shutdown_timeout_s=15.0)
         cell.app = app

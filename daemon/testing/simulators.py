@@ -1,11 +1,14 @@
-"""The simulated cell's devices in this process: the world, the robot and the instrument.
+"""The simulated cell's devices in this process: the world, the robot, the instrument, a camera.
 
 :func:`simulated_devices` starts the simulated robot (a UR controller over RTDE on loopback,
 or six CiA 402 drives on a python-can virtual bus of its own) and the simulated instrument
 (the cellcal tracker protocol, a Leica emScon tracker or a GeoCOM total station, on a pty or
-loopback TCP: ``cellcal.daemon.cli.instruments``), both reading one world's truth, and closes
-them on exit. The in-process cell (``harness.inprocess_cell``) and the pytest plugin's
-in-process ``sim_cell`` are built on it.
+loopback TCP: ``cellcal.daemon.cli.instruments``), all reading one world's truth, and closes
+them on exit; with ``camera=`` also a rendered camera served as a GigE Vision device
+(``cellcal.sim.camera_device``, the scenario's ``[camera]`` or a default one of that
+mounting) on a loopback address of its own (:func:`camera_addresses`: GVCP's port 3956 is
+fixed, so cameras side by side need addresses of their own). The in-process cell
+(``harness.inprocess_cell``) and the pytest plugin's in-process ``sim_cell`` are built on it.
 """
 
 from __future__ import annotations
@@ -18,28 +21,55 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cellcal.daemon.cli.instruments import start_simulated
+from cellcal.sim.camera_device import SimCameraDevice, default_camera, start_sim_camera
 from cellcal.sim.link import LinkServer
 from cellcal.sim.robot_sim import SimRobotHandle, start_sim_robot
 from cellcal.sim.scenario import Scenario, load_scenario
 from cellcal.sim.world import World
 
-__all__ = ["SimulatedDevices", "simulated_devices"]
+__all__ = ["SimulatedDevices", "simulated_devices", "camera_addresses", "start_camera"]
+
+
+def camera_addresses() -> Iterator[str]:
+    """Loopback addresses for simulated cameras of this process: ``127.<80 + worker>.<pid
+    derived>.<n>`` (pytest-xdist's worker number; another session's tests on the machine take
+    other pids), each tried in turn by :func:`start_camera` until one binds."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
+    n = int(worker[2:]) if worker[2:].isdigit() else 0
+    third = (os.getpid() // 7) % 200 + 20
+    for last in range(2, 255):
+        yield f"127.{80 + n % 100}.{third}.{last}"
+
+
+def start_camera(world: World, scenario: Scenario, mounting: str, *, seed: int | None = None) -> SimCameraDevice:
+    """The scenario's camera (its ``[camera]``, else a default one of ``mounting``) served on
+    the first free address of :func:`camera_addresses`."""
+    config = scenario.camera if scenario.camera is not None else default_camera(scenario, mounting)
+    last: OSError | None = None
+    for address in camera_addresses():
+        try:
+            return start_sim_camera(world, config, address, seed=scenario.seed if seed is None else seed)
+        except OSError as exc:  # taken by another camera: the next address
+            last = exc
+    raise OSError(f"no free loopback address for a simulated camera ({last})")
 
 
 @dataclass
 class SimulatedDevices:
-    """The running simulators of one cell (each with its ``url``) and the world they share."""
+    """The running simulators of one cell (each with its ``url``) and the world they share;
+    ``camera`` None unless one was asked for."""
 
     scenario: Scenario
     world: World
     robot: SimRobotHandle
     tracker: LinkServer
+    camera: SimCameraDevice | None = None
 
 
 @contextlib.contextmanager
 def simulated_devices(scenario: Scenario | Path, *, instrument: str = "cellcal", robot_transport: str = "rtde",
-                      tracker_transport: str | None = None) -> Iterator[SimulatedDevices]:
-    """Start a scenario's robot and instrument in this process (module docstring).
+                      tracker_transport: str | None = None, camera: str | None = None) -> Iterator[SimulatedDevices]:
+    """Start a scenario's robot and instrument (and camera) in this process (module docstring).
 
     Parameters
     ----------
@@ -49,6 +79,8 @@ def simulated_devices(scenario: Scenario | Path, *, instrument: str = "cellcal",
     robot_transport : {"rtde", "canopen"}
     tracker_transport : {"pty", "tcp"}, optional
         Default: the instrument's first (a pty; emScon: TCP).
+    camera : {"eye_in_hand", "eye_to_hand"}, optional
+        Also serve a rendered camera so mounted (:func:`start_camera`).
     """
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(Path(scenario))
     world = sc.make_world()
@@ -62,4 +94,8 @@ def simulated_devices(scenario: Scenario | Path, *, instrument: str = "cellcal",
         stack.callback(robot.close)
         tracker = start_simulated(instrument, world, sc.tracker, seed=sc.seed, transport=tracker_transport)
         stack.callback(tracker.close)
-        yield SimulatedDevices(sc, world, robot, tracker)
+        cam = None
+        if camera is not None:
+            cam = start_camera(world, sc, camera)
+            stack.callback(cam.close)
+        yield SimulatedDevices(sc, world, robot, tracker, cam)

@@ -52,9 +52,16 @@ class DeviceStatus(TypedDict):
     identity: str | None          # model and serial the device reported; None if never connected
 
 
-class Devices(TypedDict):
+class _DevicesV1(TypedDict):
     robot: DeviceStatus
     tracker: DeviceStatus
+
+
+class Devices(_DevicesV1, total=False):
+    """The heartbeat's devices: ``robot`` and ``tracker`` always; ``camera`` (added within v1)
+    only in a cell configured with a ``[camera]`` section (ADR 0030)."""
+
+    camera: DeviceStatus
 
 
 class HeartbeatBody(TypedDict):
@@ -62,7 +69,7 @@ class HeartbeatBody(TypedDict):
     state: StateName
     uptime_s: float               # since the daemon started (monotonic)
     heartbeat_s: float            # the heartbeat period; silence for 3 periods means trouble
-    devices: Devices              # "robot" and "tracker"
+    devices: Devices              # "robot" and "tracker" (and "camera" in a cell with one)
     active_result_id: str | None
     suspect: bool                 # the active result failed a drift check
     run_id: str | None            # run or drift check in progress
@@ -128,7 +135,7 @@ class Residuals(TypedDict):
 
 class Provenance(TypedDict):
     config_sha256: str
-    device_serials: dict[str, str]  # "robot", "tracker"
+    device_serials: dict[str, str]  # "robot", "tracker", "camera" ("" when none)
     solver: str
     frame_convention: str
     valid_from_ns: int            # wall-clock UTC ns from which the result describes the cell
@@ -207,13 +214,75 @@ class _ResultBodyV1(TypedDict):
     provenance: Provenance
 
 
+class CornerResidualsWire(TypedDict):
+    """Every corner an intrinsics fit used (``ResultBody.intrinsics.corners``), one entry per corner."""
+
+    view: list[int]               # index into intrinsics.views
+    ids: list[int]                # the target's corner id
+    image_points_px: list[list[float]]  # detected (u, v), px; (0, 0) the centre of the first pixel
+    residuals_px: list[list[float]]     # detected minus reprojected, px
+
+
+class ImageCoverageWire(TypedDict):
+    fraction: float               # share of the grid's cells holding a corner of some view
+    grid: list[int]               # [columns, rows]
+    occupied: list[list[bool]]    # rows x columns, row 0 at the image's top
+    max_radius_fraction: float    # the farthest corner from the image centre, over the half-diagonal
+
+
+class IntrinsicsHoldoutWire(TypedDict):
+    method: str                   # "k-fold refit" or "none"
+    folds: int
+    rms_px: float | None          # RMS reprojection of the held-out views, px (None: method "none")
+    inflation: float | None       # rms_px over the fit's RMS
+    view_rms_px: list[float | None]  # per view (intrinsics.views order)
+
+
+class TargetWire(TypedDict):
+    type: str                     # "charuco" or "chessboard"
+    squares_x: int
+    squares_y: int
+    square_m: float
+    marker_m: float | None        # ChArUco only
+    dictionary: str | None        # ChArUco only, OpenCV's name
+    sha256: str | None            # of the target file's bytes
+
+
+class Intrinsics(TypedDict):
+    """An intrinsics result's detail (``ResultBody.intrinsics``, ADR 0022 and 0030); the
+    camera itself is at the body's top (``camera_matrix``, ``dist_coeffs``, ``image_size``)."""
+
+    parameter_names: list[str]    # fx, fy, cx, cy, k1, k2, p1, p2, k3: the order below
+    parameters: list[float]       # px for fx..cy, unitless for the distortion
+    sigmas: list[float | None]    # 1-sigma of each
+    covariance: Covariance        # 9 x 9, parameter_names order
+    fixed: list[str]              # parameters held at their start value
+    view_rms_px: list[float]      # per view
+    views: list[int]              # the run's station (plan index) of each view used
+    views_dropped: list[int]      # stations with too few corners
+    view_tilt_deg: list[float]    # the target normal's angle to the optical axis, per view
+    tilt_deg: float               # the tilt figure the refusal reads (weakest image direction)
+    holdout: IntrinsicsHoldoutWire
+    coverage: ImageCoverageWire
+    corners: CornerResidualsWire
+    noise_px: float               # corner noise the covariance used, 1-sigma per image axis
+    noise_source: str             # "estimated" or "declared"
+    chi2: float
+    dof: int
+    n_views: int
+    n_corners: int
+    target: TargetWire
+
+
 class ResultBody(_ResultBodyV1, total=False):
     """A calibration result (``cellcal/v1/result``, ``get_result``).
 
     The keys declared here were added within v1: every result this version solves has them
     (``cellcal.daemon.report.result_to_wire`` writes them for every result type), results
     stored by earlier versions may lack them. ``holdout`` and ``linear_agreement`` are
-    ``None`` when the result has none.
+    ``None`` when the result has none. ``camera_matrix``, ``dist_coeffs``, ``image_size``,
+    ``reprojection_rms_px`` and ``intrinsics`` are an intrinsics result's (kind
+    ``intrinsics``, ADR 0030) and no other's.
     """
 
     points: dict[str, Point]      # every point the result estimated, by name (may be empty)
@@ -225,6 +294,16 @@ class ResultBody(_ResultBodyV1, total=False):
     uncertainty: Uncertainty
     holdout: Holdout | None
     linear_agreement: LinearAgreement | None
+    camera_matrix: list[list[float]]  # 3 x 3, px: [[fx, 0, cx], [0, fy, cy], [0, 0, 1]]
+    dist_coeffs: list[float]      # k1, k2, p1, p2, k3 (OpenCV's order)
+    image_size: list[int]         # [width, height], px
+    reprojection_rms_px: float
+    intrinsics: Intrinsics
+
+
+#: The keys of ``ResultBody`` only an intrinsics result has (every other key declared there
+#: beyond ``_ResultBodyV1`` is every result's).
+INTRINSICS_RESULT_KEYS = frozenset({"camera_matrix", "dist_coeffs", "image_size", "reprojection_rms_px", "intrinsics"})
 
 
 class DriftStation(TypedDict):
@@ -371,6 +450,8 @@ class RunPlan(TypedDict, total=False):
     given: list[JsonObject]            # stations a client supplied (start_run stations=...)
     started: RunStart
     identification: Identification    # kinematics runs only
+    camera_view: JsonObject            # camera runs: the view pose planned from (q_rad, base_T_flange)
+    camera_target: JsonObject          # camera runs: the target file captured with (sha256, toml, mounting)
 
 
 class CheckStationRecord(TypedDict):
@@ -425,6 +506,12 @@ class StoredResult(TypedDict, total=False):
     residual_tests: JsonObject | None
     task_points: list[JsonObject]     # {point_m, sigma_m, sigma_max_m, frame, lever_arm_m}
     kinematics: JsonObject            # kinematics results: the identified parameters and their tests
+    camera_matrix: list[list[float]]  # intrinsics results (ResultBody's keys of the same names)
+    dist_coeffs: list[float]
+    image_size: list[int]
+    reprojection_rms_px: float
+    intrinsics: JsonObject
+    target_sha256: str | None         # camera results: the target file's (provenance)
     gates: StoredGates
     check_stations: list[CheckStationRecord]
 
@@ -445,6 +532,7 @@ class StoredProvenance(TypedDict, total=False):
     robot_serial: str | None
     kinematics_digest: str | None
     solve_settings: JsonObject        # the [solve] settings the stations were solved with (SI)
+    target_sha256: str            # a camera result's target file (ADR 0030)
 
 
 class DriftRecord(TypedDict, total=False):

@@ -73,11 +73,12 @@ STATE_CHECKING: Final = "CHECKING"
 STATE_FAULT: Final = "FAULT"
 STATES: tuple[str, ...] = typing.get_args(StateName)
 
-RunKind = Literal["base_frame", "tool_point", "hand_eye", "kinematics"]
+RunKind = Literal["base_frame", "tool_point", "hand_eye", "kinematics", "intrinsics"]
 KIND_BASE_FRAME: Final = "base_frame"
 KIND_TOOL_POINT: Final = "tool_point"
 KIND_HAND_EYE: Final = "hand_eye"
 KIND_KINEMATICS: Final = "kinematics"  # the arm's own DH geometry (cellcal.daemon.kinematics_run)
+KIND_INTRINSICS: Final = "intrinsics"  # a camera's intrinsics from views of its target (ADR 0030)
 RUN_KINDS: tuple[str, ...] = typing.get_args(RunKind)
 
 MotionMode = Literal["command", "observe"]
@@ -97,9 +98,10 @@ ACTION_MARKED_SUSPECT: Final = "marked_suspect"
 ACTION_RECALIBRATING: Final = "recalibrating"
 DRIFT_ACTIONS: tuple[str, ...] = typing.get_args(DriftAction)
 
-DeviceName = Literal["robot", "tracker"]
+DeviceName = Literal["robot", "tracker", "camera"]
 DEVICE_ROBOT: Final = "robot"
 DEVICE_TRACKER: Final = "tracker"
+DEVICE_CAMERA: Final = "camera"     # only in a cell with a [camera] section (ADR 0030)
 DEVICES: tuple[str, ...] = typing.get_args(DeviceName)
 
 ErrorCode = Literal["E_BAD_REQUEST", "E_FORBIDDEN", "E_NOT_FOUND", "E_BUSY", "E_STATE", "E_NO_CALIBRATION",
