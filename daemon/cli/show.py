@@ -34,6 +34,7 @@ from cellcal.daemon.cli.results import (
     result_or_active,
 )
 from cellcal.daemon.report import human
+from cellcal.daemon.report.advice import recommendations
 from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
 from cellcal.daemon.store import ResultRecord
 from cellcal.solver.se3 import so3_log
@@ -141,6 +142,8 @@ def show_lines(rec: ResultRecord, state_dir: Path) -> list[str]:
     lines.append(f"  warnings         {'none' if not ws else len(ws)}")
     for w in ws:
         lines.append(f"    {w.get('code')}: {w.get('message')}")
+    for advice in recommendations({**r, "kind": rec.kind}):
+        lines.append(f"  recommendation   {advice}")
     paths = export_paths(state_dir, rec.id)
     lines.append(f"  exports          {'none written' if not paths else ''}".rstrip())
     lines += [f"    {p}" for p in paths]

@@ -45,6 +45,7 @@ import numpy as np
 
 from cellcal.daemon import runs
 from cellcal.daemon.bodies import result_body
+from cellcal.daemon.report.advice import recommendations
 from cellcal.daemon.report.exports import atomic_write_bytes
 from cellcal.daemon.report.human import no_rotation_reason
 from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
@@ -828,7 +829,8 @@ def _warnings(body: Mapping[str, object]) -> str:
                  f"widened x{_fmt(t.get('inflation_translation'), 2)} (translation), "
                  f"x{_fmt(t.get('inflation_rotation'), 2)} (rotation) for model error.</p>")
     none = "" if ws else "<p>No warnings: the residuals are consistent with the noise the fit assumed.</p>"
-    return f'<section id="warnings"><h2>Warnings</h2>{items}{none}{tests}</section>'
+    advice = "".join(f'<p class="advice"><b>Recommendation</b>: {_e(a)}</p>' for a in recommendations(body))
+    return f'<section id="warnings"><h2>Warnings</h2>{items}{none}{tests}{advice}</section>'
 
 
 def _provenance(body: Mapping[str, object]) -> str:

@@ -694,17 +694,24 @@ class InProcessCell:
 
     def wait_result(self, run_id: int | str, timeout_s: float = 40.0) -> dict:
         """The (not retained) result body of run ``run_id``; the HarnessError of a run that
-        gave none says how the run ended (its status and reason in the store)."""
-        try:
-            return self.wait_for(lambda t, b: t == P.TOPIC_RESULT and b.get("run_id") == str(run_id)
-                                 and not b.get("retained"), timeout_s, f"result of run {run_id}")
-        except HarnessError as exc:
+        gave none says how the run ended (its status and reason in the store). A run that
+        ended without a result (failed, aborted) raises as soon as the store says so, not at
+        the deadline."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            step = min(1.0, max(deadline - time.monotonic(), 0.0))
             try:
-                run = self.svc.store.get_run(int(str(run_id).removeprefix("run-")))
-                how = f"run {run_id} is {run.status.value}: {run.status_reason or 'no reason recorded'}"
-            except (CellcalError, sqlite3.Error, ValueError) as why:  # the diagnosis must not hide the timeout
-                how = f"run {run_id}: its record could not be read ({why})"
-            raise HarnessError(f"{exc}; {how}") from None
+                return self.wait_for(lambda t, b: t == P.TOPIC_RESULT and b.get("run_id") == str(run_id)
+                                     and not b.get("retained"), step, f"result of run {run_id}")
+            except HarnessError as exc:
+                try:
+                    run = self.svc.store.get_run(int(str(run_id).removeprefix("run-")))
+                    how = f"run {run_id} is {run.status.value}: {run.status_reason or 'no reason recorded'}"
+                    ended = not run.is_open and run.status != RunStatus.DONE
+                except (CellcalError, sqlite3.Error, ValueError) as why:  # the diagnosis must not hide the timeout
+                    how, ended = f"run {run_id}: its record could not be read ({why})", False
+                if ended or time.monotonic() >= deadline:
+                    raise HarnessError(f"{exc}; {how}") from None
 
     def nonconforming(self) -> list[tuple[str, list[str], str]]:
         with self._cond:
