@@ -209,3 +209,54 @@ def test_inverse_kinematics_reaches_and_refuses():
     assert np.allclose(UR5E.forward(q)[0], T, atol=1e-9)
     with pytest.raises(ValueError, match="not reached"):
         inverse_kinematics(UR5E, make_transform(np.eye(3), [3.0, 0, 0]), q0)
+
+
+def test_the_daemons_kinematics_exports_carry_sigmas_and_a_refused_one_says_so(tmp_path):
+    """The daemon's kinematics files (``runs.kinematics_report.write_kinematics_exports``): each
+    joint origin's 1-sigma beside it in the arm URDF and the UR calibration YAML; a result that
+    failed its gates gets the refused marks in every file's first line (and the JSON's first
+    key), as the generic exports of a refused result do."""
+    import json as _json
+
+    from _report_kinds import kinematics_kind
+
+    from cellcal.daemon.report.refused import REFUSED_MARK
+    from cellcal.daemon.runs.kinematics_report import kinematics_export_file_names, write_kinematics_exports
+
+    body, _stations, _result = kinematics_kind()
+    body = {**body, "provenance": {**body.get("provenance", {}), "devices": {"robot": {"model": "UR5e"}}}}
+    names = kinematics_export_file_names(9)
+    (tmp_path / "ok").mkdir()
+    (tmp_path / "bad").mkdir()
+    out = write_kinematics_exports(tmp_path / "ok", 9, body)
+    urdf = out["arm_urdf"].read_text()
+    assert "1-sigma: xyz" in urdf and REFUSED_MARK not in urdf
+    if "ur_calibration" in out:
+        assert "1-sigma" in out["ur_calibration"].read_text()
+    refused = {**body, "gates": {**body["gates"], "passed": False,
+                                 "failed": ["kinematic_holdout_rms: held-out rms 0.900 mm > 0.100 mm"]}}
+    bad = write_kinematics_exports(tmp_path / "bad", 9, refused)
+    for key, path in bad.items():
+        if key != "kinematics":  # the JSON says it in its first key
+            first = path.read_text().splitlines()[0]
+            assert REFUSED_MARK in first, (key, first)
+    assert next(iter(_json.loads(bad["kinematics"].read_text()))) == "GATES_FAILED"
+    assert set(names) >= set(bad)
+
+
+def test_show_and_the_report_name_what_was_held_at_nominal_and_the_weak_joints():
+    """The parameters held at nominal whose prior every sigma carries (consider covariance),
+    and the ``weak_excitation`` joints, are in ``cellcal show``'s lines and the report."""
+    from _report_kinds import kinematics_kind
+
+    from cellcal.daemon.runs.kinematics_report import identification_section, kinematics_lines
+
+    body, _stations, _result = kinematics_kind()
+    k = {**body["kinematics"],
+         "considered": {"joint2.zero_offset": {"value": 0.0, "prior_sigma": 1.7e-3, "reason": "joint 2 barely moved"}},
+         "weak_excitation": {"joints": [2], "parameters": ["joint2.zero_offset"]}}
+    text = "\n".join(kinematics_lines(k))
+    assert "held at nominal" in text and "joint2.zero_offset: 1-sigma 0.09740 deg (joint 2 barely moved)" in text
+    assert "weakly excited: joint2 moved too little to identify joint2.zero_offset" in text
+    html = identification_section({**body, "kinematics": k})
+    assert 'class="considered"' in html and "joint 2 barely moved" in html and "weakly excited: joint2" in html

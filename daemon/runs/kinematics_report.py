@@ -19,13 +19,16 @@ from pathlib import Path
 import numpy as np
 
 from cellcal.daemon.config import Export
+from cellcal.daemon.gates import gates_passed
 from cellcal.daemon.report import html as H
 from cellcal.daemon.report.exports import atomic_write_bytes, robot_name, write_json_result
 from cellcal.daemon.report.human import kinematic_unit
+from cellcal.daemon.report.refused import mark_refused, refused_text
 from cellcal.daemon.runs.base import ReportParts
 from cellcal.daemon.store import StationRecord
 from cellcal.drivers.kinematics import DHModel
 from cellcal.solver import DHParameters, ur_calibration_yaml, urdf_from_model
+from cellcal.solver.kinematic_export import origin_sigmas_from_parameters
 
 __all__ = ["show_lines", "report_parts", "write_exports", "kinematics_lines", "identification_section",
            "identified_stations", "nominal_residuals_figure", "kinematics_export_file_names",
@@ -116,6 +119,7 @@ def kinematics_lines(k: object) -> list[str]:
     if names:
         lines.append("    not identifiable from these stations (fixed at nominal):")
         lines += [f"      {n}: {reasons.get(n) or 'no reason recorded'}" for n in names]
+    lines += _considered_lines(k)
     v = k.get("validation")
     if isinstance(v, Mapping) and isinstance(v.get("after"), Mapping):
         before, after = _map(v.get("before")), _map(v["after"])
@@ -138,6 +142,37 @@ def kinematics_lines(k: object) -> list[str]:
         lines.append(f"  ISO 9283         not measured: {k['iso9283_not_measured']}")
     else:
         lines.append("  ISO 9283         not part of this result")
+    return lines
+
+
+def _considered(k: Mapping[str, object]) -> tuple[list[tuple[str, str, str]], str]:
+    """The parameters held at nominal whose prior the sigmas carry (name, prior 1-sigma in edge
+    units with its unit, why), and the weak-excitation sentence ('' when none) (ADR 0016)."""
+    rows = []
+    for name, c in _map(k.get("considered")).items():
+        c = _map(c)
+        unit, f, dig = kinematic_unit(str(name))
+        rows.append((str(name), f"{_num(c.get('prior_sigma'), f, dig - 1)} {unit}", str(c.get("reason") or "")))
+    weak = _map(k.get("weak_excitation"))
+    sentence = ""
+    if weak:
+        listed_j, listed_p = weak.get("joints"), weak.get("parameters")  # joints 1-based (solver)
+        joints = ", ".join(f"joint{int(j)}" for j in (listed_j if isinstance(listed_j, list) else [])
+                           if isinstance(j, (int, float)))
+        params = ", ".join(str(p) for p in (listed_p if isinstance(listed_p, list) else []))
+        sentence = (f"weakly excited: {joints or 'some joints'} moved too little to identify {params or 'some parameters'}"
+                    "; their prior uncertainty is in every sigma and in the predictions (consider covariance)")
+    return rows, sentence
+
+
+def _considered_lines(k: Mapping[str, object]) -> list[str]:
+    rows, weak = _considered(k)
+    lines = []
+    if rows:
+        lines.append("    held at nominal, their prior uncertainty carried in every sigma (consider covariance):")
+        lines += [f"      {n}: 1-sigma {prior} ({why})" for n, prior, why in rows]
+    if weak:
+        lines.append(f"    {weak}")
     return lines
 
 
@@ -177,6 +212,14 @@ def identification_section(body: ResultBody, before_map: str = "") -> str:
                         "</tr>" for n in names) + "</table>")
     else:
         un = "<p>Every parameter considered was identifiable from these stations.</p>"
+    crow, weak = _considered(k)
+    if crow:
+        un += ('<p>Held at nominal; their prior uncertainty is carried in every sigma and prediction (consider '
+               'covariance):</p><table class="considered"><tr><th>parameter</th><th>prior 1-sigma</th><th>why</th></tr>'
+               + "".join(f"<tr><td>{H.e(n)}</td><td>{H.e(p)}</td><td>{H.e(w)}</td></tr>" for n, p, w in crow)
+               + "</table>")
+    if weak:
+        un += f'<p class="warn">{H.e(weak)}</p>'
     cond = k.get("condition_number")
     facts = [("condition number (column-normalised Jacobian)", H.fmt(cond, 1)),
              ("converged", f"{'yes' if k.get('converged', True) else 'NO'} ({k.get('stop_reason', '')})"),
@@ -381,14 +424,20 @@ def write_kinematics_exports(directory: str | os.PathLike[str], result_id: int, 
                          beta=ident.get("beta", [0.0] * 6), name=str(ident.get("name", "identified")))
     directory = Path(directory)
     files = kinematics_export_file_names(result_id)
+    # Each joint origin's 1-sigma (the consider covariance's: ADR 0016) as a comment beside it.
+    sigmas = origin_sigmas_from_parameters(kin)
+    refused = not gates_passed(result_dict)
     doc = {"result_id": int(result_id), "active": bool(result_dict.get("active", False)),
            "suspect": bool(result_dict.get("suspect", False)), **kin}
-    out = {
-        "kinematics": write_json_result(directory / files["kinematics"], doc),
-        "arm_urdf": atomic_write_bytes(directory / files["arm_urdf"],
-                                       urdf_from_model(model, robot_name=f"{robot_name(export)}_arm").encode()),
-    }
+    if refused:  # the same marks as the generic exports of a refused result (report/refused.py)
+        doc = {"GATES_FAILED": refused_text(result_dict), **doc}
+    texts = {"arm_urdf": urdf_from_model(model, robot_name=f"{robot_name(export)}_arm", origin_sigmas=sigmas)}
     if _is_ur(result_dict):
-        out["ur_calibration"] = atomic_write_bytes(directory / files["ur_calibration"],
-                                                   ur_calibration_yaml(model).encode())
+        texts["ur_calibration"] = ur_calibration_yaml(model, origin_sigmas=sigmas)
+    if refused:
+        texts = {k: mark_refused("urdf", t, result_dict) if k == "arm_urdf"
+                 else f"# {refused_text(result_dict)}\n{t}" for k, t in texts.items()}
+    out = {"kinematics": write_json_result(directory / files["kinematics"], doc)}
+    for key, text in texts.items():
+        out[key] = atomic_write_bytes(directory / files[key], text.encode())
     return out
