@@ -77,8 +77,14 @@ second base, so callers that catch it keep working (every timeout is also a
     |   +-- SecurityError                daemon.wire.security: ``[zmq]`` would expose the daemon
     |                                    (a network endpoint without CURVE, bad keys)
     +-- StationFileError (ValueError)    daemon.cli.stations_io: a station file that cannot be read
+    +-- DatasetError (ValueError)        daemon.cli.dataset: a camera dataset folder that cannot
+    |                                    be read or written (file, line and column named)
+    +-- OutputRefused                    daemon.cli.output: ``-o`` would overwrite a file or
+    |                                    write through a symlink (``--force`` overrides)
     +-- PlanError (ValueError)           daemon.runs.plan: no station plan from the settings given
     +-- UsageError                       daemon.cli.ctl: bad command line (exit status 2)
+    +-- NotCommandable                   daemon.cli.check_config: ``--probe`` found a robot
+    |                                    that cannot be moved now (mode, enable, dashboard)
     +-- ServiceError                     daemon.service: a request the service cannot honour
     |                                    now (``code``: its E_* code)
     +-- StateDirLocked                   daemon.store.lock: another daemon holds the state

@@ -354,9 +354,11 @@ def ur_calibration_yaml(model: DHParameters, *, hash_value: str | None = None, o
     if hash_value is None:
         digest = hashlib.sha256(json.dumps(_arrays(model)).encode()).hexdigest()
         hash_value = f"calib_{int(digest[:15], 16)}"
-    lines = [] if sig is None else ["# cellcal: 1-sigma of each segment from the identification (measurement noise "
-                                    "and the prior of parameters fixed at nominal); correlations in the parameters JSON"]
-    lines.append("kinematics:")
+    # The first line stays "kinematics:" as in the controller's own file; the note goes under it.
+    lines = ["kinematics:"]
+    if sig is not None:
+        lines.append("  # cellcal: 1-sigma of each segment from the identification (measurement noise "
+                     "and the prior of parameters fixed at nominal); correlations in the parameters JSON")
     for i, (seg, T) in enumerate(zip(UR_JOINT_SEGMENTS, O[:N_JOINTS], strict=True)):
         r, p, y = rpy_from_matrix(T[:3, :3])
         lines.append(f"  {seg}:")

@@ -5,6 +5,7 @@ demo's: ``tests/test_packaging.py`` runs the demo from the bare wheel)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
 import subprocess
 import tomllib
@@ -33,8 +34,11 @@ def test_make_demo_installs_the_runtime_dependencies_only(tmp_path):
     if shutil.which("make") is None:
         pytest.fail("make is missing: run `make os-deps` (or install make)")
     # -n: print, do not run; -B: as if nothing were installed; a venv that does not exist.
-    r = subprocess.run(["make", "-n", "-B", "demo", f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True,
-                       text=True, timeout=60)
+    # Under `make test` this make is a sub-make: without MAKELEVEL/MAKEFLAGS from the outer one it
+    # prints no "make[1]: Entering directory" lines around what it would run.
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKELEVEL", "MAKEFLAGS", "MFLAGS")}
+    r = subprocess.run(["make", "--no-print-directory", "-n", "-B", "demo", f"VENV={tmp_path / 'venv'}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stderr
     installs = [ln for ln in r.stdout.splitlines() if " install " in ln and " -e " in ln]
     assert installs and all(ln.rstrip().endswith("-e .") for ln in installs), r.stdout

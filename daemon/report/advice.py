@@ -13,7 +13,6 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from cellcal.daemon import protocol as P
 from cellcal.daemon.report.reading import as_list, as_map
 
 __all__ = ["recommendations", "DOMINANT_INFLATION"]
@@ -34,7 +33,8 @@ def recommendations(body: Mapping[str, object]) -> list[str]:
     body : mapping
         A result as published (``get_result``) or stored.
     """
-    if body.get("kind") == P.KIND_KINEMATICS:
+    if "kinematics" in body:
+        # An identification's own residuals are what it removes; it recommends no second one.
         return []
     warnings = [as_map(w, "warnings") for w in as_list(body.get("warnings") or [], "warnings")]
     model = next((w for w in warnings if w.get("code") == "model_error"), None)
