@@ -401,7 +401,10 @@ def test_clock_mapping_through_the_sim():
         host_before = time.monotonic_ns()
         dev_now = sim.device.now_us() * 1e-6
         host_after = time.monotonic_ns()
-        assert tr.clock.to_device_s(host_before) - 1e-3 < dev_now < tr.clock.to_device_s(host_after) + 1e-3
+        # Within the model's own bound, plus 2 ms: the rate it extrapolates with is fitted on a
+        # span a loaded machine stretches, and that term is outside the bound (its docstring).
+        tol_s = tr.clock.uncertainty_ns * 1e-9 + 2e-3
+        assert tr.clock.to_device_s(host_before) - tol_s < dev_now < tr.clock.to_device_s(host_after) + tol_s
         assert tr.clock.uncertainty_ns < 1e6
         t_before = time.monotonic_ns()
         m = tr.measure("point", average_s=0.1)

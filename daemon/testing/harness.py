@@ -812,7 +812,12 @@ def inprocess_cell(
         if devices.camera is not None and camera is not None:
             section = camera_section(devices.camera.url, camera, sc, workdir, n_views=camera_views)
             over = _merge(over, {"camera": _merge(section, dict(over.get("camera") or {}))})
-        cfgd = daemon_config(robot_url=devices.robot.url, tracker_url=devices.tracker.url, workdir=workdir,
+        robot_url = devices.robot.url
+        if robot_url.startswith("canopen://") and "interface=virtual" in robot_url:
+            # The drives here are threads of this process, sharing its interpreter with the daemon:
+            # on a loaded machine an SDO answer can take longer than a real drive's 0.5 s budget.
+            robot_url += "&sdo_timeout_s=2.0"
+        cfgd = daemon_config(robot_url=robot_url, tracker_url=devices.tracker.url, workdir=workdir,
                              n_stations=n_stations, overrides=over, base=base_config, profile=profile)
         if state_dir is not None:
             cfgd["service"]["state_dir"] = str(state_dir)
