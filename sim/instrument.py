@@ -35,6 +35,7 @@ vocabulary, which each protocol device maps to its own status codes.
 
 from __future__ import annotations
 
+import bisect
 import math
 from dataclasses import dataclass, field
 
@@ -197,6 +198,7 @@ class InstrumentModel:
         self._outlier_rng = np.random.default_rng([seed, 1])
         self._break_rng = np.random.default_rng([seed, 2])
         self._breaks: list[tuple[float, float]] = []  # random beam breaks, sim seconds
+        self._break_starts: list[float] = []  # their starts, for bisection
         self._breaks_until = 0.0
 
     @property
@@ -209,24 +211,34 @@ class InstrumentModel:
                                  rotation_std_rad=float(np.max(c.noise_rad)) or None)
 
     # -- beam breaks: scheduled, random, and the re-acquisition after each ---------------------
-    def _random_breaks(self, t1_s: float) -> list[tuple[float, float]]:
+    def _random_breaks(self, t0_s: float, t1_s: float) -> list[tuple[float, float]]:
+        """The random breaks that overlap ``[t0_s, t1_s]``, drawn up to ``t1_s`` on demand.
+
+        They are drawn one after another, so they are sorted and do not overlap: a bisection
+        finds the ones near ``t1_s`` (a sim that runs for days keeps thousands of them).
+        """
         rate = self.config.beam_breaks_per_h / 3600.0
         if rate <= 0:
             return []
         while self._breaks_until <= t1_s:
             start = self._breaks_until + float(self._break_rng.exponential(1.0 / rate))
             self._breaks.append((start, start + self.config.beam_break_s))
+            self._break_starts.append(start)
             self._breaks_until = start + self.config.beam_break_s
-        return self._breaks
+        j = bisect.bisect_right(self._break_starts, t1_s)
+        i = j
+        while i > 0 and self._breaks[i - 1][1] > t0_s:
+            i -= 1
+        return self._breaks[i:j]
 
-    def _break_windows(self, t1_s: float) -> list[tuple[float, float]]:
+    def _break_windows(self, t0_s: float, t1_s: float) -> list[tuple[float, float]]:
         scheduled = [(f.start_s, f.end_s) for f in self.config.faults if f.kind is FaultKind.BEAM_BREAK]
-        return scheduled + self._random_breaks(t1_s)
+        return scheduled + self._random_breaks(t0_s, t1_s)
 
     def beam_broken(self, t0_s: float, t1_s: float | None = None) -> bool:
         """The beam is interrupted at ``t0_s`` (or at any time in ``[t0_s, t1_s]``)."""
         t1 = t0_s if t1_s is None else t1_s
-        return any(a <= t1 and t0_s < b for a, b in self._break_windows(t1))
+        return any(a <= t1 and t0_s < b for a, b in self._break_windows(t0_s, t1))
 
     def reacquiring(self, t0_s: float, t1_s: float | None = None) -> bool:
         """The beam is back but the tracker is still searching for the target."""
@@ -234,7 +246,7 @@ class InstrumentModel:
         if r <= 0:
             return False
         t1 = t0_s if t1_s is None else t1_s
-        return any(b <= t1 and t0_s < b + r for _a, b in self._break_windows(t1))
+        return any(b <= t1 and t0_s < b + r for _a, b in self._break_windows(t0_s - r, t1))
 
     # -- conditions at simulated time t_s --------------------------------------------------
     def active(self, kind: FaultKind, t_s: float) -> bool:
