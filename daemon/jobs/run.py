@@ -43,7 +43,15 @@ from cellcal.solver import CalibrationError, DegenerateGeometry
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunJob"]
+__all__ = ["RunJob", "OUTCOME_RETRY", "OUTCOME_GIVEN_UP", "OUTCOME_DROPPED", "OUTCOME_RUN_FAILED"]
+
+#: What follows a rejected station (its event's ``outcome``, docs/protocols/zeromq.md 4.4.3):
+#: it is measured again, given up (the run goes on without it), dropped from the run after
+#: it was accepted (the consensus test), or the run fails (too many rejections in a row).
+OUTCOME_RETRY = "retrying"
+OUTCOME_GIVEN_UP = "given_up"
+OUTCOME_DROPPED = "dropped"
+OUTCOME_RUN_FAILED = "run_failed"
 
 
 class RunJob:
@@ -135,30 +143,31 @@ class RunJob:
                     if not observe:
                         engine.move_to(ps, self.control.abort)
                     rec = kind.capture(engine, ps, records, self.control.abort, expected)
-                except cap.StationRejected as rej:
-                    self.control.check_abort()
-                    attempts += 1
-                    consecutive += 1
-                    self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.json_object(rej.detail))
-                    self._station_event(bodies.station(
-                        run_id=run_id, index=ps.index, planned=n_planned, attempt=attempts,
-                        accepted_count=len(records), figures=rej.detail, rejected=rej.reason.value, message=str(rej),
-                    ))
-                    self.control.progress()
-                    if consecutive >= c.max_consecutive_rejections:
-                        msg = f"{consecutive} stations in a row rejected (last: {rej.reason.value})"
-                        self.store.set_run_status(run_id, RunStatus.FAILED, msg)
-                        self.control.fault(msg)
-                        return False
-                    if attempts >= c.max_attempts_per_station and not observe:
-                        break  # give this station up, go on with the plan
-                    continue
-                except cap.DeviceFault as df:
-                    if df.ends_job:
+                except (cap.StationRejected, cap.DeviceFault) as exc:
+                    df = exc if isinstance(exc, cap.DeviceFault) else None
+                    if df is not None and df.ends_job:
                         self._invalidated(run_id, df)
                         return False
-                    engine = self.control.after_device_fault(df, what, kind.needs_tracker, P.STATE_CAPTURING,
-                                                             need_camera=kind.needs_camera)
+                    rej = exc if isinstance(exc, cap.StationRejected) else (df.rejection if df is not None else None)
+                    if rej is not None:
+                        self.control.check_abort()
+                        attempts += 1
+                        consecutive += 1
+                        ends_run = consecutive >= c.max_consecutive_rejections
+                        given_up = attempts >= c.max_attempts_per_station and not observe
+                        self._rejected(run_id, ps.index, rej, attempt=attempts, planned=n_planned,
+                                       accepted=len(records), outcome=(OUTCOME_RUN_FAILED if ends_run else
+                                                                       OUTCOME_GIVEN_UP if given_up else OUTCOME_RETRY))
+                        if ends_run:
+                            msg = f"{consecutive} stations in a row rejected (last: {rej.reason.value})"
+                            self.store.set_run_status(run_id, RunStatus.FAILED, msg)
+                            self.control.fault(msg)
+                            return False
+                    if df is not None:  # the link is reopened (a drive fault: after its rejection)
+                        engine = self.control.after_device_fault(df, what, kind.needs_tracker, P.STATE_CAPTURING,
+                                                                 need_camera=kind.needs_camera)
+                    if rej is not None and attempts >= c.max_attempts_per_station and not observe:
+                        break  # give this station up, go on with the plan
                     continue
                 self.store.add_station(run_id, rec)  # one transaction: the station is safe now
                 records.append(rec)
@@ -172,6 +181,17 @@ class RunJob:
                 break
             ps = next(stations, None)
         return True
+
+    def _rejected(self, run_id: int, index: int, rej: cap.StationRejected, *, attempt: int, planned: int,
+                  accepted: int, outcome: str) -> None:
+        """A rejected capture: stored with its figures, and published (and logged) with what
+        happens next (``outcome``: the station is retried, given up, or the run fails)."""
+        self.store.add_rejection(run_id, index, rej.reason.value, cap.json_object(rej.detail))
+        self._station_event(bodies.with_outcome(bodies.station(
+            run_id=run_id, index=index, planned=planned, attempt=attempt, accepted_count=accepted,
+            figures=rej.detail, rejected=rej.reason.value, message=str(rej),
+        ), outcome))
+        self.control.progress()
 
     def _invalidated(self, run_id: int, inv: cap.DeviceFault) -> None:
         """The controller's TCP or payload changed: the run cannot go on; it fails, named."""
@@ -250,6 +270,10 @@ class RunJob:
                 if df.ends_job:
                     self._invalidated(run_id, df)
                     return False
+                if df.rejection is not None:
+                    attempt += 1
+                    self.store.add_rejection(run_id, ps.index, df.rejection.reason.value,
+                                             cap.json_object(df.rejection.detail))
                 engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
                                                          need_camera=kind.needs_camera)
                 continue
@@ -285,6 +309,9 @@ class RunJob:
                 except cap.DeviceFault as df:
                     if df.ends_job:
                         raise
+                    if df.rejection is not None:
+                        self.store.add_rejection(run_id, ps.index, df.rejection.reason.value,
+                                                 cap.json_object(df.rejection.detail))
                     engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
                                                          need_camera=kind.needs_camera)
                     continue
