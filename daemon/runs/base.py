@@ -42,11 +42,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol, TypeAlias
 
+import numpy as np
+
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import CaptureEngine, Expected
 from cellcal.daemon.config import Config, Export
 from cellcal.daemon.gates import GateReport
-from cellcal.daemon.runs.plan import PlannedStation
+from cellcal.daemon.runs.plan import PlannedStation, plan_from_dict
 from cellcal.daemon.store import RunRecord, StationRecord, Store
 from cellcal.drivers.kinematics import DHModel
 from cellcal.solver import CalibrationError, CalibrationResult, DegenerateGeometry, IntrinsicsResult, KinematicResult
@@ -54,7 +56,7 @@ from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunKind", "RunContext", "Finished", "Measure", "ReportParts", "SolverResult", "ResultBody", "as_calibration",
+__all__ = ["RunKind", "RunContext", "PlanRefused", "planned_poses", "Finished", "Measure", "ReportParts", "SolverResult", "ResultBody", "as_calibration",
            "as_kinematic", "as_intrinsics"]
 
 #: A solver result (``cellcal.solver.CalibrationResult``, ``KinematicResult`` or
@@ -149,6 +151,32 @@ class ReportParts:
 
     after_summary: str = ""
     stations: Sequence[StationRecord | Mapping[str, object]] | None = None
+
+
+class PlanRefused(CalibrationError):
+    """A run's plan cannot determine its kind whatever the stations measure (a tool point
+    whose planned poses hold no point fixed, ...): refused before the first move
+    (:meth:`RunKind.check_plan`), the message naming why."""
+
+
+def planned_poses(ctx: RunContext, run: RunRecord) -> np.ndarray | None:
+    """The flange poses ``base_T_flange`` (N, 4, 4), m, the daemon will move the robot to for
+    ``run``'s plan (a station's pose, else forward kinematics of its joints), or None when
+    it moves nothing (observe mode, a run of given stations) or a station has neither."""
+    if not ctx.commands_robot or "stations" not in run.plan:
+        return None
+    poses = []
+    for ps in plan_from_dict(run.plan):
+        if ps.base_T_flange is not None:
+            poses.append(np.asarray(ps.base_T_flange, dtype=float))
+        elif ps.q_rad is not None:
+            model = ctx.model_or_none()
+            if model is None:
+                return None
+            poses.append(np.asarray(model.forward(ps.q_rad), dtype=float))
+        else:
+            return None
+    return np.array(poses).reshape(-1, 4, 4) if poses else None
 
 
 class RunKind(abc.ABC):
