@@ -1,0 +1,239 @@
+"""The per-station gross-error test against the run's consensus fit (ADR 0032).
+
+The rough-estimate test of every station (``capture.Expected``) fits *all* accepted
+stations: one wrong station among the first few drags that fit and widens its bound
+(20 x its RMS closure), so a wrong reflector on every second station, 25 mm off, passes it.
+This test is robust instead: once a run has a few stations (:data:`MIN_STATIONS`), each
+new station is judged with the accepted ones by a minimal-subset consensus,
+
+1. fits from minimal subsets of the stations (:data:`SUBSET_SIZE`: 3 poses, 4 points, 3
+   pivot poses; every subset when there are few, else :data:`MAX_SUBSETS` drawn with a
+   fixed seed), each fit scored by how many stations lie within ``[tracker]
+   consensus_error_mm`` / ``consensus_error_deg`` of it (ties: the smaller truncated
+   squared deviation sum, MSAC);
+2. the best subset's inliers fitted together (the consensus fit) and every station's
+   deviation from it computed again;
+3. a consensus only when more than half of the stations, and a minimal subset at least
+   (its fit is redundant already: 3 poses over-determine a base frame), agree on it: with fewer (a tie of two self-consistent groups: a wrong reflector on
+   every second station is a consistent model of its own) nothing is judged yet.
+
+A station beyond the consensus is the run's gross error: the new one is rejected
+(``consensus_outlier``; the run measures it once more, then gives it up), an accepted one
+is dropped from the run (``Store.drop_station``). The fits are the solver's own linear ones
+(no refinement, no hold-out): ``calibrate_base_frame``, ``calibrate_base_frame_points``,
+``calibrate_tool_point``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from cellcal.daemon.consistency import RejectReason, StationRejected
+from cellcal.daemon.store import StationRecord
+from cellcal.solver import CalibrationError, calibrate_base_frame, calibrate_base_frame_points, calibrate_tool_point
+from cellcal.solver.se3 import rotation_angle
+
+__all__ = ["POSE", "POINT", "PIVOT", "SUBSET_SIZE", "MIN_STATIONS", "MAX_SUBSETS", "Consensus", "Screened",
+           "consensus", "screen"]
+
+#: The models a run's stations are judged with: 6-DoF poses (``base_frame``), 3-DoF points
+#: (``base_frame`` measuring points) and the pivot of robot poses alone (``tool_point``).
+POSE, POINT, PIVOT = "pose", "point", "pivot"
+#: Stations of a minimal subset fit.
+SUBSET_SIZE = {POSE: 3, POINT: 4, PIVOT: 3}
+#: Stations (the new one included) before the consensus judges any: two more than a
+#: minimal subset, so a majority leaves a redundant fit.
+MIN_STATIONS = {POSE: 5, POINT: 6, PIVOT: 5}
+#: Minimal subsets drawn at most (all of them when there are fewer): with half the
+#: stations wrong, 200 draws of 4 miss every all-good subset with probability 2.5e-6.
+MAX_SUBSETS = 200
+#: Subset fits must have this axis spread (the rough estimate's, ``solve.ESTIMATE_MIN_AXIS_SPREAD``):
+#: a subset whose motions share nearly one axis extrapolates its noise to the others.
+_MIN_SUBSET_SPREAD = 0.1
+
+
+@dataclass(frozen=True)
+class Consensus:
+    """What most of a run's stations agree on.
+
+    Attributes
+    ----------
+    inliers : tuple of int
+        Positions (in the stations judged) within the bounds of the consensus fit.
+    deviation_m : (n,) array
+        Each station's distance from the consensus fit's prediction, m.
+    deviation_rad : (n,) array or None
+        Each pose's rotation from the prediction, rad (None: points, pivot).
+    """
+
+    inliers: tuple[int, ...]
+    deviation_m: np.ndarray
+    deviation_rad: np.ndarray | None
+
+    def outliers(self) -> tuple[int, ...]:
+        """Positions of the stations beyond the consensus."""
+        return tuple(i for i in range(len(self.deviation_m)) if i not in self.inliers)
+
+
+_Fit = Callable[[np.ndarray], tuple[np.ndarray, np.ndarray | None]]
+
+
+def _fitter(model: str, G: np.ndarray, M: np.ndarray | None, P: np.ndarray | None) -> _Fit:
+    """``fit(indices) -> (deviation_m (n,), deviation_rad (n,) or None)`` of every station
+    from the model fitted to the stations at ``indices``. Raises ``CalibrationError`` or
+    ``ValueError`` for a subset that determines nothing."""
+    opts = {"refine": False, "holdout": False}
+
+    if model == POSE:
+        assert M is not None
+
+        def fit_pose(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+            r = calibrate_base_frame(G[idx], M[idx], min_axis_spread=_MIN_SUBSET_SPREAD, **opts)  # type: ignore[arg-type]
+            pred = r.cell_T_base @ G @ r.flange_T_target
+            dt = np.linalg.norm(pred[:, :3, 3] - M[:, :3, 3], axis=1)
+            dr = np.array([rotation_angle(a[:3, :3].T @ b[:3, :3]) for a, b in zip(pred, M, strict=True)])
+            return dt, dr
+
+        return fit_pose
+    if model == POINT:
+        assert P is not None
+
+        def fit_point(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+            r = calibrate_base_frame_points(G[idx], P[idx], min_axis_spread=_MIN_SUBSET_SPREAD, **opts)  # type: ignore[arg-type]
+            pred = (r.cell_T_base @ G)[:, :3, :3] @ r.flange_p_target + (r.cell_T_base @ G)[:, :3, 3]
+            return np.linalg.norm(pred - P, axis=1), None
+
+        return fit_point
+
+    def fit_pivot(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        r = calibrate_tool_point(G[idx], min_axis_spread=_MIN_SUBSET_SPREAD, holdout=False)
+        tips = G[:, :3, :3] @ r.flange_p_tip + G[:, :3, 3]
+        return np.linalg.norm(tips - r.base_p_pivot, axis=1), None
+
+    return fit_pivot
+
+
+def _subsets(n: int, k: int, seed: int) -> list[np.ndarray]:
+    if math.comb(n, k) <= MAX_SUBSETS:
+        return [np.array(c) for c in itertools.combinations(range(n), k)]
+    rng = np.random.default_rng(seed)
+    return [np.sort(rng.choice(n, size=k, replace=False)) for _ in range(MAX_SUBSETS)]
+
+
+def consensus(model: str, G: np.ndarray, *, M: np.ndarray | None = None, P: np.ndarray | None = None,
+              max_error_m: float, max_error_rad: float = math.inf, seed: int = 0) -> Consensus | None:
+    """The consensus of a run's stations (module docstring), or None when there is none yet.
+
+    Parameters
+    ----------
+    model : {"pose", "point", "pivot"}
+    G : (n, 4, 4) array
+        ``base_T_flange`` of the stations, m.
+    M : (n, 4, 4) array, optional
+        ``cell_T_target`` (model ``"pose"``), m.
+    P : (n, 3) array, optional
+        ``cell_p_target`` (model ``"point"``), m.
+    max_error_m, max_error_rad : float
+        A station within both of the consensus fit agrees with it (m, rad).
+    seed : int
+        Of the subsets drawn when there are many (the result is reproducible).
+    """
+    n, k = len(G), SUBSET_SIZE[model]
+    if n < MIN_STATIONS[model]:
+        return None
+    fit = _fitter(model, G, M, P)
+
+    def score(dev: tuple[np.ndarray, np.ndarray | None]) -> tuple[np.ndarray, float]:
+        dt, dr = dev
+        ok = dt <= max_error_m
+        cost = np.minimum(dt / max_error_m, 1.0) ** 2
+        if dr is not None:
+            ok &= dr <= max_error_rad
+            cost = np.maximum(cost, np.minimum(dr / max_error_rad, 1.0) ** 2)
+        return ok, float(cost.sum())
+
+    best: tuple[int, float, np.ndarray] | None = None
+    for idx in _subsets(n, k, seed):
+        try:
+            ok, cost = score(fit(idx))
+        except (CalibrationError, ValueError, np.linalg.LinAlgError):
+            continue  # a subset that determines nothing (its motions about one axis ...)
+        if best is None or (int(ok.sum()), -cost) > (best[0], -best[1]):
+            best = (int(ok.sum()), cost, ok)
+    if best is None or best[0] <= n / 2.0 or best[0] < k:
+        return None
+    inl = np.flatnonzero(best[2])
+    try:
+        dev = fit(inl)  # the consensus fit: the agreeing stations together
+        ok, _ = score(dev)
+    except (CalibrationError, ValueError, np.linalg.LinAlgError):
+        return None
+    if int(ok.sum()) <= n / 2.0 or int(ok.sum()) < k:
+        return None
+    return Consensus(tuple(int(i) for i in np.flatnonzero(ok)), np.asarray(dev[0], dtype=float),
+                     None if dev[1] is None else np.asarray(dev[1], dtype=float))
+
+
+@dataclass(frozen=True)
+class Screened:
+    """The consensus test's verdict on a new station (:func:`screen`).
+
+    Attributes
+    ----------
+    drop : tuple of (StationRecord, StationRejected)
+        Accepted stations beyond the consensus, each with the rejection it is dropped with.
+    rejection : StationRejected or None
+        The new station's rejection (``consensus_outlier``), or None when it agrees.
+    """
+
+    drop: tuple[tuple[StationRecord, StationRejected], ...] = ()
+    rejection: StationRejected | None = None
+
+
+def screen(model: str, accepted: Sequence[StationRecord], new: StationRecord, *, max_error_m: float,
+           max_error_rad: float) -> Screened | None:
+    """Judge ``new`` with the run's ``accepted`` stations by their consensus (module
+    docstring): None when there is no consensus yet, else what to drop and whether ``new``
+    is rejected (both with their deviations and the bounds in the rejection's figures)."""
+    stations = [*accepted, new]
+    G = np.array([s.base_T_flange for s in stations], dtype=float)
+    M = P = None
+    if model == POSE:
+        if any(s.cell_T_target is None for s in stations):
+            return None
+        M = np.array([s.cell_T_target for s in stations], dtype=float)
+    elif model == POINT:
+        if any(s.cell_p_target is None for s in stations):
+            return None
+        P = np.array([np.asarray(s.cell_p_target, dtype=float).reshape(3) for s in stations])
+    found = consensus(model, G, M=M, P=P, max_error_m=max_error_m, max_error_rad=max_error_rad, seed=len(stations))
+    if found is None:
+        return None
+
+    def rejection(i: int, what: str) -> StationRejected:
+        dt = float(found.deviation_m[i])
+        dr = None if found.deviation_rad is None else float(found.deviation_rad[i])
+        rot = "" if dr is None else f" / {math.degrees(dr):.4f} deg"
+        lim = "" if dr is None else f" / consensus_error_deg = {math.degrees(max_error_rad):g}"
+        figures: dict[str, object] = {
+            "consensus_deviation_m": dt, "consensus_deviation_rad": dr, "consensus_bound_m": max_error_m,
+            "consensus_bound_rad": None if dr is None else max_error_rad, "consensus_stations": len(found.inliers),
+            "consensus_of": len(stations),
+        }
+        return StationRejected(
+            RejectReason.CONSENSUS_OUTLIER,
+            f"{what} {dt * 1e3:.3f} mm{rot} from the fit {len(found.inliers)} of the run's {len(stations)} stations "
+            f"agree on (bound [tracker] consensus_error_mm = {max_error_m * 1e3:g}{lim}): a gross error (a wrong "
+            "reflector, an instrument stuck on a point, a robot pose that is not the one reported)",
+            figures,
+        )
+
+    last = len(stations) - 1
+    drop = tuple((stations[i], rejection(i, f"station {stations[i].plan_index + 1}, accepted before, is"))
+                 for i in found.outliers() if i != last)
+    return Screened(drop=drop, rejection=rejection(last, "the station is") if last not in found.inliers else None)
