@@ -6,7 +6,9 @@ stations: one wrong station among the first few drags that fit and widens its bo
 This test is robust instead: once a run has a few stations (:data:`MIN_STATIONS`), each
 new station is judged with the accepted ones by a minimal-subset consensus,
 
-1. fits from minimal subsets of the stations (:data:`SUBSET_SIZE`: 3 poses, 4 points, 3
+0. when the accepted stations agree with their own joint fit (the usual case: each was
+   judged on arrival), that fit is the consensus, and only the new station is judged;
+1. else fits from minimal subsets of the stations (:data:`SUBSET_SIZE`: 3 poses, 4 points, 3
    pivot poses; every subset when there are few, else :data:`MAX_SUBSETS` drawn with a
    fixed seed), each fit scored by how many stations lie within ``[tracker]
    consensus_error_mm`` / ``consensus_error_deg`` of it (ties: the smaller truncated
@@ -14,8 +16,9 @@ new station is judged with the accepted ones by a minimal-subset consensus,
 2. the best subset's inliers fitted together (the consensus fit) and every station's
    deviation from it computed again;
 3. a consensus only when more than half of the stations, and a minimal subset at least
-   (its fit is redundant already: 3 poses over-determine a base frame), agree on it: with fewer (a tie of two self-consistent groups: a wrong reflector on
-   every second station is a consistent model of its own) nothing is judged yet.
+   (its fit is redundant already: 3 poses over-determine a base frame), agree on it: with
+   fewer (a tie of two self-consistent groups: a wrong reflector on every second station is
+   a consistent model of its own) nothing is judged yet.
 
 A station beyond the consensus is the run's gross error: the new one is rejected
 (``consensus_outlier``; the run measures it once more, then gives it up), an accepted one
@@ -49,9 +52,12 @@ SUBSET_SIZE = {POSE: 3, POINT: 4, PIVOT: 3}
 #: Stations (the new one included) before the consensus judges any: two more than a
 #: minimal subset, so a majority leaves a redundant fit.
 MIN_STATIONS = {POSE: 5, POINT: 6, PIVOT: 5}
-#: Minimal subsets drawn at most (all of them when there are fewer): with half the
-#: stations wrong, 200 draws of 4 miss every all-good subset with probability 2.5e-6.
-MAX_SUBSETS = 200
+#: Minimal subsets drawn at most (all of them when there are fewer), per model: with half
+#: the stations wrong, 200 draws of 3 miss every all-good subset with probability 3e-12, 60
+#: draws of 4 with 2 % (a point fit costs ten times a pose fit; a miss judges nothing, and
+#: the next station draws again). Drawn only while the accepted stations disagree among
+#: themselves (no consensus yet): otherwise their joint fit is the consensus (one fit).
+MAX_SUBSETS = {POSE: 200, POINT: 60, PIVOT: 200}
 #: Subset fits must have this axis spread (the rough estimate's, ``solve.ESTIMATE_MIN_AXIS_SPREAD``):
 #: a subset whose motions share nearly one axis extrapolates its noise to the others.
 _MIN_SUBSET_SPREAD = 0.1
@@ -118,11 +124,11 @@ def _fitter(model: str, G: np.ndarray, M: np.ndarray | None, P: np.ndarray | Non
     return fit_pivot
 
 
-def _subsets(n: int, k: int, seed: int) -> list[np.ndarray]:
-    if math.comb(n, k) <= MAX_SUBSETS:
+def _subsets(n: int, k: int, seed: int, most: int) -> list[np.ndarray]:
+    if math.comb(n, k) <= most:
         return [np.array(c) for c in itertools.combinations(range(n), k)]
     rng = np.random.default_rng(seed)
-    return [np.sort(rng.choice(n, size=k, replace=False)) for _ in range(MAX_SUBSETS)]
+    return [np.sort(rng.choice(n, size=k, replace=False)) for _ in range(most)]
 
 
 def consensus(model: str, G: np.ndarray, *, M: np.ndarray | None = None, P: np.ndarray | None = None,
@@ -157,8 +163,19 @@ def consensus(model: str, G: np.ndarray, *, M: np.ndarray | None = None, P: np.n
             cost = np.maximum(cost, np.minimum(dr / max_error_rad, 1.0) ** 2)
         return ok, float(cost.sum())
 
+    # The usual case, one fit: the run's accepted stations (all but the last) agree with
+    # their own joint fit (each was judged on arrival, and those beyond were dropped), so
+    # that fit is the consensus the new station is judged against.
+    try:
+        dev = fit(np.arange(n - 1))
+        ok, _ = score(dev)
+    except (CalibrationError, ValueError, np.linalg.LinAlgError):
+        ok = np.zeros(n, dtype=bool)
+    if bool(ok[:-1].all()):
+        return Consensus(tuple(int(i) for i in np.flatnonzero(ok)), np.asarray(dev[0], dtype=float),
+                         None if dev[1] is None else np.asarray(dev[1], dtype=float))
     best: tuple[int, float, np.ndarray] | None = None
-    for idx in _subsets(n, k, seed):
+    for idx in _subsets(n, k, seed, MAX_SUBSETS[model]):
         try:
             ok, cost = score(fit(idx))
         except (CalibrationError, ValueError, np.linalg.LinAlgError):

@@ -351,8 +351,8 @@ class InstrumentModel:
             if not f.active(t_s):
                 self._held.pop(f.kind, None)
         if self.active(FaultKind.FIXED_REFLECTOR, t_s):
-            # Stuck on one reflector where the target was when the fault began: the noise is
-            # the instrument's own, so no value repeats.
+            # Stuck on one reflector, where the target was at the first measurement in the
+            # fault: the noise is the instrument's own, so no value repeats.
             fixed = self._held.setdefault(FaultKind.FIXED_REFLECTOR, p_true.copy())
             xyz = xyz - p_true + fixed
         for f in self.config.faults:

@@ -32,8 +32,8 @@ def test_a_wrong_reflector_on_every_second_station_is_outvoted(n):
     assert np.all(found.deviation_m[0::2] < 0.2 * MM) and np.all(found.deviation_m[1::2] > 20 * MM)
     # the same as points (3-DoF: the target's origin), one more station for the point model
     P = M[:, :3, 3]
-    pts = cs.consensus(cs.POINT, sc.base_T_flange, P=P, max_error_m=5 * MM)
-    if n >= 7:
+    pts = cs.consensus(cs.POINT, sc.base_T_flange, P=P, max_error_m=5 * MM) if n == 7 else None
+    if n == 7:  # (11 points cost a second of subset fits: the pose case covers the search)
         assert pts is not None and pts.outliers() == tuple(range(1, n, 2))
 
 

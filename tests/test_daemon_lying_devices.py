@@ -161,3 +161,59 @@ def test_station_positions_are_never_repeated_by_a_live_tracker(tmp_path):
         assert not any(b["reason"] == "tracker_position_repeated" for b in _rejections(cell, run_id))
         pts = np.array([s.cell_p_target for s in cell.svc.store.stations(int(run_id))])
         assert len({p.tobytes() for p in pts}) == len(pts)
+
+
+#: A wrong reflector on every second station, 15 mm from the right one: within the floor of
+#: the rough-estimate test (``[tracker] gross_error_mm`` = 25: the issue's 25 mm would sit on
+#: that bound, and the test would prove nothing of the consensus), clearly beyond the
+#: consensus bound (``consensus_error_mm`` = 5, ADR 0032), which alone can tell.
+WRONG_REFLECTOR = """
+[[tracker.faults]]
+kind = "wrong_reflector"
+start_s = 0.0
+duration_s = 1e6
+offset_mm = 15.0
+"""
+
+
+def test_a_wrong_reflector_on_every_second_station_is_outvoted_and_dropped(tmp_path):
+    scenario = scenario_with(tmp_path / "wrong.toml", WRONG_REFLECTOR)
+    with inprocess_cell(tmp_path, scenario=scenario, n_stations=8) as cell:
+        run_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
+        body = cell.wait_result(run_id, WAIT_S)
+        # stations 2, 4, ... (plan indices 1, 3, ...) saw the wrong reflector
+        assert [s.plan_index for s in cell.svc.store.stations(int(run_id))] == [0, 2, 4, 6]
+        events = [b for b in _rejections(cell, run_id) if b["reason"] == "consensus_outlier"]
+        # Judged once 5 stations exist: an accepted wrong station is dropped when the
+        # consensus forms (or, accepted as the 4th, at the next one), a later one is given
+        # up after one re-measurement (a loaded machine may add other rejections between).
+        ends = {b["index"]: (b["outcome"], b["attempt"]) for b in events if b["outcome"] in ("dropped", "given_up")}
+        assert sorted(ends) == [1, 3, 5, 7], events
+        assert ends[1] == ends[3] == ("dropped", 1) and ends[7] == ("given_up", 2), ends
+        dropped = [b for b in events if b["outcome"] == "dropped"]
+        assert all("accepted before" in b["message"] and "consensus_error_mm = 5" in b["message"] for b in dropped)
+        assert all(b["outcome"] == "retrying" for b in events if b["index"] not in ends or b["attempt"] == 1
+                   and ends[b["index"]][0] == "given_up")
+        stored = cell.svc.store.rejections(int(run_id))
+        assert {r.plan_index for r in stored if r.detail.get("dropped")} == {i for i, e in ends.items() if e[0] == "dropped"}
+        assert all(12e-3 < r.detail["consensus_deviation_m"] < 18e-3 for r in stored if r.reason == "consensus_outlier")
+        assert not [r for r in stored if r.reason == "gross_disagreement"]  # the rough test saw nothing
+        # the result the right stations give, near the truth
+        assert body["active"] and body["n_stations"] == 4
+        from cellcal.daemon.bodies import transform_from_wire
+        X = transform_from_wire(body["transforms"]["cell_T_base"])
+        assert np.linalg.norm(X[:3, 3] - cell.world.cell_T_base()[:3, 3]) < 0.5e-3
+
+
+def test_an_instrument_stuck_on_one_reflector_is_rejected_once_the_run_has_a_consensus(tmp_path):
+    with inprocess_cell(tmp_path, n_stations=9, overrides=FAIL_FAST) as cell:
+        cell.on_first(lambda t, b: t == P.TOPIC_STATION and b["accepted"] and b["index"] == 4,
+                      lambda: cell.tracker.inject("fixed_reflector", 1e6))
+        run_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
+        assert _wait_end(cell, run_id) == RunStatus.FAILED.value
+        # the instrument stays on the point of its first measurement in the fault (station 6's)
+        assert [s.plan_index for s in cell.svc.store.stations(int(run_id))] == [0, 1, 2, 3, 4, 5]
+        rejected = _rejections(cell, run_id)
+        assert rejected and {b["reason"] for b in rejected} <= {"gross_disagreement", "consensus_outlier"}, rejected
+        assert rejected[-1]["outcome"] == "run_failed"
+        _no_active_result_of(cell, run_id)

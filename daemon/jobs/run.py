@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from cellcal.daemon import bodies, runs
 from cellcal.daemon import capture as cap
@@ -52,6 +52,16 @@ OUTCOME_RETRY = "retrying"
 OUTCOME_GIVEN_UP = "given_up"
 OUTCOME_DROPPED = "dropped"
 OUTCOME_RUN_FAILED = "run_failed"
+
+
+def _attempts_for(rej: cap.StationRejected, configured: int) -> int:
+    """Attempts a station gets after ``rej``: a station beyond the run's consensus is
+    measured once more, then given up (a wrong reflector stays locked at one pose)."""
+    return min(configured, CONSENSUS_ATTEMPTS) if rej.reason is cap.RejectReason.CONSENSUS_OUTLIER else configured
+
+
+#: Attempts at a station the consensus test rejects (ADR 0032): the first, and one re-measurement.
+CONSENSUS_ATTEMPTS = 2
 
 
 class RunJob:
@@ -143,6 +153,13 @@ class RunJob:
                     if not observe:
                         engine.move_to(ps, self.control.abort)
                     rec = kind.capture(engine, ps, records, self.control.abort, expected)
+                    screened = kind.screen(self.ctx, records, rec)
+                    if screened is not None:
+                        if screened.drop:
+                            self._drop(run_id, screened.drop, records, n_planned)
+                            expected = kind.estimate(self.ctx, records)
+                        if screened.rejection is not None:
+                            raise screened.rejection
                 except (cap.StationRejected, cap.DeviceFault) as exc:
                     df = exc if isinstance(exc, cap.DeviceFault) else None
                     if df is not None and df.ends_job:
@@ -154,7 +171,7 @@ class RunJob:
                         attempts += 1
                         consecutive += 1
                         ends_run = consecutive >= c.max_consecutive_rejections
-                        given_up = attempts >= c.max_attempts_per_station and not observe
+                        given_up = attempts >= _attempts_for(rej, c.max_attempts_per_station) and not observe
                         self._rejected(run_id, ps.index, rej, attempt=attempts, planned=n_planned,
                                        accepted=len(records), outcome=(OUTCOME_RUN_FAILED if ends_run else
                                                                        OUTCOME_GIVEN_UP if given_up else OUTCOME_RETRY))
@@ -166,7 +183,7 @@ class RunJob:
                     if df is not None:  # the link is reopened (a drive fault: after its rejection)
                         engine = self.control.after_device_fault(df, what, kind.needs_tracker, P.STATE_CAPTURING,
                                                                  need_camera=kind.needs_camera)
-                    if rej is not None and attempts >= c.max_attempts_per_station and not observe:
+                    if rej is not None and attempts >= _attempts_for(rej, c.max_attempts_per_station) and not observe:
                         break  # give this station up, go on with the plan
                     continue
                 self.store.add_station(run_id, rec)  # one transaction: the station is safe now
@@ -192,6 +209,19 @@ class RunJob:
             figures=rej.detail, rejected=rej.reason.value, message=str(rej),
         ), outcome))
         self.control.progress()
+
+    def _drop(self, run_id: int, drop: Sequence[tuple[StationRecord, cap.StationRejected]],
+              records: list[StationRecord], planned: int) -> None:
+        """Accepted stations the run's consensus finds beyond it: out of the store (recorded
+        as rejections), out of ``records``, and announced (``outcome`` ``dropped``)."""
+        for st, rej in drop:
+            self.store.drop_station(run_id, st.plan_index, rej.reason.value, cap.json_object(rej.detail))
+            records.remove(st)
+            log.warning("run %d: station %d dropped: %s", run_id, st.plan_index + 1, rej)
+            self._station_event(bodies.with_outcome(bodies.station(
+                run_id=run_id, index=st.plan_index, planned=planned, attempt=1, accepted_count=len(records),
+                figures=rej.detail, rejected=rej.reason.value, message=str(rej),
+            ), OUTCOME_DROPPED))
 
     def _invalidated(self, run_id: int, inv: cap.DeviceFault) -> None:
         """The controller's TCP or payload changed: the run cannot go on; it fails, named."""

@@ -17,7 +17,9 @@ The methods, in the order of a run:
   determine the calibration whatever it measures);
 * :meth:`RunKind.capture` (one station: the capture policy and what the station records),
   :meth:`RunKind.estimate` (the run's rough current fit a new station must agree with: the
-  gross-error test), :meth:`RunKind.visit` (the stations to visit, to a target or as planned);
+  gross-error test), :meth:`RunKind.screen` (the robust test of a captured station against
+  the run's consensus: stations dropped, the new one rejected), :meth:`RunKind.visit` (the
+  stations to visit, to a target or as planned);
 * :meth:`RunKind.solve` (may raise ``DegenerateGeometry``), :meth:`RunKind.extra_station`
   (the station that fixes a degenerate direction, measured instead of failing),
   :meth:`RunKind.solve_given` (stations a client supplied);
@@ -47,6 +49,7 @@ import numpy as np
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import CaptureEngine, Expected
 from cellcal.daemon.config import Config, Export
+from cellcal.daemon.consensus import Screened
 from cellcal.daemon.gates import GateReport
 from cellcal.daemon.runs.plan import PlannedStation, plan_from_dict
 from cellcal.daemon.store import RunRecord, StationRecord, Store
@@ -56,8 +59,8 @@ from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunKind", "RunContext", "PlanRefused", "planned_poses", "Finished", "Measure", "ReportParts", "SolverResult", "ResultBody", "as_calibration",
-           "as_kinematic", "as_intrinsics"]
+__all__ = ["RunKind", "RunContext", "PlanRefused", "planned_poses", "Screened", "Finished", "Measure", "ReportParts",
+           "SolverResult", "ResultBody", "as_calibration", "as_kinematic", "as_intrinsics"]
 
 #: A solver result (``cellcal.solver.CalibrationResult``, ``KinematicResult`` or
 #: ``IntrinsicsResult``): what :meth:`RunKind.solve` returns and :meth:`RunKind.finish` turns
@@ -218,6 +221,13 @@ class RunKind(abc.ABC):
 
     def estimate(self, ctx: RunContext, records: Sequence[StationRecord]) -> Expected | None:
         """The run's rough current fit the next station must agree with (None: none yet)."""
+        return None
+
+    def screen(self, ctx: RunContext, records: Sequence[StationRecord], new: StationRecord) -> Screened | None:
+        """The robust gross-error test of a captured station ``new`` with the run's accepted
+        ``records`` (``cellcal.daemon.consensus``, ADR 0032): the accepted stations to drop
+        and the new one's rejection, or None (nothing judged: the default, and before the
+        run has a consensus)."""
         return None
 
     def visit(self, ctx: RunContext, todo: list[PlannedStation], records: list[StationRecord]) -> Iterator[PlannedStation]:

@@ -26,9 +26,10 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 
-from cellcal.daemon import drift, solve
+from cellcal.daemon import consensus, drift, solve
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import CaptureEngine, Expected
+from cellcal.daemon.consensus import Screened
 from cellcal.daemon.gates import check_gates
 from cellcal.daemon.runs import to_target as target
 from cellcal.daemon.runs.base import (
@@ -101,6 +102,11 @@ class BaseFrame(RunKind):
     def estimate(self, ctx: RunContext, records: Sequence[StationRecord]) -> Expected | None:
         tc = ctx.cfg.tracker
         return solve.rough_estimate(records, tc.gross_error_m, tc.gross_error_rad)
+
+    def screen(self, ctx: RunContext, records: Sequence[StationRecord], new: StationRecord) -> Screened | None:
+        tc = ctx.cfg.tracker
+        return consensus.screen(consensus.POSE, records, new, max_error_m=tc.consensus_error_m,
+                                max_error_rad=tc.consensus_error_rad)
 
     def visit(self, ctx: RunContext, todo: list[PlannedStation], records: list[StationRecord]) -> Iterator[PlannedStation]:
         return target.stations_to_visit(todo, records, ctx.cfg, ctx.model, adaptive=self._adaptive(ctx))

@@ -13,9 +13,10 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 
+from cellcal.daemon import consensus, solve
 from cellcal.daemon import protocol as P
-from cellcal.daemon import solve
 from cellcal.daemon.capture import CaptureEngine, Expected
+from cellcal.daemon.consensus import Screened
 from cellcal.daemon.runs.base import (
     Finished,
     Measure,
@@ -78,6 +79,13 @@ class ToolPoint(RunKind):
     def capture(self, engine: CaptureEngine, planned: PlannedStation, accepted: Sequence[StationRecord],
                 abort: threading.Event, expected: Expected | None) -> StationRecord:
         return engine.capture_robot_only(planned.index, [s.base_T_flange for s in accepted], abort)
+
+    def screen(self, ctx: RunContext, records: Sequence[StationRecord], new: StationRecord) -> Screened | None:
+        # The pivot of robot poses alone: a pose that is not the one reported (a drive's lie
+        # the motion checks missed) is beyond the tip the other stations agree on.
+        tc = ctx.cfg.tracker
+        return consensus.screen(consensus.PIVOT, records, new, max_error_m=tc.consensus_error_m,
+                                max_error_rad=tc.consensus_error_rad)
 
     def solve(self, ctx: RunContext, run: RunRecord, stations: Sequence[StationRecord]) -> CalibrationResult:
         return calibrate_tool_point(solve.station_arrays(stations)[0], options=solve.solver_options(ctx.cfg.solve))
