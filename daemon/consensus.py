@@ -99,7 +99,7 @@ def _fitter(model: str, G: np.ndarray, M: np.ndarray | None, P: np.ndarray | Non
         assert M is not None
 
         def fit_pose(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-            r = calibrate_base_frame(G[idx], M[idx], min_axis_spread=_MIN_SUBSET_SPREAD, **opts)  # type: ignore[arg-type]
+            r = calibrate_base_frame(G[idx], M[idx], min_axis_spread=_MIN_SUBSET_SPREAD, **opts)
             pred = r.cell_T_base @ G @ r.flange_T_target
             dt = np.linalg.norm(pred[:, :3, 3] - M[:, :3, 3], axis=1)
             dr = np.array([rotation_angle(a[:3, :3].T @ b[:3, :3]) for a, b in zip(pred, M, strict=True)])
@@ -110,7 +110,7 @@ def _fitter(model: str, G: np.ndarray, M: np.ndarray | None, P: np.ndarray | Non
         assert P is not None
 
         def fit_point(idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-            r = calibrate_base_frame_points(G[idx], P[idx], min_axis_spread=_MIN_SUBSET_SPREAD, **opts)  # type: ignore[arg-type]
+            r = calibrate_base_frame_points(G[idx], P[idx], min_axis_spread=_MIN_SUBSET_SPREAD, **opts)
             pred = (r.cell_T_base @ G)[:, :3, :3] @ r.flange_p_target + (r.cell_T_base @ G)[:, :3, 3]
             return np.linalg.norm(pred - P, axis=1), None
 
