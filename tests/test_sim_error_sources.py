@@ -324,7 +324,7 @@ def test_a_fixed_reflector_stays_on_one_point_with_its_noise():
     cell, inst = _faulted("fixed_reflector")
     st = _stations(cell, inst, 3)
     first = st[0][0]
-    for p_true, a, b in st:
+    for _p_true, a, b in st:
         for m in (a, b):
             assert np.linalg.norm(m.xyz_m - first) < 0.1e-3  # stuck on the first point
     assert np.linalg.norm(st[2][0] - first) > 10e-3  # while the target moved away
