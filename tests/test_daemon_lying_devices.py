@@ -18,6 +18,9 @@ Each case is short: few stations, and a run that fails after a few rejections in
 
 from __future__ import annotations
 
+import logging
+import subprocess
+import sys
 import threading
 import time
 
@@ -176,11 +179,36 @@ offset_mm = 15.0
 """
 
 
-def test_a_wrong_reflector_on_every_second_station_is_outvoted_and_dropped(tmp_path):
+def test_a_wrong_reflector_on_every_second_station_is_outvoted_and_dropped(tmp_path, caplog):
+    """... and ``cellcal watch`` and the daemon's log announce each station dropped or given
+    up with its reason (item 5 of the issue)."""
     scenario = scenario_with(tmp_path / "wrong.toml", WRONG_REFLECTOR)
+    caplog.set_level(logging.INFO, logger="cellcal")
     with inprocess_cell(tmp_path, scenario=scenario, n_stations=8) as cell:
-        run_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
-        body = cell.wait_result(run_id, WAIT_S)
+        z = cell.cfg.zmq
+        watch = subprocess.Popen([sys.executable, "-m", "cellcal.daemon.cli", "watch", "--endpoint", z.pub_endpoint,
+                                  "--cmd-endpoint", z.cmd_endpoint, "--duration", "90", "--topics", "station,result"],
+                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, stdin=subprocess.DEVNULL)
+        try:
+            # The watcher has joined once a heartbeat is out (its snapshot answered); then the run.
+            cell.wait_for(lambda t, b: t == P.TOPIC_HEARTBEAT, 30.0, "a heartbeat")
+            run_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
+            body = cell.wait_result(run_id, WAIT_S)
+            lines: list[str] = []
+            assert watch.stdout is not None
+            while not any(" result " in ln for ln in lines):
+                line = watch.stdout.readline()
+                assert line, f"watch ended early: {lines}"
+                lines.append(line.rstrip("\n"))
+        finally:
+            watch.terminate()
+            watch.wait(10)
+        shown = [ln for ln in lines if " station " in ln]
+        assert any("DROPPED (consensus_outlier)" in ln and "accepted before" in ln and " 2/8 " in ln for ln in shown), lines
+        assert any("GIVEN UP (consensus_outlier)" in ln and " 8/8 " in ln for ln in shown), lines
+        logged = [r.getMessage() for r in caplog.records]
+        assert any("station 2/8 DROPPED from the run after it was accepted (consensus_outlier)" in m for m in logged)
+        assert any("station 8/8 GIVEN UP after 2 attempts (consensus_outlier)" in m for m in logged)
         # stations 2, 4, ... (plan indices 1, 3, ...) saw the wrong reflector
         assert [s.plan_index for s in cell.svc.store.stations(int(run_id))] == [0, 2, 4, 6]
         events = [b for b in _rejections(cell, run_id) if b["reason"] == "consensus_outlier"]
