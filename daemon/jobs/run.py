@@ -10,11 +10,14 @@ the same for every kind:
 3. **Capture**, station by station (``RunKind.visit``: the plan's stations not yet committed,
    or in ``observe`` mode whatever pose the cell's program rests at): in command mode the robot
    is moved, then the kind captures (``RunKind.capture``) against its rough estimate
-   (``RunKind.estimate``). A station is committed in one transaction the moment it is
-   accepted; a rejection is stored and published, retried up to ``[capture]
-   max_attempts_per_station`` times (then given up), and ``max_consecutive_rejections`` in a
-   row end the run; a device fault is ridden out with backoff (``JobControl``); a change of
-   the controller's TCP or payload ends the run.
+   (``RunKind.estimate``), and the captured station is judged with the accepted ones by the
+   run's consensus (``RunKind.screen``, ADR 0032: accepted stations beyond it are dropped
+   from the store). A station is committed in one transaction the moment it is accepted; a
+   rejection is stored and published with its ``outcome``, retried up to ``[capture]
+   max_attempts_per_station`` times (a consensus outlier: twice), then given up, and
+   ``max_consecutive_rejections`` in a row end the run; a device fault is ridden out with
+   backoff (``JobControl``), and a drive that faulted during the move is both (its station
+   rejected, its link reopened); a change of the controller's TCP or payload ends the run.
 4. **Solve** (``RunKind.solve``, interruptible): a ``DegenerateGeometry`` in command mode gets
    the kind's extra station (``RunKind.extra_station``), up to ``[plan] max_extra_stations``;
    any other refusal fails the run with its reason.
@@ -217,7 +220,6 @@ class RunJob:
         for st, rej in drop:
             self.store.drop_station(run_id, st.plan_index, rej.reason.value, cap.json_object(rej.detail))
             records.remove(st)
-            log.warning("run %d: station %d dropped: %s", run_id, st.plan_index + 1, rej)
             self._station_event(bodies.with_outcome(bodies.station(
                 run_id=run_id, index=st.plan_index, planned=planned, attempt=1, accepted_count=len(records),
                 figures=rej.detail, rejected=rej.reason.value, message=str(rej),
