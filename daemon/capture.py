@@ -22,6 +22,10 @@ A station is accepted only when
    * the tracker's position is within the instrument's range, ``[tracker] max_range_mm``;
    * the tracker's value is not frozen: bit for bit the previous measurement with a fresh
      timestamp (:class:`Session`; noise makes that impossible for a live instrument);
+   * the tracker's position is not one it gave at another robot pose within the last 16
+     stations, bit for bit, whatever its std says (``Session.repeated_position``:
+     ``tracker_position_repeated``), nor a value the instrument cannot report (its driver's
+     ``ImplausibleMeasurementError``: ``tracker_value_implausible``);
    * the tracker's pose (a point tracker's point) agrees with the one predicted from the
      robot pose and the run's rough current estimate (:class:`Expected`), within a bound
      that grows with the estimate's own residuals and never falls below ``[tracker]
@@ -34,7 +38,11 @@ is None), the range, the frozen value, the FK check of the robot, and the gross 
 the position. Its record has ``cell_p_target`` and no ``cell_T_target``.
 
 Otherwise a :class:`StationRejected` names the reason (:class:`RejectReason`) and carries the
-figures. Link failures are not rejections: they raise :class:`DeviceFault` naming the device
+figures. A CiA 402 move the drive lied about (``cellcal.drivers.cia402_motion``) is
+``drive_target_mismatch`` or ``joint_not_moving``; a drive that faulted during the move is
+``drive_fault`` carried by a :class:`DeviceFault` (the station rejected, the link reopened;
+ADR 0032). The run's consensus (``cellcal.daemon.consensus``) judges the station after it is
+captured, with the run's other stations. Link failures are not rejections: they raise :class:`DeviceFault` naming the device
 at fault (a tracker measurement stamped in the future is the tracker's, not the robot's) and
 the service goes to FAULT, reconnects with backoff and retries the same station. A change of
 the controller's TCP offset or payload during a job (RTDE ``tcp_offset``/``payload``, where
