@@ -117,7 +117,7 @@ def test_a_drive_fault_during_a_move_rejects_the_station_and_reopens_the_robot(t
         body = cell.wait_result(run_id, WAIT_S)
         assert injected.is_set()
         rejected = [b for b in _rejections(cell, run_id) if b["reason"] == "drive_fault"]
-        assert rejected, _rejections(cell, run_id)
+        assert rejected, [(b["reason"], b["message"]) for b in _rejections(cell, run_id)]
         assert "node 3" in rejected[0]["message"] and rejected[0]["outcome"] == "retrying"
         # the robot link was reopened as for any device fault (backoff), then the station retaken
         faults = [b for b in cell.bodies(P.TOPIC_FAULT) if b["active"]]
