@@ -65,6 +65,7 @@ class RejectReason(str, enum.Enum):
     TRACKER_IMPLAUSIBLE = "tracker_value_implausible"
     TRACKER_POSITION_REPEATED = "tracker_position_repeated"
     CONSENSUS_OUTLIER = "consensus_outlier"
+    CONSENSUS_SPLIT = "consensus_split"
     # A camera station's (cellcal.daemon.camera_capture, ADR 0030):
     NO_TARGET = "no_target_in_view"
     TOO_FEW_CORNERS = "too_few_corners"

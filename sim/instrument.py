@@ -356,7 +356,7 @@ class InstrumentModel:
             fixed = self._held.setdefault(FaultKind.FIXED_REFLECTOR, p_true.copy())
             xyz = xyz - p_true + fixed
         for f in self.config.faults:
-            if f.kind is FaultKind.WRONG_REFLECTOR and f.active(t_s) and self._moves % 2 == 0:
+            if f.kind is FaultKind.WRONG_REFLECTOR and f.active(t_s) and self._moves % f.every == 0:
                 xyz = xyz + np.array([f.offset_mm * 1e-3, 0.0, 0.0])
         if self.active(FaultKind.FROZEN_POSITION, t_s):
             # The position of the last measurement before the fault (or the first in it) bit

@@ -85,7 +85,7 @@ _FAULT_EXTRA: dict[FaultKind, dict[str, Any]] = {
     FaultKind.FUTURE_TIMESTAMP: {"offset_s": 30.0},
     FaultKind.FROZEN_POSITION: {},
     FaultKind.FIXED_REFLECTOR: {},
-    FaultKind.WRONG_REFLECTOR: {"offset_mm": 25.0},
+    FaultKind.WRONG_REFLECTOR: {"offset_mm": 25.0, "every": 2},
     FaultKind.WILD_ANGLE: {"value_rad": 100.0},
 }
 
@@ -97,8 +97,8 @@ class FaultConfig:
     ``burst_bytes`` and ``corrupt_probability`` apply to ``garbage``; ``byte_interval_ms``
     (device milliseconds between bytes) to ``trickle``; ``value_mm`` (the x coordinate
     reported) to ``wild_value``; ``offset_s`` (device seconds ahead) to ``future_timestamp``;
-    ``offset_mm`` (the wrong reflector's distance from the right one, along cell +x) to
-    ``wrong_reflector``; ``value_rad`` (added to the Hz angle) to ``wild_angle``.
+    ``offset_mm`` (the wrong reflector's distance from the right one, along cell +x) and
+    ``every`` (every how many stations see it) to ``wrong_reflector``; ``value_rad`` (added to the Hz angle) to ``wild_angle``.
     """
 
     kind: FaultKind
@@ -110,6 +110,7 @@ class FaultConfig:
     value_mm: float = 999_999_999.0
     offset_s: float = 30.0
     offset_mm: float = 25.0
+    every: int = 2
     value_rad: float = 100.0
 
     @property
@@ -514,6 +515,7 @@ def _fault(t: _Table) -> FaultConfig:
         "value_mm": _float_range(-999_999_999.0, 999_999_999.0),
         "offset_s": _float_range(-1e6, 1e6),
         "offset_mm": _float_range(-1e5, 1e5),
+        "every": _int_range(2, 1000),
         "value_rad": _float_range(-1e6, 1e6),
     }
     for key, default in extra.items():

@@ -161,6 +161,13 @@ class RunJob:
                         if screened.drop:
                             self._drop(run_id, screened.drop, records, n_planned)
                             expected = kind.estimate(self.ctx, records)
+                        if screened.ends_run and screened.rejection is not None:
+                            split = screened.rejection  # two consistent groups: no honest result
+                            self._rejected(run_id, ps.index, split, attempt=attempts + 1, planned=n_planned,
+                                           accepted=len(records), outcome=OUTCOME_RUN_FAILED)
+                            self.store.set_run_status(run_id, RunStatus.FAILED, str(split))
+                            self.control.fault(f"run {run_id} failed: {split}", split, device=P.DEVICE_TRACKER)
+                            return False
                         if screened.rejection is not None:
                             raise screened.rejection
                 except (cap.StationRejected, cap.DeviceFault) as exc:
