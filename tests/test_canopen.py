@@ -224,6 +224,34 @@ def test_stop_ends_a_waiting_move_and_its_target_is_not_reached(sim):
         assert robot.read_state().target_reached is False and robot.last_move["stopped"]
 
 
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.002, 0.01, 0.03])
+def test_a_stop_while_the_move_is_being_set_up_sticks(sim, delay_s):
+    """stop() that lands before the move's set-points are all acknowledged (the window the
+    daemon's abort can hit under load) ends the move as STOPPED: the handshake that follows
+    must not lift the halt, and the halted drives' "target reached" is no mismatch."""
+    with connect_robot(sim.url) as robot:
+        failure: list[BaseException] = []
+        start = robot.read_state().q_rad
+
+        def move():
+            try:
+                robot.move_to(q_rad=start + np.deg2rad(30.0), speed=0.2, timeout_s=30)
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                failure.append(exc)
+
+        t = threading.Thread(target=move, daemon=True)
+        t.start()
+        if delay_s:
+            time.sleep(delay_s)  # where in the set-up the stop lands; not a wait for anything
+        robot.stop()
+        t.join(10.0)
+        assert not t.is_alive()
+        assert failure and isinstance(failure[0], DeviceError) and failure[0].code == "STOPPED", failure
+        s, _ = robot.wait_settled(SettleConfig(dwell_s=0.2, max_joint_speed_rad_s=math.radians(0.1),
+                                               max_flange_ang_speed_rad_s=math.radians(0.1)), 10)
+        assert np.max(np.abs(s.q_rad - start)) < np.deg2rad(25.0)  # halted, not carried on to the target
+
 def test_protective_stop_is_quick_stop_and_needs_reenable(sim):
     with connect_robot(sim.url) as robot:
         robot.move_to(q_rad=Q_HOME + 0.05, speed=1.0, timeout_s=10)
