@@ -37,7 +37,9 @@ pytestmark = pytest.mark.slow
 UR5E = dh_model("ur5e")
 HOME_FLANGE = UR5E.forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))
 Q_HOME = np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0])
-HB_MS = 100  # heartbeat tests are load-sensitive: 40 ms with a factor of 2 was lost on a busy host
+# The simulated drives are threads of the test process: at a load of 9 on 2 cores one was starved
+# for 200 ms (lost at 100 ms with the factor of 2), at 40 ms sooner; 250 ms rides that out.
+HB_MS = 250
 _channels = itertools.count()
 
 
@@ -142,7 +144,7 @@ def test_silent_drive_gives_heartbeat_lost_within_three_periods(sim):
     with connect_robot(sim.url) as robot:
         robot.read_state()
         t0 = time.monotonic()
-        sim.robot.inject("silent_node", node=4, duration_s=0.5 * sim.robot.world.time_scale)
+        sim.robot.inject("silent_node", node=4, duration_s=6 * HB_MS * 1e-3 * sim.robot.world.time_scale)
         while True:
             try:
                 robot.read_state(timeout_s=0.05)
@@ -152,11 +154,11 @@ def test_silent_drive_gives_heartbeat_lost_within_three_periods(sim):
                 break
             except DriverTimeoutError:
                 pass  # TPDOs stopped before the heartbeat timeout
-            assert time.monotonic() - t0 < 1.0, "no HeartbeatLost"
+            assert time.monotonic() - t0 < 6 * HB_MS * 1e-3, "no HeartbeatLost"
             time.sleep(0.002)
         assert elapsed < 3 * HB_MS * 1e-3
-        # the drive comes back after 0.5 s (wall): heartbeats and PDOs resume
-        deadline = time.monotonic() + 3.0
+        # the drive comes back after 6 periods (wall): heartbeats and PDOs resume
+        deadline = time.monotonic() + 3.0 + 6 * HB_MS * 1e-3
         while True:
             try:
                 s = robot.read_state(timeout_s=0.1)
