@@ -36,6 +36,8 @@ import numpy as np
 from cellcal.solver import _core
 from cellcal.solver import diagnostics as _diag
 from cellcal.solver import refine as _refine
+from cellcal.solver import refine_models as _refine_models
+from cellcal.solver import refine_noise as _refine_noise
 from cellcal.solver import sanity as _sanity
 from cellcal.solver import validation as _validation
 from cellcal.solver._pose_solve import (  # the shared pipeline; its constants are this module's API
@@ -559,7 +561,7 @@ def calibrate_tool_point(
         what_trans="tip position", min_axis_spread=min_axis_spread,
         min_rotation_rad=min_rotation_rad,
     )
-    sigma_given = _refine._check_sigma(noise_translation_m, "noise_translation_m")
+    sigma_given = _refine_noise._check_sigma(noise_translation_m, "noise_translation_m")
     p_tip, p_pivot = _core.pivot_solve(G[:, :3, :3], G[:, :3, 3], ws)
     ws.res_r[:n] = 0.0
     rms_t, max_t, _, _ = _core.closure_stats(n, ws)
@@ -579,9 +581,9 @@ def calibrate_tool_point(
         # Duplicated poses count once: scale their rows by sqrt(1/k).
         Jw, ew, _ = model.views()
         np.sqrt(ws.mask[:n], out=ws.hsw[:n])
-        _refine._rowscale(ws.hsw[:n], Jw, ws.KJ[: n * 18].reshape(n, 3, 6))
+        _refine_models._rowscale(ws.hsw[:n], Jw, ws.KJ[: n * 18].reshape(n, 3, 6))
         np.copyto(Jw, ws.KJ[: n * 18].reshape(n, 3, 6))
-        _refine._rowscale(ws.hsw[:n], ew, ws.e3[:n])
+        _refine_models._rowscale(ws.hsw[:n], ew, ws.e3[:n])
         np.copyto(ew, ws.e3[:n])
     H = ws.H12[:6, :6]
     J2 = ws.Jw[: n * 18].reshape(3 * n, 6)
