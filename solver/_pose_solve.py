@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from cellcal.solver import _core
+from cellcal.solver import _observability as _obs
 from cellcal.solver import diagnostics as _diag
 from cellcal.solver import refine as _refine
 from cellcal.solver import sanity as _sanity
@@ -73,7 +74,7 @@ def _prepare(stacks: list[tuple[Any, str]], workspace: Workspace | None, problem
 
 
 def _check_observable(
-    obs: _core.Observability,
+    obs: _obs.Observability,
     *,
     frame: str,
     problem: str,
@@ -131,7 +132,7 @@ def _solve_axxb(
     *, frame: str, problem: str, what_rot: str, what_trans: str,
     min_axis_spread: float, min_rotation_rad: float, pair_translation: bool,
     gate_on_b: bool = False,
-) -> tuple[np.ndarray, np.ndarray | None, int, _core.Observability]:
+) -> tuple[np.ndarray, np.ndarray | None, int, _obs.Observability]:
     """The shared solve: pairs, relative motions, observability gate, rotation of ``X``.
 
     Returns ``(R_X (3, 3), t_X from the pairwise 3x3 system or None, n_motions,
@@ -150,22 +151,22 @@ def _solve_axxb(
     gate = None
     if gate_on_b:
         np.einsum("kij->ij", RQ, out=ws.R3)
-        gate = _core.observability(ws.R3, n, side_B, RQ, ws)
+        gate = _obs.observability(ws.R3, n, side_B, RQ, ws)
         obs = gate
         if gate.max_rotation_rad < min_rotation_rad or gate.axis_spread < min_axis_spread:
             # Refused: the axis to report is the A side's (the robot's axis seen in frame).
             np.einsum("kij->ij", RP, out=ws.R3)
-            seen = _core.observability(ws.R3, n, side_A, RP, ws)
-            obs = _core.Observability(gate.axis_spread, seen.axis, gate.max_rotation_rad, gate.trace)
+            seen = _obs.observability(ws.R3, n, side_A, RP, ws)
+            obs = _obs.Observability(gate.axis_spread, seen.axis, gate.max_rotation_rad, gate.trace)
     else:
         np.einsum("kij->ij", RP, out=ws.R3)  # strided np.sum would buffer 64 KiB
-        obs = _core.observability(ws.R3, n, side_A, RP, ws)
+        obs = _obs.observability(ws.R3, n, side_A, RP, ws)
     _check_observable(
         obs, frame=frame, problem=problem, what_rot=what_rot, what_trans=what_trans,
         min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
     )
     if gate is not None:
-        obs = _core.Observability(gate.axis_spread, gate.axis.copy(), gate.max_rotation_rad, gate.trace)
+        obs = _obs.Observability(gate.axis_spread, gate.axis.copy(), gate.max_rotation_rad, gate.trace)
     # Explicit subsets are solved from their own pairs; "all" needs no pair list (the O(N)
     # identity) unless the pairwise translation system asks for one (then the ring).
     m = n * (n - 1) // 2
@@ -238,7 +239,7 @@ def _absolute_linear(
     problem: str = "base-frame calibration", frame: str = "cell",
     what_rot: str = "base rotation", what_trans: str = "base translation",
     robot_is_g: bool = True,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, _core.Observability]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, _obs.Observability]:
     """Linear solve of ``M_i = X G_i Y`` (the base frame; eye-to-hand with the roles of the
     robot and the camera swapped, ``robot_is_g=False``). Returns ``(R_X, t_X, R_Y, t_Y,
     n_motions, observability)`` and leaves the closure of each station in ``ws.res_t`` /
@@ -275,7 +276,7 @@ def _absolute_linear(
 def _hand_eye_linear(
     G: np.ndarray, O: np.ndarray, n: int, ws: Workspace, pairs: str, pair_t: bool,
     min_axis_spread: float, min_rotation_rad: float,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, _core.Observability]:
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, int, _obs.Observability]:
     """Linear eye-in-hand solve of ``G_i X O_i = Z``. Returns ``(R_X, t_X, R_Z, t_Z,
     n_motions, observability)`` with the closure in ``ws.res_t`` / ``ws.res_r``."""
     Rx, tx, m, obs = _solve_axxb(
@@ -570,7 +571,7 @@ def _pose_blocks(out: _PoseOutcome, *, base: bool) -> list:
     return [(0, "base" if base else "rigid", c), (6, "iso", None)]
 
 
-def _check_determined(cov6: np.ndarray, problem: str, frame: str, obs: _core.Observability, T: np.ndarray) -> None:
+def _check_determined(cov6: np.ndarray, problem: str, frame: str, obs: _obs.Observability, T: np.ndarray) -> None:
     """Refuse (``DegenerateGeometry``) an answer whose rotation the data fix only beyond
     :data:`MAX_ROTATION_SIGMA_RAD`: there the covariance no longer describes the error.
 

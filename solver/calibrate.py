@@ -34,6 +34,7 @@ from typing import Any, Unpack
 import numpy as np
 
 from cellcal.solver import _core
+from cellcal.solver import _observability as _obs
 from cellcal.solver import diagnostics as _diag
 from cellcal.solver import refine as _refine
 from cellcal.solver import refine_models as _refine_models
@@ -555,7 +556,7 @@ def calibrate_tool_point(
         # the copies' residuals are equal, so count the group once in the noise estimate.
         pass
     np.einsum("kij->ij", G[:, :3, :3], out=ws.R3)
-    obs = _core.observability(ws.R3, n, "right", G[:, :3, :3], ws)
+    obs = _obs.observability(ws.R3, n, "right", G[:, :3, :3], ws)
     _check_observable(
         obs, frame="flange", problem=problem, what_rot="(nothing:) the flange",
         what_trans="tip position", min_axis_spread=min_axis_spread,

@@ -34,6 +34,7 @@ from typing import Unpack
 import numpy as np
 
 from cellcal.solver import _core
+from cellcal.solver import _observability as _obs
 from cellcal.solver import diagnostics as _diag
 from cellcal.solver import refine as _refine
 from cellcal.solver import sanity as _sanity
@@ -369,7 +370,7 @@ def calibrate_base_frame_points(
 
     # Observability of the flange rotations (the tool point's test: same unknown kind).
     np.einsum("kij->ij", G[:, :3, :3], out=ws.R3)
-    obs = _core.observability(ws.R3, n, "right", G[:, :3, :3], ws)
+    obs = _obs.observability(ws.R3, n, "right", G[:, :3, :3], ws)
     if obs.max_rotation_rad < min_rotation_rad or obs.axis_spread < min_axis_spread:
         a = obs.axis
         none = obs.max_rotation_rad < min_rotation_rad
