@@ -55,7 +55,6 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 
 import numpy as np
-import numpy.typing as npt
 
 from cellcal.daemon.report.exports import ExportNames, frame_names, ros2_static_tf_args, rpy_from_matrix
 from cellcal.daemon.report.refused import REFUSED_MARK
@@ -114,7 +113,19 @@ class _T:
         return f"{self.name}: {self.child} in {self.parent}; {self.sigma}"
 
 
-def _inputs(setup: str, transforms: Mapping[str, npt.ArrayLike], covariances: Mapping[str, npt.ArrayLike] | None,
+def _array(value: object, key: str, shape: tuple[int, int], what: str) -> np.ndarray:
+    """An array of ``shape`` from an array, nested or flat lists, or the wire's object holding
+    them under ``key`` (a transform's ``{"matrix": [16]}``, a covariance's ``{"values": [36]}``)."""
+    if isinstance(value, Mapping):
+        value = value.get(key)
+    try:
+        a = np.array(value, dtype=float)
+        return a.reshape(shape)
+    except (TypeError, ValueError):
+        raise ValueError(f"{what} must be {shape[0]}x{shape[1]} numbers, got {value!r:.80}") from None
+
+
+def _inputs(setup: str, transforms: Mapping[str, object], covariances: Mapping[str, object] | None,
             frames: ExportNames) -> tuple[_T, _T]:
     if setup not in TRANSFORM_NAMES:
         raise ValueError(f"setup must be one of {', '.join(HAND_EYE_SETUPS)}, got {setup!r}")
@@ -123,10 +134,10 @@ def _inputs(setup: str, transforms: Mapping[str, npt.ArrayLike], covariances: Ma
     for name in TRANSFORM_NAMES[setup]:
         if name not in transforms:
             raise ValueError(f"a {setup} result has {name}; transforms give {sorted(transforms)}")
-        T = check_transform(np.asarray(transforms[name], dtype=float).reshape(4, 4), name)
+        T = check_transform(_array(transforms[name], "matrix", (4, 4), name), name)
         cov = None
-        if covariances is not None and name in covariances:
-            cov = np.asarray(covariances[name], dtype=float).reshape(6, 6)
+        if covariances is not None and covariances.get(name) is not None:
+            cov = _array(covariances[name], "values", (6, 6), f"{name}'s covariance")
             if not np.all(np.isfinite(cov)):
                 raise ValueError(f"{name}'s covariance is not finite")
         parent, child = name.split("_T_")
@@ -221,11 +232,11 @@ def _yaml_str(s: str) -> str:
 def _easy_handeye(setup: str, cam: _T, tgt: _T, head: list[str], why: str | None, base: str, flange: str) -> str:
     t, q = cam.xyz_q
     lines = [f"# {h}" for h in head]
+    if why is not None:  # the first key, right under the mark
+        lines.insert(1, f"GATES_FAILED: {_yaml_str(head[0])}")
     lines += [f"# easy_handeye2's calibration file: the camera (tracking_base_frame) in the "
               f"{'effector' if setup == 'eye_in_hand' else 'robot base'}; the board is the tracking marker.",
               f"# {_one_line(cam.describe())}", f"# {_one_line(tgt.describe())}"]
-    if why is not None:
-        lines.append(f"GATES_FAILED: {_yaml_str(head[0])}")
     lines += ["parameters:", "  name: cellcal",
               f"  calibration_type: {'eye_in_hand' if setup == 'eye_in_hand' else 'eye_on_base'}",
               f"  robot_base_frame: {_yaml_str(base)}", f"  robot_effector_frame: {_yaml_str(flange)}",
@@ -277,8 +288,8 @@ def _moveit_launch(cam: _T, head: list[str], refused: bool) -> str:
     return _xml_text(root, head, refused)
 
 
-def hand_eye_export_texts(setup: str, transforms: Mapping[str, npt.ArrayLike],
-                          covariances: Mapping[str, npt.ArrayLike] | None, result_id: int | None,
+def hand_eye_export_texts(setup: str, transforms: Mapping[str, object],
+                          covariances: Mapping[str, object] | None, result_id: int | None,
                           refused: str | None, *, frames: ExportNames = None) -> dict[str, str]:
     """The export files of a camera hand-eye result (module docstring).
 
@@ -287,12 +298,13 @@ def hand_eye_export_texts(setup: str, transforms: Mapping[str, npt.ArrayLike],
     setup : {"eye_in_hand", "eye_to_hand"}
     transforms : mapping of str to array_like, shape (4, 4)
         ``flange_T_camera`` and ``base_T_target`` (eye-in-hand) or ``base_T_camera`` and
-        ``flange_T_target`` (eye-to-hand), metres: arrays or nested lists (a stored body's
-        ``transforms[name]["matrix"]`` reshaped, or the offline JSON's top-level keys). Other
-        names are ignored.
+        ``flange_T_target`` (eye-to-hand), metres: arrays, nested or flat (row-major) lists,
+        or the wire's transform objects (a stored body's ``transforms`` as it is: each
+        ``{"matrix": [16 numbers], ...}``). Other names are ignored.
     covariances : mapping of str to array_like, shape (6, 6), or None
-        Each transform's covariance, right perturbation ``(rho, phi)`` (ADR 0004): only its
-        diagonal is used (the 1-sigma comments). A name without one says "not given".
+        Each transform's covariance, right perturbation ``(rho, phi)`` (ADR 0004), in the same
+        forms (a body's ``uncertainty["covariance"]`` as it is: ``{"shape", "values"}``): only
+        its diagonal is used (the 1-sigma comments). A name without one says "not given".
     result_id : int or None
         The stored result's id (in the file names and headers); None for an offline solve.
     refused : str or None
