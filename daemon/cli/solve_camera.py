@@ -56,6 +56,7 @@ from cellcal.daemon.bodies import result_to_wire
 from cellcal.daemon.cli.dataset import Dataset, DatasetError, read_dataset
 from cellcal.daemon.cli.output import OutputRefused, check_output, write_output
 from cellcal.daemon.config import CameraIntrinsics
+from cellcal.daemon.protocol import JsonValue
 from cellcal.daemon.report.hand_eye_exports import hand_eye_export_texts
 from cellcal.daemon.runs import intrinsics_report
 from cellcal.daemon.runs.intrinsics import intrinsics_record
@@ -230,7 +231,7 @@ def _intrinsics(args: argparse.Namespace, ds: Dataset, views: list[Detection], s
     return "\n".join(lines) + "\n"
 
 
-def _dataset_wire(ds: Dataset, views: Sequence[Detection]) -> dict[str, object]:
+def _dataset_wire(ds: Dataset, views: Sequence[Detection]) -> dict[str, JsonValue]:
     return {"folder": str(ds.folder), "images": [s.image.name for s in ds.stations],
             "corners_found": [int(v.n_corners) for v in views]}
 
