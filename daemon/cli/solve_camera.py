@@ -17,7 +17,8 @@ from the same detections and each row's flange pose (``base_T_flange``, every ro
 one): :func:`~cellcal.solver.calibrate_hand_eye_camera` / ``calibrate_eye_to_hand_camera``
 with the intrinsics estimated jointly from the same images, or, with ``--intrinsics FILE``
 (what ``--setup intrinsics --json`` prints, or a stored intrinsics result's JSON), refined
-under the prior of that file's covariance. ``--json`` prints the pose result's wire form
+under the prior of that file's covariance: intrinsics from *other* images (a file solved from
+the same images is noted on stderr: its prior would count them twice). ``--json`` prints the pose result's wire form
 (``transforms``, ``uncertainty`` ...: ``cellcal.daemon.bodies.result_to_wire``) with, at the
 top level, ``setup``, ``camera_matrix``, ``dist_coeffs``, ``image_size``,
 ``reprojection_rms_px``, and each transform by its name (``flange_T_camera`` and
@@ -309,9 +310,29 @@ def _hand_eye(args: argparse.Namespace, ds: Dataset, views: list[Detection], siz
     record["dataset"] = _dataset_wire(ds, views)
     if intrinsics is not None:
         record["camera"]["intrinsics_file"] = str(args.intrinsics)  # type: ignore[index]
+        if _same_images(args.intrinsics, ds):
+            # A prior from the same corners counts them twice: the covariance comes out too small.
+            print(f"cellcal solve: note: {args.intrinsics} was solved from these same images; its prior counts "
+                  "them twice (sigmas too small): leave --intrinsics out to estimate the intrinsics jointly",
+                  file=sys.stderr)
     if args.json:
         return json.dumps(record, allow_nan=False) + "\n", result
     return "\n".join(_summary(result, ds, args)) + "\n", result
+
+
+def _same_images(path: str | Path, ds: Dataset) -> bool:
+    """The intrinsics file names this dataset's folder and images (``--setup intrinsics --json``'s ``dataset``)."""
+    try:
+        d = json.loads(Path(path).read_text(encoding="utf-8")).get("dataset")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not isinstance(d, dict) or not isinstance(d.get("folder"), str):
+        return False
+    try:
+        same_folder = Path(d["folder"]).resolve() == ds.folder.resolve()
+    except OSError:
+        return False
+    return same_folder and d.get("images") == [s.image.name for s in ds.stations]
 
 
 def _finite(v: Any) -> Any:
