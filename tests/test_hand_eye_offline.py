@@ -206,3 +206,6 @@ def test_output_and_export_keep_the_output_rules(datasets, capsys, tmp_path):
     assert victim.read_text() == "keep" and not link.is_symlink()
     assert json.loads(link.read_text())["setup"] == "eye_to_hand"
     assert _solve(str(ds.folder), "--setup", "eye_to_hand", "--export", str(tmp_path / "exp"), "--force") == 0
+    (tmp_path / "exp_link").symlink_to(tmp_path / "exp")  # a linked directory: never written through
+    assert _solve(str(ds.folder), "--setup", "eye_to_hand", "--export", str(tmp_path / "exp_link"), "--force") == 2
+    assert "symbolic link" in capsys.readouterr().err

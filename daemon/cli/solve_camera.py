@@ -46,6 +46,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -150,8 +151,8 @@ def _check_args(args: argparse.Namespace) -> None:
             raise _Bad(str(exc)) from None
     if args.export is not None:
         d = Path(args.export)
-        if d.is_symlink() and not args.force:
-            raise _Bad(f"--export {d} is a symbolic link; not written through (--force)")
+        if d.is_symlink():  # its files would land wherever it points, --force or not
+            raise _Bad(f"--export {d} is a symbolic link (to {os.readlink(d)}); give the directory itself")
         if d.exists() and not d.is_dir():
             raise _Bad(f"--export {d} is not a directory")
 
