@@ -18,11 +18,20 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _camera_views import SIZE, TARGET, synthetic_views
 from _hand_eye_dataset import RenderedDataset, render_dataset
 
+from cellcal.daemon import protocol as P
+from cellcal.daemon.bodies import result_body
 from cellcal.daemon.cli import solve
 from cellcal.daemon.cli.dataset import STATIONS_FILE
+from cellcal.daemon.cli.solve_camera import read_intrinsics_file
+from cellcal.daemon.config import Export
+from cellcal.daemon.report.exports import write_exports
 from cellcal.daemon.report.hand_eye_exports import hand_eye_file_names
+from cellcal.daemon.runs.intrinsics import intrinsics_record
+from cellcal.daemon.store import Store
+from cellcal.solver import calibrate_intrinsics
 from cellcal.solver._camera_chain import log_batch
 from cellcal.solver.se3 import se3_inverse
 
@@ -97,6 +106,23 @@ def test_intrinsics_from_the_file_setup_intrinsics_prints(datasets, capsys, tmp_
     ifile.write_text(json.dumps(doc))
     assert _solve(str(ds.folder), "--setup", "eye_in_hand", "--intrinsics", str(ifile)) == 2
     assert "640 x 480" in capsys.readouterr().err
+
+
+def test_a_stored_intrinsics_results_exported_json_is_an_intrinsics_file(tmp_path):
+    views, _ = synthetic_views(np.random.default_rng(3), 10, noise_px=0.1)
+    r = calibrate_intrinsics(views, TARGET, SIZE)
+    record = intrinsics_record(r, list(range(len(views))))
+    record["gates"] = {"passed": True, "failed": [], "checks": []}
+    record["check_stations"] = []
+    with Store(tmp_path / "state") as store:
+        run = store.create_run(P.KIND_INTRINSICS, {"stations": []}, config_sha256="0" * 64, devices={})
+        rec = store.get_result(store.add_result(run, P.KIND_INTRINSICS, record, {}, activate=True))
+    files = write_exports(tmp_path / "exports", rec.id, result_body(rec, cell="test"), Export())
+    cam, C = read_intrinsics_file(files["json"])
+    np.testing.assert_array_equal(cam.camera_matrix, r.camera_matrix)
+    np.testing.assert_array_equal(cam.dist_coeffs, r.dist_coeffs)
+    assert cam.image_size == SIZE and C is not None
+    np.testing.assert_allclose(C, r.covariance, rtol=0, atol=1e-9 * np.abs(r.covariance).max())
 
 
 def test_the_summary_names_each_transform_with_its_sigma(datasets, capsys):

@@ -16,9 +16,10 @@ each view); otherwise the intrinsics with their sigmas, for people.
 from the same detections and each row's flange pose (``base_T_flange``, every row must give
 one): :func:`~cellcal.solver.calibrate_hand_eye_camera` / ``calibrate_eye_to_hand_camera``
 with the intrinsics estimated jointly from the same images, or, with ``--intrinsics FILE``
-(what ``--setup intrinsics --json`` prints, or a stored intrinsics result's JSON), refined
-under the prior of that file's covariance: intrinsics from *other* images (a file solved from
-the same images is noted on stderr: its prior would count them twice). ``--json`` prints the pose result's wire form
+(what ``--setup intrinsics --json`` prints, or a stored intrinsics result's export
+``result_<id>.json``), refined under the prior of that file's covariance: intrinsics from
+*other* images (a file solved from the same images is noted on stderr: its prior would count
+them twice). ``--json`` prints the pose result's wire form
 (``transforms``, ``uncertainty`` ...: ``cellcal.daemon.bodies.result_to_wire``) with, at the
 top level, ``setup``, ``camera_matrix``, ``dist_coeffs``, ``image_size``,
 ``reprojection_rms_px``, and each transform by its name (``flange_T_camera`` and
@@ -245,7 +246,7 @@ def read_intrinsics_file(path: str | Path) -> tuple[CameraModel, np.ndarray | No
     """The camera and its (9, 9) covariance from an intrinsics JSON file.
 
     The file is what ``cellcal solve DIR --setup intrinsics --json`` prints (or a stored
-    intrinsics result as ``cellcal show --json`` gives it): ``camera_matrix`` (3x3 px),
+    intrinsics result's export ``exports/result_<id>.json``): ``camera_matrix`` (3x3 px),
     ``dist_coeffs`` (5, OpenCV's order), ``image_size`` ``[width, height]``, and under
     ``intrinsics`` the ``covariance`` (``{"shape": [9, 9], "values": [...]}``, ordered
     :data:`~cellcal.solver.camera_model.PARAMETER_NAMES`); without it the intrinsics are
@@ -289,8 +290,10 @@ def read_intrinsics_file(path: str | Path) -> tuple[CameraModel, np.ndarray | No
         C = np.array(cov_wire["values"], dtype=float).reshape(N_PARAMETERS, N_PARAMETERS)
     except (KeyError, TypeError, ValueError):
         raise _Bad(f"{where}: intrinsics.covariance must be {{\"shape\": [9, 9], \"values\": [81 numbers]}}") from None
-    if not np.all(np.isfinite(C)) or not np.allclose(C, C.T, rtol=1e-9, atol=0.0) \
-            or np.min(np.linalg.eigvalsh(0.5 * (C + C.T))) < -1e-12 * max(1.0, float(np.max(np.abs(C)))):
+    scale = float(np.max(np.abs(C))) if np.all(np.isfinite(C)) else math.inf
+    # A solver's covariance is symmetric to its rounding (1e-11 of its largest entry, not of each).
+    if not math.isfinite(scale) or not np.allclose(C, C.T, rtol=0.0, atol=1e-9 * scale) \
+            or np.min(np.linalg.eigvalsh(0.5 * (C + C.T))) < -1e-12 * max(1.0, scale):
         raise _Bad(f"{where}: intrinsics.covariance is not a symmetric positive semi-definite 9x9 matrix")
     return cam, 0.5 * (C + C.T)
 
