@@ -17,6 +17,7 @@ import xml.etree.ElementTree as ET
 import numpy as np
 import pytest
 
+from cellcal.daemon.config import Export
 from cellcal.daemon.report.exports import matrix_from_rpy
 from cellcal.daemon.report.hand_eye_exports import TRANSFORM_NAMES, hand_eye_export_texts, hand_eye_file_names
 from cellcal.daemon.report.refused import REFUSED_MARK
@@ -125,6 +126,9 @@ def test_frames_are_renamed_and_sigmas_stated():
     frames = {"base": "base_link", "flange": "tool0", "camera": "camera_color_optical_frame", "target": "board"}
     texts = _texts("eye_in_hand", frames=frames, rid=None)
     names = hand_eye_file_names(None)
+    section = Export(base_frame="base_link", flange_frame="tool0", camera_frame="camera_color_optical_frame",
+                     target_frame="board")
+    assert _texts("eye_in_hand", frames=section, rid=None) == texts  # an [export] section names them alike
     assert names["urdf"] == "hand_eye.urdf"
     got = [_flags(a) for a in _node_arguments(texts[names["launch"]])]
     assert [(p, c) for _, p, c in got] == [("tool0", "camera_color_optical_frame"), ("base_link", "board")]
@@ -143,6 +147,9 @@ def test_the_wire_forms_of_a_stored_body_are_taken_as_they_are():
                            "matrix": T.reshape(-1).tolist()} for n, T in ((cam, CAMERA), (tgt, TARGET))}
     body_cov = {n: {"shape": [6, 6], "values": C.reshape(-1).tolist()} for n, C in ((cam, COV_CAMERA), (tgt, COV_TARGET))}
     assert hand_eye_export_texts("eye_to_hand", body_transforms, body_cov, 7, None) == _texts("eye_to_hand")
+    cam_i, tgt_i = TRANSFORM_NAMES["eye_in_hand"]  # the run kind's name stands for its setup
+    assert hand_eye_export_texts("hand_eye", {cam_i: CAMERA, tgt_i: TARGET}, {cam_i: COV_CAMERA, tgt_i: COV_TARGET},
+                                 7, None) == _texts("eye_in_hand")
     no_cov = hand_eye_export_texts("eye_to_hand", {cam: CAMERA, tgt: TARGET}, None, 7, None)
     assert "1 sigma: not given" in no_cov[hand_eye_file_names(7)["urdf"]]
 

@@ -66,6 +66,9 @@ __all__ = ["HAND_EYE_SETUPS", "TRANSFORM_NAMES", "hand_eye_export_texts", "hand_
 TRANSFORM_NAMES = {"eye_in_hand": ("flange_T_camera", "base_T_target"),
                    "eye_to_hand": ("base_T_camera", "flange_T_target")}
 HAND_EYE_SETUPS = tuple(TRANSFORM_NAMES)
+#: Run kinds (issue 27: ``hand_eye``, ``eye_to_hand``) taken for the setup they calibrate, so a
+#: stored body's ``kind`` can be passed as it is.
+_ALIASES = {"hand_eye": "eye_in_hand"}
 
 _KEYS = ("launch", "urdf", "xacro", "easy_handeye", "moveit_launch_py", "moveit_launch")
 
@@ -127,8 +130,6 @@ def _array(value: object, key: str, shape: tuple[int, int], what: str) -> np.nda
 
 def _inputs(setup: str, transforms: Mapping[str, object], covariances: Mapping[str, object] | None,
             frames: ExportNames) -> tuple[_T, _T]:
-    if setup not in TRANSFORM_NAMES:
-        raise ValueError(f"setup must be one of {', '.join(HAND_EYE_SETUPS)}, got {setup!r}")
     names = frame_names(frames)
     out = []
     for name in TRANSFORM_NAMES[setup]:
@@ -296,6 +297,7 @@ def hand_eye_export_texts(setup: str, transforms: Mapping[str, object],
     Parameters
     ----------
     setup : {"eye_in_hand", "eye_to_hand"}
+        Or the run kind ``"hand_eye"`` (eye-in-hand: the same transforms).
     transforms : mapping of str to array_like, shape (4, 4)
         ``flange_T_camera`` and ``base_T_target`` (eye-in-hand) or ``base_T_camera`` and
         ``flange_T_target`` (eye-to-hand), metres: arrays, nested or flat (row-major) lists,
@@ -325,6 +327,9 @@ def hand_eye_export_texts(setup: str, transforms: Mapping[str, object],
         An unknown setup, a transform missing or not rigid, a non-finite covariance, or a
         frame name with whitespace.
     """
+    setup = _ALIASES.get(setup, setup)
+    if setup not in TRANSFORM_NAMES:
+        raise ValueError(f"setup must be one of {', '.join(HAND_EYE_SETUPS)}, got {setup!r}")
     cam, tgt = _inputs(setup, transforms, covariances, frames)
     names = frame_names(frames)
     why = None if refused is None else _one_line(str(refused)).strip()
