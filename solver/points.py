@@ -38,13 +38,10 @@ from cellcal.solver import diagnostics as _diag
 from cellcal.solver import refine as _refine
 from cellcal.solver import sanity as _sanity
 from cellcal.solver import validation as _validation
-from cellcal.solver.calibrate import (
+from cellcal.solver._pose_solve import (
     POINT_KEYS,
-    CalibrationResult,
-    Estimate,
     _check_determined,
     _common_warnings,
-    _estimates,
     _field_spec,
     _input_checks,
     _nan_tests,
@@ -56,6 +53,7 @@ from cellcal.solver.calibrate import (
 )
 from cellcal.solver.errors import CalibrationError, DegenerateGeometry, NotEnoughSamples
 from cellcal.solver.options import SolverOptions, SolverOptionsKeywords, resolve_options
+from cellcal.solver.pose_results import CalibrationResult, Estimate, _estimates
 from cellcal.solver.uncertainty import PredictedError, point_error, sigma_figures
 from cellcal.solver.workspace import Workspace
 

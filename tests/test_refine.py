@@ -19,7 +19,7 @@ from cellcal.solver import (
     calibrate_tool_point,
 )
 from cellcal.solver import refine as R
-from cellcal.solver.calibrate import _absolute_linear
+from cellcal.solver._pose_solve import _absolute_linear
 from cellcal.solver.se3 import make_transform, rotation_angle, se3_exp, se3_inverse, so3_exp, so3_log
 from cellcal.solver.synthetic import base_frame_scene, hand_eye_scene, perturb, pivot_scene, random_rotation
 
