@@ -69,7 +69,7 @@ from cellcal.solver.camera_model import N_PARAMETERS, PARAMETER_NAMES, CameraMod
 from cellcal.solver.camera_results import CameraChainResult
 from cellcal.solver.se3 import so3_log
 
-__all__ = ["SETUPS", "HAND_EYE_SETUPS", "add_arguments", "run", "read_intrinsics_file", "hand_eye_record"]
+__all__ = ["SETUPS", "HAND_EYE_SETUPS", "add_arguments", "camera_options_given", "run", "read_intrinsics_file", "hand_eye_record"]
 
 #: What ``--setup`` solves.
 SETUPS = ("intrinsics", "eye_in_hand", "eye_to_hand")
@@ -82,6 +82,20 @@ EXIT_UNDETERMINED = 3
 
 class _Bad(Exception):
     """A bad argument or input file (exit 2); the message says which and why."""
+
+
+#: The options only a camera dataset's solve reads: (attribute, flag).
+_CAMERA_OPTIONS = (("noise_px", "--noise-px"), ("fix", "--fix"), ("holdout_folds", "--holdout-folds"),
+                   ("intrinsics", "--intrinsics"), ("robot_accuracy_deg", "--robot-accuracy-deg"),
+                   ("output", "-o/--output"), ("export", "--export"), ("force", "--force"))
+
+
+def camera_options_given(args: argparse.Namespace) -> list[str]:
+    """The camera-only options (flags as typed) set to other than their defaults in ``args``."""
+    defaults = argparse.ArgumentParser()
+    add_arguments(defaults)
+    d = defaults.parse_args([])
+    return [flag for attr, flag in _CAMERA_OPTIONS if getattr(args, attr, None) != getattr(d, attr)]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
