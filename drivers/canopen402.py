@@ -818,6 +818,10 @@ class Cia402Driver(RobotDriver):
         #: each drive's position window the moves are judged with (joint order), after open
         self.windows: tuple[PositionWindow, ...] = ()
         self._watch: MoveWatch | None = None
+        # monotonic_ns of the last stop() since the current move began (0: none): a stop while a
+        # move is still being set up (no watch yet) must stick: the move does not start, or its
+        # watch starts stopped and no later controlword lifts the halt
+        self._stop_ns = 0
         self._last_counts: np.ndarray | None = None
         self._emcy_since_move: dict[int, int] = {}
         #: SYNC cycles given up without a complete vector (all of them / those with some frames)
@@ -1919,6 +1923,8 @@ class Cia402Driver(RobotDriver):
     def _move_internal(self, q_rad, base_T_flange, speed, wait, deadline: float) -> None:
         if self.opts["enable"] == "never":
             raise DriverInitError(f"{self!r}: enable=never; this driver may not move the robot")
+        with self._lock:
+            self._stop_ns = 0
         now = self.read_state()
         if now.mode is RobotMode.PROTECTIVE_STOP:
             raise ProtectiveStop(f"{self!r}: a drive is in quick stop; not moving")
@@ -1949,12 +1955,19 @@ class Cia402Driver(RobotDriver):
             self._watch = None  # the previous move's verdict ends with the new set-point
             self._emcy_since_move.clear()
             start = self._last_counts if self._last_counts is not None else self.scaling.to_counts(now.q_rad)
+        with self._lock:
+            if self._stop_ns:
+                raise DeviceError(f"{self!r}: the move was stopped before it started", "STOPPED")
         for n in self.nodes:
             self._controlword(n, cw | Controlword.NEW_SET_POINT)
         ack_deadline = time.monotonic() + self.opts["setpoint_timeout_s"]
         for n in self.nodes:
             self._await_ack(n, ack_deadline)
-            self._controlword(n, cw)
+            with self._lock:
+                stopped = self._stop_ns
+            # a stop() that came while the set-points were being taken halted the drives: the
+            # acknowledge handshake must not lift that halt on the nodes still to go
+            self._controlword(n, cw | Controlword.HALT if stopped else cw)
         acked_ns = time.monotonic_ns()
         with self._lock:
             self._commanded = set(self.nodes)
@@ -1962,6 +1975,8 @@ class Cia402Driver(RobotDriver):
                 nodes=self.nodes, target_counts=counts, start_counts=start, windows=self.windows, plan=plan,
                 acked_ns=acked_ns, deg_per_count=np.degrees(self.scaling.rad_per_count),
                 mismatch_s=self.opts["target_mismatch_s"], stall_timeout_s=self.opts["stall_timeout_s"])
+            if self._stop_ns:
+                self._watch.stop(self._stop_ns)
         if wait:
             self._wait_target(deadline)
 
@@ -2077,8 +2092,9 @@ class Cia402Driver(RobotDriver):
     def _stop_internal(self) -> None:
         with self._lock:
             commanded = [n for n in self.nodes if n in self._commanded]
+            self._stop_ns = time.monotonic_ns()  # also for a move still being set up (_move_internal)
             if self._watch is not None:
-                self._watch.stop(time.monotonic_ns())
+                self._watch.stop(self._stop_ns)
                 self._lock.notify_all()
         if self.opts["enable"] == "never":
             log.info("%r: stop: enable=never, cellcal commands no drive", self)

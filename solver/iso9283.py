@@ -42,7 +42,7 @@ from dataclasses import dataclass
 import numpy as np
 from numpy.typing import ArrayLike
 
-from cellcal.solver.identify import _param_twists
+from cellcal.solver.kinematic_parameters import _param_twists
 from cellcal.solver.kinematics import N_JOINTS, DHParameters
 from cellcal.solver.se3 import make_transform, se3_inverse, so3_exp, so3_log
 

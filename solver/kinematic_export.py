@@ -102,7 +102,7 @@ def joint_origins(model: DHParameters) -> np.ndarray:
 
 
 def _perturbed(model: DHParameters, name: str, step: float) -> DHParameters:
-    from cellcal.solver.identify import _parse
+    from cellcal.solver.kinematic_parameters import _parse
 
     kind, row = _parse(name)
     key = "theta" if kind == "zero_offset" else kind
@@ -279,7 +279,7 @@ def kinematic_parameters_dict(result: Any) -> dict[str, Any]:
 
 
 def _nominal_value(nominal: DHParameters, name: str) -> float:
-    from cellcal.solver.identify import _parse
+    from cellcal.solver.kinematic_parameters import _parse
 
     kind, row = _parse(name)
     return 0.0 if kind == "zero_offset" else float(getattr(nominal, kind)[row])

@@ -34,17 +34,15 @@ from typing import Unpack
 import numpy as np
 
 from cellcal.solver import _core
+from cellcal.solver import _observability as _obs
 from cellcal.solver import diagnostics as _diag
 from cellcal.solver import refine as _refine
 from cellcal.solver import sanity as _sanity
 from cellcal.solver import validation as _validation
-from cellcal.solver.calibrate import (
+from cellcal.solver._pose_solve import (
     POINT_KEYS,
-    CalibrationResult,
-    Estimate,
     _check_determined,
     _common_warnings,
-    _estimates,
     _field_spec,
     _input_checks,
     _nan_tests,
@@ -56,6 +54,7 @@ from cellcal.solver.calibrate import (
 )
 from cellcal.solver.errors import CalibrationError, DegenerateGeometry, NotEnoughSamples
 from cellcal.solver.options import SolverOptions, SolverOptionsKeywords, resolve_options
+from cellcal.solver.pose_results import CalibrationResult, Estimate, _estimates
 from cellcal.solver.uncertainty import PredictedError, point_error, sigma_figures
 from cellcal.solver.workspace import Workspace
 
@@ -371,7 +370,7 @@ def calibrate_base_frame_points(
 
     # Observability of the flange rotations (the tool point's test: same unknown kind).
     np.einsum("kij->ij", G[:, :3, :3], out=ws.R3)
-    obs = _core.observability(ws.R3, n, "right", G[:, :3, :3], ws)
+    obs = _obs.observability(ws.R3, n, "right", G[:, :3, :3], ws)
     if obs.max_rotation_rad < min_rotation_rad or obs.axis_spread < min_axis_spread:
         a = obs.axis
         none = obs.max_rotation_rad < min_rotation_rad

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from cellcal.solver import UR5E, identify_kinematics
-from cellcal.solver.identify import KinematicResult, _apply, _value
+from cellcal.solver.identify import KinematicResult
+from cellcal.solver.kinematic_parameters import _apply, _value
 from cellcal.solver.kinematics import DHParameters
 from cellcal.solver.se3 import se3_exp, se3_inverse, se3_log
 

@@ -37,7 +37,9 @@ pytestmark = pytest.mark.slow
 UR5E = dh_model("ur5e")
 HOME_FLANGE = UR5E.forward(np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0]))
 Q_HOME = np.deg2rad([0.0, -90.0, 90.0, -90.0, -90.0, 0.0])
-HB_MS = 100  # heartbeat tests are load-sensitive: 40 ms with a factor of 2 was lost on a busy host
+# The simulated drives are threads of the test process: at a load of 9 on 2 cores one was starved
+# for 200 ms (lost at 100 ms with the factor of 2), at 40 ms sooner; 250 ms rides that out.
+HB_MS = 250
 _channels = itertools.count()
 
 
@@ -142,7 +144,7 @@ def test_silent_drive_gives_heartbeat_lost_within_three_periods(sim):
     with connect_robot(sim.url) as robot:
         robot.read_state()
         t0 = time.monotonic()
-        sim.robot.inject("silent_node", node=4, duration_s=0.5 * sim.robot.world.time_scale)
+        sim.robot.inject("silent_node", node=4, duration_s=6 * HB_MS * 1e-3 * sim.robot.world.time_scale)
         while True:
             try:
                 robot.read_state(timeout_s=0.05)
@@ -152,11 +154,11 @@ def test_silent_drive_gives_heartbeat_lost_within_three_periods(sim):
                 break
             except DriverTimeoutError:
                 pass  # TPDOs stopped before the heartbeat timeout
-            assert time.monotonic() - t0 < 1.0, "no HeartbeatLost"
+            assert time.monotonic() - t0 < 6 * HB_MS * 1e-3, "no HeartbeatLost"
             time.sleep(0.002)
         assert elapsed < 3 * HB_MS * 1e-3
-        # the drive comes back after 0.5 s (wall): heartbeats and PDOs resume
-        deadline = time.monotonic() + 3.0
+        # the drive comes back after 6 periods (wall): heartbeats and PDOs resume
+        deadline = time.monotonic() + 3.0 + 6 * HB_MS * 1e-3
         while True:
             try:
                 s = robot.read_state(timeout_s=0.1)
@@ -223,6 +225,34 @@ def test_stop_ends_a_waiting_move_and_its_target_is_not_reached(sim):
         assert not t.is_alive() and isinstance(failure[0], DeviceError) and failure[0].code == "STOPPED"
         assert robot.read_state().target_reached is False and robot.last_move["stopped"]
 
+
+
+@pytest.mark.parametrize("delay_s", [0.0, 0.002, 0.01, 0.03])
+def test_a_stop_while_the_move_is_being_set_up_sticks(sim, delay_s):
+    """stop() that lands before the move's set-points are all acknowledged (the window the
+    daemon's abort can hit under load) ends the move as STOPPED: the handshake that follows
+    must not lift the halt, and the halted drives' "target reached" is no mismatch."""
+    with connect_robot(sim.url) as robot:
+        failure: list[BaseException] = []
+        start = robot.read_state().q_rad
+
+        def move():
+            try:
+                robot.move_to(q_rad=start + np.deg2rad(30.0), speed=0.2, timeout_s=30)
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                failure.append(exc)
+
+        t = threading.Thread(target=move, daemon=True)
+        t.start()
+        if delay_s:
+            time.sleep(delay_s)  # where in the set-up the stop lands; not a wait for anything
+        robot.stop()
+        t.join(10.0)
+        assert not t.is_alive()
+        assert failure and isinstance(failure[0], DeviceError) and failure[0].code == "STOPPED", failure
+        s, _ = robot.wait_settled(SettleConfig(dwell_s=0.2, max_joint_speed_rad_s=math.radians(0.1),
+                                               max_flange_ang_speed_rad_s=math.radians(0.1)), 10)
+        assert np.max(np.abs(s.q_rad - start)) < np.deg2rad(25.0)  # halted, not carried on to the target
 
 def test_protective_stop_is_quick_stop_and_needs_reenable(sim):
     with connect_robot(sim.url) as robot:

@@ -247,3 +247,16 @@ def test_robot_accuracy_and_target_offset_options(tmp_path, scene):
     for bad in (("--robot-accuracy-mm", "-1"), ("--max-target-offset-mm", "0"), ("--robot-accuracy-mm", "nan")):
         r = run("solve", str(f), *bad)
         assert r.returncode == 2 and bad[0] in r.stderr, r.stderr
+
+
+def test_camera_only_options_on_a_station_file_are_refused_not_ignored(tmp_path, scene):
+    """``-o``, ``--export`` and the other camera-dataset options do nothing for a station file:
+    given there, the command says so (exit 2) instead of printing as if it had written a file."""
+    p = tmp_path / "st.jsonl"
+    write_jsonl(p, scene.base_T_flange[:6], scene.measured[:6])
+    for extra, flag in ((["-o", str(tmp_path / "out.json")], "-o/--output"),
+                        (["--export", str(tmp_path / "x")], "--export"), (["--noise-px", "0.2"], "--noise-px")):
+        r = run("solve", str(p), *extra)
+        assert r.returncode == 2 and flag in r.stderr and "--setup" in r.stderr, (extra, r.stderr)
+    assert not (tmp_path / "out.json").exists() and not (tmp_path / "x").exists()
+    assert run("solve", str(p)).returncode == 0  # the plain solve of the same file still works

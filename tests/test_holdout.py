@@ -83,7 +83,7 @@ def test_linear_answers_get_the_linearised_update_at_the_linear_answer():
 
 def test_k_fold_refits_remain_for_a_singular_information_matrix():
     from cellcal.solver import Workspace
-    from cellcal.solver.calibrate import _holdout
+    from cellcal.solver._pose_solve import _holdout
     from cellcal.solver.refine import Fit, PoseModel
     from cellcal.solver.validation import kfold_indices
 

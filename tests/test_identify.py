@@ -37,7 +37,8 @@ from cellcal.solver import (
     plan_identification_stations,
 )
 from cellcal.solver._stats import chi2_ppf
-from cellcal.solver.identify import _apply, _residuals, kinematic_jacobian
+from cellcal.solver.identify import kinematic_jacobian
+from cellcal.solver.kinematic_parameters import _apply, _residuals
 from cellcal.solver.se3 import se3_exp
 
 STRUCTURAL = {

@@ -154,7 +154,7 @@ def test_origin_covariance_propagates_the_parameter_covariance():
     cov = joint_origin_covariances(UR5E, names, C)
     assert cov.shape == (7, 6, 6)
     # Monte Carlo through the exact origins: the linearisation holds at these magnitudes.
-    from cellcal.solver.identify import _apply
+    from cellcal.solver.kinematic_parameters import _apply
 
     samples = rng.multivariate_normal(np.zeros(5), C, 4000)
     O0 = joint_origins(UR5E)

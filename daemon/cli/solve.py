@@ -18,8 +18,10 @@ A station file written by ``cellcal stations`` carries what the daemon solved it
 given, the solve uses them, repeats the daemon's solve, and says how far its answer lies from
 the stored result's (``reproduces`` in ``--json``).
 
-``cellcal solve DATASET_DIR --setup intrinsics`` solves a camera dataset folder instead
-(``cellcal.daemon.cli.solve_camera``).
+``cellcal solve DATASET_DIR --setup intrinsics|eye_in_hand|eye_to_hand`` solves a camera
+dataset folder instead (``cellcal.daemon.cli.solve_camera``): the camera's intrinsics, or the
+hand-eye chain refined on the image; only there do ``-o``, ``--export`` and the other camera
+options apply (given for a station file they are refused, exit 2).
 
 Exit codes: 0 solved; 2 bad file or arguments (the message names the line); 3 the data
 cannot determine the calibration, or determine one that cannot be right (refused, with
@@ -312,6 +314,13 @@ def _quaternion_order_hint(args: argparse.Namespace, kw: _SolverKeywords, base: 
 def run(args: argparse.Namespace) -> int:
     if getattr(args, "setup", None):
         return solve_camera.run(args)
+    camera_only = solve_camera.camera_options_given(args)
+    if camera_only:
+        # a station file's solve has no output file of its own: an option it would ignore is
+        # refused rather than read as done
+        print(f"cellcal solve: {', '.join(camera_only)} apply to a camera dataset (--setup ...), not to a station "
+              "file; its result is printed (--json for the machine form; redirect it to keep it)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     try:
         return _run(args)
     except (KeyboardInterrupt, SystemExit):

@@ -1,7 +1,9 @@
 """Results as people read them: the text report of a solver result (``cellcal solve``).
 
 The HTML report is :mod:`cellcal.daemon.report.html`, the export files
-:mod:`cellcal.daemon.report.exports`, the one-line summaries :mod:`cellcal.daemon.report.human`.
+:mod:`cellcal.daemon.report.exports` (a camera hand-eye chain's ROS/URDF/easy_handeye/MoveIt files
+:mod:`cellcal.daemon.report.hand_eye_exports`), the one-line summaries
+:mod:`cellcal.daemon.report.human`.
 A result's wire form is built in ``cellcal.daemon.bodies``; its helpers are re-exported here,
 where code written before that move (the ZeroMQ contract tests among it) imports them.
 
