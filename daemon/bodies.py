@@ -197,6 +197,12 @@ def station(*, run_id: int | str, index: int, planned: int, attempt: int, accept
     return body if rejected is None else _with(body, message=message or rejected)
 
 
+def with_outcome(body: P.StationBody, outcome: str) -> P.StationBody:
+    """A rejected station's body with what follows (``outcome``: ``retrying``, ``given_up``,
+    ``dropped`` or ``run_failed``; an addition within v1, zeromq.md 4.4.3)."""
+    return _with(body, outcome=outcome)
+
+
 #: The figures of a camera station's frame its station body carries under ``frame``.
 _FRAME_FIGURES = ("n_corners", "blur_px", "exposure_s", "gain_db", "exposure_frames")
 

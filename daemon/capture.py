@@ -22,6 +22,10 @@ A station is accepted only when
    * the tracker's position is within the instrument's range, ``[tracker] max_range_mm``;
    * the tracker's value is not frozen: bit for bit the previous measurement with a fresh
      timestamp (:class:`Session`; noise makes that impossible for a live instrument);
+   * the tracker's position is not one it gave at another robot pose within the last 16
+     stations, bit for bit, whatever its std says (``Session.repeated_position``:
+     ``tracker_position_repeated``), nor a value the instrument cannot report (its driver's
+     ``ImplausibleMeasurementError``: ``tracker_value_implausible``);
    * the tracker's pose (a point tracker's point) agrees with the one predicted from the
      robot pose and the run's rough current estimate (:class:`Expected`), within a bound
      that grows with the estimate's own residuals and never falls below ``[tracker]
@@ -34,7 +38,11 @@ is None), the range, the frozen value, the FK check of the robot, and the gross 
 the position. Its record has ``cell_p_target`` and no ``cell_T_target``.
 
 Otherwise a :class:`StationRejected` names the reason (:class:`RejectReason`) and carries the
-figures. Link failures are not rejections: they raise :class:`DeviceFault` naming the device
+figures. A CiA 402 move the drive lied about (``cellcal.drivers.cia402_motion``) is
+``drive_target_mismatch`` or ``joint_not_moving``; a drive that faulted during the move is
+``drive_fault`` carried by a :class:`DeviceFault` (the station rejected, the link reopened;
+ADR 0032). The run's consensus (``cellcal.daemon.consensus``) judges the station after it is
+captured, with the run's other stations. Link failures are not rejections: they raise :class:`DeviceFault` naming the device
 at fault (a tracker measurement stamped in the future is the tracker's, not the robot's) and
 the service goes to FAULT, reconnects with backoff and retries the same station. A change of
 the controller's TCP offset or payload during a job (RTDE ``tcp_offset``/``payload``, where
@@ -80,11 +88,13 @@ from cellcal.daemon.consistency import (
 )
 from cellcal.daemon.monitor import MONITOR_LINGER_S, RobotMonitor, rest_spread, settle_config
 from cellcal.daemon.store import StationRecord
+from cellcal.drivers.cia402_motion import DriveFaultDuringMove, JointNotMoving, MoveVerificationError, TargetMismatch
 from cellcal.drivers.errors import DeviceError, DeviceGoneError, DriverError, DriverTimeoutError, ProtocolError
 from cellcal.drivers.kinematics import DHModel
 from cellcal.drivers.robot import RobotState
 from cellcal.drivers.tracker import (
     BeamBrokenError,
+    ImplausibleMeasurementError,
     NotStableError,
     TrackerBusyError,
     TrackerDriver,
@@ -257,6 +267,8 @@ class CaptureEngine:
                 self.robot.move_to(base_T_flange=planned.base_T_flange, speed=speed, wait=True, timeout_s=timeout_s)
         except DeviceGoneError as exc:
             raise DeviceFault(P.DEVICE_ROBOT, exc) from exc
+        except (MoveVerificationError, DriveFaultDuringMove) as exc:
+            raise _lying_drive(exc) from exc
         except DeviceError as exc:  # protective stop and friends: the cell said no
             if getattr(exc, "code", "") == DASHBOARD_UNAVAILABLE:
                 # Not the cell's no: the link to the controller's dashboard is down (it comes
@@ -290,6 +302,11 @@ class CaptureEngine:
         except DeviceError as exc:
             if isinstance(exc, BeamBrokenError):
                 raise StationRejected(RejectReason.BEAM_BROKEN, str(exc), {"code": exc.code}) from exc
+            if isinstance(exc, ImplausibleMeasurementError):
+                # A value the instrument cannot physically report (an angle beyond its circle):
+                # never used, and named, so a lying instrument is told from a refusing one.
+                raise StationRejected(RejectReason.TRACKER_IMPLAUSIBLE, str(exc),
+                                      {"code": exc.code, "field": exc.field}) from exc
             if isinstance(exc, TrackerBusyError):
                 raise StationRejected(RejectReason.TRACKER_REFUSED, str(exc), {"code": exc.code}) from exc
             raise StationRejected(RejectReason.TRACKER_REFUSED, str(exc), {"code": getattr(exc, "code", "")}) from exc
@@ -466,6 +483,18 @@ class CaptureEngine:
             if dt < c.min_pose_change_m and dr < c.min_pose_change_rad:
                 figures.update(duplicate_of=j, distance_m=dt, angle_rad=dr)
                 raise StationRejected(RejectReason.DUPLICATE_POSE, f"same pose as accepted station {j}", figures)
+        # 5c'. the instrument's position is not one it gave at another pose, bit for bit.
+        repeated = self.session.repeated_position([m1.cell_p_target, m2.cell_p_target], G, c.min_pose_change_m,
+                                                  c.min_pose_change_rad)
+        if repeated is not None:
+            back, moved = repeated
+            figures.update(repeated_stations_back=back, robot_moved_m=moved)
+            raise StationRejected(
+                RejectReason.TRACKER_POSITION_REPEATED,
+                f"the instrument reports, to the last bit, the position it reported {back} station(s) ago while the "
+                f"robot is {moved * 1e3:.1f} mm away from that pose: its value is stuck (whatever its std says)",
+                figures,
+            )
         # The station's tracker value: the two halves pooled (weighted by their samples).
         w1, w2 = m1.sample_count, m2.sample_count
         wsum = max(w1 + w2, 1)
@@ -530,6 +559,26 @@ def _check_expected(expected: Expected, G: np.ndarray, M: np.ndarray | None, p: 
             f"accepted stations (bound {expected.max_translation_m * 1e3:.3f} mm)",
             figures,
         )
+
+
+def _lying_drive(exc: MoveVerificationError | DriveFaultDuringMove) -> StationRejected | DeviceFault:
+    """A CiA 402 drive's account of a move that its actual position (or its statusword)
+    contradicts (``cellcal.drivers.cia402_motion``): the station is rejected with the reason
+    naming what the drive did; a drive that faulted also has its link reopened (a
+    ``DeviceFault`` carrying the rejection: the job records it, then backs off and reopens
+    the robot as for any device fault, which clears the fault through the drives' state
+    machine)."""
+    detail: dict[str, object] = {"code": exc.code, "node_id": exc.node_id, "joint": exc.joint}
+    if isinstance(exc, DriveFaultDuringMove):
+        detail.update(statusword=exc.statusword, error_code=exc.error_code, emcy_code=exc.emcy_code)
+        return DeviceFault(P.DEVICE_ROBOT, exc, rejection=StationRejected(RejectReason.DRIVE_FAULT, str(exc), detail))
+    if isinstance(exc, TargetMismatch):
+        detail.update(error_counts=exc.error_counts, window_counts=exc.window_counts)
+        return StationRejected(RejectReason.DRIVE_TARGET_MISMATCH, str(exc), detail)
+    if isinstance(exc, JointNotMoving):
+        return StationRejected(RejectReason.JOINT_NOT_MOVING, str(exc), detail)
+    # Another verification of the move failed: a move that cannot be trusted all the same.
+    return StationRejected(RejectReason.DRIVE_TARGET_MISMATCH, str(exc), detail)
 
 
 def _sampled(state: RobotState | None) -> RobotState:

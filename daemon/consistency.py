@@ -55,6 +55,17 @@ class RejectReason(str, enum.Enum):
     TRACKER_OUT_OF_RANGE = "tracker_out_of_range"
     TRACKER_FROZEN = "tracker_frozen"
     GROSS_DISAGREEMENT = "gross_disagreement"
+    # A lying device (issue 24): a drive whose account of a move disagrees with its actual
+    # position, a drive that faulted during the move (the robot link is then reopened), a
+    # value the instrument cannot physically report, an instrument position repeated bit
+    # for bit at another robot pose, a station far beyond the run's consensus fit.
+    DRIVE_TARGET_MISMATCH = "drive_target_mismatch"
+    JOINT_NOT_MOVING = "joint_not_moving"
+    DRIVE_FAULT = "drive_fault"
+    TRACKER_IMPLAUSIBLE = "tracker_value_implausible"
+    TRACKER_POSITION_REPEATED = "tracker_position_repeated"
+    CONSENSUS_OUTLIER = "consensus_outlier"
+    CONSENSUS_SPLIT = "consensus_split"
     # A camera station's (cellcal.daemon.camera_capture, ADR 0030):
     NO_TARGET = "no_target_in_view"
     TOO_FEW_CORNERS = "too_few_corners"
@@ -78,12 +89,16 @@ class DeviceFault(CellcalError):
 
     ``ends_job`` is True when what the job's stations rest on changed (the controller's TCP
     offset or payload, :func:`settings_changed`): reconnecting does not help, the job ends.
+    ``rejection``, when set, is the station's rejection as well (a drive that faulted during
+    the move: the station is rejected with its reason, and the link is reopened).
     """
 
-    def __init__(self, device: P.DeviceName, cause: BaseException, *, ends_job: bool = False) -> None:
+    def __init__(self, device: P.DeviceName, cause: BaseException, *, ends_job: bool = False,
+                 rejection: StationRejected | None = None) -> None:
         self.device = device
         self.cause = cause
         self.ends_job = ends_job
+        self.rejection = rejection
         super().__init__(f"{device}: {cause}")
 
 
@@ -149,6 +164,8 @@ class Session:
         self._last: tuple[tuple[bytes | int | None, ...], float] | None = None
         self._in_job = False
         self._robot: RobotKey | None = None
+        # The last stations' instrument positions (each half's bytes) and robot poses.
+        self._positions: list[tuple[list[bytes], np.ndarray]] = []
 
     def new_job(self, robot: RobotKey | None = None) -> None:
         """Forget the job's settings baseline (and a change seen before the job began);
@@ -212,6 +229,39 @@ class Session:
         with self._lock:
             prev, self._last = self._last, (sig, float(m.t_device_s))
         return prev is not None and prev[0] == sig and prev[1] != float(m.t_device_s)
+
+
+    def repeated_position(self, positions: list[np.ndarray], base_T_flange: np.ndarray, min_change_m: float,
+                          min_change_rad: float) -> tuple[int, float] | None:
+        """Whether one of a station's instrument positions (its averaging halves',
+        ``cell_p_target``, m) repeats, bit for bit, one of the last
+        :data:`RECENT_POSITIONS` stations' measured at another robot pose (farther than
+        ``min_change_m`` or ``min_change_rad`` from ``base_T_flange``): ``(stations back,
+        distance between the two robot poses in m)``, else None. The station is then
+        remembered either way.
+
+        An instrument that keeps its position while it freshens its standard deviations
+        and timestamps escapes :meth:`is_frozen`; a live one cannot give one position to
+        the last bit at two poses (its noise, and the poses differ by the pose-change
+        minimum at least)."""
+        keys = [np.asarray(p, dtype=np.float64).tobytes() for p in positions]
+        G = np.asarray(base_T_flange, dtype=float)
+        found: tuple[int, float] | None = None
+        with self._lock:
+            for back, (old_keys, G_old) in enumerate(reversed(self._positions), start=1):
+                if not set(keys) & set(old_keys):
+                    continue
+                dt = float(np.linalg.norm(G_old[:3, 3] - G[:3, 3]))
+                if dt > min_change_m or rotation_angle(G_old[:3, :3].T @ G[:3, :3]) > min_change_rad:
+                    found = (back, dt)
+                    break
+            self._positions.append((keys, G.copy()))
+            del self._positions[:-RECENT_POSITIONS]
+        return found
+
+
+#: How many stations' instrument positions :meth:`Session.repeated_position` compares with.
+RECENT_POSITIONS = 16
 
 
 def _signature(m: TrackerMeasurement) -> tuple[bytes | int | None, ...]:

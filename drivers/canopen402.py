@@ -2036,7 +2036,16 @@ class Cia402Driver(RobotDriver):
             with self._lock:
                 watch = self._watch
                 left = sorted(self._left_enabled)
+                sws = [int(v) for v in self._statuswords]
             assert watch is not None
+            # A drive that left OPERATION ENABLED because it faulted (its statusword seen on a
+            # sample before this move's watch existed, e.g. between two set-points) is a
+            # fault during the move, not a drive that was merely disabled.
+            faulted = [(n, sws[self.nodes.index(n)]) for n in left
+                       if sws[self.nodes.index(n)] & Statusword.FAULT]
+            if watch.fault is None and faulted:
+                self._halt_quietly()
+                raise self._fault_during_move(faulted[0][0], faulted[0][1], "during the move")
             if watch.fault is not None:
                 f = watch.fault
                 self._halt_quietly()

@@ -31,7 +31,7 @@ from cellcal.drivers.geocom_codec import RC, MeasureProgram, Rpc
 from cellcal.drivers.tracker_codec import NakCode
 from cellcal.sim.instrument import InstrumentModel
 from cellcal.sim.link import LinkServer, Transport
-from cellcal.sim.scenario import TrackerConfig
+from cellcal.sim.scenario import FaultKind, TrackerConfig
 from cellcal.sim.world import World
 
 __all__ = ["GeocomDevice", "SimGeocom", "DEFAULT_EDM_TIME_S", "GEOCOM_VERSION"]
@@ -304,6 +304,9 @@ class GeocomDevice:
         s = self.model.measure(t, edm.n)
         edm.xyz = (float(s.xyz_m[0]), float(s.xyz_m[1]), float(s.xyz_m[2]))
         edm.hz, edm.v, edm.d = gc.polar_from_cartesian(s.xyz_m)
+        for f in self.model.config.faults:
+            if f.kind is FaultKind.WILD_ANGLE and f.active(t):
+                edm.hz += f.value_rad  # legal as a double on the wire, beyond any circle
         edm.rc = RC.OK
 
 

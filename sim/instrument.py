@@ -200,6 +200,13 @@ class InstrumentModel:
         self._breaks: list[tuple[float, float]] = []  # random beam breaks, sim seconds
         self._break_starts: list[float] = []  # their starts, for bisection
         self._breaks_until = 0.0
+        # Value faults of the instrument model (frozen_position, fixed_reflector,
+        # wrong_reflector): the position a fault holds, and the target's moves counted
+        # (a station is a rest between two moves; every second one sees the wrong reflector).
+        self._held: dict[FaultKind, np.ndarray] = {}
+        self._moves = 0
+        self._last_true: np.ndarray | None = None
+        self._last_xyz: np.ndarray | None = None
 
     @property
     def noise_model(self) -> TrackerNoiseModel:
@@ -330,6 +337,38 @@ class InstrumentModel:
         return cov / self.independent_samples(n)
 
     # -- measuring -------------------------------------------------------------------------
+    #: The target moving farther than this between two measurements is a new station.
+    STATION_MOVE_M = 2e-3
+
+    def _value_faults(self, t_s: float, p_true: np.ndarray, xyz: np.ndarray,
+                      std_m: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """A measured position (and its std) as the active value faults make it (legal on
+        every wire, wrong in substance: only the consumer's checks can tell)."""
+        if self._last_true is None or float(np.linalg.norm(p_true - self._last_true)) > self.STATION_MOVE_M:
+            self._moves += 1
+        self._last_true = p_true.copy()
+        for f in self.config.faults:
+            if not f.active(t_s):
+                self._held.pop(f.kind, None)
+        if self.active(FaultKind.FIXED_REFLECTOR, t_s):
+            # Stuck on one reflector, where the target was at the first measurement in the
+            # fault: the noise is the instrument's own, so no value repeats.
+            fixed = self._held.setdefault(FaultKind.FIXED_REFLECTOR, p_true.copy())
+            xyz = xyz - p_true + fixed
+        for f in self.config.faults:
+            if f.kind is FaultKind.WRONG_REFLECTOR and f.active(t_s) and self._moves % f.every == 0:
+                xyz = xyz + np.array([f.offset_mm * 1e-3, 0.0, 0.0])
+        if self.active(FaultKind.FROZEN_POSITION, t_s):
+            # The position of the last measurement before the fault (or the first in it) bit
+            # for bit, while the reported std keeps changing (a firmware that re-sends its
+            # last coordinate with a fresh quality figure).
+            held = self._held.setdefault(FaultKind.FROZEN_POSITION,
+                                         xyz.copy() if self._last_xyz is None else self._last_xyz.copy())
+            xyz = held.copy()
+            std_m = std_m * (1.0 + 0.2 * self.rng.random(3))
+        self._last_xyz = xyz.copy()
+        return xyz, std_m
+
     def measure(self, t_s: float, n: int, *, pose: bool = False) -> Sample:
         """The average of ``n`` samples at ``t_s``: truth with the refraction scale error,
         plus noise of the covariance :meth:`covariance` (orientation noise about the
@@ -348,6 +387,7 @@ class InstrumentModel:
         if outlier:
             xyz = xyz + self._outlier_rng.normal(0.0, c.outlier_m, 3)
         std_m = np.sqrt(np.diag(cov))
+        xyz, std_m = self._value_faults(t_s, p_true, xyz, std_m)
         near = bool(np.linalg.norm(p_true - c.cell_p_instrument) > NEAR_RANGE_FRACTION * c.max_range_m)
         T_meas = std_rad = None
         if pose:

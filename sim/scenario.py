@@ -65,6 +65,11 @@ class FaultKind(str, enum.Enum):
     FROZEN = "frozen"  # measurements repeat the last one bit for bit, freshly stamped
     WILD_VALUE = "wild_value"  # measurements report x = value_mm (legal on the wire, absurd)
     FUTURE_TIMESTAMP = "future_timestamp"  # measurements stamped offset_s ahead of the device clock
+    # Value faults of the shared instrument model (every protocol), issue 24:
+    FROZEN_POSITION = "frozen_position"  # the position repeats bit for bit; std and stamps fresh
+    FIXED_REFLECTOR = "fixed_reflector"  # the instrument stays on one point (with its noise)
+    WRONG_REFLECTOR = "wrong_reflector"  # every second station measures a reflector offset_mm away
+    WILD_ANGLE = "wild_angle"  # GeoCOM: the Hz angle reported value_rad beyond the measured one
 
 
 # kind -> extra keys it accepts, with defaults
@@ -78,6 +83,10 @@ _FAULT_EXTRA: dict[FaultKind, dict[str, Any]] = {
     FaultKind.FROZEN: {},
     FaultKind.WILD_VALUE: {"value_mm": 999_999_999.0},
     FaultKind.FUTURE_TIMESTAMP: {"offset_s": 30.0},
+    FaultKind.FROZEN_POSITION: {},
+    FaultKind.FIXED_REFLECTOR: {},
+    FaultKind.WRONG_REFLECTOR: {"offset_mm": 25.0, "every": 2},
+    FaultKind.WILD_ANGLE: {"value_rad": 100.0},
 }
 
 
@@ -87,7 +96,9 @@ class FaultConfig:
 
     ``burst_bytes`` and ``corrupt_probability`` apply to ``garbage``; ``byte_interval_ms``
     (device milliseconds between bytes) to ``trickle``; ``value_mm`` (the x coordinate
-    reported) to ``wild_value``; ``offset_s`` (device seconds ahead) to ``future_timestamp``.
+    reported) to ``wild_value``; ``offset_s`` (device seconds ahead) to ``future_timestamp``;
+    ``offset_mm`` (the wrong reflector's distance from the right one, along cell +x) and
+    ``every`` (every how many stations see it) to ``wrong_reflector``; ``value_rad`` (added to the Hz angle) to ``wild_angle``.
     """
 
     kind: FaultKind
@@ -98,6 +109,9 @@ class FaultConfig:
     byte_interval_ms: float = 5.0
     value_mm: float = 999_999_999.0
     offset_s: float = 30.0
+    offset_mm: float = 25.0
+    every: int = 2
+    value_rad: float = 100.0
 
     @property
     def end_s(self) -> float:
@@ -500,6 +514,9 @@ def _fault(t: _Table) -> FaultConfig:
         "byte_interval_ms": _positive,
         "value_mm": _float_range(-999_999_999.0, 999_999_999.0),
         "offset_s": _float_range(-1e6, 1e6),
+        "offset_mm": _float_range(-1e5, 1e5),
+        "every": _int_range(2, 1000),
+        "value_rad": _float_range(-1e6, 1e6),
     }
     for key, default in extra.items():
         kw[key] = t.take(key, convs[key], default=default)

@@ -23,7 +23,9 @@ second base, so callers that catch it keep working (every timeout is also a
     |   +-- InsufficientTilt             intrinsics: the target views are (nearly) parallel to
     |   |                                the image or all tilted about one axis (ADR 0022)
     |   +-- InsufficientCoverage         intrinsics: the corners cover too little of the image
-    |                                    to determine the distortion (ADR 0022)
+    |   |                                to determine the distortion (ADR 0022)
+    |   +-- PlanRefused                  daemon.runs.base: a run's plan cannot determine its
+    |                                    kind (no pivot motion ...): refused before the first move
     +-- TargetFileError (ValueError)     a calibration-target file that cannot be read (the key
     |                                    named: ``target.square_mm``; ADR 0021)
     +-- DriverError                      cellcal.drivers.errors: talking to a device failed

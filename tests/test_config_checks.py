@@ -40,6 +40,8 @@ def _err(text: str) -> ConfigError:
     ("tracker.settle", "max_std_mm", "1000"), ("drift", "fail_mm", "1e9"), ("drift", "fail_deg", "360"),
     ("drift", "cusum_h_mm", "0"), ("drift", "interval_s", "0.001"), ("capture", "max_attempts_per_station", "100000"),
     ("plan", "n_stations", "1000000"), ("zmq", "ipc_socket_mode", "0o777"),
+    ("tracker", "consensus_error_mm", "0"), ("tracker", "consensus_error_mm", "1e9"),
+    ("tracker", "consensus_error_deg", "0"), ("tracker", "consensus_error_deg", "90"),
 ])
 def test_values_that_would_switch_a_gate_off_are_refused_under_their_key(section, key, value):
     e = _err(f"{BASE}[{section}]\n{key} = {value}\n")

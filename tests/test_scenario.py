@@ -106,6 +106,25 @@ kind = "future_timestamp"
 start_s = 9.0
 duration_s = 0.5
 offset_s = 12.5
+[[tracker.faults]]
+kind = "frozen_position"
+start_s = 10.0
+duration_s = 0.5
+[[tracker.faults]]
+kind = "fixed_reflector"
+start_s = 11.0
+duration_s = 0.5
+[[tracker.faults]]
+kind = "wrong_reflector"
+start_s = 12.0
+duration_s = 0.5
+offset_mm = 40.0
+every = 3
+[[tracker.faults]]
+kind = "wild_angle"
+start_s = 13.0
+duration_s = 0.5
+value_rad = -7.5
 [[drift]]
 at_s = 10.0
 delta_xyz_m = [0.001, 0.0, 0.0]
@@ -137,6 +156,7 @@ def test_full_scenario_every_key():
     assert [f.kind for f in t.faults] == list(FaultKind)
     assert t.faults[4].burst_bytes == 10 and t.faults[5].byte_interval_ms == 2.0
     assert t.faults[7].value_mm == 1e6 and t.faults[8].offset_s == 12.5
+    assert t.faults[11].offset_mm == 40.0 and t.faults[11].every == 3 and t.faults[12].value_rad == -7.5
     assert sc.robot == {"kind": "ur_rtde", "joints": {"offsets_rad": [0.0] * 6}}
     np.testing.assert_allclose(sc.truth.base_T_flange[:3, 3], [0.3, 0.1, 0.5])
 

@@ -291,3 +291,51 @@ def test_the_sim_noise_model_matches_the_solver_one_when_the_solver_has_it():
     p = np.array([[2.5, -0.8, 0.4], [1.0, 3.0, 0.2]])
     np.testing.assert_allclose(TrackerNoiseModel(**kw).point_covariance(p), solver.TrackerNoiseModel(**kw).point_covariance(p),
                                rtol=1e-12)
+
+
+# ---- value faults of the instrument model (issue 24) -------------------------------------------
+
+def _faulted(kind: str, extra: str = ""):
+    tracker = (f"noise_mm = 0.01\nnoise_deg = 0.001\n[[tracker.faults]]\nkind = \"{kind}\"\nstart_s = 0.0\n"
+               f"duration_s = 1e9\n{extra}")
+    return _instrument(tracker)
+
+
+def _stations(cell, inst, n: int):
+    """Two averaging halves at each of ``n`` poses, as the daemon takes a station."""
+    out = []
+    for i in range(n):
+        cell.move(Q0 + np.deg2rad([5.0 * (i + 1), 3.0, -4.0, 2.0, 6.0, -5.0]) * (1 if i % 2 else -1))
+        t = cell.now_s()
+        cell.robot._write_world(t)  # the world's target where the arm now is (as OfflineCell.measure does)
+        out.append((cell.world.cell_T_target(t)[:3, 3], inst.measure(t, 50), inst.measure(t, 50)))
+    return out
+
+
+def test_frozen_position_repeats_the_position_bit_for_bit_while_the_std_changes():
+    cell, inst = _faulted("frozen_position")
+    st = _stations(cell, inst, 3)
+    xyz = {m.xyz_m.tobytes() for _p, a, b in st for m in (a, b)}
+    assert len(xyz) == 1  # one position, at three poses
+    assert len({m.std_m.tobytes() for _p, a, b in st for m in (a, b)}) == 6  # a fresh std every time
+
+
+def test_a_fixed_reflector_stays_on_one_point_with_its_noise():
+    cell, inst = _faulted("fixed_reflector")
+    st = _stations(cell, inst, 3)
+    first = st[0][0]
+    for _p_true, a, b in st:
+        for m in (a, b):
+            assert np.linalg.norm(m.xyz_m - first) < 0.1e-3  # stuck on the first point
+    assert np.linalg.norm(st[2][0] - first) > 10e-3  # while the target moved away
+    assert len({m.xyz_m.tobytes() for _p, a, b in st for m in (a, b)}) == 6  # never repeated
+
+
+def test_a_wrong_reflector_is_measured_on_every_second_station_both_halves_alike():
+    cell, inst = _faulted("wrong_reflector", "offset_mm = 25.0\n")
+    st = _stations(cell, inst, 4)
+    for i, (p_true, a, b) in enumerate(st):
+        for m in (a, b):
+            off = m.xyz_m - p_true
+            want = np.array([25e-3, 0.0, 0.0]) if i % 2 else np.zeros(3)
+            assert np.linalg.norm(off - want) < 0.1e-3, (i, off)

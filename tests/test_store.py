@@ -336,6 +336,27 @@ def test_rejections_are_kept_in_order_with_their_figures(store):
         store.add_rejection(run, 4, "", {})
 
 
+def test_a_dropped_station_leaves_the_run_with_its_reason_and_only_an_open_run_drops(store):
+    run = new_run(store)
+    for i in range(3):
+        store.add_station(run, make_station(i))
+    store.drop_station(run, 1, "consensus_outlier", {"deviation_m": 0.025})
+    assert store.station_indices(run) == [0, 2] and [s.plan_index for s in store.stations(run)] == [0, 2]
+    rej = store.rejections(run)
+    assert [(r.plan_index, r.reason) for r in rej] == [(1, "consensus_outlier")]
+    assert rej[0].detail == {"deviation_m": 0.025, "dropped": True}
+    with pytest.raises(UnknownRecord, match="no station"):
+        store.drop_station(run, 1, "consensus_outlier", {})  # already gone: nothing written
+    assert len(store.rejections(run)) == 1
+    with pytest.raises(ValueError, match="reason"):
+        store.drop_station(run, 0, "", {})
+    store.add_station(run, make_station(1))  # the plan index may be captured again
+    store.set_run_status(run, RunStatus.DONE, "done")
+    with pytest.raises(RunClosed):
+        store.drop_station(run, 0, "consensus_outlier", {})
+    assert store.station_indices(run) == [0, 1, 2]
+
+
 # ---- results ---------------------------------------------------------------------------
 
 

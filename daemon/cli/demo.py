@@ -55,6 +55,7 @@ from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.cli.examples import example_path
 from cellcal.daemon.cli.instruments import config_overrides, start_simulated
 from cellcal.daemon.config import Config, ConfigError, load_config
+from cellcal.daemon.report import human
 from cellcal.daemon.report.html import export_report
 from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
 from cellcal.daemon.service import Service
@@ -258,8 +259,8 @@ def run(args: argparse.Namespace) -> int:
                          f"(tracker std {1e3 * to_float(s.get('tracker_std_translation_m') or 0):.4f} mm, "
                          f"robot at rest {s.get('robot_rest_s', 0):.2f} s)")
                 else:
-                    _say(f"[{el:6.1f} s] station {to_int(body['index']) + 1:2d}/{body['planned']}: rejected, {body['reason']} "
-                         f"(attempt {body.get('attempt')}), retrying")
+                    _say(f"[{el:6.1f} s] station {to_int(body['index']) + 1:2d}/{body['planned']}: "
+                         f"{human.outcome_words(body)}, {body['reason']}")
             elif topic == P.TOPIC_RESULT:
                 outcome["result"] = body
                 done.set()

@@ -83,6 +83,10 @@ def _describe(name: str, b: Mapping[str, object]) -> str:
     if name == "station":
         s = as_map(b.get("settle"), "settle")
         verdict = "accepted" if b.get("accepted") else f"REJECTED ({b.get('reason')})"
+        if not b.get("accepted") and b.get("outcome") in ("given_up", "dropped"):
+            # The station is lost to the run: say so, and why (the message names the figures).
+            verdict = (f"{str(b['outcome']).upper().replace('_', ' ')} ({b.get('reason')}): "
+                       f"{b.get('message') or b.get('reason')};")
         index = _number(b.get("index", 0), "index")
         return (f"run={b.get('run_id')} {index + 1}/{b.get('planned', '?')} attempt {b.get('attempt', 1)} "
                 f"{verdict} rest={s.get('robot_rest_s', 0):.2f}s tracker_std={_mm(s.get('tracker_std_translation_m'))}")

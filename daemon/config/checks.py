@@ -180,6 +180,8 @@ def _validate(c: Config) -> None:
         ("tracker.max_range_mm", c.tracker.max_range_m / _MM, 1.0, 1e6),
         ("tracker.gross_error_mm", c.tracker.gross_error_m / _MM, 1e-3, 1000.0),
         ("tracker.gross_error_deg", c.tracker.gross_error_rad / _DEG, 1e-3, 45.0),
+        ("tracker.consensus_error_mm", c.tracker.consensus_error_m / _MM, 1e-3, 1000.0),
+        ("tracker.consensus_error_deg", c.tracker.consensus_error_rad / _DEG, 1e-3, 45.0),
     ):
         if not lo <= v <= hi:
             raise ConfigError(path, f"must be in [{lo:g}, {hi:g}], got {v:g}")

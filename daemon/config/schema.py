@@ -111,6 +111,9 @@ class Tracker:
     max_range_m: float = _f(80.0, "max_range_mm", _MM, doc="farthest distance the instrument measures")
     gross_error_m: float = _f(25e-3, "gross_error_mm", _MM, doc="floor of the gross-disagreement bound")
     gross_error_rad: float = _f(math.radians(2.0), "gross_error_deg", _DEG)
+    consensus_error_m: float = _f(5e-3, "consensus_error_mm", _MM,
+                                  doc="a station farther from the run's consensus fit is re-measured, then dropped")
+    consensus_error_rad: float = _f(math.radians(0.5), "consensus_error_deg", _DEG)
     settle: TrackerSettle = field(default_factory=TrackerSettle, metadata=key("settle"))
     options: DriverOptions = _f({}, "options", doc="passed to cellcal.drivers.connect_tracker")
 

@@ -10,11 +10,14 @@ the same for every kind:
 3. **Capture**, station by station (``RunKind.visit``: the plan's stations not yet committed,
    or in ``observe`` mode whatever pose the cell's program rests at): in command mode the robot
    is moved, then the kind captures (``RunKind.capture``) against its rough estimate
-   (``RunKind.estimate``). A station is committed in one transaction the moment it is
-   accepted; a rejection is stored and published, retried up to ``[capture]
-   max_attempts_per_station`` times (then given up), and ``max_consecutive_rejections`` in a
-   row end the run; a device fault is ridden out with backoff (``JobControl``); a change of
-   the controller's TCP or payload ends the run.
+   (``RunKind.estimate``), and the captured station is judged with the accepted ones by the
+   run's consensus (``RunKind.screen``, ADR 0032: accepted stations beyond it are dropped
+   from the store). A station is committed in one transaction the moment it is accepted; a
+   rejection is stored and published with its ``outcome``, retried up to ``[capture]
+   max_attempts_per_station`` times (a consensus outlier: twice), then given up, and
+   ``max_consecutive_rejections`` in a row end the run; a device fault is ridden out with
+   backoff (``JobControl``), and a drive that faulted during the move is both (its station
+   rejected, its link reopened); a change of the controller's TCP or payload ends the run.
 4. **Solve** (``RunKind.solve``, interruptible): a ``DegenerateGeometry`` in command mode gets
    the kind's extra station (``RunKind.extra_station``), up to ``[plan] max_extra_stations``;
    any other refusal fails the run with its reason.
@@ -26,7 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from cellcal.daemon import bodies, runs
 from cellcal.daemon import capture as cap
@@ -43,7 +46,25 @@ from cellcal.solver import CalibrationError, DegenerateGeometry
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunJob"]
+__all__ = ["RunJob", "OUTCOME_RETRY", "OUTCOME_GIVEN_UP", "OUTCOME_DROPPED", "OUTCOME_RUN_FAILED"]
+
+#: What follows a rejected station (its event's ``outcome``, docs/protocols/zeromq.md 4.4.3):
+#: it is measured again, given up (the run goes on without it), dropped from the run after
+#: it was accepted (the consensus test), or the run fails (too many rejections in a row).
+OUTCOME_RETRY = "retrying"
+OUTCOME_GIVEN_UP = "given_up"
+OUTCOME_DROPPED = "dropped"
+OUTCOME_RUN_FAILED = "run_failed"
+
+
+def _attempts_for(rej: cap.StationRejected, configured: int) -> int:
+    """Attempts a station gets after ``rej``: a station beyond the run's consensus is
+    measured once more, then given up (a wrong reflector stays locked at one pose)."""
+    return min(configured, CONSENSUS_ATTEMPTS) if rej.reason is cap.RejectReason.CONSENSUS_OUTLIER else configured
+
+
+#: Attempts at a station the consensus test rejects (ADR 0032): the first, and one re-measurement.
+CONSENSUS_ATTEMPTS = 2
 
 
 class RunJob:
@@ -135,30 +156,45 @@ class RunJob:
                     if not observe:
                         engine.move_to(ps, self.control.abort)
                     rec = kind.capture(engine, ps, records, self.control.abort, expected)
-                except cap.StationRejected as rej:
-                    self.control.check_abort()
-                    attempts += 1
-                    consecutive += 1
-                    self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.json_object(rej.detail))
-                    self._station_event(bodies.station(
-                        run_id=run_id, index=ps.index, planned=n_planned, attempt=attempts,
-                        accepted_count=len(records), figures=rej.detail, rejected=rej.reason.value, message=str(rej),
-                    ))
-                    self.control.progress()
-                    if consecutive >= c.max_consecutive_rejections:
-                        msg = f"{consecutive} stations in a row rejected (last: {rej.reason.value})"
-                        self.store.set_run_status(run_id, RunStatus.FAILED, msg)
-                        self.control.fault(msg)
-                        return False
-                    if attempts >= c.max_attempts_per_station and not observe:
-                        break  # give this station up, go on with the plan
-                    continue
-                except cap.DeviceFault as df:
-                    if df.ends_job:
+                    screened = kind.screen(self.ctx, records, rec)
+                    if screened is not None:
+                        if screened.drop:
+                            self._drop(run_id, screened.drop, records, n_planned)
+                            expected = kind.estimate(self.ctx, records)
+                        if screened.ends_run and screened.rejection is not None:
+                            split = screened.rejection  # two consistent groups: no honest result
+                            self._rejected(run_id, ps.index, split, attempt=attempts + 1, planned=n_planned,
+                                           accepted=len(records), outcome=OUTCOME_RUN_FAILED)
+                            self.store.set_run_status(run_id, RunStatus.FAILED, str(split))
+                            self.control.fault(f"run {run_id} failed: {split}", split, device=P.DEVICE_TRACKER)
+                            return False
+                        if screened.rejection is not None:
+                            raise screened.rejection
+                except (cap.StationRejected, cap.DeviceFault) as exc:
+                    df = exc if isinstance(exc, cap.DeviceFault) else None
+                    if df is not None and df.ends_job:
                         self._invalidated(run_id, df)
                         return False
-                    engine = self.control.after_device_fault(df, what, kind.needs_tracker, P.STATE_CAPTURING,
-                                                             need_camera=kind.needs_camera)
+                    rej = exc if isinstance(exc, cap.StationRejected) else (df.rejection if df is not None else None)
+                    if rej is not None:
+                        self.control.check_abort()
+                        attempts += 1
+                        consecutive += 1
+                        ends_run = consecutive >= c.max_consecutive_rejections
+                        given_up = attempts >= _attempts_for(rej, c.max_attempts_per_station) and not observe
+                        self._rejected(run_id, ps.index, rej, attempt=attempts, planned=n_planned,
+                                       accepted=len(records), outcome=(OUTCOME_RUN_FAILED if ends_run else
+                                                                       OUTCOME_GIVEN_UP if given_up else OUTCOME_RETRY))
+                        if ends_run:
+                            msg = f"{consecutive} stations in a row rejected (last: {rej.reason.value})"
+                            self.store.set_run_status(run_id, RunStatus.FAILED, msg)
+                            self.control.fault(msg)
+                            return False
+                    if df is not None:  # the link is reopened (a drive fault: after its rejection)
+                        engine = self.control.after_device_fault(df, what, kind.needs_tracker, P.STATE_CAPTURING,
+                                                                 need_camera=kind.needs_camera)
+                    if rej is not None and attempts >= _attempts_for(rej, c.max_attempts_per_station) and not observe:
+                        break  # give this station up, go on with the plan
                     continue
                 self.store.add_station(run_id, rec)  # one transaction: the station is safe now
                 records.append(rec)
@@ -172,6 +208,29 @@ class RunJob:
                 break
             ps = next(stations, None)
         return True
+
+    def _rejected(self, run_id: int, index: int, rej: cap.StationRejected, *, attempt: int, planned: int,
+                  accepted: int, outcome: str) -> None:
+        """A rejected capture: stored with its figures, and published (and logged) with what
+        happens next (``outcome``: the station is retried, given up, or the run fails)."""
+        self.store.add_rejection(run_id, index, rej.reason.value, cap.json_object(rej.detail))
+        self._station_event(bodies.with_outcome(bodies.station(
+            run_id=run_id, index=index, planned=planned, attempt=attempt, accepted_count=accepted,
+            figures=rej.detail, rejected=rej.reason.value, message=str(rej),
+        ), outcome))
+        self.control.progress()
+
+    def _drop(self, run_id: int, drop: Sequence[tuple[StationRecord, cap.StationRejected]],
+              records: list[StationRecord], planned: int) -> None:
+        """Accepted stations the run's consensus finds beyond it: out of the store (recorded
+        as rejections), out of ``records``, and announced (``outcome`` ``dropped``)."""
+        for st, rej in drop:
+            self.store.drop_station(run_id, st.plan_index, rej.reason.value, cap.json_object(rej.detail))
+            records.remove(st)
+            self._station_event(bodies.with_outcome(bodies.station(
+                run_id=run_id, index=st.plan_index, planned=planned, attempt=1, accepted_count=len(records),
+                figures=rej.detail, rejected=rej.reason.value, message=str(rej),
+            ), OUTCOME_DROPPED))
 
     def _invalidated(self, run_id: int, inv: cap.DeviceFault) -> None:
         """The controller's TCP or payload changed: the run cannot go on; it fails, named."""
@@ -250,6 +309,10 @@ class RunJob:
                 if df.ends_job:
                     self._invalidated(run_id, df)
                     return False
+                if df.rejection is not None:
+                    attempt += 1
+                    self.store.add_rejection(run_id, ps.index, df.rejection.reason.value,
+                                             cap.json_object(df.rejection.detail))
                 engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
                                                          need_camera=kind.needs_camera)
                 continue
@@ -285,6 +348,9 @@ class RunJob:
                 except cap.DeviceFault as df:
                     if df.ends_job:
                         raise
+                    if df.rejection is not None:
+                        self.store.add_rejection(run_id, ps.index, df.rejection.reason.value,
+                                                 cap.json_object(df.rejection.detail))
                     engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
                                                          need_camera=kind.needs_camera)
                     continue

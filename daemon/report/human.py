@@ -128,8 +128,25 @@ def station_line(body: Mapping[str, object]) -> str:
             seen = f"tracker std {_mm(s.get('tracker_std_translation_m'), 4)}"
         return (f"{where} accepted (attempt {body.get('attempt', 1)}, {body.get('accepted_count', '?')} accepted so "
                 f"far; {rest_text}, {seen})")
-    return (f"{where} rejected on attempt {body.get('attempt', 1)} ({body.get('reason')}): "
+    return (f"{where} {outcome_words(body)} ({body.get('reason')}): "
             f"{body.get('message') or body.get('reason')}")
+
+
+#: A rejected station's ``outcome`` (its station event, zeromq.md 4.4.3) in words.
+_OUTCOME_WORDS = {
+    "retrying": "rejected on attempt {attempt}, measuring it again",
+    "given_up": "GIVEN UP after {attempt} attempts",
+    "dropped": "DROPPED from the run after it was accepted",
+    "run_failed": "rejected on attempt {attempt}; the run fails",
+}
+
+
+def outcome_words(body: Mapping[str, object]) -> str:
+    """What became of a rejected station, in words (its event's ``outcome``; events
+    without one, from older daemons: "rejected on attempt N")."""
+    attempt = body.get("attempt", 1)
+    words = _OUTCOME_WORDS.get(str(body.get("outcome") or ""), "rejected on attempt {attempt}")
+    return words.format(attempt=attempt)
 
 
 def result_line(body: Mapping[str, object], *, exports: str | None = None, report: str | None = None) -> str:

@@ -17,7 +17,9 @@ The methods, in the order of a run:
   determine the calibration whatever it measures);
 * :meth:`RunKind.capture` (one station: the capture policy and what the station records),
   :meth:`RunKind.estimate` (the run's rough current fit a new station must agree with: the
-  gross-error test), :meth:`RunKind.visit` (the stations to visit, to a target or as planned);
+  gross-error test), :meth:`RunKind.screen` (the robust test of a captured station against
+  the run's consensus: stations dropped, the new one rejected), :meth:`RunKind.visit` (the
+  stations to visit, to a target or as planned);
 * :meth:`RunKind.solve` (may raise ``DegenerateGeometry``), :meth:`RunKind.extra_station`
   (the station that fixes a degenerate direction, measured instead of failing),
   :meth:`RunKind.solve_given` (stations a client supplied);
@@ -42,11 +44,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Protocol, TypeAlias
 
+import numpy as np
+
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import CaptureEngine, Expected
 from cellcal.daemon.config import Config, Export
+from cellcal.daemon.consensus import Screened
 from cellcal.daemon.gates import GateReport
-from cellcal.daemon.runs.plan import PlannedStation
+from cellcal.daemon.runs.plan import PlannedStation, plan_from_dict
 from cellcal.daemon.store import RunRecord, StationRecord, Store
 from cellcal.drivers.kinematics import DHModel
 from cellcal.solver import CalibrationError, CalibrationResult, DegenerateGeometry, IntrinsicsResult, KinematicResult
@@ -54,8 +59,8 @@ from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["RunKind", "RunContext", "Finished", "Measure", "ReportParts", "SolverResult", "ResultBody", "as_calibration",
-           "as_kinematic", "as_intrinsics"]
+__all__ = ["RunKind", "RunContext", "PlanRefused", "planned_poses", "Screened", "Finished", "Measure", "ReportParts",
+           "SolverResult", "ResultBody", "as_calibration", "as_kinematic", "as_intrinsics"]
 
 #: A solver result (``cellcal.solver.CalibrationResult``, ``KinematicResult`` or
 #: ``IntrinsicsResult``): what :meth:`RunKind.solve` returns and :meth:`RunKind.finish` turns
@@ -151,6 +156,32 @@ class ReportParts:
     stations: Sequence[StationRecord | Mapping[str, object]] | None = None
 
 
+class PlanRefused(CalibrationError):
+    """A run's plan cannot determine its kind whatever the stations measure (a tool point
+    whose planned poses hold no point fixed, ...): refused before the first move
+    (:meth:`RunKind.check_plan`), the message naming why."""
+
+
+def planned_poses(ctx: RunContext, run: RunRecord) -> np.ndarray | None:
+    """The flange poses ``base_T_flange`` (N, 4, 4), m, the daemon will move the robot to for
+    ``run``'s plan (a station's pose, else forward kinematics of its joints), or None when
+    it moves nothing (observe mode, a run of given stations) or a station has neither."""
+    if not ctx.commands_robot or "stations" not in run.plan:
+        return None
+    poses = []
+    for ps in plan_from_dict(run.plan):
+        if ps.base_T_flange is not None:
+            poses.append(np.asarray(ps.base_T_flange, dtype=float))
+        elif ps.q_rad is not None:
+            model = ctx.model_or_none()
+            if model is None:
+                return None
+            poses.append(np.asarray(model.forward(ps.q_rad), dtype=float))
+        else:
+            return None
+    return np.array(poses).reshape(-1, 4, 4) if poses else None
+
+
 class RunKind(abc.ABC):
     """One kind of calibration run (module docstring). Subclasses set :attr:`name` and
     implement :meth:`plan`, :meth:`capture`, :meth:`solve` and :meth:`finish`."""
@@ -190,6 +221,13 @@ class RunKind(abc.ABC):
 
     def estimate(self, ctx: RunContext, records: Sequence[StationRecord]) -> Expected | None:
         """The run's rough current fit the next station must agree with (None: none yet)."""
+        return None
+
+    def screen(self, ctx: RunContext, records: Sequence[StationRecord], new: StationRecord) -> Screened | None:
+        """The robust gross-error test of a captured station ``new`` with the run's accepted
+        ``records`` (``cellcal.daemon.consensus``, ADR 0032): the accepted stations to drop
+        and the new one's rejection, or None (nothing judged: the default, and before the
+        run has a consensus)."""
         return None
 
     def visit(self, ctx: RunContext, todo: list[PlannedStation], records: list[StationRecord]) -> Iterator[PlannedStation]:

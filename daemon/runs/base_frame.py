@@ -22,18 +22,31 @@ and its own module: ``cellcal.daemon.runs.points``.
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 
-from cellcal.daemon import drift, solve
+from cellcal.daemon import consensus, drift, solve
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import CaptureEngine, Expected
+from cellcal.daemon.consensus import Screened
 from cellcal.daemon.gates import check_gates
 from cellcal.daemon.runs import to_target as target
-from cellcal.daemon.runs.base import Finished, Measure, RunContext, RunKind, SolverResult, as_calibration
+from cellcal.daemon.runs.base import (
+    Finished,
+    Measure,
+    PlanRefused,
+    RunContext,
+    RunKind,
+    SolverResult,
+    as_calibration,
+    planned_poses,
+)
 from cellcal.daemon.runs.plan import PlannedStation, plan_from_config, plan_to_dict, to_target
 from cellcal.daemon.store import RunRecord, StationRecord
-from cellcal.solver import CalibrationResult, DegenerateGeometry, calibrate_base_frame
+from cellcal.solver import CalibrationError, CalibrationResult, DegenerateGeometry, calibrate_base_frame
+
+log = logging.getLogger(__name__)
 
 __all__ = ["BaseFrame", "started_measure"]
 
@@ -57,6 +70,31 @@ class BaseFrame(RunKind):
     def _adaptive(self, ctx: RunContext) -> bool:
         return to_target(ctx.cfg.plan) and ctx.commands_robot
 
+    def check_plan(self, ctx: RunContext, run: RunRecord) -> None:
+        """Refuse a plan whose rotations cannot determine the base frame (too small, or about
+        one axis only: the rotation about it and the translation along it are lost), by the
+        solver's own observability test on the planned poses, when the planner may not add
+        the stations that fix it (``[plan] max_extra_stations = 0``); with extra stations
+        allowed, the run measures the plan and then the planner's stations (logged now)."""
+        if self._adaptive(ctx):
+            return  # a run to a target chooses its stations as it goes
+        G = planned_poses(ctx, run)
+        if G is None or len(G) < 3:
+            return
+        try:
+            # The poses against themselves (X = Y = I): the solve's observability test sees
+            # the planned motions alone, before anything is measured.
+            calibrate_base_frame(G, G, options=solve.solver_options(ctx.cfg.solve), holdout=False, refine=False)
+        except DegenerateGeometry as exc:
+            if ctx.cfg.plan.max_extra_stations > 0:
+                log.info("run %d: the plan's motions are degenerate (%s); the planner adds stations after it", run.id,
+                         exc)
+                return
+            raise PlanRefused(f"base_frame run {run.id} refused before the first move: its {len(G)} planned poses "
+                              f"cannot determine the base frame ([plan] max_extra_stations = 0): {exc}") from exc
+        except (CalibrationError, ValueError) as exc:  # judged on the measurements, not the plan
+            log.debug("run %d: plan check: %s", run.id, exc)
+
     def capture(self, engine: CaptureEngine, planned: PlannedStation, accepted: Sequence[StationRecord],
                 abort: threading.Event, expected: Expected | None) -> StationRecord:
         return engine.capture(planned.index, [s.base_T_flange for s in accepted], abort, expected=expected)
@@ -64,6 +102,11 @@ class BaseFrame(RunKind):
     def estimate(self, ctx: RunContext, records: Sequence[StationRecord]) -> Expected | None:
         tc = ctx.cfg.tracker
         return solve.rough_estimate(records, tc.gross_error_m, tc.gross_error_rad)
+
+    def screen(self, ctx: RunContext, records: Sequence[StationRecord], new: StationRecord) -> Screened | None:
+        tc = ctx.cfg.tracker
+        return consensus.screen(consensus.POSE, records, new, max_error_m=tc.consensus_error_m,
+                                max_error_rad=tc.consensus_error_rad)
 
     def visit(self, ctx: RunContext, todo: list[PlannedStation], records: list[StationRecord]) -> Iterator[PlannedStation]:
         return target.stations_to_visit(todo, records, ctx.cfg, ctx.model, adaptive=self._adaptive(ctx))

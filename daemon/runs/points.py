@@ -21,9 +21,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from cellcal.daemon import solve
+from cellcal.daemon import consensus, solve
 from cellcal.daemon.capture import Expected
 from cellcal.daemon.config import Plan
+from cellcal.daemon.consensus import Screened
 from cellcal.daemon.runs.base import RunContext
 from cellcal.daemon.runs.base_frame import BaseFrame
 from cellcal.daemon.runs.plan import PlannedStation
@@ -90,6 +91,11 @@ class PointBaseFrame(BaseFrame):
     def estimate(self, ctx: RunContext, records: Sequence[StationRecord]) -> Expected | None:
         tc = ctx.cfg.tracker
         return point_estimate(records, tc.gross_error_m, tc.gross_error_rad)
+
+    def screen(self, ctx: RunContext, records: Sequence[StationRecord], new: StationRecord) -> Screened | None:
+        tc = ctx.cfg.tracker
+        return consensus.screen(consensus.POINT, records, new, max_error_m=tc.consensus_error_m,
+                                max_error_rad=tc.consensus_error_rad)
 
     def extra_station(self, ctx: RunContext, stations: Sequence[StationRecord],
                       exc: DegenerateGeometry) -> PlannedStation | None:

@@ -13,14 +13,30 @@ from __future__ import annotations
 import threading
 from collections.abc import Mapping, Sequence
 
+from cellcal.daemon import consensus, solve
 from cellcal.daemon import protocol as P
-from cellcal.daemon import solve
 from cellcal.daemon.capture import CaptureEngine, Expected
-from cellcal.daemon.runs.base import Finished, Measure, RunContext, RunKind, SolverResult, as_calibration
+from cellcal.daemon.consensus import Screened
+from cellcal.daemon.runs.base import (
+    Finished,
+    Measure,
+    PlanRefused,
+    RunContext,
+    RunKind,
+    SolverResult,
+    as_calibration,
+    planned_poses,
+)
 from cellcal.daemon.runs.base_frame import finish_calibration
 from cellcal.daemon.runs.plan import PlannedStation, plan_from_config, plan_to_dict
 from cellcal.daemon.store import RunRecord, StationRecord
-from cellcal.solver import CalibrationResult, calibrate_tool_point
+from cellcal.solver import (
+    CalibrationResult,
+    DegenerateGeometry,
+    ImplausibleGeometry,
+    NotEnoughSamples,
+    calibrate_tool_point,
+)
 
 __all__ = ["ToolPoint"]
 
@@ -34,9 +50,42 @@ class ToolPoint(RunKind):
     def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> P.JsonObject:
         return plan_to_dict(stations if stations is not None else plan_from_config(ctx.cfg, ctx.model))
 
+    def check_plan(self, ctx: RunContext, run: RunRecord) -> None:
+        """Refuse a plan that is no pivot motion: the solver's own observability test on the
+        planned poses (rotations too small, or about one axis only: the tip along it is not
+        determined), then the plan's own pivot fit (the daemon moves the flange to these
+        poses, so the stations will be them: poses that hold no point fixed close no
+        better than the fit of the plan, and fail the gate after every station was taken)."""
+        G = planned_poses(ctx, run)
+        if G is None:
+            return
+        try:
+            fit = calibrate_tool_point(G, options=solve.solver_options(ctx.cfg.solve), holdout=False)
+        except (DegenerateGeometry, NotEnoughSamples) as exc:
+            raise PlanRefused(f"tool_point run {run.id} refused before the first move: its {len(G)} planned poses "
+                              f"are no pivot motion: {exc}") from exc
+        except (ImplausibleGeometry, ValueError) as exc:
+            raise PlanRefused(f"tool_point run {run.id} refused before the first move: its {len(G)} planned poses "
+                              f"hold no point fixed (their pivot fit: {exc}); plan poses that turn the flange "
+                              "about the tool tip ([plan] stations)") from exc
+        limit = ctx.cfg.solve.max_rms_translation_m
+        if fit.rms_translation_m > limit:
+            raise PlanRefused(
+                f"tool_point run {run.id} refused before the first move: its {len(G)} planned poses hold no point "
+                f"fixed (the pivot fit of the plan itself closes to {fit.rms_translation_m * 1e3:.1f} mm RMS, beyond "
+                f"the gate's [solve] max_rms_mm = {limit * 1e3:g}): plan poses that turn the flange about the tool "
+                "tip ([plan] stations)")
+
     def capture(self, engine: CaptureEngine, planned: PlannedStation, accepted: Sequence[StationRecord],
                 abort: threading.Event, expected: Expected | None) -> StationRecord:
         return engine.capture_robot_only(planned.index, [s.base_T_flange for s in accepted], abort)
+
+    def screen(self, ctx: RunContext, records: Sequence[StationRecord], new: StationRecord) -> Screened | None:
+        # The pivot of robot poses alone: a pose that is not the one reported (a drive's lie
+        # the motion checks missed) is beyond the tip the other stations agree on.
+        tc = ctx.cfg.tracker
+        return consensus.screen(consensus.PIVOT, records, new, max_error_m=tc.consensus_error_m,
+                                max_error_rad=tc.consensus_error_rad)
 
     def solve(self, ctx: RunContext, run: RunRecord, stations: Sequence[StationRecord]) -> CalibrationResult:
         return calibrate_tool_point(solve.station_arrays(stations)[0], options=solve.solver_options(ctx.cfg.solve))

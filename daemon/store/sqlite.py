@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from cellcal.daemon.store import drop
 from cellcal.daemon.store.errors import (
     DuplicateStation,
     RunClosed,
@@ -44,7 +45,6 @@ from cellcal.daemon.store.schema import MIGRATIONS, _utc_now, migrate
 
 __all__ = ["DB_FILENAME", "FRAME_CONVENTION", "Store"]
 
-
 DB_FILENAME = "cellcal.sqlite3"
 _SQLITE_MAGIC = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite 3 database file
 
@@ -54,9 +54,6 @@ FRAME_CONVENTION = "a_T_b maps coordinates in frame b to frame a; SI units; quat
 
 # Seconds a writer waits for another process's write lock before SQLITE_BUSY.
 _BUSY_TIMEOUT_S = 10.0
-
-# --------------------------------------------------------------------------------------
-# The store
 
 _RUN_COLUMNS = (
     "id, kind, status, status_reason, plan_json, config_sha256, devices_json, parent_result_id,"
@@ -610,6 +607,10 @@ class Store:
             self._require(conn, "run", run_id)
             rows = conn.execute("SELECT plan_index FROM stations WHERE run_id = ? ORDER BY plan_index", (run_id,))
             return [r[0] for r in rows]
+
+    def drop_station(self, run_id: int, plan_index: int, reason: str, detail: Mapping[str, object]) -> None:
+        """Take an accepted station out of its open run, recorded as a rejection (``store.drop``)."""
+        drop.drop_station(self, run_id, plan_index, reason, detail)
 
     def add_rejection(self, run_id: int, plan_index: int, reason: str, detail: Mapping[str, object]) -> int:
         """Record a refused capture and why (``detail``: the figures behind the reason).
