@@ -1,0 +1,68 @@
+"""An ``eye_to_hand`` run end to end through the daemon (ADR 0031): a rendered camera fixed in
+the simulated cell looks at the target on the flange, reached through GigE Vision on a
+loopback address of its own. The cell keeps ``[camera] use_intrinsics = "latest"`` (the
+default), so the run takes the intrinsics of a stored ``intrinsics`` result as a prior: the
+module first shows the refusals at start (no intrinsics stored yet; a ``hand_eye`` run for a
+camera mounted eye-to-hand), then runs ``intrinsics`` and ``eye_to_hand`` on the same cell.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from cellcal.daemon import protocol as P
+from cellcal.daemon.bodies import transform_from_wire
+from cellcal.daemon.service import ServiceError
+from cellcal.sim.camera_device import default_camera
+from cellcal.solver.se3 import se3_inverse, se3_log
+from cellcal.testing.harness import inprocess_cell
+
+pytestmark = pytest.mark.slow
+
+N_VIEWS = 10
+CHI2_6_999 = 22.46
+
+
+@pytest.fixture(scope="module")
+def cell(tmp_path_factory):
+    work = tmp_path_factory.mktemp("eye_to_hand")
+    with inprocess_cell(work, camera="eye_to_hand", camera_views=N_VIEWS, validate_bodies=True) as c:
+        c.wait_for(lambda t, b: t == P.TOPIC_HEARTBEAT and b["devices"].get("camera", {}).get("connected"), 60,
+                   "the camera connected")
+        with pytest.raises(ServiceError) as ei:
+            c.svc.start_run(P.KIND_EYE_TO_HAND)
+        c.no_intrinsics = ei.value  # type: ignore[attr-defined]
+        with pytest.raises(ServiceError) as ei:
+            c.svc.start_run(P.KIND_HAND_EYE)
+        c.wrong_mounting = ei.value  # type: ignore[attr-defined]
+        c.intrinsics = c.wait_result(c.svc.start_run(P.KIND_INTRINSICS), timeout_s=240)  # type: ignore[attr-defined]
+        c.result = c.wait_result(c.svc.start_run(P.KIND_EYE_TO_HAND), timeout_s=240)  # type: ignore[attr-defined]
+        yield c
+
+
+def test_a_start_without_intrinsics_or_for_the_other_mounting_is_refused_naming_why(cell):
+    assert cell.no_intrinsics.code == P.E_STATE and "run kind intrinsics first" in str(cell.no_intrinsics)
+    assert cell.wrong_mounting.code == P.E_STATE and "start a eye_to_hand run" in str(cell.wrong_mounting)
+
+
+def test_the_fixed_camera_is_found_within_its_reported_covariance_from_stored_intrinsics(cell):
+    r = cell.result
+    assert cell.intrinsics["gates"]["passed"], cell.intrinsics["gates"]
+    assert r["kind"] == P.KIND_EYE_TO_HAND and r["active"] and r["gates"]["passed"], r["gates"]
+    d = r["camera_hand_eye"]
+    assert d["setup"] == "eye_to_hand" and d["intrinsics_mode"] == "prior"
+    assert d["intrinsics_source"] == {"use": "result", "result_id": int(cell.intrinsics["result_id"])}
+    cam = default_camera(cell.scenario, "eye_to_hand")
+    truth = {"base_T_camera": se3_inverse(cell.scenario.truth.cell_T_base) @ cam.cell_T_camera,
+             "flange_T_target": cam.flange_T_target}
+    for name, T_true in truth.items():
+        T = transform_from_wire(r["transforms"][name])
+        C = np.array(r["uncertainty"]["covariance"][name]["values"], dtype=float).reshape(6, 6)
+        xi = se3_log(se3_inverse(T) @ T_true)
+        assert float(xi @ np.linalg.solve(C, xi)) < CHI2_6_999, (name, xi)
+        assert np.linalg.norm(T[:3, 3] - T_true[:3, 3]) < 3.0 * np.sqrt(np.trace(C[:3, :3])), name
+    assert d["cross_check"]["agrees"] is True and r["holdout"]["method"] == "k-fold refit"
+    assert {c["name"] for c in r["gates"]["checks"]} >= {"reprojection_rms", "sigma_translation", "holdout_p90",
+                                                         "model_error", "cross_solver"}
+    assert not cell.nonconforming()
