@@ -50,7 +50,6 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import as_json, result_to_wire
 from cellcal.daemon.capture import CaptureEngine, Expected
 from cellcal.daemon.config import Config
-from cellcal.daemon.config.camera import stored_intrinsics_id
 from cellcal.daemon.gates import GateCheck, GateReport
 from cellcal.daemon.runs import camera_plan
 from cellcal.daemon.runs import hand_eye_report as hr
@@ -130,6 +129,14 @@ def intrinsics_source(ctx: RunContext) -> P.JsonObject:
                                "passed its gates: run kind intrinsics first, or set use_intrinsics = \"estimate\" "
                                "(estimated with the hand-eye, from views planned for it)")
     return {"use": "result", "result_id": int(rec.id)}
+
+
+def _run_source(run: RunRecord) -> P.JsonObject:
+    """The intrinsics a run took (its plan's :data:`INTRINSICS_KEY`; none recorded: estimated)."""
+    s = _map(_map(run.plan).get(INTRINSICS_KEY))
+    if s.get("use") == "result":
+        return {"use": "result", "result_id": int(str(s.get("result_id")))}
+    return {"use": "estimate"}
 
 
 def _stored_camera(store: Store, source: Mapping[str, object]) -> tuple[CameraModel, np.ndarray] | None:
@@ -216,7 +223,7 @@ class CameraHandEyeKind(RunKind):
             raise CalibrationError(f"run {run.id}'s stations were captured with the target file of sha256 {sha[:12]}..., "
                                    f"the configuration's {cam.target_path} is {cam.target_sha256[:12]}...")
         G = np.array([np.asarray(s.base_T_flange, dtype=float) for s in stations])
-        source = _map(_map(run.plan).get(INTRINSICS_KEY)) or {"use": "estimate"}
+        source = _run_source(run)
         stored = _stored_camera(ctx.store, source)
         h = cam.hand_eye
         solve = calibrate_hand_eye_camera if self.setup == "eye_in_hand" else calibrate_eye_to_hand_camera
@@ -240,8 +247,7 @@ class CameraHandEyeKind(RunKind):
         r = as_camera_chain(result)
         _views, _size, indices, _sha = views_of_stations(stations)
         report = camera_gates(r, ctx.cfg)
-        source = _map(_map(run.plan).get(INTRINSICS_KEY)) or {"use": "estimate"}
-        record = camera_record(r, indices, dict(source))
+        record = camera_record(r, indices, _run_source(run))
         record["gates"] = report.to_wire()
         record["check_stations"] = []  # a camera chain has no tracker drift check (its stations have no tracker pose)
         return Finished(report, record)
