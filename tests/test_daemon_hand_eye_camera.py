@@ -21,6 +21,7 @@ import pytest
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import transform_from_wire
+from cellcal.daemon.wire.client import Client, CommandFailed
 from cellcal.sim.camera_device import default_camera
 from cellcal.solver.se3 import se3_inverse, se3_log
 from cellcal.testing.harness import CELLCAL, inprocess_cell
@@ -109,3 +110,25 @@ def test_show_and_the_report_print_the_camera_chain(cell, tmp_path):
     assert rep.returncode == 0, rep.stderr
     html = page.read_text()
     assert 'id="camera-hand-eye"' in html and 'id="fig-hand-eye-views"' in html and 'id="fig-hand-eye-closure"' in html
+
+
+def test_to_base_takes_a_point_in_the_camera_frame_through_the_flange_pose(cell):
+    r = cell.result
+    truth = _truth(cell)
+    X, _C = _estimate(r, "flange_T_camera")
+    G = cell.scenario.truth.base_T_flange
+    camera_p = np.array([0.01, -0.02, 0.4])
+    with Client(cell.cfg.zmq.cmd_endpoint, cell.cfg.zmq.pub_endpoint, timeout_s=5.0) as c:
+        out = c.call("to_base", point_m=camera_p.tolist(), frame="camera",
+                     flange_pose={"matrix": G.reshape(16).tolist()})
+        assert out["frame"] == "base" and out["result_id"] == r["result_id"]
+        want = (G @ X @ np.append(camera_p, 1.0))[:3]
+        assert np.allclose(out["point_m"], want, atol=1e-12)
+        true = (G @ truth["flange_T_camera"] @ np.append(camera_p, 1.0))[:3]
+        assert np.linalg.norm(np.array(out["point_m"]) - true) < 1e-3  # the calibration's own error, sub-mm
+        with pytest.raises(CommandFailed) as ei:
+            c.call("to_base", point_m=camera_p.tolist(), frame="camera")  # eye in hand: the flange pose is needed
+        assert ei.value.code == P.E_BAD_REQUEST and "flange_pose" in str(ei.value)
+        with pytest.raises(CommandFailed) as ei:
+            c.call("to_base", point_m=camera_p.tolist())  # a camera result has no cell_T_base
+        assert ei.value.code == P.E_NO_CALIBRATION

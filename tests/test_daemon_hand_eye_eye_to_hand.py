@@ -14,6 +14,7 @@ import pytest
 from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.service import ServiceError
+from cellcal.daemon.wire.client import Client, CommandFailed
 from cellcal.sim.camera_device import default_camera
 from cellcal.solver.se3 import se3_inverse, se3_log
 from cellcal.testing.harness import inprocess_cell
@@ -66,3 +67,17 @@ def test_the_fixed_camera_is_found_within_its_reported_covariance_from_stored_in
     assert {c["name"] for c in r["gates"]["checks"]} >= {"reprojection_rms", "sigma_translation", "holdout_p90",
                                                          "model_error", "cross_solver"}
     assert not cell.nonconforming()
+
+
+def test_to_base_takes_a_pose_in_the_fixed_cameras_frame(cell):
+    r = cell.result
+    X = transform_from_wire(r["transforms"]["base_T_camera"])
+    camera_T_part = np.eye(4)
+    camera_T_part[:3, 3] = [0.02, 0.01, 0.5]
+    with Client(cell.cfg.zmq.cmd_endpoint, cell.cfg.zmq.pub_endpoint, timeout_s=5.0) as c:
+        out = c.call("to_base", pose={"matrix": camera_T_part.reshape(16).tolist()}, frame="camera", child_frame="part")
+        assert out["pose"]["parent_frame"] == "base" and out["pose"]["child_frame"] == "part"
+        assert np.allclose(transform_from_wire(out["pose"]), X @ camera_T_part, atol=1e-12)
+        with pytest.raises(CommandFailed) as ei:  # a fixed camera needs no flange pose, and is refused one
+            c.call("to_base", point_m=[0.0, 0.0, 0.5], frame="camera", flange_pose={"matrix": np.eye(4).reshape(16).tolist()})
+        assert ei.value.code == P.E_BAD_REQUEST
