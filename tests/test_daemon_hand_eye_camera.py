@@ -92,6 +92,8 @@ def test_the_result_carries_the_camera_closure_and_the_cross_checks(cell):
     assert names["reprojection_rms"]["unit"] == "px" and names["sigma_translation"]["unit"] == "m"
     assert "sigma_at_task_points" not in names  # the tracker cell's gate: not a camera chain's (ADR 0031)
     assert r["check_stations"] == []
+    # the simulated arm is exact and [camera.hand_eye] robot_accuracy_mm is 0: said, not hidden (ADR 0031)
+    assert "robot_accuracy_undeclared" in {w["code"] for w in r["warnings"]}
 
 
 def test_show_and_the_report_print_the_camera_chain(cell, tmp_path):

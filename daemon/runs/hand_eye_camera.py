@@ -385,6 +385,15 @@ def camera_record(result: CameraChainResult, view_indices: Sequence[int], source
         "target": target_wire(result.target),
         "tracker_check": None,
     }
+    if result.robot_accuracy_m == 0.0 and result.robot_accuracy_rad == 0.0:
+        # ADR 0027: an arm's error common to every view leaves no residual; undeclared, the
+        # covariance holds only what the chain's tests saw of it (ADR 0031 keeps 0 the default)
+        warnings = wire.get("warnings")
+        if isinstance(warnings, list):
+            warnings.append({"code": "robot_accuracy_undeclared", "value": None, "message": (
+                "the robot's absolute accuracy is not declared ([camera.hand_eye] robot_accuracy_mm = 0): the "
+                "covariance leaves out an arm error common to every view, which no residual shows; declare the "
+                "arm's figure for a conservative one")})
     wire.update({
         "solver": SOLVER_NAME.format(setup="hand_eye" if result.setup == "eye_in_hand" else "eye_to_hand")
         + f"; {result.solver}",
