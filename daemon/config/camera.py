@@ -155,6 +155,9 @@ class CameraHandEye:
     allow_model_error: bool = _k(False, "allow_model_error", doc="gate off: a model_error test of the chain")
     require_cross_check: bool = _k(True, "require_cross_check",
                                    doc="gate: a closed form of OpenCV's agrees (when judged)")
+    tracker_target_m: list[float] = _k([], "tracker_target_mm", _MM,
+                                       doc="eye to hand: the tracker's target on the camera's target, its frame "
+                                           "([]: no tracker check)")
 
 
 @dataclass(frozen=True)
@@ -238,6 +241,7 @@ BOUNDS: dict[str, tuple[float, float, bool]] = {
     "camera.hand_eye.max_sigma_translation_mm": (0.0, 1000.0, True),
     "camera.hand_eye.max_sigma_rotation_deg": (0.0, 90.0, True),
     "camera.hand_eye.max_holdout_p90_mm": (0.0, 1000.0, True),
+    "camera.hand_eye.tracker_target_mm[]": (-1e4, 1e4, False),
 }
 
 
@@ -297,6 +301,9 @@ def validate_camera(camera: Camera | None) -> None:
         if name in PARAMETER_NAMES[:4]:
             raise ConfigError(f"camera.intrinsics.fix[{i}]", f"{name} is estimated: only distortion terms "
                                                               f"({', '.join(PARAMETER_NAMES[4:])}) may be held at 0")
+    if len(c.hand_eye.tracker_target_m) not in (0, 3):
+        raise ConfigError("camera.hand_eye.tracker_target_mm",
+                          f"expected 3 numbers (x, y, z, target frame) or [], got {len(c.hand_eye.tracker_target_m)}")
     p = c.plan
     if len(p.pivot_m) not in (0, 3):
         raise ConfigError("camera.plan.pivot_mm", f"expected 3 numbers (x, y, z, flange frame) or [], got {len(p.pivot_m)}")

@@ -24,7 +24,9 @@ which one it is.
   stations' detections and flange poses; the stored intrinsics as a prior (their covariance:
   intrinsics from *other* images, ``intrinsics_mode="prior"``) or estimated jointly;
   ``[camera.hand_eye]``'s noise, robot priors, bootstrap and cross-check.
-* **finish**: :func:`camera_gates` and the stored record (:func:`camera_record`).
+* **finish**: :func:`camera_gates`, the tracker check where the run measured the tracker
+  too (``cellcal.daemon.runs.hand_eye_tracker``: eye-to-hand with ``[camera.hand_eye]
+  tracker_target_mm``, its own gate ``tracker_check``) and the stored record (:func:`camera_record`).
 
 The gates are in the units the result is measured in (ADR 0031): the reprojection RMS in px;
 the 1-sigma of the camera transform (translation mm, rotation deg) from the image-level
@@ -53,6 +55,7 @@ from cellcal.daemon.config import Config
 from cellcal.daemon.gates import GateCheck, GateReport
 from cellcal.daemon.runs import camera_plan
 from cellcal.daemon.runs import hand_eye_report as hr
+from cellcal.daemon.runs import hand_eye_tracker as ht
 from cellcal.daemon.runs.base import Finished, Measure, ReportParts, ResultBody, RunContext, RunKind, SolverResult
 from cellcal.daemon.runs.intrinsics import (
     TARGET_KEY,
@@ -211,7 +214,10 @@ class CameraHandEyeKind(RunKind):
     # ---- capturing -----------------------------------------------------------------------------
     def capture(self, engine: CaptureEngine, planned: PlannedStation, accepted: Sequence[StationRecord],
                 abort: threading.Event, expected: Expected | None) -> StationRecord:
-        return engine.capture_camera(planned.index, [s.base_T_flange for s in accepted], abort)
+        station = engine.capture_camera(planned.index, [s.base_T_flange for s in accepted], abort)
+        if ht.wanted(engine.cfg, self.setup):
+            station = ht.with_tracker(engine, station, planned, abort)
+        return station
 
     # ---- solving -------------------------------------------------------------------------------
     def solve(self, ctx: RunContext, run: RunRecord, stations: Sequence[StationRecord]) -> CameraChainResult:
@@ -246,8 +252,14 @@ class CameraHandEyeKind(RunKind):
                measure: Measure | None) -> Finished:
         r = as_camera_chain(result)
         _views, _size, indices, _sha = views_of_stations(stations)
+        check, why = ht.check_record(r, stations, ctx.cfg, ctx.store)
         report = camera_gates(r, ctx.cfg)
+        report = GateReport((*report.checks, ht.tracker_gate(check, why)))
         record = camera_record(r, indices, _run_source(run))
+        detail = record[RECORD_KEY]
+        if isinstance(detail, dict):
+            detail["tracker_check"] = check
+            detail["tracker_check_note"] = why or None
         record["gates"] = report.to_wire()
         record["check_stations"] = []  # a camera chain has no tracker drift check (its stations have no tracker pose)
         return Finished(report, record)

@@ -104,9 +104,14 @@ def show_lines(body: ResultBody) -> list[str]:
                  f"{_t(r.get('corrections_rms_m'), 4, 1e3)} mm RMS under a prior of "
                  f"{_t(r.get('repeatability_m'), 4, 1e3)} mm repeatability, {_t(r.get('accuracy_m'), 3, 1e3)} mm accuracy")
     tc = _map(d.get("tracker_check"))
-    lines.append("  tracker check    " + (f"{'passed' if tc.get('passed') else 'FAILED'}: {_t(tc.get('rms_m'), 3, 1e3)} mm "
-                                          f"RMS over {tc.get('n', '?')} points, p {_t(tc.get('p_value'), 3)}" if tc
-                                          else "none (no tracker measurement of the target in this run)"))
+    if tc:
+        lines.append(f"  tracker check    {'passed' if tc.get('passed') else 'FAILED'}: the camera chain predicts "
+                     f"{tc.get('n', '?')} tracker points to {_t(tc.get('rms_m'), 3, 1e3)} mm RMS, max "
+                     f"{_t(tc.get('max_m'), 3, 1e3)} mm (via {tc.get('via', '?')}, cell_T_base of result "
+                     f"{tc.get('cell_T_base_result_id', '?')}; NEES {_t(tc.get('nees'), 1)} for {tc.get('dof', '?')} "
+                     f"dof, p {_t(tc.get('p_value'), 3)})")
+    else:
+        lines.append(f"  tracker check    {d.get('tracker_check_note') or 'none ran'}")
     return lines
 
 
