@@ -19,8 +19,8 @@ from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.service import ServiceError
 from cellcal.daemon.wire.client import Client, CommandFailed
 from cellcal.sim.camera_device import default_camera
-from cellcal.solver.se3 import se3_inverse, se3_log
 from cellcal.sim.scenario import load_scenario
+from cellcal.solver.se3 import se3_inverse, se3_log
 from cellcal.testing.harness import FAST_SCENARIO, inprocess_cell
 
 pytestmark = pytest.mark.slow
