@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon import runs
 from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.service import ServiceError
 from cellcal.daemon.wire.client import Client, CommandFailed
@@ -111,5 +112,7 @@ def test_the_tracker_check_closes_the_camera_chain_against_the_tracker(cell):
     assert tc["rms_m"] < 0.5e-3 and tc["dof"] == 3 * tc["n"]
     gate = {c["name"]: c for c in r["gates"]["checks"]}["tracker_check"]
     assert gate["passed"] and gate["unit"] == "p" and gate.get("applies", True)
+    html = runs.for_body(r).report_sections(r, None).after_summary
+    assert 'id="fig-hand-eye-tracker"' in html and "tracker check" in html
     stations = cell.svc.store.stations(cell.run_id)
     assert all(s.cell_T_target is not None and s.camera is not None for s in stations)

@@ -13,7 +13,9 @@ the closest is in the paired bootstrap's sigmas, the bootstrap's spread against 
 sigma, the chain's tests, and the tracker check when one ran) and two figures:
 
 * ``fig-hand-eye-views``: each view's RMS reprojection in the fit and held out of it;
-* ``fig-hand-eye-closure``: each view's static-target closure (mm) in the fit.
+* ``fig-hand-eye-closure``: each view's static-target closure (mm) in the fit and held out;
+* ``fig-hand-eye-tracker`` (when the tracker check ran): each tracker point's distance from
+  the camera chain's prediction and that difference's 1-sigma (mm).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ __all__ = ["show_lines", "report_parts", "SECTION", "FIGURES"]
 #: ``id`` of the report section.
 SECTION = "camera-hand-eye"
 #: ``id`` of its figures, in document order.
-FIGURES = ("fig-hand-eye-views", "fig-hand-eye-closure")
+FIGURES = ("fig-hand-eye-views", "fig-hand-eye-closure", "fig-hand-eye-tracker")
 _KEY = "camera_hand_eye"
 _FIT, _HELD, _INK = "#1f5fbf", "#e07b00", "#1b1f24"
 
@@ -126,6 +128,14 @@ def report_parts(body: ResultBody) -> ReportParts:
              "pose corrections under a prior), its held-out views, and the checks against OpenCV's closed forms on "
              "the same PnP poses and the bootstrap over views (ADR 0027, 0031).</p>")
     figures = [_fig_views(d), _fig_closure(body, d)]
+    tc = _map(d.get("tracker_check"))
+    if tc:
+        figures.append(_bars(FIGURES[2], "Tracker check per point", (
+            ([_num(v) * 1e3 for v in _list(tc.get("distances_m"))], _FIT, "distance"),
+            ([_num(v) * 1e3 for v in _list(tc.get("sigma_m"))], _HELD, "1-sigma")),
+            _list(tc.get("plan_indices")), "[mm]",
+            "Each tracker point against the camera chain's prediction of it (blue) and that difference's 1-sigma "
+            "(orange): the result's, the base frame's, the view's PnP and the tracker's covariance together."))
     return ReportParts(after_summary=(f'<section id="{SECTION}"><h2>Camera hand-eye</h2>{intro}'
                                       f'<table class="camera-hand-eye">{rows}</table>{"".join(figures)}</section>'),
                        stations=[])
