@@ -233,20 +233,19 @@ class CameraHandEyeKind(RunKind):
         stored = _stored_camera(ctx.store, source)
         h = cam.hand_eye
         solve = calibrate_hand_eye_camera if self.setup == "eye_in_hand" else calibrate_eye_to_hand_camera
-        kw: dict[str, object] = {}
-        if stored is None:
-            kw.update(image_size=size)
-        else:
+        model: CameraModel | None = None
+        C: np.ndarray | None = None
+        if stored is not None:
             model, C = stored
             if tuple(model.image_size) != tuple(size):
                 raise CalibrationError(f"the intrinsics of result {source.get('result_id')} are of a "
                                        f"{model.image_size[0]} x {model.image_size[1]} image, the run's are "
                                        f"{size[0]} x {size[1]}: another camera or binning")
-            kw.update(intrinsics=model, intrinsics_covariance=C, intrinsics_mode="prior")
-        return solve(views, cam.target, G, noise_px=h.noise_px, robot_repeatability_m=h.robot_repeatability_m,
-                     robot_repeatability_rad=h.robot_repeatability_rad, robot_accuracy_m=h.robot_accuracy_m,
-                     robot_accuracy_rad=h.robot_accuracy_rad, n_bootstrap=h.n_bootstrap, cross_check=h.cross_check,
-                     max_iterations=h.max_iterations, **kw)  # type: ignore[arg-type]
+        return solve(views, cam.target, G, intrinsics=model, intrinsics_covariance=C,
+                     intrinsics_mode=None if model is None else "prior", image_size=size, noise_px=h.noise_px,
+                     robot_repeatability_m=h.robot_repeatability_m, robot_repeatability_rad=h.robot_repeatability_rad,
+                     robot_accuracy_m=h.robot_accuracy_m, robot_accuracy_rad=h.robot_accuracy_rad,
+                     n_bootstrap=h.n_bootstrap, cross_check=h.cross_check, max_iterations=h.max_iterations)
 
     def finish(self, ctx: RunContext, run: RunRecord, result: SolverResult, stations: Sequence[StationRecord],
                measure: Measure | None) -> Finished:
