@@ -16,13 +16,14 @@ from _hand_eye_views import kinematic_arm, scene
 from cellcal.daemon import protocol as P
 from cellcal.daemon import runs
 from cellcal.daemon.config import load_config_text
-from cellcal.daemon.runs import RunContext
+from cellcal.daemon.runs import RunContext, camera_plan
 from cellcal.daemon.runs.hand_eye_camera import INTRINSICS_KEY, RECORD_KEY, camera_gates, camera_record
 from cellcal.daemon.store import Store
 from cellcal.drivers.kinematics import dh_model
 from cellcal.sim.scenario import load_scenario
 from cellcal.solver import NotEnoughSamples, calibrate_hand_eye_camera
 from cellcal.solver.errors import DegenerateGeometry
+from cellcal.solver.se3 import so3_log
 from cellcal.testing.harness import FAST_SCENARIO, camera_section, daemon_config, to_toml
 
 MODEL = dh_model("ur5e")
@@ -124,3 +125,22 @@ def test_the_record_show_and_report_carry_the_camera_chain(tmp_path):
     assert 'id="camera-hand-eye"' in html and html.count("<figure") == 2
     given = {k: v for k, v in body.items() if k != RECORD_KEY}  # a hand_eye result from given stations
     assert kind.show_lines(given) == [] and kind.report_sections(given, None).after_summary == ""
+
+
+def test_a_solve_whose_rotations_share_an_axis_gets_a_view_turning_across_it(tmp_path, store):
+    kind = runs.get(P.KIND_HAND_EYE)
+    ctx = _ctx(_cfg(tmp_path, "eye_in_hand", camera={"use_intrinsics": "estimate"}), store)
+    axis = np.asarray(ctx.cfg.camera.pivot) / np.linalg.norm(ctx.cfg.camera.pivot)  # the view axis
+    exc = DegenerateGeometry("rotations about the view axis only", axis=axis, frame="flange", axis_spread=0.0,
+                             unrecoverable=("rotation about axis",), max_rotation_rad=0.5)
+    planned = kind.plan(ctx)["stations"]
+    stations = [type("S", (), {"plan_index": i})() for i in range(len(planned))]
+    extra = kind.extra_station(ctx, stations, exc)
+    assert extra is not None and extra.index == len(planned)
+    np.testing.assert_allclose(MODEL.forward(extra.q_rad), extra.base_T_flange, atol=1e-9)  # reachable
+    _q, T_view = camera_plan.view_pose(ctx.cfg, MODEL)
+    r = so3_log(T_view[:3, :3].T @ extra.base_T_flange[:3, :3])
+    across = np.linalg.norm(r - (r @ axis) * axis)
+    assert np.degrees(across) > 10.0, np.degrees(across)  # a tilt of the plan's size, not a roll
+    observe = RunContext(ctx.cfg, store, lambda: MODEL, P.MOTION_OBSERVE)
+    assert kind.extra_station(observe, stations, exc) is None  # the cell's program moves the robot

@@ -18,6 +18,9 @@ which one it is.
   planned flange rotations whose axis spread (``solver.camera_planning.axis_spread_of``, ADR
   0002) is below ``[camera.hand_eye] min_axis_spread`` (``DegenerateGeometry`` naming the
   axis), as the solve would after the moves.
+* **extra_station**: a solve that finds the rotations sharing one axis (``DegenerateGeometry``)
+  gets, in command mode, the camera plan's reachable candidate view turning most across it
+  (``camera_plan.extra_view``), up to ``[plan] max_extra_stations``, instead of failing.
 * **capture**: camera stations (``CaptureEngine.capture_camera``): the robot at rest through a
   settled exposure, the robot state interpolated to mid-exposure (ADR 0030).
 * **solve**: ``calibrate_hand_eye_camera`` / ``calibrate_eye_to_hand_camera`` on the
@@ -246,6 +249,17 @@ class CameraHandEyeKind(RunKind):
                      robot_repeatability_m=h.robot_repeatability_m, robot_repeatability_rad=h.robot_repeatability_rad,
                      robot_accuracy_m=h.robot_accuracy_m, robot_accuracy_rad=h.robot_accuracy_rad,
                      n_bootstrap=h.n_bootstrap, cross_check=h.cross_check, max_iterations=h.max_iterations)
+
+    def extra_station(self, ctx: RunContext, stations: Sequence[StationRecord],
+                      exc: DegenerateGeometry) -> PlannedStation | None:
+        if not ctx.commands_robot or ctx.cfg.camera is None:
+            return None
+        index = max((s.plan_index for s in stations), default=-1) + 1
+        # candidates beyond any the plan drew (camera_views draws up to 6 per view), so the
+        # view is a new one; each extra station its own
+        n = ctx.cfg.camera.plan.n_views
+        start = 6 * n + 60 * max(index - n, 0)
+        return camera_plan.extra_view(ctx.cfg, ctx.model, exc.axis, exc.frame, index, start)
 
     def finish(self, ctx: RunContext, run: RunRecord, result: SolverResult, stations: Sequence[StationRecord],
                measure: Measure | None) -> Finished:
