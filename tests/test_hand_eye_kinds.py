@@ -17,11 +17,11 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon import runs
 from cellcal.daemon.config import load_config_text
 from cellcal.daemon.runs import RunContext, camera_plan
-from cellcal.daemon.runs.hand_eye_camera import INTRINSICS_KEY, RECORD_KEY, camera_gates, camera_record
+from cellcal.daemon.runs.hand_eye_camera import INTRINSICS_KEY, RECORD_KEY, _stored_camera, camera_gates, camera_record
 from cellcal.daemon.store import Store
 from cellcal.drivers.kinematics import dh_model
 from cellcal.sim.scenario import load_scenario
-from cellcal.solver import NotEnoughSamples, calibrate_hand_eye_camera
+from cellcal.solver import CalibrationError, NotEnoughSamples, calibrate_hand_eye_camera
 from cellcal.solver.errors import DegenerateGeometry
 from cellcal.solver.se3 import so3_log
 from cellcal.testing.harness import FAST_SCENARIO, camera_section, daemon_config, to_toml
@@ -144,3 +144,30 @@ def test_a_solve_whose_rotations_share_an_axis_gets_a_view_turning_across_it(tmp
     assert np.degrees(across) > 10.0, np.degrees(across)  # a tilt of the plan's size, not a roll
     observe = RunContext(ctx.cfg, store, lambda: MODEL, P.MOTION_OBSERVE)
     assert kind.extra_station(observe, stations, exc) is None  # the cell's program moves the robot
+
+
+def _intrinsics_body(K, size):
+    C = np.diag([0.25, 0.25, 0.4, 0.3, 1e-6, 1e-5, 1e-8, 1e-8, 0.0])
+    return {"camera_matrix": K.tolist(), "dist_coeffs": [0.0] * 5, "image_size": list(size),
+            "intrinsics": {"covariance": {"shape": [9, 9], "values": C.reshape(-1).tolist()}},
+            "gates": {"passed": True, "checks": []}}
+
+
+def test_stored_intrinsics_are_taken_as_a_prior_only_for_the_camera_they_calibrated(tmp_path, store):
+    kind = runs.get(P.KIND_HAND_EYE)
+    ctx = _ctx(_cfg(tmp_path, "eye_in_hand"), store)
+    K = np.array([[900.0, 0.0, 400.0], [0.0, 900.0, 300.0], [0.0, 0.0, 1.0]])
+    rid = store.add_result(None, P.KIND_INTRINSICS, _intrinsics_body(K, SIZE),
+                           {"devices": {P.DEVICE_CAMERA: {"serial": "CAM-A"}}})
+    assert kind.refuse_start(ctx) is None  # "latest" finds it
+    source = kind.plan(ctx)[INTRINSICS_KEY]
+    assert source == {"use": "result", "result_id": rid}
+
+    def station(serial):
+        return type("S", (), {"camera": {"device": {"serial": serial}}})()
+
+    model, C = _stored_camera(store, source, [station("CAM-A")])
+    np.testing.assert_array_equal(model.camera_matrix, K)
+    assert C.shape == (9, 9) and C[8, 8] == 0.0  # k3 held: zero variance
+    with pytest.raises(CalibrationError, match="camera CAM-A.*CAM-B"):
+        _stored_camera(store, source, [station("CAM-B")])

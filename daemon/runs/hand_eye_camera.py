@@ -145,9 +145,20 @@ def _run_source(run: RunRecord) -> P.JsonObject:
     return {"use": "estimate"}
 
 
-def _stored_camera(store: Store, source: Mapping[str, object]) -> tuple[CameraModel, np.ndarray] | None:
+def _serial(identity: object) -> str:
+    return str(_map(identity).get("serial") or "")
+
+
+def _stored_camera(store: Store, source: Mapping[str, object],
+                   stations: Sequence[StationRecord]) -> tuple[CameraModel, np.ndarray] | None:
     """The intrinsics a run took (its plan's :data:`INTRINSICS_KEY`): ``(model, covariance
-    (9, 9))``, or None to estimate them."""
+    (9, 9))``, or None to estimate them.
+
+    Raises
+    ------
+    CalibrationError
+        The result is gone, or it calibrated another camera than the stations' (serials).
+    """
     if source.get("use") != "result":
         return None
     rid = int(str(source.get("result_id")))
@@ -155,6 +166,12 @@ def _stored_camera(store: Store, source: Mapping[str, object]) -> tuple[CameraMo
         rec = store.get_result(rid)
     except UnknownRecord:
         raise CalibrationError(f"the run took the intrinsics of result {rid}, which the store no longer holds") from None
+    theirs = _serial(_map(rec.provenance.get("devices")).get(P.DEVICE_CAMERA))
+    ours = {_serial(_map(s.camera).get("device")) for s in stations} - {""}
+    if theirs and ours and ours != {theirs}:
+        raise CalibrationError(f"the intrinsics of result {rid} are of camera {theirs}, the run's stations were taken "
+                               f"by {', '.join(sorted(ours))}: run kind intrinsics with this camera, or set "
+                               "[camera] use_intrinsics")
     body = rec.result
     K = np.asarray(body.get("camera_matrix"), dtype=float).reshape(3, 3)
     d = np.asarray(body.get("dist_coeffs"), dtype=float).reshape(5)
@@ -233,7 +250,7 @@ class CameraHandEyeKind(RunKind):
                                    f"the configuration's {cam.target_path} is {cam.target_sha256[:12]}...")
         G = np.array([np.asarray(s.base_T_flange, dtype=float) for s in stations])
         source = _run_source(run)
-        stored = _stored_camera(ctx.store, source)
+        stored = _stored_camera(ctx.store, source, stations)
         h = cam.hand_eye
         solve = calibrate_hand_eye_camera if self.setup == "eye_in_hand" else calibrate_eye_to_hand_camera
         model: CameraModel | None = None
