@@ -64,7 +64,7 @@ def cell(tmp_path_factory):
 
 def test_a_start_without_intrinsics_or_for_the_other_mounting_is_refused_naming_why(cell):
     assert cell.no_intrinsics.code == P.E_STATE and "run kind intrinsics first" in str(cell.no_intrinsics)
-    assert cell.wrong_mounting.code == P.E_STATE and "start a eye_to_hand run" in str(cell.wrong_mounting)
+    assert cell.wrong_mounting.code == P.E_STATE and "start an eye_to_hand run" in str(cell.wrong_mounting)
 
 
 def test_the_fixed_camera_is_found_within_its_reported_covariance_from_stored_intrinsics(cell):

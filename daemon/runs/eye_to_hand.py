@@ -12,6 +12,7 @@ gates, stores and activates as for ``hand_eye``: ``cellcal.daemon.runs.hand_eye_
 from __future__ import annotations
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.config.camera import MOUNTING_EYE_TO_HAND
 from cellcal.daemon.runs.hand_eye_camera import CameraHandEyeKind
 
 __all__ = ["EyeToHand"]
@@ -21,4 +22,4 @@ class EyeToHand(CameraHandEyeKind):
     """``base_T_camera`` and ``flange_T_target`` (module docstring)."""
 
     name = P.KIND_EYE_TO_HAND
-    setup = "eye_to_hand"
+    setup = MOUNTING_EYE_TO_HAND

@@ -20,6 +20,7 @@ from collections.abc import Mapping, Sequence
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon import solve
+from cellcal.daemon.config.camera import MOUNTING_EYE_IN_HAND
 from cellcal.daemon.runs.base import Finished, Measure, RunContext, SolverResult, as_calibration
 from cellcal.daemon.runs.base_frame import finish_calibration
 from cellcal.daemon.runs.hand_eye_camera import CameraHandEyeKind
@@ -33,7 +34,7 @@ class HandEye(CameraHandEyeKind):
     """``flange_T_camera`` and ``base_T_target`` (module docstring)."""
 
     name = P.KIND_HAND_EYE
-    setup = "eye_in_hand"
+    setup = MOUNTING_EYE_IN_HAND
 
     def refuse_start(self, ctx: RunContext) -> str | None:
         if ctx.cfg.camera is None:

@@ -55,6 +55,7 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import as_json, result_to_wire
 from cellcal.daemon.capture import CaptureEngine, Expected
 from cellcal.daemon.config import Config
+from cellcal.daemon.config.camera import MOUNTING_EYE_IN_HAND, MOUNTING_EYE_TO_HAND
 from cellcal.daemon.gates import GateCheck, GateReport
 from cellcal.daemon.runs import camera_plan
 from cellcal.daemon.runs import hand_eye_report as hr
@@ -193,12 +194,14 @@ class CameraHandEyeKind(RunKind):
     # ---- starting ------------------------------------------------------------------------------
     def refuse_start(self, ctx: RunContext) -> str | None:
         cam = ctx.cfg.camera
+        a_run = f"{'an' if self.name == P.KIND_EYE_TO_HAND else 'a'} {self.name} run"
         if cam is None:
-            return f"a {self.name} run needs a camera: this cell has no [camera] section"
+            return f"{a_run} needs a camera: this cell has no [camera] section"
         if cam.mounting != self.setup:
-            other = P.KIND_EYE_TO_HAND if cam.mounting == "eye_to_hand" else P.KIND_HAND_EYE
-            return (f"a {self.name} run calibrates a camera mounted {self.setup}; this cell's is {cam.mounting} "
-                    f"([camera] mounting): start a {other} run")
+            other = P.KIND_EYE_TO_HAND if cam.mounting == MOUNTING_EYE_TO_HAND else P.KIND_HAND_EYE
+            article = "an" if other == P.KIND_EYE_TO_HAND else "a"
+            return (f"{a_run} calibrates a camera mounted {self.setup}; this cell's is {cam.mounting} "
+                    f"([camera] mounting): start {article} {other} run")
         try:
             intrinsics_source(ctx)
         except CalibrationError as exc:
@@ -252,7 +255,7 @@ class CameraHandEyeKind(RunKind):
         source = _run_source(run)
         stored = _stored_camera(ctx.store, source, stations)
         h = cam.hand_eye
-        solve = calibrate_hand_eye_camera if self.setup == "eye_in_hand" else calibrate_eye_to_hand_camera
+        solve = calibrate_hand_eye_camera if self.setup == MOUNTING_EYE_IN_HAND else calibrate_eye_to_hand_camera
         model: CameraModel | None = None
         C: np.ndarray | None = None
         if stored is not None:
@@ -437,7 +440,7 @@ def camera_record(result: CameraChainResult, view_indices: Sequence[int], source
                 "covariance leaves out an arm error common to every view, which no residual shows; declare the "
                 "arm's figure for a conservative one")})
     wire.update({
-        "solver": SOLVER_NAME.format(setup="hand_eye" if result.setup == "eye_in_hand" else "eye_to_hand")
+        "solver": SOLVER_NAME.format(setup="hand_eye" if result.setup == MOUNTING_EYE_IN_HAND else "eye_to_hand")
         + f"; {result.solver}",
         "camera_matrix": [[float(v) for v in row] for row in np.asarray(result.camera_matrix, dtype=float)],
         "dist_coeffs": [float(v) for v in result.dist_coeffs],

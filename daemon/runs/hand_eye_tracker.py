@@ -30,6 +30,7 @@ from cellcal.daemon import solve
 from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.capture import CaptureEngine
 from cellcal.daemon.config import Config
+from cellcal.daemon.config.camera import MOUNTING_EYE_TO_HAND
 from cellcal.daemon.consistency import StationRejected
 from cellcal.daemon.gates import GateCheck, gates_passed
 from cellcal.daemon.runs.plan import PlannedStation
@@ -51,7 +52,7 @@ def _map(v: object) -> Mapping[str, object]:
 
 def wanted(cfg: Config, setup: str) -> bool:
     """Whether the run's camera stations measure the tracker too."""
-    return setup == "eye_to_hand" and cfg.camera is not None and len(cfg.camera.hand_eye.tracker_target_m) == 3
+    return setup == MOUNTING_EYE_TO_HAND and cfg.camera is not None and len(cfg.camera.hand_eye.tracker_target_m) == 3
 
 
 def with_tracker(engine: CaptureEngine, station: StationRecord, planned: PlannedStation,
@@ -113,7 +114,7 @@ def check_record(result: CameraChainResult, stations: Sequence[StationRecord], c
     form, "")``, or ``(None, why it did not run)``."""
     if not wanted(cfg, result.setup):
         return None, ("no tracker check: it is an eye-to-hand check ([camera.hand_eye] tracker_target_mm)"
-                      if result.setup == "eye_to_hand" else "no tracker check: an eye-in-hand camera's static "
+                      if result.setup == MOUNTING_EYE_TO_HAND else "no tracker check: an eye-in-hand camera's static "
                       "target is not measured by the tracker in this version")
     assert cfg.camera is not None
     pairs = [(j, tracker_point(stations[i]), stations[i]) for j, i in enumerate(result.views)]
