@@ -59,7 +59,7 @@ __all__ = [
     "drift_station", "drift", "result_body", "result_summary", "list_results", "start_run_reply",
     "abort_reply", "drift_check_reply", "activate_reply", "transform_to_wire", "transform_from_wire", "point_to_wire",
     "result_to_wire", "transforms_of", "task_point_errors", "warnings_to_wire", "FRAME_CONVENTION",
-    "UNCERTAINTY_CONVENTION", "pose_from_wire", "to_base_reply", "as_json",
+    "UNCERTAINTY_CONVENTION", "pose_from_wire", "to_base_reply", "base_T_camera_of", "as_json",
 ]
 
 _T = TypeVar("_T", bound=Mapping[str, object])
@@ -539,6 +539,32 @@ def pose_from_wire(pose: Mapping[str, object]) -> np.ndarray:
     q = _map(pose["quaternion"])
     return transform_from_xyz_quat(np.array(pose["translation_m"], dtype=float),
                                    np.array([q["w"], q["x"], q["y"], q["z"]], dtype=float))
+
+
+def base_T_camera_of(transforms: Mapping[str, object], args: Mapping[str, object], *,
+                     result_id: str) -> np.ndarray:
+    """The camera in the base frame for ``to_base frame="camera"`` (``docs/protocols/zeromq.md``):
+    an eye-to-hand result's ``base_T_camera``; an eye-in-hand result's ``flange_T_camera``
+    through the validated ``flange_pose`` argument (``base_T_flange`` when the camera saw it).
+
+    Raises
+    ------
+    CommandError
+        ``E_NO_CALIBRATION``: the result has no camera transform; ``E_BAD_REQUEST``: an
+        eye-in-hand result without ``flange_pose``, or an eye-to-hand one with it.
+    """
+    if "base_T_camera" in transforms:
+        if "flange_pose" in args:
+            raise P.CommandError(P.E_BAD_REQUEST, f"to_base: result {result_id}'s camera is fixed in the base frame "
+                                                  "(eye to hand): give no flange_pose")
+        return transform_from_wire(_map(transforms["base_T_camera"]))
+    if "flange_T_camera" in transforms:
+        if "flange_pose" not in args:
+            raise P.CommandError(P.E_BAD_REQUEST, f"to_base: result {result_id}'s camera rides on the flange (eye in "
+                                                  "hand): give flange_pose, base_T_flange when the camera saw it")
+        return pose_from_wire(_map(args["flange_pose"])) @ transform_from_wire(_map(transforms["flange_T_camera"]))
+    raise P.CommandError(P.E_NO_CALIBRATION, f"result {result_id} has no camera transform (flange_T_camera or "
+                                             "base_T_camera)")
 
 
 def to_base_reply(cell_T_base: npt.ArrayLike, args: Mapping[str, object], *, result_id: str,

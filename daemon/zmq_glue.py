@@ -106,6 +106,13 @@ class DaemonHandler:
                      caller: P.Caller) -> P.ToBasePointResult | P.ToBasePoseResult:
         rec = self._result(args)
         tr = _map(rec.result.get("transforms", {}))
+        if args.get("frame") == P.FRAME_CAMERA:
+            base_T_camera = bodies.base_T_camera_of(tr, args, result_id=str(rec.id))
+            # inverse(cell_T_base) is what to_base_reply applies: hand it inverse(base_T_camera)
+            return bodies.to_base_reply(np.linalg.inv(base_T_camera), args, result_id=str(rec.id),
+                                        suspect=bool(rec.suspect))
+        if "flange_pose" in args:
+            raise P.CommandError(P.E_BAD_REQUEST, "to_base: flange_pose is for frame \"camera\" only")
         if "cell_T_base" not in tr:
             raise P.CommandError(P.E_NO_CALIBRATION, f"result {rec.id} ({rec.kind}) has no cell_T_base")
         return bodies.to_base_reply(transform_from_wire(_map(tr["cell_T_base"])), args, result_id=str(rec.id),

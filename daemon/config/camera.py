@@ -42,7 +42,7 @@ from cellcal.solver.camera_model import PARAMETER_NAMES
 from cellcal.solver.errors import TargetFileError
 from cellcal.solver.target import CalibrationTarget, target_from_toml
 
-__all__ = ["Camera", "CameraCapture", "CameraPlan", "CameraIntrinsics", "MOUNTINGS", "MOUNTING_EYE_IN_HAND",
+__all__ = ["Camera", "CameraCapture", "CameraPlan", "CameraIntrinsics", "CameraHandEye", "MOUNTINGS", "MOUNTING_EYE_IN_HAND",
            "MOUNTING_EYE_TO_HAND", "BOUNDS", "CHOICES", "STR_LISTS", "validate_camera", "load_camera_target",
            "stored_intrinsics_id", "DEFAULT_PIVOT_M", "CameraOptions"]
 
@@ -127,6 +127,40 @@ class CameraIntrinsics:
 
 
 @dataclass(frozen=True)
+class CameraHandEye:
+    """``[camera.hand_eye]``: the camera hand-eye solves (``calibrate_hand_eye_camera``,
+    ``calibrate_eye_to_hand_camera``) of the ``hand_eye`` and ``eye_to_hand`` kinds and their
+    gates (ADR 0031). The gates are in the units the result is measured in: the image's in
+    pixels, the transforms' sigmas and the held-out closure in mm and deg."""
+
+    noise_px: float | None = _k(None, "noise_px", doc="declared corner noise, 1-sigma (off: estimated)")
+    robot_repeatability_m: float = _k(1.0e-5, "robot_repeatability_mm", _MM,
+                                      doc="the robot's pose repeatability, 1-sigma per axis (the per-view prior)")
+    robot_repeatability_rad: float = _k(1.5e-5, "robot_repeatability_deg", _DEG, doc="... its rotation")
+    robot_accuracy_m: float = _k(0.0, "robot_accuracy_mm", _MM,
+                                 doc="the robot's absolute accuracy, 1-sigma per axis, added to the prior")
+    robot_accuracy_rad: float = _k(0.0, "robot_accuracy_deg", _DEG, doc="... its rotation")
+    n_bootstrap: int = _k(30, "n_bootstrap", doc="bootstrap replicates over views (the cross-check needs 10)")
+    cross_check: bool = _k(True, "cross_check", doc="OpenCV's five closed forms on the same PnP poses")
+    min_axis_spread: float = _k(0.05, "min_axis_spread",
+                                doc="a plan whose rotations spread less (0..1, ADR 0002) is refused before moving")
+    max_iterations: int = _k(50, "max_iterations")
+    max_rms_px: float = _k(0.5, "max_rms_px", doc="gate: reprojection RMS over every corner")
+    max_sigma_translation_m: float = _k(0.001, "max_sigma_translation_mm", _MM,
+                                        doc="gate: 1-sigma of the camera transform's translation (RSS)")
+    max_sigma_rotation_rad: float = _k(math.radians(0.1), "max_sigma_rotation_deg", _DEG,
+                                       doc="gate: 1-sigma of the camera transform's rotation (RSS)")
+    max_holdout_p90_m: float | None = _k(0.002, "max_holdout_p90_mm", _MM,
+                                         doc="gate: 90th percentile of the held-out views' static-target closure")
+    allow_model_error: bool = _k(False, "allow_model_error", doc="gate off: a model_error test of the chain")
+    require_cross_check: bool = _k(True, "require_cross_check",
+                                   doc="gate: a closed form of OpenCV's agrees (when judged)")
+    tracker_target_m: list[float] = _k([], "tracker_target_mm", _MM,
+                                       doc="eye to hand: the tracker's target on the camera's target, its frame "
+                                           "([]: no tracker check)")
+
+
+@dataclass(frozen=True)
 class Camera:
     """``[camera]``: the camera device and what the daemon does with it (module docstring)."""
 
@@ -143,6 +177,7 @@ class Camera:
     capture: CameraCapture = field(default_factory=CameraCapture, metadata=_key("capture"))
     plan: CameraPlan = field(default_factory=CameraPlan, metadata=_key("plan"))
     intrinsics: CameraIntrinsics = field(default_factory=CameraIntrinsics, metadata=_key("intrinsics"))
+    hand_eye: CameraHandEye = field(default_factory=CameraHandEye, metadata=_key("hand_eye"))
     #: The target read from ``target_file`` at load (:func:`load_camera_target`).
     target: CalibrationTarget | None = field(default=None, metadata={"internal": True})
     #: Its file's sha256 (hex), for every camera result's provenance.
@@ -194,6 +229,19 @@ BOUNDS: dict[str, tuple[float, float, bool]] = {
     "camera.intrinsics.max_rms_px": (0.0, 10.0, True),
     "camera.intrinsics.min_coverage": (0.0, 1.0, True),
     "camera.intrinsics.max_sigma_focal_px": (0.0, 1000.0, True),
+    "camera.hand_eye.noise_px": (0.0, 10.0, True),
+    "camera.hand_eye.robot_repeatability_mm": (0.0, 100.0, True),
+    "camera.hand_eye.robot_repeatability_deg": (0.0, 10.0, True),
+    "camera.hand_eye.robot_accuracy_mm": (0.0, 100.0, False),
+    "camera.hand_eye.robot_accuracy_deg": (0.0, 10.0, False),
+    "camera.hand_eye.n_bootstrap": (0, 1000, False),
+    "camera.hand_eye.min_axis_spread": (0.0, 1.0, False),
+    "camera.hand_eye.max_iterations": (1, 10_000, False),
+    "camera.hand_eye.max_rms_px": (0.0, 10.0, True),
+    "camera.hand_eye.max_sigma_translation_mm": (0.0, 1000.0, True),
+    "camera.hand_eye.max_sigma_rotation_deg": (0.0, 90.0, True),
+    "camera.hand_eye.max_holdout_p90_mm": (0.0, 1000.0, True),
+    "camera.hand_eye.tracker_target_mm[]": (-1e4, 1e4, False),
 }
 
 
@@ -253,6 +301,9 @@ def validate_camera(camera: Camera | None) -> None:
         if name in PARAMETER_NAMES[:4]:
             raise ConfigError(f"camera.intrinsics.fix[{i}]", f"{name} is estimated: only distortion terms "
                                                               f"({', '.join(PARAMETER_NAMES[4:])}) may be held at 0")
+    if len(c.hand_eye.tracker_target_m) not in (0, 3):
+        raise ConfigError("camera.hand_eye.tracker_target_mm",
+                          f"expected 3 numbers (x, y, z, target frame) or [], got {len(c.hand_eye.tracker_target_m)}")
     p = c.plan
     if len(p.pivot_m) not in (0, 3):
         raise ConfigError("camera.plan.pivot_mm", f"expected 3 numbers (x, y, z, flange frame) or [], got {len(p.pivot_m)}")

@@ -174,7 +174,7 @@ class Solve:
     ``expected_cell_T_base_m_rad`` is ``[x, y, z]`` in m then a rotation vector in rad.
     """
 
-    kind: str = _f("base_frame", "kind", doc="base_frame, tool_point, hand_eye, kinematics or intrinsics")
+    kind: str = _f("base_frame", "kind", doc="base_frame, tool_point, hand_eye, kinematics, intrinsics or eye_to_hand")
     min_axis_spread: float = _f(1e-4, "min_axis_spread")
     max_rms_translation_m: float = _f(0.5e-3, "max_rms_mm", _MM, doc="acceptance gate")
     max_rms_rotation_rad: float = _f(math.radians(0.1), "max_rms_deg", _DEG)
@@ -329,7 +329,7 @@ _CHOICES = {
     (Tracker, "measure"): ("pose", "point"),
     (Capture, "motion_mode"): ("command", "observe"),
     (Plan, "kind"): ("generated", "explicit"),
-    (Solve, "kind"): ("base_frame", "tool_point", "hand_eye", "kinematics", "intrinsics"),
+    (Solve, "kind"): ("base_frame", "tool_point", "hand_eye", "kinematics", "intrinsics", "eye_to_hand"),
     (Drift, "on_drift"): ("mark", "recalibrate"),
     (ZmqClient, "role"): ("observer", "operator"),
     (Zmq, "null_role"): ("observer", "operator"),

@@ -10,7 +10,9 @@ name               module                                  what it calibrates
 ``base_frame``     ``base_frame`` (poses), ``points``      ``cell_T_base`` and the target on the flange
                    (3-DoF points, ``[tracker] measure``)
 ``tool_point``     ``tool_point``                          ``flange_p_tip`` (pivot, robot alone)
-``hand_eye``       ``hand_eye``                            ``flange_T_camera`` (given stations)
+``hand_eye``       ``hand_eye`` (+ ``hand_eye_camera``,     ``flange_T_camera``: the cell's camera
+                   ``hand_eye_report``)                    (``[camera]``), or given stations
+``eye_to_hand``    ``eye_to_hand`` (+ ``hand_eye_camera``)  ``base_T_camera`` (``[camera]``)
 ``kinematics``     ``kinematics`` (+ ``iso9283``,          the arm's DH parameters
                    ``kinematics_report``)
 ``intrinsics``     ``intrinsics`` (+ ``camera_plan``,      a camera's intrinsics (``[camera]``)
@@ -46,6 +48,7 @@ KINDS: dict[str, str] = {
     "hand_eye": "cellcal.daemon.runs.hand_eye:HandEye",
     "kinematics": "cellcal.daemon.runs.kinematics:Kinematics",
     "intrinsics": "cellcal.daemon.runs.intrinsics:Intrinsics",
+    "eye_to_hand": "cellcal.daemon.runs.eye_to_hand:EyeToHand",
 }
 
 

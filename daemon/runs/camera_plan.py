@@ -26,7 +26,8 @@ arm cannot reach within ``[plan]``'s joint limits is skipped for the next one.
 for the planned views, taking the target to face the camera at the view pose and the camera
 to look along the pivot's direction; a kind refuses, before the first move, a plan whose
 figure is below the solver's limit (``RunKind.check_plan``). Image coverage depends on the
-lens, which the plan does not know: the solve judges it.
+lens, which the plan does not know: the solve judges it. :func:`extra_view` is the view a
+hand-eye run adds when its solve finds the rotations sharing one axis (``RunKind.extra_station``).
 """
 
 from __future__ import annotations
@@ -39,9 +40,9 @@ import numpy as np
 from cellcal.daemon.config import Config
 from cellcal.daemon.runs.plan import PlanError, PlannedStation, joint_limits
 from cellcal.drivers.kinematics import DHModel
-from cellcal.solver.se3 import make_transform, matrix_from_quat, so3_exp
+from cellcal.solver.se3 import make_transform, matrix_from_quat, so3_exp, so3_log
 
-__all__ = ["view_pose", "camera_views", "view_offsets", "predicted_tilt_deg", "optical_axis"]
+__all__ = ["view_pose", "camera_views", "view_offsets", "predicted_tilt_deg", "optical_axis", "extra_view"]
 
 _GOLDEN = math.pi * (3.0 - math.sqrt(5.0))
 #: Candidate views drawn per view wanted before the plan gives up (unreachable ones skipped).
@@ -161,6 +162,35 @@ def camera_views(cfg: Config, model: DHModel) -> list[PlannedStation]:
                         "reduce [camera.plan] max_tilt_deg, max_shift_mm or max_approach_mm, or move the view pose "
                         "nearer the middle of the arm's reach")
     return stations
+
+
+def extra_view(cfg: Config, model: DHModel, axis: np.ndarray, frame: str, index: int, start: int,
+               n_candidates: int = 60) -> PlannedStation | None:
+    """A view that turns the flange about a direction across ``axis`` (the one the views so
+    far share, ``DegenerateGeometry.axis``; ``frame`` ``"flange"`` or ``"base"``): of the
+    candidate views ``start ..`` (:func:`view_offsets`, beyond the plan's), the reachable one
+    whose rotation from the view pose has the largest part across ``axis``; None if none is
+    reachable. Its ``index`` is ``index``."""
+    q_view, T_view = view_pose(cfg, model)
+    lim = joint_limits(q_view, cfg.plan.joint_min_rad, cfg.plan.joint_max_rad)
+    a = np.asarray(axis, dtype=float).reshape(3)
+    a = a / max(float(np.linalg.norm(a)), 1e-12)
+    best: tuple[float, np.ndarray, np.ndarray] | None = None
+    for D in view_offsets(cfg, n_candidates, start=start):
+        # the turn in the axis' frame: the flange's for a camera on it, the base's otherwise
+        R = D[:3, :3] if frame == "flange" else T_view[:3, :3] @ D[:3, :3] @ T_view[:3, :3].T
+        r = so3_log(R)
+        across = float(np.linalg.norm(r - (r @ a) * a))
+        if best is not None and across <= best[0]:
+            continue
+        try:
+            q = np.asarray(model.inverse(T_view @ D, q_view, tol_m=1e-6, tol_rad=1e-6, max_iter=80), dtype=float)
+        except ValueError:
+            continue
+        if np.any(q < lim[:, 0]) or np.any(q > lim[:, 1]):
+            continue
+        best = (across, q, np.asarray(model.forward(q), dtype=float))
+    return None if best is None else PlannedStation(index, best[1], best[2])
 
 
 def predicted_tilt_deg(cfg: Config, view_T_flange: Sequence[np.ndarray]) -> tuple[float, np.ndarray]:

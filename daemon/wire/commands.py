@@ -24,6 +24,7 @@ from cellcal.daemon.wire.vocabulary import (
     ROLE_OBSERVER,
     ROLE_OPERATOR,
     RUN_KINDS,
+    TO_BASE_FRAMES,
 )
 from cellcal.solver.errors import CellcalError
 
@@ -307,7 +308,9 @@ COMMANDS: dict[str, Command] = {c.name: c for c in (
         Arg("pose", v_pose, doc="a pose cell_T_x: {matrix} or {translation_m, quaternion}"),
         Arg("child_frame", v_name, doc='name of frame x in the reply (pose only; default "pose")'),
         Arg("result_id", v_record_id, doc="use this result instead of the active one"),
-    ), doc="express a cell-frame point or pose in the robot base frame", one_of=("point_m", "pose")),
+        Arg("frame", v_choice(*TO_BASE_FRAMES), doc='the frame point_m / pose are in (default "cell")'),
+        Arg("flange_pose", v_pose, doc="frame camera, eye in hand: base_T_flange when the camera saw it"),
+    ), doc="express a cell-frame (or camera-frame) point or pose in the robot base frame", one_of=("point_m", "pose")),
     Command("start_run", ROLE_OPERATOR, (
         Arg("kind", v_choice(*RUN_KINDS), required=True, doc="what to calibrate"),
         Arg("plan", v_name, doc="a named station plan; omitted: the configured [plan]"),

@@ -282,7 +282,9 @@ class ResultBody(_ResultBodyV1, total=False):
     stored by earlier versions may lack them. ``holdout`` and ``linear_agreement`` are
     ``None`` when the result has none. ``camera_matrix``, ``dist_coeffs``, ``image_size``,
     ``reprojection_rms_px`` and ``intrinsics`` are an intrinsics result's (kind
-    ``intrinsics``, ADR 0030) and no other's.
+    ``intrinsics``, ADR 0030); a camera hand-eye result (``hand_eye`` with the cell's camera,
+    ``eye_to_hand``, ADR 0031) has the first four too, and its chain's figures under
+    ``camera_hand_eye`` (``docs/protocols/zeromq.md``); no pose result has any of them.
     """
 
     points: dict[str, Point]      # every point the result estimated, by name (may be empty)
@@ -301,8 +303,8 @@ class ResultBody(_ResultBodyV1, total=False):
     intrinsics: Intrinsics
 
 
-#: The keys of ``ResultBody`` only an intrinsics result has (every other key declared there
-#: beyond ``_ResultBodyV1`` is every result's).
+#: The keys of ``ResultBody`` only camera results have (intrinsics; a camera hand-eye result
+#: all but ``intrinsics``): every other key declared there beyond ``_ResultBodyV1`` is every result's.
 INTRINSICS_RESULT_KEYS = frozenset({"camera_matrix", "dist_coeffs", "image_size", "reprojection_rms_px", "intrinsics"})
 
 

@@ -73,12 +73,17 @@ STATE_CHECKING: Final = "CHECKING"
 STATE_FAULT: Final = "FAULT"
 STATES: tuple[str, ...] = typing.get_args(StateName)
 
-RunKind = Literal["base_frame", "tool_point", "hand_eye", "kinematics", "intrinsics"]
+RunKind = Literal["base_frame", "tool_point", "hand_eye", "kinematics", "intrinsics", "eye_to_hand"]
 KIND_BASE_FRAME: Final = "base_frame"
 KIND_TOOL_POINT: Final = "tool_point"
 KIND_HAND_EYE: Final = "hand_eye"
 KIND_KINEMATICS: Final = "kinematics"  # the arm's own DH geometry (cellcal.daemon.kinematics_run)
 KIND_INTRINSICS: Final = "intrinsics"  # a camera's intrinsics from views of its target (ADR 0030)
+#: ``to_base frame=``: a point or pose given in the camera frame of a camera hand-eye result (ADR 0031).
+FRAME_CAMERA: Final = "camera"
+FRAME_CELL: Final = "cell"
+TO_BASE_FRAMES: tuple[str, ...] = (FRAME_CELL, FRAME_CAMERA)
+KIND_EYE_TO_HAND: Final = "eye_to_hand"  # a fixed camera in the base frame, its target on the flange (ADR 0031)
 RUN_KINDS: tuple[str, ...] = typing.get_args(RunKind)
 
 MotionMode = Literal["command", "observe"]

@@ -1,0 +1,155 @@
+"""The tracker check of an eye-to-hand camera result: an independent instrument in the same run (ADR 0031).
+
+With ``[camera.hand_eye] tracker_target_mm`` (the tracker's target, a reflector or a 6-DoF
+target, where it sits on the camera's calibration target: the target's frame) and the
+tracker open, each camera station of an ``eye_to_hand`` run also measures the tracker while
+the robot still rests (:func:`with_tracker`: the capture engine's own tracker station, its
+windows and consistency checks; the robot must not have moved between the frame and the
+measurement). The finished result then predicts each measured point through the camera
+chain alone, ``cell_T_base @ base_T_camera @ camera_T_target_v @ target_p`` (the view's own
+PnP pose, not the robot's), with ``cell_T_base`` from the newest base-frame result that
+passed its gates and is not suspect (its covariance carried), and compares it with the
+tracker (``cellcal.solver.camera_checks.tracker_check``: a chi-square over all points at 0.1 %
+and per point, with the result's, ``cell_T_base``'s, the PnP's and the tracker's covariance).
+The check is a gate of its own (``tracker_check``); without a base-frame result, tracker
+points or a configured target it does not run, and the record says why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import threading
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from cellcal.daemon import protocol as P
+from cellcal.daemon import solve
+from cellcal.daemon.bodies import transform_from_wire
+from cellcal.daemon.capture import CaptureEngine
+from cellcal.daemon.config import Config
+from cellcal.daemon.config.camera import MOUNTING_EYE_TO_HAND
+from cellcal.daemon.consistency import StationRejected
+from cellcal.daemon.gates import GateCheck, gates_passed
+from cellcal.daemon.runs.plan import PlannedStation
+from cellcal.daemon.store import StationRecord, Store
+from cellcal.solver.camera_checks import tracker_check
+from cellcal.solver.camera_results import CameraChainResult
+
+log = logging.getLogger(__name__)
+
+__all__ = ["with_tracker", "tracker_point", "check_record", "tracker_gate", "TRACKER_KEY"]
+
+#: The key of a camera station's ``raw`` telling how its tracker point went.
+TRACKER_KEY = "tracker_check"
+
+
+def _map(v: object) -> Mapping[str, object]:
+    return v if isinstance(v, Mapping) else {}
+
+
+def wanted(cfg: Config, setup: str) -> bool:
+    """Whether the run's camera stations measure the tracker too."""
+    return setup == MOUNTING_EYE_TO_HAND and cfg.camera is not None and len(cfg.camera.hand_eye.tracker_target_m) == 3
+
+
+def with_tracker(engine: CaptureEngine, station: StationRecord, planned: PlannedStation,
+                 abort: threading.Event) -> StationRecord:
+    """The camera ``station`` with the tracker's measurement of its target at the same rest
+    (module docstring). A tracker that refuses (beam broken, target not seen) or is not open
+    leaves the station without a tracker point, said in its ``raw``; a tracker link failure
+    is the tracker's ``DeviceFault`` as for every station."""
+    if engine.tracker is None:
+        return dataclasses.replace(station, raw={**station.raw, TRACKER_KEY: "no tracker open"})
+    try:
+        trk = engine.capture(planned.index, [], abort)
+    except StationRejected as rej:
+        log.info("station %d: no tracker point (%s)", planned.index, rej)
+        return dataclasses.replace(station, raw={**station.raw, TRACKER_KEY: f"tracker refused: {rej}"})
+    c = engine.cfg.capture
+    moved = float(np.linalg.norm(trk.base_T_flange[:3, 3] - station.base_T_flange[:3, 3]))
+    if moved > c.min_pose_change_m:
+        return dataclasses.replace(station, raw={**station.raw, TRACKER_KEY: (
+            f"the robot moved {moved * 1e3:.3f} mm between the frame and the tracker's measurement")})
+    p = trk.cell_p_target if trk.cell_p_target is not None else None
+    if p is None and trk.cell_T_target is not None:
+        p = np.asarray(trk.cell_T_target, dtype=float)[:3, 3]
+    return dataclasses.replace(
+        station, cell_T_target=trk.cell_T_target, cell_p_target=p,
+        tracker_std_translation_m=trk.tracker_std_translation_m, tracker_std_rotation_rad=trk.tracker_std_rotation_rad,
+        sample_count=trk.sample_count, tracker_t_device_s=trk.tracker_t_device_s, tracker_t_host_ns=trk.tracker_t_host_ns,
+        raw={**trk.raw, **station.raw, TRACKER_KEY: "measured"})
+
+
+def tracker_point(station: StationRecord) -> np.ndarray | None:
+    """The station's tracker point (cell frame, m), or None."""
+    if station.cell_p_target is not None:
+        return np.asarray(station.cell_p_target, dtype=float).reshape(3)
+    if station.cell_T_target is not None:
+        return np.asarray(station.cell_T_target, dtype=float)[:3, 3]
+    return None
+
+
+def _cell_T_base(store: Store, limit: int = 50) -> tuple[int, np.ndarray, np.ndarray | None] | None:
+    """``(result id, cell_T_base, its 6x6 covariance or None)`` of the newest base-frame result
+    that passed its gates and is not suspect."""
+    for rec in store.list_results(limit=limit):
+        if rec.kind != P.KIND_BASE_FRAME or rec.suspect or not gates_passed(rec.result):
+            continue
+        tr = _map(rec.result.get("transforms"))
+        if "cell_T_base" not in tr:
+            continue
+        cov = _map(_map(_map(rec.result.get("uncertainty")).get("covariance")).get("cell_T_base"))
+        vals = cov.get("values")
+        C = np.asarray(vals, dtype=float).reshape(6, 6) if isinstance(vals, list) and len(vals) == 36 else None
+        return int(rec.id), transform_from_wire(_map(tr["cell_T_base"])), C
+    return None
+
+
+def check_record(result: CameraChainResult, stations: Sequence[StationRecord], cfg: Config,
+                 store: Store) -> tuple[P.JsonObject | None, str]:
+    """The tracker check of ``result`` fitted on ``stations`` (module docstring): ``(its wire
+    form, "")``, or ``(None, why it did not run)``."""
+    if not wanted(cfg, result.setup):
+        return None, ("no tracker check: it is an eye-to-hand check ([camera.hand_eye] tracker_target_mm)"
+                      if result.setup == MOUNTING_EYE_TO_HAND else "no tracker check: an eye-in-hand camera's static "
+                      "target is not measured by the tracker in this version")
+    assert cfg.camera is not None
+    pairs = [(j, tracker_point(stations[i]), stations[i]) for j, i in enumerate(result.views)]
+    pairs = [(j, p, s) for j, p, s in pairs if p is not None]
+    if not pairs:
+        return None, "no tracker check: no station has a tracker point (see the stations' raw tracker_check)"
+    base = _cell_T_base(store)
+    if base is None:
+        return None, "no tracker check: no base-frame result that passed its gates gives cell_T_base"
+    rid, X, C = base
+    noise = []
+    for _j, _p, s in pairs:
+        cov = solve.station_covariance(s, cfg.solve, point=True)
+        noise.append(cov if cov is not None else np.eye(3) * max(float(s.tracker_std_translation_m), 1e-6) ** 2)
+    check = tracker_check(result, np.array([p for _j, p, _s in pairs]), target_p=np.asarray(
+        cfg.camera.hand_eye.tracker_target_m, dtype=float), cell_T_base=X, tracker_noise_m=np.array(noise),
+        cell_T_base_covariance=C, via="camera", views=np.array([j for j, _p, _s in pairs]))
+    return {
+        "via": check.via, "n": len(pairs), "cell_T_base_result_id": rid,
+        "plan_indices": [int(s.plan_index) for _j, _p, s in pairs],
+        "distances_m": [float(v) for v in check.distances_m], "sigma_m": [float(v) for v in check.sigma_m],
+        "rms_m": float(check.rms_m), "max_m": float(check.max_m), "nees": float(check.nees), "dof": int(check.dof),
+        "p_value": float(check.p_value), "alpha": float(check.alpha), "passed": bool(check.passed),
+    }, ""
+
+
+def tracker_gate(check: Mapping[str, object] | None, why: str) -> GateCheck:
+    """Gate ``tracker_check``: the camera chain's prediction of the tracker's points within
+    their covariance (not applicable when the check did not run)."""
+    if check is None:
+        return GateCheck.not_applicable("tracker_check", 1e-3, "p", why)
+    p = float(str(check.get("p_value")))
+    ok = bool(check.get("passed"))
+    rms = float(str(check.get("rms_m"))) * 1e3
+    return GateCheck("tracker_check", p if math.isfinite(p) else 0.0, float(str(check.get("alpha"))), "p", ok,
+                     f"the camera chain predicts the tracker's {check.get('n')} points to {rms:.3f} mm RMS "
+                     f"(p {p:.3g}{', and every point within its own bound' if ok else ''}): "
+                     f"{'consistent' if ok else 'INCONSISTENT'} with their covariance")
