@@ -789,6 +789,7 @@ class Cia402Driver(RobotDriver):
         self._remote: dict[int, Any] = {}
         self._rt: dict[int, _NodeRuntime] = {n: _NodeRuntime() for n in self.nodes}
         self._lock = threading.Condition()
+        self._halt_lock = threading.RLock()  # stop() against a move's set-up controlwords
         self._cycle: _Cycle | None = None
         self._async: dict[int, dict[str, int]] = {}
         self._async_recv: dict[int, int] = {}
@@ -1851,6 +1852,16 @@ class Cia402Driver(RobotDriver):
     def _controlword(self, n: int, cw: int) -> None:
         self.sdo_write(n, Od.CONTROLWORD, 0, struct.pack("<H", int(cw)))
 
+    def _setup_controlword(self, n: int, cw: int) -> None:
+        """A controlword of a move being set up, with HALT once stop() has come: stop() and
+        these writes take turns (``_halt_lock``), so a stop can never land between reading
+        the stop flag and a write that would lift its halt on one node while the others stay
+        halted (each halted drive would keep the target of its own halt)."""
+        with self._halt_lock:
+            with self._lock:
+                stopped = self._stop_ns
+            self._controlword(n, cw | Controlword.HALT if stopped else cw)
+
     def _fault_text(self, n: int) -> str:
         code = self._try(self._read_u16, n, Od.ERROR_CODE, 0)
         return "" if code is None else f" (error code 0x603F = 0x{code:04X})"
@@ -1959,15 +1970,14 @@ class Cia402Driver(RobotDriver):
             if self._stop_ns:
                 raise DeviceError(f"{self!r}: the move was stopped before it started", "STOPPED")
         for n in self.nodes:
-            self._controlword(n, cw | Controlword.NEW_SET_POINT)
+            self._setup_controlword(n, cw | Controlword.NEW_SET_POINT)
         ack_deadline = time.monotonic() + self.opts["setpoint_timeout_s"]
         for n in self.nodes:
-            self._await_ack(n, ack_deadline)
             with self._lock:
                 stopped = self._stop_ns
-            # a stop() that came while the set-points were being taken halted the drives: the
-            # acknowledge handshake must not lift that halt on the nodes still to go
-            self._controlword(n, cw | Controlword.HALT if stopped else cw)
+            if not stopped:  # a halted drive need not take its set-point; the move ends STOPPED
+                self._await_ack(n, ack_deadline)
+            self._setup_controlword(n, cw)
         acked_ns = time.monotonic_ns()
         with self._lock:
             self._commanded = set(self.nodes)
@@ -2090,17 +2100,18 @@ class Cia402Driver(RobotDriver):
             return None if self._watch is None else self._watch.report()
 
     def _stop_internal(self) -> None:
-        with self._lock:
-            commanded = [n for n in self.nodes if n in self._commanded]
-            self._stop_ns = time.monotonic_ns()  # also for a move still being set up (_move_internal)
-            if self._watch is not None:
-                self._watch.stop(self._stop_ns)
-                self._lock.notify_all()
-        if self.opts["enable"] == "never":
-            log.info("%r: stop: enable=never, cellcal commands no drive", self)
-            return
-        for n in commanded or self.nodes:
-            self._controlword(n, CW_ENABLE_OPERATION | Controlword.HALT)
+        with self._halt_lock:  # not between a move's reading of the flag and its write
+            with self._lock:
+                commanded = [n for n in self.nodes if n in self._commanded]
+                self._stop_ns = time.monotonic_ns()  # also for a move still being set up (_move_internal)
+                if self._watch is not None:
+                    self._watch.stop(self._stop_ns)
+                    self._lock.notify_all()
+            if self.opts["enable"] == "never":
+                log.info("%r: stop: enable=never, cellcal commands no drive", self)
+                return
+            for n in commanded or self.nodes:
+                self._controlword(n, CW_ENABLE_OPERATION | Controlword.HALT)
 
 
 def _hex(v: int | None) -> str:

@@ -594,8 +594,14 @@ class CanopenSimDrives:
         halt = bool(cw & Controlword.HALT)
         if halt and not d.halt:
             self.robot.stop()
-            d.target = int(self._position_counts(self.robot.sample().target_q_rad)[d.joint])
             d.pending = None
+            d.halt = True
+            # One arm stands for all drives: a new stop moves the rest point of every drive
+            # already halted too, and each halted drive comes to rest where the arm does.
+            rest = self._position_counts(self.robot.sample().target_q_rad)
+            for x in self.drives:
+                if x.halt:
+                    x.target = int(rest[x.joint])
         d.halt = halt
         rising = cw & Controlword.NEW_SET_POINT and not d.cw_prev & Controlword.NEW_SET_POINT
         if not rising or halt:

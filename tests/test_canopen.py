@@ -227,7 +227,7 @@ def test_stop_ends_a_waiting_move_and_its_target_is_not_reached(sim):
 
 
 
-@pytest.mark.parametrize("delay_s", [0.0, 0.002, 0.01, 0.03])
+@pytest.mark.parametrize("delay_s", [0.0, 0.002, 0.01, 0.03, 0.06])
 def test_a_stop_while_the_move_is_being_set_up_sticks(sim, delay_s):
     """stop() that lands before the move's set-points are all acknowledged (the window the
     daemon's abort can hit under load) ends the move as STOPPED: the handshake that follows
@@ -250,8 +250,10 @@ def test_a_stop_while_the_move_is_being_set_up_sticks(sim, delay_s):
         t.join(10.0)
         assert not t.is_alive()
         assert failure and isinstance(failure[0], DeviceError) and failure[0].code == "STOPPED", failure
+        # a stopped move's target is not reached (read_state says so): at rest is what is asked
         s, _ = robot.wait_settled(SettleConfig(dwell_s=0.2, max_joint_speed_rad_s=math.radians(0.1),
-                                               max_flange_ang_speed_rad_s=math.radians(0.1)), 10)
+                                               max_flange_ang_speed_rad_s=math.radians(0.1),
+                                               require_target_reached=False), 10)
         assert np.max(np.abs(s.q_rad - start)) < np.deg2rad(25.0)  # halted, not carried on to the target
 
 def test_protective_stop_is_quick_stop_and_needs_reenable(sim):
