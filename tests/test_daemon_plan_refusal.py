@@ -62,3 +62,17 @@ def test_a_base_frame_plan_about_one_axis_is_refused_when_no_station_may_be_adde
         reason = _refused(cell, run_id)
         assert reason.startswith("PlanRefused: ") and "max_extra_stations = 0" in reason and "same axis" in reason
         assert np.max(np.abs(np.array(cell.robot.robot.sample().q_rad) - q0)) < 1e-9
+
+
+def test_a_plan_for_another_arm_is_refused_naming_the_station(tmp_path):
+    """A plan of 12 joints for the 6-joint robot (the wire fuzz found it as an internal error
+    with a traceback): refused before the first move, the station and the shape named."""
+    from cellcal.daemon.runs.plan import PlannedStation
+    with inprocess_cell(tmp_path, n_stations=None) as cell:
+        q0 = np.array(cell.robot.robot.sample().q_rad)
+        plan = [PlannedStation(i, np.full(12, 0.1 * i), None) for i in range(4)]
+        run_id = cell.svc.start_run(P.KIND_BASE_FRAME, plan=plan, reason="test")
+        reason = _refused(cell, run_id)
+        assert reason.startswith("PlanRefused: plan station 0: "), reason
+        assert "(12,)" in reason and "internal error" not in reason
+        assert np.max(np.abs(np.array(cell.robot.robot.sample().q_rad) - q0)) < 1e-9

@@ -169,14 +169,19 @@ def planned_poses(ctx: RunContext, run: RunRecord) -> np.ndarray | None:
     if not ctx.commands_robot or "stations" not in run.plan:
         return None
     poses = []
-    for ps in plan_from_dict(run.plan):
+    for i, ps in enumerate(plan_from_dict(run.plan)):
         if ps.base_T_flange is not None:
             poses.append(np.asarray(ps.base_T_flange, dtype=float))
         elif ps.q_rad is not None:
             model = ctx.model_or_none()
             if model is None:
                 return None
-            poses.append(np.asarray(model.forward(ps.q_rad), dtype=float))
+            try:
+                poses.append(np.asarray(model.forward(ps.q_rad), dtype=float))
+            except ValueError as exc:
+                # A plan written for another arm (12 joints for a 6-joint robot): the
+                # robot would refuse the first move; say so before any move, naming where.
+                raise PlanRefused(f"plan station {i}: {exc}") from None
         else:
             return None
     return np.array(poses).reshape(-1, 4, 4) if poses else None
