@@ -153,6 +153,16 @@ def cell(tmp_path_factory, broker):
         c.svc.request_drift_check("test")
         c.wait_for(lambda t, b: t == P.TOPIC_DRIFT, 30.0, "a drift check")
         assert c.svc.wait_idle(20.0)
+        # The publisher runs on its own thread: on a loaded machine the drift check may still
+        # be on its way to the broker, and a subscriber that joins before it lands gets it live
+        # (retain flag 0), not retained. A probe that sees it at the broker first makes the
+        # tests' subscribers late joiners, as they mean to be.
+        probe = Subscriber(broker.port, topic("drift"))
+        try:
+            drift = as_json(c.bodies(P.TOPIC_DRIFT)[-1])
+            probe.wait(topic("drift"), lambda b: b == drift, 30.0)
+        finally:
+            probe.close()
         yield c
 
 
