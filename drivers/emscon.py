@@ -60,6 +60,8 @@ __all__ = ["EmsconTrackerDriver", "status_error"]
 log = logging.getLogger(__name__)
 
 _READ_CHUNK = 65536
+#: A wait for a reply polls this often for close() from another thread (_check_interrupt).
+_POLL_S = 0.05
 #: What a real tracker may take to initialise (it moves the head and checks its sensors).
 DEFAULT_INITIALIZE_TIMEOUT_S = 120.0
 _INITIALIZE_MODES = ("auto", "always", "never")
@@ -344,6 +346,7 @@ class EmsconTrackerDriver(HostClockTrackerDriver):
                     return out
                 self.discarded += 1
                 log.debug("%s: discarded %s while waiting for %s", self, item, what)
+            self._check_interrupt()
             left = remaining_s(deadline)
             if left <= 0:
                 # no sequence numbers: a late answer would be taken for the next command's
@@ -352,7 +355,7 @@ class EmsconTrackerDriver(HostClockTrackerDriver):
                     self._gone = True  # the next call reconnects (auto_reconnect)
                 raise TrackerTimeoutError(f"{self}: no {what} in time")
             try:
-                readable, _, _ = select.select([sock], [], [], left)
+                readable, _, _ = select.select([sock], [], [], min(left, _POLL_S))
                 if not readable:
                     continue
                 data = sock.recv(_READ_CHUNK)

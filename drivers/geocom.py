@@ -387,6 +387,7 @@ class GeocomTrackerDriver(HostClockTrackerDriver):
                     log.debug("%s: discarding a reply to transaction %s", self, item.trid)
                     continue
                 return self._check_reply(item, name, n_values, with_rc)
+            self._check_interrupt()
             if remaining_s(deadline) <= 0:
                 raise TrackerTimeoutError(f"{self}: no reply to {name} in time")
             try:

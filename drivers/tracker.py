@@ -87,6 +87,8 @@ _DEVICE_RESTART_BACKSTEP_US = 1_000_000
 DEFAULT_BAUDRATE = 115_200
 #: Longest single blocking read; the deadline loop re-checks time in between.
 _READ_POLL_S = 0.05
+#: How long close() waits for a request on another thread before interrupting it.
+_CLOSE_WAIT_S = 0.2
 _WRITE_TIMEOUT_S = 1.0
 
 
@@ -339,6 +341,9 @@ class TrackerDriver(DeviceDriver):
         self.auto_reconnect = bool(auto_reconnect)
         self.clock = ExchangeClockModel()
         self._lock = threading.RLock()
+        # Set by close() while another thread holds the link: its request gives up at the
+        # backend's next read poll (:meth:`_check_interrupt`) instead of running to its end.
+        self._interrupt = threading.Event()
         self._open = False
         self._gone = False
         self._info: TrackerInfo | None = None
@@ -374,14 +379,31 @@ class TrackerDriver(DeviceDriver):
             return self
 
     def close(self) -> None:
-        """Close the link (idempotent, never raises for a link already gone)."""
-        with self._lock:
+        """Close the link (idempotent, never raises for a link already gone).
+
+        A request another thread has in progress (an aborted run's measurement, still
+        averaging) is interrupted: it raises :class:`TrackerGoneError` at its next read poll,
+        so closing never waits out a long average.
+        """
+        if not self._lock.acquire(timeout=_CLOSE_WAIT_S):
+            self._interrupt.set()
+            self._lock.acquire()
+        try:
+            self._interrupt.clear()
             was_open, self._open, self._gone = self._open, False, False
             if was_open:
                 try:
                     self._close_internal()
                 except Exception:  # noqa: BLE001 - close must not raise; say what happened
                     log.warning("%s: error while closing", self, exc_info=True)
+        finally:
+            self._lock.release()
+
+    def _check_interrupt(self) -> None:
+        """Raise :class:`TrackerGoneError` when :meth:`close` waits for the link (backends
+        call it in their read loops, between polls)."""
+        if self._interrupt.is_set():
+            raise TrackerGoneError(f"{self}: closed while a request was in progress")
 
     @property
     def is_open(self) -> bool:
@@ -841,6 +863,7 @@ class SerialTrackerDriver(TrackerDriver):
                 out = self._on_record(rec, request, expect)
                 if out is not None:
                     return out, (t_sent, t_rx)
+            self._check_interrupt()
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 raise TrackerTimeoutError(

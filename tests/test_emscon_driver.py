@@ -262,3 +262,17 @@ def test_values_outside_the_trackers_range_are_refused(kw, field):
             drv.measure("point")
         assert ei.value.field == field and ei.value.code == "IMPLAUSIBLE"
         dev.assert_done()
+
+
+def test_close_interrupts_a_measurement_on_another_thread():
+    """The daemon's shutdown after an abort: the measurement the aborted run left waiting
+    for its result raises TrackerGoneError at the next poll; close() does not wait it out."""
+    from test_tracker_driver import _close_during
+
+    script = _measure_script(ans(Command.START_MEASUREMENT))  # ... and the result never comes
+    with ScriptedDevice(script, "tcp") as dev:
+        drv = _driver(_url(dev), timeout_s=30.0).open()
+        took, raised = _close_during(drv, lambda: drv.measure("point"))
+        dev.assert_done()
+    assert took < 5.0, took
+    assert len(raised) == 1 and isinstance(raised[0], trk.TrackerGoneError), raised

@@ -353,3 +353,47 @@ def test_error_tree():
     assert issubclass(trk.TrackerTimeoutError, DriverTimeoutError)
     assert issubclass(trk.TrackerTimeoutError, TimeoutError)
     assert issubclass(trk.TrackerGoneError, DeviceGoneError)
+
+
+def _close_during(drv, fn) -> tuple[float, list[BaseException]]:
+    """Run ``fn`` on a thread, close ``drv`` once it waits in its request; return how long
+    close() took and what ``fn`` raised."""
+    import threading
+
+    raised: list[BaseException] = []
+
+    def call() -> None:
+        try:
+            fn()
+        except BaseException as exc:  # noqa: BLE001 - handed to the test
+            raised.append(exc)
+
+    t = threading.Thread(target=call, daemon=True)
+    t.start()
+    deadline = time.monotonic() + 10.0
+    while drv._lock.acquire(blocking=False):  # until the request holds the link
+        drv._lock.release()
+        assert time.monotonic() < deadline and t.is_alive()
+        time.sleep(0.005)
+    time.sleep(0.1)  # let it reach its read wait (either way close() must interrupt it)
+    t0 = time.monotonic()
+    drv.close()
+    took = time.monotonic() - t0
+    t.join(5.0)
+    assert not t.is_alive()
+    return took, raised
+
+
+@pytest.mark.parametrize("transport", ["pty", "tcp"])
+def test_close_interrupts_a_long_measurement_on_another_thread(transport):
+    """An aborted run's measurement averaging 30 s on a helper thread: closing the driver
+    (the daemon's shutdown) interrupts it at the next read poll instead of waiting it out."""
+    steps = OPEN_SCRIPT + [(encode(codec.Meas(3, MeasKind.POINT, 30_000)), None)]
+    with ScriptedDevice(steps, transport) as dev:
+        drv = _driver(dev.url, timeout_s=1.0).open()
+        took, raised = _close_during(drv, lambda: drv.measure("point", 30.0))
+        dev.assert_done()
+    assert took < 5.0, took  # not the 31 s the measurement had
+    assert len(raised) == 1 and isinstance(raised[0], trk.TrackerGoneError), raised
+    assert "closed while a request was in progress" in str(raised[0])
+    assert not drv.is_open
