@@ -55,8 +55,12 @@ def test_kill_9_during_capture_loses_and_duplicates_nothing(tmp_path):
     assert sum(1 for i in rep.instances if i.killed_s is not None) == rep.kills
     states = [i.state_at_kill for i in rep.instances if i.killed_s is not None]
     # A kill armed in the run's last station lands in SOLVING when the station is accepted
-    # within the random delay (a phase worth killing in too): on a loaded machine 5 of 24.
-    assert states.count("CAPTURING") >= 3 * KILLS // 4 and set(states) <= {"CAPTURING", "SOLVING"}, states
+    # within the random delay (a phase worth killing in too): on a loaded machine 5 of 24,
+    # and a run's last station is where about one kill in four is armed (after 0-2 accepted
+    # stations of 8, resumed runs being shorter). Half the kills in CAPTURING leaves a margin
+    # of seven against the worst seen, while a soak whose kills mostly missed the capture
+    # (the phase under test) still fails.
+    assert states.count("CAPTURING") >= KILLS // 2 and set(states) <= {"CAPTURING", "SOLVING"}, states
     assert rep.runs_done and all(v["status"] == "done" for v in rep.audit["runs"].values())
     assert rep.runs_resumed >= 2  # runs that a kill interrupted finished after a restart
     assert rep.worst_sigma <= K_SIGMA
