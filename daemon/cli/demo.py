@@ -258,7 +258,7 @@ def _camera_report(args: argparse.Namespace, svc: Service, result: Mapping[str, 
     truth = dc.camera_truth(scenario, str(args.camera))
     honest = dc.camera_truth_error(result, truth)
     # A camera result has no check stations (its stations have no tracker pose): no drift check.
-    no_drift = f"drift check: not made (not defined for a {result.get('kind')} result: it has no tracker check stations)"
+    no_drift = f"drift check: not made (not defined for {result.get('kind')} results: they have no tracker check stations)"
     report = _write_report(svc, result, cfg)
     if args.json:
         out: dict[str, object] = dict(result)
