@@ -234,7 +234,7 @@ def _camera_config(args: argparse.Namespace, scenario: Scenario, url: str, state
     """The demo's configuration with the ``[camera]`` of the simulated camera at ``url``
     (``demo_camera.camera_overrides``): the intrinsics estimated with the hand-eye, unless
     the state directory's store holds an intrinsics result that passed its gates (a demo run
-    again with ``--state-dir``, after ``cellcal ctl start-run intrinsics``)."""
+    again with ``--state-dir`` after an intrinsics run there: ``cellcal ctl start_run kind=intrinsics``)."""
     n_views = dc.DEFAULT_VIEWS if args.stations is None else args.stations
     base = config_overrides(args.instrument)
 
@@ -375,7 +375,7 @@ def run(args: argparse.Namespace) -> int:
         # tracker check needs the robot base in the cell: that calibration first.
         kinds: list[str | None] = [None]
         if args.camera is not None:
-            kinds = [None, dc.KIND_OF_SETUP[args.camera]] if args.camera == "eye_to_hand" else [dc.KIND_OF_SETUP[args.camera]]
+            kinds = [None, dc.SETUP_KINDS[args.camera]] if args.camera == "eye_to_hand" else [dc.SETUP_KINDS[args.camera]]
         for kind in kinds:
             outcome.pop("result", None)
             try:

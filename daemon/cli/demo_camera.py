@@ -33,13 +33,13 @@ from cellcal.solver.se3 import se3_inverse, so3_log
 if TYPE_CHECKING:  # the simulator itself is loaded in the functions that use it only
     from cellcal.sim.scenario import Scenario
 
-__all__ = ["CAMERA_SETUPS", "KIND_OF_SETUP", "DEFAULT_VIEWS", "camera_overrides", "camera_truth",
+__all__ = ["CAMERA_SETUPS", "SETUP_KINDS", "DEFAULT_VIEWS", "camera_overrides", "camera_truth",
            "camera_truth_error", "camera_lines"]
 
 #: ``--camera`` choices: how the camera is mounted (``[camera] mounting``).
 CAMERA_SETUPS = ("eye_in_hand", "eye_to_hand")
 #: The run kind that calibrates each setup (``protocol.RunKind``).
-KIND_OF_SETUP = {"eye_in_hand": "hand_eye", "eye_to_hand": "eye_to_hand"}
+SETUP_KINDS = {"eye_in_hand": "hand_eye", "eye_to_hand": "eye_to_hand"}
 #: ``[camera.hand_eye]`` of the demo's cell. Its arm carries the kinematic error of a
 #: factory-calibrated UR (ADR 0015; up to ~0.5 mm and 0.04 deg, config/demo.toml's [drift]):
 #: the camera chain's tests see it as robot corrections beyond the repeatability, and its
