@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 from cellcal.daemon.bodies import transform_from_wire
+from cellcal.daemon.cli import demo_camera as dc
 from cellcal.daemon.cli.examples import example_path
 from cellcal.sim.camera_device import default_camera
 from cellcal.sim.scenario import load_scenario
@@ -91,9 +92,7 @@ def test_demo_camera_eye_to_hand_makes_the_tracker_check_after_a_base_frame(tmp_
 
 
 def test_demo_camera_text_report_names_what_it_printed(tmp_path):
-    # the text report of a camera run, read from a stored result: no second simulated cell
-    from cellcal.daemon.cli import demo_camera as dc
-
+    # the text report of a camera run from a result body: no third simulated cell
     lines = dc.camera_lines(_FAKE, dc.camera_truth_error(_FAKE, {"flange_T_camera": np.eye(4)}), 1.0)
     text = "\n".join(lines)
     assert "flange_T_camera translation_mm" in text and "OUTSIDE 3 sigma" in text and "gates FAILED: x" in text
