@@ -8,7 +8,8 @@ on the image corners, gates, stores and activates.
 One run (the module's fixture) is read every way a client reads it: the transforms against
 the simulator's truth within their reported covariance, the result's camera figures (held-out
 closure, OpenCV's cross-check, bootstrap), the gates in their own units, ``cellcal show`` and
-the HTML report's section.
+the HTML report's section, and the integrator files the daemon exported for it (with
+``[export]`` frame names of a ROS cell).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _hand_eye_export_files import check_hand_eye_exports
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import transform_from_wire
@@ -29,6 +31,10 @@ from cellcal.testing.harness import CELLCAL, inprocess_cell
 pytestmark = pytest.mark.slow
 
 N_VIEWS = 10
+#: A ROS cell's frame names (ur_description's base_link: the controller's base turned half a
+#: turn about z): the exports must use them (``[export]``).
+EXPORT_FRAMES = {"flange_frame": "tool0", "camera_frame": "camera_optical_frame", "base_frame": "base_link",
+                 "base_frame_yaw_deg": 180.0}
 #: chi-square, 6 dof, 99.9 %
 CHI2_6_999 = 22.46
 
@@ -37,7 +43,7 @@ CHI2_6_999 = 22.46
 def cell(tmp_path_factory):
     work = tmp_path_factory.mktemp("hand_eye_camera")
     with inprocess_cell(work, camera="eye_in_hand", camera_views=N_VIEWS, validate_bodies=True,
-                        overrides={"camera": {"use_intrinsics": "estimate"}}) as c:
+                        overrides={"camera": {"use_intrinsics": "estimate"}, "export": EXPORT_FRAMES}) as c:
         c.wait_for(lambda t, b: t == P.TOPIC_HEARTBEAT and b["devices"].get("camera", {}).get("connected"), 60,
                    "the camera connected")
         run_id = c.svc.start_run(P.KIND_HAND_EYE)
@@ -134,3 +140,9 @@ def test_to_base_takes_a_point_in_the_camera_frame_through_the_flange_pose(cell)
         with pytest.raises(CommandFailed) as ei:
             c.call("to_base", point_m=camera_p.tolist())  # a camera result has no cell_T_base
         assert ei.value.code == P.E_NO_CALIBRATION
+
+
+def test_the_exports_hold_the_hand_eye_files_of_the_result(cell):
+    exports = Path(cell.cfg.service.state_dir) / "exports"
+    assert cell.cfg.export.flange_frame == "tool0" and cell.cfg.export.base_frame_yaw_rad != 0.0
+    check_hand_eye_exports(exports, cell.result, "eye_in_hand", cell.cfg.export)

@@ -6,13 +6,17 @@ module first shows the refusals at start (no intrinsics stored yet; a ``hand_eye
 camera mounted eye-to-hand), then runs ``base_frame``, ``intrinsics`` and ``eye_to_hand`` on the
 same cell. The tracker's target rides on the camera's board (``[camera.hand_eye]
 tracker_target_mm``), so every camera station also measures it, and the result carries the
-tracker check: the camera chain's prediction of those points against the tracker.
+tracker check: the camera chain's prediction of those points against the tracker; the
+daemon exports the result's integrator files.
 """
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
+from _hand_eye_export_files import check_hand_eye_exports
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon import runs
@@ -116,3 +120,11 @@ def test_the_tracker_check_closes_the_camera_chain_against_the_tracker(cell):
     assert 'id="fig-hand-eye-tracker"' in html and "tracker check" in html
     stations = cell.svc.store.stations(cell.run_id)
     assert all(s.cell_T_target is not None and s.camera is not None for s in stations)
+
+
+def test_the_exports_hold_the_hand_eye_files_of_the_result(cell):
+    exports = Path(cell.cfg.service.state_dir) / "exports"
+    check_hand_eye_exports(exports, cell.result, "eye_to_hand", cell.cfg.export)
+    # the base-frame result before it keeps only the common files
+    rid = int(cell.base_frame["result_id"])
+    assert (exports / f"result_{rid}.urdf").is_file() and not list(exports.glob(f"result_{rid}_hand_eye*"))

@@ -211,3 +211,33 @@ def test_the_easy_handeye_yaml_reads_back_with_pyyaml(setup, tmp_path):
     np.testing.assert_allclose(T, CAMERA, atol=TOL)
     assert list(refused)[0] == "GATES_FAILED" and REFUSED_MARK in refused["GATES_FAILED"]
     assert refused["transform"] == ok["transform"]
+
+
+@pytest.mark.parametrize("kind", ["hand_eye", "eye_to_hand"])
+def test_a_stored_refused_result_gets_its_hand_eye_files_marked_beside_the_common_ones(kind, tmp_path):
+    # what the daemon writes for a stored result (report.exports.write_exports -> the kind's write_exports)
+    from cellcal.daemon.bodies import transform_to_wire
+    from cellcal.daemon.report.exports import write_exports
+    from cellcal.daemon.report.refused import REFUSED_DIR
+
+    setup = "eye_in_hand" if kind == "hand_eye" else kind
+    cam, tgt = TRANSFORM_NAMES[setup]
+    why = "holdout_p90: held-out views' static-target closure P90 3.1 mm > 1 mm"
+    body = {"kind": kind, "transforms": {cam: transform_to_wire(cam, CAMERA), tgt: transform_to_wire(tgt, TARGET)},
+            "uncertainty": {"covariance": {n: {"shape": [6, 6], "values": C.reshape(-1).tolist()}
+                                           for n, C in ((cam, COV_CAMERA), (tgt, COV_TARGET))}},
+            "gates": {"passed": False, "failed": [why], "checks": [
+                {"name": "holdout_p90", "value": 3.1e-3, "limit": 1e-3, "unit": "m", "passed": False,
+                 "message": "held-out views' static-target closure P90 3.1 mm > 1 mm"}]}}
+    paths = write_exports(tmp_path, 9, body, Export(flange_frame="tool0"))
+    names = hand_eye_file_names(9)
+    assert {paths[f"hand_eye_{k}"].name for k in names} == set(names.values())
+    assert paths["urdf"].name == "result_9.urdf" and paths["hand_eye_urdf"] != paths["urdf"]  # keys of their own
+    for key in names:
+        p = paths[f"hand_eye_{key}"]
+        assert p.parent.name == REFUSED_DIR and why in p.read_text().splitlines()[0], key
+    robot = ET.parse(paths["hand_eye_urdf"]).getroot()
+    (joint,) = robot.findall("joint")
+    assert joint.find("parent").get("link") == ("tool0" if setup == "eye_in_hand" else "base")  # type: ignore[union-attr]
+    np.testing.assert_allclose(_origin(joint), CAMERA, atol=TOL)
+    assert not list(tmp_path.glob("result_9_hand_eye*"))  # none outside the refused directory

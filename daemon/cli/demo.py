@@ -29,6 +29,17 @@ tracker (``cellcal.daemon.cli.instruments``: an emScon laser tracker over TPI on
 GeoCOM total station on a pty with checksums on) and runs the point-based (3-DoF)
 calibration: ``cell_T_base`` and the reflector's ``flange_p_target``, each checked against
 the hidden truth and against its own reported covariance (``truth_error``).
+
+``--camera eye_in_hand|eye_to_hand`` also puts the rendered camera in the cell, as a GigE
+Vision device on a loopback address of its own, and calibrates it instead of the base frame
+(``cellcal.daemon.cli.demo_camera``): run kind ``hand_eye`` or ``eye_to_hand`` (after a
+base-frame calibration, which the eye-to-hand result's tracker check needs), the intrinsics
+estimated with the hand-eye unless the state directory holds an intrinsics result. It prints
+both transforms, the reprojection RMS, the held-out closure, OpenCV's cross-check, the
+tracker check and its gate, the gates and each transform's error against the simulator's
+truth with its NEES; ``--json`` carries ``truth_error`` by transform name. A camera result has
+no drift check (its stations have no tracker pose): the demo says so and makes none. The exit
+status is as above, 4 when a transform lies outside 3 sigma.
 """
 
 from __future__ import annotations
@@ -52,19 +63,22 @@ import numpy as np
 from cellcal.daemon import protocol as P
 from cellcal.daemon.app import App
 from cellcal.daemon.bodies import transform_from_wire
+from cellcal.daemon.cli import demo_camera as dc
 from cellcal.daemon.cli.examples import example_path
 from cellcal.daemon.cli.instruments import config_overrides, start_simulated
 from cellcal.daemon.config import Config, ConfigError, load_config
 from cellcal.daemon.report import human
 from cellcal.daemon.report.html import export_report
 from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
-from cellcal.daemon.service import Service
-from cellcal.daemon.store import RunStatus
+from cellcal.daemon.runs.intrinsics import stored_intrinsics
+from cellcal.daemon.service import Service, ServiceError
+from cellcal.daemon.store import DB_FILENAME, RunRecord, RunStatus, Store
 from cellcal.daemon.wire.endpoints import free_port
 from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import se3_inverse, so3_log
 
 if TYPE_CHECKING:  # the simulator itself is loaded in run() only
+    from cellcal.sim.scenario import Scenario
     from cellcal.sim.world import World
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -92,6 +106,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--instrument", choices=("cellcal", "emscon", "geocom"), default="cellcal",
                    help="the simulated tracker's protocol: cellcal tracker protocol (6-DoF, default), Leica emScon "
                         "TPI or Leica GeoCOM (both 3-DoF points)")
+    p.add_argument("--camera", choices=dc.CAMERA_SETUPS, default=None,
+                   help="also put the rendered camera in the cell (GigE Vision on loopback) and calibrate it, mounted "
+                        "on the flange (eye_in_hand: run kind hand_eye) or fixed in the cell (eye_to_hand, after a "
+                        "base-frame calibration for its tracker check); --stations sets the camera views")
 
 
 #: Where the demo serves each instrument: loopback TCP, GeoCOM on a pty (its serial line).
@@ -201,6 +219,65 @@ def _say_kept(report: Path | None, state_dir: str, say: Callable[[str], None]) -
         f"cellcal show --state-dir {state_dir})")
 
 
+def _wait_run(svc: Service, run_id: int, deadline: float, done: threading.Event) -> RunRecord:
+    """The run once it closed and the worker is idle, or as it stands at ``deadline``."""
+    run = svc.store.get_run(run_id)
+    while time.monotonic() < deadline:
+        run = svc.store.get_run(run_id)
+        if not run.is_open and svc.wait_idle(0.0):
+            break
+        done.wait(0.1)
+    return run
+
+
+def _camera_config(args: argparse.Namespace, scenario: Scenario, url: str, state_dir: Path) -> Config:
+    """The demo's configuration with the ``[camera]`` of the simulated camera at ``url``
+    (``demo_camera.camera_overrides``): the intrinsics estimated with the hand-eye, unless
+    the state directory's store holds an intrinsics result that passed its gates (a demo run
+    again with ``--state-dir`` after an intrinsics run there: ``cellcal ctl start_run kind=intrinsics``)."""
+    n_views = dc.DEFAULT_VIEWS if args.stations is None else args.stations
+    base = config_overrides(args.instrument)
+
+    def with_camera(use: str) -> Config:
+        section = dc.camera_overrides(url, args.camera, scenario, state_dir, n_views=n_views, use_intrinsics=use)
+        return load_config(args.config, overrides={**base, "camera": section})
+
+    cfg = with_camera("latest")
+    store_dir = state_dir / "state"
+    if cfg.camera is not None and (store_dir / DB_FILENAME).exists():
+        with Store(store_dir, read_only=True) as store:
+            if stored_intrinsics(store, cfg.camera) is not None:
+                return cfg
+    return with_camera("estimate")
+
+
+def _camera_report(args: argparse.Namespace, svc: Service, result: Mapping[str, object], scenario: Scenario,
+                   cfg: Config, elapsed_s: float) -> int:
+    """Print a camera result against the simulator's truth (text or ``--json``); the exit
+    status (4: a transform outside 3 sigma of its own covariance)."""
+    truth = dc.camera_truth(scenario, str(args.camera))
+    honest = dc.camera_truth_error(result, truth)
+    # A camera result has no check stations (its stations have no tracker pose): no drift check.
+    no_drift = f"drift check: not made (not defined for {result.get('kind')} results: they have no tracker check stations)"
+    report = _write_report(svc, result, cfg)
+    if args.json:
+        out: dict[str, object] = dict(result)
+        out["report_path"] = None if report is None else str(report)
+        out["truth_error"] = honest
+        out["drift_check"] = None
+        out["drift_check_note"] = no_drift
+        print(json.dumps(out))
+    else:
+        for line in dc.camera_lines(result, honest, elapsed_s):
+            print(line)
+        print("  " + no_drift)
+    _say_kept(report, cfg.service.state_dir, print if not args.json else _say)
+    if honest["within_3_sigma"] is False:
+        _say("cellcal demo: the error against the truth lies OUTSIDE the result's reported uncertainty (3 sigma): exit 4")
+        return 4
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     # The simulator, loaded here only: the daemon's other commands never load it.
     from cellcal.sim.robot_sim import start_sim_robot  # lazy: the simulated robot
@@ -228,8 +305,18 @@ def run(args: argparse.Namespace) -> int:
     robot_sim = start_sim_robot(world, scenario.robot, transport="rtde")
     tracker_sim = start_simulated(args.instrument, world, scenario.tracker, seed=scenario.seed,
                                   transport=_DEMO_TRANSPORT[args.instrument])
+    camera_sim = None
     app = None
     try:
+        if args.camera is not None:
+            from cellcal.sim.camera_cell import start_camera  # lazy: the simulated camera
+
+            camera_sim = start_camera(world, scenario, args.camera)
+            try:
+                cfg = _camera_config(args, scenario, camera_sim.url, Path(state_dir))
+            except (ConfigError, CellcalError, ValueError) as exc:
+                print(f"cellcal demo: {exc}", file=sys.stderr)
+                return 2
         plan = cfg.plan if args.stations is None else dataclasses.replace(cfg.plan, n_stations=args.stations)
         # The demo's loopback ports may be taken (another demo, another program): use free
         # ones then, and say which, so `cellcal watch` can still follow it.
@@ -246,6 +333,10 @@ def run(args: argparse.Namespace) -> int:
         )
         _say(f"cellcal demo: simulated robot {robot_sim.url}, {args.instrument} instrument {tracker_sim.url} "
              f"({cfg.tracker.measure} stations), time x{scenario.time_scale:g}")
+        if camera_sim is not None and cfg.camera is not None:
+            took = "estimated with the hand-eye" if cfg.camera.use_intrinsics == "estimate" else "a stored result's"
+            _say(f"cellcal demo: simulated camera {camera_sim.url} ({args.camera}), {cfg.camera.plan.n_views} views, "
+                 f"intrinsics {took}")
         _say(f"cellcal demo: ZeroMQ PUB {zcfg.pub_endpoint}, commands {zcfg.cmd_endpoint}")
         done = threading.Event()
         outcome: dict[str, Mapping[str, object]] = {}
@@ -253,7 +344,9 @@ def run(args: argparse.Namespace) -> int:
         def on_event(topic: str, body: Mapping[str, object]) -> None:
             el = time.monotonic() - t0
             if topic == P.TOPIC_STATION:
-                if body.get("accepted"):
+                if "frame" in body:  # a camera station: what the frame showed, in words
+                    _say(f"[{el:6.1f} s] {human.station_line(body)}")
+                elif body.get("accepted"):
                     s = as_map(body.get("settle", {}), "settle")
                     _say(f"[{el:6.1f} s] station {to_int(body['index']) + 1:2d}/{body['planned']}: accepted "
                          f"(tracker std {1e3 * to_float(s.get('tracker_std_translation_m') or 0):.4f} mm, "
@@ -277,18 +370,31 @@ def run(args: argparse.Namespace) -> int:
 
         app = App(cfg, listeners=[on_event], supervise=True).open()
         svc = app.service
-        run_id = svc.start_run(reason="demo")  # the kind the demo's configuration names (base_frame)
         deadline = t0 + args.timeout_s
-        run = svc.store.get_run(run_id)
-        while time.monotonic() < deadline:
-            run = svc.store.get_run(run_id)
-            if not run.is_open and svc.wait_idle(0.0):
-                break
-            done.wait(0.1)
-        if run.status != RunStatus.DONE or "result" not in outcome:
-            _say(f"cellcal demo: run {run_id} ended {run.status.value}: {run.status_reason or 'no result before the timeout'}")
-            _say_kept(None, cfg.service.state_dir, _say)
-            return 1
+        # None: the kind the demo's configuration names (base_frame). An eye-to-hand camera's
+        # tracker check needs the robot base in the cell: that calibration first.
+        kinds: list[str | None] = [None]
+        if args.camera is not None:
+            kinds = [None, dc.SETUP_KINDS[args.camera]] if args.camera == "eye_to_hand" else [dc.SETUP_KINDS[args.camera]]
+        for kind in kinds:
+            outcome.pop("result", None)
+            try:
+                run_id = svc.start_run(kind, reason="demo")
+            except ServiceError as exc:  # refused at start (a camera kind says why)
+                _say(f"cellcal demo: a {kind or cfg.solve.kind} run was refused: {exc}")
+                _say_kept(None, cfg.service.state_dir, _say)
+                return 1
+            run = _wait_run(svc, run_id, deadline, done)
+            if run.status != RunStatus.DONE or "result" not in outcome:
+                _say(f"cellcal demo: run {run_id} ended {run.status.value}: "
+                     f"{run.status_reason or 'no result before the timeout'}")
+                _say_kept(None, cfg.service.state_dir, _say)
+                return 1
+            if kind is None and args.camera is not None:
+                _say(f"[{time.monotonic() - t0:6.1f} s] base-frame result {outcome['result']['result_id']}: the robot "
+                     "base in the cell, for the camera's tracker check")
+        if args.camera is not None:
+            return _camera_report(args, svc, outcome["result"], scenario, cfg, time.monotonic() - t0)
         result = outcome["result"]
         truth = world.cell_T_base()
         X = transform_from_wire(dict(_wire(result, "transforms", "cell_T_base")))
@@ -370,5 +476,7 @@ def run(args: argparse.Namespace) -> int:
     finally:
         if app is not None:
             app.close()
+        if camera_sim is not None:
+            camera_sim.close()
         tracker_sim.close()
         robot_sim.close()

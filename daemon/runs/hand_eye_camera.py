@@ -30,6 +30,11 @@ which one it is.
 * **finish**: :func:`camera_gates`, the tracker check where the run measured the tracker
   too (``cellcal.daemon.runs.hand_eye_tracker``: eye-to-hand with ``[camera.hand_eye]
   tracker_target_mm``, its own gate ``tracker_check``) and the stored record (:func:`camera_record`).
+* **write_exports**: beside the common exports, the integrator files of
+  ``cellcal.daemon.report.hand_eye_exports`` (ROS 2 static transforms, URDF, xacro,
+  easy_handeye YAML, MoveIt Calibration's launch files), ``result_<id>_hand_eye*``, with
+  ``[export]``'s frame names (and its ``base_frame_yaw_deg``), each written atomically; a result that failed its gates gets
+  them marked and disarmed, in the refused directory as its other exports.
 
 The gates are in the units the result is measured in (ADR 0031): the reprojection RMS in px;
 the 1-sigma of the camera transform (translation mm, rotation deg) from the image-level
@@ -47,6 +52,7 @@ from __future__ import annotations
 import math
 import threading
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
@@ -54,9 +60,11 @@ import numpy as np
 from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import as_json, result_to_wire
 from cellcal.daemon.capture import CaptureEngine, Expected
-from cellcal.daemon.config import Config
+from cellcal.daemon.config import Config, Export
 from cellcal.daemon.config.camera import MOUNTING_EYE_IN_HAND, MOUNTING_EYE_TO_HAND
-from cellcal.daemon.gates import GateCheck, GateReport
+from cellcal.daemon.gates import GateCheck, GateReport, gates_failed, gates_passed
+from cellcal.daemon.report.exports import atomic_write_bytes
+from cellcal.daemon.report.hand_eye_exports import TRANSFORM_NAMES, hand_eye_export_texts, hand_eye_file_names
 from cellcal.daemon.runs import camera_plan
 from cellcal.daemon.runs import hand_eye_report as hr
 from cellcal.daemon.runs import hand_eye_tracker as ht
@@ -315,6 +323,37 @@ class CameraHandEyeKind(RunKind):
 
     def report_sections(self, body: ResultBody, stations: Sequence[StationRecord] | None) -> ReportParts:
         return hr.report_parts(body)
+
+    def write_exports(self, directory: Path, result_id: int, body: ResultBody, export: Export) -> dict[str, Path]:
+        """The hand-eye integrator files (module docstring): export key (``hand_eye_launch``,
+        ``hand_eye_urdf``, ...) -> path. ``directory`` is already the refused directory for a
+        result that failed its gates (``report.exports.write_exports``)."""
+        transforms = _map(body.get("transforms"))
+        if not all(name in transforms for name in TRANSFORM_NAMES[self.setup]):
+            return {}  # not a camera chain's body: the common exports say what it holds
+        refused = None if gates_passed(body) else "; ".join(gates_failed(body))
+        mine = {name: transforms[name] for name in TRANSFORM_NAMES[self.setup]}
+        texts = hand_eye_export_texts(self.setup, _base_turned(mine, export.base_frame_yaw_rad),
+                                      _map(_map(body.get("uncertainty")).get("covariance")), result_id, refused,
+                                      frames=export)
+        # keys of their own: the common exports' "urdf" and "launch" are other files
+        return {f"hand_eye_{key}": atomic_write_bytes(Path(directory) / name, texts[name].encode())
+                for key, name in hand_eye_file_names(result_id).items()}
+
+
+def _base_turned(transforms: Mapping[str, object], yaw_rad: float) -> dict[str, np.ndarray]:
+    """The body's transforms (4, 4) with the exported base frame E turned ``yaw_rad`` about
+    the controller base B's z (``[export] base_frame_yaw_deg``, ``B_T_E = Rz(yaw)``): a
+    transform from the base is exported as ``E_T_child = Rz(-yaw) B_T_child``, as the common
+    exports turn it (``report.exports``), so both sets of files agree on ``base_link``."""
+    E_T_B = np.eye(4)
+    c, s = math.cos(yaw_rad), math.sin(yaw_rad)
+    E_T_B[:2, :2] = [[c, s], [-s, c]]
+    out = {}
+    for name, wire in transforms.items():
+        T = np.asarray(_map(wire).get("matrix"), dtype=float).reshape(4, 4)
+        out[name] = E_T_B @ T if name.startswith("base_T_") and yaw_rad != 0.0 else T
+    return out
 
 
 def camera_gates(result: CameraChainResult, cfg: Config) -> GateReport:

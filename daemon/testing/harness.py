@@ -25,9 +25,10 @@ One place for what the end-to-end tests (``tests/test_daemon_*.py``,
   :meth:`InProcessCell.mark`, :meth:`~InProcessCell.since` and :meth:`~InProcessCell.states`.
 * **Camera**: ``inprocess_cell(camera="eye_in_hand" | "eye_to_hand")`` serves a rendered
   camera as a GigE Vision device on a loopback address of its own
-  (``cellcal.testing.simulators.start_camera``) and gives the daemon its ``[camera]``
-  section (:func:`camera_section`: the device's URL, the board's target file, the view pose
-  and pivot the simulator's truth puts the board at); a camera in another process is
+  (``cellcal.sim.camera_cell.start_camera``, which ``cellcal demo --camera`` uses too) and
+  gives the daemon its ``[camera]`` section (``camera_section``, from the same module: the
+  device's URL, the board's target file, the view pose and pivot the simulator's truth puts
+  the board at); a camera in another process is
   ``SimProcess(..., "--camera", mounting, "--camera-address", address)`` with a free address
   from :func:`free_camera_address`.
 * **Processes**: :class:`SimProcess` (``cellcal sim``), :class:`DaemonProcess` (``cellcal
@@ -72,14 +73,15 @@ from cellcal.daemon.service import Service
 from cellcal.daemon.store import RunStatus
 from cellcal.daemon.wire.endpoints import free_port
 from cellcal.daemon.wire.zmq_server import ZmqServer
-from cellcal.sim.camera_device import SimCameraDevice, default_camera
+from cellcal.sim.camera_cell import TARGET_FILE, camera_addresses, camera_section
+from cellcal.sim.camera_device import SimCameraDevice
 from cellcal.sim.link import LinkServer
 from cellcal.sim.robot_sim import SimRobotHandle
 from cellcal.sim.scenario import Scenario, load_scenario
 from cellcal.sim.world import World
 from cellcal.solver.errors import CellcalError
-from cellcal.solver.se3 import se3_inverse, so3_log, xyz_quat_from_transform
-from cellcal.testing.simulators import camera_addresses, simulated_devices
+from cellcal.solver.se3 import se3_inverse, so3_log
+from cellcal.testing.simulators import simulated_devices
 
 __all__ = [
     "FAST_SCENARIO", "REALISTIC_SCENARIO", "SCENARIOS", "PROFILE_OVERRIDES", "profile_of", "CELLCAL", "K_SIGMA",
@@ -123,9 +125,6 @@ def profile_of(scenario: str | os.PathLike[str] | Scenario | None) -> str:
     if scenario is None or isinstance(scenario, Scenario):
         return "exact"
     return "realistic" if Path(scenario).resolve() == REALISTIC_SCENARIO.resolve() else "exact"
-#: The default board's target file (``config/charuco-7x5.toml``, installed as ``cellcal.examples``):
-#: what the default simulated camera sees.
-TARGET_FILE = Path(str(resources.files("cellcal.examples").joinpath("charuco-7x5.toml")))
 #: ``cellcal`` of the interpreter running us (the venv's), without relying on PATH.
 CELLCAL = [sys.executable, "-m", "cellcal.daemon.cli"]
 #: Results agree when every component of the difference is within this many sigma.
@@ -284,42 +283,6 @@ def scenario_with(path: Path, extra_toml: str, *, base: Path | str | None = None
 
 
 # ---- a camera ---------------------------------------------------------------------------------
-
-
-def camera_section(url: str, mounting: str, scenario: Scenario, workdir: Path, *, n_views: int = 12) -> dict:
-    """The daemon's ``[camera]`` (TOML keys) for the scenario's simulated camera at ``url``.
-
-    The target file is the scenario camera's (its board written to ``workdir/target.toml``
-    when it is not from a file; the default camera's is :data:`TARGET_FILE`); the plan's view
-    pose is the robot's initial flange pose (where the simulated cell shows the board) and its
-    pivot the board's centre as the truth puts it (on the flange, or where the camera on the
-    flange sees it): what an integrator measures roughly with a ruler.
-    """
-    cam = scenario.camera if scenario.camera is not None else default_camera(scenario, mounting)
-    source = Path(cam.target.source)
-    if scenario.camera is None:
-        target_file = TARGET_FILE  # the default camera's board
-    elif cam.target.sha256 is not None and source.is_file():
-        target_file = source
-    else:
-        target_file = Path(workdir) / "target.toml"
-        table = {k: v for k, v in cam.target.to_dict().items() if k != "sha256"}
-        target_file.write_text(to_toml({"target": table}))
-    truth = scenario.truth
-    centre = np.array([*(0.5 * np.asarray(cam.target.size_m)), 0.0, 1.0])
-    if cam.mounting == "eye_in_hand":
-        assert cam.cell_T_target is not None
-        pivot = (se3_inverse(truth.cell_T_base @ truth.base_T_flange) @ cam.cell_T_target @ centre)[:3]
-    else:
-        assert cam.flange_T_target is not None
-        pivot = (cam.flange_T_target @ centre)[:3]
-    xyz, q = xyz_quat_from_transform(truth.base_T_flange)
-    return {
-        "url": url, "target_file": str(target_file), "mounting": cam.mounting,
-        "options": {"timeout_s": 2.0},
-        "plan": {"n_views": int(n_views), "view_flange_xyz_mm": [float(v) * 1e3 for v in xyz],
-                 "view_flange_quat_wxyz": [float(v) for v in q], "pivot_mm": [float(v) * 1e3 for v in pivot]},
-    }
 
 
 def free_camera_address() -> str:

@@ -6,9 +6,10 @@ or six CiA 402 drives on a python-can virtual bus of its own) and the simulated 
 loopback TCP: ``cellcal.daemon.cli.instruments``), all reading one world's truth, and closes
 them on exit; with ``camera=`` also a rendered camera served as a GigE Vision device
 (``cellcal.sim.camera_device``, the scenario's ``[camera]`` or a default one of that
-mounting) on a loopback address of its own (:func:`camera_addresses`: GVCP's port 3956 is
-fixed, so cameras side by side need addresses of their own). The in-process cell
-(``harness.inprocess_cell``) and the pytest plugin's in-process ``sim_cell`` are built on it.
+mounting) on a loopback address of its own (``cellcal.sim.camera_cell``, shared with
+``cellcal demo --camera``: GVCP's port 3956 is fixed, so cameras side by side need addresses
+of their own). The in-process cell (``harness.inprocess_cell``) and the pytest plugin's
+in-process ``sim_cell`` are built on it.
 """
 
 from __future__ import annotations
@@ -21,37 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cellcal.daemon.cli.instruments import start_simulated
-from cellcal.sim.camera_device import SimCameraDevice, default_camera, start_sim_camera
+from cellcal.sim.camera_cell import camera_addresses, start_camera
+from cellcal.sim.camera_device import SimCameraDevice
 from cellcal.sim.link import LinkServer
 from cellcal.sim.robot_sim import SimRobotHandle, start_sim_robot
 from cellcal.sim.scenario import Scenario, load_scenario
 from cellcal.sim.world import World
 
 __all__ = ["SimulatedDevices", "simulated_devices", "camera_addresses", "start_camera"]
-
-
-def camera_addresses() -> Iterator[str]:
-    """Loopback addresses for simulated cameras of this process: ``127.<80 + worker>.<pid
-    derived>.<n>`` (pytest-xdist's worker number; another session's tests on the machine take
-    other pids), each tried in turn by :func:`start_camera` until one binds."""
-    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")
-    n = int(worker[2:]) if worker[2:].isdigit() else 0
-    third = (os.getpid() // 7) % 200 + 20
-    for last in range(2, 255):
-        yield f"127.{80 + n % 100}.{third}.{last}"
-
-
-def start_camera(world: World, scenario: Scenario, mounting: str, *, seed: int | None = None) -> SimCameraDevice:
-    """The scenario's camera (its ``[camera]``, else a default one of ``mounting``) served on
-    the first free address of :func:`camera_addresses`."""
-    config = scenario.camera if scenario.camera is not None else default_camera(scenario, mounting)
-    last: OSError | None = None
-    for address in camera_addresses():
-        try:
-            return start_sim_camera(world, config, address, seed=scenario.seed if seed is None else seed)
-        except OSError as exc:  # taken by another camera: the next address
-            last = exc
-    raise OSError(f"no free loopback address for a simulated camera ({last})")
 
 
 @dataclass
