@@ -29,7 +29,7 @@ from cellcal.daemon.report import html as R
 from cellcal.daemon.runs import iso9283 as ISO
 from cellcal.daemon.runs import kinematics as K
 from cellcal.daemon.runs import kinematics_report as KR
-from cellcal.testing.harness import inprocess_cell, nonconforming_bodies, run_status
+from cellcal.testing.harness import FAST_TIME_SCALE, inprocess_cell, nonconforming_bodies, run_status
 
 _CYCLES = 3
 # The fewest fit stations a run may plan: the identification still passes its gates, and the
@@ -43,7 +43,8 @@ def iso_run(tmp_path_factory):
     """(result body, the run's stations, the stored report's text, the solver's result) of
     one kinematics run with the pose test."""
     tmp = tmp_path_factory.mktemp("iso9283")
-    with inprocess_cell(tmp, scenario="realistic", n_stations=10, overrides={"kinematics": _KIN}) as cell:
+    with inprocess_cell(tmp, scenario="realistic", n_stations=10, overrides={"kinematics": _KIN},
+                        time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run(P.KIND_KINEMATICS, reason="test")
         body = cell.wait_result(run_id, timeout_s=600.0)
         stations = cell.svc.store.stations(run_id)
@@ -201,7 +202,8 @@ def test_an_abort_during_the_pose_test_ends_the_run(tmp_path):
     """The pose test's moves go through the capture path: an abort stops the robot and
     closes the run as aborted, with no result; what was measured stays stored."""
     kin = dict(_KIN, iso9283_cycles=2)
-    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, overrides={"kinematics": kin}) as cell:
+    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, overrides={"kinematics": kin},
+                        time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run(P.KIND_KINEMATICS, reason="test")
         cell.wait_for(lambda topic, body: topic == P.TOPIC_STATE and str(body.get("state")).lower() == "capturing"
                       and "ISO 9283" in str(body.get("reason")), 500.0, "the pose test to start")

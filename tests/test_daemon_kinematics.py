@@ -30,13 +30,14 @@ from cellcal.daemon.runs.iso9283 import solver_params as solver_model
 from cellcal.daemon.runs.kinematics_report import driver_model
 from cellcal.daemon.wire.client import Client
 from cellcal.drivers.kinematics import dh_model
-from cellcal.testing.harness import inprocess_cell
+from cellcal.testing.harness import FAST_TIME_SCALE, inprocess_cell
 
 
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_kinematics_run_beats_the_base_frame_and_exports(tmp_path):
-    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, overrides={"kinematics": _KIN}) as cell:
+    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, overrides={"kinematics": _KIN},
+                        time_scale=FAST_TIME_SCALE) as cell:
         base_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
         base = cell.wait_result(base_id, timeout_s=300.0)
         with Client(cell.cfg.zmq.cmd_endpoint, timeout_s=5.0, retries=2) as c:
@@ -80,7 +81,8 @@ def test_kinematics_run_beats_the_base_frame_and_exports(tmp_path):
 
 def test_refused_identification_fails_the_run_naming_the_parameters(tmp_path):
     kin = {"n_stations": 10, "n_validation": 30, "parameters": ["joint2.zero_offset", "joint1.zero_offset"]}
-    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, overrides={"kinematics": kin}) as cell:
+    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, overrides={"kinematics": kin},
+                        time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run(P.KIND_KINEMATICS, reason="test")
         assert _wait_run_end(cell, run_id, 500.0) == "failed"
         reason = cell.svc.store.get_run(run_id).status_reason

@@ -44,6 +44,7 @@ and raises :class:`HarnessError` (an ``AssertionError``, so a test fails with th
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import select
@@ -84,7 +85,7 @@ from cellcal.solver.se3 import se3_inverse, so3_log
 from cellcal.testing.simulators import simulated_devices
 
 __all__ = [
-    "FAST_SCENARIO", "REALISTIC_SCENARIO", "SCENARIOS", "PROFILE_OVERRIDES", "profile_of", "CELLCAL", "K_SIGMA",
+    "FAST_SCENARIO", "REALISTIC_SCENARIO", "SCENARIOS", "FAST_TIME_SCALE", "PROFILE_OVERRIDES", "profile_of", "CELLCAL", "K_SIGMA",
     "HarnessError", "SoakError", "free_port", "to_toml", "daemon_config",
     "write_config", "scenario_with", "stop_process", "SimProcess", "DaemonProcess", "Recorder", "audit_store",
     "run_status", "transform_and_cov", "deviation_sigmas", "InProcessCell", "inprocess_cell", "nonconforming_bodies",
@@ -95,6 +96,11 @@ __all__ = [
 FAST_SCENARIO = Path(str(resources.files("cellcal.testing").joinpath("fast_scenario.toml")))
 #: The realistic simulated cell (the demo's imperfect arm and tracker, time x10, no faults).
 REALISTIC_SCENARIO = Path(str(resources.files("cellcal.testing").joinpath("realistic_scenario.toml")))
+#: ``inprocess_cell(time_scale=...)`` for a test that is not about timing: x30 simulated time
+#: halves a realistic kinematics run's wall time (moves and the arm's ringing are simulated
+#: time; the tracker's averaging is not), with the settle dwell at the daemon's 50 ms floor
+#: (1.5 simulated seconds, more than the four ringing periods the x10 cells' dwell covers).
+FAST_TIME_SCALE = 30.0
 #: The cells the harness knows by name.
 SCENARIOS: dict[str, Path] = {"exact": FAST_SCENARIO, "realistic": REALISTIC_SCENARIO}
 #: Daemon settings (TOML keys) each named cell needs, merged under a test's own overrides.
@@ -729,6 +735,7 @@ def inprocess_cell(
     profile: str | None = None,
     camera: str | None = None,
     camera_views: int = 12,
+    time_scale: float | None = None,
 ) -> Iterator[InProcessCell]:
     """The simulated cell and the daemon in this process; stopped and closed on exit.
 
@@ -761,12 +768,28 @@ def inprocess_cell(
         Also a rendered camera as a GigE Vision device on a loopback address of its own, and
         the daemon's ``[camera]`` for it (:func:`camera_section`, ``camera_views`` views;
         ``overrides["camera"]`` merged over it).
+    time_scale : float, optional
+        Run the cell's simulated time this many times faster than the wall clock instead of
+        the scenario's ``[time] scale`` (x10 for the harness's cells), for a test that is not
+        about timing: moves and the arm's ringing take simulated time, so a higher scale
+        shortens every station's move and settling (the tracker averages in its own time,
+        unchanged). The daemon's settle dwell follows, one simulated second
+        (``robot.settle.dwell_s = 1 / time_scale``, at least the daemon's 50 ms) unless
+        ``overrides`` set it; scheduled
+        events (``[[drift]] at_s``) come sooner in wall time by the same factor.
     """
     if profile is None:
         profile = "exact" if scenario is None or isinstance(scenario, Scenario) else profile_of(scenario)
     if isinstance(scenario, str) and scenario in SCENARIOS:
         scenario = SCENARIOS[scenario]
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(FAST_SCENARIO if scenario is None else Path(scenario))
+    if time_scale is not None:
+        if not time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {time_scale!r}")
+        sc = dataclasses.replace(sc, time_scale=float(time_scale))
+        # The daemon's floor is 50 ms: above x20 the dwell is more than one simulated second.
+        dwell_s = max(1.0 / float(time_scale), 0.05)
+        overrides = _merge({"robot": {"settle": {"dwell_s": dwell_s}}}, dict(overrides or {}))
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
     with simulated_devices(sc, instrument=instrument, robot_transport=robot_transport,
