@@ -36,7 +36,8 @@ def _truth(setup: str) -> dict[str, np.ndarray]:
 
 
 def _demo(tmp_path, setup: str) -> tuple[subprocess.CompletedProcess, dict]:
-    r = subprocess.run([*DEMO, "--camera", setup, "--stations", "6", "--timeout-s", "150", "--json"],
+    r = subprocess.run([*DEMO, "--camera", setup, "--stations", "6", "--timeout-s", "150", "--json",
+                        "--time-scale", "20"],
                        capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
                        env={**os.environ, "TMPDIR": str(tmp_path)})  # the demo keeps its state directory: here
     assert r.returncode == 0, r.stderr[-3000:]

@@ -49,3 +49,28 @@ def test_demo_json_is_the_published_result_with_truth_error(tmp_path):
     report = out["report_path"]
     assert report.startswith(str(tmp_path)) and os.path.exists(report) and f"report: {report}" in r.stderr
     assert "1 drift checks" in open(report, encoding="utf-8").read()
+
+
+@pytest.mark.parametrize("value", ["0", "-5", "nan", "1e6"])
+def test_a_time_scale_out_of_range_exits_2_naming_the_option(value, tmp_path):
+    r = subprocess.run([sys.executable, "-m", "cellcal.daemon.cli", "demo", "--time-scale", value],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert "--time-scale must be in (0, 50]" in r.stderr and "Traceback" not in r.stderr
+    assert not list(tmp_path.glob("cellcal-demo-*"))  # refused before anything started
+
+
+def test_the_time_scale_keeps_the_settle_dwell_in_simulated_time():
+    from cellcal.daemon.cli.demo import _rescaled
+    from cellcal.daemon.cli.examples import example_path
+    from cellcal.daemon.config import load_config
+    from cellcal.sim.scenario import load_scenario
+
+    sc = load_scenario(example_path("demo-scenario.toml"))
+    cfg = load_config(example_path("demo.toml"))
+    sc2, cfg2 = _rescaled(sc, cfg, 4 * sc.time_scale)
+    assert sc2.time_scale == 4 * sc.time_scale and sc2.truth == sc.truth
+    assert cfg2.robot.settle.dwell_s == pytest.approx(max(cfg.robot.settle.dwell_s / 4, 0.05))
+    _, cfg3 = _rescaled(sc, cfg, 1000 * sc.time_scale)
+    assert cfg3.robot.settle.dwell_s == 0.05  # the daemon's floor

@@ -211,7 +211,8 @@ def test_commands_refuse_what_is_not_there_clearly(cell_state, tmp_path):
 
 def test_demo_prints_the_report_path_and_keeps_it(tmp_path):
     """``cellcal demo`` (what ``make demo`` runs): the report and its state directory survive it."""
-    r = subprocess.run([*CELLCAL, "demo", "--stations", "5", "--no-drift-check"], capture_output=True, text=True,
+    r = subprocess.run([*CELLCAL, "demo", "--stations", "5", "--no-drift-check", "--time-scale", "20"],
+                       capture_output=True, text=True,
                        timeout=180, stdin=subprocess.DEVNULL, env={**os.environ, "TMPDIR": str(tmp_path)})
     assert r.returncode == 0, r.stderr
     (line,) = [ln for ln in r.stdout.splitlines() if ln.strip().startswith("report: ")]

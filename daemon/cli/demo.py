@@ -101,6 +101,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "system's temporary directory, kept and printed at the end)")
     p.add_argument("--stations", type=int, default=None, help="override plan.n_stations")
     p.add_argument("--timeout-s", type=float, default=300.0, help="give up after this long (wall clock)")
+    p.add_argument("--time-scale", type=float, default=None, metavar="X",
+                   help="simulated seconds per wall second (default: the scenario's [time] scale); the "
+                        "settle dwell keeps its simulated length (at least 50 ms)")
     p.add_argument("--json", action="store_true", help="print the published result as one JSON object")
     p.add_argument("--no-drift-check", action="store_true", help="skip the drift check after the calibration")
     p.add_argument("--instrument", choices=("cellcal", "emscon", "geocom"), default="cellcal",
@@ -278,6 +281,22 @@ def _camera_report(args: argparse.Namespace, svc: Service, result: Mapping[str, 
     return 0
 
 
+#: Faster than this, the simulated arm moves farther between two RTDE samples (125 Hz wall
+#: time) than a settle window can follow.
+_MAX_TIME_SCALE = 50.0
+#: The daemon's floor of ``[robot.settle] dwell_s``.
+_MIN_DWELL_S = 0.05
+
+
+def _rescaled(scenario: Scenario, cfg: Config, time_scale: float) -> tuple[Scenario, Config]:
+    """The scenario at ``time_scale`` and the configuration whose settle dwell keeps its
+    length in simulated time (a dwell is about the arm's ringing, which is simulated)."""
+    settle = cfg.robot.settle
+    dwell_s = max(settle.dwell_s * scenario.time_scale / time_scale, _MIN_DWELL_S)
+    cfg = dataclasses.replace(cfg, robot=dataclasses.replace(cfg.robot, settle=dataclasses.replace(settle, dwell_s=dwell_s)))
+    return dataclasses.replace(scenario, time_scale=time_scale), cfg
+
+
 def run(args: argparse.Namespace) -> int:
     # The simulator, loaded here only: the daemon's other commands never load it.
     from cellcal.sim.robot_sim import start_sim_robot  # lazy: the simulated robot
@@ -295,6 +314,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"cellcal demo: --scenario {args.scenario}: cannot read: {exc.strerror or exc} "
               f"(without --scenario the demo uses its own, {_default('demo-scenario.toml')})", file=sys.stderr)
         return 2
+    if args.time_scale is not None:
+        if not (math.isfinite(args.time_scale) and 0.0 < args.time_scale <= _MAX_TIME_SCALE):
+            print(f"cellcal demo: --time-scale must be in (0, {_MAX_TIME_SCALE:g}], got {args.time_scale:g}",
+                  file=sys.stderr)
+            return 2
+        scenario, cfg = _rescaled(scenario, cfg, args.time_scale)
     t0 = time.monotonic()
     state_dir = args.state_dir
     if state_dir is None:

@@ -85,7 +85,8 @@ from cellcal.solver.se3 import se3_inverse, so3_log
 from cellcal.testing.simulators import simulated_devices
 
 __all__ = [
-    "FAST_SCENARIO", "REALISTIC_SCENARIO", "SCENARIOS", "FAST_TIME_SCALE", "PROFILE_OVERRIDES", "profile_of", "CELLCAL", "K_SIGMA",
+    "FAST_SCENARIO", "REALISTIC_SCENARIO", "SCENARIOS", "FAST_TIME_SCALE",
+    "PROFILE_OVERRIDES", "profile_of", "CELLCAL", "K_SIGMA",
     "HarnessError", "SoakError", "free_port", "to_toml", "daemon_config",
     "write_config", "scenario_with", "stop_process", "SimProcess", "DaemonProcess", "Recorder", "audit_store",
     "run_status", "transform_and_cov", "deviation_sigmas", "InProcessCell", "inprocess_cell", "nonconforming_bodies",
