@@ -76,8 +76,7 @@ import numpy as np
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Solve
 from cellcal.drivers.kinematics import DHModel
-from cellcal.solver import (CalibrationResult, CameraChainResult, KinematicResult, PointBaseFrameResult,
-                            ToolPointResult)
+from cellcal.solver import CalibrationResult, CameraChainResult, KinematicResult, PointBaseFrameResult, ToolPointResult
 from cellcal.solver.se3 import make_transform, rotation_angle, so3_exp
 
 __all__ = ["GateCheck", "GateReport", "GateContext", "Gate", "GATES", "check_gates", "gates_passed", "gates_failed",
