@@ -4,7 +4,11 @@ After a calibration the active result's check stations (``drift.choose_check_sta
 revisited on a schedule (``[drift] interval_s``, command mode only) or on request
 (``run_drift_check``): each is moved to (command mode), captured like a station, and its
 tracker measurement compared with ``X G Y`` of the result as its kind predicts the station
-(``RunKind.drift_station``: a kinematics result through its identified arm). The worst
+(``RunKind.drift_station``: a kinematics result through its identified arm). A station the
+capture's plausibility checks reject (a frozen or repeated tracker value, one beyond the
+instrument's range or its angles' circle, a lying drive) is retried, then left out: a lying
+device is never counted as drift (ADR 0032); with every station rejected the check ends in a
+fault naming the reasons, and stores no verdict. The worst
 deviation is judged against the warn/fail thresholds and a CUSUM (``drift.judge``), stored,
 logged and published; a failed check marks the result suspect (its exports say so) and, with
 ``on_drift = "recalibrate"``, queues a recalibration run of the configured kind.
@@ -82,6 +86,7 @@ class DriftJob:
         dev_t: list[float] = []
         dev_r: list[float | None] = []
         per = []
+        rejected: list[str] = []
         checks = rec.result.get("check_stations", [])
         for cs in checks if isinstance(checks, list) else []:
             self.control.check_abort()
@@ -91,11 +96,16 @@ class DriftJob:
                 try:
                     if self.cfg.capture.motion_mode == P.MOTION_COMMAND:
                         engine.move_to(ps, self.control.abort)
+                    # The capture's own plausibility checks (range, frozen or repeated values,
+                    # implausible angles, a lying drive) reject a lying station here as in a
+                    # run: it is not measured, so it is never counted as drift.
                     got = engine.capture(ps.index, [], self.control.abort)
                     break
                 except cap.StationRejected as rej:
                     self.control.check_abort()
-                    log.info("drift station %d rejected: %s", ps.index, rej)
+                    rejected.append(f"station {ps.index}: {rej.reason.value}")
+                    log.warning("drift check %d: check station %d rejected (%s): %s", job.check_id, ps.index,
+                                rej.reason.value, rej)
                 except cap.DeviceFault as df:
                     if df.ends_job:
                         self.control.devices.close()
@@ -111,7 +121,8 @@ class DriftJob:
             per.append(bodies.drift_station(ps.index, et, er))
             self.control.progress()
         if not dev_t:
-            self.control.fault("drift check: no check station could be measured")
+            why = f" (rejected: {', '.join(rejected)})" if rejected else ""
+            self.control.fault(f"drift check {job.check_id} of result {rec.id}: no check station could be measured{why}")
             return
         verdict = drift.judge(dev_t, dev_r, self.cusum, d)
         record = bodies.drift(result_id=rec.id, check_id=job.check_id, verdict=verdict, cfg=d, stations=per,

@@ -19,10 +19,12 @@ the same for every kind:
    backoff (``JobControl``), and a drive that faulted during the move is both (its station
    rejected, its link reopened); a change of the controller's TCP or payload ends the run.
 4. **Solve** (``RunKind.solve``, interruptible): a ``DegenerateGeometry`` in command mode gets
-   the kind's extra station (``RunKind.extra_station``), up to ``[plan] max_extra_stations``;
-   any other refusal fails the run with its reason.
-5. **Finish** (``RunKind.finish``, which may measure more through :meth:`RunJob.measure`) and
-   keep the result (``ResultKeeper.keep``).
+   the kind's extra station (``RunKind.extra_station``), up to ``[plan] max_extra_stations``,
+   captured and judged by the consensus as a planned station is (its rejections published
+   with their ``outcome``); any other refusal fails the run with its reason.
+5. **Finish** (``RunKind.finish``, which may measure more through :meth:`RunJob.measure_for`:
+   each measurement judged by the consensus of the run's fit stations, a drive fault counted
+   as a rejection) and keep the result (``ResultKeeper.keep``).
 """
 
 from __future__ import annotations
@@ -156,20 +158,14 @@ class RunJob:
                     if not observe:
                         engine.move_to(ps, self.control.abort)
                     rec = kind.capture(engine, ps, records, self.control.abort, expected)
-                    screened = kind.screen(self.ctx, records, rec)
-                    if screened is not None:
-                        if screened.drop:
-                            self._drop(run_id, screened.drop, records, n_planned)
-                            expected = kind.estimate(self.ctx, records)
-                        if screened.ends_run and screened.rejection is not None:
-                            split = screened.rejection  # two consistent groups: no honest result
-                            self._rejected(run_id, ps.index, split, attempt=attempts + 1, planned=n_planned,
-                                           accepted=len(records), outcome=OUTCOME_RUN_FAILED)
-                            self.store.set_run_status(run_id, RunStatus.FAILED, str(split))
-                            self.control.fault(f"run {run_id} failed: {split}", split, device=P.DEVICE_TRACKER)
+                    n_before = len(records)
+                    try:
+                        if not self._screen(run_id, kind, records, rec, ps.index, attempt=attempts + 1,
+                                            planned=n_planned):
                             return False
-                        if screened.rejection is not None:
-                            raise screened.rejection
+                    finally:
+                        if len(records) != n_before:  # stations dropped: the rough estimate without them
+                            expected = kind.estimate(self.ctx, records)
                 except (cap.StationRejected, cap.DeviceFault) as exc:
                     df = exc if isinstance(exc, cap.DeviceFault) else None
                     if df is not None and df.ends_job:
@@ -207,6 +203,30 @@ class RunJob:
                 expected = kind.estimate(self.ctx, records)
                 break
             ps = next(stations, None)
+        return True
+
+    def _screen(self, run_id: int, kind: RunKind, records: list[StationRecord], rec: StationRecord, index: int, *,
+                attempt: int, planned: int) -> bool:
+        """Judge a captured station ``rec`` with the run's accepted ``records`` by their
+        consensus (``RunKind.screen``, ADR 0032), whatever captured it (a planned station, one
+        the planner added after the first solve): accepted stations beyond the consensus are
+        dropped (from the store and ``records``, announced); the new station's rejection is
+        raised. False when the stations split into two consistent groups: the run failed,
+        named (``consensus_split``)."""
+        screened = kind.screen(self.ctx, records, rec)
+        if screened is None:
+            return True
+        if screened.drop:
+            self._drop(run_id, screened.drop, records, planned)
+        if screened.ends_run and screened.rejection is not None:
+            split = screened.rejection  # two consistent groups: no honest result
+            self._rejected(run_id, index, split, attempt=attempt, planned=planned, accepted=len(records),
+                           outcome=OUTCOME_RUN_FAILED)
+            self.store.set_run_status(run_id, RunStatus.FAILED, str(split))
+            self.control.fault(f"run {run_id} failed: {split}", split, device=P.DEVICE_TRACKER)
+            return False
+        if screened.rejection is not None:
+            raise screened.rejection
         return True
 
     def _rejected(self, run_id: int, index: int, rej: cap.StationRejected, *, attempt: int, planned: int,
@@ -288,71 +308,106 @@ class RunJob:
 
     # ---- stations beyond the plan -------------------------------------------------------------
     def _capture_extra(self, run_id: int, kind: RunKind, ps: PlannedStation, stations: list[StationRecord]) -> bool:
-        """Measure one kind-suggested station (the same checks as every station); False
-        when the run ended (its controller settings changed)."""
+        """Measure one kind-suggested station with the same checks as every station: the
+        capture's, then the run's consensus (:meth:`_screen`: a wrong reflector on the
+        planner's station is rejected as on a planned one, and an accepted station beyond
+        the consensus is dropped from ``stations`` and the store). Rejections are published
+        with their ``outcome`` and count towards ``[capture] max_attempts_per_station`` (a
+        consensus outlier: :data:`CONSENSUS_ATTEMPTS`), a drive fault's too; then the station
+        is given up (True: the solve goes on). False when the run ended (its controller
+        settings changed, or its stations split into two groups)."""
         detail = self.control.detail
         engine = self.control.devices.engine
         assert engine is not None
         expected = kind.estimate(self.ctx, stations)
-        attempt = 0
-        while attempt < self.cfg.capture.max_attempts_per_station:
+        planned = ps.index + 1
+        configured = self.cfg.capture.max_attempts_per_station
+        attempts = 0
+        while True:
             self.control.check_abort()
             try:
                 engine.move_to(ps, self.control.abort)
                 got = kind.capture(engine, ps, stations, self.control.abort, expected)
-            except cap.StationRejected as rej:
-                self.control.check_abort()
-                attempt += 1
-                self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.json_object(rej.detail))
-                continue
-            except cap.DeviceFault as df:
-                if df.ends_job:
+                if not self._screen(run_id, kind, stations, got, ps.index, attempt=attempts + 1, planned=planned):
+                    return False
+            except (cap.StationRejected, cap.DeviceFault) as exc:
+                df = exc if isinstance(exc, cap.DeviceFault) else None
+                if df is not None and df.ends_job:
                     self._invalidated(run_id, df)
                     return False
-                if df.rejection is not None:
-                    attempt += 1
-                    self.store.add_rejection(run_id, ps.index, df.rejection.reason.value,
-                                             cap.json_object(df.rejection.detail))
-                engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
-                                                         need_camera=kind.needs_camera)
+                rej = exc if isinstance(exc, cap.StationRejected) else (df.rejection if df is not None else None)
+                given_up = False
+                if rej is not None:
+                    self.control.check_abort()
+                    attempts += 1
+                    given_up = attempts >= _attempts_for(rej, configured)
+                    self._rejected(run_id, ps.index, rej, attempt=attempts, planned=planned, accepted=len(stations),
+                                   outcome=OUTCOME_GIVEN_UP if given_up else OUTCOME_RETRY)
+                if df is not None:
+                    engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
+                                                             need_camera=kind.needs_camera)
+                if given_up:
+                    return True
                 continue
             self.store.add_station(run_id, got)
+            stations.append(got)
             self.control.made_progress()
+            self._station_event(bodies.station(
+                run_id=run_id, index=ps.index, planned=planned, attempt=attempts + 1, accepted_count=len(stations),
+                figures=got.settle,
+            ))
             return True
-        return True
 
     def measure_for(self, run_id: int, kind: RunKind) -> runs.Measure:
         """The ``Measure`` a kind's finish uses: moved to and captured like a station (no
-        duplicate-pose test, no rough estimate: a test may revisit its poses), tagged (``raw``
-        merged into the station's) and stored with the run; a rejection is recorded and
-        retried up to ``[capture] max_attempts_per_station`` times, then raised; a device fault is ridden out like a
-        station's (one that ends the job is raised); an abort ends the job."""
+        duplicate-pose test, no rough estimate: a test may revisit its poses), then judged by
+        the consensus of the stations the run's fit used (``RunKind.screen`` with
+        ``RunKind.fit_stations``; nothing is dropped: the result is solved already, so only
+        the new measurement can be rejected), tagged (``raw`` merged into the station's) and
+        stored with the run. A rejection is recorded and retried up to ``[capture]
+        max_attempts_per_station`` times (a consensus outlier: :data:`CONSENSUS_ATTEMPTS`),
+        then raised; a drive fault during the move (``drive_fault``, a ``DeviceFault``
+        carrying a rejection) counts as one too: its link is reopened for the next attempt,
+        and closed when it is the last (the next job reopens it), so a drive faulting on
+        every move ends the measurement named instead of looping. Any other device fault is
+        ridden out like a station's (one that ends the job is raised); an abort ends the job."""
 
         def measure(ps: PlannedStation, raw: P.JsonObject, what: str) -> StationRecord:
             detail = f"run {run_id}: {what}"
             engine = self.control.engine_for(kind.needs_tracker, P.STATE_CAPTURING, detail, need_camera=kind.needs_camera)
+            configured = self.cfg.capture.max_attempts_per_station
             attempts = 0
             while True:
                 self.control.check_abort()
                 try:
                     engine.move_to(ps, self.control.abort)
                     rec = kind.capture(engine, ps, [], self.control.abort, None)
-                except cap.StationRejected as rej:
-                    self.control.check_abort()
-                    attempts += 1
-                    self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.json_object(rej.detail))
-                    self.control.progress()
-                    if attempts >= self.cfg.capture.max_attempts_per_station:
+                    judged = kind.screen(self.ctx, kind.fit_stations(self.store.stations(run_id)), rec)
+                    if judged is not None and judged.rejection is not None:
+                        raise judged.rejection
+                except (cap.StationRejected, cap.DeviceFault) as exc:
+                    df = exc if isinstance(exc, cap.DeviceFault) else None
+                    if df is not None and df.ends_job:
                         raise
-                    continue
-                except cap.DeviceFault as df:
-                    if df.ends_job:
+                    rej = exc if isinstance(exc, cap.StationRejected) else (df.rejection if df is not None else None)
+                    last = False
+                    if rej is not None:
+                        self.control.check_abort()
+                        attempts += 1
+                        last = attempts >= _attempts_for(rej, configured)
+                        self.store.add_rejection(run_id, ps.index, rej.reason.value, cap.json_object(rej.detail))
+                        self.control.progress()
+                    if df is not None:
+                        if last:
+                            self.control.devices.close()  # the fault is cleared when the next job reopens it
+                        else:
+                            engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
+                                                                     need_camera=kind.needs_camera)
+                    if last and df is None:
                         raise
-                    if df.rejection is not None:
-                        self.store.add_rejection(run_id, ps.index, df.rejection.reason.value,
-                                                 cap.json_object(df.rejection.detail))
-                    engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
-                                                         need_camera=kind.needs_camera)
+                    if last:
+                        assert rej is not None
+                        raise rej from df
                     continue
                 rec = dataclasses.replace(rec, raw={**rec.raw, **raw})
                 self.store.add_station(run_id, rec)  # one transaction: the measurement is safe now
@@ -360,4 +415,3 @@ class RunJob:
                 return rec
 
         return measure
-

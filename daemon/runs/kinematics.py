@@ -10,7 +10,9 @@ daemon's side:
   how many are fit stations (``plan["identification"]``). A ``[kinematics] parameters``
   request the planned stations cannot determine is refused before the first station
   (:meth:`Kinematics.check_plan`: the identification's own rank test on the nominal
-  predictions at the planned joints).
+  predictions at the planned joints). Each station (and each ISO 9283 measurement) is
+  judged by the run's consensus of a rigid fit with the nominal arm, at twice the
+  base-frame bounds (:data:`CONSENSUS_FACTOR`, ADR 0032): a wrong reflector is dropped.
 * **solve**: the stored stations -> ``identify_kinematics`` with the run's declared noise
   (``solve.declared_noise``), the parameter set and condition gate; a request the stations
   cannot determine raises ``DegenerateGeometry`` naming the parameters.
@@ -45,12 +47,13 @@ from typing import SupportsFloat, TypedDict, cast
 
 import numpy as np
 
-from cellcal.daemon import drift, solve
+from cellcal.daemon import consensus, drift, solve
 from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import FRAME_CONVENTION, UNCERTAINTY_CONVENTION, as_json, point_to_wire, transform_to_wire
 from cellcal.daemon.capture import CaptureEngine, Expected
 from cellcal.daemon.config import Config, Export, Plan
 from cellcal.daemon.config import Kinematics as KinematicsSection
+from cellcal.daemon.consensus import Screened
 from cellcal.daemon.devices import CellDevices
 from cellcal.daemon.gates import GateCheck, GateContext, GateReport, gates_passed, rms_translation
 from cellcal.daemon.runs import iso9283
@@ -77,10 +80,16 @@ from cellcal.solver.se3 import make_transform
 log = logging.getLogger(__name__)
 
 __all__ = ["Kinematics", "driver_model", "identified_model", "newest_identified", "sync_devices_model", "nominal_fit",
-           "SOLVER_NAME", "PLAN_KEY"]
+           "SOLVER_NAME", "PLAN_KEY", "CONSENSUS_FACTOR"]
 
 #: ``solver`` of a kinematics result (provenance and wire).
 SOLVER_NAME = "identify_kinematics"
+#: The kinematics run's consensus bounds are this many times ``[tracker] consensus_error_mm``
+#: / ``_deg`` (ADR 0032): its stations spread over the whole joint space, and the nominal
+#: arm's model error is in their deviations from a rigid fit (the realistic simulated arm:
+#: up to 1.4 mm / 0.14 deg over its 70 planned stations; an arm before identification, a
+#: few mm), where a base-frame run's stations sit within a few tenths of a millimetre.
+CONSENSUS_FACTOR = 2.0
 
 
 def _limits(plan_cfg: Plan) -> np.ndarray:
@@ -463,6 +472,16 @@ class Kinematics(RunKind):
     def capture(self, engine: CaptureEngine, planned: PlannedStation, accepted: Sequence[StationRecord],
                 abort: threading.Event, expected: Expected | None) -> StationRecord:
         return engine.capture(planned.index, [s.base_T_flange for s in accepted], abort, expected=expected)
+
+    def screen(self, ctx: RunContext, records: Sequence[StationRecord], new: StationRecord) -> Screened | None:
+        # The arm's kinematic model is what the run identifies, but a rigid base frame and
+        # target fitted with the nominal arm (the base-frame consensus) still describes its
+        # stations to within the arm's model error: a coarse screen, its bounds widened by
+        # CONSENSUS_FACTOR so that the model error never reaches them (ADR 0032).
+        tc = ctx.cfg.tracker
+        model = consensus.POINT if new.cell_T_target is None else consensus.POSE
+        return consensus.screen(model, records, new, max_error_m=CONSENSUS_FACTOR * tc.consensus_error_m,
+                                max_error_rad=CONSENSUS_FACTOR * tc.consensus_error_rad)
 
     def solve(self, ctx: RunContext, run: RunRecord, stations: Sequence[StationRecord]) -> KinematicResult:
         return solve_run(stations, run.plan, ctx.cfg, ctx.model)
