@@ -1,5 +1,6 @@
 """The capture paths beside the plan's stations are screened like them (issue 24, ADR 0032):
-a drift check's check stations, where a lying tracker must never be counted as drift.
+a drift check's check stations, where a lying tracker must never be counted as drift, and
+the planner's extra stations, where a wrong reflector must not enter the solve.
 
 The in-process cell with a fault injected into the simulated tracker after a good run.
 """
@@ -11,7 +12,8 @@ import logging
 import pytest
 
 from cellcal.daemon import protocol as P
-from cellcal.testing.harness import FAST_TIME_SCALE, inprocess_cell
+from cellcal.daemon.store import RunStatus
+from cellcal.testing.harness import FAST_TIME_SCALE, inprocess_cell, scenario_with
 
 # The slow tier (make test, not make check): simulated devices in (scaled) real time.
 pytestmark = pytest.mark.slow
@@ -49,3 +51,39 @@ def test_a_frozen_tracker_in_a_drift_check_is_rejected_never_counted_as_drift(tm
         else:  # every check station rejected: a fault naming them, no drift verdict
             assert "no check station could be measured" in b["message"] and "rejected" in b["message"]
             assert not cell.bodies(P.TOPIC_DRIFT)
+
+
+#: A wrong reflector on every seventh station, 15 mm from the right one (beyond the
+#: consensus bound of 5 mm, inside the rough test's 25 mm floor: only the consensus can tell).
+EVERY_SEVENTH = """
+[[tracker.faults]]
+kind = "wrong_reflector"
+start_s = 0.0
+duration_s = 1e6
+offset_mm = 15.0
+every = 7
+"""
+
+
+def test_the_planners_extra_station_is_screened_by_the_consensus(tmp_path):
+    """A solve that asks for more rotation spread than the cell gives (``[solve]
+    min_axis_spread`` 0.8) makes the planner add stations; the first of them sees the wrong
+    reflector (and keeps seeing it: the robot does not move between attempts at one pose). It
+    is rejected ``consensus_outlier`` as a planned station would be, given up after its
+    attempts, never stored; the run ends naming the degenerate axis, not with a result fitted
+    to a reflector 15 mm off."""
+    scenario = scenario_with(tmp_path / "wrong.toml", EVERY_SEVENTH)
+    overrides = {"solve": {"min_axis_spread": 0.8}, "plan": {"max_extra_stations": 2}}
+    with inprocess_cell(tmp_path, scenario=scenario, n_stations=6, overrides=overrides,
+                        time_scale=FAST_TIME_SCALE) as cell:
+        run_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
+        cell.wait_for(lambda t, b: t == P.TOPIC_FAULT and b.get("active") and f"run {run_id} failed" in b["message"],
+                      WAIT_S, "the run's end")
+        run = cell.svc.store.get_run(int(run_id))
+        assert run.status is RunStatus.FAILED and "DegenerateGeometry" in (run.status_reason or "")
+        assert [s.plan_index for s in cell.svc.store.stations(int(run_id))] == [0, 1, 2, 3, 4, 5]
+        extra = [b for b in cell.bodies(P.TOPIC_STATION) if b["run_id"] == str(run_id) and b["index"] >= 6]
+        assert extra and all(not b["accepted"] and b["reason"] == "consensus_outlier" for b in extra), extra
+        assert [b["outcome"] for b in extra].count("given_up") == 2  # each extra station given up
+        stored = [r for r in cell.svc.store.rejections(int(run_id)) if r.reason == "consensus_outlier"]
+        assert stored and all(10e-3 < r.detail["consensus_deviation_m"] < 20e-3 for r in stored)
