@@ -105,6 +105,9 @@ def test_the_gates_are_in_the_results_own_units_and_model_error_is_a_test_not_a_
     assert bent.camera_tests.model_error
     failed = {c.name: c for c in camera_gates(bent, cfg).checks}["model_error"]
     assert not failed.passed and failed.value == 1.0 and "model_error:" in failed.message
+    # the refusal names the way forward: the keys an integrator changes, and today's value
+    assert "[camera.hand_eye] robot_accuracy_mm, now 0" in failed.message
+    assert "allow_model_error = true" in failed.message
     allowed = dataclasses.replace(cfg, camera=dataclasses.replace(
         cfg.camera, hand_eye=dataclasses.replace(cfg.camera.hand_eye, allow_model_error=True)))
     assert {c.name: c for c in camera_gates(bent, allowed).checks}["model_error"].applies is False
