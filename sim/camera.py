@@ -3,8 +3,11 @@
 Rendering
 ---------
 Each output pixel looks along one ray: the pixel grid (``supersample`` x ``supersample``
-sub-pixels) is undistorted once per camera (:func:`cellcal.solver.camera_model.undistort`),
-and every frame intersects those rays with the target's plane at the target's true pose
+sub-pixels) is undistorted once per camera (:func:`cellcal.solver.camera_model.undistort`
+on every :data:`RAY_STEP`-th sub-pixel, the rest interpolated bilinearly between them: the
+undistortion is smooth at that scale, so the rays differ from an exact undistortion of every
+sub-pixel by less than 1e-4 px, three orders below a detector's corner noise, for an eighth
+of the work), and every frame intersects those rays with the target's plane at the target's true pose
 (:class:`TargetRenderer`). The hit points index a reflectance texture of the printed board
 (OpenCV's own ChArUco image, or a chessboard, on a white plate one square wider all round)
 through ``cv2.remap``, from the level of a texture pyramid whose texels match the footprint
@@ -281,11 +284,57 @@ _RAYS_LOCK = threading.Lock()
 _RAYS_KEEP = 4
 
 
+#: Every how many sub-pixels (in each direction) the ray map is undistorted exactly; those
+#: between are interpolated (module docstring; ``tests/test_sim_camera_rays.py`` measures
+#: the difference from an exact map).
+RAY_STEP = 4
+#: The largest difference (pixels) an interpolated ray may have from an exact one; where the
+#: coarse samples' curvature could exceed it the sub-pixels are undistorted exactly.
+RAY_TOL_PX = 1e-4
+
+
+def _axis_weights(n: int, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Coarse sample indices along an axis of ``n`` sub-pixels (every ``step``-th and the
+    last), and for each of the ``n`` the coarse interval it falls in and its linear weight."""
+    coarse = np.arange(0, n, step)
+    if coarse[-1] != n - 1:
+        coarse = np.append(coarse, n - 1)
+    fine = np.arange(n)
+    j = np.clip(np.searchsorted(coarse, fine, side="right") - 1, 0, max(len(coarse) - 2, 0))
+    if len(coarse) == 1:
+        return coarse, j, np.zeros(n)
+    t = (fine - coarse[j]) / (coarse[j + 1] - coarse[j])
+    return coarse, j, t
+
+
+def _coarse_cells_to_refine(xc_px: np.ndarray, yc_px: np.ndarray, ok_c: np.ndarray) -> np.ndarray:
+    """Coarse cells (between samples ``[a, a + 1] x [b, b + 1]``, shape ``(nv - 1, nu - 1)``
+    but padded to ``(nv, nu)``) whose interpolated rays may be off by more than
+    :data:`RAY_TOL_PX`: a second difference (pixels) around a corner over eight times it,
+    or a corner whose undistortion did not converge."""
+    nv, nu = ok_c.shape
+    est = np.zeros((nv, nu))
+    for c in (xc_px, yc_px):
+        if nu >= 3:
+            d = np.abs(c[:, 2:] - 2.0 * c[:, 1:-1] + c[:, :-2])
+            est += np.pad(d, ((0, 0), (1, 1)), mode="edge")
+        if nv >= 3:
+            d = np.abs(c[2:, :] - 2.0 * c[1:-1, :] + c[:-2, :])
+            est += np.pad(d, ((1, 1), (0, 0)), mode="edge")
+    node_bad = (est / 8.0 > RAY_TOL_PX) | ~ok_c | ~np.isfinite(est)
+    # a cell is refined when any of its four corners is
+    cell = node_bad.copy()
+    cell[:, :-1] |= node_bad[:, 1:]
+    cell[:-1, :] |= cell[1:, :]
+    return cell
+
+
 def _rays(camera: CameraModel, ss: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Undistorted normalised coordinates of every sub-pixel centre (pixel ``i`` covers
     ``[i - 0.5, i + 0.5]``) and where the undistortion converged, kept (read-only) for the
-    last few cameras: a second camera of the same model costs nothing (about a second per
-    million sub-pixels otherwise)."""
+    last few cameras: a second camera of the same model costs nothing. The undistortion runs
+    on every :data:`RAY_STEP`-th sub-pixel (and the last row and column); the others are
+    interpolated bilinearly, valid where the four around them converged."""
     key = (camera.parameters.tobytes(), camera.image_size, int(ss))
     with _RAYS_LOCK:
         hit = _RAYS.get(key)
@@ -294,8 +343,38 @@ def _rays(camera: CameraModel, ss: int) -> tuple[np.ndarray, np.ndarray, np.ndar
     w, h = camera.image_size
     us = (np.arange(w * ss) + 0.5) / ss - 0.5
     vs = (np.arange(h * ss) + 0.5) / ss - 0.5
-    xy, ok = camera.undistort(np.stack(np.meshgrid(us, vs), axis=-1))
-    out = (np.where(ok, xy[..., 0], 0.0), np.where(ok, xy[..., 1], 0.0), ok)
+    cu, ju, tu = _axis_weights(len(us), RAY_STEP)
+    cv, jv, tv = _axis_weights(len(vs), RAY_STEP)
+    xy, ok_c = camera.undistort(np.stack(np.meshgrid(us[cu], vs[cv]), axis=-1))
+    xc = np.where(ok_c, xy[..., 0], 0.0)
+    yc = np.where(ok_c, xy[..., 1], 0.0)
+    ju1 = np.minimum(ju + 1, len(cu) - 1)
+    jv1 = np.minimum(jv + 1, len(cv) - 1)
+    tu_, tv_ = tu[None, :], tv[:, None]
+
+    def lerp(c: np.ndarray) -> np.ndarray:
+        # along u on the coarse rows (a quarter of the work), then whole rows along v
+        a = c[:, ju] * (1.0 - tu_) + c[:, ju1] * tu_
+        return a[jv] * (1.0 - tv_) + a[jv1] * tv_
+
+    ok_u = ok_c[:, ju] & ok_c[:, ju1]
+    ok = ok_u[jv] & ok_u[jv1]
+    x, y = np.where(ok, lerp(xc), 0.0), np.where(ok, lerp(yc), 0.0)
+    # Where the interpolation could be off by more than RAY_TOL_PX (a strong lens; near a
+    # fold, where some coarse sample did not converge) those sub-pixels are undistorted
+    # exactly instead: the bilinear error is at most an eighth of the second difference.
+    bad = _coarse_cells_to_refine(xc * camera.parameters[0], yc * camera.parameters[1], ok_c)
+    if bad.mean() > 0.5:  # a wide-angle lens: the whole map exactly (cheaper than masks)
+        xy, ok = camera.undistort(np.stack(np.meshgrid(us, vs), axis=-1))
+        x, y = np.where(ok, xy[..., 0], 0.0), np.where(ok, xy[..., 1], 0.0)
+    elif bad.any():
+        fine = bad[jv][:, ju]
+        uu, vv = np.meshgrid(us, vs)
+        exact, ok_e = camera.undistort(np.stack([uu[fine], vv[fine]], axis=-1))
+        x[fine] = np.where(ok_e, exact[:, 0], 0.0)
+        y[fine] = np.where(ok_e, exact[:, 1], 0.0)
+        ok[fine] = ok_e
+    out = (x, y, ok)
     for a in out:
         a.setflags(write=False)
     with _RAYS_LOCK:

@@ -26,7 +26,7 @@ from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.wire.client import Client, CommandFailed
 from cellcal.sim.camera_device import default_camera
 from cellcal.solver.se3 import se3_inverse, se3_log
-from cellcal.testing.harness import CELLCAL, inprocess_cell
+from cellcal.testing.harness import CELLCAL, FAST_TIME_SCALE, inprocess_cell
 
 pytestmark = pytest.mark.slow
 
@@ -42,7 +42,7 @@ CHI2_6_999 = 22.46
 @pytest.fixture(scope="module")
 def cell(tmp_path_factory):
     work = tmp_path_factory.mktemp("hand_eye_camera")
-    with inprocess_cell(work, camera="eye_in_hand", camera_views=N_VIEWS, validate_bodies=True,
+    with inprocess_cell(work, camera="eye_in_hand", camera_views=N_VIEWS, validate_bodies=True, time_scale=FAST_TIME_SCALE,
                         overrides={"camera": {"use_intrinsics": "estimate"}, "export": EXPORT_FRAMES}) as c:
         c.wait_for(lambda t, b: t == P.TOPIC_HEARTBEAT and b["devices"].get("camera", {}).get("connected"), 60,
                    "the camera connected")

@@ -26,7 +26,7 @@ from cellcal.daemon.wire.client import Client, CommandFailed
 from cellcal.sim.camera_device import default_camera
 from cellcal.sim.scenario import load_scenario
 from cellcal.solver.se3 import se3_inverse, se3_log
-from cellcal.testing.harness import FAST_SCENARIO, inprocess_cell
+from cellcal.testing.harness import FAST_SCENARIO, FAST_TIME_SCALE, inprocess_cell
 
 pytestmark = pytest.mark.slow
 
@@ -49,7 +49,8 @@ def _tracker_target_mm() -> list[float]:
 def cell(tmp_path_factory):
     work = tmp_path_factory.mktemp("eye_to_hand")
     over = {"camera": {"hand_eye": {"tracker_target_mm": _tracker_target_mm()}}}
-    with inprocess_cell(work, camera="eye_to_hand", camera_views=N_VIEWS, validate_bodies=True, overrides=over) as c:
+    with inprocess_cell(work, camera="eye_to_hand", camera_views=N_VIEWS, validate_bodies=True, overrides=over,
+                        time_scale=FAST_TIME_SCALE) as c:
         c.wait_for(lambda t, b: t == P.TOPIC_HEARTBEAT and b["devices"].get("camera", {}).get("connected"), 60,
                    "the camera connected")
         with pytest.raises(ServiceError) as ei:

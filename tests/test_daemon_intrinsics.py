@@ -31,7 +31,7 @@ from cellcal.daemon.camera_capture import CameraCapture
 from cellcal.daemon.capture import RejectReason, StationRejected
 from cellcal.daemon.runs.plan import PlannedStation
 from cellcal.sim.camera_device import default_camera, start_sim_camera
-from cellcal.testing.harness import CELLCAL, inprocess_cell
+from cellcal.testing.harness import CELLCAL, FAST_TIME_SCALE, inprocess_cell
 
 pytestmark = pytest.mark.slow
 
@@ -41,7 +41,8 @@ N_VIEWS = 10
 @pytest.fixture(scope="module")
 def cell(tmp_path_factory):
     work = tmp_path_factory.mktemp("intrinsics")
-    with inprocess_cell(work, camera="eye_in_hand", camera_views=N_VIEWS, validate_bodies=True) as c:
+    with inprocess_cell(work, camera="eye_in_hand", camera_views=N_VIEWS, validate_bodies=True,
+                        time_scale=FAST_TIME_SCALE) as c:
         c.wait_for(lambda t, b: t == P.TOPIC_HEARTBEAT and b["devices"].get("camera", {}).get("connected"), 60,
                    "the camera connected")
         run_id = c.svc.start_run(P.KIND_INTRINSICS)

@@ -38,7 +38,7 @@ from cellcal.sim.robot_scenario import parse_robot_table
 from cellcal.sim.scenario import load_scenario
 from cellcal.sim.truth import residual_vs_noise, truth_error
 from cellcal.solver.se3 import se3_inverse
-from cellcal.testing.harness import K_SIGMA, REALISTIC_SCENARIO, audit_store, inprocess_cell, scenario_with
+from cellcal.testing.harness import FAST_TIME_SCALE, K_SIGMA, REALISTIC_SCENARIO, audit_store, inprocess_cell, scenario_with
 from cellcal.testing.soak import soak
 
 pytestmark = pytest.mark.slow
@@ -47,7 +47,7 @@ pytestmark = pytest.mark.slow
 def test_full_stack_on_the_realistic_cell(tmp_path):
     sc = load_scenario(REALISTIC_SCENARIO)
     factory = parse_robot_table(sc.robot).factory_model
-    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10) as cell:
+    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame", reason="test")
         body = cell.wait_result(run_id, timeout_s=120.0)
         assert body["active"] is True and body["gates"]["passed"] is True and body["n_stations"] == 10
