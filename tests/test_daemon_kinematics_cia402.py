@@ -12,7 +12,7 @@ import pytest
 from _kin_daemon import KIN, result_of, wait_run_end
 
 from cellcal.daemon import protocol as P
-from cellcal.testing.harness import inprocess_cell
+from cellcal.testing.harness import FAST_TIME_SCALE, inprocess_cell
 
 
 @pytest.mark.slow
@@ -22,7 +22,7 @@ def test_cia402_base_frame_runs_use_the_identified_model(tmp_path):
     run the robot is opened with the identified model, and the same base-frame plan closes
     far better than it did with the nominal model."""
     kin = dict(KIN, use_identified=True)
-    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, robot_transport="canopen",
+    with inprocess_cell(tmp_path, scenario="realistic", n_stations=10, robot_transport="canopen", time_scale=FAST_TIME_SCALE,
                         # CiA 402 moves are SDO by SDO: on a loaded machine (two test workers) a
                         # move may miss its deadline; the run retries rather than fails on that
                         overrides={"kinematics": kin, "solve": {"max_rms_mm": 5.0},

@@ -21,7 +21,7 @@ import pytest
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.report.advice import recommendations
-from cellcal.testing.harness import K_SIGMA, deviation_sigmas, inprocess_cell, transform_and_cov
+from cellcal.testing.harness import FAST_TIME_SCALE, K_SIGMA, deviation_sigmas, inprocess_cell, transform_and_cov
 
 pytestmark = pytest.mark.slow
 
@@ -40,7 +40,8 @@ def test_the_init_configurations_calibrate_the_realistic_cell_honestly(tmp_path)
     solve = _init_solve("ur")
     assert _init_solve("cia402") == solve  # one solve policy for both robots
     assert solve["allow_model_error"] is True
-    with inprocess_cell(tmp_path, scenario="realistic", n_stations=12, overrides={"solve": solve}) as cell:
+    with inprocess_cell(tmp_path, scenario="realistic", n_stations=12, overrides={"solve": solve},
+                        time_scale=FAST_TIME_SCALE) as cell:
         body = cell.wait_result(cell.svc.start_run(P.KIND_BASE_FRAME), 240)
         assert body["active"] and body["gates"]["passed"], body["gates"]
         X, C = transform_and_cov(body)
@@ -60,7 +61,8 @@ def test_the_init_configurations_calibrate_the_realistic_cell_honestly(tmp_path)
 
         # The strict gate: the same cell refused when model error is not allowed.
     strict = {**solve, "allow_model_error": False}
-    with inprocess_cell(tmp_path / "strict", scenario="realistic", n_stations=12, overrides={"solve": strict}) as cell:
+    with inprocess_cell(tmp_path / "strict", scenario="realistic", n_stations=12, overrides={"solve": strict},
+                        time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME)
         with pytest.raises(Exception, match="model_error") as exc:
             cell.wait_result(run_id, 240)
