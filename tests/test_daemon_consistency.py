@@ -28,7 +28,7 @@ import pytest
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import RejectReason
-from cellcal.testing.harness import inprocess_cell, scenario_with
+from cellcal.testing.harness import FAST_TIME_SCALE, inprocess_cell, scenario_with
 
 # The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
 pytestmark = pytest.mark.slow
@@ -65,7 +65,7 @@ def test_a_clean_run_rejects_no_station_as_inconsistent(tmp_path):
     """The checks never reject a good station: a clean run has no rejection of the new
     kinds, every accepted station carries the FK figures it was judged by, and the result
     is activated."""
-    with inprocess_cell(tmp_path, n_stations=6) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame")
         body = cell.wait_result(run_id, WAIT_S)
         assert body["active"] and body["gates"]["passed"]
@@ -83,7 +83,7 @@ def test_tcp_changed_on_the_controller_mid_run_fails_the_run(tmp_path):
     """The pendant's TCP becomes a 20 mm tool after station 1: the controller reports its new
     ``tcp_offset``, the run fails with the change named (the robot, E_DEVICE), and no station
     taken after the change is stored."""
-    with inprocess_cell(tmp_path, n_stations=6) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, time_scale=FAST_TIME_SCALE) as cell:
         cell.on_first(_after_station(1), lambda: cell.robot.robot.inject("tcp_change"))
         run_id = cell.svc.start_run("base_frame")
         fault = cell.wait_for(lambda t, b: t == P.TOPIC_FAULT and "tcp_offset changed" in b["message"], WAIT_S,
@@ -100,7 +100,7 @@ def test_tcp_changed_on_an_older_controller_is_caught_by_forward_kinematics(tmp_
     TCP pose shows it, 20 mm from forward kinematics of the joints. Every station after it is
     rejected ``fk_mismatch`` with the figures; none is stored; the run fails."""
     scenario = scenario_with(tmp_path / "scenario.toml", 'rtde_missing_outputs = ["tcp_offset", "payload"]\n')
-    with inprocess_cell(tmp_path, scenario=scenario, n_stations=6, overrides=SHORT) as cell:
+    with inprocess_cell(tmp_path, scenario=scenario, n_stations=6, overrides=SHORT, time_scale=FAST_TIME_SCALE) as cell:
         cell.on_first(_after_station(1), lambda: cell.robot.robot.inject("tcp_change"))
         run_id = cell.svc.start_run("base_frame")
         cell.wait_for(lambda t, b: t == P.TOPIC_FAULT and "in a row" in b["message"], WAIT_S, "the failed run")
@@ -117,7 +117,7 @@ def test_tcp_changed_on_an_older_controller_is_caught_by_forward_kinematics(tmp_
 def test_payload_changed_mid_run_fails_the_run(tmp_path):
     """The controller's payload goes from 0 to 1.5 kg after station 1: the run fails, the
     payload named; no later station is stored."""
-    with inprocess_cell(tmp_path, n_stations=6) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, time_scale=FAST_TIME_SCALE) as cell:
         cell.on_first(_after_station(1), lambda: cell.robot.robot.inject("payload_change"))
         run_id = cell.svc.start_run("base_frame")
         fault = cell.wait_for(lambda t, b: t == P.TOPIC_FAULT and "payload changed" in b["message"], WAIT_S,
@@ -131,7 +131,7 @@ def test_tracker_value_of_1e9_mm_is_rejected_out_of_range(tmp_path):
     """For 20 simulated seconds after station 1 the tracker reports x = 999999999 mm: those
     stations are rejected ``tracker_out_of_range`` (the instrument's documented 80 m); once
     the tracker is sane again the run completes. No stored station is beyond the range."""
-    with inprocess_cell(tmp_path, n_stations=6, overrides=PATIENT) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, overrides=PATIENT, time_scale=FAST_TIME_SCALE) as cell:
         cell.on_first(_after_station(1), lambda: cell.tracker.inject("wild_value", 20.0))
         run_id = cell.svc.start_run("base_frame")
         body = cell.wait_result(run_id, WAIT_S)
@@ -148,7 +148,7 @@ def test_frozen_tracker_is_rejected(tmp_path):
     """For 20 simulated seconds after station 1 the tracker repeats its last value bit for
     bit with fresh timestamps: rejected ``tracker_frozen``; no two stored stations share a
     tracker value; the run completes when the tracker thaws."""
-    with inprocess_cell(tmp_path, n_stations=6, overrides=PATIENT) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, overrides=PATIENT, time_scale=FAST_TIME_SCALE) as cell:
         cell.on_first(_after_station(1), lambda: cell.tracker.inject("frozen", 20.0))
         run_id = cell.svc.start_run("base_frame")
         body = cell.wait_result(run_id, WAIT_S)
@@ -162,7 +162,7 @@ def test_frozen_tracker_is_rejected(tmp_path):
 def test_frozen_tracker_from_the_start_never_gives_a_station(tmp_path):
     """A tracker frozen before the run: even its first measurement repeats the half before
     it, so not one station is accepted and the run fails."""
-    with inprocess_cell(tmp_path, n_stations=6, overrides=SHORT) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, overrides=SHORT, time_scale=FAST_TIME_SCALE) as cell:
         cell.tracker.inject("frozen")
         run_id = cell.svc.start_run("base_frame")
         cell.wait_for(lambda t, b: t == P.TOPIC_FAULT and "in a row" in b["message"], WAIT_S, "the failed run")
@@ -177,7 +177,7 @@ def test_tracker_pose_far_from_the_runs_estimate_is_a_gross_disagreement(tmp_pat
     x = 1000 mm, in range and with noise on y and z, about a metre from where the estimate
     predicts the target: rejected ``gross_disagreement`` with the deviation and bound; after
     the fault the run completes with a good result."""
-    with inprocess_cell(tmp_path, n_stations=6, overrides=PATIENT) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, overrides=PATIENT, time_scale=FAST_TIME_SCALE) as cell:
         cell.on_first(_after_station(2), lambda: cell.tracker.inject("wild_value", 20.0, value_mm=1000.0))
         run_id = cell.svc.start_run("base_frame")
         body = cell.wait_result(run_id, WAIT_S)

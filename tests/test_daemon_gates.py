@@ -30,7 +30,7 @@ from cellcal.daemon.config import ConfigError, load_config_text
 from cellcal.daemon.service import Service, ServiceError
 from cellcal.daemon.store import RunStatus
 from cellcal.solver.se3 import so3_log
-from cellcal.testing.harness import daemon_config, free_port, inprocess_cell, nonconforming_bodies, to_toml
+from cellcal.testing.harness import FAST_TIME_SCALE, daemon_config, free_port, inprocess_cell, nonconforming_bodies, to_toml
 
 # The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
 pytestmark = pytest.mark.slow
@@ -325,7 +325,7 @@ def test_the_simulated_cell_passes_every_gate_set_from_its_truth_and_a_wrong_dra
     task = (X[:3, 3] + X[:3, :3] @ np.array([-0.5, 0.0, 0.4])) * 1e3  # in the plan's workspace, cell frame
     solve = {"task_points_mm": [task.tolist()], "max_sigma_mm_at_task_points": 0.5, "max_holdout_p90_mm": 0.5,
              "expected_cell_T_base_mm_deg": _mm_deg(X), "expected_tolerance_mm_deg": [2.0, 0.2]}
-    with inprocess_cell(tmp_path / "right", n_stations=6, overrides={"solve": solve}) as cell:
+    with inprocess_cell(tmp_path / "right", n_stations=6, overrides={"solve": solve}, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame", reason="test")
         body = cell.wait_result(run_id, timeout_s=120.0)
         assert body["active"] and body["gates"]["passed"], body["gates"]
@@ -335,7 +335,7 @@ def test_the_simulated_cell_passes_every_gate_set_from_its_truth_and_a_wrong_dra
     wrong = _mm_deg(X)
     wrong[0] += 200.0
     with inprocess_cell(tmp_path / "wrong", n_stations=6,
-                        overrides={"solve": {**solve, "expected_cell_T_base_mm_deg": wrong}}) as cell:
+                        overrides={"solve": {**solve, "expected_cell_T_base_mm_deg": wrong}}, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame", reason="test")
         cell.wait_for(lambda t, b: t == P.TOPIC_STATE and "acceptance gates" in b.get("reason", ""), 120.0,
                       "the run's gate failure")

@@ -29,7 +29,7 @@ import pytest
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.store import RunStatus
-from cellcal.testing.harness import inprocess_cell, scenario_with
+from cellcal.testing.harness import FAST_TIME_SCALE, inprocess_cell, scenario_with
 
 # The slow tier (make test, not make check): this file runs simulated devices in real time.
 pytestmark = pytest.mark.slow
@@ -78,7 +78,8 @@ def _no_active_result_of(cell, run_id) -> None:
     ({"kind": "frozen_joint", "node": 4}, "joint_not_moving"),
 ])
 def test_a_drive_lying_about_its_move_is_a_typed_rejection_and_no_station(tmp_path, fault, reason):
-    with inprocess_cell(tmp_path, n_stations=4, robot_transport="canopen", overrides=FAIL_FAST) as cell:
+    with inprocess_cell(tmp_path, n_stations=4, robot_transport="canopen", overrides=FAIL_FAST,
+                        time_scale=FAST_TIME_SCALE) as cell:
         kind = fault.pop("kind")
         cell.robot.robot.inject(kind, **fault)
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
@@ -98,7 +99,7 @@ def test_a_drive_lying_about_its_move_is_a_typed_rejection_and_no_station(tmp_pa
 
 
 def test_a_drive_fault_during_a_move_rejects_the_station_and_reopens_the_robot(tmp_path):
-    with inprocess_cell(tmp_path, n_stations=4, robot_transport="canopen") as cell:
+    with inprocess_cell(tmp_path, n_stations=4, robot_transport="canopen", time_scale=FAST_TIME_SCALE) as cell:
         injected = threading.Event()
 
         def inject_on_next_move() -> None:
@@ -129,7 +130,7 @@ def test_a_drive_fault_during_a_move_rejects_the_station_and_reopens_the_robot(t
 
 
 def test_a_tracker_repeating_its_position_with_a_fresh_std_is_rejected(tmp_path):
-    with inprocess_cell(tmp_path, n_stations=6, overrides=FAIL_FAST) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, overrides=FAIL_FAST, time_scale=FAST_TIME_SCALE) as cell:
         cell.on_first(lambda t, b: t == P.TOPIC_STATION and b["accepted"] and b["index"] == 1,
                       lambda: cell.tracker.inject("frozen_position", 1e6))
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
@@ -145,7 +146,8 @@ def test_a_tracker_repeating_its_position_with_a_fresh_std_is_rejected(tmp_path)
 
 def test_a_geocom_hz_angle_beyond_its_circle_is_an_implausible_value(tmp_path):
     scenario = scenario_with(tmp_path / "wild.toml", WILD_ANGLE)
-    with inprocess_cell(tmp_path, scenario=scenario, n_stations=6, instrument="geocom", overrides=FAIL_FAST) as cell:
+    with inprocess_cell(tmp_path, scenario=scenario, n_stations=6, instrument="geocom", overrides=FAIL_FAST,
+                        time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
         assert _wait_end(cell, run_id) == RunStatus.FAILED.value
         rejected = _rejections(cell, run_id)
@@ -157,7 +159,7 @@ def test_a_geocom_hz_angle_beyond_its_circle_is_an_implausible_value(tmp_path):
 
 def test_station_positions_are_never_repeated_by_a_live_tracker(tmp_path):
     """The repeated-position check passes a healthy run (a live instrument's noise)."""
-    with inprocess_cell(tmp_path, n_stations=5) as cell:
+    with inprocess_cell(tmp_path, n_stations=5, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
         body = cell.wait_result(run_id, WAIT_S)
         assert body["active"]
@@ -195,7 +197,7 @@ def test_a_wrong_reflector_is_outvoted_and_dropped_and_watch_and_the_log_say_so(
     watch`` and the daemon's log announce both with the reason (item 5 of the issue)."""
     scenario = scenario_with(tmp_path / "wrong.toml", WRONG_REFLECTOR)
     caplog.set_level(logging.INFO, logger="cellcal")
-    with inprocess_cell(tmp_path, scenario=scenario, n_stations=8) as cell:
+    with inprocess_cell(tmp_path, scenario=scenario, n_stations=8, time_scale=FAST_TIME_SCALE) as cell:
         z = cell.cfg.zmq
         watch = subprocess.Popen([sys.executable, "-m", "cellcal.daemon.cli", "watch", "--endpoint", z.pub_endpoint,
                                   "--cmd-endpoint", z.cmd_endpoint, "--duration", "90", "--topics", "station,result"],
@@ -238,7 +240,7 @@ def test_a_wrong_reflector_is_outvoted_and_dropped_and_watch_and_the_log_say_so(
 
 
 def test_an_instrument_stuck_on_one_reflector_is_rejected_once_the_run_has_a_consensus(tmp_path):
-    with inprocess_cell(tmp_path, n_stations=9, overrides=FAIL_FAST) as cell:
+    with inprocess_cell(tmp_path, n_stations=9, overrides=FAIL_FAST, time_scale=FAST_TIME_SCALE) as cell:
         cell.on_first(lambda t, b: t == P.TOPIC_STATION and b["accepted"] and b["index"] == 4,
                       lambda: cell.tracker.inject("fixed_reflector", 1e6))
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
@@ -255,7 +257,7 @@ def test_a_wrong_reflector_is_outvoted_among_point_stations_too(tmp_path):
     """An emScon tracker measuring points: the point model's consensus (6 stations, 4 per
     subset) drops the wrong station accepted before it could tell, gives the later one up."""
     scenario = scenario_with(tmp_path / "wrong.toml", WRONG_REFLECTOR)
-    with inprocess_cell(tmp_path, scenario=scenario, n_stations=9, instrument="emscon") as cell:
+    with inprocess_cell(tmp_path, scenario=scenario, n_stations=9, instrument="emscon", time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
         body = cell.wait_result(run_id, 2 * WAIT_S)
         stations = cell.svc.store.stations(int(run_id))
@@ -271,7 +273,7 @@ def test_a_wrong_reflector_is_outvoted_among_point_stations_too(tmp_path):
 
 def test_a_wrong_reflector_on_every_second_station_ends_the_run_named_instead_of_a_guess(tmp_path):
     scenario = scenario_with(tmp_path / "second.toml", EVERY_SECOND)
-    with inprocess_cell(tmp_path, scenario=scenario, n_stations=8) as cell:
+    with inprocess_cell(tmp_path, scenario=scenario, n_stations=8, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME, reason="test")
         assert _wait_end(cell, run_id) == RunStatus.FAILED.value
         run = cell.svc.store.get_run(int(run_id))

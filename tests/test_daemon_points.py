@@ -36,6 +36,7 @@ from cellcal.daemon.config import ConfigError, load_config_text
 from cellcal.solver.se3 import se3_inverse
 from cellcal.testing.harness import (
     CELLCAL,
+    FAST_TIME_SCALE,
     K_SIGMA,
     Recorder,
     daemon_config,
@@ -124,7 +125,7 @@ def test_a_point_calibration_over_each_protocol_end_to_end(tmp_path, instrument)
     exported (JSON, URDF, ROS 2), ``to_base`` uses it, and a drift check compares points
     (no rotation deviation)."""
     with inprocess_cell(tmp_path, n_stations=6, instrument=instrument, overrides=POINT,
-                        validate_bodies=True) as cell:
+                        validate_bodies=True, time_scale=FAST_TIME_SCALE) as cell:
         assert cell.cfg.tracker.measure == "point"
         if instrument == "geocom":
             assert cell.cfg.tracker.options["checksum"] is True
@@ -215,7 +216,7 @@ def test_points_far_from_the_runs_point_estimate_are_a_gross_disagreement(tmp_pa
     predicts the reflector, so rejected ``gross_disagreement`` with the distance and the
     bound (no rotation figures); after the fault the run completes with a good result."""
     patient = {**POINT, "capture": {"max_attempts_per_station": 40, "max_consecutive_rejections": 40}}
-    with inprocess_cell(tmp_path, n_stations=8, overrides=patient) as cell:
+    with inprocess_cell(tmp_path, n_stations=8, overrides=patient, time_scale=FAST_TIME_SCALE) as cell:
         cell.on_first(lambda t, b: t == P.TOPIC_STATION and b["accepted"] and b["index"] == 5,
                       lambda: cell.tracker.inject("wild_value", 20.0, value_mm=1000.0))
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME)
@@ -233,7 +234,7 @@ def test_a_point_drift_check_that_fails_marks_the_result_suspect(tmp_path):
     """After a point calibration the tracker reports x = 1000 mm at every check station: the
     drift check fails on the distance alone (no rotation deviation), the result is marked
     suspect with the distance in mm and no angle, and the bodies conform."""
-    with inprocess_cell(tmp_path, n_stations=6, overrides=POINT, validate_bodies=True) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, overrides=POINT, validate_bodies=True, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME)
         body = cell.wait_result(run_id, WAIT_S)
         assert cell.svc.wait_idle(WAIT_S)
@@ -495,7 +496,7 @@ def test_a_frozen_point_tracker_is_rejected(tmp_path):
     point bit for bit with fresh timestamps: rejected ``tracker_frozen``; no two stored
     stations share a point; the run completes when it thaws."""
     patient = {**POINT, "capture": {"max_attempts_per_station": 40, "max_consecutive_rejections": 40}}
-    with inprocess_cell(tmp_path, n_stations=6, overrides=patient) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, overrides=patient, time_scale=FAST_TIME_SCALE) as cell:
         cell.on_first(lambda t, b: t == P.TOPIC_STATION and b["accepted"] and b["index"] == 1,
                       lambda: cell.tracker.inject("frozen", 20.0))
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME)
@@ -515,7 +516,8 @@ def test_a_degenerate_point_plan_is_completed_by_the_planner(tmp_path):
     # Patient capture: on a loaded machine a suggested station's moves can miss their settle
     # deadline several times; the run fails (no result) if one exhausts its attempts.
     patient = {"capture": {"max_attempts_per_station": 40, "max_consecutive_rejections": 40}}
-    with inprocess_cell(tmp_path, n_stations=None, overrides={**POINT, **patient, "plan": plan}) as cell:
+    with inprocess_cell(tmp_path, n_stations=None, overrides={**POINT, **patient, "plan": plan},
+                        time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME)
         body = cell.wait_result(run_id, 2 * WAIT_S)
         assert body["n_stations"] > 4 and body["axis_spread"] >= 1e-4 and body["active"]
@@ -585,7 +587,7 @@ def test_point_stations_round_trip_through_cellcal_stations_and_solve(tmp_path, 
     the covariances and settings the daemon solved them with, and ``cellcal solve`` of that
     file gives the daemon's point result (``cell_T_base`` and ``flange_p_target``) and says
     so: the command once refused point runs."""
-    with inprocess_cell(tmp_path, n_stations=6, overrides=POINT) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, overrides=POINT, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME)
         body = cell.wait_result(run_id, WAIT_S)
         state = cell.cfg.service.state_dir

@@ -35,6 +35,7 @@ from cellcal.daemon.wire.client import Client
 from cellcal.sim.scenario import load_scenario
 from cellcal.testing.harness import (
     FAST_SCENARIO,
+    FAST_TIME_SCALE,
     K_SIGMA,
     DaemonProcess,
     Recorder,
@@ -83,7 +84,7 @@ def test_full_stack_in_process_calibrates_the_cell(tmp_path):
     """A base-frame run completes; every accepted station is stored exactly once; the result is
     active, passes its gates and matches the scenario's truth within the noise (module doc);
     a drift check follows; every body on every topic conforms to the protocol."""
-    with inprocess_cell(tmp_path, n_stations=6) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame", reason="test")
         body = cell.wait_result(run_id)
         accepted = _stations_of(cell.events, run_id, accepted=True)
@@ -108,7 +109,7 @@ def test_full_stack_in_process_calibrates_the_cell(tmp_path):
 def test_full_stack_in_process_over_canopen(tmp_path):
     """The same cell with the robot as six CiA 402 drives on python-can's virtual bus (the
     daemon's canopen:// driver: SYNC-coherent joint vectors, target-reached bit)."""
-    with inprocess_cell(tmp_path, n_stations=6, robot_transport="canopen") as cell:
+    with inprocess_cell(tmp_path, n_stations=6, robot_transport="canopen", time_scale=FAST_TIME_SCALE) as cell:
         assert cell.cfg.robot.url.startswith("canopen://")
         run_id = cell.svc.start_run("base_frame")
         body = cell.wait_result(run_id, timeout_s=60.0)
@@ -172,7 +173,7 @@ def test_robot_that_never_settles_is_rejected_and_the_run_aborts(tmp_path):
     scenario = scenario_with(tmp_path / "scenario.toml", '[[robot.faults]]\nkind = "never_settles"\nstart_s = 0.0\n')
     limit = 3
     overrides = {"capture": {"station_timeout_s": 1.5, "max_attempts_per_station": 2, "max_consecutive_rejections": limit}}
-    with inprocess_cell(tmp_path, scenario=scenario, overrides=overrides) as cell:
+    with inprocess_cell(tmp_path, scenario=scenario, overrides=overrides, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame")
         cell.wait_for(lambda t, b: t == P.TOPIC_FAULT and "in a row" in b["message"], 30.0, "the abort")
         assert cell.svc.wait_idle(10.0)
@@ -199,7 +200,7 @@ def test_beam_break_mid_run_rejects_then_retries_the_station(tmp_path):
     scenario = scenario_with(tmp_path / "scenario.toml",
                              '[[tracker.faults]]\nkind = "beam_break"\nstart_s = 25.0\nduration_s = 10.0\n')
     overrides = {"capture": {"max_attempts_per_station": 30, "max_consecutive_rejections": 40}}
-    with inprocess_cell(tmp_path, scenario=scenario, n_stations=8, overrides=overrides) as cell:
+    with inprocess_cell(tmp_path, scenario=scenario, n_stations=8, overrides=overrides, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame")
         body = cell.wait_result(run_id, timeout_s=60.0)
         rejected = _stations_of(cell.events, run_id, accepted=False)

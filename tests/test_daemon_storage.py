@@ -25,6 +25,7 @@ from cellcal.daemon.config import load_config_text
 from cellcal.daemon.service import Service, State
 from cellcal.daemon.store import Store, StoreReadOnlyError
 from cellcal.testing.harness import (
+    FAST_TIME_SCALE,
     DaemonProcess,
     audit_store,
     daemon_config,
@@ -56,7 +57,7 @@ def test_full_disk_during_a_run_faults_and_keeps_the_previous_result(tmp_path):
         base.mkdir(exist_ok=True)
         state = base / "state"
         run2 = None
-        with inprocess_cell(tmp_path, state_dir=state, n_stations=6) as cell:
+        with inprocess_cell(tmp_path, state_dir=state, n_stations=6, time_scale=FAST_TIME_SCALE) as cell:
             run1 = cell.svc.start_run("base_frame")
             cell.wait_result(run1)
             prev = cell.svc.store.active_result()
@@ -98,7 +99,7 @@ def test_full_disk_during_a_run_faults_and_keeps_the_previous_result(tmp_path):
         assert audit["integrity"] == ["ok"] and not audit["duplicates"]
         assert [r["id"] for r in audit["results"] if r["active"]] == [prev.id]
         # Space again: the run resumes on the next start and completes.
-        with inprocess_cell(tmp_path / "again", state_dir=state, n_stations=6) as cell:
+        with inprocess_cell(tmp_path / "again", state_dir=state, n_stations=6, time_scale=FAST_TIME_SCALE) as cell:
             body = cell.wait_result(run2)
             assert body["gates"]["passed"] and body["active"]
             assert [s.plan_index for s in cell.svc.store.stations(run2)] == list(range(6))

@@ -416,11 +416,11 @@ def test_daemon_switches_active_on_activation_rollback_and_restart(tmp_path):
     """Two calibrations of the simulated cell: exports/active follows the second, then a
     rollback (activate_result of the first) and a restart that finds the link gone; the
     [export] names reach the files, and each result's own files say whether it is active."""
-    from cellcal.testing.harness import inprocess_cell
+    from cellcal.testing.harness import FAST_TIME_SCALE, inprocess_cell
 
     overrides = {"export": {"cell_frame": "world", "base_frame": "base_link"}}
     state = tmp_path / "state"
-    with inprocess_cell(tmp_path, state_dir=state, n_stations=6, overrides=overrides) as cell:
+    with inprocess_cell(tmp_path, state_dir=state, n_stations=6, overrides=overrides, time_scale=FAST_TIME_SCALE) as cell:
         exports = Path(cell.cfg.service.state_dir) / "exports"
         ids = []
         for _ in range(2):
@@ -440,7 +440,7 @@ def test_daemon_switches_active_on_activation_rollback_and_restart(tmp_path):
         assert json.loads((exports / f"result_{second}.json").read_text())["active"] is False
         assert json.loads((exports / f"result_{first}.json").read_text())["active"] is True
     (exports / "active").unlink()
-    with inprocess_cell(tmp_path, state_dir=state, n_stations=6, overrides=overrides):
+    with inprocess_cell(tmp_path, state_dir=state, n_stations=6, overrides=overrides, time_scale=FAST_TIME_SCALE):
         assert active_result_id(exports) == first
 
 

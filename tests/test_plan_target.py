@@ -24,7 +24,7 @@ from cellcal.sim.scenario import load_scenario
 from cellcal.solver import calibrate_base_frame, planning
 from cellcal.solver.se3 import se3_inverse
 from cellcal.solver.synthetic import perturb
-from cellcal.testing.harness import inprocess_cell
+from cellcal.testing.harness import FAST_TIME_SCALE, inprocess_cell
 
 # The slow tier (make test, not make check): this file runs simulated devices or processes in real time.
 pytestmark = pytest.mark.slow
@@ -254,7 +254,7 @@ def test_daemon_captures_until_the_target_and_stops_there(tmp_path):
     is at most the target: with one station fewer it was above it. The result says so too,
     and its error against the truth at the task point is consistent with the prediction."""
     target_m = 2.5e-6  # a few stations more than the first four on this quiet tracker
-    with inprocess_cell(tmp_path, n_stations=20, overrides=_target_overrides(target_m * 1e3)) as cell:
+    with inprocess_cell(tmp_path, n_stations=20, overrides=_target_overrides(target_m * 1e3), time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame", reason="test")
         body = cell.wait_result(run_id, timeout_s=240.0)
         records = cell.svc.store.stations(run_id)
@@ -280,7 +280,8 @@ def test_daemon_captures_until_the_target_and_stops_there(tmp_path):
 
 
 def test_daemon_stops_at_max_stations_when_the_target_is_out_of_reach(tmp_path):
-    with inprocess_cell(tmp_path, n_stations=20, overrides=_target_overrides(1e-6, max_stations=6)) as cell:
+    with inprocess_cell(tmp_path, n_stations=20, overrides=_target_overrides(1e-6, max_stations=6),
+                        time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame", reason="test")
         body = cell.wait_result(run_id, timeout_s=240.0)
         assert body["n_stations"] == 6
@@ -291,7 +292,7 @@ def test_daemon_stops_at_max_stations_when_the_target_is_out_of_reach(tmp_path):
 def test_next_station_decides_from_what_the_run_has(tmp_path):
     """The capture loop's decision on stored stations: None once the target is reached, a
     visible station of the planner's otherwise, never one visited already."""
-    with inprocess_cell(tmp_path, n_stations=6, zmq=False) as cell:
+    with inprocess_cell(tmp_path, n_stations=6, zmq=False, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame", reason="test")
         cell.wait_result(run_id, timeout_s=120.0)
         records = cell.svc.store.stations(run_id)
@@ -350,7 +351,8 @@ def test_daemon_stops_when_the_arms_model_error_alone_exceeds_the_target(tmp_pat
     X, _Y = _demo_truth()
     ov = {"plan": {"target_sigma_mm": 0.001, "max_stations": 30, "tracker_xyz_mm": [-1200.0, 2330.0, -100.0]},
           "solve": {"task_points_mm": [[float(v) for v in _task_cell(X) * 1e3]]}}
-    with inprocess_cell(tmp_path, scenario="realistic", n_stations=20, overrides=ov, zmq=False) as cell:
+    with inprocess_cell(tmp_path, scenario="realistic", n_stations=20, overrides=ov, zmq=False,
+                        time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame", reason="test")
         body = cell.wait_result(run_id, timeout_s=300.0)
         records = cell.svc.store.stations(run_id)
@@ -387,7 +389,7 @@ def test_a_run_to_a_target_resumed_after_its_planned_stations_goes_on_to_the_tar
     state = tmp_path / "state"
     ov = _target_overrides(target_m * 1e3)
     last_planned = dplan.FIRST_STATIONS_POSE - 1
-    with inprocess_cell(tmp_path, state_dir=state, n_stations=20, overrides=ov) as cell:
+    with inprocess_cell(tmp_path, state_dir=state, n_stations=20, overrides=ov, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame", reason="test")
         cell.wait_for(lambda t, b: t == P.TOPIC_STATION and b["accepted"] and b["index"] == last_planned, 90.0,
                       "the last planned station")
@@ -395,7 +397,7 @@ def test_a_run_to_a_target_resumed_after_its_planned_stations_goes_on_to_the_tar
         run = ro.get_run(run_id)
         assert run.is_open and len(run.plan["stations"]) == dplan.FIRST_STATIONS_POSE
         n_before = run.n_stations
-    with inprocess_cell(tmp_path / "again", state_dir=state, n_stations=20, overrides=ov) as cell:
+    with inprocess_cell(tmp_path / "again", state_dir=state, n_stations=20, overrides=ov, time_scale=FAST_TIME_SCALE) as cell:
         body = cell.wait_result(run_id, timeout_s=240.0)
         records = cell.svc.store.stations(run_id)
         assert len(records) >= max(n_before, dplan.FIRST_STATIONS_POSE)
@@ -413,7 +415,7 @@ def test_without_the_trackers_position_a_run_to_a_target_estimates_it_from_its_f
     target_m = 2.5e-6
     ov = _target_overrides(target_m * 1e3)
     del ov["plan"]["tracker_xyz_mm"]
-    with inprocess_cell(tmp_path, n_stations=20, overrides=ov, zmq=False) as cell:
+    with inprocess_cell(tmp_path, n_stations=20, overrides=ov, zmq=False, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame", reason="test")
         cell.wait_result(run_id, timeout_s=240.0)
         records = cell.svc.store.stations(run_id)
