@@ -201,9 +201,11 @@ class CellDevices:
         """Device identities as known now (stored with each run)."""
         return {k: dict(v.get("identity") or {}) for k, v in self.status.items()}
 
-    def open(self, need_tracker: bool, need_camera: bool = False) -> None:
+    def open(self, need_tracker: bool, need_camera: bool = False, want_tracker: bool = False) -> None:
         """Open what is not open yet: the robot (and its monitor), the tracker if needed,
-        and the camera if needed.
+        and the camera if needed. ``want_tracker``: the job uses the tracker when it can have
+        it (an eye-to-hand run's tracker check): tried, and a failure only logged (the job's
+        stations then say there was no tracker), never raised.
 
         Raises
         ------
@@ -216,6 +218,11 @@ class CellDevices:
             self._open_robot()
         if need_tracker and self.tracker is None:
             self._open_tracker()
+        elif want_tracker and self.tracker is None:
+            try:
+                self._open_tracker()
+            except DeviceOpenError as exc:
+                log.warning("the tracker could not be opened for this job (it goes on without it): %s", exc.cause)
         if need_camera and self.camera is None:
             self._open_camera()
         self._make_engine()

@@ -111,7 +111,8 @@ def test_to_base_takes_a_pose_in_the_fixed_cameras_frame(cell):
 def test_the_tracker_check_closes_the_camera_chain_against_the_tracker(cell):
     r = cell.result
     tc = r["camera_hand_eye"]["tracker_check"]
-    assert tc is not None, r["camera_hand_eye"]["tracker_check_note"]
+    why = [s.raw.get("tracker_check") for s in cell.svc.store.stations(cell.run_id)]
+    assert tc is not None, (r["camera_hand_eye"]["tracker_check_note"], why)
     assert tc["via"] == "camera" and tc["n"] == r["n_stations"] and tc["passed"], tc
     assert tc["cell_T_base_result_id"] == int(cell.base_frame["result_id"])
     assert tc["rms_m"] < 0.5e-3 and tc["dof"] == 3 * tc["n"]

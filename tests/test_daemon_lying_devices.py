@@ -99,7 +99,7 @@ def test_a_drive_lying_about_its_move_is_a_typed_rejection_and_no_station(tmp_pa
 
 
 def test_a_drive_fault_during_a_move_rejects_the_station_and_reopens_the_robot(tmp_path):
-    with inprocess_cell(tmp_path, n_stations=4, robot_transport="canopen", time_scale=FAST_TIME_SCALE) as cell:
+    with inprocess_cell(tmp_path, n_stations=4, robot_transport="canopen") as cell:
         injected = threading.Event()
 
         def inject_on_next_move() -> None:
@@ -197,7 +197,7 @@ def test_a_wrong_reflector_is_outvoted_and_dropped_and_watch_and_the_log_say_so(
     watch`` and the daemon's log announce both with the reason (item 5 of the issue)."""
     scenario = scenario_with(tmp_path / "wrong.toml", WRONG_REFLECTOR)
     caplog.set_level(logging.INFO, logger="cellcal")
-    with inprocess_cell(tmp_path, scenario=scenario, n_stations=8, time_scale=FAST_TIME_SCALE) as cell:
+    with inprocess_cell(tmp_path, scenario=scenario, n_stations=8) as cell:
         z = cell.cfg.zmq
         watch = subprocess.Popen([sys.executable, "-m", "cellcal.daemon.cli", "watch", "--endpoint", z.pub_endpoint,
                                   "--cmd-endpoint", z.cmd_endpoint, "--duration", "90", "--topics", "station,result"],

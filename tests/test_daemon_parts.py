@@ -7,6 +7,8 @@ robot over RTDE on loopback and a tracker URL nobody listens on.
 
 from __future__ import annotations
 
+import logging
+
 import math
 import types
 
@@ -112,9 +114,10 @@ def test_backoff_doubles_up_to_its_ceiling():
     assert b.next_delay() == 0.2
 
 
-def test_a_device_that_fails_to_open_is_named_by_which_one_raised(tmp_path):
+def test_a_device_that_fails_to_open_is_named_by_which_one_raised(tmp_path, caplog):
     """Opening goes robot first, then tracker, each wrapped in DeviceOpenError(device=...)."""
     from cellcal.sim.robot_sim import start_sim_robot
+    from cellcal.testing.simulators import simulated_devices
     from cellcal.sim.scenario import load_scenario
 
     nobody = f"socket://127.0.0.1:{free_port()}"
@@ -135,9 +138,24 @@ def test_a_device_that_fails_to_open_is_named_by_which_one_raised(tmp_path):
             assert devs.status[P.DEVICE_ROBOT]["connected"] and not devs.status[P.DEVICE_TRACKER]["connected"]
             devs.open(need_tracker=False)  # the robot alone is enough for a tool-point run
             assert devs.engine is not None and devs.stop_robot()
+            # a job that wants the tracker without needing it (an eye-to-hand run's tracker
+            # check): a tracker that cannot be opened is logged, not raised, and the job goes on
+            with caplog.at_level(logging.WARNING, logger="cellcal"):
+                devs.open(need_tracker=False, want_tracker=True)
+            assert devs.tracker is None and devs.engine is not None and devs.engine.tracker is None
+            assert any("tracker could not be opened for this job" in r.getMessage() for r in caplog.records)
         finally:
             devs.close()
         assert devs.robot is None and not devs.status[P.DEVICE_ROBOT]["connected"] and not devs.stop_robot()
+        # ... and one that can be opened is, and the engine measures with it
+        with simulated_devices(sc) as sims:
+            cfgd = daemon_config(robot_url=sims.robot.url, tracker_url=sims.tracker.url, workdir=tmp_path)
+            devs = CellDevices(load_config_text(to_toml(cfgd)))
+            try:
+                devs.open(need_tracker=False, want_tracker=True)
+                assert devs.tracker is not None and devs.engine is not None and devs.engine.tracker is devs.tracker
+            finally:
+                devs.close()
 
 
 def test_a_result_that_fails_its_gates_is_stored_not_activated_and_its_gates_named(tmp_path):

@@ -253,9 +253,10 @@ class JobControl:
         self.check_abort()
 
     # ---- the devices ---------------------------------------------------------------------------
-    def ensure_devices(self, need_tracker: bool, state: StateName, detail: str, *, need_camera: bool = False) -> CaptureEngine:
-        """Open the devices (the camera too with ``need_camera``); in FAULT retry with the
-        job's backoff until ``resume_within_s``.
+    def ensure_devices(self, need_tracker: bool, state: StateName, detail: str, *, need_camera: bool = False,
+                       want_tracker: bool = False) -> CaptureEngine:
+        """Open the devices (the camera too with ``need_camera``; the tracker if it can be,
+        with ``want_tracker``); in FAULT retry with the job's backoff until ``resume_within_s``.
 
         When they are open the service is in ``state`` (with ``detail``): from FAULT it goes
         there directly, never through IDLE.
@@ -264,7 +265,7 @@ class JobControl:
         while True:
             self.check_abort()
             try:
-                self.devices.open(need_tracker, need_camera)
+                self.devices.open(need_tracker, need_camera, want_tracker)
             except DeviceOpenError as exc:
                 self.devices.close()
                 message = f"cannot open devices: {exc.cause}"
@@ -282,7 +283,7 @@ class JobControl:
             return engine
 
     def after_device_fault(self, df: DeviceFault, what: str, need_tracker: bool, state: StateName, *,
-                           need_camera: bool = False) -> CaptureEngine:
+                           need_camera: bool = False, want_tracker: bool = False) -> CaptureEngine:
         """A link failed mid-job: close everything, say so, back off, reopen and carry on."""
         self.devices.close()
         self.check_window(str(df), df.cause, df.device)
@@ -290,13 +291,18 @@ class JobControl:
         self.fault(str(df), df.cause, device=df.device, retry_in_s=delay)
         self.wait_retry(delay)
         return self.ensure_devices(need_tracker, state, f"{what}: resumed after the {df.device} fault cleared",
-                                   need_camera=need_camera)
+                                   need_camera=need_camera, want_tracker=want_tracker)
 
-    def engine_for(self, need_tracker: bool, state: StateName, detail: str, *, need_camera: bool = False) -> CaptureEngine:
+    def engine_for(self, need_tracker: bool, state: StateName, detail: str, *, need_camera: bool = False,
+                   want_tracker: bool = False) -> CaptureEngine:
         """The open engine if the job is already in ``state`` with what it needs, else
         :meth:`ensure_devices`."""
         engine = self.devices.engine
         if engine is None or self.state != state or (need_tracker and self.devices.tracker is None) or (
                 need_camera and engine.camera is None):
-            return self.ensure_devices(need_tracker, state, detail, need_camera=need_camera)
+            return self.ensure_devices(need_tracker, state, detail, need_camera=need_camera, want_tracker=want_tracker)
+        if want_tracker and self.devices.tracker is None:
+            self.devices.open(False, need_camera, want_tracker)
+            engine = self.devices.engine
+            assert engine is not None
         return engine

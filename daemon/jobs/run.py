@@ -147,7 +147,8 @@ class RunJob:
         first = next(stations, None)
         if first is None:
             return True  # a run resumed after its last station is solved without the devices
-        engine = self.control.ensure_devices(kind.needs_tracker, P.STATE_CAPTURING, detail, need_camera=kind.needs_camera)
+        engine = self.control.ensure_devices(kind.needs_tracker, P.STATE_CAPTURING, detail, need_camera=kind.needs_camera,
+                                             want_tracker=kind.wants_tracker(self.cfg))
         ps: PlannedStation | None = first
         while ps is not None:
             n_planned = max(n_planned, ps.index + 1)
@@ -188,7 +189,8 @@ class RunJob:
                             return False
                     if df is not None:  # the link is reopened (a drive fault: after its rejection)
                         engine = self.control.after_device_fault(df, what, kind.needs_tracker, P.STATE_CAPTURING,
-                                                                 need_camera=kind.needs_camera)
+                                                                 need_camera=kind.needs_camera,
+                                                                 want_tracker=kind.wants_tracker(self.cfg))
                     if rej is not None and attempts >= _attempts_for(rej, c.max_attempts_per_station) and not observe:
                         break  # give this station up, go on with the plan
                     continue
@@ -345,7 +347,8 @@ class RunJob:
                                    outcome=OUTCOME_GIVEN_UP if given_up else OUTCOME_RETRY)
                 if df is not None:
                     engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
-                                                             need_camera=kind.needs_camera)
+                                                             need_camera=kind.needs_camera,
+                                                             want_tracker=kind.wants_tracker(self.cfg))
                 if given_up:
                     return True
                 continue
@@ -374,7 +377,8 @@ class RunJob:
 
         def measure(ps: PlannedStation, raw: P.JsonObject, what: str) -> StationRecord:
             detail = f"run {run_id}: {what}"
-            engine = self.control.engine_for(kind.needs_tracker, P.STATE_CAPTURING, detail, need_camera=kind.needs_camera)
+            engine = self.control.engine_for(kind.needs_tracker, P.STATE_CAPTURING, detail, need_camera=kind.needs_camera,
+                                             want_tracker=kind.wants_tracker(self.cfg))
             configured = self.cfg.capture.max_attempts_per_station
             attempts = 0
             while True:
@@ -402,7 +406,8 @@ class RunJob:
                             self.control.devices.close()  # the fault is cleared when the next job reopens it
                         else:
                             engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
-                                                                     need_camera=kind.needs_camera)
+                                                                     need_camera=kind.needs_camera,
+                                                                     want_tracker=kind.wants_tracker(self.cfg))
                     if last and df is None:
                         raise
                     if last:

@@ -199,6 +199,12 @@ class RunKind(abc.ABC):
     #: the robot, and the engine's ``capture_camera`` takes its stations.
     needs_camera: ClassVar[bool] = False
 
+    def wants_tracker(self, cfg: Config) -> bool:
+        """Whether its stations use the tracker when it can be opened, without needing it
+        (an eye-to-hand run's tracker check): the jobs try to open it, and reopen it after
+        a fault, but go on without it. False by default."""
+        return False
+
     # ---- starting ----------------------------------------------------------------------------
     def refuse_start(self, ctx: RunContext) -> str | None:
         """Why a run of this kind cannot be started in this cell without given stations

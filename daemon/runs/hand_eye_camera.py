@@ -199,6 +199,10 @@ class CameraHandEyeKind(RunKind):
     #: ``"eye_in_hand"`` or ``"eye_to_hand"`` (the solver's and ``[camera] mounting``'s word).
     setup: ClassVar[str]
 
+    def wants_tracker(self, cfg: Config) -> bool:
+        # the tracker check's points, when [camera.hand_eye] tracker_target_mm is set
+        return ht.wanted(cfg, self.setup)
+
     # ---- starting ------------------------------------------------------------------------------
     def refuse_start(self, ctx: RunContext) -> str | None:
         cam = ctx.cfg.camera
