@@ -8,7 +8,6 @@ robot over RTDE on loopback and a tracker URL nobody listens on.
 from __future__ import annotations
 
 import logging
-
 import math
 import types
 
@@ -117,8 +116,8 @@ def test_backoff_doubles_up_to_its_ceiling():
 def test_a_device_that_fails_to_open_is_named_by_which_one_raised(tmp_path, caplog):
     """Opening goes robot first, then tracker, each wrapped in DeviceOpenError(device=...)."""
     from cellcal.sim.robot_sim import start_sim_robot
-    from cellcal.testing.simulators import simulated_devices
     from cellcal.sim.scenario import load_scenario
+    from cellcal.testing.simulators import simulated_devices
 
     nobody = f"socket://127.0.0.1:{free_port()}"
     cfgd = daemon_config(robot_url=f"rtde://127.0.0.1:{free_port()}?model=ur5e", tracker_url=nobody, workdir=tmp_path)
