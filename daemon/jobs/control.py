@@ -301,8 +301,7 @@ class JobControl:
         if engine is None or self.state != state or (need_tracker and self.devices.tracker is None) or (
                 need_camera and engine.camera is None):
             return self.ensure_devices(need_tracker, state, detail, need_camera=need_camera, want_tracker=want_tracker)
-        if want_tracker and self.devices.tracker is None:
-            self.devices.open(False, need_camera, want_tracker)
-            engine = self.devices.engine
-            assert engine is not None
+        # A wanted tracker missing here was tried when the job opened its devices (and after
+        # each fault): not again per measurement, where a tracker that is down would cost a
+        # connect timeout every time.
         return engine

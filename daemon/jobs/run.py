@@ -69,6 +69,15 @@ def _attempts_for(rej: cap.StationRejected, configured: int) -> int:
 CONSENSUS_ATTEMPTS = 2
 
 
+def _fault_and_rejection(exc: cap.StationRejected | cap.DeviceFault) -> tuple[cap.DeviceFault | None,
+                                                                             cap.StationRejected | None]:
+    """A capture's failure as (the device fault, the station rejection): a drive fault is
+    both (its ``rejection``), a plain link failure only the first, a rejection only the second."""
+    if isinstance(exc, cap.DeviceFault):
+        return exc, exc.rejection
+    return None, exc
+
+
 class RunJob:
     """Executes run jobs (module docstring). One per service; used by the worker thread only."""
 
@@ -147,8 +156,7 @@ class RunJob:
         first = next(stations, None)
         if first is None:
             return True  # a run resumed after its last station is solved without the devices
-        engine = self.control.ensure_devices(kind.needs_tracker, P.STATE_CAPTURING, detail, need_camera=kind.needs_camera,
-                                             want_tracker=kind.wants_tracker(self.cfg))
+        engine = self.control.ensure_devices(kind.needs_tracker, P.STATE_CAPTURING, detail, **self._wants(kind))
         ps: PlannedStation | None = first
         while ps is not None:
             n_planned = max(n_planned, ps.index + 1)
@@ -168,11 +176,10 @@ class RunJob:
                         if len(records) != n_before:  # stations dropped: the rough estimate without them
                             expected = kind.estimate(self.ctx, records)
                 except (cap.StationRejected, cap.DeviceFault) as exc:
-                    df = exc if isinstance(exc, cap.DeviceFault) else None
+                    df, rej = _fault_and_rejection(exc)
                     if df is not None and df.ends_job:
                         self._invalidated(run_id, df)
                         return False
-                    rej = exc if isinstance(exc, cap.StationRejected) else (df.rejection if df is not None else None)
                     if rej is not None:
                         self.control.check_abort()
                         attempts += 1
@@ -188,9 +195,7 @@ class RunJob:
                             self.control.fault(msg)
                             return False
                     if df is not None:  # the link is reopened (a drive fault: after its rejection)
-                        engine = self.control.after_device_fault(df, what, kind.needs_tracker, P.STATE_CAPTURING,
-                                                                 need_camera=kind.needs_camera,
-                                                                 want_tracker=kind.wants_tracker(self.cfg))
+                        engine = self._reopened(df, what, kind)
                     if rej is not None and attempts >= _attempts_for(rej, c.max_attempts_per_station) and not observe:
                         break  # give this station up, go on with the plan
                     continue
@@ -308,6 +313,14 @@ class RunJob:
             return
         self.keeper.keep(run, kind.finish(self.ctx, run, result, [], None))
 
+    def _wants(self, kind: RunKind) -> dict[str, bool]:
+        """What ``kind``'s stations open beside the robot (``need_camera``, ``want_tracker``)."""
+        return {"need_camera": kind.needs_camera, "want_tracker": kind.wants_tracker(self.cfg)}
+
+    def _reopened(self, df: cap.DeviceFault, detail: str, kind: RunKind) -> cap.CaptureEngine:
+        """The engine after a link failed mid-station: ridden out and reopened for ``kind``."""
+        return self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING, **self._wants(kind))
+
     # ---- stations beyond the plan -------------------------------------------------------------
     def _capture_extra(self, run_id: int, kind: RunKind, ps: PlannedStation, stations: list[StationRecord]) -> bool:
         """Measure one kind-suggested station with the same checks as every station: the
@@ -333,11 +346,10 @@ class RunJob:
                 if not self._screen(run_id, kind, stations, got, ps.index, attempt=attempts + 1, planned=planned):
                     return False
             except (cap.StationRejected, cap.DeviceFault) as exc:
-                df = exc if isinstance(exc, cap.DeviceFault) else None
+                df, rej = _fault_and_rejection(exc)
                 if df is not None and df.ends_job:
                     self._invalidated(run_id, df)
                     return False
-                rej = exc if isinstance(exc, cap.StationRejected) else (df.rejection if df is not None else None)
                 given_up = False
                 if rej is not None:
                     self.control.check_abort()
@@ -346,9 +358,7 @@ class RunJob:
                     self._rejected(run_id, ps.index, rej, attempt=attempts, planned=planned, accepted=len(stations),
                                    outcome=OUTCOME_GIVEN_UP if given_up else OUTCOME_RETRY)
                 if df is not None:
-                    engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
-                                                             need_camera=kind.needs_camera,
-                                                             want_tracker=kind.wants_tracker(self.cfg))
+                    engine = self._reopened(df, detail, kind)
                 if given_up:
                     return True
                 continue
@@ -377,8 +387,7 @@ class RunJob:
 
         def measure(ps: PlannedStation, raw: P.JsonObject, what: str) -> StationRecord:
             detail = f"run {run_id}: {what}"
-            engine = self.control.engine_for(kind.needs_tracker, P.STATE_CAPTURING, detail, need_camera=kind.needs_camera,
-                                             want_tracker=kind.wants_tracker(self.cfg))
+            engine = self.control.engine_for(kind.needs_tracker, P.STATE_CAPTURING, detail, **self._wants(kind))
             configured = self.cfg.capture.max_attempts_per_station
             attempts = 0
             while True:
@@ -390,10 +399,9 @@ class RunJob:
                     if judged is not None and judged.rejection is not None:
                         raise judged.rejection
                 except (cap.StationRejected, cap.DeviceFault) as exc:
-                    df = exc if isinstance(exc, cap.DeviceFault) else None
+                    df, rej = _fault_and_rejection(exc)
                     if df is not None and df.ends_job:
                         raise
-                    rej = exc if isinstance(exc, cap.StationRejected) else (df.rejection if df is not None else None)
                     last = False
                     if rej is not None:
                         self.control.check_abort()
@@ -405,9 +413,7 @@ class RunJob:
                         if last:
                             self.control.devices.close()  # the fault is cleared when the next job reopens it
                         else:
-                            engine = self.control.after_device_fault(df, detail, kind.needs_tracker, P.STATE_CAPTURING,
-                                                                     need_camera=kind.needs_camera,
-                                                                     want_tracker=kind.wants_tracker(self.cfg))
+                            engine = self._reopened(df, detail, kind)
                     if last and df is None:
                         raise
                     if last:
