@@ -51,6 +51,14 @@ refused as a whole with ``BadUserAccessDenied`` before any method runs (the perm
 ruleset reads the call's method ids); the method itself checks the role again, then the
 arguments (``protocol.validate_args``), then calls the daemon's handler. A handler error
 becomes the OPC UA status nearest its code (``E_BUSY`` -> ``BadResourceUnavailable``, ...).
+
+Which client applications may open a session on a secure channel is a trust list
+(:class:`_TrustList`, ADR 0024): the ``[[opcua.certificates]]`` files and the ``*.der`` /
+``*.pem`` files of ``trusted_certificates_dir``, whole certificates within their validity
+dates. asyncua's certificate validator refuses any other at CreateSession
+(``BadCertificateUntrusted``, logged with subject and thumbprint); the user manager checks the
+channel's own certificate again at ActivateSession. On the ``none`` endpoint no certificate
+is proven (ADR 0024, Consequences).
 """
 
 from __future__ import annotations
