@@ -14,6 +14,10 @@ anonymous reads. The client, like a PLC would:
   ``StartRun`` and ``RunDriftCheck`` as observer and as anonymous, with nothing started;
 * cannot write, cannot log in with a wrong password;
 * connects on the encrypted endpoint with its certificate and starts a run as ``plc``.
+* with an application certificate on no trust list is refused even with a valid password; one
+  from ``trusted_certificates_dir`` connects as its password user;
+* killed while subscribed, without closing its session, leaves the server serving the next
+  client, and its session and subscriptions go at the session timeout.
 """
 
 from __future__ import annotations
