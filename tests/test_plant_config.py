@@ -89,6 +89,8 @@ listen = "127.0.0.1:9200"
     ("[opcua]\nenabled = true\nsecurity = ['none']\nallow_none_on_loopback = true\n", "opcua", "nobody could connect"),
     ("[opcua]\nsecurity = ['none']\nallow_none_on_loopback = true\n[[opcua.certificates]]\nname = 'plc'\nfile = 'c.pem'\n",
      "opcua.certificates", "secure mode"),
+    ("[opcua]\nsecurity = ['none']\nallow_none_on_loopback = true\ntrusted_certificates_dir = '/etc/pki'\n",
+     "opcua.trusted_certificates_dir", "secure mode"),
     # MQTT: no password in clear across the network; TLS files only with mqtts.
     ("[mqtt]\nurl = 'mqtt://10.1.2.3'\nusername = 'u'\npassword_file = '/p'\n", "mqtt.url", "in clear"),
     ("[mqtt]\nusername = 'u'\n", "mqtt.password_file", "together"),
@@ -141,6 +143,21 @@ def test_an_unreadable_password_file_is_named(tmp_path):
     with pytest.raises(ConfigError) as info:
         preflight(cfg, devices=False)
     assert info.value.path == "opcua.users[0].password_file"
+
+
+def test_a_missing_trusted_certificates_dir_is_named(tmp_path):
+    key, cert = tmp_path / "key.pem", tmp_path / "cert.der"
+    key.write_text("k")
+    cert.write_text("c")
+    opcua = (f"[opcua]\nenabled = true\nanonymous = true\ncertificate_file = '{cert}'\nprivate_key_file = '{key}'\n"
+             f"trusted_certificates_dir = '{{}}'\n")
+    trusted = tmp_path / "trusted"
+    trusted.mkdir()
+    preflight(load(opcua.format(trusted)), devices=False)  # an empty directory: only the listed certificates
+    for missing in (tmp_path / "absent", cert):  # no such path; a file, not a directory
+        with pytest.raises(ConfigError) as info:
+            preflight(load(opcua.format(missing)), devices=False)
+        assert info.value.path == "opcua.trusted_certificates_dir" and str(missing) in info.value.message
 
 
 # ---- the views --------------------------------------------------------------------------------

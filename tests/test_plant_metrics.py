@@ -20,6 +20,8 @@ import json
 import math
 import re
 import shutil
+import socket
+import struct
 import subprocess
 import urllib.parse
 import urllib.request
@@ -169,3 +171,45 @@ scrape_configs:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(timeout=5)
+
+
+def _connect(port: int) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=10)
+
+
+def _reset(sock: socket.socket) -> None:
+    """Close with a TCP reset (SO_LINGER 0), as a scraper killed mid-request does."""
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def test_scrapers_that_go_away_mid_request_do_not_stop_the_next_scrape(cell):
+    result_id = float([b for b in cell.bodies(P.TOPIC_RESULT) if b.get("active")][-1]["result_id"])
+    port = cell.metrics_port
+    request = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+    # A stalled scraper holds its connection open, sending nothing, for the whole test.
+    stalled = _connect(port)
+    try:
+        s = _connect(port)  # half a request line, then gone
+        s.sendall(b"GET /met")
+        s.close()
+        assert scrape(port)[("cellcal_active_result_id", ())] == result_id
+        s = _connect(port)  # half a request line, then reset
+        s.sendall(b"GET /metrics HT")
+        _reset(s)
+        assert scrape(port)[("cellcal_active_result_id", ())] == result_id
+        s = _connect(port)  # the whole request, reset before reading the answer
+        s.sendall(request)
+        _reset(s)
+        assert scrape(port)[("cellcal_active_result_id", ())] == result_id
+        s = _connect(port)  # the first bytes of the answer read, then reset
+        s.sendall(request)
+        assert s.recv(16).startswith(b"HTTP/1.")
+        _reset(s)
+        m = scrape(port)
+        assert m[("cellcal_active_result_id", ())] == result_id
+        drift = cell.bodies(P.TOPIC_DRIFT)[-1]
+        assert m[("cellcal_drift_deviation_mm", ())] == pytest.approx(drift["deviation_translation_m"] * 1e3)
+    finally:
+        stalled.close()
+    assert scrape(port)[("cellcal_active_result_id", ())] == result_id

@@ -14,6 +14,10 @@ anonymous reads. The client, like a PLC would:
   ``StartRun`` and ``RunDriftCheck`` as observer and as anonymous, with nothing started;
 * cannot write, cannot log in with a wrong password;
 * connects on the encrypted endpoint with its certificate and starts a run as ``plc``.
+* with an application certificate on no trust list is refused even with a valid password; one
+  from ``trusted_certificates_dir`` connects as its password user;
+* killed while subscribed, without closing its session, leaves the server serving the next
+  client, and its session and subscriptions go at the session timeout.
 """
 
 from __future__ import annotations
@@ -21,6 +25,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import select
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +38,9 @@ import pytest
 from asyncua import Client, ua
 from asyncua.crypto.cert_gen import setup_self_signed_certificate
 from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
+from conftest import wait_until
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes
 from cryptography.x509.oid import ExtendedKeyUsageOID
 
 from cellcal.daemon import protocol as P
@@ -44,9 +55,11 @@ PASSWORDS = {"ops": "ops-secret-1", "viewer": "viewer-secret-2"}
 
 
 class Cell:
-    def __init__(self, cell, url: str, client_cert: Path, client_key: Path, server_cert: Path, body: dict) -> None:
+    def __init__(self, cell, url: str, client_cert: Path, client_key: Path, server_cert: Path, body: dict,
+                 pki: Path) -> None:
         self.cell, self.url, self.body = cell, url, body
         self.client_cert, self.client_key, self.server_cert = client_cert, client_key, server_cert
+        self.pki = pki   # <name>_cert.der / <name>_key.pem: plc (listed), hmi (trusted dir), stranger (neither)
 
 
 @pytest.fixture(scope="module")
@@ -60,6 +73,14 @@ def opc(tmp_path_factory):
                                               [ExtendedKeyUsageOID.SERVER_AUTH], {"organizationName": "cellcal tests"}))
     asyncio.run(setup_self_signed_certificate(client_key, client_cert, "urn:plant:plc-7", "localhost",
                                               [ExtendedKeyUsageOID.CLIENT_AUTH], {"organizationName": "plant"}))
+    # hmi: trusted by the directory (no role of its own); stranger: on no list.
+    trusted = tmp / "trusted"
+    trusted.mkdir()
+    for name, where in (("hmi", trusted), ("stranger", certs)):
+        asyncio.run(setup_self_signed_certificate(certs / f"{name}_key.pem", where / f"{name}_cert.der",
+                                                  f"urn:plant:{name}", "localhost", [ExtendedKeyUsageOID.CLIENT_AUTH],
+                                                  {"organizationName": "plant"}))
+    (certs / "hmi_cert.der").symlink_to(trusted / "hmi_cert.der")
     users = []
     for name, role in (("ops", "operator"), ("viewer", "observer")):
         pw = tmp / f"{name}.password"
@@ -71,13 +92,13 @@ def opc(tmp_path_factory):
         "enabled": True, "endpoint": f"opc.tcp://127.0.0.1:{port}", "security": ["none", "sign_and_encrypt"],
         "allow_none_on_loopback": True, "certificate_file": str(server_cert), "private_key_file": str(server_key),
         "anonymous": True, "users": users, "certificates": [{"name": "plc", "role": "operator", "file": str(client_cert)}],
-        "update_s": 0.05,
+        "trusted_certificates_dir": str(trusted), "update_s": 0.05,
     }}
     with inprocess_cell(tmp, n_stations=6, overrides=overrides) as cell:
         run_id = cell.svc.start_run("base_frame", reason="test")
         body = cell.wait_result(run_id)
         assert cell.svc.wait_idle(20.0)
-        yield Cell(cell, f"opc.tcp://127.0.0.1:{port}", client_cert, client_key, server_cert, body)
+        yield Cell(cell, f"opc.tcp://127.0.0.1:{port}", client_cert, client_key, server_cert, body, certs)
 
 
 def client(opc: Cell, user: str | None = None, password: str | None = None) -> Client:
@@ -272,3 +293,149 @@ def test_the_encrypted_endpoint_and_a_client_certificate_start_a_run(opc, caplog
     assert cell.svc.store.get_run(int(run_id)).kind == "base_frame"
     # The command went through the same path as a ZeroMQ one, logged with the certificate's user.
     assert any("cmd start_run key=opcua:cert:plc role=operator name=plc -> ok" in r.getMessage() for r in caplog.records)
+
+
+async def _secure(opc: Cell, name: str, user: str | None = None) -> Client:
+    """A client on the SignAndEncrypt endpoint with the application certificate ``name``."""
+    c = client(opc, user)
+    await c.set_security(SecurityPolicyBasic256Sha256, certificate=str(opc.pki / f"{name}_cert.der"),
+                         private_key=str(opc.pki / f"{name}_key.pem"), server_certificate=str(opc.server_cert),
+                         mode=ua.MessageSecurityMode.SignAndEncrypt)
+    return c
+
+
+def _sessions(opc: Cell) -> tuple[int, int]:
+    """The server's open sessions and subscriptions, as asyncua keeps them: its registry of
+    external sessions (private, no public count; the standard CurrentSessionCount node is
+    not maintained by asyncua) and its subscription service."""
+    iserver = opc.cell.app.plant.adapter("opcua")._server.iserver
+    return len(iserver._external_sessions), len(iserver.subscription_service.subscriptions)
+
+
+def test_an_application_certificate_off_the_trust_list_is_refused_even_with_a_valid_password(opc, caplog):
+    caplog.set_level(logging.INFO, logger="cellcal.daemon.plant")
+    cell = opc.cell
+    runs_before = len(cell.svc.store.list_runs(limit=100))
+    stranger = x509.load_der_x509_certificate((opc.pki / "stranger_cert.der").read_bytes())
+    thumb = stranger.fingerprint(hashes.SHA1()).hex()
+    before = _sessions(opc)
+
+    async def stranger_as_ops() -> None:
+        async with await _secure(opc, "stranger", "ops"):
+            pass
+
+    with pytest.raises(ua.uaerrors.BadCertificateUntrusted):
+        asyncio.run(stranger_as_ops())
+    refusals = [r.getMessage() for r in caplog.records if "client certificate refused" in r.getMessage()]
+    assert refusals and thumb in refusals[-1] and "urn:plant:stranger" in refusals[-1], refusals
+    assert len(cell.svc.store.list_runs(limit=100)) == runs_before
+    # The refused session does not stay behind (asyncua closes a session never activated
+    # when its connection goes).
+    wait_until(lambda: _sessions(opc) == before, 30.0, f"the session count back at {before}")
+
+    async def trusted_by_the_directory() -> str:
+        # hmi is in trusted_certificates_dir: its channel opens; its user is the password's.
+        async with await _secure(opc, "hmi", "viewer") as c:
+            assert c.security_policy.Mode == ua.MessageSecurityMode.SignAndEncrypt
+            ns = await c.get_namespace_index(NS)
+            with pytest.raises(ua.uaerrors.BadUserAccessDenied):  # viewer is an observer
+                await c.get_node(ua.NodeId("Cellcal", ns)).call_method(ua.NodeId("Cellcal.StartRun", ns), "base_frame")
+            return await _value(c, ns, "Cellcal.ActiveResult.ResultId")
+
+    assert asyncio.run(trusted_by_the_directory()) == str(cell.svc.store.active_result().id)
+    assert len(cell.svc.store.list_runs(limit=100)) == runs_before
+
+
+# A PLC that subscribes and then loses power: killed, its session never closed.
+_DROPPED_CLIENT = """
+import asyncio, sys
+from asyncua import Client, ua
+
+async def main(url, ns_uri):
+    c = Client(url, timeout=20)
+    c.session_timeout = 5000  # ms: what the server keeps a silent session with subscriptions for
+    await c.connect()
+    ns = await c.get_namespace_index(ns_uri)
+    seen = asyncio.Event()
+
+    class Changes:
+        def datachange_notification(self, node, val, data):
+            seen.set()
+
+    sub = await c.create_subscription(50, Changes())
+    await sub.subscribe_data_change([c.get_node(ua.NodeId(p, ns)) for p in
+                                     ("Cellcal.Drift.CheckId", "Cellcal.ActiveResult.ResultId")])
+    await asyncio.wait_for(seen.wait(), 30)
+    print("subscribed", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main(sys.argv[1], sys.argv[2]))
+"""
+
+
+def test_a_subscriber_killed_without_closing_leaves_the_server_serving(opc):
+    cell = opc.cell
+    assert cell.svc.wait_idle(60.0)
+    before = _sessions(opc)
+    proc = subprocess.Popen([sys.executable, "-c", _DROPPED_CLIENT, opc.url, NS], stdout=subprocess.PIPE, text=True)
+    try:
+        line = _readline(proc, 60.0)
+        assert line.strip() == "subscribed", line
+        assert _sessions(opc)[0] == before[0] + 1 and _sessions(opc)[1] > before[1]
+    finally:
+        proc.kill()  # no CloseSession, no FIN from the client's side of the protocol
+        proc.wait(timeout=10)
+
+    class Changes:
+        def __init__(self) -> None:
+            self.values: list = []
+
+        def datachange_notification(self, node, val, data) -> None:
+            self.values.append(val)
+
+    async def next_client() -> tuple[object, list]:
+        async with client(opc, "viewer") as c:
+            ns = await c.get_namespace_index(NS)
+            # The current values, while the dead client's session may still be kept.
+            active = str(cell.svc.store.active_result().id)
+            assert await _value(c, ns, "Cellcal.ActiveResult.ResultId") == active
+            last = await _value(c, ns, "Cellcal.Drift.Time")  # set anew by every drift event
+            changes = Changes()
+            sub = await c.create_subscription(50, changes)
+            await sub.subscribe_data_change(c.get_node(ua.NodeId("Cellcal.Drift.Time", ns)))
+            # The next published event updates them.
+            check_id = await asyncio.get_running_loop().run_in_executor(None, _drift_check, cell)
+            deadline = asyncio.get_running_loop().time() + 30.0
+            while not [v for v in changes.values if v != last] and asyncio.get_running_loop().time() < deadline:
+                await asyncio.sleep(0.05)
+            await wait_async(lambda: _value(c, ns, "Cellcal.Drift.CheckId"), check_id)
+            assert await _value(c, ns, "Cellcal.Drift.ResultId") == active
+            await sub.delete()
+            return last, changes.values
+
+    last, notified = asyncio.run(next_client())
+    assert [v for v in notified if v != last], notified
+    # asyncua keeps a session that has subscriptions past the loss of its connection (OPC
+    # 10000-4 6.7: a client may reconnect and take it back) until its session timeout, the
+    # client's request clamped to [5 s, 600 s]; then closes it with its subscriptions.
+    wait_until(lambda: _sessions(opc) == before, 60.0, f"sessions and subscriptions back at {before}")
+
+
+def _drift_check(cell) -> int:
+    n = len(cell.bodies(P.TOPIC_DRIFT))
+    cell.svc.request_drift_check("test")
+    body = cell.wait_for(lambda t, b: t == P.TOPIC_DRIFT and len(cell.bodies(P.TOPIC_DRIFT)) > n, 60.0, "a drift check")
+    return int(body["check_id"])
+
+
+def _readline(proc: subprocess.Popen, timeout_s: float) -> str:
+    """A line of the child's output, or AssertionError after ``timeout_s`` (monotonic)."""
+    deadline = time.monotonic() + timeout_s
+    assert proc.stdout is not None
+    while time.monotonic() < deadline:
+        ready, _w, _x = select.select([proc.stdout], [], [], max(0.0, deadline - time.monotonic()))
+        if ready:
+            return proc.stdout.readline()
+        if proc.poll() is not None:
+            break
+    raise AssertionError(f"no line from the client within {timeout_s} s (exit {proc.poll()})")

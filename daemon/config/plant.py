@@ -17,7 +17,10 @@ Security rules (ADR 0024, 0025, 0026; ``docs/integration.md``):
   mode needs the server's ``certificate_file`` and ``private_key_file``. Clients come in as
   ``[[opcua.users]]`` (name, role, ``password_file``), ``[[opcua.certificates]]`` (a client
   certificate file and its role) or, with ``anonymous = true``, anonymously with the
-  ``observer`` role (reads, no methods). At least one way in must be configured.
+  ``observer`` role (reads, no methods). At least one way in must be configured. The trust
+  list of client application certificates is the ``[[opcua.certificates]]`` files plus every
+  ``*.der`` / ``*.pem`` file of ``trusted_certificates_dir`` (trusted, no role of their own:
+  the session's user still has to be one of the above); it needs a secure mode.
 * ``[mqtt]``: ``mqtts://`` is TLS (``tls_ca_file`` or the system's trust store, optional client
   ``tls_cert_file`` / ``tls_key_file``); a ``username`` with ``password_file`` over plain
   ``mqtt://`` is refused unless the broker is on loopback (the password would cross the
@@ -43,7 +46,7 @@ from cellcal.daemon.config.errors import ConfigError
 __all__ = [
     "OpcUa", "OpcUaUser", "OpcUaCertificate", "Mqtt", "Metrics", "LIST_OF", "STR_LISTS", "CHOICES", "BOUNDS",
     "validate_plant", "preflight_plant", "is_loopback_host", "parse_listen", "mqtt_broker", "opcua_host_port",
-    "OPCUA_SECURITY", "PACKAGES", "read_secret",
+    "OPCUA_SECURITY", "PACKAGES", "read_secret", "trusted_files", "TRUSTED_SUFFIXES",
 ]
 
 #: Message security modes of the OPC UA endpoint (Basic256Sha256 for both secure ones).
@@ -101,6 +104,9 @@ class OpcUa:
     anonymous: bool = _k(False, "anonymous", doc="anonymous sessions, role observer (read, no methods)")
     users: list[OpcUaUser] = _k([], "users", doc="[[opcua.users]] tables")
     certificates: list[OpcUaCertificate] = _k([], "certificates", doc="[[opcua.certificates]] tables")
+    trusted_certificates_dir: str = _k("", "trusted_certificates_dir",
+                                       doc="a directory of client application certificates (*.der, *.pem) trusted "
+                                           "on a secure channel without a role of their own")
     update_s: float = _k(0.5, "update_s", doc="heartbeat values (state, devices) at most this often")
 
 
@@ -276,6 +282,9 @@ def _validate_opcua(o: OpcUa) -> None:
     if o.certificates and not secure:
         raise _error("opcua.certificates", "certificate users need a secure mode (sign or sign_and_encrypt) to prove "
                                            "the certificate")
+    if o.trusted_certificates_dir and not secure:
+        raise _error("opcua.trusted_certificates_dir", "trusted application certificates need a secure mode (sign or "
+                                                       "sign_and_encrypt): without one no certificate is proven")
 
 
 def _validate_mqtt(m: Mqtt) -> None:
@@ -321,6 +330,30 @@ def _package(name: str) -> None:
                                         f"pip install 'cellcal[{extra}]' (or pip install {dist})")
 
 
+#: The file names ``trusted_certificates_dir`` reads (the certificate encodings asyncua loads).
+TRUSTED_SUFFIXES = (".der", ".pem")
+
+
+def trusted_files(path: str) -> list[Path]:
+    """The certificate files of ``[opcua] trusted_certificates_dir`` (``*.der``, ``*.pem``, any case), sorted."""
+    return sorted(p for p in Path(path).iterdir() if p.suffix.lower() in TRUSTED_SUFFIXES and p.is_file())
+
+
+def _trusted_dir(path: str) -> None:
+    key = "opcua.trusted_certificates_dir"
+    if not Path(path).is_dir():
+        raise _error(key, f"no such directory: {path}")
+    try:
+        files = trusted_files(path)
+    except OSError as exc:
+        raise _error(key, f"cannot read {path}: {exc}") from None
+    for f in files:
+        try:
+            f.read_bytes()
+        except OSError as exc:
+            raise _error(key, f"cannot read {f}: {exc}") from None
+
+
 def preflight_plant(opcua: OpcUa, mqtt: Mqtt, metrics: Metrics) -> None:
     """What ``cellcal run`` and ``check-config`` check of an enabled interface beyond
     :func:`validate_plant`: its package is installed, its key, certificate and password
@@ -342,6 +375,8 @@ def preflight_plant(opcua: OpcUa, mqtt: Mqtt, metrics: Metrics) -> None:
         for i, c in enumerate(opcua.certificates):
             if not Path(c.file).is_file():
                 raise _error(f"opcua.certificates[{i}].file", f"no such file: {c.file}")
+        if opcua.trusted_certificates_dir:
+            _trusted_dir(opcua.trusted_certificates_dir)
     if mqtt.enabled:
         _package("mqtt")
         if mqtt.password_file:

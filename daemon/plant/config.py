@@ -23,11 +23,12 @@ from cellcal.daemon.config.plant import (  # noqa: F401 - re-exported
     parse_listen,
     preflight_plant,
     read_secret,
+    trusted_files,
     validate_plant,
 )
 
 __all__ = [
     "OpcUa", "OpcUaUser", "OpcUaCertificate", "Mqtt", "Metrics", "LIST_OF", "STR_LISTS", "CHOICES", "BOUNDS",
     "validate_plant", "preflight_plant", "is_loopback_host", "parse_listen", "mqtt_broker", "opcua_host_port",
-    "OPCUA_SECURITY", "PACKAGES", "read_secret",
+    "OPCUA_SECURITY", "PACKAGES", "read_secret", "trusted_files",
 ]

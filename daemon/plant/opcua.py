@@ -51,12 +51,21 @@ refused as a whole with ``BadUserAccessDenied`` before any method runs (the perm
 ruleset reads the call's method ids); the method itself checks the role again, then the
 arguments (``protocol.validate_args``), then calls the daemon's handler. A handler error
 becomes the OPC UA status nearest its code (``E_BUSY`` -> ``BadResourceUnavailable``, ...).
+
+Which client applications may open a session on a secure channel is a trust list
+(:class:`_TrustList`, ADR 0024): the ``[[opcua.certificates]]`` files and the ``*.der`` /
+``*.pem`` files of ``trusted_certificates_dir``, whole certificates within their validity
+dates. asyncua's certificate validator refuses any other at CreateSession
+(``BadCertificateUntrusted``, logged with subject and thumbprint); the user manager checks the
+channel's own certificate again at ActivateSession. On the ``none`` endpoint no certificate
+is proven (ADR 0024, Consequences).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextvars
+import hashlib
 import hmac
 import logging
 import math
@@ -68,18 +77,20 @@ from typing import TYPE_CHECKING, cast
 
 from asyncua import Node, Server, ua
 from asyncua.common.instantiate_util import instantiate
+from asyncua.common.utils import ServiceError
 from asyncua.crypto import uacrypto
 from asyncua.crypto.permission_rules import PermissionRuleset, User, UserRole
 from asyncua.ua.ua_binary import struct_from_binary
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.plant import PLANT_CALLER, DaemonPort, FaultFn, call_command
-from cellcal.daemon.plant.config import OpcUa, opcua_host_port, read_secret
+from cellcal.daemon.plant.config import OpcUa, opcua_host_port, read_secret, trusted_files
 from cellcal.daemon.plant.views import as_float, as_int, as_map, frame_mm_deg, point_mm, sigmas
 
 if TYPE_CHECKING:
     from asyncua.common.utils import Buffer
     from asyncua.server.internal_server import InternalServer
+    from cryptography import x509
 
 log = logging.getLogger(__name__)
 # asyncua warns, for every frame it instantiates, that the type node has no AccessLevel (a
@@ -133,6 +144,58 @@ def application_uri(cell: str) -> str:
     return f"urn:cellcal:{cell}"
 
 
+def _describe(cert: x509.Certificate) -> str:
+    """Who a certificate says it is, for the journal: subject, SHA-1 thumbprint (OPC UA's), truncated."""
+    try:
+        subject = cert.subject.rfc4514_string()
+    except ValueError:  # a malformed name must not stop the refusal being logged
+        subject = "?"
+    # OPC UA's certificate thumbprint is the SHA-1 of its DER.
+    thumb = hashlib.sha1(uacrypto.der_from_x509(cert), usedforsecurity=False).hexdigest()
+    return f"subject={subject[:120]!r} sha1={thumb}"
+
+
+class _TrustList:
+    """The client application certificates that may open a session on a secure channel.
+
+    The ``[[opcua.certificates]]`` files and the ``*.der`` / ``*.pem`` files of
+    ``trusted_certificates_dir``, read at start, compared as whole certificates (DER): no
+    chain, no issuer is trusted on behalf of another certificate. asyncua calls
+    :meth:`validate` (its ``CertificateValidatorMethod``, ``Server.set_certificate_validator``)
+    with the certificate a client sends in CreateSession; :meth:`trusted` is asked again at
+    ActivateSession for the secure channel's own certificate (a client may send another one,
+    or none, in CreateSession).
+    """
+
+    def __init__(self, cfg: OpcUa) -> None:
+        self._files = [Path(c.file) for c in cfg.certificates]
+        self._dir = cfg.trusted_certificates_dir
+        self._der: set[bytes] = set()
+
+    async def load(self) -> None:
+        files = list(self._files)
+        if self._dir:
+            files += trusted_files(self._dir)
+        for path in files:
+            self._der.add(uacrypto.der_from_x509(await uacrypto.load_certificate(path)))
+        log.info("opcua: %d client certificate(s) on the trust list", len(self._der))
+
+    def trusted(self, der: bytes) -> bool:
+        return any(hmac.compare_digest(known, der) for known in self._der)
+
+    def refuse(self, cert: x509.Certificate, why: str) -> None:
+        log.warning("opcua: client certificate refused (%s): %s", why, _describe(cert))
+
+    async def validate(self, cert: x509.Certificate, app: ua.ApplicationDescription) -> None:
+        if not self.trusted(uacrypto.der_from_x509(cert)):
+            self.refuse(cert, f"not on the trust list, application {str(app.ApplicationUri)[:120]!r}")
+            raise ServiceError(ua.StatusCodes.BadCertificateUntrusted)
+        now = datetime.now(UTC)
+        if not cert.not_valid_before_utc <= now <= cert.not_valid_after_utc:
+            self.refuse(cert, f"not valid now, {cert.not_valid_before_utc:%Y-%m-%d} to {cert.not_valid_after_utc:%Y-%m-%d}")
+            raise ServiceError(ua.StatusCodes.BadCertificateTimeInvalid)
+
+
 class _Users:
     """asyncua user manager: configured passwords and certificates, anonymous if allowed."""
 
@@ -147,8 +210,10 @@ class _Users:
         self.anonymous = cfg.anonymous
         if cfg.anonymous:
             self.roles["anonymous"] = P.ROLE_OBSERVER
+        self.trust = _TrustList(cfg)
 
     async def load(self) -> None:
+        await self.trust.load()
         for path, name, role in self._cert_files:
             cert = await uacrypto.load_certificate(Path(path))
             self._certs.append((uacrypto.der_from_x509(cert), f"cert:{name}"))
@@ -156,6 +221,15 @@ class _Users:
 
     def get_user(self, iserver: InternalServer, username: str | None = None, password: str | bytes | None = None,
                  certificate: object = None) -> User | None:
+        # ``certificate`` is the secure channel's (or an X.509 user token's, which must be a
+        # [[opcua.certificates]] one, so on the list too): whatever the user, a certificate off
+        # the trust list ends the session here, even if CreateSession carried another one.
+        # (A channel without security has none: asyncua gives None or empty bytes.)
+        if certificate:
+            der = certificate if isinstance(certificate, bytes) else uacrypto.der_from_x509(certificate)
+            if not self.trust.trusted(der):
+                self.trust.refuse(uacrypto.x509_from_der(der), "at ActivateSession, not on the trust list")
+                return None
         if username is not None:
             want = self._passwords.get(username)
             got = password.encode() if isinstance(password, str) else bytes(password or b"")
@@ -350,6 +424,8 @@ class OpcUaServer:
         methods = await self._address_space(server)
         server.set_security_policy([_POLICY[m] for m in self.cfg.security],
                                    permission_ruleset=_Rules(self._users.roles, methods))
+        # The trust list of client application certificates (module docstring, Security).
+        server.set_certificate_validator(self._users.trust.validate)
         return server
 
     def _id(self, path: str) -> ua.NodeId:
