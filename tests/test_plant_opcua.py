@@ -13,7 +13,9 @@ anonymous reads. The client, like a PLC would:
   reads the drift the check published; is refused
   ``StartRun`` and ``RunDriftCheck`` as observer and as anonymous, with nothing started;
 * cannot write, cannot log in with a wrong password;
-* connects on the encrypted endpoint with its certificate and starts a run as ``plc``.
+* connects on the encrypted endpoint with its certificate and starts a run as ``plc``;
+* on the none endpoint, naming plc's certificate in OpenSecureChannel without its key, stays
+  anonymous and starts nothing; with an X.509 user token signed with plc's key is ``plc``;
 * with an application certificate on no trust list is refused even with a valid password; one
   from ``trusted_certificates_dir`` connects as its password user;
 * killed while subscribed, without closing its session, leaves the server serving the next
@@ -336,11 +338,34 @@ def test_a_certificate_named_on_the_none_endpoint_takes_no_role(opc, caplog):
         finally:
             await c.disconnect()
 
-    assert asyncio.run(claim_plc()) == opc.body["result_id"]
+    assert asyncio.run(claim_plc()) == str(cell.svc.store.active_result().id)
     assert len(cell.svc.store.list_runs(limit=100)) == runs_before and cell.svc.current_run_id() is None
     # The certificate did reach the server, and was dropped there (not lost on the way).
     ignored = [r.getMessage() for r in caplog.records if "certificate named on a channel without security" in r.getMessage()]
     assert ignored and thumb in ignored[-1], ignored
+
+
+def test_an_x509_user_token_on_the_none_endpoint_is_its_certificates_user(opc, caplog):
+    """On the none endpoint a certificate still counts when it is proven: an X.509 user token,
+    signed with plc's key over the server's certificate and nonce (asyncua checks it)."""
+    caplog.set_level(logging.INFO, logger="cellcal.daemon.plant")
+    cell = opc.cell
+    assert cell.svc.wait_idle(30.0)
+
+    async def as_plc() -> tuple[str, int]:
+        c = Client(opc.url, timeout=20)
+        await c.load_client_certificate(str(opc.client_cert))
+        await c.load_private_key(opc.client_key)
+        async with c:
+            assert c.security_policy.Mode == ua.MessageSecurityMode.None_
+            ns = await c.get_namespace_index(NS)
+            return await c.get_node(ua.NodeId("Cellcal", ns)).call_method(ua.NodeId("Cellcal.RunDriftCheck", ns))
+
+    result_id, check_id = asyncio.run(as_plc())
+    assert result_id == str(cell.svc.store.active_result().id)
+    assert any("cmd run_drift_check key=opcua:cert:plc role=operator name=plc -> ok" in r.getMessage()
+               for r in caplog.records)
+    cell.wait_for(lambda t, b: t == P.TOPIC_DRIFT and b["check_id"] == check_id, 30.0, "the requested check")
 
 
 async def _secure(opc: Cell, name: str, user: str | None = None) -> Client:
