@@ -13,7 +13,9 @@ anonymous reads. The client, like a PLC would:
   reads the drift the check published; is refused
   ``StartRun`` and ``RunDriftCheck`` as observer and as anonymous, with nothing started;
 * cannot write, cannot log in with a wrong password;
-* connects on the encrypted endpoint with its certificate and starts a run as ``plc``.
+* connects on the encrypted endpoint with its certificate and starts a run as ``plc``;
+* on the none endpoint, naming plc's certificate in OpenSecureChannel without its key, stays
+  anonymous and starts nothing; with an X.509 user token signed with plc's key is ``plc``;
 * with an application certificate on no trust list is refused even with a valid password; one
   from ``trusted_certificates_dir`` connects as its password user;
 * killed while subscribed, without closing its session, leaves the server serving the next
@@ -37,7 +39,7 @@ import pytest
 # asyncua is in the test extra (pip install -e '.[test]'); without it this module fails to import.
 from asyncua import Client, ua
 from asyncua.crypto.cert_gen import setup_self_signed_certificate
-from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256
+from asyncua.crypto.security_policies import SecurityPolicyBasic256Sha256, SecurityPolicyNone
 from conftest import wait_until
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes
@@ -293,6 +295,77 @@ def test_the_encrypted_endpoint_and_a_client_certificate_start_a_run(opc, caplog
     assert cell.svc.store.get_run(int(run_id)).kind == "base_frame"
     # The command went through the same path as a ZeroMQ one, logged with the certificate's user.
     assert any("cmd start_run key=opcua:cert:plc role=operator name=plc -> ok" in r.getMessage() for r in caplog.records)
+
+
+def test_a_certificate_named_on_the_none_endpoint_takes_no_role(opc, caplog):
+    """A local client opens a channel without security naming plc's (public) certificate as
+    its sender certificate, holding no key of plc's, and asks for no user: it is anonymous,
+    an observer, and may start nothing (issue 29)."""
+    caplog.set_level(logging.INFO, logger="cellcal.daemon.plant")
+    cell = opc.cell
+    assert cell.svc.wait_idle(30.0)
+    runs_before = len(cell.svc.store.list_runs(limit=100))
+    plc = x509.load_der_x509_certificate(opc.client_cert.read_bytes())
+    thumb = plc.fingerprint(hashes.SHA1()).hex()
+
+    async def claim_plc() -> str:
+        c = Client(opc.url, timeout=20)
+        # asyncua's own policy object for no security, given plc's certificate and no key.
+        # asyncua's client writes OpenSecureChannel's sender certificate only when the
+        # policy's Mode is not None_, so Mode is Sign while that message is written, and the
+        # request itself asks for None_ (what the server opens the channel with): on the
+        # wire, an unsigned OpenSecureChannel of security policy None naming plc.
+        policy = SecurityPolicyNone(host_cert=plc, mode=ua.MessageSecurityMode.Sign)
+        c.security_policy = policy
+        c.uaclient.set_security(policy)
+        await c.connect_socket()
+        try:
+            await c.send_hello()
+            await c.uaclient.open_secure_channel(ua.OpenSecureChannelParameters(
+                ClientProtocolVersion=0, RequestType=ua.SecurityTokenRequestType.Issue,
+                SecurityMode=ua.MessageSecurityMode.None_, RequestedLifetime=c.secure_channel_timeout,
+                ClientNonce=b""))
+            policy.Mode = ua.MessageSecurityMode.None_  # the session, as on any channel without security
+            await c.create_session()
+            await c.activate_session()  # an anonymous token: no user of its own
+            ns = await c.get_namespace_index(NS)
+            root = c.get_node(ua.NodeId("Cellcal", ns))
+            with pytest.raises(ua.uaerrors.BadUserAccessDenied):
+                await root.call_method(ua.NodeId("Cellcal.StartRun", ns), "base_frame")
+            with pytest.raises(ua.uaerrors.BadUserAccessDenied):
+                await root.call_method(ua.NodeId("Cellcal.RunDriftCheck", ns))
+            return await _value(c, ns, "Cellcal.ActiveResult.ResultId")  # it reads, as anonymous does
+        finally:
+            await c.disconnect()
+
+    assert asyncio.run(claim_plc()) == str(cell.svc.store.active_result().id)
+    assert len(cell.svc.store.list_runs(limit=100)) == runs_before and cell.svc.current_run_id() is None
+    # The certificate did reach the server, and was dropped there (not lost on the way).
+    ignored = [r.getMessage() for r in caplog.records if "certificate named on a channel without security" in r.getMessage()]
+    assert ignored and thumb in ignored[-1], ignored
+
+
+def test_an_x509_user_token_on_the_none_endpoint_is_its_certificates_user(opc, caplog):
+    """On the none endpoint a certificate still counts when it is proven: an X.509 user token,
+    signed with plc's key over the server's certificate and nonce (asyncua checks it)."""
+    caplog.set_level(logging.INFO, logger="cellcal.daemon.plant")
+    cell = opc.cell
+    assert cell.svc.wait_idle(30.0)
+
+    async def as_plc() -> tuple[str, int]:
+        c = Client(opc.url, timeout=20)
+        await c.load_client_certificate(str(opc.client_cert))
+        await c.load_private_key(opc.client_key)
+        async with c:
+            assert c.security_policy.Mode == ua.MessageSecurityMode.None_
+            ns = await c.get_namespace_index(NS)
+            return await c.get_node(ua.NodeId("Cellcal", ns)).call_method(ua.NodeId("Cellcal.RunDriftCheck", ns))
+
+    result_id, check_id = asyncio.run(as_plc())
+    assert result_id == str(cell.svc.store.active_result().id)
+    assert any("cmd run_drift_check key=opcua:cert:plc role=operator name=plc -> ok" in r.getMessage()
+               for r in caplog.records)
+    cell.wait_for(lambda t, b: t == P.TOPIC_DRIFT and b["check_id"] == check_id, 30.0, "the requested check")
 
 
 async def _secure(opc: Cell, name: str, user: str | None = None) -> Client:

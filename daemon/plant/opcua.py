@@ -57,8 +57,10 @@ Which client applications may open a session on a secure channel is a trust list
 ``*.pem`` files of ``trusted_certificates_dir``, whole certificates within their validity
 dates. asyncua's certificate validator refuses any other at CreateSession
 (``BadCertificateUntrusted``, logged with subject and thumbprint); the user manager checks the
-channel's own certificate again at ActivateSession. On the ``none`` endpoint no certificate
-is proven (ADR 0024, Consequences).
+channel's own certificate again at ActivateSession. A certificate gives its role only when
+proven: a secure channel's (its OpenSecureChannel is signed with the certificate's key) or an
+X.509 user token's (signed over the server's certificate and nonce); the certificate a client
+names on a ``none`` channel, unsigned, is dropped (:class:`_NoneSecurity`, ADR 0024).
 """
 
 from __future__ import annotations
@@ -80,6 +82,7 @@ from asyncua.common.instantiate_util import instantiate
 from asyncua.common.utils import ServiceError
 from asyncua.crypto import uacrypto
 from asyncua.crypto.permission_rules import PermissionRuleset, User, UserRole
+from asyncua.crypto.security_policies import SecurityPolicyFactory, SecurityPolicyNone
 from asyncua.ua.ua_binary import struct_from_binary
 
 from cellcal.daemon import protocol as P
@@ -155,6 +158,35 @@ def _describe(cert: x509.Certificate) -> str:
     return f"subject={subject[:120]!r} sha1={thumb}"
 
 
+class _NoneSecurity(SecurityPolicyNone):
+    """asyncua's policy of a channel without security, without the certificate the client names.
+
+    OpenSecureChannel of security policy None is not signed, so the sender certificate in its
+    header proves nothing: anyone may copy a listed (public) certificate there. asyncua's
+    ``SecurityPolicyNone`` keeps it as the channel's ``peer_certificate``, which asyncua hands
+    the user manager at ActivateSession as it hands a secure channel's (whose OpenSecureChannel
+    was signed with its key). Here it is dropped, and logged (a conforming client sends none):
+    on this channel only an X.509 user token's certificate, whose signature asyncua checks,
+    reaches :meth:`_Users.get_user`. asyncua makes a channel's policy at OpenSecureChannel with
+    ``SecurityPolicyFactory.create(peer_certificate)``, this class's constructor, twice (when
+    the message arrives and when it is processed): the warning comes twice per channel.
+    """
+
+    def __init__(self, peer_cert: object = None, host_cert: object = None, host_privkey: object = None,
+                 mode: ua.MessageSecurityMode = ua.MessageSecurityMode.None_, permission_ruleset: object = None,
+                 host_cert_chain: object = None) -> None:
+        if peer_cert:
+            try:
+                cert = uacrypto.x509_from_der(peer_cert) if isinstance(peer_cert, bytes) else peer_cert
+                who = _describe(cast("x509.Certificate", cert))
+            except ValueError:  # not a certificate at all: dropped the same
+                who = "not a certificate"
+            log.warning("opcua: certificate named on a channel without security ignored (unsigned, proves "
+                        "nothing): %s", who)
+        super().__init__(None, host_cert, host_privkey, mode, permission_ruleset=permission_ruleset,
+                         host_cert_chain=host_cert_chain)
+
+
 class _TrustList:
     """The client application certificates that may open a session on a secure channel.
 
@@ -224,7 +256,8 @@ class _Users:
         # ``certificate`` is the secure channel's (or an X.509 user token's, which must be a
         # [[opcua.certificates]] one, so on the list too): whatever the user, a certificate off
         # the trust list ends the session here, even if CreateSession carried another one.
-        # (A channel without security has none: asyncua gives None or empty bytes.)
+        # Both are proven; a channel without security has none (_NoneSecurity drops what its
+        # client names), so asyncua gives None or empty bytes unless a user token carries one.
         if certificate:
             der = certificate if isinstance(certificate, bytes) else uacrypto.der_from_x509(certificate)
             if not self.trust.trusted(der):
@@ -422,8 +455,20 @@ class OpcUaServer:
             await server.load_private_key(self.cfg.private_key_file)
         self.ns = await server.register_namespace(self.cfg.namespace_uri)
         methods = await self._address_space(server)
-        server.set_security_policy([_POLICY[m] for m in self.cfg.security],
-                                   permission_ruleset=_Rules(self._users.roles, methods))
+        rules = _Rules(self._users.roles, methods)
+        server.set_security_policy([_POLICY[m] for m in self.cfg.security], permission_ruleset=rules)
+        if "none" in self.cfg.security:
+            # The none endpoint's channels get _NoneSecurity, not asyncua's SecurityPolicyNone.
+            # asyncua has no public way to choose a policy class: Server.start appends one
+            # SecurityPolicyFactory per SecurityPolicyType to its private ``_policies`` (the
+            # class from security_policies.SECURITY_POLICY_TYPE_MAP, a process-wide table),
+            # and a channel takes the first factory matching its policy URI and mode. Ours,
+            # appended before start with what asyncua gives its own (the server's certificate
+            # and key, the ruleset), comes first. The one private attribute touched here;
+            # test_a_certificate_named_on_the_none_endpoint_takes_no_role fails if it stops working.
+            server._policies.append(SecurityPolicyFactory(
+                _NoneSecurity, ua.MessageSecurityMode.None_, server.iserver.certificate, server.iserver.private_key,
+                permission_ruleset=rules))
         # The trust list of client application certificates (module docstring, Security).
         server.set_certificate_validator(self._users.trust.validate)
         return server
