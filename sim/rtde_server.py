@@ -41,7 +41,7 @@ import select
 import socket
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from typing import Any
 
 import numpy as np
@@ -49,7 +49,7 @@ import numpy as np
 from cellcal.drivers import rtde_codec as rc
 from cellcal.drivers.errors import ProtocolError
 from cellcal.sim.robot_sim import SimRefused, SimRobot, SimSample
-from cellcal.solver.se3 import make_transform, so3_exp
+from cellcal.solver.se3 import make_transform, so3_exp, so3_log
 
 __all__ = ["RtdeServer", "parse_urscript", "UrScriptCommand"]
 
@@ -404,23 +404,19 @@ class RtdeServer:
             self._recipe_ids = self._recipe_ids % 255 + 1
             return self._recipe_ids
 
-    def fields(self, s: SimSample) -> dict[str, Any]:
-        """Every output field the simulation has a value for, at sample ``s``."""
-        target_T = self.robot.model.forward(s.target_q_rad) @ self.robot.tcp_at(s.t_sim_s)[1]
-        from cellcal.solver.se3 import so3_log
-
-        target_pose = np.concatenate([target_T[:3, 3], so3_log(target_T[:3, :3])])
-        lin, ang = self.robot.model.flange_speed(s.q_rad, s.qd_rad_s)
-        powered = self.robot.robot_mode_name() != "POWER_OFF"
-        running_bits = (_ROBOT_STATUS_POWER_ON if powered else 0) | (_ROBOT_STATUS_PROGRAM_RUNNING if s.moving else 0)
-        return {
+    def fields(self, s: SimSample, names: Collection[str] | None = None) -> dict[str, Any]:
+        """The output fields the simulation has a value for, at sample ``s``: every one, or
+        those of ``names`` it knows (a session's recipe). The kinematic ones (a forward
+        kinematics, a rotation log, a Jacobian each) are computed only when asked for: at
+        the controller's rate they are most of a simulated cell's idle CPU."""
+        want = _ALL_FIELDS if names is None else frozenset(names)
+        robot = self.robot
+        out: dict[str, Any] = {
             "timestamp": s.timestamp_s,
             "actual_q": s.q_rad,
             "actual_qd": s.qd_rad_s,
             "actual_TCP_pose": s.tcp_pose,
             "target_q": s.target_q_rad,
-            "target_TCP_pose": target_pose,
-            "actual_TCP_speed": (*(self.robot.model.jacobian(s.q_rad) @ s.qd_rad_s),),
             "robot_mode": s.robot_mode,
             "safety_mode": s.safety_mode,
             "safety_status": s.safety_mode,
@@ -433,15 +429,33 @@ class RtdeServer:
             "actual_joint_voltage": (48.0,) * 6,
             "joint_temperatures": (30.0,) * 6,
             "actual_execution_time": 0.5,
-            "robot_status_bits": running_bits,
-            "safety_status_bits": _SAFETY_STATUS_PROTECTIVE_STOP if s.protective_stop else _SAFETY_STATUS_NORMAL,
             "actual_tool_accelerometer": (0.0, 0.0, 9.81),
             "tcp_force_scalar": 0.0,
             "actual_momentum": 0.0,
             "tcp_offset": s.tcp_offset,
             "payload": s.payload_kg,
-            "_flange_speed": (lin, ang),
         }
+        if "target_TCP_pose" in want:
+            target_T = robot.model.forward(s.target_q_rad) @ robot.tcp_at(s.t_sim_s)[1]
+            out["target_TCP_pose"] = np.concatenate([target_T[:3, 3], so3_log(target_T[:3, :3])])
+        if "actual_TCP_speed" in want:
+            out["actual_TCP_speed"] = (*(robot.model.jacobian(s.q_rad) @ s.qd_rad_s),)
+        if want & {"robot_status_bits", "safety_status_bits"}:
+            powered = robot.robot_mode_name() != "POWER_OFF"
+            out["robot_status_bits"] = ((_ROBOT_STATUS_POWER_ON if powered else 0)
+                                        | (_ROBOT_STATUS_PROGRAM_RUNNING if s.moving else 0))
+            out["safety_status_bits"] = _SAFETY_STATUS_PROTECTIVE_STOP if s.protective_stop else _SAFETY_STATUS_NORMAL
+        return out
+
+
+#: Every field :meth:`RtdeServer.fields` can give.
+_ALL_FIELDS = frozenset((
+    "timestamp", "actual_q", "actual_qd", "actual_TCP_pose", "target_q", "target_TCP_pose", "actual_TCP_speed",
+    "robot_mode", "safety_mode", "safety_status", "runtime_state", "joint_mode", "speed_scaling",
+    "target_speed_fraction", "actual_main_voltage", "actual_robot_voltage", "actual_joint_voltage",
+    "joint_temperatures", "actual_execution_time", "robot_status_bits", "safety_status_bits",
+    "actual_tool_accelerometer", "tcp_force_scalar", "actual_momentum", "tcp_offset", "payload",
+))
 
 
 def _script_complete(buf: bytes) -> bool:
@@ -536,10 +550,9 @@ class _Session:
             now = robot.world.now_s()
             t = min(now, max(now - robot.world.time_scale * late_s, self._last_sample_s))
             self._last_sample_s = t
-            f = self.server.fields(robot.sample(t))
+            f = self.server.fields(robot.sample(t), self.recipe.names)
         else:
-            f = self.server.fields(robot.sample())
-        f.pop("_flange_speed", None)
+            f = self.server.fields(robot.sample(), self.recipe.names)
         values = {k: f.get(k) for k in self.recipe.names}
         if self.server.on_publish is not None:
             self.server.on_publish(values)
