@@ -180,6 +180,21 @@ class _Segment:
         e = math.exp(-r / tau)
         return self.ring_amp * e * math.sin(w * r), self.ring_amp * e * (w * math.cos(w * r) - math.sin(w * r) / tau)
 
+    def positions(self, ts: np.ndarray, tau: float, f_hz: float) -> np.ndarray:
+        """:meth:`eval`'s positions (k, 6) at the times ``ts`` (k,), in one pass: the CiA 402
+        drives ask for a track at 1 ms steps on every SYNC."""
+        s = np.maximum((ts - self.t0) / self.T, 0.0)[:, None]
+        c = self.c
+        q = c[0] + s * (c[1] + s * (c[2] + s * (c[3] + s * (c[4] + s * c[5]))))
+        q = np.where(s >= 1.0, self.q1, q)
+        r = ts - self.t_end
+        after = r >= 0
+        if np.any(after) and np.any(self.ring_amp):
+            rr = np.where(after, r, 0.0)
+            ring = np.where(after, np.exp(-rr / tau) * np.sin(2 * math.pi * f_hz * rr), 0.0)
+            q = q + ring[:, None] * self.ring_amp
+        return q
+
     def eval(self, t: float, tau: float, f_hz: float) -> tuple[np.ndarray, np.ndarray]:
         q, dq = self.smooth(t)
         r, dr = self.ring(t, tau, f_hz)
@@ -401,8 +416,12 @@ class SimRobot:
         ts = np.asarray(ts, dtype=float)
         with self._lock:
             seg = self._seg
-        q = np.array([seg.eval(float(t), sc.settle_time_constant_s, sc.ringing_frequency_hz)[0] for t in ts])
-        ns = np.array([self.fault_active("never_settles", float(t)) for t in ts])
+        q = seg.positions(ts, sc.settle_time_constant_s, sc.ringing_frequency_hz)
+        with self._lock:
+            spans = [(f.start_s, f.start_s + f.duration_s) for f in self._faults if f.kind == "never_settles"]
+        ns = np.zeros(ts.shape, dtype=bool)
+        for a, b in spans:
+            ns |= (ts >= a) & (ts < b)
         if np.any(ns):
             w = 2 * math.pi * sc.ringing_frequency_hz
             amp = max(sc.ringing_amplitude_rad, math.radians(0.01))
