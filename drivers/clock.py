@@ -259,6 +259,7 @@ class _LineClockModel:
         resid_s = y[idx] - (intercept + rate * x[idx])
         self._scatter_ns = self._scatter(resid_s / rate * _NS_PER_S)
         self._delay_term_ns = self._delay_term(delay[idx])
+        self._fit_x, self._fit_delay_ns = x[idx], delay[idx]
 
     def _fit_line(self, x: np.ndarray, y: np.ndarray) -> tuple[float, float, bool]:
         """Least-squares ``y = a + b x``; ``b`` is the nominal rate if ``x`` spans too little."""
@@ -350,6 +351,26 @@ class ExchangeClockModel(_LineClockModel):
         if self._step_check(host, dev, delay_ns, limit, deviation):
             self._append(host, dev, delay_ns)
         return delay_ns
+
+    @property
+    def rate_error_bound(self) -> float:
+        """Bound on the fitted rate's error (dimensionless, device s per host s), ``inf``
+        until the rate is fitted.
+
+        Each point the line rests on is off by at most half its round-trip delay (Notes), so
+        the least-squares slope through them is off by at most
+        ``rate * sum(|x_i - mean(x)| * delay_i / 2) / sum((x_i - mean(x))^2)``: the points'
+        own spread in time and their own delays, not the window's span (the kept exchanges
+        may cluster in a part of it).
+        """
+        self._ensure_fit()
+        if not self._rate_fitted or self._fit_x.size < 2:
+            return math.inf
+        dx = self._fit_x - float(self._fit_x.mean())
+        den = float(dx @ dx)
+        if den <= 0.0:
+            return math.inf
+        return self._rate * float(np.abs(dx) @ (0.5 * self._fit_delay_ns * _S_PER_NS)) / den
 
     @property
     def min_delay_ns(self) -> float:

@@ -195,3 +195,67 @@ def test_exchange_uncertainty_is_honest(offset_s, skew_ppm, seed):
     h_end = run_exchanges(model, truth, np.random.default_rng(seed), 80)
     err = model.to_host_ns(truth.dev(h_end)) - h_end
     assert abs(err) <= model.uncertainty_ns
+
+
+def latch_exchanges(model, truth, rng, n, period_s, heavy):
+    """GigE Vision timestamp-latch exchanges: one device stamp somewhere inside each round
+    trip (t2 = t3), the delays each way heavy-tailed when ``heavy`` (a loaded host: a thread
+    not scheduled for milliseconds on either leg)."""
+    h = H0
+    spans = []
+    for _ in range(n):
+        h += int(period_s * 1e9 * (0.5 + rng.random()))
+        up, down = (30_000 + rng.exponential(60_000, 2)).tolist()
+        if heavy and rng.random() < 0.4:
+            up += rng.pareto(1.2) * 400_000
+        if heavy and rng.random() < 0.4:
+            down += rng.pareto(1.2) * 400_000
+        t1 = h
+        d = truth.dev(t1 + up)
+        t4 = int(t1 + up + down)
+        model.add_exchange(t1, d, d, t4)
+        spans.append(t4 - t1)
+    return spans
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    skew_ppm=st.floats(-300.0, 300.0),
+    n=st.integers(6, 40),
+    heavy=st.booleans(),
+    seed=st.integers(0, 2**32 - 1),
+)
+def test_exchange_rate_error_bound_holds_for_latch_exchanges(skew_ppm, n, heavy, seed):
+    """The fitted rate lies within ``rate_error_bound`` of the truth, whatever the delays do:
+    each point is off by at most half its own round trip, and the bound is the least-squares
+    slope's worst case over those (the GigE driver's ``clock_rate_bound`` rests on it)."""
+    truth = DeviceClock(5000.0, skew_ppm * 1e-6)
+    model = ExchangeClockModel(window=32, keep_fraction=0.5)
+    latch_exchanges(model, truth, np.random.default_rng(seed), n, period_s=0.12, heavy=heavy)
+    if not model.rate_fitted:
+        assert model.rate_error_bound == float("inf")
+        return
+    assert abs(model.rate - (1.0 + skew_ppm * 1e-6)) <= model.rate_error_bound * (1 + 1e-9) + 1e-15
+
+
+def test_the_rate_bound_follows_the_exchanges_the_line_rests_on_not_the_window_span():
+    """The fastest exchanges cluster at the window's two ends in one run and in its first
+    half in another: the second has the same window span but a slope resting on half of it,
+    and its bound is the wider."""
+    truth = DeviceClock(0.0, 150e-6)
+
+    def run(fast_at):
+        model = ExchangeClockModel(window=32, keep_fraction=0.25)
+        for i in range(32):
+            t1 = H0 + i * 100_000_000
+            rtt = 20_000 if fast_at(i) else 2_000_000
+            d = truth.dev(t1 + rtt // 2)
+            model.add_exchange(t1, d, d, t1 + rtt)
+        return model
+
+    ends = run(lambda i: i < 4 or i >= 28)
+    first_half = run(lambda i: 4 <= i < 12)
+    assert ends.rate_fitted and first_half.rate_fitted
+    assert first_half.rate_error_bound > 2.0 * ends.rate_error_bound
+    for m in (ends, first_half):
+        assert abs(m.rate - 1.00015) <= m.rate_error_bound
