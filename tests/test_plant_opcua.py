@@ -18,6 +18,9 @@ anonymous reads. The client, like a PLC would:
   anonymous and starts nothing; with an X.509 user token signed with plc's key is ``plc``;
 * with an application certificate on no trust list is refused even with a valid password; one
   from ``trusted_certificates_dir`` connects as its password user;
+* on a second cell's server offering ``sign_and_encrypt`` only, a channel without security
+  finds the secure endpoint and is refused a session (``BadSecurityPolicyRejected``: no
+  activation, password unchecked, no read, no browse);
 * killed while subscribed, without closing its session, leaves the server serving the next
   client, and its session and subscriptions go at the session timeout.
 """
