@@ -18,6 +18,9 @@ anonymous reads. The client, like a PLC would:
   anonymous and starts nothing; with an X.509 user token signed with plc's key is ``plc``;
 * with an application certificate on no trust list is refused even with a valid password; one
   from ``trusted_certificates_dir`` connects as its password user;
+* on a second cell's server offering ``sign_and_encrypt`` only, a channel without security
+  finds the secure endpoint and is refused a session (``BadSecurityPolicyRejected``: no
+  activation, password unchecked, no read, no browse);
 * killed while subscribed, without closing its session, leaves the server serving the next
   client, and its session and subscriptions go at the session timeout.
 """
@@ -58,10 +61,11 @@ PASSWORDS = {"ops": "ops-secret-1", "viewer": "viewer-secret-2"}
 
 class Cell:
     def __init__(self, cell, url: str, client_cert: Path, client_key: Path, server_cert: Path, body: dict,
-                 pki: Path) -> None:
+                 pki: Path, opcua: dict) -> None:
         self.cell, self.url, self.body = cell, url, body
         self.client_cert, self.client_key, self.server_cert = client_cert, client_key, server_cert
         self.pki = pki   # <name>_cert.der / <name>_key.pem: plc (listed), hmi (trusted dir), stranger (neither)
+        self.opcua = opcua   # the [opcua] section the cell runs with
 
 
 @pytest.fixture(scope="module")
@@ -100,7 +104,21 @@ def opc(tmp_path_factory):
         run_id = cell.svc.start_run("base_frame", reason="test")
         body = cell.wait_result(run_id)
         assert cell.svc.wait_idle(20.0)
-        yield Cell(cell, f"opc.tcp://127.0.0.1:{port}", client_cert, client_key, server_cert, body, certs)
+        yield Cell(cell, f"opc.tcp://127.0.0.1:{port}", client_cert, client_key, server_cert, body, certs,
+                   overrides["opcua"])
+
+
+@pytest.fixture(scope="module")
+def secure_only(opc, tmp_path_factory):
+    """A second cell whose server offers ``sign_and_encrypt`` only (no ``none`` endpoint), with
+    the first one's certificates, users and trust list; no calibration (nothing to read but
+    the cell's name)."""
+    port = free_port()
+    section = dict(opc.opcua, endpoint=f"opc.tcp://127.0.0.1:{port}", security=["sign_and_encrypt"],
+                   allow_none_on_loopback=False)
+    with inprocess_cell(tmp_path_factory.mktemp("opcua_secure"), n_stations=6, zmq=False,
+                        overrides={"opcua": section}) as cell:
+        yield Cell(cell, section["endpoint"], opc.client_cert, opc.client_key, opc.server_cert, {}, opc.pki, section)
 
 
 def client(opc: Cell, user: str | None = None, password: str | None = None) -> Client:
@@ -368,6 +386,73 @@ def test_an_x509_user_token_on_the_none_endpoint_is_its_certificates_user(opc, c
     cell.wait_for(lambda t, b: t == P.TOPIC_DRIFT and b["check_id"] == check_id, 30.0, "the requested check")
 
 
+def test_without_the_none_endpoint_a_channel_without_security_does_discovery_only(secure_only, caplog):
+    """A server offering sign_and_encrypt only still opens a channel of security policy None
+    (discovery runs on one), but a session is refused there: a client without an application
+    certificate must not read with a password sent in clear, or guess passwords, past the
+    trust list (issue 29)."""
+    caplog.set_level(logging.INFO, logger="cellcal.daemon.plant")
+    adapter = secure_only.cell.app.plant.adapter("opcua")
+    ns, url = adapter.ns, secure_only.url
+    before = _sessions(secure_only)
+    cell_name = ua.ReadParameters(NodesToRead=[ua.ReadValueId(NodeId=ua.NodeId("Cellcal.Cell", ns),
+                                                              AttributeId=ua.AttributeIds.Value)])
+    browse = ua.BrowseParameters(NodesToBrowse=[ua.BrowseDescription(
+        NodeId=ua.NodeId("Cellcal", ns), BrowseDirection=ua.BrowseDirection.Forward,
+        ReferenceTypeId=ua.NodeId(ua.ObjectIds.HierarchicalReferences), IncludeSubtypes=True, ResultMask=63)])
+
+    def as_ops(password: str) -> ua.ActivateSessionParameters:
+        # The password in clear, as a client on a channel without security sends it.
+        params = ua.ActivateSessionParameters()
+        params.UserIdentityToken = ua.UserNameIdentityToken(PolicyId="username", UserName="ops",
+                                                            Password=password.encode())
+        return params
+
+    async def none_channel() -> None:
+        c = Client(url, timeout=20)   # asyncua's default: security policy None, no certificate
+        await c.connect_socket()
+        try:
+            await c.send_hello()
+            await c.open_secure_channel()
+            # Discovery works: the client finds the secure endpoint (the only one) and the server.
+            endpoints = await c.uaclient.get_endpoints(ua.GetEndpointsParameters(EndpointUrl=url))
+            assert [(e.SecurityPolicyUri, e.SecurityMode) for e in endpoints] == [
+                (SecurityPolicyBasic256Sha256.URI, ua.MessageSecurityMode.SignAndEncrypt)]
+            servers = await c.uaclient.find_servers(ua.FindServersParameters(EndpointUrl=url))
+            assert [str(s.ApplicationUri) for s in servers] == [application_uri(adapter.port.cell)]
+            with pytest.raises(ua.uaerrors.BadUserAccessDenied):  # no session yet (asyncua's rule)
+                await c.uaclient.read(cell_name)
+            # Sent directly, not by Client.create_session, whose own "no matching endpoint"
+            # check a client may leave out.
+            with pytest.raises(ua.uaerrors.BadSecurityPolicyRejected):
+                await c.uaclient.create_session(ua.CreateSessionParameters(
+                    EndpointUrl=url, SessionName="none channel", RequestedSessionTimeout=10000,
+                    ClientNonce=b"n" * 32, ClientDescription=ua.ApplicationDescription(
+                        ApplicationUri="urn:plant:no-certificate", ApplicationType=ua.ApplicationType.Client)))
+            # Whatever the server kept of that session, nothing more: the right password and a
+            # wrong one get the same answer (neither is checked), and nothing is read or browsed.
+            for password in (PASSWORDS["ops"], "a-guess"):
+                with pytest.raises(ua.uaerrors.BadSecurityPolicyRejected):
+                    await c.uaclient.activate_session(as_ops(password))
+            with pytest.raises(ua.uaerrors.BadSecurityPolicyRejected):
+                await c.uaclient.read(cell_name)
+            with pytest.raises(ua.uaerrors.BadSecurityPolicyRejected):
+                await c.uaclient.browse(browse)
+        finally:
+            await c.disconnect()
+
+    asyncio.run(none_channel())
+    assert not [r for r in caplog.records if "refused (unknown user or wrong password)" in r.getMessage()]
+    wait_until(lambda: _sessions(secure_only) == before, 30.0, f"the session count back at {before}")
+
+    async def secure_reads() -> str:
+        # The same server on its secure endpoint, for contrast: the password user reads.
+        async with await _secure(secure_only, "hmi", "ops") as c:
+            return await _value(c, ns, "Cellcal.Cell")
+
+    assert asyncio.run(secure_reads()) == adapter.port.cell
+
+
 async def _secure(opc: Cell, name: str, user: str | None = None) -> Client:
     """A client on the SignAndEncrypt endpoint with the application certificate ``name``."""
     c = client(opc, user)
@@ -449,6 +534,10 @@ asyncio.run(main(sys.argv[1], sys.argv[2]))
 def test_a_subscriber_killed_without_closing_leaves_the_server_serving(opc):
     cell = opc.cell
     assert cell.svc.wait_idle(60.0)
+    if not cell.bodies(P.TOPIC_DRIFT):
+        # Drift.Time, read below, has a value once a drift check has been published; another
+        # test's check does not count when this one runs alone or on another xdist worker.
+        _drift_check(cell)
     before = _sessions(opc)
     proc = subprocess.Popen([sys.executable, "-c", _DROPPED_CLIENT, opc.url, NS], stdout=subprocess.PIPE, text=True)
     try:

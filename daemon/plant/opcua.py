@@ -61,6 +61,10 @@ channel's own certificate again at ActivateSession. A certificate gives its role
 proven: a secure channel's (its OpenSecureChannel is signed with the certificate's key) or an
 X.509 user token's (signed over the server's certificate and nonce); the certificate a client
 names on a ``none`` channel, unsigned, is dropped (:class:`_NoneSecurity`, ADR 0024).
+Without ``none`` in ``security``, a channel without security (asyncua opens one for any
+client: discovery runs on it) does GetEndpoints and FindServers only; CreateSession,
+ActivateSession (before any password is looked at) and every other request are refused
+``BadSecurityPolicyRejected`` (:class:`_DiscoveryOnly`, ADR 0024).
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ from asyncua.common.instantiate_util import instantiate
 from asyncua.common.utils import ServiceError
 from asyncua.crypto import uacrypto
 from asyncua.crypto.permission_rules import PermissionRuleset, User, UserRole
-from asyncua.crypto.security_policies import SecurityPolicyFactory, SecurityPolicyNone
+from asyncua.crypto.security_policies import CryptographyNone, SecurityPolicyFactory, SecurityPolicyNone
 from asyncua.ua.ua_binary import struct_from_binary
 
 from cellcal.daemon import protocol as P
@@ -137,6 +141,15 @@ _READ_TYPES = frozenset(ua.NodeId(getattr(ua.ObjectIds, f"{n}Request_Encoding_De
     "UnregisterNodes", "CloseSession", "CloseSecureChannel", "GetEndpoints", "FindServers", "HistoryRead",
 ))
 _CALL = ua.NodeId(ua.ObjectIds.CallRequest_Encoding_DefaultBinary)
+# What a channel without security may do on a server that offers no none endpoint: find the
+# secure endpoint (asyncua answers GetEndpoints and FindServers without asking the ruleset;
+# listed for the day it does) and close.
+_DISCOVERY_TYPES = frozenset(ua.NodeId(getattr(ua.ObjectIds, f"{n}Request_Encoding_DefaultBinary")) for n in (
+    "GetEndpoints", "FindServers", "CloseSecureChannel",
+))
+# Its answer to anything else: the channel's security policy is what is refused, not a user
+# (there is none yet at CreateSession, and a user-shaped refusal would invite other passwords).
+_DISCOVERY_ONLY_STATUS = ua.StatusCodes.BadSecurityPolicyRejected
 #: The caller of the OPC UA request being processed (set by the ruleset, read by the methods:
 #: asyncua runs a coroutine method in the task that checked the request).
 _CALLER: contextvars.ContextVar[P.Caller | None] = contextvars.ContextVar("cellcal_opcua_caller", default=None)
@@ -185,6 +198,70 @@ class _NoneSecurity(SecurityPolicyNone):
                         "nothing): %s", who)
         super().__init__(None, host_cert, host_privkey, mode, permission_ruleset=permission_ruleset,
                          host_cert_chain=host_cert_chain)
+
+
+def _discovery_only(what: str) -> ServiceError:
+    log.warning("opcua: %s refused on a channel without security: this server offers no none endpoint, "
+                "such a channel is for discovery only (GetEndpoints, FindServers)", what)
+    return ServiceError(_DISCOVERY_ONLY_STATUS)
+
+
+class _NoSessionRules(PermissionRuleset):
+    """The ruleset of a discovery-only channel: no request of a session passes.
+
+    asyncua asks it for every request of a channel that has a session, except CreateSession,
+    ActivateSession, CloseSession, discovery and RegisterServer / RegisterServer2
+    (``UaProcessor._process_message``); a request without a session is refused by asyncua
+    itself (``BadUserAccessDenied``). It raises
+    rather than returns False so that the client gets the channel's status, not asyncua's
+    ``BadUserAccessDenied``.
+    """
+
+    def check_validity(self, user: User | None, action_type_id: ua.NodeId, body: Buffer) -> bool:
+        if action_type_id in _DISCOVERY_TYPES:
+            return True
+        raise _discovery_only(f"request {action_type_id.to_string()}")
+
+
+class _NoActivation(CryptographyNone):
+    """The asymmetric cryptography of a discovery-only channel: no signature verifies.
+
+    On a channel without security asyncua calls ``verify`` only at ActivateSession, on the
+    client's signature and before it decodes the user token or asks the user manager: the
+    password is never looked at (no guessing on such a channel). Messages themselves are not
+    verified (``vsignature_size`` is 0), and OpenSecureChannel's answer is made with
+    ``signature``, unchanged.
+    """
+
+    def verify(self, data: bytes, signature: bytes) -> None:
+        raise _discovery_only("ActivateSession")
+
+
+class _DiscoveryOnly(_NoneSecurity):
+    """The policy of a channel without security on a server that offers no ``none`` endpoint.
+
+    A client opens such a channel to ask for the endpoints (OPC 10000-4 5.4), so asyncua opens
+    one whatever the server offers: with no factory of security policy None the connection
+    keeps the ``SecurityPolicyNone`` it starts with, which has no ruleset and let a client
+    with no certificate open a session and read, its password in clear. Here every session
+    step is refused with ``BadSecurityPolicyRejected``: CreateSession (below), ActivateSession
+    (:class:`_NoActivation`), any other request (:class:`_NoSessionRules`, whatever ruleset
+    the factory gives).
+    """
+
+    def __init__(self, peer_cert: object = None, host_cert: object = None, host_privkey: object = None,
+                 mode: ua.MessageSecurityMode = ua.MessageSecurityMode.None_, permission_ruleset: object = None,
+                 host_cert_chain: object = None) -> None:
+        super().__init__(peer_cert, host_cert, host_privkey, mode, permission_ruleset=_NoSessionRules(),
+                         host_cert_chain=host_cert_chain)
+        self.asymmetric_cryptography = _NoActivation()
+
+    # asyncua reads a channel policy's AsymmetricSignatureURI only to sign its CreateSession
+    # answer (the session is registered by then and goes with the connection, as one refused
+    # by the trust list does): raising here turns that answer into the refusal.
+    @property
+    def AsymmetricSignatureURI(self) -> str:  # noqa: N802 - asyncua's name
+        raise _discovery_only("CreateSession")
 
 
 class _TrustList:
@@ -457,18 +534,22 @@ class OpcUaServer:
         methods = await self._address_space(server)
         rules = _Rules(self._users.roles, methods)
         server.set_security_policy([_POLICY[m] for m in self.cfg.security], permission_ruleset=rules)
-        if "none" in self.cfg.security:
-            # The none endpoint's channels get _NoneSecurity, not asyncua's SecurityPolicyNone.
-            # asyncua has no public way to choose a policy class: Server.start appends one
-            # SecurityPolicyFactory per SecurityPolicyType to its private ``_policies`` (the
-            # class from security_policies.SECURITY_POLICY_TYPE_MAP, a process-wide table),
-            # and a channel takes the first factory matching its policy URI and mode. Ours,
-            # appended before start with what asyncua gives its own (the server's certificate
-            # and key, the ruleset), comes first. The one private attribute touched here;
-            # test_a_certificate_named_on_the_none_endpoint_takes_no_role fails if it stops working.
-            server._policies.append(SecurityPolicyFactory(
-                _NoneSecurity, ua.MessageSecurityMode.None_, server.iserver.certificate, server.iserver.private_key,
-                permission_ruleset=rules))
+        # Channels of security policy None get _NoneSecurity (the none endpoint) or, when the
+        # server offers no none endpoint, _DiscoveryOnly: asyncua opens such a channel either
+        # way (discovery runs on one) and would give it its own SecurityPolicyNone, without
+        # a ruleset when none is not configured. asyncua has no public way to choose a policy
+        # class: Server.start appends one SecurityPolicyFactory per SecurityPolicyType to its
+        # private ``_policies`` (the class from security_policies.SECURITY_POLICY_TYPE_MAP, a
+        # process-wide table), and a channel takes the first factory matching its policy URI
+        # and mode. Ours, appended before start with what asyncua gives its own (the server's
+        # certificate and key, the ruleset), comes first. The one private attribute touched
+        # here; test_a_certificate_named_on_the_none_endpoint_takes_no_role and
+        # test_without_the_none_endpoint_a_channel_without_security_does_discovery_only fail
+        # if it stops working.
+        none_policy = _NoneSecurity if "none" in self.cfg.security else _DiscoveryOnly
+        server._policies.append(SecurityPolicyFactory(
+            none_policy, ua.MessageSecurityMode.None_, server.iserver.certificate, server.iserver.private_key,
+            permission_ruleset=rules))
         # The trust list of client application certificates (module docstring, Security).
         server.set_certificate_validator(self._users.trust.validate)
         return server
