@@ -169,7 +169,7 @@ def test_no_target_in_view_is_refused(cell):
     away = q + np.radians([0.0, 0.0, 0.0, 0.0, 50.0, 0.0])  # the wrist turns the camera off the board
     engine.move_to(PlannedStation(0, away, None), threading.Event())
     rej = _refused(cell, cell.svc.control.devices.camera_capture)
-    assert rej.reason == RejectReason.NO_TARGET and rej.detail["n_corners"] == 0
+    assert rej.reason == RejectReason.NO_TARGET and rej.detail["n_corners"] == 0, (rej, rej.detail)
 
 
 def _since(cell, mark: int, topic: str, pred, what: str, timeout_s: float = 90.0) -> dict:
