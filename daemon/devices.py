@@ -232,7 +232,7 @@ class CellDevices:
         that is down does not keep the robot closed). Returns the failures by device name
         (empty: everything is open)."""
         failed: dict[str, BaseException] = {}
-        for name, is_open, opener in ((P.DEVICE_ROBOT, self.robot is not None, self._open_robot),
+        for name, is_open, opener in ((P.DEVICE_ROBOT, self.robot is not None, self._open_idle_robot),
                                       (P.DEVICE_TRACKER, self.tracker is not None, self._open_tracker),
                                       (P.DEVICE_CAMERA, self.camera is not None, self._open_camera)):
             if is_open or name not in self.status:  # no [camera]: no camera to open
@@ -293,7 +293,10 @@ class CellDevices:
         camera_ok = self.camera is not None or P.DEVICE_CAMERA not in self.status
         return self.robot is not None and self.tracker is not None and camera_ok
 
-    def _open_robot(self) -> None:
+    def _open_idle_robot(self) -> None:
+        self._open_robot(in_use=False)  # nobody waits for its samples: its monitor starts asleep
+
+    def _open_robot(self, in_use: bool = True) -> None:
         try:
             options = dict(self.cfg.robot.options)
             if self.model_override is not None:
@@ -303,7 +306,8 @@ class CellDevices:
             raise DeviceOpenError(P.DEVICE_ROBOT, exc) from exc
         try:
             robot.open()
-            monitor = cap.RobotMonitor(robot, cap.settle_config(self.cfg.robot.settle), session=self.session).start()
+            monitor = cap.RobotMonitor(robot, cap.settle_config(self.cfg.robot.settle), session=self.session,
+                                       in_use=in_use).start()
         except BaseException as exc:
             robot.close()
             if isinstance(exc, OPEN_ERRORS):

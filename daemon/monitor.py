@@ -74,6 +74,10 @@ class RobotMonitor:
         until ``linger_s`` after the last one (:data:`MONITOR_LINGER_S`). Then it sleeps,
         forgets its rest window and history, and reads nothing until the next call; the
         driver's link errors are reported from that call on.
+    in_use : bool
+        True (default): a job is about to use the monitor, which follows the samples from its
+        start (for ``linger_s`` if no call comes). False: opened with nobody to use it (the
+        idle loop's connection), so it starts asleep, as if it had lingered, until the first call.
 
     Notes
     -----
@@ -83,7 +87,8 @@ class RobotMonitor:
     """
 
     def __init__(self, robot: RobotDriver, settle: SettleConfig, *, history_s: float = 30.0,
-                 session: Session | None = None, linger_s: float = MONITOR_LINGER_S) -> None:
+                 session: Session | None = None, linger_s: float = MONITOR_LINGER_S,
+                 in_use: bool = True) -> None:
         self.robot = robot
         self.session = session if session is not None else Session()
         self.detector = SettleDetector(settle)
@@ -99,7 +104,9 @@ class RobotMonitor:
         if not (math.isfinite(linger_s) and linger_s > 0):
             raise ValueError(f"linger_s must be a finite number > 0, got {linger_s!r}")
         self.linger_s = float(linger_s)
-        self._wanted_until = time.monotonic() + self.linger_s  # a new monitor is about to be used
+        # A job's new monitor is about to be used; the idle loop's is not: following 500 Hz
+        # for the linger after the daemon's start-up connection was most of an idle daemon's CPU.
+        self._wanted_until = time.monotonic() + self.linger_s if in_use else -math.inf
         self._wake = threading.Event()
         self._asleep = False
         #: times the monitor went to sleep for want of use (tests, diagnostics)

@@ -25,7 +25,7 @@ decodes data packages and stamps each (controller clock, host time via the clock
 sequence number); the :class:`~cellcal.drivers.robot.RobotState` of a sample (arrays, flange
 pose, flange speed) is built when it is first read, so samples superseded unread cost only
 their decode. With no read for a second the receiver lets the kernel wake it once per
-~20 ms of stream (``SO_RCVLOWAT``) instead of once per package; the next read ends that at
+~100 ms of stream (``SO_RCVLOWAT``) instead of once per package; the next read ends that at
 once (of such a batch only the last package becomes a sample, the others are counted). Text messages are
 logged (never data); unknown packet types are skipped by their size; a malformed data
 package is counted and dropped; after garbage the stream hunts for the next intact data
@@ -362,7 +362,13 @@ _MODE_RANGES = {
 _BATCH_AFTER_S = 1.0
 #: A batch is about this much of the stream (s): the kernel wakes the reader once per batch
 #: (``SO_RCVLOWAT``, a condition in the kernel, not a poll). A reader ends batching at once.
-_BATCH_S = 0.02
+#: Each wake-up costs far more than the packages it decodes (about 0.25 ms of CPU against
+#: 4 us a package here: bench/idle_bench.py), so the batch is long; at most a tenth of
+#: ``stream_timeout_s``, so packages held back in the kernel cannot starve the watchdog.
+_BATCH_S = 0.1
+#: The receive timeout (s) between packages, and while batched the least one (a batch is
+#: awaited whole: a timeout per 50 ms would wake the idle receiver more often than its batches).
+_RECV_TIMEOUT_S = 0.05
 
 
 class _Raw(NamedTuple):
@@ -974,13 +980,15 @@ class UrRtdeDriver(RobotDriver):
     def _pump(self, sock: socket.socket) -> None:
         stream = self._stream
         assert stream is not None
-        sock.settimeout(0.05)
+        timeout = _RECV_TIMEOUT_S
+        sock.settimeout(timeout)
         # The watchdog counts valid data packages, not bytes: a stream of garbage (or of text
         # messages, or of packages that do not decode) is as dead as a silent one.
         last_valid = time.monotonic()
         limit = self.opts["stream_timeout_s"]
         resyncs = stream.resyncs
-        per_batch = int(self.opts["frequency_hz"] * _BATCH_S)
+        batch_s = min(_BATCH_S, 0.1 * limit)
+        per_batch = int(self.opts["frequency_hz"] * batch_s)
         batch_bytes = (rc.HEADER.size + stream.recipe.payload_size) * per_batch if per_batch > 1 else 1
         with self._cond:
             self._lowat = 1  # a new socket
@@ -990,6 +998,11 @@ class UrRtdeDriver(RobotDriver):
                 with self._cond:
                     if want == 1 or time.monotonic() - self._last_read > _BATCH_AFTER_S:
                         self._set_lowat(sock, want)
+            # (a reader may have ended the batching from its thread: then back to the short timeout)
+            want_timeout = max(_RECV_TIMEOUT_S, 2.0 * batch_s) if self._lowat > 1 else _RECV_TIMEOUT_S
+            if want_timeout != timeout:
+                timeout = want_timeout
+                sock.settimeout(timeout)
             try:
                 data = sock.recv(65536)
             except TimeoutError:

@@ -102,3 +102,23 @@ def test_an_unused_monitor_sleeps_and_wakes_when_used(sim):
             assert reads.n > n_asleep
         finally:
             monitor.close()
+
+
+def test_a_monitor_opened_for_nobody_starts_asleep(sim):
+    # The idle loop's connection (in_use=False) has no job to follow the samples for: the
+    # monitor reads none until its first call, which starts a fresh rest window.
+    with connect_robot(sim.url, frequency_hz=100.0, timeout_s=2.0) as robot:
+        reads = _CountingReads(robot)
+        monitor = RobotMonitor(robot, SettleConfig(dwell_s=0.1), in_use=False).start()
+        try:
+            wait_until(lambda: monitor.sleeps == 1, 20.0, "the monitor to go to sleep at its start")
+            seq = robot.wait_for_sample_after(0, 2.0).seq
+            for _ in range(20):  # the driver streams: 20 samples the monitor must not read
+                seq = robot.wait_for_sample_after(seq, 2.0).seq
+            assert reads.n == 0
+            assert not monitor.following
+            state, status = monitor.wait_settled(20.0)  # a job uses it: it follows
+            assert status.settled and state.seq > seq
+            assert reads.n > 0 and monitor.following
+        finally:
+            monitor.close()

@@ -593,7 +593,7 @@ def test_rejected_script_comes_back_as_text_message(sim, caplog):
 
 
 def test_unread_stream_is_taken_in_batches_and_a_read_ends_them(sim):
-    # Nobody reading for a second: the driver lets the kernel wake it once per ~20 ms of
+    # Nobody reading for a second: the driver lets the kernel wake it once per ~100 ms of
     # stream (SO_RCVLOWAT) instead of once per package; the first read asks for every
     # package again and still gets a fresh sample.
     with connect_robot(sim.url, frequency_hz=500.0, timeout_s=2.0) as robot:
