@@ -166,7 +166,12 @@ def test_a_point_calibration_over_each_protocol_end_to_end(tmp_path, instrument)
             assert len(published) == 6 and all(b["settle"]["tracker_std_rotation_rad"] is None for b in published)
             # The run's own point estimate judged the stations after the fifth (gross check).
             assert "expected_deviation_m" in stations[5].settle and stations[5].settle["expected_bound_m"] == 0.025
-            assert stations[5].settle["expected_deviation_m"] < 1e-3 and stations[5].settle["expected_deviation_rad"] is None
+            # Well inside the gross bound: a tracker's 20 um leave it under 1 mm; the total
+            # station's 1 mm along the line of sight (and the five-station estimate it is
+            # compared with) under 5 mm, about four of its sigmas (1 mm failed now and then).
+            within = 5e-3 if instrument == "geocom" else 1e-3
+            assert stations[5].settle["expected_deviation_m"] < within, stations[5].settle
+            assert stations[5].settle["expected_deviation_rad"] is None
 
             # Exports: cell_T_base and the reflector point.
             exports = Path(cell.cfg.service.state_dir) / "exports"
