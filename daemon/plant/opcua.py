@@ -104,7 +104,7 @@ log = logging.getLogger(__name__)
 # variable type has none to copy): normal operation, not a warning for the daemon's journal.
 logging.getLogger("asyncua.common.copy_node_util").setLevel(logging.ERROR)
 
-__all__ = ["OpcUaServer", "METHODS", "STATUS_OF", "application_uri"]
+__all__ = ["OpcUaServer", "METHODS", "NULL_TIME", "STATUS_OF", "application_uri"]
 
 #: OPC UA method name -> the protocol command it is.
 METHODS = {"RunDriftCheck": "run_drift_check", "StartRun": "start_run"}
@@ -132,6 +132,11 @@ _UNIT_MM = ua.EUInformation(NamespaceUri=_UNECE_URI, UnitId=0x4D4D54, DisplayNam
 _UNIT_DEG = ua.EUInformation(NamespaceUri=_UNECE_URI, UnitId=0x4444, DisplayName=ua.LocalizedText("°"),
                              Description=ua.LocalizedText("degree"))
 _START_TIMEOUT_S = 30.0
+#: OPC UA's null DateTime, what a time variable holds until the daemon has the time (ADR 0024
+#: decision 7): encoded as 0 (OPC 10000-6 encodes every time at or before 1601-01-01 so), read
+#: back as 1601-01-01 00:00 UTC. asyncua cannot encode a DateTime variant without a value (a
+#: read of one answers BadInternalError), so no time variable is ever left without one.
+NULL_TIME = ua.FILETIME_EPOCH_AS_UTC_DATETIME
 
 # Request types a known user may send (reads, browsing, subscriptions, session upkeep).
 _READ_TYPES = frozenset(ua.NodeId(getattr(ua.ObjectIds, f"{n}Request_Encoding_DefaultBinary")) for n in (
@@ -570,11 +575,15 @@ class OpcUaServer:
                                 ("StateDetail", "", S), ("RunId", "", S), ("RobotConnected", False, B),
                                 ("TrackerConnected", False, B)):
             await self._var(root, f"Cellcal.{name}", name, value, vt)
+        # Until there is a result (a drift check): "" and 0, NaN for a measured number (0.0 would
+        # read as a perfect fit), NULL_TIME for a time; every variable has a value of its type
+        # from creation, so a client reading before the first result gets no error (decision 7).
+        nan = math.nan
         res = await root.add_object(self._id("Cellcal.ActiveResult"), ua.QualifiedName("ActiveResult", self.ns))
-        for name, value, vt in _table(("ResultId", "", S), ("Kind", "", S), ("Created", None, T), ("Suspect", False, B),
-                                ("SuspectReason", "", S), ("NStations", 0, U), ("RmsTranslation_mm", 0.0, D),
-                                ("RmsRotation_deg", 0.0, D), ("SigmaTranslation_mm", 0.0, D),
-                                ("SigmaRotation_deg", 0.0, D)):
+        for name, value, vt in _table(("ResultId", "", S), ("Kind", "", S), ("Created", NULL_TIME, T),
+                                ("Suspect", False, B), ("SuspectReason", "", S), ("NStations", 0, U),
+                                ("RmsTranslation_mm", nan, D), ("RmsRotation_deg", nan, D),
+                                ("SigmaTranslation_mm", nan, D), ("SigmaRotation_deg", nan, D)):
             await self._var(res, f"Cellcal.ActiveResult.{name}", name, value, vt)
         self._frames_folder = await res.add_object(self._id("Cellcal.ActiveResult.Frames"),
                                                    ua.QualifiedName("Frames", self.ns))
@@ -582,9 +591,9 @@ class OpcUaServer:
                                                    ua.QualifiedName("Points", self.ns))
         drift = await root.add_object(self._id("Cellcal.Drift"), ua.QualifiedName("Drift", self.ns))
         for name, value, vt in _table(("ResultId", "", S), ("Status", "", S), ("Action", "", S), ("CheckId", 0, U),
-                                ("DeviationTranslation_mm", 0.0, D), ("DeviationRotation_deg", 0.0, D),
-                                ("Cusum_mm", 0.0, D), ("WarnTranslation_mm", 0.0, D), ("FailTranslation_mm", 0.0, D),
-                                ("CusumAlarm", False, B), ("Time", None, T)):
+                                ("DeviationTranslation_mm", nan, D), ("DeviationRotation_deg", nan, D),
+                                ("Cusum_mm", nan, D), ("WarnTranslation_mm", nan, D), ("FailTranslation_mm", nan, D),
+                                ("CusumAlarm", False, B), ("Time", NULL_TIME, T)):
             await self._var(drift, f"Cellcal.Drift.{name}", name, value, vt)
 
         def arg(name: str, vt: ua.VariantType, doc: str) -> ua.Argument:
@@ -645,6 +654,8 @@ class OpcUaServer:
         node, vt = self._vars[path]
         if vt == ua.VariantType.Double:
             value = as_float(value) if value is not None and math.isfinite(as_float(value)) else math.nan
+        elif vt == ua.VariantType.DateTime and value is None:
+            value = NULL_TIME  # a body without its time (created_ns): null, never a value asyncua cannot encode
         await node.write_value(ua.DataValue(ua.Variant(value, vt)))
 
     async def _initial(self) -> None:
