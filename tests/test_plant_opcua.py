@@ -454,6 +454,46 @@ def test_without_the_none_endpoint_a_channel_without_security_does_discovery_onl
     assert asyncio.run(secure_reads()) == adapter.port.cell
 
 
+def test_a_client_cannot_register_a_server_in_the_find_servers_answer(opc, secure_only, caplog):
+    """RegisterServer / RegisterServer2 are a discovery server's services; asyncua answers them
+    on any channel, without a session or the ruleset, and then lists the registered server in
+    its FindServers answers: a client could point a PLC's discovery at a server of its own.
+    Refused (BadServiceUnsupported) on a none channel, a secure channel and a discovery-only
+    channel; FindServers lists this server only."""
+    caplog.set_level(logging.INFO, logger="cellcal.daemon.plant")
+    fake = ua.RegisteredServer(ServerUri="urn:plant:fake-cell", ProductUri="urn:plant:fake",
+                               ServerNames=[ua.LocalizedText("cellcal fake-cell")], ServerType=ua.ApplicationType.Server,
+                               DiscoveryUrls=["opc.tcp://127.0.0.1:1/"], IsOnline=True)
+
+    async def register(c: Client, url: str, cell_name: str) -> None:
+        with pytest.raises(ua.uaerrors.BadServiceUnsupported):
+            await c.uaclient.register_server(fake)
+        with pytest.raises(ua.uaerrors.BadServiceUnsupported):
+            await c.uaclient.register_server2(ua.RegisterServer2Parameters(Server=fake))
+        servers = await c.uaclient.find_servers(ua.FindServersParameters(EndpointUrl=url))
+        assert [str(s.ApplicationUri) for s in servers] == [application_uri(cell_name)]
+
+    async def on_a_none_channel(on: Cell) -> None:
+        c = Client(on.url, timeout=20)   # no session: asyncua answers RegisterServer without one
+        await c.connect_socket()
+        try:
+            await c.send_hello()
+            await c.open_secure_channel()
+            await register(c, on.url, on.cell.app.plant.adapter("opcua").port.cell)
+        finally:
+            await c.disconnect()
+
+    async def on_a_secure_channel() -> None:
+        async with await _secure(opc, "hmi", "ops") as c:   # an operator's session
+            await register(c, opc.url, opc.cell.app.plant.adapter("opcua").port.cell)
+
+    asyncio.run(on_a_none_channel(opc))
+    asyncio.run(on_a_none_channel(secure_only))
+    asyncio.run(on_a_secure_channel())
+    refused = [r.getMessage() for r in caplog.records if "RegisterServer" in r.getMessage() and "refused" in r.getMessage()]
+    assert len(refused) == 6 and all("urn:plant:fake-cell" in m for m in refused), refused
+
+
 async def _secure(opc: Cell, name: str, user: str | None = None) -> Client:
     """A client on the SignAndEncrypt endpoint with the application certificate ``name``."""
     c = client(opc, user)

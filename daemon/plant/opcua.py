@@ -87,6 +87,7 @@ from asyncua.common.utils import ServiceError
 from asyncua.crypto import uacrypto
 from asyncua.crypto.permission_rules import PermissionRuleset, User, UserRole
 from asyncua.crypto.security_policies import CryptographyNone, SecurityPolicyFactory, SecurityPolicyNone
+from asyncua.server.internal_server import InternalServer
 from asyncua.ua.ua_binary import struct_from_binary
 
 from cellcal.daemon import protocol as P
@@ -96,7 +97,6 @@ from cellcal.daemon.plant.views import as_float, as_int, as_map, frame_mm_deg, p
 
 if TYPE_CHECKING:
     from asyncua.common.utils import Buffer
-    from asyncua.server.internal_server import InternalServer
     from cryptography import x509
 
 log = logging.getLogger(__name__)
@@ -155,6 +155,9 @@ _DISCOVERY_TYPES = frozenset(ua.NodeId(getattr(ua.ObjectIds, f"{n}Request_Encodi
 # Its answer to anything else: the channel's security policy is what is refused, not a user
 # (there is none yet at CreateSession, and a user-shaped refusal would invite other passwords).
 _DISCOVERY_ONLY_STATUS = ua.StatusCodes.BadSecurityPolicyRejected
+# The answer to RegisterServer / RegisterServer2 on any channel: a discovery server's services,
+# which this server is not (the service is what is missing, whoever asks).
+_REGISTER_STATUS = ua.StatusCodes.BadServiceUnsupported
 #: The caller of the OPC UA request being processed (set by the ruleset, read by the methods:
 #: asyncua runs a coroutine method in the task that checked the request).
 _CALLER: contextvars.ContextVar[P.Caller | None] = contextvars.ContextVar("cellcal_opcua_caller", default=None)
@@ -211,12 +214,37 @@ def _discovery_only(what: str) -> ServiceError:
     return ServiceError(_DISCOVERY_ONLY_STATUS)
 
 
+class _NotADiscoveryServer(InternalServer):
+    """asyncua's internal server without the discovery server's RegisterServer / RegisterServer2.
+
+    asyncua answers both on any channel, secure or not, with or without a session, without
+    asking a ruleset (``UaProcessor._process_message``), and lists what was registered in its
+    FindServers answers: any client could put a server of its own (a fake cell) where a PLC
+    looks for this one. A cellcal server registers nobody; the request is refused with
+    ``BadServiceUnsupported`` (asyncua turns the ServiceError into the request's service
+    fault) and logged. Given to ``Server(iserver=...)``, its public parameter.
+    """
+
+    def register_server(self, server: object, conf: object = None) -> None:
+        uri = str(getattr(server, "ServerUri", "?"))[:120]
+        log.warning("opcua: RegisterServer of %r refused: this server is not a discovery server", uri)
+        raise ServiceError(_REGISTER_STATUS)
+
+    def register_server2(self, params: ua.RegisterServer2Parameters) -> None:
+        # asyncua's own register_server2 calls register_server; refused here as well, so that
+        # neither depends on the other.
+        uri = str(getattr(params.Server, "ServerUri", "?"))[:120]
+        log.warning("opcua: RegisterServer2 of %r refused: this server is not a discovery server", uri)
+        raise ServiceError(_REGISTER_STATUS)
+
+
 class _NoSessionRules(PermissionRuleset):
     """The ruleset of a discovery-only channel: no request of a session passes.
 
     asyncua asks it for every request of a channel that has a session, except CreateSession,
     ActivateSession, CloseSession, discovery and RegisterServer / RegisterServer2
-    (``UaProcessor._process_message``); a request without a session is refused by asyncua
+    (``UaProcessor._process_message``; the last two :class:`_NotADiscoveryServer` refuses on
+    every channel); a request without a session is refused by asyncua
     itself (``BadUserAccessDenied``). It raises
     rather than returns False so that the client gets the channel's status, not asyncua's
     ``BadUserAccessDenied``.
@@ -519,7 +547,8 @@ class OpcUaServer:
 
     async def _build(self) -> Server:
         await self._users.load()
-        server = Server(user_manager=self._users)
+        # RegisterServer / RegisterServer2 refused on every channel (_NotADiscoveryServer).
+        server = Server(iserver=_NotADiscoveryServer(user_manager=self._users))
         await server.init()
         server.set_endpoint(self.cfg.endpoint)
         server.set_server_name(f"cellcal {self.port.cell}")
