@@ -22,7 +22,11 @@ anonymous reads. The client, like a PLC would:
   finds the secure endpoint and is refused a session (``BadSecurityPolicyRejected``: no
   activation, password unchecked, no read, no browse);
 * killed while subscribed, without closing its session, leaves the server serving the next
-  client, and its session and subscriptions go at the session timeout.
+  client, and its session and subscriptions go at the session timeout;
+* cannot register a server of its own (RegisterServer, RegisterServer2) on any channel:
+  FindServers lists this server only;
+* on a third cell of its own, before any result or drift check, reads every variable without
+  an error (the times OPC UA's null DateTime, the numbers NaN), and real values after.
 """
 
 from __future__ import annotations

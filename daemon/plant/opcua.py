@@ -37,7 +37,9 @@ the address space). ``State``, ``StateDetail`` and ``RunId`` follow the state ev
 heartbeat only until the first one), the device links the heartbeat. Values change when the
 daemon's events say so (``on_event`` hands the
 newest body of each topic to the server's loop); a client subscribes to them like to any
-OPC UA variable.
+OPC UA variable. Until the daemon has a value (no result, no drift check yet) a variable
+holds one of its type with status Good: ``""``, 0, False, NaN for a measured number,
+:data:`NULL_TIME` (OPC UA's null DateTime, 1601-01-01 UTC) for a time (ADR 0024 decision 7).
 
 Security (``cellcal.daemon.plant.config``)
 ------------------------------------------
@@ -64,7 +66,9 @@ names on a ``none`` channel, unsigned, is dropped (:class:`_NoneSecurity`, ADR 0
 Without ``none`` in ``security``, a channel without security (asyncua opens one for any
 client: discovery runs on it) does GetEndpoints and FindServers only; CreateSession,
 ActivateSession (before any password is looked at) and every other request are refused
-``BadSecurityPolicyRejected`` (:class:`_DiscoveryOnly`, ADR 0024).
+``BadSecurityPolicyRejected`` (:class:`_DiscoveryOnly`, ADR 0024). RegisterServer and
+RegisterServer2, a discovery server's services, are refused ``BadServiceUnsupported`` on every
+channel (:class:`_NotADiscoveryServer`): FindServers lists this server only.
 """
 
 from __future__ import annotations
