@@ -22,7 +22,11 @@ anonymous reads. The client, like a PLC would:
   finds the secure endpoint and is refused a session (``BadSecurityPolicyRejected``: no
   activation, password unchecked, no read, no browse);
 * killed while subscribed, without closing its session, leaves the server serving the next
-  client, and its session and subscriptions go at the session timeout.
+  client, and its session and subscriptions go at the session timeout;
+* cannot register a server of its own (RegisterServer, RegisterServer2) on any channel:
+  FindServers lists this server only;
+* on a third cell of its own, before any result or drift check, reads every variable without
+  an error (the times OPC UA's null DateTime, the numbers NaN), and real values after.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import select
 import subprocess
 import sys
 import time
+from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
@@ -453,6 +458,46 @@ def test_without_the_none_endpoint_a_channel_without_security_does_discovery_onl
     assert asyncio.run(secure_reads()) == adapter.port.cell
 
 
+def test_a_client_cannot_register_a_server_in_the_find_servers_answer(opc, secure_only, caplog):
+    """RegisterServer / RegisterServer2 are a discovery server's services; asyncua answers them
+    on any channel, without a session or the ruleset, and then lists the registered server in
+    its FindServers answers: a client could point a PLC's discovery at a server of its own.
+    Refused (BadServiceUnsupported) on a none channel, a secure channel and a discovery-only
+    channel; FindServers lists this server only."""
+    caplog.set_level(logging.INFO, logger="cellcal.daemon.plant")
+    fake = ua.RegisteredServer(ServerUri="urn:plant:fake-cell", ProductUri="urn:plant:fake",
+                               ServerNames=[ua.LocalizedText("cellcal fake-cell")], ServerType=ua.ApplicationType.Server,
+                               DiscoveryUrls=["opc.tcp://127.0.0.1:1/"], IsOnline=True)
+
+    async def register(c: Client, url: str, cell_name: str) -> None:
+        with pytest.raises(ua.uaerrors.BadServiceUnsupported):
+            await c.uaclient.register_server(fake)
+        with pytest.raises(ua.uaerrors.BadServiceUnsupported):
+            await c.uaclient.register_server2(ua.RegisterServer2Parameters(Server=fake))
+        servers = await c.uaclient.find_servers(ua.FindServersParameters(EndpointUrl=url))
+        assert [str(s.ApplicationUri) for s in servers] == [application_uri(cell_name)]
+
+    async def on_a_none_channel(on: Cell) -> None:
+        c = Client(on.url, timeout=20)   # no session: asyncua answers RegisterServer without one
+        await c.connect_socket()
+        try:
+            await c.send_hello()
+            await c.open_secure_channel()
+            await register(c, on.url, on.cell.app.plant.adapter("opcua").port.cell)
+        finally:
+            await c.disconnect()
+
+    async def on_a_secure_channel() -> None:
+        async with await _secure(opc, "hmi", "ops") as c:   # an operator's session
+            await register(c, opc.url, opc.cell.app.plant.adapter("opcua").port.cell)
+
+    asyncio.run(on_a_none_channel(opc))
+    asyncio.run(on_a_none_channel(secure_only))
+    asyncio.run(on_a_secure_channel())
+    refused = [r.getMessage() for r in caplog.records if "RegisterServer" in r.getMessage() and "refused" in r.getMessage()]
+    assert len(refused) == 6 and all("urn:plant:fake-cell" in m for m in refused), refused
+
+
 async def _secure(opc: Cell, name: str, user: str | None = None) -> Client:
     """A client on the SignAndEncrypt endpoint with the application certificate ``name``."""
     c = client(opc, user)
@@ -601,3 +646,82 @@ def _readline(proc: subprocess.Popen, timeout_s: float) -> str:
         if proc.poll() is not None:
             break
     raise AssertionError(f"no line from the client within {timeout_s} s (exit {proc.poll()})")
+
+
+# ---- a cell that has not calibrated yet ------------------------------------------------------------
+
+#: OPC UA's null DateTime: the DateTime encoded as 0 (OPC 10000-6), 1601-01-01 00:00 UTC.
+NULL_TIME = datetime(1601, 1, 1, tzinfo=UTC)
+
+
+@pytest.fixture
+def fresh(tmp_path):
+    """A cell of its own with no result and no drift check yet (the module's cell has both):
+    the none endpoint on loopback, anonymous reads, no ZeroMQ."""
+    port = free_port()
+    section = {"enabled": True, "endpoint": f"opc.tcp://127.0.0.1:{port}", "security": ["none"],
+               "allow_none_on_loopback": True, "anonymous": True, "update_s": 0.05}
+    with inprocess_cell(tmp_path, n_stations=6, zmq=False, overrides={"opcua": section}) as cell:
+        assert cell.svc.store.active_result() is None and not cell.bodies(P.TOPIC_DRIFT)
+        yield Cell(cell, section["endpoint"], Path(), Path(), Path(), {}, Path(), section)
+
+
+async def _read_everything(c: Client, ns: int) -> dict[str, object]:
+    """Every variable under ``Cellcal`` (browsed, properties included) read as a PLC reads it:
+    node id -> value; a variable whose read fails is the AssertionError, with all such named."""
+    values: dict[str, object] = {}
+    failed: list[str] = []
+    todo = [c.get_node(ua.NodeId("Cellcal", ns))]
+    while todo:
+        node = todo.pop()
+        for child in await node.get_children():
+            todo.append(child)
+            if await child.read_node_class() != ua.NodeClass.Variable:
+                continue
+            key = child.nodeid.to_string()
+            try:
+                values[key] = await child.read_value()
+            except (ua.UaError, ua.UaStatusCodeError) as exc:
+                failed.append(f"{key}: {exc!r}")
+    assert not failed, failed
+    return values
+
+
+def test_a_cell_without_a_result_or_a_drift_check_reads_without_errors(fresh):
+    """Before the first result and the first drift check every variable reads (a PLC polling
+    from power-on sees values, not errors); the times are OPC UA's null DateTime, the
+    numbers NaN, until the daemon has them; then they are real."""
+    cell = fresh.cell
+
+    async def read(expect_result: bool) -> dict[str, object]:
+        async with client(fresh) as c:  # anonymous, as a PLC polling from power-on may be
+            ns = await c.get_namespace_index(NS)
+            if expect_result:
+                await wait_async(lambda: _value(c, ns, "Cellcal.ActiveResult.ResultId"),
+                                 str(cell.svc.store.active_result().id))
+            values = await _read_everything(c, ns)
+            return {k.split(";s=", 1)[-1]: v for k, v in values.items()}
+
+    before = asyncio.run(read(False))
+    assert before["Cellcal.Cell"] == cell.app.plant.adapter("opcua").port.cell
+    for path in ("Cellcal.ActiveResult.Created", "Cellcal.Drift.Time"):
+        assert before[path] == NULL_TIME, (path, before[path])
+    assert before["Cellcal.ActiveResult.ResultId"] == "" and before["Cellcal.Drift.CheckId"] == 0
+    for path in ("Cellcal.ActiveResult.RmsTranslation_mm", "Cellcal.ActiveResult.SigmaTranslation_mm",
+                 "Cellcal.Drift.DeviationTranslation_mm", "Cellcal.Drift.Cusum_mm"):
+        assert math.isnan(before[path]), (path, before[path])
+    assert not [p for p in before if ".Frames." in p or ".Points." in p]
+
+    started = datetime.now(UTC)
+    body = cell.wait_result(cell.svc.start_run("base_frame", reason="test"))
+    assert cell.svc.wait_idle(20.0)
+    check_id = _drift_check(cell)
+    after = asyncio.run(read(True))
+    assert after["Cellcal.ActiveResult.ResultId"] == body["result_id"]
+    created = after["Cellcal.ActiveResult.Created"]
+    # The result's own time (OPC UA's DateTime counts 100 ns, Python's datetime microseconds).
+    assert abs((created - datetime.fromtimestamp(body["created_ns"] * 1e-9, tz=UTC)).total_seconds()) < 1e-5
+    assert after["Cellcal.Drift.CheckId"] == check_id
+    assert after["Cellcal.Drift.Time"] >= started.replace(microsecond=0)
+    assert not math.isnan(after["Cellcal.ActiveResult.RmsTranslation_mm"])
+    assert [p for p in after if p.startswith("Cellcal.ActiveResult.Frames.")]  # the frames read too

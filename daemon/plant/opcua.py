@@ -37,7 +37,9 @@ the address space). ``State``, ``StateDetail`` and ``RunId`` follow the state ev
 heartbeat only until the first one), the device links the heartbeat. Values change when the
 daemon's events say so (``on_event`` hands the
 newest body of each topic to the server's loop); a client subscribes to them like to any
-OPC UA variable.
+OPC UA variable. Until the daemon has a value (no result, no drift check yet) a variable
+holds one of its type with status Good: ``""``, 0, False, NaN for a measured number,
+:data:`NULL_TIME` (OPC UA's null DateTime, 1601-01-01 UTC) for a time (ADR 0024 decision 7).
 
 Security (``cellcal.daemon.plant.config``)
 ------------------------------------------
@@ -64,7 +66,9 @@ names on a ``none`` channel, unsigned, is dropped (:class:`_NoneSecurity`, ADR 0
 Without ``none`` in ``security``, a channel without security (asyncua opens one for any
 client: discovery runs on it) does GetEndpoints and FindServers only; CreateSession,
 ActivateSession (before any password is looked at) and every other request are refused
-``BadSecurityPolicyRejected`` (:class:`_DiscoveryOnly`, ADR 0024).
+``BadSecurityPolicyRejected`` (:class:`_DiscoveryOnly`, ADR 0024). RegisterServer and
+RegisterServer2, a discovery server's services, are refused ``BadServiceUnsupported`` on every
+channel (:class:`_NotADiscoveryServer`): FindServers lists this server only.
 """
 
 from __future__ import annotations
@@ -87,6 +91,7 @@ from asyncua.common.utils import ServiceError
 from asyncua.crypto import uacrypto
 from asyncua.crypto.permission_rules import PermissionRuleset, User, UserRole
 from asyncua.crypto.security_policies import CryptographyNone, SecurityPolicyFactory, SecurityPolicyNone
+from asyncua.server.internal_server import InternalServer
 from asyncua.ua.ua_binary import struct_from_binary
 
 from cellcal.daemon import protocol as P
@@ -96,7 +101,6 @@ from cellcal.daemon.plant.views import as_float, as_int, as_map, frame_mm_deg, p
 
 if TYPE_CHECKING:
     from asyncua.common.utils import Buffer
-    from asyncua.server.internal_server import InternalServer
     from cryptography import x509
 
 log = logging.getLogger(__name__)
@@ -104,7 +108,7 @@ log = logging.getLogger(__name__)
 # variable type has none to copy): normal operation, not a warning for the daemon's journal.
 logging.getLogger("asyncua.common.copy_node_util").setLevel(logging.ERROR)
 
-__all__ = ["OpcUaServer", "METHODS", "STATUS_OF", "application_uri"]
+__all__ = ["OpcUaServer", "METHODS", "NULL_TIME", "STATUS_OF", "application_uri"]
 
 #: OPC UA method name -> the protocol command it is.
 METHODS = {"RunDriftCheck": "run_drift_check", "StartRun": "start_run"}
@@ -132,6 +136,11 @@ _UNIT_MM = ua.EUInformation(NamespaceUri=_UNECE_URI, UnitId=0x4D4D54, DisplayNam
 _UNIT_DEG = ua.EUInformation(NamespaceUri=_UNECE_URI, UnitId=0x4444, DisplayName=ua.LocalizedText("°"),
                              Description=ua.LocalizedText("degree"))
 _START_TIMEOUT_S = 30.0
+#: OPC UA's null DateTime, what a time variable holds until the daemon has the time (ADR 0024
+#: decision 7): encoded as 0 (OPC 10000-6 encodes every time at or before 1601-01-01 so), read
+#: back as 1601-01-01 00:00 UTC. asyncua cannot encode a DateTime variant without a value (a
+#: read of one answers BadInternalError), so no time variable is ever left without one.
+NULL_TIME = ua.FILETIME_EPOCH_AS_UTC_DATETIME
 
 # Request types a known user may send (reads, browsing, subscriptions, session upkeep).
 _READ_TYPES = frozenset(ua.NodeId(getattr(ua.ObjectIds, f"{n}Request_Encoding_DefaultBinary")) for n in (
@@ -150,6 +159,9 @@ _DISCOVERY_TYPES = frozenset(ua.NodeId(getattr(ua.ObjectIds, f"{n}Request_Encodi
 # Its answer to anything else: the channel's security policy is what is refused, not a user
 # (there is none yet at CreateSession, and a user-shaped refusal would invite other passwords).
 _DISCOVERY_ONLY_STATUS = ua.StatusCodes.BadSecurityPolicyRejected
+# The answer to RegisterServer / RegisterServer2 on any channel: a discovery server's services,
+# which this server is not (the service is what is missing, whoever asks).
+_REGISTER_STATUS = ua.StatusCodes.BadServiceUnsupported
 #: The caller of the OPC UA request being processed (set by the ruleset, read by the methods:
 #: asyncua runs a coroutine method in the task that checked the request).
 _CALLER: contextvars.ContextVar[P.Caller | None] = contextvars.ContextVar("cellcal_opcua_caller", default=None)
@@ -206,12 +218,37 @@ def _discovery_only(what: str) -> ServiceError:
     return ServiceError(_DISCOVERY_ONLY_STATUS)
 
 
+class _NotADiscoveryServer(InternalServer):
+    """asyncua's internal server without the discovery server's RegisterServer / RegisterServer2.
+
+    asyncua answers both on any channel, secure or not, with or without a session, without
+    asking a ruleset (``UaProcessor._process_message``), and lists what was registered in its
+    FindServers answers: any client could put a server of its own (a fake cell) where a PLC
+    looks for this one. A cellcal server registers nobody; the request is refused with
+    ``BadServiceUnsupported`` (asyncua turns the ServiceError into the request's service
+    fault) and logged. Given to ``Server(iserver=...)``, its public parameter.
+    """
+
+    def register_server(self, server: object, conf: object = None) -> None:
+        uri = str(getattr(server, "ServerUri", "?"))[:120]
+        log.warning("opcua: RegisterServer of %r refused: this server is not a discovery server", uri)
+        raise ServiceError(_REGISTER_STATUS)
+
+    def register_server2(self, params: ua.RegisterServer2Parameters) -> None:
+        # asyncua's own register_server2 calls register_server; refused here as well, so that
+        # neither depends on the other.
+        uri = str(getattr(params.Server, "ServerUri", "?"))[:120]
+        log.warning("opcua: RegisterServer2 of %r refused: this server is not a discovery server", uri)
+        raise ServiceError(_REGISTER_STATUS)
+
+
 class _NoSessionRules(PermissionRuleset):
     """The ruleset of a discovery-only channel: no request of a session passes.
 
     asyncua asks it for every request of a channel that has a session, except CreateSession,
     ActivateSession, CloseSession, discovery and RegisterServer / RegisterServer2
-    (``UaProcessor._process_message``); a request without a session is refused by asyncua
+    (``UaProcessor._process_message``; the last two :class:`_NotADiscoveryServer` refuses on
+    every channel); a request without a session is refused by asyncua
     itself (``BadUserAccessDenied``). It raises
     rather than returns False so that the client gets the channel's status, not asyncua's
     ``BadUserAccessDenied``.
@@ -514,7 +551,8 @@ class OpcUaServer:
 
     async def _build(self) -> Server:
         await self._users.load()
-        server = Server(user_manager=self._users)
+        # RegisterServer / RegisterServer2 refused on every channel (_NotADiscoveryServer).
+        server = Server(iserver=_NotADiscoveryServer(user_manager=self._users))
         await server.init()
         server.set_endpoint(self.cfg.endpoint)
         server.set_server_name(f"cellcal {self.port.cell}")
@@ -570,11 +608,15 @@ class OpcUaServer:
                                 ("StateDetail", "", S), ("RunId", "", S), ("RobotConnected", False, B),
                                 ("TrackerConnected", False, B)):
             await self._var(root, f"Cellcal.{name}", name, value, vt)
+        # Until there is a result (a drift check): "" and 0, NaN for a measured number (0.0 would
+        # read as a perfect fit), NULL_TIME for a time; every variable has a value of its type
+        # from creation, so a client reading before the first result gets no error (decision 7).
+        nan = math.nan
         res = await root.add_object(self._id("Cellcal.ActiveResult"), ua.QualifiedName("ActiveResult", self.ns))
-        for name, value, vt in _table(("ResultId", "", S), ("Kind", "", S), ("Created", None, T), ("Suspect", False, B),
-                                ("SuspectReason", "", S), ("NStations", 0, U), ("RmsTranslation_mm", 0.0, D),
-                                ("RmsRotation_deg", 0.0, D), ("SigmaTranslation_mm", 0.0, D),
-                                ("SigmaRotation_deg", 0.0, D)):
+        for name, value, vt in _table(("ResultId", "", S), ("Kind", "", S), ("Created", NULL_TIME, T),
+                                ("Suspect", False, B), ("SuspectReason", "", S), ("NStations", 0, U),
+                                ("RmsTranslation_mm", nan, D), ("RmsRotation_deg", nan, D),
+                                ("SigmaTranslation_mm", nan, D), ("SigmaRotation_deg", nan, D)):
             await self._var(res, f"Cellcal.ActiveResult.{name}", name, value, vt)
         self._frames_folder = await res.add_object(self._id("Cellcal.ActiveResult.Frames"),
                                                    ua.QualifiedName("Frames", self.ns))
@@ -582,9 +624,9 @@ class OpcUaServer:
                                                    ua.QualifiedName("Points", self.ns))
         drift = await root.add_object(self._id("Cellcal.Drift"), ua.QualifiedName("Drift", self.ns))
         for name, value, vt in _table(("ResultId", "", S), ("Status", "", S), ("Action", "", S), ("CheckId", 0, U),
-                                ("DeviationTranslation_mm", 0.0, D), ("DeviationRotation_deg", 0.0, D),
-                                ("Cusum_mm", 0.0, D), ("WarnTranslation_mm", 0.0, D), ("FailTranslation_mm", 0.0, D),
-                                ("CusumAlarm", False, B), ("Time", None, T)):
+                                ("DeviationTranslation_mm", nan, D), ("DeviationRotation_deg", nan, D),
+                                ("Cusum_mm", nan, D), ("WarnTranslation_mm", nan, D), ("FailTranslation_mm", nan, D),
+                                ("CusumAlarm", False, B), ("Time", NULL_TIME, T)):
             await self._var(drift, f"Cellcal.Drift.{name}", name, value, vt)
 
         def arg(name: str, vt: ua.VariantType, doc: str) -> ua.Argument:
@@ -645,6 +687,8 @@ class OpcUaServer:
         node, vt = self._vars[path]
         if vt == ua.VariantType.Double:
             value = as_float(value) if value is not None and math.isfinite(as_float(value)) else math.nan
+        elif vt == ua.VariantType.DateTime and value is None:
+            value = NULL_TIME  # a body without its time (created_ns): null, never a value asyncua cannot encode
         await node.write_value(ua.DataValue(ua.Variant(value, vt)))
 
     async def _initial(self) -> None:
