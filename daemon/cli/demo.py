@@ -18,7 +18,11 @@ with the tracker's noise floor, and the result's warnings (``result["warnings"]`
 
 Exit status: 0 when the calibration ran and its error against the truth lies inside its
 own reported uncertainty (3 sigma), 4 when it lies outside (a confident wrong answer), 1
-when the run failed, 2 for a bad scenario or configuration.
+when the run failed, 2 for a usage error (refused before any simulator starts and before
+the state directory is made: a bad scenario or configuration, ``--time-scale`` outside
+(0, 50], ``--timeout-s`` not a positive number, ``--stations`` outside what the run kind
+accepts, ``--stations`` without ``--camera`` and an explicit ``[plan]``, ``--camera eye_in_hand`` with
+``--instrument emscon|geocom``; the message names the option).
 
 With ``--json`` stdout carries exactly one JSON object at the end: the result as the
 daemon publishes it on ``cellcal/v1/result``, plus ``truth_error`` (with ``nees``,
@@ -39,7 +43,12 @@ both transforms, the reprojection RMS, the held-out closure, OpenCV's cross-chec
 tracker check and its gate, the gates and each transform's error against the simulator's
 truth with its NEES; ``--json`` carries ``truth_error`` by transform name. A camera result has
 no drift check (its stations have no tracker pose): the demo says so and makes none. The exit
-status is as above, 4 when a transform lies outside 3 sigma.
+status is as above, 4 when a transform lies outside 3 sigma. ``--stations`` sets the camera
+views (and, eye-to-hand, the base frame's stations): at least ``MIN_STATIONS`` (6, the
+held-out closure's floor). ``--camera eye_to_hand --instrument emscon|geocom`` makes the
+base frame a point calibration and the tracker check one on that instrument's points;
+``--camera eye_in_hand`` refuses them, since the instrument would take no part (an
+eye-in-hand result has no tracker check in this version).
 """
 
 from __future__ import annotations
@@ -66,15 +75,17 @@ from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.cli import demo_camera as dc
 from cellcal.daemon.cli.examples import example_path
 from cellcal.daemon.cli.instruments import config_overrides, start_simulated
-from cellcal.daemon.config import Config, ConfigError, load_config
+from cellcal.daemon.config import _BOUNDS, Config, ConfigError, load_config
 from cellcal.daemon.report import human
 from cellcal.daemon.report.html import export_report
 from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
+from cellcal.daemon.runs.hand_eye_camera import MIN_STATIONS as MIN_CAMERA_VIEWS
 from cellcal.daemon.runs.intrinsics import stored_intrinsics
 from cellcal.daemon.service import Service, ServiceError
 from cellcal.daemon.store import DB_FILENAME, RunRecord, RunStatus, Store
 from cellcal.daemon.wire.endpoints import free_port
 from cellcal.solver.errors import CellcalError
+from cellcal.solver.points import MIN_POINT_STATIONS
 from cellcal.solver.se3 import se3_inverse, so3_log
 
 if TYPE_CHECKING:  # the simulator itself is loaded in run() only
@@ -113,6 +124,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also put the rendered camera in the cell (GigE Vision on loopback) and calibrate it, mounted "
                         "on the flange (eye_in_hand: run kind hand_eye) or fixed in the cell (eye_to_hand, after a "
                         "base-frame calibration for its tracker check); --stations sets the camera views")
+    p.epilog = ("exit status: 0 the result lies within its own reported uncertainty of the simulator's truth; "
+                "4 it lies outside (3 sigma); 1 the run failed; 2 a usage error (a bad scenario, configuration "
+                "or option value, such as --stations below what the run kind needs), refused before any "
+                "simulator starts")
 
 
 #: Where the demo serves each instrument: loopback TCP, GeoCOM on a pty (its serial line).
@@ -297,6 +312,59 @@ def _rescaled(scenario: Scenario, cfg: Config, time_scale: float) -> tuple[Scena
     return dataclasses.replace(scenario, time_scale=time_scale), cfg
 
 
+def stations_range(args: argparse.Namespace, cfg: Config) -> tuple[int, int, str]:
+    """``(smallest, largest, what)``: the ``--stations`` the demo's runs accept with these
+    arguments, and the run kind that sets the floor, in words.
+
+    The floors are the run kinds' own (refused by them only after the simulators started,
+    as a failed run): a camera hand-eye's ``MIN_STATIONS`` views (its held-out closure), a
+    point base frame's ``MIN_POINT_STATIONS`` (three points admit several exact fits), a
+    generated plan's 3 (``plan.n_stations``); the ceilings are the configuration's bounds
+    of ``plan.n_stations`` and ``camera.plan.n_views``. Eye-to-hand, ``--stations`` sets both
+    the base frame's stations and the camera's views: the larger floor, the smaller ceiling.
+    """
+    lo_plan, hi_plan = int(_BOUNDS["plan.n_stations"][0]), int(_BOUNDS["plan.n_stations"][1])
+    hi_views = int(_BOUNDS["camera.plan.n_views"][1])
+    if cfg.tracker.measure == "point" and cfg.solve.kind == P.KIND_BASE_FRAME:
+        base = (max(lo_plan, MIN_POINT_STATIONS), hi_plan, f"a point base-frame calibration (--instrument {args.instrument})")
+    else:
+        base = (lo_plan, hi_plan, f"a {cfg.solve.kind} run")
+    if args.camera is None:
+        return base
+    kind = dc.SETUP_KINDS[args.camera]
+    cam = (max(MIN_CAMERA_VIEWS, int(_BOUNDS["camera.plan.n_views"][0])), hi_views,
+           f"--camera {args.camera} (run kind {kind}: camera views)")
+    if args.camera == "eye_in_hand":
+        return cam
+    return max(cam[0], base[0]), min(cam[1], base[1]), cam[2] if cam[0] >= base[0] else base[2]
+
+
+def usage_refusal(args: argparse.Namespace, cfg: Config) -> str | None:
+    """Why these arguments cannot run (the demo exits 2 with it, before any simulator
+    starts), or None. ``cfg``: the demo's configuration with the instrument's keys."""
+    if not (math.isfinite(args.timeout_s) and args.timeout_s > 0.0):
+        return f"--timeout-s must be a positive number of seconds, got {args.timeout_s:g}"
+    if args.camera == "eye_in_hand" and args.instrument != "cellcal":
+        # The instrument would be started and never measured: an eye-in-hand result has no
+        # tracker check in this version, and no base frame is calibrated before it.
+        return (f"--instrument {args.instrument} takes no part in --camera eye_in_hand: an eye-in-hand result has no "
+                f"tracker check in this version (the tracker does not measure the camera's static target); use "
+                f"--camera eye_to_hand, whose tracker check measures through {args.instrument}, or leave out --camera")
+    if args.stations is None:
+        return None
+    if args.camera is None and cfg.plan.kind != "generated":
+        # --stations sets a generated plan's n_stations; an explicit plan would ignore it (with
+        # a camera it still sets the views).
+        return (f"--stations sets the number of a generated plan's stations; the base-frame run's [plan] in "
+                f"{args.config} is {cfg.plan.kind} ({len(cfg.plan.stations)} stations listed): leave out --stations")
+    lo, hi, what = stations_range(args, cfg)
+    if args.stations < lo:
+        return f"--stations {args.stations} is too few for {what}: it needs at least {lo}"
+    if args.stations > hi:
+        return f"--stations {args.stations} is too many for {what}: at most {hi}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     # The simulator, loaded here only: the daemon's other commands never load it.
     from cellcal.sim.robot_sim import start_sim_robot  # lazy: the simulated robot
@@ -320,6 +388,10 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         scenario, cfg = _rescaled(scenario, cfg, args.time_scale)
+    refused = usage_refusal(args, cfg)
+    if refused is not None:
+        print(f"cellcal demo: {refused}", file=sys.stderr)
+        return 2
     t0 = time.monotonic()
     state_dir = args.state_dir
     if state_dir is None:
