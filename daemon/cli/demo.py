@@ -76,6 +76,7 @@ from cellcal.daemon.cli import demo_camera as dc
 from cellcal.daemon.cli.examples import example_path
 from cellcal.daemon.cli.instruments import config_overrides, start_simulated
 from cellcal.daemon.config import _BOUNDS, Config, ConfigError, load_config
+from cellcal.daemon.config.security import BindError
 from cellcal.daemon.report import human
 from cellcal.daemon.report.html import export_report
 from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
@@ -85,7 +86,6 @@ from cellcal.daemon.service import Service, ServiceError
 from cellcal.daemon.store import DB_FILENAME, RunRecord, RunStatus, Store
 from cellcal.daemon.wire.endpoints import free_port
 from cellcal.solver.errors import CellcalError
-from cellcal.solver.points import MIN_POINT_STATIONS
 from cellcal.solver.se3 import se3_inverse, so3_log
 
 if TYPE_CHECKING:  # the simulator itself is loaded in run() only
@@ -183,17 +183,40 @@ def _point_truth(result: Mapping[str, object], world: World) -> dict[str, _Estim
     return out
 
 
-def _free_if_taken(endpoint: str) -> str:
-    """``endpoint`` if its loopback TCP port can be bound now, else the same host on a free port."""
+def _free_if_taken(endpoint: str, *, taken: bool = False) -> str:
+    """``endpoint`` if its loopback TCP port can be bound now (and is not known ``taken``),
+    else the same host on a free port."""
     m = re.fullmatch(r"tcp://(127\.0\.0\.1|localhost):(\d+)", endpoint)
     if not m:
         return endpoint
+    if taken:
+        return f"tcp://127.0.0.1:{free_port()}"
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", int(m.group(2))))
             return endpoint
         except OSError:
             return f"tcp://127.0.0.1:{free_port()}"
+
+
+#: Tries of the daemon's ZeroMQ endpoints before the demo gives up (:func:`_open_app`).
+_BIND_ATTEMPTS = 3
+
+
+def _open_app(cfg: Config, on_event: Callable[[str, Mapping[str, object]], None]) -> tuple[App, Config]:
+    """The demo's daemon, opened, and the configuration it runs on. A loopback port found
+    free (``_free_if_taken``) can be taken before the daemon binds it, by another demo
+    starting at the same moment (two test workers): then free ones again, a few times."""
+    for attempt in range(_BIND_ATTEMPTS):
+        try:
+            return App(cfg, listeners=[on_event], supervise=True).open(), cfg
+        except BindError:
+            if attempt == _BIND_ATTEMPTS - 1:
+                raise
+            cfg = dataclasses.replace(cfg, zmq=dataclasses.replace(
+                cfg.zmq, pub_endpoint=_free_if_taken(cfg.zmq.pub_endpoint, taken=True),
+                cmd_endpoint=_free_if_taken(cfg.zmq.cmd_endpoint, taken=True)))
+    raise AssertionError("unreachable")  # the last attempt returned or raised
 
 
 def _say(msg: str) -> None:
@@ -312,36 +335,22 @@ def _rescaled(scenario: Scenario, cfg: Config, time_scale: float) -> tuple[Scena
     return dataclasses.replace(scenario, time_scale=time_scale), cfg
 
 
-def stations_range(args: argparse.Namespace, cfg: Config) -> tuple[int, int, str]:
-    """``(smallest, largest, what)``: the ``--stations`` the demo's runs accept with these
-    arguments, and the run kind that sets the floor, in words.
-
-    The floors are the run kinds' own (refused by them only after the simulators started,
-    as a failed run): a camera hand-eye's ``MIN_STATIONS`` views (its held-out closure), a
-    point base frame's ``MIN_POINT_STATIONS`` (three points admit several exact fits), a
-    generated plan's 3 (``plan.n_stations``); the ceilings are the configuration's bounds
-    of ``plan.n_stations`` and ``camera.plan.n_views``. Eye-to-hand, ``--stations`` sets both
-    the base frame's stations and the camera's views: the larger floor, the smaller ceiling.
-    """
-    lo_plan, hi_plan = int(_BOUNDS["plan.n_stations"][0]), int(_BOUNDS["plan.n_stations"][1])
-    hi_views = int(_BOUNDS["camera.plan.n_views"][1])
-    if cfg.tracker.measure == "point" and cfg.solve.kind == P.KIND_BASE_FRAME:
-        base = (max(lo_plan, MIN_POINT_STATIONS), hi_plan, f"a point base-frame calibration (--instrument {args.instrument})")
-    else:
-        base = (lo_plan, hi_plan, f"a {cfg.solve.kind} run")
-    if args.camera is None:
-        return base
-    kind = dc.SETUP_KINDS[args.camera]
-    cam = (max(MIN_CAMERA_VIEWS, int(_BOUNDS["camera.plan.n_views"][0])), hi_views,
-           f"--camera {args.camera} (run kind {kind}: camera views)")
-    if args.camera == "eye_in_hand":
-        return cam
-    return max(cam[0], base[0]), min(cam[1], base[1]), cam[2] if cam[0] >= base[0] else base[2]
+def _camera_views_range(camera: str) -> tuple[int, int]:
+    """``(smallest, largest)`` ``--stations`` a camera demo takes: the camera hand-eye kinds'
+    ``MIN_STATIONS`` views (their held-out closure; the kind itself refuses fewer only after
+    the simulators started, as a failed run) up to the configuration's bound of
+    ``camera.plan.n_views``."""
+    lo, hi = _BOUNDS["camera.plan.n_views"][:2]
+    return max(MIN_CAMERA_VIEWS, int(lo)), int(hi)
 
 
 def usage_refusal(args: argparse.Namespace, cfg: Config) -> str | None:
     """Why these arguments cannot run (the demo exits 2 with it, before any simulator
-    starts), or None. ``cfg``: the demo's configuration with the instrument's keys."""
+    starts), or None. ``cfg``: the demo's configuration with the instrument's keys.
+
+    ``--stations`` for a camera is checked here against the camera kinds' floor; for the
+    base-frame run before an eye-to-hand camera, or the demo's own run, by the configuration's
+    checks of ``plan.n_stations`` (:func:`_stations_refusal`)."""
     if not (math.isfinite(args.timeout_s) and args.timeout_s > 0.0):
         return f"--timeout-s must be a positive number of seconds, got {args.timeout_s:g}"
     if args.camera == "eye_in_hand" and args.instrument != "cellcal":
@@ -352,16 +361,35 @@ def usage_refusal(args: argparse.Namespace, cfg: Config) -> str | None:
                 f"--camera eye_to_hand, whose tracker check measures through {args.instrument}, or leave out --camera")
     if args.stations is None:
         return None
-    if args.camera is None and cfg.plan.kind != "generated":
+    if args.camera is not None:
+        lo, hi = _camera_views_range(args.camera)
+        if not lo <= args.stations <= hi:
+            return (f"--stations {args.stations} cannot set the views of --camera {args.camera} (run kind "
+                    f"{dc.SETUP_KINDS[args.camera]}): it needs at least {lo} camera views, at most {hi}")
+        if args.camera == "eye_in_hand":
+            return None  # no base-frame run: the plan's stations are not measured
+    elif cfg.plan.kind != "generated":
         # --stations sets a generated plan's n_stations; an explicit plan would ignore it (with
-        # a camera it still sets the views).
+        # an eye-to-hand camera it still sets the views).
         return (f"--stations sets the number of a generated plan's stations; the base-frame run's [plan] in "
                 f"{args.config} is {cfg.plan.kind} ({len(cfg.plan.stations)} stations listed): leave out --stations")
-    lo, hi, what = stations_range(args, cfg)
-    if args.stations < lo:
-        return f"--stations {args.stations} is too few for {what}: it needs at least {lo}"
-    if args.stations > hi:
-        return f"--stations {args.stations} is too many for {what}: at most {hi}"
+    return _stations_refusal(args, cfg)
+
+
+def _stations_refusal(args: argparse.Namespace, cfg: Config) -> str | None:
+    """``--stations`` as the configuration's ``plan.n_stations`` checks it (its bounds, a
+    point tracker's floor for a base frame), in words naming the option and the run."""
+    if cfg.plan.kind != "generated":
+        return None
+    overrides = config_overrides(args.instrument)
+    overrides["plan"] = {"n_stations": args.stations}
+    try:
+        load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        if exc.path != "plan.n_stations":
+            raise
+        before = f" before --camera {args.camera}" if args.camera is not None else ""
+        return f"--stations {args.stations} cannot plan the {cfg.solve.kind} run{before}: {exc.message}"
     return None
 
 
@@ -388,7 +416,10 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         scenario, cfg = _rescaled(scenario, cfg, args.time_scale)
-    refused = usage_refusal(args, cfg)
+    try:
+        refused = usage_refusal(args, cfg)
+    except ConfigError as exc:  # the configuration again, with --stations in it
+        refused = str(exc)
     if refused is not None:
         print(f"cellcal demo: {refused}", file=sys.stderr)
         return 2
@@ -434,7 +465,6 @@ def run(args: argparse.Namespace) -> int:
             took = "estimated with the hand-eye" if cfg.camera.use_intrinsics == "estimate" else "a stored result's"
             _say(f"cellcal demo: simulated camera {camera_sim.url} ({args.camera}), {cfg.camera.plan.n_views} views, "
                  f"intrinsics {took}")
-        _say(f"cellcal demo: ZeroMQ PUB {zcfg.pub_endpoint}, commands {zcfg.cmd_endpoint}")
         done = threading.Event()
         outcome: dict[str, Mapping[str, object]] = {}
 
@@ -465,7 +495,12 @@ def run(args: argparse.Namespace) -> int:
             elif topic == P.TOPIC_STATE and body.get("state") in (P.STATE_SOLVING, P.STATE_CHECKING):
                 _say(f"[{el:6.1f} s] {str(body['state']).lower()} {body.get('detail', '')}")
 
-        app = App(cfg, listeners=[on_event], supervise=True).open()
+        try:
+            app, cfg = _open_app(cfg, on_event)
+        except BindError as exc:
+            _say(f"cellcal demo: the daemon could not start: {exc}")
+            return 1
+        _say(f"cellcal demo: ZeroMQ PUB {cfg.zmq.pub_endpoint}, commands {cfg.zmq.cmd_endpoint}")
         svc = app.service
         deadline = t0 + args.timeout_s
         # None: the kind the demo's configuration names (base_frame). An eye-to-hand camera's
