@@ -18,11 +18,11 @@ with the tracker's noise floor, and the result's warnings (``result["warnings"]`
 
 Exit status: 0 when the calibration ran and its error against the truth lies inside its
 own reported uncertainty (3 sigma), 4 when it lies outside (a confident wrong answer), 1
-when the run failed, 2 for a usage error (refused before any simulator starts and before
-the state directory is made: a bad scenario or configuration, ``--time-scale`` outside
-(0, 50], ``--timeout-s`` not a positive number, ``--stations`` outside what the run kind
-accepts, ``--stations`` without ``--camera`` and an explicit ``[plan]``, ``--camera eye_in_hand`` with
-``--instrument emscon|geocom``; the message names the option).
+when the run failed, 2 for a usage error: a bad scenario or configuration, ``--time-scale``
+outside (0, 50], ``--timeout-s`` not a positive number, ``--stations`` outside what the run
+kind accepts, ``--stations`` without ``--camera`` and with an explicit ``[plan]``, ``--camera
+eye_in_hand`` with ``--instrument emscon|geocom`` (option values are refused before any
+simulator starts and before the state directory is made; the message names the option).
 
 With ``--json`` stdout carries exactly one JSON object at the end: the result as the
 daemon publishes it on ``cellcal/v1/result``, plus ``truth_error`` (with ``nees``,
