@@ -1,21 +1,30 @@
 """`cellcal demo --camera eye_in_hand|eye_to_hand --json`: the demo's cell with the rendered camera,
 calibrated end to end in a child process (the simulated robot, tracker and GigE Vision camera on
 loopback), its result checked here against the simulator's truth independently of the demo's own
-``truth_error``."""
+``truth_error``: with the cellcal tracker, with a Leica emScon tracker's points for the eye-to-hand
+tracker check, and from intrinsics already stored in the state directory. Arguments a camera run
+cannot take are refused as usage errors before anything starts."""
 
 import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
+from _camera_views import synthetic_views
 
+from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.cli import demo_camera as dc
 from cellcal.daemon.cli.examples import example_path
+from cellcal.daemon.runs.hand_eye_camera import MIN_STATIONS
+from cellcal.daemon.runs.intrinsics import intrinsics_record
+from cellcal.daemon.store import Store
 from cellcal.sim.camera_device import default_camera
 from cellcal.sim.scenario import load_scenario
+from cellcal.solver.intrinsics import calibrate_intrinsics
 from cellcal.solver.se3 import se3_inverse, se3_log
 
 # The slow tier (make test, not make check): simulated devices in real time.
@@ -35,9 +44,9 @@ def _truth(setup: str) -> dict[str, np.ndarray]:
     return {"base_T_camera": base_T_cell @ cam.cell_T_camera, "flange_T_target": cam.flange_T_target}
 
 
-def _demo(tmp_path, setup: str) -> tuple[subprocess.CompletedProcess, dict]:
+def _demo(tmp_path, setup: str, *extra: str) -> tuple[subprocess.CompletedProcess, dict]:
     r = subprocess.run([*DEMO, "--camera", setup, "--stations", "6", "--timeout-s", "150", "--json",
-                        "--time-scale", "20"],
+                        "--time-scale", "20", *extra],
                        capture_output=True, text=True, timeout=240, stdin=subprocess.DEVNULL,
                        env={**os.environ, "TMPDIR": str(tmp_path)})  # the demo keeps its state directory: here
     assert r.returncode == 0, r.stderr[-3000:]
@@ -90,6 +99,77 @@ def test_demo_camera_eye_to_hand_makes_the_tracker_check_after_a_base_frame(tmp_
     gate = {c["name"]: c for c in out["gates"]["checks"]}["tracker_check"]
     assert gate["passed"] and gate.get("applies", True)
     assert "base-frame result" in r.stderr
+
+
+def test_demo_camera_eye_to_hand_through_emscon_checks_the_camera_against_the_trackers_points(tmp_path):
+    # A Leica emScon tracker measures the reflector's position only: the base frame before the
+    # camera is a point calibration, and the tracker check closes the camera chain on its points.
+    r, out = _demo(tmp_path, "eye_to_hand", "--instrument", "emscon")
+    assert out["kind"] == "eye_to_hand" and out["gates"]["passed"], out["gates"]
+    _check_against_truth(out, "eye_to_hand")
+    assert "emscon instrument" in r.stderr and "(point stations)" in r.stderr
+    tc = out["camera_hand_eye"]["tracker_check"]
+    assert tc is not None, out["camera_hand_eye"]["tracker_check_note"]
+    assert tc["passed"] and tc["n"] >= 3 and tc["dof"] == 3 * tc["n"], tc
+    assert tc["cell_T_base_result_id"] == int(out["result_id"]) - 1
+    with Store(Path(out["report_path"]).parents[1], read_only=True) as store:
+        base = store.get_result(tc["cell_T_base_result_id"])
+    assert base.kind == P.KIND_BASE_FRAME and "flange_p_target" in base.result["points"]  # the point fit's
+
+
+def _store_intrinsics(state_dir: Path) -> tuple[int, np.ndarray, np.ndarray]:
+    """An intrinsics result of the demo's camera stored as the daemon stores one, in the
+    store a demo with ``--state-dir state_dir`` opens: ``(result id, parameters, sigmas)``.
+    Fitted on corners the camera's true model projects with noise: near the truth, not it."""
+    cam = default_camera(load_scenario(example_path("demo-scenario.toml")), "eye_in_hand")
+    views, _ = synthetic_views(np.random.default_rng(26), 12, noise_px=0.1, params=cam.camera.parameters,
+                               size=cam.camera.image_size, target=cam.target, lateral=(0.06, 0.05), depth=(0.4, 0.6))
+    fit = calibrate_intrinsics(views, cam.target, cam.camera.image_size)
+    record = intrinsics_record(fit, list(range(len(views))))
+    record["gates"] = {"passed": True, "failed": [], "checks": []}
+    record["check_stations"] = []
+    with Store(state_dir / "state") as store:
+        run = store.create_run(P.KIND_INTRINSICS, {"stations": []}, config_sha256="0" * 64, devices={})
+        rid = store.add_result(run, P.KIND_INTRINSICS, record, {}, activate=True)
+    return rid, np.asarray(fit.parameters), np.asarray(fit.sigmas)
+
+
+def test_demo_camera_takes_the_intrinsics_stored_in_its_state_directory(tmp_path):
+    rid, stored, sigmas = _store_intrinsics(tmp_path / "demo")
+    r, out = _demo(tmp_path, "eye_in_hand", "--state-dir", str(tmp_path / "demo"))
+    assert "intrinsics a stored result's" in r.stderr
+    d = out["camera_hand_eye"]
+    assert d["intrinsics_source"] == {"use": "result", "result_id": rid} and d["intrinsics_mode"] == "prior"
+    assert out["kind"] == "hand_eye" and out["gates"]["passed"], out["gates"]
+    _check_against_truth(out, "eye_in_hand")
+    # The stored intrinsics are the prior the views refine: the result's lie within a few of the
+    # stored sigmas of them, no less certain than the prior (an estimate from 6 views alone is far less).
+    ii = d["intrinsics"]
+    assert ii["parameter_names"] == ["fx", "fy", "cx", "cy", "k1", "k2", "p1", "p2", "k3"]
+    got, got_sigma = np.array(ii["parameters"]), np.array(ii["sigmas"], dtype=float)
+    assert np.all(np.abs(got - stored) <= 3.0 * sigmas), (got - stored) / sigmas
+    assert np.all(got_sigma <= sigmas * 1.001), got_sigma / sigmas
+    assert np.allclose(np.array(out["camera_matrix"])[[0, 1, 0, 1], [0, 1, 2, 2]], got[:4])
+
+
+@pytest.mark.parametrize(("argv", "said"), [
+    (["--camera", "eye_in_hand", "--stations", str(MIN_STATIONS - 1)],
+     [f"--stations {MIN_STATIONS - 1}", "eye_in_hand", "hand_eye", f"at least {MIN_STATIONS}"]),
+    # eye-to-hand: the same count for the base frame before it and the views, the camera's floor
+    (["--camera", "eye_to_hand", "--stations", "3"], ["--stations 3", "eye_to_hand", f"at least {MIN_STATIONS}"]),
+    (["--camera", "eye_in_hand", "--stations", "501"], ["--stations 501", "hand_eye", "at most 500"]),
+    (["--camera", "eye_to_hand", "--instrument", "emscon", "--stations", "501"], ["--stations 501", "at most 500"]),
+    # eye-in-hand has no tracker check: the instrument would take no part
+    (["--camera", "eye_in_hand", "--instrument", "geocom"], ["--instrument geocom", "eye_in_hand", "eye_to_hand"]),
+])
+def test_camera_arguments_a_run_cannot_take_exit_2_before_anything_starts(argv, said, tmp_path):
+    # before: a run that failed (exit 1) after the simulators started, or the configuration's key named
+    r = subprocess.run([*DEMO, *argv], capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert all(w in r.stderr for w in said), r.stderr
+    assert "Traceback" not in r.stderr and "simulated" not in r.stderr and r.stdout == ""
+    assert not list(tmp_path.glob("cellcal-demo-*"))  # refused before anything started
 
 
 def test_demo_camera_text_report_names_what_it_printed(tmp_path):

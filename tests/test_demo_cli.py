@@ -61,6 +61,46 @@ def test_a_time_scale_out_of_range_exits_2_naming_the_option(value, tmp_path):
     assert not list(tmp_path.glob("cellcal-demo-*"))  # refused before anything started
 
 
+@pytest.mark.parametrize(("argv", "said"), [
+    # the configuration's bounds of plan.n_stations, named for the option
+    (["--stations", "2"], ["--stations 2", "base_frame run", "[3, 1000]"]),
+    (["--stations", "-1"], ["--stations -1", "base_frame run", "[3, 1000]"]),
+    (["--stations", "1001"], ["--stations 1001", "base_frame run", "[3, 1000]"]),
+    # a point tracker's floor is the point fit's (three points admit several exact fits)
+    (["--instrument", "emscon", "--stations", "3"], ["--stations 3", "point base-frame", "at least 4"]),
+    (["--timeout-s", "0"], ["--timeout-s", "positive", "got 0"]),
+    (["--timeout-s", "nan"], ["--timeout-s", "positive", "got nan"]),
+])
+def test_arguments_the_runs_cannot_take_exit_2_naming_the_option_before_anything_starts(argv, said, tmp_path):
+    # before: --stations 2 crashed with a traceback, the others ran and failed (exit 1)
+    r = subprocess.run([sys.executable, "-m", "cellcal.daemon.cli", "demo", *argv],
+                       capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL,
+                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert r.returncode == 2, (r.stdout, r.stderr)
+    assert all(w in r.stderr for w in said), r.stderr
+    assert "Traceback" not in r.stderr and "simulated robot" not in r.stderr and r.stdout == ""
+    assert not list(tmp_path.glob("cellcal-demo-*"))  # refused before anything started
+
+
+def test_stations_with_an_explicit_plan_is_refused_since_the_plan_would_ignore_it():
+    import argparse
+    import dataclasses
+
+    from cellcal.daemon.cli.demo import add_arguments, usage_refusal
+    from cellcal.daemon.cli.examples import example_path
+    from cellcal.daemon.config import PlanStation, load_config
+
+    p = argparse.ArgumentParser()
+    add_arguments(p)
+    cfg = load_config(example_path("demo.toml"))
+    explicit = dataclasses.replace(cfg, plan=dataclasses.replace(
+        cfg.plan, kind="explicit", stations=[PlanStation(q_rad=[0.0] * 6) for _ in range(4)]))
+    why = usage_refusal(p.parse_args(["--stations", "6"]), explicit)
+    assert why is not None and "--stations" in why and "explicit" in why and "4 stations" in why
+    assert usage_refusal(p.parse_args([]), explicit) is None  # the explicit plan alone runs
+    assert usage_refusal(p.parse_args(["--stations", "6"]), cfg) is None  # a generated plan takes it
+
+
 def test_the_time_scale_keeps_the_settle_dwell_in_simulated_time():
     from cellcal.daemon.cli.demo import _rescaled
     from cellcal.daemon.cli.examples import example_path

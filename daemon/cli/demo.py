@@ -18,7 +18,11 @@ with the tracker's noise floor, and the result's warnings (``result["warnings"]`
 
 Exit status: 0 when the calibration ran and its error against the truth lies inside its
 own reported uncertainty (3 sigma), 4 when it lies outside (a confident wrong answer), 1
-when the run failed, 2 for a bad scenario or configuration.
+when the run failed, 2 for a usage error: a bad scenario or configuration, ``--time-scale``
+outside (0, 50], ``--timeout-s`` not a positive number, ``--stations`` outside what the run
+kind accepts, ``--stations`` without ``--camera`` and with an explicit ``[plan]``, ``--camera
+eye_in_hand`` with ``--instrument emscon|geocom`` (option values are refused before any
+simulator starts and before the state directory is made; the message names the option).
 
 With ``--json`` stdout carries exactly one JSON object at the end: the result as the
 daemon publishes it on ``cellcal/v1/result``, plus ``truth_error`` (with ``nees``,
@@ -39,7 +43,12 @@ both transforms, the reprojection RMS, the held-out closure, OpenCV's cross-chec
 tracker check and its gate, the gates and each transform's error against the simulator's
 truth with its NEES; ``--json`` carries ``truth_error`` by transform name. A camera result has
 no drift check (its stations have no tracker pose): the demo says so and makes none. The exit
-status is as above, 4 when a transform lies outside 3 sigma.
+status is as above, 4 when a transform lies outside 3 sigma. ``--stations`` sets the camera
+views (and, eye-to-hand, the base frame's stations): at least ``MIN_STATIONS`` (6, the
+held-out closure's floor). ``--camera eye_to_hand --instrument emscon|geocom`` makes the
+base frame a point calibration and the tracker check one on that instrument's points;
+``--camera eye_in_hand`` refuses them, since the instrument would take no part (an
+eye-in-hand result has no tracker check in this version).
 """
 
 from __future__ import annotations
@@ -66,10 +75,12 @@ from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.cli import demo_camera as dc
 from cellcal.daemon.cli.examples import example_path
 from cellcal.daemon.cli.instruments import config_overrides, start_simulated
-from cellcal.daemon.config import Config, ConfigError, load_config
+from cellcal.daemon.config import _BOUNDS, Config, ConfigError, load_config
+from cellcal.daemon.config.security import BindError
 from cellcal.daemon.report import human
 from cellcal.daemon.report.html import export_report
 from cellcal.daemon.report.reading import as_list, as_map, to_float, to_int
+from cellcal.daemon.runs.hand_eye_camera import MIN_STATIONS as MIN_CAMERA_VIEWS
 from cellcal.daemon.runs.intrinsics import stored_intrinsics
 from cellcal.daemon.service import Service, ServiceError
 from cellcal.daemon.store import DB_FILENAME, RunRecord, RunStatus, Store
@@ -113,6 +124,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="also put the rendered camera in the cell (GigE Vision on loopback) and calibrate it, mounted "
                         "on the flange (eye_in_hand: run kind hand_eye) or fixed in the cell (eye_to_hand, after a "
                         "base-frame calibration for its tracker check); --stations sets the camera views")
+    p.epilog = ("exit status: 0 the result lies within its own reported uncertainty of the simulator's truth; "
+                "4 it lies outside (3 sigma); 1 the run failed; 2 a usage error (a bad scenario, configuration "
+                "or option value, such as --stations below what the run kind needs), refused before any "
+                "simulator starts")
 
 
 #: Where the demo serves each instrument: loopback TCP, GeoCOM on a pty (its serial line).
@@ -168,17 +183,40 @@ def _point_truth(result: Mapping[str, object], world: World) -> dict[str, _Estim
     return out
 
 
-def _free_if_taken(endpoint: str) -> str:
-    """``endpoint`` if its loopback TCP port can be bound now, else the same host on a free port."""
+def _free_if_taken(endpoint: str, *, taken: bool = False) -> str:
+    """``endpoint`` if its loopback TCP port can be bound now (and is not known ``taken``),
+    else the same host on a free port."""
     m = re.fullmatch(r"tcp://(127\.0\.0\.1|localhost):(\d+)", endpoint)
     if not m:
         return endpoint
+    if taken:
+        return f"tcp://127.0.0.1:{free_port()}"
     with socket.socket() as s:
         try:
             s.bind(("127.0.0.1", int(m.group(2))))
             return endpoint
         except OSError:
             return f"tcp://127.0.0.1:{free_port()}"
+
+
+#: Tries of the daemon's ZeroMQ endpoints before the demo gives up (:func:`_open_app`).
+_BIND_ATTEMPTS = 3
+
+
+def _open_app(cfg: Config, on_event: Callable[[str, Mapping[str, object]], None]) -> tuple[App, Config]:
+    """The demo's daemon, opened, and the configuration it runs on. A loopback port found
+    free (``_free_if_taken``) can be taken before the daemon binds it, by another demo
+    starting at the same moment (two test workers): then free ones again, a few times."""
+    for attempt in range(_BIND_ATTEMPTS):
+        try:
+            return App(cfg, listeners=[on_event], supervise=True).open(), cfg
+        except BindError:
+            if attempt == _BIND_ATTEMPTS - 1:
+                raise
+            cfg = dataclasses.replace(cfg, zmq=dataclasses.replace(
+                cfg.zmq, pub_endpoint=_free_if_taken(cfg.zmq.pub_endpoint, taken=True),
+                cmd_endpoint=_free_if_taken(cfg.zmq.cmd_endpoint, taken=True)))
+    raise AssertionError("unreachable")  # the last attempt returned or raised
 
 
 def _say(msg: str) -> None:
@@ -297,6 +335,64 @@ def _rescaled(scenario: Scenario, cfg: Config, time_scale: float) -> tuple[Scena
     return dataclasses.replace(scenario, time_scale=time_scale), cfg
 
 
+def _camera_views_range(camera: str) -> tuple[int, int]:
+    """``(smallest, largest)`` ``--stations`` a camera demo takes: the camera hand-eye kinds'
+    ``MIN_STATIONS`` views (their held-out closure; the kind itself refuses fewer only after
+    the simulators started, as a failed run) up to the configuration's bound of
+    ``camera.plan.n_views``."""
+    lo, hi = _BOUNDS["camera.plan.n_views"][:2]
+    return max(MIN_CAMERA_VIEWS, int(lo)), int(hi)
+
+
+def usage_refusal(args: argparse.Namespace, cfg: Config) -> str | None:
+    """Why these arguments cannot run (the demo exits 2 with it, before any simulator
+    starts), or None. ``cfg``: the demo's configuration with the instrument's keys.
+
+    ``--stations`` for a camera is checked here against the camera kinds' floor; for the
+    base-frame run before an eye-to-hand camera, or the demo's own run, by the configuration's
+    checks of ``plan.n_stations`` (:func:`_stations_refusal`)."""
+    if not (math.isfinite(args.timeout_s) and args.timeout_s > 0.0):
+        return f"--timeout-s must be a positive number of seconds, got {args.timeout_s:g}"
+    if args.camera == "eye_in_hand" and args.instrument != "cellcal":
+        # The instrument would be started and never measured: an eye-in-hand result has no
+        # tracker check in this version, and no base frame is calibrated before it.
+        return (f"--instrument {args.instrument} takes no part in --camera eye_in_hand: an eye-in-hand result has no "
+                f"tracker check in this version (the tracker does not measure the camera's static target); use "
+                f"--camera eye_to_hand, whose tracker check measures through {args.instrument}, or leave out --camera")
+    if args.stations is None:
+        return None
+    if args.camera is not None:
+        lo, hi = _camera_views_range(args.camera)
+        if not lo <= args.stations <= hi:
+            return (f"--stations {args.stations} cannot set the views of --camera {args.camera} (run kind "
+                    f"{dc.SETUP_KINDS[args.camera]}): it needs at least {lo} camera views, at most {hi}")
+        if args.camera == "eye_in_hand":
+            return None  # no base-frame run: the plan's stations are not measured
+    elif cfg.plan.kind != "generated":
+        # --stations sets a generated plan's n_stations; an explicit plan would ignore it (with
+        # an eye-to-hand camera it still sets the views).
+        return (f"--stations sets the number of a generated plan's stations; the base-frame run's [plan] in "
+                f"{args.config} is {cfg.plan.kind} ({len(cfg.plan.stations)} stations listed): leave out --stations")
+    return _stations_refusal(args, cfg)
+
+
+def _stations_refusal(args: argparse.Namespace, cfg: Config) -> str | None:
+    """``--stations`` as the configuration's ``plan.n_stations`` checks it (its bounds, a
+    point tracker's floor for a base frame), in words naming the option and the run."""
+    if cfg.plan.kind != "generated":
+        return None
+    overrides = config_overrides(args.instrument)
+    overrides["plan"] = {"n_stations": args.stations}
+    try:
+        load_config(args.config, overrides=overrides)
+    except ConfigError as exc:
+        if exc.path != "plan.n_stations":
+            raise
+        before = f" before --camera {args.camera}" if args.camera is not None else ""
+        return f"--stations {args.stations} cannot plan the {cfg.solve.kind} run{before}: {exc.message}"
+    return None
+
+
 def run(args: argparse.Namespace) -> int:
     # The simulator, loaded here only: the daemon's other commands never load it.
     from cellcal.sim.robot_sim import start_sim_robot  # lazy: the simulated robot
@@ -320,6 +416,13 @@ def run(args: argparse.Namespace) -> int:
                   file=sys.stderr)
             return 2
         scenario, cfg = _rescaled(scenario, cfg, args.time_scale)
+    try:
+        refused = usage_refusal(args, cfg)
+    except ConfigError as exc:  # the configuration again, with --stations in it
+        refused = str(exc)
+    if refused is not None:
+        print(f"cellcal demo: {refused}", file=sys.stderr)
+        return 2
     t0 = time.monotonic()
     state_dir = args.state_dir
     if state_dir is None:
@@ -362,7 +465,6 @@ def run(args: argparse.Namespace) -> int:
             took = "estimated with the hand-eye" if cfg.camera.use_intrinsics == "estimate" else "a stored result's"
             _say(f"cellcal demo: simulated camera {camera_sim.url} ({args.camera}), {cfg.camera.plan.n_views} views, "
                  f"intrinsics {took}")
-        _say(f"cellcal demo: ZeroMQ PUB {zcfg.pub_endpoint}, commands {zcfg.cmd_endpoint}")
         done = threading.Event()
         outcome: dict[str, Mapping[str, object]] = {}
 
@@ -393,7 +495,12 @@ def run(args: argparse.Namespace) -> int:
             elif topic == P.TOPIC_STATE and body.get("state") in (P.STATE_SOLVING, P.STATE_CHECKING):
                 _say(f"[{el:6.1f} s] {str(body['state']).lower()} {body.get('detail', '')}")
 
-        app = App(cfg, listeners=[on_event], supervise=True).open()
+        try:
+            app, cfg = _open_app(cfg, on_event)
+        except BindError as exc:
+            _say(f"cellcal demo: the daemon could not start: {exc}")
+            return 1
+        _say(f"cellcal demo: ZeroMQ PUB {cfg.zmq.pub_endpoint}, commands {cfg.zmq.cmd_endpoint}")
         svc = app.service
         deadline = t0 + args.timeout_s
         # None: the kind the demo's configuration names (base_frame). An eye-to-hand camera's
