@@ -134,17 +134,21 @@ def client(opc: Cell, user: str | None = None, password: str | None = None) -> C
     return c
 
 
-async def _value(c: Client, ns: int, path: str, timeout_s: float = 20.0):
-    """The value of a node, waiting for it to exist (the address space follows the events)."""
+async def _value(c: Client, ns: int, path: str, timeout_s: float = 20.0, until=None):
+    """The value of a node, waiting for it to exist (the address space follows the events)
+    and, with ``until``, for it to equal that (the server applies a new result after the
+    store has it: a test that just saw the store change waits for the address space)."""
     node = c.get_node(ua.NodeId(path, ns))
     deadline = asyncio.get_running_loop().time() + timeout_s
     while True:
         try:
-            return await node.read_value()
+            value = await node.read_value()
+            if until is None or value == until or asyncio.get_running_loop().time() > deadline:
+                return value
         except ua.UaStatusCodeError:
             if asyncio.get_running_loop().time() > deadline:
                 raise
-            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.05)
 
 
 def _rot(a: float, b: float, c: float) -> np.ndarray:
@@ -357,11 +361,13 @@ def test_a_certificate_named_on_the_none_endpoint_takes_no_role(opc, caplog):
                 await root.call_method(ua.NodeId("Cellcal.StartRun", ns), "base_frame")
             with pytest.raises(ua.uaerrors.BadUserAccessDenied):
                 await root.call_method(ua.NodeId("Cellcal.RunDriftCheck", ns))
-            return await _value(c, ns, "Cellcal.ActiveResult.ResultId")  # it reads, as anonymous does
+            # It reads, as anonymous does (the result an earlier test activated, once applied).
+            return await _value(c, ns, "Cellcal.ActiveResult.ResultId", until=active)
         finally:
             await c.disconnect()
 
-    assert asyncio.run(claim_plc()) == str(cell.svc.store.active_result().id)
+    active = str(cell.svc.store.active_result().id)
+    assert asyncio.run(claim_plc()) == active
     assert len(cell.svc.store.list_runs(limit=100)) == runs_before and cell.svc.current_run_id() is None
     # The certificate did reach the server, and was dropped there (not lost on the way).
     ignored = [r.getMessage() for r in caplog.records if "certificate named on a channel without security" in r.getMessage()]
