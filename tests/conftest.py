@@ -17,6 +17,15 @@ from typing import TypeVar
 import pytest
 from hypothesis import HealthCheck, settings
 
+from cellcal.daemon.blas import limit_loaded_blas, prefer_one_blas_thread
+
+# One BLAS thread, as the cellcal command runs (ADR 0033): for the processes the tests start
+# (they inherit the variable) and for this one, where numpy is loaded already (the cellcal
+# pytest plugin imports it). Two OpenBLAS threads per worker, three workers on two cores, made
+# every small product wait for a busy core.
+prefer_one_blas_thread()
+limit_loaded_blas()
+
 settings.register_profile(
     "ci", max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow], derandomize=True
 )

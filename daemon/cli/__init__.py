@@ -13,6 +13,8 @@ import sys
 from collections.abc import Iterable
 from typing import TextIO, cast
 
+from cellcal.daemon.blas import prefer_one_blas_thread
+
 # name -> (module, one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
     "solve": ("cellcal.daemon.cli.solve", "solve a calibration from a station file"),
@@ -101,6 +103,8 @@ def _quiet_broken_pipe(stdout: TextIO | None) -> int:
 def main(argv: list[str] | None = None) -> int:
     """``cellcal COMMAND ...``; the exit status. A closed stdout ends any command quietly
     (:data:`EXIT_BROKEN_PIPE`), whatever the command was doing."""
+    # Before any command imports numpy: one BLAS thread (ADR 0033), unless the user set it.
+    prefer_one_blas_thread()
     stdout = sys.stdout
     guard = None if stdout is None or isinstance(stdout, _GuardedStdout) else _GuardedStdout(stdout)
     if guard is not None:
