@@ -457,10 +457,15 @@ def _pearson(lam: np.ndarray, th: float = 0.0) -> tuple[float, float, float]:
 
 
 def _structured_eigenvalues(t: FieldTerms) -> np.ndarray:
-    """Non-zero eigenvalues of ``R Z Z^T R``: those of ``Z^T R Z`` (18 x 18)."""
-    M = t.Szz - t.Q.T @ t.Hinv @ t.Q
-    lam = np.linalg.eigvalsh(0.5 * (M + M.T))
-    return lam[lam > 1e-12 * max(float(lam[-1]), 1e-300)]
+    """Non-zero eigenvalues of ``R Z Z^T R``: those of ``Z^T R Z`` (18 x 18); computed once
+    per :class:`FieldTerms` (the field test and the detectable size both need them)."""
+    lam = getattr(t, "_lam", None)
+    if lam is None:
+        M = t.Szz - t.Q.T @ t.Hinv @ t.Q
+        lam = np.linalg.eigvalsh(0.5 * (M + M.T))
+        lam = lam[lam > 1e-12 * max(float(lam[-1]), 1e-300)]
+        t._lam = lam  # type: ignore[attr-defined]
+    return lam
 
 
 def field_test(t: FieldTerms, declared: bool) -> tuple[float, float, tuple[float, float]]:
@@ -487,16 +492,53 @@ def field_test(t: FieldTerms, declared: bool) -> tuple[float, float, tuple[float
     return x / h, _stats.f_sf(max(x / h, 0.0), h, d2), (h, d2)
 
 
+#: A power within this of :data:`DETECTION_POWER` at a bisection step of
+#: :func:`detectable_size` sends it down the array path (the moments' rounding differs from
+#: it by ~1e-15, so only such a step could decide otherwise there).
+_POWER_GUARD = 1e-9
+
+
 def detectable_size(t: FieldTerms, declared: bool, alpha: float) -> float:
     """Smallest field (RMS flange position error, m) the matched test finds with
     :data:`DETECTION_POWER` at level ``alpha``: under a structured field of variance
     ``th`` the statistic is ``sum_j lam_j (1 + th lam_j) chi2_1``; its power by the same
     three-moment approximation, solved for ``th`` by bisection. The rough part is counted
-    as the structured part's own share of the accuracy (half)."""
+    as the structured part's own share of the accuracy (half).
+
+    The cumulants are polynomials in ``th`` of the moments ``sum lam^k`` (k <= 6), taken
+    once: each bisection step is a handful of float operations and one chi-square tail.
+    Their rounding differs from the array sums' by ~1e-15 relative, which can change a
+    step's decision only at a power within that of the target: a step within
+    :data:`_POWER_GUARD` of it reruns the search on the array sums (the pinned path).
+    """
     lam = _structured_eigenvalues(t)
     if lam.size == 0:
         return math.inf
-    c1, c2, h = _pearson(lam)
+    l2 = lam * lam
+    l3 = l2 * lam
+    S1, S2, S3 = float(lam.sum()), float(l2.sum()), float(l3.sum())
+    S4, S5, S6 = float((l3 * lam).sum()), float((l3 * l2).sum()), float((l3 * l3).sum())
+
+    def moments(th: float) -> tuple[float, float, float]:
+        if th == 0.0:
+            return _pearson(lam)  # the test's own figures, exactly
+        c1 = S1 + th * S2
+        c2 = S2 + th * (2.0 * S3 + th * S4)
+        c3 = S3 + th * (3.0 * S4 + th * (3.0 * S5 + th * S6))
+        return c1, c2, c2 ** 3 / c3 ** 2 if c3 > 0.0 else 1.0
+
+    out = _detectable_search(t, declared, alpha, lam, moments)
+    if out is None:
+        out = _detectable_search(t, declared, alpha, lam, lambda th: _pearson(lam, th), guard=False)
+        assert out is not None
+    return out
+
+
+def _detectable_search(t: FieldTerms, declared: bool, alpha: float, lam: np.ndarray, moments,
+                       guard: bool = True) -> float | None:
+    """The bisection of :func:`detectable_size` with the cumulants from ``moments(th)``
+    (None, with ``guard``: a step's power fell within :data:`_POWER_GUARD` of the target)."""
+    c1, c2, h = moments(0.0)
     d2 = max(t.nu - h, 1.0)
     if declared or d2 >= 50.0:
         # F(h, d2) -> chi2_h / h: within 2 % of the quantile from 50 degrees of freedom on,
@@ -505,25 +547,32 @@ def detectable_size(t: FieldTerms, declared: bool, alpha: float) -> float:
     else:
         xc = h * _stats.f_ppf(1.0 - alpha, h, d2)
     Tc = c1 + (xc - h) * math.sqrt(c2 / h)  # critical value of T
+    close = [False]
+    target = DETECTION_POWER
 
-    def power(th: float) -> float:
-        a1, a2, ha = _pearson(lam, th)
-        return _stats.chi2_sf(max(ha + (Tc - a1) * math.sqrt(ha / a2), 0.0), ha)
+    def below(th: float) -> bool:  # power(th) < DETECTION_POWER
+        a1, a2, ha = moments(th)
+        pw = _stats.chi2_sf(max(ha + (Tc - a1) * math.sqrt(ha / a2), 0.0), ha)
+        if guard and abs(pw - target) < _POWER_GUARD:
+            close[0] = True
+        return pw < target
 
-    if power(0.0) >= DETECTION_POWER:
-        return 0.0
+    if not below(0.0):
+        return None if close[0] else 0.0
     hi = 1e-14
-    while power(hi) < DETECTION_POWER:
+    while below(hi):
         hi *= 4.0
         if hi > 1e6:
-            return math.inf
+            return None if close[0] else math.inf
     lo = hi / 4.0
     for _ in range(20):  # to 0.1 % of the size: plenty for a threshold
         mid = math.sqrt(lo * hi)
-        if power(mid) < DETECTION_POWER:
+        if below(mid):
             lo = mid
         else:
             hi = mid
+    if close[0]:
+        return None
     # th is the structured part's variance; the robot's error is twice it (half rough).
     best = math.sqrt(2.0 * hi)
     if declared and t.nu > 0.0:
