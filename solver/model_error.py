@@ -495,7 +495,7 @@ def field_test(t: FieldTerms, declared: bool) -> tuple[float, float, tuple[float
 #: A power within this of :data:`DETECTION_POWER` at a bisection step of
 #: :func:`detectable_size` sends it down the array path (the moments' rounding differs from
 #: it by ~1e-15, so only such a step could decide otherwise there).
-_POWER_GUARD = 1e-9
+_POWER_GUARD = 1e-11
 
 
 def detectable_size(t: FieldTerms, declared: bool, alpha: float) -> float:
