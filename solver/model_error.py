@@ -102,8 +102,13 @@ UNCERTAINTY_SIGMAS = 1.0
 TESTED_FRACTION = 0.5
 #: Power at which the smallest detectable model error is quoted.
 DETECTION_POWER = 0.9
-#: Stations per chunk of the per-station passes (bounded scratch).
+#: Stations per chunk of the per-station passes (bounded scratch); every sum over the stations
+#: is taken chunk by chunk in this order (the pinned figures' rounding).
 CHUNK = 64
+#: Chunks per block of :func:`field_terms`' per-station algebra: each station's products are
+#: its own, so they are formed for a block at once (a few hundred numpy calls of fixed cost
+#: per block instead of per chunk), and only the sums run chunk by chunk.
+_BLOCK_CHUNKS = 4
 #: Fisher-scoring iterations of the variance components.
 _REML_ITERATIONS = 30
 #: Arm columns (3 link frames x 6) and isotropic columns (2 rigid twists + 3 pose-linear, x 6).
@@ -188,7 +193,7 @@ class _Scratch:
     single BLAS products of its (c * rows, k) views."""
 
     def __init__(self, rows: int, p: int) -> None:
-        c = CHUNK
+        c = CHUNK * _BLOCK_CHUNKS
         self.R1 = np.empty((c, 3, 3))
         self.R2 = np.empty((c, 3, 3))
         self.Ry = np.empty((c, 3, 3))
@@ -287,14 +292,8 @@ def _iso_columns(p: np.ndarray, cen: np.ndarray, L: float, S: _Scratch, c: int) 
     """Unscaled isotropic columns (c, 6, 30): rigid twists about the centroid and the base
     origin (half the weight each) and three pose-linear twists about the centroid."""
     A = S.A[:c, :, :]
-    A.fill(0.0)
+    base, adc = _iso_blocks(cen)
     h = math.sqrt(0.5)
-    base = np.zeros((6, 6))
-    for i in range(3):
-        base[i, i] = LINK_LENGTH_M
-        base[3 + i, 3 + i] = 1.0
-    adc = base.copy()
-    adc[0:3, 3:6] = np.array([[0.0, -cen[2], cen[1]], [cen[2], 0.0, -cen[0]], [-cen[1], cen[0], 0.0]])
     A[:, :, 0:6] = h * adc
     A[:, :, 6:12] = h * base
     for a in range(3):
@@ -303,6 +302,17 @@ def _iso_columns(p: np.ndarray, cen: np.ndarray, L: float, S: _Scratch, c: int) 
         np.multiply(f, 1.0 / L, out=f)
         np.multiply(f[:, None, None], adc, out=A[:, :, 12 + 6 * a : 18 + 6 * a])
     return A
+
+
+def _iso_blocks(cen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The isotropic field's constant 6x6 blocks: a twist at the origin and about ``cen``."""
+    base = np.zeros((6, 6))
+    for i in range(3):
+        base[i, i] = LINK_LENGTH_M
+        base[3 + i, 3 + i] = 1.0
+    adc = base.copy()
+    adc[0:3, 3:6] = np.array([[0.0, -cen[2], cen[1]], [cen[2], 0.0, -cen[0]], [-cen[1], cen[0], 0.0]])
+    return base, adc
 
 
 def _flange_mean_square(A: np.ndarray, p: np.ndarray, S: _Scratch, c: int) -> float:
@@ -314,6 +324,21 @@ def _flange_mean_square(A: np.ndarray, p: np.ndarray, S: _Scratch, c: int) -> fl
     np.matmul(S.H[:c], A[:, 3:6, :], out=T)
     np.subtract(A[:, 0:3, :], T, out=T)
     return float(np.einsum("nij,nij->", T, T))  # np.vdot would copy the strided views
+
+
+def _flange_error(A: np.ndarray, p: np.ndarray, S: _Scratch, c: int, out: np.ndarray) -> np.ndarray:
+    """``[I, -hat(p_i)] A_i`` (c, 3, m) into ``out``: :func:`_flange_mean_square` before its sum."""
+    m = A.shape[2]
+    T = out[:c, :, :m]
+    _hat_into(p, S.H[:c])
+    np.matmul(S.H[:c], A[:, 3:6, :], out=T)
+    np.subtract(A[:, 0:3, :], T, out=T)
+    return T
+
+
+def _chunks(c: int):
+    """``(start, stop)`` of the :data:`CHUNK`-station chunks of a block of ``c`` stations."""
+    return [(a, min(c, a + CHUNK)) for a in range(0, c, CHUNK)]
 
 
 def _rot_mean_square(A: np.ndarray) -> float:
@@ -373,52 +398,61 @@ def field_terms(model, n: int, ws: Workspace, Hinv: np.ndarray, *, flange_p: np.
     np.einsum("ij,ij->i", ws.v3a[:n], ws.v3a[:n], out=d)
     L = math.sqrt(float(d.sum()) / n)
     L = L if L > 1e-9 else 1.0
-    for lo in range(0, n, CHUNK):
-        hi = min(n, lo + CHUNK)
+    block = CHUNK * _BLOCK_CHUNKS
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
         c = hi - lo
         pc = flange_p[lo:hi]
-        X = Jw[lo:hi]
-        y = ewh[lo:hi]
         JR = _robot_jacobian(Jw, a_cols, robot_map, S, lo, hi)
         # Arm part.
         A = _arm_columns(pc, S, c)
-        ms_arm += _flange_mean_square(A, pc, S, c)
-        ra += _rot_mean_square(A)
+        Ta = _flange_error(A, pc, S, c, S.T)
+        for a_, b_ in _chunks(c):
+            ms_arm += float(np.einsum("nij,nij->", Ta[a_:b_], Ta[a_:b_]))  # np.vdot would copy
+            ra += _rot_mean_square(A[a_:b_])
         Z = S.Z[:c]
         np.matmul(JR, A, out=Z)
         # Rough part: W_i = (J_R A_w)(J_R A_w)^T.
         Aw = _rough_columns(pc, S, c)
-        ms_w += _flange_mean_square(Aw, pc, S, c)
-        rw += _rot_mean_square(Aw)
+        Tw = _flange_error(Aw, pc, S, c, S.T)
+        for a_, b_ in _chunks(c):
+            ms_w += float(np.einsum("nij,nij->", Tw[a_:b_], Tw[a_:b_]))
+            rw += _rot_mean_square(Aw[a_:b_])
         Bw = S.Bw[:c]
         np.matmul(JR, Aw, out=Bw)
         W = S.W[:c]
         np.matmul(Bw, Bw.transpose(0, 2, 1), out=W)
-        # Sums.
-        add("Q", X, Z)
-        add("Szz", Z, Z)
-        add("zy", Z, y)
-        add("xy", X, y)
         WX = S.WX[:c]
-        np.matmul(W, X, out=WX)
-        add("Xw", X, WX)
-        add("Xw2", WX, WX)
-        add("XwZ", WX, Z)
+        np.matmul(W, Jw[lo:hi], out=WX)
         WZ = S.WZ[:c]
         np.matmul(W, Z, out=WZ)
-        add("Zw", Z, WZ)
-        trW += float(np.einsum("nii->", W))
-        trW2 += float(np.einsum("nij,nij->", W, W))
         yv = S.yv[:c]
-        np.matmul(W, y[:, :, None], out=yv[:, :, None])
-        ywy += float(np.einsum("ni,ni->", y, yv))
+        np.matmul(W, ewh[lo:hi, :, None], out=yv[:, :, None])
+        # Sums, chunk by chunk.
+        for a_, b_ in _chunks(c):
+            X = Jw[lo + a_ : lo + b_]
+            y = ewh[lo + a_ : lo + b_]
+            Zc, WXc, Wc = Z[a_:b_], WX[a_:b_], W[a_:b_]
+            add("Q", X, Zc)
+            add("Szz", Zc, Zc)
+            add("zy", Zc, y)
+            add("xy", X, y)
+            add("Xw", X, WXc)
+            add("Xw2", WXc, WXc)
+            add("XwZ", WXc, Zc)
+            add("Zw", Zc, WZ[a_:b_])
+            trW += float(np.einsum("nii->", Wc))
+            trW2 += float(np.einsum("nij,nij->", Wc, Wc))
+            ywy += float(np.einsum("ni,ni->", y, yv[a_:b_]))
         # Isotropic part (its absorbed share and energy only).
         Ai = _iso_columns(pc, cen, L, S, c)
-        ms_iso += _flange_mean_square(Ai, pc, S, c)
+        Ti = _flange_error(Ai, pc, S, c, S.T)
         Bi = S.Bi[:c]
         np.matmul(JR, Ai, out=Bi)
-        add("Qi", X, Bi)
-        trZi += float(np.einsum("nij,nij->", Bi, Bi))
+        for a_, b_ in _chunks(c):
+            ms_iso += float(np.einsum("nij,nij->", Ti[a_:b_], Ti[a_:b_]))
+            add("Qi", Jw[lo + a_ : lo + b_], Bi[a_:b_])
+            trZi += float(np.einsum("nij,nij->", Bi[a_:b_], Bi[a_:b_]))
     # Normalise: a unit component is a field of 1 m^2 mean squared flange error.
     ka, kw, ki = n / ms_arm, n / ms_w, n / ms_iso
     sa = math.sqrt(ka)
