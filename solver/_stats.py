@@ -231,10 +231,12 @@ def _newton_root(sf, logpdf, p: float, x: float) -> float | None:
             step = g / math.exp(logpdf(x))
         except (OverflowError, ValueError, ZeroDivisionError):
             step = math.nan
+        if abs(step) <= 1e-15 * x:  # converged (before the bracket test: x + step may be x)
+            return x + step
         nx = x + step
         if not (lo < nx < hi) or not math.isfinite(nx):
             nx = 0.5 * (lo + hi) if math.isfinite(hi) else 2.0 * x
-        if abs(nx - x) <= 1e-15 * abs(nx) or (math.isfinite(hi) and hi - lo <= 1e-15 * hi):
+        if math.isfinite(hi) and hi - lo <= 1e-15 * hi:
             return nx
         x = nx
     return None
