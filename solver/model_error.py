@@ -102,8 +102,13 @@ UNCERTAINTY_SIGMAS = 1.0
 TESTED_FRACTION = 0.5
 #: Power at which the smallest detectable model error is quoted.
 DETECTION_POWER = 0.9
-#: Stations per chunk of the per-station passes (bounded scratch).
+#: Stations per chunk of the per-station passes (bounded scratch); every sum over the stations
+#: is taken chunk by chunk in this order (the pinned figures' rounding).
 CHUNK = 64
+#: Chunks per block of :func:`field_terms`' per-station algebra: each station's products are
+#: its own, so they are formed for a block at once (a few hundred numpy calls of fixed cost
+#: per block instead of per chunk), and only the sums run chunk by chunk.
+_BLOCK_CHUNKS = 4
 #: Fisher-scoring iterations of the variance components.
 _REML_ITERATIONS = 30
 #: Arm columns (3 link frames x 6) and isotropic columns (2 rigid twists + 3 pose-linear, x 6).
@@ -188,7 +193,7 @@ class _Scratch:
     single BLAS products of its (c * rows, k) views."""
 
     def __init__(self, rows: int, p: int) -> None:
-        c = CHUNK
+        c = CHUNK * _BLOCK_CHUNKS
         self.R1 = np.empty((c, 3, 3))
         self.R2 = np.empty((c, 3, 3))
         self.Ry = np.empty((c, 3, 3))
@@ -287,14 +292,8 @@ def _iso_columns(p: np.ndarray, cen: np.ndarray, L: float, S: _Scratch, c: int) 
     """Unscaled isotropic columns (c, 6, 30): rigid twists about the centroid and the base
     origin (half the weight each) and three pose-linear twists about the centroid."""
     A = S.A[:c, :, :]
-    A.fill(0.0)
+    base, adc = _iso_blocks(cen)
     h = math.sqrt(0.5)
-    base = np.zeros((6, 6))
-    for i in range(3):
-        base[i, i] = LINK_LENGTH_M
-        base[3 + i, 3 + i] = 1.0
-    adc = base.copy()
-    adc[0:3, 3:6] = np.array([[0.0, -cen[2], cen[1]], [cen[2], 0.0, -cen[0]], [-cen[1], cen[0], 0.0]])
     A[:, :, 0:6] = h * adc
     A[:, :, 6:12] = h * base
     for a in range(3):
@@ -303,6 +302,17 @@ def _iso_columns(p: np.ndarray, cen: np.ndarray, L: float, S: _Scratch, c: int) 
         np.multiply(f, 1.0 / L, out=f)
         np.multiply(f[:, None, None], adc, out=A[:, :, 12 + 6 * a : 18 + 6 * a])
     return A
+
+
+def _iso_blocks(cen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The isotropic field's constant 6x6 blocks: a twist at the origin and about ``cen``."""
+    base = np.zeros((6, 6))
+    for i in range(3):
+        base[i, i] = LINK_LENGTH_M
+        base[3 + i, 3 + i] = 1.0
+    adc = base.copy()
+    adc[0:3, 3:6] = np.array([[0.0, -cen[2], cen[1]], [cen[2], 0.0, -cen[0]], [-cen[1], cen[0], 0.0]])
+    return base, adc
 
 
 def _flange_mean_square(A: np.ndarray, p: np.ndarray, S: _Scratch, c: int) -> float:
@@ -314,6 +324,21 @@ def _flange_mean_square(A: np.ndarray, p: np.ndarray, S: _Scratch, c: int) -> fl
     np.matmul(S.H[:c], A[:, 3:6, :], out=T)
     np.subtract(A[:, 0:3, :], T, out=T)
     return float(np.einsum("nij,nij->", T, T))  # np.vdot would copy the strided views
+
+
+def _flange_error(A: np.ndarray, p: np.ndarray, S: _Scratch, c: int, out: np.ndarray) -> np.ndarray:
+    """``[I, -hat(p_i)] A_i`` (c, 3, m) into ``out``: :func:`_flange_mean_square` before its sum."""
+    m = A.shape[2]
+    T = out[:c, :, :m]
+    _hat_into(p, S.H[:c])
+    np.matmul(S.H[:c], A[:, 3:6, :], out=T)
+    np.subtract(A[:, 0:3, :], T, out=T)
+    return T
+
+
+def _chunks(c: int):
+    """``(start, stop)`` of the :data:`CHUNK`-station chunks of a block of ``c`` stations."""
+    return [(a, min(c, a + CHUNK)) for a in range(0, c, CHUNK)]
 
 
 def _rot_mean_square(A: np.ndarray) -> float:
@@ -373,52 +398,61 @@ def field_terms(model, n: int, ws: Workspace, Hinv: np.ndarray, *, flange_p: np.
     np.einsum("ij,ij->i", ws.v3a[:n], ws.v3a[:n], out=d)
     L = math.sqrt(float(d.sum()) / n)
     L = L if L > 1e-9 else 1.0
-    for lo in range(0, n, CHUNK):
-        hi = min(n, lo + CHUNK)
+    block = CHUNK * _BLOCK_CHUNKS
+    for lo in range(0, n, block):
+        hi = min(n, lo + block)
         c = hi - lo
         pc = flange_p[lo:hi]
-        X = Jw[lo:hi]
-        y = ewh[lo:hi]
         JR = _robot_jacobian(Jw, a_cols, robot_map, S, lo, hi)
         # Arm part.
         A = _arm_columns(pc, S, c)
-        ms_arm += _flange_mean_square(A, pc, S, c)
-        ra += _rot_mean_square(A)
+        Ta = _flange_error(A, pc, S, c, S.T)
+        for a_, b_ in _chunks(c):
+            ms_arm += float(np.einsum("nij,nij->", Ta[a_:b_], Ta[a_:b_]))  # np.vdot would copy
+            ra += _rot_mean_square(A[a_:b_])
         Z = S.Z[:c]
         np.matmul(JR, A, out=Z)
         # Rough part: W_i = (J_R A_w)(J_R A_w)^T.
         Aw = _rough_columns(pc, S, c)
-        ms_w += _flange_mean_square(Aw, pc, S, c)
-        rw += _rot_mean_square(Aw)
+        Tw = _flange_error(Aw, pc, S, c, S.T)
+        for a_, b_ in _chunks(c):
+            ms_w += float(np.einsum("nij,nij->", Tw[a_:b_], Tw[a_:b_]))
+            rw += _rot_mean_square(Aw[a_:b_])
         Bw = S.Bw[:c]
         np.matmul(JR, Aw, out=Bw)
         W = S.W[:c]
         np.matmul(Bw, Bw.transpose(0, 2, 1), out=W)
-        # Sums.
-        add("Q", X, Z)
-        add("Szz", Z, Z)
-        add("zy", Z, y)
-        add("xy", X, y)
         WX = S.WX[:c]
-        np.matmul(W, X, out=WX)
-        add("Xw", X, WX)
-        add("Xw2", WX, WX)
-        add("XwZ", WX, Z)
+        np.matmul(W, Jw[lo:hi], out=WX)
         WZ = S.WZ[:c]
         np.matmul(W, Z, out=WZ)
-        add("Zw", Z, WZ)
-        trW += float(np.einsum("nii->", W))
-        trW2 += float(np.einsum("nij,nij->", W, W))
         yv = S.yv[:c]
-        np.matmul(W, y[:, :, None], out=yv[:, :, None])
-        ywy += float(np.einsum("ni,ni->", y, yv))
+        np.matmul(W, ewh[lo:hi, :, None], out=yv[:, :, None])
+        # Sums, chunk by chunk.
+        for a_, b_ in _chunks(c):
+            X = Jw[lo + a_ : lo + b_]
+            y = ewh[lo + a_ : lo + b_]
+            Zc, WXc, Wc = Z[a_:b_], WX[a_:b_], W[a_:b_]
+            add("Q", X, Zc)
+            add("Szz", Zc, Zc)
+            add("zy", Zc, y)
+            add("xy", X, y)
+            add("Xw", X, WXc)
+            add("Xw2", WXc, WXc)
+            add("XwZ", WXc, Zc)
+            add("Zw", Zc, WZ[a_:b_])
+            trW += float(np.einsum("nii->", Wc))
+            trW2 += float(np.einsum("nij,nij->", Wc, Wc))
+            ywy += float(np.einsum("ni,ni->", y, yv[a_:b_]))
         # Isotropic part (its absorbed share and energy only).
         Ai = _iso_columns(pc, cen, L, S, c)
-        ms_iso += _flange_mean_square(Ai, pc, S, c)
+        Ti = _flange_error(Ai, pc, S, c, S.T)
         Bi = S.Bi[:c]
         np.matmul(JR, Ai, out=Bi)
-        add("Qi", X, Bi)
-        trZi += float(np.einsum("nij,nij->", Bi, Bi))
+        for a_, b_ in _chunks(c):
+            ms_iso += float(np.einsum("nij,nij->", Ti[a_:b_], Ti[a_:b_]))
+            add("Qi", Jw[lo + a_ : lo + b_], Bi[a_:b_])
+            trZi += float(np.einsum("nij,nij->", Bi[a_:b_], Bi[a_:b_]))
     # Normalise: a unit component is a field of 1 m^2 mean squared flange error.
     ka, kw, ki = n / ms_arm, n / ms_w, n / ms_iso
     sa = math.sqrt(ka)
@@ -457,10 +491,15 @@ def _pearson(lam: np.ndarray, th: float = 0.0) -> tuple[float, float, float]:
 
 
 def _structured_eigenvalues(t: FieldTerms) -> np.ndarray:
-    """Non-zero eigenvalues of ``R Z Z^T R``: those of ``Z^T R Z`` (18 x 18)."""
-    M = t.Szz - t.Q.T @ t.Hinv @ t.Q
-    lam = np.linalg.eigvalsh(0.5 * (M + M.T))
-    return lam[lam > 1e-12 * max(float(lam[-1]), 1e-300)]
+    """Non-zero eigenvalues of ``R Z Z^T R``: those of ``Z^T R Z`` (18 x 18); computed once
+    per :class:`FieldTerms` (the field test and the detectable size both need them)."""
+    lam = getattr(t, "_lam", None)
+    if lam is None:
+        M = t.Szz - t.Q.T @ t.Hinv @ t.Q
+        lam = np.linalg.eigvalsh(0.5 * (M + M.T))
+        lam = lam[lam > 1e-12 * max(float(lam[-1]), 1e-300)]
+        t._lam = lam  # type: ignore[attr-defined]
+    return lam
 
 
 def field_test(t: FieldTerms, declared: bool) -> tuple[float, float, tuple[float, float]]:
@@ -487,16 +526,53 @@ def field_test(t: FieldTerms, declared: bool) -> tuple[float, float, tuple[float
     return x / h, _stats.f_sf(max(x / h, 0.0), h, d2), (h, d2)
 
 
+#: A power within this of :data:`DETECTION_POWER` at a bisection step of
+#: :func:`detectable_size` sends it down the array path (the moments' rounding differs from
+#: it by ~1e-15, so only such a step could decide otherwise there).
+_POWER_GUARD = 1e-11
+
+
 def detectable_size(t: FieldTerms, declared: bool, alpha: float) -> float:
     """Smallest field (RMS flange position error, m) the matched test finds with
     :data:`DETECTION_POWER` at level ``alpha``: under a structured field of variance
     ``th`` the statistic is ``sum_j lam_j (1 + th lam_j) chi2_1``; its power by the same
     three-moment approximation, solved for ``th`` by bisection. The rough part is counted
-    as the structured part's own share of the accuracy (half)."""
+    as the structured part's own share of the accuracy (half).
+
+    The cumulants are polynomials in ``th`` of the moments ``sum lam^k`` (k <= 6), taken
+    once: each bisection step is a handful of float operations and one chi-square tail.
+    Their rounding differs from the array sums' by ~1e-15 relative, which can change a
+    step's decision only at a power within that of the target: a step within
+    :data:`_POWER_GUARD` of it reruns the search on the array sums (the pinned path).
+    """
     lam = _structured_eigenvalues(t)
     if lam.size == 0:
         return math.inf
-    c1, c2, h = _pearson(lam)
+    l2 = lam * lam
+    l3 = l2 * lam
+    S1, S2, S3 = float(lam.sum()), float(l2.sum()), float(l3.sum())
+    S4, S5, S6 = float((l3 * lam).sum()), float((l3 * l2).sum()), float((l3 * l3).sum())
+
+    def moments(th: float) -> tuple[float, float, float]:
+        if th == 0.0:
+            return _pearson(lam)  # the test's own figures, exactly
+        c1 = S1 + th * S2
+        c2 = S2 + th * (2.0 * S3 + th * S4)
+        c3 = S3 + th * (3.0 * S4 + th * (3.0 * S5 + th * S6))
+        return c1, c2, c2 ** 3 / c3 ** 2 if c3 > 0.0 else 1.0
+
+    out = _detectable_search(t, declared, alpha, lam, moments)
+    if out is None:
+        out = _detectable_search(t, declared, alpha, lam, lambda th: _pearson(lam, th), guard=False)
+        assert out is not None
+    return out
+
+
+def _detectable_search(t: FieldTerms, declared: bool, alpha: float, lam: np.ndarray, moments,
+                       guard: bool = True) -> float | None:
+    """The bisection of :func:`detectable_size` with the cumulants from ``moments(th)``
+    (None, with ``guard``: a step's power fell within :data:`_POWER_GUARD` of the target)."""
+    c1, c2, h = moments(0.0)
     d2 = max(t.nu - h, 1.0)
     if declared or d2 >= 50.0:
         # F(h, d2) -> chi2_h / h: within 2 % of the quantile from 50 degrees of freedom on,
@@ -505,25 +581,32 @@ def detectable_size(t: FieldTerms, declared: bool, alpha: float) -> float:
     else:
         xc = h * _stats.f_ppf(1.0 - alpha, h, d2)
     Tc = c1 + (xc - h) * math.sqrt(c2 / h)  # critical value of T
+    close = [False]
+    target = DETECTION_POWER
 
-    def power(th: float) -> float:
-        a1, a2, ha = _pearson(lam, th)
-        return _stats.chi2_sf(max(ha + (Tc - a1) * math.sqrt(ha / a2), 0.0), ha)
+    def below(th: float) -> bool:  # power(th) < DETECTION_POWER
+        a1, a2, ha = moments(th)
+        pw = _stats.chi2_sf(max(ha + (Tc - a1) * math.sqrt(ha / a2), 0.0), ha)
+        if guard and abs(pw - target) < _POWER_GUARD:
+            close[0] = True
+        return pw < target
 
-    if power(0.0) >= DETECTION_POWER:
-        return 0.0
+    if not below(0.0):
+        return None if close[0] else 0.0
     hi = 1e-14
-    while power(hi) < DETECTION_POWER:
+    while below(hi):
         hi *= 4.0
         if hi > 1e6:
-            return math.inf
+            return None if close[0] else math.inf
     lo = hi / 4.0
     for _ in range(20):  # to 0.1 % of the size: plenty for a threshold
         mid = math.sqrt(lo * hi)
-        if power(mid) < DETECTION_POWER:
+        if below(mid):
             lo = mid
         else:
             hi = mid
+    if close[0]:
+        return None
     # th is the structured part's variance; the robot's error is twice it (half rough).
     best = math.sqrt(2.0 * hi)
     if declared and t.nu > 0.0:
