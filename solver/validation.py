@@ -181,8 +181,12 @@ def loo_linearised(model, n: int, ws: Workspace, Hinv: np.ndarray) -> None:
     S = ws.L36[: n * r * r].reshape(n, r, r)
     np.matmul(K, Jw.transpose(0, 2, 1), out=S)
     np.negative(S, out=S)
-    for i in range(r):
-        np.add(S[:, i, i], 1.0, out=S[:, i, i])
+    with np.errstate():
+        # I - P: the r diagonals of every station in one step, on their strided (n, r) view
+        # (the small buffer size keeps numpy from copying it through buffers).
+        np.setbufsize(_LDL_BUFSIZE)
+        d = S.reshape(n, r * r)[:, :: r + 1]
+        np.add(d, 1.0, out=d)
     b = ws.b6[: n * r].reshape(n, r)
     amp = ws.rs[2, :n]
     ne = ws.rs[3, :n]
@@ -209,13 +213,15 @@ def loo_linearised(model, n: int, ws: Workspace, Hinv: np.ndarray) -> None:
         np.sqrt(hr, out=hr)
     else:
         hr.fill(0.0)
-    _nan_to_inf(ht, n, ws)
-    _nan_to_inf(hr, n, ws)
-    singular = ws.ball[:n]
+    # NaN (a singular system LAPACK or the elimination ran through) and amplification beyond
+    # 1e8 are infinite: one mask of both per closure array.
+    singular, m = ws.ball[:n], ws.ball2[:n]
     np.greater(amp, 1e16, out=singular)
-    if singular.any():
-        np.copyto(ht, np.inf, where=singular)
-        np.copyto(hr, np.inf, where=singular)
+    for a in (ht, hr):
+        np.isnan(a, out=m)
+        np.logical_or(m, singular, out=m)
+        if m.any():
+            np.copyto(a, np.inf, where=m)
 
 
 #: Stations per LAPACK call in the leave-one-out solves: ``np.linalg.solve`` allocates its
@@ -354,11 +360,19 @@ def _percentile_sorted(x: np.ndarray, q: float) -> float:
     return a + (h - lo) * (b - a)
 
 
-def _stats(a: np.ndarray, n: int, ws: Workspace) -> tuple[float, float, float]:
-    s = ws.srt[:n]
-    np.copyto(s, a)
-    s.sort()
-    return _percentile_sorted(s, 0.5), _percentile_sorted(s, 0.9), float(s[n - 1])
+def _stats(ht: np.ndarray, hr: np.ndarray, n: int, ws: Workspace) -> tuple[float, ...]:
+    """P50, P90 and max of the translation closure, then of the rotation closure.
+
+    Both are sorted in one call as the rows of one stacked (2, n) copy (``ws.rs[4:6]``,
+    scratch: the k-fold refit is done with it by now).
+    """
+    s = ws.rs[4:6, :n]
+    np.copyto(s[0], ht)
+    np.copyto(s[1], hr)
+    s.sort(axis=1)
+    st, sr = s[0], s[1]
+    return (_percentile_sorted(st, 0.5), _percentile_sorted(st, 0.9), float(st[n - 1]),
+            _percentile_sorted(sr, 0.5), _percentile_sorted(sr, 0.9), float(sr[n - 1]))
 
 
 def closure_from_buffers(
@@ -366,8 +380,7 @@ def closure_from_buffers(
 ) -> HoldoutClosure:
     """Package ``ws.ho_t`` / ``ws.ho_r`` as a :class:`HoldoutClosure`."""
     ht, hr = ws.ho_t[:n], ws.ho_r[:n]
-    t50, t90, tmax = _stats(ht, n, ws)
-    r50, r90, rmax = _stats(hr, n, ws)
+    t50, t90, tmax, r50, r90, rmax = _stats(ht, hr, n, ws)
     rms_ho = math.sqrt(float(np.vdot(ht, ht)) / n) if math.isfinite(tmax) else math.inf
     inflation = rms_ho / fit_rms_t if fit_rms_t > 0.0 else (1.0 if rms_ho == 0.0 else math.inf)
     if owned:
