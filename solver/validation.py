@@ -181,13 +181,17 @@ def loo_linearised(model, n: int, ws: Workspace, Hinv: np.ndarray) -> None:
     S = ws.L36[: n * r * r].reshape(n, r, r)
     np.matmul(K, Jw.transpose(0, 2, 1), out=S)
     np.negative(S, out=S)
-    for i in range(r):
-        np.add(S[:, i, i], 1.0, out=S[:, i, i])
+    with np.errstate():
+        # I - P: the r diagonals of every station in one step, on their strided (n, r) view
+        # (the small buffer size keeps numpy from copying it through buffers).
+        np.setbufsize(_LDL_BUFSIZE)
+        d = S.reshape(n, r * r)[:, :: r + 1]
+        np.add(d, 1.0, out=d)
     b = ws.b6[: n * r].reshape(n, r)
     amp = ws.rs[2, :n]
     ne = ws.rs[3, :n]
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        _chunked_solve(S, ew, b, n, r, ws)
+        _loo_solve(S, ew, b, n, r, ws)
         # |(I - P)^-1 e| / |e| <= 1 / (1 - leverage): beyond 1e8 the station's leverage is 1
         # to rounding (nothing else determines some direction), reported as infinite.
         np.matmul(b[:, None, :], b[:, :, None], out=amp[:, None, None])
@@ -209,13 +213,15 @@ def loo_linearised(model, n: int, ws: Workspace, Hinv: np.ndarray) -> None:
         np.sqrt(hr, out=hr)
     else:
         hr.fill(0.0)
-    _nan_to_inf(ht, n, ws)
-    _nan_to_inf(hr, n, ws)
-    singular = ws.ball[:n]
+    # NaN (a singular system LAPACK or the elimination ran through) and amplification beyond
+    # 1e8 are infinite: one mask of both per closure array.
+    singular, m = ws.ball[:n], ws.ball2[:n]
     np.greater(amp, 1e16, out=singular)
-    if singular.any():
-        np.copyto(ht, np.inf, where=singular)
-        np.copyto(hr, np.inf, where=singular)
+    for a in (ht, hr):
+        np.isnan(a, out=m)
+        np.logical_or(m, singular, out=m)
+        if m.any():
+            np.copyto(a, np.inf, where=m)
 
 
 #: Stations per LAPACK call in the leave-one-out solves: ``np.linalg.solve`` allocates its
@@ -241,6 +247,100 @@ def _chunked_solve(S: np.ndarray, e: np.ndarray, out: np.ndarray, n: int, r: int
             batched_solve(S[a:b], out[a:b], b - a, r, ws)  # scratch from the start of ws buffers
 
 
+#: From this many stations on the leave-one-out systems are solved by :func:`_ldl_solve` (one
+#: batched elimination over all of them), below it by :func:`_chunked_solve` (LAPACK), so that
+#: small fits keep their results bit for bit. The elimination is about 40 vectorised steps
+#: whatever N is, LAPACK one call per LOO_CHUNK stations: measured interleaved with
+#: ``bench/loo_bench.py`` (2 cores under load) they break even near 115 stations for poses
+#: (r = 6; 0.12 ms each) and near 85 for points (r = 3); at 1,000 the elimination is 4-15x
+#: faster.
+LOO_BATCHED_MIN = 128
+
+#: A pivot of ``I - P_i`` at or below this is zero to rounding: the eigenvalues are
+#: ``1 - leverage`` in [0, 1] and forming ``I - P_i`` from ``P_i`` (norm <= 1) costs a few
+#: eps, so such a station alone determines some direction (leverage 1).
+_PIVOT_FLOOR = 64 * np.finfo(np.float64).eps
+
+
+#: ufunc buffer size (elements) inside :func:`_ldl_solve`: well below LOO_BATCHED_MIN, so that
+#: the elimination's (n,)-long rows are never copied through buffers.
+_LDL_BUFSIZE = 16
+
+
+def _loo_solve(S: np.ndarray, e: np.ndarray, out: np.ndarray, n: int, r: int, ws: Workspace) -> None:
+    """``out_i = S_i^-1 e_i`` for the (n, r, r) systems ``I - P_i``: LAPACK below
+    :data:`LOO_BATCHED_MIN` stations (``S`` overwritten), the batched elimination from there."""
+    if n < LOO_BATCHED_MIN:
+        _chunked_solve(S, e, out, n, r, ws)
+    else:
+        _ldl_solve(S, e, out, n, r, ws)
+
+
+def _ldl_solve(S: np.ndarray, e: np.ndarray, out: np.ndarray, n: int, r: int, ws: Workspace) -> None:
+    """``out_i = S_i^-1 e_i`` by one batched LDL^T elimination over all n stations.
+
+    ``S_i = I - P_i`` is symmetric positive definite unless the station's leverage is 1, so
+    elimination without pivoting is stable (the pivots are Schur complements, in
+    [lambda_min, 1]). ``[S_i | e_i]`` is transposed once into station-last order (``ws.KJ``
+    as (r, r + 1, n)), so that every step of the loop over the r pivots is one vectorised
+    operation on (n,)-long contiguous rows of all stations at once, and no operand of a
+    ufunc overlaps its output other than identically (numpy would copy such an operand: an
+    allocation that grows with n); ``ws.T36`` is the product scratch. ``S`` and ``e`` are
+    only read. A station with a pivot at or below :data:`_PIVOT_FLOOR` (leverage 1 to
+    rounding) gets ``inf`` in its row of ``out`` (reported as an infinite closure); the
+    other stations are unaffected. The arithmetic is that of :func:`batched_solve` (Gaussian
+    elimination without pivoting, the symmetric half of it), not LAPACK's: results agree
+    with :func:`_chunked_solve` to rounding, about ``cond(S_i) * eps`` relative.
+    """
+    with np.errstate():  # restores the ufunc buffer size on exit (numpy >= 2.0)
+        # The steps below run on (m, n) views whose rows are contiguous but not adjacent, or
+        # broadcast an (n,) row over m: numpy's iterator then copies the operands through
+        # buffers of up to getbufsize() elements whenever n is below about half of that
+        # (measured: ~40-120 KiB per call at n = 1,000, none at n = 5,000), where a buffer
+        # size below n lets the inner loop run on the rows directly.
+        np.setbufsize(_LDL_BUFSIZE)
+        _ldl_steps(S, e, out, n, r, ws)
+
+
+def _ldl_steps(S: np.ndarray, e: np.ndarray, out: np.ndarray, n: int, r: int, ws: Workspace) -> None:
+    # [S_i | e_i] station-last, (r, r + 1, n), in ws.KJ (K = Jw H^-1 is spent once S is
+    # formed): the trailing update of the augmented column is the forward substitution.
+    c = r + 1
+    A = ws.KJ[: r * c * n].reshape(r, c, n)
+    np.copyto(A[:, :r], S.transpose(1, 2, 0))
+    np.copyto(A[:, r], e.T)
+    tmp = ws.T36[: (r - 1) * r * n].reshape(r - 1, r, n)
+    rp = ws.rs[0, :n]
+    pmin = ws.rs[1, :n]
+    np.copyto(pmin, A[0, 0])
+    for j in range(r - 1):
+        # Multipliers l = A[j+1:, j] / pivot into the strict lower triangle; row j keeps its
+        # unscaled values (by symmetry column j's) for the trailing update of the rows below.
+        np.reciprocal(A[j, j], out=rp)
+        lj = A[j + 1 :, j]
+        np.multiply(lj, rp, out=lj)
+        m = r - j - 1
+        t = tmp[:m, : m + 1]
+        np.multiply(lj[:, None, :], A[j, None, j + 1 :], out=t)
+        trail = A[j + 1 :, j + 1 :]
+        np.subtract(trail, t, out=trail)
+        np.minimum(pmin, A[j + 1, j + 1], out=pmin)
+    # y = z / D (D: the pivots, on the diagonal), then back substitution L^T x = y column by
+    # column from the last.
+    y = A[:, r]
+    np.divide(y, A.reshape(r * c, n)[:: c + 1], out=y)
+    ty = tmp[0, :r]
+    for j in range(r - 1, 0, -1):
+        np.multiply(A[j, :j], y[j], out=ty[:j])
+        np.subtract(y[:j], ty[:j], out=y[:j])
+    np.copyto(out, y.T)
+    bad = ws.ball[:n]
+    np.greater(pmin, _PIVOT_FLOOR, out=bad)
+    np.logical_not(bad, out=bad)  # NaN pivots (from inf/nan input) count as bad too
+    if bad.any():
+        np.copyto(out, np.inf, where=bad[:, None])
+
+
 def _nan_to_inf(a: np.ndarray, n: int, ws: Workspace) -> None:
     m = ws.ball[:n]
     np.isnan(a, out=m)
@@ -260,11 +360,19 @@ def _percentile_sorted(x: np.ndarray, q: float) -> float:
     return a + (h - lo) * (b - a)
 
 
-def _stats(a: np.ndarray, n: int, ws: Workspace) -> tuple[float, float, float]:
-    s = ws.srt[:n]
-    np.copyto(s, a)
-    s.sort()
-    return _percentile_sorted(s, 0.5), _percentile_sorted(s, 0.9), float(s[n - 1])
+def _stats(ht: np.ndarray, hr: np.ndarray, n: int, ws: Workspace) -> tuple[float, ...]:
+    """P50, P90 and max of the translation closure, then of the rotation closure.
+
+    Both are sorted in one call as the rows of one stacked (2, n) copy (``ws.rs[4:6]``,
+    scratch: the k-fold refit is done with it by now).
+    """
+    s = ws.rs[4:6, :n]
+    np.copyto(s[0], ht)
+    np.copyto(s[1], hr)
+    s.sort(axis=1)
+    st, sr = s[0], s[1]
+    return (_percentile_sorted(st, 0.5), _percentile_sorted(st, 0.9), float(st[n - 1]),
+            _percentile_sorted(sr, 0.5), _percentile_sorted(sr, 0.9), float(sr[n - 1]))
 
 
 def closure_from_buffers(
@@ -272,8 +380,7 @@ def closure_from_buffers(
 ) -> HoldoutClosure:
     """Package ``ws.ho_t`` / ``ws.ho_r`` as a :class:`HoldoutClosure`."""
     ht, hr = ws.ho_t[:n], ws.ho_r[:n]
-    t50, t90, tmax = _stats(ht, n, ws)
-    r50, r90, rmax = _stats(hr, n, ws)
+    t50, t90, tmax, r50, r90, rmax = _stats(ht, hr, n, ws)
     rms_ho = math.sqrt(float(np.vdot(ht, ht)) / n) if math.isfinite(tmax) else math.inf
     inflation = rms_ho / fit_rms_t if fit_rms_t > 0.0 else (1.0 if rms_ho == 0.0 else math.inf)
     if owned:
