@@ -71,6 +71,36 @@ class PoseModel:
         J[:, 3:6, 0:3] = 0.0
         J[:, 3:6, 6:9] = 0.0
 
+    def split_views(self) -> tuple[np.ndarray, np.ndarray]:
+        """The split layout of the fused refinement (:class:`cellcal.solver.refine._Fused`):
+        the raw Jacobian per noise component, (2, n, 3, 12) in ``ws.KJ``, and the raw residual
+        per component, (2, n, 3) in ``ws.e6``. Each component's rows are contiguous, so one
+        batched product gives both components' information matrices."""
+        n, ws = self.n, self.ws
+        return ws.KJ[: n * 72].reshape(2, n, 3, 12), ws.e6.reshape(-1)[: n * 6].reshape(2, n, 3)
+
+    def prepare_split(self) -> None:
+        """Write the split Jacobian's structural zeros (``ws.KJ`` is scratch between solves)."""
+        J2, _ = self.split_views()
+        J2[0, :, :, 9:12] = 0.0
+        J2[1, :, :, 0:3] = 0.0
+        J2[1, :, :, 6:9] = 0.0
+
+    def unsplit(self, wt: float, wr: float) -> None:
+        """From the split layout to the one the rest of the solver reads: ``ws.et``/``ws.er``
+        and the whitened ``ws.Jw``/``ws.ew`` under the scalar whitening ``wt``/``wr``
+        (``1 / sigma``; the same products, element by element, as :meth:`whiten` and the
+        refinement's weighting)."""
+        n, ws = self.n, self.ws
+        J2, e2 = self.split_views()
+        np.copyto(ws.et[:n], e2[0])
+        np.copyto(ws.er[:n], e2[1])
+        Jw, ew, _ = self.views()
+        np.multiply(J2[0], wt, out=Jw[:, 0:3])
+        np.multiply(J2[1], wr, out=Jw[:, 3:6])
+        np.multiply(e2[0], wt, out=ew[:, 0:3])
+        np.multiply(e2[1], wr, out=ew[:, 3:6])
+
     def views(self):
         n, ws = self.n, self.ws
         return (
@@ -84,18 +114,22 @@ class PoseModel:
         A, B = state
         return se3_exp_right(A, d[:6]), se3_exp_right(B, d[6:])
 
-    def residuals(self, state) -> None:
-        """Raw residuals into ``ws.et`` (m) and ``ws.er`` (rad), plus the intermediates
-        the Jacobian needs."""
+    def residuals(self, state, split: bool = False) -> None:
+        """Raw residuals into ``ws.et`` (m) and ``ws.er`` (rad) (``split``: into the split
+        layout of :meth:`split_views`), plus the intermediates the Jacobian needs."""
         A, B = state
         n, ws = self.n, self.ws
+        if split:
+            _, e2 = self.split_views()
+            et, er = e2[0], e2[1]
+        else:
+            et, er = ws.et[:n], ws.er[:n]
         G, M = self.G, self.M
         RA, RB = A[:3, :3], B[:3, :3]
         q4 = ws.q4[:n]
         np.matmul(G, B[:, 3], out=q4)  # [R_G t_B + t_G, 1]: target origin in G's parent
         tp = ws.tp[:n]
         np.matmul(q4, A[:3, :].T, out=tp)  # R_A q + t_A
-        et = ws.et[:n]
         np.subtract(ws.meas3[:n], tp, out=et)
         C = ws.rC[:n]
         np.matmul(G[:, :3, :3], RB, out=C)  # R_G R_B
@@ -103,27 +137,34 @@ class PoseModel:
         np.matmul(RA, C, out=P)
         E = ws.rE[:n]
         np.matmul(P.transpose(0, 2, 1), M[:, :3, :3], out=E)
-        _batch_log(E, ws.er[:n], n, ws)
+        _batch_log(E, er, n, ws)
 
-    def evaluate(self, state, jacobian: bool = True) -> None:
-        self.residuals(state)
+    def evaluate(self, state, jacobian: bool = True, split: bool = False) -> None:
+        """Residuals and (``jacobian``) their Jacobian into ``ws.Jraw`` (n, 6, 12), or with
+        ``split`` both into the split layout of :meth:`split_views`."""
+        self.residuals(state, split)
         if not jacobian:
             return
         A, _ = state
         n, ws = self.n, self.ws
         RA = A[:3, :3]
-        J = ws.Jraw[: n * 72].reshape(n, 6, 12)
-        nJi = _neg_inv_left_jacobian(ws.er[:n], n, ws)
+        if split:
+            J2, e2 = self.split_views()
+            Jt, Jr, er = J2[0], J2[1], e2[1]
+        else:
+            J = ws.Jraw[: n * 72].reshape(n, 6, 12)
+            Jt, Jr, er = J[:, 0:3], J[:, 3:6], ws.er[:n]
+        nJi = _neg_inv_left_jacobian(er, n, ws)
         negRA = ws.R3
         np.negative(RA, out=negRA)
         C = ws.rC[:n]
-        np.copyto(J[:, 0:3, 0:3], negRA)  # d e_t / d rho_A = -R_A
+        np.copyto(Jt[:, :, 0:3], negRA)  # d e_t / d rho_A = -R_A
         hq = ws.r9[:n]
         np.matmul(ws.q4[:n, :3], _HAT39, out=hq)
-        np.matmul(RA, hq.reshape(n, 3, 3), out=J[:, 0:3, 3:6])  # d e_t / d phi_A = R_A [q]x
-        np.matmul(negRA, C, out=J[:, 0:3, 6:9])  # d e_t / d rho_B = -R_P
-        np.matmul(nJi, C.transpose(0, 2, 1), out=J[:, 3:6, 3:6])  # d e_r / d phi_A = -Jl^-1 C^T
-        np.copyto(J[:, 3:6, 9:12], nJi)  # d e_r / d phi_B = -Jl^-1
+        np.matmul(RA, hq.reshape(n, 3, 3), out=Jt[:, :, 3:6])  # d e_t / d phi_A = R_A [q]x
+        np.matmul(negRA, C, out=Jt[:, :, 6:9])  # d e_t / d rho_B = -R_P
+        np.matmul(nJi, C.transpose(0, 2, 1), out=Jr[:, :, 3:6])  # d e_r / d phi_A = -Jl^-1 C^T
+        np.copyto(Jr[:, :, 9:12], nJi)  # d e_r / d phi_B = -Jl^-1
 
     def whiten(self, nz: Noise) -> None:
         """Whitened residual ``ws.ew`` from ``ws.et``/``ws.er`` and the noise figures."""
@@ -161,6 +202,21 @@ class PointModel:
         np.copyto(ws.meas3[:n], p)
         self.y4 = np.ones(4)
 
+    def split_views(self) -> tuple[np.ndarray, np.ndarray]:
+        """One noise component: ``ws.Jraw`` (1, n, 3, 9) and ``ws.et`` (1, n, 3) as they are."""
+        n, ws = self.n, self.ws
+        return ws.Jraw[: n * 27].reshape(1, n, 3, 9), ws.et[:n].reshape(1, n, 3)
+
+    def prepare_split(self) -> None:
+        """Nothing to prepare: the split layout is the ordinary one."""
+
+    def unsplit(self, w: float, wr: float = math.nan) -> None:
+        """The whitened ``ws.Jw``/``ws.ew`` under the scalar whitening ``w`` (``1 / sigma``)."""
+        n, ws = self.n, self.ws
+        Jw, ew, _ = self.views()
+        np.multiply(ws.Jraw[: n * 27].reshape(n, 3, 9), w, out=Jw)
+        np.multiply(ws.et[:n], w, out=ew)
+
     def views(self):
         n, ws = self.n, self.ws
         return (
@@ -184,7 +240,9 @@ class PointModel:
         np.matmul(q4, A[:3, :].T, out=tp)
         np.subtract(ws.meas3[:n], tp, out=ws.et[:n])
 
-    def evaluate(self, state, jacobian: bool = True) -> None:
+    def evaluate(self, state, jacobian: bool = True, split: bool = False) -> None:
+        """Residual into ``ws.et`` and (``jacobian``) its Jacobian into ``ws.Jraw``
+        (``split`` changes nothing: one component)."""
         self.residuals(state)
         if not jacobian:
             return
