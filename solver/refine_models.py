@@ -233,6 +233,11 @@ class PointModel:
         self.y4 = np.ones(4)
         self._views = (ws.Jw[: n * 27].reshape(n, 3, 9), ws.ew[: n * 3].reshape(n, 3), ws.ewh[: n * 3].reshape(n, 3))
         self._split = (ws.Jraw[: n * 27].reshape(1, n, 3, 9), ws.et[:n].reshape(1, n, 3))
+        # Flat products for the fixed 3x3 factors, as in PoseModel.
+        flat = G.flags.c_contiguous and G.dtype == np.float64
+        self._G2 = G.reshape(4 * n, 4) if flat else None
+        self._G16 = G.reshape(n, 16)[:, :11] if flat else None
+        self._KA = np.zeros((11, 9))  # _KA[4b + c, 3a + c] = -R_A[a, b]
 
     def split_views(self) -> tuple[np.ndarray, np.ndarray]:
         """One noise component: ``ws.Jraw`` (1, n, 3, 9) and ``ws.et`` (1, n, 3) as they are."""
@@ -261,7 +266,10 @@ class PointModel:
         n, ws = self.n, self.ws
         self.y4[:3] = y
         q4 = ws.q4[:n]
-        np.matmul(self.G, self.y4, out=q4)  # [R_G y + t_G, 1]: the target in the base frame
+        if self._G2 is not None:
+            np.matmul(self._G2, self.y4, out=q4.reshape(4 * n))
+        else:
+            np.matmul(self.G, self.y4, out=q4)  # [R_G y + t_G, 1]: the target in the base frame
         tp = ws.tp[:n]
         np.matmul(q4, A[:3, :].T, out=tp)
         np.subtract(ws.meas3[:n], tp, out=ws.et[:n])
@@ -280,9 +288,20 @@ class PointModel:
         np.negative(RA, out=negRA)
         np.copyto(J[:, :, 0:3], negRA)  # d e / d rho_A = -R_A
         hq = ws.r9[:n]
-        np.matmul(ws.q4[:n, :3], _HAT39, out=hq)
-        np.matmul(RA, hq.reshape(n, 3, 3), out=J[:, :, 3:6])  # d e / d phi_A = R_A [q]x
-        np.matmul(negRA, self.G[:, :3, :3], out=J[:, :, 6:9])  # d e / d y = -R_A R_G
+        # d e / d phi_A = R_A [q]x = [R_A q]x R_A (flat products, as in PoseModel.evaluate)
+        u = ws.rv[:n]
+        np.matmul(ws.q4[:n, :3], RA.T, out=u)
+        np.matmul(u, _HAT39, out=hq)
+        np.matmul(hq.reshape(3 * n, 3), RA, out=J.reshape(3 * n, 9)[:, 3:6])
+        if self._G16 is not None:  # d e / d y = -R_A R_G
+            K = self._KA
+            for c in range(3):
+                K[c:11:4, c:9:3] = negRA.T
+            tmp = ws.rP[:n]
+            np.matmul(self._G16, K, out=tmp.reshape(n, 9))
+            np.copyto(J[:, :, 6:9], tmp)
+        else:
+            np.matmul(negRA, self.G[:, :3, :3], out=J[:, :, 6:9])
 
     def whiten(self, nz: Noise) -> None:
         n, ws = self.n, self.ws
