@@ -283,7 +283,7 @@ class _Fused(_Generic):
     product with ``(1 / sigma_t^2, 1 / sigma_r^2)`` gives ``H``, ``g`` and the cost. A
     variance-component round then re-weighs with no per-station work, and its redundancy
     numbers are ``3 N - tr(H^-1 J_c^T J_c) / sigma_c^2``: traces of p x p products. The
-    undamped step solves ``H [d, H^-1] = [-g, I]`` at once, so the inverse a round or the
+    undamped step solves ``H [-d, H^-1] = [g, I]`` at once, so the inverse a round or the
     covariance needs is there without a second factorisation. ``ws.Jw`` and the residual
     buffers are written only by :meth:`finish`, at the returned state.
     """
