@@ -229,6 +229,172 @@ def _normal(model, n: int, ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
     return H, g
 
 
+class _Generic:
+    """The normal equations of any model and noise, station by station through ``ws.Jw``
+    (:func:`_weigh`, :func:`_normal`). ``H``/``g`` are those of the accepted state."""
+
+    def __init__(self, model, n: int, ws: Workspace, huber: float | None, nz: Noise, masked: bool) -> None:
+        self.model, self.n, self.ws, self.huber, self.nz, self.masked = model, n, ws, huber, nz, masked
+        self.H = self.g = ws.g12  # set by load()
+        self._hinv: np.ndarray | None = None
+
+    def trial(self, state) -> float:
+        """Evaluate at ``state``; its cost (``H``/``g`` stay those of the accepted state)."""
+        return _eval(self.model, state, self.n, self.ws, self.huber, self.nz, self.masked)
+
+    def accept(self) -> None:
+        self.H, self.g = _normal(self.model, self.n, self.ws)
+        self._hinv = None
+
+    def load(self, state) -> float:
+        cost = self.trial(state)
+        self.accept()
+        return cost
+
+    def reweigh(self) -> float:
+        """The same state under new noise figures (``fill_whitening`` done)."""
+        cost = _weigh(self.model, self.n, self.ws, self.huber, self.nz, self.masked)
+        self.accept()
+        return cost
+
+    def step(self, lam: float) -> np.ndarray:
+        return _solve_step(self.H, self.g, lam, self.ws)
+
+    def inverse(self) -> np.ndarray:
+        """``H^-1``, kept until ``H`` changes (the covariance is the last round's inverse)."""
+        if self._hinv is None:
+            self._hinv = np.linalg.inv(self.H)
+        return self._hinv
+
+    def components(self, Hinv: np.ndarray, vm: np.ndarray | None) -> tuple:
+        return component_redundancy(self.model, self.n, self.ws, Hinv, vm)
+
+    def finish(self) -> None:
+        """Leave ``ws.Jw``/``ws.ew``/``ws.ewh`` at the accepted state (they are, here)."""
+
+
+class _Fused(_Generic):
+    """The normal equations of scalar noise figures, with no station weights, from the raw
+    Jacobian split by noise component (``model.split_views``).
+
+    One batched product per evaluation gives, for each component c (translation rows,
+    rotation rows), the raw information ``J_c^T J_c``, gradient ``J_c^T e_c`` and sum of
+    squares ``e_c^T e_c``; the whitened ones are these times ``1 / sigma_c^2``, so one small
+    product with ``(1 / sigma_t^2, 1 / sigma_r^2)`` gives ``H``, ``g`` and the cost. A
+    variance-component round then re-weighs with no per-station work, and its redundancy
+    numbers are ``3 N - tr(H^-1 J_c^T J_c) / sigma_c^2``: traces of p x p products. The
+    undamped step solves ``H [-d, H^-1] = [g, I]`` at once, so the inverse a round or the
+    covariance needs is there without a second factorisation. ``ws.Jw`` and the residual
+    buffers are written only by :meth:`finish`, at the returned state.
+    """
+
+    def __init__(self, model, n: int, ws: Workspace, huber: float | None, nz: Noise, masked: bool) -> None:
+        super().__init__(model, n, ws, huber, nz, masked)
+        p = model.nparam
+        c = model.rows // 3
+        self.c, self.p, self.pp = c, p, p * p
+        # Fixed size (p x p per component): per-component products S, whitened sums T, for
+        # the accepted state and a trial (swapped on acceptance).
+        self._S = [np.empty((c, p * p + p + 1)) for _ in range(2)]
+        self._T = [np.empty(p * p + p + 1) for _ in range(2)]
+        self._w2 = np.empty(c)
+        self._B = np.zeros((p, p + 1))
+        self._B[:, 1:] = np.eye(p)
+        self._cur = 0
+        model.prepare_split()
+        self._weights()
+
+    def _weights(self) -> None:
+        # The whitening in use, ``nz.diag`` (``fill_whitening``), not the figures: a round
+        # whose figures moved too little to re-weigh leaves it at the previous ones, as it
+        # leaves H and g.
+        diag, w2 = self.nz.diag, self._w2
+        assert diag is not None
+        self._wt = wt = float(diag[0, 0])
+        w2[0] = wt * wt
+        self._wr = wr = float(diag[3, 3]) if self.c == 2 else math.nan
+        if self.c == 2:
+            w2[1] = wr * wr
+
+    def _products(self, k: int) -> None:
+        n, c, p, pp = self.n, self.c, self.p, self.pp
+        self._weights()  # the figures may have been reset since the last products
+        J2, e2 = self.model.split_views()
+        Jc = J2.reshape(c, 3 * n, p)
+        ec = e2.reshape(c, 3 * n, 1)
+        S = self._S[k]
+        JcT = Jc.transpose(0, 2, 1)
+        np.matmul(JcT, Jc, out=S[:, :pp].reshape(c, p, p))
+        np.matmul(JcT, ec, out=S[:, pp : pp + p].reshape(c, p, 1))
+        np.matmul(ec.transpose(0, 2, 1), ec, out=S[:, pp + p :].reshape(c, 1, 1))
+        np.matmul(self._w2, S, out=self._T[k])
+
+    def _set(self) -> None:
+        T = self._T[self._cur]
+        self.H = T[: self.pp].reshape(self.p, self.p)
+        self.g = T[self.pp : self.pp + self.p]
+        self._hinv = None
+
+    def trial(self, state) -> float:
+        self.model.evaluate(state, split=True)
+        k = 1 - self._cur
+        self._products(k)
+        return float(self._T[k][-1])
+
+    def accept(self) -> None:
+        self._cur = 1 - self._cur
+        self._set()
+
+    def reweigh(self) -> float:
+        self._weights()
+        T = self._T[self._cur]
+        np.matmul(self._w2, self._S[self._cur], out=T)
+        self._set()
+        return float(T[-1])
+
+    def step(self, lam: float) -> np.ndarray:
+        if lam:
+            return _solve_step(self.H, self.g, lam, self.ws)
+        B = self._B
+        np.copyto(B[:, 0], self.g)
+        X = np.linalg.solve(self.H, B)
+        self._hinv = np.ascontiguousarray(X[:, 1:])
+        d = X[:, 0]
+        np.negative(d, out=d)
+        return d
+
+    def components(self, Hinv: np.ndarray, vm: np.ndarray | None) -> tuple:
+        c, pp = self.c, self.pp
+        S = self._S[self._cur]
+        w2 = self._w2
+        lev = np.matmul(S[:, :pp], Hinv.reshape(pp))  # tr(H^-1 J_c^T J_c) per component
+        out = []
+        for k in range(2):
+            if k >= c:
+                out.append((math.nan, math.nan))
+                continue
+            out.append((3.0 * self.n - float(lev[k]) * float(w2[k]), float(S[k, -1]) * float(w2[k])))
+        return tuple(out)
+
+    def finish(self) -> None:
+        n, ws, model = self.n, self.ws, self.model
+        model.whitening_full = False
+        model.unsplit(self._wt, self._wr)
+        _, ew, ewh = model.views()
+        np.copyto(ewh, ew)
+        _rowdot(ew, ws.r2[:n])
+        ws.hw[:n] = 1.0
+
+
+def _system(model, n: int, ws: Workspace, huber: float | None, nz: Noise, masked: bool) -> _Generic:
+    """The fused normal equations where they apply (scalar figures, no Huber, no mask, a
+    model with a split layout), else the station-by-station ones."""
+    if (huber is None and not masked and not nz.full and not nz.per_station and nz.diag is not None
+            and hasattr(model, "split_views")):
+        return _Fused(model, n, ws, huber, nz, masked)
+    return _Generic(model, n, ws, huber, nz, masked)
+
+
 def _eval(model, state, n, ws, huber, nz, masked=False) -> float:
     model.evaluate(state)
     return _weigh(model, n, ws, huber, nz, masked)
@@ -301,14 +467,18 @@ def component_redundancy(model, n: int, ws: Workspace, Hinv: np.ndarray, vm: np.
 
 
 def _vce(model, n: int, ws: Workspace, nz: Noise, Hinv: np.ndarray, vm: np.ndarray | None = None,
-         robust: bool = False) -> bool:
+         robust: bool = False, components: tuple | None = None) -> bool:
     """One variance-component update of the estimated noise figures; True if one moved.
 
     A component whose redundancy is below :data:`MIN_NOISE_REDUNDANCY` keeps its start
     figure and is flagged ``fallback_*`` (too few stations to estimate it). ``robust``:
     ``vm`` is the truncated station set of :func:`_variance_stations`, corrected for.
+    ``components``: :func:`component_redundancy`'s answer when the caller has it (the fused
+    normal equations of :class:`_Fused` compute it from their p x p blocks).
     """
-    (rt, qt), (rr, qr) = component_redundancy(model, n, ws, Hinv, vm)
+    if components is None:
+        components = component_redundancy(model, n, ws, Hinv, vm)
+    (rt, qt), (rr, qr) = components
     if robust:
         qt /= _VAR_TRUNC[model.rows]
         qr /= _VAR_TRUNC[model.rows]
@@ -539,8 +709,8 @@ def refine(
     try:
         if robust and estimating:
             _robust_start(model, state, n, ws, nz, masked)
-        cost = _eval(model, state, n, ws, huber, nz, masked)
-        H, g = _normal(model, n, ws)
+        sys_ = _system(model, n, ws, huber, nz, masked)
+        cost = sys_.load(state)
     except np.linalg.LinAlgError as exc:  # pragma: no cover - a start the model cannot evaluate
         return _skipped(model, start, n, ws, huber, nz, masked, 0, exc)
     big = _max_abs_measured(n, ws)  # the measurements stay fixed through the fit
@@ -557,8 +727,8 @@ def refine(
     stop = STOP_ITERATIONS
     try:
         while True:
-            d = _solve_step(H, g, lam, ws)
-            dec = -float(np.vdot(g, d))
+            d = sys_.step(lam)
+            dec = -float(np.vdot(sys_.g, d))
             if not math.isfinite(dec):
                 raise np.linalg.LinAlgError("non-finite step")
             if lam == 0.0:
@@ -567,10 +737,10 @@ def refine(
                 if estimating and vce_rounds < _VCE_MAX_ROUNDS:
                     vce_rounds += 1
                     vm = _variance_stations(n, ws, robust, masked, model.rows)
-                    if _vce(model, n, ws, nz, np.linalg.inv(H), vm, robust):
+                    Hinv = sys_.inverse()
+                    if _vce(model, n, ws, nz, Hinv, vm, robust, sys_.components(Hinv, vm)):
                         fill_whitening(nz, n, ws)
-                        cost = _weigh(model, n, ws, huber, nz, masked)  # same state, new weights
-                        H, g = _normal(model, n, ws)
+                        cost = sys_.reweigh()  # same state, new weights
                         lam = 0.0
                         continue
                 if reject_k is not None and reject_rounds < _MAX_REJECT_ROUNDS:
@@ -581,8 +751,7 @@ def refine(
                         limit = it + budget
                         if estimating:
                             _robust_start(model, state, n, ws, nz, masked)
-                        cost = _eval(model, state, n, ws, huber, nz, masked)
-                        H, g = _normal(model, n, ws)
+                        cost = sys_.load(state)
                         lam, vce_rounds = 0.0, 0
                         continue
                 stop = STOP_CONVERGED
@@ -592,10 +761,10 @@ def refine(
                 break
             it += 1
             trial = model.retract(state, d)
-            c1 = _eval(model, trial, n, ws, huber, nz, masked)
+            c1 = sys_.trial(trial)
             if c1 <= cost:
                 state, cost = trial, c1
-                H, g = _normal(model, n, ws)
+                sys_.accept()
                 lam = 0.0 if lam < 1e-9 else lam * 0.1
                 rejects = 0
                 stale = False
@@ -615,15 +784,15 @@ def refine(
             fill_whitening(nz, n, ws)
             stale = True
         if stale:
-            cost = _eval(model, state, n, ws, huber, nz, masked)
-            H, g = _normal(model, n, ws)
-        cov = np.linalg.inv(H)
+            cost = sys_.load(state)
+        cov = sys_.inverse()
         if not np.all(np.isfinite(cov)):
             raise np.linalg.LinAlgError("singular information matrix")
         if estimating and not converged:
             # Redundancy figures of the returned state (no estimate from them).
-            rr = component_redundancy(model, n, ws, cov, _variance_stations(n, ws, robust, masked, model.rows))
+            rr = sys_.components(cov, _variance_stations(n, ws, robust, masked, model.rows))
             nz.redundancy_t, nz.redundancy_r = rr[0][0], rr[1][0]
+        sys_.finish()
     except np.linalg.LinAlgError as exc:
         return _skipped(model, start, n, ws, huber, nz, masked, it, exc)
     _, ew, _ = model.views()
@@ -688,25 +857,26 @@ def covariance_at(model, state, nz: Noise, *, huber: float | None = None, masked
     figures marked for estimation are estimated from the residuals at ``state``.
     """
     n, ws = model.n, model.ws
-    cost = _eval(model, state, n, ws, huber, nz, masked)
-    H, _ = _normal(model, n, ws)
+    sys_ = _system(model, n, ws, huber, nz, masked)
+    cost = sys_.load(state)
     p = model.nparam
     try:
         robust = huber is not None
         for _ in range(_VCE_MAX_ROUNDS if (nz.estimate_t or nz.estimate_r) else 0):
             vm = _variance_stations(n, ws, robust, masked, model.rows)
-            if not _vce(model, n, ws, nz, np.linalg.inv(H), vm, robust):
+            Hinv = sys_.inverse()
+            if not _vce(model, n, ws, nz, Hinv, vm, robust, sys_.components(Hinv, vm)):
                 break
             fill_whitening(nz, n, ws)
-            cost = _weigh(model, n, ws, huber, nz, masked)
-            H, _ = _normal(model, n, ws)
-        cov = np.linalg.inv(H)
+            cost = sys_.reweigh()
+        cov = sys_.inverse()
         ok = bool(np.all(np.isfinite(cov)))
         if ok:
-            rr = component_redundancy(model, n, ws, cov, _variance_stations(n, ws, robust, masked, model.rows))
+            rr = sys_.components(cov, _variance_stations(n, ws, robust, masked, model.rows))
             nz.redundancy_t, nz.redundancy_r = rr[0][0], rr[1][0]
     except np.linalg.LinAlgError:
         cov, ok = np.full((p, p), np.inf), False
+    sys_.finish()
     _, ew, _ = model.views()
     return Fit(state, cov, cost, _masked_chi2(ew, n, ws, masked), _dof(model, n, ws, masked), 0, True,
                ws.down[:0], nz, ok=ok, message="" if ok else "information matrix singular",
