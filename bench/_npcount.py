@@ -12,10 +12,10 @@ from __future__ import annotations
 import collections
 import sys
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
-
 
 #: Key the counts by the calling solver function too (``"np.matmul@_core.pivot_solve"``).
 BY_CALLER = False

@@ -26,15 +26,13 @@ _ROOT = Path(__file__).resolve().parent.parent
 if str(_ROOT) not in sys.path:
     sys.path.insert(0, str(_ROOT))
 
+import cv2  # noqa: E402  (solver_bench exits with a hint when it is missing)
 import numpy as np  # noqa: E402
 
 from bench._common import git_state  # noqa: E402
 from bench._npcount import count_numpy_calls  # noqa: E402
 from bench._results import machine_line  # noqa: E402
 from bench.solver_bench import prep_rwhe, time_interleaved  # noqa: E402
-
-import cv2  # noqa: E402  (solver_bench exits with a hint when it is missing)
-
 from cellcal.solver import (  # noqa: E402
     Workspace,
     calibrate_base_frame,

@@ -67,10 +67,16 @@ def _prepare(stacks: list[tuple[Any, str]], workspace: Workspace | None, problem
         raise NotEnoughSamples(n, MIN_STATIONS, problem)
     ws = Workspace(n, transient=True) if workspace is None else workspace
     ws.check(n)
-    for a, (_, name) in zip(arrays, stacks, strict=True):
-        _core.validate_stack(a, name, ws)
-        _sanity.check_magnitudes(a, name, n, ws)
-    return arrays, n, ws
+    # A robot stack and a measured one: one conservative screen of both certifies the common
+    # case (valid, plausible, no units warning); otherwise the exact checks run in order and
+    # refuse with their own messages.
+    clear = len(arrays) == 2 and _core.screen_pair(
+        arrays[0], arrays[1], ws, (_sanity.UNITS_FLANGE_M, _sanity.UNITS_MEASURED_M))
+    if not clear:
+        for a, (_, name) in zip(arrays, stacks, strict=True):
+            _core.validate_stack(a, name, ws)
+            _sanity.check_magnitudes(a, name, n, ws)
+    return arrays, n, ws, clear
 
 
 def _check_observable(
@@ -552,11 +558,14 @@ def _inverted_first_outcome(out, X, n, m, obs, frame, pairs, translation, huber,
 
 
 def _input_checks(G: np.ndarray, M: np.ndarray | None, n: int, ws: Workspace, max_reach_m: float | None,
-                  measured: str) -> tuple[bool, list[SolveWarning]]:
-    """Reach (refuses), duplicates (weights them) and units (warns): ADR 0014."""
+                  measured: str, units_clear: bool = False) -> tuple[bool, list[SolveWarning]]:
+    """Reach (refuses), duplicates (weights them) and units (warns): ADR 0014.
+
+    ``units_clear``: :func:`_prepare`'s screen found every translation within the units
+    limits already (no warning possible)."""
     _sanity.check_reach(G, max_reach_m, n, ws, measured=measured)
     masked, dup = _sanity.mark_duplicates(G, n, ws)
-    extra = _sanity.units_warnings(G, n, ws, M, measured)
+    extra = [] if units_clear else _sanity.units_warnings(G, n, ws, M, measured)
     if dup is not None:
         extra.append(dup)
     return masked, extra
