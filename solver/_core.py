@@ -94,14 +94,15 @@ def bounded_buffers(fn):
 _VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
-def ws_view(ws: Workspace, name: str, start: int, shape: tuple[int, ...]) -> np.ndarray:
-    """``getattr(ws, name)`` flattened, from element ``start``, as an array of ``shape``.
+def ws_view(ws: Workspace, name: str, start: int, shape: tuple[int, ...], dtype: type | None = None) -> np.ndarray:
+    """``getattr(ws, name)`` flattened, from element ``start``, as an array of ``shape``
+    (reinterpreted as ``dtype`` of the same item size when given).
 
     Kept per workspace (weakly: nothing here keeps a workspace alive), so that a warmed-up
     solve gets its scratch shapes without a numpy call (a reshape costs about as much as a
     small ufunc, and the linear solve is call-bound at small N).
     """
-    key = (name, start, shape)
+    key = (name, start, shape, dtype)
     cache = _VIEWS.get(ws)
     if cache is None:
         cache = _VIEWS[ws] = {}
@@ -110,7 +111,8 @@ def ws_view(ws: Workspace, name: str, start: int, shape: tuple[int, ...]) -> np.
         size = 1
         for d in shape:
             size *= d
-        v = cache[key] = getattr(ws, name).reshape(-1)[start : start + size].reshape(shape)
+        flat = getattr(ws, name).reshape(-1)[start : start + size]
+        v = cache[key] = (flat if dtype is None else flat.view(dtype)).reshape(shape)
     return v
 
 
@@ -412,6 +414,47 @@ def quats_from_rotations(R: np.ndarray, q_out: np.ndarray, ws: Workspace) -> Non
     np.sqrt(nrm, out=nrm)
     np.copysign(nrm, q_out[:, 0], out=nrm)  # divide by -|q| where w < 0: w >= 0 after
     np.divide(q_out, nrm[:, None], out=q_out)
+
+
+#: ``vec(K) = vec(T) @ _DAV16`` for a 4x4 ``T`` whose upper-left 3x3 is ``R``: the
+#: Davenport map of :func:`_fill_davenport` read straight from a flattened pose.
+_DAV16 = np.zeros((16, 16))
+_DAV16[[4 * i + j for i in range(3) for j in range(3)]] = _DAV_LIN
+_DIAG4 = np.array([0, 5, 10, 15], np.intp)
+
+
+def quats_of_stacks(TA: np.ndarray, TB: np.ndarray, ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`quats_from_rotations` of the rotations of two C-contiguous (n, 4, 4) stacks at
+    once, into workspace scratch; returns the two (n, 4) views.
+
+    The Shepperd matrices come straight from the flattened poses (no copy of the strided
+    rotations), both stacks share every later step, and the chosen column is picked by a
+    one-hot product and a sum instead of a batch of 4x4 matrix-vector products (which cost
+    about 0.2 us per station). Each step computes what :func:`quats_from_rotations` does,
+    with the same roundings (the one-hot sum adds exact zeros).
+    """
+    n = TA.shape[0]
+    K = ws_view(ws, "KJ", 0, (2 * n, 16))
+    np.matmul(TA.reshape(n, 16), _DAV16, out=K[:n])
+    np.matmul(TB.reshape(n, 16), _DAV16, out=K[n:])
+    K += _DAV_DIAG
+    diag = ws_view(ws, "KJ", 32 * n, (2 * n, 4))
+    np.take(K, _DIAG4, axis=1, out=diag, mode="clip")
+    idx = ws_view(ws, "KJ", 40 * n, (2 * n,), np.intp)
+    np.argmax(diag, axis=1, out=idx)
+    hot = ws_view(ws, "b16", 0, (2 * n, 4))
+    np.equal(ws.ar4, idx[:, None], out=hot)
+    np.copyto(diag, hot)
+    prod = ws_view(ws, "L36", 0, (2 * n, 4, 4))
+    np.multiply(ws_view(ws, "KJ", 0, (2 * n, 4, 4)), diag[:, None, :], out=prod)
+    q = ws_view(ws, "KJ", 42 * n, (2 * n, 4))
+    np.add.reduce(prod, axis=2, out=q)
+    nrm = ws_view(ws, "KJ", 50 * n, (2 * n,))
+    np.einsum("ij,ij->i", q, q, out=nrm)
+    np.sqrt(nrm, out=nrm)
+    np.copysign(nrm, q[:, 0], out=nrm)  # divide by -|q| where w < 0: w >= 0 after
+    np.divide(q, nrm[:, None], out=q)
+    return q[:n], q[n:]
 
 
 # --- fixed-size eigen kernel ---------------------------------------------------------------
@@ -753,9 +796,21 @@ def align_signs_by_reference(Pq: np.ndarray, Qq: np.ndarray, ws: Workspace) -> b
     part ~ 0) is it ambiguous; those stations are tried against further references.
     """
     n = Pq.shape[0]
+    dp, dq, prod = ws.s1[:n], ws.s2[:n], ws.s3[:n]
+    # The common case in a few calls: station 0 decides every sign (no station near 180 deg
+    # from it). The same figures and comparisons as the loop's first pass, which runs from
+    # the start whenever one station is not decided here.
+    np.matmul(Pq, Pq[0], out=dp)
+    np.matmul(Qq, Qq[0], out=dq)
+    np.multiply(dp, dq, out=prod)
+    np.abs(dp, out=dp)
+    np.abs(dq, out=dq)
+    if float(dp.min()) >= SIGN_MARGIN and float(dq.min()) >= SIGN_MARGIN:
+        np.copysign(1.0, prod, out=prod)
+        np.multiply(Qq, prod[:, None], out=Qq)
+        return True
     sgn = ws.w[:n]
     sgn.fill(0.0)  # 0: not aligned yet
-    dp, dq, prod = ws.s1[:n], ws.s2[:n], ws.s3[:n]
     ok = ws.ball[:n]
     ref = 0
     sgn[0] = 1.0
@@ -855,7 +910,8 @@ def align_sign_groups(Pq: np.ndarray, Qq: np.ndarray, ws: Workspace) -> int:
 
 
 def solve_rotation_all_pairs(
-    RP: np.ndarray, side_A: str, RQ: np.ndarray, ws: Workspace, qX0: tuple | None = None
+    RP: np.ndarray, side_A: str, RQ: np.ndarray, ws: Workspace, qX0: tuple | None = None,
+    stacks: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[float, float, float, float]:
     """Rotation of ``X`` from every ordered station pair at O(N) cost.
 
@@ -863,14 +919,19 @@ def solve_rotation_all_pairs(
     quaternion signs are aligned from their scalar parts (:func:`align_signs_by_reference`);
     where that stays ambiguous (stations near 180 degrees from every reference tried), a
     sign-free first estimate of ``X`` (:func:`kronecker_estimate`, or ``qX0``) decides.
+    ``stacks``: the (n, 4, 4) poses ``RP`` and ``RQ`` are the rotations of, when at hand
+    (contiguous ones take the fused :func:`quats_of_stacks`).
     """
     n = RP.shape[0]
-    Pq, Qq = ws.qA[:n], ws.qB[:n]
     Rc = ws.M33[:n]  # contiguous copies: the batch kernels reshape without copying
-    np.copyto(Rc, RP)
-    quats_from_rotations(Rc, Pq, ws)
-    np.copyto(Rc, RQ)
-    quats_from_rotations(Rc, Qq, ws)
+    if stacks is not None and stacks[0].flags.c_contiguous and stacks[1].flags.c_contiguous:
+        Pq, Qq = quats_of_stacks(stacks[0], stacks[1], ws)
+    else:
+        Pq, Qq = ws.qA[:n], ws.qB[:n]
+        np.copyto(Rc, RP)
+        quats_from_rotations(Rc, Pq, ws)
+        np.copyto(Rc, RQ)
+        quats_from_rotations(Rc, Qq, ws)
     if not align_signs_by_reference(Pq, Qq, ws):
         # Reset to Shepperd's signs and align within groups; the few relative signs between
         # groups are tried exhaustively, keeping the one whose solution closes best (the

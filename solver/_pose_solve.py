@@ -182,7 +182,7 @@ def _solve_axxb(
         _core.relative_motions(TB, side_B, m, ws, ws.RB, ws.tB)
     if pairs == "all":
         try:
-            qX = _core.solve_rotation_all_pairs(RP, side_A, RQ, ws)
+            qX = _core.solve_rotation_all_pairs(RP, side_A, RQ, ws, stacks=(TA, TB))
         except _core._SignAmbiguity as exc:
             raise DegenerateGeometry(
                 f"{problem}: two rotations fit the motions about equally (contrast {exc.contrast:.2g}, need "
