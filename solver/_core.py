@@ -423,15 +423,28 @@ _DAV16[[4 * i + j for i in range(3) for j in range(3)]] = _DAV_LIN
 _DIAG4 = np.array([0, 5, 10, 15], np.intp)
 
 
+def _row_base(ws: Workspace, m: int) -> np.ndarray:
+    """``16 k + j`` (m, 4), intp: the flat index of entry j of row 0 of the k-th 4x4. Made
+    once per workspace and size (the cache of :func:`ws_view`), never in a warmed-up solve."""
+    cache = _VIEWS.get(ws)
+    if cache is None:
+        cache = _VIEWS[ws] = {}
+    key = ("row_base", m)
+    v = cache.get(key)
+    if v is None:
+        v = cache[key] = (16 * np.arange(m, dtype=np.intp))[:, None] + np.arange(4, dtype=np.intp)
+    return v
+
+
 def quats_of_stacks(TA: np.ndarray, TB: np.ndarray, ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
     """:func:`quats_from_rotations` of the rotations of two C-contiguous (n, 4, 4) stacks at
     once, into workspace scratch; returns the two (n, 4) views.
 
     The Shepperd matrices come straight from the flattened poses (no copy of the strided
-    rotations), both stacks share every later step, and the chosen column is picked by a
-    one-hot product and a sum instead of a batch of 4x4 matrix-vector products (which cost
+    rotations), both stacks share every later step, and the chosen column is gathered by
+    index instead of a batch of 4x4 matrix-vector products with a one-hot vector (which cost
     about 0.2 us per station). Each step computes what :func:`quats_from_rotations` does,
-    with the same roundings (the one-hot sum adds exact zeros).
+    with the same roundings (its product adds exact zeros to the entries gathered here).
     """
     n = TA.shape[0]
     K = ws_view(ws, "KJ", 0, (2 * n, 16))
@@ -442,13 +455,13 @@ def quats_of_stacks(TA: np.ndarray, TB: np.ndarray, ws: Workspace) -> tuple[np.n
     np.take(K, _DIAG4, axis=1, out=diag, mode="clip")
     idx = ws_view(ws, "KJ", 40 * n, (2 * n,), np.intp)
     np.argmax(diag, axis=1, out=idx)
-    hot = ws_view(ws, "b16", 0, (2 * n, 4))
-    np.equal(ws.ar4, idx[:, None], out=hot)
-    np.copyto(diag, hot)
-    prod = ws_view(ws, "L36", 0, (2 * n, 4, 4))
-    np.multiply(ws_view(ws, "KJ", 0, (2 * n, 4, 4)), diag[:, None, :], out=prod)
+    # Row idx of K (K is exactly symmetric: the same terms in the same order on both sides of
+    # the diagonal), i.e. the column Shepperd picks, gathered at 16 k + 4 idx_k + j.
+    np.multiply(idx, 4, out=idx)
+    at = ws_view(ws, "KJ", 52 * n, (2 * n, 4), np.intp)
+    np.add(idx[:, None], _row_base(ws, 2 * n), out=at)
     q = ws_view(ws, "KJ", 42 * n, (2 * n, 4))
-    np.add.reduce(prod, axis=2, out=q)
+    np.take(ws_view(ws, "KJ", 0, (32 * n,)), at, out=q, mode="clip")
     nrm = ws_view(ws, "KJ", 50 * n, (2 * n,))
     np.einsum("ij,ij->i", q, q, out=nrm)
     np.sqrt(nrm, out=nrm)
@@ -1055,31 +1068,45 @@ def pivot_solve(R: np.ndarray, t: np.ndarray, ws: Workspace) -> tuple[np.ndarray
     return p, c
 
 
+#: ``vec(E) @ _VEE_TR = (vee(E - E^T) / 2, tr(E) / 2)`` for a 3x3 ``E`` (row-major vec):
+#: the log map's two inputs from one product (halving is exact, so these are the halves of
+#: the differences and of the trace the angle needs, to the bit).
+_VEE_TR = np.zeros((9, 4))
+for _c, (_p, _m) in enumerate(((7, 5), (2, 6), (3, 1))):
+    _VEE_TR[_p, _c], _VEE_TR[_m, _c] = 0.5, -0.5
+_VEE_TR[[0, 4, 8], 3] = 0.5
+
+
 def rotation_edge(RZ: np.ndarray, ws: Workspace) -> np.ndarray:
     """Chordal mean of per-station rotations ``RZ`` (n, 3, 3) of a constant edge, and the
-    angle of each against it into ``ws.res_r``. Returns the mean (3, 3) as a new array."""
+    angle of each against it into ``ws.res_r``. Returns the mean (3, 3) as a new array.
+
+    ``RZ`` is contiguous. ``E_i = Rm^T RZ_i`` for every station is one (n, 9) x (9, 9)
+    product with ``kron(Rm, I)`` (no batch of 3x3 products), its vee and trace one more.
+    """
     n = RZ.shape[0]
     Rsum = ws.R3
     np.sum(RZ, axis=0, out=Rsum)
     Rm = rot_from_quat_into(chordal_mean_quat(Rsum, ws), np.empty((3, 3)))
     # Angle of E_i = Rm^T RZ_i by atan2(|vee(E - E^T)|/2, (tr E - 1)/2): accurate at 0,
     # where arccos would lose half the digits.
-    E = ws.M33[:n]
-    np.matmul(Rm.T, RZ, out=E)
-    s = ws.v3c[:n]
-    np.subtract(E[:, 2, 1], E[:, 1, 2], out=s[:, 0])
-    np.subtract(E[:, 0, 2], E[:, 2, 0], out=s[:, 1])
-    np.subtract(E[:, 1, 0], E[:, 0, 1], out=s[:, 2])
+    W = ws_view(ws, "C99", 0, (3, 3, 3, 3))
+    np.multiply(Rm[:, None, :, None], _EYE33, out=W)  # W[i, b, a, b'] = Rm[i, a] d(b, b')
+    E = ws_view(ws, "M33", 0, (n, 9))
+    np.matmul(RZ.reshape(n, 9), ws_view(ws, "C99", 0, (9, 9)), out=E)
+    F = ws.v4a[:n]
+    np.matmul(E, _VEE_TR, out=F)
     sn = ws.s1[:n]
-    np.einsum("ij,ij->i", s, s, out=sn)
+    np.einsum("ij,ij->i", F[:, :3], F[:, :3], out=sn)
     np.sqrt(sn, out=sn)
-    np.multiply(sn, 0.5, out=sn)
     c = ws.s2[:n]
-    np.einsum("kii->k", E, out=c)
-    np.subtract(c, 1.0, out=c)
-    np.multiply(c, 0.5, out=c)
+    np.subtract(F[:, 3], 0.5, out=c)
     np.arctan2(sn, c, out=ws.res_r[:n])
     return Rm
+
+
+#: ``I_3`` broadcast as ``[None, b, None, b']`` for :func:`rotation_edge`'s ``kron(Rm, I)``.
+_EYE33 = np.eye(3)[None, :, None, :]
 
 
 def closure_stats(n: int, ws: Workspace) -> tuple[float, float, float, float]:
