@@ -200,8 +200,9 @@ def _solve_axxb(
     tx = np.array(_core.solve_translation(m, Rx, ws)) if pair_translation else None
     if gate is not None:
         obs.axis = Rx @ gate.axis  # the robot's weakest axis, in the A side's frame
-        j = int(np.argmax(np.abs(obs.axis)))
-        if obs.axis[j] < 0:
+        a = [float(c) for c in obs.axis]
+        j = max(range(3), key=lambda i: abs(a[i]))  # the first of the largest, as np.argmax
+        if a[j] < 0:
             obs.axis = -obs.axis
     return Rx, tx, m, obs
 
@@ -256,9 +257,9 @@ def _absolute_linear(
         min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
         pair_translation=pair_t, gate_on_b=robot_is_g,
     )
-    RG, tG, RM, tM = G[:, :3, :3], G[:, :3, 3], M[:, :3, :3], M[:, :3, 3]
+    RG, tG, tM = G[:, :3, :3], G[:, :3, 3], M[:, :3, 3]
     # Rotation of flange_T_target_i = R_G^T R_X^T R_M, chordal mean, rotation closure.
-    np.matmul(Rx.T, RM, out=ws.RB[:n])
+    _core.rotate_stack(Rx.T, M, ws.RB[:n], ws)
     np.matmul(RG.transpose(0, 2, 1), ws.RB[:n], out=ws.RA[:n])
     Ry = _core.rotation_edge(ws.RA[:n], ws)
     u = ws.v3a[:n]
@@ -291,9 +292,9 @@ def _hand_eye_linear(
         min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
         pair_translation=pair_t,
     )
-    RG, tG, RO, tO = G[:, :3, :3], G[:, :3, 3], O[:, :3, :3], O[:, :3, 3]
+    RG, tG, tO = G[:, :3, :3], G[:, :3, 3], O[:, :3, 3]
     # Rotation of base_T_target_i = R_G R_X R_O, chordal mean, rotation closure.
-    np.matmul(Rx, RO, out=ws.RB[:n])
+    _core.rotate_stack(Rx, O, ws.RB[:n], ws)
     np.matmul(RG, ws.RB[:n], out=ws.RA[:n])
     Rz = _core.rotation_edge(ws.RA[:n], ws)
     u = ws.v3a[:n]
