@@ -111,20 +111,9 @@ def ws_view(ws: Workspace, name: str, start: int, shape: tuple[int, ...], dtype:
         size = 1
         for d in shape:
             size *= d
-        flat = getattr(ws, name).reshape(-1)[start : start + size]
+        src = cache[name] if name in cache else getattr(ws, name)  # the cache's own arrays too
+        flat = src.reshape(-1)[start : start + size]
         v = cache[key] = (flat if dtype is None else flat.view(dtype)).reshape(shape)
-    return v
-
-
-def _scratch(ws: Workspace, name: str, shape: tuple[int, ...], zero: bool = False) -> np.ndarray:
-    """A fixed-size scratch array of this workspace beyond its own buffers, made once (zeroed
-    then if ``zero``) in the cache of :func:`ws_view`."""
-    cache = _VIEWS.get(ws)
-    if cache is None:
-        cache = _VIEWS[ws] = {}
-    v = cache.get(("scratch", name))
-    if v is None:
-        v = cache[("scratch", name)] = np.zeros(shape) if zero else np.empty(shape)
     return v
 
 
@@ -132,21 +121,28 @@ def _scratch(ws: Workspace, name: str, shape: tuple[int, ...], zero: bool = Fals
 _EYE33 = np.eye(3)[None, :, None, :]
 
 
-def rotate_stack(A: np.ndarray, T: np.ndarray, out: np.ndarray, ws: Workspace) -> None:
-    """``out[k] = A @ T[k, :3, :3]`` for a (3, 3) ``A`` and a stack of poses ``T``.
+def rotate_stack(A: np.ndarray, T: np.ndarray, ws: Workspace) -> np.ndarray:
+    """``A @ T[k, :3, :3]`` for a (3, 3) ``A`` and every pose of a stack ``T``, into
+    ``ws.RB[:n]`` (returned).
 
     For a C-contiguous ``T`` one (n, 16) x (16, 9) product with ``A`` spread over a constant
     pattern (the same three terms per entry, in the same order, as the batch of 3x3
-    products, which costs about 0.2 us per station); otherwise that batch. ``out`` is a
-    contiguous (n, 3, 3) workspace buffer.
+    products, which costs about 0.2 us per station); otherwise that batch.
     """
     n = T.shape[0]
+    out = ws.RB[:n]
     if not T.flags.c_contiguous:
         np.matmul(A, T[:, :3, :3], out=out)
-        return
-    W = _scratch(ws, "rotate_stack", (4, 4, 3, 3), zero=True)  # rows 4 i + b', columns 3 a + b
+        return out
+    cache = _VIEWS.get(ws)
+    if cache is None:
+        cache = _VIEWS[ws] = {}
+    W = cache.get("rotate_stack")
+    if W is None:  # rows 4 i + b', columns 3 a + b; zero outside the rotation's rows
+        W = cache["rotate_stack"] = np.zeros((4, 4, 3, 3))
     np.multiply(A.T[:, None, :, None], _EYE33, out=W[:3, :3])  # W[i, b, a, b] = A[a, i]
-    np.matmul(T.reshape(n, 16), W.reshape(16, 9), out=out.reshape(n, 9))
+    np.matmul(T.reshape(n, 16), ws_view(ws, "rotate_stack", 0, (16, 9)), out=ws_view(ws, "RB", 0, (n, 9)))
+    return out
 
 
 # --- validation --------------------------------------------------------------------------
@@ -574,7 +570,9 @@ def chordal_mean_quat(Rsum: np.ndarray, ws: Workspace) -> tuple[float, float, fl
     call on fixed-size scratch; exact to rounding, unlike a truncated power iteration).
     """
     K = ws.c44
-    _fill_davenport(Rsum.reshape(1, 3, 3), K.reshape(1, 4, 4), 0.0)
+    # _fill_davenport of one matrix (shift 0), the same (1, 9) x (9, 16) product.
+    r9 = ws_view(ws, "R3", 0, (1, 9)) if Rsum is ws.R3 else Rsum.reshape(1, 9)
+    np.matmul(r9, _DAV_LIN, out=ws_view(ws, "c44", 0, (1, 16)))
     v = np.linalg.eigh(K)[1][:, 3]
     w, x, y, z = (float(c) for c in v)
     if w < 0.0:
@@ -649,9 +647,9 @@ def rotation_normal_matrix(qA: np.ndarray, qB: np.ndarray, w: np.ndarray, ws: Wo
 
 def normal_from_outer(C: np.ndarray, wsum: float, ws: Workspace) -> np.ndarray:
     """``S = 2 wsum I - (M + M^T)`` with ``vec(M) = vec(C) @ _LTR`` (into ``ws.N4``)."""
-    M = ws.Q4
-    np.matmul(C.reshape(16), _LTR, out=ws.C16)
-    np.copyto(M, ws.C16.reshape(4, 4))
+    c16 = ws_view(ws, "c44", 0, (16,)) if C is ws.c44 else C.reshape(16)
+    np.matmul(c16, _LTR, out=ws.C16)
+    M = ws_view(ws, "C16", 0, (4, 4))  # the product's own buffer: no copy to a 4x4 needed
     S = ws.N4
     np.add(M, M.T, out=S)
     np.negative(S, out=S)

@@ -259,7 +259,7 @@ def _absolute_linear(
     )
     RG, tG, tM = G[:, :3, :3], G[:, :3, 3], M[:, :3, 3]
     # Rotation of flange_T_target_i = R_G^T R_X^T R_M, chordal mean, rotation closure.
-    _core.rotate_stack(Rx.T, M, ws.RB[:n], ws)
+    _core.rotate_stack(Rx.T, M, ws)
     np.matmul(RG.transpose(0, 2, 1), ws.RB[:n], out=ws.RA[:n])
     Ry = _core.rotation_edge(ws.RA[:n], ws)
     u = ws.v3a[:n]
@@ -294,7 +294,7 @@ def _hand_eye_linear(
     )
     RG, tG, tO = G[:, :3, :3], G[:, :3, 3], O[:, :3, 3]
     # Rotation of base_T_target_i = R_G R_X R_O, chordal mean, rotation closure.
-    _core.rotate_stack(Rx, O, ws.RB[:n], ws)
+    _core.rotate_stack(Rx, O, ws)
     np.matmul(RG, ws.RB[:n], out=ws.RA[:n])
     Rz = _core.rotation_edge(ws.RA[:n], ws)
     u = ws.v3a[:n]
