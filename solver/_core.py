@@ -1086,8 +1086,7 @@ def pivot_solve(R: np.ndarray, t: np.ndarray, ws: Workspace) -> tuple[np.ndarray
         lhs[i, i] += n
     rhs = ws.t3
     np.einsum("kji,kj->i", R, t, out=rhs)  # sum R_i^T t_i
-    np.negative(rhs, out=rhs)
-    rhs += (Rs.T @ ts) / n
+    np.subtract((Rs.T @ ts) / n, rhs, out=rhs)  # x - r is (-r) + x exactly
     p = np.array(solve_spd3(lhs, rhs))
     c = (ts + Rs @ p) / n
     d = ws.v3b[:n]
