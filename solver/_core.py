@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
+import weakref
 
 import numpy as np
 
@@ -88,6 +89,62 @@ def bounded_buffers(fn):
     return wrapper
 
 
+# --- shaped views of workspace buffers -------------------------------------------------------
+
+_VIEWS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def ws_view(ws: Workspace, name: str, start: int, shape: tuple[int, ...], dtype: type | None = None) -> np.ndarray:
+    """``getattr(ws, name)`` flattened, from element ``start``, as an array of ``shape``
+    (reinterpreted as ``dtype`` of the same item size when given).
+
+    Kept per workspace (weakly: nothing here keeps a workspace alive), so that a warmed-up
+    solve gets its scratch shapes without a numpy call (a reshape costs about as much as a
+    small ufunc, and the linear solve is call-bound at small N).
+    """
+    key = (name, start, shape, dtype)
+    cache = _VIEWS.get(ws)
+    if cache is None:
+        cache = _VIEWS[ws] = {}
+    v = cache.get(key)
+    if v is None:
+        size = 1
+        for d in shape:
+            size *= d
+        src = cache[name] if name in cache else getattr(ws, name)  # the cache's own arrays too
+        flat = src.reshape(-1)[start : start + size]
+        v = cache[key] = (flat if dtype is None else flat.view(dtype)).reshape(shape)
+    return v
+
+
+#: ``I_3`` broadcast as ``[None, b, None, b']`` (the identity factor of ``kron(A, I)``).
+_EYE33 = np.eye(3)[None, :, None, :]
+
+
+def rotate_stack(A: np.ndarray, T: np.ndarray, ws: Workspace) -> np.ndarray:
+    """``A @ T[k, :3, :3]`` for a (3, 3) ``A`` and every pose of a stack ``T``, into
+    ``ws.RB[:n]`` (returned).
+
+    For a C-contiguous ``T`` one (n, 16) x (16, 9) product with ``A`` spread over a constant
+    pattern (the same three terms per entry, in the same order, as the batch of 3x3
+    products, which costs about 0.2 us per station); otherwise that batch.
+    """
+    n = T.shape[0]
+    out = ws.RB[:n]
+    if not T.flags.c_contiguous:
+        np.matmul(A, T[:, :3, :3], out=out)
+        return out
+    cache = _VIEWS.get(ws)
+    if cache is None:
+        cache = _VIEWS[ws] = {}
+    W = cache.get("rotate_stack")
+    if W is None:  # rows 4 i + b', columns 3 a + b; zero outside the rotation's rows
+        W = cache["rotate_stack"] = np.zeros((4, 4, 3, 3))
+    np.multiply(A.T[:, None, :, None], _EYE33, out=W[:3, :3])  # W[i, b, a, b] = A[a, i]
+    np.matmul(T.reshape(n, 16), ws_view(ws, "rotate_stack", 0, (16, 9)), out=ws_view(ws, "RB", 0, (n, 9)))
+    return out
+
+
 # --- validation --------------------------------------------------------------------------
 
 
@@ -149,6 +206,89 @@ def validate_stack(a: np.ndarray, name: str, ws: Workspace, *, tol: float = 1e-6
     if float(det.min()) <= 0.0:
         i = int(np.argmin(det))
         raise ValueError(f"{name}[{i}]: rotation has determinant {float(det[i]):.3g}, expected +1")
+
+
+def _build_screen() -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Gathers and map of :func:`screen_pair`: which entries of a flattened 4x4 (``T[i, j]``
+    at ``4 i + j``) multiply, and how the products sum to the checked figures."""
+    gram = [(a, b) for a in range(3) for b in range(a, 3)]
+    i1 = [4 * i + a for a, b in gram for i in range(3)]
+    i2 = [4 * i + b for a, b in gram for i in range(3)]
+    perms = ((0, 1, 2, 1.0), (1, 2, 0, 1.0), (2, 0, 1, 1.0), (0, 2, 1, -1.0), (2, 1, 0, -1.0), (1, 0, 2, -1.0))
+    i1 += [4 * i for i, _, _, _ in perms]
+    i2 += [4 * j + 1 for _, j, _, _ in perms]
+    i3 = [4 * k + 2 for _, _, k, _ in perms]
+    i1 += [3, 7, 11]  # translation, squared
+    i2 += [3, 7, 11]
+    i1 += [12, 13, 14, 15]  # last row, as it is
+    lin = np.zeros((31, 12))
+    for c in range(6):
+        lin[3 * c : 3 * c + 3, c] = 1.0  # Gram entries (R^T R)_ab, a <= b
+    for c, (_, _, _, sgn) in enumerate(perms):
+        lin[18 + c, 6] = sgn  # determinant
+    lin[24:27, 11] = 1.0  # |t|^2
+    for c in range(4):
+        lin[27 + c, 7 + c] = 1.0
+    off = np.array([1.0, 0.0, 0.0, 1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+    return np.array(i1, np.intp), np.array(i2, np.intp), np.array(i3, np.intp), lin, off
+
+
+_SCR_I1, _SCR_I2, _SCR_I3, _SCR_LIN, _SCR_OFF = _build_screen()
+#: Margin of :func:`screen_pair` below each threshold, so that its figures, summed in
+#: another order than the exact checks', never pass what those would refuse.
+SCREEN_MARGIN = 0.99
+
+
+def screen_pair(G: np.ndarray, M: np.ndarray, ws: Workspace, limits: tuple[float, float],
+                tol: float = 1e-6) -> bool:
+    """True when two (N, 4, 4) stacks certainly pass every input check of the pose solves.
+
+    One conservative pass over both stacks: finite values, last rows ``0 0 0 1`` (1e-9),
+    rotations orthonormal to ``tol`` with determinant +1 (as :func:`validate_stack`) and
+    every translation at most ``limits[0]`` (``G``) / ``limits[1]`` (``M``) m long. Each
+    station's 12 figures (the 6 Gram entries of ``R^T R``, ``det R``, the last row, ``|t|^2``)
+    come from three gathers, two products and one constant (31, 12) map, each figure scaled
+    so that one maximum against ``SCREEN_MARGIN * tol`` decides all of them: about a dozen
+    numpy calls for both stacks instead of one batched 3x3 product per check and stack.
+    False means "not certain" (a NaN anywhere, a figure near or past a limit, a strided
+    stack): the caller then runs the exact checks, which raise with their own messages.
+    """
+    n = G.shape[0]
+    if not (G.flags.c_contiguous and M.flags.c_contiguous):
+        return False
+    P1 = ws_view(ws, "KJ", 0, (n, 31))
+    P2 = ws_view(ws, "KJ", 31 * n, (n, 27))
+    P3 = ws_view(ws, "KJ", 58 * n, (n, 6))
+    Q = ws_view(ws, "L36", 0, (2 * n, 12))
+    for k, (T, limit) in enumerate(((G, limits[0]), (M, limits[1]))):
+        T16 = T.reshape(n, 16)
+        np.take(T16, _SCR_I1, axis=1, out=P1, mode="clip")
+        np.take(T16, _SCR_I2, axis=1, out=P2, mode="clip")
+        np.take(T16, _SCR_I3, axis=1, out=P3, mode="clip")
+        np.multiply(P1[:, :27], P2, out=P1[:, :27])
+        np.multiply(P1[:, 18:24], P3, out=P1[:, 18:24])
+        np.matmul(P1, _screen_map(tol, limit), out=Q[k * n : (k + 1) * n])
+    np.subtract(Q, _screen_off(tol), out=Q)
+    np.abs(Q, out=Q)
+    worst = float(Q.max())
+    return worst <= SCREEN_MARGIN * tol  # NaN compares False
+
+
+@functools.lru_cache(maxsize=16)
+def _screen_map(tol: float, limit: float) -> np.ndarray:
+    lin = _SCR_LIN.copy()
+    lin[:, 7:11] *= tol / 1e-9  # the last row's limit 1e-9 becomes tol
+    lin[:, 11] *= tol / (limit * limit)  # |t|^2 <= limit^2 becomes <= tol
+    lin.flags.writeable = False
+    return lin
+
+
+@functools.lru_cache(maxsize=4)
+def _screen_off(tol: float) -> np.ndarray:
+    off = _SCR_OFF.copy()
+    off[10] *= tol / 1e-9
+    off.flags.writeable = False
+    return off
 
 
 # --- motion pairs ------------------------------------------------------------------------
@@ -305,6 +445,60 @@ def quats_from_rotations(R: np.ndarray, q_out: np.ndarray, ws: Workspace) -> Non
     np.divide(q_out, nrm[:, None], out=q_out)
 
 
+#: ``vec(K) = vec(T) @ _DAV16`` for a 4x4 ``T`` whose upper-left 3x3 is ``R``: the
+#: Davenport map of :func:`_fill_davenport` read straight from a flattened pose.
+_DAV16 = np.zeros((16, 16))
+_DAV16[[4 * i + j for i in range(3) for j in range(3)]] = _DAV_LIN
+_DIAG4 = np.array([0, 5, 10, 15], np.intp)
+
+
+def _row_base(ws: Workspace, m: int) -> np.ndarray:
+    """``16 k + j`` (m, 4), intp: the flat index of entry j of row 0 of the k-th 4x4. Made
+    once per workspace and size (the cache of :func:`ws_view`), never in a warmed-up solve."""
+    cache = _VIEWS.get(ws)
+    if cache is None:
+        cache = _VIEWS[ws] = {}
+    key = ("row_base", m)
+    v = cache.get(key)
+    if v is None:
+        v = cache[key] = (16 * np.arange(m, dtype=np.intp))[:, None] + np.arange(4, dtype=np.intp)
+    return v
+
+
+def quats_of_stacks(TA: np.ndarray, TB: np.ndarray, ws: Workspace) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`quats_from_rotations` of the rotations of two C-contiguous (n, 4, 4) stacks at
+    once, into workspace scratch; returns the two (n, 4) views.
+
+    The Shepperd matrices come straight from the flattened poses (no copy of the strided
+    rotations), both stacks share every later step, and the chosen column is gathered by
+    index instead of a batch of 4x4 matrix-vector products with a one-hot vector (which cost
+    about 0.2 us per station). Each step computes what :func:`quats_from_rotations` does,
+    with the same roundings (its product adds exact zeros to the entries gathered here).
+    """
+    n = TA.shape[0]
+    K = ws_view(ws, "KJ", 0, (2 * n, 16))
+    np.matmul(TA.reshape(n, 16), _DAV16, out=K[:n])
+    np.matmul(TB.reshape(n, 16), _DAV16, out=K[n:])
+    K += _DAV_DIAG
+    diag = ws_view(ws, "KJ", 32 * n, (2 * n, 4))
+    np.take(K, _DIAG4, axis=1, out=diag, mode="clip")
+    idx = ws_view(ws, "KJ", 40 * n, (2 * n,), np.intp)
+    np.argmax(diag, axis=1, out=idx)
+    # Row idx of K (K is exactly symmetric: the same terms in the same order on both sides of
+    # the diagonal), i.e. the column Shepperd picks, gathered at 16 k + 4 idx_k + j.
+    np.multiply(idx, 4, out=idx)
+    at = ws_view(ws, "KJ", 52 * n, (2 * n, 4), np.intp)
+    np.add(idx[:, None], _row_base(ws, 2 * n), out=at)
+    q = ws_view(ws, "KJ", 42 * n, (2 * n, 4))
+    np.take(ws_view(ws, "KJ", 0, (32 * n,)), at, out=q, mode="clip")
+    nrm = ws_view(ws, "KJ", 50 * n, (2 * n,))
+    np.einsum("ij,ij->i", q, q, out=nrm)
+    np.sqrt(nrm, out=nrm)
+    np.copysign(nrm, q[:, 0], out=nrm)  # divide by -|q| where w < 0: w >= 0 after
+    np.divide(q, nrm[:, None], out=q)
+    return q[:n], q[n:]
+
+
 # --- fixed-size eigen kernel ---------------------------------------------------------------
 
 
@@ -340,7 +534,8 @@ def dominant_eigvec(P: np.ndarray, Q: np.ndarray, tol: float = 1e-9) -> np.ndarr
             np.matmul(P, P, out=Q)
             np.multiply(Q, 1.0 / _trace(Q), out=P)
             break
-    k = int(np.argmax(np.diagonal(P)))
+    d = [float(P[i, i]) for i in range(P.shape[0])]
+    k = d.index(max(d))  # the first of the largest, as np.argmax
     v = Q[:, 0]
     np.multiply(P[:, k], 1.0 / math.sqrt(float(P[k, k])), out=v)
     # One power step with the converged matrix removes the column-choice rounding.
@@ -375,7 +570,9 @@ def chordal_mean_quat(Rsum: np.ndarray, ws: Workspace) -> tuple[float, float, fl
     call on fixed-size scratch; exact to rounding, unlike a truncated power iteration).
     """
     K = ws.c44
-    _fill_davenport(Rsum.reshape(1, 3, 3), K.reshape(1, 4, 4), 0.0)
+    # _fill_davenport of one matrix (shift 0), the same (1, 9) x (9, 16) product.
+    r9 = ws_view(ws, "R3", 0, (1, 9)) if Rsum is ws.R3 else Rsum.reshape(1, 9)
+    np.matmul(r9, _DAV_LIN, out=ws_view(ws, "c44", 0, (1, 16)))
     v = np.linalg.eigh(K)[1][:, 3]
     w, x, y, z = (float(c) for c in v)
     if w < 0.0:
@@ -450,9 +647,9 @@ def rotation_normal_matrix(qA: np.ndarray, qB: np.ndarray, w: np.ndarray, ws: Wo
 
 def normal_from_outer(C: np.ndarray, wsum: float, ws: Workspace) -> np.ndarray:
     """``S = 2 wsum I - (M + M^T)`` with ``vec(M) = vec(C) @ _LTR`` (into ``ws.N4``)."""
-    M = ws.Q4
-    np.matmul(C.reshape(16), _LTR, out=ws.C16)
-    np.copyto(M, ws.C16.reshape(4, 4))
+    c16 = ws_view(ws, "c44", 0, (16,)) if C is ws.c44 else C.reshape(16)
+    np.matmul(c16, _LTR, out=ws.C16)
+    M = ws_view(ws, "C16", 0, (4, 4))  # the product's own buffer: no copy to a 4x4 needed
     S = ws.N4
     np.add(M, M.T, out=S)
     np.negative(S, out=S)
@@ -644,9 +841,21 @@ def align_signs_by_reference(Pq: np.ndarray, Qq: np.ndarray, ws: Workspace) -> b
     part ~ 0) is it ambiguous; those stations are tried against further references.
     """
     n = Pq.shape[0]
+    dp, dq, prod = ws.s1[:n], ws.s2[:n], ws.s3[:n]
+    # The common case in a few calls: station 0 decides every sign (no station near 180 deg
+    # from it). The same figures and comparisons as the loop's first pass, which runs from
+    # the start whenever one station is not decided here.
+    np.matmul(Pq, Pq[0], out=dp)
+    np.matmul(Qq, Qq[0], out=dq)
+    np.multiply(dp, dq, out=prod)
+    np.abs(dp, out=dp)
+    np.abs(dq, out=dq)
+    if float(dp.min()) >= SIGN_MARGIN and float(dq.min()) >= SIGN_MARGIN:
+        np.copysign(1.0, prod, out=prod)
+        np.multiply(Qq, prod[:, None], out=Qq)
+        return True
     sgn = ws.w[:n]
     sgn.fill(0.0)  # 0: not aligned yet
-    dp, dq, prod = ws.s1[:n], ws.s2[:n], ws.s3[:n]
     ok = ws.ball[:n]
     ref = 0
     sgn[0] = 1.0
@@ -746,7 +955,8 @@ def align_sign_groups(Pq: np.ndarray, Qq: np.ndarray, ws: Workspace) -> int:
 
 
 def solve_rotation_all_pairs(
-    RP: np.ndarray, side_A: str, RQ: np.ndarray, ws: Workspace, qX0: tuple | None = None
+    RP: np.ndarray, side_A: str, RQ: np.ndarray, ws: Workspace, qX0: tuple | None = None,
+    stacks: tuple[np.ndarray, np.ndarray] | None = None,
 ) -> tuple[float, float, float, float]:
     """Rotation of ``X`` from every ordered station pair at O(N) cost.
 
@@ -754,14 +964,19 @@ def solve_rotation_all_pairs(
     quaternion signs are aligned from their scalar parts (:func:`align_signs_by_reference`);
     where that stays ambiguous (stations near 180 degrees from every reference tried), a
     sign-free first estimate of ``X`` (:func:`kronecker_estimate`, or ``qX0``) decides.
+    ``stacks``: the (n, 4, 4) poses ``RP`` and ``RQ`` are the rotations of, when at hand
+    (contiguous ones take the fused :func:`quats_of_stacks`).
     """
     n = RP.shape[0]
-    Pq, Qq = ws.qA[:n], ws.qB[:n]
     Rc = ws.M33[:n]  # contiguous copies: the batch kernels reshape without copying
-    np.copyto(Rc, RP)
-    quats_from_rotations(Rc, Pq, ws)
-    np.copyto(Rc, RQ)
-    quats_from_rotations(Rc, Qq, ws)
+    if stacks is not None and stacks[0].flags.c_contiguous and stacks[1].flags.c_contiguous:
+        Pq, Qq = quats_of_stacks(stacks[0], stacks[1], ws)
+    else:
+        Pq, Qq = ws.qA[:n], ws.qB[:n]
+        np.copyto(Rc, RP)
+        quats_from_rotations(Rc, Pq, ws)
+        np.copyto(Rc, RQ)
+        quats_from_rotations(Rc, Qq, ws)
     if not align_signs_by_reference(Pq, Qq, ws):
         # Reset to Shepperd's signs and align within groups; the few relative signs between
         # groups are tried exhaustively, keeping the one whose solution closes best (the
@@ -871,8 +1086,7 @@ def pivot_solve(R: np.ndarray, t: np.ndarray, ws: Workspace) -> tuple[np.ndarray
         lhs[i, i] += n
     rhs = ws.t3
     np.einsum("kji,kj->i", R, t, out=rhs)  # sum R_i^T t_i
-    np.negative(rhs, out=rhs)
-    rhs += (Rs.T @ ts) / n
+    np.subtract((Rs.T @ ts) / n, rhs, out=rhs)  # x - r is (-r) + x exactly
     p = np.array(solve_spd3(lhs, rhs))
     c = (ts + Rs @ p) / n
     d = ws.v3b[:n]
@@ -885,31 +1099,45 @@ def pivot_solve(R: np.ndarray, t: np.ndarray, ws: Workspace) -> tuple[np.ndarray
     return p, c
 
 
+#: ``vec(E) @ _VEE_TR = (vee(E - E^T) / 2, tr(E) / 2)`` for a 3x3 ``E`` (row-major vec):
+#: the log map's two inputs from one product (halving is exact, so these are the halves of
+#: the differences and of the trace the angle needs, to the bit).
+_VEE_TR = np.zeros((9, 4))
+for _c, (_p, _m) in enumerate(((7, 5), (2, 6), (3, 1))):
+    _VEE_TR[_p, _c], _VEE_TR[_m, _c] = 0.5, -0.5
+_VEE_TR[[0, 4, 8], 3] = 0.5
+
+
 def rotation_edge(RZ: np.ndarray, ws: Workspace) -> np.ndarray:
     """Chordal mean of per-station rotations ``RZ`` (n, 3, 3) of a constant edge, and the
-    angle of each against it into ``ws.res_r``. Returns the mean (3, 3) as a new array."""
+    angle of each against it into ``ws.res_r``. Returns the mean (3, 3) as a new array.
+
+    ``RZ`` is contiguous. ``E_i = Rm^T RZ_i`` for every station is one (n, 9) x (9, 9)
+    product with ``kron(Rm, I)`` (no batch of 3x3 products), its vee and trace one more.
+    """
     n = RZ.shape[0]
     Rsum = ws.R3
     np.sum(RZ, axis=0, out=Rsum)
     Rm = rot_from_quat_into(chordal_mean_quat(Rsum, ws), np.empty((3, 3)))
     # Angle of E_i = Rm^T RZ_i by atan2(|vee(E - E^T)|/2, (tr E - 1)/2): accurate at 0,
     # where arccos would lose half the digits.
-    E = ws.M33[:n]
-    np.matmul(Rm.T, RZ, out=E)
-    s = ws.v3c[:n]
-    np.subtract(E[:, 2, 1], E[:, 1, 2], out=s[:, 0])
-    np.subtract(E[:, 0, 2], E[:, 2, 0], out=s[:, 1])
-    np.subtract(E[:, 1, 0], E[:, 0, 1], out=s[:, 2])
+    W = ws_view(ws, "C99", 0, (3, 3, 3, 3))
+    np.multiply(Rm[:, None, :, None], _EYE33, out=W)  # W[i, b, a, b'] = Rm[i, a] d(b, b')
+    E = ws_view(ws, "M33", 0, (n, 9))
+    np.matmul(RZ.reshape(n, 9), ws_view(ws, "C99", 0, (9, 9)), out=E)
+    F = ws.v4a[:n]
+    np.matmul(E, _VEE_TR, out=F)
     sn = ws.s1[:n]
-    np.einsum("ij,ij->i", s, s, out=sn)
+    np.einsum("ij,ij->i", F[:, :3], F[:, :3], out=sn)
     np.sqrt(sn, out=sn)
-    np.multiply(sn, 0.5, out=sn)
     c = ws.s2[:n]
-    np.einsum("kii->k", E, out=c)
-    np.subtract(c, 1.0, out=c)
-    np.multiply(c, 0.5, out=c)
+    np.subtract(F[:, 3], 0.5, out=c)
     np.arctan2(sn, c, out=ws.res_r[:n])
     return Rm
+
+
+#: ``I_3`` broadcast as ``[None, b, None, b']`` for :func:`rotation_edge`'s ``kron(Rm, I)``.
+_EYE33 = np.eye(3)[None, :, None, :]
 
 
 def closure_stats(n: int, ws: Workspace) -> tuple[float, float, float, float]:

@@ -49,23 +49,21 @@ def observability(Rsum: np.ndarray, n: int, side: str, R: np.ndarray, ws: Worksp
     np.multiply(C, -2.0, out=C)
     for i in range(3):
         C[i, i] += 2.0 * n * n
-    trace = float(np.trace(C))
+    # On Python floats: the diagonal summed in np.trace's order, the axis's sign below.
+    trace = float(C[0, 0]) + float(C[1, 1]) + float(C[2, 2])
     tr = ws.s1[:n]
     np.einsum("ab,kab->k", R[0], R, out=tr)  # tr(R_0^T R_k)
     # cos(theta) = (tr - 1) / 2; the largest rotation has the smallest trace.
     cmin = max(-1.0, min(1.0, 0.5 * (float(tr.min()) - 1.0)))
     max_rot = math.acos(cmin)
-    axis = np.zeros(3)
     if trace <= 1e-300:
-        axis[2] = 1.0
-        return Observability(0.0, axis, max_rot, trace)
+        return Observability(0.0, np.array([0.0, 0.0, 1.0]), max_rot, trace)
     lam, v = sym3_min_eig(C)
-    axis[:] = v
-    j = int(np.argmax(np.abs(axis)))
-    if axis[j] < 0:
-        axis *= -1.0
+    j = max(range(3), key=lambda i: abs(v[i]))  # the first of the largest, as np.argmax
+    if v[j] < 0:
+        v = (-v[0], -v[1], -v[2])
     spread = max(0.0, min(1.0, 3.0 * lam / trace))
-    return Observability(spread, axis, max_rot, trace)
+    return Observability(spread, np.array(v), max_rot, trace)
 
 
 def sym3_min_eig(A: np.ndarray) -> tuple[float, tuple[float, float, float]]:

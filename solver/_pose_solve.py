@@ -67,10 +67,16 @@ def _prepare(stacks: list[tuple[Any, str]], workspace: Workspace | None, problem
         raise NotEnoughSamples(n, MIN_STATIONS, problem)
     ws = Workspace(n, transient=True) if workspace is None else workspace
     ws.check(n)
-    for a, (_, name) in zip(arrays, stacks, strict=True):
-        _core.validate_stack(a, name, ws)
-        _sanity.check_magnitudes(a, name, n, ws)
-    return arrays, n, ws
+    # A robot stack and a measured one: one conservative screen of both certifies the common
+    # case (valid, plausible, no units warning); otherwise the exact checks run in order and
+    # refuse with their own messages.
+    clear = len(arrays) == 2 and _core.screen_pair(
+        arrays[0], arrays[1], ws, (_sanity.UNITS_FLANGE_M, _sanity.UNITS_MEASURED_M))
+    if not clear:
+        for a, (_, name) in zip(arrays, stacks, strict=True):
+            _core.validate_stack(a, name, ws)
+            _sanity.check_magnitudes(a, name, n, ws)
+    return arrays, n, ws, clear
 
 
 def _check_observable(
@@ -176,7 +182,7 @@ def _solve_axxb(
         _core.relative_motions(TB, side_B, m, ws, ws.RB, ws.tB)
     if pairs == "all":
         try:
-            qX = _core.solve_rotation_all_pairs(RP, side_A, RQ, ws)
+            qX = _core.solve_rotation_all_pairs(RP, side_A, RQ, ws, stacks=(TA, TB))
         except _core._SignAmbiguity as exc:
             raise DegenerateGeometry(
                 f"{problem}: two rotations fit the motions about equally (contrast {exc.contrast:.2g}, need "
@@ -194,8 +200,9 @@ def _solve_axxb(
     tx = np.array(_core.solve_translation(m, Rx, ws)) if pair_translation else None
     if gate is not None:
         obs.axis = Rx @ gate.axis  # the robot's weakest axis, in the A side's frame
-        j = int(np.argmax(np.abs(obs.axis)))
-        if obs.axis[j] < 0:
+        a = [float(c) for c in obs.axis]
+        j = max(range(3), key=lambda i: abs(a[i]))  # the first of the largest, as np.argmax
+        if a[j] < 0:
             obs.axis = -obs.axis
     return Rx, tx, m, obs
 
@@ -250,9 +257,9 @@ def _absolute_linear(
         min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
         pair_translation=pair_t, gate_on_b=robot_is_g,
     )
-    RG, tG, RM, tM = G[:, :3, :3], G[:, :3, 3], M[:, :3, :3], M[:, :3, 3]
+    RG, tG, tM = G[:, :3, :3], G[:, :3, 3], M[:, :3, 3]
     # Rotation of flange_T_target_i = R_G^T R_X^T R_M, chordal mean, rotation closure.
-    np.matmul(Rx.T, RM, out=ws.RB[:n])
+    _core.rotate_stack(Rx.T, M, ws)
     np.matmul(RG.transpose(0, 2, 1), ws.RB[:n], out=ws.RA[:n])
     Ry = _core.rotation_edge(ws.RA[:n], ws)
     u = ws.v3a[:n]
@@ -285,9 +292,9 @@ def _hand_eye_linear(
         min_axis_spread=min_axis_spread, min_rotation_rad=min_rotation_rad,
         pair_translation=pair_t,
     )
-    RG, tG, RO, tO = G[:, :3, :3], G[:, :3, 3], O[:, :3, :3], O[:, :3, 3]
+    RG, tG, tO = G[:, :3, :3], G[:, :3, 3], O[:, :3, 3]
     # Rotation of base_T_target_i = R_G R_X R_O, chordal mean, rotation closure.
-    np.matmul(Rx, RO, out=ws.RB[:n])
+    _core.rotate_stack(Rx, O, ws)
     np.matmul(RG, ws.RB[:n], out=ws.RA[:n])
     Rz = _core.rotation_edge(ws.RA[:n], ws)
     u = ws.v3a[:n]
@@ -552,11 +559,14 @@ def _inverted_first_outcome(out, X, n, m, obs, frame, pairs, translation, huber,
 
 
 def _input_checks(G: np.ndarray, M: np.ndarray | None, n: int, ws: Workspace, max_reach_m: float | None,
-                  measured: str) -> tuple[bool, list[SolveWarning]]:
-    """Reach (refuses), duplicates (weights them) and units (warns): ADR 0014."""
+                  measured: str, units_clear: bool = False) -> tuple[bool, list[SolveWarning]]:
+    """Reach (refuses), duplicates (weights them) and units (warns): ADR 0014.
+
+    ``units_clear``: :func:`_prepare`'s screen found every translation within the units
+    limits already (no warning possible)."""
     _sanity.check_reach(G, max_reach_m, n, ws, measured=measured)
     masked, dup = _sanity.mark_duplicates(G, n, ws)
-    extra = _sanity.units_warnings(G, n, ws, M, measured)
+    extra = [] if units_clear else _sanity.units_warnings(G, n, ws, M, measured)
     if dup is not None:
         extra.append(dup)
     return masked, extra

@@ -201,10 +201,10 @@ def calibrate_base_frame(
     huber, reject_k, max_iterations = o.huber, o.reject_k, o.max_iterations
     problem = "base-frame calibration"
     pair_t = _check_translation_mode(translation, pairs)
-    (G, M), n, ws = _prepare(
+    (G, M), n, ws, clear = _prepare(
         [(base_T_flange, "base_T_flange"), (cell_T_target, "cell_T_target")], workspace, problem
     )
-    masked, extra = _input_checks(G, M, n, ws, max_reach_m, "cell_T_target")
+    masked, extra = _input_checks(G, M, n, ws, max_reach_m, "cell_T_target", clear)
     noise = _refine.prepare_noise(
         cell_T_target_std, "cell_T_target_std", o.noise_translation_m, o.noise_rotation_rad, n, ws, 6,
         cov=cell_T_target_cov, cov_name="cell_T_target_cov", R_meas=M[:, :3, :3],
@@ -311,10 +311,10 @@ def calibrate_hand_eye(
     huber, reject_k, max_iterations = o.huber, o.reject_k, o.max_iterations
     problem = "hand-eye calibration"
     pair_t = _check_translation_mode(translation, pairs)
-    (G, O), n, ws = _prepare(
+    (G, O), n, ws, clear = _prepare(
         [(base_T_flange, "base_T_flange"), (camera_T_target, "camera_T_target")], workspace, problem
     )
-    masked, extra = _input_checks(G, O, n, ws, max_reach_m, "camera_T_target")
+    masked, extra = _input_checks(G, O, n, ws, max_reach_m, "camera_T_target", clear)
     noise = _refine.prepare_noise(
         camera_T_target_std, "camera_T_target_std", o.noise_translation_m, o.noise_rotation_rad, n, ws, 6,
         cov=camera_T_target_cov, cov_name="camera_T_target_cov", R_meas=O[:, :3, :3],
@@ -432,10 +432,10 @@ def calibrate_eye_to_hand(
     huber, reject_k, max_iterations = o.huber, o.reject_k, o.max_iterations
     problem = "eye-to-hand calibration"
     pair_t = _check_translation_mode(translation, pairs)
-    (G, O), n, ws = _prepare(
+    (G, O), n, ws, clear = _prepare(
         [(base_T_flange, "base_T_flange"), (camera_T_target, "camera_T_target")], workspace, problem
     )
-    masked, extra = _input_checks(G, O, n, ws, max_reach_m, "camera_T_target")
+    masked, extra = _input_checks(G, O, n, ws, max_reach_m, "camera_T_target", clear)
     noise = _refine.prepare_noise(
         camera_T_target_std, "camera_T_target_std", o.noise_translation_m, o.noise_rotation_rad, n, ws, 6,
         cov=camera_T_target_cov, cov_name="camera_T_target_cov", R_meas=O[:, :3, :3],
@@ -549,7 +549,7 @@ def calibrate_tool_point(
     noise_translation_m, max_reach_m, expected_tolerance_m = o.noise_translation_m, o.max_reach_m, o.expected_tolerance_m
     problem = "tool-point calibration"
     _core.check_pair_scheme(pairs)
-    (G,), n, ws = _prepare([(base_T_flange, "base_T_flange")], workspace, problem)
+    (G,), n, ws, _ = _prepare([(base_T_flange, "base_T_flange")], workspace, problem)
     masked, extra = _input_checks(G, None, n, ws, max_reach_m, "")
     if masked:
         # A weighted pivot is not offered (closed form): merging the copies is exact here,

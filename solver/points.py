@@ -274,7 +274,7 @@ def _alternate(G: np.ndarray, p: np.ndarray, n: int, ws: Workspace, rounds: int,
         np.subtract(tGc, u, out=u)
         y_new, c = _core.pivot_solve(RG, u, ws)
         tx = -(Rx @ c)
-        step = float(np.max(np.abs(y_new - y)))
+        step = max(abs(float(a) - float(b)) for a, b in zip(y_new, y, strict=True))  # Python floats: 3 values
         y = y_new
         y4[:3] = y
         if step < tol:

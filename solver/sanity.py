@@ -165,10 +165,10 @@ def mark_duplicates(G: np.ndarray, n: int, ws: Workspace) -> tuple[bool, SolveWa
     np.subtract(srt[1:], srt[:-1], out=gap)
     scale = max(1.0, abs(float(srt[0])), abs(float(srt[n - 1])))
     thr = 4.0 * DUPLICATE_TOL * scale
+    if float(gap.min()) > thr:  # no neighbours close: the common case, decided by one reduction
+        return False, None
     close = ws.ball[: n - 1]
     np.less_equal(gap, thr, out=close)
-    if not close.any():
-        return False, None
     # Equal keys: compare those stations pose by pose (distinct poses may share a key; the
     # allocations here are the size of the candidate groups, not of N).
     flat = G.reshape(n, 16)
