@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import wait_until
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.camera_capture import CameraCapture
@@ -146,21 +147,27 @@ def test_a_robot_that_moves_during_the_exposure_is_refused(cell):
     engine = cell.svc.control.devices.engine
     robot = engine.robot
     q = np.asarray(engine.monitor.status()[0].q_rad, dtype=float)
-    capture = _capture(cell)
-    moved = threading.Event()
+    asked = threading.Event()
 
-    def nudge() -> None:
-        deadline = time.monotonic() + 30.0
-        while engine.phase != "measuring" and time.monotonic() < deadline:
-            time.sleep(0.001)
-        robot.move_to(q_rad=q + np.array([0.0, 0.0, 0.0, 0.0, 0.0, 0.002]), speed=1.0, wait=False)
-        moved.set()
+    class MovingWhileExposed(CameraCapture):
+        """Asks for the frame only once the monitor sees the robot move, on a move long
+        enough to outlast the grab: the exposure falls inside the motion however loaded the
+        machine is (a thread nudging the robot when the station began measuring could run
+        after the frame had been judged, and a move of milliseconds could end before the
+        exposure began)."""
 
-    t = threading.Thread(target=nudge, daemon=True)
-    t.start()
-    rej = _refused(cell, capture)
-    t.join(30)
-    assert moved.is_set() and rej.reason == RejectReason.MOVED_DURING_EXPOSURE, rej
+        def settled_frame(self):
+            mark = time.monotonic_ns()
+            robot.move_to(q_rad=q + np.radians([0.0, 0.0, 0.0, 0.0, 0.0, 6.0]), speed=0.05, wait=False)
+            wait_until(lambda: (st := engine.monitor.status()[1]) is not None and st.window_start_ns > mark, 30.0,
+                       "the monitor seeing the robot move")
+            asked.set()
+            return super().settled_frame()
+
+    base = _capture(cell)
+    rej = _refused(cell, MovingWhileExposed(base.camera, base.cfg))
+    assert asked.is_set() and rej.reason == RejectReason.MOVED_DURING_EXPOSURE, rej
+    engine.monitor.wait_settled(60.0)  # the later tests start from rest
 
 
 def test_no_target_in_view_is_refused(cell):
