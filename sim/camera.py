@@ -442,19 +442,38 @@ class TargetRenderer:
         if o[2] >= 0.0:
             # The camera is behind the board's plane (z points away from a viewer of the print).
             return np.full((r1 - r0, w), self.background, dtype=np.float32)
-        dx = R[0, 0] * x + R[0, 1] * y + R[0, 2]
-        dy = R[1, 0] * x + R[1, 1] * y + R[1, 2]
-        dz = R[2, 0] * x + R[2, 1] * y + R[2, 2]
+        # Each expression in place, in the order it reads (the same roundings as the plain
+        # expressions): five full-size temporaries fewer on a (2h, 2w) sub-pixel grid.
+        tmp = np.empty_like(x)
+
+        def plane(a: float, b: float, c: float) -> np.ndarray:  # a x + b y + c
+            out = np.multiply(x, a)
+            out += np.multiply(y, b, out=tmp)
+            out += c
+            return out
+
+        dx, dy, dz = plane(R[0, 0], R[0, 1], R[0, 2]), plane(R[1, 0], R[1, 1], R[1, 2]), plane(R[2, 0], R[2, 1], R[2, 2])
         with np.errstate(divide="ignore", invalid="ignore"):
-            sray = -o[2] / dz
-        hit = ok & (sray > 0) & np.isfinite(sray)
+            sray = np.divide(-o[2], dz, out=dz)
+        hit = np.isfinite(sray)
+        hit &= sray > 0
+        hit &= ok
+        miss = np.logical_not(hit, out=hit)
         level = self._level(camera_T_target)
         scale = self.texels_per_m / (1 << level)
-        # cv2.pyrDown centres texel j of a level on texel 2j of the one below: x_L = x_0 / 2^L
-        mx = ((o[0] + sray * dx + self.origin_m) * scale - 0.5).astype(np.float32)
-        my = ((o[1] + sray * dy + self.origin_m) * scale - 0.5).astype(np.float32)
-        mx[~hit] = -1e6
-        my[~hit] = -1e6
+
+        def texel(d: np.ndarray, o_i: float) -> np.ndarray:
+            # cv2.pyrDown centres texel j of a level on texel 2j of the one below: x_L = x_0 / 2^L
+            m = np.multiply(sray, d, out=d)
+            m += o_i
+            m += self.origin_m
+            m *= scale
+            m -= 0.5
+            out = m.astype(np.float32)
+            np.copyto(out, np.float32(-1e6), where=miss)
+            return out
+
+        mx, my = texel(dx, o[0]), texel(dy, o[1])
         cv2 = self.cv2
         img = cv2.remap(self.levels[level], mx, my, cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT,
                         borderValue=self.background)
