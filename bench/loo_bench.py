@@ -44,43 +44,10 @@ from cellcal.solver import Workspace, calibrate_base_frame  # noqa: E402
 from cellcal.solver import validation as V  # noqa: E402
 from cellcal.solver.synthetic import base_frame_scene  # noqa: E402
 
-# --- the old route, as validation.py had it before the batched elimination -----------------
+# --- the old route: LAPACK in chunks (with its elimination fallback), which validation.py keeps
+# for fits below LOO_BATCHED_MIN stations, unchanged ------------------------------------------
 
-_OLD_CHUNK = 32
-_BELOW = {r: [np.diag([0.0] * (j + 1) + [1.0] * (r - j - 1)) for j in range(r)] for r in (3, 6)}
-
-
-def _old_batched_solve(S, b, n, r, ws):
-    f = ws.f6[: n * r].reshape(n, r)
-    T = ws.T36[: n * r * r].reshape(n, r, r)
-    tb = ws.tb6[: n * r].reshape(n, r)
-    rp = ws.rs[0, :n]
-    col = ws.b6b[: n * r].reshape(n, r)
-    for j in range(r - 1):
-        np.divide(1.0, S[:, j, j], out=rp)
-        np.matmul(_BELOW[r][j], S[:, :, j : j + 1], out=col[:, :, None])
-        np.matmul(col[:, :, None], rp[:, None, None], out=f[:, :, None])
-        np.matmul(f[:, :, None], S[:, j : j + 1, :], out=T)
-        np.subtract(S, T, out=S)
-        np.matmul(f[:, :, None], b[:, j, None, None], out=tb[:, :, None])
-        np.subtract(b, tb, out=b)
-    s = ws.rs[1, :n]
-    for j in range(r - 1, -1, -1):
-        if j < r - 1:
-            np.matmul(S[:, j : j + 1, j + 1 :], b[:, j + 1 :, None], out=s[:, None, None])
-            np.subtract(b[:, j], s, out=b[:, j])
-        np.divide(b[:, j], S[:, j, j], out=b[:, j])
-
-
-def old_route(S, e, out, n, r, ws):
-    for a in range(0, n, _OLD_CHUNK):
-        b = min(n, a + _OLD_CHUNK)
-        try:
-            x = np.linalg.solve(S[a:b], e[a:b, :, None])
-            np.copyto(out[a:b], x[:, :, 0])
-        except np.linalg.LinAlgError:
-            np.copyto(out[a:b], e[a:b])
-            _old_batched_solve(S[a:b], out[a:b], b - a, r, ws)
+old_route = V._chunked_solve
 
 
 # --- inputs --------------------------------------------------------------------------------
