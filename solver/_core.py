@@ -260,17 +260,21 @@ def screen_pair(G: np.ndarray, M: np.ndarray, ws: Workspace, limits: tuple[float
     P2 = ws_view(ws, "KJ", 31 * n, (n, 27))
     P3 = ws_view(ws, "KJ", 58 * n, (n, 6))
     Q = ws_view(ws, "L36", 0, (2 * n, 12))
-    for k, (T, limit) in enumerate(((G, limits[0]), (M, limits[1]))):
-        T16 = T.reshape(n, 16)
-        np.take(T16, _SCR_I1, axis=1, out=P1, mode="clip")
-        np.take(T16, _SCR_I2, axis=1, out=P2, mode="clip")
-        np.take(T16, _SCR_I3, axis=1, out=P3, mode="clip")
-        np.multiply(P1[:, :27], P2, out=P1[:, :27])
-        np.multiply(P1[:, 18:24], P3, out=P1[:, 18:24])
-        np.matmul(P1, _screen_map(tol, limit), out=Q[k * n : (k + 1) * n])
-    np.subtract(Q, _screen_off(tol), out=Q)
-    np.abs(Q, out=Q)
-    worst = float(Q.max())
+    # A NaN or inf in the input (which the exact checks then refuse, naming the station) or a
+    # huge value must not reach the caller as numpy's RuntimeWarning: it only makes the
+    # screen "not certain".
+    with np.errstate(invalid="ignore", over="ignore"):
+        for k, (T, limit) in enumerate(((G, limits[0]), (M, limits[1]))):
+            T16 = T.reshape(n, 16)
+            np.take(T16, _SCR_I1, axis=1, out=P1, mode="clip")
+            np.take(T16, _SCR_I2, axis=1, out=P2, mode="clip")
+            np.take(T16, _SCR_I3, axis=1, out=P3, mode="clip")
+            np.multiply(P1[:, :27], P2, out=P1[:, :27])
+            np.multiply(P1[:, 18:24], P3, out=P1[:, 18:24])
+            np.matmul(P1, _screen_map(tol, limit), out=Q[k * n : (k + 1) * n])
+        np.subtract(Q, _screen_off(tol), out=Q)
+        np.abs(Q, out=Q)
+        worst = float(Q.max())
     return worst <= SCREEN_MARGIN * tol  # NaN compares False
 
 

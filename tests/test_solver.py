@@ -5,6 +5,7 @@ every recovered transform is within 1e-10 m and 1e-10 rad of the truth (typicall
 """
 
 import math
+import warnings
 
 import numpy as np
 import pytest
@@ -276,6 +277,19 @@ def test_bad_shapes_and_mismatched_counts():
         calibrate_base_frame(G, M[:5])
     with pytest.raises(ValueError, match="shape"):
         calibrate_tool_point(np.eye(4))
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf, 1e200])
+@pytest.mark.parametrize("which", ["base_T_flange", "cell_T_target"])
+def test_bad_values_raise_the_typed_error_and_no_numpy_warning(which, bad):
+    """The refusal is the whole answer: a NaN, an infinity or an absurd value reaches the
+    caller as the ValueError naming the station, not also as numpy's RuntimeWarning."""
+    G, M = _good()
+    (G if which == "base_T_flange" else M)[3, 1, 2 if bad != 1e200 else 3] = bad
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match=rf"{which}\[3\]"):
+            calibrate_base_frame(G, M)
 
 
 @pytest.mark.parametrize("which", ["base_T_flange", "cell_T_target"])
