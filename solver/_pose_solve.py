@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from cellcal.solver import _core
+from cellcal.solver import _core, _validate
 from cellcal.solver import _observability as _obs
 from cellcal.solver import diagnostics as _diag
 from cellcal.solver import refine as _refine
@@ -56,7 +56,7 @@ MAX_ROTATION_SIGMA_RAD = 0.1
 
 
 def _prepare(stacks: list[tuple[Any, str]], workspace: Workspace | None, problem: str):
-    arrays = [_core.as_stack(a, name) for a, name in stacks]
+    arrays = [_validate.as_stack(a, name) for a, name in stacks]
     n = arrays[0].shape[0]
     for a, (_, name) in zip(arrays[1:], stacks[1:], strict=True):
         if a.shape[0] != n:
@@ -70,11 +70,11 @@ def _prepare(stacks: list[tuple[Any, str]], workspace: Workspace | None, problem
     # A robot stack and a measured one: one conservative screen of both certifies the common
     # case (valid, plausible, no units warning); otherwise the exact checks run in order and
     # refuse with their own messages.
-    clear = len(arrays) == 2 and _core.screen_pair(
+    clear = len(arrays) == 2 and _validate.screen_pair(
         arrays[0], arrays[1], ws, (_sanity.UNITS_FLANGE_M, _sanity.UNITS_MEASURED_M))
     if not clear:
         for a, (_, name) in zip(arrays, stacks, strict=True):
-            _core.validate_stack(a, name, ws)
+            _validate.validate_stack(a, name, ws)
             _sanity.check_magnitudes(a, name, n, ws)
     return arrays, n, ws, clear
 

@@ -33,7 +33,7 @@ from typing import Unpack
 
 import numpy as np
 
-from cellcal.solver import _core
+from cellcal.solver import _core, _validate
 from cellcal.solver import _observability as _obs
 from cellcal.solver import diagnostics as _diag
 from cellcal.solver import refine as _refine
@@ -347,7 +347,7 @@ def calibrate_base_frame_points(
     max_reach_m, noise_translation_m = o.max_reach_m, (o.noise_translation_m if "noise_translation_m" in overrides
                                                          or noise_m is None else None)
     problem = "point base-frame calibration"
-    G = _core.as_stack(base_T_flange, "base_T_flange")
+    G = _validate.as_stack(base_T_flange, "base_T_flange")
     n = G.shape[0]
     p_shape = np.shape(cell_p_target)
     if len(p_shape) == 2 and p_shape[0] != n:
@@ -356,7 +356,7 @@ def calibrate_base_frame_points(
         raise NotEnoughSamples(n, MIN_POINT_STATIONS, problem)
     ws = Workspace(n, transient=True) if workspace is None else workspace
     ws.check(n)
-    _core.validate_stack(G, "base_T_flange", ws)
+    _validate.validate_stack(G, "base_T_flange", ws)
     _sanity.check_magnitudes(G, "base_T_flange", n, ws)
     p = _validate_points(cell_p_target, n, ws)
     if noise_m is not None and noise_translation_m is not None:

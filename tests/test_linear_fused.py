@@ -5,7 +5,7 @@ exact check would refuse or warn about, and the fused quaternions equal the per-
 import numpy as np
 import pytest
 
-from cellcal.solver import Workspace, _core
+from cellcal.solver import Workspace, _core, _validate
 from cellcal.solver import sanity as _sanity
 from cellcal.solver.synthetic import base_frame_scene
 
@@ -19,7 +19,7 @@ def _scene(n=12, seed=3):
 
 def test_screen_certifies_valid_stacks():
     G, M = _scene()
-    assert _core.screen_pair(G, M, Workspace(12), LIMITS)
+    assert _validate.screen_pair(G, M, Workspace(12), LIMITS)
 
 
 @pytest.mark.parametrize("which", [0, 1])
@@ -43,14 +43,14 @@ def test_screen_does_not_certify_what_a_check_refuses_or_warns_about(which, bad)
         T[5, :3, 3] = [2e5, 0.0, 0.0]
     else:
         T[:, :3, 3] *= 1000.0
-    assert not _core.screen_pair(G, M, Workspace(12), LIMITS)
+    assert not _validate.screen_pair(G, M, Workspace(12), LIMITS)
 
 
 def test_screen_declines_strided_stacks():
     G, M = _scene()
     Gs = np.concatenate([G, G], axis=0)[::2]
     assert not Gs.flags.c_contiguous
-    assert not _core.screen_pair(Gs, M, Workspace(12), LIMITS)
+    assert not _validate.screen_pair(Gs, M, Workspace(12), LIMITS)
 
 
 def test_fused_quaternions_equal_the_per_stack_kernel():
