@@ -62,3 +62,28 @@ def test_wrong(daemon, cellcal_client):
 ''')
     r = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider")
     r.assert_outcomes(passed=1, failed=1)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_sim_cell_takes_its_cell_from_an_indirect_parameter_over_the_marker(pytester):
+    # The parameter wins over the marker, key by key; robot_transport is the CLI's name for robot.
+    pytester.makepyfile(test_param='''
+import pytest
+
+@pytest.mark.cellcal(instrument="emscon", mode="inprocess")
+@pytest.mark.parametrize("sim_cell, want", [({"instrument": "geocom", "robot_transport": "rtde"}, "geocom"),
+                                             ({}, "emscon")], indirect=["sim_cell"])
+def test_cell(sim_cell, want):
+    s = sim_cell.settings
+    assert (s.mode, s.robot, s.instrument) == ("inprocess", "rtde", want)
+    assert sim_cell.urls["tracker"]
+
+@pytest.mark.parametrize("sim_cell", [42], indirect=True)
+def test_bad(sim_cell):
+    pass
+''')
+    r = pytester.runpytest_subprocess("-q", "-p", "no:cacheprovider", "-rA")
+    r.assert_outcomes(passed=2, errors=1)
+    out = r.stdout.str()
+    assert "must be a mapping or a CellSettings" in out

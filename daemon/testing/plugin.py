@@ -26,7 +26,7 @@ argument optional::
     (``docs/simulation.md``).
 ``instrument``
     ``"cellcal"`` (default), ``"emscon"``, ``"geocom"``.
-``robot``
+``robot`` (or ``robot_transport``)
     ``"rtde"`` (default) or ``"canopen"``.
 ``mode``
     ``"process"`` (default: ``cellcal sim`` and ``cellcal run`` as child processes, what a
@@ -122,6 +122,21 @@ class CellSettings:
 def _settings(request: pytest.FixtureRequest) -> CellSettings:
     marker = request.node.get_closest_marker("cellcal")
     kw: dict[str, object] = dict(marker.kwargs) if marker is not None else {}
+    # Indirect parametrisation (``@pytest.mark.parametrize("sim_cell", [...], indirect=True)``)
+    # wins over the marker: a mapping of the marker's arguments, or a CellSettings. The daemon
+    # fixture sees the sim_cell's parameter through its own request when it is the one asked.
+    param = getattr(request, "param", None)
+    if isinstance(param, CellSettings):
+        kw.update(scenario=param.scenario, instrument=param.instrument, robot=param.robot, mode=param.mode,
+                  n_stations=param.n_stations, overrides=dict(param.overrides))
+    elif isinstance(param, Mapping):
+        kw.update(param)
+    elif param is not None:
+        raise ValueError(f"cellcal: an indirect parameter must be a mapping or a CellSettings, got {param!r}")
+    if "robot_transport" in kw:  # the name `cellcal sim --robot-transport` uses
+        if "robot" in kw and kw["robot"] != kw["robot_transport"]:
+            raise ValueError("cellcal marker: robot and robot_transport disagree")
+        kw["robot"] = kw.pop("robot_transport")
     if "mode" not in kw and request.config.getoption("--cellcal-mode"):
         kw["mode"] = request.config.getoption("--cellcal-mode")
     unknown = set(kw) - {"scenario", "instrument", "robot", "mode", "n_stations", "overrides"}
