@@ -235,3 +235,16 @@ def test_output_and_export_keep_the_output_rules(datasets, capsys, tmp_path):
     (tmp_path / "exp_link").symlink_to(tmp_path / "exp")  # a linked directory: never written through
     assert _solve(str(ds.folder), "--setup", "eye_to_hand", "--export", str(tmp_path / "exp_link"), "--force") == 2
     assert "symbolic link" in capsys.readouterr().err
+
+
+def test_a_camera_runs_stations_folder_names_the_setup_that_solves_it_again():
+    # `cellcal stations` of a hand_eye run wrote "--setup intrinsics" into its folder once:
+    # every camera kind maps to the offline setup that solves it as the daemon did.
+    from cellcal.daemon.cli.solve_camera import SETUPS
+    from cellcal.daemon.cli.stations import _SETUP_OF_KIND
+    from cellcal.daemon.wire.vocabulary import KIND_EYE_TO_HAND, KIND_HAND_EYE, KIND_INTRINSICS
+
+    assert _SETUP_OF_KIND[KIND_INTRINSICS] == "intrinsics"
+    assert _SETUP_OF_KIND[KIND_HAND_EYE] == "eye_in_hand"
+    assert _SETUP_OF_KIND[KIND_EYE_TO_HAND] == "eye_to_hand"
+    assert set(_SETUP_OF_KIND.values()) == set(SETUPS)

@@ -18,7 +18,7 @@ from cellcal.daemon.blas import prefer_one_blas_thread
 # name -> (module, one-line help). Modules are imported lazily.
 COMMANDS: dict[str, tuple[str, str]] = {
     "solve": ("cellcal.daemon.cli.solve", "solve a calibration from a station file"),
-    "sim": ("cellcal.sim.cli", "serve the simulated cell's devices (robot and tracker) until SIGTERM"),
+    "sim": ("cellcal.sim.cli", "serve the simulated cell's devices (robot, tracker, camera) until SIGTERM"),
     "check-config": ("cellcal.daemon.cli.check_config", "validate a configuration file"),
     "run": ("cellcal.daemon.cli.run", "run the calibration service (what systemd starts)"),
     "demo": ("cellcal.daemon.cli.demo", "calibrate the simulated cell end to end and print the report"),

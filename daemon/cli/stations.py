@@ -248,11 +248,15 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+#: The offline ``--setup`` that solves a camera run's folder as the daemon did (kind -> setup).
+_SETUP_OF_KIND = {"intrinsics": "intrinsics", "hand_eye": "eye_in_hand", "eye_to_hand": "eye_to_hand"}
+
+
 def _write_camera(out: Path, run_id: int, state_dir: Path, kind: str, toml: str,
                   rows: list[tuple[str, bytes, np.ndarray | None]]) -> int:
     """A camera run's stations as a dataset folder (module docstring)."""
     comments = (f"cellcal run {run_id} ({kind}): {len(rows)} camera stations from {state_dir}",
-                f"solve again with: cellcal solve {out} --setup intrinsics")
+                f"solve again with: cellcal solve {out} --setup {_SETUP_OF_KIND.get(kind, kind)}")
     try:
         write_dataset(out, toml, rows, comments=comments)
     except (DatasetError, StoreError, OSError) as exc:
