@@ -166,7 +166,7 @@ def test_a_client_reads_the_active_results_frames_sigmas_and_status(opc):
     async def read() -> None:
         async with client(opc, "viewer") as c:
             ns = await c.get_namespace_index(NS)
-            assert await _value(c, ns, "Cellcal.ActiveResult.ResultId") == body["result_id"]
+            assert await _value(c, ns, "Cellcal.ActiveResult.ResultId", until=body["result_id"]) == body["result_id"]
             assert await _value(c, ns, "Cellcal.ActiveResult.Kind") == "base_frame"
             assert await _value(c, ns, "Cellcal.ActiveResult.Suspect") is False
             assert await _value(c, ns, "Cellcal.ActiveResult.NStations") == 6
@@ -221,7 +221,7 @@ def test_methods_need_the_operator_role_and_run_through_the_daemon(opc):
                 ns = await c.get_namespace_index(NS)
                 root = c.get_node(ua.NodeId("Cellcal", ns))
                 # Anonymous and observer sessions read ...
-                assert await _value(c, ns, "Cellcal.ActiveResult.ResultId") == opc.body["result_id"]
+                assert await _value(c, ns, "Cellcal.ActiveResult.ResultId", until=opc.body["result_id"]) == opc.body["result_id"]
                 # ... and may call neither method.
                 with pytest.raises(ua.uaerrors.BadUserAccessDenied):
                     await root.call_method(ua.NodeId("Cellcal.StartRun", ns), "base_frame")
@@ -310,7 +310,7 @@ def test_the_encrypted_endpoint_and_a_client_certificate_start_a_run(opc, caplog
         async with c:
             assert c.security_policy.Mode == ua.MessageSecurityMode.SignAndEncrypt
             ns = await c.get_namespace_index(NS)
-            assert await _value(c, ns, "Cellcal.ActiveResult.ResultId") == opc.body["result_id"]
+            assert await _value(c, ns, "Cellcal.ActiveResult.ResultId", until=opc.body["result_id"]) == opc.body["result_id"]
             root = c.get_node(ua.NodeId("Cellcal", ns))
             run_id, planned = await root.call_method(ua.NodeId("Cellcal.StartRun", ns), "base_frame")
             return run_id, planned
@@ -699,16 +699,17 @@ def test_a_cell_without_a_result_or_a_drift_check_reads_without_errors(fresh):
     numbers NaN, until the daemon has them; then they are real."""
     cell = fresh.cell
 
-    async def read(expect_result: bool) -> dict[str, object]:
+    async def read(expect_check: int | None) -> dict[str, object]:
         async with client(fresh) as c:  # anonymous, as a PLC polling from power-on may be
             ns = await c.get_namespace_index(NS)
-            if expect_result:
+            if expect_check is not None:  # the server applies both events after the store has them
                 await wait_async(lambda: _value(c, ns, "Cellcal.ActiveResult.ResultId"),
                                  str(cell.svc.store.active_result().id))
+                await wait_async(lambda: _value(c, ns, "Cellcal.Drift.CheckId"), expect_check)
             values = await _read_everything(c, ns)
             return {k.split(";s=", 1)[-1]: v for k, v in values.items()}
 
-    before = asyncio.run(read(False))
+    before = asyncio.run(read(None))
     assert before["Cellcal.Cell"] == cell.app.plant.adapter("opcua").port.cell
     for path in ("Cellcal.ActiveResult.Created", "Cellcal.Drift.Time"):
         assert before[path] == NULL_TIME, (path, before[path])
@@ -722,7 +723,7 @@ def test_a_cell_without_a_result_or_a_drift_check_reads_without_errors(fresh):
     body = cell.wait_result(cell.svc.start_run("base_frame", reason="test"))
     assert cell.svc.wait_idle(20.0)
     check_id = _drift_check(cell)
-    after = asyncio.run(read(True))
+    after = asyncio.run(read(check_id))
     assert after["Cellcal.ActiveResult.ResultId"] == body["result_id"]
     created = after["Cellcal.ActiveResult.Created"]
     # The result's own time (OPC UA's DateTime counts 100 ns, Python's datetime microseconds).

@@ -37,7 +37,8 @@ the address space). ``State``, ``StateDetail`` and ``RunId`` follow the state ev
 heartbeat only until the first one), the device links the heartbeat. Values change when the
 daemon's events say so (``on_event`` hands the
 newest body of each topic to the server's loop); a client subscribes to them like to any
-OPC UA variable. Until the daemon has a value (no result, no drift check yet) a variable
+OPC UA variable; ``ActiveResult.ResultId`` (``Drift.CheckId``) changes last, once every other
+variable of the result (the check) has its new value. Until the daemon has a value (no result, no drift check yet) a variable
 holds one of its type with status Good: ``""``, 0, False, NaN for a measured number,
 :data:`NULL_TIME` (OPC UA's null DateTime, 1601-01-01 UTC) for a time (ADR 0024 decision 7).
 
@@ -740,7 +741,6 @@ class OpcUaServer:
 
     async def _result(self, r: Mapping[str, object]) -> None:
         p = "Cellcal.ActiveResult."
-        await self._set(p + "ResultId", str(r.get("result_id", "")))
         await self._set(p + "Kind", str(r.get("kind", "")))
         await self._set(p + "Created", _dt(r.get("created_ns")))
         await self._set(p + "Suspect", bool(r.get("suspect")))
@@ -764,6 +764,9 @@ class OpcUaServer:
             await self._frame(server, name, as_map(tr), sigmas(r, name))
         for name, pt in points.items():
             await self._point(server, name, as_map(pt), sigmas(r, name)[0])
+        # The id last: a client that sees the new ResultId reads the whole new result (the
+        # variables are written one by one; the id is the commit mark).
+        await self._set(p + "ResultId", str(r.get("result_id", "")))
 
     async def _frame(self, server: Server, name: str, tr: Mapping[str, object],
                      sig: tuple[float | None, float | None]) -> None:
@@ -837,7 +840,6 @@ class OpcUaServer:
         await self._set(p + "ResultId", str(d.get("result_id", "")))
         await self._set(p + "Status", str(d.get("status", "")))
         await self._set(p + "Action", str(d.get("action", "")))
-        await self._set(p + "CheckId", as_int(d.get("check_id", 0)))
         await self._set(p + "DeviationTranslation_mm", as_float(d.get("deviation_translation_m", math.nan)) * 1e3)
         await self._set(p + "DeviationRotation_deg", None if r is None else math.degrees(as_float(r)))
         await self._set(p + "Cusum_mm", as_float(cusum.get("value_m", math.nan)) * 1e3)
@@ -845,3 +847,4 @@ class OpcUaServer:
         await self._set(p + "FailTranslation_mm", as_float(d.get("fail_translation_m", math.nan)) * 1e3)
         await self._set(p + "CusumAlarm", bool(cusum.get("alarm")))
         await self._set(p + "Time", datetime.now(UTC))
+        await self._set(p + "CheckId", as_int(d.get("check_id", 0)))  # the commit mark, as ResultId above
