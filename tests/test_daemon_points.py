@@ -373,8 +373,15 @@ def test_demo_over_a_leica_protocol_checks_the_point_result_against_the_truth(in
     (simulated robot over RTDE, the simulated instrument, the daemon): a point calibration
     whose ``cell_T_base`` and ``flange_p_target`` are near the hidden truth, a result that
     warns of the arm's kinematic error, a verdict that says what its figures say, and a
-    drift check on points."""
-    r = subprocess.run([*CELLCAL, "demo", "--instrument", instrument, "--stations", "6", "--json"],
+    drift check on points.
+
+    The total station runs 10 stations: at 6 its point result is not honest on this arm
+    (its beam weights are 1 mm along the line of sight and 15 um across, so the fit takes the
+    arm's 1 mm error into the answer across the beams, and 9 residual degrees of freedom
+    under-size it: NEES 11 to 22 in 13 of 14 runs, 6,249 in the one where the model-error
+    test did not fire; ADR 0004, known limits). At 10 it is found every time (NEES 2.3-2.8)."""
+    stations = {"emscon": 6, "geocom": 10}[instrument]
+    r = subprocess.run([*CELLCAL, "demo", "--instrument", instrument, "--stations", str(stations), "--json"],
                        capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
                        env={**os.environ, "TMPDIR": str(tmp_path)})  # the demo keeps its state directory
     assert r.returncode == 0, r.stderr
@@ -384,7 +391,7 @@ def test_demo_over_a_leica_protocol_checks_the_point_result_against_the_truth(in
     assert f"{instrument} instrument" in r.stderr and "(point stations)" in r.stderr
     assert set(out["transforms"]) == {"cell_T_base"} and set(out["points"]) == {"flange_p_target"}
     # the scenario's beam break may cost one station its retries (the plan goes on)
-    assert out["n_stations"] in (5, 6) and out["active"] and out["gates"]["passed"]
+    assert out["n_stations"] in (stations - 1, stations) and out["active"] and out["gates"]["passed"]
     truth = out["truth_error"]
     # The demo cell's arm carries hidden kinematic error (ADR 0015): the answer is off by
     # about half a millimetre. The laser tracker's noise is 20 um, so the result must say
@@ -393,14 +400,13 @@ def test_demo_over_a_leica_protocol_checks_the_point_result_against_the_truth(in
     assert truth["translation_m"] < 2e-3, truth
     if instrument == "emscon":
         assert "model_error" in {w["code"] for w in out["warnings"]}, out["warnings"]
-    chi2_999 = {3: 16.266, 6: 22.458}
+    chi2_3sigma = {3: 14.16, 6: 20.06}  # the exit status's bound, for both estimates
     for name, dof in (("cell_T_base", 6), ("flange_p_target", 3)):
         assert truth[name]["dof"] == dof and truth[name]["error_m"] < 2e-3, truth
         assert truth[name]["nees"] is not None and truth[name]["nees"] >= 0.0
-        # The demo's verdict is the 99.9 % ellipsoid of the reported covariance; with 6
-        # stations that covariance rests on 9 residual degrees of freedom, so the verdict
-        # itself is not asserted, only that it says what the figures say.
-        assert truth[name]["within_uncertainty"] is (truth[name]["nees"] <= chi2_999[dof]), truth
+        # The demo's verdict is the 3-sigma ellipsoid of the reported covariance: it says
+        # what the figures say.
+        assert truth[name]["within_uncertainty"] is (truth[name]["nees"] <= chi2_3sigma[dof]), truth
         # and the widened covariance covers the arm's error (a seeded cell)
         assert truth[name]["within_uncertainty"], truth
     assert out["drift_check"]["status"] == "ok" and out["drift_check"]["deviation_rotation_rad"] is None
