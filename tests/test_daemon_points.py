@@ -274,8 +274,9 @@ def test_cellcal_sim_and_cellcal_run_as_processes_over_a_leica_protocol(tmp_path
         assert urls["tracker"].startswith(f"{instrument}://" if instrument == "emscon" else "geocom+socket://")
         cfg = daemon_config(robot_url=urls["robot"], tracker_url=urls["tracker"], workdir=tmp_path, n_stations=6,
                             overrides=config_overrides(instrument))
-        daemon = DaemonProcess(write_config(tmp_path / "cellcal.toml", cfg), tmp_path / "daemon.log").start()
         z = cfg["zmq"]
+        daemon = DaemonProcess(write_config(tmp_path / "cellcal.toml", cfg), tmp_path / "daemon.log").start()
+        daemon.serving(z["cmd_endpoint"])
         with Client(z["cmd_endpoint"], z["pub_endpoint"], timeout_s=3.0, retries=5) as client:
             sub = client.subscribe(silence_timeout_s=5.0)
             run_id = client.call("start_run", kind="base_frame")["run_id"]

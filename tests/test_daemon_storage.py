@@ -27,6 +27,7 @@ from cellcal.daemon.store import Store, StoreReadOnlyError
 from cellcal.testing.harness import (
     FAST_TIME_SCALE,
     DaemonProcess,
+    HarnessError,
     audit_store,
     daemon_config,
     free_port,
@@ -176,3 +177,21 @@ def test_read_only_or_full_state_directory_refuses_to_start_and_keeps_the_previo
         with Store(state) as s:
             assert s.settings()["integrity_check"] == "ok"
             assert s.active_result().id == rid and s.active_result().result == result
+
+
+def test_serving_says_the_daemon_exited_before_it_answered(tmp_path):
+    """``DaemonProcess.serving`` waits for the first answer to ``get_status``; a daemon that
+    cannot start (its state directory is a file) ends the wait at once with a HarnessError
+    naming the exit and quoting the daemon's log, not after the whole deadline."""
+    state = tmp_path / "state"
+    state.write_text("not a directory\n")
+    cfgd = daemon_config(robot_url=f"rtde://127.0.0.1:{free_port()}?model=ur5e",
+                         tracker_url=f"socket://127.0.0.1:{free_port()}", workdir=tmp_path)
+    cfgd["service"]["state_dir"] = str(state)
+    conf = write_config(tmp_path / "cellcal.toml", cfgd)
+    daemon = DaemonProcess(conf, tmp_path / "run.log").start()
+    try:  # the deadline's error would say "did not answer"
+        with pytest.raises(HarnessError, match=r"exited \(1\) before serving:(.|\n)*cannot start"):
+            daemon.serving(cfgd["zmq"]["cmd_endpoint"], timeout_s=300.0)
+    finally:
+        daemon.stop()

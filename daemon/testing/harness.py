@@ -72,6 +72,7 @@ from cellcal.daemon.cli.instruments import config_overrides
 from cellcal.daemon.config import Config, load_config_text
 from cellcal.daemon.service import Service
 from cellcal.daemon.store import RunStatus
+from cellcal.daemon.wire.client import Client, ClientTimeout, CommandFailed
 from cellcal.daemon.wire.endpoints import free_port
 from cellcal.daemon.wire.zmq_server import ZmqServer
 from cellcal.sim.camera_cell import TARGET_FILE, camera_addresses, camera_section
@@ -398,6 +399,31 @@ class DaemonProcess:
                 stdout=log, stderr=log, stdin=subprocess.DEVNULL,
             )
         return self
+
+    def serving(self, cmd_endpoint: str, timeout_s: float = 120.0) -> DaemonProcess:
+        """Wait until the daemon answers ``get_status`` on ``cmd_endpoint`` (a child's start,
+        its imports and binds, takes seconds on a loaded machine: a first command sent with a
+        client's own few retries can run out before the daemon listens).
+
+        Raises
+        ------
+        HarnessError
+            The daemon exited, or did not answer within ``timeout_s`` (with its log's tail).
+        """
+        deadline = time.monotonic() + timeout_s
+        with Client(cmd_endpoint, timeout_s=1.0, retries=0) as client:
+            while True:
+                if not self.alive():
+                    raise HarnessError(f"cellcal run exited ({self.returncode}) before serving:\n{self.log_tail()}")
+                try:
+                    client.call("get_status")
+                    return self
+                except CommandFailed:  # an answer (a refusal of this client) is serving too
+                    return self
+                except ClientTimeout:
+                    if time.monotonic() > deadline:
+                        raise HarnessError(f"cellcal run did not answer on {cmd_endpoint} within {timeout_s:g} s:\n"
+                                           f"{self.log_tail()}") from None
 
     @property
     def started(self) -> subprocess.Popen:
