@@ -4,11 +4,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 PIP    := $(PY) -m pip --disable-pip-version-check
-# Five workers, one test file each at a time (module fixtures run once, a file's tests share
-# a worker): the suite's tests are busy on the CPU about a third of their wall time (they wait on
-# simulated devices; 465 CPU-s in 1,300 s of test time), so two cores overlap five of them.
-# Measured on 2 cores: 3 workers 480 s, 5 workers 357 s (ADR 0013).
-PYTEST := $(PY) -m pytest -q -n 5 --dist loadfile
+# Three workers, one test file each at a time (module fixtures run once, a file's tests share
+# a worker): most tests wait on simulated devices, so two cores overlap three of them (ADR 0013).
+PYTEST := $(PY) -m pytest -q -n 3 --dist loadfile
 
 # Debian packages the suite needs and never installs itself: systemd-analyze
 # (tests/test_systemd_unit.py) and the toolchain of the C++ client in docs/protocols/zeromq.md

@@ -9,7 +9,7 @@ waits on simulated devices), the tests passed and failed, the load average at it
 the files whose tests took longest (summed ``--durations=0`` phases: the ones that bound the
 wall time, since ``--dist loadfile`` keeps a file on one worker).
 
-Run: ``.venv/bin/python bench/suite_bench.py [--workers 5] [--skip-lint]``. Several
+Run: ``.venv/bin/python bench/suite_bench.py [--workers 3] [--skip-lint]``. Several
 ``--workers`` values run the full suite once each, in the order given (interleave them by
 repeating, e.g. ``--workers 3 4 4 3``). Writes the ``suite`` section of bench/RESULTS.md.
 """
@@ -83,7 +83,7 @@ def _row(r: Run) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", type=int, nargs="+", default=[5], help="pytest-xdist workers for the full suite")
+    ap.add_argument("--workers", type=int, nargs="+", default=[3], help="pytest-xdist workers for the full suite")
     ap.add_argument("--skip-lint", action="store_true", help="leave ruff and mypy out of make check's figure")
     args = ap.parse_args()
     if any(w < 1 for w in args.workers):
