@@ -24,13 +24,14 @@ from typing import Any
 
 import numpy as np
 
+from cellcal.solver.diagnostics import NEES_BOUND_3SIGMA
 from cellcal.solver.se3 import rotation_angle, se3_inverse, se3_log
 
 __all__ = ["NEES_BOUND_3SIGMA_6DOF", "truth_error", "residual_vs_noise"]
 
 #: chi-square quantile for 6 degrees of freedom at 0.9973 (the +-3 sigma coverage of a
 #: normal variable): a NEES above it means the error is outside the reported 3 sigma.
-NEES_BOUND_3SIGMA_6DOF = 20.06
+NEES_BOUND_3SIGMA_6DOF = NEES_BOUND_3SIGMA[6]
 
 
 def _covariance(result: Mapping[str, Any], name: str) -> np.ndarray | None:

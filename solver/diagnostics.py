@@ -89,6 +89,7 @@ from cellcal.solver.se3 import hat
 from cellcal.solver.workspace import Workspace
 
 __all__ = [
+    "NEES_BOUND_3SIGMA",
     "SolveWarning",
     "ResidualTests",
     "MODEL_ERROR_FALSE_ALARM",
@@ -97,6 +98,12 @@ __all__ = [
     "rigid_error_covariance",
     "absorbed_error_covariance",
 ]
+
+#: Mahalanobis (NEES) 3-sigma bounds by degrees of freedom: the chi-square law's 99.73 %
+#: quantiles (the +-3 sigma coverage of a normal variable), rounded as reported. An estimate
+#: "within its reported uncertainty" has a NEES at most this; the simulator's truth check and
+#: the demo's exit status judge by it.
+NEES_BOUND_3SIGMA: dict[int, float] = {3: 14.16, 6: 20.06}
 
 #: Probability that noise alone raises ``"model_error"`` (split over the tests that run).
 MODEL_ERROR_FALSE_ALARM = 0.01

@@ -85,6 +85,7 @@ from cellcal.daemon.runs.intrinsics import stored_intrinsics
 from cellcal.daemon.service import Service, ServiceError
 from cellcal.daemon.store import DB_FILENAME, RunRecord, RunStatus, Store
 from cellcal.daemon.wire.endpoints import free_port
+from cellcal.solver.diagnostics import NEES_BOUND_3SIGMA
 from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import se3_inverse, so3_log
 
@@ -132,10 +133,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 #: Where the demo serves each instrument: loopback TCP, GeoCOM on a pty (its serial line).
 _DEMO_TRANSPORT = {"cellcal": "tcp", "emscon": "tcp", "geocom": "pty"}
-#: Mahalanobis (NEES) 3-sigma (99.73 %) quantiles of the chi-square law by degrees of freedom,
-#: the bound :data:`~cellcal.sim.truth.NEES_BOUND_3SIGMA_6DOF` the exit status judges by: an
-#: estimate "within its reported uncertainty" has an error inside that ellipsoid.
-_CHI2_3SIGMA = {3: 14.16, 6: 20.06}
 
 
 class _EstimateTruth(TypedDict, total=False):
@@ -179,7 +176,7 @@ def _point_truth(result: Mapping[str, object], world: World) -> dict[str, _Estim
     for name, err, dof in (("cell_T_base", xi, 6), ("flange_p_target", ey, 3)):
         v = nees(err, matrix(name))
         out[name] = {"error_m": float(np.linalg.norm(err[:3])), "nees": v, "dof": dof,
-                     "within_uncertainty": v is not None and v <= _CHI2_3SIGMA[dof]}
+                     "within_uncertainty": v is not None and v <= NEES_BOUND_3SIGMA[dof]}
     out["cell_T_base"]["error_rad"] = float(np.linalg.norm(xi[3:]))
     return out
 
