@@ -8,9 +8,10 @@ default is :data:`UNSET` was not given. The record's fields fall in three groups
 * **used**: the field means what the keyword means (units converted where the conventions
   differ); a field at its :class:`SolverOptions` default leaves the solve's own default.
 * **ignored**: the field has nothing to act on in this problem (no robot in an intrinsics
-  solve, no prior transform to test a tolerance against, points only): one record serves a cell.
-* **refused**: the field asks for something the solve cannot do (a pose noise in metres for a
-  fit on corners in pixels, no refinement, outlier rejection): a non-default value is a
+  solve, no prior transform to test a tolerance against, points only, the tracker's noise): one
+  record serves a cell.
+* **refused**: the field asks for something the solve cannot do (no refinement, outlier
+  rejection, a robust loss the solve lacks): a non-default value is a
   ``ValueError`` naming the field and the function, never a setting silently not applied.
 """
 
@@ -38,8 +39,6 @@ UNSET = Unset()
 #: Why an image solve cannot honour a field, and what to do instead (the refusal's message).
 REFUSAL_REASONS: Mapping[str, str] = {
     "refine": "the image solves always refine on the corners (there is no linear answer to return)",
-    "noise_translation_m": "the measurements are corners in pixels: declare their noise with noise_px=",
-    "noise_rotation_rad": "the measurements are corners in pixels: declare their noise with noise_px=",
     "reject_k": "the image solves do not drop stations; screen views by their view_rms_px and solve again",
     "huber": "the intrinsics solve is plain least squares on the corners (no robust loss)",
 }

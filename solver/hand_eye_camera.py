@@ -267,10 +267,10 @@ def calibrate_hand_eye_camera(
         distance from the flange). Ignored (nothing here for them to act on, so one record
         serves a cell): ``uncertainty`` (this solve always refines and computes its
         covariance), ``expected_tolerance_m``, ``expected_tolerance_rad`` (no prior is
-        taken) and ``min_point_spread``. Refused, a ``ValueError`` naming the field and this
-        function, when not at its default: ``refine`` (always refined),
-        ``noise_translation_m`` and ``noise_rotation_rad`` (the measurements are corners:
-        ``noise_px``) and ``reject_k`` (no station is dropped).
+        taken), ``min_point_spread``, and ``noise_translation_m`` and ``noise_rotation_rad``
+        (the tracker's noise: this fit's measurements are corners, ``noise_px``). Refused, a
+        ``ValueError`` naming the field and this function, when not at its default:
+        ``refine`` (always refined) and ``reject_k`` (no station is dropped).
     noise_px : float, optional
         Declared corner noise (1-sigma per axis, px); estimated if omitted.
     robot_repeatability_m, robot_repeatability_rad : float
@@ -377,7 +377,7 @@ class _Settings(NamedTuple):
 START_FIELDS = frozenset({"pairs", "translation", "min_axis_spread", "min_rotation_rad", "max_reach_m",
                           "max_target_offset_m"})
 #: The record's fields these solves cannot honour: a non-default value is a ``ValueError``.
-REFUSED_FIELDS = ("refine", "noise_translation_m", "noise_rotation_rad", "reject_k")
+REFUSED_FIELDS = ("refine", "reject_k")
 
 
 def _settings(fn: str, options: SolverOptions | None, huber: float | None | Unset, holdout: bool | Unset,

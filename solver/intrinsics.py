@@ -104,7 +104,7 @@ _MAX_ITERATIONS = 100
 DEFAULT_HOLDOUT_FOLDS = 5
 #: The fields of :class:`~cellcal.solver.SolverOptions` this solve cannot honour (a non-default
 #: value is a ``ValueError``).
-INTRINSICS_REFUSED_FIELDS = ("refine", "noise_translation_m", "noise_rotation_rad", "huber", "reject_k")
+INTRINSICS_REFUSED_FIELDS = ("refine", "huber", "reject_k")
 _DEFAULT_OPTIONS = SolverOptions()
 
 
@@ -603,11 +603,11 @@ def calibrate_intrinsics(
         serves a cell): the robot's and the AX=XB solve's fields (``pairs``,
         ``translation``, ``min_axis_spread``, ``min_rotation_rad``, ``min_point_spread``,
         ``max_reach_m``, ``max_target_offset_m``, ``robot_accuracy_m``), the prior
-        tolerances (``expected_tolerance_m``, ``expected_tolerance_rad``) and
-        ``uncertainty`` (the covariance is always computed). Refused, a ``ValueError``
-        naming the field and this function, when not at its default: ``refine`` (always
-        refined), ``noise_translation_m`` and ``noise_rotation_rad`` (the measurements are
-        corners: ``noise_px``), ``huber`` and ``reject_k`` (plain least squares).
+        tolerances (``expected_tolerance_m``, ``expected_tolerance_rad``), ``uncertainty``
+        (the covariance is always computed) and the tracker's noise (``noise_translation_m``,
+        ``noise_rotation_rad``: the measurements are corners, ``noise_px``). Refused, a
+        ``ValueError`` naming the field and this function, when not at its default:
+        ``refine`` (always refined), ``huber`` and ``reject_k`` (plain least squares).
     noise_px : float, optional
         Declared corner noise (1-sigma per axis, px); estimated from the residuals if omitted.
     fix : sequence of str

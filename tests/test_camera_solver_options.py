@@ -28,7 +28,9 @@ CAM = CameraModel.from_parameters(TRUE, SIZE)
 SETUPS = ("eye_in_hand", "eye_to_hand")
 SOLVE = {"eye_in_hand": calibrate_hand_eye_camera, "eye_to_hand": calibrate_eye_to_hand_camera}
 FAST = dict(n_bootstrap=0, cross_check=False)
-HAND_EYE_REFUSED = dict(refine=False, noise_translation_m=2e-5, noise_rotation_rad=1e-4, reject_k=4.0)
+HAND_EYE_REFUSED = dict(refine=False, reject_k=4.0)
+#: the tracker's noise in a cell's record: ignored by the image fits (one record serves a cell)
+TRACKER_NOISE = dict(noise_translation_m=2e-5, noise_rotation_rad=1e-4)
 INTRINSICS_REFUSED = dict(HAND_EYE_REFUSED, huber=3.0)
 
 
@@ -106,8 +108,9 @@ def test_intrinsics_record_and_keywords_give_the_same_result(views):
 
 def test_fields_a_solve_has_no_use_for_are_ignored(chain, views):
     # one record serves the cell: the prior tolerances (no prior taken), the points' spread,
-    # uncertainty (always computed); for the intrinsics the robot's and the AX=XB solve's too
-    unused = dict(uncertainty=False, expected_tolerance_m=1e-3, expected_tolerance_rad=1e-3, min_point_spread=0.1)
+    # uncertainty (always computed), the tracker's declared noise; for the intrinsics the robot's and the AX=XB solve's too
+    unused = dict(uncertainty=False, expected_tolerance_m=1e-3, expected_tolerance_rad=1e-3, min_point_spread=0.1,
+                  **TRACKER_NOISE)
     _same(_solve(chain, holdout=False), _solve(chain, options=SolverOptions(holdout=False, **unused)))
     robot = dict(unused, pairs="star", translation="pairs", min_axis_spread=0.9, min_rotation_rad=1.0,
                  max_reach_m=0.01, max_target_offset_m=0.01, robot_accuracy_m=0.01)
