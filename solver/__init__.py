@@ -21,7 +21,8 @@ behind them (:class:`ResidualTests`); ADR 0004. Inputs are checked for what resi
 cannot show (ADR 0014): ``expected_cell_T_base`` (:class:`PriorMismatch`), ``max_reach_m``
 (:class:`UnreachableStations`), ``max_target_offset_m`` (:class:`ImplausibleGeometry`),
 duplicates and units. How to solve and what to trust is one record, :class:`SolverOptions`,
-taken by every ``calibrate_*`` as ``options=`` (its fields also as keywords). :class:`TrackerNoiseModel` turns a
+taken by every ``calibrate_*`` as ``options=`` (its fields also as keywords; the camera
+solves keep their own keywords beside it). :class:`TrackerNoiseModel` turns a
 tracker's beam-coordinate noise into the per-station covariances the solvers take. Plus
 :class:`Workspace`, the error tree (:class:`CellcalError`, :class:`CalibrationError`,
 :class:`NotEnoughSamples`, :class:`DegenerateGeometry`) and the SE(3) helpers in

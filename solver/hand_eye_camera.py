@@ -50,11 +50,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
 from cellcal.solver import _camera_chain as _chain
+from cellcal.solver import _camera_options as _options
 from cellcal.solver import _stats
 from cellcal.solver._camera_fit import (
     MIN_VIEWS,
@@ -69,6 +70,7 @@ from cellcal.solver._camera_fit import (
     _redundancies,
     _structure_test,
 )
+from cellcal.solver._camera_options import UNSET, Unset
 from cellcal.solver.calibrate import (
     MAX_ROTATION_SIGMA_RAD,
     CalibrationResult,
@@ -88,6 +90,7 @@ from cellcal.solver.camera_results import (
 from cellcal.solver.diagnostics import ResidualTests, SolveWarning
 from cellcal.solver.errors import DegenerateGeometry, NotEnoughSamples
 from cellcal.solver.intrinsics import MIN_VIEW_CORNERS, CornerResiduals, IntrinsicsResult, calibrate_intrinsics
+from cellcal.solver.options import SolverOptions, resolve_options
 from cellcal.solver.se3 import check_transform, se3_inverse
 from cellcal.solver.target import CalibrationTarget
 from cellcal.solver.uncertainty import sigma_figures
@@ -123,6 +126,7 @@ DEFAULT_N_BOOTSTRAP = 30
 #: Estimated corner noise never goes below this (px): noise-free data reach the rounding floor.
 NOISE_FLOOR_PX = 1e-6
 _MAX_ITERATIONS = 50
+_DEFAULT_OPTIONS = SolverOptions()
 _FALSE_ALARM = FALSE_ALARM
 _WARN_HOLDOUT = 1.5
 _WARN_BOOTSTRAP = 2.0
@@ -218,17 +222,18 @@ def calibrate_hand_eye_camera(
     intrinsics_covariance: np.ndarray | None = None,
     intrinsics_mode: str | None = None,
     image_size: tuple[int, int] | None = None,
+    options: SolverOptions | None = None,
     noise_px: float | None = None,
     robot_repeatability_m: float = DEFAULT_REPEATABILITY_M,
     robot_repeatability_rad: float = DEFAULT_REPEATABILITY_RAD,
-    robot_accuracy_m: float = 0.0,
+    robot_accuracy_m: float | Unset = UNSET,
     robot_accuracy_rad: float = 0.0,
-    huber: float | None = None,
-    holdout: bool = True,
+    huber: float | None | Unset = UNSET,
+    holdout: bool | Unset = UNSET,
     n_bootstrap: int = DEFAULT_N_BOOTSTRAP,
     cross_check: bool = True,
     seed: int = 0,
-    max_iterations: int = _MAX_ITERATIONS,
+    max_iterations: int | Unset = UNSET,
     **axxb: Any,
 ) -> HandEyeCameraResult:
     """Eye-in-hand on the image: the camera on the flange, the target fixed (module docstring).
@@ -252,16 +257,33 @@ def calibrate_hand_eye_camera(
         (default without one): held, their covariance (if any) carried into the
         transforms'; ``"joint"``: free, no prior.
     image_size : (int, int), optional
+    options : SolverOptions, optional
+        The shared record (:class:`~cellcal.solver.SolverOptions`, whose fields are
+        documented there). It fills every keyword below that is not given; a keyword given
+        overrides it. Used: ``huber``, ``holdout``, ``max_iterations`` and
+        ``robot_accuracy_m`` as the keywords of those names (below); ``pairs``,
+        ``translation``, ``min_axis_spread``, ``min_rotation_rad`` and ``max_reach_m`` by
+        the AX=XB start, and ``max_target_offset_m`` by the eye-to-hand start (the target's
+        distance from the flange). Ignored (nothing here for them to act on, so one record
+        serves a cell): ``uncertainty`` (this solve always refines and computes its
+        covariance), ``expected_tolerance_m``, ``expected_tolerance_rad`` (no prior is
+        taken), ``min_point_spread``, and ``noise_translation_m`` and ``noise_rotation_rad``
+        (the tracker's noise: this fit's measurements are corners, ``noise_px``). Refused, a
+        ``ValueError`` naming the field and this function, when not at its default:
+        ``refine`` (always refined) and ``reject_k`` (no station is dropped).
     noise_px : float, optional
         Declared corner noise (1-sigma per axis, px); estimated if omitted.
     robot_repeatability_m, robot_repeatability_rad : float
         The robot's pose repeatability, 1-sigma per axis (m, rad) in the flange frame.
     robot_accuracy_m, robot_accuracy_rad : float
-        Its absolute accuracy, 1-sigma per axis, added to the per-view prior (ADR 0027).
+        Its absolute accuracy, 1-sigma per axis, added to the per-view prior (ADR 0027);
+        default 0. Not given, ``robot_accuracy_m`` is the record's (a 3-D RMS) divided by
+        sqrt(3), or 0 when the record's is None.
     huber : float, optional
-        Huber loss on each corner's whitened length at this many sigmas.
+        Huber loss on each corner's whitened length at this many sigmas; default the
+        record's (None: plain least squares).
     holdout : bool
-        k-fold held-out views (5 folds; needs 6 views).
+        k-fold held-out views (5 folds; needs 6 views); default the record's (True).
     n_bootstrap : int
         Bootstrap replicates over views (0: none; the OpenCV cross-check is judged only with 10 or more).
     cross_check : bool
@@ -269,8 +291,12 @@ def calibrate_hand_eye_camera(
     seed : int
         The bootstrap's.
     max_iterations : int
+        Iterations of the image fit at most; default 50, or the record's when it is not at
+        its own default (20, the pose solves' budget).
     **axxb
-        Passed to the AX=XB start (``min_axis_spread``, ``min_rotation_rad``).
+        The AX=XB start's fields of the record as keywords, overriding it (``pairs``,
+        ``translation``, ``min_axis_spread``, ``min_rotation_rad``, ``max_reach_m``,
+        ``max_target_offset_m``); any other is a ``TypeError``.
 
     Returns
     -------
@@ -285,13 +311,18 @@ def calibrate_hand_eye_camera(
         fit determines only beyond 0.1 rad.
     InsufficientTilt, InsufficientCoverage
         Joint intrinsics from views that cannot determine them.
+    UnreachableStations, ImplausibleGeometry
+        The AX=XB start's input checks (``max_reach_m``, ``max_target_offset_m``; ADR 0014).
     ValueError
-        Malformed input, naming the view or station.
+        Malformed input, naming the view or station; a field of ``options`` this solve cannot
+        honour, naming it.
+    TypeError
+        ``options`` is not a :class:`~cellcal.solver.SolverOptions`, or an unexpected keyword.
     """
     return _calibrate(_chain.EYE_IN_HAND, views, target, base_T_flange, intrinsics, intrinsics_covariance,
                       intrinsics_mode, image_size, noise_px, robot_repeatability_m, robot_repeatability_rad,
-                      robot_accuracy_m, robot_accuracy_rad, huber, holdout, n_bootstrap, cross_check, seed,
-                      max_iterations, axxb)
+                      robot_accuracy_rad, n_bootstrap, cross_check, seed,
+                      _settings("calibrate_hand_eye_camera", options, huber, holdout, max_iterations, robot_accuracy_m, axxb))
 
 
 def calibrate_eye_to_hand_camera(
@@ -303,23 +334,24 @@ def calibrate_eye_to_hand_camera(
     intrinsics_covariance: np.ndarray | None = None,
     intrinsics_mode: str | None = None,
     image_size: tuple[int, int] | None = None,
+    options: SolverOptions | None = None,
     noise_px: float | None = None,
     robot_repeatability_m: float = DEFAULT_REPEATABILITY_M,
     robot_repeatability_rad: float = DEFAULT_REPEATABILITY_RAD,
-    robot_accuracy_m: float = 0.0,
+    robot_accuracy_m: float | Unset = UNSET,
     robot_accuracy_rad: float = 0.0,
-    huber: float | None = None,
-    holdout: bool = True,
+    huber: float | None | Unset = UNSET,
+    holdout: bool | Unset = UNSET,
     n_bootstrap: int = DEFAULT_N_BOOTSTRAP,
     cross_check: bool = True,
     seed: int = 0,
-    max_iterations: int = _MAX_ITERATIONS,
+    max_iterations: int | Unset = UNSET,
     **axxb: Any,
 ) -> EyeToHandCameraResult:
     """Eye-to-hand on the image: the camera fixed, the target on the flange.
 
-    Parameters and raises as :func:`calibrate_hand_eye_camera`; ``DegenerateGeometry.axis``
-    is in the robot base frame.
+    Parameters (``options`` among them) and raises as :func:`calibrate_hand_eye_camera`;
+    ``DegenerateGeometry.axis`` is in the robot base frame.
 
     Returns
     -------
@@ -327,13 +359,50 @@ def calibrate_eye_to_hand_camera(
     """
     return _calibrate(_chain.EYE_TO_HAND, views, target, base_T_flange, intrinsics, intrinsics_covariance,
                       intrinsics_mode, image_size, noise_px, robot_repeatability_m, robot_repeatability_rad,
-                      robot_accuracy_m, robot_accuracy_rad, huber, holdout, n_bootstrap, cross_check, seed,
-                      max_iterations, axxb)
+                      robot_accuracy_rad, n_bootstrap, cross_check, seed,
+                      _settings("calibrate_eye_to_hand_camera", options, huber, holdout, max_iterations, robot_accuracy_m, axxb))
+
+
+class _Settings(NamedTuple):
+    """The keywords and record of one camera hand-eye call, resolved."""
+
+    huber: float | None
+    holdout: bool
+    max_iterations: int
+    robot_accuracy_m: float
+    start: dict[str, Any]  # the AX=XB start's keywords
+
+
+#: The record's fields the AX=XB start uses, and the keywords ``**axxb`` takes (ADR 0004).
+START_FIELDS = frozenset({"pairs", "translation", "min_axis_spread", "min_rotation_rad", "max_reach_m",
+                          "max_target_offset_m"})
+#: The record's fields these solves cannot honour: a non-default value is a ``ValueError``.
+REFUSED_FIELDS = ("refine", "reject_k")
+
+
+def _settings(fn: str, options: SolverOptions | None, huber: float | None | Unset, holdout: bool | Unset,
+              max_iterations: int | Unset, robot_accuracy_m: float | Unset, axxb: dict[str, Any]) -> _Settings:
+    """The keywords given, else the record's fields (converted), else the solve's defaults."""
+    o = _options.record(fn, options)
+    _options.refuse(fn, o, REFUSED_FIELDS)
+    start = resolve_options(fn, o, axxb, START_FIELDS)
+    if isinstance(robot_accuracy_m, Unset):
+        # the record's is the 3-D RMS flange error, this solve's the 1-sigma per axis
+        robot_accuracy_m = 0.0 if o.robot_accuracy_m is None else o.robot_accuracy_m / math.sqrt(3.0)
+    if isinstance(max_iterations, Unset):
+        # the record's default is the pose solves' budget; the image fit has its own
+        max_iterations = _MAX_ITERATIONS if o.max_iterations == _DEFAULT_OPTIONS.max_iterations else o.max_iterations
+    return _Settings(
+        huber=o.huber if isinstance(huber, Unset) else huber,
+        holdout=o.holdout if isinstance(holdout, Unset) else holdout,
+        max_iterations=max_iterations, robot_accuracy_m=robot_accuracy_m,
+        start={k: getattr(start, k) for k in sorted(START_FIELDS)})
 
 
 def _calibrate(setup, views, target, base_T_flange, intrinsics, intrinsics_covariance, intrinsics_mode, image_size,
-               noise_px, rep_m, rep_rad, acc_m, acc_rad, huber, holdout, n_bootstrap, cross_check, seed,
-               max_iterations, axxb):
+               noise_px, rep_m, rep_rad, acc_rad, n_bootstrap, cross_check, seed, settings: _Settings):
+    huber, holdout, max_iterations, acc_m = settings.huber, settings.holdout, settings.max_iterations, \
+        settings.robot_accuracy_m
     problem = "hand-eye calibration (camera)" if setup == _chain.EYE_IN_HAND else "eye-to-hand calibration (camera)"
     checked = _views(views, target)
     G_all = _poses(base_T_flange, len(checked))
@@ -382,10 +451,7 @@ def _calibrate(setup, views, target, base_T_flange, intrinsics, intrinsics_covar
     sigma0 = max(sigma0, NOISE_FLOOR_PX) if noise_px is None else sigma0
 
     # the AX=XB start, with its refusals
-    init_kw = {kk: axxb[kk] for kk in ("min_axis_spread", "min_rotation_rad", "pairs") if kk in axxb}
-    unknown = set(axxb) - set(init_kw)
-    if unknown:
-        raise TypeError(f"unexpected keyword argument(s): {', '.join(sorted(unknown))}")
+    init_kw = settings.start
     if setup == _chain.EYE_IN_HAND:
         pose_level: CalibrationResult = calibrate_hand_eye(G, O, holdout=False, **init_kw)
         X0, Z0 = pose_level.flange_T_camera, pose_level.base_T_target  # type: ignore[attr-defined]

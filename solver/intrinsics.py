@@ -64,10 +64,13 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from cellcal.solver import _camera_options as _options
 from cellcal.solver import _stats
+from cellcal.solver._camera_options import UNSET, Unset
 from cellcal.solver.camera_model import N_PARAMETERS, PARAMETER_NAMES, CameraModel, camera_matrix_from_parameters, project
 from cellcal.solver.diagnostics import SolveWarning
 from cellcal.solver.errors import InsufficientCoverage, InsufficientTilt, NotEnoughSamples
+from cellcal.solver.options import SolverOptions
 from cellcal.solver.target import CalibrationTarget
 
 __all__ = [
@@ -97,6 +100,12 @@ _OUTLIER_SIGMAS = 5.0
 #: Level of the declared-noise chi-square test.
 _NOISE_TEST_ALPHA = 0.005
 _MAX_ITERATIONS = 100
+#: Folds of the held-out check by default.
+DEFAULT_HOLDOUT_FOLDS = 5
+#: The fields of :class:`~cellcal.solver.SolverOptions` this solve cannot honour (a non-default
+#: value is a ``ValueError``).
+INTRINSICS_REFUSED_FIELDS = ("refine", "huber", "reject_k")
+_DEFAULT_OPTIONS = SolverOptions()
 
 
 class ViewCorners(NamedTuple):
@@ -563,14 +572,15 @@ def calibrate_intrinsics(
     target: CalibrationTarget,
     image_size: tuple[int, int],
     *,
+    options: SolverOptions | None = None,
     noise_px: float | None = None,
     fix: Sequence[str] = (),
     initial: np.ndarray | None = None,
-    holdout_folds: int = 5,
+    holdout_folds: int | Unset = UNSET,
     min_views: int = MIN_VIEWS,
     min_tilt_deg: float = DEFAULT_MIN_TILT_DEG,
     min_coverage: float = DEFAULT_MIN_COVERAGE,
-    max_iterations: int = _MAX_ITERATIONS,
+    max_iterations: int | Unset = UNSET,
 ) -> IntrinsicsResult:
     """Calibrate a camera's intrinsics from views of a planar target (module docstring).
 
@@ -584,6 +594,20 @@ def calibrate_intrinsics(
         Gives each corner id its position on the target.
     image_size : (int, int)
         ``(width, height)``, px.
+    options : SolverOptions, optional
+        The shared record (:class:`~cellcal.solver.SolverOptions`, whose fields are
+        documented there). It fills ``holdout_folds`` and ``max_iterations`` when they are
+        not given (a keyword given overrides it): ``holdout=False`` is no fold, ``True``
+        the default 5; ``max_iterations`` when not at the record's own default (20, the
+        pose solves' budget). Ignored (nothing here for them to act on, so one record
+        serves a cell): the robot's and the AX=XB solve's fields (``pairs``,
+        ``translation``, ``min_axis_spread``, ``min_rotation_rad``, ``min_point_spread``,
+        ``max_reach_m``, ``max_target_offset_m``, ``robot_accuracy_m``), the prior
+        tolerances (``expected_tolerance_m``, ``expected_tolerance_rad``), ``uncertainty``
+        (the covariance is always computed) and the tracker's noise (``noise_translation_m``,
+        ``noise_rotation_rad``: the measurements are corners, ``noise_px``). Refused, a
+        ``ValueError`` naming the field and this function, when not at its default:
+        ``refine`` (always refined), ``huber`` and ``reject_k`` (plain least squares).
     noise_px : float, optional
         Declared corner noise (1-sigma per axis, px); estimated from the residuals if omitted.
     fix : sequence of str
@@ -594,10 +618,13 @@ def calibrate_intrinsics(
         Start intrinsics (else Zhang's start with no distortion); fixed parameters keep
         their value from it (0 for distortion without it).
     holdout_folds : int
-        Folds of the held-out check (0: none).
+        Folds of the held-out check (0: none); default 5, or 0 with the record's
+        ``holdout=False``.
     min_views, min_tilt_deg, min_coverage : float
         Refusal thresholds (module docstring).
     max_iterations : int
+        Iterations of the refinement at most; default 100, or the record's when it is not
+        at its own default.
 
     Returns
     -------
@@ -608,8 +635,18 @@ def calibrate_intrinsics(
     NotEnoughSamples, InsufficientTilt, InsufficientCoverage
         The views cannot determine the intrinsics (module docstring).
     ValueError
-        Malformed input, naming the view.
+        Malformed input, naming the view; a field of ``options`` this solve cannot honour,
+        naming it.
+    TypeError
+        ``options`` is not a :class:`~cellcal.solver.SolverOptions`.
     """
+    o = _options.record("calibrate_intrinsics", options)
+    _options.refuse("calibrate_intrinsics", o, INTRINSICS_REFUSED_FIELDS)
+    if isinstance(holdout_folds, Unset):
+        holdout_folds = DEFAULT_HOLDOUT_FOLDS if o.holdout else 0
+    if isinstance(max_iterations, Unset):
+        # the record's default is the pose solves' budget; this fit has its own
+        max_iterations = _MAX_ITERATIONS if o.max_iterations == _DEFAULT_OPTIONS.max_iterations else o.max_iterations
     w, h = (int(image_size[0]), int(image_size[1]))
     if w <= 0 or h <= 0:
         raise ValueError(f"image_size must be positive (width, height), got {image_size!r}")

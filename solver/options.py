@@ -18,6 +18,13 @@ record, so one record serves every calibration of a cell; given as a keyword to 
 that cannot use it, it is a ``TypeError``, as any unexpected keyword is. The workspace is not
 an option: it is where a solve computes (one per thread), and an options record is a value
 meant to be shared.
+
+The image solves (``calibrate_hand_eye_camera``, ``calibrate_eye_to_hand_camera``,
+``calibrate_intrinsics``) take the record too, beside their own keywords and defaults: it
+fills the keywords not given, its defaults leave theirs, and a field they cannot honour (a
+pose noise where the measurements are corners, ``refine=False``, ``reject_k``; ``huber`` for
+the intrinsics) is a ``ValueError`` when set, not ignored (each function's ``options``
+parameter lists its fields; ADR 0004, amendment of 2026-12-06).
 """
 
 from __future__ import annotations
