@@ -96,7 +96,9 @@ def test_the_report_has_the_intrinsics_section_and_its_four_figures(stored):
 def test_the_opencv_export_reads_back_in_opencv_filestorage(stored, tmp_path):
     _d, rec, body, _r = stored
     files = write_exports(tmp_path, rec.id, body, Export())
-    assert {"camera_info", "opencv"} <= set(files)
+    # the camera's own files and its JSON; no frame file (an intrinsics result has no frame)
+    assert set(files) == {"json", "camera_info", "opencv"}, set(files)
+    assert not [p.name for p in tmp_path.iterdir() if p.suffix in (".urdf", ".xacro", ".script", ".sh")]
     fs = cv2.FileStorage(str(files["opencv"]), cv2.FILE_STORAGE_READ)
     try:
         K, D = fs.getNode("camera_matrix").mat(), fs.getNode("distortion_coefficients").mat()

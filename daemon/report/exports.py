@@ -27,6 +27,9 @@ For result ``<id>`` the directory (``<state_dir>/exports``) holds:
     before they publish, and the UR script stops (``halt``) before it defines a pose; the JSON's
     first key is ``GATES_FAILED``. A refused result cannot be activated, so nothing moves them.
 
+A result with no transform and no point (a camera's intrinsics) has only its JSON and its
+kind's own files: no frame file.
+
 Frame names in the URDF, xacro, ROS 2 and UR files come from ``[export]``
 (:class:`cellcal.daemon.config.Export`): ``cell_frame = "world"`` names the cell frame
 ``world`` there; the JSON keeps cellcal's names. When a result's state changes (it becomes
@@ -787,8 +790,10 @@ def write_exports(directory: str | os.PathLike[str], result_id: int, result_dict
     Returns
     -------
     dict
-        ``{"json", "urdf", "xacro", "ros2", "launch", "ur"}`` -> Path; in
-        ``directory / REFUSED_DIR`` for a result that failed its gates (module docstring).
+        ``{"json", "urdf", "xacro", "ros2", "launch", "ur"}`` -> Path (only ``"json"`` for a
+        result with no transform and no point, such as a camera's intrinsics) and the kind's
+        own files; in ``directory / REFUSED_DIR`` for a result that failed its gates (module
+        docstring).
     """
     directory = Path(directory)
     if isinstance(result_id, bool) or not isinstance(result_id, (int, np.integer)):
@@ -807,13 +812,15 @@ def write_exports(directory: str | os.PathLike[str], result_id: int, result_dict
             raise _export_error(exc, directory / f"result_{result_id}", "creating the directory for") from exc
     items = _exportable(result_dict, frame_names(export), _base_yaw(export))
     files = export_file_names(result_id)
+    # A result with no frame (a camera's intrinsics) has nothing for a frame file to say:
+    # no empty URDF or UR script that a tool could load as if it held a calibration.
     texts = {
         "urdf": urdf_robot(result_id, result_dict, export),
         "xacro": xacro_macros(result_id, result_dict, export),
         "ros2": _ros2_script(result_id, result_dict, items),
         "launch": ros2_launch_file(result_id, result_dict, export),
         "ur": ur_script(result_id, result_dict, export),
-    }
+    } if items else {}
     if refused:
         texts = {k: mark_refused(k, t, result_dict) for k, t in texts.items()}
     doc = {"GATES_FAILED": refused_text(result_dict), **result_dict} if refused else result_dict
