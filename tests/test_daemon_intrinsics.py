@@ -128,11 +128,18 @@ def _capture(cell, **changes) -> CameraCapture:
     return CameraCapture(devices.camera, dataclasses.replace(cell.cfg, camera=camera))
 
 
-def _refused(cell, capture: CameraCapture) -> StationRejected:
+def _refused(cell, capture: CameraCapture, *, about_motion: bool = False) -> StationRejected:
+    """The station's refusal. A test about the image (corners, blur, no target) takes up to
+    three attempts: on a loaded machine the resting robot's RTDE samples can arrive late enough
+    to restart its rest window during the exposure (a correct "moved during exposure" refusal of
+    a frame whose timing the daemon cannot vouch for, not what such a test is about)."""
     assert cell.svc.wait_idle(30)
     engine = cell.svc.control.devices.engine
-    with pytest.raises(StationRejected) as ei:
-        capture.station(engine, 999, [], None)
+    for _attempt in range(1 if about_motion else 3):
+        with pytest.raises(StationRejected) as ei:
+            capture.station(engine, 999, [], None)
+        if ei.value.reason != RejectReason.MOVED_DURING_EXPOSURE:
+            break
     return ei.value
 
 
@@ -165,7 +172,7 @@ def test_a_robot_that_moves_during_the_exposure_is_refused(cell):
             return super().settled_frame()
 
     base = _capture(cell)
-    rej = _refused(cell, MovingWhileExposed(base.camera, base.cfg))
+    rej = _refused(cell, MovingWhileExposed(base.camera, base.cfg), about_motion=True)
     assert asked.is_set() and rej.reason == RejectReason.MOVED_DURING_EXPOSURE, rej
     engine.monitor.wait_settled(60.0)  # the later tests start from rest
 
