@@ -76,7 +76,6 @@ REPRODUCE_TOLERANCE_M = 1e-9
 QUATERNION_ORDER_GAIN = 10.0
 
 
-
 class _Given(TypedDict, total=False):
     """What a solve is given besides the options' fields (``SolverOptionsKeywords``): the
     daemon's options record, a prior, each station's covariance and capture signature.
