@@ -63,7 +63,7 @@ from cellcal.solver.intrinsics import MIN_VIEWS, ViewCorners
 from cellcal.solver.target import CalibrationTarget
 
 __all__ = ["Intrinsics", "SOLVER_NAME", "VIEW_KEY", "TARGET_KEY", "views_of_stations", "solve_views",
-           "intrinsics_record", "intrinsics_gates", "target_wire", "camera_plan_extra", "stored_intrinsics"]
+           "intrinsics_record", "intrinsics_gates", "target_wire", "camera_plan_extra", "stored_intrinsics", "Corners"]
 
 #: ``solver`` of an intrinsics result (provenance and wire).
 SOLVER_NAME = "calibrate_intrinsics: Zhang's start, maximum likelihood on the image corners (ADR 0022)"

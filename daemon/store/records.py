@@ -28,7 +28,7 @@ from cellcal.daemon.wire.types import (
 )
 
 __all__ = ["RunStatus", "RunRecord", "StationRecord", "StationColumn", "station_columns", "station_column_ddl", "TRANSIENT",
-           "RejectionRecord", "ResultRecord", "DriftCheckRecord", "ActivationRecord"]
+           "RejectionRecord", "ResultRecord", "DriftCheckRecord", "ActivationRecord", "StationBuilder"]
 
 
 # --------------------------------------------------------------------------------------
