@@ -340,7 +340,7 @@ UNCERTAINTY_CONVENTION = (
 )
 
 
-def transform_to_wire(name: str, T: np.ndarray) -> P.Transform:
+def transform_to_wire(name: str, T: npt.NDArray[np.float64]) -> P.Transform:
     """Wire form of the transform called ``name`` (``"parent_T_child"``)."""
     parent, sep, child = name.partition("_T_")
     if not sep or not parent or not child:
@@ -356,7 +356,7 @@ def transform_to_wire(name: str, T: np.ndarray) -> P.Transform:
     }
 
 
-def transform_from_wire(obj: Mapping[str, object]) -> np.ndarray:
+def transform_from_wire(obj: Mapping[str, object]) -> npt.NDArray[np.float64]:
     """4x4 transform from its wire form (the ``matrix`` field is authoritative)."""
     m = np.array(obj["matrix"], dtype=float)
     if m.shape != (16,):
@@ -364,12 +364,12 @@ def transform_from_wire(obj: Mapping[str, object]) -> np.ndarray:
     return m.reshape(4, 4)
 
 
-def point_to_wire(frame: str, p: np.ndarray) -> P.Point:
+def point_to_wire(frame: str, p: npt.NDArray[np.float64]) -> P.Point:
     """Wire form of a point given in ``frame``: ``{"frame", "position_m"}``."""
     return {"frame": frame, "position_m": [float(v) for v in np.asarray(p, dtype=float).reshape(3)]}
 
 
-def transforms_of(result: CalibrationResult) -> dict[str, np.ndarray]:
+def transforms_of(result: CalibrationResult) -> dict[str, npt.NDArray[np.float64]]:
     """The named transforms and points a result carries: name -> (4, 4) or (3,) value.
 
     The values of ``result.transforms()``, for callers that need no covariance.
@@ -382,7 +382,7 @@ def _f(v: SupportsFloat) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _matrix_to_wire(C: np.ndarray) -> P.Covariance:
+def _matrix_to_wire(C: npt.NDArray[np.float64]) -> P.Covariance:
     C = np.asarray(C, dtype=float)
     return {"shape": list(C.shape), "values": [_f(v) for v in C.reshape(-1)]}
 
@@ -532,7 +532,7 @@ def _uncertainty_to_wire(result: CalibrationResult, estimates: dict[str, Estimat
 # --- to_base -------------------------------------------------------------------------------------
 
 
-def pose_from_wire(pose: Mapping[str, object]) -> np.ndarray:
+def pose_from_wire(pose: Mapping[str, object]) -> npt.NDArray[np.float64]:
     """4x4 ``numpy`` transform from a validated pose argument (``matrix`` or translation + quaternion)."""
     if "matrix" in pose:
         return np.array(pose["matrix"], dtype=float).reshape(4, 4)
@@ -542,7 +542,7 @@ def pose_from_wire(pose: Mapping[str, object]) -> np.ndarray:
 
 
 def base_T_camera_of(transforms: Mapping[str, object], args: Mapping[str, object], *,
-                     result_id: str) -> np.ndarray:
+                     result_id: str) -> npt.NDArray[np.float64]:
     """The camera in the base frame for ``to_base frame="camera"`` (``docs/protocols/zeromq.md``):
     an eye-to-hand result's ``base_T_camera``; an eye-in-hand result's ``flange_T_camera``
     through the validated ``flange_pose`` argument (``base_T_flange`` when the camera saw it).

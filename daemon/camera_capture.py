@@ -43,6 +43,7 @@ import threading
 import time
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import CaptureEngine, json_object
@@ -75,7 +76,7 @@ def camera_identity(info: CameraInfo) -> P.JsonObject:
             "user_name": info.user_name, "address": info.address, "backend": info.backend}
 
 
-def encode_png(image: np.ndarray, pixel_format: str) -> bytes:
+def encode_png(image: npt.NDArray[np.float64], pixel_format: str) -> bytes:
     """Lossless PNG of a frame's image: 8-bit grey (Mono8 and Bayer mosaics), 16-bit grey
     (Mono10/12/16) or 8-bit RGB (stored in RGB order, as ``dir://`` recordings are:
     ``docs/protocols/camera-dir.md``)."""
@@ -93,7 +94,7 @@ def encode_png(image: np.ndarray, pixel_format: str) -> bytes:
     return bytes(buf.tobytes())
 
 
-def edge_blur_px(image: np.ndarray, detection: Detection) -> float:
+def edge_blur_px(image: npt.NDArray[np.float64], detection: Detection) -> float:
     """How blurred the target's edges are: the median over the corners (up to 40, spread over
     the detection) of ``contrast / (sqrt(2 pi) * steepest gradient)`` in a patch around each
     corner, the sigma of a Gaussian-blurred step with that contrast and slope (px).
@@ -131,7 +132,8 @@ def edge_blur_px(image: np.ndarray, detection: Detection) -> float:
     return float(np.median(sigmas)) if sigmas else math.nan
 
 
-def interpolate_state(samples: list[RobotState], t_ns: int) -> tuple[np.ndarray, np.ndarray, float, P.JsonObject]:
+def interpolate_state(samples: list[RobotState], t_ns: int
+                      ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], float, P.JsonObject]:
     """The robot at host time ``t_ns`` from its samples around it: ``(q_rad, base_T_flange,
     t_device_s, how)``. Joints and the device time linearly, the flange's translation
     linearly and its rotation along the geodesic between the two samples that bracket
@@ -251,7 +253,7 @@ class CameraCapture:
         return self.detector.detect(frame.image)
 
     # ---- a station ----------------------------------------------------------------------------
-    def station(self, engine: CaptureEngine, plan_index: int, accepted_poses: list[np.ndarray],
+    def station(self, engine: CaptureEngine, plan_index: int, accepted_poses: list[npt.NDArray[np.float64]],
                 abort: threading.Event | None = None) -> StationRecord:
         """Capture one camera station (module docstring); raises ``StationRejected`` or
         ``DeviceFault``."""
@@ -276,7 +278,7 @@ class CameraCapture:
                     log.debug("stopping the camera's acquisition: %s", exc)
 
     def _judge(self, engine: CaptureEngine, frame: Frame, n_frames: int, window_start: int, plan_index: int,
-               accepted_poses: list[np.ndarray], abort: threading.Event | None) -> StationRecord:
+               accepted_poses: list[npt.NDArray[np.float64]], abort: threading.Event | None) -> StationRecord:
         cfg, monitor = self.cfg, engine.monitor
         half_ns = round(0.5 * (frame.exposure_s or 0.0) * 1e9)
         t0, t1 = frame.t_host_ns - half_ns, frame.t_host_ns + half_ns

@@ -62,9 +62,10 @@ import math
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, TypeVar, cast
+from typing import TYPE_CHECKING, TypeVar, TypeVarTuple, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
@@ -114,11 +115,12 @@ __all__ = ["RejectReason", "StationRejected", "DeviceFault", "RobotMonitor", "Ca
            "rest_spread", "settle_config"]
 
 _T = TypeVar("_T")
+_Ts = TypeVarTuple("_Ts")
 
 #: What the engine returns for one station is the record the store persists (one definition).
 Capture = StationRecord
 
-def _mean_pose(Ts: list[np.ndarray]) -> np.ndarray:
+def _mean_pose(Ts: list[npt.NDArray[np.float64]]) -> npt.NDArray[np.float64]:
     """Mean of nearby rigid transforms: mean translation, chordal mean rotation."""
     A = np.array(Ts)
     out = np.eye(4)
@@ -168,7 +170,8 @@ class CaptureEngine:
         #: "measuring" or "" (between stations).
         self.phase = ""
 
-    def _check_fk(self, q_rad: np.ndarray, base_T_flange: np.ndarray, figures: dict[str, object]) -> None:
+    def _check_fk(self, q_rad: npt.NDArray[np.float64], base_T_flange: npt.NDArray[np.float64],
+                  figures: dict[str, object]) -> None:
         """Reject the station if the reported pose disagrees with forward kinematics."""
         r = self.cfg.robot
         dt, dr = fk_deviation(self.model, q_rad, base_T_flange)
@@ -183,12 +186,13 @@ class CaptureEngine:
                 figures,
             )
 
-    def check_fk(self, q_rad: np.ndarray, base_T_flange: np.ndarray, figures: dict[str, object]) -> None:
+    def check_fk(self, q_rad: npt.NDArray[np.float64], base_T_flange: npt.NDArray[np.float64],
+                 figures: dict[str, object]) -> None:
         """Reject a station whose reported pose disagrees with forward kinematics of its
         joints (``FK_MISMATCH``): the check every station makes, for other capture paths."""
         self._check_fk(q_rad, base_T_flange, figures)
 
-    def capture_camera(self, plan_index: int, accepted_poses: list[np.ndarray],
+    def capture_camera(self, plan_index: int, accepted_poses: list[npt.NDArray[np.float64]],
                        abort: threading.Event | None = None) -> StationRecord:
         """A camera station (``cellcal.daemon.camera_capture.CameraCapture.station``): the
         robot at rest, a settled frame exposed while it rests, the target detected."""
@@ -213,12 +217,12 @@ class CaptureEngine:
             return
         self._abortable(self._move, (planned,), abort, "move", stop_robot=True)
 
-    def abortable(self, fn: Callable[..., _T], args: tuple[object, ...], abort: threading.Event, what: str) -> _T:
+    def abortable(self, fn: Callable[[*_Ts], _T], args: tuple[*_Ts], abort: threading.Event, what: str) -> _T:
         """``fn(*args)``, a device call that blocks (a camera's frame), ended early by
         ``abort`` as a measurement is (:meth:`_abortable`): for other capture paths."""
         return self._abortable(fn, args, abort, what)
 
-    def _abortable(self, fn: Callable[..., _T], args: tuple[object, ...], abort: threading.Event, what: str, *,
+    def _abortable(self, fn: Callable[[*_Ts], _T], args: tuple[*_Ts], abort: threading.Event, what: str, *,
                    stop_robot: bool = False) -> _T:
         """``fn(*args)`` (a driver call that blocks: a move, a measurement) in a helper
         thread, its end awaited in 50 ms steps that check ``abort``. Aborted: the robot is
@@ -315,7 +319,7 @@ class CaptureEngine:
         except DriverError as exc:
             raise DeviceFault(P.DEVICE_TRACKER, exc) from exc
 
-    def capture(self, plan_index: int, accepted_poses: list[np.ndarray],
+    def capture(self, plan_index: int, accepted_poses: list[npt.NDArray[np.float64]],
                 abort: threading.Event | None = None, *, expected: Expected | None = None) -> StationRecord:
         """Wait for rest, measure, check the windows and the consistency; return the station or raise.
 
@@ -336,7 +340,7 @@ class CaptureEngine:
                     raise
                 time.sleep(0.02)
 
-    def capture_robot_only(self, plan_index: int, accepted_poses: list[np.ndarray],
+    def capture_robot_only(self, plan_index: int, accepted_poses: list[npt.NDArray[np.float64]],
                            abort: threading.Event | None = None) -> StationRecord:
         """A station without the tracker (a tool-point run): the robot at rest, nothing measured.
 
@@ -361,7 +365,7 @@ class CaptureEngine:
             raw={}, accepted_host_ns=time.monotonic_ns(),
         )
 
-    def _capture_once(self, plan_index: int, accepted_poses: list[np.ndarray],
+    def _capture_once(self, plan_index: int, accepted_poses: list[npt.NDArray[np.float64]],
                       abort: threading.Event | None, expected: Expected | None = None) -> StationRecord:
         c, tc = self.cfg.capture, self.cfg.tracker
         # Measure as soon as the robot is quiet, and confirm the dwell afterwards: the dwell
@@ -532,7 +536,7 @@ class CaptureEngine:
         )
 
 
-def _check_expected(expected: Expected, G: np.ndarray, M: np.ndarray | None, p: np.ndarray,
+def _check_expected(expected: Expected, G: npt.NDArray[np.float64], M: npt.NDArray[np.float64] | None, p: npt.NDArray[np.float64],
                     figures: dict[str, object]) -> None:
     """Reject a station far from the run's estimate: the pose when both the measurement and
     the estimate have an orientation, else the position alone."""
@@ -589,14 +593,14 @@ def _sampled(state: RobotState | None) -> RobotState:
     return state
 
 
-def _pose(m: TrackerMeasurement) -> np.ndarray:
+def _pose(m: TrackerMeasurement) -> npt.NDArray[np.float64]:
     """A pose measurement's ``cell_T_target`` (the driver sets it for ``kind = "pose"``)."""
     if m.cell_T_target is None:
         raise ProtocolError("the tracker's pose measurement carries no pose")
     return m.cell_T_target
 
 
-def _rotation_std(m: TrackerMeasurement) -> np.ndarray:
+def _rotation_std(m: TrackerMeasurement) -> npt.NDArray[np.float64]:
     """A pose measurement's ``std_rotation_rad`` (the driver sets it for ``kind = "pose"``)."""
     if m.std_rotation_rad is None:
         raise ProtocolError("the tracker's pose measurement carries no rotation uncertainty")
@@ -615,7 +619,7 @@ def _meas_raw(m: TrackerMeasurement) -> dict[str, object]:
     }
 
 
-def _quat(T: np.ndarray) -> list[float]:
+def _quat(T: npt.NDArray[np.float64]) -> list[float]:
     return [float(v) for v in quat_from_matrix(T[:3, :3])]
 
 

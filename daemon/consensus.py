@@ -40,6 +40,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon.consistency import RejectReason, StationRejected
 from cellcal.daemon.store import StationRecord
@@ -91,8 +92,8 @@ class Consensus:
     """
 
     inliers: tuple[int, ...]
-    deviation_m: np.ndarray
-    deviation_rad: np.ndarray | None
+    deviation_m: npt.NDArray[np.float64]
+    deviation_rad: npt.NDArray[np.float64] | None
     split: tuple[int, ...] = ()
 
     def outliers(self) -> tuple[int, ...]:
@@ -100,10 +101,10 @@ class Consensus:
         return tuple(i for i in range(len(self.deviation_m)) if i not in self.inliers)
 
 
-_Fit = Callable[[np.ndarray, float], tuple[np.ndarray, np.ndarray | None]]
+_Fit = Callable[[npt.NDArray[np.intp], float], tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]]
 
 
-def _fitter(model: str, G: np.ndarray, M: np.ndarray | None, P: np.ndarray | None) -> _Fit:
+def _fitter(model: str, G: npt.NDArray[np.float64], M: npt.NDArray[np.float64] | None, P: npt.NDArray[np.float64] | None) -> _Fit:
     """``fit(indices, min_axis_spread) -> (deviation_m (n,), deviation_rad (n,) or None)``
     of every station from the model fitted to the stations at ``indices``. Raises ``CalibrationError`` or
     ``ValueError`` for a subset that determines nothing."""
@@ -112,7 +113,8 @@ def _fitter(model: str, G: np.ndarray, M: np.ndarray | None, P: np.ndarray | Non
     if model == POSE:
         assert M is not None
 
-        def fit_pose(idx: np.ndarray, spread: float = _MIN_SUBSET_SPREAD) -> tuple[np.ndarray, np.ndarray | None]:
+        def fit_pose(idx: npt.NDArray[np.intp], spread: float = _MIN_SUBSET_SPREAD
+                     ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]:
             r = calibrate_base_frame(G[idx], M[idx], min_axis_spread=spread, **opts)
             pred = r.cell_T_base @ G @ r.flange_T_target
             dt = np.linalg.norm(pred[:, :3, 3] - M[:, :3, 3], axis=1)
@@ -123,14 +125,16 @@ def _fitter(model: str, G: np.ndarray, M: np.ndarray | None, P: np.ndarray | Non
     if model == POINT:
         assert P is not None
 
-        def fit_point(idx: np.ndarray, spread: float = _MIN_SUBSET_SPREAD) -> tuple[np.ndarray, np.ndarray | None]:
+        def fit_point(idx: npt.NDArray[np.intp], spread: float = _MIN_SUBSET_SPREAD
+                      ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]:
             r = calibrate_base_frame_points(G[idx], P[idx], min_axis_spread=spread, **opts)
             pred = (r.cell_T_base @ G)[:, :3, :3] @ r.flange_p_target + (r.cell_T_base @ G)[:, :3, 3]
             return np.linalg.norm(pred - P, axis=1), None
 
         return fit_point
 
-    def fit_pivot(idx: np.ndarray, spread: float = _MIN_SUBSET_SPREAD) -> tuple[np.ndarray, np.ndarray | None]:
+    def fit_pivot(idx: npt.NDArray[np.intp], spread: float = _MIN_SUBSET_SPREAD
+                  ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]:
         r = calibrate_tool_point(G[idx], min_axis_spread=spread, holdout=False)
         tips = G[:, :3, :3] @ r.flange_p_tip + G[:, :3, 3]
         return np.linalg.norm(tips - r.base_p_pivot, axis=1), None
@@ -138,14 +142,15 @@ def _fitter(model: str, G: np.ndarray, M: np.ndarray | None, P: np.ndarray | Non
     return fit_pivot
 
 
-def _subsets(n: int, k: int, seed: int, most: int) -> list[np.ndarray]:
+def _subsets(n: int, k: int, seed: int, most: int) -> list[npt.NDArray[np.intp]]:
     if math.comb(n, k) <= most:
         return [np.array(c) for c in itertools.combinations(range(n), k)]
     rng = np.random.default_rng(seed)
     return [np.sort(rng.choice(n, size=k, replace=False)) for _ in range(most)]
 
 
-def consensus(model: str, G: np.ndarray, *, M: np.ndarray | None = None, P: np.ndarray | None = None,
+def consensus(model: str, G: npt.NDArray[np.float64], *, M: npt.NDArray[np.float64] | None = None,
+              P: npt.NDArray[np.float64] | None = None,
               max_error_m: float, max_error_rad: float = math.inf, seed: int = 0) -> Consensus | None:
     """The consensus of a run's stations (module docstring), or None when there is none yet.
 
@@ -168,7 +173,7 @@ def consensus(model: str, G: np.ndarray, *, M: np.ndarray | None = None, P: np.n
         return None
     fit = _fitter(model, G, M, P)
 
-    def score(dev: tuple[np.ndarray, np.ndarray | None]) -> tuple[np.ndarray, float]:
+    def score(dev: tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]) -> tuple[npt.NDArray[np.bool_], float]:
         dt, dr = dev
         ok = dt <= max_error_m
         cost = np.minimum(dt / max_error_m, 1.0) ** 2
@@ -192,7 +197,7 @@ def consensus(model: str, G: np.ndarray, *, M: np.ndarray | None = None, P: np.n
     if bool(ok[:-1].all()):
         return Consensus(tuple(int(i) for i in np.flatnonzero(ok)), np.asarray(dev[0], dtype=float),
                          None if dev[1] is None else np.asarray(dev[1], dtype=float))
-    best: tuple[int, float, np.ndarray] | None = None
+    best: tuple[int, float, npt.NDArray[np.bool_]] | None = None
     for idx in _subsets(n, k, seed, MAX_SUBSETS[model]):
         try:
             ok, cost = score(fit(idx, _MIN_SUBSET_SPREAD))

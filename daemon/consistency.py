@@ -20,6 +20,7 @@ import threading
 from typing import NamedTuple
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
 from cellcal.drivers.errors import DeviceError
@@ -112,7 +113,8 @@ ROBOT_CHANGED = "ROBOT_CHANGED"
 DASHBOARD_UNAVAILABLE = "DASHBOARD_UNAVAILABLE"
 
 
-def settings_changed(setting: str, before: np.ndarray | float | None, after: np.ndarray | float | None) -> DeviceError:
+def settings_changed(setting: str, before: npt.NDArray[np.float64] | float | None,
+                     after: npt.NDArray[np.float64] | float | None) -> DeviceError:
     """The error of a controller setting (``"tcp_offset"``, ``"payload"``) that changed
     during a session; its ``code`` is :data:`TCP_OFFSET_CHANGED` or :data:`PAYLOAD_CHANGED`."""
     code = TCP_OFFSET_CHANGED if setting == "tcp_offset" else PAYLOAD_CHANGED
@@ -120,7 +122,7 @@ def settings_changed(setting: str, before: np.ndarray | float | None, after: np.
                        f"{_fmt(after)}: stations taken before and after the change cannot be combined", code)
 
 
-def _fmt(v: np.ndarray | float | None) -> str:
+def _fmt(v: npt.NDArray[np.float64] | float | None) -> str:
     if v is None:
         return "nothing"
     if isinstance(v, float):
@@ -158,14 +160,14 @@ class Session:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._tcp: np.ndarray | None = None
+        self._tcp: npt.NDArray[np.float64] | None = None
         self._payload: float | None = None
         self.changed: DeviceError | None = None
         self._last: tuple[tuple[bytes | int | None, ...], float] | None = None
         self._in_job = False
         self._robot: RobotKey | None = None
         # The last stations' instrument positions (each half's bytes) and robot poses.
-        self._positions: list[tuple[list[bytes], np.ndarray]] = []
+        self._positions: list[tuple[list[bytes], npt.NDArray[np.float64]]] = []
 
     def new_job(self, robot: RobotKey | None = None) -> None:
         """Forget the job's settings baseline (and a change seen before the job began);
@@ -231,7 +233,8 @@ class Session:
         return prev is not None and prev[0] == sig and prev[1] != float(m.t_device_s)
 
 
-    def repeated_position(self, positions: list[np.ndarray], base_T_flange: np.ndarray, min_change_m: float,
+    def repeated_position(self, positions: list[npt.NDArray[np.float64]], base_T_flange: npt.NDArray[np.float64],
+                          min_change_m: float,
                           min_change_rad: float) -> tuple[int, float] | None:
         """Whether one of a station's instrument positions (its averaging halves',
         ``cell_p_target``, m) repeats, bit for bit, one of the last
@@ -266,14 +269,14 @@ RECENT_POSITIONS = 16
 
 def _signature(m: TrackerMeasurement) -> tuple[bytes | int | None, ...]:
     """Every value bit of a tracker measurement (not its timestamps)."""
-    def b(a: np.ndarray | None) -> bytes | None:
+    def b(a: npt.NDArray[np.float64] | None) -> bytes | None:
         return None if a is None else np.asarray(a, dtype=np.float64).tobytes()
 
     return (b(m.cell_p_target), b(m.cell_T_target), b(m.std_translation_m), b(m.std_rotation_rad),
             int(m.sample_count))
 
 
-def fk_deviation(model: DHModel, q_rad: np.ndarray, base_T_flange: np.ndarray) -> tuple[float, float]:
+def fk_deviation(model: DHModel, q_rad: npt.NDArray[np.float64], base_T_flange: npt.NDArray[np.float64]) -> tuple[float, float]:
     """``(translation_m, rotation_rad)`` between a reported flange pose and the forward
     kinematics of the reported joints under ``model``.
 
@@ -306,7 +309,7 @@ class Expected:
     compared (:meth:`position_deviation`).
     """
 
-    def __init__(self, cell_T_base: np.ndarray, flange_T_target: np.ndarray, max_translation_m: float,
+    def __init__(self, cell_T_base: npt.NDArray[np.float64], flange_T_target: npt.NDArray[np.float64], max_translation_m: float,
                  max_rotation_rad: float, n_stations: int, *, is_point: bool = False) -> None:
         self.cell_T_base = np.asarray(cell_T_base, dtype=float)
         self.flange_T_target = np.asarray(flange_T_target, dtype=float)
@@ -316,14 +319,14 @@ class Expected:
         self.is_point = bool(is_point)
 
     @classmethod
-    def of_point(cls, cell_T_base: np.ndarray, flange_p_target: np.ndarray, max_translation_m: float,
+    def of_point(cls, cell_T_base: npt.NDArray[np.float64], flange_p_target: npt.NDArray[np.float64], max_translation_m: float,
                  n_stations: int) -> Expected:
         """The estimate of a point fit: ``cell_p_target = cell_T_base @ base_T_flange @ flange_p_target``."""
         Y = np.eye(4)
         Y[:3, 3] = np.asarray(flange_p_target, dtype=float).reshape(3)
         return cls(cell_T_base, Y, max_translation_m, math.inf, n_stations, is_point=True)
 
-    def position_deviation(self, base_T_flange: np.ndarray, cell_p_target: np.ndarray) -> float:
+    def position_deviation(self, base_T_flange: npt.NDArray[np.float64], cell_p_target: npt.NDArray[np.float64]) -> float:
         """Distance (m) of a measured target position from the predicted one."""
         pred = self.cell_T_base @ base_T_flange @ self.flange_T_target
         return float(np.linalg.norm(pred[:3, 3] - np.asarray(cell_p_target, dtype=float)))
@@ -334,7 +337,7 @@ class Expected:
         return (max(float(floor_m), GROSS_RMS_FACTOR * float(rms_translation_m)),
                 max(float(floor_rad), GROSS_RMS_FACTOR * float(rms_rotation_rad)))
 
-    def deviation(self, base_T_flange: np.ndarray, cell_T_target: np.ndarray) -> tuple[float, float]:
+    def deviation(self, base_T_flange: npt.NDArray[np.float64], cell_T_target: npt.NDArray[np.float64]) -> tuple[float, float]:
         """``(translation_m, rotation_rad)`` of a measured target pose from the prediction."""
         pred = self.cell_T_base @ base_T_flange @ self.flange_T_target
         return (float(np.linalg.norm(pred[:3, 3] - cell_T_target[:3, 3])),

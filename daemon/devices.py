@@ -40,11 +40,12 @@ from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
 from cellcal.daemon.camera_capture import CameraCapture, camera_identity
 from cellcal.daemon.config import Config
+from cellcal.daemon.config.checks import connect_configured_tracker
 from cellcal.drivers.camera import CameraDriver, connect_camera
 from cellcal.drivers.errors import DeviceError
 from cellcal.drivers.kinematics import DHModel, dh_model, kinematics_digest
 from cellcal.drivers.robot import RobotDriver, connect_robot
-from cellcal.drivers.tracker import TrackerDriver, connect_tracker
+from cellcal.drivers.tracker import TrackerDriver
 from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)
@@ -327,7 +328,7 @@ class CellDevices:
 
     def _open_tracker(self) -> None:
         try:
-            tracker = connect_tracker(self.cfg.tracker.url, **self.cfg.tracker.options)
+            tracker = connect_configured_tracker(self.cfg.tracker.url, self.cfg.tracker.options)
         except OPEN_ERRORS as exc:
             raise DeviceOpenError(P.DEVICE_TRACKER, exc) from exc
         try:

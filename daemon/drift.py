@@ -29,6 +29,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import transform_from_wire
@@ -99,7 +100,7 @@ def check_station_plan(cs: Mapping[str, object]) -> PlannedStation:
                           np.asarray(cs["base_T_flange"], dtype=float).reshape(4, 4))
 
 
-def model_of(result: Mapping[str, object]) -> tuple[np.ndarray, np.ndarray] | None:
+def model_of(result: Mapping[str, object]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]] | None:
     """``(cell_T_base (4, 4), flange_T_target (4, 4) or flange_p_target (3,))`` of a stored
     result's wire form, or None when it has neither a target pose nor a reflector point."""
     transforms, points = _map(result.get("transforms") or {}), _map(result.get("points") or {})
@@ -113,7 +114,7 @@ def model_of(result: Mapping[str, object]) -> tuple[np.ndarray, np.ndarray] | No
     return None
 
 
-def deviation(cell_T_base: np.ndarray, flange_T_target: np.ndarray,
+def deviation(cell_T_base: npt.NDArray[np.float64], flange_T_target: npt.NDArray[np.float64],
               station: StationRecord) -> tuple[float, float | None]:
     """``(translation_m, rotation_rad)`` of a measured station against the model ``X G Y``.
 

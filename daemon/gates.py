@@ -72,6 +72,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Solve
@@ -186,7 +187,7 @@ class GateContext:
     """
 
     kind: str = ""
-    base_T_flange: np.ndarray | None = None
+    base_T_flange: npt.NDArray[np.float64] | None = None
     max_reach_m: float | None = None
     robot_model: str = ""
 

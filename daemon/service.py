@@ -41,7 +41,7 @@ from cellcal.daemon import bodies, drift, runs
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
 from cellcal.daemon.devices import CellDevices, DeviceState
-from cellcal.daemon.jobs.control import JOB_DRIFT, JOB_RUN, Abort, GiveUp, Job, JobControl, JobQueue
+from cellcal.daemon.jobs.control import JOB_DRIFT, JOB_RUN, Abort, Emit, GiveUp, Job, JobControl, JobQueue
 from cellcal.daemon.jobs.drift import DriftJob
 from cellcal.daemon.jobs.outage import StoreOutages
 from cellcal.daemon.jobs.results import ActivationRefused, ResultKeeper, cellcal_version
@@ -127,7 +127,7 @@ class Service:
     """
 
     def __init__(self, cfg: Config, *, store: Store | None = None, notifier: Notifier | None = None,
-                 publish: Callable[..., None] | None = None) -> None:
+                 publish: Emit | None = None) -> None:
         self.cfg = cfg
         self.notifier = notifier
         self._publish_fn = publish
@@ -168,7 +168,7 @@ class Service:
         """Call ``fn(topic, body)`` for every event (the demo prints progress from it)."""
         self._listeners.append(fn)
 
-    def set_publisher(self, publish: Callable[..., None]) -> None:
+    def set_publisher(self, publish: Emit) -> None:
         self._publish_fn = publish
 
     def _emit(self, topic: str, body: Mapping[str, object], *, retained: bool = False) -> None:

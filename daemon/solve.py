@@ -18,6 +18,7 @@ from collections.abc import Mapping, Sequence
 from typing import TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import as_json, result_to_wire
@@ -55,7 +56,7 @@ ESTIMATE_MIN_STATIONS = 3
 ESTIMATE_MIN_AXIS_SPREAD = 0.1
 
 
-def station_arrays(stations: Sequence[StationRecord]) -> tuple[np.ndarray, np.ndarray | None]:
+def station_arrays(stations: Sequence[StationRecord]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64] | None]:
     """``(base_T_flange (N, 4, 4), cell_T_target (N, 4, 4) or None)`` of stored stations.
 
     ``cell_T_target`` is None when a station has no 6-DoF measurement (a robot-only run).
@@ -68,7 +69,7 @@ def station_arrays(stations: Sequence[StationRecord]) -> tuple[np.ndarray, np.nd
     return G, np.array([s.cell_T_target for s in stations])
 
 
-def station_points(stations: Sequence[StationRecord]) -> tuple[np.ndarray, np.ndarray]:
+def station_points(stations: Sequence[StationRecord]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """``(base_T_flange (N, 4, 4), cell_p_target (N, 3))`` of stored stations (a pose
     station's point is its target's origin)."""
     if not stations:
@@ -87,15 +88,15 @@ class DeclaredNoise(TypedDict, total=False):
     """The solvers' per-station noise keywords (:func:`declared_noise`): one covariance per
     station, of a pose (``cell_T_target_cov``) or of a point (``cell_p_target_cov``), or none."""
 
-    cell_T_target_cov: np.ndarray
-    cell_p_target_cov: np.ndarray
+    cell_T_target_cov: npt.NDArray[np.float64]
+    cell_p_target_cov: npt.NDArray[np.float64]
 
 
 class CaptureSignature(TypedDict):
     """When and how still each station was captured (:func:`capture_signature`)."""
 
-    capture_time_s: np.ndarray
-    capture_speed_m_s: np.ndarray
+    capture_time_s: npt.NDArray[np.float64]
+    capture_speed_m_s: npt.NDArray[np.float64]
 
 
 #: Floor of a station's instrument variance (m^2, rad^2): a reported std of zero is no
@@ -103,7 +104,7 @@ class CaptureSignature(TypedDict):
 _MIN_VAR = 1e-18
 
 
-def _halves(station: StationRecord, key: str) -> np.ndarray | None:
+def _halves(station: StationRecord, key: str) -> npt.NDArray[np.float64] | None:
     """The per-axis std (3,) the instrument reported for each of a station's two averaged
     halves (``raw["tracker_halves"]``), as an array (2, 3); None when the station lacks them."""
     halves = station.raw.get("tracker_halves") if isinstance(station.raw, Mapping) else None
@@ -121,8 +122,9 @@ def _halves(station: StationRecord, key: str) -> np.ndarray | None:
     return np.array(out)
 
 
-def beam_covariance(cell_p: np.ndarray, axis_var_m2: np.ndarray, cell_p_instrument: np.ndarray | None = None
-                    ) -> np.ndarray:
+def beam_covariance(cell_p: npt.NDArray[np.float64], axis_var_m2: npt.NDArray[np.float64],
+                    cell_p_instrument: npt.NDArray[np.float64] | None = None
+                    ) -> npt.NDArray[np.float64]:
     """A laser tracker's position covariance (3, 3) in the cell frame from the variances it
     reported along the cell axes.
 
@@ -155,7 +157,7 @@ def beam_covariance(cell_p: np.ndarray, axis_var_m2: np.ndarray, cell_p_instrume
     return model.point_covariance(p)[0]
 
 
-def station_covariance(station: StationRecord, solve_cfg: Solve, *, point: bool) -> np.ndarray | None:
+def station_covariance(station: StationRecord, solve_cfg: Solve, *, point: bool) -> npt.NDArray[np.float64] | None:
     """A station's measurement covariance as the solver takes it: the instrument's plus the
     robot's repeatability (the flange's pose scatters that much between visits of one pose,
     which the tracker sees as measurement noise).
@@ -309,13 +311,14 @@ def solve_base_frame(stations: Sequence[StationRecord], solve_cfg: Solve) -> Bas
                                 **declared_noise(stations, solve_cfg, point=False), **sig)
 
 
-def given_poses(given: Sequence[Mapping[str, object]], key: str) -> np.ndarray:
+def given_poses(given: Sequence[Mapping[str, object]], key: str) -> npt.NDArray[np.float64]:
     """``(N, 4, 4)`` poses under ``key`` of stations a client supplied (16 row-major numbers
     each). Raises ``KeyError``, ``TypeError`` or ``ValueError`` when they are malformed."""
     return np.array([np.asarray(s[key], dtype=float).reshape(4, 4) for s in given])
 
 
-def suggest_station(G: np.ndarray, M: np.ndarray | None, model: DHModel, plan_cfg: Plan) -> NextStation | None:
+def suggest_station(G: npt.NDArray[np.float64], M: npt.NDArray[np.float64] | None, model: DHModel,
+                    plan_cfg: Plan) -> NextStation | None:
     """The planner's next station for degenerate base-frame data, or None when it has none.
 
     ``model``: the robot's kinematics (``forward``); ``plan_cfg``: ``[plan]`` (joint limits,
@@ -338,7 +341,7 @@ def suggest_station(G: np.ndarray, M: np.ndarray | None, model: DHModel, plan_cf
         return None
 
 
-def given_base_T_flange(given: object) -> np.ndarray | None:
+def given_base_T_flange(given: object) -> npt.NDArray[np.float64] | None:
     """The robot poses (N, 4, 4) of client-supplied stations (a run's stored ``plan["given"]``),
     or None when they are malformed (the solve has then refused them already)."""
     if not isinstance(given, (list, tuple)) or not all(isinstance(s, Mapping) for s in given):
@@ -349,7 +352,7 @@ def given_base_T_flange(given: object) -> np.ndarray | None:
         return None
 
 
-def gate_context(kind: str, base_T_flange: np.ndarray | None, model: DHModel | None) -> GateContext:
+def gate_context(kind: str, base_T_flange: npt.NDArray[np.float64] | None, model: DHModel | None) -> GateContext:
     """What the gates need beyond the result: the run's kind, its robot poses and the reach
     of the robot model (``model``: the driver's kinematics, or None when unknown)."""
     reach = name = None

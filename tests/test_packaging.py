@@ -81,6 +81,8 @@ def test_the_wheel_carries_the_examples_from_config(installed):
             # The one copy: the packaged file is config/'s, byte for byte.
             assert z.read(f"cellcal/examples/{name}") == (ROOT / "config" / name).read_bytes()
         assert "cellcal/testing/fast_scenario.toml" in names and "cellcal/daemon/report/exports.py" in names
+        # The harness under one name only (tests/test_testing_name.py): no second copy as cellcal.daemon.testing.
+        assert not [n for n in names if n.startswith("cellcal/daemon/testing/")]
 
 
 def test_the_wheel_carries_the_licence(installed):

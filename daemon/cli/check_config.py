@@ -39,9 +39,10 @@ import sys
 
 from cellcal.daemon.camera_capture import CameraCapture
 from cellcal.daemon.config import Config, ConfigError, as_toml_dict, load_config, preflight
+from cellcal.daemon.config.checks import connect_configured_tracker
 from cellcal.daemon.devices import robot_identity
 from cellcal.daemon.gates import describe_gates
-from cellcal.drivers import connect_robot, connect_tracker
+from cellcal.drivers import connect_robot
 from cellcal.drivers.camera import connect_camera
 from cellcal.drivers.errors import DeviceError
 from cellcal.drivers.robot import RobotDriver, RobotMode, RobotState
@@ -122,7 +123,7 @@ def _probe_robot(cfg: Config) -> str:
 
 
 def _probe_tracker(cfg: Config) -> str:
-    tracker = connect_tracker(cfg.tracker.url, **cfg.tracker.options)
+    tracker = connect_configured_tracker(cfg.tracker.url, cfg.tracker.options)
     try:
         tracker.open()
         info = tracker.identify()

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon.report.exports import atomic_write_bytes
 from cellcal.drivers.detect import import_cv2
@@ -77,7 +78,7 @@ class DatasetStation:
     """
 
     image: Path
-    base_T_flange: np.ndarray | None
+    base_T_flange: npt.NDArray[np.float64] | None
     line: int
 
 
@@ -94,7 +95,7 @@ class Dataset:
         """Every row gives the flange pose."""
         return all(s.base_T_flange is not None for s in self.stations)
 
-    def load_image(self, station: DatasetStation) -> np.ndarray:
+    def load_image(self, station: DatasetStation) -> npt.NDArray[np.float64]:
         """A station's image as OpenCV decodes it (8- or 16-bit grey; colour as BGR).
 
         Raises
@@ -120,7 +121,7 @@ def _number(text: str, where: str, col: str) -> float:
     return v
 
 
-def _pose(row: dict[str, str], where: str) -> np.ndarray | None:
+def _pose(row: dict[str, str], where: str) -> npt.NDArray[np.float64] | None:
     cells = [row[c].strip() for c in _POSE]
     if not any(cells):
         return None
@@ -198,7 +199,7 @@ def _cell(v: float) -> str:
     return repr(float(v))
 
 
-def write_dataset(folder: str | Path, target_toml: str, rows: Sequence[tuple[str, bytes, np.ndarray | None]], *,
+def write_dataset(folder: str | Path, target_toml: str, rows: Sequence[tuple[str, bytes, npt.NDArray[np.float64] | None]], *,
                   comments: Sequence[str] = ()) -> Path:
     """Write a dataset folder (module docstring): ``rows`` are ``(image file name, its PNG
     bytes, base_T_flange (4, 4) or None)``; ``comments`` become ``#`` lines before the header.

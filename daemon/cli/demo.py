@@ -68,6 +68,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.app import App
@@ -155,12 +156,12 @@ def _point_truth(result: Mapping[str, object], world: World) -> dict[str, _Estim
     its own reported covariance (NEES below the 3-sigma chi-square quantile)."""
     cov = as_map(as_map(result["uncertainty"], "uncertainty")["covariance"], "uncertainty.covariance")
 
-    def matrix(name: str) -> np.ndarray:
+    def matrix(name: str) -> npt.NDArray[np.float64]:
         c = as_map(cov[name], name)
         shape = tuple(to_int(n) for n in as_list(c["shape"], "shape"))
         return np.array([np.nan if v is None else v for v in as_list(c["values"], "values")], dtype=float).reshape(shape)
 
-    def nees(err: np.ndarray, C: np.ndarray) -> float | None:
+    def nees(err: npt.NDArray[np.float64], C: npt.NDArray[np.float64]) -> float | None:
         try:
             v = float(err @ np.linalg.solve(C, err))
         except np.linalg.LinAlgError:

@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import runs
 from cellcal.daemon.bodies import transform_from_wire
@@ -72,7 +73,7 @@ def camera_overrides(url: str, setup: str, scenario: Scenario, workdir: Path, *,
     return section
 
 
-def camera_truth(scenario: Scenario, setup: str) -> dict[str, np.ndarray]:
+def camera_truth(scenario: Scenario, setup: str) -> dict[str, npt.NDArray[np.float64]]:
     """The two transforms of a camera hand-eye result as the simulator made them (4, 4), m:
     ``flange_T_camera`` and ``base_T_target`` (eye-in-hand), ``base_T_camera`` and
     ``flange_T_target`` (eye-to-hand); the primary first."""
@@ -87,7 +88,7 @@ def camera_truth(scenario: Scenario, setup: str) -> dict[str, np.ndarray]:
     return {"base_T_camera": base_T_cell @ cam.cell_T_camera, "flange_T_target": cam.flange_T_target}
 
 
-def camera_truth_error(result: Mapping[str, object], truth: Mapping[str, np.ndarray]) -> dict[str, object]:
+def camera_truth_error(result: Mapping[str, object], truth: Mapping[str, npt.NDArray[np.float64]]) -> dict[str, object]:
     """Each transform's error against ``truth`` and its NEES against the result's own
     covariance (``cellcal.sim.truth.truth_error``, by name), and ``within_3_sigma``: every
     one inside its 3-sigma bound (False when one is outside, None when one has no usable

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import runs
 from cellcal.daemon.cli.results import (
@@ -48,7 +49,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_state_arguments(p)
 
 
-def _cov(result: Mapping[str, object], name: str) -> np.ndarray | None:
+def _cov(result: Mapping[str, object], name: str) -> npt.NDArray[np.float64] | None:
     u = as_map(result.get("uncertainty"), "uncertainty")
     c = as_map(as_map(u.get("covariance"), "uncertainty.covariance").get(name), name)
     if not c:
@@ -68,14 +69,14 @@ def _pm(v: float, s: float | None, digits: int) -> str:
     return f"{v:.{digits}f} +- {s:.{digits}f}"
 
 
-def _sigmas(C: np.ndarray | None, n: int) -> list[float | None]:
+def _sigmas(C: npt.NDArray[np.float64] | None, n: int) -> list[float | None]:
     if C is None or C.shape[0] < n:
         return [None] * n
     d = np.diag(C)[:n]
     return [math.sqrt(v) if math.isfinite(v) and v >= 0 else None for v in d]
 
 
-def transform_lines(name: str, wire: Mapping[str, object], C: np.ndarray | None) -> list[str]:
+def transform_lines(name: str, wire: Mapping[str, object], C: npt.NDArray[np.float64] | None) -> list[str]:
     """``name`` in mm and deg, each axis with its 1-sigma."""
     T = np.array(wire["matrix"], dtype=float).reshape(4, 4)
     s = _sigmas(C, 6)
@@ -94,7 +95,7 @@ def transform_lines(name: str, wire: Mapping[str, object], C: np.ndarray | None)
     ]
 
 
-def point_lines(name: str, wire: Mapping[str, object], C: np.ndarray | None) -> list[str]:
+def point_lines(name: str, wire: Mapping[str, object], C: npt.NDArray[np.float64] | None) -> list[str]:
     p = np.asarray(wire["position_m"], dtype=float) * 1e3
     s = [None if v is None else v * 1e3 for v in _sigmas(C, 3)]
     return [f"  {name}  (a point in {wire.get('frame', '?')}; 1-sigma per axis)",
@@ -203,7 +204,7 @@ def diff_lines(ra: ResultRecord, rb: ResultRecord) -> list[str]:
     return lines
 
 
-def _mahalanobis_text(d: np.ndarray, C: np.ndarray | None, *, short: bool = False) -> str:
+def _mahalanobis_text(d: npt.NDArray[np.float64], C: npt.NDArray[np.float64] | None, *, short: bool = False) -> str:
     """``sqrt(d' C^-1 d)``: how many combined sigmas the change is (``C`` the sum of both results'
     covariances)."""
     if C is None or not np.all(np.isfinite(C)):

@@ -35,9 +35,10 @@ import argparse
 import json
 import math
 import sys
-from typing import Any, TypeAlias
+from typing import TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import solve as daemon_solve
 from cellcal.daemon.bodies import result_to_wire, transforms_of
@@ -54,6 +55,7 @@ from cellcal.solver import (
     calibrate_tool_point,
     synthetic,
 )
+from cellcal.solver.options import SolverOptions, SolverOptionsKeywords
 from cellcal.solver.se3 import make_transform, rotation_angle, se3_inverse, so3_exp
 
 EXIT_INTERNAL = 1
@@ -73,10 +75,19 @@ REPRODUCE_TOLERANCE_M = 1e-9
 #: The x,y,z,w reading is named when it fits at least this much better.
 QUATERNION_ORDER_GAIN = 10.0
 
-#: The solver's keyword arguments the options set, forwarded to the calibrate function the
-#: kind picks: each takes its own subset with its own types (floats, a transform), so the
-#: values are typed by the function that receives them.
-_SolverKeywords: TypeAlias = dict[str, Any]
+
+class _Given(TypedDict, total=False):
+    """What a solve is given besides the options' fields (``SolverOptionsKeywords``): the
+    daemon's options record, a prior, each station's covariance and capture signature.
+    :func:`_solve` passes each calibrate function the ones it takes (the options' checks give
+    a kind only its own)."""
+
+    options: SolverOptions
+    expected_cell_T_base: npt.NDArray[np.float64]
+    cell_T_target_cov: npt.NDArray[np.float64]
+    cell_p_target_cov: npt.NDArray[np.float64]
+    capture_time_s: npt.NDArray[np.float64]
+    capture_speed_m_s: npt.NDArray[np.float64]
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -145,7 +156,7 @@ def _file_settings(args: argparse.Namespace, st: Stations | None) -> dict[str, o
 
 
 def _reproduce(args: argparse.Namespace, st: Stations, settings: dict[str, object], points: bool,
-               kw: _SolverKeywords) -> None:
+               kw: SolverOptionsKeywords, given: _Given) -> None:
     """The keywords that repeat the daemon's solve: its options, each station's covariance,
     the capture signature; and the noise the refusal test compares with (their RMS)."""
     raw = settings.get("solve")
@@ -163,20 +174,23 @@ def _reproduce(args: argparse.Namespace, st: Stations, settings: dict[str, objec
         changes["max_target_offset_m"] = args.max_target_offset_mm * 1e-3
     kw.pop("robot_accuracy_m", None)
     kw.pop("max_target_offset_m", None)
-    kw["options"] = opts.replace(**changes) if changes else opts
+    given["options"] = opts.replace(**changes) if changes else opts
     if settings.get("noise") == "estimated":
         args.estimate_noise = True
     elif args.kind == "base_frame" and st.covariances is not None:
         C = st.covariances
-        kw["cell_p_target_cov" if points else "cell_T_target_cov"] = C
+        if points:
+            given["cell_p_target_cov"] = C
+        else:
+            given["cell_T_target_cov"] = C
         args.noise_mm = math.sqrt(float(np.mean(np.trace(C[:, :3, :3], axis1=1, axis2=2))) / 3.0) * 1e3
         if not points:
             args.noise_deg = math.degrees(math.sqrt(float(np.mean(np.trace(C[:, 3:, 3:], axis1=1, axis2=2))) / 3.0))
     if args.kind != "tool_point":
         if st.capture_time_s is not None:
-            kw["capture_time_s"] = st.capture_time_s
+            given["capture_time_s"] = st.capture_time_s
         if st.capture_speed_m_s is not None:
-            kw["capture_speed_m_s"] = st.capture_speed_m_s
+            given["capture_speed_m_s"] = st.capture_speed_m_s
 
 
 def _reproduction(result: CalibrationResult, settings: dict[str, object] | None) -> dict[str, object] | None:
@@ -204,19 +218,22 @@ def _reproduction(result: CalibrationResult, settings: dict[str, object] | None)
             "same": worst <= REPRODUCE_TOLERANCE_M}
 
 
-def _options(args: argparse.Namespace, points: bool = False) -> _SolverKeywords:
+def _options(args: argparse.Namespace, points: bool = False) -> tuple[SolverOptionsKeywords, _Given]:
     for name in ("noise_mm", "noise_deg"):
         v = getattr(args, name)
         if not (math.isfinite(v) and v > 0.0):
             raise _Usage(f"--{name.replace('_', '-')} must be a positive number, got {v!r}")
-    kw: _SolverKeywords = {}
-    for name, key in (("robot_accuracy_mm", "robot_accuracy_m"), ("max_target_offset_mm", "max_target_offset_m")):
+    kw: SolverOptionsKeywords = {}
+    given: _Given = {}
+    for name in ("robot_accuracy_mm", "max_target_offset_mm"):
         v = getattr(args, name)
-        if v is not None:
-            if not (math.isfinite(v) and v >= 0.0) or (key == "max_target_offset_m" and v <= 0.0):
-                what = "positive" if key == "max_target_offset_m" else "non-negative"
-                raise _Usage(f"--{name.replace('_', '-')} must be a {what} number, got {v!r}")
-            kw[key] = v * 1e-3
+        if v is not None and (not (math.isfinite(v) and v >= 0.0) or (name == "max_target_offset_mm" and v <= 0.0)):
+            what = "positive" if name == "max_target_offset_mm" else "non-negative"
+            raise _Usage(f"--{name.replace('_', '-')} must be a {what} number, got {v!r}")
+    if args.robot_accuracy_mm is not None:
+        kw["robot_accuracy_m"] = args.robot_accuracy_mm * 1e-3
+    if args.max_target_offset_mm is not None:
+        kw["max_target_offset_m"] = args.max_target_offset_mm * 1e-3
     if not args.estimate_noise:
         kw["noise_translation_m"] = args.noise_mm * 1e-3
         if args.kind != "tool_point" and not points:
@@ -232,7 +249,7 @@ def _options(args: argparse.Namespace, points: bool = False) -> _SolverKeywords:
         if args.kind != "base_frame":
             raise _Usage("--expect-base applies to --kind base_frame")
         x, y, z, rx, ry, rz = _numbers(args.expect_base, 6, "--expect-base")
-        kw["expected_cell_T_base"] = make_transform(so3_exp(np.radians([rx, ry, rz])), np.array([x, y, z]) * 1e-3)
+        given["expected_cell_T_base"] = make_transform(so3_exp(np.radians([rx, ry, rz])), np.array([x, y, z]) * 1e-3)
         mm, deg = _numbers(args.expect_tolerance, 2, "--expect-tolerance")
         if not (mm > 0 and deg > 0):
             raise _Usage("--expect-tolerance: both figures must be positive")
@@ -244,18 +261,23 @@ def _options(args: argparse.Namespace, points: bool = False) -> _SolverKeywords:
         except ValueError as exc:
             raise _Usage(f"--robot-model: {exc}") from None
         kw["max_reach_m"] = float(np.sum(np.abs(model.a_m)) + np.sum(np.abs(model.d_m)))
-    return kw
+    return kw, given
 
 
-def _solve(kind: str, G: np.ndarray, M: np.ndarray | None, kw: _SolverKeywords,
-           points: np.ndarray | None = None) -> CalibrationResult:
+def _solve(kind: str, G: npt.NDArray[np.float64], M: npt.NDArray[np.float64] | None, kw: SolverOptionsKeywords,
+           given: _Given, points: npt.NDArray[np.float64] | None = None) -> CalibrationResult:
+    options, expected = given.get("options"), given.get("expected_cell_T_base")
+    times, speeds = given.get("capture_time_s"), given.get("capture_speed_m_s")
     if points is not None:  # a base frame measured as 3-DoF points
-        return calibrate_base_frame_points(G, points, **kw)
+        return calibrate_base_frame_points(G, points, options=options, cell_p_target_cov=given.get("cell_p_target_cov"),
+                                           expected_cell_T_base=expected, capture_time_s=times, capture_speed_m_s=speeds,
+                                           **kw)
     if kind == "base_frame":
-        return calibrate_base_frame(G, M, **kw)
+        return calibrate_base_frame(G, M, options=options, cell_T_target_cov=given.get("cell_T_target_cov"),
+                                    expected_cell_T_base=expected, capture_time_s=times, capture_speed_m_s=speeds, **kw)
     if kind == "hand_eye":
-        return calibrate_hand_eye(G, M, **kw)
-    return calibrate_tool_point(G, **kw)
+        return calibrate_hand_eye(G, M, options=options, capture_time_s=times, capture_speed_m_s=speeds, **kw)
+    return calibrate_tool_point(G, options=options, **kw)
 
 
 def _ratios(result: CalibrationResult, args: argparse.Namespace, points: bool = False) -> tuple[float, float]:
@@ -288,8 +310,8 @@ def _refusal(result: CalibrationResult, ratios: tuple[float, float], args: argpa
     )
 
 
-def _quaternion_order_hint(args: argparse.Namespace, kw: _SolverKeywords, base: tuple[float, float],
-                           st0: Stations) -> str | None:
+def _quaternion_order_hint(args: argparse.Namespace, kw: SolverOptionsKeywords, given: _Given,
+                           base: tuple[float, float], st0: Stations) -> str | None:
     """For a CSV that fits badly: does reading its quaternions as x,y,z,w fit far better?"""
     best: tuple[float, str] | None = None
     points = st0.points is not None
@@ -298,7 +320,7 @@ def _quaternion_order_hint(args: argparse.Namespace, kw: _SolverKeywords, base: 
     for order in variants:
         try:
             st = read_stations(args.file, args.kind, args.fmt, quaternion_order=order)
-            res = _solve(args.kind, st.base_T_flange, st.measured, kw, st.points)
+            res = _solve(args.kind, st.base_T_flange, st.measured, kw, given, st.points)
         except (CalibrationError, ValueError):
             continue
         w = _worst(_ratios(res, args, points))
@@ -332,7 +354,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
-    truth: dict[str, np.ndarray] = {}
+    truth: dict[str, npt.NDArray[np.float64]] = {}
     names: list[str] | None = None
     st = None
     if args.synthetic is None:
@@ -348,12 +370,12 @@ def _run(args: argparse.Namespace) -> int:
     if args.noise_deg is None:
         args.noise_deg = DEFAULT_NOISE_DEG
     try:
-        kw = _options(args, points)
+        kw, given = _options(args, points)
         if settings is not None:
             assert st is not None
-            for key in ("noise_translation_m", "noise_rotation_rad"):
-                kw.pop(key, None)
-            _reproduce(args, st, settings, points, kw)
+            kw.pop("noise_translation_m", None)
+            kw.pop("noise_rotation_rad", None)
+            _reproduce(args, st, settings, points, kw, given)
     except _Usage as exc:
         print(f"cellcal solve: {exc}", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -377,7 +399,7 @@ def _run(args: argparse.Namespace) -> int:
         G, M, P = st.base_T_flange, st.measured, st.points
         names = [f"line {n}" for n in st.lines]
     try:
-        result = _solve(args.kind, G, M, kw, P)
+        result = _solve(args.kind, G, M, kw, given, P)
     except CalibrationError as exc:
         print(f"cellcal solve: cannot calibrate: {exc}", file=sys.stderr)
         return EXIT_UNDETERMINED
@@ -388,7 +410,7 @@ def _run(args: argparse.Namespace) -> int:
     if _worst(ratios) > REFUSE_RATIO:
         hint = None
         if st is not None and (args.fmt == "csv" or str(args.file).lower().endswith(".csv")):
-            hint = _quaternion_order_hint(args, kw, ratios, st)
+            hint = _quaternion_order_hint(args, kw, given, ratios, st)
         print(f"cellcal solve: {hint}" if hint else f"cellcal solve: {_refusal(result, ratios, args)}", file=sys.stderr)
         return EXIT_UNDETERMINED
     again = _reproduction(result, settings)
@@ -419,7 +441,7 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
-def _truth_error(result: CalibrationResult, truth: dict[str, np.ndarray]) -> dict[str, tuple[float, float]]:
+def _truth_error(result: CalibrationResult, truth: dict[str, npt.NDArray[np.float64]]) -> dict[str, tuple[float, float]]:
     est = transforms_of(result)
     out = {}
     for name, T in truth.items():

@@ -51,9 +51,10 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TypedDict
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon.bodies import result_to_wire
 from cellcal.daemon.cli.dataset import Dataset, DatasetError, read_dataset
@@ -256,7 +257,20 @@ def _dataset_wire(ds: Dataset, views: Sequence[Detection]) -> dict[str, JsonValu
 # -- hand-eye ---------------------------------------------------------------------------------------
 
 
-def read_intrinsics_file(path: str | Path) -> tuple[CameraModel, np.ndarray | None]:
+class _CameraChainKeywords(TypedDict, total=False):
+    """The keyword arguments ``calibrate_hand_eye_camera`` and ``calibrate_eye_to_hand_camera``
+    share that the command line sets."""
+
+    noise_px: float | None
+    holdout: bool
+    image_size: tuple[int, int]
+    intrinsics: CameraModel
+    intrinsics_covariance: npt.NDArray[np.float64] | None
+    robot_accuracy_m: float
+    robot_accuracy_rad: float
+
+
+def read_intrinsics_file(path: str | Path) -> tuple[CameraModel, npt.NDArray[np.float64] | None]:
     """The camera and its (9, 9) covariance from an intrinsics JSON file.
 
     The file is what ``cellcal solve DIR --setup intrinsics --json`` prints (or a stored
@@ -313,9 +327,9 @@ def read_intrinsics_file(path: str | Path) -> tuple[CameraModel, np.ndarray | No
 
 
 def _hand_eye(args: argparse.Namespace, ds: Dataset, views: list[Detection], size: tuple[int, int],
-              intrinsics: tuple[CameraModel, np.ndarray | None] | None) -> tuple[str, CameraChainResult]:
+              intrinsics: tuple[CameraModel, npt.NDArray[np.float64] | None] | None) -> tuple[str, CameraChainResult]:
     G = np.array([s.base_T_flange for s in ds.stations], dtype=float)
-    kw: dict[str, Any] = {"noise_px": args.noise_px, "holdout": args.holdout_folds > 0, "image_size": size}
+    kw: _CameraChainKeywords = {"noise_px": args.noise_px, "holdout": args.holdout_folds > 0, "image_size": size}
     if intrinsics is not None:
         kw["intrinsics"], kw["intrinsics_covariance"] = intrinsics
     if getattr(args, "robot_accuracy_mm", None) is not None:
@@ -353,7 +367,7 @@ def _same_images(path: str | Path, ds: Dataset) -> bool:
     return same_folder and d.get("images") == [s.image.name for s in ds.stations]
 
 
-def _finite(v: Any) -> Any:
+def _finite(v: object) -> object:
     """``v`` with every non-finite float as None (JSON has no NaN)."""
     if isinstance(v, float):
         return v if math.isfinite(v) else None
@@ -364,7 +378,7 @@ def _finite(v: Any) -> Any:
     return v
 
 
-def _rows(a: np.ndarray) -> list[Any]:
+def _rows(a: npt.NDArray[np.float64]) -> list[list[float]]:
     return [[float(x) for x in row] for row in np.asarray(a, dtype=float)]
 
 
@@ -382,7 +396,7 @@ def hand_eye_record(result: CameraChainResult) -> dict[str, object]:
         ``dist_coeffs``, ``image_size``, ``reprojection_rms_px``, ``<name>`` (4x4, m) and
         ``<name>_covariance`` (6x6) per transform, and ``camera`` (the camera's own figures).
     """
-    out: dict[str, Any] = result_to_wire(result)
+    out: dict[str, object] = result_to_wire(result)
     out["setup"] = result.setup
     out["camera_matrix"] = _rows(result.camera_matrix)
     out["dist_coeffs"] = [float(v) for v in result.dist_coeffs]
@@ -423,7 +437,7 @@ def hand_eye_record(result: CameraChainResult) -> dict[str, object]:
             "sigma_ratio_rotation": float(result.bootstrap.sigma_ratio_rotation)},
         "target_sha256": result.target_sha256,
     }
-    return _finite(out)
+    return {k: _finite(v) for k, v in out.items()}
 
 
 def _summary(result: CameraChainResult, ds: Dataset, args: argparse.Namespace) -> list[str]:

@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import solve
 from cellcal.daemon.bodies import transform_from_wire
@@ -70,9 +71,9 @@ class SolvedWith:
     """What a run's result was solved with (:func:`solved_with`): the station file's extras."""
 
     settings: dict[str, object] | None = None
-    covariances: np.ndarray | None = None
-    capture_time_s: np.ndarray | None = None
-    capture_speed_m_s: np.ndarray | None = None
+    covariances: npt.NDArray[np.float64] | None = None
+    capture_time_s: npt.NDArray[np.float64] | None = None
+    capture_speed_m_s: npt.NDArray[np.float64] | None = None
     note: str = ""
 
 
@@ -120,7 +121,7 @@ def solved_with(store: Store, run_id: int, stations: Sequence[StationRecord], *,
     return SolvedWith(settings, covs, sig["capture_time_s"], sig["capture_speed_m_s"])
 
 
-def run_stations(store: Store, run_id: int) -> tuple[str, np.ndarray, np.ndarray | None, str]:
+def run_stations(store: Store, run_id: int) -> tuple[str, npt.NDArray[np.float64], npt.NDArray[np.float64] | None, str]:
     """``(kind, base_T_flange (N,4,4), measured, where)`` of a stored run: ``measured`` the
     (N,4,4) poses of the kind's measurement, the (N,3) ``cell_p_target`` of a point run
     (metres), or None (a tool point).
@@ -167,7 +168,7 @@ def run_stations(store: Store, run_id: int) -> tuple[str, np.ndarray, np.ndarray
     return kind, G, M, "stations given with the run"
 
 
-def camera_rows(store: Store, run_id: int) -> tuple[str, str, list[tuple[str, bytes, np.ndarray | None]]] | None:
+def camera_rows(store: Store, run_id: int) -> tuple[str, str, list[tuple[str, bytes, npt.NDArray[np.float64] | None]]] | None:
     """``(kind, target file text, [(image name, PNG bytes, base_T_flange)])`` of a camera run
     (its stations have images), or None for any other run.
 
@@ -188,7 +189,7 @@ def camera_rows(store: Store, run_id: int) -> tuple[str, str, list[tuple[str, by
     toml = target.get("toml")
     if not isinstance(toml, str) or not toml:
         raise CommandError(f"run {run_id} kept no target file with its plan: its stations cannot be written as a dataset")
-    rows: list[tuple[str, bytes, np.ndarray | None]] = []
+    rows: list[tuple[str, bytes, npt.NDArray[np.float64] | None]] = []
     for s in stations:
         cam = as_map(s.camera, "camera")
         rel = cam.get("image")
@@ -253,7 +254,7 @@ _SETUP_OF_KIND = {"intrinsics": "intrinsics", "hand_eye": "eye_in_hand", "eye_to
 
 
 def _write_camera(out: Path, run_id: int, state_dir: Path, kind: str, toml: str,
-                  rows: list[tuple[str, bytes, np.ndarray | None]]) -> int:
+                  rows: list[tuple[str, bytes, npt.NDArray[np.float64] | None]]) -> int:
     """A camera run's stations as a dataset folder (module docstring)."""
     comments = (f"cellcal run {run_id} ({kind}): {len(rows)} camera stations from {state_dir}",
                 f"solve again with: cellcal solve {out} --setup {_SETUP_OF_KIND.get(kind, kind)}")

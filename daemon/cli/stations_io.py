@@ -69,6 +69,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.solver.errors import CellcalError
 from cellcal.solver.se3 import check_transform, matrix_from_quat, quat_from_matrix
@@ -127,13 +128,13 @@ class Stations:
         The ``# cellcal-settings:`` object, when the file has one.
     """
 
-    base_T_flange: np.ndarray
-    measured: np.ndarray | None
+    base_T_flange: npt.NDArray[np.float64]
+    measured: npt.NDArray[np.float64] | None
     lines: list[int]
-    points: np.ndarray | None = None
-    covariances: np.ndarray | None = None
-    capture_time_s: np.ndarray | None = None
-    capture_speed_m_s: np.ndarray | None = None
+    points: npt.NDArray[np.float64] | None = None
+    covariances: npt.NDArray[np.float64] | None = None
+    capture_time_s: npt.NDArray[np.float64] | None = None
+    capture_speed_m_s: npt.NDArray[np.float64] | None = None
     settings: dict[str, object] | None = None
 
 
@@ -232,7 +233,7 @@ def _settings(text: str, where: str) -> dict[str, object]:
     return obj
 
 
-def _covariance(C: np.ndarray, where: str, key: str) -> np.ndarray:
+def _covariance(C: npt.NDArray[np.float64], where: str, key: str) -> npt.NDArray[np.float64]:
     """A measurement covariance: finite, symmetric, positive definite."""
     if float(np.max(np.abs(C - C.T))) > 1e-9 * float(np.max(np.abs(C))):
         raise StationFileError(f"{where}: {key} is not symmetric")
@@ -256,7 +257,7 @@ class _Extras:
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.cov: list[np.ndarray] = []
+        self.cov: list[npt.NDArray[np.float64]] = []
         self.t: list[float] = []
         self.v: list[float] = []
         self.has: dict[str, bool] | None = None
@@ -281,7 +282,8 @@ class _Extras:
         if found["capture_speed_m_s"] is not None:
             self.v.append(_scalar(found["capture_speed_m_s"], where, "capture_speed_m_s"))
 
-    def stations(self, G: list[np.ndarray], M: np.ndarray | None, lines: list[int], points: np.ndarray | None,
+    def stations(self, G: list[npt.NDArray[np.float64]], M: npt.NDArray[np.float64] | None, lines: list[int],
+                 points: npt.NDArray[np.float64] | None,
                  settings: dict[str, object] | None) -> Stations:
         return Stations(np.array(G), M, lines, points, covariances=np.array(self.cov) if self.cov else None,
                         capture_time_s=np.array(self.t) if self.t else None,
@@ -334,7 +336,7 @@ def _entry(v: object, where: str, key: str, *index: int) -> float:
     return x
 
 
-def _matrix(value: object, where: str, key: str) -> np.ndarray:
+def _matrix(value: object, where: str, key: str) -> npt.NDArray[np.float64]:
     if not (isinstance(value, list) and len(value) == 4 and all(isinstance(r, list) and len(r) == 4 for r in value)):
         raise StationFileError(f"{where}: {key} is not a 4x4 list of numbers")
     a = np.array([[_entry(value[i][j], where, key, i, j) for j in range(4)] for i in range(4)])
@@ -348,7 +350,7 @@ def _matrix(value: object, where: str, key: str) -> np.ndarray:
     return a
 
 
-def _point(value: object, where: str, key: str) -> np.ndarray:
+def _point(value: object, where: str, key: str) -> npt.NDArray[np.float64]:
     if not (isinstance(value, list) and len(value) == 3):
         raise StationFileError(f"{where}: {key} is not a list of three numbers (x, y, z in metres)")
     p = np.array([_entry(value[i], where, key, i) for i in range(3)])
@@ -359,9 +361,9 @@ def _point(value: object, where: str, key: str) -> np.ndarray:
 
 
 def _read_jsonl(lines: _Lines, name: str, meas_key: str | None, point_key: str | None = None) -> Stations:
-    G: list[np.ndarray] = []
-    M: list[np.ndarray] = []
-    Pts: list[np.ndarray] = []
+    G: list[npt.NDArray[np.float64]] = []
+    M: list[npt.NDArray[np.float64]] = []
+    Pts: list[npt.NDArray[np.float64]] = []
     nums: list[int] = []
     extras = _Extras(name)
     # Pose or point stations, decided by the first station (when the kind has a point form).
@@ -447,7 +449,7 @@ def _numbers(row: dict[str, str], prefix: str, cols: tuple[str, ...], where: str
     return vals
 
 
-def _position(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
+def _position(row: dict[str, str], prefix: str, where: str) -> npt.NDArray[np.float64]:
     """``{prefix}_x_mm .. _z_mm`` in metres, within :data:`MAX_TRANSLATION_M`."""
     vals = _numbers(row, prefix, _POSE_COLS[:3], where)
     if max(abs(v) for v in vals) * 1e-3 > MAX_TRANSLATION_M:
@@ -455,7 +457,7 @@ def _position(row: dict[str, str], prefix: str, where: str) -> np.ndarray:
     return np.array(vals) * 1e-3
 
 
-def _pose(row: dict[str, str], prefix: str, where: str, order: str = "wxyz") -> np.ndarray:
+def _pose(row: dict[str, str], prefix: str, where: str, order: str = "wxyz") -> npt.NDArray[np.float64]:
     t = _position(row, prefix, where)
     q = np.array(_numbers(row, prefix, _POSE_COLS[3:], where))
     if order == "xyzw":  # the qw, qx, qy, qz columns hold x, y, z, w
@@ -492,8 +494,8 @@ def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, 
     if any(have_cov) and not all(have_cov):
         raise StationFileError(f"{name}:1: header has some target_cov_* columns but lacks "
                                f"{', '.join(c for c, h in zip(cov_cols, have_cov, strict=True) if not h)}")
-    G: list[np.ndarray] = []
-    M: list[np.ndarray] = []
+    G: list[npt.NDArray[np.float64]] = []
+    M: list[npt.NDArray[np.float64]] = []
     nums: list[int] = []
     extras = _Extras(name)
     while True:
@@ -539,14 +541,15 @@ def _read_csv(lines: _Lines, name: str, meas_key: str | None, orders: dict[str, 
 # --- writing ---------------------------------------------------------------------------------
 
 
-def _pose_cells(T: np.ndarray) -> list[str]:
+def _pose_cells(T: npt.NDArray[np.float64]) -> list[str]:
     q = quat_from_matrix(T[:3, :3])  # w >= 0
     return [repr(float(v) * 1e3) for v in T[:3, 3]] + [repr(float(v)) for v in q]
 
 
-def write_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.ndarray | None, kind: str = "base_frame",
-                   *, fmt: str = "auto", comments: tuple[str, ...] = (), covariances: np.ndarray | None = None,
-                   capture_time_s: np.ndarray | None = None, capture_speed_m_s: np.ndarray | None = None,
+def write_stations(path: str | Path, base_T_flange: npt.NDArray[np.float64], measured: npt.NDArray[np.float64] | None,
+                   kind: str = "base_frame", *, fmt: str = "auto", comments: tuple[str, ...] = (),
+                   covariances: npt.NDArray[np.float64] | None = None, capture_time_s: npt.NDArray[np.float64] | None = None,
+                   capture_speed_m_s: npt.NDArray[np.float64] | None = None,
                    settings: dict[str, object] | None = None) -> Path:
     """Write stations in the format :func:`read_stations` reads: :func:`format_stations`'s
     text, to a temporary name first and then renamed (its parameters and errors).
@@ -565,9 +568,10 @@ def write_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.nda
     return path
 
 
-def format_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.ndarray | None, kind: str = "base_frame",
-                    *, fmt: str = "auto", comments: tuple[str, ...] = (), covariances: np.ndarray | None = None,
-                    capture_time_s: np.ndarray | None = None, capture_speed_m_s: np.ndarray | None = None,
+def format_stations(path: str | Path, base_T_flange: npt.NDArray[np.float64], measured: npt.NDArray[np.float64] | None,
+                    kind: str = "base_frame", *, fmt: str = "auto", comments: tuple[str, ...] = (),
+                    covariances: npt.NDArray[np.float64] | None = None, capture_time_s: npt.NDArray[np.float64] | None = None,
+                    capture_speed_m_s: npt.NDArray[np.float64] | None = None,
                     settings: dict[str, object] | None = None) -> str:
     """The text of a station file in the format :func:`read_stations` reads (``fmt="auto"``:
     by ``path``'s extension, ``.csv`` or else JSON lines).
@@ -629,7 +633,7 @@ def format_stations(path: str | Path, base_T_flange: np.ndarray, measured: np.nd
         C = np.asarray(covariances, dtype=float)
         if M is None or C.shape != (len(G), n, n):
             raise ValueError(f"covariances: expected shape ({len(G)}, {n}, {n}) for these stations, got {C.shape}")
-    extra: dict[str, np.ndarray] = {}
+    extra: dict[str, npt.NDArray[np.float64]] = {}
     for name, v in (("capture_time_s", capture_time_s), ("capture_speed_m_s", capture_speed_m_s)):
         if v is not None:
             a = np.asarray(v, dtype=float).reshape(-1)

@@ -34,7 +34,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias, TypeVar
+from typing import TypeAlias, TypeVar
 
 from cellcal.daemon.config.errors import ConfigError
 from cellcal.drivers.camera import TriggerMode, connect_camera, parse_camera_url
@@ -51,9 +51,9 @@ _MM = 1e-3
 _DEG = math.pi / 180.0
 
 #: ``[camera.options]``: TOML values forwarded as keyword arguments to the driver's
-#: ``connect_camera``, which checks them (:func:`validate_camera` names the key): ``Any`` as
-#: the drivers take them.
-CameraOptions: TypeAlias = dict[str, Any]
+#: ``connect_camera``, which checks them (:func:`validate_camera` names the key): ``object``,
+#: as the drivers check them.
+CameraOptions: TypeAlias = dict[str, object]
 
 MOUNTING_EYE_IN_HAND = "eye_in_hand"
 MOUNTING_EYE_TO_HAND = "eye_to_hand"

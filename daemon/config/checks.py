@@ -38,7 +38,7 @@ from cellcal.drivers import connect_robot, connect_tracker
 from cellcal.drivers.base import load_backend
 from cellcal.drivers.geocom import serial_url
 from cellcal.drivers.robot import parse_robot_url
-from cellcal.drivers.tracker import BACKENDS, backend_for_url
+from cellcal.drivers.tracker import BACKENDS, TrackerDriver, backend_for_url
 from cellcal.solver.points import MIN_POINT_STATIONS
 
 
@@ -263,6 +263,20 @@ def _validate(c: Config) -> None:
     validate_camera(c.camera)  # [camera]: its URL by the driver's parser, its options, its keys (ADR 0030)
 
 
+def connect_configured_tracker(url: str, options: Mapping[str, object]) -> TrackerDriver:
+    """``connect_tracker(url, **options)`` of a ``[tracker.options]`` table, its ``backend``
+    passed by name: a backend that is no name is unknown (the driver's ``ValueError``)."""
+    rest = dict(options)
+    backend = rest.pop("backend", None)
+    if backend is not None and not isinstance(backend, str):
+        raise ValueError(f"tracker backend {backend!r} unknown; known: {', '.join(sorted(BACKENDS))}")
+    return connect_tracker(url, backend=backend, **rest)
+
+
+def _connect_robot(url: str, options: Mapping[str, object]) -> object:
+    return connect_robot(url, **options)
+
+
 def check_devices(cfg: Config) -> None:
     """Build (but do not open) the configured drivers, so bad URLs or options are reported
     with their own dotted path. Constructors do no I/O, so this touches no device.
@@ -276,8 +290,8 @@ def check_devices(cfg: Config) -> None:
     python-can interface checked against python-can's (:func:`check_can_interface`).
     """
     for section, url, options, connect in (
-        ("robot", cfg.robot.url, cfg.robot.options, connect_robot),
-        ("tracker", cfg.tracker.url, cfg.tracker.options, connect_tracker),
+        ("robot", cfg.robot.url, cfg.robot.options, _connect_robot),
+        ("tracker", cfg.tracker.url, cfg.tracker.options, connect_configured_tracker),
     ):
         if not url:
             raise ConfigError(f"{section}.url", "missing")
@@ -322,9 +336,10 @@ def check_can_interface(url: str, options: Mapping[str, object]) -> None:
                                 f"{', '.join(sorted(VALID_INTERFACES))})")
 
 
-def _try_build(connect: Callable[..., object], url: str, options: Mapping[str, object], path: str) -> None:
+def _try_build(connect: Callable[[str, Mapping[str, object]], object], url: str, options: Mapping[str, object],
+               path: str) -> None:
     try:
-        driver = connect(url, **options)
+        driver = connect(url, options)
     except TypeError as exc:
         raise ConfigError(path, f"not accepted by the driver: {exc}") from None
     except (ValueError, OverflowError, ArithmeticError) as exc:

@@ -10,7 +10,7 @@ import math
 import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, TypeVar
+from typing import TypeAlias, TypeVar
 
 # The camera's section ([camera], ADR 0030) is defined beside the schema too
 # (cellcal.daemon.config.camera); the schema hooks it in (a field, its choices, lists and bounds).
@@ -27,8 +27,8 @@ _T = TypeVar("_T")
 
 #: A device's ``[robot.options]`` / ``[tracker.options]``: TOML values forwarded as keyword
 #: arguments to the driver's ``connect_robot`` / ``connect_tracker``, which check them
-#: (``check_devices`` names the key): ``Any`` as the drivers take them.
-DriverOptions: TypeAlias = dict[str, Any]
+#: (``check_devices`` names the key): ``object``, narrowed where the daemon reads one.
+DriverOptions: TypeAlias = dict[str, object]
 
 SUPPORTED_CONFIG_VERSIONS = (1,)
 

@@ -23,9 +23,9 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TypeVar, cast
+from typing import Protocol, TypeVar, TypeVarTuple, cast
 
 from cellcal.daemon import bodies
 from cellcal.daemon import protocol as P
@@ -44,14 +44,20 @@ narrative = logging.getLogger("cellcal.daemon.service")
 __all__ = ["JobControl", "JobQueue", "narrative", "Job", "Abort", "GiveUp", "JOB_RUN", "JOB_DRIFT", "SetState", "Emit"]
 
 T = TypeVar("T")
+_Ts = TypeVarTuple("_Ts")
 
 #: What a job is: a calibration run, or a drift check.
 JOB_RUN, JOB_DRIFT = "run", "drift"
 
 #: ``set_state(state, detail)``: the service's state machine (publishes a change).
 SetState = Callable[[StateName, str], None]
-#: ``emit(topic, body)``: publish an event to every listener and the ZeroMQ server.
-Emit = Callable[..., None]
+
+
+class Emit(Protocol):
+    """``emit(topic, body, retained=False)``: publish an event to every listener and the
+    ZeroMQ server (whose ``publish`` has this form too)."""
+
+    def __call__(self, topic: str, body: Mapping[str, object], *, retained: bool = False) -> None: ...
 
 
 class Abort(CellcalError):
@@ -186,7 +192,7 @@ class JobControl:
         if self.abort.is_set() or self.stop.is_set():
             raise Abort()
 
-    def interruptible(self, fn: Callable[..., T], *args: object) -> T:
+    def interruptible(self, fn: Callable[[*_Ts], T], *args: *_Ts) -> T:
         """``fn(*args)`` (a pure computation: a solve) in a helper thread, so that an abort
         ends the job at once instead of after the solve; an aborted solve's result is
         dropped when it comes. Its exception is raised here."""

@@ -247,7 +247,7 @@ def _build(name: str, port: DaemonPort, cfg: Config, fault: FaultFn) -> Adapter:
     # Imported only when configured: each needs its optional package (an ImportError then).
     try:
         # Each adapter takes its own section ([opcua], [mqtt], [metrics]), the port and fault.
-        make: Callable[..., Adapter] = load_backend(ADAPTERS, name, "plant interface")
+        make: Callable[[object, DaemonPort, FaultFn], Adapter] = load_backend(ADAPTERS, name, "plant interface")
     except ValueError:
         raise ValueError(f"no plant interface {name!r}") from None
     return make(getattr(cfg, name), port, fault)

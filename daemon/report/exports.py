@@ -77,6 +77,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import runs
 from cellcal.daemon.bodies import transform_from_wire
@@ -233,7 +234,7 @@ def write_json_result(path: str | os.PathLike[str], result_dict: Mapping[str, ob
 # Roll, pitch, yaw
 
 
-def matrix_from_rpy(roll: float, pitch: float, yaw: float) -> np.ndarray:
+def matrix_from_rpy(roll: float, pitch: float, yaw: float) -> npt.NDArray[np.float64]:
     """Rotation ``Rz(yaw) @ Ry(pitch) @ Rx(roll)`` (URDF fixed-axis rpy, radians), shape (3, 3)."""
     cr, sr = math.cos(roll), math.sin(roll)
     cp, sp = math.cos(pitch), math.sin(pitch)
@@ -247,7 +248,7 @@ def matrix_from_rpy(roll: float, pitch: float, yaw: float) -> np.ndarray:
     )
 
 
-def rpy_from_matrix(R: np.ndarray) -> tuple[float, float, float]:
+def rpy_from_matrix(R: npt.NDArray[np.float64]) -> tuple[float, float, float]:
     """URDF ``(roll, pitch, yaw)`` of a rotation matrix, accurate at and near gimbal lock.
 
     The textbook ``roll = atan2(R21, R22)``, ``yaw = atan2(R10, R00)`` takes roll and yaw
@@ -360,9 +361,9 @@ class _Item:
     ours: tuple[str, str]  # cellcal's (parent, child)
     parent: str
     child: str
-    T: np.ndarray
+    T: npt.NDArray[np.float64]
     point: bool
-    T_ours: np.ndarray
+    T_ours: npt.NDArray[np.float64]
 
 
 def _exportable(result_dict: Mapping[str, object], names: Mapping[str, str], yaw: float = 0.0) -> list[_Item]:
@@ -376,7 +377,7 @@ def _exportable(result_dict: Mapping[str, object], names: Mapping[str, str], yaw
     B_T_E[:2, :2] = [[c, -s_], [s_, c]]
     E_T_B = B_T_E.T.copy()
 
-    def turned(parent: str, child: str, T: np.ndarray, point: bool) -> np.ndarray:
+    def turned(parent: str, child: str, T: npt.NDArray[np.float64], point: bool) -> npt.NDArray[np.float64]:
         if yaw == 0.0:
             return T
         if parent == "base":
@@ -467,12 +468,12 @@ def _comment(text: str) -> ET.Element[_ElementCallable]:
     return ET.Comment(" " + re.sub(r"-(?=-)", "- ", text) + " ")
 
 
-def _origin(T: np.ndarray) -> dict[str, str]:
+def _origin(T: npt.NDArray[np.float64]) -> dict[str, str]:
     roll, pitch, yaw = rpy_from_matrix(T[:3, :3])
     return {"xyz": " ".join(_num(v) for v in T[:3, 3]), "rpy": " ".join(_num(v) for v in (roll, pitch, yaw))}
 
 
-def _joint_element(name: str, parent: str, child: str, T: np.ndarray) -> ET.Element:
+def _joint_element(name: str, parent: str, child: str, T: npt.NDArray[np.float64]) -> ET.Element:
     joint = ET.Element("joint", {"name": name, "type": "fixed"})
     ET.SubElement(joint, "parent", {"link": parent})
     ET.SubElement(joint, "child", {"link": child})
@@ -480,7 +481,7 @@ def _joint_element(name: str, parent: str, child: str, T: np.ndarray) -> ET.Elem
     return joint
 
 
-def urdf_fixed_joint(name: str, parent: str, child: str, T: np.ndarray) -> str:
+def urdf_fixed_joint(name: str, parent: str, child: str, T: npt.NDArray[np.float64]) -> str:
     """A URDF ``<joint type="fixed">`` placing ``child`` at ``T = parent_T_child``.
 
     Parameters
@@ -606,7 +607,7 @@ def xacro_macros(result_id: int, result_dict: Mapping[str, object], export: Expo
 # ROS 2
 
 
-def ros2_static_tf_args(parent: str, child: str, T: np.ndarray) -> list[str]:
+def ros2_static_tf_args(parent: str, child: str, T: npt.NDArray[np.float64]) -> list[str]:
     """The arguments of ``static_transform_publisher`` publishing ``parent_T_child``.
 
     ``--x --y --z --qx --qy --qz --qw --frame-id --child-frame-id`` (ROS 2 Humble and newer),
@@ -624,7 +625,7 @@ def ros2_static_tf_args(parent: str, child: str, T: np.ndarray) -> list[str]:
     return args + ["--frame-id", parent, "--child-frame-id", child]
 
 
-def ros2_static_tf_command(parent: str, child: str, T: np.ndarray) -> str:
+def ros2_static_tf_command(parent: str, child: str, T: npt.NDArray[np.float64]) -> str:
     """The ``ros2 run tf2_ros static_transform_publisher`` line publishing ``parent_T_child``.
 
     Parameters
@@ -698,7 +699,7 @@ def ros2_launch_file(result_id: int, result_dict: Mapping[str, object], export: 
 # Universal Robots
 
 
-def ur_pose(T: np.ndarray) -> str:
+def ur_pose(T: npt.NDArray[np.float64]) -> str:
     """``p[x, y, z, rx, ry, rz]`` of ``parent_T_child``: metres and a rotation vector in radians.
 
     Parameters

@@ -55,6 +55,7 @@ import xml.etree.ElementTree as ET
 from collections.abc import Mapping
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon.report.exports import ExportNames, frame_names, ros2_static_tf_args, rpy_from_matrix
 from cellcal.daemon.report.refused import REFUSED_MARK
@@ -98,7 +99,8 @@ def _xml_comment(text: str) -> str:
 class _T:
     """One transform as exported: cellcal's name, exported frames, value, 1-sigma text."""
 
-    def __init__(self, name: str, parent: str, child: str, T: np.ndarray, cov: np.ndarray | None) -> None:
+    def __init__(self, name: str, parent: str, child: str, T: npt.NDArray[np.float64],
+                 cov: npt.NDArray[np.float64] | None) -> None:
         self.name, self.parent, self.child, self.T = name, parent, child, T
         if cov is None:
             self.sigma = "1 sigma: not given"
@@ -108,7 +110,7 @@ class _T:
                           + " ".join(f"{math.degrees(v):.3g}" for v in d[3:]) + f" deg (x y z of {self.child})")
 
     @property
-    def xyz_q(self) -> tuple[np.ndarray, np.ndarray]:
+    def xyz_q(self) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
         """Translation (3,) m and quaternion (w, x, y, z), w >= 0."""
         return xyz_quat_from_transform(self.T)
 
@@ -116,7 +118,7 @@ class _T:
         return f"{self.name}: {self.child} in {self.parent}; {self.sigma}"
 
 
-def _array(value: object, key: str, shape: tuple[int, int], what: str) -> np.ndarray:
+def _array(value: object, key: str, shape: tuple[int, int], what: str) -> npt.NDArray[np.float64]:
     """An array of ``shape`` from an array, nested or flat lists, or the wire's object holding
     them under ``key`` (a transform's ``{"matrix": [16]}``, a covariance's ``{"values": [36]}``)."""
     if isinstance(value, Mapping):
@@ -180,11 +182,11 @@ def _ros2_launch(setup: str, items: tuple[_T, ...], head: list[str], refused: bo
             "    return LaunchDescription([\n" + "".join(nodes) + "    ])\n")
 
 
-def _origin(T: np.ndarray) -> dict[str, str]:
+def _origin(T: npt.NDArray[np.float64]) -> dict[str, str]:
     return {"xyz": " ".join(_num(v) for v in T[:3, 3]), "rpy": " ".join(_num(v) for v in rpy_from_matrix(T[:3, :3]))}
 
 
-def _joint(parent_el: ET.Element, name: str, parent: str, child: str, T: np.ndarray) -> None:
+def _joint(parent_el: ET.Element, name: str, parent: str, child: str, T: npt.NDArray[np.float64]) -> None:
     j = ET.SubElement(parent_el, "joint", {"name": name, "type": "fixed"})
     ET.SubElement(j, "parent", {"link": parent})
     ET.SubElement(j, "child", {"link": child})

@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import TypeAlias, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import runs
 from cellcal.daemon.bodies import result_body
@@ -127,11 +128,11 @@ def _num(v: float) -> str:
     return "0.00" if s == "-0.00" else s
 
 
-def _matrix_of(wire: object) -> np.ndarray:
+def _matrix_of(wire: object) -> npt.NDArray[np.float64]:
     return np.array(as_map(wire, "transform")["matrix"], dtype=float).reshape(4, 4)
 
 
-def _covariance(body: Mapping[str, object], name: str) -> np.ndarray | None:
+def _covariance(body: Mapping[str, object], name: str) -> npt.NDArray[np.float64] | None:
     u = as_map(body.get("uncertainty"), "uncertainty")
     c = as_map(as_map(u.get("covariance"), "uncertainty.covariance").get(name), name)
     if not c:
@@ -143,7 +144,7 @@ def _covariance(body: Mapping[str, object], name: str) -> np.ndarray | None:
     return np.array(vals, dtype=float).reshape(shape)
 
 
-def _primary(body: Mapping[str, object]) -> tuple[str, np.ndarray | None]:
+def _primary(body: Mapping[str, object]) -> tuple[str, npt.NDArray[np.float64] | None]:
     """The result's main estimate: ``cell_T_base`` when present, else the first transform,
     else the first point (name, value: (4, 4) or (3,))."""
     tf = as_map(body.get("transforms"), "transforms")
@@ -156,7 +157,7 @@ def _primary(body: Mapping[str, object]) -> tuple[str, np.ndarray | None]:
     return "", None
 
 
-def _percentiles(v: np.ndarray) -> tuple[float, float, float]:
+def _percentiles(v: npt.NDArray[np.float64]) -> tuple[float, float, float]:
     v = v[np.isfinite(v)]
     if v.size == 0:
         return math.nan, math.nan, math.nan
@@ -277,12 +278,12 @@ def _legend(x: float, y: float, items: Sequence[tuple[str, str]]) -> list[str]:
 # station data
 
 
-def _station_dicts(stations: Sequence[Station] | None) -> list[dict[str, np.ndarray]]:
+def _station_dicts(stations: Sequence[Station] | None) -> list[dict[str, npt.NDArray[np.float64]]]:
     """Stations as ``{base_T_flange, cell_T_target?, cell_p_target?, camera_T_target?}`` arrays,
     from store records (``StationRecord``) or from given stations (dicts of 16 numbers)."""
-    out: list[dict[str, np.ndarray]] = []
+    out: list[dict[str, npt.NDArray[np.float64]]] = []
     for s in stations or ():
-        d: dict[str, np.ndarray] = {}
+        d: dict[str, npt.NDArray[np.float64]] = {}
         for key, shape in (("base_T_flange", (4, 4)), ("cell_T_target", (4, 4)), ("cell_p_target", (3,)),
                            ("camera_T_target", (4, 4))):
             v = s.get(key) if isinstance(s, Mapping) else getattr(s, key, None)
@@ -294,7 +295,7 @@ def _station_dicts(stations: Sequence[Station] | None) -> list[dict[str, np.ndar
 
 
 def residual_vectors(body: Mapping[str, object],
-                     stations: Sequence[Station] | None) -> tuple[str, np.ndarray, np.ndarray]:
+                     stations: Sequence[Station] | None) -> tuple[str, npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """Where each station is and how far the fit misses it, as 3-D vectors.
 
     Parameters
@@ -326,14 +327,14 @@ def residual_vectors(body: Mapping[str, object],
     if not st:
         return empty
 
-    def T(name: str) -> np.ndarray:
+    def T(name: str) -> npt.NDArray[np.float64]:
         return _matrix_of(tf[name])
 
-    def p(name: str) -> np.ndarray:
+    def p(name: str) -> npt.NDArray[np.float64]:
         return np.asarray(as_map(pts[name], name)["position_m"], dtype=float).reshape(3)
 
-    pos: list[np.ndarray] = []
-    res: list[np.ndarray] = []
+    pos: list[npt.NDArray[np.float64]] = []
+    res: list[npt.NDArray[np.float64]] = []
     if "cell_T_base" in tf and ("flange_T_target" in tf or "flange_p_target" in pts):
         X = T("cell_T_base")
         y = T("flange_T_target")[:3, 3] if "flange_T_target" in tf else p("flange_p_target")
@@ -444,7 +445,7 @@ def _check_positions(body: Mapping[str, object], stations: Sequence[Station] | N
     return {i for i, pi in enumerate(idx) if pi is not None and pi in want}
 
 
-def _cdf(panel: _Panel, v_mm: np.ndarray, colour: str, cls: str) -> list[str]:
+def _cdf(panel: _Panel, v_mm: npt.NDArray[np.float64], colour: str, cls: str) -> list[str]:
     v = np.sort(v_mm[np.isfinite(v_mm)])
     if v.size == 0:
         return []
@@ -490,7 +491,7 @@ def _fig_distribution(body: Mapping[str, object]) -> tuple[str, str]:
     return fig, table
 
 
-def _distribution_table(body: Mapping[str, object], fit_mm: np.ndarray, held_mm: np.ndarray) -> str:
+def _distribution_table(body: Mapping[str, object], fit_mm: npt.NDArray[np.float64], held_mm: npt.NDArray[np.float64]) -> str:
     rows = []
     for label, v in (("fit", fit_mm), ("held-out", held_mm)):
         p50, p90, mx = _percentiles(v) if v.size else (math.nan, math.nan, math.nan)
@@ -502,7 +503,7 @@ def _distribution_table(body: Mapping[str, object], fit_mm: np.ndarray, held_mm:
             + "".join(rows) + f'</table><p class="na">{note}</p>')
 
 
-def _ellipse(C2: np.ndarray, k: float) -> tuple[float, float, float]:
+def _ellipse(C2: npt.NDArray[np.float64], k: float) -> tuple[float, float, float]:
     """Semi-axes (a >= b) and angle (deg, from x towards y) of the k-sigma ellipse of a 2x2 covariance."""
     w, V = np.linalg.eigh(0.5 * (C2 + C2.T))
     w = np.clip(w, 0.0, None)
@@ -512,7 +513,7 @@ def _ellipse(C2: np.ndarray, k: float) -> tuple[float, float, float]:
 
 
 def _task_points(body: Mapping[str, object],
-                 stations: Sequence[Station] | None) -> tuple[str, np.ndarray, list[np.ndarray]]:
+                 stations: Sequence[Station] | None) -> tuple[str, npt.NDArray[np.float64], list[npt.NDArray[np.float64]]]:
     """``(frame, points (K, 3) m, covariances (K, 3x3) m^2 in that frame)`` of the task points."""
     tf = as_map(body.get("transforms"), "transforms")
     pts = as_map(body.get("points"), "points")
@@ -557,7 +558,7 @@ def _task_points(body: Mapping[str, object],
     return "", np.zeros((0, 3)), []
 
 
-def _hat(v: np.ndarray) -> np.ndarray:
+def _hat(v: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     return np.array([[0.0, -v[2], v[1]], [v[2], 0.0, -v[0]], [-v[1], v[0], 0.0]])
 
 
@@ -708,7 +709,7 @@ def _fig_drift(drift_checks: Sequence[Mapping[str, object]] | None) -> str:
 # text sections
 
 
-def _transform_html(name: str, T: np.ndarray, C: np.ndarray | None) -> str:
+def _transform_html(name: str, T: npt.NDArray[np.float64], C: npt.NDArray[np.float64] | None) -> str:
     parent, _, child = name.partition("_T_")
     t = T[:3, 3] * 1e3
     rv = np.degrees(so3_log(T[:3, :3]))
@@ -733,7 +734,7 @@ def _transform_html(name: str, T: np.ndarray, C: np.ndarray | None) -> str:
             f'<p>Matrix (4x4, row-major, translation in metres):</p><pre class="matrix">{_e(rows)}</pre>')
 
 
-def _point_html(name: str, point: object, C: np.ndarray | None) -> str:
+def _point_html(name: str, point: object, C: npt.NDArray[np.float64] | None) -> str:
     wire = as_map(point, name)
     p = np.asarray(wire["position_m"], dtype=float) * 1e3
     frame = wire.get("frame") or name.partition("_p_")[0]

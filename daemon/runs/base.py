@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import ClassVar, Protocol, TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import CaptureEngine, Expected
@@ -162,7 +163,7 @@ class PlanRefused(CalibrationError):
     (:meth:`RunKind.check_plan`), the message naming why."""
 
 
-def planned_poses(ctx: RunContext, run: RunRecord) -> np.ndarray | None:
+def planned_poses(ctx: RunContext, run: RunRecord) -> npt.NDArray[np.float64] | None:
     """The flange poses ``base_T_flange`` (N, 4, 4), m, the daemon will move the robot to for
     ``run``'s plan (a station's pose, else forward kinematics of its joints), or None when
     it moves nothing (observe mode, a run of given stations) or a station has neither."""

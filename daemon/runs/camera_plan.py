@@ -36,6 +36,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon.config import Config
 from cellcal.daemon.runs.plan import PlanError, PlannedStation, joint_limits
@@ -58,7 +59,7 @@ def _halton(i: int, base: int) -> float:
     return r
 
 
-def view_pose(cfg: Config, model: DHModel) -> tuple[np.ndarray, np.ndarray]:
+def view_pose(cfg: Config, model: DHModel) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """``(q_rad (6,), base_T_flange (4, 4))`` of the view pose (module docstring).
 
     Raises
@@ -84,7 +85,7 @@ def view_pose(cfg: Config, model: DHModel) -> tuple[np.ndarray, np.ndarray]:
     return home, np.asarray(model.forward(home), dtype=float)
 
 
-def view_offsets(cfg: Config, n: int, start: int = 0) -> list[np.ndarray]:
+def view_offsets(cfg: Config, n: int, start: int = 0) -> list[npt.NDArray[np.float64]]:
     """``view_T_flange`` (4, 4) of candidate views ``start .. start + n - 1`` (module
     docstring); candidate 0 is the view pose itself."""
     assert cfg.camera is not None
@@ -117,7 +118,7 @@ def view_offsets(cfg: Config, n: int, start: int = 0) -> list[np.ndarray]:
     return out
 
 
-def optical_axis(pivot_m: Sequence[float] | np.ndarray) -> np.ndarray:
+def optical_axis(pivot_m: Sequence[float] | npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
     """The direction the plan takes the camera to look along, in the flange frame: the
     pivot's (a pivot at the flange's origin: the flange's z)."""
     c = np.asarray(pivot_m, dtype=float).reshape(3)
@@ -164,7 +165,7 @@ def camera_views(cfg: Config, model: DHModel) -> list[PlannedStation]:
     return stations
 
 
-def extra_view(cfg: Config, model: DHModel, axis: np.ndarray, frame: str, index: int, start: int,
+def extra_view(cfg: Config, model: DHModel, axis: npt.NDArray[np.float64], frame: str, index: int, start: int,
                n_candidates: int = 60) -> PlannedStation | None:
     """A view that turns the flange about a direction across ``axis`` (the one the views so
     far share, ``DegenerateGeometry.axis``; ``frame`` ``"flange"`` or ``"base"``): of the
@@ -175,7 +176,7 @@ def extra_view(cfg: Config, model: DHModel, axis: np.ndarray, frame: str, index:
     lim = joint_limits(q_view, cfg.plan.joint_min_rad, cfg.plan.joint_max_rad)
     a = np.asarray(axis, dtype=float).reshape(3)
     a = a / max(float(np.linalg.norm(a)), 1e-12)
-    best: tuple[float, np.ndarray, np.ndarray] | None = None
+    best: tuple[float, npt.NDArray[np.float64], npt.NDArray[np.float64]] | None = None
     for D in view_offsets(cfg, n_candidates, start=start):
         # the turn in the axis' frame: the flange's for a camera on it, the base's otherwise
         R = D[:3, :3] if frame == "flange" else T_view[:3, :3] @ D[:3, :3] @ T_view[:3, :3].T
@@ -193,7 +194,7 @@ def extra_view(cfg: Config, model: DHModel, axis: np.ndarray, frame: str, index:
     return None if best is None else PlannedStation(index, best[1], best[2])
 
 
-def predicted_tilt_deg(cfg: Config, view_T_flange: Sequence[np.ndarray]) -> tuple[float, np.ndarray]:
+def predicted_tilt_deg(cfg: Config, view_T_flange: Sequence[npt.NDArray[np.float64]]) -> tuple[float, npt.NDArray[np.float64]]:
     """The tilt figure of the refusal for views whose flange poses relative to the view pose
     are ``view_T_flange``, and the image direction it is weakest along (module docstring)."""
     assert cfg.camera is not None

@@ -56,6 +56,7 @@ from pathlib import Path
 from typing import ClassVar
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import as_json, result_to_wire
@@ -159,7 +160,7 @@ def _serial(identity: object) -> str:
 
 
 def _stored_camera(store: Store, source: Mapping[str, object],
-                   stations: Sequence[StationRecord]) -> tuple[CameraModel, np.ndarray] | None:
+                   stations: Sequence[StationRecord]) -> tuple[CameraModel, npt.NDArray[np.float64]] | None:
     """The intrinsics a run took (its plan's :data:`INTRINSICS_KEY`): ``(model, covariance
     (9, 9))``, or None to estimate them.
 
@@ -269,7 +270,7 @@ class CameraHandEyeKind(RunKind):
         h = cam.hand_eye
         solve = calibrate_hand_eye_camera if self.setup == MOUNTING_EYE_IN_HAND else calibrate_eye_to_hand_camera
         model: CameraModel | None = None
-        C: np.ndarray | None = None
+        C: npt.NDArray[np.float64] | None = None
         if stored is not None:
             model, C = stored
             if tuple(model.image_size) != tuple(size):
@@ -345,7 +346,7 @@ class CameraHandEyeKind(RunKind):
                 for key, name in hand_eye_file_names(result_id).items()}
 
 
-def _base_turned(transforms: Mapping[str, object], yaw_rad: float) -> dict[str, np.ndarray]:
+def _base_turned(transforms: Mapping[str, object], yaw_rad: float) -> dict[str, npt.NDArray[np.float64]]:
     """The body's transforms (4, 4) with the exported base frame E turned ``yaw_rad`` about
     the controller base B's z (``[export] base_frame_yaw_deg``, ``B_T_E = Rz(yaw)``): a
     transform from the base is exported as ``E_T_child = Rz(-yaw) B_T_child``, as the common

@@ -24,6 +24,7 @@ import threading
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon import solve
@@ -83,7 +84,7 @@ def with_tracker(engine: CaptureEngine, station: StationRecord, planned: Planned
         raw={**trk.raw, **station.raw, TRACKER_KEY: "measured"})
 
 
-def tracker_point(station: StationRecord) -> np.ndarray | None:
+def tracker_point(station: StationRecord) -> npt.NDArray[np.float64] | None:
     """The station's tracker point (cell frame, m), or None."""
     if station.cell_p_target is not None:
         return np.asarray(station.cell_p_target, dtype=float).reshape(3)
@@ -92,7 +93,7 @@ def tracker_point(station: StationRecord) -> np.ndarray | None:
     return None
 
 
-def _cell_T_base(store: Store, limit: int = 50) -> tuple[int, np.ndarray, np.ndarray | None] | None:
+def _cell_T_base(store: Store, limit: int = 50) -> tuple[int, npt.NDArray[np.float64], npt.NDArray[np.float64] | None] | None:
     """``(result id, cell_T_base, its 6x6 covariance or None)`` of the newest base-frame result
     that passed its gates and is not suspect."""
     for rec in store.list_results(limit=limit):

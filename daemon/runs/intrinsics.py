@@ -32,8 +32,10 @@ import math
 import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.bodies import FRAME_CONVENTION, UNCERTAINTY_CONVENTION
@@ -61,7 +63,7 @@ from cellcal.solver.intrinsics import MIN_VIEWS, ViewCorners
 from cellcal.solver.target import CalibrationTarget
 
 __all__ = ["Intrinsics", "SOLVER_NAME", "VIEW_KEY", "TARGET_KEY", "views_of_stations", "solve_views",
-           "intrinsics_record", "intrinsics_gates", "target_wire", "camera_plan_extra", "stored_intrinsics"]
+           "intrinsics_record", "intrinsics_gates", "target_wire", "camera_plan_extra", "stored_intrinsics", "Corners"]
 
 #: ``solver`` of an intrinsics result (provenance and wire).
 SOLVER_NAME = "calibrate_intrinsics: Zhang's start, maximum likelihood on the image corners (ADR 0022)"
@@ -80,6 +82,17 @@ def camera_plan_extra(cfg: Config) -> P.JsonObject:
     return {TARGET_KEY: {"sha256": cam.target_sha256, "toml": cam.target_toml, "mounting": cam.mounting}}
 
 
+class Corners(Protocol):
+    """One view's detected corners as the solver reads them (a :class:`ViewCorners`): ``ids``
+    (M,) and ``image_points_px`` (M, 2)."""
+
+    @property
+    def ids(self) -> npt.NDArray[np.intp]: ...
+
+    @property
+    def image_points_px(self) -> npt.NDArray[np.float64]: ...
+
+
 def _map(v: object) -> Mapping[str, object]:
     return v if isinstance(v, Mapping) else {}
 
@@ -89,7 +102,7 @@ def _list(v: object) -> list[object]:
 
 
 def views_of_stations(stations: Sequence[StationRecord | Mapping[str, object]]) -> tuple[
-        list[ViewCorners], tuple[int, int], list[int], str | None]:
+        list[Corners], tuple[int, int], list[int], str | None]:
     """The detections of camera stations as the solver's views: ``(views, image_size
     (width, height), plan indices, target file sha256)``.
 
@@ -102,7 +115,7 @@ def views_of_stations(stations: Sequence[StationRecord | Mapping[str, object]]) 
         A station without a camera detection, or stations of different image sizes or
         target files (naming the station).
     """
-    views: list[ViewCorners] = []
+    views: list[Corners] = []
     indices: list[int] = []
     size: tuple[int, int] | None = None
     sha: str | None = None
@@ -135,7 +148,7 @@ def views_of_stations(stations: Sequence[StationRecord | Mapping[str, object]]) 
     return views, size, indices, sha
 
 
-def solve_views(views: Sequence[ViewCorners], target: CalibrationTarget, image_size: tuple[int, int],
+def solve_views(views: Sequence[Corners], target: CalibrationTarget, image_size: tuple[int, int],
                 camera: Camera) -> IntrinsicsResult:
     """``calibrate_intrinsics`` with ``[camera.intrinsics]``'s options."""
     c = camera.intrinsics
@@ -152,7 +165,7 @@ def _f(v: object) -> float | None:
     return x if math.isfinite(x) else None
 
 
-def _matrix(C: np.ndarray) -> P.JsonObject:
+def _matrix(C: npt.NDArray[np.float64]) -> P.JsonObject:
     C = np.asarray(C, dtype=float)
     return {"shape": list(C.shape), "values": [_f(v) for v in C.reshape(-1)]}
 

@@ -35,6 +35,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon.config import Export
 from cellcal.daemon.report import html as H
@@ -72,7 +73,7 @@ def _num(v: object) -> float:
     return x
 
 
-def _camera(body: ResultBody) -> tuple[np.ndarray, np.ndarray, tuple[int, int]] | None:
+def _camera(body: ResultBody) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64], tuple[int, int]] | None:
     """``(K (3, 3), dist (5,), (width, height))`` of a body, or None."""
     K = np.array([[_num(v) for v in _list(row)] for row in _list(body.get("camera_matrix"))], dtype=float)
     d = np.array([_num(v) for v in _list(body.get("dist_coeffs"))], dtype=float)
@@ -192,7 +193,7 @@ def _image_frame(w: int, h: int, box_w: float = 560.0) -> tuple[float, float, fl
                        f'({w}, {h}) px</text>']
 
 
-def _fig_vectors(pts: np.ndarray, res: np.ndarray, w: int, h: int) -> str:
+def _fig_vectors(pts: npt.NDArray[np.float64], res: npt.NDArray[np.float64], w: int, h: int) -> str:
     title = "Reprojection residuals over the image"
     if pts.shape[0] == 0:
         return H.missing(FIGURES[0], title, "no corner residuals are stored with this result")
@@ -211,7 +212,7 @@ def _fig_vectors(pts: np.ndarray, res: np.ndarray, w: int, h: int) -> str:
     return _figure(FIGURES[0], title, _svg(640, svg_h, parts, title), caption)
 
 
-def _fig_radial(pts: np.ndarray, res: np.ndarray, K: np.ndarray) -> str:
+def _fig_radial(pts: npt.NDArray[np.float64], res: npt.NDArray[np.float64], K: npt.NDArray[np.float64]) -> str:
     title = "Radial residual against the distance from the principal point"
     if pts.shape[0] == 0:
         return H.missing(FIGURES[1], title, "no corner residuals are stored with this result")
@@ -240,7 +241,7 @@ def _fig_radial(pts: np.ndarray, res: np.ndarray, K: np.ndarray) -> str:
     return _figure(FIGURES[1], title, _svg(640, int(y0 + Hh + 36), parts, title), caption)
 
 
-def _fig_coverage(pts: np.ndarray, cov: Mapping[str, object], w: int, h: int) -> str:
+def _fig_coverage(pts: npt.NDArray[np.float64], cov: Mapping[str, object], w: int, h: int) -> str:
     title = "Image coverage"
     occ = [[bool(x) for x in _list(row)] for row in _list(cov.get("occupied"))]
     if not occ:
@@ -310,7 +311,7 @@ def _r(v: float) -> str:
     return repr(float(v))
 
 
-def _flow(values: Sequence[float] | np.ndarray) -> str:
+def _flow(values: Sequence[float] | npt.NDArray[np.float64]) -> str:
     return "[" + ", ".join(_r(float(v)) for v in np.asarray(values, dtype=float).reshape(-1)) + "]"
 
 
@@ -339,7 +340,7 @@ def opencv_yaml(body: ResultBody) -> str:
         raise ValueError("the result holds no intrinsics (camera_matrix, dist_coeffs, image_size)")
     K, d, (w, h) = cam
 
-    def mat(name: str, m: np.ndarray) -> str:
+    def mat(name: str, m: npt.NDArray[np.float64]) -> str:
         rows, cols = m.shape
         return f"{name}: !!opencv-matrix\n   rows: {rows}\n   cols: {cols}\n   dt: d\n   data: {_flow(m.reshape(-1))}\n"
 

@@ -21,6 +21,7 @@ import math
 from collections.abc import Mapping, Sequence
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
@@ -101,14 +102,14 @@ class ISO9283Plan:
         3-DoF measurements: positions only.
     """
 
-    commanded: np.ndarray
-    q: dict[str, np.ndarray]
-    cube_centre_m: np.ndarray
+    commanded: npt.NDArray[np.float64]
+    q: dict[str, npt.NDArray[np.float64]]
+    cube_centre_m: npt.NDArray[np.float64]
     cube_side_m: float
     point: bool
 
 
-def _cube(cfg: Config) -> tuple[np.ndarray, float | None, float]:
+def _cube(cfg: Config) -> tuple[npt.NDArray[np.float64], float | None, float]:
     """The cube's centre (base frame), its configured side (None: the largest) and the largest
     side that keeps it inside the ``[plan]`` workspace box, m."""
     lo = np.asarray(cfg.plan.workspace_min_m, dtype=float)
@@ -125,7 +126,7 @@ def _cube(cfg: Config) -> tuple[np.ndarray, float | None, float]:
     return centre, side, room
 
 
-def _tool(result: KinematicResult) -> np.ndarray:
+def _tool(result: KinematicResult) -> npt.NDArray[np.float64]:
     """A result's target as a tool frame on the flange (a point: with the flange's orientation)."""
     if result.flange_T_target is not None:
         return np.asarray(result.flange_T_target, dtype=float)
@@ -157,7 +158,7 @@ def plan_iso9283(result: KinematicResult, cfg: Config, nominal: DHParameters, ri
     tool = _tool(result)
     commanded = iso9283_commanded(poses.base_T_flange, result.cell_T_base, tool)
     rigid_tool = _tool(rigid)
-    targets: dict[str, np.ndarray] = {}
+    targets: dict[str, npt.NDArray[np.float64]] = {}
     for phase, (m, base, t) in zip(ISO9283_PHASES, ((nominal, rigid.cell_T_base, rigid_tool),
                                                     (result.model, result.cell_T_base, tool)), strict=True):
         try:

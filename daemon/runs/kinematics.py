@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import SupportsFloat, TypedDict, cast
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import consensus, drift, solve
 from cellcal.daemon import protocol as P
@@ -92,13 +93,14 @@ SOLVER_NAME = "identify_kinematics"
 CONSENSUS_FACTOR = 2.0
 
 
-def _limits(plan_cfg: Plan) -> np.ndarray:
+def _limits(plan_cfg: Plan) -> npt.NDArray[np.float64]:
     lo = np.clip(np.asarray(plan_cfg.joint_min_rad, dtype=float), -math.pi, math.pi)
     hi = np.clip(np.asarray(plan_cfg.joint_max_rad, dtype=float), -math.pi, math.pi)
     return np.column_stack([lo, hi])
 
 
-def make_plan(cfg: Config, model: DHModel | DHParameters, cell_T_base: np.ndarray | None = None) -> list[PlannedStation]:
+def make_plan(cfg: Config, model: DHModel | DHParameters,
+              cell_T_base: npt.NDArray[np.float64] | None = None) -> list[PlannedStation]:
     """Fit stations (indices ``0 .. n_stations-1``) then validation stations.
 
     Parameters
@@ -210,17 +212,17 @@ def solve_run(stations: Sequence[StationRecord], run_plan: Mapping[str, object],
 class _FitKeywords(TypedDict, total=False):
     """The measurements, declared noise and held-out stations ``identify_kinematics`` takes."""
 
-    cell_T_target_cov: np.ndarray
-    cell_p_target_cov: np.ndarray
-    cell_T_target: np.ndarray
-    cell_p_target: np.ndarray
-    validation_q: np.ndarray
-    validation_cell_T_target: np.ndarray
-    validation_cell_p_target: np.ndarray
+    cell_T_target_cov: npt.NDArray[np.float64]
+    cell_p_target_cov: npt.NDArray[np.float64]
+    cell_T_target: npt.NDArray[np.float64]
+    cell_p_target: npt.NDArray[np.float64]
+    validation_q: npt.NDArray[np.float64]
+    validation_cell_T_target: npt.NDArray[np.float64]
+    validation_cell_p_target: npt.NDArray[np.float64]
 
 
 def _fit_inputs(stations: Sequence[StationRecord], run_plan: Mapping[str, object], cfg: Config, *,
-                validation: bool) -> tuple[np.ndarray, _FitKeywords]:
+                validation: bool) -> tuple[npt.NDArray[np.float64], _FitKeywords]:
     """The fit stations' joints (N, 6) and the keywords of ``identify_kinematics`` (their
     measurements, the declared noise and, with ``validation``, the held-out stations). The
     ISO 9283 pose test's stations are none of them."""
@@ -233,7 +235,7 @@ def _fit_inputs(stations: Sequence[StationRecord], run_plan: Mapping[str, object
         if s.q_rad is None or len(s.q_rad) != 6:
             raise ValueError(f"station {s.plan_index}: a kinematics run needs the six joint angles")
 
-    def meas(group: Sequence[StationRecord]) -> np.ndarray:
+    def meas(group: Sequence[StationRecord]) -> npt.NDArray[np.float64]:
         if point:
             return np.array([np.asarray(s.cell_p_target, dtype=float).reshape(3) for s in group])
         return np.array([s.cell_T_target for s in group])
@@ -304,12 +306,12 @@ def _f(v: SupportsFloat | None) -> float:
     return float(v) if v is not None and math.isfinite(float(v)) else 0.0
 
 
-def _matrix(C: np.ndarray) -> P.JsonObject:
+def _matrix(C: npt.NDArray[np.float64]) -> P.JsonObject:
     C = np.asarray(C, dtype=float)
     return {"shape": list(C.shape), "values": [_clean(float(v)) for v in C.reshape(-1)]}
 
 
-def _root_trace(C: np.ndarray) -> float | None:
+def _root_trace(C: npt.NDArray[np.float64]) -> float | None:
     t = float(np.trace(C))
     return math.sqrt(max(t, 0.0)) if math.isfinite(t) else None
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config, Plan, PlanStation
@@ -65,8 +66,8 @@ class PlannedStation:
     """
 
     index: int
-    q_rad: np.ndarray | None
-    base_T_flange: np.ndarray | None
+    q_rad: npt.NDArray[np.float64] | None
+    base_T_flange: npt.NDArray[np.float64] | None
 
 
 #: Candidate stations solved by inverse kinematics per planned station (at least
@@ -81,11 +82,13 @@ _FAR_M = 1e3
 _NOMINAL_OFFSET_M = 0.05
 
 #: A vector given as numbers (a configuration list) or an array.
-Vector: TypeAlias = Sequence[float] | np.ndarray
+Vector: TypeAlias = Sequence[float] | npt.NDArray[np.float64]
 
 
-def sight_of(model: DHModel, *, home_q_rad: np.ndarray, max_tilt_rad: float, tracker_base_m: Vector | None = None,
-             target_axis: Vector = (0.0, 0.0, 1.0), cone_rad: float = math.radians(45.0)) -> tuple[np.ndarray, float]:
+def sight_of(model: DHModel, *, home_q_rad: npt.NDArray[np.float64], max_tilt_rad: float,
+             tracker_base_m: Vector | None = None,
+             target_axis: Vector = (0.0, 0.0, 1.0),
+             cone_rad: float = math.radians(45.0)) -> tuple[npt.NDArray[np.float64], float]:
     """The line of sight a plan is made for: ``(tracker position in the base frame (3,), cone_deg)``.
 
     With the tracker's rough position (``[plan] tracker_xyz_mm``) that position and the
@@ -114,12 +117,12 @@ def _tilt_plan(
     model: DHModel,
     *,
     n: int,
-    box_min_m: np.ndarray,
-    box_max_m: np.ndarray,
+    box_min_m: npt.NDArray[np.float64],
+    box_max_m: npt.NDArray[np.float64],
     max_tilt_rad: float,
-    home_q_rad: np.ndarray,
-    q_min_rad: np.ndarray | None = None,
-    q_max_rad: np.ndarray | None = None,
+    home_q_rad: npt.NDArray[np.float64],
+    q_min_rad: npt.NDArray[np.float64] | None = None,
+    q_max_rad: npt.NDArray[np.float64] | None = None,
     seed: int = 0,
     max_draws: int | None = None,
 ) -> list[PlannedStation]:
@@ -160,7 +163,7 @@ def _tilt_plan(
     rng = np.random.default_rng(seed)
     shift = rng.uniform(0, 1, 3)  # a seeded Cranley-Patterson rotation of the Halton points
     golden = math.pi * (3.0 - math.sqrt(5.0))
-    stations: list[tuple[np.ndarray, np.ndarray]] = []
+    stations: list[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]] = []
     draws = 0
     limit = max_draws if max_draws is not None else 20 * n
     while len(stations) < n and draws < limit:
@@ -200,12 +203,12 @@ def generate_plan(
     model: DHModel,
     *,
     n: int,
-    box_min_m: np.ndarray,
-    box_max_m: np.ndarray,
+    box_min_m: npt.NDArray[np.float64],
+    box_max_m: npt.NDArray[np.float64],
     max_tilt_rad: float,
-    home_q_rad: np.ndarray,
-    q_min_rad: np.ndarray | None = None,
-    q_max_rad: np.ndarray | None = None,
+    home_q_rad: npt.NDArray[np.float64],
+    q_min_rad: npt.NDArray[np.float64] | None = None,
+    q_max_rad: npt.NDArray[np.float64] | None = None,
     seed: int = 0,
     max_draws: int | None = None,
     tracker_base_m: Vector | None = None,
@@ -298,28 +301,29 @@ def generate_plan(
     return [PlannedStation(i, chosen.q_rad[j], chosen.base_T_flange[j]) for i, j in enumerate(order)]
 
 
-def joint_limits(home: np.ndarray, q_min_rad: Vector | None, q_max_rad: Vector | None) -> np.ndarray:
+def joint_limits(home: npt.NDArray[np.float64], q_min_rad: Vector | None, q_max_rad: Vector | None) -> npt.NDArray[np.float64]:
     lo = np.full(home.shape, -2 * math.pi) if q_min_rad is None else np.asarray(q_min_rad, float)
     hi = np.full(home.shape, 2 * math.pi) if q_max_rad is None else np.asarray(q_max_rad, float)
     return np.column_stack([lo, hi])
 
 
-def _coarse_ik(model: DHModel) -> Callable[[np.ndarray, np.ndarray], np.ndarray]:
+def _coarse_ik(model: DHModel) -> Callable[[npt.NDArray[np.float64], npt.NDArray[np.float64]], npt.NDArray[np.float64]]:
     """The model's IK to a micrometre: a candidate's pose is ``forward(q)`` of the joints
     found, so it need not be the pose asked for exactly, and the plan is made in the API
     call that starts a run (it must be quick)."""
-    def ik(T: np.ndarray, q_seed: np.ndarray) -> np.ndarray:
+    def ik(T: npt.NDArray[np.float64], q_seed: npt.NDArray[np.float64]) -> npt.NDArray[np.float64]:
         return np.asarray(model.inverse(T, q_seed, tol_m=1e-6, tol_rad=1e-6, max_iter=60), float)
     return ik
 
 
-_POOLS: dict[tuple[object, ...], tuple[tuple[np.ndarray, np.ndarray], np.ndarray, float]] = {}
+_Pool: TypeAlias = tuple[tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]], npt.NDArray[np.float64], float]
+_POOLS: dict[tuple[object, ...], _Pool] = {}
 
 
 def candidate_pool(model: DHModel, *, n: int, box_min_m: Vector, box_max_m: Vector, max_tilt_rad: float,
-                   home_q_rad: np.ndarray, q_min_rad: Vector | None, q_max_rad: Vector | None, seed: int,
+                   home_q_rad: npt.NDArray[np.float64], q_min_rad: Vector | None, q_max_rad: Vector | None, seed: int,
                    max_draws: int | None, tracker_base_m: Vector | None, target_axis: Vector,
-                   cone_rad: float) -> tuple[tuple[np.ndarray, np.ndarray], np.ndarray, float]:
+                   cone_rad: float) -> _Pool:
     """The candidate pool of a plan, ``((Q, G), tracker_base (3,), cone_deg)``; its joints
     are cached per inputs (a deterministic function of them), so the next-station choices of
     a run do not solve the inverse kinematics again."""
@@ -349,7 +353,7 @@ def candidate_pool(model: DHModel, *, n: int, box_min_m: Vector, box_max_m: Vect
     return _POOLS[key]
 
 
-def _tour(qs: list[np.ndarray], start: np.ndarray) -> list[int]:
+def _tour(qs: list[npt.NDArray[np.float64]], start: npt.NDArray[np.float64]) -> list[int]:
     """Nearest-neighbour order in joint space (largest joint move as the distance)."""
     left = list(range(len(qs)))
     order: list[int] = []

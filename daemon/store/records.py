@@ -14,9 +14,9 @@ import types
 import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
 from cellcal.daemon.wire.types import (
     DriftRecord,
@@ -28,7 +28,7 @@ from cellcal.daemon.wire.types import (
 )
 
 __all__ = ["RunStatus", "RunRecord", "StationRecord", "StationColumn", "station_columns", "station_column_ddl", "TRANSIENT",
-           "RejectionRecord", "ResultRecord", "DriftCheckRecord", "ActivationRecord"]
+           "RejectionRecord", "ResultRecord", "DriftCheckRecord", "ActivationRecord", "StationBuilder"]
 
 
 # --------------------------------------------------------------------------------------
@@ -91,7 +91,7 @@ class RunRecord:
         return self.status in _OPEN_STATUSES
 
 
-def _frozen_array(value: object, name: str, shape: tuple[int, ...] | None, plan_index: object) -> np.ndarray:
+def _frozen_array(value: object, name: str, shape: tuple[int, ...] | None, plan_index: object) -> npt.NDArray[np.float64]:
     a = np.array(value, dtype=np.float64)  # a copy: the caller may reuse its buffer
     if shape is not None and a.shape != shape:
         raise ValueError(f"station {plan_index}: {name} must have shape {shape}, got {a.shape}")
@@ -126,12 +126,17 @@ def _int(value: object, name: str, plan_index: object) -> int:
 TRANSIENT = "transient"
 
 
-# ``Any`` as ``dataclasses.field()`` itself returns it: a placeholder the dataclass machinery
-# replaces, assigned to fields of every type (int, float, arrays, JSON objects).
-def _field(*, shape: tuple[int, ...] | None = None, minimum: float | None = None) -> Any:
-    """A station field with what its codec needs: an array's ``shape`` (None: 1-D of any
-    length), a number's ``minimum``."""
-    return field(metadata={"shape": shape, "min": minimum})
+def _meta(*, shape: tuple[int, ...] | None = None, minimum: float | None = None) -> dict[str, tuple[int, ...] | float | None]:
+    """A station field's metadata, what its codec needs: an array's ``shape`` (None: 1-D of
+    any length), a number's ``minimum``."""
+    return {"shape": shape, "min": minimum}
+
+
+class StationBuilder(typing.Protocol):
+    """A station class as the store calls it: every field by keyword, as read back from its
+    column; the record validates each one (:meth:`StationRecord.__post_init__`)."""
+
+    def __call__(self, **fields: object) -> StationRecord: ...
 
 
 @dataclass(frozen=True, eq=False)
@@ -188,21 +193,21 @@ class StationRecord:
         (``Store.add_station``). None in every station read back (the image is on disk).
     """
 
-    plan_index: int = _field(minimum=0)
-    base_T_flange: np.ndarray = _field(shape=(4, 4))
-    q_rad: np.ndarray = _field(shape=None)
-    cell_T_target: np.ndarray | None = _field(shape=(4, 4))
-    cell_p_target: np.ndarray | None = _field(shape=(3,))
-    tracker_std_translation_m: float = _field(minimum=0.0)
-    tracker_std_rotation_rad: float | None = _field(minimum=0.0)
-    sample_count: int = _field(minimum=0)
-    robot_t_device_s: float = _field()
-    robot_t_host_ns: int = _field()
-    tracker_t_device_s: float = _field()
-    tracker_t_host_ns: int = _field()
-    settle: JsonObject = _field()
-    raw: JsonObject = _field()
-    accepted_host_ns: int = _field()
+    plan_index: int = field(metadata=_meta(minimum=0))
+    base_T_flange: npt.NDArray[np.float64] = field(metadata=_meta(shape=(4, 4)))
+    q_rad: npt.NDArray[np.float64] = field(metadata=_meta(shape=None))
+    cell_T_target: npt.NDArray[np.float64] | None = field(metadata=_meta(shape=(4, 4)))
+    cell_p_target: npt.NDArray[np.float64] | None = field(metadata=_meta(shape=(3,)))
+    tracker_std_translation_m: float = field(metadata=_meta(minimum=0.0))
+    tracker_std_rotation_rad: float | None = field(metadata=_meta(minimum=0.0))
+    sample_count: int = field(metadata=_meta(minimum=0))
+    robot_t_device_s: float = field(metadata=_meta())
+    robot_t_host_ns: int = field(metadata=_meta())
+    tracker_t_device_s: float = field(metadata=_meta())
+    tracker_t_host_ns: int = field(metadata=_meta())
+    settle: JsonObject = field(metadata=_meta())
+    raw: JsonObject = field(metadata=_meta())
+    accepted_host_ns: int = field(metadata=_meta())
     # Added by migration 2 (a camera station's, ADR 0030): None for every other station.
     camera: JsonObject | None = field(default=None, metadata={"shape": None, "min": None})
     # Not a column (``TRANSIENT``): the image travels with the record to the store.
@@ -278,7 +283,7 @@ class StationColumn:
             return None
         if self.kind == "array":
             # validate() made it a float64 array
-            return _blob(typing.cast(np.ndarray, value))
+            return _blob(typing.cast(npt.NDArray[np.float64], value))
         if self.kind == "json":
             return _to_json(value, f"station {plan_index} {self.name}")
         return value
@@ -496,11 +501,11 @@ def _to_json(obj: object, what: str) -> str:
         raise ValueError(f"{what}: not storable as JSON ({exc})") from exc
 
 
-def _blob(a: np.ndarray | None) -> bytes | None:
+def _blob(a: npt.NDArray[np.float64] | None) -> bytes | None:
     return None if a is None else np.ascontiguousarray(a, dtype="<f8").tobytes()
 
 
-def _array(b: bytes | None, shape: tuple[int, ...] | None) -> np.ndarray | None:
+def _array(b: bytes | None, shape: tuple[int, ...] | None) -> npt.NDArray[np.float64] | None:
     if b is None:
         return None
     a = np.frombuffer(b, dtype="<f8").astype(np.float64)  # astype: a writable native copy

@@ -14,7 +14,7 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from importlib.metadata import version
 from pathlib import Path
-from typing import Any
+from typing import TypeVarTuple, cast
 
 import numpy as np
 
@@ -37,6 +37,7 @@ from cellcal.daemon.store.records import (
     ResultRecord,
     RunRecord,
     RunStatus,
+    StationBuilder,
     StationRecord,
     _to_json,
     station_columns,
@@ -64,9 +65,8 @@ _RESULT_COLUMNS = (
     " active, suspect, suspect_reason, suspect_utc"
 )
 
-#: A row as sqlite3 gives it: the selected columns' values, whose types the schema fixes
-#: (sqlite3 itself types them ``Any``; the records' constructors name them).
-_Row = Sequence[Any]
+#: The arguments of one of images.py's steps (:meth:`Store._image`).
+_Ts = TypeVarTuple("_Ts")
 
 # Primary SQLite result codes (the low byte of an extended code).
 _SQLITE_PERM, _SQLITE_READONLY, _SQLITE_IOERR, _SQLITE_CORRUPT = 3, 8, 10, 11
@@ -571,7 +571,7 @@ class Store:
                         plan_index=st.plan_index,
                         state_dir=self.state_dir,
                     )
-                if tmp is not None:  # after the duplicate test, before the row (images.py)
+                if tmp is not None and final is not None:  # after the duplicate test, before the row (images.py)
                     tmp = self._image(put_in_place, tmp, final)
                 cur = conn.execute(self._station_insert, (run_id, *values, _utc_now()))
                 conn.execute("UPDATE runs SET updated_utc = ? WHERE id = ?", (_utc_now(), run_id))
@@ -581,7 +581,7 @@ class Store:
                 with contextlib.suppress(OSError):
                     tmp.unlink()
 
-    def _image(self, step: Callable[..., Path | None], *args: object) -> Path | None:
+    def _image(self, step: Callable[[*_Ts], Path | None], *args: *_Ts) -> Path | None:
         """One of ``images``' steps, its ``OSError`` the store's typed error."""
         try:
             return step(*args)
@@ -596,7 +596,7 @@ class Store:
             rows = conn.execute(self._station_select, (run_id,)).fetchall()
         # The station class takes its fields by name (a subclass has more of them) and
         # validates each one as it is built (StationRecord.__post_init__).
-        build: Callable[..., StationRecord] = self.station_type
+        build = cast(StationBuilder, self.station_type)
         cols = self._station_cols
         return [build(**{c.name: c.decode(v) for c, v in zip(cols, r, strict=True)}) for r in rows]
 
@@ -912,7 +912,7 @@ class Store:
         )
 
     @staticmethod
-    def _run(r: _Row) -> RunRecord:
+    def _run(r: tuple[int, str, str, str, str, str, str, int | None, str, str, int]) -> RunRecord:
         return RunRecord(
             id=r[0],
             kind=r[1],
@@ -928,7 +928,7 @@ class Store:
         )
 
     @staticmethod
-    def _result(r: _Row) -> ResultRecord:
+    def _result(r: tuple[int, int | None, str, str, str, int | None, str, str, int, int, str, str | None]) -> ResultRecord:
         return ResultRecord(
             id=r[0],
             run_id=r[1],

@@ -63,6 +63,7 @@ from pathlib import Path
 from typing import cast
 
 import numpy as np
+import numpy.typing as npt
 import zmq
 
 from cellcal.daemon import protocol as P
@@ -583,7 +584,8 @@ def run_status(state_dir: Path, run_id: int) -> str | None:
 # ---- comparing results ----------------------------------------------------------------------
 
 
-def transform_and_cov(result: Mapping[str, object], name: str = "cell_T_base") -> tuple[np.ndarray, np.ndarray]:
+def transform_and_cov(result: Mapping[str, object], name: str = "cell_T_base"
+                      ) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """A result's transform ``name`` (4x4) and its 6x6 covariance (right perturbation, m and rad)."""
     transforms, unc = result.get("transforms"), result.get("uncertainty")
     if not isinstance(transforms, Mapping) or not isinstance(unc, Mapping) or not isinstance(
@@ -593,7 +595,8 @@ def transform_and_cov(result: Mapping[str, object], name: str = "cell_T_base") -
     return T, np.asarray(c["values"], dtype=float).reshape(c["shape"])
 
 
-def deviation_sigmas(T_ref: np.ndarray, C_ref: np.ndarray, T: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def deviation_sigmas(T_ref: npt.NDArray[np.float64], C_ref: npt.NDArray[np.float64], T: npt.NDArray[np.float64],
+                     C: npt.NDArray[np.float64]) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
     """``xi = log(T_ref^-1 T)`` as (rho [m], phi [rad]) and each component in sigma units of
     ``C_ref + C`` (the two estimates are independent: different stations' noise)."""
     D = se3_inverse(T_ref) @ T

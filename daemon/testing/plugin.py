@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import numpy.typing as npt
 import pytest
 
 from cellcal.daemon import protocol as P
@@ -170,7 +171,7 @@ class SimCell:
 
     settings: CellSettings
     urls: dict[str, str]
-    cell_T_base: np.ndarray
+    cell_T_base: npt.NDArray[np.float64]
     devices: SimulatedDevices | None = None
 
 
@@ -230,7 +231,7 @@ class Daemon:
                                ) from None
 
 
-def _truth(settings: CellSettings) -> np.ndarray:
+def _truth(settings: CellSettings) -> npt.NDArray[np.float64]:
     return np.asarray(load_scenario(settings.scenario_path).truth.cell_T_base, dtype=float)
 
 
