@@ -31,8 +31,10 @@ Model
   ``velocity_noise_deg_s``.
 
 Everything is a function of simulated time (``world.now_s()``), so a sample taken at any
-moment is exact; a small thread writes the true flange into the world at
-``update_rate_hz`` (wall) so the simulated tracker sees the arm move with nobody polling it.
+moment is exact. The world asks the robot for the true flange whenever a device reads it
+(:meth:`World.set_flange_source`), so the simulated tracker sees the arm where it is at that
+instant; a small thread ticks the controller at ``update_rate_hz`` (wall) so a scheduled
+protective stop freezes the arm on time with nobody polling it.
 
 The controller's state as the dashboard server reports it (robot mode, remote control) is
 here too: :meth:`SimRobot.power_on`, :meth:`SimRobot.brake_release`,
@@ -248,6 +250,7 @@ class SimRobot:
         self._thread: threading.Thread | None = None
         self.moves = 0
         self._write_world(world.now_s())
+        world.set_flange_source(self.true_flange)
         world.set_flange_trajectory(self.flange_at)
 
     def _initial_joints(self, world: World, sc: RobotScenario) -> np.ndarray:
@@ -276,7 +279,8 @@ class SimRobot:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> SimRobot:
-        """Start writing the true flange into the world (idempotent)."""
+        """Start ticking the controller (idempotent): a scheduled protective stop then freezes
+        the arm at its time even while no device reads the arm."""
         if self._thread is None:
             self._stop_evt.clear()
             self._thread = threading.Thread(target=self._run, name="sim-robot", daemon=True)
@@ -284,7 +288,7 @@ class SimRobot:
         return self
 
     def close(self) -> None:
-        """Stop the world-update thread (idempotent)."""
+        """Stop the controller's ticking thread (idempotent)."""
         self._stop_evt.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
@@ -299,7 +303,7 @@ class SimRobot:
     def _run(self) -> None:
         period = 1.0 / self.scenario.update_rate_hz
         while not self._stop_evt.wait(period):
-            self._write_world(self.world.now_s())
+            self._ctrl(self.world.now_s())
 
     # -- faults ----------------------------------------------------------------------------
     def inject(self, kind: str, duration_s: float = math.inf, node: int = 0, *,
@@ -458,7 +462,11 @@ class SimRobot:
             frames[i + 1] = frames[i] @ Ti
         p_com = frames[6][:3, :3] @ c.payload_com_m + frames[6][:3, 3]
         force = m * c.gravity_m_s2
-        tau = np.array([frames[i][:3, 2] @ np.cross(p_com - frames[i][:3, 3], force) for i in range(6)])
+        # tau_i = z_i . ((p_com - o_i) x F) for the six joints at once: every read of the true
+        # flange evaluates this, and six np.cross calls cost several times one.
+        lever = p_com - frames[:6, :3, 3]
+        torque = np.cross(lever, force)
+        tau = np.einsum("ij,ij->i", frames[:6, :3, 2], torque)
         return c.compliance_rad_per_nm * tau
 
     def physical_joints(self, t_s: float) -> tuple[np.ndarray, np.ndarray]:
@@ -482,8 +490,8 @@ class SimRobot:
         q, qd = self.physical_joints(t_s)
         th = self.scenario.thermal
         # An arm at rest gives the same joints (once the ringing is below half an ulp) and the
-        # same kinematics (unless it warms up) tick after tick: the world-update thread then
-        # reuses the last answer instead of a forward kinematics and a sag model each time.
+        # same kinematics (unless it warms up) read after read: the world's readers then
+        # reuse the last answer instead of a forward kinematics and a sag model each time.
         key = (q.tobytes(), qd.tobytes(), id(self.true_model), th.rise_k(t_s) if th.active else 0.0)
         if self._flange_memo is not None and self._flange_memo[0] == key:
             T, lin, ang = self._flange_memo[1]

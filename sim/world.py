@@ -2,8 +2,9 @@
 
 One ``World`` holds the hidden truth that every simulated device reads: where the robot base
 sits in the cell (with drift events applied at their simulated time), the target on the
-flange, and the robot's *true* flange pose, which the simulated robot writes as it moves and
-the simulated tracker reads when it measures. Devices never see each other, only the world,
+flange, and the robot's *true* flange pose, which the simulated robot gives whenever it is
+read (its source, registered with :meth:`World.set_flange_source`) and the simulated tracker
+reads when it measures. Devices never see each other, only the world,
 so the tracker observes exactly what the robot did.
 
 Time is simulated seconds: ``now_s() = (clock() - t0) * time_scale``. A scale above 1 runs
@@ -78,6 +79,7 @@ class World:
         self._lin_speed_m_s = 0.0
         self._ang_speed_rad_s = 0.0
         self._flange_at: Callable[[float], np.ndarray] | None = None
+        self._flange_source: Callable[[float], tuple[np.ndarray, float, float]] | None = None
         self._drift = sorted(drift_events, key=lambda e: e.at_s)
         self.time_scale = float(time_scale)
         self._clock = clock
@@ -107,7 +109,7 @@ class World:
         if sim_s > 0:
             time.sleep(sim_s / self.time_scale)
 
-    # -- the robot writes, everyone reads ---------------------------------------------
+    # -- the robot gives, everyone reads ----------------------------------------------
     def set_flange(
         self, base_T_flange: np.ndarray, lin_speed_m_s: float = 0.0, ang_speed_rad_s: float = 0.0
     ) -> None:
@@ -117,15 +119,41 @@ class World:
             self._lin_speed_m_s = float(lin_speed_m_s)
             self._ang_speed_rad_s = float(ang_speed_rad_s)
 
+    def set_flange_source(
+        self, source: Callable[[float], tuple[np.ndarray, float, float]] | None
+    ) -> None:
+        """Register the robot as the flange's source: ``source(t_s) -> (base_T_flange (4, 4),
+        linear m/s, angular rad/s)`` at simulated time ``t_s``.
+
+        With a source, :meth:`base_T_flange` and :meth:`flange_speed` ask it at the moment
+        they are read, so a reader sees the arm where it is then, and nobody computes the arm
+        when nobody looks (a world-update thread at a fixed rate cost a realistic arm's
+        forward kinematics and sag model 250 times a wall second, whether read or not).
+        ``None`` goes back to the pose last written (:meth:`set_flange`).
+        """
+        with self._lock:
+            self._flange_source = source
+
+    def _live_flange(self) -> tuple[np.ndarray, float, float] | None:
+        with self._lock:
+            fn = self._flange_source
+        if fn is None:
+            return None
+        T, lin, ang = fn(self.now_s())
+        return np.array(T, dtype=float), float(lin), float(ang)
+
     def base_T_flange(self) -> np.ndarray:
-        """True flange pose in the base frame (a copy)."""
+        """True flange pose in the base frame now (a copy)."""
+        live = self._live_flange()
+        if live is not None:
+            return live[0]
         with self._lock:
             return self._base_T_flange.copy()
 
     def set_flange_trajectory(self, flange_at: Callable[[float], np.ndarray] | None) -> None:
         """Register the robot's true flange pose as a function of simulated time.
 
-        The robot writes its pose at its update rate (:meth:`set_flange`); a camera exposing
+        The robot is read at the instant of reading (:meth:`set_flange_source`); a camera exposing
         for a few milliseconds while the arm moves needs the pose at any instant of the
         exposure, which only the robot's motion model knows.
         """
@@ -142,7 +170,10 @@ class World:
         return np.array(fn(float(t_s)), dtype=float)
 
     def flange_speed(self) -> tuple[float, float]:
-        """True flange speeds ``(linear m/s, angular rad/s)`` in simulated time."""
+        """True flange speeds ``(linear m/s, angular rad/s)`` in simulated time, now."""
+        live = self._live_flange()
+        if live is not None:
+            return live[1], live[2]
         with self._lock:
             return self._lin_speed_m_s, self._ang_speed_rad_s
 
