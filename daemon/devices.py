@@ -40,12 +40,11 @@ from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
 from cellcal.daemon.camera_capture import CameraCapture, camera_identity
 from cellcal.daemon.config import Config
-from cellcal.daemon.config.checks import connect_configured_tracker
 from cellcal.drivers.camera import CameraDriver, connect_camera
 from cellcal.drivers.errors import DeviceError
 from cellcal.drivers.kinematics import DHModel, dh_model, kinematics_digest
 from cellcal.drivers.robot import RobotDriver, connect_robot
-from cellcal.drivers.tracker import TrackerDriver
+from cellcal.drivers.tracker import TrackerDriver, connect_configured_tracker
 from cellcal.solver.errors import CellcalError
 
 log = logging.getLogger(__name__)

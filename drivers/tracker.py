@@ -46,6 +46,7 @@ from cellcal.solver.se3 import transform_from_xyz_quat
 
 __all__ = [
     "connect_tracker",
+    "connect_configured_tracker",
     "TrackerDriver",
     "SerialTrackerDriver",
     "TrackerInfo",
@@ -1010,3 +1011,17 @@ def connect_tracker(url: str, *, backend: str | None = None, **options: Any) -> 
         raise ValueError(f"tracker URL {url!r} names the {named!r} backend, not {backend!r}")
     cls: type[TrackerDriver] = load_backend(BACKENDS, backend, "tracker backend")
     return cls.from_url(url, **options)
+
+
+def connect_configured_tracker(url: str, options: Mapping[str, object]) -> TrackerDriver:
+    """:func:`connect_tracker` of a ``[tracker.options]`` table (the daemon's configuration):
+    its ``backend`` key is the backend's name, the others are ``**options``.
+
+    Raises
+    ------
+    ValueError
+        As :func:`connect_tracker`; a ``backend`` that is no string is an unknown backend.
+    """
+    rest = dict(options)
+    backend = rest.pop("backend", None)
+    return connect_tracker(url, backend=None if backend is None else str(backend), **rest)

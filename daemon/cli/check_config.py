@@ -39,13 +39,13 @@ import sys
 
 from cellcal.daemon.camera_capture import CameraCapture
 from cellcal.daemon.config import Config, ConfigError, as_toml_dict, load_config, preflight
-from cellcal.daemon.config.checks import connect_configured_tracker
 from cellcal.daemon.devices import robot_identity
 from cellcal.daemon.gates import describe_gates
 from cellcal.drivers import connect_robot
 from cellcal.drivers.camera import connect_camera
 from cellcal.drivers.errors import DeviceError
 from cellcal.drivers.robot import RobotDriver, RobotMode, RobotState
+from cellcal.drivers.tracker import connect_configured_tracker
 from cellcal.solver.errors import CellcalError
 
 

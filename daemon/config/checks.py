@@ -34,11 +34,11 @@ from cellcal.daemon.config.schema import (
     _show,
 )
 from cellcal.daemon.config.security import check_security, load_server_key
-from cellcal.drivers import connect_robot, connect_tracker
+from cellcal.drivers import connect_robot
 from cellcal.drivers.base import load_backend
 from cellcal.drivers.geocom import serial_url
 from cellcal.drivers.robot import parse_robot_url
-from cellcal.drivers.tracker import BACKENDS, TrackerDriver, backend_for_url
+from cellcal.drivers.tracker import BACKENDS, backend_for_url, connect_configured_tracker
 from cellcal.solver.points import MIN_POINT_STATIONS
 
 
@@ -261,16 +261,6 @@ def _validate(c: Config) -> None:
     validate_kinematics(c.kinematics)
     _plant.validate_plant(c.opcua, c.mqtt, c.metrics, cell=c.service.name)  # URLs and security rules
     validate_camera(c.camera)  # [camera]: its URL by the driver's parser, its options, its keys (ADR 0030)
-
-
-def connect_configured_tracker(url: str, options: Mapping[str, object]) -> TrackerDriver:
-    """``connect_tracker(url, **options)`` of a ``[tracker.options]`` table, its ``backend``
-    passed by name: a backend that is no name is unknown (the driver's ``ValueError``)."""
-    rest = dict(options)
-    backend = rest.pop("backend", None)
-    if backend is not None and not isinstance(backend, str):
-        raise ValueError(f"tracker backend {backend!r} unknown; known: {', '.join(sorted(BACKENDS))}")
-    return connect_tracker(url, backend=backend, **rest)
 
 
 def _connect_robot(url: str, options: Mapping[str, object]) -> object:
