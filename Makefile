@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 PIP    := $(PY) -m pip --disable-pip-version-check
 # Three workers, one test file each at a time (module fixtures run once, a file's tests share
 # a worker): most tests wait on simulated devices, so two cores overlap three of them (ADR 0013).
-PYTEST := $(PY) -m pytest -q -n 3 --dist loadfile
+PYTEST := $(PY) -m pytest -q -n 5 --dist loadfile
 
 # Debian packages the suite needs and never installs itself: systemd-analyze
 # (tests/test_systemd_unit.py) and the toolchain of the C++ client in docs/protocols/zeromq.md

@@ -33,6 +33,14 @@ sys.path.insert(0, str(ROOT))
 from bench._results import machine_line, write_section  # noqa: E402
 
 PY = str(ROOT / ".venv" / "bin" / "python")
+
+
+def _make_workers() -> int:
+    """The workers the Makefile's ``PYTEST`` runs (``-n N``): the figure is the targets' own."""
+    m = re.search(r"^PYTEST :=.*?-n (\d+)", (ROOT / "Makefile").read_text(), re.MULTILINE)
+    if m is None:
+        raise SystemExit("Makefile: no 'PYTEST := ... -n N' line")
+    return int(m.group(1))
 _DURATION = re.compile(r"^\s*([\d.]+)s (?:call|setup|teardown)\s+(tests/[^:\s]+)")
 _SUMMARY = re.compile(r"(\d+) (passed|failed|errors?|skipped)")
 
@@ -83,7 +91,9 @@ def _row(r: Run) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--workers", type=int, nargs="+", default=[3], help="pytest-xdist workers for the full suite")
+    workers = _make_workers()
+    ap.add_argument("--workers", type=int, nargs="+", default=[workers],
+                    help="pytest-xdist workers for the full suite (default: the Makefile's)")
     ap.add_argument("--skip-lint", action="store_true", help="leave ruff and mypy out of make check's figure")
     args = ap.parse_args()
     if any(w < 1 for w in args.workers):
@@ -97,7 +107,7 @@ def main() -> int:
         lint_s = time.monotonic() - t0
     # As both make targets do before pytest: the package's bytecode (the Makefile says why).
     subprocess.run(["make", "bytecode"], cwd=ROOT, capture_output=True, stdin=subprocess.DEVNULL, check=True)
-    fast = _timed("make check: the fast tier (-m 'not slow', 3 workers)", _pytest(3, "-m", "not slow"))
+    fast = _timed(f"make check: the fast tier (-m 'not slow', {workers} workers)", _pytest(workers, "-m", "not slow"))
     runs.append(fast)
     for w in args.workers:
         runs.append(_timed(f"make test: the whole suite ({w} workers)", _pytest(w)))

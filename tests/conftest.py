@@ -44,6 +44,47 @@ LONGER_TIMEOUT_S = {
 SLOW_FILES = {"test_contract.py"}
 
 
+#: The longest files of the suite, longest first (``bench/suite_bench.py``'s "Longest files"),
+#: handed out first by :class:`_LongestFilesFirst`.
+LONGEST_FIRST = (
+    "test_daemon_points.py", "test_daemon_iso9283.py", "test_demo_camera.py", "test_daemon_kill.py",
+    "test_realistic_cell.py", "test_daemon_kinematics_cia402.py", "test_hand_eye_camera_nees.py",
+    "test_daemon_kinematics.py", "test_daemon_faults.py", "test_daemon_stack.py", "test_packaging.py",
+    "test_zmq_cli.py", "test_report_cli.py", "test_cli_solve.py",
+)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
+    """``--dist loadfile`` handing out :data:`LONGEST_FIRST` before the other files.
+
+    pytest-xdist queues the files by their number of tests, most first: a file of one long
+    test (the CiA 402 kinematics run, 50 s) came last and ran alone while the other workers
+    were done. With the longest first, the many short files fill the workers at the end.
+    """
+    if config.getoption("dist", None) != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class _LongestFilesFirst(LoadFileScheduling):
+        _ordered = False
+
+        def _assign_work_unit(self, node: object) -> None:
+            if not self._ordered:
+                def rank(scope: str) -> int:
+                    name = scope.rsplit("/", 1)[-1]
+                    return LONGEST_FIRST.index(name) if name in LONGEST_FIRST else len(LONGEST_FIRST)
+
+                # a stable sort: the other files keep xdist's order (most tests first)
+                order = sorted(self.workqueue, key=rank)
+                for scope in order:
+                    self.workqueue.move_to_end(scope)
+                self._ordered = True
+            super()._assign_work_unit(node)
+
+    return _LongestFilesFirst(config, log)
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         test = item.nodeid.rsplit("/", 1)[-1]  # the same from the repository or from tests/
