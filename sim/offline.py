@@ -143,7 +143,6 @@ class OfflineCell:
     def measure(self, average_s: float = 0.2) -> OfflineStation:
         """Read the robot and measure a pose where the arm is now."""
         t = self.now_s()
-        self.robot._write_world(t)
         s = self.robot.sample(t)
         from cellcal.drivers.ur_rtde import pose_to_transform
 

@@ -249,7 +249,6 @@ class SimRobot:
         self._stop_evt = threading.Event()
         self._thread: threading.Thread | None = None
         self.moves = 0
-        self._write_world(world.now_s())
         world.set_flange_source(self.true_flange)
         world.set_flange_trajectory(self.flange_at)
 
@@ -509,10 +508,6 @@ class SimRobot:
         q, _ = self.physical_joints(t_s)
         model = self.true_model_at(t_s)
         return model.forward(q + self.sag_rad(model, q))
-
-    def _write_world(self, t: float) -> None:
-        T, lin, ang = self.true_flange(t)
-        self.world.set_flange(T, lin, ang)
 
     # -- the controller's state (dashboard) ----------------------------------------------------
     def robot_mode_name(self) -> str:

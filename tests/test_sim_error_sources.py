@@ -240,7 +240,6 @@ def test_outliers_are_occasional_gross_and_not_in_the_reported_std():
 def test_refraction_scales_the_range_only_and_grows_with_the_air_temperature():
     cell, inst = _instrument("noise_mm = 0.0\nnoise_deg = 0.0\nair_temperature_k_per_h = 2.0\nrefraction_ppm_per_k = 1.0\n")
     cell.advance(1800.0)  # half an hour: the air is 1 K warmer
-    cell.robot._write_world(cell.now_s())
     t = cell.now_s()
     p = cell.world.cell_T_target(t)[:3, 3]
     m = inst.measure(t, 1)
@@ -306,8 +305,7 @@ def _stations(cell, inst, n: int):
     out = []
     for i in range(n):
         cell.move(Q0 + np.deg2rad([5.0 * (i + 1), 3.0, -4.0, 2.0, 6.0, -5.0]) * (1 if i % 2 else -1))
-        t = cell.now_s()
-        cell.robot._write_world(t)  # the world's target where the arm now is (as OfflineCell.measure does)
+        t = cell.now_s()  # the world reads the arm where it is now (its flange source)
         out.append((cell.world.cell_T_target(t)[:3, 3], inst.measure(t, 50), inst.measure(t, 50)))
     return out
 
