@@ -260,14 +260,17 @@ def _say_kept(report: Path | None, state_dir: str, say: Callable[[str], None]) -
 
 
 def _wait_run(svc: Service, run_id: int, deadline: float, done: threading.Event) -> RunRecord:
-    """The run once it closed and the worker is idle, or as it stands at ``deadline``."""
-    run = svc.store.get_run(run_id)
-    while time.monotonic() < deadline:
+    """The run once it closed and the worker is idle, or as it stands at ``deadline``.
+
+    ``done`` is set by the run's result: the store is then read at the pace of the worker
+    winding down, never in a spin (a set event returns at once, and a loop paced by it
+    alone reads the store as fast as it can, starving the devices' threads of the GIL)."""
+    while True:
         run = svc.store.get_run(run_id)
-        if not run.is_open and svc.wait_idle(0.0):
-            break
-        done.wait(0.1)
-    return run
+        if (not run.is_open and svc.wait_idle(0.0)) or time.monotonic() >= deadline:
+            return run
+        if done.wait(0.1):
+            time.sleep(0.02)
 
 
 def _camera_config(args: argparse.Namespace, scenario: Scenario, url: str, state_dir: Path) -> Config:
@@ -509,6 +512,7 @@ def run(args: argparse.Namespace) -> int:
             kinds = [None, dc.SETUP_KINDS[args.camera]] if args.camera == "eye_to_hand" else [dc.SETUP_KINDS[args.camera]]
         for kind in kinds:
             outcome.pop("result", None)
+            done.clear()  # the last run's result set it
             try:
                 run_id = svc.start_run(kind, reason="demo")
             except ServiceError as exc:  # refused at start (a camera kind says why)
