@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import pytest
@@ -138,6 +139,26 @@ def test_inverse_rejects_unreachable_pose():
     far[:3, 3] = (3.0, 0.0, 0.0)  # beyond the 0.85 m reach of a UR5e
     with pytest.raises(UnreachablePose):
         UR5E.inverse(far, np.array([0, -1.2, 1.4, -1.8, -1.5, 0.4]), max_iter=60)
+
+
+def test_inverse_gives_up_early_on_a_pose_inside_the_reach_bound_the_links_cannot_reach():
+    # 1.0 m out: inside the crude reach bound (sum of |a| and |d|), outside the arm's 0.85 m;
+    # the iteration settles on the nearest pose and stops there, long before max_iter
+    near = np.eye(4)
+    near[:3, 3] = (1.0, 0.0, 0.1)
+    with pytest.raises(UnreachablePose, match=r"stalled at pose error .* \(iteration (\d+);") as info:
+        UR5E.inverse(near, np.array([0, -1.2, 1.4, -1.8, -1.5, 0.4]), max_iter=200)
+    iteration = int(re.search(r"iteration (\d+)", str(info.value)).group(1))
+    assert 40 < iteration < 200
+
+
+def test_inverse_from_a_distant_seed_still_converges_past_the_stall_check():
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        q_true = np.array([0.3, -1.2, 1.4, -1.8, -1.5, 0.4]) + rng.normal(0, 0.3, 6)
+        target = UR5E.forward(q_true)
+        q = UR5E.inverse(target, q_true + rng.normal(0, 0.4, 6))
+        np.testing.assert_allclose(UR5E.forward(q), target, atol=1e-8)
 
 
 def test_joint_offsets_perturb_fk():
