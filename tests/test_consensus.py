@@ -5,12 +5,11 @@ an instrument stuck on one point, a wrong pivot pose, and good stations left alo
 
 from __future__ import annotations
 
-import time
-
 import numpy as np
 import pytest
 
 from cellcal.daemon import consensus as cs
+from cellcal.solver import CalibrationError, calibrate_base_frame
 from cellcal.solver.synthetic import base_frame_scene, pivot_scene
 
 MM, DEG = 1e-3, np.radians(1.0)
@@ -74,11 +73,48 @@ def test_a_pivot_pose_that_is_not_the_reported_one_is_found():
     assert found is not None and found.outliers() == (3,)
 
 
-def test_many_stations_are_judged_from_a_bounded_number_of_subsets_quickly():
+def test_many_stations_are_judged_from_a_bounded_number_of_subsets(monkeypatch):
     sc = base_frame_scene(40, np.random.default_rng(2), noise_mm=0.01, noise_deg=0.002)
     M = sc.measured.copy()
     M[[3, 17, 29], 2, 3] -= 30 * MM
-    t0 = time.perf_counter()
+    fits = []
+
+    def counted(*args, **kwargs):  # the solver itself, counted
+        fits.append(kwargs["min_axis_spread"])
+        return calibrate_base_frame(*args, **kwargs)
+
+    monkeypatch.setattr(cs, "calibrate_base_frame", counted)
     found = cs.consensus(cs.POSE, sc.base_T_flange, M=M, max_error_m=5 * MM, max_error_rad=0.5 * DEG, seed=1)
     assert found is not None and found.outliers() == (3, 17, 29)
-    assert time.perf_counter() - t0 < 5.0  # 200 subset fits, not C(40, 3) = 9880
+    subset_fits = sum(1 for s in fits if s == cs._MIN_SUBSET_SPREAD)
+    assert subset_fits == cs.MAX_SUBSETS[cs.POSE]  # 200 subset fits, not C(40, 3) = 9880
+    assert len(fits) - subset_fits <= 2  # and the joint fits
+
+
+def test_a_subset_fit_skips_the_covariance_and_gives_what_the_full_fit_gives():
+    # Subsets are held to an axis spread where no refusal reads the covariance: the fit
+    # without it has the same deviations, bit for bit, and the same refusals.
+    rng = np.random.default_rng(5)
+    sc = base_frame_scene(12, rng, noise_mm=0.02, noise_deg=0.005)
+    G, M = sc.base_T_flange, sc.measured.copy()
+    M[4, 1, 3] += 25 * MM
+    G[7] = G[6]  # a subset holding both has too little motion: refused
+    fit = cs._fitter(cs.POSE, G, M, None)
+    outcomes = {"fit": 0, "refused": 0}
+    for _ in range(60):
+        idx = np.sort(rng.choice(12, size=3, replace=False))
+        try:
+            r = calibrate_base_frame(G[idx], M[idx], min_axis_spread=cs._MIN_SUBSET_SPREAD, refine=False,
+                                     holdout=False)
+        except (CalibrationError, ValueError) as full:
+            with pytest.raises(type(full)) as lean:
+                fit(idx)
+            assert str(lean.value) == str(full)
+            outcomes["refused"] += 1
+            continue
+        pred = r.cell_T_base @ G @ r.flange_T_target
+        dt, dr = fit(idx)
+        np.testing.assert_array_equal(dt, np.linalg.norm(pred[:, :3, 3] - M[:, :3, 3], axis=1))
+        assert dr is not None and dr.shape == (12,)
+        outcomes["fit"] += 1
+    assert outcomes["fit"] > 30 and outcomes["refused"] > 0, outcomes
