@@ -41,6 +41,7 @@ import logging
 import math
 import threading
 import time
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -55,12 +56,13 @@ from cellcal.drivers.camera import CameraDriver, CameraInfo, FeatureUnavailableE
 from cellcal.drivers.detect import Detection, TargetDetector, import_cv2
 from cellcal.drivers.errors import DriverError
 from cellcal.drivers.robot import RobotState
+from cellcal.solver.intrinsics import MIN_VIEW_CORNERS
 from cellcal.solver.se3 import make_transform, rotation_angle, so3_exp, so3_log
 from cellcal.solver.target import CalibrationTarget
 
 log = logging.getLogger(__name__)
 
-__all__ = ["CameraCapture", "camera_identity", "edge_blur_px", "encode_png", "interpolate_state", "SHARP_EDGE_PX"]
+__all__ = ["CameraCapture", "MovingFrame", "camera_identity", "edge_blur_px", "encode_png", "interpolate_state", "SHARP_EDGE_PX"]
 
 #: :func:`edge_blur_px` of a perfectly sharp edge: the central difference spreads a step over
 #: two pixels, which reads as a sigma of about this much.
@@ -165,6 +167,39 @@ def interpolate_state(samples: list[RobotState], t_ns: int
     how = {"method": "linear in joints and translation, geodesic in rotation", "t_before_ns": int(a.t_host_ns),
            "t_after_ns": int(b.t_host_ns), "fraction": float(f)}
     return q, make_transform(R, p), t_dev, how
+
+
+#: The flange velocity of a moving frame is the difference of the poses this far either side
+#: of its mid-exposure (a few of the robot's samples at 500 Hz), host ns.
+_VELOCITY_HALF_SPAN_NS = 5_000_000
+
+
+@dataclass(frozen=True, eq=False)
+class MovingFrame:
+    """A frame taken while the robot moved (:meth:`CameraCapture.moving_frames`).
+
+    Attributes
+    ----------
+    ids : numpy.ndarray of intp, shape (M,)
+        The target's corner ids found.
+    image_points_px : numpy.ndarray, shape (M, 2)
+        Their sub-pixel positions, px.
+    base_T_flange : numpy.ndarray, shape (4, 4)
+        The flange at the frame's mid-exposure, base frame, m.
+    flange_velocity : numpy.ndarray, shape (6,)
+        The flange origin's velocity (m/s) then its angular velocity (rad/s), base frame,
+        per second of host time.
+    t_host_ns : int
+        Mid-exposure, host ``time.monotonic_ns()``.
+    exposure_s : float
+    """
+
+    ids: npt.NDArray[np.intp]
+    image_points_px: npt.NDArray[np.float64]
+    base_T_flange: npt.NDArray[np.float64]
+    flange_velocity: npt.NDArray[np.float64]
+    t_host_ns: int
+    exposure_s: float
 
 
 class CameraCapture:
@@ -276,6 +311,57 @@ class CameraCapture:
                     self.camera.stop()
                 except DriverError as exc:
                     log.debug("stopping the camera's acquisition: %s", exc)
+
+    def moving_frames(self, engine: CaptureEngine, base_T_flange: npt.NDArray[np.float64], speed: float,
+                      abort: threading.Event) -> list[MovingFrame]:
+        """The frames the camera takes while the robot moves to ``base_T_flange`` at ``speed``
+        (the dynamic check of a camera hand-eye run, ``cellcal.daemon.runs.camera_dynamic``):
+        grabbed one after another until the move has ended, each with the target's corners
+        (frames with fewer than the solver's minimum are left out) and the robot at the
+        frame's mid-exposure (host time): the flange pose interpolated as for a station, and
+        its velocity from the poses :data:`_VELOCITY_HALF_SPAN_NS` either side. Raises as
+        :meth:`CaptureEngine.sweep_to` and :meth:`station` do."""
+        frames: list[Frame] = []
+
+        def grab() -> None:
+            frames.append(self._grab())
+
+        try:
+            engine.sweep_to(base_T_flange, speed, abort, grab)
+        finally:
+            engine.phase = "settling"
+            if self.settings.trigger == TriggerMode.OFF and self.camera.acquiring:
+                try:
+                    self.camera.stop()
+                except DriverError as exc:
+                    log.debug("stopping the camera's acquisition: %s", exc)
+        if not frames:
+            return []
+        half = [round(0.5 * (f.exposure_s or 0.0) * 1e9) for f in frames]
+        last = max(f.t_host_ns + h for f, h in zip(frames, half, strict=True)) + _VELOCITY_HALF_SPAN_NS
+        first = min(f.t_host_ns - h for f, h in zip(frames, half, strict=True)) - _VELOCITY_HALF_SPAN_NS
+        tol_ns = _gap_ns(self.cfg)
+        engine.monitor.wait_sample_after(last + tol_ns, 2.0 + self.cfg.capture.sync_window_s,
+                                         stamped_by=P.DEVICE_CAMERA)
+        samples = engine.monitor.samples_between(first - tol_ns, last + tol_ns)
+        if len(samples) < 2:
+            return []
+        out: list[MovingFrame] = []
+        span_s = 2.0 * _VELOCITY_HALF_SPAN_NS * 1e-9
+        for f in frames:
+            det = self.detect(f)
+            if det.ids.shape[0] < MIN_VIEW_CORNERS:
+                continue
+            _q, T, _t, _how = interpolate_state(samples, f.t_host_ns)
+            _qa, Ta, _ta, _ha = interpolate_state(samples, f.t_host_ns - _VELOCITY_HALF_SPAN_NS)
+            _qb, Tb, _tb, _hb = interpolate_state(samples, f.t_host_ns + _VELOCITY_HALF_SPAN_NS)
+            v = (Tb[:3, 3] - Ta[:3, 3]) / span_s
+            w = T[:3, :3] @ so3_log(Ta[:3, :3].T @ Tb[:3, :3]) / span_s  # base frame
+            out.append(MovingFrame(ids=np.asarray(det.ids, dtype=np.intp),
+                                   image_points_px=np.asarray(det.image_points_px, dtype=float), base_T_flange=T,
+                                   flange_velocity=np.concatenate([v, w]), t_host_ns=int(f.t_host_ns),
+                                   exposure_s=float(f.exposure_s or 0.0)))
+        return out
 
     def _judge(self, engine: CaptureEngine, frame: Frame, n_frames: int, window_start: int, plan_index: int,
                accepted_poses: list[npt.NDArray[np.float64]], abort: threading.Event | None) -> StationRecord:

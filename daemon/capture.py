@@ -217,18 +217,29 @@ class CaptureEngine:
             return
         self._abortable(self._move, (planned,), abort, "move", stop_robot=True)
 
+    def sweep_to(self, base_T_flange: npt.NDArray[np.float64], speed: float, abort: threading.Event,
+                 during: Callable[[], None]) -> None:
+        """Command mode: move the flange to ``base_T_flange`` at ``speed`` (a fraction of the
+        robot's nominal speed, as ``[capture] move_speed``) and call ``during()`` again and
+        again in this thread until the move has ended (a camera's frames taken while the
+        robot moves: the dynamic check). Failures and an abort as :meth:`move_to`."""
+        self.phase = "moving"
+        target = np.asarray(base_T_flange, dtype=float)
+        self._abortable(self._move_to, (None, target, float(speed)), abort, "move", stop_robot=True, during=during)
+
     def abortable(self, fn: Callable[[*_Ts], _T], args: tuple[*_Ts], abort: threading.Event, what: str) -> _T:
         """``fn(*args)``, a device call that blocks (a camera's frame), ended early by
         ``abort`` as a measurement is (:meth:`_abortable`): for other capture paths."""
         return self._abortable(fn, args, abort, what)
 
     def _abortable(self, fn: Callable[[*_Ts], _T], args: tuple[*_Ts], abort: threading.Event, what: str, *,
-                   stop_robot: bool = False) -> _T:
+                   stop_robot: bool = False, during: Callable[[], None] | None = None) -> _T:
         """``fn(*args)`` (a driver call that blocks: a move, a measurement) in a helper
         thread, its end awaited in 50 ms steps that check ``abort``. Aborted: the robot is
         stopped (``stop_robot``), the helper gets 0.2 s to notice, and if it still waits it
         is left as :attr:`pending_move` (the service then closes the devices, which ends it);
-        ``StationRejected`` (``MOVE_FAILED`` / ``NOT_SETTLED``, ``{"aborted": True}``) is raised."""
+        ``StationRejected`` (``MOVE_FAILED`` / ``NOT_SETTLED``, ``{"aborted": True}``) is raised.
+        ``during()``, when given, is called between the checks instead of the 50 ms wait."""
         out: list[_T] = []
         failure: list[BaseException] = []
 
@@ -255,20 +266,34 @@ class CaptureEngine:
                         self.pending_measure = helper
                 reason = RejectReason.MOVE_FAILED if what == "move" else RejectReason.NOT_SETTLED
                 raise StationRejected(reason, f"{what} aborted", {"aborted": True})
-            helper.join(0.05)
+            if during is not None:
+                try:
+                    during()
+                except BaseException:
+                    if stop_robot:  # the move must not go on unwatched
+                        self.robot.stop()
+                    helper.join(0.2)
+                    raise
+            else:
+                helper.join(0.05)
         if failure:
             raise failure[0]
         return out[0]
 
     def _move(self, planned: PlannedStation) -> None:
-        speed = self.cfg.capture.move_speed
+        self._move_to(planned.q_rad, planned.base_T_flange, self.cfg.capture.move_speed)
+
+    def _move_to(self, q_rad: npt.NDArray[np.float64] | None, base_T_flange: npt.NDArray[np.float64] | None,
+                 speed: float) -> None:
+        """A move to the joints ``q_rad`` when given, else to the flange pose; the driver's
+        failures as the station's rejection or the robot's fault."""
         timeout_s = self.cfg.capture.station_timeout_s
         self.monitor.restart_window()
         try:
-            if planned.q_rad is not None:
-                self.robot.move_to(q_rad=planned.q_rad, speed=speed, wait=True, timeout_s=timeout_s)
+            if q_rad is not None:
+                self.robot.move_to(q_rad=q_rad, speed=speed, wait=True, timeout_s=timeout_s)
             else:
-                self.robot.move_to(base_T_flange=planned.base_T_flange, speed=speed, wait=True, timeout_s=timeout_s)
+                self.robot.move_to(base_T_flange=base_T_flange, speed=speed, wait=True, timeout_s=timeout_s)
         except DeviceGoneError as exc:
             raise DeviceFault(P.DEVICE_ROBOT, exc) from exc
         except (MoveVerificationError, DriveFaultDuringMove) as exc:

@@ -48,7 +48,8 @@ SLOW_FILES = {"test_contract.py"}
 #: handed out first by :class:`_LongestFilesFirst`.
 LONGEST_FIRST = (
     "test_daemon_points.py", "test_daemon_iso9283.py", "test_demo_camera.py", "test_daemon_kill.py",
-    "test_realistic_cell.py", "test_daemon_kinematics_cia402.py", "test_hand_eye_camera_nees.py",
+    "test_realistic_cell.py", "test_daemon_camera_dynamic.py", "test_daemon_kinematics_cia402.py",
+    "test_hand_eye_camera_nees.py",
     "test_daemon_kinematics.py", "test_daemon_faults.py", "test_daemon_stack.py", "test_packaging.py",
     "test_zmq_cli.py", "test_report_cli.py", "test_cli_solve.py",
 )

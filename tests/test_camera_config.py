@@ -83,6 +83,13 @@ def test_a_relative_target_file_is_read_from_the_configuration_s_folder(tmp_path
      "camera.plan.view_flange_quat_wxyz", "unit norm"),
     ({"plan": {"view_q_deg": [0.0] * 6, "view_flange_xyz_mm": [1.0, 2.0, 3.0]}}, "camera.plan.view_q_deg", "not both"),
     ({"capture": {"min_corner": 3}}, "camera.capture.min_corner", "did you mean 'min_corners'"),
+    ({"hand_eye": {"dynamic_speeds": [0.2]}}, "camera.hand_eye.dynamic_speeds", "two different speeds"),
+    ({"hand_eye": {"dynamic_speeds": [0.2, 0.2]}}, "camera.hand_eye.dynamic_speeds", "two different speeds"),
+    ({"hand_eye": {"dynamic_speeds": [0.2, 1.5]}}, "camera.hand_eye.dynamic_speeds[1]", "(0, 1]"),
+    ({"hand_eye": {"dynamic_path_mm": 0.0}}, "camera.hand_eye.dynamic_path_mm", "(0, 2000]"),
+    ({"hand_eye": {"dynamic_min_frames": 1}}, "camera.hand_eye.dynamic_min_frames", "[2, 100]"),
+    ({"hand_eye": {"max_latency_ms": -1.0}}, "camera.hand_eye.max_latency_ms", "(0, 1000]"),
+    ({"hand_eye": {"dynamic_check": "yes"}}, "camera.hand_eye.dynamic_check", "true or false"),
 ])
 def test_every_camera_error_names_its_key(tmp_path, change, key, words):
     camera = {k: v for k, v in {**CAMERA, **change}.items() if v is not None}  # None: the key left out
@@ -136,5 +143,6 @@ def test_check_config_refuses_a_bad_camera_url_naming_the_key(tmp_path):
 def test_the_camera_keys_are_in_the_configuration_reference():
     doc = (ROOT / "docs" / "configuration.md").read_text()
     for key in ("camera.url", "camera.target_file", "camera.mounting", "camera.use_intrinsics", "camera.options",
-                "camera.capture.max_blur_px", "camera.plan.pivot_mm", "camera.intrinsics.max_sigma_focal_px"):
+                "camera.capture.max_blur_px", "camera.plan.pivot_mm", "camera.intrinsics.max_sigma_focal_px",
+                "camera.hand_eye.dynamic_check", "camera.hand_eye.dynamic_speeds", "camera.hand_eye.max_latency_ms"):
         assert f"`{key}`" in doc, key

@@ -158,6 +158,16 @@ class CameraHandEye:
     tracker_target_m: list[float] = _k([], "tracker_target_mm", _MM,
                                        doc="eye to hand: the tracker's target on the camera's target, its frame "
                                            "([]: no tracker check)")
+    dynamic_check: bool = _k(False, "dynamic_check",
+                             doc="after the solve, frames while moving both ways at two speeds: the residual latency "
+                                 "(command mode)")
+    dynamic_path_m: float = _k(0.08, "dynamic_path_mm", _MM,
+                               doc="the dynamic check's path: this long, along the camera's image x, through the view pose")
+    dynamic_speeds: list[float] = _k([0.1, 0.3], "dynamic_speeds",
+                                     doc="its two speeds, fractions of the robot's nominal speed as [capture] move_speed")
+    dynamic_min_frames: int = _k(3, "dynamic_min_frames",
+                                 doc="moving frames wanted each way at each speed (passes repeated, at most 4 times)")
+    max_latency_ms: float = _k(1.0, "max_latency_ms", doc="warn when the residual latency is beyond this")
 
 
 @dataclass(frozen=True)
@@ -242,6 +252,10 @@ BOUNDS: dict[str, tuple[float, float, bool]] = {
     "camera.hand_eye.max_sigma_rotation_deg": (0.0, 90.0, True),
     "camera.hand_eye.max_holdout_p90_mm": (0.0, 1000.0, True),
     "camera.hand_eye.tracker_target_mm[]": (-1e4, 1e4, False),
+    "camera.hand_eye.dynamic_path_mm": (0.0, 2000.0, True),
+    "camera.hand_eye.dynamic_speeds[]": (0.0, 1.0, True),
+    "camera.hand_eye.dynamic_min_frames": (2, 100, False),
+    "camera.hand_eye.max_latency_ms": (0.0, 1000.0, True),
 }
 
 
@@ -304,6 +318,10 @@ def validate_camera(camera: Camera | None) -> None:
     if len(c.hand_eye.tracker_target_m) not in (0, 3):
         raise ConfigError("camera.hand_eye.tracker_target_mm",
                           f"expected 3 numbers (x, y, z, target frame) or [], got {len(c.hand_eye.tracker_target_m)}")
+    speeds = c.hand_eye.dynamic_speeds
+    if len(speeds) != 2 or speeds[0] == speeds[1]:
+        raise ConfigError("camera.hand_eye.dynamic_speeds",
+                          f"expected two different speeds (fractions in (0, 1]), got {list(speeds)}")
     p = c.plan
     if len(p.pivot_m) not in (0, 3):
         raise ConfigError("camera.plan.pivot_mm", f"expected 3 numbers (x, y, z, flange frame) or [], got {len(p.pivot_m)}")

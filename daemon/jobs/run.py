@@ -33,9 +33,13 @@ import dataclasses
 import logging
 from collections.abc import Callable, Sequence
 
+import numpy as np
+import numpy.typing as npt
+
 from cellcal.daemon import bodies, runs
 from cellcal.daemon import capture as cap
 from cellcal.daemon import protocol as P
+from cellcal.daemon.camera_capture import MovingFrame
 from cellcal.daemon.config import Config
 from cellcal.daemon.jobs.control import Emit, Job, JobControl, narrative
 from cellcal.daemon.jobs.results import ResultKeeper
@@ -44,6 +48,7 @@ from cellcal.daemon.report import human
 from cellcal.daemon.runs import RunContext, RunKind
 from cellcal.daemon.runs.plan import PlannedStation, plan_from_dict
 from cellcal.daemon.store import RunRecord, RunStatus, StationRecord, Store
+from cellcal.drivers.errors import DriverError
 from cellcal.solver import CalibrationError, DegenerateGeometry
 
 log = logging.getLogger(__name__)
@@ -425,4 +430,38 @@ class RunJob:
                 self.control.made_progress()
                 return rec
 
-        return measure
+        def sweep(start: PlannedStation, path: Sequence[npt.NDArray[np.float64]], speed: float,
+                  what: str) -> list[MovingFrame]:
+            engine = self.control.engine_for(kind.needs_tracker, P.STATE_CAPTURING, f"run {run_id}: {what}",
+                                             **self._wants(kind))
+            if engine.camera is None:
+                raise cap.DeviceFault(P.DEVICE_CAMERA, DriverError("no camera is open"))
+            frames: list[MovingFrame] = []
+            try:
+                engine.move_to(start, self.control.abort)
+                for T in path:
+                    self.control.check_abort()
+                    frames += engine.camera.moving_frames(engine, T, speed, self.control.abort)
+            except cap.StationRejected:
+                self.control.check_abort()  # an abort ends the job, not just the sweep
+                raise
+            self.control.made_progress()
+            return frames
+
+        return _Measurements(measure, sweep)
+
+
+class _Measurements:
+    """A job's :class:`runs.Measure`: one more station (a call) or the frames of a sweep."""
+
+    def __init__(self, station: Callable[[PlannedStation, P.JsonObject, str], StationRecord],
+                 sweep: Callable[[PlannedStation, Sequence[npt.NDArray[np.float64]], float, str], list[MovingFrame]]
+                 ) -> None:
+        self._station, self._sweep = station, sweep
+
+    def __call__(self, planned: PlannedStation, raw: P.JsonObject, what: str, /) -> StationRecord:
+        return self._station(planned, raw, what)
+
+    def sweep(self, start: PlannedStation, path: Sequence[npt.NDArray[np.float64]], speed: float, what: str, /
+              ) -> list[MovingFrame]:
+        return self._sweep(start, path, speed, what)

@@ -11,7 +11,8 @@ name               module                                  what it calibrates
                    (3-DoF points, ``[tracker] measure``)
 ``tool_point``     ``tool_point``                          ``flange_p_tip`` (pivot, robot alone)
 ``hand_eye``       ``hand_eye`` (+ ``hand_eye_camera``,     ``flange_T_camera``: the cell's camera
-                   ``hand_eye_report``)                    (``[camera]``), or given stations
+                   ``hand_eye_report``,                    (``[camera]``), or given stations
+                   ``camera_dynamic``)
 ``eye_to_hand``    ``eye_to_hand`` (+ ``hand_eye_camera``)  ``base_T_camera`` (``[camera]``)
 ``kinematics``     ``kinematics`` (+ ``iso9283``,          the arm's DH parameters
                    ``kinematics_report``)

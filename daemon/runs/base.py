@@ -48,6 +48,7 @@ import numpy as np
 import numpy.typing as npt
 
 from cellcal.daemon import protocol as P
+from cellcal.daemon.camera_capture import MovingFrame
 from cellcal.daemon.capture import CaptureEngine, Expected
 from cellcal.daemon.config import Config, Export
 from cellcal.daemon.consensus import Screened
@@ -103,6 +104,15 @@ class Measure(Protocol):
     configured attempts, ``DeviceFault`` when the job must end; an abort propagates."""
 
     def __call__(self, planned: PlannedStation, raw: P.JsonObject, what: str, /) -> StationRecord: ...
+
+    def sweep(self, start: PlannedStation, path: Sequence[npt.NDArray[np.float64]], speed: float, what: str, /
+              ) -> list[MovingFrame]:
+        """Move (at ``[capture] move_speed``) to ``start``, then through each pose of ``path``
+        at ``speed`` (a fraction of the robot's nominal speed), the camera taking frames on
+        the way (``camera_capture.MovingFrame``: the target's corners, the flange pose and
+        velocity at mid-exposure); nothing is stored. Raises ``StationRejected`` (a move
+        that failed) and ``DeviceFault``; an abort propagates."""
+        ...
 
 
 @dataclass

@@ -29,7 +29,10 @@ which one it is.
   ``[camera.hand_eye]``'s noise, robot priors, bootstrap and cross-check.
 * **finish**: :func:`camera_gates`, the tracker check where the run measured the tracker
   too (``cellcal.daemon.runs.hand_eye_tracker``: eye-to-hand with ``[camera.hand_eye]
-  tracker_target_mm``, its own gate ``tracker_check``) and the stored record (:func:`camera_record`).
+  tracker_target_mm``, its own gate ``tracker_check``), the dynamic check with
+  ``[camera.hand_eye] dynamic_check`` (``cellcal.daemon.runs.camera_dynamic``: frames while
+  moving, the residual latency, a warning beyond ``max_latency_ms``) and the stored record
+  (:func:`camera_record`).
 * **write_exports**: beside the common exports, the integrator files of
   ``cellcal.daemon.report.hand_eye_exports`` (ROS 2 static transforms, URDF, xacro,
   easy_handeye YAML, MoveIt Calibration's launch files), ``result_<id>_hand_eye*``, with
@@ -66,7 +69,7 @@ from cellcal.daemon.config.camera import MOUNTING_EYE_IN_HAND, MOUNTING_EYE_TO_H
 from cellcal.daemon.gates import GateCheck, GateReport, gates_failed, gates_passed
 from cellcal.daemon.report.exports import atomic_write_bytes
 from cellcal.daemon.report.hand_eye_exports import TRANSFORM_NAMES, hand_eye_export_texts, hand_eye_file_names
-from cellcal.daemon.runs import camera_plan
+from cellcal.daemon.runs import camera_dynamic, camera_plan
 from cellcal.daemon.runs import hand_eye_report as hr
 from cellcal.daemon.runs import hand_eye_tracker as ht
 from cellcal.daemon.runs.base import Finished, Measure, ReportParts, ResultBody, RunContext, RunKind, SolverResult
@@ -306,6 +309,12 @@ class CameraHandEyeKind(RunKind):
         if isinstance(detail, dict):
             detail["tracker_check"] = check
             detail["tracker_check_note"] = why or None
+            dynamic = camera_dynamic.dynamic_check(ctx, run, r, measure)
+            if dynamic is not None:
+                detail[camera_dynamic.DYNAMIC_KEY] = dynamic[0]
+                warnings = record.get("warnings")
+                if isinstance(warnings, list):
+                    warnings.extend(dynamic[1])
         record["gates"] = report.to_wire()
         record["check_stations"] = []  # a camera chain has no tracker drift check (its stations have no tracker pose)
         return Finished(report, record)
@@ -478,6 +487,7 @@ def camera_record(result: CameraChainResult, view_indices: Sequence[int], source
                   "corrections_rms_rad": float(np.sqrt(np.mean(d[:, 3:] ** 2))) if d.size else 0.0},
         "target": target_wire(result.target),
         "tracker_check": None,
+        "dynamic_check": None,
     }
     if result.robot_accuracy_m == 0.0 and result.robot_accuracy_rad == 0.0:
         # ADR 0027: an arm's error common to every view leaves no residual; undeclared, the

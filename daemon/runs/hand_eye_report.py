@@ -114,6 +114,16 @@ def show_lines(body: ResultBody) -> list[str]:
                      f"dof, p {_t(tc.get('p_value'), 3)})")
     else:
         lines.append(f"  tracker check    {d.get('tracker_check_note') or 'none ran'}")
+    dc = _map(d.get("dynamic_check"))
+    if dc.get("made"):
+        beyond = abs(_num(dc.get("latency_ms"))) > _num(dc.get("bound_ms"))
+        lines.append(f"  dynamic check    latency {_num(dc.get('latency_ms')):+.2f} ms (1 sigma "
+                     f"{_t(dc.get('sigma_ms'), 2)} ms), {'BEYOND' if beyond else 'within'} the "
+                     f"{_t(dc.get('bound_ms'), 3)} ms bound: {dc.get('n_frames', '?')} frames moving both ways "
+                     f"({dc.get('n_forward', '?')} / {dc.get('n_backward', '?')}) at up to "
+                     f"{_t(dc.get('max_speed_m_s'), 3, 1e3)} mm/s")
+    elif dc:
+        lines.append(f"  dynamic check    not made: {dc.get('note', '?')}")
     return lines
 
 
