@@ -225,7 +225,10 @@ class CaptureEngine:
         robot moves: the dynamic check). Failures and an abort as :meth:`move_to`."""
         self.phase = "moving"
         target = np.asarray(base_T_flange, dtype=float)
-        self._abortable(self._move_to, (None, target, float(speed)), abort, "move", stop_robot=True, during=during)
+        # a station's move budget, stretched by how much slower than a station's move this is
+        timeout_s = self.cfg.capture.station_timeout_s * max(1.0, self.cfg.capture.move_speed / float(speed))
+        self._abortable(self._move_to, (None, target, float(speed), timeout_s), abort, "move", stop_robot=True,
+                        during=during)
 
     def abortable(self, fn: Callable[[*_Ts], _T], args: tuple[*_Ts], abort: threading.Event, what: str) -> _T:
         """``fn(*args)``, a device call that blocks (a camera's frame), ended early by
@@ -281,13 +284,13 @@ class CaptureEngine:
         return out[0]
 
     def _move(self, planned: PlannedStation) -> None:
-        self._move_to(planned.q_rad, planned.base_T_flange, self.cfg.capture.move_speed)
+        self._move_to(planned.q_rad, planned.base_T_flange, self.cfg.capture.move_speed,
+                      self.cfg.capture.station_timeout_s)
 
     def _move_to(self, q_rad: npt.NDArray[np.float64] | None, base_T_flange: npt.NDArray[np.float64] | None,
-                 speed: float) -> None:
-        """A move to the joints ``q_rad`` when given, else to the flange pose; the driver's
-        failures as the station's rejection or the robot's fault."""
-        timeout_s = self.cfg.capture.station_timeout_s
+                 speed: float, timeout_s: float) -> None:
+        """A move to the joints ``q_rad`` when given, else to the flange pose, within
+        ``timeout_s``; the driver's failures as the station's rejection or the robot's fault."""
         self.monitor.restart_window()
         try:
             if q_rad is not None:
