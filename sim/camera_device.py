@@ -21,7 +21,10 @@ the network. This module joins them:
 * :func:`start_sim_camera` serves it on one loopback address (``gige://<address>``).
 
 The exposure of a frame starts ``[camera] trigger_delay_s`` after the device's stamp, as on
-a real camera; the daemon's temporal calibration sees that delay as latency.
+a real camera; the daemon's temporal calibration sees that delay as latency. The device counts
+an exposure in wall seconds and the rendered camera in simulated ones: on a world faster than
+the wall clock the simulated exposure is centred where the stamp puts the wall-clock one's
+middle, so the stamps stay true (the delay is then simulated seconds, ADR 0031).
 """
 
 from __future__ import annotations
@@ -72,7 +75,13 @@ class RenderedSource:
             if (request.width, request.height) != (cam.width, cam.height):
                 raise SimError(f"the device asks for {request.width} x {request.height} px, the simulated sensor is "
                                f"{cam.width} x {cam.height}")
-            got = cam.frame(request.t_start_ns)
+            # The device counts the exposure in wall seconds (its stamp at the start, the frame
+            # sent at the end), the rendered camera in simulated ones: on a world faster than
+            # the wall clock the simulated exposure is centred where the stamp puts the
+            # middle of the wall-clock one, so a frame's mid-exposure stamp is where the
+            # image was taken (the trigger delay then reads as itself in simulated time).
+            shift_s = 0.5 * cam.exposure_s * (1.0 - 1.0 / cam.world.time_scale)
+            got = cam.frame(request.t_start_ns + round(shift_s * 1e9))
         return RenderedFrame(got.image, got.exposure_s, got.gain_db)
 
 

@@ -23,9 +23,9 @@ few frames seen moving) is ``{"made": false, "note": ...}`` and the warning
 ``dynamic_check_not_made``: never silent. The check is a warning, not a gate: the static
 calibration stands; what the latency costs depends on the speed the cell uses the camera at.
 
-The check measures wall-clock timing: on a time-scaled simulation (the demo, most of the
-suite) it is not meaningful, because a simulated exposure lasts its simulated seconds while
-the frame reports it in wall seconds (ADR 0031, amendment of 2026-12-07).
+The check measures wall-clock timing: on a simulation much faster than the wall clock (the
+demo's x20, the suite's x30) the robot's 500 Hz samples are too far apart in simulated motion
+for a velocity, and the figure is biased (ADR 0031, amendment of 2026-12-07).
 """
 
 from __future__ import annotations
