@@ -304,13 +304,17 @@ class CameraCapture:
         try:
             return self._judge(engine, frame, n_frames, window_start, plan_index, accepted_poses, abort)
         finally:
-            engine.phase = "settling"
-            if self.settings.trigger == TriggerMode.OFF and self.camera.acquiring:
-                # free-running between stations would only load the link (and a simulator)
-                try:
-                    self.camera.stop()
-                except DriverError as exc:
-                    log.debug("stopping the camera's acquisition: %s", exc)
+            self._wind_down(engine)
+
+    def _wind_down(self, engine: CaptureEngine) -> None:
+        """After a station's or a sweep's frames: the engine settling again, a free-running
+        camera stopped (free-running between stations would only load the link and a simulator)."""
+        engine.phase = "settling"
+        if self.settings.trigger == TriggerMode.OFF and self.camera.acquiring:
+            try:
+                self.camera.stop()
+            except DriverError as exc:
+                log.debug("stopping the camera's acquisition: %s", exc)
 
     def moving_frames(self, engine: CaptureEngine, base_T_flange: npt.NDArray[np.float64], speed: float,
                       abort: threading.Event) -> list[MovingFrame]:
@@ -329,12 +333,7 @@ class CameraCapture:
         try:
             engine.sweep_to(base_T_flange, speed, abort, grab)
         finally:
-            engine.phase = "settling"
-            if self.settings.trigger == TriggerMode.OFF and self.camera.acquiring:
-                try:
-                    self.camera.stop()
-                except DriverError as exc:
-                    log.debug("stopping the camera's acquisition: %s", exc)
+            self._wind_down(engine)
         if not frames:
             return []
         half = [round(0.5 * (f.exposure_s or 0.0) * 1e9) for f in frames]
