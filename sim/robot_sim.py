@@ -302,7 +302,7 @@ class SimRobot:
     def _run(self) -> None:
         period = 1.0 / self.scenario.update_rate_hz
         while not self._stop_evt.wait(period):
-            self._ctrl(self.world.now_s())
+            self._apply_stop(self.world.now_s())
 
     # -- faults ----------------------------------------------------------------------------
     def inject(self, kind: str, duration_s: float = math.inf, node: int = 0, *,
@@ -392,17 +392,23 @@ class SimRobot:
             )
 
     # -- state -----------------------------------------------------------------------------
-    def _ctrl(self, t: float) -> tuple[np.ndarray, np.ndarray]:
-        """Noise-free controller joints and speeds at time ``t``; applies a pending stop."""
-        sc = self.scenario
+    def _apply_stop(self, t: float) -> None:
+        """A protective stop that began by time ``t`` freezes the arm where it is (a
+        category-2 stop; the sim makes it instantaneous). The robot's thread calls this at
+        its update rate, so a scheduled stop freezes the arm on time even when nothing reads it."""
         pstop = self.fault_active("protective_stop", t)
         with self._lock:
             if pstop and not self._pstop_was_active:
-                # freeze where the arm is (a protective stop is a category-2 stop; the sim
-                # makes it instantaneous)
+                sc = self.scenario
                 q, _ = self._seg.eval(t, sc.settle_time_constant_s, sc.ringing_frequency_hz)
                 self._seg = self._new_segment(t, q, np.zeros(6), q, 1e-9, np.zeros(6))
             self._pstop_was_active = pstop
+
+    def _ctrl(self, t: float) -> tuple[np.ndarray, np.ndarray]:
+        """Noise-free controller joints and speeds at time ``t``; applies a pending stop."""
+        sc = self.scenario
+        self._apply_stop(t)
+        with self._lock:
             q, qd = self._seg.eval(t, sc.settle_time_constant_s, sc.ringing_frequency_hz)
         if self.fault_active("never_settles", t):
             w = 2 * math.pi * sc.ringing_frequency_hz
