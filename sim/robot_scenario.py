@@ -261,6 +261,8 @@ class RobotScenario:
     clock_skew_drift_ppm_per_h: float = 0.0
     #: mean of an exponential delay between a data package's sample and its sending (wall ms)
     latency_jitter_ms: float = 0.0
+    #: accepted so older scenario files load; unused (the arm is evaluated when a device
+    #: reads it, and a protective stop is applied at its time)
     update_rate_hz: float = 250.0
     seed: int = 0
     can: CanScenario = field(default_factory=CanScenario)

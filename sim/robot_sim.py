@@ -33,8 +33,8 @@ Model
 Everything is a function of simulated time (``world.now_s()``), so a sample taken at any
 moment is exact. The world asks the robot for the true flange whenever a device reads it
 (:meth:`World.set_flange_source`), so the simulated tracker sees the arm where it is at that
-instant; a small thread ticks the controller at ``update_rate_hz`` (wall) so a scheduled
-protective stop freezes the arm on time with nobody polling it.
+instant; a small thread sleeps until the next protective stop begins or ends, so a scheduled
+stop freezes the arm on time with nobody polling it.
 
 The controller's state as the dashboard server reports it (robot mode, remote control) is
 here too: :meth:`SimRobot.power_on`, :meth:`SimRobot.brake_release`,
@@ -70,6 +70,10 @@ from cellcal.solver.se3 import make_transform, so3_exp, so3_log
 __all__ = ["SimRobot", "SimSample", "SimRefused", "SimRobotHandle", "start_sim_robot"]
 
 log = logging.getLogger(__name__)
+
+#: The robot's thread wakes this long (wall s) after a protective stop's edge, so the world
+#: clock is past it, and at least this often otherwise (a fault added behind its back).
+_EDGE_AFTER_S, _IDLE_WAKE_S = 5e-4, 1.0
 
 # UR codes the simulated controller reports (names mirror cellcal.drivers.ur_rtde)
 UR_ROBOT_MODE_POWER_OFF = 3
@@ -248,6 +252,7 @@ class SimRobot:
         self._remote = scenario.remote_control
         self._stop_evt = threading.Event()
         self._thread: threading.Thread | None = None
+        self._wake = threading.Event()
         self.moves = 0
         world.set_flange_source(self.true_flange)
         world.set_flange_trajectory(self.flange_at)
@@ -289,6 +294,7 @@ class SimRobot:
     def close(self) -> None:
         """Stop the controller's ticking thread (idempotent)."""
         self._stop_evt.set()
+        self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=2.0)
             self._thread = None
@@ -300,9 +306,17 @@ class SimRobot:
         self.close()
 
     def _run(self) -> None:
-        period = 1.0 / self.scenario.update_rate_hz
-        while not self._stop_evt.wait(period):
-            self._apply_stop(self.world.now_s())
+        # Asleep until the next protective stop begins or ends (or a fault is injected): a
+        # stop freezes the arm at its time, and nothing else needs this thread.
+        while not self._stop_evt.is_set():
+            t = self.world.now_s()
+            self._apply_stop(t)
+            with self._lock:
+                edges = [e for f in self._faults if f.kind == "protective_stop"
+                         for e in (f.start_s, f.start_s + f.duration_s) if e > t]
+            wait_s = self.world.wall_s(min(edges) - t) + _EDGE_AFTER_S if edges else _IDLE_WAKE_S
+            self._wake.wait(min(wait_s, _IDLE_WAKE_S))
+            self._wake.clear()
 
     # -- faults ----------------------------------------------------------------------------
     def inject(self, kind: str, duration_s: float = math.inf, node: int = 0, *,
@@ -339,6 +353,7 @@ class SimRobot:
             payload = float(DEFAULT_CHANGED_PAYLOAD_KG if payload_kg is None else payload_kg)
         with self._lock:
             self._faults.append(FaultSpec(kind, self.world.now_s(), duration_s, node, tcp, payload, offset, code))
+        self._wake.set()  # a stop injected now freezes the arm now
 
     def _fault_value(self, kind: str, t_s: float, node: int | None = None) -> FaultSpec | None:
         """The newest active fault of ``kind`` (for ``node``, if given) at ``t_s`` (None if
