@@ -274,7 +274,10 @@ class CaptureEngine:
                     during()
                 except BaseException:
                     if stop_robot:  # the move must not go on unwatched
-                        self.robot.stop()
+                        try:
+                            self.robot.stop()
+                        except Exception:  # noqa: BLE001 - the failure of during() is the one to raise
+                            log.warning("stopping the robot after a failure during its move failed", exc_info=True)
                     helper.join(0.2)
                     raise
             else:
