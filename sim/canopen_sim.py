@@ -105,6 +105,13 @@ _FIXED_TPDOS = {
 _EXTRA_TPDOS = {2: (0x60410010,), 3: (0x60610008,), 4: (0x60640020, 0x606C0020)}
 
 
+#: Objects read on every SYNC and cached per drive (_Drive.od_cache): TPDO communication and
+#: mapping parameters, and the position window the target-reached bit is judged by.
+_CACHED = frozenset([*range(Od.TPDO1_COMMUNICATION, Od.TPDO1_COMMUNICATION + N_TPDOS),
+                     *range(Od.TPDO1_MAPPING, Od.TPDO1_MAPPING + N_TPDOS),
+                     Od.POSITION_WINDOW, Od.POSITION_WINDOW_TIME])
+
+
 class _Drive:
     def __init__(self, node_id: int, joint: int) -> None:
         self.node_id = node_id
@@ -128,6 +135,10 @@ class _Drive:
         self.lie_counts = 0.0  # off_target: where it really stops, relative to its target
         self.frozen_counts: int | None = None  # frozen_joint: the actual position it reports
         self.glitch = False  # drive_fault active (for the EMCYs at its edges)
+        # Write-through copy of the objects every SYNC reads (_CACHED): filled on first read,
+        # updated by the write callback once a write is accepted. canopen's get_data costs
+        # an object lookup and a read callback each, about 90 of them per SYNC otherwise.
+        self.od_cache: dict[tuple[int, int], bytes] = {}
 
 
 class CanopenSimDrives:
@@ -450,8 +461,8 @@ class CanopenSimDrives:
             d.inside_since = None
             d.pending = None
             return
-        window = struct.unpack("<I", d.node.get_data(Od.POSITION_WINDOW, 0))[0]
-        window_ms = struct.unpack("<H", d.node.get_data(Od.POSITION_WINDOW_TIME, 0))[0]
+        window = struct.unpack("<I", self._od(d, Od.POSITION_WINDOW, 0))[0]
+        window_ms = struct.unpack("<H", self._od(d, Od.POSITION_WINDOW_TIME, 0))[0]
         # an off_target drive judges its window where it really goes, and calls that its target
         inside = np.abs(counts - (d.target + d.lie_counts)) <= window
         if not inside[-1] or d.pending is not None:
@@ -490,7 +501,7 @@ class CanopenSimDrives:
             if index not in (Od.POSITION_ACTUAL_VALUE, Od.STATUSWORD, Od.VELOCITY_ACTUAL_VALUE,
                              Od.MODES_OF_OPERATION_DISPLAY):
                 return None
-            s = self.robot.sample()
+            s = self.robot.joints()
             self._take_pending(d, time.monotonic())
             self._update_all(s.t_sim_s)
             if index == Od.POSITION_ACTUAL_VALUE:
@@ -543,13 +554,15 @@ class CanopenSimDrives:
             elif Od.TPDO1_COMMUNICATION <= index < Od.TPDO1_COMMUNICATION + N_TPDOS and subindex == 1:
                 k = index - Od.TPDO1_COMMUNICATION
                 d.next_event[k] = 0.0
+            if index in _CACHED:
+                d.od_cache[(index, subindex)] = bytes(data)
 
         return write
 
     def _controlword(self, d: _Drive, cw: int) -> None:
         from canopen.sdo.exceptions import SdoAbortedError
 
-        s = self.robot.sample()
+        s = self.robot.joints()
         pos = int(self._position_counts(s.q_ctrl_rad)[d.joint])
         self._update_all(s.t_sim_s)
         st = d.state
@@ -648,7 +661,7 @@ class CanopenSimDrives:
             off = float(f.offset_rad or 0.0) if f is not None else 0.0
             targets[x.joint] += off
             x.lie_counts = off / float(self.scaling.rad_per_count[x.joint])
-        q_now = self.robot.sample().q_ctrl_rad
+        q_now = self.robot.joints().q_ctrl_rad
         lead = self.drives[int(np.argmax(np.abs(targets - q_now)))]
         v = self._unit(lead, Od.PROFILE_VELOCITY)
         a = min(self._unit(lead, Od.PROFILE_ACCELERATION), self._unit(lead, Od.PROFILE_DECELERATION))
@@ -661,9 +674,9 @@ class CanopenSimDrives:
     def _tpdo_payload(self, d: _Drive, k: int, counts: np.ndarray, vel: np.ndarray) -> bytes:
         node = d.node
         payload = bytearray()
-        n_map = node.get_data(Od.TPDO1_MAPPING + k, 0)[0]
+        n_map = self._od(d, Od.TPDO1_MAPPING + k, 0)[0]
         for sub in range(1, n_map + 1):
-            entry = struct.unpack("<I", node.get_data(Od.TPDO1_MAPPING + k, sub))[0]
+            entry = struct.unpack("<I", self._od(d, Od.TPDO1_MAPPING + k, sub))[0]
             idx, bits = entry >> 16, entry & 0xFF
             if idx == Od.POSITION_ACTUAL_VALUE:
                 raw = struct.pack("<i", int(counts[d.joint]))
@@ -680,13 +693,23 @@ class CanopenSimDrives:
 
     def _tpdo(self, d: _Drive, k: int) -> tuple[int, int] | None:
         """(COB-ID, transmission type) of a valid TPDO ``k`` (0-based), else None."""
-        cob = struct.unpack("<I", d.node.get_data(Od.TPDO1_COMMUNICATION + k, 1))[0]
+        cob = struct.unpack("<I", self._od(d, Od.TPDO1_COMMUNICATION + k, 1))[0]
         if cob & PDO_NOT_VALID:
             return None
-        return cob & 0x7FF, d.node.get_data(Od.TPDO1_COMMUNICATION + k, 2)[0]
+        return cob & 0x7FF, self._od(d, Od.TPDO1_COMMUNICATION + k, 2)[0]
+
+    @staticmethod
+    def _od(d: _Drive, index: int, subindex: int) -> bytes:
+        """``d.node.get_data`` of an object in ``_CACHED``, through the drive's write-through copy."""
+        key = (index, subindex)
+        raw = d.od_cache.get(key)
+        if raw is None:
+            # setdefault: a write accepted meanwhile (its value already in the copy) wins
+            raw = d.od_cache.setdefault(key, bytes(d.node.get_data(index, subindex)))
+        return raw
 
     def _sample_arrays(self) -> tuple[np.ndarray, np.ndarray]:
-        s = self.robot.sample()
+        s = self.robot.joints()
         counts = self._position_counts(s.q_rad)
         for d in self.drives:
             counts[d.joint] = self._reported_counts(d, int(counts[d.joint]))
@@ -731,7 +754,7 @@ class CanopenSimDrives:
                     t = self._tpdo(d, k)
                     if t is None or t[1] < 254:
                         continue
-                    timer_ms = struct.unpack("<H", d.node.get_data(Od.TPDO1_COMMUNICATION + k, 5))[0]
+                    timer_ms = struct.unpack("<H", self._od(d, Od.TPDO1_COMMUNICATION + k, 5))[0]
                     if not timer_ms or now < d.next_event[k]:
                         continue
                     d.next_event[k] = now + timer_ms * 1e-3

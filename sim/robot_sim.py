@@ -52,7 +52,7 @@ import logging
 import math
 import threading
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -86,6 +86,17 @@ UR_SAFETY_NORMAL = 1
 UR_SAFETY_PROTECTIVE_STOP = 3
 UR_RUNTIME_STOPPED = 1
 UR_RUNTIME_PLAYING = 2
+
+
+class JointSample(NamedTuple):
+    """The joint part of a :class:`SimSample` (see :meth:`SimRobot.joints`)."""
+
+    t_sim_s: float
+    q_rad: np.ndarray
+    qd_rad_s: np.ndarray
+    q_ctrl_rad: np.ndarray
+    qd_ctrl_rad_s: np.ndarray
+    segment: _Segment
 
 
 @dataclass(frozen=True)
@@ -584,8 +595,13 @@ class SimRobot:
             return "protective stop active"
         return None
 
-    def sample(self, t_s: float | None = None) -> SimSample:
-        """The controller's view now (or at world time ``t_s``), with noise."""
+    def joints(self, t_s: float | None = None) -> JointSample:
+        """The reported joints and speeds now (or at world time ``t_s``), with noise.
+
+        What :meth:`sample` reports of the joints, drawn the same way from the same noise
+        stream, without the TCP pose: the drives' simulator reads joints at its SYNC rate
+        and has no use for forward kinematics.
+        """
         sc = self.scenario
         t = self.world.now_s() if t_s is None else t_s
         q, qd = self._ctrl(t)
@@ -593,10 +609,13 @@ class SimRobot:
             noise_q = self._rng.normal(0.0, sc.encoder_noise_rad, 6) if sc.encoder_noise_rad else 0.0
             noise_qd = self._rng.normal(0.0, sc.velocity_noise_rad_s, 6) if sc.velocity_noise_rad_s else 0.0
             seg = self._seg
-        q_rep = q + noise_q
         # Speeds per second of the controller's clock, which runs on wall time (see
         # controller_time): at a time scale s the joints move s times faster per wall second.
-        qd_rep = qd * self.world.time_scale + noise_qd
+        return JointSample(t, q + noise_q, qd * self.world.time_scale + noise_qd, q, qd, seg)
+
+    def sample(self, t_s: float | None = None) -> SimSample:
+        """The controller's view now (or at world time ``t_s``), with noise."""
+        t, q_rep, qd_rep, q, qd, seg = self.joints(t_s)
         tcp_offset, flange_T_tcp = self.tcp_at(t)
         T_tcp = self.model.forward(q_rep) @ flange_T_tcp
         pose = np.concatenate([T_tcp[:3, 3], so3_log(T_tcp[:3, :3])])
