@@ -670,12 +670,12 @@ def _robot_accuracy(o: SolverOptions) -> float:
 
 
 def _field_spec(G: np.ndarray, o: SolverOptions, n: int, time_s, speed, *, robot_map=None,
-                a_cols: slice = slice(0, 6)) -> _diag.FieldSpec:
+                a_cols: slice = slice(0, 6), cov: np.ndarray | None = None) -> _diag.FieldSpec:
     """The robot behind a fit (its flange poses, accuracy, capture times) for the model-error
     field (:mod:`cellcal.solver.model_error`)."""
     return _diag.FieldSpec(flange_T=G, robot_map=robot_map, robot_accuracy_m=_robot_accuracy(o), a_cols=a_cols,
                            time_s=_capture_array(time_s, "capture_time_s", n),
-                           speed_m_s=_capture_array(speed, "capture_speed_m_s", n))
+                           speed_m_s=_capture_array(speed, "capture_speed_m_s", n), noise_cov=cov)
 
 
 def _pairing_check(out: _PoseOutcome | None, assessment, extra: list, linear, G: np.ndarray, meas: np.ndarray,

@@ -209,7 +209,7 @@ def calibrate_base_frame(
         cell_T_target_std, "cell_T_target_std", o.noise_translation_m, o.noise_rotation_rad, n, ws, 6,
         cov=cell_T_target_cov, cov_name="cell_T_target_cov", R_meas=M[:, :3, :3],
     )
-    field = _field_spec(G, o, n, capture_time_s, capture_speed_m_s)
+    field = _field_spec(G, o, n, capture_time_s, capture_speed_m_s, cov=cell_T_target_cov)
     Rx, tx, Ry, ty, m, obs = _absolute_linear(G, M, n, ws, pairs, pair_t, min_axis_spread, min_rotation_rad)
     X, Y = _transform(Rx, tx), _transform(Ry, ty)
     stats = _core.closure_stats(n, ws)

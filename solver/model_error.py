@@ -72,6 +72,9 @@ __all__ = [
     "ISO_SHARE",
     "DEFAULT_ROBOT_ACCURACY_M",
     "DETECTION_POWER",
+    "MIN_TESTED_DOF",
+    "BLIND_ANISOTROPY",
+    "noise_anisotropy",
     "FieldTerms",
     "FieldFit",
     "field_terms",
@@ -101,6 +104,20 @@ UNCERTAINTY_SIGMAS = 1.0
 #: arm, and one half the stated accuracy, undetected, still biases the answer by several of
 #: its noise-only sigmas (a realistic arm at 10 stations: 0.98 mm detectable, NEES 72).
 TESTED_FRACTION = 0.5
+#: Fewest residual degrees of freedom at which a test that did not fire counts as a test when
+#: the instrument's noise is strongly anisotropic (:data:`BLIND_ANISOTROPY`). The detectable
+#: size is the power of the matched test against the surrogate field; when the noise is far
+#: smaller across one direction than along another, an arm's error shows in few residual
+#: directions and the power rests on the field's assumed shape, not on the data. Measured (ADR
+#: 0004, amendment 2026-12-07): points under a total station's beam noise (1 mm along the line
+#: of sight, 15 um across) at 5 and 6 stations (6 and 9 degrees of freedom) let 0.2-0.7 mm
+#: base-frame errors through with a detectable size of 0.11 mm and NEES 300-2,300, no warning;
+#: from 8 stations (15) none.
+MIN_TESTED_DOF = 12.0
+#: Ratio of a station's largest to smallest translation noise sigma above which the noise
+#: counts as strongly anisotropic: a total station is at 67 (1 mm / 15 um); a laser tracker's
+#: beam model at 2.5 m at 2.4-2.7, where the test missed 1 of 80 at 5 stations and none at 6.
+BLIND_ANISOTROPY = 4.0
 #: Power at which the smallest detectable model error is quoted.
 DETECTION_POWER = 0.9
 #: Stations per chunk of the per-station passes (bounded scratch); every sum over the stations
@@ -843,6 +860,15 @@ def robot_term(t: FieldTerms, accuracy_m: float) -> np.ndarray:
         HQi = Hinv @ t.Qi
         C = (1.0 - ISO_SHARE) * C + ISO_SHARE * (vis / tri) * (HQi @ HQi.T)
     return 0.5 * (C + C.T)
+
+
+def noise_anisotropy(cov: np.ndarray | None, n: int) -> float:
+    """Largest ratio over the stations of the translation noise's largest to smallest sigma
+    (1 without per-station covariances). ``cov`` (N, r, r), translation block first."""
+    if cov is None:
+        return 1.0
+    ev = np.linalg.eigvalsh(np.asarray(cov, dtype=np.float64)[:n, :3, :3])  # few stations only: see caller
+    return float(np.sqrt(np.max(ev[:, -1] / np.maximum(ev[:, 0], 1e-300))))
 
 
 def field_rms(t: FieldTerms, structured: float, rough: float) -> tuple[float, float]:

@@ -366,7 +366,7 @@ def calibrate_base_frame_points(
     noise = _refine.prepare_noise(cell_p_target_std, "cell_p_target_std",
                                   noise_m if noise_m is not None else noise_translation_m, None, n, ws, 3,
                                   cov=cell_p_target_cov, cov_name="cell_p_target_cov")
-    field = _field_spec(G, o, n, capture_time_s, capture_speed_m_s)
+    field = _field_spec(G, o, n, capture_time_s, capture_speed_m_s, cov=cell_p_target_cov)
 
     # Observability of the flange rotations (the tool point's test: same unknown kind).
     np.einsum("kij->ij", G[:, :3, :3], out=ws.R3)

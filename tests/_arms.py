@@ -15,7 +15,8 @@ arms are drawn *independently* of those, with code of their own.
   (2.5 m away) within 45 deg.
 * The tracker: 0.02 mm / 0.01 deg per axis (``"iso"``), or the beam-coordinate model of
   :class:`~cellcal.solver.TrackerNoiseModel` from the ISO 10360-10 example MPE with its full
-  per-station covariance (``"aniso"``).
+  per-station covariance (``"aniso"``); or a total station's points, 1 mm along the line of
+  sight and 15 um across (``"total_station"``).
 """
 
 from __future__ import annotations
@@ -104,11 +105,12 @@ class Trial:
     base_p_task: np.ndarray  # (3, 3) task points among the stations, base frame
 
 
-def trial(arm_name: str, n: int, seed: int, noise: str) -> Trial:
-    """One held-out arm, its stations and measurements (module docstring)."""
+def trial(arm_name: str, n: int, seed: int, noise: str, error_scale: float = 1.0) -> Trial:
+    """One held-out arm, its stations and measurements (module docstring); ``error_scale``
+    scales the arm's drawn errors (0.3: an arm three times as accurate)."""
     rng = np.random.default_rng(seed)
     arm = ARMS[arm_name]
-    err = draw_errors(rng)
+    err = {k: v * error_scale for k, v in draw_errors(rng).items()}
     q, tracker = stations(arm, n, rng)
     Rb = _rot(2, rng.uniform(-math.pi, math.pi))
     X = np.eye(4)
@@ -130,6 +132,19 @@ def trial(arm_name: str, n: int, seed: int, noise: str) -> Trial:
             K = np.array([[0, -k[2], k[1]], [k[2], 0, -k[0]], [-k[1], k[0], 0]])
             M[i, :3, :3] = (np.eye(3) + math.sin(th) * K + (1 - math.cos(th)) * K @ K) @ Mt[i, :3, :3]
         C = np.tile(np.diag(sd ** 2), (n, 1, 1))
+    elif noise == "total_station":
+        # A total station at the cell's origin measuring the reflector: 1 mm along its line of
+        # sight (the distance meter on a prism), 15 um across (its angles); points only, the
+        # rotation block a placeholder (0.01 deg) that no point solve reads.
+        M, C = Mt.copy(), np.tile(np.diag([0.0] * 3 + [math.radians(0.01) ** 2] * 3), (n, 1, 1))
+        for i in range(n):
+            u = Mt[i, :3, 3] / np.linalg.norm(Mt[i, :3, 3])
+            a = np.cross(u, [0.0, 0.0, 1.0])
+            a /= np.linalg.norm(a)
+            R = np.stack([u, a, np.cross(u, a)], axis=1)
+            sd = np.array([1e-3, 15e-6, 15e-6])
+            C[i, :3, :3] = R @ np.diag(sd ** 2) @ R.T
+            M[i, :3, 3] += R @ (rng.normal(size=3) * sd)
     else:
         M, C, _ = TrackerNoiseModel.from_mpe(np.zeros(3), rotation_mpe_rad=math.radians(0.01)).sample_poses(rng, Mt)
     c = G[:, :3, 3].mean(axis=0)
