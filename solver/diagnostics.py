@@ -127,8 +127,9 @@ class SolveWarning:
     ----------
     code : str
         Stable identifier: ``"model_error"``, ``"model_error_untested"`` (the residuals
-        cannot reveal a robot error of the robot's accuracy; value: the smallest they could,
-        mm), ``"pairing_suspect"``, ``"motion_during_capture"``, ``"not_converged"``,
+        cannot reveal a robot error of the robot's accuracy, or are too few under strongly
+        anisotropic noise for a passed test to count; value: the smallest they could, mm),
+        ``"pairing_suspect"``, ``"motion_during_capture"``, ``"not_converged"``,
         ``"noise_default"``, ``"duplicate_stations"``, ``"units"``, ``"outliers"``.
     message : str
         A sentence for a person, with the figures that matter.

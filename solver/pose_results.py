@@ -203,8 +203,9 @@ class CalibrationResult(abc.ABC):
         Things a person should know, each with a ``code``, a sentence (``message``) and
         its figure (``value``): ``"model_error"`` (the residuals are not noise; value:
         RMS of their structured part, mm), ``"model_error_untested"`` (they cannot reveal a
-        robot error of the robot's accuracy; value: the smallest they could, mm; the
-        covariance carries that accuracy), ``"pairing_suspect"``, ``"motion_during_capture"``
+        robot error of the robot's accuracy, or are too few under strongly anisotropic noise
+        for a passed test to count; value: the smallest they could, mm; the covariance
+        carries that accuracy), ``"pairing_suspect"``, ``"motion_during_capture"``
         (capture signatures, with capture times or speeds), ``"not_converged"``,
         ``"noise_default"``, ``"duplicate_stations"``, ``"units"``, ``"outliers"``.
     residual_tests : ResidualTests

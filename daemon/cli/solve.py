@@ -108,8 +108,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="estimate the noise from the residuals instead of declaring it (the refusal threshold still "
                         "uses --noise-mm / --noise-deg)")
     p.add_argument("--robot-accuracy-mm", type=float, default=None, metavar="MM",
-                   help="the arm's absolute accuracy, 1 sigma at the flange: what the uncertainty carries when too few "
-                        "stations test for model error (default 1 mm; 0: an exact arm, a simulation)")
+                   help="the arm's absolute accuracy at the flange, RMS distance (3-D): what the uncertainty carries "
+                        "when too few stations test for model error (default 1 mm; 0: an exact arm, a simulation); "
+                        "with --setup eye_in_hand|eye_to_hand 1 sigma per axis of each view's pose (default 0)")
     p.add_argument("--max-target-offset-mm", type=float, default=None, metavar="MM",
                    help="refuse a fit that puts the target farther than this from the flange (default 1000 mm: "
                         "inverted or swapped inputs fit exactly and put it metres away)")

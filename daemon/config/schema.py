@@ -183,8 +183,8 @@ class Solve:
     robot_repeatability_m: float = _f(0.01e-3, "robot_repeatability_mm", _MM, doc="1-sigma, position")
     robot_repeatability_rad: float = _f(math.radians(0.005), "robot_repeatability_deg", _DEG, doc="1-sigma, orientation")
     robot_accuracy_m: float = _f(1e-3, "robot_accuracy_mm", _MM,
-                                 doc="the arm's kinematic (absolute) accuracy, 1-sigma at the flange: what the "
-                                     "uncertainty carries when too few stations test for model error (0: exact)")
+                                 doc="the arm's kinematic (absolute) accuracy, RMS distance (3-D) at the flange: what "
+                                     "the uncertainty carries when too few stations test for model error (0: exact)")
     max_target_offset_m: float = _f(1.0, "max_target_offset_mm", _MM,
                                     doc="refuse a fit that puts the target farther from the flange (inverted inputs)")
     task_points_m: list[list[float]] = _f([], "task_points_mm", _MM,
