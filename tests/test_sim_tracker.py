@@ -405,7 +405,10 @@ def test_clock_mapping_through_the_sim():
         # span a loaded machine stretches, and that term is outside the bound (its docstring).
         tol_s = tr.clock.uncertainty_ns * 1e-9 + 2e-3
         assert tr.clock.to_device_s(host_before) - tol_s < dev_now < tr.clock.to_device_s(host_after) + tol_s
-        assert tr.clock.uncertainty_ns < 1e6
+        # The bound is half the best round trip of 16 exchanges over a pty: about 0.2 ms idle,
+        # 1.8 ms seen in CI beside the suite's other workers. A sanity bound, not a timing test:
+        # a broken model (no exchange kept, a wrong unit) is off by seconds.
+        assert tr.clock.uncertainty_ns < 50e6
         t_before = time.monotonic_ns()
         m = tr.measure("point", average_s=0.1)
         t_after = time.monotonic_ns()
