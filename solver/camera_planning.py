@@ -25,11 +25,14 @@ flange, target fixed) or eye-to-hand (camera fixed, target on the flange) calibr
 * **Order**: the chosen stations are ordered for short moves (nearest neighbour by the
   largest joint move from ``q_seed_rad``, then 2-opt).
 
-Candidates: with ``ik`` (``ik(base_T_flange, q_seed) -> q``, raising ValueError when it finds
-none), camera poses (eye-in-hand) or target poses (eye-to-hand) are drawn directly: the line
-of sight tilted from the board's normal by ``min_tilt_deg`` to ``cone_deg``, the distance in
-``distance_m``, a point near the board's centre (eye-in-hand) or an image position inside
-the margin (eye-to-hand), a roll about the line of sight up to ``max_roll_deg``; solved from
+Candidates: ``candidates_q_rad`` when given (the caller's own, for example a daemon's views
+that turn about the target so it stays in view whatever the camera's mounting; the
+feasibility tests still apply, nothing is sampled). Otherwise, with ``ik``
+(``ik(base_T_flange, q_seed) -> q``, raising ValueError when it finds none), camera poses
+(eye-in-hand) or target poses (eye-to-hand) are drawn directly: the line of sight tilted
+from the board's normal by ``min_tilt_deg`` to ``cone_deg``, the distance in ``distance_m``,
+a point near the board's centre (eye-in-hand) or an image position inside the margin
+(eye-to-hand), a roll about the line of sight up to ``max_roll_deg``; solved from
 ``q_seed_rad`` and kept when feasible. One in eight candidates is such an anchor, the rest
 short random walks in joint space from them (forward kinematics only). Without ``ik``, joint
 vectors are sampled uniformly and walked from the feasible ones.
@@ -320,6 +323,7 @@ def plan_camera_stations(
     exchange_passes: int = 2,
     min_axis_spread: float = 1e-2,
     rng: np.random.Generator | int | None = 0,
+    candidates_q_rad=None,
 ) -> CameraStationPlan:
     """N camera stations for the image-level hand-eye calibration (module docstring).
 
@@ -355,6 +359,8 @@ def plan_camera_stations(
     min_axis_spread : float
         Refuse below this spread of the chosen stations' rotations.
     rng : Generator, int or None
+    candidates_q_rad : array_like, shape (M, n_joints), optional
+        Choose among these joint vectors (after the feasibility tests) instead of sampling.
 
     Returns
     -------
@@ -401,7 +407,13 @@ def plan_camera_stations(
 
     want = int(n_candidates)
     evaluated = 0
-    if ik is not None:
+    if candidates_q_rad is not None:
+        Qc = np.asarray(candidates_q_rad, float)
+        if Qc.ndim != 2 or Qc.shape[1] != nj or not np.all(np.isfinite(Qc)):
+            raise ValueError(f"candidates_q_rad must be finite (M, {nj}) joint vectors, got shape {Qc.shape}")
+        want = evaluated = Qc.shape[0]
+        Q, G = feasible(Qc)
+    elif ik is not None:
         q0 = seed if seed is not None else lim.mean(axis=1)
         qs: list[np.ndarray] = []
         n_anchor = min(want, max(_MIN_ANCHORS, want // _ANCHOR_EVERY))
@@ -423,7 +435,7 @@ def plan_camera_stations(
     else:
         Q, G = feasible(rng.uniform(lim[:, 0], lim[:, 1], size=(want, nj)))
         evaluated += want
-    budget = evaluated + _BUDGET * want
+    budget = evaluated if candidates_q_rad is not None else evaluated + _BUDGET * want
     batch = max(32, want // 4)
     while 0 < len(Q) < want and evaluated < budget:
         seeds = Q[rng.integers(0, len(Q), size=batch)]

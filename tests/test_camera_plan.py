@@ -23,6 +23,7 @@ from cellcal.sim.camera_device import default_camera
 from cellcal.sim.scenario import load_scenario
 from cellcal.solver import NotEnoughSamples, calibrate_intrinsics
 from cellcal.solver.camera_model import project
+from cellcal.solver.camera_planning import camera_station_information
 from cellcal.solver.errors import InsufficientTilt
 from cellcal.solver.se3 import se3_inverse
 from cellcal.testing.harness import FAST_SCENARIO, camera_section, daemon_config, to_toml
@@ -74,6 +75,68 @@ def test_the_plan_turns_about_the_target_and_its_tilt_is_the_solvers(tmp_path, m
     predicted, _axis = camera_plan.predicted_tilt_deg(cfg, [se3_inverse(T_view) @ s.base_T_flange for s in plan])
     assert abs(predicted - r.tilt_deg) < 2.0, (predicted, r.tilt_deg)
     assert r.tilt_deg > 8.0 and r.coverage.fraction >= 0.5
+
+
+def _true_marginal_sigma_mm(mounting, stations):
+    """1 / sqrt(smallest eigenvalue) of the camera transform's information on ``stations``
+    under the true mounting (intrinsics held): what the plan is to make small."""
+    cam = default_camera(SCENARIO, mounting)
+    base_T_cell = se3_inverse(SCENARIO.truth.cell_T_base)
+    A, B = ((cam.flange_T_camera, base_T_cell @ cam.cell_T_target) if mounting == "eye_in_hand"
+            else (base_T_cell @ cam.cell_T_camera, cam.flange_T_target))
+    G = np.array([s.base_T_flange for s in stations])
+    F = camera_station_information(mounting, G, cam.camera, cam.target, A, B).sum(axis=0)
+    # the board transform marginalised, the intrinsics held
+    a, b = slice(0, 6), slice(6, 12)
+    M = F[a, a] - F[a, b] @ np.linalg.solve(F[b, b], F[b, a])
+    s = 1.0 / np.array([1, 1, 1, 0.5, 0.5, 0.5])
+    return 1e3 / np.sqrt(np.linalg.eigvalsh(M * s[:, None] * s[None, :])[0])
+
+
+@pytest.mark.parametrize("mounting", ["eye_in_hand", "eye_to_hand"])
+def test_the_information_plan_determines_the_camera_better_than_the_first_views(tmp_path, mounting):
+    cfg = _cfg(tmp_path, mounting)
+    cam = default_camera(SCENARIO, mounting)
+    plan, fig = camera_plan.information_views(cfg, MODEL, mounting, cam.camera, cam.target)
+    assert len(plan) == 15 and [s.index for s in plan] == list(range(15))
+    assert fig["name"] == camera_plan.PLANNER_INFORMATION and fig["n_candidates"] == 15 * camera_plan.INFORMATION_CANDIDATES
+    assert 0.0 < fig["predicted_sigma_translation_mm"] < 1.0 and fig["axis_spread"] > 0.3
+    for st in plan:
+        np.testing.assert_allclose(MODEL.forward(st.q_rad), st.base_T_flange, atol=1e-9)
+    again, _ = camera_plan.information_views(cfg, MODEL, mounting, cam.camera, cam.target)
+    assert all(np.array_equal(a.q_rad, b.q_rad) for a, b in zip(plan, again, strict=True))  # deterministic
+    # judged on a drawing of the mounting, yet the true camera sees the board in every view
+    _cam, views = _seen(mounting, plan)
+    assert min(ids.size for ids, _ in views) >= 12
+    first = camera_plan.camera_views(cfg, MODEL)
+    chosen, baseline = _true_marginal_sigma_mm(mounting, plan), _true_marginal_sigma_mm(mounting, first)
+    assert chosen < 0.9 * baseline, (chosen, baseline)
+    # the drawing's prediction is of the size the truth gives
+    assert 0.2 < fig["predicted_sigma_translation_mm"] / chosen < 5.0, (fig, chosen)
+
+
+@pytest.mark.parametrize("planner", ["information", "views"])
+def test_a_hand_eye_plan_without_stored_intrinsics_takes_the_first_views_and_says_why(tmp_path, planner):
+    d = daemon_config(robot_url="rtde://127.0.0.1:30004", tracker_url="socket://127.0.0.1:4000", workdir=tmp_path)
+    section = camera_section("gige://127.0.0.2", "eye_in_hand", SCENARIO, tmp_path, n_views=15)
+    section["plan"]["planner"] = planner
+    section["use_intrinsics"] = "estimate"
+    d["camera"] = section
+    cfg = load_config_text(to_toml(d))
+    ctx, store = _ctx(tmp_path, cfg)
+    try:
+        plan = runs.for_new_run(P.KIND_HAND_EYE, cfg.tracker.measure).plan(ctx)
+    finally:
+        store.close()
+    assert plan["planner"]["name"] == camera_plan.PLANNER_VIEWS
+    assert ("estimate" if planner == "information" else "planner") in plan["planner"]["reason"]
+    first = camera_plan.camera_views(cfg, MODEL)
+    assert [s["q_rad"] for s in plan["stations"]] == [[float(v) for v in s.q_rad] for s in first]
+
+
+def test_an_unknown_planner_is_a_config_error_naming_the_key(tmp_path):
+    with pytest.raises(ValueError, match="camera.plan.planner"):
+        _cfg(tmp_path, "eye_in_hand", planner="best")
 
 
 def _ctx(tmp_path, cfg):

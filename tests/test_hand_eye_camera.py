@@ -337,6 +337,25 @@ def test_planned_camera_stations_see_the_whole_board_and_spread_their_rotations(
     assert p.predicted_sigma_translation_mm == pytest.approx(r_plan.sigma_translation_mm, rel=0.35)
 
 
+def test_a_plan_chooses_among_given_candidates_only_and_drops_the_infeasible():
+    m, lim, seed = _ur5e()
+    box = ([0.0, -0.7, 0.05], [0.9, 0.8, 0.9])
+    kw = dict(flange_T_camera=X_EIH, base_T_target=Z_EIH)
+    sampled = plan_camera_stations(m.forward, lim, box, CAM, TARGET, "eye_in_hand", 8, ik=m.inverse, q_seed_rad=seed,
+                                   n_candidates=60, intrinsics="known", **kw)
+    cands = np.vstack([sampled.q_rad, sampled.q_rad[:3] + 0.01, np.zeros((2, 6))])  # the last two see nothing
+    p = plan_camera_stations(m.forward, lim, box, CAM, TARGET, "eye_in_hand", 6, q_seed_rad=seed,
+                             intrinsics="known", candidates_q_rad=cands, **kw)
+    assert p.n_candidates == len(cands) and p.n_feasible == len(cands) - 2
+    assert all(any(np.array_equal(q, c) for c in cands[:-2]) for q in p.q_rad)  # nothing drawn of its own
+    with pytest.raises(ValueError, match="candidates_q_rad"):
+        plan_camera_stations(m.forward, lim, box, CAM, TARGET, "eye_in_hand", 6, candidates_q_rad=np.zeros((4, 5)),
+                             intrinsics="known", **kw)
+    with pytest.raises(ValueError, match="only 2 of 2 candidate"):
+        plan_camera_stations(m.forward, lim, box, CAM, TARGET, "eye_in_hand", 6, candidates_q_rad=cands[:2],
+                             intrinsics="known", **kw)
+
+
 def test_a_plan_that_cannot_turn_the_camera_is_refused():
     m, lim, seed = _ur5e()
     with pytest.raises(DegenerateGeometry) as exc:

@@ -60,6 +60,8 @@ MOUNTING_EYE_TO_HAND = "eye_to_hand"
 #: Where the camera sits: on the flange looking at a target fixed in the cell, or fixed in the
 #: cell looking at a target on the flange.
 MOUNTINGS = (MOUNTING_EYE_IN_HAND, MOUNTING_EYE_TO_HAND)
+#: ``[camera.plan] planner``: views chosen by their information for the camera transform, or the first reachable.
+PLANNERS = ("information", "views")
 #: The point a plan's views turn about when ``[camera.plan] pivot_mm`` is not given (flange
 #: frame, m): half a metre along the flange's z for a camera on the flange (the target it
 #: looks at), 50 mm along it for a target on the flange (its centre).
@@ -109,6 +111,8 @@ class CameraPlan:
     max_shift_m: float = _k(0.04, "max_shift_mm", _MM, doc="sideways, moving the target across the image")
     max_approach_m: float = _k(0.06, "max_approach_mm", _MM, doc="nearer and farther along the view axis")
     seed: int = _k(0, "seed")
+    planner: str = _k("information", "planner",
+                      doc="hand-eye kinds: information (the views that determine the camera best) or views")
 
 
 @dataclass(frozen=True)
@@ -210,6 +214,7 @@ class Camera:
 CHOICES: dict[tuple[type, str], tuple[str, ...]] = {
     (Camera, "mounting"): MOUNTINGS,
     (Camera, "trigger"): TriggerMode.ALL,
+    (CameraPlan, "planner"): PLANNERS,
 }
 STR_LISTS: set[tuple[type, str]] = {(CameraIntrinsics, "fix")}
 #: Bounds in the keys' own units (``cellcal.daemon.config.schema._BOUNDS``' form).

@@ -21,6 +21,17 @@ the same plan serves both mountings. The first view is the view pose itself. The
 from a seeded Halton sequence (a deterministic function of the configuration); a view the
 arm cannot reach within ``[plan]``'s joint limits is skipped for the next one.
 
+:func:`information_views` chooses instead (``[camera.plan] planner = "information"``, for
+the hand-eye kinds with stored intrinsics): of :data:`INFORMATION_CANDIDATES` times
+``n_views`` reachable candidate views, the ``n_views`` whose image-level information
+determines the camera transform best (``solver.camera_planning.plan_camera_stations`` on
+them, the target transform and the intrinsics under their stored covariance marginalised),
+ordered for short moves. It judges them on a drawing (:func:`approximate_transforms`): the
+camera at the flange's origin looking along the pivot's direction (eye-in-hand) or looking
+back at the board from where it spans half the image (eye-to-hand), the board centred on the
+pivot facing it. The drawing's errors change the figures a little, not which views see the
+board: they turn about the pivot whatever the true mounting.
+
 :func:`predicted_tilt_deg` is the tilt figure of ``calibrate_intrinsics``'s refusal (ADR
 0022: the RMS over the views of the target normal's tilt along its weakest image direction)
 for the planned views, taking the target to face the camera at the view pose and the camera
@@ -38,16 +49,28 @@ from collections.abc import Sequence
 import numpy as np
 import numpy.typing as npt
 
+from cellcal.daemon import protocol as P
 from cellcal.daemon.config import Config
 from cellcal.daemon.runs.plan import PlanError, PlannedStation, joint_limits
 from cellcal.drivers.kinematics import DHModel
+from cellcal.solver.camera_model import CameraModel
+from cellcal.solver.camera_planning import plan_camera_stations
 from cellcal.solver.se3 import make_transform, matrix_from_quat, so3_exp, so3_log
+from cellcal.solver.target import CalibrationTarget
 
-__all__ = ["view_pose", "camera_views", "view_offsets", "predicted_tilt_deg", "optical_axis", "extra_view"]
+__all__ = ["view_pose", "camera_views", "information_views", "approximate_transforms", "view_offsets",
+           "predicted_tilt_deg", "optical_axis", "extra_view", "PLANNER_INFORMATION", "PLANNER_VIEWS",
+           "INFORMATION_CANDIDATES"]
 
 _GOLDEN = math.pi * (3.0 - math.sqrt(5.0))
 #: Candidate views drawn per view wanted before the plan gives up (unreachable ones skipped).
 _DRAWS_PER_VIEW = 6
+#: Reachable candidate views per view wanted that the information plan chooses among.
+INFORMATION_CANDIDATES = 4
+#: The plan's ``planner.name``: views chosen by the information they give the camera transform ...
+PLANNER_INFORMATION = "information"
+#: ... or the first reachable views (no intrinsics to judge them with before the run).
+PLANNER_VIEWS = "views"
 
 
 def _halton(i: int, base: int) -> float:
@@ -126,9 +149,48 @@ def optical_axis(pivot_m: Sequence[float] | npt.NDArray[np.float64]) -> npt.NDAr
     return c / n if n > 1e-9 else np.array([0.0, 0.0, 1.0])
 
 
+def _reachable(cfg: Config, model: DHModel, draws: int, stop_at: int | None = None) -> tuple[list[PlannedStation], int]:
+    """The reachable ones of candidate views ``0 .. draws - 1`` (joints by the model's inverse
+    kinematics from the previous reachable one, else from the view pose, within ``[plan]``'s
+    limits), in draw order, up to ``stop_at`` of them; and the number drawn."""
+    q_view, T_view = view_pose(cfg, model)
+    lim = joint_limits(q_view, cfg.plan.joint_min_rad, cfg.plan.joint_max_rad)
+    found: list[PlannedStation] = []
+    seed = q_view
+    tried = 0
+    for D in view_offsets(cfg, draws):
+        if stop_at is not None and len(found) == stop_at:
+            break
+        tried += 1
+        q = _solve(model, T_view @ D, seed, q_view)
+        if q is None or np.any(q < lim[:, 0]) or np.any(q > lim[:, 1]):
+            continue
+        found.append(PlannedStation(len(found), q, np.asarray(model.forward(q), dtype=float)))
+        seed = q
+    return found, tried
+
+
+def _solve(model: DHModel, T: npt.NDArray[np.float64], seed: npt.NDArray[np.float64],
+           q_view: npt.NDArray[np.float64]) -> npt.NDArray[np.float64] | None:
+    """Joints reaching flange pose ``T`` from ``seed``, else from the view pose; None if neither."""
+    for s0 in (seed, q_view):
+        try:
+            return np.asarray(model.inverse(T, s0, tol_m=1e-6, tol_rad=1e-6, max_iter=80), dtype=float)
+        except ValueError:
+            continue
+    return None
+
+
+def _too_few(n_found: int, n: int, tried: int) -> PlanError:
+    return PlanError(f"only {n_found} of {n} camera views reachable in {tried} tries from the view pose: "
+                     "reduce [camera.plan] max_tilt_deg, max_shift_mm or max_approach_mm, or move the view pose "
+                     "nearer the middle of the arm's reach")
+
+
 def camera_views(cfg: Config, model: DHModel) -> list[PlannedStation]:
     """The ``[camera.plan] n_views`` stations of a camera run (module docstring), with joints
-    by the model's inverse kinematics from the view pose, in plan order.
+    by the model's inverse kinematics from the view pose, in plan order: the first reachable
+    candidate views.
 
     Raises
     ------
@@ -137,32 +199,86 @@ def camera_views(cfg: Config, model: DHModel) -> list[PlannedStation]:
     """
     assert cfg.camera is not None
     n = int(cfg.camera.plan.n_views)
+    found, tried = _reachable(cfg, model, n * _DRAWS_PER_VIEW, stop_at=n)
+    if len(found) < n:
+        raise _too_few(len(found), n, tried)
+    return found
+
+
+def approximate_transforms(cfg: Config, setup: str, T_view: npt.NDArray[np.float64], camera: CameraModel,
+                           target: CalibrationTarget) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """The drawing the information plan judges views with (module docstring): eye-in-hand
+    ``(flange_T_camera, base_T_target)``, the camera at the flange's origin looking along the
+    pivot's direction and the board centred on the pivot facing it; eye-to-hand
+    ``(base_T_camera, flange_T_target)``, the board centred on the pivot facing along that
+    direction and the camera looking back at it from the distance at which the board spans
+    half the image's diagonal. Centimetres and degrees off do not matter: only the figures'
+    sizes depend on them, not which views see the board (the views turn about the pivot)."""
+    assert cfg.camera is not None
+    c = np.asarray(cfg.camera.pivot, dtype=float)
+    axis = optical_axis(c)
+    e1 = np.cross(axis, [1.0, 0.0, 0.0] if abs(axis[0]) < 0.9 else [0.0, 1.0, 0.0])
+    e1 /= np.linalg.norm(e1)
+    Rc = np.column_stack([e1, np.cross(axis, e1), axis])  # a camera looking along the axis, flange frame
+    centre = np.array([*(0.5 * np.asarray(target.size_m, dtype=float)), 0.0])
+    if setup == "eye_in_hand":
+        flange_T_camera = make_transform(Rc, np.zeros(3))
+        Rt = T_view[:3, :3] @ Rc  # the board's z away from the camera, as it sees it
+        base_T_target = make_transform(Rt, T_view[:3, :3] @ c + T_view[:3, 3] - Rt @ centre)
+        return flange_T_camera, base_T_target
+    flip = np.diag([1.0, -1.0, -1.0])
+    Rt = Rc @ flip  # the board faces along the axis; its z points back into the flange
+    flange_T_target = make_transform(Rt, c - Rt @ centre)
+    f = float(np.mean(np.diag(camera.camera_matrix)[:2]))
+    distance = f * float(np.hypot(*target.size_m)) / (0.5 * float(np.hypot(*camera.image_size)))
+    # the camera turned as the board, on the far side of it: it sees the board's centre at
+    # (0, 0, distance)
+    base_T_camera = T_view @ make_transform(Rt, c + distance * axis)
+    return base_T_camera, flange_T_target
+
+
+def information_views(cfg: Config, model: DHModel, setup: str, camera: CameraModel, target: CalibrationTarget,
+                      intrinsics_covariance: npt.NDArray[np.float64] | None = None,
+                      ) -> tuple[list[PlannedStation], P.JsonObject]:
+    """The ``n_views`` of :data:`INFORMATION_CANDIDATES` times as many reachable candidate
+    views that determine the camera transform best (``solver.camera_planning.plan_camera_stations``
+    on them: E-optimal on the image-level model's information with the board transform and
+    the intrinsics marginalised, ordered for short moves), and the plan's figures.
+
+    Raises
+    ------
+    PlanError
+        Fewer reachable, or seen, candidates than views wanted.
+    """
+    assert cfg.camera is not None
+    n = int(cfg.camera.plan.n_views)
+    found, tried = _reachable(cfg, model, n * _DRAWS_PER_VIEW, stop_at=n * INFORMATION_CANDIDATES)
+    if len(found) < n:
+        raise _too_few(len(found), n, tried)
     q_view, T_view = view_pose(cfg, model)
+    A, B = approximate_transforms(cfg, setup, T_view, camera, target)
+    h = cfg.camera.hand_eye
+    eih = setup == "eye_in_hand"
     lim = joint_limits(q_view, cfg.plan.joint_min_rad, cfg.plan.joint_max_rad)
-    stations: list[PlannedStation] = []
-    seed = q_view
-    tried = 0
-    for D in view_offsets(cfg, n * _DRAWS_PER_VIEW):
-        if len(stations) == n:
-            break
-        tried += 1
-        T = T_view @ D
-        try:
-            q = np.asarray(model.inverse(T, seed, tol_m=1e-6, tol_rad=1e-6, max_iter=80), dtype=float)
-        except ValueError:
-            try:
-                q = np.asarray(model.inverse(T, q_view, tol_m=1e-6, tol_rad=1e-6, max_iter=80), dtype=float)
-            except ValueError:
-                continue
-        if np.any(q < lim[:, 0]) or np.any(q > lim[:, 1]):
-            continue
-        stations.append(PlannedStation(len(stations), q, np.asarray(model.forward(q), dtype=float)))
-        seed = q
-    if len(stations) < n:
-        raise PlanError(f"only {len(stations)} of {n} camera views reachable in {tried} tries from the view pose: "
-                        "reduce [camera.plan] max_tilt_deg, max_shift_mm or max_approach_mm, or move the view pose "
-                        "nearer the middle of the arm's reach")
-    return stations
+    try:
+        plan = plan_camera_stations(
+            model.forward, lim, ([-1e3] * 3, [1e3] * 3), camera, target, setup, n,
+            candidates_q_rad=np.array([s.q_rad for s in found]), q_seed_rad=q_view,
+            margin_px=0.0, min_target_fraction=0.0, cone_deg=89.0, min_axis_spread=0.0,
+            noise_px=h.noise_px or 0.1, intrinsics="known", intrinsics_covariance=intrinsics_covariance,
+            robot_repeatability_m=h.robot_repeatability_m, robot_repeatability_rad=h.robot_repeatability_rad,
+            flange_T_camera=A if eih else None, base_T_target=B if eih else None,
+            base_T_camera=None if eih else A, flange_T_target=None if eih else B)
+    except ValueError as exc:
+        raise PlanError(f"the information plan of the camera views: {exc}") from None
+    stations = [PlannedStation(i, np.asarray(q, dtype=float), np.asarray(G, dtype=float))
+                for i, (q, G) in enumerate(zip(plan.q_rad, plan.base_T_flange, strict=True))]
+    figures: P.JsonObject = {
+        "name": PLANNER_INFORMATION, "n_candidates": len(found), "n_seen": int(plan.n_feasible),
+        "predicted_sigma_translation_mm": float(plan.predicted_sigma_translation_mm),
+        "predicted_sigma_rotation_deg": float(plan.predicted_sigma_rotation_deg),
+        "weakest": plan.weakest_description, "axis_spread": float(plan.axis_spread)}
+    return stations, figures
 
 
 def extra_view(cfg: Config, model: DHModel, axis: npt.NDArray[np.float64], frame: str, index: int, start: int,

@@ -11,9 +11,14 @@ which one it is.
   ``"estimate"``).
 * **plan**: the camera views (``cellcal.daemon.runs.camera_plan``: tilts about axes across
   the view axis in every image direction, rolls about it, shifts and approaches, within the
-  joint limits, turning about a point of the target so it stays in view), stored with the
-  target file and **the intrinsics the run takes** (:data:`INTRINSICS_KEY`: the result id,
-  or ``"estimate"``), so a resumed run solves with what it started with.
+  joint limits, turning about a point of the target so it stays in view). With stored
+  intrinsics to judge them by (and ``[camera.plan] planner = "information"``, the default),
+  the ``n_views`` of four times as many reachable candidates that determine the camera
+  transform best (``camera_plan.information_views``: ``solver.plan_camera_stations``,
+  E-optimal on the image-level information), with their predicted 1-sigma; otherwise the
+  first reachable ones. Stored with the target file, **the intrinsics the run takes**
+  (:data:`INTRINSICS_KEY`: the result id, or ``"estimate"``), so a resumed run solves with
+  what it started with, and how the views were chosen (:data:`PLANNER_KEY`).
 * **check_plan**: refuses, before the first move, fewer than :data:`MIN_STATIONS` views, and
   planned flange rotations whose axis spread (``solver.camera_planning.axis_spread_of``, ADR
   0002) is below ``[camera.hand_eye] min_axis_spread`` (``DegenerateGeometry`` naming the
@@ -91,7 +96,7 @@ from cellcal.solver.errors import DegenerateGeometry
 from cellcal.solver.hand_eye_camera import calibrate_eye_to_hand_camera, calibrate_hand_eye_camera
 from cellcal.solver.uncertainty import sigma_figures
 
-__all__ = ["CameraHandEyeKind", "INTRINSICS_KEY", "RECORD_KEY", "MIN_STATIONS", "camera_gates", "camera_record",
+__all__ = ["CameraHandEyeKind", "INTRINSICS_KEY", "PLANNER_KEY", "RECORD_KEY", "MIN_STATIONS", "camera_gates", "camera_record",
            "intrinsics_source", "as_camera_chain"]
 
 #: The key of a camera hand-eye run's plan naming the intrinsics it takes:
@@ -99,6 +104,10 @@ __all__ = ["CameraHandEyeKind", "INTRINSICS_KEY", "RECORD_KEY", "MIN_STATIONS", 
 INTRINSICS_KEY = "camera_intrinsics"
 #: The key of the stored record holding the camera chain's figures (``docs/protocols/zeromq.md``).
 RECORD_KEY = "camera_hand_eye"
+#: The key of a camera hand-eye run's plan saying how its views were chosen: ``{"name":
+#: "information", "predicted_sigma_translation_mm", "predicted_sigma_rotation_deg", "weakest",
+#: "n_candidates", "n_seen", "axis_spread"}`` or ``{"name": "views", "reason"}`` (or ``"given"``).
+PLANNER_KEY = "planner"
 #: Fewer views than this cannot be held out (the solver's k-fold closure needs 6).
 MIN_STATIONS = 6
 #: ``solver`` prefix of the stored record (provenance).
@@ -226,9 +235,31 @@ class CameraHandEyeKind(RunKind):
 
     def plan(self, ctx: RunContext, stations: list[PlannedStation] | None = None) -> P.JsonObject:
         q, T = camera_plan.view_pose(ctx.cfg, ctx.model)
-        planned = stations if stations is not None else camera_plan.camera_views(ctx.cfg, ctx.model)
-        return {**plan_to_dict(planned), **camera_plan_extra(ctx.cfg), INTRINSICS_KEY: intrinsics_source(ctx),
-                VIEW_KEY: {"q_rad": [float(v) for v in q], "base_T_flange": [float(v) for v in T.reshape(16)]}}
+        source = intrinsics_source(ctx)
+        planner: P.JsonObject
+        if stations is not None:
+            planned, planner = stations, {"name": "given"}
+        else:
+            planned, planner = self._views(ctx, source)
+        return {**plan_to_dict(planned), **camera_plan_extra(ctx.cfg), INTRINSICS_KEY: source,
+                VIEW_KEY: {"q_rad": [float(v) for v in q], "base_T_flange": [float(v) for v in T.reshape(16)]},
+                PLANNER_KEY: planner}
+
+    def _views(self, ctx: RunContext, source: P.JsonObject) -> tuple[list[PlannedStation], P.JsonObject]:
+        """The plan's views and how they were chosen (module docstring, ``plan``)."""
+        cam = ctx.cfg.camera
+        assert cam is not None
+        if cam.plan.planner == camera_plan.PLANNER_VIEWS:
+            return camera_plan.camera_views(ctx.cfg, ctx.model), {
+                "name": camera_plan.PLANNER_VIEWS, "reason": "[camera.plan] planner = \"views\""}
+        stored = _stored_camera(ctx.store, source, ())
+        if stored is None or cam.target is None:
+            return camera_plan.camera_views(ctx.cfg, ctx.model), {
+                "name": camera_plan.PLANNER_VIEWS,
+                "reason": "no intrinsics before the run to judge views with ([camera] use_intrinsics = \"estimate\"): "
+                          "the first reachable views"}
+        model, C = stored
+        return camera_plan.information_views(ctx.cfg, ctx.model, self.setup, model, cam.target, C)
 
     def check_plan(self, ctx: RunContext, run: RunRecord) -> None:
         cam = ctx.cfg.camera
