@@ -24,7 +24,10 @@ dependency (ADR 0021) but the estimate does not need it, and a missing or 5.x in
 
 **Tracker check** (:func:`tracker_check`): points a laser tracker measured in the cell
 against the camera chain's prediction of them through a known ``cell_T_base``: a reflector
-on the static target (eye-in-hand, through ``base_T_target``), a reflector on the flange's
+on the static target (eye-in-hand, through ``base_T_target``), the tracker's target on the
+flange located by the camera (eye-in-hand, ``base_T_target @ camera_T_target_v^-1 @
+flange_T_camera^-1``: the flange where the camera's view of the static target puts it, not
+where the robot says it is), a reflector on the flange's
 target seen by the camera (eye-to-hand, ``base_T_camera @ camera_T_target_v``) or carried by
 the robot (``base_T_flange_v @ flange_T_target``). The closure carries its own covariance
 (the result's, ``cell_T_base``'s, the per-view PnP's or the robot's, and the tracker's, with
@@ -247,6 +250,40 @@ def _point_jac(T: np.ndarray, p: np.ndarray) -> np.ndarray:
     return J
 
 
+def _via_flange(result: Any, target_p: np.ndarray, K: int, views: np.ndarray | None,
+                target_p_covariance: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
+    """Eye-in-hand ``via="flange"``: the predicted points ``b`` (K, 3), base frame, and their
+    covariance (3K, 3K) from the shared ``[flange_T_camera, base_T_target]`` (jointly, with
+    their correlation), each view's PnP and the flange point's own."""
+    fp = np.asarray(target_p, float).reshape(3)
+    idx = np.arange(result.n_stations) if views is None else np.asarray(views, dtype=int).reshape(-1)
+    if idx.shape[0] != K:
+        raise ValueError(f"{K} measured points but {idx.shape[0]} views")
+    X, Z = result.flange_T_camera, result.base_T_target
+    Xi = se3_inverse(X)
+    u = Xi[:3, :3] @ fp + Xi[:3, 3]  # the flange point in the camera frame
+    C = np.zeros((3 * K, 3 * K))
+    b = np.zeros((K, 3))
+    J_shared = np.zeros((3 * K, 12))
+    Jp = np.zeros((3 * K, 3))  # the one flange point, shared by every view
+    for j, v in enumerate(idx):
+        Oi = se3_inverse(result.pnp_camera_T_target[v])
+        s_t = Oi[:3, :3] @ u + Oi[:3, 3]  # ... in the target frame
+        P = Z @ Oi
+        b[j] = Z[:3, :3] @ s_t + Z[:3, 3]
+        sl = slice(3 * j, 3 * j + 3)
+        # right perturbations: X exp(x) -> exp(-x) X^-1, O exp(o) -> exp(-o) O^-1, Z exp(z)
+        J_shared[sl, :6] = -_point_jac(P, u[None])[0]
+        J_shared[sl, 6:] = _point_jac(Z, s_t[None])[0]
+        Jo = -_point_jac(Z, s_t[None])[0]
+        C[sl, sl] += Jo @ result.pnp_covariance[v] @ Jo.T
+        Jp[sl] = P[:3, :3] @ Xi[:3, :3]
+    C += J_shared @ result.joint_covariance[:12, :12] @ J_shared.T
+    if target_p_covariance is not None:
+        C += Jp @ np.asarray(target_p_covariance, float).reshape(3, 3) @ Jp.T
+    return b, C
+
+
 def tracker_check(
     result: Any,
     cell_p_measured: np.ndarray,
@@ -257,6 +294,7 @@ def tracker_check(
     cell_T_base_covariance: np.ndarray | None = None,
     via: str | None = None,
     views: np.ndarray | None = None,
+    target_p_covariance: np.ndarray | None = None,
     alpha: float = _TRACKER_ALPHA,
 ) -> TrackerCheck:
     """Closure of the camera chain against a laser tracker (module docstring).
@@ -267,7 +305,9 @@ def tracker_check(
     cell_p_measured : array_like, shape (K, 3)
         The tracker's points in the cell frame, m.
     target_p : array_like, shape (K, 3) or (3,)
-        Eye-in-hand: each reflector's position on the static target (target frame, m).
+        Eye-in-hand ``via="target"``: each reflector's position on the static target (target
+        frame, m); ``via="flange"``: the tracker's target on the flange (flange frame, m; a
+        base-frame calibration's ``flange_T_target``), the same at every view.
         Eye-to-hand: the reflector's position on the flange's target (target frame), the
         same at every view.
     cell_T_base : array_like, shape (4, 4)
@@ -276,13 +316,17 @@ def tracker_check(
         The tracker's 1-sigma per axis (m) or each point's covariance (m^2), cell frame.
     cell_T_base_covariance : array_like, shape (6, 6), optional
         Right perturbation ``(rho, phi)`` (base frame) of ``cell_T_base``; None: exact.
-    via : {"target", "camera", "robot"}, optional
-        Eye-in-hand: ``"target"`` (the default and only one). Eye-to-hand: ``"camera"``
+    via : {"target", "flange", "camera", "robot"}, optional
+        Eye-in-hand: ``"target"`` (default) or ``"flange"``
+        (``base_T_target @ camera_T_target_v^-1 @ flange_T_camera^-1 @ target_p``, the view's
+        own PnP). Eye-to-hand: ``"camera"``
         (default; ``base_T_camera @ camera_T_target_v @ target_p``, the view's own PnP) or
         ``"robot"`` (``base_T_flange_v @ flange_T_target @ target_p``).
     views : array_like of int, shape (K,), optional
-        Eye-to-hand: the result's view (index into its views) of each measurement; all views
+        Eye-to-hand and ``via="flange"``: the result's view (index into its views) of each measurement; all views
         in order by default.
+    target_p_covariance : array_like, shape (3, 3), optional
+        ``via="flange"``: the covariance of ``target_p`` (flange frame, m^2; None: exact).
     alpha : float
         The test's level.
 
@@ -300,10 +344,12 @@ def tracker_check(
     Xc = np.asarray(cell_T_base, float)
     setup = result.setup
     tp = np.asarray(target_p, float)
-    if setup == _chain.EYE_IN_HAND:
+    if setup == _chain.EYE_IN_HAND and via == "flange":
+        b, C = _via_flange(result, tp, K, views, target_p_covariance)
+    elif setup == _chain.EYE_IN_HAND:
         via = via or "target"
         if via != "target":
-            raise ValueError(f"an eye-in-hand result is checked via 'target', not {via!r}")
+            raise ValueError(f"an eye-in-hand result is checked via 'target' or 'flange', not {via!r}")
         tp = tp.reshape(-1, 3)
         if tp.shape[0] != K:
             raise ValueError(f"{K} measured points but {tp.shape[0]} target points")
