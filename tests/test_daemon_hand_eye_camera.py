@@ -43,9 +43,12 @@ CHI2_6_999 = 22.46
 def cell(tmp_path_factory):
     work = tmp_path_factory.mktemp("hand_eye_camera")
     with inprocess_cell(work, camera="eye_in_hand", camera_views=N_VIEWS, validate_bodies=True, time_scale=FAST_TIME_SCALE,
-                        overrides={"camera": {"use_intrinsics": "estimate"}, "export": EXPORT_FRAMES}) as c:
+                        overrides={"camera": {"use_intrinsics": "estimate", "hand_eye": {"tracker_flange_target": True}},
+                                   "export": EXPORT_FRAMES}) as c:
         c.wait_for(lambda t, b: t == P.TOPIC_HEARTBEAT and b["devices"].get("camera", {}).get("connected"), 60,
                    "the camera connected")
+        # the robot base in the cell and the tracker's flange target first: the tracker check's
+        c.base_frame = c.wait_result(c.svc.start_run(P.KIND_BASE_FRAME), timeout_s=240)  # type: ignore[attr-defined]
         run_id = c.svc.start_run(P.KIND_HAND_EYE)
         c.result = c.wait_result(run_id, timeout_s=240)  # type: ignore[attr-defined]
         c.run_id = run_id  # type: ignore[attr-defined]
@@ -100,6 +103,22 @@ def test_the_result_carries_the_camera_closure_and_the_cross_checks(cell):
     assert r["check_stations"] == []
     # the simulated arm is exact and [camera.hand_eye] robot_accuracy_mm is 0: said, not hidden (ADR 0031)
     assert "robot_accuracy_undeclared" in {w["code"] for w in r["warnings"]}
+
+
+def test_the_tracker_check_puts_the_flange_where_the_camera_sees_it_against_the_tracker(cell):
+    r = cell.result
+    d = r["camera_hand_eye"]
+    tc = d["tracker_check"]
+    why = [s.raw.get("tracker_check") for s in cell.svc.store.stations(cell.run_id)]
+    assert tc is not None, (d["tracker_check_note"], why)
+    measured = [w for w in why if w == "measured"]
+    # a station whose tracker measurement was refused or came after the robot moved says why
+    assert all(isinstance(w, str) and w for w in why), why
+    assert tc["via"] == "flange" and tc["n"] == len(measured) >= r["n_stations"] - 2 and tc["passed"], (tc, why)
+    assert tc["cell_T_base_result_id"] == int(cell.base_frame["result_id"]) and tc["dof"] == 3 * tc["n"]
+    assert tc["rms_m"] < 1e-3 and all(0.0 < s < 5e-3 for s in tc["sigma_m"]), tc
+    gate = {c["name"]: c for c in r["gates"]["checks"]}["tracker_check"]
+    assert gate["passed"] and gate.get("applies", True), gate
 
 
 def test_show_and_the_report_print_the_camera_chain(cell, tmp_path):

@@ -79,10 +79,13 @@ def test_demo_camera_eye_in_hand_finds_the_camera_on_the_flange_within_3_sigma(t
     assert out["camera_hand_eye"]["intrinsics_source"] == {"use": "estimate"}  # a new state directory: none stored
     _check_against_truth(out, "eye_in_hand")
     d = out["camera_hand_eye"]
-    # the tracker check is not defined for an eye-in-hand camera: the result says why, the gate does not apply
-    assert d["tracker_check"] is None and "eye-in-hand" in d["tracker_check_note"]
+    # after the demo's base frame, the tracker's flange target where the camera puts the flange
+    tc = d["tracker_check"]
+    assert tc is not None, d["tracker_check_note"]
+    assert tc["via"] == "flange" and tc["passed"] and tc["n"] >= out["n_stations"] - 1, tc
+    assert tc["cell_T_base_result_id"] == int(out["result_id"]) - 1 and "base-frame result" in r.stderr
     gate = {c["name"]: c for c in out["gates"]["checks"]}["tracker_check"]
-    assert gate.get("applies") is False
+    assert gate["passed"] and gate.get("applies", True)
     assert out["drift_check"] is None and "not made" in out["drift_check_note"]
     assert d["cross_check"]["spread_translation_m"] is not None and out["holdout"]["p90_translation_m"] > 0
     assert "simulated camera gige://127." in r.stderr and os.path.exists(out["report_path"])
@@ -159,7 +162,7 @@ def test_demo_camera_takes_the_intrinsics_stored_in_its_state_directory(tmp_path
     (["--camera", "eye_to_hand", "--stations", "3"], ["--stations 3", "eye_to_hand", f"at least {MIN_STATIONS}"]),
     (["--camera", "eye_in_hand", "--stations", "501"], ["--stations 501", "hand_eye", "at most 500"]),
     (["--camera", "eye_to_hand", "--instrument", "emscon", "--stations", "501"], ["--stations 501", "at most 500"]),
-    # eye-in-hand has no tracker check: the instrument would take no part
+    # an eye-in-hand tracker check needs a pose base frame: a point instrument cannot give it
     (["--camera", "eye_in_hand", "--instrument", "geocom"], ["--instrument geocom", "eye_in_hand", "eye_to_hand"]),
 ])
 def test_camera_arguments_a_run_cannot_take_exit_2_before_anything_starts(argv, said, tmp_path):

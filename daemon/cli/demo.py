@@ -37,7 +37,7 @@ the hidden truth and against its own reported covariance (``truth_error``).
 ``--camera eye_in_hand|eye_to_hand`` also puts the rendered camera in the cell, as a GigE
 Vision device on a loopback address of its own, and calibrates it instead of the base frame
 (``cellcal.daemon.cli.demo_camera``): run kind ``hand_eye`` or ``eye_to_hand`` (after a
-base-frame calibration, which the eye-to-hand result's tracker check needs), the intrinsics
+base-frame calibration, which the camera result's tracker check needs), the intrinsics
 estimated with the hand-eye unless the state directory holds an intrinsics result. It prints
 both transforms, the reprojection RMS, the held-out closure, OpenCV's cross-check, the
 tracker check and its gate, the gates and each transform's error against the simulator's
@@ -47,8 +47,8 @@ status is as above, 4 when a transform lies outside 3 sigma. ``--stations`` sets
 views (and, eye-to-hand, the base frame's stations): at least ``MIN_STATIONS`` (6, the
 held-out closure's floor). ``--camera eye_to_hand --instrument emscon|geocom`` makes the
 base frame a point calibration and the tracker check one on that instrument's points;
-``--camera eye_in_hand`` refuses them, since the instrument would take no part (an
-eye-in-hand result has no tracker check in this version).
+``--camera eye_in_hand`` refuses them: its tracker check takes the tracker's 6-DoF flange
+target from a pose base frame, which a point calibration does not give.
 """
 
 from __future__ import annotations
@@ -124,8 +124,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "TPI or Leica GeoCOM (both 3-DoF points)")
     p.add_argument("--camera", choices=dc.CAMERA_SETUPS, default=None,
                    help="also put the rendered camera in the cell (GigE Vision on loopback) and calibrate it, mounted "
-                        "on the flange (eye_in_hand: run kind hand_eye) or fixed in the cell (eye_to_hand, after a "
-                        "base-frame calibration for its tracker check); --stations sets the camera views")
+                        "on the flange (eye_in_hand: run kind hand_eye) or fixed in the cell (eye_to_hand), after a "
+                        "base-frame calibration for its tracker check; --stations sets the camera views")
     p.epilog = ("exit status: 0 the result lies within its own reported uncertainty of the simulator's truth; "
                 "4 it lies outside (3 sigma); 1 the run failed; 2 a usage error (a bad scenario, configuration "
                 "or option value, such as --stations below what the run kind needs), refused before any "
@@ -356,11 +356,12 @@ def usage_refusal(args: argparse.Namespace, cfg: Config) -> str | None:
     if not (math.isfinite(args.timeout_s) and args.timeout_s > 0.0):
         return f"--timeout-s must be a positive number of seconds, got {args.timeout_s:g}"
     if args.camera == "eye_in_hand" and args.instrument != "cellcal":
-        # The instrument would be started and never measured: an eye-in-hand result has no
-        # tracker check in this version, and no base frame is calibrated before it.
-        return (f"--instrument {args.instrument} takes no part in --camera eye_in_hand: an eye-in-hand result has no "
-                f"tracker check in this version (the tracker does not measure the camera's static target); use "
-                f"--camera eye_to_hand, whose tracker check measures through {args.instrument}, or leave out --camera")
+        # An eye-in-hand tracker check takes the flange target's pose from the base frame:
+        # these instruments' point calibration gives none, so the check could not run.
+        return (f"--instrument {args.instrument} takes no part in --camera eye_in_hand: its tracker check takes the "
+                f"tracker's 6-DoF flange target (flange_T_target) from a pose base frame, and {args.instrument} gives "
+                f"points; use --camera eye_to_hand, whose tracker check measures through {args.instrument}, or leave "
+                "out --instrument")
     if args.stations is None:
         return None
     if args.camera is not None:
@@ -505,11 +506,11 @@ def run(args: argparse.Namespace) -> int:
         _say(f"cellcal demo: ZeroMQ PUB {cfg.zmq.pub_endpoint}, commands {cfg.zmq.cmd_endpoint}")
         svc = app.service
         deadline = t0 + args.timeout_s
-        # None: the kind the demo's configuration names (base_frame). An eye-to-hand camera's
-        # tracker check needs the robot base in the cell: that calibration first.
+        # None: the kind the demo's configuration names (base_frame). A camera's tracker check
+        # needs the robot base in the cell (eye-in-hand: and the flange target): that first.
         kinds: list[str | None] = [None]
         if args.camera is not None:
-            kinds = [None, dc.SETUP_KINDS[args.camera]] if args.camera == "eye_to_hand" else [dc.SETUP_KINDS[args.camera]]
+            kinds = [None, dc.SETUP_KINDS[args.camera]]
         for kind in kinds:
             outcome.pop("result", None)
             done.clear()  # the last run's result set it

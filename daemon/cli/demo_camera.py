@@ -4,12 +4,11 @@ The camera demo (``cellcal.daemon.cli.demo``) starts, beside the simulated robot
 the rendered camera as a GigE Vision device on a loopback address of its own
 (``cellcal.sim.camera_cell.start_camera``, as the in-process test cell does) and gives the
 daemon its ``[camera]`` section (``camera_section``); then it runs kind ``hand_eye``
-(eye-in-hand) or ``eye_to_hand``. The tracker stays in the cell: an eye-to-hand run measures
-it at every camera station (``[camera.hand_eye] tracker_target_mm``, where the tracker's
-target sits on the board) and its tracker check needs the robot base in the cell, so the
-demo runs a base-frame calibration first. An eye-in-hand result's tracker check is not
-defined in this version (its static board is not measured by the tracker): the result says
-so and the demo prints it.
+(eye-in-hand) or ``eye_to_hand``. The tracker stays in the cell and measures at every camera
+station: eye-to-hand its target on the board (``[camera.hand_eye] tracker_target_mm``, where
+it sits on the board), eye-in-hand its target on the flange (``tracker_flange_target``). The
+tracker check needs the robot base in the cell (and, eye-in-hand, the flange target's pose),
+so the demo runs a base-frame calibration first.
 
 This module holds what the demo adds for a camera: the ``[camera]`` overrides
 (:func:`camera_overrides`), the truth of the camera chain (:func:`camera_truth`), the
@@ -56,15 +55,16 @@ DEFAULT_VIEWS = 12
 def camera_overrides(url: str, setup: str, scenario: Scenario, workdir: Path, *, n_views: int,
                      use_intrinsics: str) -> dict[str, object]:
     """The ``[camera]`` table (TOML keys) the demo's daemon gets for the simulated camera at
-    ``url``: ``camera_section``'s, with ``use_intrinsics`` and, eye-to-hand, where the
-    tracker's target sits on the camera's board (``[camera.hand_eye] tracker_target_mm``, the
-    board's frame: what an integrator reads off the fixture's drawing)."""
+    ``url``: ``camera_section``'s, with ``use_intrinsics`` and the tracker check: eye-to-hand,
+    where the tracker's target sits on the camera's board (``[camera.hand_eye]
+    tracker_target_mm``, the board's frame: what an integrator reads off the fixture's
+    drawing); eye-in-hand, the tracker's flange target measured at every view."""
     from cellcal.sim.camera_cell import camera_section  # lazy: the simulator (the demo only)
     from cellcal.sim.camera_device import default_camera  # lazy: the simulator (the demo only)
 
     section: dict[str, object] = camera_section(url, setup, scenario, workdir, n_views=n_views)
     section["use_intrinsics"] = use_intrinsics
-    section["hand_eye"] = dict(DEMO_HAND_EYE)
+    section["hand_eye"] = {**DEMO_HAND_EYE, "tracker_flange_target": True}
     if setup == "eye_to_hand":
         board = default_camera(scenario, setup).flange_T_target if scenario.camera is None else scenario.camera.flange_T_target
         assert board is not None  # an eye-to-hand camera's board rides on the flange

@@ -162,6 +162,9 @@ class CameraHandEye:
     tracker_target_m: list[float] = _k([], "tracker_target_mm", _MM,
                                        doc="eye to hand: the tracker's target on the camera's target, its frame "
                                            "([]: no tracker check)")
+    tracker_flange_target: bool = _k(False, "tracker_flange_target",
+                                     doc="eye in hand: the tracker measures its flange target at every view, "
+                                         "checked against the camera chain")
     dynamic_check: bool = _k(False, "dynamic_check",
                              doc="after the solve, frames while moving both ways at two speeds: the residual latency "
                                  "(command mode)")

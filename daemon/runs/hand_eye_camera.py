@@ -34,7 +34,8 @@ which one it is.
   ``[camera.hand_eye]``'s noise, robot priors, bootstrap and cross-check.
 * **finish**: :func:`camera_gates`, the tracker check where the run measured the tracker
   too (``cellcal.daemon.runs.hand_eye_tracker``: eye-to-hand with ``[camera.hand_eye]
-  tracker_target_mm``, its own gate ``tracker_check``), the dynamic check with
+  tracker_target_mm``, eye-in-hand with ``tracker_flange_target``; its own gate
+  ``tracker_check``), the dynamic check with
   ``[camera.hand_eye] dynamic_check`` (``cellcal.daemon.runs.camera_dynamic``: frames while
   moving, the residual latency, a warning beyond ``max_latency_ms``) and the stored record
   (:func:`camera_record`).
@@ -213,7 +214,7 @@ class CameraHandEyeKind(RunKind):
     setup: ClassVar[str]
 
     def wants_tracker(self, cfg: Config) -> bool:
-        # the tracker check's points, when [camera.hand_eye] tracker_target_mm is set
+        # the tracker check's points: [camera.hand_eye] tracker_target_mm or tracker_flange_target
         return ht.wanted(cfg, self.setup)
 
     # ---- starting ------------------------------------------------------------------------------

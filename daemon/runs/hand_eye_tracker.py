@@ -1,4 +1,4 @@
-"""The tracker check of an eye-to-hand camera result: an independent instrument in the same run (ADR 0031).
+"""The tracker check of a camera hand-eye result: an independent instrument in the same run (ADR 0031).
 
 With ``[camera.hand_eye] tracker_target_mm`` (the tracker's target, a reflector or a 6-DoF
 target, where it sits on the camera's calibration target: the target's frame) and the
@@ -11,6 +11,15 @@ PnP pose, not the robot's), with ``cell_T_base`` from the newest base-frame resu
 passed its gates and is not suspect (its covariance carried), and compares it with the
 tracker (``cellcal.solver.camera_checks.tracker_check``: a chi-square over all points at 0.1 %
 and per point, with the result's, ``cell_T_base``'s, the PnP's and the tracker's covariance).
+
+Eye-in-hand, with ``[camera.hand_eye] tracker_flange_target = true``, each camera station
+measures the tracker's target on the flange (the one a base-frame run measures), and the
+result predicts it where the camera's view of the static board puts the flange,
+``cell_T_base @ base_T_target @ camera_T_target_v^-1 @ flange_T_camera^-1 @ flange_p``
+(``via="flange"``: the view's PnP, not the robot's pose), with ``cell_T_base`` and the flange
+point (``flange_T_target``'s origin) from the same base-frame result, both covariances
+carried.
+
 The check is a gate of its own (``tracker_check``); without a base-frame result, tracker
 points or a configured target it does not run, and the record says why.
 """
@@ -31,7 +40,7 @@ from cellcal.daemon import solve
 from cellcal.daemon.bodies import transform_from_wire
 from cellcal.daemon.capture import CaptureEngine
 from cellcal.daemon.config import Config
-from cellcal.daemon.config.camera import MOUNTING_EYE_TO_HAND
+from cellcal.daemon.config.camera import MOUNTING_EYE_IN_HAND, MOUNTING_EYE_TO_HAND
 from cellcal.daemon.consistency import StationRejected
 from cellcal.daemon.gates import GateCheck, gates_passed
 from cellcal.daemon.runs.plan import PlannedStation
@@ -53,7 +62,11 @@ def _map(v: object) -> Mapping[str, object]:
 
 def wanted(cfg: Config, setup: str) -> bool:
     """Whether the run's camera stations measure the tracker too."""
-    return setup == MOUNTING_EYE_TO_HAND and cfg.camera is not None and len(cfg.camera.hand_eye.tracker_target_m) == 3
+    if cfg.camera is None:
+        return False
+    if setup == MOUNTING_EYE_IN_HAND:
+        return bool(cfg.camera.hand_eye.tracker_flange_target)
+    return setup == MOUNTING_EYE_TO_HAND and len(cfg.camera.hand_eye.tracker_target_m) == 3
 
 
 def with_tracker(engine: CaptureEngine, station: StationRecord, planned: PlannedStation,
@@ -93,20 +106,37 @@ def tracker_point(station: StationRecord) -> npt.NDArray[np.float64] | None:
     return None
 
 
-def _cell_T_base(store: Store, limit: int = 50) -> tuple[int, npt.NDArray[np.float64], npt.NDArray[np.float64] | None] | None:
-    """``(result id, cell_T_base, its 6x6 covariance or None)`` of the newest base-frame result
-    that passed its gates and is not suspect."""
+@dataclasses.dataclass(frozen=True)
+class _BaseFrame:
+    """What the check takes of a base-frame result: its id, ``cell_T_base`` and
+    ``flange_T_target`` (None: not in it) with their 6x6 covariances (None: not given)."""
+
+    result_id: int
+    cell_T_base: npt.NDArray[np.float64]
+    cell_T_base_cov: npt.NDArray[np.float64] | None
+    flange_T_target: npt.NDArray[np.float64] | None
+    flange_T_target_cov: npt.NDArray[np.float64] | None
+
+
+def _base_frame(store: Store, limit: int = 50) -> _BaseFrame | None:
+    """The newest base-frame result that passed its gates and is not suspect."""
     for rec in store.list_results(limit=limit):
         if rec.kind != P.KIND_BASE_FRAME or rec.suspect or not gates_passed(rec.result):
             continue
         tr = _map(rec.result.get("transforms"))
         if "cell_T_base" not in tr:
             continue
-        cov = _map(_map(_map(rec.result.get("uncertainty")).get("covariance")).get("cell_T_base"))
-        vals = cov.get("values")
-        C = np.asarray(vals, dtype=float).reshape(6, 6) if isinstance(vals, list) and len(vals) == 36 else None
-        return int(rec.id), transform_from_wire(_map(tr["cell_T_base"])), C
+        covs = _map(_map(rec.result.get("uncertainty")).get("covariance"))
+        Y = transform_from_wire(_map(tr["flange_T_target"])) if "flange_T_target" in tr else None
+        return _BaseFrame(int(rec.id), transform_from_wire(_map(tr["cell_T_base"])), _cov6(covs, "cell_T_base"), Y,
+                          _cov6(covs, "flange_T_target"))
     return None
+
+
+def _cov6(covs: Mapping[str, object], name: str) -> npt.NDArray[np.float64] | None:
+    """A result's 6x6 covariance of ``name`` on the wire, or None."""
+    vals = _map(covs.get(name)).get("values")
+    return np.asarray(vals, dtype=float).reshape(6, 6) if isinstance(vals, list) and len(vals) == 36 else None
 
 
 def check_record(result: CameraChainResult, stations: Sequence[StationRecord], cfg: Config,
@@ -114,27 +144,40 @@ def check_record(result: CameraChainResult, stations: Sequence[StationRecord], c
     """The tracker check of ``result`` fitted on ``stations`` (module docstring): ``(its wire
     form, "")``, or ``(None, why it did not run)``."""
     if not wanted(cfg, result.setup):
-        return None, ("no tracker check: it is an eye-to-hand check ([camera.hand_eye] tracker_target_mm)"
-                      if result.setup == MOUNTING_EYE_TO_HAND else "no tracker check: an eye-in-hand camera's static "
-                      "target is not measured by the tracker in this version")
+        return None, ("no tracker check: [camera.hand_eye] tracker_target_mm (the tracker's target on the board) "
+                      "is not set" if result.setup == MOUNTING_EYE_TO_HAND else "no tracker check: [camera.hand_eye] "
+                      "tracker_flange_target (the tracker measures its flange target at every view) is off")
     assert cfg.camera is not None
     pairs = [(j, tracker_point(stations[i]), stations[i]) for j, i in enumerate(result.views)]
     pairs = [(j, p, s) for j, p, s in pairs if p is not None]
     if not pairs:
         return None, "no tracker check: no station has a tracker point (see the stations' raw tracker_check)"
-    base = _cell_T_base(store)
+    base = _base_frame(store)
     if base is None:
         return None, "no tracker check: no base-frame result that passed its gates gives cell_T_base"
-    rid, X, C = base
+    if result.setup == MOUNTING_EYE_IN_HAND and base.flange_T_target is None:
+        return None, (f"no tracker check: base-frame result {base.result_id} gives no flange_T_target (the tracker's "
+                      "target on the flange)")
     noise = []
     for _j, _p, s in pairs:
         cov = solve.station_covariance(s, cfg.solve, point=True)
         noise.append(cov if cov is not None else np.eye(3) * max(float(s.tracker_std_translation_m), 1e-6) ** 2)
-    check = tracker_check(result, np.array([p for _j, p, _s in pairs]), target_p=np.asarray(
-        cfg.camera.hand_eye.tracker_target_m, dtype=float), cell_T_base=X, tracker_noise_m=np.array(noise),
-        cell_T_base_covariance=C, via="camera", views=np.array([j for j, _p, _s in pairs]))
+    views = np.array([j for j, _p, _s in pairs])
+    measured = np.array([p for _j, p, _s in pairs])
+    if result.setup == MOUNTING_EYE_IN_HAND:
+        assert base.flange_T_target is not None
+        Y = base.flange_T_target
+        # a right perturbation's translation, turned into the flange frame
+        Cp = None if base.flange_T_target_cov is None else Y[:3, :3] @ base.flange_T_target_cov[:3, :3] @ Y[:3, :3].T
+        check = tracker_check(result, measured, target_p=Y[:3, 3], cell_T_base=base.cell_T_base,
+                              tracker_noise_m=np.array(noise), cell_T_base_covariance=base.cell_T_base_cov,
+                              via="flange", views=views, target_p_covariance=Cp)
+    else:
+        check = tracker_check(result, measured, target_p=np.asarray(cfg.camera.hand_eye.tracker_target_m, dtype=float),
+                              cell_T_base=base.cell_T_base, tracker_noise_m=np.array(noise),
+                              cell_T_base_covariance=base.cell_T_base_cov, via="camera", views=views)
     return {
-        "via": check.via, "n": len(pairs), "cell_T_base_result_id": rid,
+        "via": check.via, "n": len(pairs), "cell_T_base_result_id": base.result_id,
         "plan_indices": [int(s.plan_index) for _j, _p, s in pairs],
         "distances_m": [float(v) for v in check.distances_m], "sigma_m": [float(v) for v in check.sigma_m],
         "rms_m": float(check.rms_m), "max_m": float(check.max_m), "nees": float(check.nees), "dof": int(check.dof),
