@@ -129,6 +129,9 @@ def test_show_and_the_report_print_the_camera_chain(cell, tmp_path):
     assert out.returncode == 0, out.stderr
     for word in ("flange_T_camera", "base_T_target", "reprojection", "cross-check", "closure", "bootstrap"):
         assert word in out.stdout, (word, out.stdout)
+    # estimated intrinsics: no camera to judge views with before the run, and show says so
+    assert "plan             views: no intrinsics before the run" in out.stdout, out.stdout
+    assert "tracker check    passed" in out.stdout and "via flange" in out.stdout, out.stdout
     for w in cell.result["warnings"]:
         assert w["message"][:40] in out.stdout, w
     page = tmp_path / "report.html"

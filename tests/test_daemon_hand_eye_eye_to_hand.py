@@ -81,6 +81,7 @@ def test_the_fixed_camera_is_found_within_its_reported_covariance_from_stored_in
     # with intrinsics stored, the views were chosen by what they determine, and the plan says so
     planner = cell.svc.store.get_run(cell.run_id).plan["planner"]
     assert planner["name"] == "information" and 0.0 < planner["predicted_sigma_translation_mm"] < 1.0, planner
+    assert d["planner"] == planner  # the result carries it, beside its own sigma
     assert d["intrinsics_source"] == {"use": "result", "result_id": int(cell.intrinsics["result_id"])}
     cam = default_camera(cell.scenario, "eye_to_hand")
     truth = {"base_T_camera": se3_inverse(cell.scenario.truth.cell_T_base) @ cam.cell_T_camera,

@@ -341,6 +341,9 @@ class CameraHandEyeKind(RunKind):
         if isinstance(detail, dict):
             detail["tracker_check"] = check
             detail["tracker_check_note"] = why or None
+            # how the views were chosen, with the plan's predicted sigma beside the result's own
+            planner = _map(run.plan).get(PLANNER_KEY)
+            detail["planner"] = dict(planner) if isinstance(planner, Mapping) else None
             dynamic = camera_dynamic.dynamic_check(ctx, run, r, measure)
             if dynamic is not None:
                 detail[camera_dynamic.DYNAMIC_KEY] = dynamic[0]

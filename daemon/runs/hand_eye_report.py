@@ -105,6 +105,14 @@ def show_lines(body: ResultBody) -> list[str]:
                  f"{_t(t.get('consistency_p'), 3)}, image structure p {_t(t.get('structure_p'), 3)}; robot corrections "
                  f"{_t(r.get('corrections_rms_m'), 4, 1e3)} mm RMS under a prior of "
                  f"{_t(r.get('repeatability_m'), 4, 1e3)} mm repeatability, {_t(r.get('accuracy_m'), 3, 1e3)} mm accuracy")
+    pl = _map(d.get("planner"))
+    if pl.get("name") == "information":
+        lines.append(f"  plan             views chosen by their information of {pl.get('n_candidates', '?')} "
+                     "candidates, predicted 1-sigma "
+                     f"{_t(pl.get('predicted_sigma_translation_mm'), 3)} mm, "
+                     f"{_t(pl.get('predicted_sigma_rotation_deg'), 4)} deg (weakest: {pl.get('weakest', '?')})")
+    elif pl:
+        lines.append(f"  plan             {pl.get('name', '?')}: {pl.get('reason', 'views given')}")
     tc = _map(d.get("tracker_check"))
     if tc:
         lines.append(f"  tracker check    {'passed' if tc.get('passed') else 'FAILED'}: the camera chain predicts "
