@@ -120,6 +120,18 @@ def test_demo_camera_eye_to_hand_through_emscon_checks_the_camera_against_the_tr
     assert base.kind == P.KIND_BASE_FRAME and "flange_p_target" in base.result["points"]  # the point fit's
 
 
+def test_demo_camera_eye_in_hand_through_geocom_checks_the_flange_reflector_where_the_camera_puts_it(tmp_path):
+    # A total station measures the flange's reflector only: the base frame is a point
+    # calibration, and its flange_p_target is the point the camera chain carries to the cell.
+    r, out = _demo(tmp_path, "eye_in_hand", "--instrument", "geocom")
+    assert out["kind"] == "hand_eye" and out["gates"]["passed"], out["gates"]
+    _check_against_truth(out, "eye_in_hand")
+    tc = out["camera_hand_eye"]["tracker_check"]
+    assert tc is not None, out["camera_hand_eye"]["tracker_check_note"]
+    assert tc["via"] == "flange" and tc["passed"] and tc["n"] >= 3 and tc["dof"] == 3 * tc["n"], tc
+    assert tc["cell_T_base_result_id"] == int(out["result_id"]) - 1
+
+
 def _store_intrinsics(state_dir: Path) -> tuple[int, np.ndarray, np.ndarray]:
     """An intrinsics result of the demo's camera stored as the daemon stores one, in the
     store a demo with ``--state-dir state_dir`` opens: ``(result id, parameters, sigmas)``.
@@ -162,8 +174,6 @@ def test_demo_camera_takes_the_intrinsics_stored_in_its_state_directory(tmp_path
     (["--camera", "eye_to_hand", "--stations", "3"], ["--stations 3", "eye_to_hand", f"at least {MIN_STATIONS}"]),
     (["--camera", "eye_in_hand", "--stations", "501"], ["--stations 501", "hand_eye", "at most 500"]),
     (["--camera", "eye_to_hand", "--instrument", "emscon", "--stations", "501"], ["--stations 501", "at most 500"]),
-    # an eye-in-hand tracker check needs a pose base frame: a point instrument cannot give it
-    (["--camera", "eye_in_hand", "--instrument", "geocom"], ["--instrument geocom", "eye_in_hand", "eye_to_hand"]),
 ])
 def test_camera_arguments_a_run_cannot_take_exit_2_before_anything_starts(argv, said, tmp_path):
     # before: a run that failed (exit 1) after the simulators started, or the configuration's key named

@@ -20,9 +20,9 @@ Exit status: 0 when the calibration ran and its error against the truth lies ins
 own reported uncertainty (3 sigma), 4 when it lies outside (a confident wrong answer), 1
 when the run failed, 2 for a usage error: a bad scenario or configuration, ``--time-scale``
 outside (0, 50], ``--timeout-s`` not a positive number, ``--stations`` outside what the run
-kind accepts, ``--stations`` without ``--camera`` and with an explicit ``[plan]``, ``--camera
-eye_in_hand`` with ``--instrument emscon|geocom`` (option values are refused before any
-simulator starts and before the state directory is made; the message names the option).
+kind accepts, ``--stations`` without ``--camera`` and with an explicit ``[plan]`` (option
+values are refused before any simulator starts and before the state directory is made; the
+message names the option).
 
 With ``--json`` stdout carries exactly one JSON object at the end: the result as the
 daemon publishes it on ``cellcal/v1/result``, plus ``truth_error`` (with ``nees``,
@@ -45,10 +45,9 @@ truth with its NEES; ``--json`` carries ``truth_error`` by transform name. A cam
 no drift check (its stations have no tracker pose): the demo says so and makes none. The exit
 status is as above, 4 when a transform lies outside 3 sigma. ``--stations`` sets the camera
 views (and, eye-to-hand, the base frame's stations): at least ``MIN_STATIONS`` (6, the
-held-out closure's floor). ``--camera eye_to_hand --instrument emscon|geocom`` makes the
-base frame a point calibration and the tracker check one on that instrument's points;
-``--camera eye_in_hand`` refuses them: its tracker check takes the tracker's 6-DoF flange
-target from a pose base frame, which a point calibration does not give.
+held-out closure's floor). ``--camera ... --instrument emscon|geocom`` makes the
+base frame a point calibration and the tracker check one on that instrument's points (the
+reflector on the board, or eye-in-hand the one on the flange, ``flange_p_target``).
 """
 
 from __future__ import annotations
@@ -351,17 +350,10 @@ def usage_refusal(args: argparse.Namespace, cfg: Config) -> str | None:
     starts), or None. ``cfg``: the demo's configuration with the instrument's keys.
 
     ``--stations`` for a camera is checked here against the camera kinds' floor; for the
-    base-frame run before an eye-to-hand camera, or the demo's own run, by the configuration's
+    base-frame run before a camera kind, or the demo's own run, by the configuration's
     checks of ``plan.n_stations`` (:func:`_stations_refusal`)."""
     if not (math.isfinite(args.timeout_s) and args.timeout_s > 0.0):
         return f"--timeout-s must be a positive number of seconds, got {args.timeout_s:g}"
-    if args.camera == "eye_in_hand" and args.instrument != "cellcal":
-        # An eye-in-hand tracker check takes the flange target's pose from the base frame:
-        # these instruments' point calibration gives none, so the check could not run.
-        return (f"--instrument {args.instrument} takes no part in --camera eye_in_hand: its tracker check takes the "
-                f"tracker's 6-DoF flange target (flange_T_target) from a pose base frame, and {args.instrument} gives "
-                f"points; use --camera eye_to_hand, whose tracker check measures through {args.instrument}, or leave "
-                "out --instrument")
     if args.stations is None:
         return None
     if args.camera is not None:

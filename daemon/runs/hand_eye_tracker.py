@@ -17,8 +17,8 @@ measures the tracker's target on the flange (the one a base-frame run measures),
 result predicts it where the camera's view of the static board puts the flange,
 ``cell_T_base @ base_T_target @ camera_T_target_v^-1 @ flange_T_camera^-1 @ flange_p``
 (``via="flange"``: the view's PnP, not the robot's pose), with ``cell_T_base`` and the flange
-point (``flange_T_target``'s origin) from the same base-frame result, both covariances
-carried.
+point (``flange_T_target``'s origin, or a point calibration's ``flange_p_target``) from the
+same base-frame result, both covariances carried.
 
 The check is a gate of its own (``tracker_check``); without a base-frame result, tracker
 points or a configured target it does not run, and the record says why.
@@ -108,14 +108,16 @@ def tracker_point(station: StationRecord) -> npt.NDArray[np.float64] | None:
 
 @dataclasses.dataclass(frozen=True)
 class _BaseFrame:
-    """What the check takes of a base-frame result: its id, ``cell_T_base`` and
-    ``flange_T_target`` (None: not in it) with their 6x6 covariances (None: not given)."""
+    """What the check takes of a base-frame result: its id, ``cell_T_base`` with its 6x6
+    covariance, and the tracker's target on the flange (flange frame, m: ``flange_T_target``'s
+    origin or a point calibration's ``flange_p_target``; None: not in it) with its 3x3
+    covariance (None: not given)."""
 
     result_id: int
     cell_T_base: npt.NDArray[np.float64]
     cell_T_base_cov: npt.NDArray[np.float64] | None
-    flange_T_target: npt.NDArray[np.float64] | None
-    flange_T_target_cov: npt.NDArray[np.float64] | None
+    flange_p: npt.NDArray[np.float64] | None
+    flange_p_cov: npt.NDArray[np.float64] | None
 
 
 def _base_frame(store: Store, limit: int = 50) -> _BaseFrame | None:
@@ -127,16 +129,26 @@ def _base_frame(store: Store, limit: int = 50) -> _BaseFrame | None:
         if "cell_T_base" not in tr:
             continue
         covs = _map(_map(rec.result.get("uncertainty")).get("covariance"))
-        Y = transform_from_wire(_map(tr["flange_T_target"])) if "flange_T_target" in tr else None
-        return _BaseFrame(int(rec.id), transform_from_wire(_map(tr["cell_T_base"])), _cov6(covs, "cell_T_base"), Y,
-                          _cov6(covs, "flange_T_target"))
+        p: npt.NDArray[np.float64] | None = None
+        Cp: npt.NDArray[np.float64] | None = None
+        if "flange_T_target" in tr:
+            Y = transform_from_wire(_map(tr["flange_T_target"]))
+            p = Y[:3, 3]
+            C6 = _cov(covs, "flange_T_target", 6)
+            # a right perturbation's translation, turned into the flange frame
+            Cp = None if C6 is None else Y[:3, :3] @ C6[:3, :3] @ Y[:3, :3].T
+        else:
+            pt = _map(_map(rec.result.get("points")).get("flange_p_target")).get("position_m")
+            if isinstance(pt, list) and len(pt) == 3:
+                p, Cp = np.asarray(pt, dtype=float), _cov(covs, "flange_p_target", 3)
+        return _BaseFrame(int(rec.id), transform_from_wire(_map(tr["cell_T_base"])), _cov(covs, "cell_T_base", 6), p, Cp)
     return None
 
 
-def _cov6(covs: Mapping[str, object], name: str) -> npt.NDArray[np.float64] | None:
-    """A result's 6x6 covariance of ``name`` on the wire, or None."""
+def _cov(covs: Mapping[str, object], name: str, n: int) -> npt.NDArray[np.float64] | None:
+    """A result's ``n`` x ``n`` covariance of ``name`` on the wire, or None."""
     vals = _map(covs.get(name)).get("values")
-    return np.asarray(vals, dtype=float).reshape(6, 6) if isinstance(vals, list) and len(vals) == 36 else None
+    return np.asarray(vals, dtype=float).reshape(n, n) if isinstance(vals, list) and len(vals) == n * n else None
 
 
 def check_record(result: CameraChainResult, stations: Sequence[StationRecord], cfg: Config,
@@ -155,9 +167,9 @@ def check_record(result: CameraChainResult, stations: Sequence[StationRecord], c
     base = _base_frame(store)
     if base is None:
         return None, "no tracker check: no base-frame result that passed its gates gives cell_T_base"
-    if result.setup == MOUNTING_EYE_IN_HAND and base.flange_T_target is None:
-        return None, (f"no tracker check: base-frame result {base.result_id} gives no flange_T_target (the tracker's "
-                      "target on the flange)")
+    if result.setup == MOUNTING_EYE_IN_HAND and base.flange_p is None:
+        return None, (f"no tracker check: base-frame result {base.result_id} gives no flange_T_target or "
+                      "flange_p_target (the tracker's target on the flange)")
     noise = []
     for _j, _p, s in pairs:
         cov = solve.station_covariance(s, cfg.solve, point=True)
@@ -165,13 +177,10 @@ def check_record(result: CameraChainResult, stations: Sequence[StationRecord], c
     views = np.array([j for j, _p, _s in pairs])
     measured = np.array([p for _j, p, _s in pairs])
     if result.setup == MOUNTING_EYE_IN_HAND:
-        assert base.flange_T_target is not None
-        Y = base.flange_T_target
-        # a right perturbation's translation, turned into the flange frame
-        Cp = None if base.flange_T_target_cov is None else Y[:3, :3] @ base.flange_T_target_cov[:3, :3] @ Y[:3, :3].T
-        check = tracker_check(result, measured, target_p=Y[:3, 3], cell_T_base=base.cell_T_base,
+        assert base.flange_p is not None
+        check = tracker_check(result, measured, target_p=base.flange_p, cell_T_base=base.cell_T_base,
                               tracker_noise_m=np.array(noise), cell_T_base_covariance=base.cell_T_base_cov,
-                              via="flange", views=views, target_p_covariance=Cp)
+                              via="flange", views=views, target_p_covariance=base.flange_p_cov)
     else:
         check = tracker_check(result, measured, target_p=np.asarray(cfg.camera.hand_eye.tracker_target_m, dtype=float),
                               cell_T_base=base.cell_T_base, tracker_noise_m=np.array(noise),
