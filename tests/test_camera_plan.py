@@ -22,7 +22,7 @@ from cellcal.drivers.kinematics import dh_model
 from cellcal.sim.camera_device import default_camera
 from cellcal.sim.scenario import load_scenario
 from cellcal.solver import NotEnoughSamples, calibrate_intrinsics
-from cellcal.solver.camera_model import project
+from cellcal.solver.camera_model import CameraModel, project
 from cellcal.solver.camera_planning import camera_station_information
 from cellcal.solver.errors import InsufficientTilt
 from cellcal.solver.se3 import se3_inverse
@@ -132,6 +132,14 @@ def test_a_hand_eye_plan_without_stored_intrinsics_takes_the_first_views_and_say
     assert ("estimate" if planner == "information" else "planner") in plan["planner"]["reason"]
     first = camera_plan.camera_views(cfg, MODEL)
     assert [s["q_rad"] for s in plan["stations"]] == [[float(v) for v in s.q_rad] for s in first]
+
+
+def test_an_information_plan_whose_drawing_sees_too_few_views_is_a_plan_error_naming_why(tmp_path):
+    cfg = _cfg(tmp_path, "eye_in_hand")
+    cam = default_camera(SCENARIO, "eye_in_hand")
+    tiny = CameraModel(cam.camera.camera_matrix, cam.camera.dist_coeffs, (16, 12))  # the board never fits
+    with pytest.raises(PlanError, match="information plan.*only 0 of 60 candidate"):
+        camera_plan.information_views(cfg, MODEL, "eye_in_hand", tiny, cam.target)
 
 
 def test_an_unknown_planner_is_a_config_error_naming_the_key(tmp_path):

@@ -15,10 +15,11 @@ which one it is.
   intrinsics to judge them by (and ``[camera.plan] planner = "information"``, the default),
   the ``n_views`` of four times as many reachable candidates that determine the camera
   transform best (``camera_plan.information_views``: ``solver.plan_camera_stations``,
-  E-optimal on the image-level information), with their predicted 1-sigma; otherwise the
-  first reachable ones. Stored with the target file, **the intrinsics the run takes**
-  (:data:`INTRINSICS_KEY`: the result id, or ``"estimate"``), so a resumed run solves with
-  what it started with, and how the views were chosen (:data:`PLANNER_KEY`).
+  E-optimal on the image-level information), with their predicted 1-sigma; otherwise (or
+  when the drawing the planner judges by sees too few of them) the first reachable ones.
+  Stored with the target file, **the intrinsics the run takes** (:data:`INTRINSICS_KEY`: the
+  result id, or ``"estimate"``), so a resumed run solves with what it started with, and how
+  the views were chosen (:data:`PLANNER_KEY`).
 * **check_plan**: refuses, before the first move, fewer than :data:`MIN_STATIONS` views, and
   planned flange rotations whose axis spread (``solver.camera_planning.axis_spread_of``, ADR
   0002) is below ``[camera.hand_eye] min_axis_spread`` (``DegenerateGeometry`` naming the
@@ -87,7 +88,7 @@ from cellcal.daemon.runs.intrinsics import (
     target_wire,
     views_of_stations,
 )
-from cellcal.daemon.runs.plan import PlannedStation, plan_to_dict
+from cellcal.daemon.runs.plan import PlanError, PlannedStation, plan_to_dict
 from cellcal.daemon.store import RunRecord, StationRecord, Store, UnknownRecord
 from cellcal.solver import CalibrationError, NotEnoughSamples
 from cellcal.solver.camera_model import PARAMETER_NAMES, CameraModel
@@ -260,7 +261,13 @@ class CameraHandEyeKind(RunKind):
                 "reason": "no intrinsics before the run to judge views with ([camera] use_intrinsics = \"estimate\"): "
                           "the first reachable views"}
         model, C = stored
-        return camera_plan.information_views(ctx.cfg, ctx.model, self.setup, model, cam.target, C)
+        try:
+            return camera_plan.information_views(ctx.cfg, ctx.model, self.setup, model, cam.target, C)
+        except PlanError as exc:
+            # the drawing of the mounting sees too few candidates: the views turn about the
+            # pivot, so the first reachable ones may still show the board (the solve judges)
+            return camera_plan.camera_views(ctx.cfg, ctx.model), {
+                "name": camera_plan.PLANNER_VIEWS, "reason": f"{exc}: the first reachable views"}
 
     def check_plan(self, ctx: RunContext, run: RunRecord) -> None:
         cam = ctx.cfg.camera
