@@ -299,8 +299,10 @@ def _camera_report(args: argparse.Namespace, svc: Service, result: Mapping[str, 
     status (4: a transform outside 3 sigma of its own covariance)."""
     truth = dc.camera_truth(scenario, str(args.camera))
     honest = dc.camera_truth_error(result, truth)
-    # A camera result has no check stations (its stations have no tracker pose): no drift check.
-    no_drift = f"drift check: not made (not defined for {result.get('kind')} results: they have no tracker check stations)"
+    # A drift check re-measures a base frame's stations with the tracker; a camera result's
+    # stations are views of its board, whose tracker points serve its tracker check only.
+    no_drift = (f"drift check: not made (not defined for {result.get('kind')} results: a drift check re-measures a "
+                "base frame's stations with the tracker)")
     report = _write_report(svc, result, cfg)
     if args.json:
         out: dict[str, object] = dict(result)
