@@ -70,6 +70,7 @@ import shlex
 import shutil
 import tempfile
 import threading
+import time
 import xml.etree.ElementTree as ET
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -842,6 +843,10 @@ def write_exports(directory: str | os.PathLike[str], result_id: int, result_dict
 ACTIVE_NAME = "active"
 _ACTIVE_DIR = ".active."  # + "<id>.<random>": the directories ``active`` points to
 _ACTIVE_LOCK = threading.Lock()
+#: Seconds a superseded ``active`` directory is kept for readers still on their way into it ...
+ACTIVE_GRACE_S = 5.0
+#: ... and at most this many directories in all (switches faster than the grace).
+ACTIVE_KEEP_MAX = 16
 
 
 def _result_files(directory: Path, result_id: int) -> dict[str, Path]:
@@ -887,7 +892,7 @@ def _same_files(target: Path | None, files: Mapping[str, Path]) -> bool:
         return False
 
 
-def update_active(directory: str | os.PathLike[str], result_id: int) -> Path:
+def update_active(directory: str | os.PathLike[str], result_id: int, *, grace_s: float = ACTIVE_GRACE_S) -> Path:
     """Point ``<directory>/active`` at the files of ``result_id``, atomically.
 
     A new hidden directory ``.active.<id>.<random>`` gets the result's files under stable
@@ -895,8 +900,9 @@ def update_active(directory: str | os.PathLike[str], result_id: int) -> Path:
     where the file system has no hard links), and is fsynced; then a symlink to it is
     renamed over ``active``. A reader opening ``active/result.urdf`` gets the previous
     result's complete file or the new one's, never a mixture of two results' files: the
-    previous directory is kept (one reader may still be on its way into it), older ones
-    are removed. Nothing is done when ``active`` already names exactly these files.
+    previous directory is kept, and older ones for ``grace_s`` after they were superseded
+    (a reader may still be on its way into them; at most :data:`ACTIVE_KEEP_MAX` in all).
+    Nothing is done when ``active`` already names exactly these files.
 
     Returns
     -------
@@ -948,11 +954,21 @@ def update_active(directory: str | os.PathLike[str], result_id: int) -> Path:
         finally:
             if tmp_link is not None and os.path.lexists(tmp_link):
                 os.unlink(tmp_link)
-        keep = {new.name, previous.name if previous is not None else ""}
-        for old in directory.glob(f"{_ACTIVE_DIR}*"):
-            if old.name not in keep and old.is_dir() and not old.is_symlink():
-                _remove_tree(old)
+        _prune_active(directory, {new.name, previous.name if previous is not None else ""}, grace_s)
     return link
+
+
+def _prune_active(directory: Path, keep: set[str], grace_s: float) -> None:
+    """Remove the ``active`` directories neither current nor previous that were superseded
+    (the next one made) over ``grace_s`` ago, and all but the newest :data:`ACTIVE_KEEP_MAX`:
+    a reader descheduled between resolving ``active`` and opening a file in it finds it."""
+    dirs = [p for p in directory.glob(f"{_ACTIVE_DIR}*") if p.is_dir() and not p.is_symlink()]
+    dirs.sort(key=lambda p: p.stat().st_mtime)
+    now = time.time()  # file times are wall-clock times
+    for k, old in enumerate(dirs[:-1]):
+        superseded_s = now - dirs[k + 1].stat().st_mtime
+        if old.name not in keep and (superseded_s >= grace_s or len(dirs) - k > ACTIVE_KEEP_MAX):
+            _remove_tree(old)
 
 
 def _remove_tree(path: Path) -> None:
