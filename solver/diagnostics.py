@@ -648,6 +648,13 @@ def assess(
                 f"{why}, and a real arm's can be about {1e3 * acc:.2f} mm: the covariance carries the part of such an "
                 f"error a rigid calibration absorbs; declare the instrument's noise or add stations to test it"),
                 value=1e3 * det if math.isfinite(det) else math.inf))
+        elif acc > 0.0 and red < _me.MIN_TESTED_DOF and math.isfinite(det) and det > 0.0:
+            # A test on few degrees of freedom that did not fire rules out a field of the shape it
+            # assumes, not an arm's: the covariance carries the absorbed part of one it could miss.
+            miss = _me.MISSED_FIELD_FACTOR * det
+            absorbed = _me.robot_term(terms, miss)
+            tau_t, tau_r = _absorbed_sigmas(absorbed, blocks)
+            extra.update(model_error_structured_m=miss / math.sqrt(2.0), model_error_rough_m=miss / math.sqrt(2.0))
     if terms is not None and field is not None and (field.time_s is not None or field.speed_m_s is not None):
         sig = _me.signature_tests(model, n, ws, terms, flange_T=field.flange_T, a_cols=field.a_cols,
                                   robot_map=field.robot_map, time_s=field.time_s, speed_m_s=field.speed_m_s)

@@ -105,9 +105,10 @@ class Trial:
     base_p_task: np.ndarray  # (3, 3) task points among the stations, base frame
 
 
-def trial(arm_name: str, n: int, seed: int, noise: str, error_scale: float = 1.0) -> Trial:
+def trial(arm_name: str, n: int, seed: int, noise: str, error_scale: float = 1.0, along_m: float = 1e-3) -> Trial:
     """One held-out arm, its stations and measurements (module docstring); ``error_scale``
-    scales the arm's drawn errors (0.3: an arm three times as accurate)."""
+    scales the arm's drawn errors (0.3: an arm three times as accurate); ``along_m`` is the
+    ``"total_station"`` noise's sigma along the line of sight (15 um across)."""
     rng = np.random.default_rng(seed)
     arm = ARMS[arm_name]
     err = {k: v * error_scale for k, v in draw_errors(rng).items()}
@@ -142,7 +143,7 @@ def trial(arm_name: str, n: int, seed: int, noise: str, error_scale: float = 1.0
             a = np.cross(u, [0.0, 0.0, 1.0])
             a /= np.linalg.norm(a)
             R = np.stack([u, a, np.cross(u, a)], axis=1)
-            sd = np.array([1e-3, 15e-6, 15e-6])
+            sd = np.array([along_m, 15e-6, 15e-6])
             C[i, :3, :3] = R @ np.diag(sd ** 2) @ R.T
             M[i, :3, 3] += R @ (rng.normal(size=3) * sd)
     else:

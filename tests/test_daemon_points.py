@@ -528,7 +528,11 @@ def test_a_degenerate_point_plan_is_completed_by_the_planner(tmp_path):
     # Patient capture: on a loaded machine a suggested station's moves can miss their settle
     # deadline several times; the run fails (no result) if one exhausts its attempts.
     patient = {"capture": {"max_attempts_per_station": 40, "max_consecutive_rejections": 40}}
-    with inprocess_cell(tmp_path, n_stations=None, overrides={**POINT, **patient, "plan": plan},
+    # The exact simulated arm, declared exact: five point stations, four of them about one
+    # axis, test a real arm's error too weakly for the 1 mm sigma gate to pass with the term
+    # of an error the test could miss (ADR 0004, amendment 2026-12-07 b; tested offline).
+    exact = {"solve": {"robot_accuracy_mm": 0.0}}
+    with inprocess_cell(tmp_path, n_stations=None, overrides={**POINT, **patient, **exact, "plan": plan},
                         time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run(P.KIND_BASE_FRAME)
         body = cell.wait_result(run_id, 2 * WAIT_S)
