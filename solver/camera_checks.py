@@ -251,10 +251,11 @@ def _point_jac(T: np.ndarray, p: np.ndarray) -> np.ndarray:
 
 
 def _via_flange(result: Any, target_p: np.ndarray, K: int, views: np.ndarray | None,
-                target_p_covariance: np.ndarray | None) -> tuple[np.ndarray, np.ndarray]:
-    """Eye-in-hand ``via="flange"``: the predicted points ``b`` (K, 3), base frame, and their
+                target_p_covariance: np.ndarray | None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Eye-in-hand ``via="flange"``: the predicted points ``b`` (K, 3), base frame, their
     covariance (3K, 3K) from the shared ``[flange_T_camera, base_T_target]`` (jointly, with
-    their correlation), each view's PnP and the flange point's own."""
+    their correlation), each view's PnP and the flange point's own, and ``d b / d target_p``
+    (3K, 3)."""
     fp = np.asarray(target_p, float).reshape(3)
     idx = np.arange(result.n_stations) if views is None else np.asarray(views, dtype=int).reshape(-1)
     if idx.shape[0] != K:
@@ -281,7 +282,7 @@ def _via_flange(result: Any, target_p: np.ndarray, K: int, views: np.ndarray | N
     C += J_shared @ result.joint_covariance[:12, :12] @ J_shared.T
     if target_p_covariance is not None:
         C += Jp @ np.asarray(target_p_covariance, float).reshape(3, 3) @ Jp.T
-    return b, C
+    return b, C, Jp
 
 
 def tracker_check(
@@ -295,6 +296,7 @@ def tracker_check(
     via: str | None = None,
     views: np.ndarray | None = None,
     target_p_covariance: np.ndarray | None = None,
+    cell_T_base_target_p_covariance: np.ndarray | None = None,
     alpha: float = _TRACKER_ALPHA,
 ) -> TrackerCheck:
     """Closure of the camera chain against a laser tracker (module docstring).
@@ -327,6 +329,10 @@ def tracker_check(
         in order by default.
     target_p_covariance : array_like, shape (3, 3), optional
         ``via="flange"``: the covariance of ``target_p`` (flange frame, m^2; None: exact).
+    cell_T_base_target_p_covariance : array_like, shape (6, 3), optional
+        ``via="flange"``: the cross-covariance of ``cell_T_base``'s right perturbation and
+        ``target_p`` when both come from one base-frame fit (its joint covariance); needs
+        both their covariances. None: uncorrelated.
     alpha : float
         The test's level.
 
@@ -344,8 +350,14 @@ def tracker_check(
     Xc = np.asarray(cell_T_base, float)
     setup = result.setup
     tp = np.asarray(target_p, float)
+    Jp = None
+    cross = None if cell_T_base_target_p_covariance is None else np.asarray(cell_T_base_target_p_covariance, float)
+    if cross is not None and (via != "flange" or cross.shape != (6, 3) or cell_T_base_covariance is None
+                              or target_p_covariance is None):
+        raise ValueError("cell_T_base_target_p_covariance is a (6, 3) cross-covariance for via='flange' with both "
+                         f"cell_T_base_covariance and target_p_covariance given (got shape {cross.shape}, via {via!r})")
     if setup == _chain.EYE_IN_HAND and via == "flange":
-        b, C = _via_flange(result, tp, K, views, target_p_covariance)
+        b, C, Jp = _via_flange(result, tp, K, views, target_p_covariance)
     elif setup == _chain.EYE_IN_HAND:
         via = via or "target"
         if via != "target":
@@ -399,6 +411,10 @@ def tracker_check(
     if cell_T_base_covariance is not None:
         Jx = _point_jac(Xc, b).reshape(3 * K, 6)
         C += Jx @ np.asarray(cell_T_base_covariance, float) @ Jx.T
+        if cross is not None and Jp is not None:
+            # One base-frame fit gave both: the flange point's and the base's errors correlate.
+            Cx = Jx @ cross @ (Rc @ Jp).T
+            C += Cx + Cx.T
     tn = np.asarray(tracker_noise_m, float)
     if tn.ndim == 0:
         C += float(tn) ** 2 * np.eye(3 * K)

@@ -296,6 +296,36 @@ def test_an_eye_in_hand_result_predicts_the_trackers_flange_target_through_the_c
         tracker_check(r, meas[:4], target_p=fp, cell_T_base=cell_T_base, tracker_noise_m=sig, via="flange")
 
 
+def test_the_flange_check_carries_the_base_frame_fits_cross_covariance():
+    """``cell_T_base`` and the flange point come from one base-frame fit, so their errors
+    correlate (its joint covariance). Drawn from a covariance whose two errors add at the
+    view, the check without the cross term claims half the spread (NEES/dof about 1.9, a
+    confident wrong gate); with ``cell_T_base_target_p_covariance`` it is honest (about 1)."""
+    cell_T_base = se3_exp(np.array([1.5, 0.3, -0.2, 0.0, 0.0, 0.7]))
+    fp, sig = np.array([0.03, -0.02, 0.12]), 2e-5
+    rng = np.random.default_rng(100)
+    sc = scene("eye_in_hand", 10, rng, noise_px=0.1, robot_sd=(1e-5, 1.5e-5))
+    r = calibrate_hand_eye_camera(sc.views, TARGET, sc.G, intrinsics=CAM, noise_px=0.1, **FAST)
+    meas = np.array([(cell_T_base @ sc.G_true[0] @ np.r_[fp, 1.0])[:3]]) + rng.normal(0, sig, (1, 3))
+    # the flange point's error turned so that at view 0 it moves the prediction as the base's does
+    Rv = (r.base_T_target @ se3_inverse(r.pnp_camera_T_target[0]))[:3, :3] @ se3_inverse(r.flange_T_camera)[:3, :3]
+    L = np.zeros((9, 9))
+    L[:3, :3], L[3:6, 3:6], L[6:, :3], L[6:, 6:] = np.eye(3) * 1e-3, np.eye(3) * 1e-6, Rv.T * 1e-3, np.eye(3) * 1e-5
+    S = L @ L.T
+    with_cross, without = [], []
+    for _ in range(300):
+        d = L @ rng.normal(size=9)
+        kw = dict(target_p=fp - d[6:], cell_T_base=cell_T_base @ se3_exp(-d[:6]), tracker_noise_m=sig, via="flange",
+                  views=np.array([0]), cell_T_base_covariance=S[:6, :6], target_p_covariance=S[6:, 6:])
+        with_cross.append(tracker_check(r, meas, cell_T_base_target_p_covariance=S[:6, 6:], **kw).nees / 3)
+        without.append(tracker_check(r, meas, **kw).nees / 3)
+    assert 0.8 < np.mean(with_cross) < 1.25, np.mean(with_cross)
+    assert np.mean(without) > 1.5, np.mean(without)
+    with pytest.raises(ValueError, match="cell_T_base_target_p_covariance"):
+        tracker_check(r, meas, target_p=fp, cell_T_base=cell_T_base, tracker_noise_m=sig, via="flange",
+                      views=np.array([0]), cell_T_base_target_p_covariance=S[:6, 6:])  # no covariances to pair
+
+
 def _moving_frames(setup, r, sc, rng, tau_s, n=16):
     """Frames along the stations of a scene, moving at two speeds each way, shown ``tau`` late."""
     mv = scene(setup, n, rng, robot_sd=(1e-5, 1.5e-5))

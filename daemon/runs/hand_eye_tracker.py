@@ -118,6 +118,9 @@ class _BaseFrame:
     cell_T_base_cov: npt.NDArray[np.float64] | None
     flange_p: npt.NDArray[np.float64] | None
     flange_p_cov: npt.NDArray[np.float64] | None
+    #: cross-covariance (6, 3) of ``cell_T_base``'s right perturbation and ``flange_p`` from
+    #: the fit's joint covariance (None: not on the wire)
+    cross_cov: npt.NDArray[np.float64] | None = None
 
 
 def _base_frame(store: Store, limit: int = 50) -> _BaseFrame | None:
@@ -131,18 +134,48 @@ def _base_frame(store: Store, limit: int = 50) -> _BaseFrame | None:
         covs = _map(_map(rec.result.get("uncertainty")).get("covariance"))
         p: npt.NDArray[np.float64] | None = None
         Cp: npt.NDArray[np.float64] | None = None
+        cross: npt.NDArray[np.float64] | None = None
+        joint = _map(_map(rec.result.get("uncertainty")).get("joint"))
         if "flange_T_target" in tr:
             Y = transform_from_wire(_map(tr["flange_T_target"]))
             p = Y[:3, 3]
             C6 = _cov(covs, "flange_T_target", 6)
             # a right perturbation's translation, turned into the flange frame
             Cp = None if C6 is None else Y[:3, :3] @ C6[:3, :3] @ Y[:3, :3].T
+            B = _cross(joint, covs, "cell_T_base", "flange_T_target")
+            cross = None if B is None else B @ Y[:3, :3].T
         else:
             pt = _map(_map(rec.result.get("points")).get("flange_p_target")).get("position_m")
             if isinstance(pt, list) and len(pt) == 3:
                 p, Cp = np.asarray(pt, dtype=float), _cov(covs, "flange_p_target", 3)
-        return _BaseFrame(int(rec.id), transform_from_wire(_map(tr["cell_T_base"])), _cov(covs, "cell_T_base", 6), p, Cp)
+                cross = _cross(joint, covs, "cell_T_base", "flange_p_target")
+        Cb = _cov(covs, "cell_T_base", 6)
+        if Cb is None or Cp is None:
+            cross = None
+        return _BaseFrame(int(rec.id), transform_from_wire(_map(tr["cell_T_base"])), Cb, p, Cp, cross)
     return None
+
+
+def _cross(joint: Mapping[str, object], covs: Mapping[str, object], a: str,
+           b: str) -> npt.NDArray[np.float64] | None:
+    """The (6, 3) block of a result's joint covariance between ``a``'s 6 components and
+    ``b``'s first 3 (its translation), or None when the wire does not carry it."""
+    order, shape, vals = joint.get("order"), joint.get("shape"), joint.get("values")
+    if not (isinstance(order, list) and isinstance(shape, list) and isinstance(vals, list) and a in order
+            and b in order and len(shape) == 2 and shape[0] == shape[1] and len(vals) == shape[0] * shape[1]):
+        return None
+    offsets: dict[str, int] = {}
+    at = 0
+    for name in order:
+        dims = _map(covs.get(name)).get("shape")
+        if not (isinstance(dims, list) and dims):
+            return None
+        offsets[str(name)], at = at, at + int(dims[0])
+    if at != shape[0]:
+        return None
+    J = np.asarray(vals, dtype=float).reshape(at, at)
+    i, j = offsets[a], offsets[b]
+    return J[i:i + 6, j:j + 3].copy()
 
 
 def _cov(covs: Mapping[str, object], name: str, n: int) -> npt.NDArray[np.float64] | None:
@@ -180,7 +213,8 @@ def check_record(result: CameraChainResult, stations: Sequence[StationRecord], c
         assert base.flange_p is not None
         check = tracker_check(result, measured, target_p=base.flange_p, cell_T_base=base.cell_T_base,
                               tracker_noise_m=np.array(noise), cell_T_base_covariance=base.cell_T_base_cov,
-                              via="flange", views=views, target_p_covariance=base.flange_p_cov)
+                              via="flange", views=views, target_p_covariance=base.flange_p_cov,
+                              cell_T_base_target_p_covariance=base.cross_cov)
     else:
         check = tracker_check(result, measured, target_p=np.asarray(cfg.camera.hand_eye.tracker_target_m, dtype=float),
                               cell_T_base=base.cell_T_base, tracker_noise_m=np.array(noise),
