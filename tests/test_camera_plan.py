@@ -130,8 +130,49 @@ def test_a_hand_eye_plan_without_stored_intrinsics_takes_the_first_views_and_say
         store.close()
     assert plan["planner"]["name"] == camera_plan.PLANNER_VIEWS
     assert ("estimate" if planner == "information" else "planner") in plan["planner"]["reason"]
+    if planner == "information":
+        assert "focal_px" in plan["planner"]["reason"]  # names what would let it judge the views
     first = camera_plan.camera_views(cfg, MODEL)
     assert [s["q_rad"] for s in plan["stations"]] == [[float(v) for v in s.q_rad] for s in first]
+
+
+@pytest.mark.parametrize("mounting", ["eye_in_hand", "eye_to_hand"])
+def test_estimated_intrinsics_are_planned_on_a_nominal_camera_when_one_is_given(tmp_path, mounting):
+    """``use_intrinsics = "estimate"`` with ``[camera.plan] focal_px`` and ``image_size_px``
+    (a datasheet's figures, here 8 % off the true focal length): the information plan judges
+    the views on that nominal camera (its intrinsics loose, marginalised) and still beats the
+    first views under the truth, with the board in every view."""
+    true = default_camera(SCENARIO, mounting).camera
+    d = daemon_config(robot_url="rtde://127.0.0.1:30004", tracker_url="socket://127.0.0.1:4000", workdir=tmp_path)
+    section = camera_section("gige://127.0.0.2", mounting, SCENARIO, tmp_path, n_views=15)
+    section["plan"].update(focal_px=1.08 * float(true.camera_matrix[0, 0]), image_size_px=list(true.image_size))
+    section["use_intrinsics"] = "estimate"
+    d["camera"] = section
+    cfg = load_config_text(to_toml(d))
+    nominal = camera_plan.nominal_camera(cfg)
+    assert nominal is not None and nominal[0].image_size == tuple(true.image_size) and nominal[1].shape == (9, 9)
+    ctx, store = _ctx(tmp_path, cfg)
+    try:
+        plan = runs.for_new_run(P.KIND_HAND_EYE if mounting == "eye_in_hand" else P.KIND_EYE_TO_HAND,
+                                cfg.tracker.measure).plan(ctx)
+    finally:
+        store.close()
+    assert plan["planner"]["name"] == camera_plan.PLANNER_INFORMATION, plan["planner"]
+    assert plan["planner"]["camera"] == "nominal ([camera.plan] focal_px)"
+    chosen = [PlannedStation(int(s["index"]), np.asarray(s["q_rad"], dtype=float),
+                             np.asarray(s["base_T_flange"], dtype=float).reshape(4, 4)) for s in plan["stations"]]
+    _cam, views = _seen(mounting, chosen)
+    assert min(ids.size for ids, _ in views) >= 12
+    first = camera_plan.camera_views(cfg, MODEL)
+    a, b = _true_marginal_sigma_mm(mounting, chosen), _true_marginal_sigma_mm(mounting, first)
+    assert a < 0.95 * b, (a, b)
+
+
+def test_a_nominal_camera_needs_both_its_focal_length_and_image_size(tmp_path):
+    with pytest.raises(ValueError, match="camera.plan.image_size_px"):
+        _cfg(tmp_path, "eye_in_hand", focal_px=1200.0)
+    with pytest.raises(ValueError, match="camera.plan.image_size_px"):
+        _cfg(tmp_path, "eye_in_hand", image_size_px=[800, 600])
 
 
 def test_an_information_plan_whose_drawing_sees_too_few_views_is_a_plan_error_naming_why(tmp_path):

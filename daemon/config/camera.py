@@ -113,6 +113,9 @@ class CameraPlan:
     seed: int = _k(0, "seed")
     planner: str = _k("information", "planner",
                       doc="hand-eye kinds: information (the views that determine the camera best) or views")
+    focal_px: float = _k(0.0, "focal_px", doc="nominal focal length the information plan judges views by when the "
+                         "intrinsics are estimated (0: the first reachable views)")
+    image_size_px: list[int] = _k([], "image_size_px", doc="... and the image's width and height (px), with focal_px")
 
 
 @dataclass(frozen=True)
@@ -239,6 +242,8 @@ BOUNDS: dict[str, tuple[float, float, bool]] = {
     "camera.plan.max_shift_mm": (0.0, 1000.0, False),
     "camera.plan.max_approach_mm": (0.0, 1000.0, False),
     "camera.plan.seed": (0, 2**63 - 1, False),
+    "camera.plan.focal_px": (0.0, 1e6, False),
+    "camera.plan.image_size_px[]": (1, 100_000, False),
     "camera.intrinsics.noise_px": (0.0, 10.0, True),
     "camera.intrinsics.holdout_folds": (0, 50, False),
     "camera.intrinsics.refuse_tilt_deg": (0.0, 80.0, True),
@@ -331,6 +336,9 @@ def validate_camera(camera: Camera | None) -> None:
         raise ConfigError("camera.hand_eye.dynamic_speeds",
                           f"expected two different speeds (fractions in (0, 1]), got {list(speeds)}")
     p = c.plan
+    if (p.focal_px > 0.0) != bool(p.image_size_px) or len(p.image_size_px) not in (0, 2):
+        raise ConfigError("camera.plan.image_size_px", "a nominal camera is focal_px > 0 with image_size_px = [width, "
+                                                       f"height], got focal_px {p.focal_px:g} and {list(p.image_size_px)}")
     if len(p.pivot_m) not in (0, 3):
         raise ConfigError("camera.plan.pivot_mm", f"expected 3 numbers (x, y, z, flange frame) or [], got {len(p.pivot_m)}")
     has_q, has_pose = bool(p.view_q_rad), bool(p.view_flange_xyz_m) or bool(p.view_flange_quat_wxyz)

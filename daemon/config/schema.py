@@ -306,7 +306,7 @@ _LIST_OF = {(Plan, "stations"): PlanStation, (Zmq, "clients"): ZmqClient, **_pla
 
 
 # List fields of integers (every other list of scalars holds numbers with a unit).
-_INT_LISTS = {(Zmq, "ipc_allowed_uids"), (Zmq, "ipc_allowed_gids")}
+_INT_LISTS = {(Zmq, "ipc_allowed_uids"), (Zmq, "ipc_allowed_gids"), (_camera.CameraPlan, "image_size_px")}
 
 
 # List fields of points: each entry an array of this many numbers, all with the field's scale.

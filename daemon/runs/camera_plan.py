@@ -58,7 +58,7 @@ from cellcal.solver.camera_planning import plan_camera_stations
 from cellcal.solver.se3 import make_transform, matrix_from_quat, so3_exp, so3_log
 from cellcal.solver.target import CalibrationTarget
 
-__all__ = ["view_pose", "camera_views", "information_views", "approximate_transforms", "view_offsets",
+__all__ = ["view_pose", "camera_views", "information_views", "nominal_camera", "approximate_transforms", "view_offsets",
            "predicted_tilt_deg", "optical_axis", "extra_view", "PLANNER_INFORMATION", "PLANNER_VIEWS",
            "INFORMATION_CANDIDATES"]
 
@@ -279,6 +279,32 @@ def information_views(cfg: Config, model: DHModel, setup: str, camera: CameraMod
         "predicted_sigma_rotation_deg": float(plan.predicted_sigma_rotation_deg),
         "weakest": plan.weakest_description, "axis_spread": float(plan.axis_spread)}
     return stations, figures
+
+
+#: The nominal camera's 1-sigma when the intrinsics are estimated with the run: a datasheet
+#: focal length is good to a few per cent, the principal point to a few per cent of the image,
+#: a lens's radial distortion to about 0.1 (the plan marginalises them, as the solve estimates them).
+NOMINAL_FOCAL_SHARE = 0.1
+NOMINAL_CENTRE_SHARE = 0.05
+NOMINAL_RADIAL = 0.1
+NOMINAL_TANGENTIAL = 0.005
+
+
+def nominal_camera(cfg: Config) -> tuple[CameraModel, npt.NDArray[np.float64]] | None:
+    """The camera ``[camera.plan] focal_px`` and ``image_size_px`` describe (principal point at
+    the image's centre, no distortion) and the loose covariance (9 x 9, ``PARAMETER_NAMES``
+    order) the information plan judges views under when the intrinsics are estimated with the
+    run; None when they are not set."""
+    assert cfg.camera is not None
+    p = cfg.camera.plan
+    if not p.focal_px > 0.0 or len(p.image_size_px) != 2:
+        return None
+    f = float(p.focal_px)
+    w, h = int(p.image_size_px[0]), int(p.image_size_px[1])
+    K = np.array([[f, 0.0, 0.5 * w], [0.0, f, 0.5 * h], [0.0, 0.0, 1.0]])
+    sd = np.array([NOMINAL_FOCAL_SHARE * f] * 2 + [NOMINAL_CENTRE_SHARE * w, NOMINAL_CENTRE_SHARE * h]
+                  + [NOMINAL_RADIAL] * 2 + [NOMINAL_TANGENTIAL] * 2 + [NOMINAL_RADIAL])
+    return CameraModel(K, np.zeros(5), (w, h)), np.diag(sd * sd)
 
 
 def extra_view(cfg: Config, model: DHModel, axis: npt.NDArray[np.float64], frame: str, index: int, start: int,

@@ -255,14 +255,19 @@ class CameraHandEyeKind(RunKind):
             return camera_plan.camera_views(ctx.cfg, ctx.model), {
                 "name": camera_plan.PLANNER_VIEWS, "reason": "[camera.plan] planner = \"views\""}
         stored = _stored_camera(ctx.store, source, ())
-        if stored is None or cam.target is None:
+        nominal = camera_plan.nominal_camera(ctx.cfg) if stored is None else None
+        if (stored is None and nominal is None) or cam.target is None:
             return camera_plan.camera_views(ctx.cfg, ctx.model), {
                 "name": camera_plan.PLANNER_VIEWS,
-                "reason": "no intrinsics before the run to judge views with ([camera] use_intrinsics = \"estimate\"): "
-                          "the first reachable views"}
-        model, C = stored
+                "reason": "no intrinsics before the run to judge views with ([camera] use_intrinsics = \"estimate\", "
+                          "no [camera.plan] focal_px and image_size_px): the first reachable views"}
+        chosen = stored if stored is not None else nominal
+        assert chosen is not None
+        model, C = chosen
         try:
-            return camera_plan.information_views(ctx.cfg, ctx.model, self.setup, model, cam.target, C)
+            views, figures = camera_plan.information_views(ctx.cfg, ctx.model, self.setup, model, cam.target, C)
+            figures["camera"] = "stored intrinsics" if stored is not None else "nominal ([camera.plan] focal_px)"
+            return views, figures
         except PlanError as exc:
             # the drawing of the mounting sees too few candidates: the views turn about the
             # pivot, so the first reachable ones may still show the board (the solve judges)
