@@ -33,3 +33,5 @@ def test_the_cross_block_is_the_joint_covariances_between_base_and_flange_point(
         assert _cross({}, u["covariance"], "cell_T_base", name) is None
         bad = dict(u["joint"], values=u["joint"]["values"][:-1])
         assert _cross(bad, u["covariance"], "cell_T_base", name) is None
+        unknown = dict(u["joint"], values=[None] * len(u["joint"]["values"]))  # NaN goes out as nil
+        assert _cross(unknown, u["covariance"], "cell_T_base", name) is None

@@ -175,7 +175,8 @@ def _cross(joint: Mapping[str, object], covs: Mapping[str, object], a: str,
         return None
     J = np.asarray(vals, dtype=float).reshape(at, at)
     i, j = offsets[a], offsets[b]
-    return J[i:i + 6, j:j + 3].copy()
+    B = J[i:i + 6, j:j + 3].copy()
+    return B if B.shape == (6, 3) and bool(np.all(np.isfinite(B))) else None  # nil on the wire: not known
 
 
 def _cov(covs: Mapping[str, object], name: str, n: int) -> npt.NDArray[np.float64] | None:
