@@ -186,6 +186,28 @@ def test_client_detects_seq_gap_and_resynchronises():
             assert len(seqs) == len(set(seqs))
 
 
+def test_messages_queued_while_the_caller_was_away_are_not_silence():
+    # A caller busy for longer than silence_timeout_s comes back to messages waiting in the
+    # socket: the link was alive, so they are delivered (no reconnect that would drop them);
+    # real silence, nothing arriving while it listens, still reconnects.
+    with short_tmpdir() as d:
+        cfg = zmq_config(pub_endpoint=f"ipc://{d}/pub", cmd_endpoint=f"ipc://{d}/cmd")
+        with serving(cfg) as (srv, daemon), Client(srv.cmd_endpoint, srv.pub_endpoint) as c:
+            daemon.publish_heartbeat()
+            sub = c.subscribe(silence_timeout_s=0.3)
+            assert sub.recv(2.0) is not None
+            last = srv.seq + 5
+            for i in range(5):
+                srv.publish(P.TOPIC_STATION, {"i": i})
+            assert wait_until(lambda: srv.seq == last, 10.0)
+            time.sleep(0.6)  # the caller is away for twice the silence timeout
+            got = [sub.recv(2.0) for _ in range(5)]
+            assert [m[1]["body"]["i"] for m in got if m] == [0, 1, 2, 3, 4]
+            assert sub.reconnects == 0 and sub.gaps == 0 and sub.last_seq == last
+            assert sub.recv(1.0) is None  # nothing comes while it listens: that is silence
+            assert sub.reconnects >= 1
+
+
 def test_client_sees_restart_as_new_boot_id_and_catches_up():
     with short_tmpdir() as d:
         cfg = zmq_config(pub_endpoint=f"ipc://{d}/pub", cmd_endpoint=f"ipc://{d}/cmd")

@@ -466,21 +466,31 @@ class Subscription:
                 self._snapshot(deadline)
                 continue
             if now - self._last_live > self.silence_timeout_s:
-                self._reconnect()
+                # Silence is nothing arriving while we listen: what queued while the caller
+                # was away says the link is alive (and a reconnect would throw it away).
+                if not self._drain(0):
+                    self._reconnect()
                 continue
             if now >= deadline:
                 return None
             wake = min(deadline, self._last_live + self.silence_timeout_s)
             if self._need_snapshot:
                 wake = min(wake, self._next_snapshot)
-            assert self._sock is not None
-            if self._sock.poll(_ms(max(0.0, wake - now)), zmq.POLLIN):
-                for _ in range(1000):  # drain what is there, then deliver
-                    try:
-                        frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._on_live(frames)
+            self._drain(_ms(max(0.0, wake - now)))
+
+    def _drain(self, timeout_ms: int) -> bool:
+        """Wait up to ``timeout_ms`` for the socket, then take what is there (at most
+        1000 messages, then deliver); whether anything came."""
+        assert self._sock is not None
+        if not self._sock.poll(timeout_ms, zmq.POLLIN):
+            return False
+        for _ in range(1000):
+            try:
+                frames = self._sock.recv_multipart(flags=zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            self._on_live(frames)
+        return True
 
     def __iter__(self) -> Iterator[tuple[str, P.Envelope]]:
         while not self._closed:
