@@ -173,7 +173,9 @@ def test_robot_that_never_settles_is_rejected_and_the_run_aborts(tmp_path):
     the run fails after ``capture.max_consecutive_rejections``; the service is in FAULT."""
     scenario = scenario_with(tmp_path / "scenario.toml", '[[robot.faults]]\nkind = "never_settles"\nstart_s = 0.0\n')
     limit = 3
-    overrides = {"capture": {"station_timeout_s": 1.5, "max_attempts_per_station": 2, "max_consecutive_rejections": limit}}
+    # The timeout bounds the move too: 2.5 s lets a loaded machine finish the move, so the
+    # rejection is the settle wait's.
+    overrides = {"capture": {"station_timeout_s": 2.5, "max_attempts_per_station": 2, "max_consecutive_rejections": limit}}
     with inprocess_cell(tmp_path, scenario=scenario, overrides=overrides, time_scale=FAST_TIME_SCALE) as cell:
         run_id = cell.svc.start_run("base_frame")
         cell.wait_for(lambda t, b: t == P.TOPIC_FAULT and "in a row" in b["message"], 30.0, "the abort")
