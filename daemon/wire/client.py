@@ -11,7 +11,9 @@ whole ``cellcal/v1/`` prefix first, then ask for ``get_snapshot``, deliver the s
 then the live messages with ``seq`` above the snapshot's. A ``seq`` jump is a gap (counted,
 reported to ``on_gap``) and a new ``boot_id`` a daemon restart (``on_restart``); both are
 repaired with a fresh snapshot, so what the caller sees always converges to the daemon's
-latest message per topic. Silence longer than ``silence_timeout_s`` reopens the SUB socket.
+latest message per topic. Silence longer than ``silence_timeout_s`` reopens the SUB socket;
+silence is nothing arriving while ``recv`` listens, so messages that queued while the caller
+was busy are delivered, not dropped by a reconnect.
 
 Neither :class:`Client` nor :class:`Subscription` is thread-safe: use each from one thread.
 
