@@ -122,9 +122,11 @@ def scene(setup: str, n: int, rng, *, noise_px: float = 0.0, robot_sd=(0.0, 0.0)
             Gi = X_ETH @ O @ se3_inverse(Y_ETH)
         Gm = Gi
         if kinematic_error is not None:  # the controller says Gi; the arm is where its true kinematics put it
-            Gi = kinematic_error(Gm)
-            if Gi is None:
+            got = kinematic_error(Gm)
+            if got is None:
                 continue
+            # an IdentifiedArm also says what its identified model reports for those joints
+            Gi, Gm = got if isinstance(got, tuple) else (got, Gm)
         Otrue = se3_inverse(Gi @ X_EIH) @ Z_EIH if setup == "eye_in_hand" else se3_inverse(X_ETH) @ Gi @ Y_ETH
         uv = project(params, Otrue, target.corners_m).uv
         ok = cam.in_image(uv, margin_px=2.0) & np.all(np.isfinite(uv), axis=1)
@@ -142,11 +144,8 @@ def scene(setup: str, n: int, rng, *, noise_px: float = 0.0, robot_sd=(0.0, 0.0)
     return Scene(setup, views, np.array(G), np.array(Gt), np.array(Os), X, Z, np.asarray(params, float))
 
 
-def kinematic_arm(rng, *, joint_deg: float = 0.03, link_mm: float = 0.2):
-    """``nominal base_T_flange -> true base_T_flange`` of a UR5e whose true kinematics differ
-    from the nominal model by seeded joint-zero and link errors (1-sigma ``joint_deg``,
-    ``link_mm``; the order of a factory-calibrated arm's residual, ADR 0015): the joints the
-    nominal inverse kinematics gives for the pose, through the true arm. None if unreachable."""
+def _true_arm(rng, joint_deg: float, link_mm: float):
+    """(true DH arm, ``nominal base_T_flange -> joints`` by the nominal inverse kinematics, or None)."""
     from cellcal.drivers.kinematics import dh_model
     from cellcal.solver.kinematics import UR5E
 
@@ -157,13 +156,84 @@ def kinematic_arm(rng, *, joint_deg: float = 0.03, link_mm: float = 0.2):
     seeds = [np.array([0.0, -1.6, 1.6, -1.6, -1.6, 0.0]), np.array([0.8, -1.2, 1.2, -1.6, -1.6, 0.0]),
              np.array([-0.8, -1.2, 1.2, -1.6, -1.6, 0.0]), np.array([1.6, -1.6, 1.6, -1.6, -1.6, 0.0])]
 
-    def true_pose(G):
+    def joints(G):
         for q0 in seeds:
             try:
-                q = nominal.inverse(G, q0)
+                return nominal.inverse(G, q0)
             except ValueError:
                 continue
-            return truth.forward(q)[0]
         return None
 
+    return truth, joints
+
+
+def kinematic_arm(rng, *, joint_deg: float = 0.03, link_mm: float = 0.2):
+    """``nominal base_T_flange -> true base_T_flange`` of a UR5e whose true kinematics differ
+    from the nominal model by seeded joint-zero and link errors (1-sigma ``joint_deg``,
+    ``link_mm``; the order of a factory-calibrated arm's residual, ADR 0015): the joints the
+    nominal inverse kinematics gives for the pose, through the true arm. None if unreachable."""
+    truth, joints = _true_arm(rng, joint_deg, link_mm)
+
+    def true_pose(G):
+        q = joints(G)
+        return None if q is None else truth.forward(q)[0]
+
     return true_pose
+
+
+class IdentifiedArm:
+    """The arm of :func:`kinematic_arm` after a tracker identified its kinematics.
+
+    A laser tracker measures a 6-DoF target on the flange at ``n_stations`` planned stations
+    (``plan_identification_stations``; noise ``noise_m`` / ``noise_rad`` per axis, as the
+    tracker cells of the tests), and :func:`cellcal.solver.identify_kinematics` fits the arm
+    with ``cell_T_base`` and the target. Called with a nominal command ``G`` it returns
+    ``(true base_T_flange, what the identified model reports for those joints)``, or None.
+
+    The identified model lives in its own gauge: the parameters it cannot tell from the base
+    frame or the target (``joint1.zero_offset``, the last row, ...) stay nominal, so its
+    base and flange frames are the true ones moved by fixed transforms,
+    ``identified(q) = inv(gauge_base) @ true(q) @ gauge_flange``, with
+    ``gauge_base = inv(true cell_T_base) @ identified cell_T_base`` and ``gauge_flange =
+    true flange_T_target @ inv(identified flange_T_target)``. A hand-eye result computed from
+    the identified poses estimates the truth in that gauge (:meth:`in_gauge`), which is the
+    one the cell uses them in (through the identified model and base frame).
+    """
+
+    def __init__(self, rng, *, joint_deg: float = 0.03, link_mm: float = 0.2, n_stations: int = 40,
+                 noise_m: float = 2e-5, noise_rad: float = math.radians(0.01)):
+        from cellcal.solver.identify import identify_kinematics
+        from cellcal.solver.kinematic_planning import plan_identification_stations
+        from cellcal.solver.kinematics import UR5E
+
+        self.truth, self._joints = _true_arm(rng, joint_deg, link_mm)
+        cell_T_base = make_transform(so3_exp([0.0, 0.0, 0.4]), [2.0, 0.3, 0.1])  # tracker 2 m away
+        flange_T_target = make_transform(np.eye(3), [0.05, 0.0, 0.12])
+        plan = plan_identification_stations(UR5E, n_stations, cell_T_base=cell_T_base, flange_T_target=flange_T_target,
+                                            rng=rng)
+
+        def measure(q):
+            c = np.c_[rng.normal(0, noise_m, (len(q), 3)), rng.normal(0, noise_rad, (len(q), 3))]
+            return cell_T_base @ self.truth.forward(q) @ flange_T_target @ correction_transforms(c)
+
+        self.result = identify_kinematics(plan.q, UR5E, cell_T_target=measure(plan.q), noise_translation_m=noise_m,
+                                          noise_rotation_rad=noise_rad, validation_q=plan.validation_q,
+                                          validation_cell_T_target=measure(plan.validation_q))
+        self.gauge_base = se3_inverse(cell_T_base) @ self.result.cell_T_base
+        self.gauge_flange = flange_T_target @ se3_inverse(self.result.flange_T_target)
+
+    def __call__(self, G):
+        q = self._joints(G)
+        return None if q is None else (self.truth.forward(q)[0], self.result.model.forward(q))
+
+    def in_gauge(self, setup: str, X: np.ndarray, Z: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The scene's true ``(X, Z)`` (``flange_T_camera, base_T_target`` or ``base_T_camera,
+        flange_T_target``) in the identified model's base and flange frames."""
+        if setup == "eye_in_hand":
+            return se3_inverse(self.gauge_flange) @ X, se3_inverse(self.gauge_base) @ Z
+        return se3_inverse(self.gauge_base) @ X, se3_inverse(self.gauge_flange) @ Z
+
+    def reported_error(self, G: np.ndarray, G_true: np.ndarray) -> np.ndarray:
+        """``inv(reported) @ truth`` in the identified gauge, (N, 4, 4): what is left of the
+        arm's error once its kinematics are identified."""
+        return np.linalg.inv(G) @ se3_inverse(self.gauge_base) @ G_true @ self.gauge_flange
