@@ -83,7 +83,7 @@ def robot_identity(robot: RobotDriver) -> P.JsonObject:
     ``kinematics_digest`` (:func:`cellcal.drivers.kinematics.kinematics_digest`)."""
     model = robot.model
     digest = getattr(robot, "kinematics_digest", None)
-    if digest is None and getattr(model, "is_plain_dh", False):
+    if digest is None and isinstance(model, DHModel):
         digest = kinematics_digest(model)
     # Keyword form: this "kinematics" (the table's source) is a field name, not the run kind.
     ident: P.JsonObject = dict(driver=type(robot).__name__, model=model.name,

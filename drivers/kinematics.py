@@ -431,18 +431,16 @@ def dh_model_from_ur_table(theta_rad: Any, a_m: Any, d_m: Any, alpha_rad: Any, n
 
 
 def kinematics_digest(model: DHModel) -> str:
-    """``"sha256:<hex>"`` of a plain DH model's table, as UR's ``KinematicsInfo`` orders it
-    (theta, a, d, alpha; big-endian float64): the same table always gives the same digest,
-    and any change of a parameter gives another (result provenance).
-
-    Raises
-    ------
-    ValueError
-        A model with Hayati tilts.
-    """
-    theta, a, d, alpha = model.ur_table()
+    """``"sha256:<hex>"`` of a model's table: a plain DH model's as UR's ``KinematicsInfo``
+    orders it (theta, a, d, alpha; big-endian float64); a model with Hayati tilts (an
+    identified arm) the same with its tilts (beta) after them. The same table always gives
+    the same digest, and any change of a parameter gives another (result provenance, and
+    which identified model a run's poses came from)."""
     n = model.n_joints
-    data = struct.pack(f">{4 * n}d", *theta, *a, *d, *alpha)
+    arrays = [model.theta_offset_rad, model.a_m, model.d_m, model.alpha_rad]
+    if not model.is_plain_dh:
+        arrays.append(model.beta_rad)
+    data = struct.pack(f">{len(arrays) * n}d", *np.concatenate(arrays))
     return "sha256:" + hashlib.sha256(data).hexdigest()
 
 

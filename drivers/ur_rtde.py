@@ -73,7 +73,7 @@ from cellcal.drivers.errors import (
     DriverTimeoutError,
     ProtocolError,
 )
-from cellcal.drivers.kinematics import DHModel, dh_model
+from cellcal.drivers.kinematics import DHModel, dh_model, kinematics_digest
 from cellcal.drivers.robot import (
     OptionSpec,
     ProtectiveStop,
@@ -411,12 +411,6 @@ def _log_text(payload: bytes, protocol: int) -> None:
     log.log(level, "RTDE controller message [%s]: %s", msg.source or "-", msg.message)
 
 
-def _digest_or_none(model: DHModel) -> str | None:
-    from cellcal.drivers.kinematics import kinematics_digest
-
-    return kinematics_digest(model) if model.is_plain_dh else None
-
-
 def _opt_host_port(target: str) -> tuple[str, int]:
     host, port = target, DEFAULT_RTDE_PORT
     if target.startswith("["):  # [ipv6]:port
@@ -596,7 +590,7 @@ class UrRtdeDriver(RobotDriver):
         port = self.opts["primary_port"]
         nominal = self.nominal_model
         self.model, self.kinematics_source = nominal, "nominal"
-        self.kinematics_digest = _digest_or_none(nominal)
+        self.kinematics_digest = kinematics_digest(nominal)
         if mode == "nominal":
             return
         if port == 0:

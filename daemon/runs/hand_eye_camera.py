@@ -88,6 +88,7 @@ from cellcal.daemon.runs.intrinsics import (
     target_wire,
     views_of_stations,
 )
+from cellcal.daemon.runs.kinematics import identified_accuracy
 from cellcal.daemon.runs.plan import PlanError, PlannedStation, plan_to_dict
 from cellcal.daemon.store import RunRecord, StationRecord, Store, UnknownRecord
 from cellcal.solver import CalibrationError, NotEnoughSamples
@@ -167,6 +168,25 @@ def _run_source(run: RunRecord) -> P.JsonObject:
     if s.get("use") == "result":
         return {"use": "result", "result_id": int(str(s.get("result_id")))}
     return {"use": "estimate"}
+
+
+def robot_accuracy(ctx: RunContext, run: RunRecord) -> tuple[float, float, P.JsonObject]:
+    """The arm's absolute accuracy the solve declares, ``(1-sigma per axis m, rad, source)``:
+    ``[camera.hand_eye] robot_accuracy_mm`` / ``_deg`` when either is set (source
+    ``{"from": "config"}``); else, when the run's poses came from an identified model (a
+    CiA 402 arm with ``[kinematics] use_identified``), that kinematics result's held-out
+    figures (``kinematics.identified_accuracy``; source ``{"from": "kinematics",
+    "result_id": N}``); else 0 (``{"from": "undeclared"}``: the record then warns
+    ``robot_accuracy_undeclared``)."""
+    cam = ctx.cfg.camera
+    assert cam is not None  # a camera kind runs only with a [camera]
+    h = cam.hand_eye
+    if h.robot_accuracy_m > 0.0 or h.robot_accuracy_rad > 0.0:
+        return h.robot_accuracy_m, h.robot_accuracy_rad, {"from": "config"}
+    got = identified_accuracy(ctx.store, _map(_map(run.devices).get(P.DEVICE_ROBOT)))
+    if got is None:
+        return 0.0, 0.0, {"from": "undeclared"}
+    return got[0], got[1], {"from": "kinematics", "result_id": got[2]}
 
 
 def _serial(identity: object) -> str:
@@ -324,10 +344,11 @@ class CameraHandEyeKind(RunKind):
                 raise CalibrationError(f"the intrinsics of result {source.get('result_id')} are of a "
                                        f"{model.image_size[0]} x {model.image_size[1]} image, the run's are "
                                        f"{size[0]} x {size[1]}: another camera or binning")
+        acc_m, acc_rad, _source = robot_accuracy(ctx, run)
         return solve(views, cam.target, G, intrinsics=model, intrinsics_covariance=C,
                      intrinsics_mode=None if model is None else "prior", image_size=size, noise_px=h.noise_px,
                      robot_repeatability_m=h.robot_repeatability_m, robot_repeatability_rad=h.robot_repeatability_rad,
-                     robot_accuracy_m=h.robot_accuracy_m, robot_accuracy_rad=h.robot_accuracy_rad,
+                     robot_accuracy_m=acc_m, robot_accuracy_rad=acc_rad,
                      n_bootstrap=h.n_bootstrap, cross_check=h.cross_check, max_iterations=h.max_iterations)
 
     def extra_station(self, ctx: RunContext, stations: Sequence[StationRecord],
@@ -351,6 +372,9 @@ class CameraHandEyeKind(RunKind):
         record = camera_record(r, indices, _run_source(run))
         detail = record[RECORD_KEY]
         if isinstance(detail, dict):
+            robot = detail.get("robot")
+            if isinstance(robot, dict):
+                robot["accuracy_source"] = robot_accuracy(ctx, run)[2]
             detail["tracker_check"] = check
             detail["tracker_check_note"] = why or None
             # how the views were chosen, with the plan's predicted sigma beside the result's own

@@ -73,7 +73,7 @@ from cellcal.daemon.runs.iso9283 import solver_params, without_iso9283
 from cellcal.daemon.runs.kinematics_report import driver_model, identified_model
 from cellcal.daemon.runs.plan import PlannedStation, plan_to_dict
 from cellcal.daemon.store import RunRecord, StationRecord, Store
-from cellcal.drivers.kinematics import DHModel
+from cellcal.drivers.kinematics import DHModel, kinematics_digest
 from cellcal.solver import CalibrationError, DHParameters, KinematicResult, identify_kinematics, plan_identification_stations
 from cellcal.solver.kinematic_export import kinematic_parameters_dict
 from cellcal.solver.se3 import make_transform
@@ -419,6 +419,44 @@ def newest_identified(store: Store, limit: int = 50) -> tuple[int, DHModel] | No
             model = identified_model(rec.result)
             if model is not None:
                 return rec.id, model
+    return None
+
+
+#: A point identification measures no orientation: the rotation accuracy is its translation
+#: over this lever (m per rad; the solver's model-error link length, ``model_error.LINK_LENGTH_M``).
+POINT_ROTATION_LEVER_M = 0.4
+
+
+def identified_accuracy(store: Store, robot: Mapping[str, object] | None,
+                        limit: int = 50) -> tuple[float, float, int] | None:
+    """The absolute accuracy of an arm whose forward kinematics is an identified model:
+    ``(1-sigma per axis m, rad, kinematics result id)`` from that result's held-out
+    validation (3-D RMS over sqrt(3); a point identification's rotation from its translation
+    over :data:`POINT_ROTATION_LEVER_M`), or None.
+
+    ``robot`` is a run's robot identity (``RunRecord.devices["robot"]``): its
+    ``kinematics_digest`` must be the identified model's of a kinematics result that passed
+    its gates and is not suspect (among the ``limit`` newest), so the figure is the one of the
+    model the run's poses came from, never of another arm or an older model."""
+    digest = (robot or {}).get("kinematics_digest")
+    if not isinstance(digest, str) or not digest:
+        return None
+    for rec in store.list_results(limit=limit):
+        if rec.kind != P.KIND_KINEMATICS or rec.suspect or not gates_passed(rec.result):
+            continue
+        model = identified_model(rec.result)
+        if model is None or kinematics_digest(model) != digest:
+            continue
+        after = _map(_map(_map(rec.result.get("kinematics")).get("validation")).get("after"))
+        t, r = after.get("rms_translation_m"), after.get("rms_rotation_rad")
+        if not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0.0:
+            return None  # no held-out figure: nothing measured to declare
+        t_axis = float(t) / math.sqrt(3.0)
+        if isinstance(r, (int, float)) and math.isfinite(r) and r > 0.0:
+            r_axis = float(r) / math.sqrt(3.0)
+        else:
+            r_axis = t_axis / POINT_ROTATION_LEVER_M
+        return t_axis, r_axis, rec.id
     return None
 
 

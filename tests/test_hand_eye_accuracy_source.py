@@ -1,0 +1,115 @@
+"""Which absolute accuracy a camera hand-eye run declares for the arm (ADR 0027, amendment
+2026-12-07 b): the configured figure; else, when the run's poses came from an identified model
+(a CiA 402 arm with ``[kinematics] use_identified``), that kinematics result's held-out
+figures; else none (the record then warns). Real SQLite store, the daemon's own kinematics
+record (``runs.kinematics.gate_and_wire`` through ``tests/_report_kinds.py``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+from _report_kinds import kinematics_kind
+
+from cellcal.daemon import protocol as P
+from cellcal.daemon.config import load_config_text
+from cellcal.daemon.runs import RunContext
+from cellcal.daemon.runs.hand_eye_camera import robot_accuracy
+from cellcal.daemon.runs.kinematics import identified_accuracy
+from cellcal.daemon.runs.kinematics_report import identified_model
+from cellcal.daemon.store import Store
+from cellcal.drivers.kinematics import dh_model, kinematics_digest
+from cellcal.sim.scenario import load_scenario
+from cellcal.testing.harness import FAST_SCENARIO, camera_section, daemon_config, to_toml
+
+SHA = "ab" * 32
+
+
+@pytest.fixture(scope="module")
+def kinematics_body():
+    body, _stations, result = kinematics_kind()
+    return body, result
+
+
+def _store_with(tmp_path, body):
+    store = Store(tmp_path / "state").open()
+    rid = store.add_result(None, P.KIND_KINEMATICS, body, {})
+    return store, rid
+
+
+def _cfg(tmp_path, **hand_eye):
+    d = daemon_config(robot_url="canopen://virtual/0", tracker_url="socket://127.0.0.1:4000", workdir=tmp_path)
+    section = camera_section("gige://127.0.0.2", "eye_in_hand", load_scenario(FAST_SCENARIO), tmp_path, n_views=8)
+    section.setdefault("hand_eye", {}).update(hand_eye)
+    d["camera"] = section
+    return load_config_text(to_toml(d))
+
+
+def _run(store, digest):
+    devices = {"robot": {"model": "ur5e", "serial": "drives-1", "kinematics_digest": digest}}
+    return store.get_run(store.create_run(P.KIND_HAND_EYE, {"stations": 8}, config_sha256=SHA, devices=devices))
+
+
+def test_the_identified_models_held_out_figures_per_axis(tmp_path, kinematics_body):
+    body, result = kinematics_body
+    store, rid = _store_with(tmp_path, body)
+    with store:
+        digest = kinematics_digest(identified_model(body))
+        got = identified_accuracy(store, {"kinematics_digest": digest})
+        after = result.validation.after
+        assert got == pytest.approx((after.rms_translation_m / math.sqrt(3), after.rms_rotation_rad / math.sqrt(3), rid))
+        # another model (the nominal arm, a UR's factory table): not this result's figure
+        assert identified_accuracy(store, {"kinematics_digest": kinematics_digest(dh_model("ur5e"))}) is None
+        assert identified_accuracy(store, {"kinematics_digest": None}) is None
+        assert identified_accuracy(store, None) is None
+        store.mark_suspect(rid, "the arm was serviced")
+        assert identified_accuracy(store, {"kinematics_digest": digest}) is None  # a suspect result is not used
+
+
+def test_a_point_identification_takes_its_rotation_from_the_translation(tmp_path, kinematics_body):
+    body, result = kinematics_body
+    body = dict(body, kinematics=dict(body["kinematics"]))
+    val = dict(body["kinematics"]["validation"])
+    val["after"] = dict(val["after"], rms_rotation_rad=None)  # what a reflector's validation stores
+    body["kinematics"]["validation"] = val
+    store, _rid = _store_with(tmp_path, body)
+    with store:
+        m, rad, _ = identified_accuracy(store, {"kinematics_digest": kinematics_digest(identified_model(body))})
+        assert m == pytest.approx(result.validation.after.rms_translation_m / math.sqrt(3))
+        assert rad == pytest.approx(m / 0.4)
+
+
+def test_the_run_declares_config_then_the_identified_model_then_nothing(tmp_path, kinematics_body):
+    body, result = kinematics_body
+    store, rid = _store_with(tmp_path, body)
+    with store:
+        identified = _run(store, kinematics_digest(identified_model(body)))
+        nominal = _run(store, kinematics_digest(dh_model("ur5e")))
+
+        def ctx(cfg):
+            return RunContext(cfg=cfg, store=store, model_fn=lambda: dh_model("ur5e"), motion_mode=P.MOTION_COMMAND)
+
+        default = ctx(_cfg(tmp_path))
+        m, rad, source = robot_accuracy(default, identified)
+        assert source == {"from": "kinematics", "result_id": rid}
+        assert m == pytest.approx(result.validation.after.rms_translation_m / math.sqrt(3)) and rad > 0
+        assert robot_accuracy(default, nominal) == (0.0, 0.0, {"from": "undeclared"})
+        declared = ctx(_cfg(tmp_path, robot_accuracy_mm=0.3))
+        m, rad, source = robot_accuracy(declared, identified)  # the integrator's figure wins
+        assert (m, rad, source) == (pytest.approx(3e-4), 0.0, {"from": "config"})
+
+
+def test_a_cia402_arm_opened_with_the_identified_model_names_it_in_its_identity(kinematics_body):
+    # the provenance a run records (devices.robot_identity), before any I/O: a model with
+    # Hayati tilts has a digest too, the one identified_accuracy looks for
+    from cellcal.daemon.devices import robot_identity
+    from cellcal.drivers import connect_robot
+
+    body, _ = kinematics_body
+    model = identified_model(body)
+    assert not model.is_plain_dh  # the identified UR5e has tilts on its parallel axes
+    robot = connect_robot("canopen://virtual/0?interface=virtual&nodes=1,2,3,4,5,6", model=model)
+    ident = robot_identity(robot)
+    assert ident["kinematics_digest"] == kinematics_digest(model)
+    assert ident["kinematics_digest"] != kinematics_digest(dh_model("ur5e"))
