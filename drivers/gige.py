@@ -180,6 +180,12 @@ class GigeCameraDriver(CameraDriver):
                             retries=self.options["retries"])
         try:
             client.open()
+        except PermissionError as exc:
+            # EACCES from the UDP connect (nothing is sent): the address is a broadcast one of a
+            # local network (a subnet's .255, loopback's 127.255.255.255), which the URL check
+            # cannot know and the kernel refuses to a socket without SO_BROADCAST (never set here)
+            raise DriverInitError(f"{self}: {self.host} is a broadcast address of a local network, not one "
+                                  "camera's (a camera is opened by its own address, never by broadcast)") from exc
         except OSError as exc:
             raise DriverInitError(f"{self}: cannot open a socket to {self.host}: {exc}") from exc
         self._client, self._gone, self._have_control = client, "", False

@@ -159,6 +159,17 @@ def test_nothing_listening_is_device_gone_and_open_fails_typed():
     cam.close()  # idempotent, never raises
 
 
+def test_a_subnet_broadcast_address_is_refused_at_open_and_nothing_is_sent():
+    # 127.255.255.255 is loopback's broadcast address (the kernel's local routing table):
+    # the URL check cannot tell it from a host (a /23's .255 is one), the kernel's UDP
+    # connect refuses it without SO_BROADCAST, before any datagram; the error says why
+    cam = connect_camera("gige://127.255.255.255?ack_timeout_s=0.05&retries=0")
+    with pytest.raises(DriverInitError, match="broadcast address of a local network"):
+        cam.open()
+    assert not cam.is_open
+    cam.close()
+
+
 # -- URLs and options -------------------------------------------------------------------------
 
 
