@@ -366,7 +366,7 @@ class CameraHandEyeKind(RunKind):
                measure: Measure | None) -> Finished:
         r = as_camera_chain(result)
         _views, _size, indices, _sha = views_of_stations(stations)
-        check, why = ht.check_record(r, stations, ctx.cfg, ctx.store)
+        check, why = ht.check_record(r, stations, ctx.cfg, ctx.store, _map(_map(run.devices).get(P.DEVICE_ROBOT)))
         report = camera_gates(r, ctx.cfg)
         report = GateReport((*report.checks, ht.tracker_gate(check, why)))
         record = camera_record(r, indices, _run_source(run))

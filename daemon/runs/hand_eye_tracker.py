@@ -20,7 +20,15 @@ result predicts it where the camera's view of the static board puts the flange,
 point (``flange_T_target``'s origin, or a point calibration's ``flange_p_target``) from the
 same base-frame result, both covariances carried.
 
-The check is a gate of its own (``tracker_check``); without a base-frame result, tracker
+The base frame must be in the gauge of the run's poses: a base-frame result computed with the
+same kinematics as the run's robot (its provenance's ``kinematics_digest``), or, when the
+robot's poses come from an identified model (a CiA 402 arm with ``[kinematics]
+use_identified``), the kinematics result that identified it (its ``cell_T_base`` and target
+are that model's). A base-frame result of other kinematics (the nominal arm before the
+identification, another table) would put the check's closure off by the difference and blame
+the camera for it: it is not used.
+
+The check is a gate of its own (``tracker_check``); without such a result, tracker
 points or a configured target it does not run, and the record says why.
 """
 
@@ -43,8 +51,10 @@ from cellcal.daemon.config import Config
 from cellcal.daemon.config.camera import MOUNTING_EYE_IN_HAND, MOUNTING_EYE_TO_HAND
 from cellcal.daemon.consistency import StationRejected
 from cellcal.daemon.gates import GateCheck, gates_passed
+from cellcal.daemon.runs.kinematics_report import identified_model
 from cellcal.daemon.runs.plan import PlannedStation
 from cellcal.daemon.store import StationRecord, Store
+from cellcal.drivers.kinematics import kinematics_digest
 from cellcal.solver.camera_checks import tracker_check
 from cellcal.solver.camera_results import CameraChainResult
 
@@ -123,10 +133,33 @@ class _BaseFrame:
     cross_cov: npt.NDArray[np.float64] | None = None
 
 
-def _base_frame(store: Store, limit: int = 50) -> _BaseFrame | None:
-    """The newest base-frame result that passed its gates and is not suspect."""
+def _digest(identity: object) -> str | None:
+    d = _map(identity).get("kinematics_digest")
+    return d if isinstance(d, str) and d else None
+
+
+def _base_frame(store: Store, robot: Mapping[str, object] | None = None,
+                limit: int = 50) -> tuple[_BaseFrame | None, list[int]]:
+    """The newest result that passed its gates, is not suspect and gives ``cell_T_base`` in the
+    gauge of ``robot`` (the run's robot identity; module docstring): a base-frame result of
+    the same kinematics digest (either digest unknown: taken), or a kinematics result whose
+    identified model has the robot's digest. Also the ids of base-frame results passed over
+    for other kinematics."""
+    want = _digest(robot)
+    other: list[int] = []
     for rec in store.list_results(limit=limit):
-        if rec.kind != P.KIND_BASE_FRAME or rec.suspect or not gates_passed(rec.result):
+        if rec.suspect or not gates_passed(rec.result):
+            continue
+        if rec.kind == P.KIND_BASE_FRAME:
+            have = _digest(_map(_map(rec.provenance).get("devices")).get(P.DEVICE_ROBOT))
+            if want is not None and have is not None and have != want:
+                other.append(int(rec.id))
+                continue
+        elif rec.kind == P.KIND_KINEMATICS and want is not None:
+            model = identified_model(rec.result)
+            if model is None or kinematics_digest(model) != want:
+                continue
+        else:
             continue
         tr = _map(rec.result.get("transforms"))
         if "cell_T_base" not in tr:
@@ -152,8 +185,8 @@ def _base_frame(store: Store, limit: int = 50) -> _BaseFrame | None:
         Cb = _cov(covs, "cell_T_base", 6)
         if Cb is None or Cp is None:
             cross = None
-        return _BaseFrame(int(rec.id), transform_from_wire(_map(tr["cell_T_base"])), Cb, p, Cp, cross)
-    return None
+        return _BaseFrame(int(rec.id), transform_from_wire(_map(tr["cell_T_base"])), Cb, p, Cp, cross), other
+    return None, other
 
 
 def _cross(joint: Mapping[str, object], covs: Mapping[str, object], a: str,
@@ -186,9 +219,10 @@ def _cov(covs: Mapping[str, object], name: str, n: int) -> npt.NDArray[np.float6
 
 
 def check_record(result: CameraChainResult, stations: Sequence[StationRecord], cfg: Config,
-                 store: Store) -> tuple[P.JsonObject | None, str]:
+                 store: Store, robot: Mapping[str, object] | None = None) -> tuple[P.JsonObject | None, str]:
     """The tracker check of ``result`` fitted on ``stations`` (module docstring): ``(its wire
-    form, "")``, or ``(None, why it did not run)``."""
+    form, "")``, or ``(None, why it did not run)``. ``robot``: the run's robot identity
+    (``RunRecord.devices["robot"]``), whose kinematics the base frame must share."""
     if not wanted(cfg, result.setup):
         return None, ("no tracker check: [camera.hand_eye] tracker_target_mm (the tracker's target on the board) "
                       "is not set" if result.setup == MOUNTING_EYE_TO_HAND else "no tracker check: [camera.hand_eye] "
@@ -198,8 +232,12 @@ def check_record(result: CameraChainResult, stations: Sequence[StationRecord], c
     pairs = [(j, p, s) for j, p, s in pairs if p is not None]
     if not pairs:
         return None, "no tracker check: no station has a tracker point (see the stations' raw tracker_check)"
-    base = _base_frame(store)
+    base, other = _base_frame(store, robot)
     if base is None:
+        if other:
+            return None, (f"no tracker check: the base-frame results that passed ({', '.join(map(str, other))}) were "
+                          f"computed with other kinematics than this run's robot (kinematics_digest {_digest(robot)}): "
+                          "run a base frame with it first")
         return None, "no tracker check: no base-frame result that passed its gates gives cell_T_base"
     if result.setup == MOUNTING_EYE_IN_HAND and base.flange_p is None:
         return None, (f"no tracker check: base-frame result {base.result_id} gives no flange_T_target or "

@@ -1,8 +1,14 @@
-"""Which absolute accuracy a camera hand-eye run declares for the arm (ADR 0027, amendment
-2026-12-07 b): the configured figure; else, when the run's poses came from an identified model
-(a CiA 402 arm with ``[kinematics] use_identified``), that kinematics result's held-out
-figures; else none (the record then warns). Real SQLite store, the daemon's own kinematics
-record (``runs.kinematics.gate_and_wire`` through ``tests/_report_kinds.py``).
+"""A camera hand-eye run on an arm whose poses come from an identified model (a CiA 402 arm
+with ``[kinematics] use_identified``; ADR 0027, amendment 2026-12-07 b), found through the
+run's provenance (the robot's ``kinematics_digest``):
+
+* the absolute accuracy it declares: the configured figure; else that kinematics result's
+  held-out figures; else none (the record then warns);
+* the base frame of its tracker check: in the gauge of the run's poses (the identification's
+  own, or a base-frame result of the same kinematics), never one of other kinematics.
+
+Real SQLite store, the daemon's own kinematics record (``runs.kinematics.gate_and_wire``
+through ``tests/_report_kinds.py``).
 """
 
 from __future__ import annotations
@@ -113,3 +119,34 @@ def test_a_cia402_arm_opened_with_the_identified_model_names_it_in_its_identity(
     ident = robot_identity(robot)
     assert ident["kinematics_digest"] == kinematics_digest(model)
     assert ident["kinematics_digest"] != kinematics_digest(dh_model("ur5e"))
+
+
+def test_the_tracker_checks_base_frame_is_in_the_gauge_of_the_runs_poses(tmp_path, kinematics_body):
+    # Newest first: a base-frame result of the nominal arm, then the identification. A run on
+    # the identified model's poses takes the identification's cell_T_base and target (the
+    # nominal one would put the closure off by the gauge and blame the camera); a run on the
+    # nominal arm takes the base-frame result; a robot of other kinematics gets none, and says why.
+    import numpy as np
+    from _report_kinds import _body
+
+    from cellcal.daemon.runs.hand_eye_tracker import _base_frame
+    from cellcal.solver import calibrate_base_frame, synthetic
+
+    body, _result = kinematics_body
+    d_id, d_nom = kinematics_digest(identified_model(body)), kinematics_digest(dh_model("ur5e"))
+    s = synthetic.base_frame_scene(12, np.random.default_rng(3), noise_mm=0.02, noise_deg=0.01)
+    base = _body("base_frame", calibrate_base_frame(s.base_T_flange, s.measured))
+    with Store(tmp_path / "state").open() as store:
+        kid = store.add_result(None, P.KIND_KINEMATICS, body, {})
+        bid = store.add_result(None, P.KIND_BASE_FRAME, base, {"devices": {"robot": {"kinematics_digest": d_nom}}})
+        got, other = _base_frame(store, {"kinematics_digest": d_id})
+        assert got is not None and got.result_id == kid and other == [bid]
+        stored = np.array(body["transforms"]["cell_T_base"]["matrix"]).reshape(4, 4)
+        np.testing.assert_allclose(got.cell_T_base, stored, atol=1e-12)
+        assert got.flange_p is not None and got.cell_T_base_cov is not None
+        got, other = _base_frame(store, {"kinematics_digest": d_nom})
+        assert got is not None and got.result_id == bid and other == []
+        got, _ = _base_frame(store, None)  # a robot of unknown kinematics: the newest base frame, as before
+        assert got is not None and got.result_id == bid
+        got, other = _base_frame(store, {"kinematics_digest": "sha256:" + "0" * 64})
+        assert got is None and other == [bid]
