@@ -124,6 +124,9 @@ def test_the_record_show_and_report_carry_the_camera_chain(tmp_path):
     lines = "\n".join(kind.show_lines(body))
     for word in ("reprojection", "closure", "cross-check", "estimated with the hand-eye", "tracker check"):
         assert word in lines, (word, lines)
+    # where the declared accuracy came from (finish() sets it): the summary line says so
+    d["robot"]["accuracy_source"] = {"from": "kinematics", "result_id": 7}
+    assert "(from kinematics result 7, held-out)" in "\n".join(kind.show_lines(body))
     html = kind.report_sections(body, None).after_summary
     assert 'id="camera-hand-eye"' in html and html.count("<figure") == 2
     given = {k: v for k, v in body.items() if k != RECORD_KEY}  # a hand_eye result from given stations

@@ -60,6 +60,16 @@ def _t(v: object, digits: int, scale: float = 1.0) -> str:
     return f"{x:.{digits}f}" if math.isfinite(x) else "n/a"
 
 
+def _accuracy_from(source: object) -> str:
+    """Where a camera result's declared robot accuracy came from, for its summary line."""
+    s = _map(source)
+    if s.get("from") == "kinematics":
+        return f" (from kinematics result {s.get('result_id', '?')}, held-out)"
+    if s.get("from") == "undeclared":
+        return " (undeclared)"
+    return ""
+
+
 def show_lines(body: ResultBody) -> list[str]:
     """The camera chain's figures, one line each (``cellcal show``)."""
     d = _map(body.get(_KEY))
@@ -104,7 +114,8 @@ def show_lines(body: ResultBody) -> list[str]:
     lines.append(f"  tests            {'MODEL ERROR' if t.get('model_error') else 'noise only'}: consistency p "
                  f"{_t(t.get('consistency_p'), 3)}, image structure p {_t(t.get('structure_p'), 3)}; robot corrections "
                  f"{_t(r.get('corrections_rms_m'), 4, 1e3)} mm RMS under a prior of "
-                 f"{_t(r.get('repeatability_m'), 4, 1e3)} mm repeatability, {_t(r.get('accuracy_m'), 3, 1e3)} mm accuracy")
+                 f"{_t(r.get('repeatability_m'), 4, 1e3)} mm repeatability, {_t(r.get('accuracy_m'), 3, 1e3)} mm accuracy"
+                 f"{_accuracy_from(r.get('accuracy_source'))}")
     pl = _map(d.get("planner"))
     if pl.get("name") == "information":
         lines.append(f"  plan             views chosen by their information of {pl.get('n_candidates', '?')} "
