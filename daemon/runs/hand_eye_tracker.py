@@ -51,10 +51,9 @@ from cellcal.daemon.config import Config
 from cellcal.daemon.config.camera import MOUNTING_EYE_IN_HAND, MOUNTING_EYE_TO_HAND
 from cellcal.daemon.consistency import StationRejected
 from cellcal.daemon.gates import GateCheck, gates_passed
-from cellcal.daemon.runs.kinematics_report import identified_model
+from cellcal.daemon.runs.kinematics import identified_result, robot_digest
 from cellcal.daemon.runs.plan import PlannedStation
 from cellcal.daemon.store import StationRecord, Store
-from cellcal.drivers.kinematics import kinematics_digest
 from cellcal.solver.camera_checks import tracker_check
 from cellcal.solver.camera_results import CameraChainResult
 
@@ -133,11 +132,6 @@ class _BaseFrame:
     cross_cov: npt.NDArray[np.float64] | None = None
 
 
-def _digest(identity: object) -> str | None:
-    d = _map(identity).get("kinematics_digest")
-    return d if isinstance(d, str) and d else None
-
-
 def _base_frame(store: Store, robot: Mapping[str, object] | None = None,
                 limit: int = 50) -> tuple[_BaseFrame | None, list[int]]:
     """The newest result that passed its gates, is not suspect and gives ``cell_T_base`` in the
@@ -145,21 +139,18 @@ def _base_frame(store: Store, robot: Mapping[str, object] | None = None,
     the same kinematics digest (either digest unknown: taken), or a kinematics result whose
     identified model has the robot's digest. Also the ids of base-frame results passed over
     for other kinematics."""
-    want = _digest(robot)
+    want = robot_digest(robot)
+    identified = identified_result(store, robot, limit)
     other: list[int] = []
     for rec in store.list_results(limit=limit):
         if rec.suspect or not gates_passed(rec.result):
             continue
         if rec.kind == P.KIND_BASE_FRAME:
-            have = _digest(_map(_map(rec.provenance).get("devices")).get(P.DEVICE_ROBOT))
+            have = robot_digest(_map(_map(rec.provenance).get("devices")).get(P.DEVICE_ROBOT))
             if want is not None and have is not None and have != want:
                 other.append(int(rec.id))
                 continue
-        elif rec.kind == P.KIND_KINEMATICS and want is not None:
-            model = identified_model(rec.result)
-            if model is None or kinematics_digest(model) != want:
-                continue
-        else:
+        elif identified is None or rec.id != identified.id:
             continue
         tr = _map(rec.result.get("transforms"))
         if "cell_T_base" not in tr:
@@ -236,7 +227,7 @@ def check_record(result: CameraChainResult, stations: Sequence[StationRecord], c
     if base is None:
         if other:
             return None, (f"no tracker check: the base-frame results that passed ({', '.join(map(str, other))}) were "
-                          f"computed with other kinematics than this run's robot (kinematics_digest {_digest(robot)}): "
+                          f"computed with other kinematics than this run's robot (kinematics_digest {robot_digest(robot)}): "
                           "run a base frame with it first")
         return None, "no tracker check: no base-frame result that passed its gates gives cell_T_base"
     if result.setup == MOUNTING_EYE_IN_HAND and base.flange_p is None:

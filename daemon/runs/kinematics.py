@@ -72,7 +72,7 @@ from cellcal.daemon.runs.base import (
 from cellcal.daemon.runs.iso9283 import solver_params, without_iso9283
 from cellcal.daemon.runs.kinematics_report import driver_model, identified_model
 from cellcal.daemon.runs.plan import PlannedStation, plan_to_dict
-from cellcal.daemon.store import RunRecord, StationRecord, Store
+from cellcal.daemon.store import ResultRecord, RunRecord, StationRecord, Store
 from cellcal.drivers.kinematics import DHModel, kinematics_digest
 from cellcal.solver import CalibrationError, DHParameters, KinematicResult, identify_kinematics, plan_identification_stations
 from cellcal.solver.kinematic_export import kinematic_parameters_dict
@@ -427,37 +427,52 @@ def newest_identified(store: Store, limit: int = 50) -> tuple[int, DHModel] | No
 POINT_ROTATION_LEVER_M = 0.4
 
 
-def identified_accuracy(store: Store, robot: Mapping[str, object] | None,
-                        limit: int = 50) -> tuple[float, float, int] | None:
-    """The absolute accuracy of an arm whose forward kinematics is an identified model:
-    ``(1-sigma per axis m, rad, kinematics result id)`` from that result's held-out
-    validation (3-D RMS over sqrt(3); a point identification's rotation from its translation
-    over :data:`POINT_ROTATION_LEVER_M`), or None.
+def robot_digest(identity: object) -> str | None:
+    """The ``kinematics_digest`` of a robot identity (a run's ``devices["robot"]``, a result's
+    provenance), or None when it does not tell."""
+    d = _map(identity).get("kinematics_digest")
+    return d if isinstance(d, str) and d else None
 
-    ``robot`` is a run's robot identity (``RunRecord.devices["robot"]``): its
-    ``kinematics_digest`` must be the identified model's of a kinematics result that passed
-    its gates and is not suspect (among the ``limit`` newest), so the figure is the one of the
-    model the run's poses came from, never of another arm or an older model."""
-    digest = (robot or {}).get("kinematics_digest")
-    if not isinstance(digest, str) or not digest:
+
+def identified_result(store: Store, robot: object, limit: int = 50) -> ResultRecord | None:
+    """The kinematics result whose identified model the robot's forward kinematics is: the
+    newest (among the ``limit`` newest results) that passed its gates, is not suspect and
+    whose identified model has the ``kinematics_digest`` of ``robot`` (a robot identity, as
+    :func:`robot_digest` reads it); None for a robot on other kinematics or of unknown ones."""
+    digest = robot_digest(robot)
+    if digest is None:
         return None
     for rec in store.list_results(limit=limit):
         if rec.kind != P.KIND_KINEMATICS or rec.suspect or not gates_passed(rec.result):
             continue
         model = identified_model(rec.result)
-        if model is None or kinematics_digest(model) != digest:
-            continue
-        after = _map(_map(_map(rec.result.get("kinematics")).get("validation")).get("after"))
-        t, r = after.get("rms_translation_m"), after.get("rms_rotation_rad")
-        if not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0.0:
-            return None  # no held-out figure: nothing measured to declare
-        t_axis = float(t) / math.sqrt(3.0)
-        if isinstance(r, (int, float)) and math.isfinite(r) and r > 0.0:
-            r_axis = float(r) / math.sqrt(3.0)
-        else:
-            r_axis = t_axis / POINT_ROTATION_LEVER_M
-        return t_axis, r_axis, rec.id
+        if model is not None and kinematics_digest(model) == digest:
+            return rec
     return None
+
+
+def identified_accuracy(store: Store, robot: object, limit: int = 50) -> tuple[float, float, int] | None:
+    """The absolute accuracy of an arm whose forward kinematics is an identified model:
+    ``(1-sigma per axis m, rad, kinematics result id)`` from that result's held-out
+    validation (3-D RMS over sqrt(3); a point identification's rotation from its translation
+    over :data:`POINT_ROTATION_LEVER_M`), or None.
+
+    ``robot`` is a run's robot identity (``RunRecord.devices["robot"]``); the result is
+    :func:`identified_result`'s, so the figure is the one of the model the run's poses came
+    from, never of another arm or an older model."""
+    rec = identified_result(store, robot, limit)
+    if rec is None:
+        return None
+    after = _map(_map(_map(rec.result.get("kinematics")).get("validation")).get("after"))
+    t, r = after.get("rms_translation_m"), after.get("rms_rotation_rad")
+    if not isinstance(t, (int, float)) or not math.isfinite(t) or t <= 0.0:
+        return None  # no held-out figure: nothing measured to declare
+    t_axis = float(t) / math.sqrt(3.0)
+    if isinstance(r, (int, float)) and math.isfinite(r) and r > 0.0:
+        r_axis = float(r) / math.sqrt(3.0)
+    else:
+        r_axis = t_axis / POINT_ROTATION_LEVER_M
+    return t_axis, r_axis, rec.id
 
 
 def sync_devices_model(cfg: Config, store: Store, devices: CellDevices) -> None:
