@@ -341,7 +341,9 @@ def _hand_eye(args: argparse.Namespace, ds: Dataset, views: list[Detection], siz
     record = hand_eye_record(result)
     record["dataset"] = _dataset_wire(ds, views)
     if intrinsics is not None:
-        record["camera"]["intrinsics_file"] = str(args.intrinsics)  # type: ignore[index]
+        camera = record["camera"]
+        if isinstance(camera, dict):  # hand_eye_record's camera block (a JSON value to the type checker)
+            camera["intrinsics_file"] = str(args.intrinsics)
         if _same_images(args.intrinsics, ds):
             # A prior from the same corners counts them twice: the covariance comes out too small.
             print(f"cellcal solve: note: {args.intrinsics} was solved from these same images; its prior counts "
