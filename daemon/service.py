@@ -147,7 +147,7 @@ class Service:
         self._devices = CellDevices(cfg)
         self._motion_mode = motion_mode(cfg)
         self.control = JobControl(cfg, self._devices, self._to_state, self._emit)
-        self.control.before_open = lambda: sync_devices_model(self.cfg, self.store, self._devices)
+        self.control.before_open = lambda: sync_devices_model(self.cfg, self.store, self._devices, self.results.mark_suspect)
         self.ctx = RunContext(cfg, self.store, lambda: self._devices.model, self._motion_mode, self.control.abort)
         self.results = ResultKeeper(cfg, self.store, self.control, self._emit, self._run_event)
         self.policy = ResumePolicy(cfg, self.store, self.ctx, self._run_event)

@@ -40,3 +40,8 @@ def test_cia402_base_frame_runs_use_the_identified_model(tmp_path):
         assert np.allclose(cell.svc._devices.robot.model.theta_offset_rad, ident["theta"], atol=1e-15)
         after = result_of(cell, again).result["rms_translation_m"]
         assert after < before / 2, (after, before)
+        # the nominal arm's base frame is in the old model's frames: suspect since the reopen,
+        # with its files and the store saying so; the one fitted with the identified model is not
+        old = cell.svc.store.get_result(result_of(cell, first).id)
+        assert old.suspect and f"kinematics result {rec.id}" in old.suspect_reason, old.suspect_reason
+        assert not cell.svc.store.get_result(result_of(cell, again).id).suspect

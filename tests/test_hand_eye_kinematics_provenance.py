@@ -150,3 +150,35 @@ def test_the_tracker_checks_base_frame_is_in_the_gauge_of_the_runs_poses(tmp_pat
         assert got is not None and got.result_id == bid
         got, other = _base_frame(store, {"kinematics_digest": "sha256:" + "0" * 64})
         assert got is None and other == [bid]
+
+
+def test_taking_an_identified_model_marks_results_of_other_kinematics_suspect(tmp_path, kinematics_body):
+    # A CiA 402 arm reopened with the identified model: results fitted to other kinematics are
+    # in that model's frames, so they are marked suspect (their to_base would be off by the
+    # difference); a result of unknown kinematics and the kinematics result itself are not.
+    import numpy as np
+    from _report_kinds import _body
+
+    from cellcal.daemon.devices import CellDevices
+    from cellcal.daemon.runs.kinematics import sync_devices_model
+    from cellcal.solver import calibrate_base_frame, synthetic
+
+    body, _ = kinematics_body
+    s = synthetic.base_frame_scene(12, np.random.default_rng(3), noise_mm=0.02, noise_deg=0.01)
+    base = _body("base_frame", calibrate_base_frame(s.base_T_flange, s.measured))
+    d = daemon_config(robot_url="canopen://virtual/0", tracker_url="socket://127.0.0.1:4000", workdir=tmp_path)
+    d.setdefault("kinematics", {})["use_identified"] = True
+    cfg = load_config_text(to_toml(d))
+    nominal = {"devices": {"robot": {"kinematics_digest": kinematics_digest(dh_model("ur5e"))}}}
+    with Store(tmp_path / "state").open() as store:
+        old = store.add_result(None, P.KIND_BASE_FRAME, base, nominal)
+        unknown = store.add_result(None, P.KIND_BASE_FRAME, base, {"devices": {"robot": {}}})
+        kid = store.add_result(None, P.KIND_KINEMATICS, body, nominal)
+        devices = CellDevices(cfg)
+        sync_devices_model(cfg, store, devices)
+        assert devices.model_override_result == kid
+        assert store.get_result(old).suspect and f"kinematics result {kid}" in store.get_result(old).suspect_reason
+        assert not store.get_result(unknown).suspect and not store.get_result(kid).suspect
+        marked = []
+        sync_devices_model(cfg, store, devices, lambda rid, why: marked.append(rid))
+        assert marked == []  # the model did not change: nothing new to mark

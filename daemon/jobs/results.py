@@ -212,6 +212,15 @@ class ResultKeeper:
         self.publish_active()
         return prev.id if prev is not None else None
 
+    def mark_suspect(self, rid: int, reason: str) -> None:
+        """Mark a result suspect, with its files rewritten to say so and, when it is the
+        active one, the result topic told (a drift check's verdict does the same in its job)."""
+        self.store.mark_suspect(rid, reason)
+        self.export(rid)
+        active = self.active()
+        if active is not None and active.id == rid:
+            self.publish_active()
+
     def publish_active(self, *, retained: bool = False) -> None:
         """The active result on the result topic (``retained``: the periodic repetition)."""
         rec = self.active()

@@ -41,7 +41,7 @@ import dataclasses
 import logging
 import math
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import SupportsFloat, TypedDict, cast
 
@@ -475,10 +475,23 @@ def identified_accuracy(store: Store, robot: object, limit: int = 50) -> tuple[f
     return t_axis, r_axis, rec.id
 
 
-def sync_devices_model(cfg: Config, store: Store, devices: CellDevices) -> None:
+#: Result kinds whose transforms were fitted to the robot's forward kinematics (their poses
+#: came from it): a change of the model leaves them in another model's frames.
+FK_KINDS = (P.KIND_BASE_FRAME, P.KIND_TOOL_POINT, P.KIND_HAND_EYE, P.KIND_EYE_TO_HAND)
+
+
+def sync_devices_model(cfg: Config, store: Store, devices: CellDevices,
+                       mark_suspect: Callable[[int, str], None] | None = None) -> None:
     """Open the robot with the identified model where cellcal computes its FK (a CiA 402 arm
     with ``[kinematics] use_identified = true``), closing it first when the model changed;
-    a UR's controller computes its own FK, so nothing changes there."""
+    a UR's controller computes its own FK, so nothing changes there.
+
+    When the robot takes an identified model, the results fitted to other kinematics
+    (:data:`FK_KINDS` whose provenance names another ``kinematics_digest``) are marked suspect
+    with ``mark_suspect(result_id, reason)`` (default: the store's): their frames are the old
+    model's (the base frame, the target, a camera's hand-eye all absorb its errors), and the
+    robot's poses are the new one's from now on, so a ``to_base`` through them would be off
+    by the difference without saying so."""
     want = newest_identified(store) if cfg.kinematics.use_identified and _is_canopen(cfg) else None
     rid, model = want if want is not None else (None, None)
     if rid == devices.model_override_result:
@@ -488,6 +501,22 @@ def sync_devices_model(cfg: Config, store: Store, devices: CellDevices) -> None:
         devices.close()
     devices.model_override, devices.model_override_result = model, rid
     devices.session.robot_replaced()
+    if model is not None and rid is not None:
+        _suspect_other_kinematics(store, rid, kinematics_digest(model), mark_suspect or store.mark_suspect)
+
+
+def _suspect_other_kinematics(store: Store, rid: int, digest: str, mark: Callable[[int, str], None],
+                              limit: int = 50) -> None:
+    for rec in store.list_results(limit=limit):
+        if rec.kind not in FK_KINDS or rec.suspect:
+            continue
+        have = robot_digest(_map(_map(rec.provenance).get("devices")).get(P.DEVICE_ROBOT))
+        if have is None or have == digest:
+            continue  # unknown kinematics is no evidence; the same model's results stand
+        log.warning("result %d was fitted to other kinematics (%s) than the identified model of result %d the robot "
+                    "now uses: marked suspect", rec.id, have, rid)
+        mark(rec.id, f"fitted to other kinematics ({have}) than the identified model of kinematics result {rid} the "
+                     "robot now computes its poses with: recalibrate")
 
 
 
