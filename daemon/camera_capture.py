@@ -17,8 +17,9 @@ hands it a station (``CaptureEngine.capture_camera``). A station is accepted onl
    (``moved_during_exposure`` otherwise);
 4. the robot state at mid-exposure, interpolated between the monitor's two samples around it
    (joints linearly, the flange pose linearly in translation and along the geodesic in
-   rotation), agrees with forward kinematics of its joints (``fk_mismatch``), and the pose is
-   new (``duplicate_pose``);
+   rotation), agrees with forward kinematics of its joints (``fk_mismatch``), the pose is
+   new (``duplicate_pose``), and the image is not one the camera sent at another pose, bit
+   for bit (``camera_image_repeated``: a stale buffer resent with fresh stamps);
 5. the target is seen: corners found (``no_target_in_view``), at least
    ``[camera.capture] min_corners`` of them (``too_few_corners``), and its edges sharp
    (:func:`edge_blur_px` at most ``max_blur_px``, ``image_blurred``).
@@ -37,6 +38,7 @@ the robot and the tracker.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import math
 import threading
@@ -420,6 +422,18 @@ class CameraCapture:
             raise StationRejected(RejectReason.TOO_FEW_CORNERS,
                                   f"{det.n_corners} corners of the target found, at least {cc.min_corners} needed "
                                   "([camera.capture] min_corners)", figures)
+        # The image is not one the camera sent at another pose, bit for bit (a stale buffer resent
+        # with fresh stamps). Judged on views of the target only: two views of it from poses the
+        # pose-change minimum apart differ even without sensor noise; an empty view may not.
+        key = hashlib.blake2b(np.ascontiguousarray(frame.image).tobytes(), digest_size=16).digest()
+        repeated = engine.session.repeated_image(key, G, c.min_pose_change_m, c.min_pose_change_rad)
+        if repeated is not None:
+            back, moved = repeated
+            figures.update(repeated_stations_back=back, robot_moved_m=moved)
+            raise StationRejected(
+                RejectReason.IMAGE_REPEATED,
+                f"the camera sent, to the last bit, the image it sent {back} station(s) ago while the robot is "
+                f"{moved * 1e3:.1f} mm away from that pose: its image is stuck (whatever its timestamps say)", figures)
         blur = edge_blur_px(frame.image, det)
         figures["blur_px"] = blur
         if not math.isfinite(blur) or blur > cc.max_blur_px:

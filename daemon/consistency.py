@@ -73,6 +73,7 @@ class RejectReason(str, enum.Enum):
     BLURRED = "image_blurred"
     MOVED_DURING_EXPOSURE = "moved_during_exposure"
     EXPOSURE_NOT_SETTLED = "exposure_not_settled"
+    IMAGE_REPEATED = "camera_image_repeated"
 
 
 class StationRejected(CellcalError):
@@ -168,6 +169,8 @@ class Session:
         self._robot: RobotKey | None = None
         # The last stations' instrument positions (each half's bytes) and robot poses.
         self._positions: list[tuple[list[bytes], npt.NDArray[np.float64]]] = []
+        # The same for camera stations: a digest of each frame's pixels.
+        self._images: list[tuple[list[bytes], npt.NDArray[np.float64]]] = []
 
     def new_job(self, robot: RobotKey | None = None) -> None:
         """Forget the job's settings baseline (and a change seen before the job began);
@@ -248,18 +251,31 @@ class Session:
         the last bit at two poses (its noise, and the poses differ by the pose-change
         minimum at least)."""
         keys = [np.asarray(p, dtype=np.float64).tobytes() for p in positions]
+        return self._repeated(self._positions, keys, base_T_flange, min_change_m, min_change_rad)
+
+    def repeated_image(self, key: bytes, base_T_flange: npt.NDArray[np.float64], min_change_m: float,
+                       min_change_rad: float) -> tuple[int, float] | None:
+        """:meth:`repeated_position` for a camera station's image: ``key`` is a digest of the
+        frame's pixels. A live camera's sensor noise never repeats an image to the last bit,
+        and between two robot poses the pose-change minimum apart its view changes; a camera
+        that resends a stale buffer with fresh stamps and frame ids does."""
+        return self._repeated(self._images, [key], base_T_flange, min_change_m, min_change_rad)
+
+    def _repeated(self, memory: list[tuple[list[bytes], npt.NDArray[np.float64]]], keys: list[bytes],
+                  base_T_flange: npt.NDArray[np.float64], min_change_m: float,
+                  min_change_rad: float) -> tuple[int, float] | None:
         G = np.asarray(base_T_flange, dtype=float)
         found: tuple[int, float] | None = None
         with self._lock:
-            for back, (old_keys, G_old) in enumerate(reversed(self._positions), start=1):
+            for back, (old_keys, G_old) in enumerate(reversed(memory), start=1):
                 if not set(keys) & set(old_keys):
                     continue
                 dt = float(np.linalg.norm(G_old[:3, 3] - G[:3, 3]))
                 if dt > min_change_m or rotation_angle(G_old[:3, :3].T @ G[:3, :3]) > min_change_rad:
                     found = (back, dt)
                     break
-            self._positions.append((keys, G.copy()))
-            del self._positions[:-RECENT_POSITIONS]
+            memory.append((keys, G.copy()))
+            del memory[:-RECENT_POSITIONS]
         return found
 
 

@@ -520,6 +520,9 @@ class SimCamera:
         self._auto = bool(config.auto_exposure)
         self._pixel_format = config.pixel_format
         self._frame_id = 0
+        #: The ``stuck_image`` fault (:meth:`stick`): the last image, resent bit for bit.
+        self._stuck = False
+        self._last_image: np.ndarray | None = None
         c = config.target.size_m
         self._outline = np.array([[0, 0, 0], [c[0], 0, 0], [c[0], c[1], 0], [0, c[1], 0]], dtype=float)
 
@@ -592,6 +595,13 @@ class SimCamera:
         return int(round((c.clock_offset_s + (1.0 + c.clock_drift_ppm * 1e-6) * wall) * 1e9))
 
     # -- frames -----------------------------------------------------------------------------
+    def stick(self, on: bool = True) -> None:
+        """The ``stuck_image`` fault: every frame from now on carries the last image sent,
+        bit for bit, with fresh timestamps and frame ids (a device whose buffer is no longer
+        refreshed); ``on=False`` heals it."""
+        with self._lock:
+            self._stuck = bool(on)
+
     def frame(self, t_request_ns: int | None = None) -> CameraFrame:
         """Expose, read out and return one frame (module docstring, "Time").
 
@@ -616,6 +626,10 @@ class SimCamera:
             line = c.line_time_s if c.shutter == "rolling" else 0.0
             refl = self._integrate(t0, exposure, line)
             img, mean_level, saturated = self._sensor(refl, t0 + 0.5 * exposure, exposure, gain_db, pixel_format)
+            if self._stuck and self._last_image is not None and self._last_image.shape == img.shape:
+                img = self._last_image.copy()  # a stale buffer: the old image, fresh stamps and frame id
+            else:
+                self._last_image = img.copy()
             settled = self._update_exposure(t0, mean_level)
             self._frame_id += 1
             t_mid = t0 + 0.5 * exposure + 0.5 * (h - 1) * line

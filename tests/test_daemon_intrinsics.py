@@ -177,6 +177,41 @@ def test_a_robot_that_moves_during_the_exposure_is_refused(cell):
     engine.monitor.wait_settled(60.0)  # the later tests start from rest
 
 
+def test_a_camera_resending_its_last_image_is_refused_at_another_pose(cell):
+    """The simulator's ``stuck_image`` fault: the camera resends its last image, bit for bit,
+    with fresh stamps and frame ids. One station is taken here (its image remembered), the
+    robot moves on (the board still in view), and the next station is refused
+    ``camera_image_repeated``; the run above, on a live camera, passed the same check."""
+    engine = cell.svc.control.devices.engine
+    capture = cell.svc.control.devices.camera_capture
+    assert cell.svc.wait_idle(30)
+    taken = None
+    for _attempt in range(3):  # as _refused: a late RTDE sample may restart the rest window
+        try:
+            taken = capture.station(engine, 998, [], None)
+            break
+        except StationRejected as exc:
+            if exc.reason != RejectReason.MOVED_DURING_EXPOSURE:
+                raise
+    assert taken is not None
+    cell.camera.camera.stick()
+    try:
+        q = np.asarray(engine.monitor.status()[0].q_rad, dtype=float)
+        engine.move_to(PlannedStation(0, q + np.radians([0.0, 0.0, 0.0, 0.0, 3.0, 0.0]), None), threading.Event())
+        rej = _refused(cell, capture)
+    finally:
+        cell.camera.camera.stick(False)
+    assert rej.reason == RejectReason.IMAGE_REPEATED, (rej, rej.detail)
+    assert rej.detail["repeated_stations_back"] == 1 and rej.detail["robot_moved_m"] > 1e-3, rej.detail
+    # healed: the camera's next image is a new one, and the station is taken
+    for _attempt in range(3):
+        try:
+            capture.station(engine, 997, [], None)
+            break
+        except StationRejected as exc:
+            assert exc.reason == RejectReason.MOVED_DURING_EXPOSURE, (exc, exc.detail)
+
+
 def test_no_target_in_view_is_refused(cell):
     engine = cell.svc.control.devices.engine
     q = np.asarray(engine.monitor.status()[0].q_rad, dtype=float)
