@@ -51,7 +51,7 @@ import numpy.typing as npt
 from cellcal.daemon import protocol as P
 from cellcal.daemon.capture import CaptureEngine, json_object
 from cellcal.daemon.config import Camera, Config
-from cellcal.daemon.consistency import DeviceFault, RejectReason, StationRejected
+from cellcal.daemon.consistency import DeviceFault, RejectReason, StationRejected, refuse_repeated
 from cellcal.daemon.monitor import rest_spread
 from cellcal.daemon.store import StationRecord
 from cellcal.drivers.camera import CameraDriver, CameraInfo, FeatureUnavailableError, Frame, TriggerMode
@@ -426,14 +426,9 @@ class CameraCapture:
         # with fresh stamps). Judged on views of the target only: two views of it from poses the
         # pose-change minimum apart differ even without sensor noise; an empty view may not.
         key = hashlib.blake2b(np.ascontiguousarray(frame.image).tobytes(), digest_size=16).digest()
-        repeated = engine.session.repeated_image(key, G, c.min_pose_change_m, c.min_pose_change_rad)
-        if repeated is not None:
-            back, moved = repeated
-            figures.update(repeated_stations_back=back, robot_moved_m=moved)
-            raise StationRejected(
-                RejectReason.IMAGE_REPEATED,
-                f"the camera sent, to the last bit, the image it sent {back} station(s) ago while the robot is "
-                f"{moved * 1e3:.1f} mm away from that pose: its image is stuck (whatever its timestamps say)", figures)
+        refuse_repeated(engine.session.repeated_image(key, G, c.min_pose_change_m, c.min_pose_change_rad),
+                        RejectReason.IMAGE_REPEATED, "the camera sent, to the last bit, the image it sent",
+                        "its image is stuck (whatever its timestamps say)", figures)
         blur = edge_blur_px(frame.image, det)
         figures["blur_px"] = blur
         if not math.isfinite(blur) or blur > cc.max_blur_px:

@@ -85,6 +85,7 @@ from cellcal.daemon.consistency import (
     Session,
     StationRejected,
     fk_deviation,
+    refuse_repeated,
     settings_changed,
 )
 from cellcal.daemon.monitor import MONITOR_LINGER_S, RobotMonitor, rest_spread, settle_config
@@ -519,17 +520,11 @@ class CaptureEngine:
                 figures.update(duplicate_of=j, distance_m=dt, angle_rad=dr)
                 raise StationRejected(RejectReason.DUPLICATE_POSE, f"same pose as accepted station {j}", figures)
         # 5c'. the instrument's position is not one it gave at another pose, bit for bit.
-        repeated = self.session.repeated_position([m1.cell_p_target, m2.cell_p_target], G, c.min_pose_change_m,
-                                                  c.min_pose_change_rad)
-        if repeated is not None:
-            back, moved = repeated
-            figures.update(repeated_stations_back=back, robot_moved_m=moved)
-            raise StationRejected(
-                RejectReason.TRACKER_POSITION_REPEATED,
-                f"the instrument reports, to the last bit, the position it reported {back} station(s) ago while the "
-                f"robot is {moved * 1e3:.1f} mm away from that pose: its value is stuck (whatever its std says)",
-                figures,
-            )
+        refuse_repeated(self.session.repeated_position([m1.cell_p_target, m2.cell_p_target], G, c.min_pose_change_m,
+                                                       c.min_pose_change_rad),
+                        RejectReason.TRACKER_POSITION_REPEATED,
+                        "the instrument reports, to the last bit, the position it reported",
+                        "its value is stuck (whatever its std says)", figures)
         # The station's tracker value: the two halves pooled (weighted by their samples).
         w1, w2 = m1.sample_count, m2.sample_count
         wsum = max(w1 + w2, 1)

@@ -85,6 +85,20 @@ class StationRejected(CellcalError):
         super().__init__(f"{reason.value}: {message}")
 
 
+def refuse_repeated(repeated: tuple[int, float] | None, reason: RejectReason, reported: str, stuck: str,
+                    figures: dict[str, object]) -> None:
+    """Raise ``StationRejected(reason)`` for what :meth:`Session.repeated_position` /
+    :meth:`Session.repeated_image` found (``(stations back, robot moved m)``; None: nothing).
+    ``reported`` says what came back, bit for bit ("the camera sent, to the last bit, the
+    image it sent"), ``stuck`` what that means; the figures get both numbers."""
+    if repeated is None:
+        return
+    back, moved = repeated
+    figures.update(repeated_stations_back=back, robot_moved_m=moved)
+    raise StationRejected(reason, f"{reported} {back} station(s) ago while the robot is {moved * 1e3:.1f} mm away "
+                                  f"from that pose: {stuck}", figures)
+
+
 class DeviceFault(CellcalError):
     """A device link failed (gone, timed out, unreadable); ``device`` is ``protocol.DEVICE_ROBOT``,
     ``protocol.DEVICE_TRACKER`` or ``protocol.DEVICE_CAMERA``, ``cause`` the driver's error.
