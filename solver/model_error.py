@@ -130,12 +130,13 @@ BLIND_ANISOTROPY = 4.0
 MISSED_FIELD_FACTOR = 1.5
 #: Power at which the smallest detectable model error is quoted.
 DETECTION_POWER = 0.9
-#: Stations per chunk of the per-station passes (bounded scratch); every sum over the stations
-#: is taken chunk by chunk in this order (the pinned figures' rounding).
+#: Stations per chunk of the per-station passes (bounded scratch); the REML passes sum chunk
+#: by chunk in this order (the pinned figures' rounding).
 CHUNK = 64
 #: Chunks per block of :func:`field_terms`' per-station algebra: each station's products are
 #: its own, so they are formed for a block at once (a few hundred numpy calls of fixed cost
-#: per block instead of per chunk), and only the sums run chunk by chunk.
+#: per block instead of per chunk), and its sums are one product per block too (their order
+#: moved the figures by ~1e-16 relative, far inside tests/test_solver_pinned.py's 1e-12).
 _BLOCK_CHUNKS = 4
 #: Fisher-scoring iterations of the variance components.
 _REML_ITERATIONS = 30
@@ -225,8 +226,8 @@ class _Scratch:
         # One anonymous mapping (zero-filled) for all of it, as a transient workspace has: about
         # 1 MB, freed back to the system with the workspace. From the heap, the blocks freed
         # between results a caller keeps stayed resident (bench/solver_resident_bench.py).
-        per_station = 4 * 9 + 3 + 6 + 6 * _M_ISO + 36 + 3 * _M_ISO + rows * (
-            2 * _M_ARM + _M_ISO + 6 + rows + p + 6 + 1)
+        per_station = 4 * 9 + 3 + 6 + 6 * _M_ARM + 36 + rows * (
+            2 * _M_ARM + 6 + rows + p + 6 + 1 + 6 + 12) + 6 * p + 4
         block = np.frombuffer(mmap.mmap(-1, 8 * c * per_station), dtype=np.float64)
         at = 0
 
@@ -238,14 +239,18 @@ class _Scratch:
 
         self.R1, self.R2, self.Ry, self.H = take(c, 3, 3), take(c, 3, 3), take(c, 3, 3), take(c, 3, 3)
         self.o, self.s = take(c, 3), take(c, 6)
-        self.A, self.Aw, self.T = take(c, 6, _M_ISO), take(c, 6, 6), take(c, 3, _M_ISO)
-        self.Z, self.Bi, self.Bw = take(c, rows, _M_ARM), take(c, rows, _M_ISO), take(c, rows, 6)
+        self.A, self.Aw = take(c, 6, _M_ARM), take(c, 6, 6)
+        self.Z, self.Bw = take(c, rows, _M_ARM), take(c, rows, 6)
         self.W, self.WX, self.WZ = take(c, rows, rows), take(c, rows, p), take(c, rows, _M_ARM)
         self.JR, self.yv = take(c, rows, 6), take(c, rows)
+        # (J_R A_w)^T contiguous (a product with a transposed view runs at half speed); the
+        # isotropic part's X_i^T J_R, J_R C, J_R B and its station weights [1, f_i].
+        self.BwT, self.P = take(c, 6, rows), take(c, p, 6)
+        self.JC, self.JB, self.F4 = take(c, rows, 6), take(c, rows, 6), take(4, c)
         assert at == block.size
         # Accumulators of the sums over the stations and their per-chunk parts.
         shapes = dict(Q=(p, _M_ARM), Szz=(_M_ARM, _M_ARM), zy=(_M_ARM,), xy=(p,), Xw=(p, p), Xw2=(p, p),
-                      XwZ=(p, _M_ARM), Zw=(_M_ARM, _M_ARM), Qi=(p, _M_ISO))
+                      XwZ=(p, _M_ARM), Zw=(_M_ARM, _M_ARM), Ki=(4, 6 * p))
         self.acc = {k: np.zeros(v) for k, v in shapes.items()}
         self.part = {k: np.zeros(v) for k, v in shapes.items()}
 
@@ -320,22 +325,6 @@ def _rough_columns(p: np.ndarray, S: _Scratch, c: int) -> np.ndarray:
     return A
 
 
-def _iso_columns(p: np.ndarray, cen: np.ndarray, L: float, S: _Scratch, c: int) -> np.ndarray:
-    """Unscaled isotropic columns (c, 6, 30): rigid twists about the centroid and the base
-    origin (half the weight each) and three pose-linear twists about the centroid."""
-    A = S.A[:c, :, :]
-    base, adc = _iso_blocks(cen)
-    h = math.sqrt(0.5)
-    A[:, :, 0:6] = h * adc
-    A[:, :, 6:12] = h * base
-    for a in range(3):
-        f = S.s[:c, a]
-        np.subtract(p[:, a], cen[a], out=f)
-        np.multiply(f, 1.0 / L, out=f)
-        np.multiply(f[:, None, None], adc, out=A[:, :, 12 + 6 * a : 18 + 6 * a])
-    return A
-
-
 def _iso_blocks(cen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The isotropic field's constant 6x6 blocks: a twist at the origin and about ``cen``."""
     base = np.zeros((6, 6))
@@ -347,34 +336,18 @@ def _iso_blocks(cen: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return base, adc
 
 
-def _flange_mean_square(A: np.ndarray, p: np.ndarray, S: _Scratch, c: int) -> float:
-    """Sum over the chunk of ``|[I, -hat(p_i)] A_i|_F^2``: the flange position error's
-    second moment (columns in base twists at the origin)."""
-    m = A.shape[2]
-    T = S.T[:c, :, :m]
-    _hat_into(p, S.H[:c])
-    np.matmul(S.H[:c], A[:, 3:6, :], out=T)
-    np.subtract(A[:, 0:3, :], T, out=T)
-    return float(np.einsum("nij,nij->", T, T))  # np.vdot would copy the strided views
-
-
-def _flange_error(A: np.ndarray, p: np.ndarray, S: _Scratch, c: int, out: np.ndarray) -> np.ndarray:
-    """``[I, -hat(p_i)] A_i`` (c, 3, m) into ``out``: :func:`_flange_mean_square` before its sum."""
-    m = A.shape[2]
-    T = out[:c, :, :m]
-    _hat_into(p, S.H[:c])
-    np.matmul(S.H[:c], A[:, 3:6, :], out=T)
-    np.subtract(A[:, 0:3, :], T, out=T)
-    return T
-
-
-def _chunks(c: int):
-    """``(start, stop)`` of the :data:`CHUNK`-station chunks of a block of ``c`` stations."""
-    return [(a, min(c, a + CHUNK)) for a in range(0, c, CHUNK)]
-
-
-def _rot_mean_square(A: np.ndarray) -> float:
-    return float(np.einsum("nij,nij->", A[:, 3:6, :], A[:, 3:6, :]))
+def _column_energy(p: np.ndarray) -> tuple[float, float, float]:
+    """``(sum |p_i|^2, arm, rough)``: the flange position error summed over stations at ``p``
+    (c, 3) of the unscaled arm columns (:func:`_arm_columns`) and rough columns
+    (:func:`_rough_columns`), in closed form. A block ``[l R, hat(o) R; 0, R]`` (a twist about
+    ``o``, ``R`` a rotation) moves the flange point ``p`` by ``|[I, -hat(p)] M|_F^2 = 3 l^2 +
+    2 |p - o|^2`` and turns it by ``|R|_F^2 = 3`` (so a station's rotation energy is 9 for
+    the arm, 3 for the rough part). The arm's frames sit at the shoulder ``s`` (twice) and
+    half-way to ``p``; the rough block at ``p``."""
+    c = p.shape[0]
+    sp2 = float(np.einsum("ij,ij->", p, p))
+    sps = sp2 - 2.0 * SHOULDER_HEIGHT_M * float(p[:, 2].sum()) + c * SHOULDER_HEIGHT_M ** 2  # sum |p - s|^2
+    return sp2, 9.0 * LINK_LENGTH_M ** 2 * c + 4.5 * sps, 3.0 * ROUGH_LENGTH_M ** 2 * c
 
 
 def _robot_jacobian(Jw: np.ndarray, a_cols: slice, robot_map: np.ndarray | None, S: _Scratch,
@@ -420,7 +393,7 @@ def field_terms(model, n: int, ws: Workspace, Hinv: np.ndarray, *, flange_p: np.
         np.add(acc[key], part[key], out=acc[key])
 
     trW = trW2 = ywy = trZi = 0.0
-    ms_arm = ms_w = ms_iso = ra = rw = 0.0
+    ms_arm = ms_w = ms_iso = 0.0
     cen = np.zeros(3)
     np.copyto(ws.v3a[:n], flange_p)  # contiguous: a reduction over a strided view copies it
     np.einsum("ij->j", ws.v3a[:n], out=cen)
@@ -430,65 +403,84 @@ def field_terms(model, n: int, ws: Workspace, Hinv: np.ndarray, *, flange_p: np.
     np.einsum("ij,ij->i", ws.v3a[:n], ws.v3a[:n], out=d)
     L = math.sqrt(float(d.sum()) / n)
     L = L if L > 1e-9 else 1.0
+    base, adc = _iso_blocks(cen)
+    h2 = 0.5  # each rigid twist of the isotropic field carries half the weight
     block = CHUNK * _BLOCK_CHUNKS
     for lo in range(0, n, block):
         hi = min(n, lo + block)
         c = hi - lo
         pc = flange_p[lo:hi]
         JR = _robot_jacobian(Jw, a_cols, robot_map, S, lo, hi)
+        sp2, e_arm, e_w = _column_energy(pc)
+        ms_arm += e_arm
+        ms_w += e_w
         # Arm part.
         A = _arm_columns(pc, S, c)
-        Ta = _flange_error(A, pc, S, c, S.T)
-        for a_, b_ in _chunks(c):
-            ms_arm += float(np.einsum("nij,nij->", Ta[a_:b_], Ta[a_:b_]))  # np.vdot would copy
-            ra += _rot_mean_square(A[a_:b_])
         Z = S.Z[:c]
         np.matmul(JR, A, out=Z)
         # Rough part: W_i = (J_R A_w)(J_R A_w)^T.
         Aw = _rough_columns(pc, S, c)
-        Tw = _flange_error(Aw, pc, S, c, S.T)
-        for a_, b_ in _chunks(c):
-            ms_w += float(np.einsum("nij,nij->", Tw[a_:b_], Tw[a_:b_]))
-            rw += _rot_mean_square(Aw[a_:b_])
         Bw = S.Bw[:c]
         np.matmul(JR, Aw, out=Bw)
         W = S.W[:c]
-        np.matmul(Bw, Bw.transpose(0, 2, 1), out=W)
+        BwT = S.BwT[:c]
+        np.copyto(BwT, Bw.transpose(0, 2, 1))
+        np.matmul(Bw, BwT, out=W)
         WX = S.WX[:c]
         np.matmul(W, Jw[lo:hi], out=WX)
         WZ = S.WZ[:c]
         np.matmul(W, Z, out=WZ)
         yv = S.yv[:c]
         np.matmul(W, ewh[lo:hi, :, None], out=yv[:, :, None])
-        # Sums, chunk by chunk.
-        for a_, b_ in _chunks(c):
-            X = Jw[lo + a_ : lo + b_]
-            y = ewh[lo + a_ : lo + b_]
-            Zc, WXc, Wc = Z[a_:b_], WX[a_:b_], W[a_:b_]
-            add("Q", X, Zc)
-            add("Szz", Zc, Zc)
-            add("zy", Zc, y)
-            add("xy", X, y)
-            add("Xw", X, WXc)
-            add("Xw2", WXc, WXc)
-            add("XwZ", WXc, Zc)
-            add("Zw", Zc, WZ[a_:b_])
-            trW += float(np.einsum("nii->", Wc))
-            trW2 += float(np.einsum("nij,nij->", Wc, Wc))
-            ywy += float(np.einsum("ni,ni->", y, yv[a_:b_]))
-        # Isotropic part (its absorbed share and energy only).
-        Ai = _iso_columns(pc, cen, L, S, c)
-        Ti = _flange_error(Ai, pc, S, c, S.T)
-        Bi = S.Bi[:c]
-        np.matmul(JR, Ai, out=Bi)
-        for a_, b_ in _chunks(c):
-            ms_iso += float(np.einsum("nij,nij->", Ti[a_:b_], Ti[a_:b_]))
-            add("Qi", Jw[lo + a_ : lo + b_], Bi[a_:b_])
-            trZi += float(np.einsum("nij,nij->", Bi[a_:b_], Bi[a_:b_]))
+        # Sums over the block: one product each of the contiguous (c * rows, k) views.
+        X = Jw[lo:hi]
+        y = ewh[lo:hi]
+        add("Q", X, Z)
+        add("Szz", Z, Z)
+        add("zy", Z, y)
+        add("xy", X, y)
+        add("Xw", X, WX)
+        add("Xw2", WX, WX)
+        add("XwZ", WX, Z)
+        add("Zw", Z, WZ)
+        trW += float(np.einsum("nii->", W))
+        trW2 += float(np.einsum("nij,nij->", W, W))
+        ywy += float(np.einsum("ni,ni->", y, yv))
+        # Isotropic part (its absorbed share and energy only). Its columns are constant 6x6
+        # blocks (_iso_blocks) scaled per station, A_i = [h C, h B, f_i0 C, f_i1 C, f_i2 C]
+        # (f_i the centred position / L), so X^T J_R A sums to [sum_i P_i, sum_i f_i P_i]
+        # (P_i = X_i^T J_R) times the blocks, and |J_R A_i|^2 = (h^2 + |f_i|^2) |J_R C|^2 +
+        # h^2 |J_R B|^2: no (c, 6, 30) column array, no product with it.
+        F4 = S.F4[:, :c]
+        F4[0] = 1.0
+        f = F4[1:4].T
+        np.subtract(pc, cen, out=f)
+        np.multiply(f, 1.0 / L, out=f)
+        ff = S.s[:c, 4]
+        np.einsum("ij,ij->i", f, f, out=ff)
+        wv = S.s[:c, 3]
+        np.add(ff, h2, out=wv)
+        P = S.P[:c]
+        np.matmul(X.transpose(0, 2, 1), JR, out=P)
+        np.matmul(F4, P.reshape(c, 6 * p), out=part["Ki"])
+        np.add(acc["Ki"], part["Ki"], out=acc["Ki"])
+        JR2 = JR.reshape(c * rows, 6)
+        JC, JB = S.JC[:c], S.JB[:c]
+        np.matmul(JR2, adc, out=JC.reshape(c * rows, 6))
+        np.matmul(JR2, base, out=JB.reshape(c * rows, 6))
+        nv = S.s[:c, 5]
+        np.einsum("nij,nij->n", JC, JC, out=nv)
+        trZi += float(wv @ nv) + h2 * float(np.einsum("nij,nij->", JB, JB))
+        # Flange position error of the blocks: |[I, -hat(p)] C|^2 = 3 l^2 + 2 |p - cen|^2 and
+        # |[I, -hat(p)] B|^2 = 3 l^2 + 2 |p|^2 (l the link length), |p - cen|^2 = L^2 |f|^2.
+        sf, sff = float(ff.sum()), float(ff @ ff)
+        l2 = 3.0 * LINK_LENGTH_M ** 2
+        ms_iso += (l2 * (h2 * c + sf) + 2.0 * L * L * (h2 * sf + sff)
+                   + h2 * (l2 * c + 2.0 * sp2))
     # Normalise: a unit component is a field of 1 m^2 mean squared flange error.
     ka, kw, ki = n / ms_arm, n / ms_w, n / ms_iso
     sa = math.sqrt(ka)
-    Q, Szz, zy, Xw, Xw2, XwZ, Zw, Qi = (acc[k] for k in ("Q", "Szz", "zy", "Xw", "Xw2", "XwZ", "Zw", "Qi"))
+    Q, Szz, zy, Xw, Xw2, XwZ, Zw = (acc[k] for k in ("Q", "Szz", "zy", "Xw", "Xw2", "XwZ", "Zw"))
     Q *= sa
     Szz *= ka
     zy *= sa
@@ -496,6 +488,9 @@ def field_terms(model, n: int, ws: Workspace, Hinv: np.ndarray, *, flange_p: np.
     Xw2 *= kw * kw
     XwZ *= kw * sa
     Zw *= kw * ka
+    Ki = acc["Ki"].reshape(4, p, 6)
+    hk = math.sqrt(h2)
+    Qi = np.concatenate([hk * (Ki[0] @ adc), hk * (Ki[0] @ base)] + [Ki[1 + a] @ adc for a in range(3)], axis=1)
     Qi *= math.sqrt(ki)
     # The residual's part outside the fit's span: at a linear (not least-squares) answer the
     # residual is not orthogonal to the Jacobian, and what the fit could still take must not
@@ -507,7 +502,7 @@ def field_terms(model, n: int, ws: Workspace, Hinv: np.ndarray, *, flange_p: np.
     nu = float(dof) if dof is not None else float(rows * n - p)
     return FieldTerms(p=p, nu=nu, yy=yy, Q=Q, Szz=Szz, zy=zy, Xw=Xw, Xw2=Xw2, XwZ=XwZ, Zw=Zw,
                       trW=trW * kw, trW2=trW2 * kw * kw, ywy=ywy * kw, Qi=Qi, trZi=trZi * ki,
-                      rot2=(ra * ka / n, rw * kw / n), Hinv=Hinv)
+                      rot2=(9.0 * ka, 3.0 * kw), Hinv=Hinv)
 
 
 # --- the matched test and its power ---------------------------------------------------------
@@ -711,11 +706,12 @@ def fit_field(model, n: int, ws: Workspace, t: FieldTerms, *, flange_p: np.ndarr
         pc = flange_p[lo:hi]
         JR = _robot_jacobian(Jw, a_cols, robot_map, S, lo, hi)
         A = _arm_columns(pc, S, c)
-        ms_arm += _flange_mean_square(A, pc, S, c)
+        _, e_arm, e_w = _column_energy(pc)
+        ms_arm += e_arm
+        ms_w += e_w
         Z = S.Z[:c]
         np.matmul(JR, A, out=Z)
         Aw = _rough_columns(pc, S, c)
-        ms_w += _flange_mean_square(Aw, pc, S, c)
         Bw = S.Bw[:c]
         np.matmul(JR, Aw, out=Bw)
         W = S.W[:c]
@@ -965,7 +961,7 @@ def signature_tests(model, n: int, ws: Workspace, t: FieldTerms, *, flange_T: np
     for lo in range(0, n, CHUNK):
         hi = min(n, lo + CHUNK)
         A = _arm_columns(flange_T[lo:hi, :3, 3], S, hi - lo)
-        ms += _flange_mean_square(A, flange_T[lo:hi, :3, 3], S, hi - lo)
+        ms += _column_energy(flange_T[lo:hi, :3, 3])[1]
         np.matmul(JR[lo:hi], A, out=Z[lo:hi])
     Bn = np.concatenate([Jw, Z], axis=2).reshape(n * rows, -1)
     Cf = C.reshape(n * rows, k)
