@@ -296,20 +296,24 @@ def _arm_columns(p: np.ndarray, S: _Scratch, c: int) -> np.ndarray:
     Ry[:, 1, 1] = 1.0
     R2 = S.R2[:c]
     np.matmul(R1, Ry, out=R2)
-    o = S.o[:c]
-    Hm = S.H[:c]
-    for k, (R, half) in enumerate(((R1, False), (R2, False), (R2, True))):
+    # Blocks [l R, hat(o) R; 0, R]: F_1 and F_2 at the shoulder o = (0, 0, h), where hat(o) R
+    # is two scaled rows of R; the elbow F_3 (R_2 again) half-way to the flange.
+    for k, R in ((0, R1), (1, R2)):
         cols = A[:, :, 6 * k : 6 * k + 6]
-        cols[:, 0:3, 0:3] = R
-        cols[:, 3:6, 3:6] = R
-        o.fill(0.0)
-        o[:, 2] = SHOULDER_HEIGHT_M
-        if half:
-            np.add(o, p, out=o)
-            np.multiply(o, 0.5, out=o)
-        _hat_into(o, Hm)
-        np.matmul(Hm, R, out=cols[:, 0:3, 3:6])  # a twist about o: rho_0 = o x phi
-        cols[:, 0:3, 0:3] *= LINK_LENGTH_M  # V^1/2: translation 1-sigma per radian
+        np.multiply(R, LINK_LENGTH_M, out=cols[:, 0:3, 0:3])  # V^1/2: translation 1-sigma per radian
+        np.copyto(cols[:, 3:6, 3:6], R)
+        np.multiply(R[:, 1, :], -SHOULDER_HEIGHT_M, out=cols[:, 0, 3:6])  # rho_0 = o x phi
+        np.multiply(R[:, 0, :], SHOULDER_HEIGHT_M, out=cols[:, 1, 3:6])
+    cols = A[:, :, 12:18]
+    np.copyto(cols[:, :, 0:3], A[:, :, 6:9])
+    np.copyto(cols[:, 3:6, 3:6], R2)
+    o = S.o[:c]
+    np.copyto(o, p)
+    o[:, 2] += SHOULDER_HEIGHT_M
+    np.multiply(o, 0.5, out=o)
+    Hm = S.H[:c]
+    _hat_into(o, Hm)
+    np.matmul(Hm, R2, out=cols[:, 0:3, 3:6])
     return A
 
 
