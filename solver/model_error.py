@@ -305,7 +305,7 @@ def _arm_columns(p: np.ndarray, S: _Scratch, c: int) -> np.ndarray:
         np.multiply(R[:, 1, :], -SHOULDER_HEIGHT_M, out=cols[:, 0, 3:6])  # rho_0 = o x phi
         np.multiply(R[:, 0, :], SHOULDER_HEIGHT_M, out=cols[:, 1, 3:6])
     cols = A[:, :, 12:18]
-    np.copyto(cols[:, :, 0:3], A[:, :, 6:9])
+    np.multiply(R2, LINK_LENGTH_M, out=cols[:, 0:3, 0:3])  # from R2: a copy within A would buffer
     np.copyto(cols[:, 3:6, 3:6], R2)
     o = S.o[:c]
     np.copyto(o, p)
