@@ -295,3 +295,57 @@ def test_detectable_size_is_the_array_search(declared):
             assert fast == ref, (trial, n, alpha, fast, ref)
             found.add(math.isfinite(fast) and fast > 0.0)
     assert True in found  # the search ran to a size, not only its shortcuts
+
+
+def _plain_bracket(power, target):
+    return me._size_bisection(lambda th: power(th) < target)
+
+
+def test_replayed_size_bisection_is_the_bisection_in_fewer_evaluations():
+    """The replay (root by Illinois, decisions read off it) gives the plain bisection's
+    bracket bit for bit, on sigmoid powers of every steepness and position, in at most about
+    half its evaluations."""
+    rng = np.random.default_rng(7)
+    target = me.DETECTION_POWER
+    used = 0
+    for _ in range(300):
+        mid, width = 10.0 ** rng.uniform(-13.0, 5.5), rng.uniform(0.05, 6.0)
+
+        def power(th, mid=mid, width=width):
+            return 0.05 + 0.95 / (1.0 + (mid / th) ** (1.0 / width)) if th > 0.0 else 0.05
+
+        calls = [0]
+
+        def counted(th, power=power, calls=calls):
+            calls[0] += 1
+            return power(th)
+
+        got = me._replayed_bisection(counted, target)
+        ref = _plain_bracket(power, target)
+        if got is not None:
+            used += 1
+            assert got == ref
+            assert calls[0] <= 20
+    assert used >= 250  # the replay ran, not only its fall-back
+
+
+def test_replayed_size_bisection_gives_way_where_a_step_is_close_to_the_target():
+    """A power within _POWER_GUARD of the target just below its crossing (the rounding of the
+    moments could decide such a step either way): the plain search would flag it and
+    detectable_size takes the pinned path, so the replay must return None there, and only
+    there."""
+    target = me.DETECTION_POWER
+
+    def sigmoid(th):
+        return 0.05 + 0.95 / (1.0 + (1e-6 / th) ** 0.5) if th > 0.0 else 0.05
+
+    lo, hi = _plain_bracket(sigmoid, target)
+    assert me._replayed_bisection(sigmoid, target) == (lo, hi)
+    for shelf in (0.5 * me._POWER_GUARD, 10.0 * me._POWER_GUARD):
+        def power(th, shelf=shelf):
+            # the final bracket's low end sits on a shelf just under the target
+            return target - shelf - 1e-13 if lo * (1 - 1e-3) < th <= lo else sigmoid(th)
+
+        got = me._replayed_bisection(power, target)
+        assert (got is None) == (shelf < me._POWER_GUARD)
+        assert got is None or got == _plain_bracket(power, target)
