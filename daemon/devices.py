@@ -174,6 +174,10 @@ class CellDevices:
         #: the id of the result it comes from.
         self.model_override: DHModel | None = None
         self.model_override_result: int | None = None
+        #: The results of other kinematics were checked for the model in use (once per daemon
+        #: start and at every change of it: ``runs.kinematics.sync_devices_model``).
+        self.kinematics_checked = False
+        self._configured_model: DHModel | None = None
         self._stop_lock = threading.Lock()
         # The idle loop's connection attempts (:meth:`connect_idle`).
         self._idle_backoff = Backoff(cfg.service.fault_retry_min_s, cfg.service.fault_retry_max_s)
@@ -194,8 +198,19 @@ class CellDevices:
             return self.robot.model
         if self.model_override is not None:
             return self.model_override
-        name = self.cfg.robot.options.get("model", "ur5e")
-        return dh_model(name if isinstance(name, str) else "ur5e")
+        return self.configured_model()
+
+    def configured_model(self) -> DHModel:
+        """The model the configured robot computes its poses with when no identified one
+        overrides it: the driver's own reading of the ``[robot]`` options (a model name or a
+        DH table), from a driver constructed without I/O."""
+        if self._configured_model is None:
+            try:
+                self._configured_model = connect_robot(self.cfg.robot.url, **dict(self.cfg.robot.options)).model
+            except OPEN_ERRORS:
+                name = self.cfg.robot.options.get("model", "ur5e")  # the open will say what is wrong
+                return dh_model(name if isinstance(name, str) else "ur5e")
+        return self._configured_model
 
     def identities(self) -> dict[str, P.JsonObject]:
         """Device identities as known now (stored with each run)."""

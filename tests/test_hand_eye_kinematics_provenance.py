@@ -182,3 +182,53 @@ def test_taking_an_identified_model_marks_results_of_other_kinematics_suspect(tm
         marked = []
         sync_devices_model(cfg, store, devices, lambda rid, why: marked.append(rid))
         assert marked == []  # the model did not change: nothing new to mark
+
+
+def test_going_back_to_the_configured_model_marks_the_identified_models_results_suspect(tmp_path, kinematics_body):
+    # use_identified turned off: the arm computes its poses with the configured model again, so
+    # results fitted to the identified one are in the wrong frames. Whether it is turned off
+    # while the daemon runs or before a restart (a fresh CellDevices), they are marked; the
+    # configured model's own results and results of unknown kinematics are not.
+    import numpy as np
+    from _report_kinds import _body
+
+    from cellcal.daemon.devices import CellDevices
+    from cellcal.daemon.runs.kinematics import sync_devices_model
+    from cellcal.solver import calibrate_base_frame, synthetic
+
+    body, _ = kinematics_body
+    s = synthetic.base_frame_scene(12, np.random.default_rng(4), noise_mm=0.02, noise_deg=0.01)
+    base = _body("base_frame", calibrate_base_frame(s.base_T_flange, s.measured))
+
+    def cfg_with(use: bool):
+        d = daemon_config(robot_url="canopen://virtual/0", tracker_url="socket://127.0.0.1:4000", workdir=tmp_path)
+        d.setdefault("kinematics", {})["use_identified"] = use
+        return load_config_text(to_toml(d))
+
+    nominal = {"devices": {"robot": {"kinematics_digest": kinematics_digest(dh_model("ur5e"))}}}
+    with Store(tmp_path / "state").open() as store:
+        kid = store.add_result(None, P.KIND_KINEMATICS, body, nominal)
+        devices = CellDevices(cfg_with(True))
+        sync_devices_model(cfg_with(True), store, devices)
+        assert devices.model_override_result == kid
+        ident = {"devices": {"robot": {"kinematics_digest": kinematics_digest(devices.model)}}}
+        assert ident != nominal
+        on_identified = store.add_result(None, P.KIND_BASE_FRAME, base, ident)
+        unknown = store.add_result(None, P.KIND_HAND_EYE, base, {"devices": {"robot": {}}})
+        # Turned off while running.
+        off = cfg_with(False)
+        sync_devices_model(off, store, devices)
+        assert devices.model_override is None and devices.model_override_result is None
+        rec = store.get_result(on_identified)
+        assert rec.suspect and "use_identified is off" in rec.suspect_reason
+        assert not store.get_result(unknown).suspect
+        on_nominal = store.add_result(None, P.KIND_BASE_FRAME, base, nominal)
+        marked: list[int] = []
+        sync_devices_model(off, store, devices, lambda rid, why: marked.append(rid))
+        assert marked == []  # no change since: nothing new to mark
+        # Turned off before a restart: a result of the identified model found at the first open.
+        later = store.add_result(None, P.KIND_EYE_TO_HAND, base, ident)
+        fresh = CellDevices(off)
+        sync_devices_model(off, store, fresh, lambda rid, why: marked.append(rid))
+        assert marked == [later]
+        assert not store.get_result(on_nominal).suspect

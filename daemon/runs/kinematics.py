@@ -486,26 +486,37 @@ def sync_devices_model(cfg: Config, store: Store, devices: CellDevices,
     with ``[kinematics] use_identified = true``), closing it first when the model changed;
     a UR's controller computes its own FK, so nothing changes there.
 
-    When the robot takes an identified model, the results fitted to other kinematics
-    (:data:`FK_KINDS` whose provenance names another ``kinematics_digest``) are marked suspect
-    with ``mark_suspect(result_id, reason)`` (default: the store's): their frames are the old
-    model's (the base frame, the target, a camera's hand-eye all absorb its errors), and the
-    robot's poses are the new one's from now on, so a ``to_base`` through them would be off
-    by the difference without saying so."""
+    Where cellcal computes the FK, the results fitted to other kinematics than the model in
+    use (:data:`FK_KINDS` whose provenance names another ``kinematics_digest``) are marked
+    suspect with ``mark_suspect(result_id, reason)`` (default: the store's), at the daemon's
+    first open and at every change of model: when the robot takes an identified model, and
+    when it goes back to the configured one (``use_identified`` turned off, then or before a
+    restart). Their frames are the other model's (the base frame, the target, a camera's
+    hand-eye all absorb its errors) and the robot's poses are this one's, so a ``to_base``
+    through them would be off by the difference without saying so."""
     want = newest_identified(store) if cfg.kinematics.use_identified and _is_canopen(cfg) else None
     rid, model = want if want is not None else (None, None)
-    if rid == devices.model_override_result:
+    if rid == devices.model_override_result and devices.kinematics_checked:
         return
-    if devices.robot is not None:
-        log.info("robot reopened with the kinematic model of result %s", rid)
-        devices.close()
-    devices.model_override, devices.model_override_result = model, rid
-    devices.session.robot_replaced()
+    if rid != devices.model_override_result:
+        if devices.robot is not None:
+            log.info("robot reopened with the kinematic model of result %s", rid)
+            devices.close()
+        devices.model_override, devices.model_override_result = model, rid
+        devices.session.robot_replaced()
+    devices.kinematics_checked = True
+    if not _is_canopen(cfg):
+        return  # a UR's controller computes its own FK
     if model is not None and rid is not None:
-        _suspect_other_kinematics(store, rid, kinematics_digest(model), mark_suspect or store.mark_suspect)
+        which = f"the identified model of kinematics result {rid}"
+        digest = kinematics_digest(model)
+    else:
+        which = "its configured model: [kinematics] use_identified is off"
+        digest = kinematics_digest(devices.configured_model())
+    _suspect_other_kinematics(store, which, digest, mark_suspect or store.mark_suspect)
 
 
-def _suspect_other_kinematics(store: Store, rid: int, digest: str, mark: Callable[[int, str], None],
+def _suspect_other_kinematics(store: Store, which: str, digest: str, mark: Callable[[int, str], None],
                               limit: int = 50) -> None:
     for rec in store.list_results(limit=limit):
         if rec.kind not in FK_KINDS or rec.suspect:
@@ -513,10 +524,10 @@ def _suspect_other_kinematics(store: Store, rid: int, digest: str, mark: Callabl
         have = robot_digest(_map(_map(rec.provenance).get("devices")).get(P.DEVICE_ROBOT))
         if have is None or have == digest:
             continue  # unknown kinematics is no evidence; the same model's results stand
-        log.warning("result %d was fitted to other kinematics (%s) than the identified model of result %d the robot "
-                    "now uses: marked suspect", rec.id, have, rid)
-        mark(rec.id, f"fitted to other kinematics ({have}) than the identified model of kinematics result {rid} the "
-                     "robot now computes its poses with: recalibrate")
+        log.warning("result %d was fitted to other kinematics (%s) than the robot now uses (%s): marked suspect",
+                    rec.id, have, which)
+        mark(rec.id, f"fitted to other kinematics ({have}) than the robot now computes its poses with ({which}): "
+                     "recalibrate")
 
 
 
