@@ -57,28 +57,37 @@ class ActivationRefused(CellcalError):
     """``activate_result`` of a result that failed its acceptance gates."""
 
 
+def known_devices(run: RunRecord, devices: Mapping[str, P.JsonObject] | None) -> dict[str, P.JsonObject]:
+    """The identities of a run's devices as its stations saw them: each one's from
+    ``devices`` (``CellDevices.identities``, as they are now) when it is known, else from the
+    run's record. A run is stored before its devices open (often empty then), and a CiA 402
+    arm may reopen with an identified model between the two (``sync_devices_model``): the
+    run's record would name the model before, the stations were taken with the one after."""
+    known: dict[str, P.JsonObject] = dict(run.devices or {})
+    for name, ident in (devices or {}).items():
+        if ident:
+            known[name] = dict(ident)
+    return known
+
+
 def provenance(cfg: Config, run: RunRecord, record: Mapping[str, object],
                devices: Mapping[str, P.JsonObject] | None = None) -> P.JsonObject:
     """Where a result came from (the store fills in run id, parent, valid_from).
 
     ``record``: the result's stored record (its ``solver``). ``devices``: the identities of
-    the devices as they are now (``CellDevices.identities``); a device's is taken from them
-    when it is known, else from the run's record (a run is stored before its devices open, so
-    its own record of them is often empty). ``robot_serial`` and ``kinematics_digest`` name
+    the devices as they are now (``CellDevices.identities``), merged with the run's record by
+    :func:`known_devices`. ``robot_serial`` and ``kinematics_digest`` name
     the arm and the kinematic table its poses were computed with
     (``cellcal.daemon.devices.robot_identity``; None when the robot did not say, e.g. a run
     solved from given stations). ``solve_settings``: the ``[solve]`` settings its stations
     were solved with (``solve.solve_settings``), which ``cellcal stations`` writes into the
     station file so ``cellcal solve FILE`` repeats the solve. A camera result's record names
     its target file's sha256 (``target_sha256``), which the provenance keeps."""
-    known: P.JsonObject = dict(run.devices or {})
-    for name, ident in (devices or {}).items():
-        if ident:
-            known[name] = dict(ident)
+    known = known_devices(run, devices)
     robot = known.get(P.DEVICE_ROBOT) or {}
     robot = robot if isinstance(robot, dict) else {}
     out: P.JsonObject = {
-        "config_sha256": cfg.sha256, "devices": known, "cellcal_version": cellcal_version(),
+        "config_sha256": cfg.sha256, "devices": dict(known), "cellcal_version": cellcal_version(),
         "solver": str(record.get("solver") or "unknown"), "cell": cfg.service.name,
         "robot_serial": robot.get("serial"), "kinematics_digest": robot.get("kinematics_digest"),
         "solve_settings": dict(solve.solve_settings(cfg.solve)),

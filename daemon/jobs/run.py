@@ -42,7 +42,7 @@ from cellcal.daemon import protocol as P
 from cellcal.daemon.camera_capture import MovingFrame
 from cellcal.daemon.config import Config
 from cellcal.daemon.jobs.control import Emit, Job, JobControl, narrative
-from cellcal.daemon.jobs.results import ResultKeeper
+from cellcal.daemon.jobs.results import ResultKeeper, known_devices
 from cellcal.daemon.jobs.resume import ResumePolicy
 from cellcal.daemon.report import human
 from cellcal.daemon.runs import RunContext, RunKind
@@ -283,7 +283,10 @@ class RunJob:
         while True:
             self.control.set_state(P.STATE_SOLVING, f"run {run_id}")
             stations = self.store.stations(run_id)
+            # The kind reads the devices its stations were taken with (a robot reopened with an
+            # identified model since the run was stored names that model), as the provenance will.
             run = self.store.get_run(run_id)
+            run = dataclasses.replace(run, devices=known_devices(run, self.control.devices.identities()))
             try:
                 result = self.control.interruptible(kind.solve, self.ctx, run, stations)
                 break
