@@ -506,6 +506,7 @@ class Service:
     # ---- the worker ------------------------------------------------------------------------------------
     def _work(self) -> None:
         if self._jobs.empty():
+            self.control.before_open_at_start()  # the robot's model (and suspects) before the idle open
             self._devices.connect_idle(self.control.stop)  # at start: the heartbeat and the first run know the devices
         while not self.control.stop.is_set():
             if self.outages.pending:

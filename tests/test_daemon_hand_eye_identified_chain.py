@@ -56,3 +56,54 @@ def test_a_camera_run_after_an_identification_declares_its_accuracy_and_checks_a
         assert tc["via"] == "flange" and tc["cell_T_base_result_id"] == kid and tc["passed"], tc
         assert tc["n"] >= 8 and tc["rms_m"] < 5e-4 and tc["nees"] < CHI2_999[tc["dof"]], tc
         assert not cell.nonconforming()
+
+
+@pytest.mark.timeout(300)
+def test_a_daemon_started_on_the_configured_model_marks_results_of_the_identified_one_before_any_job(tmp_path):
+    # use_identified turned off before a restart: the daemon's start checks the results against
+    # the model it opens the robot with, before its idle loop opens it and before any job, so a
+    # to_base through a result of the identified model says suspect from the first request.
+    import numpy as np
+    from _report_kinds import _body
+
+    from cellcal.daemon.store import Store
+    from cellcal.drivers.kinematics import dh_model, kinematics_digest
+    from cellcal.solver import calibrate_base_frame, synthetic
+
+    s = synthetic.base_frame_scene(12, np.random.default_rng(5), noise_mm=0.02, noise_deg=0.01)
+    base = _body("base_frame", calibrate_base_frame(s.base_T_flange, s.measured))
+    with Store(tmp_path / "state").open() as store:
+        ident = {"devices": {"robot": {"kinematics_digest": "sha256:" + "ab" * 32}}}  # an identified model's
+        other = store.add_result(None, P.KIND_BASE_FRAME, base, ident)
+        same = store.add_result(None, P.KIND_BASE_FRAME, base,
+                                {"devices": {"robot": {"kinematics_digest": kinematics_digest(dh_model("ur5e"))}}})
+    with inprocess_cell(tmp_path, robot_transport="canopen", time_scale=FAST_TIME_SCALE) as cell:
+        cell.wait_for(lambda t, b: cell.svc.store.get_result(other).suspect, 60, "the other kinematics' result suspect")
+        assert "use_identified is off" in cell.svc.store.get_result(other).suspect_reason
+        assert not cell.svc.store.get_result(same).suspect
+        assert cell.svc.store.list_runs(limit=5) == []  # no job ran
+
+
+@pytest.mark.timeout(300)
+def test_a_daemon_started_with_use_identified_opens_the_idle_robot_with_the_identified_model(tmp_path):
+    # ... and the other way: the idle robot, the heartbeat and the first run's record name the
+    # identified model from the start, not the configured one until a job reopens it.
+    from _report_kinds import kinematics_kind
+
+    from cellcal.daemon.runs.kinematics_report import identified_model
+    from cellcal.daemon.store import Store
+    from cellcal.drivers.kinematics import kinematics_digest
+
+    body, _stations, _result = kinematics_kind()
+    with Store(tmp_path / "state").open() as store:
+        kid = store.add_result(None, P.KIND_KINEMATICS, body, {})
+        model = identified_model(store.get_result(kid).result)
+    assert model is not None
+    want = kinematics_digest(model)
+    with inprocess_cell(tmp_path, robot_transport="canopen", time_scale=FAST_TIME_SCALE,
+                        overrides={"kinematics": {"use_identified": True}}) as cell:
+        cell.wait_for(lambda t, b: t == P.TOPIC_HEARTBEAT and b["devices"]["robot"].get("connected"), 60,
+                      "the robot connected")
+        assert cell.svc._devices.model_override_result == kid
+        ident = cell.svc._devices.identities()["robot"]  # what the next run's record will name
+        assert ident["kinematics_digest"] == want, ident

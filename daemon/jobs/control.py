@@ -259,6 +259,16 @@ class JobControl:
         self.check_abort()
 
     # ---- the devices ---------------------------------------------------------------------------
+    def before_open_at_start(self) -> None:
+        """:attr:`before_open` at the daemon's start, before the idle loop opens the robot: so
+        the robot is opened with the model in use from the start (the heartbeat and a run's
+        record name it) and results of other kinematics are suspect before anyone asks them.
+        A failure is logged, not raised: nothing waits on it, and every job runs it again."""
+        try:
+            self.before_open()
+        except CellcalError as exc:
+            log.warning("kinematic model not checked at start (%s): the first job checks it", exc)
+
     def ensure_devices(self, need_tracker: bool, state: StateName, detail: str, *, need_camera: bool = False,
                        want_tracker: bool = False) -> CaptureEngine:
         """Open the devices (the camera too with ``need_camera``; the tracker if it can be,

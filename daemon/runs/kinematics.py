@@ -489,8 +489,8 @@ def sync_devices_model(cfg: Config, store: Store, devices: CellDevices,
     Where cellcal computes the FK, the results fitted to other kinematics than the model in
     use (:data:`FK_KINDS` whose provenance names another ``kinematics_digest``) are marked
     suspect with ``mark_suspect(result_id, reason)`` (default: the store's), at the daemon's
-    first open and at every change of model: when the robot takes an identified model, and
-    when it goes back to the configured one (``use_identified`` turned off, then or before a
+    start (``JobControl.before_open_at_start``) and at every change of model: when the robot
+    takes an identified model, and when it goes back to the configured one (``use_identified`` turned off, then or before a
     restart). Their frames are the other model's (the base frame, the target, a camera's
     hand-eye all absorb its errors) and the robot's poses are this one's, so a ``to_base``
     through them would be off by the difference without saying so."""
