@@ -232,3 +232,34 @@ def test_going_back_to_the_configured_model_marks_the_identified_models_results_
         sync_devices_model(off, store, fresh, lambda rid, why: marked.append(rid))
         assert marked == [later]
         assert not store.get_result(on_nominal).suspect
+
+
+def test_a_check_a_store_error_cut_short_runs_again_at_the_next_open(tmp_path, kinematics_body):
+    # The pass over the results is done only once it completed: a store error during it (the
+    # daemon's start logs it) leaves the next job's open to run it again.
+    import numpy as np
+    from _report_kinds import _body
+
+    from cellcal.daemon.devices import CellDevices
+    from cellcal.daemon.runs.kinematics import sync_devices_model
+    from cellcal.daemon.store import StoreError
+    from cellcal.solver import calibrate_base_frame, synthetic
+
+    s = synthetic.base_frame_scene(12, np.random.default_rng(6), noise_mm=0.02, noise_deg=0.01)
+    base = _body("base_frame", calibrate_base_frame(s.base_T_flange, s.measured))
+    d = daemon_config(robot_url="canopen://virtual/0", tracker_url="socket://127.0.0.1:4000", workdir=tmp_path)
+    cfg = load_config_text(to_toml(d))
+    with Store(tmp_path / "state").open() as store:
+        other = {"devices": {"robot": {"kinematics_digest": "sha256:" + "cd" * 32}}}
+        rid = store.add_result(None, P.KIND_BASE_FRAME, base, other)
+        devices = CellDevices(cfg)
+
+        def failing(result_id: int, why: str) -> None:
+            raise StoreError("disk I/O error")
+
+        with pytest.raises(StoreError):
+            sync_devices_model(cfg, store, devices, failing)
+        assert not devices.kinematics_checked
+        marked: list[int] = []
+        sync_devices_model(cfg, store, devices, lambda result_id, why: marked.append(result_id))
+        assert marked == [rid] and devices.kinematics_checked

@@ -504,16 +504,15 @@ def sync_devices_model(cfg: Config, store: Store, devices: CellDevices,
             devices.close()
         devices.model_override, devices.model_override_result = model, rid
         devices.session.robot_replaced()
-    devices.kinematics_checked = True
-    if not _is_canopen(cfg):
-        return  # a UR's controller computes its own FK
-    if model is not None and rid is not None:
-        which = f"the identified model of kinematics result {rid}"
-        digest = kinematics_digest(model)
-    else:
-        which = "its configured model: [kinematics] use_identified is off"
-        digest = kinematics_digest(devices.configured_model())
-    _suspect_other_kinematics(store, which, digest, mark_suspect or store.mark_suspect)
+    if _is_canopen(cfg):  # a UR's controller computes its own FK
+        if model is not None and rid is not None:
+            which = f"the identified model of kinematics result {rid}"
+            digest = kinematics_digest(model)
+        else:
+            which = "its configured model: [kinematics] use_identified is off"
+            digest = kinematics_digest(devices.configured_model())
+        _suspect_other_kinematics(store, which, digest, mark_suspect or store.mark_suspect)
+    devices.kinematics_checked = True  # only once the pass is done: a store error repeats it
 
 
 def _suspect_other_kinematics(store: Store, which: str, digest: str, mark: Callable[[int, str], None],
