@@ -11,13 +11,17 @@ Degrees of freedom may be non-integer (a redundancy number is). Accuracy is abou
 relative in the tails the tests use; quantiles are found by bisection on the tail (60
 halvings of a bracket, so to rounding), which is plenty for a test threshold computed once
 per solve.
+
+* :func:`size_bisection` / :func:`replayed_size_bisection`: the search that defines the
+  smallest detectable model error (``model_error.detectable_size``), and its replay from the
+  power's root (the same bracket, bit for bit, in under half the tail evaluations).
 """
 
 from __future__ import annotations
 
 import math
 
-__all__ = ["chi2_sf", "chi2_ppf", "f_sf", "f_ppf"]
+__all__ = ["chi2_sf", "chi2_ppf", "f_sf", "f_ppf", "size_bisection", "replayed_size_bisection"]
 
 _EPS = 1e-15
 _TINY = 1e-300
@@ -264,3 +268,97 @@ def f_ppf(q: float, d1: float, d2: float) -> float:
     """Quantile: the ``f`` with ``P(F(d1, d2) <= f) = q``."""
     _check_dof(d1, d2)
     return _invert_sf(lambda f: f_sf(f, d1, d2), 1.0 - q, 3.0, lambda f: _f_logpdf(f, d1, d2))
+
+
+# --- the detectable size's search (model_error.detectable_size) ------------------------------
+
+
+def size_bisection(below) -> tuple[float, float] | None:
+    """The search that defines ``model_error.detectable_size``: ``th`` from ``1e-14`` up by factors
+    of 4 until ``below(th)`` (power under the target) is false, then 20 geometric halvings
+    of the last factor (to 0.1 % of the size: plenty for a threshold). ``(lo, hi)``, or None
+    past ``1e6`` (no field the test would find)."""
+    hi = 1e-14
+    while below(hi):
+        hi *= 4.0
+        if hi > 1e6:
+            return None
+    lo = hi / 4.0
+    for _ in range(20):
+        mid = math.sqrt(lo * hi)
+        if below(mid):
+            lo = mid
+        else:
+            hi = mid
+    return lo, hi
+
+
+#: Relative distance from the power's root within which a replayed bisection step evaluates
+#: the power instead of reading its decision off the root (:func:`replayed_size_bisection`).
+_ROOT_GUARD = 1e-9
+
+
+def replayed_size_bisection(power, target: float, guard: float) -> tuple[float, float] | None:
+    """:func:`size_bisection`'s bracket for a ``power`` that is increasing in ``th``, from
+    about 12 power evaluations instead of about 33 (None: run the bisection itself).
+
+    The root ``r`` of ``power(th) = target`` is found by the Illinois method on ``log th``;
+    each bisection step's decision ``power(th) < target`` is read off ``th < r``, except
+    within :data:`_ROOT_GUARD` of ``r``, where the power is evaluated. Every step that
+    became ``lo`` lies at or below the final ``lo`` and every other at or above the final
+    ``hi``, so by monotony the replayed decisions are the evaluated ones, and no step's power
+    is within ``guard`` of the target, whenever the final ends' evaluated powers
+    say so; otherwise None, and the plain bisection runs. The result is the bisection's,
+    bit for bit.
+    """
+    # The bisection's first factor of 4 that reaches the target, by a binary search over its
+    # doubling steps th_j = 1e-14 4^j (j <= 33; th_34 is past 1e6).
+    lo_j, hi_j = -1, 34
+    g_lo = g_hi = 0.0
+    while hi_j - lo_j > 1:
+        j = (lo_j + hi_j) // 2
+        g = power(1e-14 * 4.0 ** j) - target
+        if g < 0.0:
+            lo_j, g_lo = j, g
+        else:
+            hi_j, g_hi = j, g
+    if hi_j == 34 or lo_j < 0:
+        return None  # no size the test would find, or the very first step: nothing to save
+    lo_u = math.log(1e-14 * 4.0 ** lo_j)
+    hi_u = math.log(1e-14 * 4.0 ** hi_j)
+    # Illinois (regula falsi with the stale end's value halved) to 1e-12 in log th, or a
+    # power within 1e-14 of the target.
+    side = 0
+    for _ in range(60):
+        if hi_u - lo_u <= 1e-12 or min(g_hi, -g_lo) < 1e-14:
+            break
+        u = hi_u - g_hi * (hi_u - lo_u) / (g_hi - g_lo)
+        if not lo_u < u < hi_u:
+            u = 0.5 * (lo_u + hi_u)
+        g = power(math.exp(u)) - target
+        if g >= 0.0:
+            hi_u, g_hi = u, g
+            if side == 1:
+                g_lo *= 0.5
+            side = 1
+        else:
+            lo_u, g_lo = u, g
+            if side == -1:
+                g_hi *= 0.5
+            side = -1
+    else:
+        return None
+    r = math.exp(hi_u if g_hi < -g_lo else lo_u)
+
+    def replay(th: float) -> bool:
+        if abs(th - r) > _ROOT_GUARD * r:
+            return th < r
+        return power(th) < target
+
+    bracket = size_bisection(replay)
+    if bracket is None:
+        return None
+    lo, hi = bracket
+    if not (power(lo) <= target - guard and power(hi) >= target + guard):
+        return None
+    return bracket

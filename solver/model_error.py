@@ -574,9 +574,8 @@ def detectable_size(t: FieldTerms, declared: bool, alpha: float) -> float:
     once: each bisection step is a handful of float operations and one chi-square tail.
     Their rounding differs from the array sums' by ~1e-15 relative, which can change a
     step's decision only at a power within that of the target: a step within
-    :data:`_POWER_GUARD` of it reruns the search on the array sums (the pinned path).
-    The bisection's decisions are replayed from the power's root (:func:`_replayed_bisection`:
-    about 15 tails instead of 33, the same figure bit for bit).
+    :data:`_POWER_GUARD` of it reruns the search on the array sums (the pinned path). Its
+    decisions are replayed from the root (``_stats.replayed_size_bisection``): ~15 tails.
     """
     lam = _structured_eigenvalues(t)
     if lam.size == 0:
@@ -624,7 +623,7 @@ def _detectable_search(t: FieldTerms, declared: bool, alpha: float, lam: np.ndar
     close = guard and abs(p0 - target) < _POWER_GUARD
     if not p0 < target:
         return None if close else 0.0
-    bracket = _replayed_bisection(power, target) if guard and not close else None
+    bracket = _stats.replayed_size_bisection(power, target, _POWER_GUARD) if guard and not close else None
     if bracket is None:
         seen = [close]
 
@@ -634,7 +633,7 @@ def _detectable_search(t: FieldTerms, declared: bool, alpha: float, lam: np.ndar
                 seen[0] = True
             return pw < target
 
-        bracket = _size_bisection(below)
+        bracket = _stats.size_bisection(below)
         if seen[0]:
             return None
     if bracket is None:
@@ -645,97 +644,6 @@ def _detectable_search(t: FieldTerms, declared: bool, alpha: float, lam: np.ndar
     if declared and t.nu > 0.0:
         best = min(best, _chi2_detectable(t, alpha))
     return best
-
-
-def _size_bisection(below) -> tuple[float, float] | None:
-    """The search that defines :func:`detectable_size`: ``th`` from ``1e-14`` up by factors
-    of 4 until ``below(th)`` (power under the target) is false, then 20 geometric halvings
-    of the last factor (to 0.1 % of the size: plenty for a threshold). ``(lo, hi)``, or None
-    past ``1e6`` (no field the test would find)."""
-    hi = 1e-14
-    while below(hi):
-        hi *= 4.0
-        if hi > 1e6:
-            return None
-    lo = hi / 4.0
-    for _ in range(20):
-        mid = math.sqrt(lo * hi)
-        if below(mid):
-            lo = mid
-        else:
-            hi = mid
-    return lo, hi
-
-
-#: Relative distance from the power's root within which a replayed bisection step evaluates
-#: the power instead of reading its decision off the root (:func:`_replayed_bisection`).
-_ROOT_GUARD = 1e-9
-
-
-def _replayed_bisection(power, target: float) -> tuple[float, float] | None:
-    """:func:`_size_bisection`'s bracket for a ``power`` that is increasing in ``th``, from
-    about 12 power evaluations instead of about 33 (None: run the bisection itself).
-
-    The root ``r`` of ``power(th) = target`` is found by the Illinois method on ``log th``;
-    each bisection step's decision ``power(th) < target`` is read off ``th < r``, except
-    within :data:`_ROOT_GUARD` of ``r``, where the power is evaluated. Every step that
-    became ``lo`` lies at or below the final ``lo`` and every other at or above the final
-    ``hi``, so by monotony the replayed decisions are the evaluated ones, and no step's power
-    is within :data:`_POWER_GUARD` of the target, whenever the final ends' evaluated powers
-    say so; otherwise None, and the plain bisection runs. The result is the bisection's,
-    bit for bit.
-    """
-    # The bisection's first factor of 4 that reaches the target, by a binary search over its
-    # doubling steps th_j = 1e-14 4^j (j <= 33; th_34 is past 1e6).
-    lo_j, hi_j = -1, 34
-    g_lo = g_hi = 0.0
-    while hi_j - lo_j > 1:
-        j = (lo_j + hi_j) // 2
-        g = power(1e-14 * 4.0 ** j) - target
-        if g < 0.0:
-            lo_j, g_lo = j, g
-        else:
-            hi_j, g_hi = j, g
-    if hi_j == 34 or lo_j < 0:
-        return None  # no size the test would find, or the very first step: nothing to save
-    lo_u = math.log(1e-14 * 4.0 ** lo_j)
-    hi_u = math.log(1e-14 * 4.0 ** hi_j)
-    # Illinois (regula falsi with the stale end's value halved) to 1e-12 in log th, or a
-    # power within 1e-14 of the target.
-    side = 0
-    for _ in range(60):
-        if hi_u - lo_u <= 1e-12 or min(g_hi, -g_lo) < 1e-14:
-            break
-        u = hi_u - g_hi * (hi_u - lo_u) / (g_hi - g_lo)
-        if not lo_u < u < hi_u:
-            u = 0.5 * (lo_u + hi_u)
-        g = power(math.exp(u)) - target
-        if g >= 0.0:
-            hi_u, g_hi = u, g
-            if side == 1:
-                g_lo *= 0.5
-            side = 1
-        else:
-            lo_u, g_lo = u, g
-            if side == -1:
-                g_hi *= 0.5
-            side = -1
-    else:
-        return None
-    r = math.exp(hi_u if g_hi < -g_lo else lo_u)
-
-    def replay(th: float) -> bool:
-        if abs(th - r) > _ROOT_GUARD * r:
-            return th < r
-        return power(th) < target
-
-    bracket = _size_bisection(replay)
-    if bracket is None:
-        return None
-    lo, hi = bracket
-    if not (power(lo) <= target - _POWER_GUARD and power(hi) >= target + _POWER_GUARD):
-        return None
-    return bracket
 
 
 def _chi2_detectable(t: FieldTerms, alpha: float) -> float:

@@ -298,7 +298,7 @@ def test_detectable_size_is_the_array_search(declared):
 
 
 def _plain_bracket(power, target):
-    return me._size_bisection(lambda th: power(th) < target)
+    return _stats.size_bisection(lambda th: power(th) < target)
 
 
 def test_replayed_size_bisection_is_the_bisection_in_fewer_evaluations():
@@ -320,7 +320,7 @@ def test_replayed_size_bisection_is_the_bisection_in_fewer_evaluations():
             calls[0] += 1
             return power(th)
 
-        got = me._replayed_bisection(counted, target)
+        got = _stats.replayed_size_bisection(counted, target, me._POWER_GUARD)
         ref = _plain_bracket(power, target)
         if got is not None:
             used += 1
@@ -340,12 +340,12 @@ def test_replayed_size_bisection_gives_way_where_a_step_is_close_to_the_target()
         return 0.05 + 0.95 / (1.0 + (1e-6 / th) ** 0.5) if th > 0.0 else 0.05
 
     lo, hi = _plain_bracket(sigmoid, target)
-    assert me._replayed_bisection(sigmoid, target) == (lo, hi)
+    assert _stats.replayed_size_bisection(sigmoid, target, me._POWER_GUARD) == (lo, hi)
     for shelf in (0.5 * me._POWER_GUARD, 10.0 * me._POWER_GUARD):
         def power(th, shelf=shelf):
             # the final bracket's low end sits on a shelf just under the target
             return target - shelf - 1e-13 if lo * (1 - 1e-3) < th <= lo else sigmoid(th)
 
-        got = me._replayed_bisection(power, target)
+        got = _stats.replayed_size_bisection(power, target, me._POWER_GUARD)
         assert (got is None) == (shelf < me._POWER_GUARD)
         assert got is None or got == _plain_bracket(power, target)
